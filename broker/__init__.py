@@ -1,0 +1,13 @@
+"""broker: a standalone XSUB/XPUB broker for the :mod:`pubsub` bus.
+
+A broker at ``tcp://HOST:PORT`` binds XSUB on PORT (publishers connect here),
+XPUB on PORT+1 (subscribers) and a REP control socket on PORT+2. It forwards
+subscriptions upstream and messages downstream, validates envelope structure,
+and counts messages, bytes, subscriptions and rejected frames.
+
+Depends only on :mod:`pubsub`.
+"""
+
+from broker.proxy import Broker, BrokerConfig, BrokerStats, request_stats
+
+__all__ = ["Broker", "BrokerConfig", "BrokerStats", "request_stats"]

@@ -1,0 +1,91 @@
+"""Command line of the broker: ``run`` (serve) and ``stats`` (query a running broker)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import orjson
+import zmq
+
+from pubsub.address import InvalidAddress
+from pubsub.config import ConfigError, deep_merge, from_mapping, load_toml, parse_overrides
+from pubsub.errors import BrokerUnreachable
+from pubsub.logs import configure_logging
+
+from broker.proxy import Broker, BrokerConfig, request_stats
+
+
+def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``run`` and ``stats`` on an argparse sub-parser group."""
+    run = sub.add_parser("run", help="run a broker (XSUB on PORT, XPUB on PORT+1, control on PORT+2)")
+    run.add_argument("--bind", help="base address tcp://HOST:PORT (PORT 0 = pick free ports)")
+    run.add_argument("--config", help="TOML file with a [broker] table")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key, e.g. --set broker.sndhwm=1000")
+    run.add_argument("--ready-file", help="write the bound address here once listening")
+    run.add_argument("--events", help="append JSON log lines to this file")
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                     help="least level printed to stderr")
+    run.set_defaults(func=cmd_run)
+    st = sub.add_parser("stats", help="print a running broker's counters as JSON")
+    st.add_argument("--broker", default="tcp://127.0.0.1:5555", help="broker base address")
+    st.add_argument("--timeout-s", type=float, default=2.0, help="reply deadline, seconds")
+    st.set_defaults(func=cmd_stats)
+
+
+def load_broker_config(path: str | None, sets: Sequence[str], bind: str | None) -> BrokerConfig:
+    """Effective :class:`BrokerConfig` from a TOML file, ``--set`` items and ``--bind``."""
+    data = load_toml(path) if path else {}
+    unknown = set(data) - {"broker"}
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], "unknown section (expected [broker])")
+    data = deep_merge(data, parse_overrides(sets))
+    table = dict(data.get("broker", {}))
+    if bind:
+        table["bind"] = bind
+    return from_mapping(BrokerConfig, table, section="broker")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM."""
+    configure_logging(events_path=args.events, stderr_level=args.log_level, party="broker")
+    cfg = load_broker_config(args.config, args.set, args.bind)
+    broker = Broker(cfg)
+    try:
+        addr = broker.bind()
+    except zmq.ZMQError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    broker.install_signal_handlers()
+    if args.ready_file:
+        tmp = Path(args.ready_file).with_suffix(".tmp")
+        tmp.write_text(str(addr))
+        os.replace(tmp, args.ready_file)
+    print(f"broker listening at {addr} (publishers :{addr.port}, subscribers :{addr.port + 1}, "
+          f"control :{addr.port + 2})", flush=True)
+    broker.run()
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Print counters of a running broker."""
+    stats = request_stats(args.broker, timeout_s=args.timeout_s)
+    sys.stdout.write(orjson.dumps(stats, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m broker``."""
+    parser = argparse.ArgumentParser(prog="python -m broker", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add_subcommands(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ConfigError, InvalidAddress, BrokerUnreachable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

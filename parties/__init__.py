@@ -1,0 +1,1 @@
+"""Party processes (active and passive) of the two-party vertical federated learning system."""

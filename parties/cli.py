@@ -1,0 +1,114 @@
+"""Entry point of one party process: ``python -m parties {active,passive} ...``.
+
+Exit codes: 0 success, 2 bad config or data, 3 broker unreachable,
+4 partner problem (not found, mismatched, lost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Sequence
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pubsub.address import InvalidAddress
+from pubsub.config import ConfigError
+from pubsub.errors import BrokerUnreachable
+from pubsub.logs import configure_logging
+from pubsub.runner import run as run_loop
+
+from parties.config import VflConfig, check_run_id, load_vfl_config
+from parties.data import DataError
+from parties.errors import VflError
+
+
+class ExitCode(IntEnum):
+    """Process exit codes of party and launcher commands."""
+
+    OK = 0
+    FAILED = 1
+    BAD_INPUT = 2
+    BROKER_UNREACHABLE = 3
+    PARTNER = 4
+
+
+def add_party_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``python -m parties ROLE`` and ``psfl vfl party``."""
+    p.add_argument("--broker", required=True, help="broker base address tcp://HOST:PORT")
+    p.add_argument("--config", help="TOML file with a [vfl] table")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set epochs=3")
+    p.add_argument("--run-id", default="vfl", help="run id, the same on both parties")
+    p.add_argument("--out", help="directory for this party's metrics (active: metrics.json)")
+    p.add_argument("--events", help="append JSON log lines here (default: OUT/events.jsonl)")
+    p.add_argument("--quiet", action="store_true", help="no per-epoch progress lines")
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temp file, then rename); overwrites."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    os.replace(tmp, path)
+
+
+async def _serve(role: str, cfg: VflConfig, args: argparse.Namespace) -> dict[str, Any]:
+    from parties.report import assemble_metrics
+    from parties.runtime import Party, load_party_data
+
+    data = await asyncio.to_thread(load_party_data, cfg, role)
+    party = Party(role, cfg, data, broker=args.broker, run_id=args.run_id,
+                  progress=not args.quiet)
+    metrics = await party.run()
+    if role == "active":
+        return assemble_metrics(cfg, args.run_id, metrics, party.partner_report)
+    return metrics
+
+
+def run_party(role: str, args: argparse.Namespace) -> int:
+    """Run one party to completion; map errors to :class:`ExitCode` with a one-line message."""
+    t0 = time.perf_counter()
+    out = Path(args.out) if args.out else None
+    events = args.events or (str(out / "events.jsonl") if out else None)
+    try:
+        check_run_id(args.run_id)
+        cfg = load_vfl_config(args.config, args.set)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+        configure_logging(events_path=events, party=role, run_id=args.run_id)
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
+        result = run_loop(_serve(role, cfg, args), event_loop=cfg.event_loop)
+    except (ConfigError, DataError, InvalidAddress) as exc:
+        print(f"error ({role} party): {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    except BrokerUnreachable as exc:
+        print(f"error ({role} party): {exc}", file=sys.stderr)
+        return ExitCode.BROKER_UNREACHABLE
+    except VflError as exc:
+        print(f"error ({role} party): {exc}", file=sys.stderr)
+        return ExitCode.PARTNER
+    except KeyboardInterrupt:
+        print(f"{role} party interrupted", file=sys.stderr)
+        return 130
+    result["process_wall_s"] = time.perf_counter() - t0
+    if out is not None:
+        write_json(out / ("metrics.json" if role == "active" else "passive.json"), result)
+    return ExitCode.OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m parties {active,passive} --broker tcp://HOST:PORT [...]``."""
+    parser = argparse.ArgumentParser(prog="python -m parties",
+                                     description="Run one PubSub-VFL party.")
+    parser.add_argument("role", choices=["active", "passive"])
+    add_party_arguments(parser)
+    args = parser.parse_args(argv)
+    return int(run_party(args.role, args))

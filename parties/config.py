@@ -1,0 +1,174 @@
+"""The VFL run configuration: one frozen dataclass, loaded from TOML ``[vfl]`` plus ``--set``.
+
+Defaults follow PubSub-VFL (arXiv 2510.12494, Sec. 5.1): ΔT0 = 5, p = q = 5,
+T_ddl = 10 s, lr = 1e-3. Model sizes default to the minimal split model of the
+first slice (bottom in→64→32 per party, top 64→32→1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pubsub.config import (
+    ConfigError,
+    deep_merge,
+    dump_toml,
+    from_mapping,
+    load_toml,
+    parse_overrides,
+    to_mapping,
+)
+
+ALGOS = ("pubsub",)
+_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VflConfig:
+    """Settings of one two-party VFL run (both parties must agree on the shared ones).
+
+    Attributes:
+        algo: coordination algorithm; ``"pubsub"`` (PubSub-VFL).
+        dataset: ``"bank"`` (bundled) or a path to a CSV/Parquet file.
+        label: label column (default: the bundled dataset's, required for files).
+        active_columns / passive_columns: each party's feature columns (default:
+            an even split of all non-label columns, active first).
+        test_frac: test share of the rows (seeded, unstratified split).
+        seed: seed of the split, the batch order and the model initialisation.
+        epochs: training epochs.
+        batch_size: B, rows per batch.
+        lr: Adam learning rate.
+        w_active / w_passive: workers per party.
+        delta_t0: ΔT0 of the semi-async schedule (local steps between PS syncs grow to it).
+        p / q: per-batch buffer capacity for embeddings / gradients (messages, FIFO eviction).
+        t_ddl_s: T_ddl, how long a worker waits for its partner's data before the
+            batch is dropped and reassigned, seconds.
+        max_reassign: how often a dropped batch is reassigned before it is skipped.
+        liveness_timeout_s: partner heartbeats missing this long fail the run, seconds.
+        handshake_timeout_s: deadline for both parties to find each other, seconds.
+        heartbeat_interval_s: heartbeat period, seconds.
+        bottom_hidden: hidden widths of each bottom model.
+        embedding_dim: cut-layer width (each party's embedding size).
+        top_hidden: hidden widths of the top model.
+        torch_threads: intra-op threads per party process.
+        eval_every: evaluate on the test split every this many epochs (and at the end).
+        event_loop: ``"uvloop"`` or ``"asyncio"``.
+        connect_timeout_s: broker handshake deadline, seconds.
+    """
+
+    algo: str = "pubsub"
+    dataset: str = "bank"
+    label: str = ""
+    active_columns: tuple[str, ...] = ()
+    passive_columns: tuple[str, ...] = ()
+    test_frac: float = 0.3
+    seed: int = 0
+    epochs: int = 10
+    batch_size: int = 256
+    lr: float = 1e-3
+    w_active: int = 2
+    w_passive: int = 2
+    delta_t0: int = 5
+    p: int = 5
+    q: int = 5
+    t_ddl_s: float = 10.0
+    max_reassign: int = 3
+    liveness_timeout_s: float = 30.0
+    handshake_timeout_s: float = 60.0
+    heartbeat_interval_s: float = 1.0
+    bottom_hidden: tuple[int, ...] = (64,)
+    embedding_dim: int = 32
+    top_hidden: tuple[int, ...] = (32,)
+    torch_threads: int = 1
+    eval_every: int = 1
+    event_loop: str = "uvloop"
+    connect_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        def bad(key: str, why: str) -> ConfigError:
+            return ConfigError(f"vfl.{key}", f"{why}, got {getattr(self, key)!r}")
+
+        if self.algo not in ALGOS:
+            raise bad("algo", f"must be one of {ALGOS}")
+        for key in ("epochs", "batch_size", "w_active", "w_passive", "delta_t0", "p", "q",
+                    "embedding_dim", "torch_threads", "eval_every"):
+            if getattr(self, key) < 1:
+                raise bad(key, "must be >= 1")
+        if self.max_reassign < 0:
+            raise bad("max_reassign", "must be >= 0")
+        if not 0.0 < self.test_frac < 1.0:
+            raise bad("test_frac", "must be in (0, 1)")
+        if not self.lr > 0:
+            raise bad("lr", "must be > 0")
+        for key in ("t_ddl_s", "liveness_timeout_s", "handshake_timeout_s",
+                    "heartbeat_interval_s", "connect_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise bad(key, "must be > 0 seconds")
+        if any(h < 1 for h in self.bottom_hidden + self.top_hidden):
+            raise ConfigError("vfl.bottom_hidden", "hidden widths must be >= 1")
+        if self.event_loop not in ("uvloop", "asyncio"):
+            raise bad("event_loop", "must be 'uvloop' or 'asyncio'")
+
+    def shared_digest(self, n_rows: int) -> str:
+        """Digest of the settings both parties must agree on (plus the row count).
+
+        Two parties whose digests differ refuse to train together.
+        """
+        shared = {
+            "algo": self.algo, "n_rows": n_rows, "test_frac": self.test_frac, "seed": self.seed,
+            "epochs": self.epochs, "batch_size": self.batch_size,
+            "embedding_dim": self.embedding_dim, "eval_every": self.eval_every,
+        }
+        return hashlib.sha256(orjson.dumps(shared, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def load_vfl_config(
+    path: str | Path | None = None,
+    sets: Sequence[str] = (),
+    extra: Mapping[str, Any] | None = None,
+) -> VflConfig:
+    """Effective config: defaults, then the TOML file's ``[vfl]`` table, then ``--set`` items.
+
+    ``--set`` keys may be written ``vfl.epochs=3`` or just ``epochs=3``.
+    ``extra`` (from dedicated CLI flags) is applied last.
+
+    Raises:
+        ConfigError: unknown section or key, wrong type, or an invalid value.
+    """
+    data: dict[str, Any] = load_toml(path) if path else {}
+    unknown = set(data) - {"vfl"}
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], "unknown section (expected [vfl])")
+    over = parse_overrides(sets)
+    flat = {k: v for k, v in over.items() if k != "vfl"}
+    table = deep_merge(dict(data.get("vfl", {})), over.get("vfl", {}))
+    table = deep_merge(table, flat)
+    if extra:
+        table = deep_merge(table, dict(extra))
+    return from_mapping(VflConfig, table, section="vfl")
+
+
+def dump_vfl_config(cfg: VflConfig) -> str:
+    """The config as TOML text (a ``[vfl]`` table) that :func:`load_vfl_config` reads back."""
+    return dump_toml({"vfl": to_mapping(cfg)})
+
+
+def check_run_id(run_id: str) -> str:
+    """Validate a run id (1-64 of ``[A-Za-z0-9_-]``; it becomes a topic segment).
+
+    Raises:
+        ConfigError: invalid run id.
+    """
+    if not _RUN_ID.match(run_id):
+        raise ConfigError("run_id", f"must match [A-Za-z0-9_-]{{1,64}}, got {run_id!r}")
+    return run_id
+
+
+__all__ = ["ALGOS", "VflConfig", "check_run_id", "dump_vfl_config", "load_vfl_config", "replace"]

@@ -1,0 +1,1 @@
+"""Bundled datasets (package resources). See README.md in this directory."""

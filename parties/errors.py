@@ -1,0 +1,56 @@
+"""Typed errors of the VFL parties."""
+
+from __future__ import annotations
+
+
+class VflError(Exception):
+    """Root of VFL party errors."""
+
+
+class PartnerLost(VflError, ConnectionError):
+    """The partner party's heartbeats stopped.
+
+    Attributes:
+        partner: ``"active"`` or ``"passive"``.
+        silent_s: how long nothing was heard, seconds.
+    """
+
+    def __init__(self, partner: str, silent_s: float) -> None:
+        self.partner = partner
+        self.silent_s = silent_s
+        super().__init__(
+            f"the {partner} party sent no heartbeat for {silent_s:.1f} s "
+            "(process died, or its link to the broker is down)"
+        )
+
+
+class HandshakeTimeout(VflError, TimeoutError):
+    """The partner party did not appear on the bus in time.
+
+    Attributes:
+        partner: the role waited for.
+        timeout_s: the deadline, seconds.
+    """
+
+    def __init__(self, partner: str, timeout_s: float, run_id: str) -> None:
+        self.partner = partner
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"no {partner} party joined run {run_id!r} within {timeout_s:.0f} s "
+            "(is it started, with the same --run-id and --broker?)"
+        )
+
+
+class ConfigMismatch(VflError, ValueError):
+    """The two parties were started with incompatible shared settings or data.
+
+    Attributes:
+        mine / theirs: the two parties' shared-setting digests.
+    """
+
+    def __init__(self, mine: dict[str, object], theirs: dict[str, object]) -> None:
+        self.mine = mine
+        self.theirs = theirs
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        detail = ", ".join(f"{k}: ours {mine.get(k)!r} vs theirs {theirs.get(k)!r}" for k in diff)
+        super().__init__(f"the parties disagree on shared settings ({detail})")

@@ -1,0 +1,234 @@
+"""Models, parameter server and per-worker replicas of PubSub-VFL (torch, no I/O).
+
+* bottom model: MLP ``d_in → hidden… → embedding_dim`` with ReLU, one per party;
+  its output at the cut layer is the *embedding*.
+* top model (active party only): MLP ``2·embedding_dim → hidden… → 1`` (logit).
+* :class:`ParameterServer`: a party's global parameters as one flat float32
+  vector. Workers push the *change* of their replica since their last pull
+  (Downpour-style delta application, θ ← θ + Δ), then pull.
+* Replicas: each worker trains its own copy with its own Adam state and syncs
+  with the PS every ΔT_t local steps (semi-async, PubSub-VFL Sec. 4.2).
+
+All compute methods are synchronous and meant to run in a worker thread;
+torch releases the GIL inside its kernels, so workers overlap on the party's cores.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from parties.schedule import sync_interval
+
+
+def mlp(d_in: int, hidden: Sequence[int], d_out: int, *, out_relu: bool) -> nn.Sequential:
+    """Linear/ReLU stack ``d_in → hidden… → d_out`` (ReLU after the last layer iff ``out_relu``)."""
+    layers: list[nn.Module] = []
+    prev = d_in
+    for h in hidden:
+        layers += [nn.Linear(prev, h), nn.ReLU()]
+        prev = h
+    layers.append(nn.Linear(prev, d_out))
+    if out_relu:
+        layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def bottom_model(d_in: int, hidden: Sequence[int], embedding_dim: int) -> nn.Sequential:
+    """A party's bottom model: ``(B, d_in) float32 → (B, embedding_dim)`` embedding."""
+    return mlp(d_in, hidden, embedding_dim, out_relu=True)
+
+
+def top_model(embedding_dim: int, hidden: Sequence[int]) -> nn.Sequential:
+    """The active party's top model: ``(B, 2·embedding_dim) → (B, 1)`` logits."""
+    return mlp(2 * embedding_dim, hidden, 1, out_relu=False)
+
+
+class ParameterServer:
+    """A party's parameter server: global parameters as a flat float32 vector.
+
+    Thread-safe: workers call :meth:`pull` and :meth:`push` from their threads.
+
+    Args:
+        init: the initial flat parameter vector (copied), shape ``(P,)``.
+    """
+
+    def __init__(self, init: torch.Tensor) -> None:
+        self._theta = init.detach().clone()
+        self._lock = threading.Lock()
+        self.version = 0
+        self.pushes = 0
+
+    def pull(self) -> torch.Tensor:
+        """A copy of the current global parameters, shape ``(P,)``."""
+        with self._lock:
+            return self._theta.clone()
+
+    def push(self, delta: torch.Tensor) -> torch.Tensor:
+        """Apply a worker's update θ ← θ + Δ and return a copy of the new θ.
+
+        Raises:
+            ValueError: ``delta`` has the wrong shape.
+        """
+        if delta.shape != self._theta.shape:
+            raise ValueError(f"delta shape {tuple(delta.shape)} != {tuple(self._theta.shape)}")
+        with self._lock:
+            self._theta += delta
+            self.version += 1
+            self.pushes += 1
+            return self._theta.clone()
+
+
+class Replica:
+    """A worker's copy of a party's modules, its optimizer and its sync state.
+
+    Args:
+        modules: the worker's own module instances (same architecture as the PS's).
+        ps: the party's parameter server.
+        lr: Adam learning rate.
+        delta_t0: ΔT0 of the sync schedule.
+    """
+
+    def __init__(self, modules: Sequence[nn.Module], ps: ParameterServer, *, lr: float,
+                 delta_t0: int) -> None:
+        self.modules = list(modules)
+        self.params = [p for m in self.modules for p in m.parameters()]
+        self.ps = ps
+        self.delta_t0 = delta_t0
+        self.opt = torch.optim.Adam(self.params, lr=lr)
+        self._base = ps.pull()
+        # load a copy: vector_to_parameters makes the parameters views of its input
+        vector_to_parameters(self._base.clone(), self.params)
+        self.steps_since_sync = 0
+        self.syncs = 0
+
+    def after_step(self, epoch: int) -> None:
+        """Count one local step; sync with the PS when ΔT_epoch steps have passed."""
+        self.steps_since_sync += 1
+        if self.steps_since_sync >= sync_interval(epoch, self.delta_t0):
+            self.sync()
+
+    def sync(self) -> None:
+        """Push the local change since the last pull, then pull the new global parameters."""
+        with torch.no_grad():
+            local = parameters_to_vector(self.params)
+            theta = self.ps.push(local - self._base)
+            vector_to_parameters(theta.clone(), self.params)
+        self._base = theta
+        self.steps_since_sync = 0
+        self.syncs += 1
+
+
+class PassiveCompute:
+    """The passive party's per-worker compute: bottom forward and backward.
+
+    Args:
+        x_train: ``(n_train, d_p)`` float32 tensor of the party's features.
+        make_bottom: factory of a fresh bottom model.
+        ps: the party's parameter server.
+        lr, delta_t0: see :class:`Replica`.
+    """
+
+    def __init__(self, x_train: torch.Tensor, make_bottom: Callable[[], nn.Module],
+                 ps: ParameterServer, *, lr: float, delta_t0: int) -> None:
+        self.x = x_train
+        self.bottom = make_bottom()
+        self.replica = Replica([self.bottom], ps, lr=lr, delta_t0=delta_t0)
+
+    def forward(self, rows: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """Embeddings of a batch: ``(h with graph, h as (B, d) float32 ndarray)``."""
+        h = self.bottom(self.x[torch.from_numpy(rows)])
+        return h, h.detach().numpy()
+
+    def backward(self, h: torch.Tensor, grad: np.ndarray, epoch: int) -> None:
+        """Back-propagate the cut-layer gradient ``(B, d)`` and take an Adam step."""
+        self.replica.opt.zero_grad(set_to_none=True)
+        h.backward(torch.from_numpy(np.array(grad, dtype=np.float32)))
+        self.replica.opt.step()
+        self.replica.after_step(epoch)
+
+
+class ActiveCompute:
+    """The active party's per-worker compute: own bottom forward, top forward/backward.
+
+    Args:
+        x_train: ``(n_train, d_a)`` float32 tensor of the active party's features.
+        y_train: ``(n_train,)`` float32 tensor of 0/1 labels.
+        make_bottom / make_top: factories of fresh modules.
+        ps: the party's parameter server over (bottom, top) parameters.
+        lr, delta_t0: see :class:`Replica`.
+    """
+
+    def __init__(self, x_train: torch.Tensor, y_train: torch.Tensor,
+                 make_bottom: Callable[[], nn.Module], make_top: Callable[[], nn.Module],
+                 ps: ParameterServer, *, lr: float, delta_t0: int) -> None:
+        self.x = x_train
+        self.y = y_train
+        self.bottom = make_bottom()
+        self.top = make_top()
+        self.replica = Replica([self.bottom, self.top], ps, lr=lr, delta_t0=delta_t0)
+        self.loss_fn = nn.BCEWithLogitsLoss()
+
+    def forward_own(self, rows: np.ndarray) -> torch.Tensor:
+        """The active party's own bottom embedding of a batch, ``(B, d)`` with graph."""
+        return self.bottom(self.x[torch.from_numpy(rows)])
+
+    def top_step(self, h_own: torch.Tensor, emb: np.ndarray, rows: np.ndarray,
+                 epoch: int) -> tuple[float, np.ndarray]:
+        """Top forward/backward on ``[h_own, passive embedding]``; Adam step.
+
+        Args:
+            h_own: ``(B, d)`` own embedding with graph.
+            emb: ``(B, d)`` float32 passive embedding.
+            rows: the batch's row positions (for labels).
+            epoch: current epoch (for the sync schedule).
+
+        Returns:
+            ``(loss, grad)``: the batch's mean BCE loss and ``dLoss/d emb``, ``(B, d)`` float32.
+
+        Raises:
+            ValueError: the embedding's shape does not match the batch.
+        """
+        if emb.shape != tuple(h_own.shape):
+            raise ValueError(f"passive embedding shape {emb.shape} != own {tuple(h_own.shape)}")
+        e = torch.from_numpy(np.array(emb, dtype=np.float32)).requires_grad_(True)
+        logits = self.top(torch.cat([h_own, e], dim=1)).squeeze(1)
+        loss = self.loss_fn(logits, self.y[torch.from_numpy(rows)])
+        self.replica.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.replica.opt.step()
+        self.replica.after_step(epoch)
+        assert e.grad is not None
+        return float(loss.detach()), e.grad.numpy()
+
+
+def load_flat(modules: Sequence[nn.Module], theta: torch.Tensor) -> None:
+    """Copy a flat parameter vector into ``modules`` (in parameter order)."""
+    with torch.no_grad():
+        vector_to_parameters(theta.clone(), [p for m in modules for p in m.parameters()])
+
+
+def flat_params(modules: Sequence[nn.Module]) -> torch.Tensor:
+    """The modules' parameters as one flat vector (copy)."""
+    with torch.no_grad():
+        return parameters_to_vector([p for m in modules for p in m.parameters()]).clone()
+
+
+@torch.no_grad()
+def embed(bottom: nn.Module, x: torch.Tensor, *, chunk: int = 8192) -> np.ndarray:
+    """Embeddings of all rows of ``x`` ``(n, d_in)`` → ``(n, embedding_dim)`` float32, no grad."""
+    parts = [bottom(x[i : i + chunk]) for i in range(0, x.shape[0], chunk)]
+    return torch.cat(parts).numpy()
+
+
+@torch.no_grad()
+def predict(bottom: nn.Module, top: nn.Module, x: torch.Tensor, emb: np.ndarray) -> np.ndarray:
+    """Probabilities ``(n,)`` float32 from own features ``x`` and passive embeddings ``emb``."""
+    h = bottom(x)
+    logits = top(torch.cat([h, torch.from_numpy(np.array(emb, dtype=np.float32))], dim=1))
+    return torch.sigmoid(logits.squeeze(1)).numpy()

@@ -1,0 +1,65 @@
+"""Assemble a run's ``metrics.json`` from the two parties' metrics and the broker's counters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from parties.config import VflConfig
+
+
+def _sum_dicts(*ds: dict[str, int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in ds:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
+                     passive: dict[str, Any] | None) -> dict[str, Any]:
+    """The run's metrics (see README, "metrics.json").
+
+    Args:
+        cfg: effective config.
+        run_id: run id (topic namespace).
+        active: the active party's metrics, including ``test_auc`` and ``broker``.
+        passive: the passive party's report, or None if it never arrived.
+
+    Returns:
+        A JSON-ready dict with ``algo``, ``dataset``, ``test_auc``, ``epochs``,
+        ``wall_s``, ``train_samples_per_s``, per-party ``cpu_util`` and
+        ``wait_s_per_epoch``, ``bytes_sent`` by channel, ``broker_bytes``,
+        ``expected_bytes``, ``dropped_batches`` and ``reassigned_batches``.
+    """
+    broker = active.get("broker") or {}
+    ns = broker.get("namespace_bytes", {})
+    parties = {"active": {k: v for k, v in active.items() if k not in ("broker", "test_auc")}}
+    if passive is not None:
+        parties["passive"] = passive
+    bytes_sent = _sum_dicts(*(p.get("bytes_sent", {}) for p in parties.values()))
+    train_wall = active["train_wall_s"]
+    return {
+        "algo": cfg.algo,
+        "dataset": cfg.dataset,
+        "run_id": run_id,
+        "test_auc": active["test_auc"],
+        "epochs": cfg.epochs,
+        "wall_s": train_wall,
+        "train_wall_s": train_wall,
+        "train_samples_per_s": active["samples"] / train_wall if train_wall > 0 else 0.0,
+        "parties": parties,
+        "bytes_sent": bytes_sent,
+        "broker_bytes": {
+            "emb": ns.get(f"emb/{run_id}", 0),
+            "grad": ns.get(f"grad/{run_id}", 0),
+            "eval": ns.get(f"eval/{run_id}", 0),
+            "ctl": ns.get(f"ctl/{run_id}", 0),
+        },
+        "dropped_batches": active["dropped_batches"]
+        + (passive or {}).get("dropped_batches", 0),
+        "reassigned_batches": active["reassigned_batches"]
+        + (passive or {}).get("reassigned_batches", 0),
+        "history": active.get("history", []),
+        "broker": broker or None,
+        "passive_report_missing": passive is None,
+    }

@@ -1,0 +1,590 @@
+"""The I/O driver of a PubSub-VFL party: bus, handshake, heartbeats, workers, evaluation.
+
+Protocol (all topics live under the run id, so runs can share a broker):
+
+========================  =========  ====================================================
+topic                     publisher  payload
+========================  =========  ====================================================
+``emb/<run>/<b>``         passive    (B, d) float32 embedding of batch b; meta e, b, a, u
+``grad/<run>/<b>``        active     (B, d) float32 cut-layer gradient; meta e, b, u
+                                     (or ``skip``: the active party gave up on the batch)
+``eval/<run>/<e>``        passive    (n_test, d) embeddings of the test split after epoch e
+``ctl/<run>/hello/<r>``   both       handshake for role r (shared-settings digest)
+``ctl/<run>/hb/<r>``      both       heartbeat of role r
+``ctl/<run>/report``      passive    the passive party's metrics, at the end
+``ctl/<run>/done``        active     the run is over
+========================  =========  ====================================================
+
+Each party has a parameter server and ``w`` worker coroutines (PubSub-VFL Sec. 4).
+A worker takes the next batch id, computes in a thread (torch releases the GIL),
+publishes on the batch's channel and waits for its partner's data with the
+deadline T_ddl; a miss drops the batch and reassigns it. Per-batch buffers
+hold at most p embeddings / q gradients (FIFO eviction, in :class:`pubsub.Bus`).
+Epochs end with a barrier inside each party (flush syncs, evaluate); the
+parties themselves never wait on each other except through the channels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+import structlog
+import torch
+from sklearn.metrics import roc_auc_score
+
+from pubsub import Bus, BusConfig, DeadlineExceeded, Message
+from pubsub.buffer import BufferLimits
+from pubsub.control import request_stats
+from pubsub.errors import BusError
+
+from parties.config import VflConfig
+from parties.data import (
+    default_split,
+    encode_labels,
+    encode_party_features,
+    load_table,
+    train_test_indices,
+    validate_split,
+    DataError,
+)
+from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost
+from parties.model import (
+    ActiveCompute,
+    ParameterServer,
+    PassiveCompute,
+    bottom_model,
+    embed,
+    flat_params,
+    load_flat,
+    predict,
+    top_model,
+)
+from parties.schedule import EpochSchedule, epoch_batches, num_batches
+from parties.sysinfo import CpuMeter
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+ROLES = ("active", "passive")
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Topic names of one run."""
+
+    run_id: str
+
+    def emb(self, b: int) -> str:
+        return f"emb/{self.run_id}/{b}"
+
+    def grad(self, b: int) -> str:
+        return f"grad/{self.run_id}/{b}"
+
+    def eval(self, epoch: int) -> str:
+        return f"eval/{self.run_id}/{epoch}"
+
+    def hello(self, role: str) -> str:
+        return f"ctl/{self.run_id}/hello/{role}"
+
+    def hb(self, role: str) -> str:
+        return f"ctl/{self.run_id}/hb/{role}"
+
+    @property
+    def report(self) -> str:
+        return f"ctl/{self.run_id}/report"
+
+    @property
+    def done(self) -> str:
+        return f"ctl/{self.run_id}/done"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartyData:
+    """One party's view of the data after encoding.
+
+    Attributes:
+        x_train / x_test: ``(n, d)`` float32 features of this party's columns.
+        y_train / y_test: ``(n,)`` float32 labels (active party only, else None).
+        columns: this party's raw feature columns.
+        n_rows: rows in the whole (aligned) table.
+        dataset: dataset name or path.
+    """
+
+    x_train: np.ndarray
+    x_test: np.ndarray
+    y_train: np.ndarray | None
+    y_test: np.ndarray | None
+    columns: tuple[str, ...]
+    n_rows: int
+    dataset: str
+
+
+def load_party_data(cfg: VflConfig, role: str) -> PartyData:
+    """Load and encode this party's columns (and labels, for the active party).
+
+    Raises:
+        parties.data.DataError: missing file, unknown column, bad split, one-class label.
+    """
+    frame, default_label = load_table(cfg.dataset)
+    label = cfg.label or default_label
+    if not label:
+        raise DataError(f"dataset {cfg.dataset!r} needs a label column: set vfl.label")
+    if cfg.active_columns or cfg.passive_columns:
+        if not (cfg.active_columns and cfg.passive_columns):
+            raise DataError("set both vfl.active_columns and vfl.passive_columns, or neither")
+        active, passive = cfg.active_columns, cfg.passive_columns
+    else:
+        active, passive = default_split(list(frame.columns), label)
+    validate_split(list(frame.columns), label, active, passive)
+    train_idx, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
+    mine = tuple(active if role == "active" else passive)
+    feats = encode_party_features(frame, mine, train_idx, test_idx)
+    y_train = y_test = None
+    if role == "active":
+        y_train, y_test, _pos = encode_labels(frame, label, train_idx, test_idx)
+    return PartyData(
+        x_train=feats.x_train, x_test=feats.x_test, y_train=y_train, y_test=y_test,
+        columns=mine, n_rows=len(frame), dataset=cfg.dataset,
+    )
+
+
+@dataclass(slots=True)
+class _Counters:
+    wait_s: float = 0.0
+    dropped: int = 0
+    reassigned: int = 0
+    skipped: int = 0
+    stale: int = 0
+    batches: int = 0
+    samples: int = 0
+    loss_sum: float = 0.0
+    loss_n: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Party:
+    """One PubSub-VFL party process: ``await Party(...).run()``.
+
+    Args:
+        role: ``"active"`` (labels + top model) or ``"passive"``.
+        cfg: the run config (shared settings must match the partner's).
+        data: this party's encoded data (:func:`load_party_data`).
+        broker: broker base address ``tcp://HOST:PORT``.
+        run_id: run id shared by both parties.
+        progress: print one line per epoch to stdout (active party).
+    """
+
+    def __init__(self, role: str, cfg: VflConfig, data: PartyData, *, broker: str, run_id: str,
+                 progress: bool = True) -> None:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        if role == "active" and data.y_train is None:
+            raise ValueError("the active party needs labels")
+        self.role = role
+        self.partner = "passive" if role == "active" else "active"
+        self.cfg = cfg
+        self.data = data
+        self.broker = broker
+        self.run_id = run_id
+        self.topics = Topics(run_id)
+        self.progress = progress
+        self.n_train = data.x_train.shape[0]
+        self.n_batches = num_batches(self.n_train, cfg.batch_size)
+        self.workers = cfg.w_active if role == "active" else cfg.w_passive
+        self.c = _Counters()
+        self.bus: Bus | None = None
+        self.log = log.bind(party=role, run_id=run_id)
+        torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
+        d_in = data.x_train.shape[1]
+        self._make_bottom = lambda: bottom_model(d_in, cfg.bottom_hidden, cfg.embedding_dim)
+        self._make_top = lambda: top_model(cfg.embedding_dim, cfg.top_hidden)
+        self._bottom = self._make_bottom()
+        self._top = self._make_top() if role == "active" else None
+        mods = [self._bottom] + ([self._top] if self._top is not None else [])
+        self.ps = ParameterServer(flat_params(mods))
+        self._x_train = torch.from_numpy(np.ascontiguousarray(data.x_train))
+        self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=f"{role}-w")
+        self._computes: list[Any] = []
+        for _ in range(self.workers):
+            if role == "active":
+                assert data.y_train is not None
+                y = torch.from_numpy(np.ascontiguousarray(data.y_train))
+                self._computes.append(ActiveCompute(self._x_train, y, self._make_bottom,
+                                                    self._make_top, self.ps, lr=cfg.lr,
+                                                    delta_t0=cfg.delta_t0))
+            else:
+                self._computes.append(PassiveCompute(self._x_train, self._make_bottom, self.ps,
+                                                     lr=cfg.lr, delta_t0=cfg.delta_t0))
+        self.partner_report: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ helpers
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, fn, *args)
+
+    def _shared(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"digest": cfg.shared_digest(self.data.n_rows), "n_rows": self.data.n_rows,
+                "batch_size": cfg.batch_size, "epochs": cfg.epochs, "seed": cfg.seed,
+                "test_frac": cfg.test_frac, "embedding_dim": cfg.embedding_dim,
+                "algo": cfg.algo, "eval_every": cfg.eval_every}
+
+    def _eval_epochs(self) -> list[int]:
+        cfg = self.cfg
+        return [e for e in range(cfg.epochs)
+                if (e + 1) % cfg.eval_every == 0 or e == cfg.epochs - 1]
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> dict[str, Any]:
+        """Connect, handshake, train all epochs, exchange reports; return this party's metrics.
+
+        Raises:
+            pubsub.BrokerUnreachable: no broker at the address.
+            HandshakeTimeout: the partner never showed up.
+            ConfigMismatch: the partner's shared settings differ.
+            PartnerLost: the partner's heartbeats stopped mid-run.
+        """
+        cfg = self.cfg
+        bus_cfg = BusConfig(connect_timeout_s=cfg.connect_timeout_s,
+                            topic_max_bytes=max(64 << 20, self.data.x_test.shape[0] * 8 * 64))
+        try:
+            async with Bus(self.broker, name=self.role, config=bus_cfg) as bus:
+                self.bus = bus
+                await self._subscribe(bus)
+                await self._handshake(bus)
+                meter = CpuMeter()
+                meter.start()
+                try:
+                    async with asyncio.TaskGroup() as tg:
+                        hb = tg.create_task(self._heartbeat(bus))
+                        wd = tg.create_task(self._watchdog(bus))
+                        if self.role == "active":
+                            result = await self._train_active(bus, meter)
+                        else:
+                            result = await self._train_passive(bus, meter)
+                        hb.cancel()
+                        wd.cancel()
+                except* PartnerLost as eg:
+                    raise eg.exceptions[0] from None
+                return result
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _subscribe(self, bus: Bus) -> None:
+        cfg, t = self.cfg, self.topics
+        emb_bytes = cfg.batch_size * cfg.embedding_dim * 4 + 4096
+        if self.role == "active":
+            lim = BufferLimits(max_msgs=cfg.p, max_bytes=cfg.p * emb_bytes)
+            await bus.subscribe_many([t.emb(b) for b in range(self.n_batches)], limits=lim)
+            eval_bytes = self.data.x_test.shape[0] * cfg.embedding_dim * 4 + 4096
+            await bus.subscribe_many([t.eval(e) for e in self._eval_epochs()],
+                                     limits=BufferLimits(max_msgs=2, max_bytes=2 * eval_bytes))
+            await bus.subscribe(t.report)
+        else:
+            lim = BufferLimits(max_msgs=cfg.q, max_bytes=cfg.q * emb_bytes)
+            await bus.subscribe_many([t.grad(b) for b in range(self.n_batches)], limits=lim)
+            await bus.subscribe(t.done)
+        await bus.subscribe(t.hb(self.partner), limits=BufferLimits(max_msgs=4, max_bytes=1 << 16))
+        # subscribed last: a hello from the partner proves all the above reached its publisher
+        await bus.subscribe(t.hello(self.role))
+
+    async def _handshake(self, bus: Bus) -> None:
+        """Exchange hellos until each side has seen the other (PubSub slow-joiner guard)."""
+        cfg, t = self.cfg, self.topics
+        mine = self._shared()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + cfg.handshake_timeout_s
+        seen = False
+        while True:
+            bus.publish_nowait(t.hello(self.partner), (), {"role": self.role, "seen": seen,
+                                                             "shared": mine})
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise HandshakeTimeout(self.partner, cfg.handshake_timeout_s, self.run_id)
+            try:
+                msg = await bus.next(t.hello(self.role), min(0.1, remaining))
+            except DeadlineExceeded:
+                continue
+            theirs = msg.meta.get("shared", {})
+            if theirs.get("digest") != mine["digest"]:
+                raise ConfigMismatch(mine, theirs)
+            if not seen:
+                seen = True
+                self.log.info("vfl.partner_found", partner=self.partner)
+            if msg.meta.get("seen"):
+                break
+        # one final hello so the partner completes even if it never got a seen=True from us
+        bus.publish_nowait(t.hello(self.partner), (), {"role": self.role, "seen": True,
+                                                         "shared": mine})
+
+    async def _heartbeat(self, bus: Bus) -> None:
+        topic = self.topics.hb(self.role)
+        while True:
+            bus.publish_nowait(topic, (), {"t": time.time()})
+            await asyncio.sleep(self.cfg.heartbeat_interval_s)
+
+    async def _watchdog(self, bus: Bus) -> None:
+        topic = self.topics.hb(self.partner)
+        timeout = self.cfg.liveness_timeout_s
+        while True:
+            try:
+                await bus.next(topic, timeout)
+            except DeadlineExceeded:
+                self.log.error("vfl.partner_lost", partner=self.partner, silent_s=timeout)
+                raise PartnerLost(self.partner, timeout) from None
+
+    async def _wait(self, bus: Bus, topic: str, deadline: float,
+                    accept: Callable[[Message], int]) -> Message | None:
+        """Wait on ``topic`` until ``deadline`` (loop time) for a message ``accept`` returns 1 for.
+
+        ``accept`` returns 1 (take), 0 (stale: discard, keep waiting) or -1 (from
+        the future: put back and give up). Time spent is counted as waiting time.
+        """
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                try:
+                    msg = await bus.next(topic, remaining)
+                except DeadlineExceeded:
+                    return None
+                verdict = accept(msg)
+                if verdict == 1:
+                    return msg
+                if verdict < 0:
+                    bus.unget(msg)
+                    return None
+                self.c.stale += 1
+        finally:
+            self.c.wait_s += loop.time() - t0
+
+    # ------------------------------------------------------------------ passive
+    async def _train_passive(self, bus: Bus, meter: CpuMeter) -> dict[str, Any]:
+        cfg = self.cfg
+        for epoch in range(cfg.epochs):
+            t_epoch = time.perf_counter()
+            batches = epoch_batches(self.n_train, cfg.batch_size, seed=cfg.seed, epoch=epoch)
+            sched = EpochSchedule(self.n_batches, cfg.max_reassign)
+            cond = asyncio.Condition()
+            await asyncio.gather(*(self._passive_worker(bus, k, epoch, batches, sched, cond)
+                                   for k in range(self.workers)))
+            await self._flush()
+            if epoch in self._eval_epochs():
+                load_flat([self._bottom], self.ps.pull())
+                emb_test = await self._run(embed, self._bottom, self._x_test)
+                bus.publish_nowait(self.topics.eval(epoch), [emb_test], {"e": epoch}, copy=False)
+            self.c.history.append({"epoch": epoch, "wall_s": time.perf_counter() - t_epoch,
+                                   "dropped": sched.dropped, "reassigned": sched.reassigned})
+            self.log.info("vfl.epoch_done", epoch=epoch, dropped=sched.dropped,
+                          reassigned=sched.reassigned)
+        metrics = self._party_metrics(meter)
+        bus.publish_nowait(self.topics.report, (), metrics)
+        # wait for the active party to finish evaluating (heartbeats keep flowing)
+        try:
+            await bus.next(self.topics.done, cfg.liveness_timeout_s + cfg.t_ddl_s)
+        except DeadlineExceeded:
+            self.log.warning("vfl.no_done", waited_s=cfg.liveness_timeout_s + cfg.t_ddl_s)
+        return metrics
+
+    async def _passive_worker(self, bus: Bus, k: int, epoch: int, batches: list[np.ndarray],
+                              sched: EpochSchedule, cond: asyncio.Condition) -> None:
+        compute: PassiveCompute = self._computes[k]
+        loop = asyncio.get_running_loop()
+        while True:
+            task = sched.take()
+            if task is None:
+                if sched.done:
+                    return
+                async with cond:
+                    await cond.wait_for(lambda: bool(sched.pending) or sched.done)
+                continue
+            b, attempt = task
+            rows = batches[b]
+            h, h_np = await self._run(compute.forward, rows)
+            uid = f"{epoch}.{b}.{attempt}"
+            bus.publish_nowait(self.topics.emb(b), [h_np],
+                               {"e": epoch, "b": b, "a": attempt, "u": uid}, copy=False)
+
+            def accept(m: Message, uid: str = uid) -> int:
+                if m.meta.get("u") == uid:
+                    return 1
+                if m.meta.get("skip") and m.meta.get("e") == epoch and m.meta.get("b") == b:
+                    return 1
+                return 0
+
+            msg = await self._wait(bus, self.topics.grad(b), loop.time() + self.cfg.t_ddl_s,
+                                   accept)
+            if msg is None:
+                again = sched.fail(b, attempt)
+                self._count_miss(again, b, epoch, "grad")
+            elif msg.meta.get("skip"):
+                sched.drop(b)
+                self.c.skipped += 1
+                self.c.dropped += 1
+            else:
+                await self._run(compute.backward, h, msg.arrays[0], epoch)
+                sched.complete(b)
+                self.c.batches += 1
+                self.c.samples += len(rows)
+            async with cond:
+                cond.notify_all()
+
+    def _count_miss(self, reassigned: bool, b: int, epoch: int, what: str) -> None:
+        self.c.dropped += 1
+        if reassigned:
+            self.c.reassigned += 1
+        self.log.warning("vfl.batch_dropped", batch=b, epoch=epoch, missing=what,
+                         reassigned=reassigned, t_ddl_s=self.cfg.t_ddl_s)
+
+    async def _flush(self) -> None:
+        for compute in self._computes:
+            await self._run(compute.replica.sync)
+
+    # ------------------------------------------------------------------ active
+    async def _train_active(self, bus: Bus, meter: CpuMeter) -> dict[str, Any]:
+        cfg = self.cfg
+        t_train = time.perf_counter()
+        test_auc = float("nan")
+        for epoch in range(cfg.epochs):
+            t_epoch = time.perf_counter()
+            loss0, n0, samples0, wait0 = self.c.loss_sum, self.c.loss_n, self.c.samples, self.c.wait_s
+            batches = epoch_batches(self.n_train, cfg.batch_size, seed=cfg.seed, epoch=epoch)
+            sched = EpochSchedule(self.n_batches, cfg.max_reassign)
+            cond = asyncio.Condition()
+            await asyncio.gather(*(self._active_worker(bus, k, epoch, batches, sched, cond)
+                                   for k in range(self.workers)))
+            await self._flush()
+            train_s = time.perf_counter() - t_epoch
+            entry: dict[str, Any] = {
+                "epoch": epoch,
+                "loss": (self.c.loss_sum - loss0) / max(1, self.c.loss_n - n0),
+                "train_s": train_s,
+                "samples_per_s": (self.c.samples - samples0) / train_s if train_s > 0 else 0.0,
+                "wait_s": (self.c.wait_s - wait0) / self.workers,
+                "dropped": sched.dropped, "reassigned": sched.reassigned,
+            }
+            if epoch in self._eval_epochs():
+                test_auc = await self._evaluate(bus, epoch)
+                entry["test_auc"] = test_auc
+            entry["wall_s"] = time.perf_counter() - t_train
+            self.c.history.append(entry)
+            self.log.info("vfl.epoch_done", **entry)
+            if self.progress:
+                auc = f"  test_auc {entry['test_auc']:.4f}" if "test_auc" in entry else ""
+                print(f"epoch {epoch + 1:>3}/{cfg.epochs}  loss {entry['loss']:.4f}{auc}  "
+                      f"{entry['samples_per_s']:,.0f} samples/s  wait {entry['wait_s']:.2f} s  "
+                      f"dropped {sched.dropped}", flush=True)
+        metrics = self._party_metrics(meter)
+        metrics["test_auc"] = test_auc
+        try:
+            rep = await bus.next(self.topics.report, cfg.liveness_timeout_s)
+            self.partner_report = dict(rep.meta)
+        except DeadlineExceeded:
+            self.log.warning("vfl.no_report", waited_s=cfg.liveness_timeout_s)
+        try:
+            metrics["broker"] = await asyncio.to_thread(request_stats, self.broker, timeout_s=2.0)
+        except BusError as exc:
+            self.log.warning("vfl.broker_stats_failed", error=str(exc))
+            metrics["broker"] = None
+        bus.publish_nowait(self.topics.done, (), {"ok": True})
+        await asyncio.sleep(0.05)
+        return metrics
+
+    async def _active_worker(self, bus: Bus, k: int, epoch: int, batches: list[np.ndarray],
+                             sched: EpochSchedule, cond: asyncio.Condition) -> None:
+        compute: ActiveCompute = self._computes[k]
+        loop = asyncio.get_running_loop()
+
+        def accept(m: Message) -> int:
+            e = m.meta.get("e", -1)
+            return 1 if e == epoch else (0 if e < epoch else -1)
+
+        while True:
+            task = sched.take()
+            if task is None:
+                if sched.done:
+                    return
+                async with cond:
+                    await cond.wait_for(lambda: bool(sched.pending) or sched.done)
+                continue
+            b, attempt = task
+            rows = batches[b]
+            own = asyncio.ensure_future(self._run(compute.forward_own, rows))
+            msg = await self._wait(bus, self.topics.emb(b), loop.time() + self.cfg.t_ddl_s,
+                                   accept)
+            h_own = await own
+            if msg is None:
+                again = sched.fail(b, attempt)
+                self._count_miss(again, b, epoch, "emb")
+                if not again:
+                    bus.publish_nowait(self.topics.grad(b), (),
+                                       {"e": epoch, "b": b, "skip": True})
+            else:
+                loss, grad = await self._run(compute.top_step, h_own, msg.arrays[0], rows, epoch)
+                bus.publish_nowait(self.topics.grad(b), [grad],
+                                   {"e": epoch, "b": b, "u": msg.meta.get("u")}, copy=False)
+                sched.complete(b)
+                self.c.batches += 1
+                self.c.samples += len(rows)
+                self.c.loss_sum += loss
+                self.c.loss_n += 1
+            async with cond:
+                cond.notify_all()
+
+    async def _evaluate(self, bus: Bus, epoch: int) -> float:
+        """Test AUC after ``epoch`` from the PS parameters and the passive test embeddings."""
+        cfg = self.cfg
+        assert self._top is not None and self.data.y_test is not None
+        t0 = time.perf_counter()
+        msg = await bus.next(self.topics.eval(epoch), cfg.liveness_timeout_s)
+        self.c.wait_s += time.perf_counter() - t0
+        load_flat([self._bottom, self._top], self.ps.pull())
+        probs = await self._run(predict, self._bottom, self._top, self._x_test, msg.arrays[0])
+        return float(roc_auc_score(self.data.y_test, probs))
+
+    # ------------------------------------------------------------------ metrics
+    def _party_metrics(self, meter: CpuMeter) -> dict[str, Any]:
+        wall, cpu, cores, util = meter.read()
+        assert self.bus is not None
+        st = self.bus.stats()
+        return {
+            "role": self.role,
+            "workers": self.workers,
+            "train_wall_s": wall,
+            "cpu_s": cpu,
+            "cores_allotted": cores,
+            "cpu_util": util,
+            "wait_s_total": self.c.wait_s,
+            "wait_s_per_epoch": self.c.wait_s / (self.workers * self.cfg.epochs),
+            "bytes_sent": dict(st.sent_bytes),
+            "msgs_sent": dict(st.sent_msgs),
+            "bytes_recv": dict(st.recv_bytes),
+            "dropped_batches": self.c.dropped,
+            "reassigned_batches": self.c.reassigned,
+            "skipped_batches": self.c.skipped,
+            "stale_messages": self.c.stale,
+            "bus": {k: v for k, v in st.as_dict().items() if not isinstance(v, dict)},
+            "ps_pushes": self.ps.pushes,
+            "batches": self.c.batches,
+            "samples": self.c.samples,
+            "history": self.c.history,
+            "n_features": int(self.data.x_train.shape[1]),
+            "columns": list(self.data.columns),
+        }
+
+
+async def close_quietly(aw: Awaitable[Any]) -> None:
+    """Await ``aw``, ignoring errors (used in shutdown paths)."""
+    with contextlib.suppress(Exception):
+        await aw

@@ -1,0 +1,68 @@
+"""Process CPU accounting: allotted cores and CPU utilisation (psutil)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+
+def cores_allotted() -> float:
+    """Cores this process may use: the cgroup CPU quota if one is set, else the affinity set size.
+
+    Reads cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``.
+    """
+    affinity = float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(
+        os.cpu_count() or 1)
+    quota = _cgroup_quota()
+    return min(affinity, quota) if quota is not None else affinity
+
+
+def _cgroup_quota() -> float | None:
+    try:
+        rel = ""
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            parts = line.split(":", 2)
+            if len(parts) == 3 and parts[0] == "0":
+                rel = parts[2]
+        v2 = Path("/sys/fs/cgroup") / rel.lstrip("/") / "cpu.max"
+        if v2.exists():
+            q, period = v2.read_text().split()
+            return None if q == "max" else int(q) / int(period)
+        v1 = Path("/sys/fs/cgroup/cpu")
+        q1 = v1 / "cpu.cfs_quota_us"
+        if q1.exists():
+            q = int(q1.read_text())
+            if q > 0:
+                return q / int((v1 / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+@dataclass(slots=True)
+class CpuMeter:
+    """CPU seconds of this process (all threads) over a wall-clock interval."""
+
+    wall0: float = 0.0
+    cpu0: float = 0.0
+
+    def start(self) -> None:
+        """Start (or restart) the interval."""
+        self.wall0 = time.perf_counter()
+        self.cpu0 = _cpu_s()
+
+    def read(self) -> tuple[float, float, float, float]:
+        """``(wall_s, cpu_s, cores, cpu_util)`` since :meth:`start`; util = cpu / (wall × cores)."""
+        wall = time.perf_counter() - self.wall0
+        cpu = _cpu_s() - self.cpu0
+        cores = cores_allotted()
+        return wall, cpu, cores, (cpu / (wall * cores) if wall > 0 else 0.0)
+
+
+def _cpu_s() -> float:
+    t = psutil.Process().cpu_times()
+    return float(t.user + t.system)

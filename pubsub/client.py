@@ -1,0 +1,648 @@
+"""The bus client: one publisher socket, one subscriber socket, bounded per-topic buffers.
+
+Design (see ``shared/reference/zeromq.md`` for the measurements behind it):
+
+* **One reader task per subscriber socket.** It awaits one message, then drains
+  the socket with non-blocking receives (a burst), decodes each envelope and
+  hands it to a waiter or to the topic's bounded buffer. Waiting with a
+  deadline never cancels a socket receive, so deadlines cannot lose messages.
+* **Exact topics.** Topic frames end in NUL; an exact subscription is the topic
+  plus NUL, so ``emb/1`` never receives ``emb/10``. Prefix subscriptions are
+  explicit (:meth:`Bus.subscribe_prefix`), and the reader still routes by exact
+  topic.
+* **Bounded memory.** Each topic buffer is bounded in messages and bytes with
+  FIFO eviction; all buffers together are bounded by ``total_max_bytes``.
+  Evictions and overflows are counted and logged once per episode.
+* **Ready handshake.** :meth:`Bus.connect` publishes probes on a private topic
+  until one comes back through the broker, so the publisher socket is known to
+  be attached (and holds the broker's subscriptions) before the first publish:
+  no slow-joiner loss. A broker that never answers raises
+  :class:`~pubsub.errors.BrokerUnreachable` within ``connect_timeout_s``.
+* **Lifecycle.** ``async with Bus(...)``; :meth:`Bus.close` is idempotent, sets
+  LINGER on every socket, and returns within ``linger_s`` plus a few ms.
+
+Publishing happens on the event loop thread only (sockets are never shared
+across threads); other threads use :meth:`Bus.publish_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import structlog
+import zmq
+import zmq.asyncio
+
+from pubsub.address import BrokerAddress
+from pubsub.buffer import BufferLimits, TopicBuffer
+from pubsub.codec import Message, decode, encode, topic_class, topic_frame, validate_topic
+from pubsub.errors import BrokerUnreachable, BusClosed, DeadlineExceeded, MalformedFrame
+
+log = structlog.get_logger(__name__)
+
+PROBE_CLASS = "_bus"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BusConfig:
+    """Client settings. All sizes in bytes, all times in seconds.
+
+    Attributes:
+        connect_timeout_s: how long :meth:`Bus.connect` probes the broker before
+            raising :class:`BrokerUnreachable`.
+        probe_interval_s: interval between handshake probes.
+        linger_s: ZeroMQ LINGER on every socket: how long close waits to flush.
+        sndhwm: publisher high-water mark (messages queued per peer).
+        rcvhwm: subscriber high-water mark (messages queued in libzmq).
+        topic_max_msgs: per-topic buffer bound, messages.
+        topic_max_bytes: per-topic buffer bound, bytes.
+        total_max_bytes: bound over all topic buffers together, bytes.
+        drain_burst: most messages drained per wake-up before yielding to the loop.
+    """
+
+    connect_timeout_s: float = 5.0
+    probe_interval_s: float = 0.02
+    linger_s: float = 0.5
+    sndhwm: int = 10_000
+    rcvhwm: int = 10_000
+    topic_max_msgs: int = 64
+    topic_max_bytes: int = 64 << 20
+    total_max_bytes: int = 1 << 30
+    drain_burst: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout_s", "probe_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.linger_s < 0:
+            raise ValueError(f"linger_s must be >= 0, got {self.linger_s!r}")
+        if self.total_max_bytes < self.topic_max_bytes:
+            raise ValueError(
+                f"total_max_bytes ({self.total_max_bytes}) < topic_max_bytes ({self.topic_max_bytes})"
+            )
+        BufferLimits(max_msgs=self.topic_max_msgs, max_bytes=self.topic_max_bytes)
+
+
+@dataclass(slots=True, kw_only=True)
+class BusStats:
+    """Counters of one client (a snapshot copy is returned by :meth:`Bus.stats`).
+
+    Attributes:
+        sent_msgs / sent_bytes: published, by channel class (``"emb"``, ``"grad"`` ...).
+        recv_msgs / recv_bytes: received and routed, by channel class.
+        evicted: messages evicted FIFO from full topic buffers.
+        overflow_dropped: messages dropped because all buffers together were full,
+            or because one message exceeded the per-topic byte bound.
+        rejected: malformed frames received (counted, not delivered).
+        unsolicited: messages for topics no longer subscribed (dropped).
+        gaps: messages missing according to per-(publisher, topic) sequence numbers.
+    """
+
+    sent_msgs: dict[str, int] = field(default_factory=dict)
+    sent_bytes: dict[str, int] = field(default_factory=dict)
+    recv_msgs: dict[str, int] = field(default_factory=dict)
+    recv_bytes: dict[str, int] = field(default_factory=dict)
+    evicted: int = 0
+    overflow_dropped: int = 0
+    rejected: int = 0
+    unsolicited: int = 0
+    gaps: int = 0
+
+    def copy(self) -> BusStats:
+        """A deep copy."""
+        return BusStats(
+            sent_msgs=dict(self.sent_msgs),
+            sent_bytes=dict(self.sent_bytes),
+            recv_msgs=dict(self.recv_msgs),
+            recv_bytes=dict(self.recv_bytes),
+            evicted=self.evicted,
+            overflow_dropped=self.overflow_dropped,
+            rejected=self.rejected,
+            unsolicited=self.unsolicited,
+            gaps=self.gaps,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "sent_msgs": dict(self.sent_msgs),
+            "sent_bytes": dict(self.sent_bytes),
+            "recv_msgs": dict(self.recv_msgs),
+            "recv_bytes": dict(self.recv_bytes),
+            "evicted": self.evicted,
+            "overflow_dropped": self.overflow_dropped,
+            "rejected": self.rejected,
+            "unsolicited": self.unsolicited,
+            "gaps": self.gaps,
+        }
+
+
+_MAX_SEQ_KEYS = 1 << 16
+
+
+class Bus:
+    """An asyncio bus client attached to one broker.
+
+    Usage::
+
+        async with Bus("tcp://127.0.0.1:5555", name="passive") as bus:
+            await bus.subscribe("grad/run1/7")
+            await bus.publish("emb/run1/7", [embedding])
+            msg = await bus.next("grad/run1/7", timeout_s=10.0)
+
+    Args:
+        address: broker base address ``tcp://HOST:PORT`` (str or :class:`BrokerAddress`).
+        name: client name, used in logs and as the publisher id prefix.
+        config: :class:`BusConfig`.
+
+    Raises:
+        pubsub.address.InvalidAddress: malformed address.
+    """
+
+    def __init__(
+        self,
+        address: str | BrokerAddress,
+        *,
+        name: str = "client",
+        config: BusConfig | None = None,
+    ) -> None:
+        self.address = address if isinstance(address, BrokerAddress) else BrokerAddress.parse(address)
+        self.config = config or BusConfig()
+        self.name = name
+        self.client_id = f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._limits = BufferLimits(
+            max_msgs=self.config.topic_max_msgs, max_bytes=self.config.topic_max_bytes
+        )
+        self._ctx: zmq.asyncio.Context | None = None
+        self._pub: zmq.Socket | None = None  # sync socket, loop thread only, NOBLOCK sends
+        self._sub: zmq.asyncio.Socket | None = None
+        self._sub_sync: zmq.Socket | None = None  # shadow of _sub for the drain
+        self._reader: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._exact: set[str] = set()
+        self._prefixes: dict[str, int] = {}
+        self._buffers: dict[str, TopicBuffer[Message]] = {}
+        self._topic_limits: dict[str, BufferLimits] = {}
+        self._prefix_limits: dict[str, BufferLimits] = {}
+        self._waiters: dict[str, deque[asyncio.Future[Message]]] = {}
+        self._buffered_bytes = 0
+        self._pub_seq: dict[str, int] = {}
+        self._recv_seq: dict[tuple[str, str], int] = {}
+        self._stats = BusStats()
+        self._slow_topics: set[str] = set()  # topics in a slow-consumer episode
+        self._slow_episodes = 0
+        self._overflow_episode = False
+        self._reject_episode = False
+        self._closed = False
+        self._connected = False
+        self._log = log.bind(client=self.client_id)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> Bus:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Open sockets, start the reader and complete the ready handshake.
+
+        Raises:
+            BrokerUnreachable: no probe came back within ``connect_timeout_s``.
+            BusClosed: the client was closed.
+        """
+        if self._closed:
+            raise BusClosed(self.client_id)
+        if self._connected:
+            return
+        cfg = self.config
+        self._loop = asyncio.get_running_loop()
+        self._ctx = zmq.asyncio.Context()
+        linger_ms = int(cfg.linger_s * 1000)
+        pub = zmq.Socket(self._ctx, zmq.PUB)  # plain socket from the same context
+        pub.setsockopt(zmq.LINGER, linger_ms)
+        pub.setsockopt(zmq.SNDHWM, cfg.sndhwm)
+        pub.connect(self.address.pub_endpoint)
+        self._pub = pub
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, linger_ms)
+        sub.setsockopt(zmq.RCVHWM, cfg.rcvhwm)
+        # SNDHWM on a SUB bounds queued *subscriptions*; the default (1000) silently
+        # caps how many topics reach the broker. Subscriptions are tiny: no bound.
+        sub.setsockopt(zmq.SNDHWM, 0)
+        sub.connect(self.address.sub_endpoint)
+        self._sub = sub
+        self._sub_sync = zmq.Socket.shadow(sub.underlying)
+        self._reader = asyncio.create_task(self._read_loop(), name=f"bus-reader-{self.client_id}")
+        try:
+            await self._handshake()
+        except BaseException:
+            await self.close()
+            raise
+        self._connected = True
+        self._log.debug("bus.connected", broker=str(self.address))
+
+    async def _handshake(self) -> None:
+        cfg = self.config
+        probe = f"{PROBE_CLASS}/probe/{self.client_id}"
+        await self.subscribe(probe)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + cfg.connect_timeout_s
+        try:
+            while True:
+                self._send(probe, (), None, copy=True)
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise BrokerUnreachable(str(self.address), cfg.connect_timeout_s)
+                try:
+                    await self.next(probe, timeout_s=min(cfg.probe_interval_s, remaining))
+                    break
+                except DeadlineExceeded:
+                    continue
+        finally:
+            if not self._closed:
+                await self.unsubscribe(probe)
+
+    async def close(self) -> None:
+        """Stop the reader, fail pending waiters with :class:`BusClosed`, close sockets.
+
+        Idempotent; never hangs (LINGER bounds the flush to ``linger_s``).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        for dq in self._waiters.values():
+            for fut in dq:
+                if not fut.done():
+                    fut.set_exception(BusClosed(self.client_id))
+        self._waiters.clear()
+        for sock in (self._sub_sync, self._sub, self._pub):
+            if sock is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.close(linger=int(self.config.linger_s * 1000))
+        if self._ctx is not None:
+            ctx, self._ctx = self._ctx, None
+            await asyncio.to_thread(ctx.term)
+        self._log.debug("bus.closed")
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    # ---------------------------------------------------------------- subscribe
+    async def subscribe(self, topic: str, *, limits: BufferLimits | None = None) -> None:
+        """Subscribe to exactly ``topic`` (no prefix matching).
+
+        Args:
+            topic: the exact topic.
+            limits: bounds of this topic's buffer (default: from :class:`BusConfig`).
+
+        Raises:
+            InvalidTopic: bad topic.
+            BusClosed: closed client.
+        """
+        frame = topic_frame(topic)
+        sock = self._require_sub()
+        if limits is not None:
+            self._topic_limits[topic] = limits
+        if topic not in self._exact:
+            self._exact.add(topic)
+            sock.setsockopt(zmq.SUBSCRIBE, frame)
+
+    async def subscribe_many(
+        self, topics: Sequence[str], *, limits: BufferLimits | None = None
+    ) -> None:
+        """Subscribe to each topic exactly (see :meth:`subscribe`)."""
+        for t in topics:
+            await self.subscribe(t, limits=limits)
+
+    async def subscribe_prefix(self, prefix: str, *, limits: BufferLimits | None = None) -> None:
+        """Subscribe to every topic that starts with ``prefix``.
+
+        Messages are still buffered and waited for per exact topic; each such
+        topic's buffer gets ``limits`` (default: from :class:`BusConfig`).
+
+        Raises:
+            InvalidTopic: bad prefix.
+            BusClosed: closed client.
+        """
+        raw = validate_topic(prefix)
+        sock = self._require_sub()
+        if limits is not None:
+            self._prefix_limits[prefix] = limits
+        if prefix not in self._prefixes:
+            self._prefixes[prefix] = len(raw)
+            sock.setsockopt(zmq.SUBSCRIBE, raw)
+
+    async def unsubscribe(self, topic: str) -> None:
+        """Drop an exact subscription; messages still buffered for it are discarded."""
+        sock = self._require_sub()
+        if topic in self._exact:
+            self._exact.discard(topic)
+            self._topic_limits.pop(topic, None)
+            sock.setsockopt(zmq.UNSUBSCRIBE, topic_frame(topic))
+            if not self._covered_by_prefix(topic):
+                self._drop_buffer(topic)
+
+    async def unsubscribe_prefix(self, prefix: str) -> None:
+        """Drop a prefix subscription; buffers of topics no longer covered are discarded."""
+        sock = self._require_sub()
+        self._prefix_limits.pop(prefix, None)
+        if self._prefixes.pop(prefix, None) is not None:
+            sock.setsockopt(zmq.UNSUBSCRIBE, prefix.encode())
+            for topic in [t for t in self._buffers if t.startswith(prefix)]:
+                if topic not in self._exact and not self._covered_by_prefix(topic):
+                    self._drop_buffer(topic)
+
+    def _covered_by_prefix(self, topic: str) -> bool:
+        return any(topic.startswith(p) for p in self._prefixes)
+
+    def _drop_buffer(self, topic: str) -> None:
+        buf = self._buffers.pop(topic, None)
+        if buf is not None:
+            self._buffered_bytes -= buf.nbytes
+            buf.clear()
+
+    def _require_sub(self) -> zmq.asyncio.Socket:
+        if self._closed or self._sub is None:
+            raise BusClosed(self.client_id)
+        return self._sub
+
+    # ------------------------------------------------------------------ publish
+    async def publish(
+        self,
+        topic: str,
+        arrays: Sequence[Any] = (),
+        meta: Mapping[str, Any] | None = None,
+        *,
+        copy: bool = True,
+    ) -> int:
+        """Publish one envelope; returns its size on the wire in bytes.
+
+        Args:
+            topic: exact topic.
+            arrays: payload arrays (numpy, or CPU tensors without grad).
+            meta: JSON-serialisable metadata.
+            copy: see :func:`pubsub.codec.encode`; pass False to hand ownership of
+                large arrays to the bus (zero-copy; do not mutate them afterwards).
+
+        Raises:
+            InvalidTopic, TypeError: bad topic, dtype or meta.
+            BusClosed: closed client.
+        """
+        return self._send(topic, arrays, meta, copy=copy)
+
+    def publish_nowait(
+        self,
+        topic: str,
+        arrays: Sequence[Any] = (),
+        meta: Mapping[str, Any] | None = None,
+        *,
+        copy: bool = True,
+    ) -> int:
+        """Synchronous :meth:`publish` for the event-loop thread (same arguments and errors)."""
+        return self._send(topic, arrays, meta, copy=copy)
+
+    def publish_threadsafe(
+        self,
+        topic: str,
+        arrays: Sequence[Any] = (),
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Publish from another thread: arrays are copied now, sent on the loop thread.
+
+        Errors raised while sending are logged (``bus.publish_failed``), not raised.
+        """
+        if self._loop is None or self._closed:
+            raise BusClosed(self.client_id)
+        validate_topic(topic)
+        arrays = [np.array(a, copy=True) for a in arrays]
+        meta = dict(meta) if meta else None
+
+        def _go() -> None:
+            try:
+                self._send(topic, arrays, meta, copy=False)
+            except Exception as exc:  # noqa: BLE001 - reported, loop must survive
+                self._log.warning("bus.publish_failed", topic=topic, error=repr(exc))
+
+        self._loop.call_soon_threadsafe(_go)
+
+    def _send(
+        self, topic: str, arrays: Sequence[Any], meta: Mapping[str, Any] | None, *, copy: bool
+    ) -> int:
+        pub = self._pub
+        if self._closed or pub is None:
+            raise BusClosed(self.client_id)
+        seq = self._pub_seq.get(topic, 0) + 1
+        frames = encode(topic, arrays, meta, seq=seq, publisher=self.client_id, copy=copy)
+        self._pub_seq[topic] = seq
+        pub.send_multipart(frames, copy=False)
+        nbytes = 0
+        for f in frames:
+            nbytes += f.nbytes if hasattr(f, "nbytes") else len(f)
+        cls = topic_class(topic)
+        st = self._stats
+        st.sent_msgs[cls] = st.sent_msgs.get(cls, 0) + 1
+        st.sent_bytes[cls] = st.sent_bytes.get(cls, 0) + nbytes
+        return nbytes
+
+    # ------------------------------------------------------------------ receive
+    async def next(self, topic: str, timeout_s: float) -> Message:
+        """Return the oldest buffered message on exactly ``topic``, waiting up to ``timeout_s``.
+
+        The topic must be subscribed (exactly or by prefix). A deadline never
+        loses a message: if one is handed over as the deadline fires, it is
+        returned; if the caller is cancelled after the hand-over, it goes back to
+        the head of the buffer.
+
+        Raises:
+            DeadlineExceeded: nothing arrived within ``timeout_s`` seconds.
+            BusClosed: the client closed while waiting.
+            ValueError: ``timeout_s`` is negative or not finite.
+        """
+        if not (timeout_s >= 0 and timeout_s != float("inf")):
+            raise ValueError(f"timeout_s must be finite and >= 0, got {timeout_s!r}")
+        if self._closed:
+            raise BusClosed(self.client_id)
+        buf = self._buffers.get(topic)
+        if buf is not None and len(buf):
+            msg, n = buf.pop()
+            self._buffered_bytes -= n
+            if not len(buf):
+                self._slow_topics.discard(topic)
+            return msg
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Message] = loop.create_future()
+        dq = self._waiters.setdefault(topic, deque())
+        dq.append(fut)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(fut)
+        except TimeoutError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                return fut.result()
+            raise DeadlineExceeded(topic, timeout_s) from None
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                msg = fut.result()
+                self._requeue_front(msg)
+            raise
+        finally:
+            if not fut.done():
+                fut.cancel()
+            with contextlib.suppress(ValueError):
+                dq.remove(fut)
+            if not dq:
+                self._waiters.pop(topic, None)
+
+    def try_next(self, topic: str) -> Message | None:
+        """Pop the oldest buffered message on ``topic`` without waiting (None if empty)."""
+        buf = self._buffers.get(topic)
+        if buf is None or not len(buf):
+            return None
+        msg, n = buf.pop()
+        self._buffered_bytes -= n
+        return msg
+
+    def unget(self, msg: Message) -> None:
+        """Put a message taken with :meth:`next` back at the head of its topic's buffer.
+
+        For consumers that looked at a message and found it is not theirs yet.
+        """
+        self._requeue_front(msg)
+
+    def pending(self, topic: str) -> int:
+        """How many messages are buffered on ``topic``."""
+        buf = self._buffers.get(topic)
+        return 0 if buf is None else len(buf)
+
+    def stats(self) -> BusStats:
+        """A snapshot of this client's counters."""
+        return self._stats.copy()
+
+    def _limits_for(self, topic: str) -> BufferLimits:
+        lim = self._topic_limits.get(topic)
+        if lim is not None:
+            return lim
+        for prefix, plim in self._prefix_limits.items():
+            if topic.startswith(prefix):
+                return plim
+        return self._limits
+
+    def _requeue_front(self, msg: Message) -> None:
+        buf = self._buffers.get(msg.topic)
+        if buf is None:
+            buf = self._buffers[msg.topic] = TopicBuffer(self._limits_for(msg.topic))
+        buf.push_front(msg, msg.nbytes)
+        self._buffered_bytes += msg.nbytes
+
+    # ------------------------------------------------------------------ reader
+    async def _read_loop(self) -> None:
+        sub = self._sub
+        sync = self._sub_sync
+        assert sub is not None and sync is not None
+        burst = self.config.drain_burst
+        again = zmq.Again
+        noblock = zmq.NOBLOCK
+        try:
+            while True:
+                frames = await sub.recv_multipart(copy=False)
+                self._on_frames(frames)
+                for _ in range(burst):
+                    try:
+                        frames = sync.recv_multipart(noblock, copy=False)
+                    except again:
+                        break
+                    self._on_frames(frames)
+                else:
+                    await asyncio.sleep(0)  # let waiters run between long bursts
+        except asyncio.CancelledError:
+            raise
+        except zmq.ZMQError as exc:
+            if not self._closed:
+                self._log.error("bus.reader_failed", error=repr(exc))
+
+    def _on_frames(self, frames: list[Any]) -> None:
+        try:
+            msg = decode(frames)
+        except MalformedFrame as exc:
+            self._stats.rejected += 1
+            if not self._reject_episode:
+                self._reject_episode = True
+                self._log.warning("bus.frame_rejected", reason=exc.reason)
+            return
+        self._reject_episode = False
+        topic = msg.topic
+        if topic not in self._exact and not self._covered_by_prefix(topic):
+            self._stats.unsolicited += 1
+            return
+        st = self._stats
+        # per-(publisher, topic) sequence gaps
+        key = (msg.publisher, topic)
+        last = self._recv_seq.get(key)
+        if last is not None and msg.seq > last + 1:
+            st.gaps += msg.seq - last - 1
+        if last is None and len(self._recv_seq) >= _MAX_SEQ_KEYS:
+            self._recv_seq.clear()
+        self._recv_seq[key] = msg.seq
+        cls = topic_class(topic)
+        st.recv_msgs[cls] = st.recv_msgs.get(cls, 0) + 1
+        st.recv_bytes[cls] = st.recv_bytes.get(cls, 0) + msg.nbytes
+        dq = self._waiters.get(topic)
+        if dq:
+            while dq:
+                fut = dq.popleft()
+                if not fut.done():
+                    fut.set_result(msg)
+                    return
+        self._buffer(msg)
+
+    def _buffer(self, msg: Message) -> None:
+        topic = msg.topic
+        if self._buffered_bytes + msg.nbytes > self.config.total_max_bytes:
+            self._stats.overflow_dropped += 1
+            if not self._overflow_episode:
+                self._overflow_episode = True
+                self._log.warning(
+                    "bus.overflow",
+                    topic=topic,
+                    buffered_bytes=self._buffered_bytes,
+                    total_max_bytes=self.config.total_max_bytes,
+                )
+            return
+        self._overflow_episode = False
+        buf = self._buffers.get(topic)
+        if buf is None:
+            buf = self._buffers[topic] = TopicBuffer(self._limits_for(topic))
+        before = buf.nbytes
+        out = buf.put(msg, msg.nbytes)
+        self._buffered_bytes += buf.nbytes - before
+        if out:
+            if out[0] is msg:
+                self._stats.overflow_dropped += 1
+                self._log.warning(
+                    "bus.message_too_large", topic=topic, nbytes=msg.nbytes,
+                    topic_max_bytes=self._limits.max_bytes,
+                )
+                return
+            self._stats.evicted += len(out)
+            if topic not in self._slow_topics:
+                self._slow_topics.add(topic)
+                self._slow_episodes += 1
+                self._log.warning(
+                    "bus.slow_consumer", topic=topic, evicted=len(out), buffered=len(buf)
+                )

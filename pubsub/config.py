@@ -1,0 +1,205 @@
+"""Config loading for frozen dataclasses: TOML files plus ``--set a.b=v`` overrides.
+
+Unknown keys are rejected with an error that names them, so a typo never
+silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid.
+
+    Attributes:
+        key: the offending dotted key ("" if not key-specific).
+    """
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        super().__init__(f"config {key!r}: {reason}" if key else f"config: {reason}")
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override value as a TOML value (``3``, ``1e-3``, ``true``, ``[1, 2]``, ``"s"``);
+    anything that is not valid TOML is taken as a plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """Turn ``["a.b=1", "c=x"]`` into a nested dict ``{"a": {"b": 1}, "c": "x"}``.
+
+    Raises:
+        ConfigError: an item has no ``=`` or an empty key.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(item, "expected KEY=VALUE")
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(key, f"{part!r} is both a value and a section")
+            node = nxt
+        node[parts[-1]] = parse_value(value.strip())
+    return out
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursively merge ``over`` into a copy of ``base``."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file.
+
+    Raises:
+        ConfigError: missing file or invalid TOML (naming the path).
+    """
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError("", f"config file {str(p)!r} not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("", f"{str(p)!r} is not valid TOML: {exc}") from None
+
+
+def _coerce(key: str, tp: Any, value: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(key, args[0], value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(key, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, f"expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"expected true/false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"expected a string, got {value!r}")
+        return value
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(key, f"expected a list, got {value!r}")
+        args = typing.get_args(tp)
+        elem = args[0] if args else Any
+        return tuple(_coerce(key, elem, v) for v in value)
+    return value
+
+
+def from_mapping(cls: type[T], data: Mapping[str, Any], *, section: str = "") -> T:
+    """Build the frozen dataclass ``cls`` from ``data``, rejecting unknown keys.
+
+    Nested dataclass fields take nested tables. Values are type-checked against
+    the field annotations (int, float, bool, str, tuple[...], optional).
+
+    Raises:
+        ConfigError: unknown key, or a value of the wrong type (naming the dotted key).
+    """
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{section}." if section else ""
+        raise ConfigError(
+            where + unknown[0],
+            f"unknown key (known keys: {', '.join(sorted(fields))})",
+        )
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        tp = hints[name]
+        key = f"{section}.{name}" if section else name
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, Mapping):
+                raise ConfigError(key, f"expected a table, got {value!r}")
+            kwargs[name] = from_mapping(tp, value, section=key)  # type: ignore[arg-type]
+        else:
+            kwargs[name] = _coerce(key, tp, value)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(section, str(exc)) from None
+
+
+def to_mapping(obj: Any) -> dict[str, Any]:
+    """A frozen dataclass as a TOML-ready dict (tuples become lists, None dropped)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if v is None:
+            continue
+        if dataclasses.is_dataclass(v):
+            out[f.name] = to_mapping(v)
+        elif isinstance(v, tuple):
+            out[f.name] = list(v)
+        else:
+            out[f.name] = v
+    return out
+
+
+def dump_toml(data: Mapping[str, Any]) -> str:
+    """Serialise a dict of scalars, lists and one level of tables to TOML text."""
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list | tuple):
+            return "[" + ", ".join(fmt(x) for x in v) + "]"
+        raise TypeError(f"cannot write {v!r} as TOML")
+
+    lines: list[str] = []
+    tables: list[tuple[str, Mapping[str, Any]]] = []
+    for k, v in data.items():
+        if isinstance(v, Mapping):
+            tables.append((k, v))
+        else:
+            lines.append(f"{k} = {fmt(v)}")
+    for name, table in tables:
+        lines.append("")
+        lines.append(f"[{name}]")
+        for k, v in table.items():
+            if isinstance(v, Mapping):
+                raise TypeError(f"nested table {name}.{k} not supported")
+            lines.append(f"{k} = {fmt(v)}")
+    return "\n".join(lines) + "\n"

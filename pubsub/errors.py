@@ -1,0 +1,93 @@
+"""Typed errors of the bus.
+
+Every error carries structured fields naming the offending value, so callers can
+react without parsing messages. Errors subclass the builtin whose meaning they
+share (``DeadlineExceeded`` is a ``TimeoutError``), so generic handlers still work.
+"""
+
+from __future__ import annotations
+
+
+class BusError(Exception):
+    """Root of all bus errors."""
+
+
+class InvalidTopic(BusError, ValueError):
+    """A topic string is empty, too long, or contains a forbidden character.
+
+    Attributes:
+        topic: the offending topic.
+        reason: why it was rejected.
+    """
+
+    def __init__(self, topic: str, reason: str) -> None:
+        self.topic = topic
+        self.reason = reason
+        super().__init__(f"invalid topic {topic!r}: {reason}")
+
+
+class MalformedFrame(BusError, ValueError):
+    """A received multipart message does not decode.
+
+    Raised by :func:`pubsub.codec.decode`; the subscriber's reader counts it as
+    rejected and keeps running.
+
+    Attributes:
+        reason: what was wrong (bad version byte, checksum mismatch, size mismatch...).
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"malformed frame: {reason}")
+
+
+class MessageTooLarge(BusError, ValueError):
+    """A message exceeds a configured byte bound.
+
+    Attributes:
+        size: message size in bytes.
+        max_bytes: the bound in bytes.
+    """
+
+    def __init__(self, size: int, max_bytes: int) -> None:
+        self.size = size
+        self.max_bytes = max_bytes
+        super().__init__(f"message of {size} bytes exceeds the bound of {max_bytes} bytes")
+
+
+class DeadlineExceeded(BusError, TimeoutError):
+    """No message arrived on a topic before the deadline.
+
+    Attributes:
+        topic: the topic waited on.
+        timeout_s: how long the caller waited, in seconds.
+    """
+
+    def __init__(self, topic: str, timeout_s: float) -> None:
+        self.topic = topic
+        self.timeout_s = timeout_s
+        super().__init__(f"no message on {topic!r} within {timeout_s:.3f} s")
+
+
+class BrokerUnreachable(BusError, ConnectionError):
+    """The broker did not answer the connect handshake in time.
+
+    Attributes:
+        address: the broker address tried.
+        timeout_s: how long the client tried, in seconds.
+    """
+
+    def __init__(self, address: str, timeout_s: float) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"no broker answered at {address} within {timeout_s:.1f} s "
+            "(is `psfl broker run` running there, and are PORT, PORT+1 and PORT+2 reachable?)"
+        )
+
+
+class BusClosed(BusError, RuntimeError):
+    """An operation was attempted on a closed bus client."""
+
+    def __init__(self, what: str = "bus") -> None:
+        super().__init__(f"{what} is closed")

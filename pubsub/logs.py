@@ -1,0 +1,76 @@
+"""structlog setup for entry points (libraries only call ``structlog.get_logger``).
+
+Processes write JSON lines to an ``events.jsonl`` file (appending, so several
+processes may share one run log) and human-readable warnings to stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+import structlog
+
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+
+
+class _JsonlSink:
+    """Append one JSON object per event to a file, flushing each line."""
+
+    def __init__(self, fh: TextIO, level: int) -> None:
+        self.fh = fh
+        self.level = level
+
+    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        if _LEVELS.get(method, 20) >= self.level:
+            self.fh.write(orjson.dumps(event, default=repr).decode() + "\n")
+            self.fh.flush()
+        return event
+
+
+def configure_logging(
+    *,
+    events_path: str | Path | None = None,
+    level: str = "info",
+    stderr_level: str = "warning",
+    **bind: Any,
+) -> None:
+    """Configure structlog for this process.
+
+    Args:
+        events_path: append JSON lines here (e.g. ``RUN_DIR/events.jsonl``); None for none.
+        level: least level written to ``events_path``.
+        stderr_level: least level printed to stderr (console format).
+        **bind: context bound to every event (``run_id``, ``party`` ...).
+    """
+    if level not in _LEVELS or stderr_level not in _LEVELS:
+        raise ValueError(f"log level must be one of {sorted(_LEVELS)}")
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if events_path is not None:
+        Path(events_path).parent.mkdir(parents=True, exist_ok=True)
+        fh = open(events_path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
+        processors.append(_JsonlSink(fh, _LEVELS[level]))
+    stderr_min = _LEVELS[stderr_level]
+
+    def _filter(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        if _LEVELS.get(method, 20) < stderr_min:
+            raise structlog.DropEvent
+        return event
+
+    processors += [_filter, structlog.dev.ConsoleRenderer(colors=False)]
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    structlog.contextvars.clear_contextvars()
+    if bind:
+        structlog.contextvars.bind_contextvars(**bind)

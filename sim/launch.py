@@ -1,0 +1,173 @@
+"""Launch a VFL run as separate OS processes: broker, passive party, active party.
+
+The launcher owns the child processes: if any child fails, the others are
+terminated and the failure is reported with the child's exit code; every wait
+has a deadline; children never outlive the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from parties.cli import ExitCode, write_json
+from parties.config import VflConfig, dump_vfl_config
+
+
+class LaunchError(RuntimeError):
+    """A child process failed.
+
+    Attributes:
+        role: ``"broker"``, ``"active"`` or ``"passive"``.
+        code: its exit code (or None on a launcher timeout).
+    """
+
+    def __init__(self, role: str, code: int | None, detail: str = "") -> None:
+        self.role = role
+        self.code = code
+        super().__init__(f"{role} exited with code {code}{': ' + detail if detail else ''}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchResult:
+    """Outcome of :func:`run_vfl`.
+
+    Attributes:
+        metrics: the run's metrics (also in ``out/metrics.json``).
+        out: the run directory.
+    """
+
+    metrics: dict[str, Any]
+    out: Path
+
+
+def _spawn(args: list[str], *, quiet: bool = False) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.DEVNULL if quiet else None,
+        stderr=None,
+        start_new_session=False,
+    )
+
+
+def start_broker(out: Path, events: Path, *, timeout_s: float = 20.0,
+                 host: str = "127.0.0.1") -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``python -m broker run`` on free ports; return the process and its address.
+
+    Raises:
+        LaunchError: it exited or did not become ready within ``timeout_s``.
+    """
+    ready = out / "broker.addr"
+    ready.unlink(missing_ok=True)
+    proc = _spawn([sys.executable, "-m", "broker", "run", "--bind", f"tcp://{host}:0",
+                   "--ready-file", str(ready), "--events", str(events),
+                   "--log-level", "warning"], quiet=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready.exists():
+            return proc, ready.read_text().strip()
+        code = proc.poll()
+        if code is not None:
+            raise LaunchError("broker", code)
+        time.sleep(0.02)
+    proc.kill()
+    raise LaunchError("broker", None, f"not ready within {timeout_s:.0f} s")
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout_s)
+
+
+def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
+            run_id: str | None = None, quiet: bool = False,
+            timeout_s: float | None = None) -> LaunchResult:
+    """Run a two-party VFL job as three processes and collect ``out/metrics.json``.
+
+    Args:
+        cfg: effective config (written to ``out/config.toml``).
+        out: run directory (created; an existing one is reused, files overwritten).
+        broker: use this running broker instead of starting one.
+        run_id: topic namespace (default: random).
+        quiet: no per-epoch lines from the active party.
+        timeout_s: kill everything after this long (default: no job-level limit;
+            the parties' own deadlines still apply).
+
+    Returns:
+        :class:`LaunchResult`.
+
+    Raises:
+        LaunchError: a child failed (its code is carried; its stderr went to ours).
+    """
+    t0 = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    run_id = run_id or uuid.uuid4().hex[:8]
+    events = out / "events.jsonl"
+    events.write_text("")
+    (out / "metrics.json").unlink(missing_ok=True)
+    (out / "config.toml").write_text(dump_vfl_config(cfg))
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        if broker is None:
+            procs["broker"], broker = start_broker(out, events)
+        common = ["--config", str(out / "config.toml"), "--broker", broker, "--run-id", run_id,
+                  "--out", str(out), "--events", str(events)]
+        for role in ("passive", "active"):
+            extra = ["--quiet"] if (quiet or role == "passive") else []
+            procs[role] = _spawn([sys.executable, "-m", "parties", role, *common, *extra])
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pending = {"active", "passive"}
+        while pending:
+            for role in sorted(pending):
+                code = procs[role].poll()
+                if code is None:
+                    continue
+                pending.discard(role)
+                if code != 0:
+                    raise LaunchError(role, code)
+            if "broker" in procs and procs["broker"].poll() is not None:
+                raise LaunchError("broker", procs["broker"].returncode, "died during the run")
+            if deadline is not None and time.monotonic() > deadline:
+                raise LaunchError(",".join(sorted(pending)), None,
+                                  f"still running after {timeout_s:.0f} s")
+            time.sleep(0.05)
+    finally:
+        for role in ("active", "passive", "broker"):
+            if role in procs:
+                _stop(procs[role])
+    metrics = orjson.loads((out / "metrics.json").read_bytes())
+    metrics["wall_s"] = time.perf_counter() - t0
+    metrics["config"] = orjson.loads(orjson.dumps(_cfg_dict(cfg)))
+    write_json(out / "metrics.json", metrics)
+    return LaunchResult(metrics=metrics, out=out)
+
+
+def _cfg_dict(cfg: VflConfig) -> dict[str, Any]:
+    from pubsub.config import to_mapping
+
+    return to_mapping(cfg)
+
+
+def exit_code_of(err: LaunchError) -> int:
+    """The launcher's exit code for a child failure (the child's own code when it has one)."""
+    if err.code in {int(c) for c in ExitCode}:
+        return int(err.code)  # type: ignore[arg-type]
+    return int(ExitCode.FAILED)
+
+
+__all__ = ["LaunchError", "LaunchResult", "exit_code_of", "run_vfl", "start_broker", "os"]
