@@ -289,7 +289,10 @@ class Bus:
                 if not fut.done():
                     fut.set_exception(BusClosed(self.client_id))
         self._waiters.clear()
-        for sock in (self._sub_sync, self._sub, self._pub):
+        # Close the asyncio socket itself (never its shadow first): that lets pyzmq
+        # remove its reader from the event loop before the file descriptor is freed.
+        self._sub_sync = None
+        for sock in (self._sub, self._pub):
             if sock is not None:
                 with contextlib.suppress(zmq.ZMQError):
                     sock.close(linger=int(self.config.linger_s * 1000))
@@ -504,8 +507,12 @@ class Bus:
         finally:
             if not fut.done():
                 fut.cancel()
-            with contextlib.suppress(ValueError):
-                dq.remove(fut)
+            # identity scan: deque.remove would build an error message holding repr(fut)
+            # (and so of its payload) when the reader already popped it
+            for i, f in enumerate(dq):
+                if f is fut:
+                    del dq[i]
+                    break
             if not dq:
                 self._waiters.pop(topic, None)
 

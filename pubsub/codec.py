@@ -93,8 +93,8 @@ class Message:
     topic: str
     seq: int
     publisher: str
-    meta: dict[str, Any] = field(default_factory=dict)
-    arrays: tuple[np.ndarray, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict, repr=False)
+    arrays: tuple[np.ndarray, ...] = field(default=(), repr=False)
     nbytes: int = 0
 
 
@@ -104,7 +104,8 @@ def _as_array(obj: Any) -> np.ndarray:
         raise TypeError(f"unsupported array dtype {arr.dtype} (allowed: {sorted(_ALLOWED_DTYPES)})")
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(arr)
+    # np.ascontiguousarray would turn a 0-d array into 1-d
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
 def encode(

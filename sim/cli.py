@@ -15,6 +15,7 @@ DEFAULT_DEMO_OUT = "runs/demo"
 def _vfl_run(args: argparse.Namespace) -> int:
     from parties.cli import ExitCode
     from parties.config import check_run_id, load_vfl_config
+    from parties.data import DataError
     from pubsub.config import ConfigError
 
     from sim.launch import LaunchError, exit_code_of, run_vfl
@@ -39,6 +40,9 @@ def _vfl_run(args: argparse.Namespace) -> int:
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_code_of(exc)
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     m = res.metrics
     pa = m["parties"]["active"]
     pp = m["parties"].get("passive", {})

@@ -21,6 +21,7 @@ import orjson
 
 from parties.cli import ExitCode, write_json
 from parties.config import VflConfig, dump_vfl_config
+from parties.runtime import preflight
 
 
 class LaunchError(RuntimeError):
@@ -112,8 +113,10 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
 
     Raises:
         LaunchError: a child failed (its code is carried; its stderr went to ours).
+        parties.data.DataError: the data or column split is invalid (checked first).
     """
     t0 = time.perf_counter()
+    preflight(cfg)  # data errors surface here, once, before any process starts
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     run_id = run_id or uuid.uuid4().hex[:8]

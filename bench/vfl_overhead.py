@@ -1,0 +1,434 @@
+"""Per-batch overhead of PubSub-VFL against a minimal synchronous split-learning loop.
+
+What is measured
+----------------
+Training wall time per batch of two-party vertical split learning on the
+bundled ``bank`` data (default column split, seed 0, test_frac 0.3, B = 256,
+bottom ``d_in -> 64 -> 32`` per party, top ``64 -> 32 -> 1``, Adam lr 1e-3,
+one torch thread per party process), for three set-ups run in the same
+invocation:
+
+* ``lockstep`` - the reference: the smallest thing that can do split learning
+  between two OS processes. One ZeroMQ PAIR socket over tcp://127.0.0.1, no
+  broker, no asyncio, no threads, no parameter server, one batch in flight.
+  Per batch the passive party forwards its bottom model and sends the
+  embedding (a small struct header + raw float32 bytes); the active party
+  forwards its own bottom model, receives the embedding, runs the top model
+  and the backward pass, sends the cut-layer gradient back and steps Adam;
+  the passive party back-propagates it and steps Adam. Batch order is the
+  same per-epoch order as our system (``parties.schedule.epoch_batches``) and
+  the models are initialised from the same seeds, so its test AUC is directly
+  comparable.
+* ``ours w=1`` / ``ours w=2`` - the real system via ``sim.launch.run_vfl``
+  (broker + two party processes, W workers per party).
+
+Why
+---
+Absolute timings on a shared, noisy 2-core machine mean little, so the
+reference runs in the same invocation, interleaved with ours, and the result
+is reported as a ratio of per-batch times (``overhead_ratio_w*`` = ours /
+lockstep). ``w=1`` isolates the cost of the machinery (broker hop, asyncio,
+thread hand-offs, PS syncs); ``w=2`` shows whether pipelining wins it back.
+
+Timing boundaries
+-----------------
+* lockstep: from the active party's "go" (both parties have loaded their data
+  and built their models) until the passive party reports that its last
+  backward step is done. Data loading, process start-up and the final test
+  evaluation are excluded.
+* ours: ``metrics["train_wall_s"]`` (the active party's wall time from after
+  the handshake to the end of training) divided by
+  ``metrics["parties"]["active"]["batches"]``. Note that this window also
+  contains our per-epoch test evaluation (``eval_every=1``) and the end-of-run
+  report exchange, which the reference does not do; the per-repeat ``runs``
+  detail therefore also records ``train_s_sum`` (the sum of the per-epoch
+  ``train_s``, evaluation excluded) so the two can be compared.
+
+Usage::
+
+    python bench/vfl_overhead.py --quick --json /tmp/ovh.json   # 1 repeat, 3 epochs
+    python bench/vfl_overhead.py                                # 3 repeats, 10 epochs
+
+Every wait (socket receive, child process) has a deadline; child processes
+are killed when anything fails, so the script never hangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# --------------------------------------------------------------------------- settings
+# Shared by the reference loop and by the VflConfig of our system.
+DATASET = "bank"
+SEED = 0
+TEST_FRAC = 0.3
+BATCH = 256
+BOTTOM_HIDDEN = (64,)
+EMB_DIM = 32
+TOP_HIDDEN = (32,)
+LR = 1e-3
+DEFAULT_W = 2  # VflConfig's default workers per party
+
+HANDSHAKE_TIMEOUT_S = 120.0  # both children load and encode the table first
+RECV_TIMEOUT_S = 30.0  # any single message of the reference loop
+LINGER_MS = 2000  # how long a closing socket may keep flushing queued messages
+
+# --------------------------------------------------------------------------- wire format
+# Every message of the reference loop is [header, payload]; the header is
+# (kind, epoch, batch, rows) as four little-endian int32 and the payload is a
+# C-contiguous (rows, EMB_DIM) float32 array as raw bytes (empty for control).
+HEADER = struct.Struct("<4i")
+READY, GO, EMB, GRAD, END, TEST = range(6)
+KIND_NAMES = ("READY", "GO", "EMB", "GRAD", "END", "TEST")
+
+
+class ProtocolError(RuntimeError):
+    """The partner sent something other than what strict lock-step expects."""
+
+
+def _send(sock: Any, kind: int, epoch: int = 0, batch: int = 0, arr: Any = None) -> None:
+    rows = 0 if arr is None else int(arr.shape[0])
+    payload = b"" if arr is None else memoryview(arr).cast("B")
+    sock.send_multipart([HEADER.pack(kind, epoch, batch, rows), payload])
+
+
+def _recv(sock: Any, kind: int, epoch: int = 0, batch: int = 0) -> Any:
+    """Receive the expected message; return its payload as a (rows, EMB_DIM) array or None.
+
+    The socket's RCVTIMEO makes this raise ``zmq.Again`` on a timeout.
+    """
+    import numpy as np
+
+    header, payload = sock.recv_multipart()
+    got = HEADER.unpack(header)
+    if got[:3] != (kind, epoch, batch):
+        name = KIND_NAMES[got[0]] if 0 <= got[0] < len(KIND_NAMES) else str(got[0])
+        raise ProtocolError(f"expected {KIND_NAMES[kind]} e={epoch} b={batch}, "
+                            f"got {name} e={got[1]} b={got[2]}")
+    if not payload:
+        return None
+    # copy: bytes are read-only and torch.from_numpy wants a writable array
+    return np.frombuffer(payload, dtype=np.float32).reshape(got[3], EMB_DIM).copy()
+
+
+# --------------------------------------------------------------------------- reference parties
+
+
+def _load(role: str) -> dict[str, Any]:
+    """This party's encoded features (and labels for the active party), as our system does."""
+    from parties.data import (
+        default_split,
+        encode_labels,
+        encode_party_features,
+        load_table,
+        train_test_indices,
+    )
+
+    frame, label = load_table(DATASET)
+    assert label is not None
+    active_cols, passive_cols = default_split(list(frame.columns), label)
+    train_idx, test_idx = train_test_indices(len(frame), test_frac=TEST_FRAC, seed=SEED)
+    cols = active_cols if role == "active" else passive_cols
+    feats = encode_party_features(frame, cols, train_idx, test_idx)
+    out = {"x_train": feats.x_train, "x_test": feats.x_test}
+    if role == "active":
+        out["y_train"], out["y_test"], _ = encode_labels(frame, label, train_idx, test_idx)
+    return out
+
+
+def _socket(port: int, *, bind: bool) -> tuple[Any, Any]:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PAIR)
+    sock.setsockopt(zmq.LINGER, LINGER_MS)
+    sock.setsockopt(zmq.SNDTIMEO, int(RECV_TIMEOUT_S * 1000))
+    sock.setsockopt(zmq.RCVTIMEO, int(HANDSHAKE_TIMEOUT_S * 1000))
+    addr = f"tcp://127.0.0.1:{port}"
+    if bind:
+        sock.bind(addr)
+    else:
+        sock.connect(addr)
+    return ctx, sock
+
+
+def _passive(port: int, epochs: int) -> None:
+    import torch
+    import zmq
+
+    from parties.model import bottom_model, embed
+    from parties.schedule import epoch_batches
+
+    torch.set_num_threads(1)
+    data = _load("passive")
+    x_train = torch.from_numpy(data["x_train"])
+    x_test = torch.from_numpy(data["x_test"])
+    torch.manual_seed(SEED + 1)  # our passive party's seed, so both start from the same weights
+    bottom = bottom_model(x_train.shape[1], BOTTOM_HIDDEN, EMB_DIM)
+    opt = torch.optim.Adam(bottom.parameters(), lr=LR)
+    ctx, sock = _socket(port, bind=False)
+    try:
+        _send(sock, READY)
+        _recv(sock, GO)
+        sock.setsockopt(zmq.RCVTIMEO, int(RECV_TIMEOUT_S * 1000))
+        n_train = x_train.shape[0]
+        for epoch in range(epochs):
+            for b, rows in enumerate(epoch_batches(n_train, BATCH, seed=SEED, epoch=epoch)):
+                h = bottom(x_train[torch.from_numpy(rows)])
+                _send(sock, EMB, epoch, b, h.detach().numpy())
+                grad = _recv(sock, GRAD, epoch, b)
+                opt.zero_grad(set_to_none=True)
+                h.backward(torch.from_numpy(grad))
+                opt.step()
+        _send(sock, END)  # stops the active party's training clock
+        _send(sock, TEST, arr=embed(bottom, x_test))
+    finally:
+        sock.close()  # lingers up to LINGER_MS to deliver the test embeddings
+        ctx.term()
+
+
+def _active(port: int, epochs: int, result: Path) -> None:
+    import torch
+    import zmq
+    from sklearn.metrics import roc_auc_score
+
+    from parties.model import bottom_model, predict, top_model
+    from parties.schedule import epoch_batches
+
+    torch.set_num_threads(1)
+    data = _load("active")
+    x_train = torch.from_numpy(data["x_train"])
+    y_train = torch.from_numpy(data["y_train"])
+    torch.manual_seed(SEED)  # our active party's seed; bottom first, then top, as ours does
+    bottom = bottom_model(x_train.shape[1], BOTTOM_HIDDEN, EMB_DIM)
+    top = top_model(EMB_DIM, TOP_HIDDEN)
+    opt = torch.optim.Adam([*bottom.parameters(), *top.parameters()], lr=LR)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    n_train = x_train.shape[0]
+    ctx, sock = _socket(port, bind=True)
+    history: list[dict[str, float]] = []
+    try:
+        _recv(sock, READY)
+        sock.setsockopt(zmq.RCVTIMEO, int(RECV_TIMEOUT_S * 1000))
+        t0 = time.perf_counter()
+        _send(sock, GO)
+        batches = 0
+        for epoch in range(epochs):
+            t_epoch, loss_sum = time.perf_counter(), 0.0
+            plan = epoch_batches(n_train, BATCH, seed=SEED, epoch=epoch)
+            for b, rows in enumerate(plan):
+                idx = torch.from_numpy(rows)
+                h_own = bottom(x_train[idx])
+                emb = torch.from_numpy(_recv(sock, EMB, epoch, b)).requires_grad_(True)
+                loss = loss_fn(top(torch.cat([h_own, emb], dim=1)).squeeze(1), y_train[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                assert emb.grad is not None
+                # send before stepping: the passive backward overlaps our Adam step, the
+                # usual minimal split-learning loop (still one batch in flight)
+                _send(sock, GRAD, epoch, b, emb.grad.numpy())
+                opt.step()
+                loss_sum += float(loss.detach())
+                batches += 1
+            history.append({"epoch": epoch, "loss": loss_sum / len(plan),
+                            "train_s": time.perf_counter() - t_epoch})
+        _recv(sock, END)  # the passive party's last backward step is done
+        train_s = time.perf_counter() - t0
+        # the last epoch's train_s should include the passive party's final step, too
+        history[-1]["train_s"] += train_s - sum(h["train_s"] for h in history)
+        emb_test = _recv(sock, TEST)
+    finally:
+        sock.close()
+        ctx.term()
+    probs = predict(bottom, top, torch.from_numpy(data["x_test"]), emb_test)
+    auc = float(roc_auc_score(data["y_test"], probs))
+    out = {"train_s": train_s, "batches": batches, "samples": epochs * n_train,
+           "test_auc": auc, "history": history}
+    result.write_text(json.dumps(out))
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def _free_port() -> int:
+    # Tiny race (the port could be taken before the active child binds); harmless here.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def run_lockstep(epochs: int, timeout_s: float) -> dict[str, Any]:
+    """One reference run in two child processes; returns the active party's result."""
+    with tempfile.TemporaryDirectory(prefix="vfl_lockstep_") as tmp:
+        result = Path(tmp) / "active.json"
+        port = _free_port()
+        base = [sys.executable, os.path.abspath(__file__), "--port", str(port),
+                "--epochs", str(epochs)]
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        try:
+            procs["passive"] = subprocess.Popen([*base, "--role", "passive"],
+                                                stdout=subprocess.DEVNULL)
+            procs["active"] = subprocess.Popen([*base, "--role", "active",
+                                                "--result", str(result)],
+                                               stdout=subprocess.DEVNULL)
+            deadline = time.monotonic() + timeout_s
+            pending = set(procs)
+            while pending:
+                for role in sorted(pending):
+                    code = procs[role].poll()
+                    if code is None:
+                        continue
+                    pending.discard(role)
+                    if code != 0:
+                        raise RuntimeError(f"lockstep {role} party exited with code {code}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"lockstep run still going after {timeout_s:.0f} s")
+                time.sleep(0.02)
+        finally:
+            _kill(list(procs.values()))
+        res = json.loads(result.read_text())
+    res["ms_per_batch"] = 1e3 * res["train_s"] / res["batches"]
+    res["samples_per_s"] = res["samples"] / res["train_s"]
+    return res
+
+
+def run_ours(epochs: int, workers: int, timeout_s: float) -> dict[str, Any]:
+    """One run of our system (broker + two parties) with ``workers`` workers per party."""
+    from parties.config import VflConfig
+    from sim.launch import run_vfl
+
+    cfg = VflConfig(epochs=epochs, batch_size=BATCH, bottom_hidden=BOTTOM_HIDDEN,
+                    embedding_dim=EMB_DIM, top_hidden=TOP_HIDDEN, w_active=workers,
+                    w_passive=workers)
+    with tempfile.TemporaryDirectory(prefix=f"vfl_ours_w{workers}_") as tmp:
+        m = run_vfl(cfg, out=tmp, quiet=True, timeout_s=timeout_s).metrics
+    act, pas = m["parties"]["active"], m["parties"].get("passive", {})
+    batches = act["batches"]
+    train_s_sum = sum(h["train_s"] for h in m["history"])
+    return {
+        "train_s": m["train_wall_s"], "batches": batches, "samples": act["samples"],
+        "ms_per_batch": 1e3 * m["train_wall_s"] / batches,
+        "samples_per_s": m["train_samples_per_s"], "test_auc": m["test_auc"],
+        # evaluation-free variant of the same measure (see the module docstring)
+        "train_s_sum": train_s_sum, "ms_per_batch_excl_eval": 1e3 * train_s_sum / batches,
+        "cpu_util": {"active": act["cpu_util"], "passive": pas.get("cpu_util")},
+        "wait_s_per_epoch": {"active": act["wait_s_per_epoch"],
+                             "passive": pas.get("wait_s_per_epoch")},
+        "ps_pushes": act["ps_pushes"], "dropped_batches": m["dropped_batches"],
+        "reassigned_batches": m["reassigned_batches"], "launch_wall_s": m["wall_s"],
+        "history": m["history"],
+    }
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(r[key] for r in runs))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="1 repeat of 3 epochs (< 3 min)")
+    ap.add_argument("--json", metavar="PATH", help="write summary + per-repeat runs (overwrites)")
+    ap.add_argument("--epochs", type=int, metavar="N", help="epochs per run (default: 10, --quick: 3)")
+    ap.add_argument("--repeats", type=int, metavar="N", help="repeats per set-up (default: 3, --quick: 1)")
+    # hidden: one party of the reference loop (this script re-invokes itself)
+    ap.add_argument("--role", choices=["active", "passive"], help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    epochs = args.epochs if args.epochs is not None else (3 if args.quick else 10)
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
+    if epochs < 1 or repeats < 1:
+        ap.error("--epochs and --repeats must be >= 1")
+
+    if args.role is not None:
+        if args.port is None or (args.role == "active" and not args.result):
+            ap.error("--role needs --port (and --result for the active party)")
+        if args.role == "active":
+            _active(args.port, epochs, Path(args.result))
+        else:
+            _passive(args.port, epochs)
+        return 0
+
+    # generous per-run deadline: start-up + data loading + ~0.5 s/epoch, times 10
+    timeout_s = 120.0 + 30.0 * epochs
+    setups: list[tuple[str, Any]] = [
+        ("lockstep", lambda: run_lockstep(epochs, timeout_s)),
+        ("ours_w1", lambda: run_ours(epochs, 1, timeout_s)),
+        (f"ours_w{DEFAULT_W}", lambda: run_ours(epochs, DEFAULT_W, timeout_s)),
+    ]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in setups}
+    t_start = time.perf_counter()
+    for rep in range(repeats):
+        # rotate the order each repeat so no set-up always runs first (warm caches, drift)
+        for k in range(len(setups)):
+            name, fn = setups[(rep + k) % len(setups)]
+            res = fn()
+            res["repeat"] = rep
+            runs[name].append(res)
+            print(f"  repeat {rep + 1}/{repeats}  {name:<9} {res['ms_per_batch']:6.3f} ms/batch"
+                  f"  auc {res['test_auc']:.4f}", file=sys.stderr, flush=True)
+
+    ref_ms = _median(runs["lockstep"], "ms_per_batch")
+    summary = {
+        "lockstep_ms_per_batch": ref_ms,
+        "ours_ms_per_batch_w1": _median(runs["ours_w1"], "ms_per_batch"),
+        "ours_ms_per_batch_w2": _median(runs[f"ours_w{DEFAULT_W}"], "ms_per_batch"),
+        "overhead_ratio_w1": _median(runs["ours_w1"], "ms_per_batch") / ref_ms,
+        "overhead_ratio_w2": _median(runs[f"ours_w{DEFAULT_W}"], "ms_per_batch") / ref_ms,
+        "lockstep_test_auc": _median(runs["lockstep"], "test_auc"),
+        "ours_test_auc_w2": _median(runs[f"ours_w{DEFAULT_W}"], "test_auc"),
+    }
+
+    n_batches = runs["lockstep"][0]["batches"] // epochs
+    print(f"\nVFL per-batch overhead: {DATASET}, B={BATCH}, {n_batches} batches/epoch, "
+          f"{epochs} epochs, median of {repeats} repeat(s), "
+          f"{time.perf_counter() - t_start:.0f} s total")
+    print(f"{'setup':<12}{'epochs':>7}{'ms/batch':>10}{'samples/s':>12}{'test AUC':>10}"
+          f"{'ratio':>8}")
+    for name, label in (("lockstep", "lockstep"), ("ours_w1", "ours w=1"),
+                        (f"ours_w{DEFAULT_W}", f"ours w={DEFAULT_W}")):
+        ms = _median(runs[name], "ms_per_batch")
+        print(f"{label:<12}{epochs:>7}{ms:>10.3f}{_median(runs[name], 'samples_per_s'):>12,.0f}"
+              f"{_median(runs[name], 'test_auc'):>10.4f}{ms / ref_ms:>8.2f}")
+    print("ratio = per-batch time / lockstep per-batch time (median over repeats). "
+          "ours excl. eval: " + ", ".join(
+              f"w={w} {_median(runs[f'ours_w{w}'], 'ms_per_batch_excl_eval'):.3f} ms"
+              for w in (1, DEFAULT_W)))
+
+    if args.json:
+        doc = {"summary": summary,
+               "settings": {"dataset": DATASET, "seed": SEED, "test_frac": TEST_FRAC,
+                            "batch_size": BATCH, "bottom_hidden": list(BOTTOM_HIDDEN),
+                            "embedding_dim": EMB_DIM, "top_hidden": list(TOP_HIDDEN), "lr": LR,
+                            "epochs": epochs, "repeats": repeats, "cpu_count": os.cpu_count()},
+               "runs": runs}
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

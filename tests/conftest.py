@@ -1,0 +1,63 @@
+"""Shared fixtures: real broker processes on 127.0.0.1 with ephemeral ports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, deadline=None, max_examples=100)
+settings.load_profile("ci")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class BrokerProcess:
+    """A ``python -m broker run`` child process; ``.address`` is its base address."""
+
+    def __init__(self, tmp: Path, *extra: str) -> None:
+        ready = tmp / f"broker-{time.monotonic_ns()}.addr"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "broker", "run", "--bind", "tcp://127.0.0.1:0",
+             "--ready-file", str(ready), "--log-level", "error", *extra],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("broker process did not start")
+            time.sleep(0.02)
+        self.address = ready.read_text().strip()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A validating broker process shared by a test module."""
+    b = BrokerProcess(tmp_path_factory.mktemp("broker"))
+    yield b
+    b.stop()
+    assert b.proc.returncode == 0, "broker did not exit cleanly on SIGTERM"
+
+
+@pytest.fixture(scope="module")
+def raw_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A broker with envelope validation off, to deliver malformed frames to subscribers."""
+    b = BrokerProcess(tmp_path_factory.mktemp("rawbroker"), "--set", "broker.validate=false")
+    yield b
+    b.stop()

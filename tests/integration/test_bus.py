@@ -1,0 +1,251 @@
+"""The bus against a real broker process on 127.0.0.1 (ephemeral ports)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from pubsub import Bus, BusConfig, DeadlineExceeded
+from pubsub.address import BrokerAddress
+from pubsub.buffer import BufferLimits
+from pubsub.codec import encode
+from pubsub.control import request_stats
+from pubsub.errors import BrokerUnreachable, BusClosed
+
+from tests.conftest import BrokerProcess
+
+
+async def test_prefix_collision_emb_1_never_receives_emb_10(broker: BrokerProcess) -> None:
+    async with Bus(broker.address, name="pub") as pub, Bus(broker.address, name="sub") as sub:
+        await sub.subscribe("emb/1")
+        await sub.subscribe("sync/x")
+        await _wait_subscribed(pub, sub, "sync/x")
+        for topic in ("emb/10", "emb/1x", "emb/10/", "emb/1/", "emb/1"):
+            await pub.publish(topic, [np.full(4, len(topic), np.float32)], {"t": topic})
+        got = await sub.next("emb/1", timeout_s=2.0)
+        assert got.meta["t"] == "emb/1"
+        await asyncio.sleep(0.2)
+        assert sub.pending("emb/1") == 0
+        st = sub.stats()
+        assert st.recv_msgs.get("emb") == 1 and st.unsolicited == 0
+
+
+async def _wait_subscribed(pub: Bus, sub: Bus, topic: str) -> None:
+    """Publish on ``topic`` until ``sub`` receives one (subscription has propagated)."""
+    for _ in range(200):
+        await pub.publish(topic, [], {})
+        try:
+            await sub.next(topic, timeout_s=0.02)
+            return
+        except DeadlineExceeded:
+            continue
+    raise AssertionError("subscription never propagated")
+
+
+async def test_first_message_after_connect_is_delivered(broker: BrokerProcess) -> None:
+    """A subscriber is up; a new publisher connects and immediately publishes once."""
+    async with Bus(broker.address, name="sub") as sub:
+        await sub.subscribe("first/0")
+        await sub.subscribe("first/1")
+        # the subscriber's own handshake proves its subscriptions reached the broker
+        async with Bus(broker.address, name="sub-probe"):
+            pass
+        for i in range(2):
+            async with Bus(broker.address, name=f"fresh{i}") as pub:
+                await pub.publish(f"first/{i}", [np.arange(3)], {"i": i})
+                msg = await sub.next(f"first/{i}", timeout_s=2.0)
+                assert msg.meta == {"i": i}
+
+
+async def test_deadline_expiry_raises_typed_error_quickly(broker: BrokerProcess) -> None:
+    async with Bus(broker.address, name="d") as bus:
+        await bus.subscribe("never/sent")
+        t0 = time.perf_counter()
+        with pytest.raises(DeadlineExceeded) as ei:
+            await bus.next("never/sent", timeout_s=0.2)
+        elapsed = time.perf_counter() - t0
+        assert ei.value.topic == "never/sent" and ei.value.timeout_s == 0.2
+        assert isinstance(ei.value, TimeoutError)
+        assert 0.19 <= elapsed < 1.0
+
+
+async def test_tight_deadlines_lose_no_message(broker: BrokerProcess) -> None:
+    async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
+        await sub.subscribe("stream/1")
+        await _wait_subscribed(pub, sub, "stream/1")
+        while sub.try_next("stream/1") is not None:
+            pass
+        n = 500
+
+        async def produce() -> None:
+            for i in range(n):
+                await pub.publish("stream/1", [], {"i": i})
+                if i % 10 == 0:
+                    await asyncio.sleep(0.001)
+
+        task = asyncio.create_task(produce())
+        seen: list[int] = []
+        deadline = time.monotonic() + 10
+        while len(seen) < n and time.monotonic() < deadline:
+            try:
+                m = await sub.next("stream/1", timeout_s=0.001)
+            except DeadlineExceeded:
+                continue
+            seen.append(m.meta["i"])
+        await task
+        assert seen == list(range(n))
+
+
+async def test_bounded_buffer_evicts_oldest_and_counts(broker: BrokerProcess) -> None:
+    async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
+        await sub.subscribe("evict/0", limits=BufferLimits(max_msgs=3, max_bytes=1 << 20))
+        await _wait_subscribed(pub, sub, "evict/0")
+        while sub.try_next("evict/0") is not None:
+            pass
+        for i in range(10):
+            await pub.publish("evict/0", [], {"i": i})
+        await pub.publish("evict/0", [], {"i": "end"})
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if sub.stats().recv_msgs.get("evict", 0) >= 12:
+                break
+        kept = []
+        while (m := sub.try_next("evict/0")) is not None:
+            kept.append(m.meta["i"])
+        assert kept == [8, 9, "end"]
+        assert sub.stats().evicted >= 8
+
+
+async def test_byte_bound_limits_buffered_bytes(broker: BrokerProcess) -> None:
+    cfg = BusConfig(topic_max_msgs=100, topic_max_bytes=300_000)
+    async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s",
+                                                        config=cfg) as sub:
+        await sub.subscribe("big/0")
+        await _wait_subscribed(pub, sub, "big/0")
+        while sub.try_next("big/0") is not None:
+            pass
+        for _ in range(6):
+            await pub.publish("big/0", [np.zeros(100_000 // 4, np.float32)])
+        await asyncio.sleep(0.3)
+        assert sub.pending("big/0") == 2  # 2 x ~100 kB fit under 300 kB with the third arriving
+        assert sub.stats().evicted == 4
+
+
+async def test_malformed_frame_is_rejected_and_subscriber_keeps_working(
+    raw_broker: BrokerProcess,
+) -> None:
+    addr = BrokerAddress.parse(raw_broker.address)
+    async with Bus(raw_broker.address, name="s") as sub, Bus(raw_broker.address,
+                                                             name="p") as pub:
+        await sub.subscribe("bad/1")
+        await _wait_subscribed(pub, sub, "bad/1")
+        ctx = zmq.Context()
+        raw = ctx.socket(zmq.PUB)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.connect(addr.pub_endpoint)
+        try:
+            good = [bytes(memoryview(f)) for f in encode("bad/1", [np.ones(4, np.float32)])]
+            bad_frames = [
+                [b"bad/1\x00"],  # no header
+                [b"bad/1\x00", b"\x01garbage"],  # checksum mismatch
+                [b"bad/1\x00", good[1], b"short"],  # payload size mismatch
+            ]
+            before = sub.stats().rejected
+            for _ in range(100):  # until the raw PUB has the subscription
+                for frames in bad_frames:
+                    raw.send_multipart(frames)
+                await asyncio.sleep(0.02)
+                if sub.stats().rejected - before >= len(bad_frames):
+                    break
+            assert sub.stats().rejected - before >= len(bad_frames)
+            await pub.publish("bad/1", [np.arange(4, dtype=np.float32)], {"ok": True})
+            msg = await sub.next("bad/1", timeout_s=2.0)
+            while not msg.meta.get("ok"):
+                msg = await sub.next("bad/1", timeout_s=2.0)
+            np.testing.assert_array_equal(msg.arrays[0], np.arange(4, dtype=np.float32))
+        finally:
+            raw.close(0)
+            ctx.term()
+
+
+async def test_broker_rejects_and_counts_malformed_frames(broker: BrokerProcess) -> None:
+    addr = BrokerAddress.parse(broker.address)
+    before = request_stats(broker.address)["rejected"]
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.PUB)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(addr.pub_endpoint)
+    sub = Bus(broker.address, name="s")
+    await sub.connect()
+    await sub.subscribe("x/1")  # a PUB socket sends only what someone subscribed to
+    try:
+        for _ in range(50):
+            raw.send_multipart([b"x/1\x00", b"\x01nope"])
+            await asyncio.sleep(0.02)
+            if request_stats(broker.address)["rejected"] > before:
+                break
+        assert request_stats(broker.address)["rejected"] > before
+        assert sub.stats().recv_msgs.get("x", 0) == 0  # never forwarded
+    finally:
+        await sub.close()
+        raw.close(0)
+        ctx.term()
+
+
+async def test_unreachable_broker_fails_within_timeout() -> None:
+    t0 = time.perf_counter()
+    with pytest.raises(BrokerUnreachable) as ei:
+        async with Bus("tcp://127.0.0.1:9", config=BusConfig(connect_timeout_s=0.5)):
+            pass
+    assert time.perf_counter() - t0 < 3.0
+    assert "tcp://127.0.0.1:9" in str(ei.value)
+
+
+async def test_close_is_idempotent_and_fails_waiters(broker: BrokerProcess) -> None:
+    bus = Bus(broker.address, name="c")
+    await bus.connect()
+    await bus.subscribe("w/1")
+    waiter = asyncio.create_task(bus.next("w/1", timeout_s=5.0))
+    await asyncio.sleep(0.05)
+    t0 = time.perf_counter()
+    await bus.close()
+    await bus.close()
+    assert time.perf_counter() - t0 < 1.0
+    with pytest.raises(BusClosed):
+        await waiter
+    with pytest.raises(BusClosed):
+        await bus.publish("w/1")
+
+
+async def test_cancelled_waiter_does_not_lose_the_message(broker: BrokerProcess) -> None:
+    async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
+        await sub.subscribe("c/1")
+        await _wait_subscribed(pub, sub, "c/1")
+        while sub.try_next("c/1") is not None:
+            pass
+        waiter = asyncio.create_task(sub.next("c/1", timeout_s=5.0))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        await pub.publish("c/1", [], {"v": 1})
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        msg = await sub.next("c/1", timeout_s=2.0)
+        assert msg.meta == {"v": 1}
+
+
+async def test_broker_counts_bytes_by_channel(broker: BrokerProcess) -> None:
+    async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
+        await sub.subscribe_prefix("cnt/runA/")
+        await _wait_subscribed(pub, sub, "cnt/runA/sync")
+        before = request_stats(broker.address)["namespace_bytes"].get("cnt/runA", 0)
+        sent = 0
+        for b in range(20):
+            sent += await pub.publish(f"cnt/runA/{b}", [np.zeros(1000, np.float32)])
+        for b in range(20):
+            await sub.next(f"cnt/runA/{b}", timeout_s=2.0)
+        after = request_stats(broker.address)["namespace_bytes"]["cnt/runA"]
+        assert after - before == sent

@@ -1,0 +1,106 @@
+"""Two-party VFL as real processes (broker + passive + active) on a sample of the real data,
+and the bad-input paths of the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pandas as pd
+import pytest
+
+from parties.data import load_table
+
+PSFL = [sys.executable, "-m", "sim.cli"]
+
+
+def _psfl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PSFL, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    frame, _ = load_table("bank")
+    sample = frame.sample(n=4000, random_state=0)
+    path = tmp_path_factory.mktemp("data") / "bank_sample.csv"
+    sample.to_csv(path, index=False)
+    return path
+
+
+def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "stale.txt").write_text("an existing, non-empty --out directory is fine")
+    epochs, d = 3, 16
+    res = _psfl("vfl", "run", "--dataset", str(bank_sample), "--out", str(out),
+                "--set", "label=y", "--set", f"epochs={epochs}", "--set", f"embedding_dim={d}",
+                "--set", "batch_size=128")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    m = orjson.loads((out / "metrics.json").read_bytes())
+    for key in ("algo", "dataset", "test_auc", "epochs", "wall_s", "train_samples_per_s",
+                "bytes_sent", "broker_bytes", "dropped_batches", "reassigned_batches"):
+        assert key in m, key
+    assert m["epochs"] == epochs and m["algo"] == "pubsub"
+    assert 0.75 < m["test_auc"] <= 1.0
+    for role in ("active", "passive"):
+        p = m["parties"][role]
+        assert 0.0 < p["cpu_util"] <= 1.0
+        assert p["wait_s_per_epoch"] >= 0.0
+    # the training really crossed the broker: rows x epochs x width x 4 bytes each way
+    n_train = 4000 - round(4000 * 0.3)
+    expected = n_train * epochs * d * 4
+    assert m["dropped_batches"] == 0
+    for channel in ("emb", "grad"):
+        assert expected <= m["broker_bytes"][channel] <= expected * 1.05, channel
+        assert abs(m["bytes_sent"][channel] - m["broker_bytes"][channel]) < 0.01 * expected
+    assert (out / "config.toml").exists() and (out / "events.jsonl").stat().st_size > 0
+    lines = (out / "events.jsonl").read_text().splitlines()
+    assert any(orjson.loads(x).get("event") == "vfl.epoch_done" for x in lines)
+
+
+def _assert_clean_failure(res: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert res.returncode == code, (res.returncode, res.stderr[-2000:])
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    for n in needles:
+        assert n in res.stderr, (n, res.stderr[-2000:])
+
+
+def test_missing_data_file_is_a_clear_error(tmp_path: Path) -> None:
+    res = _psfl("vfl", "run", "--dataset", str(tmp_path / "nope.csv"), "--out", str(tmp_path),
+                "--set", "label=y")
+    _assert_clean_failure(res, 2, "nope.csv")
+
+
+def test_unknown_column_is_a_clear_error(bank_sample: Path, tmp_path: Path) -> None:
+    res = _psfl("vfl", "run", "--dataset", str(bank_sample), "--out", str(tmp_path),
+                "--set", "label=y", "--set", 'active_columns=["age","salary"]',
+                "--set", 'passive_columns=["job"]')
+    _assert_clean_failure(res, 2, "salary")
+
+
+def test_one_class_label_is_a_clear_error(bank_sample: Path, tmp_path: Path) -> None:
+    frame = pd.read_csv(bank_sample)
+    frame["y"] = "no"
+    path = tmp_path / "oneclass.csv"
+    frame.to_csv(path, index=False)
+    res = _psfl("vfl", "run", "--dataset", str(path), "--out", str(tmp_path / "r"),
+                "--set", "label=y")
+    _assert_clean_failure(res, 2, "single class")
+
+
+def test_unknown_config_key_is_a_clear_error(tmp_path: Path) -> None:
+    res = _psfl("vfl", "run", "--dataset", "bank", "--out", str(tmp_path), "--set", "epoch=3")
+    _assert_clean_failure(res, 2, "vfl.epoch")
+
+
+def test_unreachable_broker_fails_within_the_stated_timeout(tmp_path: Path) -> None:
+    t0 = time.perf_counter()
+    res = _psfl("vfl", "party", "--role", "passive", "--broker", "tcp://127.0.0.1:9",
+                "--set", "connect_timeout_s=2", "--out", str(tmp_path), timeout=60)
+    elapsed = time.perf_counter() - t0
+    _assert_clean_failure(res, 3, "no broker answered at tcp://127.0.0.1:9 within 2.0 s")
+    assert elapsed < 30  # data loading + 2 s handshake deadline

@@ -1,0 +1,59 @@
+"""Config loading: TOML + --set, unknown keys rejected, typed errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from parties.config import VflConfig, dump_vfl_config, load_vfl_config
+from pubsub.address import BrokerAddress, InvalidAddress
+from pubsub.config import ConfigError
+
+
+def test_defaults_are_the_papers() -> None:
+    c = VflConfig()
+    assert (c.delta_t0, c.p, c.q, c.t_ddl_s, c.lr) == (5, 5, 5, 10.0, 1e-3)
+
+
+def test_toml_and_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[vfl]\nepochs = 3\nbottom_hidden = [16, 8]\n")
+    c = load_vfl_config(f, ["vfl.batch_size=64", "lr=0.01", 'passive_columns=["a","b"]'])
+    assert (c.epochs, c.batch_size, c.lr, c.bottom_hidden) == (3, 64, 0.01, (16, 8))
+    assert c.passive_columns == ("a", "b")
+    assert load_vfl_config(None, []) == VflConfig()
+
+
+def test_round_trip_through_toml(tmp_path: Path) -> None:
+    c = VflConfig(epochs=4, active_columns=("x",), passive_columns=("y",))
+    f = tmp_path / "c.toml"
+    f.write_text(dump_vfl_config(c))
+    assert load_vfl_config(f) == c
+
+
+@pytest.mark.parametrize(
+    ("sets", "key"),
+    [(["epoch=3"], "vfl.epoch"), (["epochs=x"], "vfl.epochs"), (["batch_size=0"], "vfl.batch_size"),
+     (["t_ddl_s=-1"], "vfl.t_ddl_s"), (["algo=magic"], "vfl.algo")],
+)
+def test_bad_values_name_the_key(sets: list[str], key: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_vfl_config(None, sets)
+    assert ei.value.key == key
+
+
+def test_unknown_section(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[vlf]\nepochs = 3\n")
+    with pytest.raises(ConfigError, match="vlf"):
+        load_vfl_config(f)
+
+
+def test_broker_address() -> None:
+    a = BrokerAddress.parse("tcp://10.0.0.5:6000")
+    assert (a.pub_endpoint, a.sub_endpoint, a.control_endpoint) == (
+        "tcp://10.0.0.5:6000", "tcp://10.0.0.5:6001", "tcp://10.0.0.5:6002")
+    for bad in ("10.0.0.5:6000", "tcp://h:99999", "ipc://x"):
+        with pytest.raises(InvalidAddress):
+            BrokerAddress.parse(bad)
