@@ -12,6 +12,10 @@ import pytest
 
 from hypothesis import settings
 
+from pubsub.logs import configure_logging
+
+configure_logging(stderr_level="warning")
+
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=100)
 settings.load_profile("ci")
 
