@@ -27,6 +27,7 @@ from pubsub.runner import run as run_loop
 from parties.config import VflConfig, check_run_id, load_vfl_config
 from parties.data import DataError
 from parties.errors import VflError
+from parties.workers import WorkerFailed
 
 
 class ExitCode(IntEnum):
@@ -62,7 +63,15 @@ async def _serve(role: str, cfg: VflConfig, args: argparse.Namespace) -> dict[st
     from parties.report import assemble_metrics
     from parties.runtime import Party, load_party_data
 
+    fork_server = None
+    if cfg.worker_mode == "process":
+        from parties.workers import ensure_forkserver
+
+        # start the workers' fork server (it imports torch) while the data loads
+        fork_server = asyncio.create_task(asyncio.to_thread(ensure_forkserver))
     data = await asyncio.to_thread(load_party_data, cfg, role)
+    if fork_server is not None:
+        await fork_server
     party = Party(role, cfg, data, broker=args.broker, run_id=args.run_id,
                   progress=not args.quiet)
     metrics = await party.run()
@@ -92,6 +101,9 @@ def run_party(role: str, args: argparse.Namespace) -> int:
     except BrokerUnreachable as exc:
         print(f"error ({role} party): {exc}", file=sys.stderr)
         return ExitCode.BROKER_UNREACHABLE
+    except WorkerFailed as exc:
+        print(f"error ({role} party): {exc}", file=sys.stderr)
+        return ExitCode.FAILED
     except VflError as exc:
         print(f"error ({role} party): {exc}", file=sys.stderr)
         return ExitCode.PARTNER

@@ -61,6 +61,9 @@ class VflConfig:
         eval_every: evaluate on the test split every this many epochs (and at the end).
         event_loop: ``"uvloop"`` or ``"asyncio"``.
         connect_timeout_s: broker handshake deadline, seconds.
+        worker_mode: ``"process"`` (one child process per worker, truly parallel) or
+            ``"thread"`` (threads of the party process; small models then share one core
+            through the GIL).
     """
 
     algo: str = "pubsub"
@@ -90,6 +93,7 @@ class VflConfig:
     eval_every: int = 1
     event_loop: str = "uvloop"
     connect_timeout_s: float = 10.0
+    worker_mode: str = "process"
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> ConfigError:
@@ -115,6 +119,8 @@ class VflConfig:
             raise ConfigError("vfl.bottom_hidden", "hidden widths must be >= 1")
         if self.event_loop not in ("uvloop", "asyncio"):
             raise bad("event_loop", "must be 'uvloop' or 'asyncio'")
+        if self.worker_mode not in ("process", "thread"):
+            raise bad("worker_mode", "must be 'process' or 'thread'")
 
     def shared_digest(self, n_rows: int) -> str:
         """Digest of the settings both parties must agree on (plus the row count).

@@ -30,7 +30,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+import shutil
+import tempfile
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -56,9 +58,7 @@ from parties.data import (
 )
 from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost
 from parties.model import (
-    ActiveCompute,
     ParameterServer,
-    PassiveCompute,
     bottom_model,
     embed,
     flat_params,
@@ -68,6 +68,7 @@ from parties.model import (
 )
 from parties.schedule import EpochSchedule, epoch_batches, num_batches
 from parties.sysinfo import CpuMeter
+from parties.workers import ProcessWorker, ThreadWorker, WorkerHandle, ensure_forkserver
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -227,26 +228,35 @@ class Party:
         self._top = self._make_top() if role == "active" else None
         mods = [self._bottom] + ([self._top] if self._top is not None else [])
         self.ps = ParameterServer(flat_params(mods))
-        self._x_train = torch.from_numpy(np.ascontiguousarray(data.x_train))
         self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
-        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=f"{role}-w")
-        self._computes: list[Any] = []
-        for _ in range(self.workers):
-            if role == "active":
-                assert data.y_train is not None
-                y = torch.from_numpy(np.ascontiguousarray(data.y_train))
-                self._computes.append(ActiveCompute(self._x_train, y, self._make_bottom,
-                                                    self._make_top, self.ps, lr=cfg.lr,
-                                                    delta_t0=cfg.delta_t0))
-            else:
-                self._computes.append(PassiveCompute(self._x_train, self._make_bottom, self.ps,
-                                                     lr=cfg.lr, delta_t0=cfg.delta_t0))
+        self._handles: list[WorkerHandle] = []
+        self._data_dir: Path | None = None
         self.partner_report: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ helpers
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, fn, *args)
+    async def _start_workers(self) -> None:
+        """Create the worker handles (and, in process mode, spawn and await the children)."""
+        cfg, data = self.cfg, self.data
+        if cfg.worker_mode == "thread":
+            self._handles = [ThreadWorker(self.role, cfg, data.x_train, data.y_train, self.ps)
+                             for _ in range(self.workers)]
+        else:
+            self._data_dir = Path(tempfile.mkdtemp(prefix=f"psfl-{self.role}-"))
+            np.save(self._data_dir / "x_train.npy", data.x_train)
+            if data.y_train is not None:
+                np.save(self._data_dir / "y_train.npy", data.y_train)
+            self._handles = [ProcessWorker(self.role, k, cfg, self._data_dir, self.ps)
+                             for k in range(self.workers)]
+            await asyncio.to_thread(ensure_forkserver)
+        await asyncio.gather(*(h.start() for h in self._handles))
+        self.log.info("vfl.workers_started", workers=self.workers, mode=cfg.worker_mode)
+
+    async def _stop_workers(self) -> None:
+        for h in self._handles:
+            with contextlib.suppress(Exception):
+                await h.close()
+        if self._data_dir is not None:
+            shutil.rmtree(self._data_dir, ignore_errors=True)
 
     def _shared(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -273,11 +283,13 @@ class Party:
         cfg = self.cfg
         bus_cfg = BusConfig(connect_timeout_s=cfg.connect_timeout_s,
                             topic_max_bytes=max(64 << 20, self.data.x_test.shape[0] * 8 * 64))
+        starting = asyncio.create_task(self._start_workers())
         try:
             async with Bus(self.broker, name=self.role, config=bus_cfg) as bus:
                 self.bus = bus
                 await self._subscribe(bus)
                 await self._handshake(bus)
+                await starting
                 meter = CpuMeter()
                 meter.start()
                 try:
@@ -294,7 +306,11 @@ class Party:
                     raise eg.exceptions[0] from None
                 return result
         finally:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            if not starting.done():
+                starting.cancel()
+            with contextlib.suppress(BaseException):
+                await starting
+            await self._stop_workers()
 
     async def _subscribe(self, bus: Bus) -> None:
         cfg, t = self.cfg, self.topics
@@ -400,7 +416,7 @@ class Party:
             await self._flush()
             if epoch in self._eval_epochs():
                 load_flat([self._bottom], self.ps.pull())
-                emb_test = await self._run(embed, self._bottom, self._x_test)
+                emb_test = await asyncio.to_thread(embed, self._bottom, self._x_test)
                 bus.publish_nowait(self.topics.eval(epoch), [emb_test], {"e": epoch}, copy=False)
             self.c.history.append({"epoch": epoch, "wall_s": time.perf_counter() - t_epoch,
                                    "dropped": sched.dropped, "reassigned": sched.reassigned})
@@ -417,7 +433,7 @@ class Party:
 
     async def _passive_worker(self, bus: Bus, k: int, epoch: int, batches: list[np.ndarray],
                               sched: EpochSchedule, cond: asyncio.Condition) -> None:
-        compute: PassiveCompute = self._computes[k]
+        worker = self._handles[k]
         loop = asyncio.get_running_loop()
         while True:
             task = sched.take()
@@ -429,7 +445,7 @@ class Party:
                 continue
             b, attempt = task
             rows = batches[b]
-            h, h_np = await self._run(compute.forward, rows)
+            h_np = await worker.forward(epoch, b)
             uid = f"{epoch}.{b}.{attempt}"
             bus.publish_nowait(self.topics.emb(b), [h_np],
                                {"e": epoch, "b": b, "a": attempt, "u": uid}, copy=False)
@@ -444,14 +460,16 @@ class Party:
             msg = await self._wait(bus, self.topics.grad(b), loop.time() + self.cfg.t_ddl_s,
                                    accept)
             if msg is None:
+                await worker.discard(b)
                 again = sched.fail(b, attempt)
                 self._count_miss(again, b, epoch, "grad")
             elif msg.meta.get("skip"):
+                await worker.discard(b)
                 sched.drop(b)
                 self.c.skipped += 1
                 self.c.dropped += 1
             else:
-                await self._run(compute.backward, h, msg.arrays[0], epoch)
+                await worker.backward(epoch, b, msg.arrays[0])
                 sched.complete(b)
                 self.c.batches += 1
                 self.c.samples += len(rows)
@@ -466,8 +484,7 @@ class Party:
                          reassigned=reassigned, t_ddl_s=self.cfg.t_ddl_s)
 
     async def _flush(self) -> None:
-        for compute in self._computes:
-            await self._run(compute.replica.sync)
+        await asyncio.gather(*(h.flush() for h in self._handles))
 
     # ------------------------------------------------------------------ active
     async def _train_active(self, bus: Bus, meter: CpuMeter) -> dict[str, Any]:
@@ -521,7 +538,7 @@ class Party:
 
     async def _active_worker(self, bus: Bus, k: int, epoch: int, batches: list[np.ndarray],
                              sched: EpochSchedule, cond: asyncio.Condition) -> None:
-        compute: ActiveCompute = self._computes[k]
+        worker = self._handles[k]
         loop = asyncio.get_running_loop()
 
         def accept(m: Message) -> int:
@@ -538,10 +555,8 @@ class Party:
                 continue
             b, attempt = task
             rows = batches[b]
-            own = asyncio.ensure_future(self._run(compute.forward_own, rows))
             msg = await self._wait(bus, self.topics.emb(b), loop.time() + self.cfg.t_ddl_s,
                                    accept)
-            h_own = await own
             if msg is None:
                 again = sched.fail(b, attempt)
                 self._count_miss(again, b, epoch, "emb")
@@ -549,7 +564,7 @@ class Party:
                     bus.publish_nowait(self.topics.grad(b), (),
                                        {"e": epoch, "b": b, "skip": True})
             else:
-                loss, grad = await self._run(compute.top_step, h_own, msg.arrays[0], rows, epoch)
+                loss, grad = await worker.step(epoch, b, msg.arrays[0])
                 bus.publish_nowait(self.topics.grad(b), [grad],
                                    {"e": epoch, "b": b, "u": msg.meta.get("u")}, copy=False)
                 sched.complete(b)
@@ -568,7 +583,8 @@ class Party:
         msg = await bus.next(self.topics.eval(epoch), cfg.liveness_timeout_s)
         self.c.wait_s += time.perf_counter() - t0
         load_flat([self._bottom, self._top], self.ps.pull())
-        probs = await self._run(predict, self._bottom, self._top, self._x_test, msg.arrays[0])
+        probs = await asyncio.to_thread(predict, self._bottom, self._top, self._x_test,
+                                        msg.arrays[0])
         return float(roc_auc_score(self.data.y_test, probs))
 
     # ------------------------------------------------------------------ metrics
@@ -594,6 +610,10 @@ class Party:
             "stale_messages": self.c.stale,
             "bus": {k: v for k, v in st.as_dict().items() if not isinstance(v, dict)},
             "ps_pushes": self.ps.pushes,
+            "worker_mode": self.cfg.worker_mode,
+            "compute_s": sum(h.compute_s for h in self._handles),
+            "worker_parallelism": (sum(h.compute_s for h in self._handles) / wall
+                                   if wall > 0 else 0.0),
             "batches": self.c.batches,
             "samples": self.c.samples,
             "history": self.c.history,

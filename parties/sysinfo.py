@@ -45,24 +45,37 @@ def _cgroup_quota() -> float | None:
 
 @dataclass(slots=True)
 class CpuMeter:
-    """CPU seconds of this process (all threads) over a wall-clock interval."""
+    """CPU seconds of this process and its live child processes (its workers) over an interval.
+
+    Children must exist when :meth:`start` is called and still run at :meth:`read`
+    (worker processes do); their CPU time is read directly, not from ``wait()``.
+    """
 
     wall0: float = 0.0
-    cpu0: float = 0.0
+    cpu0: dict[int, float] | None = None
 
     def start(self) -> None:
         """Start (or restart) the interval."""
         self.wall0 = time.perf_counter()
-        self.cpu0 = _cpu_s()
+        self.cpu0 = _cpu_by_pid()
 
     def read(self) -> tuple[float, float, float, float]:
         """``(wall_s, cpu_s, cores, cpu_util)`` since :meth:`start`; util = cpu / (wall × cores)."""
         wall = time.perf_counter() - self.wall0
-        cpu = _cpu_s() - self.cpu0
+        now = _cpu_by_pid()
+        base = self.cpu0 or {}
+        cpu = sum(v - base.get(pid, 0.0) for pid, v in now.items())
         cores = cores_allotted()
         return wall, cpu, cores, (cpu / (wall * cores) if wall > 0 else 0.0)
 
 
-def _cpu_s() -> float:
-    t = psutil.Process().cpu_times()
-    return float(t.user + t.system)
+def _cpu_by_pid() -> dict[int, float]:
+    me = psutil.Process()
+    out: dict[int, float] = {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        out[p.pid] = float(t.user + t.system)
+    return out

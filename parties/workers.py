@@ -1,0 +1,413 @@
+"""Worker handles: how a party's worker coroutine reaches its compute.
+
+A PubSub-VFL worker (Sec. 4) owns a replica of the party's model and trains it
+on the batches its parameter server assigns. The coroutine that drives the
+worker (waiting on channels, publishing) lives on the party's event loop; the
+compute itself runs behind a :class:`WorkerHandle`:
+
+* :class:`ProcessWorker` (default): a child process per worker, so workers
+  really run in parallel on the party's cores (tiny MLP steps are bound by
+  Python per-op overhead, which threads serialise on the GIL). The parent
+  talks to it over a ZeroMQ PAIR socket (``ipc://``) with the bus codec. The
+  parameter server stays in the parent: the child's replica pushes its update
+  over the same socket and gets the new parameters back.
+* :class:`ThreadWorker`: the same compute on a thread of the party process
+  (cheaper to start; no parallel speed-up for small models).
+
+Both take batches by ``(epoch, batch_id)``; the row positions come from
+:func:`parties.schedule.epoch_batches`, identical on both parties.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import structlog
+import torch
+import zmq
+import zmq.asyncio
+
+from pubsub.codec import Message, decode, encode
+from pubsub.config import to_mapping
+
+from parties.config import VflConfig
+from parties.errors import VflError
+from parties.model import ActiveCompute, ParameterServer, PassiveCompute, bottom_model, top_model
+from parties.schedule import epoch_batches
+
+log = structlog.get_logger(__name__)
+
+
+class WorkerFailed(VflError, RuntimeError):
+    """A worker process died or raised.
+
+    Attributes:
+        worker: the worker's index.
+        detail: what happened.
+    """
+
+    def __init__(self, worker: int, detail: str) -> None:
+        self.worker = worker
+        self.detail = detail
+        super().__init__(f"worker {worker} failed: {detail}")
+
+
+class WorkerHandle(Protocol):
+    """What a worker coroutine needs from its compute (shapes in the method docs)."""
+
+    compute_s: float
+
+    async def start(self) -> None:
+        """Get ready (spawn, load data, pull parameters)."""
+
+    async def forward(self, epoch: int, b: int) -> np.ndarray:
+        """Passive: embedding ``(B, d)`` float32 of batch ``b``; keeps the graph for backward."""
+
+    async def backward(self, epoch: int, b: int, grad: np.ndarray) -> None:
+        """Passive: back-propagate the cut-layer gradient ``(B, d)`` of batch ``b``; Adam step."""
+
+    async def discard(self, b: int) -> None:
+        """Passive: forget the graph of batch ``b`` (its gradient never came)."""
+
+    async def step(self, epoch: int, b: int, emb: np.ndarray) -> tuple[float, np.ndarray]:
+        """Active: own bottom + top forward/backward with the passive embedding ``(B, d)``.
+
+        Returns ``(loss, grad)`` with ``grad`` the ``(B, d)`` float32 cut-layer gradient.
+        """
+
+    async def flush(self) -> None:
+        """Push any pending update to the parameter server and pull."""
+
+    async def close(self) -> None:
+        """Stop; idempotent."""
+
+
+class _Rows:
+    """Cache of one epoch's batch row positions."""
+
+    def __init__(self, n_train: int, cfg: VflConfig) -> None:
+        self.n_train = n_train
+        self.cfg = cfg
+        self._epoch = -1
+        self._batches: list[np.ndarray] = []
+
+    def __call__(self, epoch: int, b: int) -> np.ndarray:
+        if epoch != self._epoch:
+            self._batches = epoch_batches(self.n_train, self.cfg.batch_size, seed=self.cfg.seed,
+                                          epoch=epoch)
+            self._epoch = epoch
+        return self._batches[b]
+
+
+def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndarray | None,
+                 ps: Any) -> PassiveCompute | ActiveCompute:
+    """Build a worker's compute object (its replica is initialised from ``ps.pull()``)."""
+    d_in = x_train.shape[1]
+    x = torch.from_numpy(np.ascontiguousarray(x_train, dtype=np.float32))
+
+    def make_bottom() -> torch.nn.Module:
+        return bottom_model(d_in, cfg.bottom_hidden, cfg.embedding_dim)
+
+    if role == "active":
+        assert y_train is not None
+        y = torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.float32))
+        return ActiveCompute(x, y, make_bottom, lambda: top_model(cfg.embedding_dim,
+                                                                  cfg.top_hidden),
+                             ps, lr=cfg.lr, delta_t0=cfg.delta_t0)
+    return PassiveCompute(x, make_bottom, ps, lr=cfg.lr, delta_t0=cfg.delta_t0)
+
+
+# ---------------------------------------------------------------------------- threads
+class ThreadWorker:
+    """A worker whose compute runs on a thread of the party process."""
+
+    def __init__(self, role: str, cfg: VflConfig, x_train: np.ndarray,
+                 y_train: np.ndarray | None, ps: ParameterServer) -> None:
+        self.role = role
+        self.compute = make_compute(role, cfg, x_train, y_train, ps)
+        self.rows = _Rows(x_train.shape[0], cfg)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{role}-worker")
+        self._graphs: dict[int, torch.Tensor] = {}
+        self.compute_s = 0.0
+
+    async def start(self) -> None:
+        return None
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        def timed() -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.compute_s += time.perf_counter() - t0
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, timed)
+
+    async def forward(self, epoch: int, b: int) -> np.ndarray:
+        assert isinstance(self.compute, PassiveCompute)
+        h, h_np = await self._call(self.compute.forward, self.rows(epoch, b))
+        self._graphs[b] = h
+        return h_np
+
+    async def backward(self, epoch: int, b: int, grad: np.ndarray) -> None:
+        assert isinstance(self.compute, PassiveCompute)
+        await self._call(self.compute.backward, self._graphs.pop(b), grad, epoch)
+
+    async def discard(self, b: int) -> None:
+        self._graphs.pop(b, None)
+
+    async def step(self, epoch: int, b: int, emb: np.ndarray) -> tuple[float, np.ndarray]:
+        compute = self.compute
+        assert isinstance(compute, ActiveCompute)
+        rows = self.rows(epoch, b)
+
+        def run() -> tuple[float, np.ndarray]:
+            return compute.top_step(compute.forward_own(rows), emb, rows, epoch)
+
+        return await self._call(run)
+
+    async def flush(self) -> None:
+        await self._call(self.compute.replica.sync)
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ---------------------------------------------------------------------------- processes
+class ProcessWorker:
+    """A worker in a child process, driven over a ZeroMQ PAIR socket.
+
+    Args:
+        role: ``"active"`` or ``"passive"``.
+        index: worker index (for names and errors).
+        cfg: run config.
+        data_dir: directory holding ``x_train.npy`` (and ``y_train.npy``), shared by
+            the party's workers; the IPC endpoint is created there too.
+        ps: the party's parameter server (in this process).
+        start_timeout_s: deadline for the child to start and pull, seconds.
+        reply_timeout_s: deadline for any reply, seconds (a child that dies is
+            noticed within about a second regardless).
+    """
+
+    def __init__(self, role: str, index: int, cfg: VflConfig, data_dir: Path,
+                 ps: ParameterServer, *, start_timeout_s: float = 120.0,
+                 reply_timeout_s: float = 300.0) -> None:
+        self.role = role
+        self.index = index
+        self.cfg = cfg
+        self.data_dir = data_dir
+        self.ps = ps
+        self.start_timeout_s = start_timeout_s
+        self.reply_timeout_s = reply_timeout_s
+        self.compute_s = 0.0
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._proc: Any = None
+        self._closed = False
+
+    async def start(self) -> None:
+        endpoint = f"ipc://{self.data_dir}/worker-{self.role}-{self.index}.sock"
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.PAIR)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(endpoint)
+        self._sock = sock
+        ctx = mp_context()
+        await asyncio.to_thread(ensure_forkserver)
+        self._proc = ctx.Process(
+            target=worker_main,
+            args=(endpoint, self.role, self.index, to_mapping(self.cfg), str(self.data_dir),
+                  os.getpid()),
+            name=f"psfl-{self.role}-worker-{self.index}",
+            daemon=True,
+        )
+        self._proc.start()
+        msg = await self._recv(self.start_timeout_s)
+        if msg.topic != "ready":
+            raise WorkerFailed(self.index, f"unexpected first message {msg.topic!r}")
+
+    async def _send(self, cmd: str, arrays: tuple[Any, ...] = (), meta: dict[str, Any] | None
+                    = None) -> None:
+        assert self._sock is not None
+        await self._sock.send_multipart(encode(cmd, arrays, meta, copy=False), copy=False)
+
+    async def _recv(self, timeout_s: float) -> Message:
+        """Next reply; serves the child's parameter-server requests on the way."""
+        sock = self._sock
+        assert sock is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not await sock.poll(1000, zmq.POLLIN):
+                if self._proc is not None and not self._proc.is_alive():
+                    raise WorkerFailed(self.index, f"process exited with code "
+                                                   f"{self._proc.exitcode}")
+                if time.monotonic() > deadline:
+                    raise WorkerFailed(self.index, f"no reply within {timeout_s:.0f} s")
+                continue
+            msg = decode(await sock.recv_multipart(copy=False))
+            if msg.topic == "pull":
+                await self._send("params", (self.ps.pull().numpy(),))
+                continue
+            if msg.topic == "push":
+                theta = self.ps.push(torch.from_numpy(np.array(msg.arrays[0])))
+                await self._send("params", (theta.numpy(),))
+                continue
+            if msg.topic == "error":
+                raise WorkerFailed(self.index, str(msg.meta.get("error")))
+            self.compute_s = float(msg.meta.get("cs", self.compute_s))
+            return msg
+
+    async def _rpc(self, cmd: str, arrays: tuple[Any, ...] = (),
+                   meta: dict[str, Any] | None = None) -> Message:
+        await self._send(cmd, arrays, meta)
+        return await self._recv(self.reply_timeout_s)
+
+    async def forward(self, epoch: int, b: int) -> np.ndarray:
+        return (await self._rpc("forward", (), {"e": epoch, "b": b})).arrays[0]
+
+    async def backward(self, epoch: int, b: int, grad: np.ndarray) -> None:
+        await self._rpc("backward", (grad,), {"e": epoch, "b": b})
+
+    async def discard(self, b: int) -> None:
+        await self._rpc("discard", (), {"b": b})
+
+    async def step(self, epoch: int, b: int, emb: np.ndarray) -> tuple[float, np.ndarray]:
+        msg = await self._rpc("step", (emb,), {"e": epoch, "b": b})
+        return float(msg.meta["loss"]), msg.arrays[0]
+
+    async def flush(self) -> None:
+        await self._rpc("flush")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._sock is not None and self._proc is not None and self._proc.is_alive():
+            try:
+                await asyncio.wait_for(self._send("stop"), 1.0)
+            except (TimeoutError, zmq.ZMQError):
+                pass
+        if self._proc is not None:
+            await asyncio.to_thread(self._proc.join, 3.0)
+            if self._proc.is_alive():
+                self._proc.kill()
+                await asyncio.to_thread(self._proc.join, 3.0)
+        if self._sock is not None:
+            self._sock.close(0)
+        if self._ctx is not None:
+            self._ctx.term()
+
+
+_MP_CTX: Any = None
+
+
+def mp_context() -> Any:
+    """The multiprocessing context for worker processes: a fork server that has already
+    imported torch and this module, so each worker starts in milliseconds, not seconds,
+    and no worker is forked from a process whose torch threads are running."""
+    global _MP_CTX
+    if _MP_CTX is None:
+        _MP_CTX = mp.get_context("forkserver")
+        _MP_CTX.set_forkserver_preload(["parties.workers"])
+    return _MP_CTX
+
+
+def ensure_forkserver() -> None:
+    """Start the fork server now (blocking, ~1-2 s: it imports torch once)."""
+    mp_context()
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
+class _RemotePS:
+    """The child's view of the parent's parameter server (blocking, over the PAIR socket)."""
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock = sock
+
+    def _params(self) -> torch.Tensor:
+        msg = decode(self.sock.recv_multipart(copy=False))
+        if msg.topic != "params":
+            raise RuntimeError(f"expected params from the parameter server, got {msg.topic!r}")
+        return torch.from_numpy(np.array(msg.arrays[0], dtype=np.float32))
+
+    def pull(self) -> torch.Tensor:
+        self.sock.send_multipart(encode("pull"))
+        return self._params()
+
+    def push(self, delta: torch.Tensor) -> torch.Tensor:
+        self.sock.send_multipart(encode("push", (delta.numpy(),)))
+        return self._params()
+
+
+def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], data_dir: str,
+                parent_pid: int) -> None:
+    """Body of a worker process: serve compute requests until ``stop`` or the parent is gone."""
+    from pubsub.config import from_mapping
+
+    cfg = from_mapping(VflConfig, cfg_map)
+    torch.set_num_threads(cfg.torch_threads)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PAIR)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        x_train = np.load(Path(data_dir) / "x_train.npy")
+        y_train = np.load(Path(data_dir) / "y_train.npy") if role == "active" else None
+        compute = make_compute(role, cfg, x_train, y_train, _RemotePS(sock))
+        rows = _Rows(x_train.shape[0], cfg)
+        graphs: dict[int, torch.Tensor] = {}
+        compute_s = 0.0
+        sock.send_multipart(encode("ready"))
+        while True:
+            if not sock.poll(1000):
+                if os.getppid() != parent_pid:
+                    return  # orphaned: the party process is gone
+                continue
+            msg = decode(sock.recv_multipart(copy=False))
+            cmd, meta = msg.topic, msg.meta
+            t0 = time.perf_counter()
+            if cmd == "stop":
+                return
+            try:
+                if cmd == "forward":
+                    assert isinstance(compute, PassiveCompute)
+                    h, h_np = compute.forward(rows(meta["e"], meta["b"]))
+                    graphs[meta["b"]] = h
+                    out: tuple[Any, ...] = (h_np,)
+                    reply: dict[str, Any] = {}
+                elif cmd == "backward":
+                    assert isinstance(compute, PassiveCompute)
+                    compute.backward(graphs.pop(meta["b"]), msg.arrays[0], meta["e"])
+                    out, reply = (), {}
+                elif cmd == "discard":
+                    graphs.pop(meta["b"], None)
+                    out, reply = (), {}
+                elif cmd == "step":
+                    assert isinstance(compute, ActiveCompute)
+                    r = rows(meta["e"], meta["b"])
+                    loss, grad = compute.top_step(compute.forward_own(r), msg.arrays[0], r,
+                                                  meta["e"])
+                    out, reply = (grad,), {"loss": loss}
+                elif cmd == "flush":
+                    compute.replica.sync()
+                    out, reply = (), {}
+                else:
+                    raise ValueError(f"unknown worker command {cmd!r}")
+            except Exception as exc:  # noqa: BLE001 - reported to the parent, then exit
+                sock.send_multipart(encode("error", (), {"error": f"{type(exc).__name__}: {exc}"}))
+                return
+            compute_s += time.perf_counter() - t0
+            reply["cs"] = compute_s
+            sock.send_multipart(encode(cmd, out, reply, copy=False), copy=False)
+    finally:
+        sock.close(0)
+        ctx.term()

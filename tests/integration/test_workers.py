@@ -1,0 +1,62 @@
+"""Worker handles: process and thread workers compute the same thing; a dead worker is an error."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parties.config import VflConfig
+from parties.model import ParameterServer, bottom_model, flat_params
+from parties.workers import ProcessWorker, ThreadWorker, WorkerFailed
+
+CFG = VflConfig(batch_size=32, embedding_dim=8, bottom_hidden=(16,), seed=1)
+
+
+def _setup(tmp_path: Path) -> tuple[np.ndarray, ParameterServer]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(100, 5)).astype(np.float32)
+    np.save(tmp_path / "x_train.npy", x)
+    ps = ParameterServer(flat_params([bottom_model(5, (16,), 8)]))
+    return x, ps
+
+
+async def test_process_worker_matches_thread_worker_and_syncs_with_the_ps(tmp_path: Path) -> None:
+    x, ps = _setup(tmp_path)
+    proc = ProcessWorker("passive", 0, CFG, tmp_path, ps)
+    thread = ThreadWorker("passive", CFG, x, None, ps)
+    await proc.start()
+    await thread.start()
+    try:
+        e_proc = await proc.forward(0, 1)
+        e_thread = await thread.forward(0, 1)
+        assert e_proc.shape == (32, 8) and e_proc.dtype == np.float32
+        np.testing.assert_allclose(e_proc, e_thread, atol=1e-6)
+        v0 = ps.version
+        await proc.backward(0, 1, np.ones((32, 8), np.float32))
+        assert ps.version == v0 + 1  # ΔT_0 = 1: every step is pushed to the PS
+        assert proc.compute_s > 0
+    finally:
+        await proc.close()
+        await thread.close()
+        await proc.close()  # idempotent
+
+
+async def test_dead_worker_process_raises_within_seconds(tmp_path: Path) -> None:
+    _, ps = _setup(tmp_path)
+    w = ProcessWorker("passive", 3, CFG, tmp_path, ps)
+    await w.start()
+    try:
+        assert w._proc is not None
+        os.kill(w._proc.pid, signal.SIGKILL)
+        t0 = time.perf_counter()
+        with pytest.raises(WorkerFailed) as ei:
+            await w.forward(0, 0)
+        assert time.perf_counter() - t0 < 5.0
+        assert ei.value.worker == 3
+    finally:
+        await w.close()
