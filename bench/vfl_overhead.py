@@ -19,8 +19,9 @@ invocation:
   same per-epoch order as our system (``parties.schedule.epoch_batches``) and
   the models are initialised from the same seeds, so its test AUC is directly
   comparable.
-* ``ours w=1`` / ``ours w=2`` - the real system via ``sim.launch.run_vfl``
-  (broker + two party processes, W workers per party).
+* ``ours_w{1,2}_{process,thread}`` - the real system via ``sim.launch.run_vfl``
+  (broker + two party processes, W workers per party, each worker a child
+  process (the default) or a thread of the party process).
 
 Why
 ---
@@ -28,7 +29,9 @@ Absolute timings on a shared, noisy 2-core machine mean little, so the
 reference runs in the same invocation, interleaved with ours, and the result
 is reported as a ratio of per-batch times (``overhead_ratio_w*`` = ours /
 lockstep). ``w=1`` isolates the cost of the machinery (broker hop, asyncio,
-thread hand-offs, PS syncs); ``w=2`` shows whether pipelining wins it back.
+worker hand-offs, PS syncs); ``w=2`` shows whether pipelining wins it back.
+Summary keys without a suffix are for process workers (the default); ``_thread``
+keys are for thread workers.
 
 Timing boundaries
 -----------------
@@ -314,14 +317,15 @@ def run_lockstep(epochs: int, timeout_s: float) -> dict[str, Any]:
     return res
 
 
-def run_ours(epochs: int, workers: int, timeout_s: float) -> dict[str, Any]:
-    """One run of our system (broker + two parties) with ``workers`` workers per party."""
+def run_ours(epochs: int, workers: int, timeout_s: float, mode: str) -> dict[str, Any]:
+    """One run of our system (broker + two parties) with ``workers`` workers per party,
+    as worker processes or threads (``mode``)."""
     from parties.config import VflConfig
     from sim.launch import run_vfl
 
     cfg = VflConfig(epochs=epochs, batch_size=BATCH, bottom_hidden=BOTTOM_HIDDEN,
                     embedding_dim=EMB_DIM, top_hidden=TOP_HIDDEN, w_active=workers,
-                    w_passive=workers)
+                    w_passive=workers, worker_mode=mode)
     with tempfile.TemporaryDirectory(prefix=f"vfl_ours_w{workers}_") as tmp:
         m = run_vfl(cfg, out=tmp, quiet=True, timeout_s=timeout_s).metrics
     act, pas = m["parties"]["active"], m["parties"].get("passive", {})
@@ -336,6 +340,8 @@ def run_ours(epochs: int, workers: int, timeout_s: float) -> dict[str, Any]:
         "cpu_util": {"active": act["cpu_util"], "passive": pas.get("cpu_util")},
         "wait_s_per_epoch": {"active": act["wait_s_per_epoch"],
                              "passive": pas.get("wait_s_per_epoch")},
+        "worker_parallelism": {"active": act.get("worker_parallelism"),
+                               "passive": pas.get("worker_parallelism")},
         "ps_pushes": act["ps_pushes"], "dropped_batches": m["dropped_batches"],
         "reassigned_batches": m["reassigned_batches"], "launch_wall_s": m["wall_s"],
         "history": m["history"],
@@ -375,11 +381,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # generous per-run deadline: start-up + data loading + ~0.5 s/epoch, times 10
     timeout_s = 120.0 + 30.0 * epochs
-    setups: list[tuple[str, Any]] = [
-        ("lockstep", lambda: run_lockstep(epochs, timeout_s)),
-        ("ours_w1", lambda: run_ours(epochs, 1, timeout_s)),
-        (f"ours_w{DEFAULT_W}", lambda: run_ours(epochs, DEFAULT_W, timeout_s)),
-    ]
+    setups: list[tuple[str, Any]] = [("lockstep", lambda: run_lockstep(epochs, timeout_s))]
+    for mode in ("process", "thread"):
+        for w in (1, DEFAULT_W):
+            setups.append((f"ours_w{w}_{mode}",
+                           lambda w=w, mode=mode: run_ours(epochs, w, timeout_s, mode)))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in setups}
     t_start = time.perf_counter()
     for rep in range(repeats):
@@ -389,35 +395,35 @@ def main(argv: list[str] | None = None) -> int:
             res = fn()
             res["repeat"] = rep
             runs[name].append(res)
-            print(f"  repeat {rep + 1}/{repeats}  {name:<9} {res['ms_per_batch']:6.3f} ms/batch"
+            print(f"  repeat {rep + 1}/{repeats}  {name:<16} {res['ms_per_batch']:6.3f} ms/batch"
                   f"  auc {res['test_auc']:.4f}", file=sys.stderr, flush=True)
 
     ref_ms = _median(runs["lockstep"], "ms_per_batch")
-    summary = {
-        "lockstep_ms_per_batch": ref_ms,
-        "ours_ms_per_batch_w1": _median(runs["ours_w1"], "ms_per_batch"),
-        "ours_ms_per_batch_w2": _median(runs[f"ours_w{DEFAULT_W}"], "ms_per_batch"),
-        "overhead_ratio_w1": _median(runs["ours_w1"], "ms_per_batch") / ref_ms,
-        "overhead_ratio_w2": _median(runs[f"ours_w{DEFAULT_W}"], "ms_per_batch") / ref_ms,
-        "lockstep_test_auc": _median(runs["lockstep"], "test_auc"),
-        "ours_test_auc_w2": _median(runs[f"ours_w{DEFAULT_W}"], "test_auc"),
-    }
+    summary = {"lockstep_ms_per_batch": ref_ms}
+    for mode in ("process", "thread"):
+        sfx = "" if mode == "process" else "_thread"  # process workers are the default
+        for w in (1, DEFAULT_W):
+            ms = _median(runs[f"ours_w{w}_{mode}"], "ms_per_batch")
+            summary[f"ours_ms_per_batch_w{w}{sfx}"] = ms
+            summary[f"overhead_ratio_w{w}{sfx}"] = ms / ref_ms
+    summary["lockstep_test_auc"] = _median(runs["lockstep"], "test_auc")
+    summary[f"ours_test_auc_w{DEFAULT_W}"] = _median(runs[f"ours_w{DEFAULT_W}_process"],
+                                                      "test_auc")
 
     n_batches = runs["lockstep"][0]["batches"] // epochs
     print(f"\nVFL per-batch overhead: {DATASET}, B={BATCH}, {n_batches} batches/epoch, "
           f"{epochs} epochs, median of {repeats} repeat(s), "
           f"{time.perf_counter() - t_start:.0f} s total")
-    print(f"{'setup':<12}{'epochs':>7}{'ms/batch':>10}{'samples/s':>12}{'test AUC':>10}"
-          f"{'ratio':>8}")
-    for name, label in (("lockstep", "lockstep"), ("ours_w1", "ours w=1"),
-                        (f"ours_w{DEFAULT_W}", f"ours w={DEFAULT_W}")):
+    print(f"{'setup':<20}{'epochs':>7}{'ms/batch':>10}{'samples/s':>12}{'test AUC':>10}"
+          f"{'ratio':>8}{'excl.eval':>11}")
+    for name, _ in setups:
         ms = _median(runs[name], "ms_per_batch")
-        print(f"{label:<12}{epochs:>7}{ms:>10.3f}{_median(runs[name], 'samples_per_s'):>12,.0f}"
-              f"{_median(runs[name], 'test_auc'):>10.4f}{ms / ref_ms:>8.2f}")
-    print("ratio = per-batch time / lockstep per-batch time (median over repeats). "
-          "ours excl. eval: " + ", ".join(
-              f"w={w} {_median(runs[f'ours_w{w}'], 'ms_per_batch_excl_eval'):.3f} ms"
-              for w in (1, DEFAULT_W)))
+        excl = (f"{_median(runs[name], 'ms_per_batch_excl_eval'):>11.3f}"
+                if "ms_per_batch_excl_eval" in runs[name][0] else f"{'':>11}")
+        print(f"{name:<20}{epochs:>7}{ms:>10.3f}{_median(runs[name], 'samples_per_s'):>12,.0f}"
+              f"{_median(runs[name], 'test_auc'):>10.4f}{ms / ref_ms:>8.2f}{excl}")
+    print("ratio = per-batch time / lockstep per-batch time (median over repeats); "
+          "excl.eval = ms/batch without the per-epoch test evaluation")
 
     if args.json:
         doc = {"summary": summary,

@@ -56,6 +56,7 @@ from parties.data import (
     validate_split,
     DataError,
 )
+from parties.preflight import resolve_columns
 from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost
 from parties.model import (
     ParameterServer,
@@ -127,33 +128,6 @@ class PartyData:
     dataset: str
 
 
-def preflight(cfg: VflConfig) -> None:
-    """Check the data and the column split before any process starts (fast, clear errors).
-
-    Raises:
-        parties.data.DataError: missing file, unknown column, bad split, one-class label.
-    """
-    frame, default_label = load_table(cfg.dataset)
-    label, active, passive = _columns(cfg, frame, default_label)
-    train_idx, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
-    encode_labels(frame[[label]], label, train_idx, test_idx)
-
-
-def _columns(cfg: VflConfig, frame: Any,
-             default_label: str | None) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
-    label = cfg.label or default_label
-    if not label:
-        raise DataError(f"dataset {cfg.dataset!r} needs a label column: set vfl.label")
-    if cfg.active_columns or cfg.passive_columns:
-        if not (cfg.active_columns and cfg.passive_columns):
-            raise DataError("set both vfl.active_columns and vfl.passive_columns, or neither")
-        active, passive = tuple(cfg.active_columns), tuple(cfg.passive_columns)
-    else:
-        active, passive = default_split(list(frame.columns), label)
-    validate_split(list(frame.columns), label, active, passive)
-    return label, active, passive
-
-
 def load_party_data(cfg: VflConfig, role: str) -> PartyData:
     """Load and encode this party's columns (and labels, for the active party).
 
@@ -161,7 +135,7 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
         parties.data.DataError: missing file, unknown column, bad split, one-class label.
     """
     frame, default_label = load_table(cfg.dataset)
-    label, active, passive = _columns(cfg, frame, default_label)
+    label, active, passive = resolve_columns(cfg, frame, default_label)
     train_idx, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
     mine = tuple(active if role == "active" else passive)
     feats = encode_party_features(frame, mine, train_idx, test_idx)

@@ -21,6 +21,7 @@ Both take batches by ``(epoch, batch_id)``; the row positions come from
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import time
@@ -327,6 +328,10 @@ def ensure_forkserver() -> None:
     forkserver.ensure_running()
 
 
+class _Stopped(Exception):
+    """The parent asked the worker to stop while it waited for the parameter server."""
+
+
 class _RemotePS:
     """The child's view of the parent's parameter server (blocking, over the PAIR socket)."""
 
@@ -335,6 +340,8 @@ class _RemotePS:
 
     def _params(self) -> torch.Tensor:
         msg = decode(self.sock.recv_multipart(copy=False))
+        if msg.topic == "stop":
+            raise _Stopped
         if msg.topic != "params":
             raise RuntimeError(f"expected params from the parameter server, got {msg.topic!r}")
         return torch.from_numpy(np.array(msg.arrays[0], dtype=np.float32))
@@ -360,54 +367,66 @@ def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], d
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     try:
-        x_train = np.load(Path(data_dir) / "x_train.npy")
-        y_train = np.load(Path(data_dir) / "y_train.npy") if role == "active" else None
-        compute = make_compute(role, cfg, x_train, y_train, _RemotePS(sock))
-        rows = _Rows(x_train.shape[0], cfg)
-        graphs: dict[int, torch.Tensor] = {}
-        compute_s = 0.0
-        sock.send_multipart(encode("ready"))
-        while True:
-            if not sock.poll(1000):
-                if os.getppid() != parent_pid:
-                    return  # orphaned: the party process is gone
-                continue
-            msg = decode(sock.recv_multipart(copy=False))
-            cmd, meta = msg.topic, msg.meta
-            t0 = time.perf_counter()
-            if cmd == "stop":
-                return
-            try:
-                if cmd == "forward":
-                    assert isinstance(compute, PassiveCompute)
-                    h, h_np = compute.forward(rows(meta["e"], meta["b"]))
-                    graphs[meta["b"]] = h
-                    out: tuple[Any, ...] = (h_np,)
-                    reply: dict[str, Any] = {}
-                elif cmd == "backward":
-                    assert isinstance(compute, PassiveCompute)
-                    compute.backward(graphs.pop(meta["b"]), msg.arrays[0], meta["e"])
-                    out, reply = (), {}
-                elif cmd == "discard":
-                    graphs.pop(meta["b"], None)
-                    out, reply = (), {}
-                elif cmd == "step":
-                    assert isinstance(compute, ActiveCompute)
-                    r = rows(meta["e"], meta["b"])
-                    loss, grad = compute.top_step(compute.forward_own(r), msg.arrays[0], r,
-                                                  meta["e"])
-                    out, reply = (grad,), {"loss": loss}
-                elif cmd == "flush":
-                    compute.replica.sync()
-                    out, reply = (), {}
-                else:
-                    raise ValueError(f"unknown worker command {cmd!r}")
-            except Exception as exc:  # noqa: BLE001 - reported to the parent, then exit
-                sock.send_multipart(encode("error", (), {"error": f"{type(exc).__name__}: {exc}"}))
-                return
-            compute_s += time.perf_counter() - t0
-            reply["cs"] = compute_s
-            sock.send_multipart(encode(cmd, out, reply, copy=False), copy=False)
+        _serve_worker(sock, role, cfg, data_dir, parent_pid)
+    except _Stopped:
+        pass
+    except Exception as exc:  # noqa: BLE001 - reported to the parent instead of a traceback
+        with contextlib.suppress(zmq.ZMQError):
+            sock.send_multipart(encode("error", (), {"error": f"{type(exc).__name__}: {exc}"}),
+                                zmq.NOBLOCK)
     finally:
         sock.close(0)
         ctx.term()
+
+
+def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
+                  parent_pid: int) -> None:
+    """Load data, build the compute, then answer requests until ``stop``."""
+    x_train = np.load(Path(data_dir) / "x_train.npy")
+    y_train = np.load(Path(data_dir) / "y_train.npy") if role == "active" else None
+    compute = make_compute(role, cfg, x_train, y_train, _RemotePS(sock))
+    rows = _Rows(x_train.shape[0], cfg)
+    graphs: dict[int, torch.Tensor] = {}
+    compute_s = 0.0
+    sock.send_multipart(encode("ready"))
+    while True:
+        if not sock.poll(1000):
+            if os.getppid() != parent_pid:
+                return  # orphaned: the party process is gone
+            continue
+        msg = decode(sock.recv_multipart(copy=False))
+        cmd, meta = msg.topic, msg.meta
+        t0 = time.perf_counter()
+        if cmd == "stop":
+            return
+        try:
+            if cmd == "forward":
+                assert isinstance(compute, PassiveCompute)
+                h, h_np = compute.forward(rows(meta["e"], meta["b"]))
+                graphs[meta["b"]] = h
+                out: tuple[Any, ...] = (h_np,)
+                reply: dict[str, Any] = {}
+            elif cmd == "backward":
+                assert isinstance(compute, PassiveCompute)
+                compute.backward(graphs.pop(meta["b"]), msg.arrays[0], meta["e"])
+                out, reply = (), {}
+            elif cmd == "discard":
+                graphs.pop(meta["b"], None)
+                out, reply = (), {}
+            elif cmd == "step":
+                assert isinstance(compute, ActiveCompute)
+                r = rows(meta["e"], meta["b"])
+                loss, grad = compute.top_step(compute.forward_own(r), msg.arrays[0], r,
+                                              meta["e"])
+                out, reply = (grad,), {"loss": loss}
+            elif cmd == "flush":
+                compute.replica.sync()
+                out, reply = (), {}
+            else:
+                raise ValueError(f"unknown worker command {cmd!r}")
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, then exit
+            sock.send_multipart(encode("error", (), {"error": f"{type(exc).__name__}: {exc}"}))
+            return
+        compute_s += time.perf_counter() - t0
+        reply["cs"] = compute_s
+        sock.send_multipart(encode(cmd, out, reply, copy=False), copy=False)

@@ -21,7 +21,7 @@ import orjson
 
 from parties.cli import ExitCode, write_json
 from parties.config import VflConfig, dump_vfl_config
-from parties.runtime import preflight
+from parties.preflight import preflight
 
 
 class LaunchError(RuntimeError):
@@ -116,7 +116,6 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         parties.data.DataError: the data or column split is invalid (checked first).
     """
     t0 = time.perf_counter()
-    preflight(cfg)  # data errors surface here, once, before any process starts
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     run_id = run_id or uuid.uuid4().hex[:8]
@@ -133,6 +132,10 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         for role in ("passive", "active"):
             extra = ["--quiet"] if (quiet or role == "passive") else []
             procs[role] = _spawn([sys.executable, "-m", "parties", role, *common, *extra])
+        # Check the data here while the parties start (they import torch meanwhile):
+        # a bad file or column is reported once, by us, and the children are stopped.
+        
+        preflight(cfg)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pending = {"active", "passive"}
         while pending:
