@@ -43,8 +43,10 @@ def load_broker_config(path: str | None, sets: Sequence[str], bind: str | None) 
     unknown = set(data) - {"broker"}
     if unknown:
         raise ConfigError(sorted(unknown)[0], "unknown section (expected [broker])")
-    data = deep_merge(data, parse_overrides(sets))
-    table = dict(data.get("broker", {}))
+    over = parse_overrides(sets)
+    flat = {k: v for k, v in over.items() if k != "broker"}  # --set sndhwm=... means broker.sndhwm
+    table = deep_merge(dict(data.get("broker", {})), over.get("broker", {}))
+    table = deep_merge(table, flat)
     if bind:
         table["bind"] = bind
     return from_mapping(BrokerConfig, table, section="broker")
@@ -86,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (ConfigError, InvalidAddress, BrokerUnreachable) as exc:
+    except (ConfigError, InvalidAddress) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokerUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3

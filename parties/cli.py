@@ -1,7 +1,8 @@
 """Entry point of one party process: ``python -m parties {active,passive} ...``.
 
-Exit codes: 0 success, 2 bad config or data, 3 broker unreachable,
-4 partner problem (not found, mismatched, lost).
+Exit codes: 0 success, 1 internal failure (a worker process died), 2 bad config,
+data or run directory, 3 broker unreachable, 4 partner problem (not found,
+mismatched, lost), 5 job timeout (``psfl vfl run --timeout-s``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from pubsub.errors import BrokerUnreachable
 from pubsub.logs import configure_logging
 from pubsub.runner import run as run_loop
 
-from parties.config import VflConfig, check_run_id, load_vfl_config
+from parties.config import VflConfig, check_run_id, dump_vfl_config, load_vfl_config
 from parties.data import DataError
-from parties.errors import VflError
-from parties.workers import WorkerFailed
+from parties.errors import VflError, WorkerFailed
 
 
 class ExitCode(IntEnum):
@@ -38,6 +38,7 @@ class ExitCode(IntEnum):
     BAD_INPUT = 2
     BROKER_UNREACHABLE = 3
     PARTNER = 4
+    TIMEOUT = 5
 
 
 def add_party_arguments(p: argparse.ArgumentParser) -> None:
@@ -111,8 +112,21 @@ def run_party(role: str, args: argparse.Namespace) -> int:
         print(f"{role} party interrupted", file=sys.stderr)
         return 130
     result["process_wall_s"] = time.perf_counter() - t0
+    result["wall_s"] = result["process_wall_s"]  # `psfl vfl run` replaces it with the job's
     if out is not None:
-        write_json(out / ("metrics.json" if role == "active" else "passive.json"), result)
+        path = out / ("metrics.json" if role == "active" else "passive.json")
+        write_json(path, result)
+        (out / "config.toml").write_text(dump_vfl_config(cfg))
+    if not args.quiet:
+        if role == "active":
+            auc = result.get("test_auc")
+            auc_s = f"{auc:.4f}" if isinstance(auc, float) else "undefined"
+            print(f"active party done: test_auc {auc_s}, {result['train_samples_per_s']:,.0f} "
+                  f"samples/s, wall {result['wall_s']:.1f} s"
+                  + (f"; metrics: {path}" if out is not None else ""), flush=True)
+        else:
+            print(f"passive party done: {result['batches']} batches, cpu_util "
+                  f"{result['cpu_util']:.2f}, wall {result['wall_s']:.1f} s", flush=True)
     return ExitCode.OK
 
 

@@ -105,6 +105,8 @@ class VflConfig:
                     "embedding_dim", "torch_threads", "eval_every"):
             if getattr(self, key) < 1:
                 raise bad(key, "must be >= 1")
+        if not 0 <= self.seed < 2**31:
+            raise bad("seed", "must be in 0 .. 2**31-1")
         if self.max_reassign < 0:
             raise bad("max_reassign", "must be >= 0")
         if not 0.0 < self.test_frac < 1.0:

@@ -54,3 +54,17 @@ class ConfigMismatch(VflError, ValueError):
         diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         detail = ", ".join(f"{k}: ours {mine.get(k)!r} vs theirs {theirs.get(k)!r}" for k in diff)
         super().__init__(f"the parties disagree on shared settings ({detail})")
+
+
+class WorkerFailed(VflError, RuntimeError):
+    """A worker process died or raised.
+
+    Attributes:
+        worker: the worker's index.
+        detail: what happened.
+    """
+
+    def __init__(self, worker: int, detail: str) -> None:
+        self.worker = worker
+        self.detail = detail
+        super().__init__(f"worker {worker} failed: {detail}")

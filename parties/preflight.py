@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from parties.config import VflConfig
 from parties.data import (
     DataError,
+    InvalidLabel,
     default_split,
     encode_labels,
     load_table,
@@ -19,12 +22,27 @@ def preflight(cfg: VflConfig) -> None:
     """Check the data and the column split before any process starts (fast, clear errors).
 
     Raises:
-        parties.data.DataError: missing file, unknown column, bad split, one-class label.
+        parties.data.DataError: missing file, unknown column, bad split, a label with one
+            class in the training split or in the test split.
     """
     frame, default_label = load_table(cfg.dataset)
     label, active, passive = resolve_columns(cfg, frame, default_label)
     train_idx, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
-    encode_labels(frame[[label]], label, train_idx, test_idx)
+    _, y_test, _ = encode_labels(frame[[label]], label, train_idx, test_idx)
+    check_test_labels(y_test, label)
+
+
+def check_test_labels(y_test: np.ndarray, label: str) -> None:
+    """Both classes must occur in the test split ``(n_test,)``, or test AUC is undefined.
+
+    Raises:
+        parties.data.InvalidLabel: a single class.
+    """
+    if len(np.unique(y_test)) < 2:
+        raise InvalidLabel(
+            f"the test split ({len(y_test)} rows) of label {label!r} has a single class, so "
+            "test AUC is undefined; use more rows, another seed or a larger test_frac"
+        )
 
 
 def resolve_columns(cfg: VflConfig, frame: Any,

@@ -56,7 +56,7 @@ from parties.data import (
     validate_split,
     DataError,
 )
-from parties.preflight import resolve_columns
+from parties.preflight import check_test_labels, resolve_columns
 from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost
 from parties.model import (
     ParameterServer,
@@ -142,6 +142,7 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
     y_train = y_test = None
     if role == "active":
         y_train, y_test, _pos = encode_labels(frame, label, train_idx, test_idx)
+        check_test_labels(y_test, label)
     return PartyData(
         x_train=feats.x_train, x_test=feats.x_test, y_train=y_train, y_test=y_test,
         columns=mine, n_rows=len(frame), dataset=cfg.dataset,
@@ -323,6 +324,12 @@ class Party:
                 continue
             theirs = msg.meta.get("shared", {})
             if theirs.get("digest") != mine["digest"]:
+                # keep saying who we are for a moment, so the partner fails too instead of
+                # waiting for its handshake deadline
+                for _ in range(10):
+                    bus.publish_nowait(t.hello(self.partner), (),
+                                       {"role": self.role, "seen": True, "shared": mine})
+                    await asyncio.sleep(0.05)
                 raise ConfigMismatch(mine, theirs)
             if not seen:
                 seen = True

@@ -39,25 +39,11 @@ from pubsub.codec import Message, decode, encode
 from pubsub.config import to_mapping
 
 from parties.config import VflConfig
-from parties.errors import VflError
+from parties.errors import WorkerFailed
 from parties.model import ActiveCompute, ParameterServer, PassiveCompute, bottom_model, top_model
 from parties.schedule import epoch_batches
 
 log = structlog.get_logger(__name__)
-
-
-class WorkerFailed(VflError, RuntimeError):
-    """A worker process died or raised.
-
-    Attributes:
-        worker: the worker's index.
-        detail: what happened.
-    """
-
-    def __init__(self, worker: int, detail: str) -> None:
-        self.worker = worker
-        self.detail = detail
-        super().__init__(f"worker {worker} failed: {detail}")
 
 
 class WorkerHandle(Protocol):

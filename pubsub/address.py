@@ -49,6 +49,17 @@ class BrokerAddress:
             raise InvalidAddress(address, f"port {port} out of range 0..65533 (PORT+2 must fit)")
         return cls(host=m.group("host"), port=port)
 
+    def for_connect(self) -> BrokerAddress:
+        """This address, checked as one a client can connect to.
+
+        Raises:
+            InvalidAddress: the host is a bind wildcard (``*``) or the port is 0.
+        """
+        if self.host == "*" or self.port == 0:
+            raise InvalidAddress(str(self), "a client needs the broker's real host and port "
+                                 "('*' and port 0 are only for binding)")
+        return self
+
     def __str__(self) -> str:
         return f"tcp://{self.host}:{self.port}"
 

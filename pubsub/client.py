@@ -174,7 +174,8 @@ class Bus:
         name: str = "client",
         config: BusConfig | None = None,
     ) -> None:
-        self.address = address if isinstance(address, BrokerAddress) else BrokerAddress.parse(address)
+        addr = address if isinstance(address, BrokerAddress) else BrokerAddress.parse(address)
+        self.address = addr.for_connect()
         self.config = config or BusConfig()
         self.name = name
         self.client_id = f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

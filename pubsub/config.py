@@ -112,8 +112,9 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             raise ConfigError(key, f"expected a string, got {value!r}")
         return value
     if origin is tuple:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, str):  # "a,b" or "[a,b]" (unquoted items) from --set
+            value = [v.strip().strip("'\"") for v in value.strip().strip("[]").split(",")
+                     if v.strip()]
         if not isinstance(value, list | tuple):
             raise ConfigError(key, f"expected a list, got {value!r}")
         args = typing.get_args(tp)

@@ -34,6 +34,7 @@ def control_request(
         ControlError: the broker answered ``ok: false``.
     """
     addr = address if isinstance(address, BrokerAddress) else BrokerAddress.parse(address)
+    addr = addr.for_connect()
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)

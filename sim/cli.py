@@ -18,7 +18,14 @@ def _vfl_run(args: argparse.Namespace) -> int:
     from parties.data import DataError
     from pubsub.config import ConfigError
 
-    from sim.launch import LaunchError, exit_code_of, run_vfl
+    from sim.launch import (
+        JobTimeout,
+        LaunchError,
+        OutDirError,
+        _Terminated,
+        exit_code_of,
+        run_vfl,
+    )
 
     extra = {}
     if getattr(args, "dataset", None):
@@ -32,7 +39,8 @@ def _vfl_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    print(f"PubSub-VFL: {cfg.dataset}, {cfg.epochs} epochs, B={cfg.batch_size}, "
+    print(f"PubSub-VFL: {cfg.dataset}, {cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}, "
+          f"B={cfg.batch_size}, "
           f"workers {cfg.w_active}+{cfg.w_passive}, out {args.out}", flush=True)
     try:
         res = run_vfl(cfg, args.out, broker=args.broker, run_id=args.run_id,
@@ -40,13 +48,21 @@ def _vfl_run(args: argparse.Namespace) -> int:
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_code_of(exc)
-    except DataError as exc:
+    except (DataError, OutDirError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    except JobTimeout as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.TIMEOUT
+    except _Terminated:
+        print("terminated: stopped the broker and both parties", file=sys.stderr)
+        return 143
     m = res.metrics
     pa = m["parties"]["active"]
     pp = m["parties"].get("passive", {})
-    print(f"test_auc {m['test_auc']:.4f}  wall {m['wall_s']:.1f} s (training {m['train_wall_s']:.1f} s)  "
+    auc = m["test_auc"]
+    auc_s = f"{auc:.4f}" if isinstance(auc, float) else "undefined"
+    print(f"test_auc {auc_s}  wall {m['wall_s']:.1f} s (training {m['train_wall_s']:.1f} s)  "
           f"{m['train_samples_per_s']:,.0f} samples/s")
     print(f"cpu_util active {pa['cpu_util']:.2f} passive {pp.get('cpu_util', float('nan')):.2f}  "
           f"broker bytes emb {m['broker_bytes']['emb']:,} grad {m['broker_bytes']['grad']:,}  "
@@ -117,9 +133,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (ConfigError, InvalidAddress, BrokerUnreachable) as exc:
+    except (ConfigError, InvalidAddress) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokerUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         return 130
 

@@ -7,7 +7,6 @@ has a deadline; children never outlive the launcher.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -22,6 +21,28 @@ import orjson
 from parties.cli import ExitCode, write_json
 from parties.config import VflConfig, dump_vfl_config
 from parties.preflight import preflight
+from pubsub.control import control_request
+
+
+class JobTimeout(RuntimeError):
+    """The job ran past ``timeout_s``; every child was stopped.
+
+    Attributes:
+        timeout_s: the limit, seconds.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        super().__init__(f"the job was still running after --timeout-s {timeout_s:g} s; "
+                         "stopped the broker and both parties")
+
+
+class OutDirError(OSError):
+    """The run directory cannot be created or written."""
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: stop the children and exit."""
 
 
 class LaunchError(RuntimeError):
@@ -113,20 +134,37 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
 
     Raises:
         LaunchError: a child failed (its code is carried; its stderr went to ours).
+        JobTimeout: ``timeout_s`` passed.
+        OutDirError: ``out`` cannot be created or written.
+        pubsub.BrokerUnreachable: ``broker`` was given and does not answer.
         parties.data.DataError: the data or column split is invalid (checked first).
     """
     t0 = time.perf_counter()
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        events = out / "events.jsonl"
+        events.write_text("")
+        (out / "metrics.json").unlink(missing_ok=True)
+        (out / "config.toml").write_text(dump_vfl_config(cfg))
+    except OSError as exc:
+        raise OutDirError(f"cannot use {str(out)!r} as the run directory: "
+                          f"{exc.strerror or exc}") from None
     run_id = run_id or uuid.uuid4().hex[:8]
-    events = out / "events.jsonl"
-    events.write_text("")
-    (out / "metrics.json").unlink(missing_ok=True)
-    (out / "config.toml").write_text(dump_vfl_config(cfg))
     procs: dict[str, subprocess.Popen[bytes]] = {}
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def _on_term(*_: Any) -> None:
+        raise _Terminated
+
+    if threading_main():
+        signal.signal(signal.SIGTERM, _on_term)
     try:
         if broker is None:
             procs["broker"], broker = start_broker(out, events)
+        else:
+            # fail fast, with one line, if nobody answers there
+            control_request(broker, "ping", timeout_s=cfg.connect_timeout_s)
         common = ["--config", str(out / "config.toml"), "--broker", broker, "--run-id", run_id,
                   "--out", str(out), "--events", str(events)]
         for role in ("passive", "active"):
@@ -134,7 +172,6 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
             procs[role] = _spawn([sys.executable, "-m", "parties", role, *common, *extra])
         # Check the data here while the parties start (they import torch meanwhile):
         # a bad file or column is reported once, by us, and the children are stopped.
-        
         preflight(cfg)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pending = {"active", "passive"}
@@ -149,18 +186,27 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
             if "broker" in procs and procs["broker"].poll() is not None:
                 raise LaunchError("broker", procs["broker"].returncode, "died during the run")
             if deadline is not None and time.monotonic() > deadline:
-                raise LaunchError(",".join(sorted(pending)), None,
-                                  f"still running after {timeout_s:.0f} s")
+                assert timeout_s is not None
+                raise JobTimeout(timeout_s)
             time.sleep(0.05)
     finally:
         for role in ("active", "passive", "broker"):
             if role in procs:
                 _stop(procs[role])
+        if threading_main():
+            signal.signal(signal.SIGTERM, previous)
     metrics = orjson.loads((out / "metrics.json").read_bytes())
     metrics["wall_s"] = time.perf_counter() - t0
     metrics["config"] = orjson.loads(orjson.dumps(_cfg_dict(cfg)))
     write_json(out / "metrics.json", metrics)
     return LaunchResult(metrics=metrics, out=out)
+
+
+def threading_main() -> bool:
+    """True in the main thread (only there may signal handlers be installed)."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def _cfg_dict(cfg: VflConfig) -> dict[str, Any]:
@@ -176,4 +222,5 @@ def exit_code_of(err: LaunchError) -> int:
     return int(ExitCode.FAILED)
 
 
-__all__ = ["LaunchError", "LaunchResult", "exit_code_of", "run_vfl", "start_broker", "os"]
+__all__ = ["JobTimeout", "LaunchError", "LaunchResult", "OutDirError", "exit_code_of", "run_vfl",
+           "start_broker"]

@@ -104,3 +104,30 @@ def test_unreachable_broker_fails_within_the_stated_timeout(tmp_path: Path) -> N
     elapsed = time.perf_counter() - t0
     _assert_clean_failure(res, 3, "no broker answered at tcp://127.0.0.1:9 within 2.0 s")
     assert elapsed < 30  # data loading + 2 s handshake deadline
+
+
+def test_out_that_is_a_file_is_a_clear_error(tmp_path: Path) -> None:
+    f = tmp_path / "afile"
+    f.write_text("x")
+    res = _psfl("vfl", "run", "--dataset", "bank", "--out", str(f))
+    _assert_clean_failure(res, 2, "run directory")
+
+
+def test_test_split_with_one_class_is_a_clear_error(bank_sample: Path, tmp_path: Path) -> None:
+    tiny = tmp_path / "tiny.csv"
+    pd.read_csv(bank_sample).head(10).to_csv(tiny, index=False)
+    res = _psfl("vfl", "run", "--dataset", str(tiny), "--set", "label=y", "--out",
+                str(tmp_path / "r"))
+    _assert_clean_failure(res, 2, "single class")
+
+
+@pytest.mark.parametrize("args", [
+    ["broker", "stats", "--broker", "tcp://*:47555"],
+    ["vfl", "party", "--role", "active", "--broker", "tcp://*:47555"],
+    ["broker", "run", "--bind", "tcp://127.0.0.1:0", "--set", "nosuch=1"],
+    ["vfl", "run", "--dataset", "bank", "--out", "x", "--set", "seed=-1"],
+])
+def test_more_bad_input_is_a_clear_error(args: list[str], tmp_path: Path) -> None:
+    res = subprocess.run([*PSFL, *args], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    _assert_clean_failure(res, 2)
