@@ -20,8 +20,8 @@ invocation:
   the models are initialised from the same seeds, so its test AUC is directly
   comparable.
 * ``ours_w{1,2}_{process,thread}`` - the real system via ``sim.launch.run_vfl``
-  (broker + two party processes, W workers per party, each worker a child
-  process (the default) or a thread of the party process).
+  (broker + two party processes, W workers per party, each worker a thread of
+  the party process (the default) or a child process).
 
 Why
 ---
@@ -30,8 +30,8 @@ reference runs in the same invocation, interleaved with ours, and the result
 is reported as a ratio of per-batch times (``overhead_ratio_w*`` = ours /
 lockstep). ``w=1`` isolates the cost of the machinery (broker hop, asyncio,
 worker hand-offs, PS syncs); ``w=2`` shows whether pipelining wins it back.
-Summary keys without a suffix are for process workers (the default); ``_thread``
-keys are for thread workers.
+Summary keys without a suffix are for thread workers (the default); ``_process``
+keys are for process workers.
 
 Timing boundaries
 -----------------
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     # generous per-run deadline: start-up + data loading + ~0.5 s/epoch, times 10
     timeout_s = 120.0 + 30.0 * epochs
     setups: list[tuple[str, Any]] = [("lockstep", lambda: run_lockstep(epochs, timeout_s))]
-    for mode in ("process", "thread"):
+    for mode in ("thread", "process"):
         for w in (1, DEFAULT_W):
             setups.append((f"ours_w{w}_{mode}",
                            lambda w=w, mode=mode: run_ours(epochs, w, timeout_s, mode)))
@@ -400,14 +400,14 @@ def main(argv: list[str] | None = None) -> int:
 
     ref_ms = _median(runs["lockstep"], "ms_per_batch")
     summary = {"lockstep_ms_per_batch": ref_ms}
-    for mode in ("process", "thread"):
-        sfx = "" if mode == "process" else "_thread"  # process workers are the default
+    for mode in ("thread", "process"):
+        sfx = "" if mode == "thread" else "_process"  # thread workers are the default
         for w in (1, DEFAULT_W):
             ms = _median(runs[f"ours_w{w}_{mode}"], "ms_per_batch")
             summary[f"ours_ms_per_batch_w{w}{sfx}"] = ms
             summary[f"overhead_ratio_w{w}{sfx}"] = ms / ref_ms
     summary["lockstep_test_auc"] = _median(runs["lockstep"], "test_auc")
-    summary[f"ours_test_auc_w{DEFAULT_W}"] = _median(runs[f"ours_w{DEFAULT_W}_process"],
+    summary[f"ours_test_auc_w{DEFAULT_W}"] = _median(runs[f"ours_w{DEFAULT_W}_thread"],
                                                       "test_auc")
 
     n_batches = runs["lockstep"][0]["batches"] // epochs

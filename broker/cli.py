@@ -11,9 +11,8 @@ from pathlib import Path
 import orjson
 import zmq
 
-from pubsub.address import InvalidAddress
+from pubsub.cli import run_guarded
 from pubsub.config import ConfigError, deep_merge, from_mapping, load_toml, parse_overrides
-from pubsub.errors import BrokerUnreachable
 from pubsub.logs import configure_logging
 
 from broker.proxy import Broker, BrokerConfig, request_stats
@@ -86,11 +85,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     add_subcommands(sub)
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except (ConfigError, InvalidAddress) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except BrokerUnreachable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
+    return run_guarded(lambda: args.func(args))

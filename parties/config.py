@@ -61,9 +61,10 @@ class VflConfig:
         eval_every: evaluate on the test split every this many epochs (and at the end).
         event_loop: ``"uvloop"`` or ``"asyncio"``.
         connect_timeout_s: broker handshake deadline, seconds.
-        worker_mode: ``"process"`` (one child process per worker, truly parallel) or
-            ``"thread"`` (threads of the party process; small models then share one core
-            through the GIL).
+        worker_mode: ``"thread"`` (workers are threads of the party process: cheap
+            hand-offs; torch kernels release the GIL, so compute-heavy models overlap,
+            but tiny ones serialise on it) or ``"process"`` (one child process per
+            worker: fully parallel, at the price of an IPC hop per step).
     """
 
     algo: str = "pubsub"
@@ -93,7 +94,7 @@ class VflConfig:
     eval_every: int = 1
     event_loop: str = "uvloop"
     connect_timeout_s: float = 10.0
-    worker_mode: str = "process"
+    worker_mode: str = "thread"
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> ConfigError:

@@ -416,14 +416,7 @@ class Party:
                               sched: EpochSchedule, cond: asyncio.Condition) -> None:
         worker = self._handles[k]
         loop = asyncio.get_running_loop()
-        while True:
-            task = sched.take()
-            if task is None:
-                if sched.done:
-                    return
-                async with cond:
-                    await cond.wait_for(lambda: bool(sched.pending) or sched.done)
-                continue
+        while (task := await self._next_task(sched, cond)) is not None:
             b, attempt = task
             rows = batches[b]
             h_np = await worker.forward(epoch, b)
@@ -456,6 +449,17 @@ class Party:
                 self.c.samples += len(rows)
             async with cond:
                 cond.notify_all()
+
+    @staticmethod
+    async def _next_task(sched: EpochSchedule, cond: asyncio.Condition) -> tuple[int, int] | None:
+        """The next ``(batch_id, attempt)`` of the epoch, waiting while others are in flight
+        (they may fail and be reassigned); None when the epoch is over."""
+        while True:
+            task = sched.take()
+            if task is not None or sched.done:
+                return task
+            async with cond:
+                await cond.wait_for(lambda: bool(sched.pending) or sched.done)
 
     def _count_miss(self, reassigned: bool, b: int, epoch: int, what: str) -> None:
         self.c.dropped += 1
@@ -526,14 +530,7 @@ class Party:
             e = m.meta.get("e", -1)
             return 1 if e == epoch else (0 if e < epoch else -1)
 
-        while True:
-            task = sched.take()
-            if task is None:
-                if sched.done:
-                    return
-                async with cond:
-                    await cond.wait_for(lambda: bool(sched.pending) or sched.done)
-                continue
+        while (task := await self._next_task(sched, cond)) is not None:
             b, attempt = task
             rows = batches[b]
             msg = await self._wait(bus, self.topics.emb(b), loop.time() + self.cfg.t_ddl_s,

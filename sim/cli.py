@@ -125,22 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``psfl``."""
     from broker.cli import main as _unused  # noqa: F401  (import errors surface early)
-    from pubsub.address import InvalidAddress
-    from pubsub.config import ConfigError
-    from pubsub.errors import BrokerUnreachable
+    from pubsub.cli import run_guarded
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except (ConfigError, InvalidAddress) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except BrokerUnreachable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
-    except KeyboardInterrupt:
-        return 130
+    return run_guarded(lambda: args.func(args))
 
 
 if __name__ == "__main__":

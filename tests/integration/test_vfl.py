@@ -30,14 +30,16 @@ def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("worker_mode", ["thread", "process"])
+def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path,
+                                             worker_mode: str) -> None:
     out = tmp_path / "run"
     out.mkdir()
     (out / "stale.txt").write_text("an existing, non-empty --out directory is fine")
     epochs, d = 3, 16
     res = _psfl("vfl", "run", "--dataset", str(bank_sample), "--out", str(out),
                 "--set", "label=y", "--set", f"epochs={epochs}", "--set", f"embedding_dim={d}",
-                "--set", "batch_size=128")
+                "--set", "batch_size=128", "--set", f"worker_mode={worker_mode}")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Traceback" not in res.stderr
     m = orjson.loads((out / "metrics.json").read_bytes())
@@ -45,6 +47,7 @@ def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path) -
                 "bytes_sent", "broker_bytes", "dropped_batches", "reassigned_batches"):
         assert key in m, key
     assert m["epochs"] == epochs and m["algo"] == "pubsub"
+    assert m["parties"]["active"]["worker_mode"] == worker_mode
     assert 0.75 < m["test_auc"] <= 1.0
     for role in ("active", "passive"):
         p = m["parties"][role]
