@@ -66,6 +66,11 @@ class BusConfig:
         topic_max_bytes: per-topic buffer bound, bytes.
         total_max_bytes: bound over all topic buffers together, bytes.
         drain_burst: most messages drained per wake-up before yielding to the loop.
+        heartbeat_interval_s: period of the broker keepalive probe (0 disables it).
+        broker_timeout_s: no probe back for this long marks the broker lost
+            (``bus.broker_lost`` is logged once; ``bus.broker_recovered`` when probes
+            return). ZeroMQ reconnects and re-sends subscriptions by itself; the
+            keepalive is how the application learns of the outage and the recovery.
     """
 
     connect_timeout_s: float = 5.0
@@ -77,11 +82,16 @@ class BusConfig:
     topic_max_bytes: int = 64 << 20
     total_max_bytes: int = 1 << 30
     drain_burst: int = 512
+    heartbeat_interval_s: float = 0.5
+    broker_timeout_s: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "probe_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.heartbeat_interval_s < 0 or self.broker_timeout_s <= 0:
+            raise ValueError("heartbeat_interval_s must be >= 0 and broker_timeout_s > 0, got "
+                             f"{self.heartbeat_interval_s!r}, {self.broker_timeout_s!r}")
         if self.linger_s < 0:
             raise ValueError(f"linger_s must be >= 0, got {self.linger_s!r}")
         if self.total_max_bytes < self.topic_max_bytes:
@@ -104,6 +114,7 @@ class BusStats:
         rejected: malformed frames received (counted, not delivered).
         unsolicited: messages for topics no longer subscribed (dropped).
         gaps: messages missing according to per-(publisher, topic) sequence numbers.
+        broker_losses / broker_recoveries: keepalive outages seen and ended.
     """
 
     sent_msgs: dict[str, int] = field(default_factory=dict)
@@ -115,6 +126,8 @@ class BusStats:
     rejected: int = 0
     unsolicited: int = 0
     gaps: int = 0
+    broker_losses: int = 0
+    broker_recoveries: int = 0
 
     def copy(self) -> BusStats:
         """A deep copy."""
@@ -128,6 +141,8 @@ class BusStats:
             rejected=self.rejected,
             unsolicited=self.unsolicited,
             gaps=self.gaps,
+            broker_losses=self.broker_losses,
+            broker_recoveries=self.broker_recoveries,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -142,6 +157,8 @@ class BusStats:
             "rejected": self.rejected,
             "unsolicited": self.unsolicited,
             "gaps": self.gaps,
+            "broker_losses": self.broker_losses,
+            "broker_recoveries": self.broker_recoveries,
         }
 
 
@@ -204,6 +221,8 @@ class Bus:
         self._reject_episode = False
         self._closed = False
         self._connected = False
+        self._broker_ok = False
+        self._keepalive_task: asyncio.Task[None] | None = None
         self._log = log.bind(client=self.client_id)
 
     # ------------------------------------------------------------------ lifecycle
@@ -232,6 +251,7 @@ class Bus:
         pub = zmq.Socket(self._ctx, zmq.PUB)  # plain socket from the same context
         pub.setsockopt(zmq.LINGER, linger_ms)
         pub.setsockopt(zmq.SNDHWM, cfg.sndhwm)
+        pub.setsockopt(zmq.RCVHWM, 0)  # inbound subscriptions: never capped
         pub.connect(self.address.pub_endpoint)
         self._pub = pub
         sub = self._ctx.socket(zmq.SUB)
@@ -250,12 +270,20 @@ class Bus:
             await self.close()
             raise
         self._connected = True
+        self._broker_ok = True
+        if self.config.heartbeat_interval_s > 0:
+            self._keepalive_task = asyncio.create_task(self._keepalive(),
+                                                       name=f"bus-keepalive-{self.client_id}")
         self._log.debug("bus.connected", broker=str(self.address))
+
+    @property
+    def _probe_topic(self) -> str:
+        return f"{PROBE_CLASS}/probe/{self.client_id}"
 
     async def _handshake(self) -> None:
         cfg = self.config
-        probe = f"{PROBE_CLASS}/probe/{self.client_id}"
-        await self.subscribe(probe)
+        probe = self._probe_topic
+        await self.subscribe(probe, limits=BufferLimits(max_msgs=8, max_bytes=1 << 16))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + cfg.connect_timeout_s
         try:
@@ -270,8 +298,42 @@ class Bus:
                 except DeadlineExceeded:
                     continue
         finally:
-            if not self._closed:
+            if not self._closed and self.config.heartbeat_interval_s == 0:
                 await self.unsubscribe(probe)
+
+    async def _keepalive(self) -> None:
+        """Probe the broker every ``heartbeat_interval_s``; report outages and recoveries."""
+        cfg = self.config
+        probe = self._probe_topic
+        loop = asyncio.get_running_loop()
+        last_ok = loop.time()
+        while True:
+            t0 = loop.time()
+            try:
+                self._send(probe, (), None, copy=True)
+            except zmq.ZMQError as exc:
+                self._log.warning("bus.keepalive_send_failed", error=repr(exc))
+            try:
+                await self.next(probe, timeout_s=cfg.heartbeat_interval_s)
+                while self.try_next(probe) is not None:  # late probes from an outage
+                    pass
+                last_ok = loop.time()
+                if not self._broker_ok:
+                    self._broker_ok = True
+                    self._stats.broker_recoveries += 1
+                    self._log.warning("bus.broker_recovered", broker=str(self.address))
+            except DeadlineExceeded:
+                if self._broker_ok and loop.time() - last_ok > cfg.broker_timeout_s:
+                    self._broker_ok = False
+                    self._stats.broker_losses += 1
+                    self._log.warning("bus.broker_lost", broker=str(self.address),
+                                      silent_s=round(loop.time() - last_ok, 3))
+            await asyncio.sleep(max(0.0, cfg.heartbeat_interval_s - (loop.time() - t0)))
+
+    @property
+    def broker_ok(self) -> bool:
+        """False while the keepalive sees no probe come back through the broker."""
+        return self._broker_ok
 
     async def close(self) -> None:
         """Stop the reader, fail pending waiters with :class:`BusClosed`, close sockets.
@@ -281,6 +343,10 @@ class Bus:
         if self._closed:
             return
         self._closed = True
+        if self._keepalive_task is not None:
+            self._keepalive_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._keepalive_task
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
