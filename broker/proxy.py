@@ -51,6 +51,11 @@ class BrokerConfig:
         drain_burst: most messages forwarded per readable event before re-polling.
         validate: check envelope structure and header CRC (rejects malformed frames).
         stats_interval_s: period of the stats topic ``_broker/stats``; 0 disables it.
+        overflow: ``"drop"``: a subscriber whose queue holds ``sndhwm`` messages loses
+            new ones (libzmq drops them; subscribers see sequence gaps). ``"block"``:
+            the broker holds the message and stops reading from publishers until every
+            matching subscriber has room (XPUB_NODROP), so publishers feel backpressure.
+            Subscriptions, control requests and pings are still served while blocked.
     """
 
     bind: str = "tcp://127.0.0.1:5555"
@@ -61,8 +66,11 @@ class BrokerConfig:
     drain_burst: int = 1024
     validate: bool = True
     stats_interval_s: float = 1.0
+    overflow: str = "drop"
 
     def __post_init__(self) -> None:
+        if self.overflow not in ("drop", "block"):
+            raise ValueError(f"overflow must be 'drop' or 'block', got {self.overflow!r}")
         BrokerAddress.parse(self.bind)
         if self.poll_interval_s <= 0:
             raise ValueError(f"poll_interval_s must be > 0, got {self.poll_interval_s!r}")
@@ -82,6 +90,8 @@ class BrokerStats:
         subscriptions: distinct topics currently subscribed (as XPUB reports them).
         subscribe_events / unsubscribe_events: subscription frames seen.
         rejected: malformed messages dropped.
+        stalls / stalled_s: under ``block``, episodes (and seconds) spent waiting for a
+            slow subscriber.
         started_at: Unix time the broker started.
     """
 
@@ -95,6 +105,8 @@ class BrokerStats:
     subscribe_events: int = 0
     unsubscribe_events: int = 0
     rejected: int = 0
+    stalls: int = 0
+    stalled_s: float = 0.0
     started_at: float = field(default_factory=time.time)
 
     def as_dict(self) -> dict[str, Any]:
@@ -110,6 +122,8 @@ class BrokerStats:
             "subscribe_events": self.subscribe_events,
             "unsubscribe_events": self.unsubscribe_events,
             "rejected": self.rejected,
+            "stalls": self.stalls,
+            "stalled_s": self.stalled_s,
             "uptime_s": time.time() - self.started_at,
         }
 
@@ -158,6 +172,8 @@ class Broker:
         self._rep: zmq.Socket | None = None
         self.address: BrokerAddress | None = None
         self._closed = False
+        self._held: tuple[list[Any], str, int, bytes, int] | None = None
+        self._held_since = 0.0
 
     # ------------------------------------------------------------------ setup
     def bind(self) -> BrokerAddress:
@@ -206,6 +222,8 @@ class Broker:
         xsub.setsockopt(zmq.SNDHWM, 0)  # subscriptions upstream: never capped
         xpub.setsockopt(zmq.SNDHWM, cfg.sndhwm)
         xpub.setsockopt(zmq.RCVHWM, 0)  # subscriptions in: never capped
+        if cfg.overflow == "block":
+            xpub.setsockopt(zmq.XPUB_NODROP, 1)
         try:
             xsub.bind(addr.pub_endpoint)
             xpub.bind(addr.sub_endpoint)
@@ -237,13 +255,24 @@ class Broker:
         timeout_ms = int(cfg.poll_interval_s * 1000)
         burst = cfg.drain_burst
         next_stats = time.monotonic() + cfg.stats_interval_s if cfg.stats_interval_s > 0 else None
+        xsub_registered = True
         try:
             while not self._stop.is_set():
-                events = dict(poller.poll(timeout_ms))
+                # while a message is held (block policy), poll briefly and do not read
+                # publishers: their queues fill and they feel the backpressure
+                events = dict(poller.poll(1 if self._held is not None else timeout_ms))
                 if xpub in events:
                     self._pump_subscriptions(xpub, xsub, burst)
-                if xsub in events:
+                if self._held is not None:
+                    self._retry_held(xpub)
+                if self._held is None and not xsub_registered:
+                    poller.register(xsub, zmq.POLLIN)
+                    xsub_registered = True
+                if xsub in events and self._held is None:
                     self._pump_messages(xsub, xpub, burst)
+                if self._held is not None and xsub_registered:
+                    poller.unregister(xsub)
+                    xsub_registered = False
                 if rep in events:
                     self._serve_control(rep)
                 if next_stats is not None and time.monotonic() >= next_stats:
@@ -274,8 +303,7 @@ class Broker:
         st = self.stats
         validate = self.config.validate
         msgs_in, bytes_in = st.msgs_in, st.bytes_in
-        msgs_out, bytes_out = st.msgs_out, st.bytes_out
-        ns_msgs, ns_bytes = st.namespace_msgs, st.namespace_bytes
+        block = self.config.overflow == "block"
         for _ in range(burst):
             try:
                 frames = xsub.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -296,15 +324,43 @@ class Broker:
                     if st.rejected == 1 or st.rejected % 1000 == 0:
                         log.warning("broker.frame_rejected", reason=reason, rejected=st.rejected)
                     continue
-            xpub.send_multipart(frames, copy=False)
-            msgs_out[cls] = msgs_out.get(cls, 0) + 1
-            bytes_out[cls] = bytes_out.get(cls, 0) + nbytes
-            slash2 = topic.find(b"/", slash + 1) if slash > 0 else -1
-            if slash2 > 0:
-                ns = topic[:slash2].decode("utf-8", "replace")
-                if ns in ns_msgs or len(ns_msgs) < _MAX_NAMESPACES:
-                    ns_msgs[ns] = ns_msgs.get(ns, 0) + 1
-                    ns_bytes[ns] = ns_bytes.get(ns, 0) + nbytes
+            if block:
+                try:
+                    xpub.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    self._held = (frames, cls, nbytes, topic, slash)
+                    self._held_since = time.monotonic()
+                    st.stalls += 1
+                    return
+            else:
+                xpub.send_multipart(frames, copy=False)
+            self._count_out(frames, cls, nbytes, topic, slash)
+
+    def _retry_held(self, xpub: zmq.Socket) -> None:
+        assert self._held is not None
+        frames, cls, nbytes, topic, slash = self._held
+        try:
+            xpub.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+        self._held = None
+        self.stats.stalled_s += time.monotonic() - self._held_since
+        self._count_out(frames, cls, nbytes, topic, slash)
+
+    def _count_out(self, frames: list[Any], cls: str, nbytes: int, topic: bytes,
+                   slash: int) -> None:
+        """Count one forwarded message by channel class and namespace."""
+        st = self.stats
+        msgs_out, bytes_out = st.msgs_out, st.bytes_out
+        ns_msgs, ns_bytes = st.namespace_msgs, st.namespace_bytes
+        msgs_out[cls] = msgs_out.get(cls, 0) + 1
+        bytes_out[cls] = bytes_out.get(cls, 0) + nbytes
+        slash2 = topic.find(b"/", slash + 1) if slash > 0 else -1
+        if slash2 > 0:
+            ns = topic[:slash2].decode("utf-8", "replace")
+            if ns in ns_msgs or len(ns_msgs) < _MAX_NAMESPACES:
+                ns_msgs[ns] = ns_msgs.get(ns, 0) + 1
+                ns_bytes[ns] = ns_bytes.get(ns, 0) + nbytes
 
     def _serve_control(self, rep: zmq.Socket) -> None:
         try:

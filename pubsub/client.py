@@ -44,7 +44,14 @@ import zmq.asyncio
 from pubsub.address import BrokerAddress
 from pubsub.buffer import BufferLimits, TopicBuffer
 from pubsub.codec import Message, decode, encode, topic_class, topic_frame, validate_topic
-from pubsub.errors import BrokerUnreachable, BusClosed, DeadlineExceeded, MalformedFrame
+from pubsub.errors import (
+    BrokerUnreachable,
+    BusClosed,
+    DeadlineExceeded,
+    MalformedFrame,
+    PublishTimeout,
+    PublishWouldBlock,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -66,11 +73,21 @@ class BusConfig:
         topic_max_bytes: per-topic buffer bound, bytes.
         total_max_bytes: bound over all topic buffers together, bytes.
         drain_burst: most messages drained per wake-up before yielding to the loop.
-        heartbeat_interval_s: period of the broker keepalive probe (0 disables it).
-        broker_timeout_s: no probe back for this long marks the broker lost
-            (``bus.broker_lost`` is logged once; ``bus.broker_recovered`` when probes
+        heartbeat_interval_s: period of the broker keepalive, a ping on the broker's
+            control socket, which never shares the data path (0 disables it).
+        broker_timeout_s: no ping answered for this long marks the broker lost
+            (``bus.broker_lost`` is logged once; ``bus.broker_recovered`` when pings
             return). ZeroMQ reconnects and re-sends subscriptions by itself; the
             keepalive is how the application learns of the outage and the recovery.
+        overflow: what happens when a receiver falls behind.
+            ``"drop"``: nothing waits; a full topic buffer evicts its oldest message
+            (counted in ``evicted``); messages ZeroMQ drops at a high-water mark on the
+            way show up as sequence ``gaps``.
+            ``"block"``: backpressure end to end: a full topic buffer pauses this
+            client's reader, the broker (run with ``overflow = "block"``) stops
+            forwarding, and publishers' :meth:`Bus.publish` waits (up to
+            ``publish_timeout_s``). Use the same policy on all clients and the broker.
+        publish_timeout_s: under ``block``, the most :meth:`Bus.publish` waits, seconds.
     """
 
     connect_timeout_s: float = 5.0
@@ -84,11 +101,17 @@ class BusConfig:
     drain_burst: int = 512
     heartbeat_interval_s: float = 0.5
     broker_timeout_s: float = 2.0
+    overflow: str = "drop"
+    publish_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "probe_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.overflow not in ("drop", "block"):
+            raise ValueError(f"overflow must be 'drop' or 'block', got {self.overflow!r}")
+        if not self.publish_timeout_s > 0:
+            raise ValueError(f"publish_timeout_s must be > 0, got {self.publish_timeout_s!r}")
         if self.heartbeat_interval_s < 0 or self.broker_timeout_s <= 0:
             raise ValueError("heartbeat_interval_s must be >= 0 and broker_timeout_s > 0, got "
                              f"{self.heartbeat_interval_s!r}, {self.broker_timeout_s!r}")
@@ -223,6 +246,10 @@ class Bus:
         self._connected = False
         self._broker_ok = False
         self._keepalive_task: asyncio.Task[None] | None = None
+        self._threadsafe_tail: asyncio.Future[None] | None = None
+        self._control: zmq.asyncio.Socket | None = None
+        self._paused: Message | None = None  # block policy: the message the reader holds
+        self._resume = asyncio.Event()
         self._log = log.bind(client=self.client_id)
 
     # ------------------------------------------------------------------ lifecycle
@@ -252,6 +279,8 @@ class Bus:
         pub.setsockopt(zmq.LINGER, linger_ms)
         pub.setsockopt(zmq.SNDHWM, cfg.sndhwm)
         pub.setsockopt(zmq.RCVHWM, 0)  # inbound subscriptions: never capped
+        if cfg.overflow == "block":
+            pub.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue is EAGAIN, not a silent drop
         pub.connect(self.address.pub_endpoint)
         self._pub = pub
         sub = self._ctx.socket(zmq.SUB)
@@ -298,37 +327,46 @@ class Bus:
                 except DeadlineExceeded:
                     continue
         finally:
-            if not self._closed and self.config.heartbeat_interval_s == 0:
+            if not self._closed:
                 await self.unsubscribe(probe)
 
     async def _keepalive(self) -> None:
-        """Probe the broker every ``heartbeat_interval_s``; report outages and recoveries."""
+        """Ping the broker's control socket every ``heartbeat_interval_s``; report outages
+        and recoveries. The ping never shares the data path, so backpressure under the
+        ``block`` policy is not mistaken for a dead broker."""
         cfg = self.config
-        probe = self._probe_topic
+        assert self._ctx is not None
+        req = self._ctx.socket(zmq.REQ)
+        req.setsockopt(zmq.LINGER, 0)
+        req.setsockopt(zmq.REQ_RELAXED, 1)  # may re-send after a lost reply
+        req.setsockopt(zmq.REQ_CORRELATE, 1)  # and ignore late replies to old pings
+        req.connect(self.address.control_endpoint)
+        self._control = req
         loop = asyncio.get_running_loop()
         last_ok = loop.time()
-        while True:
-            t0 = loop.time()
-            try:
-                self._send(probe, (), None, copy=True)
-            except zmq.ZMQError as exc:
-                self._log.warning("bus.keepalive_send_failed", error=repr(exc))
-            try:
-                await self.next(probe, timeout_s=cfg.heartbeat_interval_s)
-                while self.try_next(probe) is not None:  # late probes from an outage
-                    pass
-                last_ok = loop.time()
-                if not self._broker_ok:
-                    self._broker_ok = True
-                    self._stats.broker_recoveries += 1
-                    self._log.warning("bus.broker_recovered", broker=str(self.address))
-            except DeadlineExceeded:
-                if self._broker_ok and loop.time() - last_ok > cfg.broker_timeout_s:
+        ping = b'{"cmd":"ping"}'
+        try:
+            while True:
+                t0 = loop.time()
+                await req.send(ping)
+                answered = False
+                if await req.poll(int(cfg.heartbeat_interval_s * 1000), zmq.POLLIN):
+                    await req.recv()
+                    answered = True
+                if answered:
+                    last_ok = loop.time()
+                    if not self._broker_ok:
+                        self._broker_ok = True
+                        self._stats.broker_recoveries += 1
+                        self._log.warning("bus.broker_recovered", broker=str(self.address))
+                elif self._broker_ok and loop.time() - last_ok > cfg.broker_timeout_s:
                     self._broker_ok = False
                     self._stats.broker_losses += 1
                     self._log.warning("bus.broker_lost", broker=str(self.address),
                                       silent_s=round(loop.time() - last_ok, 3))
-            await asyncio.sleep(max(0.0, cfg.heartbeat_interval_s - (loop.time() - t0)))
+                await asyncio.sleep(max(0.0, cfg.heartbeat_interval_s - (loop.time() - t0)))
+        finally:
+            req.close(0)
 
     @property
     def broker_ok(self) -> bool:
@@ -473,8 +511,20 @@ class Bus:
         Raises:
             InvalidTopic, TypeError: bad topic, dtype or meta.
             BusClosed: closed client.
+            PublishTimeout: under the ``block`` policy, no room within ``publish_timeout_s``.
         """
-        return self._send(topic, arrays, meta, copy=copy)
+        if self.config.overflow == "drop":
+            return self._send(topic, arrays, meta, copy=copy)
+        frames, seq = self._encode(topic, arrays, meta, copy=copy)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.publish_timeout_s
+        pause = 0.0002
+        while not self._try_send(frames):
+            if loop.time() >= deadline:
+                raise PublishTimeout(topic, self.config.publish_timeout_s)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.01)
+        return self._account(topic, frames, seq)
 
     def publish_nowait(
         self,
@@ -484,7 +534,11 @@ class Bus:
         *,
         copy: bool = True,
     ) -> int:
-        """Synchronous :meth:`publish` for the event-loop thread (same arguments and errors)."""
+        """Synchronous :meth:`publish` for the event-loop thread (same arguments and errors).
+
+        Raises:
+            PublishWouldBlock: under the ``block`` policy, the send queue is full.
+        """
         return self._send(topic, arrays, meta, copy=copy)
 
     def publish_threadsafe(
@@ -503,24 +557,65 @@ class Bus:
         arrays = [np.array(a, copy=True) for a in arrays]
         meta = dict(meta) if meta else None
 
-        def _go() -> None:
+        async def _go() -> None:
+            try:
+                await self.publish(topic, arrays, meta, copy=False)
+            except Exception as exc:  # noqa: BLE001 - reported, loop must survive
+                self._log.warning("bus.publish_failed", topic=topic, error=repr(exc))
+
+        if self.config.overflow == "block":
+            # waits for room in order: the thread's messages are chained on one future
+            asyncio.run_coroutine_threadsafe(self._chain_threadsafe(_go), self._loop)
+            return
+
+        def _go_now() -> None:
             try:
                 self._send(topic, arrays, meta, copy=False)
             except Exception as exc:  # noqa: BLE001 - reported, loop must survive
                 self._log.warning("bus.publish_failed", topic=topic, error=repr(exc))
 
-        self._loop.call_soon_threadsafe(_go)
+        self._loop.call_soon_threadsafe(_go_now)
+
+    async def _chain_threadsafe(self, go: Any) -> None:
+        """Run thread-submitted publishes one after another (keeps their order under block)."""
+        prev = self._threadsafe_tail
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._threadsafe_tail = done
+        try:
+            if prev is not None:
+                await prev
+            await go()
+        finally:
+            done.set_result(None)
+
+    def _encode(self, topic: str, arrays: Sequence[Any], meta: Mapping[str, Any] | None, *,
+                copy: bool) -> tuple[list[Any], int]:
+        if self._closed or self._pub is None:
+            raise BusClosed(self.client_id)
+        seq = self._pub_seq.get(topic, 0) + 1
+        frames = encode(topic, arrays, meta, seq=seq, publisher=self.client_id, copy=copy)
+        self._pub_seq[topic] = seq  # a message that is never sent shows as a gap downstream
+        return frames, seq
+
+    def _try_send(self, frames: list[Any]) -> bool:
+        pub = self._pub
+        if self._closed or pub is None:
+            raise BusClosed(self.client_id)
+        try:
+            pub.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        return True
 
     def _send(
         self, topic: str, arrays: Sequence[Any], meta: Mapping[str, Any] | None, *, copy: bool
     ) -> int:
-        pub = self._pub
-        if self._closed or pub is None:
-            raise BusClosed(self.client_id)
-        seq = self._pub_seq.get(topic, 0) + 1
-        frames = encode(topic, arrays, meta, seq=seq, publisher=self.client_id, copy=copy)
-        self._pub_seq[topic] = seq
-        pub.send_multipart(frames, copy=False)
+        frames, seq = self._encode(topic, arrays, meta, copy=copy)
+        if not self._try_send(frames):
+            raise PublishWouldBlock(topic)
+        return self._account(topic, frames, seq)
+
+    def _account(self, topic: str, frames: list[Any], seq: int) -> int:
         nbytes = 0
         for f in frames:
             nbytes += f.nbytes if hasattr(f, "nbytes") else len(f)
@@ -554,11 +649,15 @@ class Bus:
             self._buffered_bytes -= n
             if not len(buf):
                 self._slow_topics.discard(topic)
+            if self._paused is not None:
+                self._unpause()
             return msg
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Message] = loop.create_future()
         dq = self._waiters.setdefault(topic, deque())
         dq.append(fut)
+        if self._paused is not None and self._paused.topic == topic:
+            self._unpause()  # block policy: the held message goes straight to this waiter
         try:
             async with asyncio.timeout(timeout_s):
                 return await asyncio.shield(fut)
@@ -590,7 +689,21 @@ class Bus:
             return None
         msg, n = buf.pop()
         self._buffered_bytes -= n
+        if self._paused is not None:
+            self._unpause()
         return msg
+
+    def _unpause(self) -> None:
+        """Block policy: place the held message if it fits now, and resume the reader."""
+        held = self._paused
+        if held is None:
+            return
+        dq = self._waiters.get(held.topic)
+        if not dq and not self._fits(held):
+            return
+        self._paused = None
+        self._resume.set()
+        self._deliver(held)
 
     def unget(self, msg: Message) -> None:
         """Put a message taken with :meth:`next` back at the head of its topic's buffer.
@@ -634,9 +747,14 @@ class Bus:
         noblock = zmq.NOBLOCK
         try:
             while True:
+                if self._paused is not None:  # block policy: wait for room, read nothing
+                    await self._resume.wait()
+                    continue
                 frames = await sub.recv_multipart(copy=False)
                 self._on_frames(frames)
                 for _ in range(burst):
+                    if self._paused is not None:
+                        break
                     try:
                         frames = sync.recv_multipart(noblock, copy=False)
                     except again:
@@ -676,7 +794,11 @@ class Bus:
         cls = topic_class(topic)
         st.recv_msgs[cls] = st.recv_msgs.get(cls, 0) + 1
         st.recv_bytes[cls] = st.recv_bytes.get(cls, 0) + msg.nbytes
-        dq = self._waiters.get(topic)
+        self._deliver(msg)
+
+    def _deliver(self, msg: Message) -> None:
+        """Hand ``msg`` to the oldest live waiter on its topic, else buffer it."""
+        dq = self._waiters.get(msg.topic)
         if dq:
             while dq:
                 fut = dq.popleft()
@@ -685,8 +807,30 @@ class Bus:
                     return
         self._buffer(msg)
 
+    def _fits(self, msg: Message) -> bool:
+        """Would ``msg`` enter its topic buffer without evicting (block policy)?"""
+        if self._buffered_bytes + msg.nbytes > self.config.total_max_bytes:
+            return False
+        buf = self._buffers.get(msg.topic)
+        if buf is None:
+            return True
+        lim = buf.limits
+        return len(buf) < lim.max_msgs and buf.nbytes + msg.nbytes <= lim.max_bytes
+
     def _buffer(self, msg: Message) -> None:
         topic = msg.topic
+        if self.config.overflow == "block" and not self._fits(msg):
+            lim = self._limits_for(topic)
+            if len(self._buffers.get(topic, ())) or msg.nbytes <= min(
+                    lim.max_bytes, self.config.total_max_bytes - self._buffered_bytes):
+                # hold it and pause the reader until the consumer makes room
+                self._paused = msg
+                self._resume.clear()
+                if topic not in self._slow_topics:
+                    self._slow_topics.add(topic)
+                    self._slow_episodes += 1
+                    self._log.warning("bus.slow_consumer", topic=topic, policy="block")
+                return
         if self._buffered_bytes + msg.nbytes > self.config.total_max_bytes:
             self._stats.overflow_dropped += 1
             if not self._overflow_episode:

@@ -91,3 +91,30 @@ class BusClosed(BusError, RuntimeError):
 
     def __init__(self, what: str = "bus") -> None:
         super().__init__(f"{what} is closed")
+
+
+class PublishTimeout(BusError, TimeoutError):
+    """Under the ``block`` overflow policy, a publish could not be queued in time.
+
+    Attributes:
+        topic: the topic.
+        timeout_s: how long the publisher waited, seconds.
+    """
+
+    def __init__(self, topic: str, timeout_s: float) -> None:
+        self.topic = topic
+        self.timeout_s = timeout_s
+        super().__init__(f"publish on {topic!r} blocked for {timeout_s:.3f} s "
+                         "(subscribers are not keeping up; overflow policy 'block')")
+
+
+class PublishWouldBlock(BusError, BlockingIOError):
+    """``publish_nowait`` under the ``block`` policy found the send queue full.
+
+    Attributes:
+        topic: the topic.
+    """
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        super().__init__(f"send queue full for {topic!r}; await publish() to wait for room")
