@@ -35,6 +35,7 @@ log = structlog.get_logger(__name__)
 
 _CRC = struct.Struct(">I")
 _MAX_NAMESPACES = 4096
+_MAX_SEQ_KEYS = 1 << 17
 STATS_TOPIC = "_broker/stats"
 
 
@@ -56,6 +57,9 @@ class BrokerConfig:
             the broker holds the message and stops reading from publishers until every
             matching subscriber has room (XPUB_NODROP), so publishers feel backpressure.
             Subscriptions, control requests and pings are still served while blocked.
+        max_message_bytes: larger messages are rejected (counted). With the HWMs this
+            bounds the broker's queued bytes per peer: about ``(sndhwm + rcvhwm) ×
+            max_message_bytes`` for one publisher and one subscriber.
     """
 
     bind: str = "tcp://127.0.0.1:5555"
@@ -67,6 +71,7 @@ class BrokerConfig:
     validate: bool = True
     stats_interval_s: float = 1.0
     overflow: str = "drop"
+    max_message_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         if self.overflow not in ("drop", "block"):
@@ -74,6 +79,8 @@ class BrokerConfig:
         BrokerAddress.parse(self.bind)
         if self.poll_interval_s <= 0:
             raise ValueError(f"poll_interval_s must be > 0, got {self.poll_interval_s!r}")
+        if self.max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes must be >= 1, got {self.max_message_bytes!r}")
         if self.drain_burst < 1:
             raise ValueError(f"drain_burst must be >= 1, got {self.drain_burst!r}")
 
@@ -92,6 +99,8 @@ class BrokerStats:
         rejected: malformed messages dropped.
         stalls / stalled_s: under ``block``, episodes (and seconds) spent waiting for a
             slow subscriber.
+        gaps / namespace_gaps: messages lost between publishers and the broker, from the
+            per-(publisher, topic) sequence numbers in envelope headers; by namespace.
         started_at: Unix time the broker started.
     """
 
@@ -107,6 +116,8 @@ class BrokerStats:
     rejected: int = 0
     stalls: int = 0
     stalled_s: float = 0.0
+    gaps: int = 0
+    namespace_gaps: dict[str, int] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
 
     def as_dict(self) -> dict[str, Any]:
@@ -123,6 +134,8 @@ class BrokerStats:
             "unsubscribe_events": self.unsubscribe_events,
             "rejected": self.rejected,
             "stalls": self.stalls,
+            "gaps": self.gaps,
+            "namespace_gaps": dict(self.namespace_gaps),
             "stalled_s": self.stalled_s,
             "uptime_s": time.time() - self.started_at,
         }
@@ -173,6 +186,7 @@ class Broker:
         self.address: BrokerAddress | None = None
         self._closed = False
         self._held: tuple[list[Any], str, int, bytes, int] | None = None
+        self._seqs: dict[tuple[bytes, bytes], int] = {}
         self._held_since = 0.0
 
     # ------------------------------------------------------------------ setup
@@ -304,6 +318,8 @@ class Broker:
         validate = self.config.validate
         msgs_in, bytes_in = st.msgs_in, st.bytes_in
         block = self.config.overflow == "block"
+        max_bytes = self.config.max_message_bytes
+        seqs = self._seqs
         for _ in range(burst):
             try:
                 frames = xsub.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -317,6 +333,10 @@ class Broker:
                 nbytes += len(f)
             msgs_in[cls] = msgs_in.get(cls, 0) + 1
             bytes_in[cls] = bytes_in.get(cls, 0) + nbytes
+            if nbytes > max_bytes:
+                st.rejected += 1
+                log.warning("broker.message_too_large", nbytes=nbytes, max_bytes=max_bytes)
+                continue
             if validate:
                 reason = check_envelope(frames)
                 if reason is not None:
@@ -324,6 +344,20 @@ class Broker:
                     if st.rejected == 1 or st.rejected % 1000 == 0:
                         log.warning("broker.frame_rejected", reason=reason, rejected=st.rejected)
                     continue
+                # sequence gaps per (publisher, topic): the header starts {"s":N,"p":"ID"
+                hb = frames[1].bytes
+                if hb[5:10] == b'{"s":':
+                    comma = hb.find(b",", 10)
+                    pend = hb.find(b'"', comma + 6)
+                    if comma > 0 and pend > 0:
+                        key = (hb[comma + 6:pend], topic)
+                        seq = int(hb[10:comma])
+                        last = seqs.get(key)
+                        if last is not None and seq > last + 1:
+                            self._count_gap(topic, slash, seq - last - 1)
+                        elif last is None and len(seqs) >= _MAX_SEQ_KEYS:
+                            seqs.clear()
+                        seqs[key] = seq
             if block:
                 try:
                     xpub.send_multipart(frames, zmq.NOBLOCK, copy=False)
@@ -335,6 +369,14 @@ class Broker:
             else:
                 xpub.send_multipart(frames, copy=False)
             self._count_out(frames, cls, nbytes, topic, slash)
+
+    def _count_gap(self, topic: bytes, slash: int, n: int) -> None:
+        st = self.stats
+        st.gaps += n
+        slash2 = topic.find(b"/", slash + 1) if slash > 0 else -1
+        ns = topic[:slash2].decode("utf-8", "replace") if slash2 > 0 else "other"
+        if ns in st.namespace_gaps or len(st.namespace_gaps) < _MAX_NAMESPACES:
+            st.namespace_gaps[ns] = st.namespace_gaps.get(ns, 0) + n
 
     def _retry_held(self, xpub: zmq.Socket) -> None:
         assert self._held is not None

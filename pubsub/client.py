@@ -138,6 +138,8 @@ class BusStats:
         unsolicited: messages for topics no longer subscribed (dropped).
         gaps: messages missing according to per-(publisher, topic) sequence numbers.
         broker_losses / broker_recoveries: keepalive outages seen and ended.
+        slow_episodes: times a topic buffer filled up (evicting under ``drop``, pausing
+            the reader under ``block``); logged once per episode.
     """
 
     sent_msgs: dict[str, int] = field(default_factory=dict)
@@ -151,6 +153,7 @@ class BusStats:
     gaps: int = 0
     broker_losses: int = 0
     broker_recoveries: int = 0
+    slow_episodes: int = 0
 
     def copy(self) -> BusStats:
         """A deep copy."""
@@ -166,6 +169,7 @@ class BusStats:
             gaps=self.gaps,
             broker_losses=self.broker_losses,
             broker_recoveries=self.broker_recoveries,
+            slow_episodes=self.slow_episodes,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -182,6 +186,7 @@ class BusStats:
             "gaps": self.gaps,
             "broker_losses": self.broker_losses,
             "broker_recoveries": self.broker_recoveries,
+            "slow_episodes": self.slow_episodes,
         }
 
 
@@ -239,7 +244,6 @@ class Bus:
         self._recv_seq: dict[tuple[str, str], int] = {}
         self._stats = BusStats()
         self._slow_topics: set[str] = set()  # topics in a slow-consumer episode
-        self._slow_episodes = 0
         self._overflow_episode = False
         self._reject_episode = False
         self._closed = False
@@ -828,7 +832,7 @@ class Bus:
                 self._resume.clear()
                 if topic not in self._slow_topics:
                     self._slow_topics.add(topic)
-                    self._slow_episodes += 1
+                    self._stats.slow_episodes += 1
                     self._log.warning("bus.slow_consumer", topic=topic, policy="block")
                 return
         if self._buffered_bytes + msg.nbytes > self.config.total_max_bytes:
@@ -860,7 +864,7 @@ class Bus:
             self._stats.evicted += len(out)
             if topic not in self._slow_topics:
                 self._slow_topics.add(topic)
-                self._slow_episodes += 1
+                self._stats.slow_episodes += 1
                 self._log.warning(
                     "bus.slow_consumer", topic=topic, evicted=len(out), buffered=len(buf)
                 )

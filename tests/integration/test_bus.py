@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,3 +250,49 @@ async def test_broker_counts_bytes_by_channel(broker: BrokerProcess) -> None:
             await sub.next(f"cnt/runA/{b}", timeout_s=2.0)
         after = request_stats(broker.address)["namespace_bytes"]["cnt/runA"]
         assert after - before == sent
+
+
+async def test_broker_counts_sequence_gaps_per_namespace(broker: BrokerProcess) -> None:
+    addr = BrokerAddress.parse(broker.address)
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.PUB)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(addr.pub_endpoint)
+    try:
+        async with Bus(broker.address, name="s") as sub:
+            await sub.subscribe("gap/run/1")
+            for _ in range(100):  # until the raw PUB holds the subscription
+                raw.send_multipart(encode("gap/run/1", [], {"probe": 1}, seq=1, publisher="g"))
+                await asyncio.sleep(0.02)
+                if sub.try_next("gap/run/1") is not None:
+                    break
+            before = request_stats(broker.address)
+            for seq in (2, 3, 7, 8, 10):  # 4, 5, 6 and 9 never sent
+                raw.send_multipart(encode("gap/run/1", [], {}, seq=seq, publisher="g"))
+            for _ in range(5):
+                await sub.next("gap/run/1", timeout_s=2.0)
+            after = request_stats(broker.address)
+            assert after["gaps"] - before["gaps"] == 4
+            assert after["namespace_gaps"]["gap/run"] - before["namespace_gaps"].get(
+                "gap/run", 0) == 4
+            assert sub.stats().gaps == 4
+    finally:
+        raw.close(0)
+        ctx.term()
+
+
+async def test_broker_rejects_messages_over_its_size_bound(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path, "--set", "max_message_bytes=100000")
+    try:
+        async with Bus(b.address, name="p") as pub, Bus(b.address, name="s") as sub:
+            await sub.subscribe("big/x")
+            await _wait_subscribed(pub, sub, "big/x")
+            await pub.publish("big/x", [np.zeros(200_000, np.uint8)])
+            await pub.publish("big/x", [np.zeros(10, np.uint8)], {"small": True})
+            msg = await sub.next("big/x", timeout_s=2.0)
+            while not msg.meta.get("small"):
+                assert msg.arrays == () or msg.arrays[0].size < 200_000
+                msg = await sub.next("big/x", timeout_s=2.0)
+            assert request_stats(b.address)["rejected"] == 1
+    finally:
+        b.stop()

@@ -75,8 +75,9 @@ async def test_block_policy_delivers_every_message(blocking_broker: BrokerProces
         assert len(got) == N, f"{N - len(got)} lost under block"
         assert got == sorted(got) and sub.stats().gaps == 0
         assert sub.stats().evicted == 0 and sub.stats().overflow_dropped == 0
-        st = request_stats(addr)
-        assert st["stalls"] > 0  # the broker really held messages back
+        # backpressure really engaged: the reader paused (and the broker may have held)
+        assert sub.stats().slow_episodes > 0
+        assert request_stats(addr)["rejected"] == 0
         # liveness: control traffic and keepalive never stalled behind the data path
         assert watcher.broker_ok and pub.broker_ok and sub.broker_ok
         assert sub.stats().broker_losses == 0
