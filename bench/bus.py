@@ -124,6 +124,15 @@ OURS_PATHS = ["ours_uvloop", "ours_asyncio"]
 BASELINE = "raw_proxy"
 HEADLINE = "ours_uvloop"
 
+# Credit window: the publisher keeps at most this many unacknowledged messages in flight
+# (the receiver acks every window/4 messages on the control socket), so that no
+# high-water mark on the way can overflow; bounded in bytes too (memory).
+WINDOW_MSGS_OF_HWM = 0.5  # window = this fraction of the smallest HWM on the path ...
+WINDOW_BYTES = 256 << 20  # ... and at most this many payload bytes
+CREDIT_WAIT_S = 2.0  # no ack for this long: assume loss and move the window on
+CREDIT_POLL_S = 0.0005  # our (asyncio) publisher polls the control socket this often
+
+ACK = b"A"
 PROBE_EVERY_S = 0.01
 HANDSHAKE_TIMEOUT_S = 20.0  # a probe must come through within this
 PHASE_TIMEOUT_S = 90.0  # one size's transfer, from ready to the last message
@@ -188,10 +197,20 @@ def _ctrl_bind(zmq: Any, ctx: Any) -> tuple[Any, str]:
     return s, f"tcp://{HOST}:{port}"
 
 
-def _ctrl_recv(zmq: Any, ctrl: Any, timeout_s: float, what: str) -> dict[str, Any]:
-    if not ctrl.poll(int(timeout_s * 1000)):
-        raise BenchError(f"control: no {what} within {timeout_s} s")
-    return json.loads(ctrl.recv())
+def _ctrl_json(ctrl: Any, timeout_s: float, what: str) -> dict[str, Any]:
+    """Next JSON control message (credit acks in between are skipped)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not ctrl.poll(int(remaining * 1000) + 1):
+            raise BenchError(f"control: no {what} within {timeout_s} s")
+        m = ctrl.recv()
+        if m[:1] != ACK:
+            return json.loads(m)
+
+
+def _ack(ctrl: Any, count: int) -> None:
+    ctrl.send(ACK + count.to_bytes(8, "little"))
 
 
 def _rate(count: int, t_first: float | None, t_last: float | None) -> float:
@@ -264,7 +283,7 @@ def role_raw_thr_pub(cfg: dict[str, Any]) -> None:
     if cfg["path"] == "raw_proxy":
         pub.connect(go["xsub"])
     out = []
-    for k, (label, size, n) in enumerate(cfg["phases"]):
+    for k, (label, size, n, window) in enumerate(cfg["phases"]):
         payload = np.full(size, k + 1, dtype=np.uint8)
         zc = size >= ZERO_COPY_MIN
         probe = [b"p%d" % k, b""]
@@ -278,14 +297,27 @@ def role_raw_thr_pub(cfg: dict[str, Any]) -> None:
                     break
             if time.monotonic() > deadline:
                 raise BenchError(f"phase {label}: subscriber never saw a probe")
+        acked = stalls = credit_timeouts = 0
+        wait_ms = int(CREDIT_WAIT_S * 1000)
         t0 = time.perf_counter()
-        for _ in range(n):
+        for i in range(n):
+            if i - acked >= window:  # credit window full: wait for the receiver's ack
+                stalls += 1
+                while i - acked >= window:
+                    if not ctrl.poll(wait_ms):
+                        credit_timeouts += 1  # lost messages are never acked: move on
+                        acked = i - window + 1
+                        break
+                    m = ctrl.recv()
+                    if m[:1] == ACK:
+                        acked = max(acked, int.from_bytes(m[1:], "little"))
             pub.send_multipart([topic, payload], copy=not zc)
         t1 = time.perf_counter()
         ctrl.send(json.dumps({"done": k, "sent": n}).encode())
-        fin = _ctrl_recv(zmq, ctrl, PHASE_TIMEOUT_S + 10, "finished")
+        fin = _ctrl_json(ctrl, PHASE_TIMEOUT_S + 10, "finished")
         out.append({"size": label, "send_s": t1 - t0, "send_msgs_per_s": n / (t1 - t0),
-                    "receiver": fin.get("received")})
+                    "window": window, "credit_stalls": stalls,
+                    "credit_timeouts": credit_timeouts, "receiver": fin.get("received")})
     _emit("RESULT", {"phases": out})
     pub.close(linger=0)
     ctrl.close()
@@ -308,9 +340,10 @@ def role_raw_thr_sub(cfg: dict[str, Any]) -> None:
     again = zmq.Again
     perf = time.perf_counter
     out = []
-    for k, (label, size, n) in enumerate(cfg["phases"]):
+    for k, (label, size, n, window) in enumerate(cfg["phases"]):
         probe, topic = b"p%d" % k, b"d%d" % k
         copy = size < ZERO_COPY_MIN
+        ack_every = max(1, window // 4)
         deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
         while True:
             try:
@@ -348,8 +381,10 @@ def role_raw_thr_sub(cfg: dict[str, Any]) -> None:
                 t_first = now
             t_last = last_activity = now
             count += 1
+            if count % ack_every == 0:
+                _ack(ctrl, count)
         if done is None:
-            done = _ctrl_recv(zmq, ctrl, 30.0, "done")
+            done = _ctrl_json(ctrl, 30.0, "done")
         res = _phase_result(label, size, n, count, t_first, t_last, timed_out)
         ctrl.send(json.dumps({"finished": k, "received": count}).encode())
         out.append(res)
@@ -492,7 +527,7 @@ def role_ours_thr_pub(cfg: dict[str, Any]) -> None:
 
         out = []
         async with Bus(go["broker"], name="bench-pub") as bus:
-            for k, (label, size, n) in enumerate(cfg["phases"]):
+            for k, (label, size, n, window) in enumerate(cfg["phases"]):
                 arr = np.full(size, k + 1, dtype=np.uint8)
                 copy = size < ZERO_COPY_MIN  # large arrays: zero-copy, never mutated
                 probe, topic = f"bench/probe/{k}", f"bench/data/{k}"
@@ -505,9 +540,22 @@ def role_ours_thr_pub(cfg: dict[str, Any]) -> None:
                     if time.monotonic() > deadline:
                         raise BenchError(f"phase {label}: subscriber never saw a probe")
                 pub = bus.publish_nowait
-                would_block = 0
+                would_block = acked = stalls = credit_timeouts = 0
                 t0 = time.perf_counter()
                 for i in range(n):
+                    if i - acked >= window:  # credit window full: wait for the receiver's ack
+                        stalls += 1
+                        wait_until = time.monotonic() + CREDIT_WAIT_S
+                        while i - acked >= window:
+                            if ctrl.poll(0):
+                                m = ctrl.recv()
+                                if m[:1] == ACK:
+                                    acked = max(acked, int.from_bytes(m[1:], "little"))
+                            elif time.monotonic() > wait_until:
+                                credit_timeouts += 1
+                                acked = i - window + 1
+                            else:
+                                await asyncio.sleep(CREDIT_POLL_S)
                     while True:
                         try:
                             pub(topic, (arr,), None, copy=copy)
@@ -520,13 +568,20 @@ def role_ours_thr_pub(cfg: dict[str, Any]) -> None:
                 t1 = time.perf_counter()
                 ctrl.send(json.dumps({"done": k, "sent": n}).encode())
                 hard = time.monotonic() + PHASE_TIMEOUT_S + 10
-                while not ctrl.poll(0):
-                    if time.monotonic() > hard:
+                while True:
+                    if ctrl.poll(0):
+                        m = ctrl.recv()
+                        if m[:1] != ACK:
+                            fin = json.loads(m)
+                            break
+                    elif time.monotonic() > hard:
                         raise BenchError(f"phase {label}: subscriber never finished")
-                    await asyncio.sleep(0.005)
-                fin = json.loads(ctrl.recv())
+                    else:
+                        await asyncio.sleep(0.005)
                 out.append({"size": label, "send_s": t1 - t0, "send_msgs_per_s": n / (t1 - t0),
-                            "would_block": would_block, "receiver": fin.get("received")})
+                            "window": window, "credit_stalls": stalls,
+                            "credit_timeouts": credit_timeouts, "would_block": would_block,
+                            "receiver": fin.get("received")})
             stats = bus.stats().as_dict()
         return {"phases": out, "bus_stats": stats}
 
@@ -560,8 +615,9 @@ def role_ours_thr_sub(cfg: dict[str, Any]) -> None:
         poll_s = RECV_POLL_MS / 1000
         out = []
         async with Bus(go["broker"], name="bench-sub") as bus:
-            for k, (label, size, n) in enumerate(cfg["phases"]):
+            for k, (label, size, n, window) in enumerate(cfg["phases"]):
                 probe, topic = f"bench/probe/{k}", f"bench/data/{k}"
+                ack_every = max(1, window // 4)
                 await bus.subscribe(topic, limits=limits)
                 await bus.subscribe(probe)  # after the data topic: a probe proves both
                 try:
@@ -595,6 +651,8 @@ def role_ours_thr_sub(cfg: dict[str, Any]) -> None:
                         t_first = now
                     t_last = last_activity = now
                     count += 1
+                    if count % ack_every == 0:
+                        _ack(ctrl, count)
                 if done is None:
                     if not ctrl.poll(30_000):
                         raise BenchError(f"phase {label}: no done")
@@ -949,7 +1007,7 @@ def _median(xs: list[float]) -> float:
 def _thr_timeout(phases: list[Any]) -> float:
     # generous: the slowest plausible path at ~2 k msg/s for 64 B, ~300 msg/s at 1 MiB
     est = sum(3.0 + n / (2000 if size < 4096 else (1500 if size < (1 << 20) else 300))
-              for _, size, n in phases)
+              for _, size, n, _ in phases)
     return min(PHASE_TIMEOUT_S * len(phases), est + 20)
 
 
@@ -1064,8 +1122,9 @@ def print_tables(thr: dict[str, Any], rtt: dict[str, Any], runs: int, counts: di
                 if row["runs_ok"] < runs:
                     flag += f"  ({row['runs_ok']}/{runs} runs ok)"
                 load = _median([r["foreign_cores"] for r in row["runs"]])
+                dl = row["delivered_min"] * 100
                 print(f"  {path:<13} {label:>6} {row['msgs_per_s']:>11,.0f} "
-                      f"{row['mb_per_s']:>9,.1f} {row['delivered_min'] * 100:>9.1f}% "
+                      f"{row['mb_per_s']:>9,.1f} {dl:>9.{1 if dl >= 100 else 2}f}% "
                       f"{_fmt_ratio(row['ratio_vs_raw_proxy']):>7} {load:>5.2f}{flag}")
             print()
     if rtt:
@@ -1114,7 +1173,11 @@ def main(argv: list[str] | None = None) -> int:
     rtt_n = RTT_N_QUICK if args.quick else RTT_N_FULL
     warm = WARMUP_RTT_QUICK if args.quick else WARMUP_RTT_FULL
     sub_limits = None if args.default_limits else [SUB_MAX_MSGS, SUB_MAX_BYTES]
-    phases = [[label, size, counts[label]] for label, size in SIZES]
+    min_hwm = min(h for h in (bus_cfg.sndhwm, bus_cfg.rcvhwm, broker_cfg.sndhwm,
+                              broker_cfg.rcvhwm) if h > 0)
+    phases = [[label, size, counts[label],
+               max(16, min(int(min_hwm * WINDOW_MSGS_OF_HWM), WINDOW_BYTES // size))]
+              for label, size in SIZES]
     base = {
         "phases": phases, "rtt_n": rtt_n, "warmup": warm, "sub_limits": sub_limits,
         "bus_sndhwm": bus_cfg.sndhwm, "bus_rcvhwm": bus_cfg.rcvhwm,
@@ -1221,6 +1284,8 @@ def main(argv: list[str] | None = None) -> int:
                         "proxy_xpub_sndhwm": broker_cfg.sndhwm,
                         "note": "raw sockets use our BusConfig/BrokerConfig defaults"},
                 "zero_copy_from_bytes": ZERO_COPY_MIN,
+                "credit_window_msgs": {ph[0]: ph[3] for ph in phases},
+                "credit_ack_every": {ph[0]: max(1, ph[3] // 4) for ph in phases},
                 "ours_publisher_yield_every": YIELD_EVERY,
                 "ours_sub_topic_limits": (
                     {"max_msgs": sub_limits[0], "max_bytes": sub_limits[1]} if sub_limits
