@@ -71,6 +71,22 @@ def _vfl_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    """Run ``bench/NAME.py`` of this checkout with the remaining arguments."""
+    import subprocess
+    from pathlib import Path
+
+    bench_dir = Path(__file__).resolve().parents[1] / "bench"
+    script = bench_dir / f"{args.name}.py"
+    if not script.is_file():
+        names = sorted(p.stem for p in bench_dir.glob("*.py")) if bench_dir.is_dir() else []
+        print(f"error: no benchmark {args.name!r}"
+              + (f" (available: {', '.join(names)})" if names else
+                 " (benchmarks live in the source checkout's bench/ folder)"), file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, str(script), *args.rest])
+
+
 def _vfl_party(args: argparse.Namespace) -> int:
     from parties.cli import run_party
 
@@ -115,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     party.add_argument("--role", required=True, choices=["active", "passive"])
     add_party_arguments(party)
     party.set_defaults(func=_vfl_party)
+
+    bench = sub.add_parser("bench", help="run bench/NAME.py (e.g. psfl bench bus --quick)")
+    bench.add_argument("name", help="benchmark name: bus, vfl_overhead, soak_memory")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    bench.set_defaults(func=_bench)
 
     br = sub.add_parser("broker", help="the XSUB/XPUB broker")
     bsub = br.add_subparsers(dest="broker_command", required=True)

@@ -296,3 +296,24 @@ async def test_broker_rejects_messages_over_its_size_bound(tmp_path: Path) -> No
             assert request_stats(b.address)["rejected"] == 1
     finally:
         b.stop()
+
+
+async def test_mutating_a_published_array_never_corrupts_what_arrives(
+    broker: BrokerProcess,
+) -> None:
+    """Large arrays are copied on publish by default (copy=True), so the owner may reuse
+    its buffer at once; with copy=False ownership passes to the bus (zero-copy)."""
+    async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
+        await sub.subscribe("zc/1")
+        await _wait_subscribed(pub, sub, "zc/1")
+        while sub.try_next("zc/1") is not None:
+            pass
+        buf = np.zeros(1 << 20, np.float32)  # 4 MiB: far above the zero-copy threshold
+        for i in range(20):
+            buf[:] = i
+            await pub.publish("zc/1", [buf], {"i": i})
+            buf[:] = -1  # the owner scribbles over its buffer right away
+        for i in range(20):
+            m = await sub.next("zc/1", timeout_s=5.0)
+            a = m.arrays[0]
+            assert m.meta["i"] == i and a[0] == i and a[-1] == i and (a == i).all()
