@@ -28,7 +28,8 @@ import structlog
 import zmq
 
 from pubsub.address import BrokerAddress
-from pubsub.codec import encode
+from pubsub.codec import _small_bytes, encode
+from pubsub.wire import recv_envelope
 from pubsub.control import request_stats  # re-exported for callers of broker
 
 log = structlog.get_logger(__name__)
@@ -149,12 +150,10 @@ def check_envelope(frames: list[Any]) -> str | None:
     """
     if len(frames) < 2:
         return f"{len(frames)} frame(s), need topic and header"
-    t = frames[0]
-    tb = t.bytes if hasattr(t, "bytes") else bytes(t)
+    tb = _small_bytes(frames[0])
     if len(tb) < 2 or tb[-1] != 0:
         return "topic frame not NUL-terminated"
-    h = frames[1]
-    hb = h.buffer if hasattr(h, "buffer") else memoryview(h)
+    hb = _small_bytes(frames[1])
     if len(hb) < 5 or hb[0] != 1:
         return "bad header version or length"
     if zlib.crc32(hb[5:]) != _CRC.unpack_from(hb, 1)[0]:
@@ -322,10 +321,10 @@ class Broker:
         seqs = self._seqs
         for _ in range(burst):
             try:
-                frames = xsub.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_envelope(xsub, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            topic = frames[0].bytes
+            topic = frames[0]
             slash = topic.find(b"/")
             cls = (topic[:slash] if slash > 0 else topic.rstrip(b"\x00")).decode("utf-8", "replace")
             nbytes = 0
@@ -345,7 +344,7 @@ class Broker:
                         log.warning("broker.frame_rejected", reason=reason, rejected=st.rejected)
                     continue
                 # sequence gaps per (publisher, topic): the header starts {"s":N,"p":"ID"
-                hb = frames[1].bytes
+                hb = frames[1]
                 if hb[5:10] == b'{"s":':
                     comma = hb.find(b",", 10)
                     pend = hb.find(b'"', comma + 6)

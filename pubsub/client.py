@@ -44,6 +44,7 @@ import zmq.asyncio
 from pubsub.address import BrokerAddress
 from pubsub.buffer import BufferLimits, TopicBuffer
 from pubsub.codec import Message, decode, encode, topic_class, topic_frame, validate_topic
+from pubsub.wire import recv_envelope
 from pubsub.errors import (
     BrokerUnreachable,
     BusClosed,
@@ -251,7 +252,6 @@ class Bus:
         self._broker_ok = False
         self._keepalive_task: asyncio.Task[None] | None = None
         self._threadsafe_tail: asyncio.Future[None] | None = None
-        self._control: zmq.asyncio.Socket | None = None
         self._paused: Message | None = None  # block policy: the message the reader holds
         self._resume = asyncio.Event()
         self._log = log.bind(client=self.client_id)
@@ -339,24 +339,30 @@ class Bus:
         and recoveries. The ping never shares the data path, so backpressure under the
         ``block`` policy is not mistaken for a dead broker."""
         cfg = self.config
-        assert self._ctx is not None
-        req = self._ctx.socket(zmq.REQ)
-        req.setsockopt(zmq.LINGER, 0)
-        req.setsockopt(zmq.REQ_RELAXED, 1)  # may re-send after a lost reply
-        req.setsockopt(zmq.REQ_CORRELATE, 1)  # and ignore late replies to old pings
-        req.connect(self.address.control_endpoint)
-        self._control = req
         loop = asyncio.get_running_loop()
         last_ok = loop.time()
         ping = b'{"cmd":"ping"}'
+        req = None
         try:
             while True:
                 t0 = loop.time()
+                if req is None:
+                    # a fresh REQ socket after any unanswered ping: no stale state machine
+                    assert self._ctx is not None
+                    req = self._ctx.socket(zmq.REQ)
+                    req.setsockopt(zmq.LINGER, 0)
+                    req.connect(self.address.control_endpoint)
                 await req.send(ping)
                 answered = False
                 if await req.poll(int(cfg.heartbeat_interval_s * 1000), zmq.POLLIN):
-                    await req.recv()
-                    answered = True
+                    try:
+                        await req.recv(zmq.NOBLOCK)
+                        answered = True
+                    except zmq.Again:
+                        pass
+                if not answered:
+                    req.close(0)
+                    req = None
                 if answered:
                     last_ok = loop.time()
                     if not self._broker_ok:
@@ -370,7 +376,8 @@ class Bus:
                                       silent_s=round(loop.time() - last_ok, 3))
                 await asyncio.sleep(max(0.0, cfg.heartbeat_interval_s - (loop.time() - t0)))
         finally:
-            req.close(0)
+            if req is not None:
+                req.close(0)
 
     @property
     def broker_ok(self) -> bool:
@@ -754,13 +761,14 @@ class Bus:
                 if self._paused is not None:  # block policy: wait for room, read nothing
                     await self._resume.wait()
                     continue
-                frames = await sub.recv_multipart(copy=False)
-                self._on_frames(frames)
+                # wait (without consuming) until readable, then drain synchronously:
+                # one Future per wake-up instead of one per message
+                await sub.poll(flags=zmq.POLLIN)
                 for _ in range(burst):
                     if self._paused is not None:
                         break
                     try:
-                        frames = sync.recv_multipart(noblock, copy=False)
+                        frames = recv_envelope(sync, noblock)
                     except again:
                         break
                     self._on_frames(frames)

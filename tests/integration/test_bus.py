@@ -76,7 +76,8 @@ async def test_deadline_expiry_raises_typed_error_quickly(broker: BrokerProcess)
 
 async def test_tight_deadlines_lose_no_message(broker: BrokerProcess) -> None:
     async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
-        await sub.subscribe("stream/1")
+        # a buffer big enough that only a deadline bug (not a slow, loaded consumer) can lose
+        await sub.subscribe("stream/1", limits=BufferLimits(max_msgs=1000, max_bytes=1 << 24))
         await _wait_subscribed(pub, sub, "stream/1")
         while sub.try_next("stream/1") is not None:
             pass
@@ -98,6 +99,7 @@ async def test_tight_deadlines_lose_no_message(broker: BrokerProcess) -> None:
                 continue
             seen.append(m.meta["i"])
         await task
+        assert sub.stats().evicted == 0
         assert seen == list(range(n))
 
 
