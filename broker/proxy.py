@@ -29,7 +29,7 @@ import zmq
 
 from pubsub.address import BrokerAddress
 from pubsub.codec import _small_bytes, encode
-from pubsub.wire import recv_envelope
+from pubsub.wire import recv_envelope, send_envelope
 from pubsub.control import request_stats  # re-exported for callers of broker
 
 log = structlog.get_logger(__name__)
@@ -319,9 +319,10 @@ class Broker:
         block = self.config.overflow == "block"
         max_bytes = self.config.max_message_bytes
         seqs = self._seqs
+        noblock = int(zmq.NOBLOCK)
         for _ in range(burst):
             try:
-                frames = recv_envelope(xsub, zmq.NOBLOCK)
+                frames = recv_envelope(xsub, noblock)
             except zmq.Again:
                 return
             topic = frames[0]
@@ -359,14 +360,14 @@ class Broker:
                         seqs[key] = seq
             if block:
                 try:
-                    xpub.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                    send_envelope(xpub, frames, noblock)
                 except zmq.Again:
                     self._held = (frames, cls, nbytes, topic, slash)
                     self._held_since = time.monotonic()
                     st.stalls += 1
                     return
             else:
-                xpub.send_multipart(frames, copy=False)
+                send_envelope(xpub, frames)
             self._count_out(frames, cls, nbytes, topic, slash)
 
     def _count_gap(self, topic: bytes, slash: int, n: int) -> None:
@@ -381,7 +382,7 @@ class Broker:
         assert self._held is not None
         frames, cls, nbytes, topic, slash = self._held
         try:
-            xpub.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            send_envelope(xpub, frames, zmq.NOBLOCK)
         except zmq.Again:
             return
         self._held = None

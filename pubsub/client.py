@@ -44,7 +44,7 @@ import zmq.asyncio
 from pubsub.address import BrokerAddress
 from pubsub.buffer import BufferLimits, TopicBuffer
 from pubsub.codec import Message, decode, encode, topic_class, topic_frame, validate_topic
-from pubsub.wire import recv_envelope
+from pubsub.wire import recv_envelope, send_envelope
 from pubsub.errors import (
     BrokerUnreachable,
     BusClosed,
@@ -57,6 +57,7 @@ from pubsub.errors import (
 log = structlog.get_logger(__name__)
 
 PROBE_CLASS = "_bus"
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -613,7 +614,7 @@ class Bus:
         if self._closed or pub is None:
             raise BusClosed(self.client_id)
         try:
-            pub.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            send_envelope(pub, frames, _NOBLOCK)
         except zmq.Again:
             return False
         return True
