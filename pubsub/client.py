@@ -195,6 +195,11 @@ class BusStats:
 _MAX_SEQ_KEYS = 1 << 16
 
 
+def _expire(fut: asyncio.Future[Message], topic: str, timeout_s: float) -> None:
+    if not fut.done():
+        fut.set_exception(DeadlineExceeded(topic, timeout_s))
+
+
 class Bus:
     """An asyncio bus client attached to one broker.
 
@@ -670,19 +675,17 @@ class Bus:
         dq.append(fut)
         if self._paused is not None and self._paused.topic == topic:
             self._unpause()  # block policy: the held message goes straight to this waiter
+        # A plain timer resolves the same future the reader resolves: whichever comes
+        # first wins, and a message handed over is never dropped by the deadline.
+        timer = loop.call_later(timeout_s, _expire, fut, topic, timeout_s)
         try:
-            async with asyncio.timeout(timeout_s):
-                return await asyncio.shield(fut)
-        except TimeoutError:
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                return fut.result()
-            raise DeadlineExceeded(topic, timeout_s) from None
+            return await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
-                msg = fut.result()
-                self._requeue_front(msg)
+                self._requeue_front(fut.result())  # handed over, then the caller was cancelled
             raise
         finally:
+            timer.cancel()
             if not fut.done():
                 fut.cancel()
             # identity scan: deque.remove would build an error message holding repr(fut)
