@@ -1102,7 +1102,7 @@ def aggregate(thr_runs: dict[str, list[dict[str, Any]]], rtt_runs: dict[str, lis
     thr: dict[str, Any] = {}
     for path in paths:
         thr[path] = {}
-        for label, size in SIZES:
+        for label, _size in SIZES:
             rows = [dict(ph, foreign_cores=run["load"]["foreign_cores"])
                     for run in thr_runs.get(path, []) for ph in run["thr_sub"]["phases"]
                     if ph["size"] == label]

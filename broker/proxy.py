@@ -29,8 +29,8 @@ import zmq
 
 from pubsub.address import BrokerAddress
 from pubsub.codec import _small_bytes, encode
+from pubsub.control import request_stats  # noqa: F401  (re-exported for callers of broker)
 from pubsub.wire import recv_envelope, send_envelope
-from pubsub.control import request_stats  # re-exported for callers of broker
 
 log = structlog.get_logger(__name__)
 

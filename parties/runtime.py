@@ -48,13 +48,10 @@ from pubsub.errors import BusError
 
 from parties.config import VflConfig
 from parties.data import (
-    default_split,
     encode_labels,
     encode_party_features,
     load_table,
     train_test_indices,
-    validate_split,
-    DataError,
 )
 from parties.preflight import check_test_labels, resolve_columns
 from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost
@@ -424,7 +421,7 @@ class Party:
             bus.publish_nowait(self.topics.emb(b), [h_np],
                                {"e": epoch, "b": b, "a": attempt, "u": uid}, copy=False)
 
-            def accept(m: Message, uid: str = uid) -> int:
+            def accept(m: Message, uid: str = uid, b: int = b) -> int:
                 if m.meta.get("u") == uid:
                     return 1
                 if m.meta.get("skip") and m.meta.get("e") == epoch and m.meta.get("b") == b:

@@ -64,7 +64,7 @@ async def test_block_policy_delivers_every_message(blocking_broker: BrokerProces
             pass
 
         async def produce() -> None:
-            for i in range(N):
+            for _ in range(N):
                 await pub.publish("bp/1", [], None)
 
         consumer = asyncio.create_task(_slow_consume(sub, "bp/1", until_idle_s=3.0))

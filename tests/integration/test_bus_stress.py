@@ -14,12 +14,11 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pubsub import Bus, BusConfig, DeadlineExceeded
+from pubsub import Bus, BusConfig
 from pubsub.address import BrokerAddress
 from pubsub.buffer import BufferLimits
 from pubsub.control import request_stats
