@@ -65,3 +65,36 @@ def raw_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProce
     b = BrokerProcess(tmp_path_factory.mktemp("rawbroker"), "--set", "broker.validate=false")
     yield b
     b.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves child processes (brokers, parties, workers) behind.
+
+    Module-scoped broker fixtures are exempt: they are children by design until their
+    module ends.
+    """
+    import psutil
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        extra = [p for p in me.children(recursive=True)
+                 if p.pid not in before and p.is_running()
+                 and p.status() != psutil.STATUS_ZOMBIE
+                 # multiprocessing's per-process singletons (fork server, resource
+                 # tracker) live as long as the test session, by design
+                 and "forkserver" not in " ".join(p.cmdline())
+                 and "resource_tracker" not in " ".join(p.cmdline())]
+        if not extra or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    module_brokers = {b.proc.pid for name in ("broker", "raw_broker", "blocking_broker",
+                                                 "dropping_broker")
+                      if name in request.fixturenames
+                      for b in [request.getfixturevalue(name)]}
+    leaked = [p for p in extra if p.pid not in module_brokers]
+    assert not leaked, "leaked child processes: " + ", ".join(
+        f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in leaked)
