@@ -28,6 +28,7 @@ from pubsub.runner import run as run_loop
 from parties.config import VflConfig, check_run_id, dump_vfl_config, load_vfl_config
 from parties.data import DataError
 from parties.errors import VflError, WorkerFailed
+from parties.report import format_metric
 
 
 class ExitCode(IntEnum):
@@ -119,9 +120,7 @@ def run_party(role: str, args: argparse.Namespace) -> int:
         (out / "config.toml").write_text(dump_vfl_config(cfg))
     if not args.quiet:
         if role == "active":
-            auc = result.get("test_auc")
-            auc_s = f"{auc:.4f}" if isinstance(auc, float) else "undefined"
-            print(f"active party done: test_auc {auc_s}, {result['train_samples_per_s']:,.0f} "
+            print(f"active party done: test_auc {format_metric(result.get('test_auc'))}, {result['train_samples_per_s']:,.0f} "
                   f"samples/s, wall {result['wall_s']:.1f} s"
                   + (f"; metrics: {path}" if out is not None else ""), flush=True)
         else:

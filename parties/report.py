@@ -7,6 +7,13 @@ from typing import Any
 from parties.config import VflConfig
 
 
+def format_metric(value: object) -> str:
+    """A test metric for one-line summaries: 4 decimals, or ``undefined`` (None/NaN)."""
+    if isinstance(value, float) and value == value:
+        return f"{value:.4f}"
+    return "undefined"
+
+
 def _sum_dicts(*ds: dict[str, int]) -> dict[str, int]:
     out: dict[str, int] = {}
     for d in ds:

@@ -29,12 +29,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 import shutil
 import tempfile
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import structlog
@@ -69,7 +69,6 @@ from parties.sysinfo import CpuMeter
 from parties.workers import ProcessWorker, ThreadWorker, WorkerHandle, ensure_forkserver
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 ROLES = ("active", "passive")
 
@@ -595,9 +594,3 @@ class Party:
             "n_features": int(self.data.x_train.shape[1]),
             "columns": list(self.data.columns),
         }
-
-
-async def close_quietly(aw: Awaitable[Any]) -> None:
-    """Await ``aw``, ignoring errors (used in shutdown paths)."""
-    with contextlib.suppress(Exception):
-        await aw

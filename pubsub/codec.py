@@ -253,8 +253,3 @@ def decode(frames: Sequence[Any]) -> Message:
     return Message(
         topic=topic, seq=seq, publisher=publisher, meta=meta, arrays=tuple(arrays), nbytes=nbytes
     )
-
-
-def frames_nbytes(frames: Sequence[Any]) -> int:
-    """Total bytes of encoded frames (as :func:`encode` returns them)."""
-    return sum(memoryview(f).nbytes for f in frames)

@@ -16,6 +16,7 @@ def _vfl_run(args: argparse.Namespace) -> int:
     from parties.cli import ExitCode
     from parties.config import check_run_id, load_vfl_config
     from parties.data import DataError
+    from parties.report import format_metric
     from pubsub.config import ConfigError
 
     from sim.launch import (
@@ -60,9 +61,7 @@ def _vfl_run(args: argparse.Namespace) -> int:
     m = res.metrics
     pa = m["parties"]["active"]
     pp = m["parties"].get("passive", {})
-    auc = m["test_auc"]
-    auc_s = f"{auc:.4f}" if isinstance(auc, float) else "undefined"
-    print(f"test_auc {auc_s}  wall {m['wall_s']:.1f} s (training {m['train_wall_s']:.1f} s)  "
+    print(f"test_auc {format_metric(m['test_auc'])}  wall {m['wall_s']:.1f} s (training {m['train_wall_s']:.1f} s)  "
           f"{m['train_samples_per_s']:,.0f} samples/s")
     print(f"cpu_util active {pa['cpu_util']:.2f} passive {pp.get('cpu_util', float('nan')):.2f}  "
           f"broker bytes emb {m['broker_bytes']['emb']:,} grad {m['broker_bytes']['grad']:,}  "
