@@ -284,6 +284,8 @@ def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
 
 def run_lockstep(epochs: int, timeout_s: float) -> dict[str, Any]:
     """One reference run in two child processes; returns the active party's result."""
+    from sim.launch import wait_children
+
     with tempfile.TemporaryDirectory(prefix="vfl_lockstep_") as tmp:
         result = Path(tmp) / "active.json"
         port = _free_port()
@@ -296,19 +298,8 @@ def run_lockstep(epochs: int, timeout_s: float) -> dict[str, Any]:
             procs["active"] = subprocess.Popen([*base, "--role", "active",
                                                 "--result", str(result)],
                                                stdout=subprocess.DEVNULL)
-            deadline = time.monotonic() + timeout_s
-            pending = set(procs)
-            while pending:
-                for role in sorted(pending):
-                    code = procs[role].poll()
-                    if code is None:
-                        continue
-                    pending.discard(role)
-                    if code != 0:
-                        raise RuntimeError(f"lockstep {role} party exited with code {code}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"lockstep run still going after {timeout_s:.0f} s")
-                time.sleep(0.02)
+            # raises LaunchError (a RuntimeError) on a failed party, JobTimeout on the deadline
+            wait_children(procs, timeout_s=timeout_s, poll_s=0.02)
         finally:
             _kill(list(procs.values()))
         res = json.loads(result.read_text())

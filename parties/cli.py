@@ -42,6 +42,24 @@ class ExitCode(IntEnum):
     TIMEOUT = 5
 
 
+#: Errors reported as one line, and the exit code each maps to (first match wins).
+_EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], ExitCode], ...] = (
+    ((ConfigError, DataError, InvalidAddress), ExitCode.BAD_INPUT),
+    ((BrokerUnreachable,), ExitCode.BROKER_UNREACHABLE),
+    ((WorkerFailed,), ExitCode.FAILED),
+    ((VflError,), ExitCode.PARTNER),
+)
+
+
+def exit_code_for(exc: BaseException) -> ExitCode | None:
+    """The exit code for an expected error (bad input, broker, partner, worker); None for
+    anything else, which should propagate as a bug."""
+    for types, code in _EXIT_CODES:
+        if isinstance(exc, types):
+            return code
+    return None
+
+
 def add_party_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by ``python -m parties ROLE`` and ``psfl vfl party``."""
     p.add_argument("--broker", required=True, help="broker base address tcp://HOST:PORT")
@@ -97,18 +115,12 @@ def run_party(role: str, args: argparse.Namespace) -> int:
 
         torch.set_num_threads(cfg.torch_threads)
         result = run_loop(_serve(role, cfg, args), event_loop=cfg.event_loop)
-    except (ConfigError, DataError, InvalidAddress) as exc:
+    except Exception as exc:
+        code = exit_code_for(exc)
+        if code is None:
+            raise
         print(f"error ({role} party): {exc}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
-    except BrokerUnreachable as exc:
-        print(f"error ({role} party): {exc}", file=sys.stderr)
-        return ExitCode.BROKER_UNREACHABLE
-    except WorkerFailed as exc:
-        print(f"error ({role} party): {exc}", file=sys.stderr)
-        return ExitCode.FAILED
-    except VflError as exc:
-        print(f"error ({role} party): {exc}", file=sys.stderr)
-        return ExitCode.PARTNER
+        return code
     except KeyboardInterrupt:
         print(f"{role} party interrupted", file=sys.stderr)
         return 130

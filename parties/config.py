@@ -125,17 +125,17 @@ class VflConfig:
         if self.worker_mode not in ("process", "thread"):
             raise bad("worker_mode", "must be 'process' or 'thread'")
 
-    def shared_digest(self, n_rows: int) -> str:
-        """Digest of the settings both parties must agree on (plus the row count).
-
-        Two parties whose digests differ refuse to train together.
-        """
-        shared = {
+    def shared_settings(self, n_rows: int) -> dict[str, Any]:
+        """The settings both parties must agree on, plus the table's row count, and their
+        ``digest``. Two parties whose digests differ refuse to train together."""
+        shared: dict[str, Any] = {
             "algo": self.algo, "n_rows": n_rows, "test_frac": self.test_frac, "seed": self.seed,
             "epochs": self.epochs, "batch_size": self.batch_size,
             "embedding_dim": self.embedding_dim, "eval_every": self.eval_every,
         }
-        return hashlib.sha256(orjson.dumps(shared, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+        shared["digest"] = hashlib.sha256(
+            orjson.dumps(shared, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+        return shared
 
 
 def load_vfl_config(

@@ -229,13 +229,6 @@ class Party:
         if self._data_dir is not None:
             shutil.rmtree(self._data_dir, ignore_errors=True)
 
-    def _shared(self) -> dict[str, Any]:
-        cfg = self.cfg
-        return {"digest": cfg.shared_digest(self.data.n_rows), "n_rows": self.data.n_rows,
-                "batch_size": cfg.batch_size, "epochs": cfg.epochs, "seed": cfg.seed,
-                "test_frac": cfg.test_frac, "embedding_dim": cfg.embedding_dim,
-                "algo": cfg.algo, "eval_every": cfg.eval_every}
-
     def _eval_epochs(self) -> list[int]:
         cfg = self.cfg
         return [e for e in range(cfg.epochs)
@@ -304,7 +297,7 @@ class Party:
     async def _handshake(self, bus: Bus) -> None:
         """Exchange hellos until each side has seen the other (PubSub slow-joiner guard)."""
         cfg, t = self.cfg, self.topics
-        mine = self._shared()
+        mine = cfg.shared_settings(self.data.n_rows)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + cfg.handshake_timeout_s
         seen = False

@@ -13,11 +13,9 @@ DEFAULT_DEMO_OUT = "runs/demo"
 
 
 def _vfl_run(args: argparse.Namespace) -> int:
-    from parties.cli import ExitCode
+    from parties.cli import ExitCode, exit_code_for
     from parties.config import check_run_id, load_vfl_config
-    from parties.data import DataError
     from parties.report import format_metric
-    from pubsub.config import ConfigError
 
     from sim.launch import (
         JobTimeout,
@@ -33,13 +31,9 @@ def _vfl_run(args: argparse.Namespace) -> int:
         extra["dataset"] = args.dataset
     if getattr(args, "algo", None):
         extra["algo"] = args.algo
-    try:
-        cfg = load_vfl_config(args.config, args.set, extra)
-        if args.run_id:
-            check_run_id(args.run_id)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
+    cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: run_guarded, exit 2
+    if args.run_id:
+        check_run_id(args.run_id)
     print(f"PubSub-VFL: {cfg.dataset}, {cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}, "
           f"B={cfg.batch_size}, "
           f"workers {cfg.w_active}+{cfg.w_passive}, out {args.out}", flush=True)
@@ -49,7 +43,7 @@ def _vfl_run(args: argparse.Namespace) -> int:
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_code_of(exc)
-    except (DataError, OutDirError) as exc:
+    except OutDirError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     except JobTimeout as exc:
@@ -58,6 +52,12 @@ def _vfl_run(args: argparse.Namespace) -> int:
     except _Terminated:
         print("terminated: stopped the broker and both parties", file=sys.stderr)
         return 143
+    except Exception as exc:
+        code = exit_code_for(exc)  # bad data found by the launcher's preflight, ...
+        if code is None:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return code
     m = res.metrics
     pa = m["parties"]["active"]
     pp = m["parties"].get("passive", {})

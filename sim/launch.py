@@ -21,6 +21,7 @@ import orjson
 from parties.cli import ExitCode, write_json
 from parties.config import VflConfig, dump_vfl_config
 from parties.preflight import preflight
+from pubsub.config import to_mapping
 from pubsub.control import control_request
 
 
@@ -173,22 +174,9 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         # Check the data here while the parties start (they import torch meanwhile):
         # a bad file or column is reported once, by us, and the children are stopped.
         preflight(cfg)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        pending = {"active", "passive"}
-        while pending:
-            for role in sorted(pending):
-                code = procs[role].poll()
-                if code is None:
-                    continue
-                pending.discard(role)
-                if code != 0:
-                    raise LaunchError(role, code)
-            if "broker" in procs and procs["broker"].poll() is not None:
-                raise LaunchError("broker", procs["broker"].returncode, "died during the run")
-            if deadline is not None and time.monotonic() > deadline:
-                assert timeout_s is not None
-                raise JobTimeout(timeout_s)
-            time.sleep(0.05)
+        wait_children({r: procs[r] for r in ("active", "passive")},
+                      watch={"broker": procs["broker"]} if "broker" in procs else None,
+                      timeout_s=timeout_s)
     finally:
         for role in ("active", "passive", "broker"):
             if role in procs:
@@ -197,9 +185,43 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
             signal.signal(signal.SIGTERM, previous)
     metrics = orjson.loads((out / "metrics.json").read_bytes())
     metrics["wall_s"] = time.perf_counter() - t0
-    metrics["config"] = orjson.loads(orjson.dumps(_cfg_dict(cfg)))
+    metrics["config"] = to_mapping(cfg)
     write_json(out / "metrics.json", metrics)
     return LaunchResult(metrics=metrics, out=out)
+
+
+def wait_children(procs: dict[str, subprocess.Popen[bytes]], *,
+                  watch: dict[str, subprocess.Popen[bytes]] | None = None,
+                  timeout_s: float | None = None, poll_s: float = 0.05) -> None:
+    """Wait until every process in ``procs`` has exited with code 0.
+
+    Args:
+        procs: role -> process; all must finish.
+        watch: role -> process that must stay alive meanwhile (e.g. the broker).
+        timeout_s: overall deadline, seconds (None: no limit).
+        poll_s: polling period, seconds.
+
+    Raises:
+        LaunchError: a process in ``procs`` exited non-zero, or one in ``watch`` exited.
+        JobTimeout: ``timeout_s`` passed first.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    pending = set(procs)
+    while pending:
+        for role in sorted(pending):
+            code = procs[role].poll()
+            if code is None:
+                continue
+            pending.discard(role)
+            if code != 0:
+                raise LaunchError(role, code)
+        for role, proc in (watch or {}).items():
+            if proc.poll() is not None:
+                raise LaunchError(role, proc.returncode, "died during the run")
+        if deadline is not None and time.monotonic() > deadline:
+            assert timeout_s is not None
+            raise JobTimeout(timeout_s)
+        time.sleep(poll_s)
 
 
 def threading_main() -> bool:
@@ -207,12 +229,6 @@ def threading_main() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-
-def _cfg_dict(cfg: VflConfig) -> dict[str, Any]:
-    from pubsub.config import to_mapping
-
-    return to_mapping(cfg)
 
 
 def exit_code_of(err: LaunchError) -> int:
@@ -223,4 +239,4 @@ def exit_code_of(err: LaunchError) -> int:
 
 
 __all__ = ["JobTimeout", "LaunchError", "LaunchResult", "OutDirError", "exit_code_of", "run_vfl",
-           "start_broker"]
+           "start_broker", "wait_children"]

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from hypothesis import settings
 
+import zmq
+
+from pubsub import Bus, DeadlineExceeded
+from pubsub.address import BrokerAddress
 from pubsub.logs import configure_logging
 
 configure_logging(stderr_level="warning")
@@ -98,3 +104,34 @@ def _no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     leaked = [p for p in extra if p.pid not in module_brokers]
     assert not leaked, "leaked child processes: " + ", ".join(
         f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in leaked)
+
+
+async def wait_subscribed(pub: Bus, sub: Bus, topic: str) -> None:
+    """Publish on ``topic`` until ``sub`` receives one (the subscription has reached the
+    publisher through the broker), then drain what the probing left in ``sub``'s buffer."""
+    for _ in range(200):
+        await pub.publish(topic, [], {})
+        try:
+            await sub.next(topic, timeout_s=0.02)
+        except DeadlineExceeded:
+            continue
+        await asyncio.sleep(0.01)
+        while sub.try_next(topic) is not None:
+            pass
+        return
+    raise AssertionError("subscription never propagated")
+
+
+@contextmanager
+def raw_publisher(address: str) -> Iterator[zmq.Socket]:
+    """A bare pyzmq PUB socket connected to a broker's publisher port (to send frames the
+    bus itself would never produce)."""
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.PUB)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(BrokerAddress.parse(address).pub_endpoint)
+    try:
+        yield raw
+    finally:
+        raw.close(0)
+        ctx.term()

@@ -8,23 +8,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zmq
 
 from pubsub import Bus, BusConfig, DeadlineExceeded
-from pubsub.address import BrokerAddress
 from pubsub.buffer import BufferLimits
 from pubsub.codec import encode
 from pubsub.control import request_stats
 from pubsub.errors import BrokerUnreachable, BusClosed
 
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, raw_publisher, wait_subscribed
 
 
 async def test_prefix_collision_emb_1_never_receives_emb_10(broker: BrokerProcess) -> None:
     async with Bus(broker.address, name="pub") as pub, Bus(broker.address, name="sub") as sub:
         await sub.subscribe("emb/1")
         await sub.subscribe("sync/x")
-        await _wait_subscribed(pub, sub, "sync/x")
+        await wait_subscribed(pub, sub, "sync/x")
         for topic in ("emb/10", "emb/1x", "emb/10/", "emb/1/", "emb/1"):
             await pub.publish(topic, [np.full(4, len(topic), np.float32)], {"t": topic})
         got = await sub.next("emb/1", timeout_s=2.0)
@@ -33,18 +31,6 @@ async def test_prefix_collision_emb_1_never_receives_emb_10(broker: BrokerProces
         assert sub.pending("emb/1") == 0
         st = sub.stats()
         assert st.recv_msgs.get("emb") == 1 and st.unsolicited == 0
-
-
-async def _wait_subscribed(pub: Bus, sub: Bus, topic: str) -> None:
-    """Publish on ``topic`` until ``sub`` receives one (subscription has propagated)."""
-    for _ in range(200):
-        await pub.publish(topic, [], {})
-        try:
-            await sub.next(topic, timeout_s=0.02)
-            return
-        except DeadlineExceeded:
-            continue
-    raise AssertionError("subscription never propagated")
 
 
 async def test_first_message_after_connect_is_delivered(broker: BrokerProcess) -> None:
@@ -78,9 +64,7 @@ async def test_tight_deadlines_lose_no_message(broker: BrokerProcess) -> None:
     async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
         # a buffer big enough that only a deadline bug (not a slow, loaded consumer) can lose
         await sub.subscribe("stream/1", limits=BufferLimits(max_msgs=1000, max_bytes=1 << 24))
-        await _wait_subscribed(pub, sub, "stream/1")
-        while sub.try_next("stream/1") is not None:
-            pass
+        await wait_subscribed(pub, sub, "stream/1")
         n = 500
 
         async def produce() -> None:
@@ -106,9 +90,7 @@ async def test_tight_deadlines_lose_no_message(broker: BrokerProcess) -> None:
 async def test_bounded_buffer_evicts_oldest_and_counts(broker: BrokerProcess) -> None:
     async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
         await sub.subscribe("evict/0", limits=BufferLimits(max_msgs=3, max_bytes=1 << 20))
-        await _wait_subscribed(pub, sub, "evict/0")
-        while sub.try_next("evict/0") is not None:
-            pass
+        await wait_subscribed(pub, sub, "evict/0")
         for i in range(10):
             await pub.publish("evict/0", [], {"i": i})
         await pub.publish("evict/0", [], {"i": "end"})
@@ -128,9 +110,7 @@ async def test_byte_bound_limits_buffered_bytes(broker: BrokerProcess) -> None:
     async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s",
                                                         config=cfg) as sub:
         await sub.subscribe("big/0")
-        await _wait_subscribed(pub, sub, "big/0")
-        while sub.try_next("big/0") is not None:
-            pass
+        await wait_subscribed(pub, sub, "big/0")
         for _ in range(6):
             await pub.publish("big/0", [np.zeros(100_000 // 4, np.float32)])
         await asyncio.sleep(0.3)
@@ -141,16 +121,11 @@ async def test_byte_bound_limits_buffered_bytes(broker: BrokerProcess) -> None:
 async def test_malformed_frame_is_rejected_and_subscriber_keeps_working(
     raw_broker: BrokerProcess,
 ) -> None:
-    addr = BrokerAddress.parse(raw_broker.address)
     async with Bus(raw_broker.address, name="s") as sub, Bus(raw_broker.address,
                                                              name="p") as pub:
         await sub.subscribe("bad/1")
-        await _wait_subscribed(pub, sub, "bad/1")
-        ctx = zmq.Context()
-        raw = ctx.socket(zmq.PUB)
-        raw.setsockopt(zmq.LINGER, 0)
-        raw.connect(addr.pub_endpoint)
-        try:
+        await wait_subscribed(pub, sub, "bad/1")
+        with raw_publisher(raw_broker.address) as raw:
             good = [bytes(memoryview(f)) for f in encode("bad/1", [np.ones(4, np.float32)])]
             bad_frames = [
                 [b"bad/1\x00"],  # no header
@@ -170,33 +145,21 @@ async def test_malformed_frame_is_rejected_and_subscriber_keeps_working(
             while not msg.meta.get("ok"):
                 msg = await sub.next("bad/1", timeout_s=2.0)
             np.testing.assert_array_equal(msg.arrays[0], np.arange(4, dtype=np.float32))
-        finally:
-            raw.close(0)
-            ctx.term()
 
 
 async def test_broker_rejects_and_counts_malformed_frames(broker: BrokerProcess) -> None:
-    addr = BrokerAddress.parse(broker.address)
     before = request_stats(broker.address)["rejected"]
-    ctx = zmq.Context()
-    raw = ctx.socket(zmq.PUB)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(addr.pub_endpoint)
-    sub = Bus(broker.address, name="s")
-    await sub.connect()
-    await sub.subscribe("x/1")  # a PUB socket sends only what someone subscribed to
-    try:
-        for _ in range(50):
-            raw.send_multipart([b"x/1\x00", b"\x01nope"])
-            await asyncio.sleep(0.02)
-            if request_stats(broker.address)["rejected"] > before:
-                break
+    # a PUB socket sends only what someone subscribed to
+    async with Bus(broker.address, name="s") as sub:
+        await sub.subscribe("x/1")
+        with raw_publisher(broker.address) as raw:
+            for _ in range(50):
+                raw.send_multipart([b"x/1\x00", b"\x01nope"])
+                await asyncio.sleep(0.02)
+                if request_stats(broker.address)["rejected"] > before:
+                    break
         assert request_stats(broker.address)["rejected"] > before
         assert sub.stats().recv_msgs.get("x", 0) == 0  # never forwarded
-    finally:
-        await sub.close()
-        raw.close(0)
-        ctx.term()
 
 
 async def test_unreachable_broker_fails_within_timeout() -> None:
@@ -227,9 +190,7 @@ async def test_close_is_idempotent_and_fails_waiters(broker: BrokerProcess) -> N
 async def test_cancelled_waiter_does_not_lose_the_message(broker: BrokerProcess) -> None:
     async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
         await sub.subscribe("c/1")
-        await _wait_subscribed(pub, sub, "c/1")
-        while sub.try_next("c/1") is not None:
-            pass
+        await wait_subscribed(pub, sub, "c/1")
         waiter = asyncio.create_task(sub.next("c/1", timeout_s=5.0))
         await asyncio.sleep(0.01)
         waiter.cancel()
@@ -243,7 +204,7 @@ async def test_cancelled_waiter_does_not_lose_the_message(broker: BrokerProcess)
 async def test_broker_counts_bytes_by_channel(broker: BrokerProcess) -> None:
     async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
         await sub.subscribe_prefix("cnt/runA/")
-        await _wait_subscribed(pub, sub, "cnt/runA/sync")
+        await wait_subscribed(pub, sub, "cnt/runA/sync")
         before = request_stats(broker.address)["namespace_bytes"].get("cnt/runA", 0)
         sent = 0
         for b in range(20):
@@ -255,12 +216,7 @@ async def test_broker_counts_bytes_by_channel(broker: BrokerProcess) -> None:
 
 
 async def test_broker_counts_sequence_gaps_per_namespace(broker: BrokerProcess) -> None:
-    addr = BrokerAddress.parse(broker.address)
-    ctx = zmq.Context()
-    raw = ctx.socket(zmq.PUB)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(addr.pub_endpoint)
-    try:
+    with raw_publisher(broker.address) as raw:
         async with Bus(broker.address, name="s") as sub:
             await sub.subscribe("gap/run/1")
             for _ in range(100):  # until the raw PUB holds the subscription
@@ -278,9 +234,6 @@ async def test_broker_counts_sequence_gaps_per_namespace(broker: BrokerProcess) 
             assert after["namespace_gaps"]["gap/run"] - before["namespace_gaps"].get(
                 "gap/run", 0) == 4
             assert sub.stats().gaps == 4
-    finally:
-        raw.close(0)
-        ctx.term()
 
 
 async def test_broker_rejects_messages_over_its_size_bound(tmp_path: Path) -> None:
@@ -288,7 +241,7 @@ async def test_broker_rejects_messages_over_its_size_bound(tmp_path: Path) -> No
     try:
         async with Bus(b.address, name="p") as pub, Bus(b.address, name="s") as sub:
             await sub.subscribe("big/x")
-            await _wait_subscribed(pub, sub, "big/x")
+            await wait_subscribed(pub, sub, "big/x")
             await pub.publish("big/x", [np.zeros(200_000, np.uint8)])
             await pub.publish("big/x", [np.zeros(10, np.uint8)], {"small": True})
             msg = await sub.next("big/x", timeout_s=2.0)
@@ -307,9 +260,7 @@ async def test_mutating_a_published_array_never_corrupts_what_arrives(
     its buffer at once; with copy=False ownership passes to the bus (zero-copy)."""
     async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
         await sub.subscribe("zc/1")
-        await _wait_subscribed(pub, sub, "zc/1")
-        while sub.try_next("zc/1") is not None:
-            pass
+        await wait_subscribed(pub, sub, "zc/1")
         buf = np.zeros(1 << 20, np.float32)  # 4 MiB: far above the zero-copy threshold
         for i in range(20):
             buf[:] = i

@@ -15,8 +15,7 @@ import pytest
 from pubsub import Bus, BusConfig, DeadlineExceeded
 from pubsub.control import request_stats
 
-from tests.conftest import BrokerProcess
-from tests.integration.test_bus import _wait_subscribed
+from tests.conftest import BrokerProcess, wait_subscribed
 
 N = 50_000
 SMALL_HWM = ["--set", "sndhwm=1000", "--set", "rcvhwm=1000"]
@@ -59,9 +58,7 @@ async def test_block_policy_delivers_every_message(blocking_broker: BrokerProces
     async with Bus(addr, name="p", config=cfg) as pub, Bus(addr, name="s", config=cfg) as sub, \
             Bus(addr, name="watch") as watcher:
         await sub.subscribe("bp/1")
-        await _wait_subscribed(pub, sub, "bp/1")
-        while sub.try_next("bp/1") is not None:
-            pass
+        await wait_subscribed(pub, sub, "bp/1")
 
         async def produce() -> None:
             for _ in range(N):
@@ -89,9 +86,7 @@ async def test_drop_policy_counts_every_loss(dropping_broker: BrokerProcess) -> 
     addr = dropping_broker.address
     async with Bus(addr, name="p", config=cfg) as pub, Bus(addr, name="s", config=cfg) as sub:
         await sub.subscribe("dp/1")
-        await _wait_subscribed(pub, sub, "dp/1")
-        while sub.try_next("dp/1") is not None:
-            pass
+        await wait_subscribed(pub, sub, "dp/1")
         base = sub.stats()
         first_seq = pub._pub_seq["dp/1"] + 1
         consumer = asyncio.create_task(_slow_consume(sub, "dp/1", until_idle_s=2.0))

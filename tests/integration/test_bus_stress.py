@@ -23,8 +23,7 @@ from pubsub.address import BrokerAddress
 from pubsub.buffer import BufferLimits
 from pubsub.control import request_stats
 
-from tests.conftest import BrokerProcess
-from tests.integration.test_bus import _wait_subscribed
+from tests.conftest import BrokerProcess, raw_publisher, wait_subscribed
 
 
 async def test_5000_distinct_topics_all_deliver(broker: BrokerProcess) -> None:
@@ -34,7 +33,7 @@ async def test_5000_distinct_topics_all_deliver(broker: BrokerProcess) -> None:
     async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
         await sub.subscribe_many(topics)
         await sub.subscribe("many/sync")
-        await _wait_subscribed(pub, sub, "many/sync")
+        await wait_subscribed(pub, sub, "many/sync")
         # the last subscription sent is the probe of the sync topic; give the rest a moment
         await asyncio.sleep(0.3)
         for t in topics:
@@ -53,7 +52,7 @@ async def test_concurrent_publishers_never_interleave_frames(broker: BrokerProce
     async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
         await sub.subscribe_prefix("mix/", limits=BufferLimits(max_msgs=per + 10,
                                                                 max_bytes=64 << 20))
-        await _wait_subscribed(pub, sub, "mix/sync")
+        await wait_subscribed(pub, sub, "mix/sync")
 
         def payload(src: int, i: int) -> np.ndarray:
             rng = np.random.default_rng(src * 100_000 + i)
@@ -100,7 +99,7 @@ async def test_close_with_undeliverable_messages_returns_within_a_second(
         sub = Bus(b.address, name="s", config=BusConfig(heartbeat_interval_s=0))
         await sub.connect()
         await sub.subscribe("stuck/1")
-        await _wait_subscribed(bus, sub, "stuck/1")
+        await wait_subscribed(bus, sub, "stuck/1")
         os.kill(b.proc.pid, signal.SIGSTOP)  # broker alive but not reading
         for _ in range(2000):
             await bus.publish("stuck/1", [np.zeros(65536, np.uint8)])
@@ -138,7 +137,7 @@ async def test_clients_recover_after_broker_kill_and_restart(tmp_path: Path) -> 
                 Bus(first.address, name="idle", config=cfg) as idle:
             await sub.subscribe("rs/1")
             await idle.subscribe("rs/idle")
-            await _wait_subscribed(pub, sub, "rs/1")
+            await wait_subscribed(pub, sub, "rs/1")
             first.proc.kill()
             first.proc.wait(5)
             t_kill = time.monotonic()
@@ -185,12 +184,7 @@ def test_arbitrary_frames_never_crash_broker_or_subscriber(
 
     async def scenario() -> None:
         for b in (broker, raw_broker):
-            addr = BrokerAddress.parse(b.address)
-            ctx = zmq.Context()
-            raw = ctx.socket(zmq.PUB)
-            raw.setsockopt(zmq.LINGER, 0)
-            raw.connect(addr.pub_endpoint)
-            try:
+            with raw_publisher(b.address) as raw:
                 async with Bus(b.address, name="s",
                                config=BusConfig(heartbeat_interval_s=0)) as sub:
                     # subscribe to everything this fuzz case could hit (the public API
@@ -203,10 +197,7 @@ def test_arbitrary_frames_never_crash_broker_or_subscriber(
                     await sub.subscribe("fz/ok")
                     async with Bus(b.address, name="p",
                                    config=BusConfig(heartbeat_interval_s=0)) as pub:
-                        await _wait_subscribed(pub, sub, "fz/ok")
+                        await wait_subscribed(pub, sub, "fz/ok")
                     request_stats(b.address)
-            finally:
-                raw.close(0)
-                ctx.term()
 
     asyncio.run(scenario())
