@@ -19,18 +19,19 @@ import signal
 import struct
 import threading
 import time
-import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import structlog
 import zmq
+from zmq.backend import Socket as _Backend
 
 from pubsub.address import BrokerAddress
-from pubsub.codec import _small_bytes, encode
+from pubsub.codec import _small_bytes, encode, parse_head
+from pubsub.errors import MalformedFrame
 from pubsub.control import request_stats  # noqa: F401  (re-exported for callers of broker)
-from pubsub.wire import recv_envelope, send_envelope
+from pubsub.wire import send_envelope
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +39,11 @@ _CRC = struct.Struct(">I")
 _MAX_NAMESPACES = 4096
 _MAX_SEQ_KEYS = 1 << 17
 STATS_TOPIC = "_broker/stats"
+_NOBLOCK = int(zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
+_recv = _Backend.recv
+_send = _Backend.send
+_get = _Backend.get
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,78 +92,105 @@ class BrokerConfig:
             raise ValueError(f"drain_burst must be >= 1, got {self.drain_burst!r}")
 
 
-@dataclass(slots=True, kw_only=True)
 class BrokerStats:
     """Broker counters.
 
-    Attributes:
+    The data path counts into one small list per *key* (``class/second-segment``
+    for topics with two or more ``/``, else the class, e.g. ``ctl``): one dict
+    lookup per message. :meth:`as_dict` folds them into the per-class and
+    per-namespace views. At most 4,096 keys are tracked; messages on further keys
+    are counted under ``(other)``.
+
+    Views (:meth:`as_dict`):
         msgs_in / bytes_in: received from publishers, by channel class.
         msgs_out / bytes_out: forwarded to subscribers, by channel class (a message
             is counted once when handed to XPUB, whatever the number of subscribers).
         namespace_msgs / namespace_bytes: forwarded, by ``class/second-segment``.
         subscriptions: distinct topics currently subscribed (as XPUB reports them).
         subscribe_events / unsubscribe_events: subscription frames seen.
-        rejected: malformed messages dropped.
+        rejected: malformed or oversized messages dropped.
         stalls / stalled_s: under ``block``, episodes (and seconds) spent waiting for a
             slow subscriber.
         gaps / namespace_gaps: messages lost between publishers and the broker, from the
-            per-(publisher, topic) sequence numbers in envelope headers; by namespace.
+            per-(publisher, topic) sequence numbers in envelope heads; by namespace.
         started_at: Unix time the broker started.
     """
 
-    msgs_in: dict[str, int] = field(default_factory=dict)
-    bytes_in: dict[str, int] = field(default_factory=dict)
-    msgs_out: dict[str, int] = field(default_factory=dict)
-    bytes_out: dict[str, int] = field(default_factory=dict)
-    namespace_msgs: dict[str, int] = field(default_factory=dict)
-    namespace_bytes: dict[str, int] = field(default_factory=dict)
-    subscriptions: int = 0
-    subscribe_events: int = 0
-    unsubscribe_events: int = 0
-    rejected: int = 0
-    stalls: int = 0
-    stalled_s: float = 0.0
-    gaps: int = 0
-    namespace_gaps: dict[str, int] = field(default_factory=dict)
-    started_at: float = field(default_factory=time.time)
+    __slots__ = ("keys", "subscriptions", "subscribe_events", "unsubscribe_events",
+                 "rejected", "stalls", "stalled_s", "gaps", "started_at")
+
+    #: per-key counters: [msgs_in, bytes_in, msgs_out, bytes_out, gaps]
+    keys: dict[bytes, list[int]]
+
+    def __init__(self) -> None:
+        self.keys = {}
+        self.subscriptions = 0
+        self.subscribe_events = 0
+        self.unsubscribe_events = 0
+        self.rejected = 0
+        self.stalls = 0
+        self.stalled_s = 0.0
+        self.gaps = 0
+        self.started_at = time.time()
+
+    def counter(self, key: bytes) -> list[int]:
+        """The counter list for ``key`` (created on first use; capped at 4,096 keys)."""
+        c = self.keys.get(key)
+        if c is None:
+            if len(self.keys) >= _MAX_NAMESPACES:
+                key = b"(other)"
+                c = self.keys.get(key)
+            if c is None:
+                c = self.keys[key] = [0, 0, 0, 0, 0]
+        return c
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready copy."""
+        """JSON-ready copy (see the class docstring for the fields)."""
+        views: dict[str, dict[str, int]] = {k: {} for k in (
+            "msgs_in", "bytes_in", "msgs_out", "bytes_out",
+            "namespace_msgs", "namespace_bytes", "namespace_gaps")}
+        for raw, (mi, bi, mo, bo, gp) in list(self.keys.items()):
+            key = raw.decode("utf-8", "replace")
+            cls = key.partition("/")[0]
+            for name, v in (("msgs_in", mi), ("bytes_in", bi), ("msgs_out", mo),
+                            ("bytes_out", bo)):
+                views[name][cls] = views[name].get(cls, 0) + v
+            if "/" in key:
+                if mo:
+                    views["namespace_msgs"][key] = mo
+                    views["namespace_bytes"][key] = bo
+                if gp:
+                    views["namespace_gaps"][key] = gp
+            elif gp:
+                views["namespace_gaps"]["other"] = views["namespace_gaps"].get("other", 0) + gp
         return {
-            "msgs_in": dict(self.msgs_in),
-            "bytes_in": dict(self.bytes_in),
-            "msgs_out": dict(self.msgs_out),
-            "bytes_out": dict(self.bytes_out),
-            "namespace_msgs": dict(self.namespace_msgs),
-            "namespace_bytes": dict(self.namespace_bytes),
+            **views,
             "subscriptions": self.subscriptions,
             "subscribe_events": self.subscribe_events,
             "unsubscribe_events": self.unsubscribe_events,
             "rejected": self.rejected,
             "stalls": self.stalls,
             "gaps": self.gaps,
-            "namespace_gaps": dict(self.namespace_gaps),
             "stalled_s": self.stalled_s,
             "uptime_s": time.time() - self.started_at,
         }
 
 
 def check_envelope(frames: list[Any]) -> str | None:
-    """Structural check of a multipart envelope (pure; frames are ``zmq.Frame`` or bytes).
+    """Structural check of a multipart envelope, as the broker does it per message
+    (pure; frames are ``zmq.Frame`` or bytes): NUL-terminated topic, codec version and
+    header CRC in frame 0 (:func:`pubsub.codec.parse_head`). Payloads are checked by
+    subscribers (:func:`pubsub.codec.decode`).
 
     Returns:
         None if well-formed, else the reason it is malformed.
     """
-    if len(frames) < 2:
-        return f"{len(frames)} frame(s), need topic and header"
-    tb = _small_bytes(frames[0])
-    if len(tb) < 2 or tb[-1] != 0:
-        return "topic frame not NUL-terminated"
-    hb = _small_bytes(frames[1])
-    if len(hb) < 5 or hb[0] != 1:
-        return "bad header version or length"
-    if zlib.crc32(hb[5:]) != _CRC.unpack_from(hb, 1)[0]:
-        return "header checksum mismatch"
+    if not frames:
+        return "no frames"
+    try:
+        parse_head(_small_bytes(frames[0]))
+    except MalformedFrame as exc:
+        return exc.reason
     return None
 
 
@@ -184,7 +217,7 @@ class Broker:
         self._rep: zmq.Socket | None = None
         self.address: BrokerAddress | None = None
         self._closed = False
-        self._held: tuple[list[Any], str, int, bytes, int] | None = None
+        self._held: tuple[list[Any], list[int], int] | None = None
         self._seqs: dict[tuple[bytes, bytes], int] = {}
         self._held_since = 0.0
 
@@ -313,96 +346,112 @@ class Broker:
             xsub.send(frame)
 
     def _pump_messages(self, xsub: zmq.Socket, xpub: zmq.Socket, burst: int) -> None:
+        """Forward up to ``burst`` messages: check frame 0, count, send.
+
+        The hot path of the broker. Per message: one ``recv`` of frame 0 as bytes
+        (plus zero-copy receives of any payload frames), :func:`parse_head` (NUL,
+        version, CRC), one counter lookup, one sequence lookup and one ``send``.
+        """
         st = self.stats
+        counter = st.counter
+        counters = st.keys
         validate = self.config.validate
-        msgs_in, bytes_in = st.msgs_in, st.bytes_in
         block = self.config.overflow == "block"
         max_bytes = self.config.max_message_bytes
         seqs = self._seqs
-        noblock = int(zmq.NOBLOCK)
+        noblock = _NOBLOCK
+        recv, get, send = _recv, _get, _send
         for _ in range(burst):
             try:
-                frames = recv_envelope(xsub, noblock)
+                f = recv(xsub, noblock, True, False)
             except zmq.Again:
                 return
-            topic = frames[0]
-            slash = topic.find(b"/")
-            cls = (topic[:slash] if slash > 0 else topic.rstrip(b"\x00")).decode("utf-8", "replace")
-            nbytes = 0
-            for f in frames:
-                nbytes += len(f)
-            msgs_in[cls] = msgs_in.get(cls, 0) + 1
-            bytes_in[cls] = bytes_in.get(cls, 0) + nbytes
+            nbytes = len(f)
+            frames = None
+            if get(xsub, _RCVMORE):
+                frames = [f]
+                while get(xsub, _RCVMORE):
+                    fr = recv(xsub, 0, False, False)
+                    frames.append(fr)
+                    nbytes += len(fr)
+            if validate:
+                try:
+                    nul, seq, ps, js, _ = parse_head(f)
+                except MalformedFrame as exc:
+                    self._reject(exc.reason)
+                    continue
+            else:
+                nul = f.find(0, 0, 256)
+                if nul < 1:
+                    self._reject("frame 0 has no NUL-terminated topic")
+                    continue
+            s1 = f.find(47, 0, nul)  # "/": counter key, see BrokerStats
+            if s1 < 0:
+                key = f[:nul]
+            else:
+                s2 = f.find(47, s1 + 1, nul)
+                key = f[:s2] if s2 > 0 else f[:s1]
+            c = counters.get(key)
+            if c is None:
+                c = counter(key)
+            c[0] += 1
+            c[1] += nbytes
             if nbytes > max_bytes:
-                st.rejected += 1
-                log.warning("broker.message_too_large", nbytes=nbytes, max_bytes=max_bytes)
+                self._reject(f"{nbytes} bytes > max_message_bytes {max_bytes}")
                 continue
             if validate:
-                reason = check_envelope(frames)
-                if reason is not None:
-                    st.rejected += 1
-                    if st.rejected == 1 or st.rejected % 1000 == 0:
-                        log.warning("broker.frame_rejected", reason=reason, rejected=st.rejected)
-                    continue
-                # sequence gaps per (publisher, topic): the header starts {"s":N,"p":"ID"
-                hb = frames[1]
-                if hb[5:10] == b'{"s":':
-                    comma = hb.find(b",", 10)
-                    pend = hb.find(b'"', comma + 6)
-                    if comma > 0 and pend > 0:
-                        key = (hb[comma + 6:pend], topic)
-                        seq = int(hb[10:comma])
-                        last = seqs.get(key)
-                        if last is not None and seq > last + 1:
-                            self._count_gap(topic, slash, seq - last - 1)
-                        elif last is None and len(seqs) >= _MAX_SEQ_KEYS:
-                            seqs.clear()
-                        seqs[key] = seq
-            if block:
+                # sequence gaps per (publisher, topic)
+                sk = (f[ps:js], f[:nul])
+                last = seqs.get(sk)
+                if last is not None:
+                    if seq > last + 1:
+                        st.gaps += seq - last - 1
+                        c[4] += seq - last - 1
+                elif len(seqs) >= _MAX_SEQ_KEYS:
+                    seqs.clear()
+                seqs[sk] = seq
+            if frames is None:
+                if block:
+                    try:
+                        send(xpub, f, noblock, True, False)
+                    except zmq.Again:
+                        self._hold([f], c, nbytes)
+                        return
+                else:
+                    send(xpub, f, 0, True, False)
+            elif block:
                 try:
                     send_envelope(xpub, frames, noblock)
                 except zmq.Again:
-                    self._held = (frames, cls, nbytes, topic, slash)
-                    self._held_since = time.monotonic()
-                    st.stalls += 1
+                    self._hold(frames, c, nbytes)
                     return
             else:
                 send_envelope(xpub, frames)
-            self._count_out(frames, cls, nbytes, topic, slash)
+            c[2] += 1
+            c[3] += nbytes
 
-    def _count_gap(self, topic: bytes, slash: int, n: int) -> None:
+    def _reject(self, reason: str) -> None:
         st = self.stats
-        st.gaps += n
-        slash2 = topic.find(b"/", slash + 1) if slash > 0 else -1
-        ns = topic[:slash2].decode("utf-8", "replace") if slash2 > 0 else "other"
-        if ns in st.namespace_gaps or len(st.namespace_gaps) < _MAX_NAMESPACES:
-            st.namespace_gaps[ns] = st.namespace_gaps.get(ns, 0) + n
+        st.rejected += 1
+        if st.rejected == 1 or st.rejected % 1000 == 0:
+            log.warning("broker.frame_rejected", reason=reason, rejected=st.rejected)
+
+    def _hold(self, frames: list[Any], c: list[int], nbytes: int) -> None:
+        self._held = (frames, c, nbytes)
+        self._held_since = time.monotonic()
+        self.stats.stalls += 1
 
     def _retry_held(self, xpub: zmq.Socket) -> None:
         assert self._held is not None
-        frames, cls, nbytes, topic, slash = self._held
+        frames, c, nbytes = self._held
         try:
             send_envelope(xpub, frames, zmq.NOBLOCK)
         except zmq.Again:
             return
         self._held = None
         self.stats.stalled_s += time.monotonic() - self._held_since
-        self._count_out(frames, cls, nbytes, topic, slash)
-
-    def _count_out(self, frames: list[Any], cls: str, nbytes: int, topic: bytes,
-                   slash: int) -> None:
-        """Count one forwarded message by channel class and namespace."""
-        st = self.stats
-        msgs_out, bytes_out = st.msgs_out, st.bytes_out
-        ns_msgs, ns_bytes = st.namespace_msgs, st.namespace_bytes
-        msgs_out[cls] = msgs_out.get(cls, 0) + 1
-        bytes_out[cls] = bytes_out.get(cls, 0) + nbytes
-        slash2 = topic.find(b"/", slash + 1) if slash > 0 else -1
-        if slash2 > 0:
-            ns = topic[:slash2].decode("utf-8", "replace")
-            if ns in ns_msgs or len(ns_msgs) < _MAX_NAMESPACES:
-                ns_msgs[ns] = ns_msgs.get(ns, 0) + 1
-                ns_bytes[ns] = ns_bytes.get(ns, 0) + nbytes
+        c[2] += 1
+        c[3] += nbytes
 
     def _serve_control(self, rep: zmq.Socket) -> None:
         try:

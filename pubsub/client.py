@@ -2,10 +2,12 @@
 
 Design (see ``shared/reference/zeromq.md`` for the measurements behind it):
 
-* **One reader task per subscriber socket.** It awaits one message, then drains
-  the socket with non-blocking receives (a burst), decodes each envelope and
-  hands it to a waiter or to the topic's bounded buffer. Waiting with a
-  deadline never cancels a socket receive, so deadlines cannot lose messages.
+* **One reader callback per subscriber socket.** The SUB socket's ZMQ_FD is
+  watched with ``loop.add_reader``; on each wake-up the callback drains the
+  socket with non-blocking receives (a burst), decodes each envelope and hands
+  it straight to a waiting :meth:`Bus.next` or to the topic's bounded buffer
+  (no task hop, no future per message). Waiting with a deadline never cancels a
+  socket receive, so deadlines cannot lose messages.
 * **Exact topics.** Topic frames end in NUL; an exact subscription is the topic
   plus NUL, so ``emb/1`` never receives ``emb/10``. Prefix subscriptions are
   explicit (:meth:`Bus.subscribe_prefix`), and the reader still routes by exact
@@ -40,10 +42,11 @@ import numpy as np
 import structlog
 import zmq
 import zmq.asyncio
+from zmq.backend import Socket as _Backend
 
 from pubsub.address import BrokerAddress
 from pubsub.buffer import BufferLimits, TopicBuffer
-from pubsub.codec import Message, decode, encode, topic_class, topic_frame, validate_topic
+from pubsub.codec import Message, decode, encode, topic_frame, validate_topic
 from pubsub.wire import recv_envelope, send_envelope
 from pubsub.errors import (
     BrokerUnreachable,
@@ -58,6 +61,7 @@ log = structlog.get_logger(__name__)
 
 PROBE_CLASS = "_bus"
 _NOBLOCK = int(zmq.NOBLOCK)
+_send = _Backend.send
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,9 +240,9 @@ class Bus:
         )
         self._ctx: zmq.asyncio.Context | None = None
         self._pub: zmq.Socket | None = None  # sync socket, loop thread only, NOBLOCK sends
-        self._sub: zmq.asyncio.Socket | None = None
-        self._sub_sync: zmq.Socket | None = None  # shadow of _sub for the drain
-        self._reader: asyncio.Task[None] | None = None
+        self._sub: zmq.Socket | None = None  # sync socket, drained by _on_readable
+        self._sub_fd: int | None = None  # its ZMQ_FD, watched with loop.add_reader
+        self._drain_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exact: set[str] = set()
         self._prefixes: dict[str, int] = {}
@@ -259,7 +263,6 @@ class Bus:
         self._keepalive_task: asyncio.Task[None] | None = None
         self._threadsafe_tail: asyncio.Future[None] | None = None
         self._paused: Message | None = None  # block policy: the message the reader holds
-        self._resume = asyncio.Event()
         self._log = log.bind(client=self.client_id)
 
     # ------------------------------------------------------------------ lifecycle
@@ -293,7 +296,7 @@ class Bus:
             pub.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue is EAGAIN, not a silent drop
         pub.connect(self.address.pub_endpoint)
         self._pub = pub
-        sub = self._ctx.socket(zmq.SUB)
+        sub = zmq.Socket(self._ctx, zmq.SUB)
         sub.setsockopt(zmq.LINGER, linger_ms)
         sub.setsockopt(zmq.RCVHWM, cfg.rcvhwm)
         # SNDHWM on a SUB bounds queued *subscriptions*; the default (1000) silently
@@ -301,8 +304,9 @@ class Bus:
         sub.setsockopt(zmq.SNDHWM, 0)
         sub.connect(self.address.sub_endpoint)
         self._sub = sub
-        self._sub_sync = zmq.Socket.shadow(sub.underlying)
-        self._reader = asyncio.create_task(self._read_loop(), name=f"bus-reader-{self.client_id}")
+        self._sub_fd = sub.getsockopt(zmq.FD)
+        self._loop.add_reader(self._sub_fd, self._on_readable)
+        self._schedule_drain()
         try:
             await self._handshake()
         except BaseException:
@@ -402,18 +406,14 @@ class Bus:
             self._keepalive_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._keepalive_task
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
+        if self._sub_fd is not None and self._loop is not None:
+            self._loop.remove_reader(self._sub_fd)  # before the socket (and its fd) goes
+            self._sub_fd = None
         for dq in self._waiters.values():
             for fut in dq:
                 if not fut.done():
                     fut.set_exception(BusClosed(self.client_id))
         self._waiters.clear()
-        # Close the asyncio socket itself (never its shadow first): that lets pyzmq
-        # remove its reader from the event loop before the file descriptor is freed.
-        self._sub_sync = None
         for sock in (self._sub, self._pub):
             if sock is not None:
                 with contextlib.suppress(zmq.ZMQError):
@@ -447,6 +447,7 @@ class Bus:
         if topic not in self._exact:
             self._exact.add(topic)
             sock.setsockopt(zmq.SUBSCRIBE, frame)
+            self._schedule_drain()
 
     async def subscribe_many(
         self, topics: Sequence[str], *, limits: BufferLimits | None = None
@@ -472,6 +473,7 @@ class Bus:
         if prefix not in self._prefixes:
             self._prefixes[prefix] = len(raw)
             sock.setsockopt(zmq.SUBSCRIBE, raw)
+            self._schedule_drain()
 
     async def unsubscribe(self, topic: str) -> None:
         """Drop an exact subscription; messages still buffered for it are discarded."""
@@ -480,6 +482,7 @@ class Bus:
             self._exact.discard(topic)
             self._topic_limits.pop(topic, None)
             sock.setsockopt(zmq.UNSUBSCRIBE, topic_frame(topic))
+            self._schedule_drain()
             if not self._covered_by_prefix(topic):
                 self._drop_buffer(topic)
 
@@ -489,6 +492,7 @@ class Bus:
         self._prefix_limits.pop(prefix, None)
         if self._prefixes.pop(prefix, None) is not None:
             sock.setsockopt(zmq.UNSUBSCRIBE, prefix.encode())
+            self._schedule_drain()
             for topic in [t for t in self._buffers if t.startswith(prefix)]:
                 if topic not in self._exact and not self._covered_by_prefix(topic):
                     self._drop_buffer(topic)
@@ -502,7 +506,7 @@ class Bus:
             self._buffered_bytes -= buf.nbytes
             buf.clear()
 
-    def _require_sub(self) -> zmq.asyncio.Socket:
+    def _require_sub(self) -> zmq.Socket:
         if self._closed or self._sub is None:
             raise BusClosed(self.client_id)
         return self._sub
@@ -530,18 +534,19 @@ class Bus:
             BusClosed: closed client.
             PublishTimeout: under the ``block`` policy, no room within ``publish_timeout_s``.
         """
-        if self.config.overflow == "drop":
-            return self._send(topic, arrays, meta, copy=copy)
-        frames, seq = self._encode(topic, arrays, meta, copy=copy)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.publish_timeout_s
-        pause = 0.0002
-        while not self._try_send(frames):
-            if loop.time() >= deadline:
-                raise PublishTimeout(topic, self.config.publish_timeout_s)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.01)
-        return self._account(topic, frames, seq)
+        frames, nbytes = self._encode(topic, arrays, meta, copy=copy)
+        if not self._try_send(frames):  # only under the block policy (XPUB_NODROP)
+            if copy:  # we send after returning to the loop: own the payload now
+                frames = [memoryview(f.copy()) if type(f) is np.ndarray else f for f in frames]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.config.publish_timeout_s
+            pause = 0.0002
+            while not self._try_send(frames):
+                if loop.time() >= deadline:
+                    raise PublishTimeout(topic, self.config.publish_timeout_s)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.01)
+        return self._account(topic, nbytes)
 
     def publish_nowait(
         self,
@@ -607,19 +612,29 @@ class Bus:
 
     def _encode(self, topic: str, arrays: Sequence[Any], meta: Mapping[str, Any] | None, *,
                 copy: bool) -> tuple[list[Any], int]:
+        """Frames and their total size in bytes; advances the topic's sequence number."""
         if self._closed or self._pub is None:
             raise BusClosed(self.client_id)
-        seq = self._pub_seq.get(topic, 0) + 1
+        pub_seq = self._pub_seq
+        seq = pub_seq.get(topic, 0) + 1
         frames = encode(topic, arrays, meta, seq=seq, publisher=self.client_id, copy=copy)
-        self._pub_seq[topic] = seq  # a message that is never sent shows as a gap downstream
-        return frames, seq
+        if seq == 1 and len(pub_seq) >= _MAX_SEQ_KEYS:
+            pub_seq.clear()  # bounded; a restarted count is not a gap (seq 1 resets)
+        pub_seq[topic] = seq  # a message that is never sent shows as a gap downstream
+        nbytes = len(frames[0])
+        for f in frames[1:]:
+            nbytes += f.nbytes
+        return frames, nbytes
 
     def _try_send(self, frames: list[Any]) -> bool:
         pub = self._pub
         if self._closed or pub is None:
             raise BusClosed(self.client_id)
         try:
-            send_envelope(pub, frames, _NOBLOCK)
+            if len(frames) == 1:
+                _send(pub, frames[0], _NOBLOCK, True, False)
+            else:
+                send_envelope(pub, frames, _NOBLOCK)
         except zmq.Again:
             return False
         return True
@@ -627,18 +642,16 @@ class Bus:
     def _send(
         self, topic: str, arrays: Sequence[Any], meta: Mapping[str, Any] | None, *, copy: bool
     ) -> int:
-        frames, seq = self._encode(topic, arrays, meta, copy=copy)
+        frames, nbytes = self._encode(topic, arrays, meta, copy=copy)
         if not self._try_send(frames):
             raise PublishWouldBlock(topic)
-        return self._account(topic, frames, seq)
+        return self._account(topic, nbytes)
 
-    def _account(self, topic: str, frames: list[Any], seq: int) -> int:
-        nbytes = 0
-        for f in frames:
-            nbytes += f.nbytes if hasattr(f, "nbytes") else len(f)
-        cls = topic_class(topic)
+    def _account(self, topic: str, nbytes: int) -> int:
+        cls = topic[:topic.find("/")] if "/" in topic else topic
         st = self._stats
-        st.sent_msgs[cls] = st.sent_msgs.get(cls, 0) + 1
+        sent_msgs = st.sent_msgs
+        sent_msgs[cls] = sent_msgs.get(cls, 0) + 1
         st.sent_bytes[cls] = st.sent_bytes.get(cls, 0) + nbytes
         return nbytes
 
@@ -717,8 +730,8 @@ class Bus:
         if not dq and not self._fits(held):
             return
         self._paused = None
-        self._resume.set()
         self._deliver(held)
+        self._schedule_drain()
 
     def unget(self, msg: Message) -> None:
         """Put a message taken with :meth:`next` back at the head of its topic's buffer.
@@ -753,38 +766,44 @@ class Bus:
         self._buffered_bytes += msg.nbytes
 
     # ------------------------------------------------------------------ reader
-    async def _read_loop(self) -> None:
+    def _schedule_drain(self) -> None:
+        """Drain on the next loop iteration (after a burst, a resume, or a socket
+        operation that may have consumed the ZMQ_FD edge)."""
+        if not self._drain_scheduled and self._loop is not None and not self._closed:
+            self._drain_scheduled = True
+            self._loop.call_soon(self._on_readable)
+
+    def _on_readable(self) -> None:
+        """The reader: an event-loop callback on the SUB socket's ZMQ_FD.
+
+        ZMQ_FD is edge-like: it signals "something changed", so this drains with
+        non-blocking receives until EAGAIN (or ``drain_burst`` messages, then yields
+        one loop iteration and continues). No task, no future per message: one
+        callback per wake-up, and a waiting :meth:`next` is resolved directly.
+        Under the ``block`` policy a held message stops the drain until
+        :meth:`_unpause` resumes it.
+        """
+        self._drain_scheduled = False
         sub = self._sub
-        sync = self._sub_sync
-        assert sub is not None and sync is not None
-        burst = self.config.drain_burst
-        again = zmq.Again
-        noblock = zmq.NOBLOCK
+        if sub is None or self._closed or self._paused is not None:
+            return
+        on_frames = self._on_frames
         try:
-            while True:
-                if self._paused is not None:  # block policy: wait for room, read nothing
-                    await self._resume.wait()
-                    continue
-                # wait (without consuming) until readable, then drain synchronously:
-                # one Future per wake-up instead of one per message
-                await sub.poll(flags=zmq.POLLIN)
-                for _ in range(burst):
-                    if self._paused is not None:
-                        break
-                    try:
-                        frames = recv_envelope(sync, noblock)
-                    except again:
-                        break
-                    self._on_frames(frames)
-                else:
-                    await asyncio.sleep(0)  # let waiters run between long bursts
-        except asyncio.CancelledError:
-            raise
+            for _ in range(self.config.drain_burst):
+                try:
+                    frames = recv_envelope(sub, _NOBLOCK)
+                except zmq.Again:
+                    return
+                on_frames(frames)
+                if self._paused is not None:
+                    return
+            self._schedule_drain()  # burst used up: let waiters run, then go on
         except zmq.ZMQError as exc:
             if not self._closed:
                 self._log.error("bus.reader_failed", error=repr(exc))
 
     def _on_frames(self, frames: list[Any]) -> None:
+        """Decode, check subscription and sequence, count, and deliver one envelope."""
         try:
             msg = decode(frames)
         except MalformedFrame as exc:
@@ -801,16 +820,28 @@ class Bus:
         st = self._stats
         # per-(publisher, topic) sequence gaps
         key = (msg.publisher, topic)
-        last = self._recv_seq.get(key)
-        if last is not None and msg.seq > last + 1:
-            st.gaps += msg.seq - last - 1
-        if last is None and len(self._recv_seq) >= _MAX_SEQ_KEYS:
-            self._recv_seq.clear()
-        self._recv_seq[key] = msg.seq
-        cls = topic_class(topic)
-        st.recv_msgs[cls] = st.recv_msgs.get(cls, 0) + 1
+        recv_seq = self._recv_seq
+        last = recv_seq.get(key)
+        seq = msg.seq
+        if last is not None:
+            if seq > last + 1:
+                st.gaps += seq - last - 1
+        elif len(recv_seq) >= _MAX_SEQ_KEYS:
+            recv_seq.clear()
+        recv_seq[key] = seq
+        slash = topic.find("/")
+        cls = topic[:slash] if slash >= 0 else topic
+        recv_msgs = st.recv_msgs
+        recv_msgs[cls] = recv_msgs.get(cls, 0) + 1
         st.recv_bytes[cls] = st.recv_bytes.get(cls, 0) + msg.nbytes
-        self._deliver(msg)
+        dq = self._waiters.get(topic)
+        if dq:
+            while dq:
+                fut = dq.popleft()
+                if not fut.done():
+                    fut.set_result(msg)
+                    return
+        self._buffer(msg)
 
     def _deliver(self, msg: Message) -> None:
         """Hand ``msg`` to the oldest live waiter on its topic, else buffer it."""
@@ -841,7 +872,6 @@ class Bus:
                     lim.max_bytes, self.config.total_max_bytes - self._buffered_bytes):
                 # hold it and pause the reader until the consumer makes room
                 self._paused = msg
-                self._resume.clear()
                 if topic not in self._slow_topics:
                     self._slow_topics.add(topic)
                     self._stats.slow_episodes += 1

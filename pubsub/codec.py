@@ -1,19 +1,27 @@
 """Wire codec for bus envelopes: pure functions, no sockets.
 
-Multipart layout (one ZeroMQ message)::
+Multipart layout (one ZeroMQ message), codec version 2::
 
-    frame 0   topic, UTF-8, followed by one NUL byte (b"emb/run/7\\x00")
-    frame 1   header: version byte 0x01, CRC-32 of the JSON (4 bytes, big endian),
-              then an orjson object {"s": seq, "p": publisher, "m": meta, "a": arrays}
-    frame 2+  one raw, C-contiguous buffer per array (zero-copy from 64 KiB up)
+    frame 0   topic (UTF-8) | 0x00 | head | JSON header | pad | inline payload
+    frame 1+  one raw, C-contiguous buffer per array, only when the payload is
+              not inline (zero-copy from 64 KiB up)
 
-The NUL terminator makes ZeroMQ's prefix filtering exact: a subscription to
-``b"emb/1\\x00"`` cannot match ``b"emb/10\\x00"``; a *prefix* subscription is the
-bare prefix bytes (``b"emb/"``).
+``head`` is fixed binary, big endian: version ``u8`` (= 2), CRC-32 ``u32`` of
+everything from ``seq`` to the end of the JSON header, ``seq u64`` (the
+publisher's per-topic sequence number), JSON length ``u32``, publisher-id
+length ``u8``, then the publisher id (UTF-8). The JSON header is an orjson
+object ``{"m": meta, "a": [[dtype, shape], ...]}``, plus ``"i": 1`` when the
+arrays are *inline*: packed into frame 0 after the header, each starting at a
+multiple of 8 bytes from the frame start. Arrays go inline when together they
+are smaller than :data:`INLINE_MAX_BYTES` (64 KiB); then a small message is a
+single frame, which halves the per-message socket calls on every hop.
 
-``"a"`` lists ``[dtype, shape]`` per array frame; on decode, dtype, shape and the
-frame's byte length must agree, and the header's CRC must match, or
-:class:`~pubsub.errors.MalformedFrame` is raised.
+Topic first keeps ZeroMQ's prefix filtering exact: the NUL after the topic
+means a subscription to ``b"emb/1\\x00"`` cannot match ``b"emb/10\\x00..."``; a
+*prefix* subscription is the bare prefix bytes (``b"emb/"``).
+
+On decode the version, the CRC, the JSON, and every array's dtype, shape and
+byte length must agree, or :class:`~pubsub.errors.MalformedFrame` is raised.
 """
 
 from __future__ import annotations
@@ -29,19 +37,39 @@ import orjson
 
 from pubsub.errors import InvalidTopic, MalformedFrame
 
-VERSION = 1
+VERSION = 2
 MAX_TOPIC_BYTES = 255
+MAX_PUBLISHER_BYTES = 255
 MAX_HEADER_BYTES = 1 << 20
 #: Arrays of this many bytes and more are sent without copying (pyzmq's COPY_THRESHOLD).
 ZERO_COPY_BYTES = 65536
+#: Payloads (all arrays together) smaller than this travel inline in frame 0.
+INLINE_MAX_BYTES = 65536
 
-_CRC = struct.Struct(">I")
+#: version, crc, seq, JSON length, publisher length
+HEAD = struct.Struct(">BIQIB")
+_HEAD_CRC = struct.Struct(">BI")
+_TAIL = struct.Struct(">QIB")
 _ALLOWED_DTYPES = frozenset(
     np.dtype(t).str
     for t in (
         "<f2", "<f4", "<f8", "<i1", "<i2", "<i4", "<i8", "<u1", "<u2", "<u4", "<u8", "?",
     )
 )
+_DTYPES = {s: np.dtype(s) for s in _ALLOWED_DTYPES}
+_PADS = [b"\x00" * i for i in range(8)]
+_crc32 = zlib.crc32
+_unpack_head = HEAD.unpack_from
+_pack_tail = _TAIL.pack
+_pack_vc = _HEAD_CRC.pack
+_loads = orjson.loads
+_dumps = orjson.dumps
+_OPT = orjson.OPT_SERIALIZE_NUMPY
+_frombuffer = np.frombuffer
+_ndarray = np.ndarray
+
+_topic_cache: dict[str, bytes] = {}
+_TOPIC_CACHE_MAX = 8192
 
 
 def validate_topic(topic: str) -> bytes:
@@ -60,14 +88,21 @@ def validate_topic(topic: str) -> bytes:
     raw = topic.encode("utf-8")
     if len(raw) > MAX_TOPIC_BYTES:
         raise InvalidTopic(topic, f"{len(raw)} bytes > {MAX_TOPIC_BYTES}")
-    if any(b < 0x20 for b in raw):
+    if min(raw) < 0x20:
         raise InvalidTopic(topic, "contains a control character")
     return raw
 
 
 def topic_frame(topic: str) -> bytes:
-    """Wire frame 0 for ``topic``: its bytes plus the NUL terminator. Also the exact subscription."""
-    return validate_topic(topic) + b"\x00"
+    """The exact subscription for ``topic``: its bytes plus the NUL terminator
+    (also how frame 0 of every envelope on ``topic`` begins)."""
+    t = _topic_cache.get(topic)
+    if t is None:
+        t = validate_topic(topic) + b"\x00"
+        if len(_topic_cache) >= _TOPIC_CACHE_MAX:
+            _topic_cache.clear()
+        _topic_cache[topic] = t
+    return t
 
 
 def topic_class(topic: str) -> str:
@@ -97,12 +132,31 @@ class Message:
     nbytes: int = 0
 
 
+_new_message = object.__new__
+_set = object.__setattr__
+
+
+def _make_message(topic: str, seq: int, publisher: str, meta: dict[str, Any],
+                  arrays: tuple[np.ndarray, ...], nbytes: int) -> Message:
+    """Build a :class:`Message` without the frozen dataclass ``__init__`` (hot path)."""
+    m = _new_message(Message)
+    _set(m, "topic", topic)
+    _set(m, "seq", seq)
+    _set(m, "publisher", publisher)
+    _set(m, "meta", meta)
+    _set(m, "arrays", arrays)
+    _set(m, "nbytes", nbytes)
+    return m
+
+
 def _as_array(obj: Any) -> np.ndarray:
-    arr = np.asarray(obj)
+    arr = obj if type(obj) is _ndarray else np.asarray(obj)
     if arr.dtype.str not in _ALLOWED_DTYPES:
-        raise TypeError(f"unsupported array dtype {arr.dtype} (allowed: {sorted(_ALLOWED_DTYPES)})")
-    if arr.dtype.byteorder == ">":
-        arr = arr.astype(arr.dtype.newbyteorder("<"))
+        if arr.dtype.byteorder == ">" and arr.dtype.newbyteorder("<").str in _ALLOWED_DTYPES:
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        else:
+            raise TypeError(
+                f"unsupported array dtype {arr.dtype} (allowed: {sorted(_ALLOWED_DTYPES)})")
     # np.ascontiguousarray would turn a 0-d array into 1-d
     return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
@@ -123,41 +177,77 @@ def encode(
         arrays: numpy arrays, or objects ``np.asarray`` accepts (CPU torch
             tensors without grad), of a numeric or bool dtype.
         meta: JSON-serialisable metadata (orjson rules; numpy scalars allowed).
-        seq: the publisher's sequence number for this topic.
-        publisher: the publisher's id.
-        copy: if True (default), arrays of :data:`ZERO_COPY_BYTES` and more are
-            copied so that the caller may mutate them right after publishing. If
-            False, ownership passes to the bus: the caller must not mutate them
-            until ZeroMQ has sent them (zero-copy). Smaller arrays are always
-            copied by ZeroMQ at send time.
+        seq: the publisher's sequence number for this topic (0 <= seq < 2**64).
+        publisher: the publisher's id (at most 255 UTF-8 bytes).
+        copy: if True (default), payload frames are ``numpy`` views that the
+            send copies (``pubsub.wire.send_envelope``), so the caller may mutate
+            its arrays once the send call returns. If False, arrays of
+            :data:`ZERO_COPY_BYTES` and more become ``memoryview`` frames that are
+            sent without copying: ownership passes to the bus and the caller must
+            not mutate them until ZeroMQ has sent them. Inline payloads (under
+            :data:`INLINE_MAX_BYTES` in total) are always copied into frame 0.
 
     Returns:
-        A list of frames: ``bytes`` for topic and header, arrays (buffer
-        protocol) for the payload.
+        A list of frames: ``bytes`` for frame 0, then for a payload that is not
+        inline one ``numpy.uint8`` array (copied at send) or ``memoryview``
+        (zero-copy) per array.
 
     Raises:
         InvalidTopic: bad topic.
-        TypeError: unsupported array dtype or meta not JSON-serialisable.
+        TypeError: unsupported array dtype, meta not JSON-serialisable.
+        ValueError: ``seq`` out of range or publisher id too long.
     """
-    frames: list[Any] = [topic_frame(topic)]
+    t = topic_frame(topic)
     specs = []
-    payload: list[Any] = []
+    arrs = []
+    total = 0
     for obj in arrays:
         arr = _as_array(obj)
         specs.append((arr.dtype.str, arr.shape))
-        if copy and arr.nbytes >= ZERO_COPY_BYTES:
-            arr = arr.copy()
-        payload.append(arr.reshape(-1).view(np.uint8) if arr.ndim != 1 or arr.dtype != np.uint8 else arr)
+        arrs.append(arr)
+        total += arr.nbytes
+    inline = total < INLINE_MAX_BYTES
     try:
-        body = orjson.dumps(
-            {"s": seq, "p": publisher, "m": dict(meta) if meta else {}, "a": specs},
-            option=orjson.OPT_SERIALIZE_NUMPY,
-        )
+        body = _dumps({"m": meta or {}, "a": specs, "i": 1} if inline and specs
+                      else {"m": meta or {}, "a": specs}, option=_OPT)
     except orjson.JSONEncodeError as exc:
         raise TypeError(f"meta for topic {topic!r} is not JSON-serialisable: {exc}") from exc
-    frames.append(b"\x01" + _CRC.pack(zlib.crc32(body)) + body)
-    frames.extend(payload)
-    return frames
+    pub = publisher.encode("utf-8")
+    if len(pub) > MAX_PUBLISHER_BYTES:
+        raise ValueError(f"publisher id {publisher!r} is longer than {MAX_PUBLISHER_BYTES} bytes")
+    try:
+        tail = _pack_tail(seq, len(body), len(pub))
+    except struct.error:
+        raise ValueError(f"seq {seq!r} is out of range 0..2**64-1") from None
+    covered = tail + pub + body
+    parts = [t, _pack_vc(VERSION, _crc32(covered)), covered]
+    if not inline:
+        frames: list[Any] = [b"".join(parts)]
+        for arr in arrs:
+            flat = arr if arr.ndim == 1 and arr.dtype == np.uint8 else arr.reshape(-1).view(np.uint8)
+            # a memoryview marks a zero-copy frame for pubsub.wire.send_envelope; an
+            # ndarray is copied by ZeroMQ inside the send call (one memcpy, no
+            # buffer kept alive, no pyzmq garbage-collector round trip)
+            frames.append(memoryview(flat) if not copy and arr.nbytes >= ZERO_COPY_BYTES
+                          else flat)
+        return frames
+    off = len(t) + 5 + len(covered)
+    for arr in arrs:
+        pad = -off & 7
+        if pad:
+            parts.append(_PADS[pad])
+            off += pad
+        parts.append(arr)
+        off += arr.nbytes
+    return [b"".join(parts)]
+
+
+def _small_bytes(frame: Any) -> bytes:
+    """Frame 0 as bytes (``zmq.Frame`` or any buffer): cheap to slice and parse."""
+    if type(frame) is bytes:
+        return frame
+    b = getattr(frame, "bytes", None)
+    return b if b is not None else bytes(frame)
 
 
 def _frame_bytes(frame: Any) -> memoryview:
@@ -167,16 +257,39 @@ def _frame_bytes(frame: Any) -> memoryview:
     return memoryview(frame)
 
 
-def _small_bytes(frame: Any) -> bytes:
-    """A small frame (topic, header) as bytes: cheaper to slice and compare than a view."""
-    if type(frame) is bytes:
-        return frame
-    b = getattr(frame, "bytes", None)
-    return b if b is not None else bytes(frame)
+def parse_head(f: bytes) -> tuple[int, int, int, int, int]:
+    """Check frame 0's topic terminator, version and header CRC (pure, no JSON).
 
+    Used by the broker on every message and by :func:`decode`.
 
-_DTYPES = {s: np.dtype(s) for s in _ALLOWED_DTYPES}
-_crc_of = _CRC.unpack_from
+    Args:
+        f: frame 0 as ``bytes``.
+
+    Returns:
+        ``(nul, seq, pub_start, json_start, json_end)``: the offset of the NUL
+        after the topic, the sequence number, and byte offsets of the publisher
+        id (``pub_start:json_start``) and the JSON header (``json_start:json_end``).
+
+    Raises:
+        MalformedFrame: missing NUL, short head, unknown version, CRC mismatch.
+    """
+    nul = f.find(0, 0, MAX_TOPIC_BYTES + 1)
+    if nul < 1:
+        raise MalformedFrame("frame 0 has no NUL-terminated topic")
+    try:
+        version, crc, seq, hlen, plen = _unpack_head(f, nul + 1)
+    except struct.error:
+        raise MalformedFrame(f"frame 0 of {len(f)} bytes is too short for the head") from None
+    if version != VERSION:
+        raise MalformedFrame(f"unknown codec version {version} (expected {VERSION})")
+    ps = nul + 19
+    js = ps + plen
+    je = js + hlen
+    if je > len(f) or hlen > MAX_HEADER_BYTES:
+        raise MalformedFrame(f"header of {hlen} bytes overruns frame 0 ({len(f)} bytes)")
+    if _crc32(f[nul + 6:je]) != crc:
+        raise MalformedFrame("header checksum mismatch")
+    return nul, seq, ps, js, je
 
 
 def decode(frames: Sequence[Any]) -> Message:
@@ -187,46 +300,44 @@ def decode(frames: Sequence[Any]) -> Message:
     checks listed below.
 
     Raises:
-        MalformedFrame: wrong frame count, missing topic terminator, bad UTF-8,
-            unknown version, header checksum mismatch, invalid JSON, unsupported
-            dtype, or a frame length that disagrees with dtype x shape.
+        MalformedFrame: no frames, missing topic terminator, bad UTF-8, unknown
+            version, header checksum mismatch, invalid JSON, unsupported dtype,
+            or a payload length that disagrees with dtype x shape.
     """
     n = len(frames)
-    if n < 2:
-        raise MalformedFrame(f"expected at least 2 frames (topic, header), got {n}")
-    t = _small_bytes(frames[0])
-    if len(t) < 2 or t[-1] != 0:
-        raise MalformedFrame("topic frame is not NUL-terminated")
+    if n < 1:
+        raise MalformedFrame("no frames")
+    f = _small_bytes(frames[0])
+    nul, seq, ps, js, je = parse_head(f)
     try:
-        topic = t[:-1].decode("utf-8")
+        topic = f[:nul].decode("utf-8")
+        publisher = f[ps:js].decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise MalformedFrame(f"topic is not UTF-8: {exc}") from None
-    h = _small_bytes(frames[1])
-    nh = len(h)
-    if nh < 5 or nh > MAX_HEADER_BYTES:
-        raise MalformedFrame(f"header of {nh} bytes (need 5..{MAX_HEADER_BYTES})")
-    if h[0] != VERSION:
-        raise MalformedFrame(f"unknown codec version {h[0]} (expected {VERSION})")
-    body = h[5:]
-    if zlib.crc32(body) != _crc_of(h, 1)[0]:
-        raise MalformedFrame(f"header checksum mismatch on topic {topic!r}")
+        raise MalformedFrame(f"topic or publisher is not UTF-8: {exc}") from None
     try:
-        hdr = orjson.loads(body)
-        seq = hdr["s"]
-        publisher = hdr["p"]
+        hdr = _loads(f[js:je])
         meta = hdr["m"]
         specs = hdr["a"]
     except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
         raise MalformedFrame(f"bad header on topic {topic!r}: {exc!r}") from None
-    if type(seq) is not int or type(publisher) is not str or type(meta) is not dict \
-            or type(specs) is not list:
+    if type(meta) is not dict or type(specs) is not list:
         raise MalformedFrame(f"header fields of wrong type on topic {topic!r}")
-    if len(specs) != n - 2:
-        raise MalformedFrame(f"header lists {len(specs)} arrays but {n - 2} payload frames came")
-    nbytes = len(t) + nh
+    nf = len(f)
+    if not specs:
+        if n != 1 or je != nf:
+            raise MalformedFrame(f"no arrays listed but {n - 1} payload frames or "
+                                 f"{nf - je} trailing bytes came on topic {topic!r}")
+        return _make_message(topic, seq, publisher, meta, (), nf)
+    inline = hdr.get("i") == 1
+    if inline:
+        if n != 1:
+            raise MalformedFrame(f"inline payload but {n - 1} payload frames on topic {topic!r}")
+    elif len(specs) != n - 1:
+        raise MalformedFrame(f"header lists {len(specs)} arrays but {n - 1} payload frames came")
+    nbytes = nf
+    off = je
     arrays = []
-    i = 2
-    for spec in specs:
+    for k, spec in enumerate(specs):
         try:
             dt_str, shape = spec
             dtype = _DTYPES[dt_str]
@@ -236,20 +347,31 @@ def decode(frames: Sequence[Any]) -> Message:
                     raise ValueError(f"bad shape {shape!r}")
                 count *= d
         except KeyError:
-            raise MalformedFrame(f"array {i - 2} on topic {topic!r}: dtype not allowed") from None
+            raise MalformedFrame(f"array {k} on topic {topic!r}: dtype not allowed") from None
         except (TypeError, ValueError) as exc:
-            raise MalformedFrame(f"array {i - 2} on topic {topic!r}: {exc}") from None
-        buf = _frame_bytes(frames[i])
-        i += 1
-        nb = len(buf)
-        if nb != count * dtype.itemsize:
-            raise MalformedFrame(
-                f"array {i - 3} on topic {topic!r}: {nb} bytes, expected "
-                f"{count * dtype.itemsize} for {dt_str}{tuple(shape)}"
-            )
-        nbytes += nb
-        arr = np.frombuffer(buf, dtype=dtype)
+            raise MalformedFrame(f"array {k} on topic {topic!r}: {exc}") from None
+        want = count * dtype.itemsize
+        if inline:
+            off += -off & 7
+            if off + want > nf:
+                raise MalformedFrame(
+                    f"array {k} on topic {topic!r}: inline payload ends at {off + want}, "
+                    f"frame has {nf} bytes")
+            arr = _frombuffer(f, dtype, count, off)
+            off += want
+        else:
+            buf = _frame_bytes(frames[k + 1])
+            nb = len(buf)
+            if nb != want:
+                raise MalformedFrame(
+                    f"array {k} on topic {topic!r}: {nb} bytes, expected "
+                    f"{want} for {dt_str}{tuple(shape)}")
+            nbytes += nb
+            arr = _frombuffer(buf, dtype)
         arrays.append(arr if len(shape) == 1 else arr.reshape(shape))
-    return Message(
-        topic=topic, seq=seq, publisher=publisher, meta=meta, arrays=tuple(arrays), nbytes=nbytes
-    )
+    if inline and off != nf:
+        raise MalformedFrame(f"{nf - off} trailing bytes after the inline payload on "
+                             f"topic {topic!r}")
+    elif not inline and je != nf:
+        raise MalformedFrame(f"{nf - je} trailing bytes after the header on topic {topic!r}")
+    return _make_message(topic, seq, publisher, meta, tuple(arrays), nbytes)

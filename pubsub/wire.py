@@ -25,24 +25,23 @@ ZERO_COPY_BYTES = 65536
 
 
 def recv_envelope(sock: zmq.Socket, flags: int = 0) -> list[Any]:
-    """Receive one multipart message: topic and header as ``bytes``, payload frames as
-    ``zmq.Frame`` (zero-copy).
+    """Receive one multipart message: frame 0 (topic and header) as ``bytes``, payload
+    frames as ``zmq.Frame`` (zero-copy).
 
     Raises:
         zmq.Again: with ``zmq.NOBLOCK`` and nothing to read.
     """
     flags = int(flags)
     frames: list[Any] = [_recv(sock, flags, True, False)]
-    if _get(sock, _RCVMORE):
-        frames.append(_recv(sock, 0, True, False))  # the rest is already here
-        while _get(sock, _RCVMORE):
-            frames.append(_recv(sock, 0, False, False))
+    while _get(sock, _RCVMORE):  # the rest is already here
+        frames.append(_recv(sock, 0, False, False))
     return frames
 
 
 def send_envelope(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
-    """Send one multipart message; frames of :data:`ZERO_COPY_BYTES` and more (and
-    ``zmq.Frame`` objects) go without copying.
+    """Send one multipart message. ``zmq.Frame`` and ``memoryview`` frames of
+    :data:`ZERO_COPY_BYTES` and more go without copying (ZeroMQ keeps a reference
+    until sent); ``bytes`` and ``numpy`` arrays are copied inside this call.
 
     Raises:
         zmq.Again: with ``zmq.NOBLOCK`` when the message cannot be queued (checked on the
@@ -51,5 +50,6 @@ def send_envelope(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> No
     flags = int(flags)
     last = len(frames) - 1
     for i, f in enumerate(frames):
-        zero_copy = type(f) is _Frame or (type(f) is not bytes and f.nbytes >= ZERO_COPY_BYTES)
+        tf = type(f)
+        zero_copy = tf is _Frame or (tf is memoryview and f.nbytes >= ZERO_COPY_BYTES)
         _send(sock, f, (flags | _SNDMORE) if i < last else flags, not zero_copy, False)

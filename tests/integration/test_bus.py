@@ -127,10 +127,12 @@ async def test_malformed_frame_is_rejected_and_subscriber_keeps_working(
         await wait_subscribed(pub, sub, "bad/1")
         with raw_publisher(raw_broker.address) as raw:
             good = [bytes(memoryview(f)) for f in encode("bad/1", [np.ones(4, np.float32)])]
+            g = good[0]
             bad_frames = [
-                [b"bad/1\x00"],  # no header
-                [b"bad/1\x00", b"\x01garbage"],  # checksum mismatch
-                [b"bad/1\x00", good[1], b"short"],  # payload size mismatch
+                [b"bad/1\x00"],  # no head
+                [g[:12] + bytes([g[12] ^ 1]) + g[13:]],  # checksum mismatch (seq byte)
+                [g[:-2]],  # payload size mismatch
+                [g, b"extra"],  # payload frame not in the header
             ]
             before = sub.stats().rejected
             for _ in range(100):  # until the raw PUB has the subscription

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pubsub.codec import ZERO_COPY_BYTES, decode, encode, topic_class, topic_frame, validate_topic
+from pubsub.codec import INLINE_MAX_BYTES, ZERO_COPY_BYTES, decode, encode, topic_class, topic_frame, validate_topic
 from pubsub.errors import InvalidTopic, MalformedFrame
 
 
@@ -38,12 +38,17 @@ def test_topic_class() -> None:
     assert topic_class("solo") == "solo"
 
 
-def test_copy_protects_publisher_buffers() -> None:
+def test_copy_flag_selects_send_time_copy_or_zero_copy() -> None:
+    """copy=True leaves an ndarray that send_envelope copies inside the send call;
+    copy=False hands a memoryview over the caller's memory to ZeroMQ (zero-copy)."""
     a = np.ones(ZERO_COPY_BYTES // 4, dtype=np.float32)
-    frames = encode("t", [a], copy=True)
+    copied = encode("t", [a], copy=True)
+    shared = encode("t", [a], copy=False)
+    assert type(copied[1]) is np.ndarray and type(shared[1]) is memoryview
+    assert np.shares_memory(np.asarray(shared[1]), a)
+    snapshot = [bytes(memoryview(f)) for f in copied]  # what the send copies now
     a[:] = 7
-    msg = decode([bytes(memoryview(f)) for f in frames])
-    assert float(msg.arrays[0][0]) == 1.0
+    assert float(decode(snapshot).arrays[0][0]) == 1.0
 
 
 def test_unsupported_dtype_and_meta_raise_type_error() -> None:
@@ -54,21 +59,59 @@ def test_unsupported_dtype_and_meta_raise_type_error() -> None:
 
 
 def _good() -> list[bytes]:
+    """An envelope with an inline payload (one frame)."""
     return [bytes(memoryview(f)) for f in encode("t/1", [np.zeros((2, 2), np.float32)], {"k": 1})]
 
 
+def _good_big() -> list[bytes]:
+    """An envelope whose payload travels in its own frame (>= 64 KiB)."""
+    a = np.zeros(INLINE_MAX_BYTES // 4, np.float32)
+    return [bytes(memoryview(f)) for f in encode("t/1", [a], {"k": 1})]
+
+
+def _flip(f: bytes, i: int) -> bytes:
+    return f[:i] + bytes([f[i] ^ 1]) + f[i + 1:]
+
+
+_NUL = len(b"t/1")
+
+
 @pytest.mark.parametrize(
-    ("mutate", "reason"),
+    ("make", "mutate", "reason"),
     [
-        (lambda f: f[:1], "at least 2 frames"),
-        (lambda f: [f[0][:-1], *f[1:]], "NUL"),
-        (lambda f: [f[0], b"\x02" + f[1][1:], *f[2:]], "version"),
-        (lambda f: [f[0], f[1][:8] + bytes([f[1][8] ^ 1]) + f[1][9:], *f[2:]], "checksum"),
-        (lambda f: [f[0], f[1], f[2][:-1]], "bytes, expected"),
-        (lambda f: [*f, b"extra"], "payload frames"),
-        (lambda f: [b"\xff\xfe\x00", *f[1:]], "UTF-8"),
+        (_good, lambda f: [], "no frames"),
+        (_good, lambda f: [b"x" * 300], "NUL"),
+        (_good, lambda f: [f[0].replace(b"\x00", b"x", 1)], "malformed"),
+        (_good, lambda f: [b"t/1\x00\x02"], "too short"),
+        (_good, lambda f: [_flip(f[0], _NUL + 1)], "version"),
+        (_good, lambda f: [_flip(f[0], _NUL + 12)], "checksum"),  # inside seq
+        (_good, lambda f: [f[0][:-1]], "inline payload ends"),
+        (_good, lambda f: [f[0] + b"x"], "trailing"),
+        (_good, lambda f: [f[0], b"extra"], "payload frames"),
+        (_good_big, lambda f: [f[0], f[1][:-1]], "bytes, expected"),
+        (_good_big, lambda f: [f[0]], "payload frames"),
+        (_good_big, lambda f: [*f, b"extra"], "payload frames"),
+        (_good, lambda f: [b"\xff\xfe" + f[0][_NUL:]], "UTF-8"),
     ],
 )
-def test_malformed_frames_raise_typed_error(mutate, reason: str) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_frames_raise_typed_error(make, mutate, reason: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(MalformedFrame, match=reason):
-        decode(mutate(_good()))
+        decode(mutate(make()))
+
+
+def test_small_payload_is_one_aligned_frame_and_large_payload_is_separate() -> None:
+    small = encode("emb/r/1", [np.arange(5, dtype=np.int8), np.ones((3, 2), np.float64)])
+    assert len(small) == 1
+    msg = decode(small)
+    assert [a.ctypes.data % 8 for a in msg.arrays][1] == (
+        np.frombuffer(small[0], np.uint8).ctypes.data % 8)  # aligned relative to the frame
+    np.testing.assert_array_equal(msg.arrays[1], np.ones((3, 2)))
+    big = encode("emb/r/1", [np.ones(INLINE_MAX_BYTES, np.uint8)])
+    assert len(big) == 2 and len(memoryview(big[1])) == INLINE_MAX_BYTES
+
+
+def test_seq_and_publisher_out_of_range_raise_value_error() -> None:
+    with pytest.raises(ValueError, match="seq"):
+        encode("t", seq=-1)
+    with pytest.raises(ValueError, match="publisher"):
+        encode("t", publisher="p" * 256)
