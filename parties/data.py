@@ -286,8 +286,15 @@ def _read_resource(info: DatasetInfo) -> pd.DataFrame:
         )
     with resource.open("rb") as fh:
         if info.resource.endswith(".parquet"):
-            return pd.read_parquet(fh)
-        return pd.read_csv(fh, compression="gzip")
+            frame = pd.read_parquet(fh)
+        else:
+            frame = pd.read_csv(fh, compression="gzip")
+    if info.rows is not None and len(frame) != info.rows:
+        raise DataError(
+            f"bundled dataset {info.name!r} has {len(frame):,} rows, expected {info.rows:,}: "
+            f"{_DATASETS_PACKAGE}/{info.resource} is not the documented file"
+        )
+    return frame
 
 
 def load_table(
@@ -314,7 +321,8 @@ def load_table(
 
     Raises:
         DatasetNotFound: The file (or the bundled resource) does not exist.
-        DataError: The suffix is not supported, or the file cannot be parsed.
+        DataError: The suffix is not supported, the file cannot be parsed, or a
+            bundled table does not have its documented row count.
     """
     info = DATASETS.get(dataset)
     if info is not None:
@@ -732,10 +740,6 @@ class RegressionLabels:
     mean: float
     std: float
 
-    def to_original(self, standardised: np.ndarray) -> np.ndarray:
-        """Map standardised predictions ``(n,)`` back to the label's units (``float64``)."""
-        return np.asarray(standardised, dtype=np.float64) * self.std + self.mean
-
 
 def encode_regression_labels(
     frame: pd.DataFrame, label: str, train_idx: np.ndarray, test_idx: np.ndarray
@@ -744,8 +748,8 @@ def encode_regression_labels(
 
     Standardising keeps the mean squared error loss near 1 at the start
     whatever the label's scale, so the default learning rate suits every
-    dataset; predictions are mapped back with :meth:`RegressionLabels.to_original`
-    before any metric is computed. The statistics come from the training rows
+    dataset; predictions ``p`` are mapped back to ``p * std + mean`` before any
+    metric is computed. The statistics come from the training rows
     only, so nothing of the test labels leaks into training.
 
     Args:

@@ -266,8 +266,7 @@ def predict(bottom: nn.Module, top: nn.Module, x: torch.Tensor, emb: np.ndarray,
             task: str = "binary") -> np.ndarray:
     """Predictions ``(n,)`` float32 from own features ``x`` ``(n, d_a)`` and passive
     embeddings ``emb`` ``(n, d)``: positive-class probabilities (``"binary"``) or
-    standardised labels (``"regression"``; map back with
-    :meth:`parties.data.RegressionLabels.to_original`).
+    standardised labels (``"regression"``; ``p * std + mean`` in the label's units).
 
     Raises:
         ValueError: unknown ``task``.

@@ -34,8 +34,8 @@ def _vfl_run(args: argparse.Namespace) -> int:
     cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: run_guarded, exit 2
     if args.run_id:
         check_run_id(args.run_id)
-    print(f"PubSub-VFL: {cfg.dataset} ({cfg.effective_task}), {cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}, "
-          f"B={cfg.batch_size}, "
+    print(f"PubSub-VFL: {cfg.dataset} ({cfg.effective_task}), "
+          f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}, B={cfg.batch_size}, "
           f"workers {cfg.w_active}+{cfg.w_passive}, out {args.out}", flush=True)
     try:
         res = run_vfl(cfg, args.out, broker=args.broker, run_id=args.run_id,

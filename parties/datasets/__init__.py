@@ -23,8 +23,8 @@ class DatasetInfo:
         task: ``"binary"`` or ``"regression"``.
         resource: file name in this package (``.csv.gz`` or ``.parquet``); ``None``
             for a dataset generated in memory.
-        rows: row count of the bundled table (``None``: set by the config).
-        description: one line for help texts: what, source, licence.
+        rows: row count of the bundled table, checked when it is loaded (``None``:
+            set by the config).
     """
 
     name: str
@@ -32,7 +32,6 @@ class DatasetInfo:
     task: str
     resource: str | None
     rows: int | None
-    description: str
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -42,26 +41,15 @@ class DatasetInfo:
 DATASETS: dict[str, DatasetInfo] = {
     d.name: d
     for d in (
-        DatasetInfo(
-            name="bank", label="y", task="binary", resource="bank-full.csv.gz", rows=45_211,
-            description="UCI Bank Marketing bank-full, 45,211 x 16, label y yes/no (CC BY 4.0)",
-        ),
-        DatasetInfo(
-            name="adult", label="income", task="binary", resource="adult.parquet", rows=48_842,
-            description="UCI Adult (census income), 48,842 x 14, label income >50K (CC BY 4.0)",
-        ),
-        DatasetInfo(
-            name="california", label="MedHouseVal", task="regression",
-            resource="california_housing.parquet", rows=20_640,
-            description="California housing (StatLib, 1990 US census), 20,640 x 8, "
-                        "label MedHouseVal in $100,000",
-        ),
-        DatasetInfo(
-            name="synthetic", label="y", task="binary", resource=None, rows=None,
-            description="scikit-learn make_classification, vfl.synthetic_* rows/features, "
-                        "label y 0/1",
-        ),
+        DatasetInfo(name="bank", label="y", task="binary", resource="bank-full.csv.gz",
+                    rows=45_211),
+        DatasetInfo(name="adult", label="income", task="binary", resource="adult.parquet",
+                    rows=48_842),
+        DatasetInfo(name="california", label="MedHouseVal", task="regression",
+                    resource="california_housing.parquet", rows=20_640),
+        DatasetInfo(name="synthetic", label="y", task="binary", resource=None, rows=None),
     )
 }
+"""The named datasets, by ``vfl.dataset`` value (sources and licences: README.md here)."""
 
 __all__ = ["DATASETS", "DatasetInfo"]

@@ -436,7 +436,7 @@ def test_regression_labels_standardised_with_train_statistics():
     assert reg.y_train.dtype == np.float32 and reg.y_test.dtype == np.float32
     np.testing.assert_allclose(reg.y_train, (np.array([1, 2, 3, 4]) - 2.5) / reg.std, rtol=1e-6)
     np.testing.assert_array_equal(reg.y_test, [100.0, -7.5])  # original units
-    np.testing.assert_allclose(reg.to_original(reg.y_train), [1, 2, 3, 4], rtol=1e-6)
+    np.testing.assert_allclose(reg.y_train * reg.std + reg.mean, [1, 2, 3, 4], rtol=1e-6)
 
 
 def test_regression_labels_integer_column():
@@ -521,3 +521,12 @@ def test_unknown_dataset_name_lists_the_named_ones():
     with pytest.raises(DatasetNotFound) as info:
         load_table("adultt")
     assert "adult, bank, california, synthetic" in str(info.value)
+
+
+def test_bundled_table_with_the_wrong_row_count_is_refused(monkeypatch):
+    import parties.data as data
+
+    monkeypatch.setitem(data.DATASETS, "bank", data.DatasetInfo(
+        name="bank", label="y", task="binary", resource="bank-full.csv.gz", rows=4_521))
+    with pytest.raises(DataError, match="45,211 rows, expected 4,521"):
+        load_table("bank")
