@@ -132,8 +132,9 @@ def run_party(role: str, args: argparse.Namespace) -> int:
         (out / "config.toml").write_text(dump_vfl_config(cfg))
     if not args.quiet:
         if role == "active":
-            print(f"active party done: test_auc {format_metric(result.get('test_auc'))}, {result['train_samples_per_s']:,.0f} "
-                  f"samples/s, wall {result['wall_s']:.1f} s"
+            print(f"active party done: test_{result['metric_name']} "
+                  f"{format_metric(result.get('metric'))}, "
+                  f"{result['train_samples_per_s']:,.0f} samples/s, wall {result['wall_s']:.1f} s"
                   + (f"; metrics: {path}" if out is not None else ""), flush=True)
         else:
             print(f"passive party done: {result['batches']} batches, cpu_util "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from importlib.metadata import PackageNotFoundError, version
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from parties.datasets import DATASETS
+from parties.tasks import TASKS
 from pubsub.config import (
     ConfigError,
     deep_merge,
@@ -36,10 +39,17 @@ class VflConfig:
 
     Attributes:
         algo: coordination algorithm; ``"pubsub"`` (PubSub-VFL).
-        dataset: ``"bank"`` (bundled) or a path to a CSV/Parquet file.
-        label: label column (default: the bundled dataset's, required for files).
+        dataset: a named dataset (``"bank"``, ``"adult"``, ``"california"``,
+            ``"synthetic"``; see :data:`parties.datasets.DATASETS`) or a path to a
+            CSV/Parquet file.
+        label: label column (default: the named dataset's, required for files).
+        task: ``"binary"`` or ``"regression"``; empty (the default) means the named
+            dataset's own task, or ``"binary"`` for a file. See :mod:`parties.tasks`.
         active_columns / passive_columns: each party's feature columns (default:
             an even split of all non-label columns, active first).
+        synthetic_rows / synthetic_features / synthetic_informative / synthetic_seed:
+            size, informative feature count and generator seed of the ``synthetic``
+            dataset (ignored for other datasets); see :func:`parties.data.make_synthetic`.
         test_frac: test share of the rows (seeded, unstratified split).
         seed: seed of the split, the batch order and the model initialisation.
         epochs: training epochs.
@@ -70,8 +80,13 @@ class VflConfig:
     algo: str = "pubsub"
     dataset: str = "bank"
     label: str = ""
+    task: str = ""
     active_columns: tuple[str, ...] = ()
     passive_columns: tuple[str, ...] = ()
+    synthetic_rows: int = 100_000
+    synthetic_features: int = 100
+    synthetic_informative: int = 20
+    synthetic_seed: int = 0
     test_frac: float = 0.3
     seed: int = 0
     epochs: int = 10
@@ -102,6 +117,21 @@ class VflConfig:
 
         if self.algo not in ALGOS:
             raise bad("algo", f"must be one of {ALGOS}")
+        if self.task not in ("", *TASKS):
+            raise bad("task", f"must be one of {TASKS} (or empty: the dataset's own)")
+        named = DATASETS.get(self.dataset)
+        if named is not None and self.task and self.task != named.task:
+            raise bad("task", f"dataset {self.dataset!r} is a {named.task} task; "
+                              f"leave vfl.task empty or set it to {named.task!r}")
+        if self.synthetic_rows < 2:
+            raise bad("synthetic_rows", "must be >= 2")
+        if self.synthetic_features < 2:
+            raise bad("synthetic_features", "must be >= 2")
+        if not 2 <= self.synthetic_informative <= self.synthetic_features:
+            raise bad("synthetic_informative",
+                      f"must be in 2 .. synthetic_features ({self.synthetic_features})")
+        if not 0 <= self.synthetic_seed < 2**32:
+            raise bad("synthetic_seed", "must be in 0 .. 2**32-1")
         for key in ("epochs", "batch_size", "w_active", "w_passive", "delta_t0", "p", "q",
                     "embedding_dim", "torch_threads", "eval_every"):
             if getattr(self, key) < 1:
@@ -125,17 +155,45 @@ class VflConfig:
         if self.worker_mode not in ("process", "thread"):
             raise bad("worker_mode", "must be 'process' or 'thread'")
 
+    @property
+    def effective_task(self) -> str:
+        """The run's task: ``vfl.task`` if set, else the named dataset's, else ``"binary"``."""
+        if self.task:
+            return self.task
+        named = DATASETS.get(self.dataset)
+        return named.task if named is not None else "binary"
+
     def shared_settings(self, n_rows: int) -> dict[str, Any]:
         """The settings both parties must agree on, plus the table's row count, and their
-        ``digest``. Two parties whose digests differ refuse to train together."""
+        ``digest``. Two parties whose digests differ refuse to train together.
+
+        For the ``synthetic`` dataset, which each party generates itself, they also
+        include the generator's parameters and the scikit-learn and NumPy versions
+        (the generated table is only guaranteed identical under the same versions).
+        """
         shared: dict[str, Any] = {
             "algo": self.algo, "n_rows": n_rows, "test_frac": self.test_frac, "seed": self.seed,
             "epochs": self.epochs, "batch_size": self.batch_size,
             "embedding_dim": self.embedding_dim, "eval_every": self.eval_every,
+            "task": self.effective_task,
         }
+        if self.dataset == "synthetic":
+            shared["synthetic"] = {
+                "features": self.synthetic_features,
+                "informative": self.synthetic_informative,
+                "seed": self.synthetic_seed,
+                "generator": f"scikit-learn {_version('scikit-learn')}, numpy {_version('numpy')}",
+            }
         shared["digest"] = hashlib.sha256(
             orjson.dumps(shared, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
         return shared
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def load_vfl_config(

@@ -2,7 +2,8 @@
 
 * bottom model: MLP ``d_in → hidden… → embedding_dim`` with ReLU, one per party;
   its output at the cut layer is the *embedding*.
-* top model (active party only): MLP ``2·embedding_dim → hidden… → 1`` (logit).
+* top model (active party only): MLP ``2·embedding_dim → hidden… → 1``: a logit
+  (binary task, BCE loss) or the standardised label (regression task, MSE loss).
 * :class:`ParameterServer`: a party's global parameters as one flat float32
   vector. Workers push the *change* of their replica since their last pull
   (Downpour-style delta application, θ ← θ + Δ), then pull.
@@ -45,7 +46,8 @@ def bottom_model(d_in: int, hidden: Sequence[int], embedding_dim: int) -> nn.Seq
 
 
 def top_model(embedding_dim: int, hidden: Sequence[int]) -> nn.Sequential:
-    """The active party's top model: ``(B, 2·embedding_dim) → (B, 1)`` logits."""
+    """The active party's top model: ``(B, 2·embedding_dim) → (B, 1)`` logits (binary task)
+    or standardised predictions (regression task)."""
     return mlp(2 * embedding_dim, hidden, 1, out_relu=False)
 
 
@@ -82,6 +84,20 @@ class ParameterServer:
             self.version += 1
             self.pushes += 1
             return self._theta.clone()
+
+
+def loss_function(task: str) -> nn.Module:
+    """The top model's training loss for ``task``: mean BCE-with-logits (``"binary"``) or
+    mean squared error (``"regression"``).
+
+    Raises:
+        ValueError: unknown ``task``.
+    """
+    if task == "binary":
+        return nn.BCEWithLogitsLoss()
+    if task == "regression":
+        return nn.MSELoss()
+    raise ValueError(f"task must be 'binary' or 'regression', got {task!r}")
 
 
 def make_adam(params: Sequence[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -170,21 +186,27 @@ class ActiveCompute:
 
     Args:
         x_train: ``(n_train, d_a)`` float32 tensor of the active party's features.
-        y_train: ``(n_train,)`` float32 tensor of 0/1 labels.
+        y_train: ``(n_train,)`` float32 tensor: 0/1 labels (binary task) or
+            standardised labels (regression task).
         make_bottom / make_top: factories of fresh modules.
         ps: the party's parameter server over (bottom, top) parameters.
         lr, delta_t0: see :class:`Replica`.
+        task: ``"binary"`` (BCE-with-logits loss) or ``"regression"`` (MSE loss).
+
+    Raises:
+        ValueError: unknown ``task``.
     """
 
     def __init__(self, x_train: torch.Tensor, y_train: torch.Tensor,
                  make_bottom: Callable[[], nn.Module], make_top: Callable[[], nn.Module],
-                 ps: ParameterServer, *, lr: float, delta_t0: int) -> None:
+                 ps: ParameterServer, *, lr: float, delta_t0: int,
+                 task: str = "binary") -> None:
         self.x = x_train
         self.y = y_train
         self.bottom = make_bottom()
         self.top = make_top()
         self.replica = Replica([self.bottom, self.top], ps, lr=lr, delta_t0=delta_t0)
-        self.loss_fn = nn.BCEWithLogitsLoss()
+        self.loss_fn = loss_function(task)
 
     def forward_own(self, rows: np.ndarray) -> torch.Tensor:
         """The active party's own bottom embedding of a batch, ``(B, d)`` with graph."""
@@ -201,7 +223,8 @@ class ActiveCompute:
             epoch: current epoch (for the sync schedule).
 
         Returns:
-            ``(loss, grad)``: the batch's mean BCE loss and ``dLoss/d emb``, ``(B, d)`` float32.
+            ``(loss, grad)``: the batch's mean loss (BCE, or MSE of standardised labels) and
+            ``dLoss/d emb``, ``(B, d)`` float32.
 
         Raises:
             ValueError: the embedding's shape does not match the batch.
@@ -239,8 +262,17 @@ def embed(bottom: nn.Module, x: torch.Tensor, *, chunk: int = 8192) -> np.ndarra
 
 
 @torch.no_grad()
-def predict(bottom: nn.Module, top: nn.Module, x: torch.Tensor, emb: np.ndarray) -> np.ndarray:
-    """Probabilities ``(n,)`` float32 from own features ``x`` and passive embeddings ``emb``."""
+def predict(bottom: nn.Module, top: nn.Module, x: torch.Tensor, emb: np.ndarray, *,
+            task: str = "binary") -> np.ndarray:
+    """Predictions ``(n,)`` float32 from own features ``x`` ``(n, d_a)`` and passive
+    embeddings ``emb`` ``(n, d)``: positive-class probabilities (``"binary"``) or
+    standardised labels (``"regression"``; ``p * std + mean`` in the label's units).
+
+    Raises:
+        ValueError: unknown ``task``.
+    """
+    if task not in ("binary", "regression"):
+        raise ValueError(f"task must be 'binary' or 'regression', got {task!r}")
     h = bottom(x)
-    logits = top(torch.cat([h, torch.from_numpy(np.array(emb, dtype=np.float32))], dim=1))
-    return torch.sigmoid(logits.squeeze(1)).numpy()
+    out = top(torch.cat([h, torch.from_numpy(np.array(emb, dtype=np.float32))], dim=1)).squeeze(1)
+    return (torch.sigmoid(out) if task == "binary" else out).numpy()

@@ -5,39 +5,79 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from parties.config import VflConfig
 from parties.data import (
+    SYNTHETIC_LABEL,
     DataError,
     InvalidLabel,
+    SyntheticSpec,
     default_split,
     encode_labels,
+    encode_regression_labels,
     load_table,
+    synthetic_columns,
     train_test_indices,
     validate_split,
 )
 
 
+def synthetic_spec(cfg: VflConfig) -> SyntheticSpec:
+    """The ``synthetic`` dataset's parameters from the ``vfl.synthetic_*`` keys."""
+    return SyntheticSpec(rows=cfg.synthetic_rows, features=cfg.synthetic_features,
+                         informative=cfg.synthetic_informative, seed=cfg.synthetic_seed)
+
+
+def load_configured_table(cfg: VflConfig) -> tuple[pd.DataFrame, str | None]:
+    """:func:`parties.data.load_table` of ``cfg.dataset`` (with the synthetic parameters).
+
+    Raises:
+        parties.data.DataError: missing or unreadable file.
+    """
+    return load_table(cfg.dataset, synthetic=synthetic_spec(cfg))
+
+
 def preflight(cfg: VflConfig) -> None:
     """Check the data and the column split before any process starts (fast, clear errors).
 
+    The ``synthetic`` dataset with its own label is not generated here (its columns
+    are known and its classes balanced by construction), only the column split is
+    checked.
+
     Raises:
-        parties.data.DataError: missing file, unknown column, bad split, a label with one
-            class in the training split or in the test split.
+        parties.data.DataError: missing file, unknown column, bad split, a binary label
+            with one class in the training split or in the test split, a regression label
+            that is not numeric or constant, an empty test split.
     """
-    frame, default_label = load_table(cfg.dataset)
+    if cfg.dataset == "synthetic" and cfg.label in ("", SYNTHETIC_LABEL):
+        columns = synthetic_columns(synthetic_spec(cfg))
+        resolve_columns(cfg, pd.DataFrame(columns=columns), SYNTHETIC_LABEL)
+        return
+    frame, default_label = load_configured_table(cfg)
     label, active, passive = resolve_columns(cfg, frame, default_label)
     train_idx, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
-    _, y_test, _ = encode_labels(frame[[label]], label, train_idx, test_idx)
-    check_test_labels(y_test, label)
+    if cfg.effective_task == "regression":
+        y_test = encode_regression_labels(frame[[label]], label, train_idx, test_idx).y_test
+    else:
+        _, y_test, _ = encode_labels(frame[[label]], label, train_idx, test_idx)
+    check_test_labels(y_test, label, task=cfg.effective_task)
 
 
-def check_test_labels(y_test: np.ndarray, label: str) -> None:
-    """Both classes must occur in the test split ``(n_test,)``, or test AUC is undefined.
+def check_test_labels(y_test: np.ndarray, label: str, *, task: str = "binary") -> None:
+    """The test split ``(n_test,)`` must make the test metric defined: both classes
+    (binary: AUC) or at least one row (regression: RMSE).
 
     Raises:
-        parties.data.InvalidLabel: a single class.
+        parties.data.InvalidLabel: a single class, or no test rows.
     """
+    if task == "regression":
+        if len(y_test) == 0:
+            raise InvalidLabel(
+                f"the test split of label {label!r} is empty, so test RMSE is undefined; "
+                "use more rows or a larger test_frac"
+            )
+        return
     if len(np.unique(y_test)) < 2:
         raise InvalidLabel(
             f"the test split ({len(y_test)} rows) of label {label!r} has a single class, so "

@@ -29,18 +29,24 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
     Args:
         cfg: effective config.
         run_id: run id (topic namespace).
-        active: the active party's metrics, including ``test_auc`` and ``broker``.
+        active: the active party's metrics, including ``task``, ``metric_name``
+            (``"auc"`` or ``"rmse"``), ``metric``, the same value as ``test_<metric_name>``,
+            and ``broker``.
         passive: the passive party's report, or None if it never arrived.
 
     Returns:
-        A JSON-ready dict with ``algo``, ``dataset``, ``test_auc``, ``epochs``,
+        A JSON-ready dict with ``algo``, ``dataset``, ``task``, ``test_auc`` (binary)
+        or ``test_rmse`` (regression), ``metric_name``, ``metric``, ``epochs``,
         ``wall_s``, ``train_samples_per_s``, per-party ``cpu_util`` and
         ``wait_s_per_epoch``, ``bytes_sent`` by channel, ``broker_bytes``,
-        ``expected_bytes``, ``dropped_batches`` and ``reassigned_batches``.
+        ``dropped_batches`` and ``reassigned_batches``.
     """
     broker = active.get("broker") or {}
     ns = broker.get("namespace_bytes", {})
-    parties = {"active": {k: v for k, v in active.items() if k not in ("broker", "test_auc")}}
+    name = active["metric_name"]
+    key = f"test_{name}"
+    top_level = ("broker", "task", key, "metric_name", "metric")
+    parties = {"active": {k: v for k, v in active.items() if k not in top_level}}
     if passive is not None:
         parties["passive"] = passive
     bytes_sent = _sum_dicts(*(p.get("bytes_sent", {}) for p in parties.values()))
@@ -49,7 +55,10 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         "algo": cfg.algo,
         "dataset": cfg.dataset,
         "run_id": run_id,
-        "test_auc": active["test_auc"],
+        "task": active["task"],
+        key: active[key],
+        "metric_name": name,
+        "metric": active["metric"],
         "epochs": cfg.epochs,
         "wall_s": train_wall,
         "train_wall_s": train_wall,

@@ -9,6 +9,7 @@ topic                     publisher  payload
 ``grad/<run>/<b>``        active     (B, d) float32 cut-layer gradient; meta e, b, u
                                      (or ``skip``: the active party gave up on the batch)
 ``eval/<run>/<e>``        passive    (n_test, d) embeddings of the test split after epoch e
+                                     (the active party scores them: test AUC or RMSE)
 ``ctl/<run>/hello/<r>``   both       handshake for role r (shared-settings digest)
 ``ctl/<run>/hb/<r>``      both       heartbeat of role r
 ``ctl/<run>/report``      passive    the passive party's metrics, at the end
@@ -39,7 +40,6 @@ from typing import Any
 import numpy as np
 import structlog
 import torch
-from sklearn.metrics import roc_auc_score
 
 from pubsub import Bus, BusConfig, DeadlineExceeded, Message
 from pubsub.buffer import BufferLimits
@@ -50,10 +50,10 @@ from parties.config import VflConfig
 from parties.data import (
     encode_labels,
     encode_party_features,
-    load_table,
+    encode_regression_labels,
     train_test_indices,
 )
-from parties.preflight import check_test_labels, resolve_columns
+from parties.preflight import check_test_labels, load_configured_table, resolve_columns
 from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost
 from parties.model import (
     ParameterServer,
@@ -66,6 +66,7 @@ from parties.model import (
 )
 from parties.schedule import EpochSchedule, epoch_batches, num_batches
 from parties.sysinfo import CpuMeter
+from parties.tasks import compute_metric, metric_name
 from parties.workers import ProcessWorker, ThreadWorker, WorkerHandle, ensure_forkserver
 
 log = structlog.get_logger(__name__)
@@ -109,10 +110,15 @@ class PartyData:
 
     Attributes:
         x_train / x_test: ``(n, d)`` float32 features of this party's columns.
-        y_train / y_test: ``(n,)`` float32 labels (active party only, else None).
+        y_train / y_test: ``(n,)`` float32 labels (active party only, else None): 0/1
+            (binary task); for regression ``y_train`` is standardised and ``y_test`` is
+            in the label's original units.
         columns: this party's raw feature columns.
         n_rows: rows in the whole (aligned) table.
         dataset: dataset name or path.
+        task: ``"binary"`` or ``"regression"``.
+        label_mean / label_std: regression only: the training labels' mean and standard
+            deviation, original units (standardised prediction p means ``p·std + mean``).
     """
 
     x_train: np.ndarray
@@ -122,26 +128,40 @@ class PartyData:
     columns: tuple[str, ...]
     n_rows: int
     dataset: str
+    task: str = "binary"
+    label_mean: float = 0.0
+    label_std: float = 1.0
 
 
 def load_party_data(cfg: VflConfig, role: str) -> PartyData:
     """Load and encode this party's columns (and labels, for the active party).
 
     Raises:
-        parties.data.DataError: missing file, unknown column, bad split, one-class label.
+        parties.data.DataError: missing file, unknown column, bad split, a label unfit for
+            the task (one class; not numeric or constant for regression).
     """
-    frame, default_label = load_table(cfg.dataset)
+    task = cfg.effective_task
+    frame, default_label = load_configured_table(cfg)
     label, active, passive = resolve_columns(cfg, frame, default_label)
     train_idx, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
     mine = tuple(active if role == "active" else passive)
     feats = encode_party_features(frame, mine, train_idx, test_idx)
     y_train = y_test = None
+    mean, std = 0.0, 1.0
     if role == "active":
-        y_train, y_test, _pos = encode_labels(frame, label, train_idx, test_idx)
-        check_test_labels(y_test, label)
+        if task == "regression":
+            reg = encode_regression_labels(frame, label, train_idx, test_idx)
+            y_train, y_test, mean, std = reg.y_train, reg.y_test, reg.mean, reg.std
+        else:
+            y_train, y_test, _pos = encode_labels(frame, label, train_idx, test_idx)
+        check_test_labels(y_test, label, task=task)
+    log.info("vfl.data_loaded", party=role, dataset=cfg.dataset, task=task, n_rows=len(frame),
+             n_train=len(train_idx), n_test=len(test_idx), columns=len(mine),
+             features=int(feats.x_train.shape[1]))
     return PartyData(
         x_train=feats.x_train, x_test=feats.x_test, y_train=y_train, y_test=y_test,
-        columns=mine, n_rows=len(frame), dataset=cfg.dataset,
+        columns=mine, n_rows=len(frame), dataset=cfg.dataset, task=task,
+        label_mean=mean, label_std=std,
     )
 
 
@@ -464,7 +484,9 @@ class Party:
     async def _train_active(self, bus: Bus, meter: CpuMeter) -> dict[str, Any]:
         cfg = self.cfg
         t_train = time.perf_counter()
-        test_auc = float("nan")
+        name = metric_name(self.data.task)
+        key = f"test_{name}"
+        value = float("nan")
         for epoch in range(cfg.epochs):
             t_epoch = time.perf_counter()
             loss0, n0, samples0, wait0 = self.c.loss_sum, self.c.loss_n, self.c.samples, self.c.wait_s
@@ -484,18 +506,20 @@ class Party:
                 "dropped": sched.dropped, "reassigned": sched.reassigned,
             }
             if epoch in self._eval_epochs():
-                test_auc = await self._evaluate(bus, epoch)
-                entry["test_auc"] = test_auc
+                value = await self._evaluate(bus, epoch)
+                entry[key] = value
+                entry["metric"] = value
             entry["wall_s"] = time.perf_counter() - t_train
             self.c.history.append(entry)
             self.log.info("vfl.epoch_done", **entry)
             if self.progress:
-                auc = f"  test_auc {entry['test_auc']:.4f}" if "test_auc" in entry else ""
-                print(f"epoch {epoch + 1:>3}/{cfg.epochs}  loss {entry['loss']:.4f}{auc}  "
+                shown = f"  {key} {entry[key]:.4f}" if key in entry else ""
+                print(f"epoch {epoch + 1:>3}/{cfg.epochs}  loss {entry['loss']:.4f}{shown}  "
                       f"{entry['samples_per_s']:,.0f} samples/s  wait {entry['wait_s']:.2f} s  "
                       f"dropped {sched.dropped}", flush=True)
         metrics = self._party_metrics(meter)
-        metrics["test_auc"] = test_auc
+        metrics.update({"task": self.data.task, key: value, "metric_name": name,
+                        "metric": value})
         try:
             rep = await bus.next(self.topics.report, cfg.liveness_timeout_s)
             self.partner_report = dict(rep.meta)
@@ -543,16 +567,19 @@ class Party:
                 cond.notify_all()
 
     async def _evaluate(self, bus: Bus, epoch: int) -> float:
-        """Test AUC after ``epoch`` from the PS parameters and the passive test embeddings."""
-        cfg = self.cfg
-        assert self._top is not None and self.data.y_test is not None
+        """The test metric after ``epoch`` (AUC, or RMSE in the label's units) from the PS
+        parameters and the passive party's test embeddings."""
+        cfg, data = self.cfg, self.data
+        assert self._top is not None and data.y_test is not None
         t0 = time.perf_counter()
         msg = await bus.next(self.topics.eval(epoch), cfg.liveness_timeout_s)
         self.c.wait_s += time.perf_counter() - t0
         load_flat([self._bottom, self._top], self.ps.pull())
-        probs = await asyncio.to_thread(predict, self._bottom, self._top, self._x_test,
-                                        msg.arrays[0])
-        return float(roc_auc_score(self.data.y_test, probs))
+        pred = await asyncio.to_thread(predict, self._bottom, self._top, self._x_test,
+                                       msg.arrays[0], task=data.task)
+        if data.task == "regression":
+            pred = pred.astype(np.float64) * data.label_std + data.label_mean
+        return compute_metric(data.task, data.y_test, pred)
 
     # ------------------------------------------------------------------ metrics
     def _party_metrics(self, meter: CpuMeter) -> dict[str, Any]:

@@ -107,7 +107,7 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
         y = torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.float32))
         return ActiveCompute(x, y, make_bottom, lambda: top_model(cfg.embedding_dim,
                                                                   cfg.top_hidden),
-                             ps, lr=cfg.lr, delta_t0=cfg.delta_t0)
+                             ps, lr=cfg.lr, delta_t0=cfg.delta_t0, task=cfg.effective_task)
     return PassiveCompute(x, make_bottom, ps, lr=cfg.lr, delta_t0=cfg.delta_t0)
 
 

@@ -34,8 +34,8 @@ def _vfl_run(args: argparse.Namespace) -> int:
     cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: run_guarded, exit 2
     if args.run_id:
         check_run_id(args.run_id)
-    print(f"PubSub-VFL: {cfg.dataset}, {cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}, "
-          f"B={cfg.batch_size}, "
+    print(f"PubSub-VFL: {cfg.dataset} ({cfg.effective_task}), "
+          f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}, B={cfg.batch_size}, "
           f"workers {cfg.w_active}+{cfg.w_passive}, out {args.out}", flush=True)
     try:
         res = run_vfl(cfg, args.out, broker=args.broker, run_id=args.run_id,
@@ -61,8 +61,8 @@ def _vfl_run(args: argparse.Namespace) -> int:
     m = res.metrics
     pa = m["parties"]["active"]
     pp = m["parties"].get("passive", {})
-    print(f"test_auc {format_metric(m['test_auc'])}  wall {m['wall_s']:.1f} s (training {m['train_wall_s']:.1f} s)  "
-          f"{m['train_samples_per_s']:,.0f} samples/s")
+    print(f"test_{m['metric_name']} {format_metric(m['metric'])}  wall {m['wall_s']:.1f} s "
+          f"(training {m['train_wall_s']:.1f} s)  {m['train_samples_per_s']:,.0f} samples/s")
     print(f"cpu_util active {pa['cpu_util']:.2f} passive {pp.get('cpu_util', float('nan')):.2f}  "
           f"broker bytes emb {m['broker_bytes']['emb']:,} grad {m['broker_bytes']['grad']:,}  "
           f"dropped {m['dropped_batches']}")
@@ -94,8 +94,9 @@ def _vfl_party(args: argparse.Namespace) -> int:
 
 def _add_vfl_run_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     if not demo:
-        p.add_argument("--dataset", help="'bank' (bundled) or a CSV/Parquet path "
-                       "(then also --set label=COL and optionally active_columns/passive_columns)")
+        p.add_argument("--dataset", help="a named dataset (bank, adult, california, synthetic) "
+                       "or a CSV/Parquet path (then also --set label=COL, optionally "
+                       "task=regression and active_columns/passive_columns)")
         p.add_argument("--algo", help="coordination algorithm (pubsub)")
     p.add_argument("--out", default=DEFAULT_DEMO_OUT if demo else None, required=not demo,
                    help="run directory (may exist; files are overwritten)")

@@ -8,11 +8,14 @@ import sys
 import time
 from pathlib import Path
 
+import math
+
+import numpy as np
 import orjson
 import pandas as pd
 import pytest
 
-from parties.data import load_table
+from parties.data import load_table, train_test_indices
 
 PSFL = [sys.executable, "-m", "sim.cli"]
 
@@ -134,3 +137,70 @@ def test_more_bad_input_is_a_clear_error(args: list[str], tmp_path: Path) -> Non
     res = subprocess.run([*PSFL, *args], capture_output=True, text=True, timeout=60,
                          cwd=tmp_path)
     _assert_clean_failure(res, 2)
+
+
+def test_regression_run_on_california_reports_rmse(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = _psfl("vfl", "run", "--dataset", "california", "--out", str(out),
+                "--set", "epochs=3")
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = orjson.loads((out / "metrics.json").read_bytes())
+    assert (m["dataset"], m["task"], m["metric_name"]) == ("california", "regression", "rmse")
+    assert "test_auc" not in m
+    rmse = m["test_rmse"]
+    assert math.isfinite(rmse) and m["metric"] == rmse
+    # far better than predicting the training mean, in the label's units ($100,000)
+    frame, label = load_table("california")
+    train, test = train_test_indices(len(frame), test_frac=0.3, seed=0)
+    y = frame[label].to_numpy()
+    baseline = float(np.sqrt(np.mean((y[test] - y[train].mean()) ** 2)))
+    assert rmse < 0.75 * baseline, (rmse, baseline)
+    assert [h["metric"] for h in m["history"]] == [h["test_rmse"] for h in m["history"]]
+    assert len(m["history"]) == 3
+    epoch_lines = [x for x in res.stdout.splitlines() if x.startswith("epoch ")]
+    assert len(epoch_lines) == 3 and all("test_rmse" in x for x in epoch_lines), res.stdout
+    assert "test_auc" not in res.stdout
+    assert f"test_rmse {rmse:.4f}" in res.stdout  # the launcher's and the party's summaries
+
+
+def test_adult_run_reaches_the_reference_auc(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = _psfl("vfl", "run", "--dataset", "adult", "--out", str(out), "--set", "epochs=2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = orjson.loads((out / "metrics.json").read_bytes())
+    assert (m["task"], m["metric_name"]) == ("binary", "auc")
+    assert m["metric"] == m["test_auc"] > 0.85
+    assert m["parties"]["active"]["n_features"] > 7  # one-hot columns, "?" as a category
+    assert "test_auc" in res.stdout
+
+
+def test_task_that_does_not_fit_the_label_is_a_clear_error(bank_sample: Path,
+                                                            tmp_path: Path) -> None:
+    res = _psfl("vfl", "run", "--dataset", "bank", "--out", str(tmp_path / "a"),
+                "--set", "task=regression")
+    _assert_clean_failure(res, 2, "vfl.task", "binary task")
+    res = _psfl("vfl", "run", "--dataset", str(bank_sample), "--out", str(tmp_path / "b"),
+                "--set", "label=y", "--set", "task=regression")
+    _assert_clean_failure(res, 2, "'y'", "must be numeric")
+    res = _psfl("vfl", "run", "--dataset", str(bank_sample), "--out", str(tmp_path / "c"),
+                "--set", "label=balance")
+    _assert_clean_failure(res, 2, "vfl.task=regression")
+
+
+def test_parties_with_different_tasks_refuse_to_train(broker, tmp_path: Path) -> None:
+    table = tmp_path / "t.csv"
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"a": rng.normal(size=200), "b": rng.normal(size=200),
+                  "y": rng.integers(0, 2, size=200)}).to_csv(table, index=False)
+    common = ["vfl", "party", "--broker", broker.address, "--run-id", "taskmix",
+              "--set", f"dataset={table}", "--set", "label=y", "--set", "handshake_timeout_s=30"]
+    procs = {
+        role: subprocess.Popen([*PSFL, *common, "--role", role, "--set", f"task={task}",
+                                "--out", str(tmp_path / role)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for role, task in (("passive", "binary"), ("active", "regression"))
+    }
+    for role, proc in procs.items():
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 4, (role, err[-2000:])
+        assert "task: ours" in err and "Traceback" not in err, err[-2000:]

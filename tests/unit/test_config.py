@@ -57,3 +57,53 @@ def test_broker_address() -> None:
     for bad in ("10.0.0.5:6000", "tcp://h:99999", "ipc://x"):
         with pytest.raises(InvalidAddress):
             BrokerAddress.parse(bad)
+
+
+@pytest.mark.parametrize(
+    ("sets", "task"),
+    [([], "binary"), (["dataset=adult"], "binary"), (["dataset=california"], "regression"),
+     (["dataset=synthetic"], "binary"), (["dataset=my.csv"], "binary"),
+     (["dataset=my.csv", "task=regression"], "regression"),
+     (["dataset=california", "task=regression"], "regression")],
+)
+def test_effective_task(sets: list[str], task: str) -> None:
+    assert load_vfl_config(None, sets).effective_task == task
+
+
+@pytest.mark.parametrize(
+    ("sets", "key", "needle"),
+    [(["task=multiclass"], "vfl.task", "'multiclass'"),
+     (["dataset=adult", "task=regression"], "vfl.task", "'adult' is a binary task"),
+     (["dataset=california", "vfl.task=binary"], "vfl.task", "regression task"),
+     (["synthetic_rows=1"], "vfl.synthetic_rows", "got 1"),
+     (["synthetic_features=1"], "vfl.synthetic_features", "got 1"),
+     (["synthetic_features=10", "synthetic_informative=11"], "vfl.synthetic_informative",
+      "got 11"),
+     (["synthetic_seed=-3"], "vfl.synthetic_seed", "got -3"),
+     (["synthetic_size=3"], "vfl.synthetic_size", "unknown key")],
+)
+def test_dataset_keys_are_checked(sets: list[str], key: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_vfl_config(None, sets)
+    assert ei.value.key == key and needle in str(ei.value)
+
+
+def test_paper_scale_synthetic_is_allowed() -> None:
+    c = load_vfl_config(None, ["vfl.dataset=synthetic", "synthetic_rows=200000",
+                               "synthetic_features=500", "synthetic_informative=20"])
+    assert (c.synthetic_rows, c.synthetic_features) == (200_000, 500)
+
+
+def test_shared_settings_carry_the_task_and_synthetic_parameters() -> None:
+    binary = VflConfig(dataset="bank").shared_settings(100)
+    regression = VflConfig(dataset="my.csv", task="regression").shared_settings(100)
+    assert binary["task"] == "binary" and regression["task"] == "regression"
+    assert binary["digest"] != regression["digest"]
+    assert "synthetic" not in binary
+    a = VflConfig(dataset="synthetic").shared_settings(100_000)
+    b = VflConfig(dataset="synthetic", synthetic_informative=10).shared_settings(100_000)
+    assert a["synthetic"]["informative"] == 20 and a["digest"] != b["digest"]
+    assert "scikit-learn" in a["synthetic"]["generator"]
+    # the synthetic keys do not matter for other datasets
+    assert (VflConfig(dataset="bank", synthetic_seed=5).shared_settings(100)["digest"]
+            == binary["digest"])

@@ -11,17 +11,23 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
 from parties.data import (
-    BUNDLED,
+    DATASETS,
     DataError,
     DatasetNotFound,
     InvalidLabel,
     InvalidSplit,
+    InvalidSynthetic,
     PartyFeatures,
+    SyntheticSpec,
     UnknownColumn,
+    clean_adult,
     default_split,
     encode_labels,
     encode_party_features,
+    encode_regression_labels,
     load_table,
+    make_synthetic,
+    synthetic_columns,
     train_test_indices,
     validate_split,
 )
@@ -39,7 +45,9 @@ def bank() -> tuple[pd.DataFrame, str]:
 
 def test_bundled_bank_shape_and_balance(bank):
     frame, label = bank
-    assert BUNDLED["bank"] == ("bank-full.csv.gz", "y")
+    info = DATASETS["bank"]
+    assert (info.resource, info.label, info.task, info.rows) == ("bank-full.csv.gz", "y",
+                                                                 "binary", 45_211)
     assert label == "y"
     assert frame.shape == (45_211, 17)
     assert int((frame[label] == "yes").sum()) == 5_289
@@ -323,3 +331,202 @@ def test_centralised_logistic_regression_reference(bank):
     model = LogisticRegression(max_iter=1000).fit(x_train, y_train)
     auc = roc_auc_score(y_test, model.predict_proba(x_test)[:, 1])
     assert abs(auc - 0.907) < 0.01, auc
+
+
+# ----------------------------------------------------------------- adult
+
+
+@pytest.fixture(scope="module")
+def adult() -> tuple[pd.DataFrame, str]:
+    frame, label = load_table("adult")
+    assert label is not None
+    return frame, label
+
+
+def test_bundled_adult_shape_balance_and_missing(adult):
+    frame, label = adult
+    assert (DATASETS["adult"].label, DATASETS["adult"].task) == ("income", "binary")
+    assert label == "income"
+    assert frame.shape == (48_842, 15)
+    assert set(frame[label].unique()) == {">50K", "<=50K"}
+    assert int((frame[label] == ">50K").sum()) == 11_687  # 23.9 %
+    # "?" is gone: it became NaN in exactly the three UCI columns that use it
+    assert not (frame.astype(str) == "?").any().any()
+    missing = frame.isna().sum()
+    assert missing[missing > 0].to_dict() == {
+        "workclass": 2_799, "occupation": 2_809, "native-country": 857,
+    }
+
+
+def test_adult_labels_and_missing_markers_are_normalised():
+    raw = pd.DataFrame({
+        "workclass": [" Private", " ?", "?", "State-gov"],
+        "age": [39, 50, 38, 53],
+        "income": [" >50K.", "<=50K.", " <=50K", ">50K"],
+    })
+    cleaned = clean_adult(raw)
+    assert cleaned["income"].tolist() == [">50K", "<=50K", "<=50K", ">50K"]
+    assert cleaned["workclass"].isna().tolist() == [False, True, True, False]
+    assert cleaned.loc[0, "workclass"] == "Private"
+    assert cleaned["age"].tolist() == [39, 50, 38, 53]
+    assert raw.loc[1, "workclass"] == " ?"  # the input is not modified
+    y, _, pos = encode_labels(cleaned, "income", np.arange(4), np.array([], dtype=np.int64))
+    assert pos == ">50K" and y.tolist() == [1, 0, 0, 1]
+    with pytest.raises(UnknownColumn, match="'income'"):
+        clean_adult(raw.drop(columns="income"))
+
+
+def test_adult_missing_values_are_their_own_category(adult):
+    frame, label = adult
+    active, passive = default_split(frame.columns, label)
+    assert len(active) == 7 and len(passive) == 7
+    assert active[:2] == ("age", "workclass") and passive[-1] == "native-country"
+    train, test = train_test_indices(len(frame))
+    fa = encode_party_features(frame, active, train, test)
+    col = fa.feature_names.index("workclass=__missing__")
+    missing_train = frame["workclass"].iloc[train].isna().to_numpy()
+    np.testing.assert_array_equal(fa.x_train[:, col], missing_train.astype(np.float32))
+    assert "workclass=?" not in fa.feature_names
+    assert np.isfinite(fa.x_train).all() and np.isfinite(fa.x_test).all()
+
+
+def test_adult_centralised_logistic_regression_reference(adult):
+    """datasets.md: logistic regression on all rows, 70/30 seed 0, "?" as a category: 0.902."""
+    frame, label = adult
+    active, passive = default_split(frame.columns, label)
+    train, test = train_test_indices(len(frame), test_frac=0.3, seed=0)
+    fa = encode_party_features(frame, active, train, test)
+    fp = encode_party_features(frame, passive, train, test)
+    y_train, y_test, _ = encode_labels(frame, label, train, test)
+    model = LogisticRegression(max_iter=1000).fit(np.hstack([fa.x_train, fp.x_train]), y_train)
+    auc = roc_auc_score(y_test, model.predict_proba(np.hstack([fa.x_test, fp.x_test]))[:, 1])
+    assert abs(auc - 0.902) < 0.01, auc
+
+
+# ----------------------------------------------------------------- california
+
+
+def test_bundled_california_shape():
+    frame, label = load_table("california")
+    info = DATASETS["california"]
+    assert (info.label, info.task, info.rows) == ("MedHouseVal", "regression", 20_640)
+    assert label == "MedHouseVal"
+    assert frame.shape == (20_640, 9)
+    assert frame.columns.tolist() == ["MedInc", "HouseAge", "AveRooms", "AveBedrms",
+                                      "Population", "AveOccup", "Latitude", "Longitude",
+                                      "MedHouseVal"]
+    assert not frame.isna().any().any()
+    assert all(frame[c].dtype == np.float64 for c in frame.columns)
+    # units of $100,000, capped at 5.00001 as in the 1990 census data
+    assert 0.14 < frame[label].min() and frame[label].max() == pytest.approx(5.00001)
+    assert frame.iloc[0][label] == pytest.approx(4.526)
+    active, passive = default_split(frame.columns, label)
+    assert active == ("MedInc", "HouseAge", "AveRooms", "AveBedrms")
+    assert passive == ("Population", "AveOccup", "Latitude", "Longitude")
+
+
+# ----------------------------------------------------------------- regression labels
+
+
+def test_regression_labels_standardised_with_train_statistics():
+    frame = pd.DataFrame({"v": [1.0, 2.0, 3.0, 4.0, 100.0, -7.5]})
+    train, test = np.array([0, 1, 2, 3]), np.array([4, 5])
+    reg = encode_regression_labels(frame, "v", train, test)
+    assert reg.mean == 2.5 and reg.std == pytest.approx(np.std([1, 2, 3, 4]))
+    assert reg.y_train.dtype == np.float32 and reg.y_test.dtype == np.float32
+    np.testing.assert_allclose(reg.y_train, (np.array([1, 2, 3, 4]) - 2.5) / reg.std, rtol=1e-6)
+    np.testing.assert_array_equal(reg.y_test, [100.0, -7.5])  # original units
+    np.testing.assert_allclose(reg.y_train * reg.std + reg.mean, [1, 2, 3, 4], rtol=1e-6)
+
+
+def test_regression_labels_integer_column():
+    frame = pd.DataFrame({"n": [3, 5, 7, 9]})
+    reg = encode_regression_labels(frame, "n", np.array([0, 1, 2]), np.array([3]))
+    assert reg.mean == 5.0 and reg.y_test.tolist() == [9.0]
+
+
+@pytest.mark.parametrize(
+    ("values", "match"),
+    [
+        (["a", "b", "c", "d"], "must be numeric"),
+        ([True, False, True, False], "must be numeric"),
+        ([1.0, np.nan, 2.0, 3.0], "missing"),
+        ([1.0, np.inf, 2.0, 3.0], "infinite"),
+        ([2.0, 2.0, 2.0, 3.0], "constant"),
+    ],
+)
+def test_regression_label_errors(values, match):
+    frame = pd.DataFrame({"v": values})
+    with pytest.raises(InvalidLabel, match=match):
+        encode_regression_labels(frame, "v", np.array([0, 1, 2]), np.array([3]))
+
+
+def test_numeric_label_with_many_classes_hints_at_regression():
+    frame = pd.DataFrame({"v": [0.5, 1.5, 2.5, 3.5]})
+    with pytest.raises(InvalidLabel, match="vfl.task=regression"):
+        encode_labels(frame, "v", np.array([0, 1, 2]), np.array([3]))
+
+
+# ----------------------------------------------------------------- synthetic
+
+
+def test_synthetic_shape_balance_and_determinism():
+    spec = SyntheticSpec(rows=5_000, features=12, informative=4, seed=7)
+    frame = make_synthetic(spec)
+    assert frame.shape == (5_000, 13)
+    assert frame.columns.tolist() == synthetic_columns(spec)
+    assert frame.columns[0] == "x000" and frame.columns[-1] == "y"
+    assert (frame.dtypes.iloc[:-1] == np.float32).all() and frame["y"].dtype == np.int64
+    assert set(frame["y"].unique()) == {0, 1}
+    assert abs(frame["y"].mean() - 0.5) < 0.02  # balanced up to the 1 % flipped labels
+    pd.testing.assert_frame_equal(frame, make_synthetic(spec))
+    assert not frame.equals(make_synthetic(SyntheticSpec(rows=5_000, features=12,
+                                                         informative=4, seed=8)))
+    loaded, label = load_table("synthetic", synthetic=spec)
+    assert label == "y"
+    pd.testing.assert_frame_equal(loaded, frame)
+
+
+def test_synthetic_default_and_wide_column_names():
+    assert SyntheticSpec() == SyntheticSpec(rows=100_000, features=100, informative=20, seed=0)
+    assert synthetic_columns(SyntheticSpec(rows=10, features=1500, informative=2))[-2:] == [
+        "x1499", "y"]
+
+
+def test_synthetic_is_learnable_from_each_half():
+    spec = SyntheticSpec(rows=4_000, features=20, informative=10, seed=0)
+    frame = make_synthetic(spec)
+    active, passive = default_split(frame.columns, "y")
+    assert len(active) == len(passive) == 10
+    train, test = train_test_indices(len(frame))
+    y_train, y_test, pos = encode_labels(frame, "y", train, test)
+    assert pos == "1"
+    x = encode_party_features(frame, active + passive, train, test)
+    model = LogisticRegression(max_iter=1000).fit(x.x_train, y_train)
+    assert roc_auc_score(y_test, model.predict_proba(x.x_test)[:, 1]) > 0.7
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"rows": 1}, "rows"), ({"features": 1}, "features"),
+     ({"features": 5, "informative": 6}, "informative"), ({"informative": 1}, "informative"),
+     ({"seed": -1}, "seed")],
+)
+def test_synthetic_spec_errors(kwargs, match):
+    with pytest.raises(InvalidSynthetic, match=match):
+        SyntheticSpec(**kwargs)
+
+
+def test_unknown_dataset_name_lists_the_named_ones():
+    with pytest.raises(DatasetNotFound) as info:
+        load_table("adultt")
+    assert "adult, bank, california, synthetic" in str(info.value)
+
+
+def test_bundled_table_with_the_wrong_row_count_is_refused(monkeypatch):
+    import parties.data as data
+
+    monkeypatch.setitem(data.DATASETS, "bank", data.DatasetInfo(
+        name="bank", label="y", task="binary", resource="bank-full.csv.gz", rows=4_521))
+    with pytest.raises(DataError, match="45,211 rows, expected 4,521"):
+        load_table("bank")
