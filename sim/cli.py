@@ -66,6 +66,13 @@ def _vfl_run(args: argparse.Namespace) -> int:
     print(f"cpu_util active {pa['cpu_util']:.2f} passive {pp.get('cpu_util', float('nan')):.2f}  "
           f"broker bytes emb {m['broker_bytes']['emb']:,} grad {m['broker_bytes']['grad']:,}  "
           f"dropped {m['dropped_batches']}")
+    dp = m.get("dp") or {}
+    if dp.get("enabled"):
+        target = "" if dp.get("target_mu") is None else f" (target {dp['target_mu']:g})"
+        print(f"dp: spent mu {format_metric(dp.get('mu'))}{target}, epsilon "
+              f"{format_metric(dp.get('epsilon'))} at delta {dp['delta']:g}; noise multiplier "
+              f"{dp['noise_multiplier']:.4g}, clip {dp['clip_norm']:g}, max "
+              f"{dp.get('publications_max')} publications per record")
     print(f"metrics: {res.out / 'metrics.json'}")
     return 0
 
