@@ -58,12 +58,10 @@ import torch
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
+from parties.config import VflConfig
 from parties.errors import PrivacyBudgetExceeded
 
 MECHANISM = "gaussian-gdp"
-#: Record groups the passive party publishes: training rows (per batch) and test rows
-#: (the whole split, once per evaluation).
-GROUPS = ("train", "test")
 
 
 # ---------------------------------------------------------------------------- mechanism
@@ -304,7 +302,7 @@ class DpPlan:
     planned_publications: int | None
 
 
-def plan_from_config(cfg: Any) -> DpPlan | None:
+def plan_from_config(cfg: VflConfig) -> DpPlan | None:
     """The run's :class:`DpPlan`, or None when DP is off.
 
     Calibration rule: with a target µ, σ is calibrated for
@@ -315,7 +313,7 @@ def plan_from_config(cfg: Any) -> DpPlan | None:
     reported from the actual counts.
 
     Args:
-        cfg: a :class:`parties.config.VflConfig` (already validated).
+        cfg: the run config (validated on construction).
     """
     if cfg.dp_noise_multiplier is not None:
         return DpPlan(noise_multiplier=cfg.dp_noise_multiplier, clip_norm=cfg.dp_clip_norm,
@@ -345,7 +343,8 @@ class GdpAccountant:
     the run is ``sqrt(k_max)/σ``-GDP (see the module docstring for the rules).
 
     Args:
-        sizes: records per group, e.g. ``{"train": 31648, "test": 13563}``.
+        sizes: records per group; the passive party uses ``"train"`` (counted per batch
+            attempt) and ``"test"`` (the whole split, once per evaluation).
         noise_multiplier: σ, or None when nothing is noised (µ = inf; counts are kept).
         max_publications: refuse publications beyond this count per record (None: no cap).
 
@@ -488,7 +487,7 @@ def report(plan: DpPlan | None, acct: GdpAccountant | None) -> dict[str, Any]:
 
 
 __all__ = [
-    "GROUPS", "MECHANISM", "DpPlan", "EmbeddingPrivatizer", "GdpAccountant",
+    "MECHANISM", "DpPlan", "EmbeddingPrivatizer", "GdpAccountant",
     "PrivacyBudgetExceeded", "calibrate_noise_multiplier", "clip_rows", "compose_mu",
     "composed_gaussian_mu",
     "delta_for_epsilon", "epsilon_for_delta", "gaussian_mu", "gaussian_noise_like",
