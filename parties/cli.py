@@ -1,6 +1,7 @@
 """Entry point of one party process: ``python -m parties {active,passive} ...``.
 
-Exit codes: 0 success, 1 internal failure (a worker process died), 2 bad config,
+Exit codes: 0 success, 1 internal failure (a worker process died, or a publication would
+have passed the calibrated privacy budget), 2 bad config,
 data or run directory, 3 broker unreachable, 4 partner problem (not found,
 mismatched, lost), 5 job timeout (``psfl vfl run --timeout-s``).
 """
@@ -27,7 +28,7 @@ from pubsub.runner import run as run_loop
 
 from parties.config import VflConfig, check_run_id, dump_vfl_config, load_vfl_config
 from parties.data import DataError
-from parties.errors import VflError, WorkerFailed
+from parties.errors import PrivacyBudgetExceeded, VflError, WorkerFailed
 from parties.report import format_metric
 
 
@@ -46,7 +47,7 @@ class ExitCode(IntEnum):
 _EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], ExitCode], ...] = (
     ((ConfigError, DataError, InvalidAddress), ExitCode.BAD_INPUT),
     ((BrokerUnreachable,), ExitCode.BROKER_UNREACHABLE),
-    ((WorkerFailed,), ExitCode.FAILED),
+    ((WorkerFailed, PrivacyBudgetExceeded), ExitCode.FAILED),
     ((VflError,), ExitCode.PARTNER),
 )
 

@@ -8,9 +8,10 @@ first slice (bottom in→64→32 per party, top 64→32→1).
 from __future__ import annotations
 
 import hashlib
+import math
 import re
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,16 @@ class VflConfig:
             hand-offs; torch kernels release the GIL, so compute-heavy models overlap,
             but tiny ones serialise on it) or ``"process"`` (one child process per
             worker: fully parallel, at the price of an IPC hop per step).
+        dp_mu: target µ of Gaussian differential privacy on the passive party's
+            embeddings (µ-GDP, Dong-Roth-Su 2022); None or ``inf`` = no DP. The noise
+            multiplier is calibrated for ``epochs × (1 + max_reassign)`` publications
+            per record (see :mod:`parties.dp`).
+        dp_noise_multiplier: σ given directly instead of ``dp_mu`` (noise std σ·C);
+            the spent µ is then only reported.
+        dp_clip_norm: C, the L2 norm each embedding row is clipped to before noising.
+        dp_delta: δ at which the spent budget is also reported as (ε, δ).
+        dp_noise_seed: seed of the passive party's noise generators, for reproducible
+            tests only (the active party must never know it); None = fresh OS entropy.
     """
 
     algo: str = "pubsub"
@@ -110,6 +121,11 @@ class VflConfig:
     event_loop: str = "uvloop"
     connect_timeout_s: float = 10.0
     worker_mode: str = "thread"
+    dp_mu: float | None = None
+    dp_noise_multiplier: float | None = None
+    dp_clip_norm: float = 1.0
+    dp_delta: float = 1e-5
+    dp_noise_seed: int | None = None
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> ConfigError:
@@ -154,6 +170,32 @@ class VflConfig:
             raise bad("event_loop", "must be 'uvloop' or 'asyncio'")
         if self.worker_mode not in ("process", "thread"):
             raise bad("worker_mode", "must be 'process' or 'thread'")
+        self._check_dp(bad)
+
+    def _check_dp(self, bad: Callable[[str, str], ConfigError]) -> None:
+        if self.dp_mu is not None and not self.dp_mu > 0:
+            raise bad("dp_mu", "must be > 0 (inf, or leaving it out, turns DP off)")
+        if self.dp_noise_multiplier is not None:
+            if not 0 < self.dp_noise_multiplier < math.inf:
+                raise bad("dp_noise_multiplier", "must be a positive finite number")
+            if self.dp_mu is not None:
+                raise ConfigError(
+                    "vfl.dp_noise_multiplier",
+                    "set either dp_mu (a target; the noise multiplier is calibrated from it) "
+                    f"or dp_noise_multiplier, not both; got dp_mu={self.dp_mu!r}, "
+                    f"dp_noise_multiplier={self.dp_noise_multiplier!r}")
+        if not 0 < self.dp_clip_norm < math.inf:
+            raise bad("dp_clip_norm", "must be a positive finite number")
+        if not 0 < self.dp_delta < 1:
+            raise bad("dp_delta", "must be in (0, 1)")
+        if self.dp_noise_seed is not None and not 0 <= self.dp_noise_seed < 2**63:
+            raise bad("dp_noise_seed", "must be in 0 .. 2**63-1")
+
+    @property
+    def dp_enabled(self) -> bool:
+        """True when the passive party clips and noises its embeddings."""
+        return self.dp_noise_multiplier is not None or (
+            self.dp_mu is not None and not math.isinf(self.dp_mu))
 
     @property
     def effective_task(self) -> str:

@@ -68,3 +68,23 @@ class WorkerFailed(VflError, RuntimeError):
         self.worker = worker
         self.detail = detail
         super().__init__(f"worker {worker} failed: {detail}")
+
+
+class PrivacyBudgetExceeded(VflError, RuntimeError):
+    """A publication would take a record past the number of publications the noise
+    multiplier was calibrated for (the target µ would no longer hold); nothing was
+    published.
+
+    Attributes:
+        group: ``"train"`` or ``"test"``.
+        publications: the count the publication would have reached.
+        planned: the calibrated maximum.
+    """
+
+    def __init__(self, group: str, publications: int, planned: int) -> None:
+        self.group = group
+        self.publications = publications
+        self.planned = planned
+        super().__init__(f"publishing would give a {group} record {publications} publications, "
+                         f"but the noise was calibrated for at most {planned}: refusing "
+                         "(the privacy target would no longer hold)")

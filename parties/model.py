@@ -160,18 +160,31 @@ class PassiveCompute:
         make_bottom: factory of a fresh bottom model.
         ps: the party's parameter server.
         lr, delta_t0: see :class:`Replica`.
+        privatize: with DP on, maps the ``(B, d)`` embedding to ``(clipped with graph,
+            clipped + noise)`` (:class:`parties.dp.EmbeddingPrivatizer`); None: publish
+            the embedding as is.
     """
 
     def __init__(self, x_train: torch.Tensor, make_bottom: Callable[[], nn.Module],
-                 ps: ParameterServer, *, lr: float, delta_t0: int) -> None:
+                 ps: ParameterServer, *, lr: float, delta_t0: int,
+                 privatize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+                 | None = None) -> None:
         self.x = x_train
         self.bottom = make_bottom()
         self.replica = Replica([self.bottom], ps, lr=lr, delta_t0=delta_t0)
+        self.privatize = privatize
 
     def forward(self, rows: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        """Embeddings of a batch: ``(h with graph, h as (B, d) float32 ndarray)``."""
+        """Embeddings of a batch: ``(h with graph, what to publish as (B, d) float32)``.
+
+        With DP on, ``h`` is the row-clipped embedding (the gradient flows back through
+        the clipping) and the published array is ``h`` plus Gaussian noise.
+        """
         h = self.bottom(self.x[torch.from_numpy(rows)])
-        return h, h.detach().numpy()
+        if self.privatize is None:
+            return h, h.detach().numpy()
+        clipped, published = self.privatize(h)
+        return clipped, published.numpy()
 
     def backward(self, h: torch.Tensor, grad: np.ndarray, epoch: int) -> None:
         """Back-propagate the cut-layer gradient ``(B, d)`` and take an Adam step."""

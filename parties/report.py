@@ -39,8 +39,15 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         or ``test_rmse`` (regression), ``metric_name``, ``metric``, ``epochs``,
         ``wall_s``, ``train_samples_per_s``, per-party ``cpu_util`` and
         ``wait_s_per_epoch``, ``bytes_sent`` by channel, ``broker_bytes``,
-        ``dropped_batches`` and ``reassigned_batches``.
+        ``dropped_batches``, ``reassigned_batches`` and ``dp``
+        (the privacy spent, from the passive party's ledger: see
+        :func:`parties.dp.report`).
     """
+    # imported here: parties.dp needs torch, and this module is also imported by the
+    # launcher's command line, which should start without it
+    from parties.dp import plan_from_config
+    from parties.dp import report as dp_report
+
     broker = active.get("broker") or {}
     ns = broker.get("namespace_bytes", {})
     name = active["metric_name"]
@@ -48,7 +55,7 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
     top_level = ("broker", "task", key, "metric_name", "metric")
     parties = {"active": {k: v for k, v in active.items() if k not in top_level}}
     if passive is not None:
-        parties["passive"] = passive
+        parties["passive"] = {k: v for k, v in passive.items() if k != "dp"}  # top-level dp
     bytes_sent = _sum_dicts(*(p.get("bytes_sent", {}) for p in parties.values()))
     train_wall = active["train_wall_s"]
     return {
@@ -78,4 +85,5 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         "history": active.get("history", []),
         "broker": broker or None,
         "passive_report_missing": passive is None,
+        "dp": (passive or {}).get("dp") or dp_report(plan_from_config(cfg), None),
     }

@@ -23,6 +23,12 @@ deadline T_ddl; a miss drops the batch and reassigns it. Per-batch buffers
 hold at most p embeddings / q gradients (FIFO eviction, in :class:`pubsub.Bus`).
 Epochs end with a barrier inside each party (flush syncs, evaluate); the
 parties themselves never wait on each other except through the channels.
+
+With DP on (``dp_mu`` or ``dp_noise_multiplier``, see :mod:`parties.dp`), every
+``emb`` and ``eval`` array is row-clipped and noised by the passive party before it
+is published (in its workers for ``emb``, thread or process alike, and in the party
+process for ``eval``), and each publication is counted per record in a
+:class:`parties.dp.GdpAccountant` before it happens.
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ from parties.data import (
     encode_regression_labels,
     train_test_indices,
 )
+from parties.dp import EmbeddingPrivatizer, GdpAccountant, plan_from_config, worker_seeds
+from parties.dp import report as dp_report
 from parties.preflight import check_test_labels, load_configured_table, resolve_columns
 from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost
 from parties.model import (
@@ -223,20 +231,48 @@ class Party:
         self._handles: list[WorkerHandle] = []
         self._data_dir: Path | None = None
         self.partner_report: dict[str, Any] | None = None
+        self._init_dp()
+
+    def _init_dp(self) -> None:
+        """The passive party's DP plan, per-record ledger and secret noise seeds."""
+        cfg = self.cfg
+        self.dp_plan = plan_from_config(cfg) if self.role == "passive" else None
+        self.dp_acct: GdpAccountant | None = None
+        self._noise_seeds: list[int | None] = [None] * self.workers
+        self._eval_privatize: EmbeddingPrivatizer | None = None
+        if self.role != "passive":
+            return
+        plan = self.dp_plan
+        self.dp_acct = GdpAccountant(
+            {"train": self.n_train, "test": int(self.data.x_test.shape[0])},
+            noise_multiplier=plan.noise_multiplier if plan else None,
+            max_publications=plan.planned_publications if plan else None)
+        if plan is None:
+            return
+        *seeds, eval_seed = worker_seeds(cfg.dp_noise_seed, self.workers + 1)
+        self._noise_seeds = list(seeds)
+        self._eval_privatize = EmbeddingPrivatizer(
+            clip_norm=plan.clip_norm, noise_multiplier=plan.noise_multiplier, seed=eval_seed)
+        self.log.info("dp.plan", noise_multiplier=plan.noise_multiplier,
+                      clip_norm=plan.clip_norm, target_mu=plan.target_mu, delta=plan.delta,
+                      planned_publications=plan.planned_publications,
+                      noise_seed="config" if cfg.dp_noise_seed is not None else "os_entropy")
 
     # ------------------------------------------------------------------ helpers
     async def _start_workers(self) -> None:
         """Create the worker handles (and, in process mode, spawn and await the children)."""
         cfg, data = self.cfg, self.data
         if cfg.worker_mode == "thread":
-            self._handles = [ThreadWorker(self.role, cfg, data.x_train, data.y_train, self.ps)
-                             for _ in range(self.workers)]
+            self._handles = [ThreadWorker(self.role, cfg, data.x_train, data.y_train, self.ps,
+                                          noise_seed=self._noise_seeds[k])
+                             for k in range(self.workers)]
         else:
             self._data_dir = Path(tempfile.mkdtemp(prefix=f"psfl-{self.role}-"))
             np.save(self._data_dir / "x_train.npy", data.x_train)
             if data.y_train is not None:
                 np.save(self._data_dir / "y_train.npy", data.y_train)
-            self._handles = [ProcessWorker(self.role, k, cfg, self._data_dir, self.ps)
+            self._handles = [ProcessWorker(self.role, k, cfg, self._data_dir, self.ps,
+                                           noise_seed=self._noise_seeds[k])
                              for k in range(self.workers)]
             await asyncio.to_thread(ensure_forkserver)
         await asyncio.gather(*(h.start() for h in self._handles))
@@ -406,13 +442,20 @@ class Party:
             await self._flush()
             if epoch in self._eval_epochs():
                 load_flat([self._bottom], self.ps.pull())
-                emb_test = await asyncio.to_thread(embed, self._bottom, self._x_test)
+                emb_test = await asyncio.to_thread(self._test_embeddings)
+                assert self.dp_acct is not None
+                self.dp_acct.record("test")
                 bus.publish_nowait(self.topics.eval(epoch), [emb_test], {"e": epoch}, copy=False)
             self.c.history.append({"epoch": epoch, "wall_s": time.perf_counter() - t_epoch,
                                    "dropped": sched.dropped, "reassigned": sched.reassigned})
             self.log.info("vfl.epoch_done", epoch=epoch, dropped=sched.dropped,
                           reassigned=sched.reassigned)
         metrics = self._party_metrics(meter)
+        metrics["dp"] = dp_report(self.dp_plan, self.dp_acct)
+        if self.dp_plan is not None:
+            self.log.info("dp.spent", mu=metrics["dp"]["mu"], epsilon=metrics["dp"]["epsilon"],
+                          delta=self.dp_plan.delta,
+                          publications_max=metrics["dp"]["publications_max"])
         bus.publish_nowait(self.topics.report, (), metrics)
         # wait for the active party to finish evaluating (heartbeats keep flowing)
         try:
@@ -420,6 +463,14 @@ class Party:
         except DeadlineExceeded:
             self.log.warning("vfl.no_done", waited_s=cfg.liveness_timeout_s + cfg.t_ddl_s)
         return metrics
+
+    def _test_embeddings(self) -> np.ndarray:
+        """The test split's embeddings ``(n_test, d)`` float32 from the PS parameters:
+        clipped and noised when DP is on (a thread's work)."""
+        emb = embed(self._bottom, self._x_test)
+        if self._eval_privatize is None:
+            return emb
+        return self._eval_privatize(torch.from_numpy(emb))[1].numpy()
 
     async def _passive_worker(self, bus: Bus, k: int, epoch: int, batches: list[np.ndarray],
                               sched: EpochSchedule, cond: asyncio.Condition) -> None:
@@ -429,6 +480,8 @@ class Party:
             b, attempt = task
             rows = batches[b]
             h_np = await worker.forward(epoch, b)
+            assert self.dp_acct is not None
+            self.dp_acct.record("train", rows)  # raises, publishing nothing, past the plan
             uid = f"{epoch}.{b}.{attempt}"
             bus.publish_nowait(self.topics.emb(b), [h_np],
                                {"e": epoch, "b": b, "a": attempt, "u": uid}, copy=False)

@@ -39,6 +39,7 @@ from pubsub.codec import Message, decode, encode
 from pubsub.config import to_mapping
 
 from parties.config import VflConfig
+from parties.dp import EmbeddingPrivatizer, plan_from_config
 from parties.errors import WorkerFailed
 from parties.model import ActiveCompute, ParameterServer, PassiveCompute, bottom_model, top_model
 from parties.schedule import epoch_batches
@@ -94,8 +95,16 @@ class _Rows:
 
 
 def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndarray | None,
-                 ps: Any) -> PassiveCompute | ActiveCompute:
-    """Build a worker's compute object (its replica is initialised from ``ps.pull()``)."""
+                 ps: Any, *, noise_seed: int | None = None) -> PassiveCompute | ActiveCompute:
+    """Build a worker's compute object (its replica is initialised from ``ps.pull()``).
+
+    Args:
+        noise_seed: the passive worker's secret noise seed; required when the config
+            turns DP on (the passive party then clips and noises what it publishes).
+
+    Raises:
+        ValueError: DP is on and a passive worker got no ``noise_seed``.
+    """
     d_in = x_train.shape[1]
     x = torch.from_numpy(np.ascontiguousarray(x_train, dtype=np.float32))
 
@@ -108,17 +117,30 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
         return ActiveCompute(x, y, make_bottom, lambda: top_model(cfg.embedding_dim,
                                                                   cfg.top_hidden),
                              ps, lr=cfg.lr, delta_t0=cfg.delta_t0, task=cfg.effective_task)
-    return PassiveCompute(x, make_bottom, ps, lr=cfg.lr, delta_t0=cfg.delta_t0)
+    plan = plan_from_config(cfg)
+    privatize = None
+    if plan is not None:
+        if noise_seed is None:
+            raise ValueError("DP is on: a passive worker needs a noise seed")
+        privatize = EmbeddingPrivatizer(clip_norm=plan.clip_norm,
+                                        noise_multiplier=plan.noise_multiplier, seed=noise_seed)
+    return PassiveCompute(x, make_bottom, ps, lr=cfg.lr, delta_t0=cfg.delta_t0,
+                          privatize=privatize)
 
 
 # ---------------------------------------------------------------------------- threads
 class ThreadWorker:
-    """A worker whose compute runs on a thread of the party process."""
+    """A worker whose compute runs on a thread of the party process.
+
+    Args:
+        noise_seed: see :func:`make_compute`.
+    """
 
     def __init__(self, role: str, cfg: VflConfig, x_train: np.ndarray,
-                 y_train: np.ndarray | None, ps: ParameterServer) -> None:
+                 y_train: np.ndarray | None, ps: ParameterServer, *,
+                 noise_seed: int | None = None) -> None:
         self.role = role
-        self.compute = make_compute(role, cfg, x_train, y_train, ps)
+        self.compute = make_compute(role, cfg, x_train, y_train, ps, noise_seed=noise_seed)
         self.rows = _Rows(x_train.shape[0], cfg)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{role}-worker")
         self._graphs: dict[int, torch.Tensor] = {}
@@ -178,19 +200,22 @@ class ProcessWorker:
         data_dir: directory holding ``x_train.npy`` (and ``y_train.npy``), shared by
             the party's workers; the IPC endpoint is created there too.
         ps: the party's parameter server (in this process).
+        noise_seed: see :func:`make_compute` (handed to the child as an argument, never
+            over the bus).
         start_timeout_s: deadline for the child to start and pull, seconds.
         reply_timeout_s: deadline for any reply, seconds (a child that dies is
             noticed within about a second regardless).
     """
 
     def __init__(self, role: str, index: int, cfg: VflConfig, data_dir: Path,
-                 ps: ParameterServer, *, start_timeout_s: float = 120.0,
-                 reply_timeout_s: float = 300.0) -> None:
+                 ps: ParameterServer, *, noise_seed: int | None = None,
+                 start_timeout_s: float = 120.0, reply_timeout_s: float = 300.0) -> None:
         self.role = role
         self.index = index
         self.cfg = cfg
         self.data_dir = data_dir
         self.ps = ps
+        self.noise_seed = noise_seed
         self.start_timeout_s = start_timeout_s
         self.reply_timeout_s = reply_timeout_s
         self.compute_s = 0.0
@@ -211,7 +236,7 @@ class ProcessWorker:
         self._proc = ctx.Process(
             target=worker_main,
             args=(endpoint, self.role, self.index, to_mapping(self.cfg), str(self.data_dir),
-                  os.getpid()),
+                  os.getpid(), self.noise_seed),
             name=f"psfl-{self.role}-worker-{self.index}",
             daemon=True,
         )
@@ -342,7 +367,7 @@ class _RemotePS:
 
 
 def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], data_dir: str,
-                parent_pid: int) -> None:
+                parent_pid: int, noise_seed: int | None = None) -> None:
     """Body of a worker process: serve compute requests until ``stop`` or the parent is gone."""
     from pubsub.config import from_mapping
 
@@ -353,7 +378,7 @@ def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], d
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     try:
-        _serve_worker(sock, role, cfg, data_dir, parent_pid)
+        _serve_worker(sock, role, cfg, data_dir, parent_pid, noise_seed)
     except _Stopped:
         pass
     except Exception as exc:  # noqa: BLE001 - reported to the parent instead of a traceback
@@ -366,11 +391,11 @@ def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], d
 
 
 def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
-                  parent_pid: int) -> None:
+                  parent_pid: int, noise_seed: int | None) -> None:
     """Load data, build the compute, then answer requests until ``stop``."""
     x_train = np.load(Path(data_dir) / "x_train.npy")
     y_train = np.load(Path(data_dir) / "y_train.npy") if role == "active" else None
-    compute = make_compute(role, cfg, x_train, y_train, _RemotePS(sock))
+    compute = make_compute(role, cfg, x_train, y_train, _RemotePS(sock), noise_seed=noise_seed)
     rows = _Rows(x_train.shape[0], cfg)
     graphs: dict[int, torch.Tensor] = {}
     compute_s = 0.0

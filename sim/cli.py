@@ -66,6 +66,13 @@ def _vfl_run(args: argparse.Namespace) -> int:
     print(f"cpu_util active {pa['cpu_util']:.2f} passive {pp.get('cpu_util', float('nan')):.2f}  "
           f"broker bytes emb {m['broker_bytes']['emb']:,} grad {m['broker_bytes']['grad']:,}  "
           f"dropped {m['dropped_batches']}")
+    dp = m.get("dp") or {}
+    if dp.get("enabled"):
+        target = "" if dp.get("target_mu") is None else f" (target {dp['target_mu']:g})"
+        print(f"dp: spent mu {format_metric(dp.get('mu'))}{target}, epsilon "
+              f"{format_metric(dp.get('epsilon'))} at delta {dp['delta']:g}; noise multiplier "
+              f"{dp['noise_multiplier']:.4g}, clip {dp['clip_norm']:g}, max "
+              f"{dp.get('publications_max')} publications per record")
     print(f"metrics: {res.out / 'metrics.json'}")
     return 0
 
@@ -133,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     party.set_defaults(func=_vfl_party)
 
     bench = sub.add_parser("bench", help="run bench/NAME.py (e.g. psfl bench bus --quick)")
-    bench.add_argument("name", help="benchmark name: bus, vfl_overhead, soak_memory")
+    bench.add_argument("name", help="benchmark name: bus, vfl_overhead, vfl_dp, soak_memory")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=_bench)
 

@@ -52,6 +52,8 @@ def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path,
     assert m["epochs"] == epochs and m["algo"] == "pubsub"
     assert m["parties"]["active"]["worker_mode"] == worker_mode
     assert 0.75 < m["test_auc"] <= 1.0
+    assert m["dp"]["enabled"] is False and m["dp"]["mu"] is None  # DP off: µ = ∞
+    assert m["dp"]["publications_max"] == epochs
     for role in ("active", "passive"):
         p = m["parties"][role]
         assert 0.0 < p["cpu_util"] <= 1.0

@@ -60,3 +60,41 @@ async def test_dead_worker_process_raises_within_seconds(tmp_path: Path) -> None
         assert ei.value.worker == 3
     finally:
         await w.close()
+
+
+async def test_both_worker_modes_clip_and_noise_what_they_publish(tmp_path: Path) -> None:
+    """With DP on, thread and process workers publish the clipped, noised embedding (the
+    same one for the same secret seed), and the backward step goes through the clipping."""
+    x, ps = _setup(tmp_path)
+    clip, sigma = 0.05, 0.01
+    cfg = VflConfig(batch_size=32, embedding_dim=8, bottom_hidden=(16,), seed=1,
+                    dp_noise_multiplier=sigma, dp_clip_norm=clip)
+    plain = ThreadWorker("passive", CFG, x, None, ps)
+    proc = ProcessWorker("passive", 0, cfg, tmp_path, ps, noise_seed=11)
+    thread = ThreadWorker("passive", cfg, x, None, ps, noise_seed=11)
+    other = ThreadWorker("passive", cfg, x, None, ps, noise_seed=12)
+    await proc.start()
+    try:
+        raw = await plain.forward(0, 1)
+        e_proc = await proc.forward(0, 1)
+        e_thread = await thread.forward(0, 1)
+        e_other = await other.forward(0, 1)
+        np.testing.assert_allclose(e_proc, e_thread, atol=1e-6)
+        assert not np.allclose(e_other, e_thread)
+        assert np.linalg.norm(raw, axis=1).max() > 2 * clip  # clipping really bites here
+        # published = clip(raw) + N(0, (σC)²): row norms stay near C
+        noise_bound = 6 * sigma * clip * np.sqrt(8)
+        assert np.linalg.norm(e_proc, axis=1).max() <= clip + noise_bound
+        v0 = ps.version
+        await proc.backward(0, 1, np.ones((32, 8), np.float32))
+        await thread.backward(0, 1, np.ones((32, 8), np.float32))
+        assert ps.version == v0 + 2
+    finally:
+        for w in (proc, plain, thread, other):
+            await w.close()
+
+
+def test_dp_without_a_noise_seed_is_refused(tmp_path: Path) -> None:
+    x, ps = _setup(tmp_path)
+    with pytest.raises(ValueError, match="noise seed"):
+        ThreadWorker("passive", VflConfig(dp_mu=1.0), x, None, ps)

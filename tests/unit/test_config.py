@@ -35,12 +35,36 @@ def test_round_trip_through_toml(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("sets", "key"),
     [(["epoch=3"], "vfl.epoch"), (["epochs=x"], "vfl.epochs"), (["batch_size=0"], "vfl.batch_size"),
-     (["t_ddl_s=-1"], "vfl.t_ddl_s"), (["algo=magic"], "vfl.algo")],
+     (["t_ddl_s=-1"], "vfl.t_ddl_s"), (["algo=magic"], "vfl.algo"),
+     (["dp_mu=-1"], "vfl.dp_mu"), (["dp_mu=0"], "vfl.dp_mu"), (["dp_mu=nan"], "vfl.dp_mu"),
+     (["dp_noise_multiplier=-0.5"], "vfl.dp_noise_multiplier"),
+     (["dp_noise_multiplier=inf"], "vfl.dp_noise_multiplier"),
+     (["dp_clip_norm=0"], "vfl.dp_clip_norm"), (["dp_clip_norm=-2"], "vfl.dp_clip_norm"),
+     (["dp_delta=0"], "vfl.dp_delta"), (["dp_delta=1.5"], "vfl.dp_delta"),
+     (["dp_noise_seed=-1"], "vfl.dp_noise_seed"), (["dp_mu=high"], "vfl.dp_mu")],
 )
 def test_bad_values_name_the_key(sets: list[str], key: str) -> None:
     with pytest.raises(ConfigError) as ei:
         load_vfl_config(None, sets)
     assert ei.value.key == key
+
+
+def test_dp_target_and_noise_multiplier_are_exclusive() -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_vfl_config(None, ["dp_mu=1", "dp_noise_multiplier=2"])
+    assert ei.value.key == "vfl.dp_noise_multiplier"
+    assert "dp_mu=1.0" in str(ei.value) and "dp_noise_multiplier=2.0" in str(ei.value)
+
+
+def test_dp_off_by_default_or_with_infinite_mu(tmp_path: Path) -> None:
+    assert not VflConfig().dp_enabled
+    assert not load_vfl_config(None, ["dp_mu=inf"]).dp_enabled
+    assert load_vfl_config(None, ["dp_mu=0.5"]).dp_enabled
+    assert load_vfl_config(None, ["dp_noise_multiplier=2"]).dp_enabled
+    for c in (VflConfig(dp_mu=float("inf")), VflConfig(dp_mu=2.0, dp_delta=1e-6, dp_noise_seed=3)):
+        f = tmp_path / "c.toml"
+        f.write_text(dump_vfl_config(c))
+        assert load_vfl_config(f) == c
 
 
 def test_unknown_section(tmp_path: Path) -> None:

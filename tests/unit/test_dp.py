@@ -1,0 +1,246 @@
+"""Gaussian DP on embeddings: clipping, noise, GDP analysis, the per-record ledger, the plan."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import norm
+
+from parties.config import VflConfig
+from parties.dp import (
+    EmbeddingPrivatizer,
+    GdpAccountant,
+    PrivacyBudgetExceeded,
+    calibrate_noise_multiplier,
+    clip_rows,
+    compose_mu,
+    composed_gaussian_mu,
+    delta_for_epsilon,
+    epsilon_for_delta,
+    gaussian_mu,
+    plan_from_config,
+    report,
+    worker_seeds,
+)
+
+# ε at δ = 1e-5 of µ-GDP by DRS Cor. 2.13, solved by bisection in mpmath at 60 digits.
+EPS_AT_1E5 = {0.1: 0.340669364684326, 0.5: 1.99309140441512, 1.0: 4.37717809568122,
+              2.0: 9.9972561464343, 4.0: 24.3816108831137, 8.0: 65.3192198884867,
+              10.0: 91.8172896246637}
+# δ(ε) of µ-GDP, the same formula in mpmath at 60 digits: (µ, ε) -> δ
+DELTA = {(1.0, 1.0): 0.126936737506644, (0.5, 0.25): 0.110298393748528,
+         (2.0, 3.0): 0.183813076544472, (8.0, 40.0): 0.132089945622996}
+
+
+# ---------------------------------------------------------------------------- clipping, noise
+def test_clipping_bounds_every_row_and_keeps_small_rows() -> None:
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(64, 16, generator=g) * torch.logspace(-3, 2, 64).unsqueeze(1)
+    h[5] = 0.0
+    out = clip_rows(h, 1.5)
+    norms = torch.linalg.vector_norm(out, dim=1)
+    assert torch.all(norms <= 1.5 * (1 + 1e-6))
+    small = torch.linalg.vector_norm(h, dim=1) <= 1.5
+    assert small.any() and (~small).any()
+    torch.testing.assert_close(out[small], h[small])
+    # big rows keep their direction and land on the sphere
+    torch.testing.assert_close(norms[~small], torch.full_like(norms[~small], 1.5))
+    cos = torch.nn.functional.cosine_similarity(out[~small], h[~small], dim=1)
+    torch.testing.assert_close(cos, torch.ones_like(cos))
+    assert torch.all(out[5] == 0)
+
+
+def test_gradient_flows_through_the_clipping() -> None:
+    h = torch.tensor([[0.3, 0.4], [3.0, 4.0]], requires_grad=True)  # norms 0.5 and 5
+    clip_rows(h, 1.0).sum().backward()
+    assert h.grad is not None
+    torch.testing.assert_close(h.grad[0], torch.ones(2))  # inside the ball: identity
+    # clipped (C = 1): d/dh Σ(h/‖h‖) = (I − ĥĥᵀ)·1 / ‖h‖
+    u = torch.tensor([0.6, 0.8])
+    want = (torch.ones(2) - u * u.sum()) / 5.0
+    torch.testing.assert_close(h.grad[1], want)
+
+
+def test_privatizer_noise_has_the_calibrated_std_and_is_seeded() -> None:
+    h = torch.ones(2000, 32, requires_grad=True)
+    priv = EmbeddingPrivatizer(clip_norm=0.5, noise_multiplier=2.0, seed=7)
+    clipped, published = priv(h)
+    assert clipped.grad_fn is not None and published.grad_fn is None
+    assert published.dtype == torch.float32 and published.shape == (2000, 32)
+    noise = (published - clipped.detach()).flatten()
+    assert abs(float(noise.mean())) < 0.01
+    assert abs(float(noise.std()) - 1.0) < 0.01  # σ·C = 2 · 0.5
+    again = EmbeddingPrivatizer(clip_norm=0.5, noise_multiplier=2.0, seed=7)(h)[1]
+    other = EmbeddingPrivatizer(clip_norm=0.5, noise_multiplier=2.0, seed=8)(h)[1]
+    torch.testing.assert_close(again, published)
+    assert not torch.allclose(other, published)
+
+
+def test_worker_seeds_are_distinct_and_reproducible_only_when_seeded() -> None:
+    a = worker_seeds(3, 4)
+    assert a == worker_seeds(3, 4) and len(set(a)) == 4
+    assert worker_seeds(None, 4) != worker_seeds(None, 4)
+    assert all(0 <= s < 2**64 for s in a)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
+def test_privatizer_rejects_bad_parameters(bad: float) -> None:
+    with pytest.raises(ValueError):
+        EmbeddingPrivatizer(clip_norm=bad, noise_multiplier=1.0, seed=0)
+    with pytest.raises(ValueError):
+        EmbeddingPrivatizer(clip_norm=1.0, noise_multiplier=bad, seed=0)
+
+
+# ---------------------------------------------------------------------------- GDP analysis
+@pytest.mark.parametrize(("mu", "eps"), sorted(EPS_AT_1E5.items()))
+def test_epsilon_matches_high_precision_values(mu: float, eps: float) -> None:
+    got = epsilon_for_delta(mu, 1e-5)
+    assert got == pytest.approx(eps, rel=1e-9)
+    assert delta_for_epsilon(got, mu) <= 1e-5  # rounded up, never below the true ε
+
+
+@pytest.mark.parametrize(("key", "delta"), sorted(DELTA.items()))
+def test_delta_matches_high_precision_values(key: tuple[float, float], delta: float) -> None:
+    mu, eps = key
+    assert delta_for_epsilon(eps, mu) == pytest.approx(delta, rel=1e-10)
+
+
+def test_conversion_edges() -> None:
+    for mu in (0.05, 1.0, 3.0):
+        # δ(0) = Φ(µ/2) − Φ(−µ/2): the total-variation distance of N(0,1) and N(µ,1)
+        assert delta_for_epsilon(0.0, mu) == pytest.approx(2 * norm.cdf(mu / 2) - 1, rel=1e-12)
+    assert epsilon_for_delta(0.01, 0.5) == 0.0  # δ(0) < 0.5: (0, 0.5)-DP already
+    assert epsilon_for_delta(math.inf, 1e-5) == math.inf
+    assert epsilon_for_delta(0.0, 1e-5) == 0.0
+    # large µ: no overflow, ε grows like µ²/2
+    big = epsilon_for_delta(1000.0, 1e-5)
+    assert 5e5 < big < 5.1e5 and delta_for_epsilon(big, 1000.0) <= 1e-5
+    # ε decreases in δ and increases in µ
+    assert epsilon_for_delta(1.0, 1e-3) < epsilon_for_delta(1.0, 1e-5)
+    assert epsilon_for_delta(0.9, 1e-5) < epsilon_for_delta(1.0, 1e-5)
+    for bad in ((-1.0, 1e-5), (1.0, 0.0), (1.0, 1.0), (math.nan, 1e-5)):
+        with pytest.raises(ValueError):
+            epsilon_for_delta(*bad)
+
+
+def test_gdp_matches_an_independent_pld_accountant() -> None:
+    """Google's privacy-loss-distribution accountant composing the same Gaussian
+    mechanisms (sensitivity 1, noise σ, k times) agrees with sqrt(k)/σ-GDP's exact ε
+    (it is pessimistic by its discretisation only)."""
+    dp_accounting = pytest.importorskip("dp_accounting")
+    from dp_accounting.pld import pld_privacy_accountant
+
+    for sigma, k in ((10.0, 4), (2.0, 10), (30.0, 40)):
+        acct = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+        acct.compose(dp_accounting.GaussianDpEvent(sigma), k)
+        pld = acct.get_epsilon(1e-5)
+        ours = epsilon_for_delta(composed_gaussian_mu(k, sigma), 1e-5)
+        assert ours <= pld * (1 + 1e-6)
+        assert pld == pytest.approx(ours, rel=1e-5)
+
+
+def test_composition() -> None:
+    assert gaussian_mu(4.0) == 0.25
+    assert compose_mu([0.3, 0.4]) == pytest.approx(0.5)
+    assert compose_mu([]) == 0.0
+    assert compose_mu([compose_mu([0.1, 0.2]), 0.3]) == pytest.approx(compose_mu([0.1, 0.2, 0.3]))
+    for k, sigma in ((1, 1.0), (7, 3.0), (40, 0.5)):
+        assert composed_gaussian_mu(k, sigma) == pytest.approx(
+            compose_mu([gaussian_mu(sigma)] * k), rel=1e-12)
+    with pytest.raises(ValueError):
+        compose_mu([0.1, -0.1])
+    with pytest.raises(ValueError):
+        gaussian_mu(0.0)
+
+
+def test_calibration_is_tight() -> None:
+    sigma = calibrate_noise_multiplier(1.0, 10)
+    assert sigma == pytest.approx(math.sqrt(10), rel=1e-12)
+    assert composed_gaussian_mu(10, sigma) <= 1.0
+    for bad in ((0.0, 1), (math.inf, 1), (1.0, 0)):
+        with pytest.raises(ValueError):
+            calibrate_noise_multiplier(*bad)
+
+
+# ---------------------------------------------------------------------------- ledger
+def test_accountant_counts_each_record_and_takes_the_max() -> None:
+    acct = GdpAccountant({"train": 10, "test": 3}, noise_multiplier=2.0)
+    assert acct.mu == 0.0 and acct.publications_max == 0
+    acct.record("train", np.array([0, 1, 2]))
+    acct.record("train", np.array([2, 3]))
+    acct.record("test")
+    np.testing.assert_array_equal(acct.publications("train"), [1, 1, 2, 1, 0, 0, 0, 0, 0, 0])
+    assert acct.publications_max == 2 and acct.group_max("test") == 1
+    assert acct.mu == pytest.approx(math.sqrt(2) / 2.0)
+    assert acct.epsilon(1e-5) == epsilon_for_delta(acct.mu, 1e-5)
+    assert acct.batches == {"train": 2, "test": 1}
+
+
+def test_accountant_refuses_past_the_cap_without_counting() -> None:
+    acct = GdpAccountant({"train": 4, "test": 2}, noise_multiplier=1.0, max_publications=2)
+    acct.record("train", np.array([0, 1]))
+    acct.record("train", np.array([1, 2]))
+    before = acct.publications("train")
+    with pytest.raises(PrivacyBudgetExceeded) as ei:
+        acct.record("train", np.array([3, 1]))
+    assert (ei.value.group, ei.value.publications, ei.value.planned) == ("train", 3, 2)
+    np.testing.assert_array_equal(acct.publications("train"), before)
+    acct.record("train", np.array([3, 0]))  # others still have budget
+    assert acct.mu <= composed_gaussian_mu(2, 1.0)
+
+
+def test_accountant_without_noise_reports_infinite_mu() -> None:
+    acct = GdpAccountant({"train": 2, "test": 0}, noise_multiplier=None)
+    acct.record("train", np.array([0]))
+    assert acct.mu == math.inf and acct.epsilon(1e-5) == math.inf
+
+
+def test_accountant_state_round_trip_and_mismatch() -> None:
+    acct = GdpAccountant({"train": 5, "test": 2}, noise_multiplier=1.5, max_publications=3)
+    acct.record("train", np.array([4, 1]))
+    acct.record("test")
+    state = acct.state_dict()
+    fresh = GdpAccountant({"train": 5, "test": 2}, noise_multiplier=1.5, max_publications=3)
+    fresh.load_state_dict(state)
+    np.testing.assert_array_equal(fresh.publications("train"), acct.publications("train"))
+    assert fresh.mu == acct.mu and fresh.batches == acct.batches
+    state["counts"]["train"][0] = 99  # the loaded ledger is a copy
+    assert fresh.publications("train")[0] == 0
+    for other in (GdpAccountant({"train": 5, "test": 2}, noise_multiplier=2.0, max_publications=3),
+                  GdpAccountant({"train": 6, "test": 2}, noise_multiplier=1.5, max_publications=3),
+                  GdpAccountant({"train": 5, "test": 2}, noise_multiplier=1.5)):
+        with pytest.raises(ValueError):
+            other.load_state_dict(acct.state_dict())
+    with pytest.raises(ValueError, match="rdp"):
+        fresh.load_state_dict({**acct.state_dict(), "mechanism": "rdp"})
+
+
+# ---------------------------------------------------------------------------- plan, report
+def test_plan_calibrates_for_the_schedules_worst_case() -> None:
+    assert plan_from_config(VflConfig()) is None
+    assert plan_from_config(VflConfig(dp_mu=math.inf)) is None
+    plan = plan_from_config(VflConfig(dp_mu=2.0, epochs=5, max_reassign=3, dp_clip_norm=0.5))
+    assert plan is not None and plan.planned_publications == 20
+    assert plan.noise_multiplier == pytest.approx(math.sqrt(20) / 2.0)
+    assert (plan.clip_norm, plan.delta, plan.target_mu) == (0.5, 1e-5, 2.0)
+    tight = plan_from_config(VflConfig(dp_mu=2.0, epochs=5, max_reassign=0))
+    assert tight is not None and tight.planned_publications == 5
+    direct = plan_from_config(VflConfig(dp_noise_multiplier=3.0, dp_delta=1e-6))
+    assert direct is not None and direct.noise_multiplier == 3.0
+    assert direct.target_mu is None and direct.planned_publications is None
+
+
+def test_report_with_dp_off_is_explicit() -> None:
+    r = report(None, GdpAccountant({"train": 3, "test": 1}, noise_multiplier=None))
+    assert r["enabled"] is False and r["mu"] is None and r["epsilon"] is None
+    plan = plan_from_config(VflConfig(dp_mu=1.0, epochs=2, max_reassign=0))
+    acct = GdpAccountant({"train": 3, "test": 1}, noise_multiplier=plan.noise_multiplier,
+                         max_publications=plan.planned_publications)
+    acct.record("train", np.arange(3))
+    r = report(plan, acct)
+    assert r["enabled"] is True and r["mu"] == pytest.approx(1 / math.sqrt(2))
+    assert r["epsilon"] == epsilon_for_delta(r["mu"], 1e-5) and r["publications_max"] == 1
+    assert report(plan, None)["mu"] is None  # ledger missing: spent unknown
