@@ -109,6 +109,13 @@ def run_party(role: str, args: argparse.Namespace) -> int:
     try:
         check_run_id(args.run_id)
         cfg = load_vfl_config(args.config, args.set)
+        if cfg.cpus(role):
+            from parties.sysinfo import pin_process
+
+            try:
+                pin_process(cfg.cpus(role))
+            except (ValueError, OSError) as exc:
+                raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
         configure_logging(events_path=events, party=role, run_id=args.run_id)

@@ -31,6 +31,9 @@ from pubsub.config import (
 )
 
 ALGOS = ("pubsub",)
+#: The per-batch wait when ``t_ddl_s = 0`` (no deadline): about 11.6 days, finite because
+#: :meth:`pubsub.Bus.next` takes a finite timeout; the liveness timeout ends a run first.
+NO_DEADLINE_S = 1e6
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -60,7 +63,9 @@ class VflConfig:
         delta_t0: ΔT0 of the semi-async schedule (local steps between PS syncs grow to it).
         p / q: per-batch buffer capacity for embeddings / gradients (messages, FIFO eviction).
         t_ddl_s: T_ddl, how long a worker waits for its partner's data before the
-            batch is dropped and reassigned, seconds.
+            batch is dropped and reassigned, seconds; 0 = no deadline (a worker waits
+            until the data comes; the liveness timeout still ends a run whose partner
+            went silent). See :attr:`VflConfig.deadline_s`.
         max_reassign: how often a dropped batch is reassigned before it is skipped.
         liveness_timeout_s: partner heartbeats missing this long fail the run, seconds.
         handshake_timeout_s: deadline for both parties to find each other, seconds.
@@ -86,6 +91,9 @@ class VflConfig:
         dp_delta: δ at which the spent budget is also reported as (ε, δ).
         dp_noise_seed: seed of the passive party's noise generators, for reproducible
             tests only (the active party must never know it); None = fresh OS entropy.
+        active_cpus / passive_cpus: CPU ids the party's process, its threads and its
+            worker processes are pinned to (``os.sched_setaffinity``, Linux) when the
+            party starts; empty (the default) = not pinned. Not a shared setting.
     """
 
     algo: str = "pubsub"
@@ -126,6 +134,8 @@ class VflConfig:
     dp_clip_norm: float = 1.0
     dp_delta: float = 1e-5
     dp_noise_seed: int | None = None
+    active_cpus: tuple[int, ...] = ()
+    passive_cpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> ConfigError:
@@ -160,10 +170,16 @@ class VflConfig:
             raise bad("test_frac", "must be in (0, 1)")
         if not self.lr > 0:
             raise bad("lr", "must be > 0")
-        for key in ("t_ddl_s", "liveness_timeout_s", "handshake_timeout_s",
+        if not 0 <= self.t_ddl_s < math.inf:
+            raise bad("t_ddl_s", "must be >= 0 seconds (0: no deadline) and finite")
+        for key in ("liveness_timeout_s", "handshake_timeout_s",
                     "heartbeat_interval_s", "connect_timeout_s"):
             if not getattr(self, key) > 0:
                 raise bad(key, "must be > 0 seconds")
+        for key in ("active_cpus", "passive_cpus"):
+            cpus = getattr(self, key)
+            if any(c < 0 for c in cpus) or len(set(cpus)) != len(cpus):
+                raise bad(key, "must be distinct CPU ids >= 0")
         if any(h < 1 for h in self.bottom_hidden + self.top_hidden):
             raise ConfigError("vfl.bottom_hidden", "hidden widths must be >= 1")
         if self.event_loop not in ("uvloop", "asyncio"):
@@ -196,6 +212,18 @@ class VflConfig:
         """True when the passive party clips and noises its embeddings."""
         return self.dp_noise_multiplier is not None or (
             self.dp_mu is not None and not math.isinf(self.dp_mu))
+
+    @property
+    def deadline_s(self) -> float:
+        """How long a worker waits for its partner's data on one batch, seconds: T_ddl,
+        or :data:`NO_DEADLINE_S` (finite, for the bus) when ``t_ddl_s`` is 0."""
+        return self.t_ddl_s if self.t_ddl_s > 0 else NO_DEADLINE_S
+
+    def cpus(self, role: str) -> tuple[int, ...]:
+        """The CPU ids ``role`` (``"active"``/``"passive"``) is pinned to; empty: not pinned."""
+        if role not in ("active", "passive"):
+            raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
+        return self.active_cpus if role == "active" else self.passive_cpus
 
     @property
     def effective_task(self) -> str:
@@ -280,4 +308,4 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-__all__ = ["ALGOS", "VflConfig", "check_run_id", "dump_vfl_config", "load_vfl_config", "replace"]
+__all__ = ["ALGOS", "NO_DEADLINE_S", "VflConfig", "check_run_id", "dump_vfl_config", "load_vfl_config", "replace"]

@@ -493,7 +493,7 @@ class Party:
                     return 1
                 return 0
 
-            msg = await self._wait(bus, self.topics.grad(b), loop.time() + self.cfg.t_ddl_s,
+            msg = await self._wait(bus, self.topics.grad(b), loop.time() + self.cfg.deadline_s,
                                    accept)
             if msg is None:
                 await worker.discard(b)
@@ -599,7 +599,7 @@ class Party:
         while (task := await self._next_task(sched, cond)) is not None:
             b, attempt = task
             rows = batches[b]
-            msg = await self._wait(bus, self.topics.emb(b), loop.time() + self.cfg.t_ddl_s,
+            msg = await self._wait(bus, self.topics.emb(b), loop.time() + self.cfg.deadline_s,
                                    accept)
             if msg is None:
                 again = sched.fail(b, attempt)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,47 @@ def cores_allotted() -> float:
         os.cpu_count() or 1)
     quota = _cgroup_quota()
     return min(affinity, quota) if quota is not None else affinity
+
+
+def pin_process(cpus: Iterable[int]) -> set[int]:
+    """Pin this process, every thread it has now, and whatever it starts later to ``cpus``.
+
+    ``os.sched_setaffinity(0, ...)`` alone moves only the calling thread; threads that
+    already exist (BLAS pools, the asyncio default executor) keep their old affinity, so
+    each thread in ``/proc/self/task`` is moved too. New threads and child processes
+    inherit the affinity of their creator.
+
+    Args:
+        cpus: CPU ids (as ``os.sched_getaffinity`` numbers them), non-empty.
+
+    Returns:
+        The affinity set before pinning (pass it back here to undo).
+
+    Raises:
+        ValueError: ``cpus`` is empty or names a CPU this process may not use.
+        OSError: the platform has no ``sched_setaffinity`` (not Linux).
+    """
+    want = set(cpus)
+    if not hasattr(os, "sched_setaffinity"):
+        raise OSError("CPU pinning needs os.sched_setaffinity (Linux)")
+    before = set(os.sched_getaffinity(0))
+    if not want:
+        raise ValueError("pin_process needs at least one CPU id")
+    try:
+        os.sched_setaffinity(0, want)
+    except OSError:
+        raise ValueError(f"cannot pin to CPUs {sorted(want)}: this process may use "
+                         f"{sorted(before)}") from None
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, want)
+        except OSError:
+            continue  # the thread ended meanwhile
+    return before
 
 
 def _cgroup_quota() -> float | None:

@@ -41,7 +41,9 @@ def test_round_trip_through_toml(tmp_path: Path) -> None:
      (["dp_noise_multiplier=inf"], "vfl.dp_noise_multiplier"),
      (["dp_clip_norm=0"], "vfl.dp_clip_norm"), (["dp_clip_norm=-2"], "vfl.dp_clip_norm"),
      (["dp_delta=0"], "vfl.dp_delta"), (["dp_delta=1.5"], "vfl.dp_delta"),
-     (["dp_noise_seed=-1"], "vfl.dp_noise_seed"), (["dp_mu=high"], "vfl.dp_mu")],
+     (["dp_noise_seed=-1"], "vfl.dp_noise_seed"), (["dp_mu=high"], "vfl.dp_mu"),
+     (["t_ddl_s=inf"], "vfl.t_ddl_s"), (["active_cpus=[-1]"], "vfl.active_cpus"),
+     (["passive_cpus=[1,1]"], "vfl.passive_cpus")],
 )
 def test_bad_values_name_the_key(sets: list[str], key: str) -> None:
     with pytest.raises(ConfigError) as ei:
@@ -131,3 +133,14 @@ def test_shared_settings_carry_the_task_and_synthetic_parameters() -> None:
     # the synthetic keys do not matter for other datasets
     assert (VflConfig(dataset="bank", synthetic_seed=5).shared_settings(100)["digest"]
             == binary["digest"])
+
+
+def test_zero_t_ddl_means_no_deadline_and_cpus_are_per_role() -> None:
+    from parties.config import NO_DEADLINE_S
+
+    c = load_vfl_config(None, ["t_ddl_s=0", "active_cpus=[0]", "passive_cpus=[1]"])
+    assert c.deadline_s == NO_DEADLINE_S and VflConfig().deadline_s == 10.0
+    assert (c.cpus("active"), c.cpus("passive")) == ((0,), (1,))
+    assert VflConfig().cpus("active") == ()
+    # pinning is each party's own business: it never blocks the handshake
+    assert c.shared_settings(10) == VflConfig(t_ddl_s=0).shared_settings(10)
