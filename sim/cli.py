@@ -1,6 +1,6 @@
 """The ``psfl`` command: one console script with subcommands.
 
-``psfl demo`` · ``psfl vfl run|party`` · ``psfl broker run|stats``
+``psfl demo`` · ``psfl vfl run|party|profile`` · ``psfl broker run|stats``
 """
 
 from __future__ import annotations
@@ -77,6 +77,48 @@ def _vfl_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vfl_profile(args: argparse.Namespace) -> int:
+    """``psfl vfl profile``: single-worker compute profile and throughput ceiling."""
+    from pathlib import Path
+
+    from parties.cli import ExitCode, exit_code_for, write_json
+    from parties.config import load_vfl_config
+
+    extra = {"dataset": args.dataset} if args.dataset else {}
+    cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: exit 2
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"error: cannot use {str(out)!r} as the output directory: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    from parties.profile import ProfileError, profile_config
+    from pubsub.logs import configure_logging
+
+    configure_logging(events_path=out / "events.jsonl", role="profile")
+    try:
+        prof = profile_config(cfg, min_time_s=args.min_time_s)
+    except ProfileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    except Exception as exc:
+        code = exit_code_for(exc)  # bad data
+        if code is None:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return code
+    doc = prof.to_dict()
+    write_json(out / "profile.json", doc)
+    for p in (prof.passive, prof.active):
+        print(f"{p.role:<8} d_in {p.n_features:>5}  cpus {list(p.cpus)}  "
+              f"{p.cpu_s_per_sample * 1e6:8.2f} us/sample CPU ({p.wall_s_per_sample * 1e6:.2f} "
+              f"wall)  {p.steps} steps of B={p.batch_size}  -> {p.samples_per_s:,.0f} samples/s")
+    print(f"ceiling {prof.ceiling_samples_per_s:,.0f} samples/s (bound by {prof.bound_by}, "
+          f"CPU time); profile: {out / 'profile.json'}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     """Run ``bench/NAME.py`` of this checkout with the remaining arguments."""
     import subprocess
@@ -138,6 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
     party.add_argument("--role", required=True, choices=["active", "passive"])
     add_party_arguments(party)
     party.set_defaults(func=_vfl_party)
+    prof = vsub.add_parser("profile", help="single-worker compute profile of each party and "
+                           "the throughput ceiling (writes OUT/profile.json)")
+    prof.add_argument("--config", help="TOML file with a [vfl] table")
+    prof.add_argument("--dataset", help="dataset (as for vfl run)")
+    prof.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config key (repeatable)")
+    prof.add_argument("--out", required=True, help="output directory (profile.json)")
+    prof.add_argument("--min-time-s", type=float, default=1.0,
+                      help="time each party's steps for at least this many CPU seconds")
+    prof.set_defaults(func=_vfl_profile)
 
     bench = sub.add_parser("bench", help="run bench/NAME.py (e.g. psfl bench bus --quick)")
     bench.add_argument("name", help="benchmark name: bus, vfl_overhead, vfl_dp, soak_memory")

@@ -1,0 +1,329 @@
+"""Single-worker compute profile of a VFL config, and the throughput ceiling it implies.
+
+The *ceiling* is the training throughput (samples/s) that the parties' allotted cores
+allow when compute never waits:
+
+    ceiling = min over parties p of  cores_p / s_p
+
+where ``s_p`` is the measured CPU seconds per training sample of party p's share of one
+training step at batch size B:
+
+* passive: bottom forward, (DP clip + noise, when on), bottom backward from a cut-layer
+  gradient, Adam step and the parameter-server sync schedule of the run (ΔT_t);
+* active: its own bottom forward, top forward, loss, backward through top and bottom,
+  Adam step, the same sync schedule.
+
+When the parties share cores (neither pinned, or overlapping CPU sets) they cannot both
+use them at once, so the ceiling is also capped by ``|cores_a ∪ cores_p| / (s_a + s_p)``;
+with disjoint pinned sets that cap never binds (it is a mediant of the per-party terms).
+
+How it is measured (:func:`profile_config`): in one process, no bus, no broker. For
+each party in turn the process (all its threads) is pinned to that party's configured
+CPUs (``vfl.active_cpus`` / ``vfl.passive_cpus``; unpinned parties run on the process's
+own CPU set), ``torch.set_num_threads(vfl.torch_threads)``, and the worker compute of
+:func:`parties.workers.make_compute` (exactly what a worker thread or process runs) is
+driven on the run's real training batches (``epoch_batches`` of the run's seed), with
+random ``(B, d)`` float32 embeddings / gradients from the partner. After warm-up steps,
+each step is timed with ``time.process_time`` (CPU seconds of the whole process, so
+intra-op threads count) and ``time.perf_counter`` (wall); the ceiling uses the **median
+CPU time per step ÷ B** (wall is reported alongside; on an idle pinned core the two
+agree). The epoch index passed to the sync schedule cycles over the run's epochs, so
+syncs happen as often as in the run.
+
+Source of the definition: the PubSub-VFL evaluation issue of this project (efficiency
+= training samples/s ÷ ceiling; above 1.05 means the profile is wrong).
+
+For ``synthetic`` the table is generated with at most :data:`PROFILE_SYNTHETIC_ROWS`
+rows: the per-sample compute depends on the feature width (unchanged), not the row count.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+import structlog
+
+from parties.config import VflConfig
+
+log = structlog.get_logger(__name__)
+
+#: Rows of the ``synthetic`` table generated for a profile (the run may use more).
+PROFILE_SYNTHETIC_ROWS = 20_000
+#: Efficiency above this means the profile under-states the compute: an error.
+EFFICIENCY_LIMIT = 1.05
+
+
+class ProfileError(RuntimeError):
+    """The profile cannot be taken (e.g. fewer training rows than one batch)."""
+
+
+class EfficiencyTooHigh(ProfileError):
+    """A run beat its ceiling by more than :data:`EFFICIENCY_LIMIT`: the profile is wrong.
+
+    Attributes:
+        efficiency: the run's samples/s ÷ ceiling.
+    """
+
+    def __init__(self, efficiency: float, what: str = "") -> None:
+        self.efficiency = efficiency
+        super().__init__(f"efficiency {efficiency:.3f} > {EFFICIENCY_LIMIT}"
+                         f"{' for ' + what if what else ''}: the single-worker profile "
+                         "under-states the compute (the ceiling is too low)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartyProfile:
+    """One party's measured share of a training step.
+
+    Attributes:
+        role: ``"active"`` or ``"passive"``.
+        cpus: CPU ids the measurement ran on (the party's pinned set, or the process's).
+        cores: cores allotted to the party: ``len(cpus)`` (cgroup quota not applied here).
+        n_features: the party's encoded feature width ``d_in``.
+        batch_size: B, rows per step.
+        steps: timed steps (after ``warmup_steps``).
+        warmup_steps: untimed steps first.
+        cpu_s_per_step: median CPU seconds per step (``time.process_time``).
+        wall_s_per_step: median wall seconds per step (``time.perf_counter``).
+        cpu_s_per_sample: ``cpu_s_per_step / batch_size``; the ceiling's input.
+        wall_s_per_sample: ``wall_s_per_step / batch_size``.
+        cpu_iqr_rel: interquartile range of the per-step CPU times ÷ their median.
+    """
+
+    role: str
+    cpus: tuple[int, ...]
+    cores: float
+    n_features: int
+    batch_size: int
+    steps: int
+    warmup_steps: int
+    cpu_s_per_step: float
+    wall_s_per_step: float
+    cpu_s_per_sample: float
+    wall_s_per_sample: float
+    cpu_iqr_rel: float
+
+    @property
+    def samples_per_s(self) -> float:
+        """``cores / cpu_s_per_sample``: this party's own bound, samples/s."""
+        return self.cores / self.cpu_s_per_sample
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeProfile:
+    """Both parties' profiles and the throughput ceiling.
+
+    Attributes:
+        active / passive: :class:`PartyProfile` of each party.
+        ceiling_samples_per_s: training samples/s the allotted cores allow at most.
+        bound_by: ``"active"``, ``"passive"`` or ``"shared"`` (the shared-cores cap).
+        basis: ``"cpu"``: the ceiling uses CPU seconds (wall is reported too).
+        settings: the config values the profile depends on.
+    """
+
+    active: PartyProfile
+    passive: PartyProfile
+    ceiling_samples_per_s: float
+    bound_by: str
+    basis: str
+    settings: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``profile.json``)."""
+        out: dict[str, Any] = {
+            "ceiling_samples_per_s": self.ceiling_samples_per_s,
+            "bound_by": self.bound_by,
+            "basis": self.basis,
+            "parties": {},
+            "settings": self.settings,
+        }
+        for p in (self.active, self.passive):
+            d = asdict(p)
+            d["cpus"] = list(p.cpus)
+            d["samples_per_s"] = p.samples_per_s
+            out["parties"][p.role] = d
+        return out
+
+
+def ceiling(active: PartyProfile, passive: PartyProfile) -> tuple[float, str]:
+    """The throughput ceiling (samples/s) and what binds it (see the module docstring)."""
+    per_party = {p.role: p.samples_per_s for p in (active, passive)}
+    role = min(per_party, key=lambda r: per_party[r])
+    bound = per_party[role]
+    if set(active.cpus) & set(passive.cpus):
+        union = len(set(active.cpus) | set(passive.cpus))
+        shared = union / (active.cpu_s_per_sample + passive.cpu_s_per_sample)
+        if shared < bound:
+            return shared, "shared"
+    return bound, role
+
+
+def efficiency(train_samples_per_s: float, ceiling_samples_per_s: float, *,
+               what: str = "", check: bool = True) -> float:
+    """``train_samples_per_s / ceiling_samples_per_s`` (both over training time only).
+
+    Raises:
+        EfficiencyTooHigh: with ``check``, the result exceeds :data:`EFFICIENCY_LIMIT`.
+        ValueError: the ceiling is not positive.
+    """
+    if not ceiling_samples_per_s > 0:
+        raise ValueError(f"ceiling must be > 0 samples/s, got {ceiling_samples_per_s!r}")
+    eff = train_samples_per_s / ceiling_samples_per_s
+    if check and eff > EFFICIENCY_LIMIT:
+        raise EfficiencyTooHigh(eff, what)
+    return eff
+
+
+def _profile_config(cfg: VflConfig) -> VflConfig:
+    if cfg.dataset == "synthetic":
+        return replace(cfg, synthetic_rows=min(cfg.synthetic_rows, PROFILE_SYNTHETIC_ROWS))
+    return cfg
+
+
+def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndarray | None,
+                  *, warmup_steps: int = 10, min_steps: int = 40, min_time_s: float = 1.0,
+                  max_steps: int = 2000) -> PartyProfile:
+    """Time one worker's compute for ``role`` in this process (no pinning done here).
+
+    Args:
+        role: ``"active"`` or ``"passive"``.
+        cfg: the run's config (B, model, lr, ΔT0, DP, epochs, seed).
+        x_train: ``(n_train, d_in)`` float32 features of the party, ``n_train >= B``.
+        y_train: ``(n_train,)`` float32 labels (active party only).
+        warmup_steps: untimed steps first.
+        min_steps / min_time_s / max_steps: time at least ``min_steps`` steps and at
+            least ``min_time_s`` CPU seconds, at most ``max_steps`` steps.
+
+    Returns:
+        :class:`PartyProfile` (``cpus``/``cores`` are this process's current CPU set).
+
+    Raises:
+        ProfileError: fewer training rows than one batch.
+    """
+    import torch
+
+    from parties.model import ParameterServer, PassiveCompute, flat_params
+    from parties.model import bottom_model, top_model
+    from parties.schedule import epoch_batches
+    from parties.workers import make_compute
+
+    n_train, d_in = x_train.shape
+    B = cfg.batch_size
+    if n_train < B:
+        raise ProfileError(f"{role}: {n_train} training rows, fewer than one batch (B={B})")
+    torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
+    mods = [bottom_model(d_in, cfg.bottom_hidden, cfg.embedding_dim)]
+    if role == "active":
+        mods.append(top_model(cfg.embedding_dim, cfg.top_hidden))
+    ps = ParameterServer(flat_params(mods))
+    compute = make_compute(role, cfg, x_train, y_train, ps,
+                           noise_seed=12345 if cfg.dp_enabled else None)
+    gen = np.random.default_rng(cfg.seed)
+    partner = gen.standard_normal((B, cfg.embedding_dim)).astype(np.float32) * 0.01
+
+    batches: list[np.ndarray] = []
+    epoch = 0
+    while len(batches) < max_steps + warmup_steps:
+        batches += [b for b in epoch_batches(n_train, B, seed=cfg.seed, epoch=epoch)
+                    if len(b) == B]
+        epoch += 1
+
+    def step(i: int, ep: int) -> None:
+        rows = batches[i]
+        if isinstance(compute, PassiveCompute):
+            h, _pub = compute.forward(rows)
+            compute.backward(h, partner, ep)
+        else:
+            compute.top_step(compute.forward_own(rows), partner, rows, ep)
+
+    total = max_steps + warmup_steps
+    for i in range(warmup_steps):
+        step(i, 0)
+    cpu: list[float] = []
+    wall: list[float] = []
+    spent = 0.0
+    i = warmup_steps
+    while i < total and (len(cpu) < min_steps or spent < min_time_s):
+        # the sync schedule of the run: epochs in proportion, as the run sees them
+        ep = (len(cpu) * cfg.epochs // max(1, min_steps)) % cfg.epochs
+        c0, w0 = time.process_time(), time.perf_counter()
+        step(i, ep)
+        c1, w1 = time.process_time(), time.perf_counter()
+        cpu.append(c1 - c0)
+        wall.append(w1 - w0)
+        spent += c1 - c0
+        i += 1
+    cpu_med = statistics.median(cpu)
+    q = statistics.quantiles(cpu, n=4) if len(cpu) >= 2 else [cpu_med, cpu_med, cpu_med]
+    cpus = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(
+        range(os.cpu_count() or 1))
+    return PartyProfile(
+        role=role, cpus=cpus, cores=float(len(cpus)), n_features=int(d_in), batch_size=B,
+        steps=len(cpu), warmup_steps=warmup_steps, cpu_s_per_step=cpu_med,
+        wall_s_per_step=statistics.median(wall), cpu_s_per_sample=cpu_med / B,
+        wall_s_per_sample=statistics.median(wall) / B,
+        cpu_iqr_rel=(q[2] - q[0]) / cpu_med if cpu_med > 0 else math.nan,
+    )
+
+
+def profile_config(cfg: VflConfig, **timing: Any) -> ComputeProfile:
+    """Profile both parties of ``cfg`` in this process and compute the ceiling.
+
+    Loads each party's data as the party would (``synthetic``: at most
+    :data:`PROFILE_SYNTHETIC_ROWS` rows), pins this process to the party's CPUs while
+    timing it (restored afterwards), and uses ``cfg.torch_threads`` intra-op threads
+    (restored afterwards). ``timing`` goes to :func:`profile_party`.
+
+    Raises:
+        parties.data.DataError: the data cannot be loaded.
+        ValueError: a configured CPU is not available to this process.
+        ProfileError: too few training rows.
+    """
+    import torch
+
+    from parties.runtime import load_party_data
+    from parties.sysinfo import pin_process
+
+    pcfg = _profile_config(cfg)
+    threads0 = torch.get_num_threads()
+    out: dict[str, PartyProfile] = {}
+    try:
+        torch.set_num_threads(cfg.torch_threads)
+        for role in ("passive", "active"):
+            data = load_party_data(pcfg, role)
+            before = pin_process(cfg.cpus(role)) if cfg.cpus(role) else None
+            try:
+                out[role] = profile_party(role, cfg, data.x_train, data.y_train, **timing)
+            finally:
+                if before is not None:
+                    pin_process(before)
+            log.info("vfl.profile_party", role=role, cpu_s_per_sample=out[role].cpu_s_per_sample,
+                     wall_s_per_sample=out[role].wall_s_per_sample, cpus=out[role].cpus)
+    finally:
+        torch.set_num_threads(threads0)
+    value, bound = ceiling(out["active"], out["passive"])
+    settings = {
+        "dataset": cfg.dataset, "batch_size": cfg.batch_size,
+        "bottom_hidden": list(cfg.bottom_hidden), "embedding_dim": cfg.embedding_dim,
+        "top_hidden": list(cfg.top_hidden), "torch_threads": cfg.torch_threads,
+        "worker_mode": cfg.worker_mode, "delta_t0": cfg.delta_t0, "epochs": cfg.epochs,
+        "dp": cfg.dp_enabled, "active_cpus": list(cfg.active_cpus),
+        "passive_cpus": list(cfg.passive_cpus), "torch": torch.__version__,
+        "python": platform.python_version(), "machine": platform.machine(),
+        "rows_profiled": pcfg.synthetic_rows if cfg.dataset == "synthetic" else None,
+    }
+    return ComputeProfile(active=out["active"], passive=out["passive"],
+                          ceiling_samples_per_s=value, bound_by=bound, basis="cpu",
+                          settings=settings)
+
+
+__all__ = ["EFFICIENCY_LIMIT", "ComputeProfile", "EfficiencyTooHigh", "PROFILE_SYNTHETIC_ROWS",
+           "PartyProfile", "ProfileError", "ceiling", "efficiency", "profile_config",
+           "profile_party"]

@@ -1,0 +1,87 @@
+"""The single-worker compute profile and the throughput ceiling (parties/profile.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parties.config import VflConfig
+from parties.profile import (
+    EfficiencyTooHigh,
+    PartyProfile,
+    ProfileError,
+    ceiling,
+    efficiency,
+    profile_party,
+)
+
+
+def _pp(role: str, cpus: tuple[int, ...], s: float) -> PartyProfile:
+    return PartyProfile(role=role, cpus=cpus, cores=float(len(cpus)), n_features=4,
+                        batch_size=8, steps=10, warmup_steps=1, cpu_s_per_step=8 * s,
+                        wall_s_per_step=8 * s, cpu_s_per_sample=s, wall_s_per_sample=s,
+                        cpu_iqr_rel=0.0)
+
+
+def test_ceiling_is_the_slower_party_on_its_own_cores() -> None:
+    value, bound = ceiling(_pp("active", (0,), 1e-4), _pp("passive", (1,), 5e-5))
+    assert (value, bound) == (pytest.approx(1e4), "active")
+    value, bound = ceiling(_pp("active", (0, 1), 1e-4), _pp("passive", (2,), 2e-4))
+    assert (value, bound) == (pytest.approx(5e3), "passive")
+
+
+def test_ceiling_of_parties_sharing_cores_counts_both_shares() -> None:
+    # both on the same 2 cores: 2 / (1e-4 + 1e-4) = 1e4 < 2 / 1e-4
+    value, bound = ceiling(_pp("active", (0, 1), 1e-4), _pp("passive", (0, 1), 1e-4))
+    assert (value, bound) == (pytest.approx(1e4), "shared")
+
+
+def test_efficiency_above_limit_is_an_error() -> None:
+    assert efficiency(900.0, 1000.0) == pytest.approx(0.9)
+    assert efficiency(1040.0, 1000.0) == pytest.approx(1.04)
+    with pytest.raises(EfficiencyTooHigh, match="1.100"):
+        efficiency(1100.0, 1000.0, what="pubsub on bank")
+    assert efficiency(1100.0, 1000.0, check=False) == pytest.approx(1.1)
+    with pytest.raises(ValueError):
+        efficiency(1.0, 0.0)
+
+
+@pytest.mark.parametrize("role", ["active", "passive"])
+def test_profile_party_times_real_steps(role: str) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((600, 12)).astype(np.float32)
+    y = (rng.random(600) > 0.5).astype(np.float32) if role == "active" else None
+    cfg = VflConfig(batch_size=64, epochs=3, bottom_hidden=(16,), top_hidden=(8,))
+    p = profile_party(role, cfg, x, y, warmup_steps=2, min_steps=12, min_time_s=0.0)
+    assert p.steps == 12 and p.batch_size == 64 and p.n_features == 12
+    assert 0 < p.cpu_s_per_sample < 0.01 and p.cpu_s_per_sample == p.cpu_s_per_step / 64
+    assert p.cores >= 1 and p.samples_per_s == pytest.approx(p.cores / p.cpu_s_per_sample)
+    assert math.isfinite(p.cpu_iqr_rel)
+
+
+def test_profile_with_dp_and_too_few_rows() -> None:
+    x = np.ones((100, 5), dtype=np.float32)
+    cfg = VflConfig(batch_size=32, dp_mu=1.0, bottom_hidden=(8,))
+    assert profile_party("passive", cfg, x, None, warmup_steps=1, min_steps=5,
+                         min_time_s=0.0).steps == 5
+    with pytest.raises(ProfileError, match="fewer than one batch"):
+        profile_party("passive", VflConfig(batch_size=256), x, None)
+
+
+def test_psfl_vfl_profile_writes_profile_json(tmp_path: Path) -> None:
+    from sim.cli import main
+
+    code = main(["vfl", "profile", "--dataset", "bank", "--set", "batch_size=128",
+                 "--set", "epochs=2", "--min-time-s", "0.05", "--out", str(tmp_path)])
+    assert code == 0
+    doc = json.loads((tmp_path / "profile.json").read_text())
+    a, p = doc["parties"]["active"], doc["parties"]["passive"]
+    assert doc["basis"] == "cpu" and doc["settings"]["batch_size"] == 128
+    assert doc["ceiling_samples_per_s"] == pytest.approx(min(a["samples_per_s"],
+                                                             p["samples_per_s"]), rel=1e-9) or \
+        doc["bound_by"] == "shared"
+    assert a["n_features"] > 0 and p["n_features"] > 0
