@@ -106,8 +106,8 @@ def _send(sock: Any, kind: int, epoch: int = 0, batch: int = 0, arr: Any = None)
     sock.send_multipart([HEADER.pack(kind, epoch, batch, rows), payload])
 
 
-def _recv(sock: Any, kind: int, epoch: int = 0, batch: int = 0) -> Any:
-    """Receive the expected message; return its payload as a (rows, EMB_DIM) array or None.
+def _recv(sock: Any, kind: int, epoch: int = 0, batch: int = 0, *, dim: int = EMB_DIM) -> Any:
+    """Receive the expected message; return its payload as a (rows, dim) array or None.
 
     The socket's RCVTIMEO makes this raise ``zmq.Again`` on a timeout.
     """
@@ -122,32 +122,35 @@ def _recv(sock: Any, kind: int, epoch: int = 0, batch: int = 0) -> Any:
     if not payload:
         return None
     # copy: bytes are read-only and torch.from_numpy wants a writable array
-    return np.frombuffer(payload, dtype=np.float32).reshape(got[3], EMB_DIM).copy()
+    return np.frombuffer(payload, dtype=np.float32).reshape(got[3], dim).copy()
 
 
 # --------------------------------------------------------------------------- reference parties
 
 
-def _load(role: str) -> dict[str, Any]:
-    """This party's encoded features (and labels for the active party), as our system does."""
-    from parties.data import (
-        default_split,
-        encode_labels,
-        encode_party_features,
-        load_table,
-        train_test_indices,
-    )
+def default_config() -> Any:
+    """The reference settings above as a VflConfig (what ``run_ours`` uses, too)."""
+    from parties.config import VflConfig
 
-    frame, label = load_table(DATASET)
-    assert label is not None
-    active_cols, passive_cols = default_split(list(frame.columns), label)
-    train_idx, test_idx = train_test_indices(len(frame), test_frac=TEST_FRAC, seed=SEED)
-    cols = active_cols if role == "active" else passive_cols
-    feats = encode_party_features(frame, cols, train_idx, test_idx)
-    out = {"x_train": feats.x_train, "x_test": feats.x_test}
-    if role == "active":
-        out["y_train"], out["y_test"], _ = encode_labels(frame, label, train_idx, test_idx)
-    return out
+    return VflConfig(dataset=DATASET, seed=SEED, test_frac=TEST_FRAC, batch_size=BATCH,
+                     bottom_hidden=BOTTOM_HIDDEN, embedding_dim=EMB_DIM, top_hidden=TOP_HIDDEN,
+                     lr=LR)
+
+
+def _setup(role: str, config: str) -> tuple[Any, Any]:
+    """Config and this party's encoded data, exactly as our party loads them; pins the
+    process to the party's configured CPUs and sets the torch threads."""
+    import torch
+
+    from parties.config import load_vfl_config
+    from parties.runtime import load_party_data
+    from parties.sysinfo import pin_process
+
+    cfg = load_vfl_config(config)
+    if cfg.cpus(role):
+        pin_process(cfg.cpus(role))
+    torch.set_num_threads(cfg.torch_threads)
+    return cfg, load_party_data(cfg, role)
 
 
 def _socket(port: int, *, bind: bool) -> tuple[Any, Any]:
@@ -166,20 +169,19 @@ def _socket(port: int, *, bind: bool) -> tuple[Any, Any]:
     return ctx, sock
 
 
-def _passive(port: int, epochs: int) -> None:
+def _passive(port: int, epochs: int, config: str) -> None:
     import torch
     import zmq
 
     from parties.model import bottom_model, embed
     from parties.schedule import epoch_batches
 
-    torch.set_num_threads(1)
-    data = _load("passive")
-    x_train = torch.from_numpy(data["x_train"])
-    x_test = torch.from_numpy(data["x_test"])
-    torch.manual_seed(SEED + 1)  # our passive party's seed, so both start from the same weights
-    bottom = bottom_model(x_train.shape[1], BOTTOM_HIDDEN, EMB_DIM)
-    opt = torch.optim.Adam(bottom.parameters(), lr=LR)
+    cfg, data = _setup("passive", config)
+    x_train = torch.from_numpy(data.x_train)
+    x_test = torch.from_numpy(data.x_test)
+    torch.manual_seed(cfg.seed + 1)  # our passive party's seed: both start from the same weights
+    bottom = bottom_model(x_train.shape[1], cfg.bottom_hidden, cfg.embedding_dim)
+    opt = torch.optim.Adam(bottom.parameters(), lr=cfg.lr)
     ctx, sock = _socket(port, bind=False)
     try:
         _send(sock, READY)
@@ -187,10 +189,11 @@ def _passive(port: int, epochs: int) -> None:
         sock.setsockopt(zmq.RCVTIMEO, int(RECV_TIMEOUT_S * 1000))
         n_train = x_train.shape[0]
         for epoch in range(epochs):
-            for b, rows in enumerate(epoch_batches(n_train, BATCH, seed=SEED, epoch=epoch)):
+            for b, rows in enumerate(epoch_batches(n_train, cfg.batch_size, seed=cfg.seed,
+                                                   epoch=epoch)):
                 h = bottom(x_train[torch.from_numpy(rows)])
                 _send(sock, EMB, epoch, b, h.detach().numpy())
-                grad = _recv(sock, GRAD, epoch, b)
+                grad = _recv(sock, GRAD, epoch, b, dim=cfg.embedding_dim)
                 opt.zero_grad(set_to_none=True)
                 h.backward(torch.from_numpy(grad))
                 opt.step()
@@ -201,23 +204,22 @@ def _passive(port: int, epochs: int) -> None:
         ctx.term()
 
 
-def _active(port: int, epochs: int, result: Path) -> None:
+def _active(port: int, epochs: int, result: Path, config: str) -> None:
     import torch
     import zmq
-    from sklearn.metrics import roc_auc_score
 
-    from parties.model import bottom_model, predict, top_model
+    from parties.model import bottom_model, loss_function, predict, top_model
     from parties.schedule import epoch_batches
+    from parties.tasks import compute_metric, metric_name
 
-    torch.set_num_threads(1)
-    data = _load("active")
-    x_train = torch.from_numpy(data["x_train"])
-    y_train = torch.from_numpy(data["y_train"])
-    torch.manual_seed(SEED)  # our active party's seed; bottom first, then top, as ours does
-    bottom = bottom_model(x_train.shape[1], BOTTOM_HIDDEN, EMB_DIM)
-    top = top_model(EMB_DIM, TOP_HIDDEN)
-    opt = torch.optim.Adam([*bottom.parameters(), *top.parameters()], lr=LR)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
+    cfg, data = _setup("active", config)
+    x_train = torch.from_numpy(data.x_train)
+    y_train = torch.from_numpy(data.y_train)
+    torch.manual_seed(cfg.seed)  # our active party's seed; bottom first, then top, as ours does
+    bottom = bottom_model(x_train.shape[1], cfg.bottom_hidden, cfg.embedding_dim)
+    top = top_model(cfg.embedding_dim, cfg.top_hidden)
+    opt = torch.optim.Adam([*bottom.parameters(), *top.parameters()], lr=cfg.lr)
+    loss_fn = loss_function(data.task)
     n_train = x_train.shape[0]
     ctx, sock = _socket(port, bind=True)
     history: list[dict[str, float]] = []
@@ -229,11 +231,12 @@ def _active(port: int, epochs: int, result: Path) -> None:
         batches = 0
         for epoch in range(epochs):
             t_epoch, loss_sum = time.perf_counter(), 0.0
-            plan = epoch_batches(n_train, BATCH, seed=SEED, epoch=epoch)
+            plan = epoch_batches(n_train, cfg.batch_size, seed=cfg.seed, epoch=epoch)
             for b, rows in enumerate(plan):
                 idx = torch.from_numpy(rows)
                 h_own = bottom(x_train[idx])
-                emb = torch.from_numpy(_recv(sock, EMB, epoch, b)).requires_grad_(True)
+                emb = torch.from_numpy(_recv(sock, EMB, epoch, b, dim=cfg.embedding_dim)
+                                       ).requires_grad_(True)
                 loss = loss_fn(top(torch.cat([h_own, emb], dim=1)).squeeze(1), y_train[idx])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -250,14 +253,18 @@ def _active(port: int, epochs: int, result: Path) -> None:
         train_s = time.perf_counter() - t0
         # the last epoch's train_s should include the passive party's final step, too
         history[-1]["train_s"] += train_s - sum(h["train_s"] for h in history)
-        emb_test = _recv(sock, TEST)
+        emb_test = _recv(sock, TEST, dim=cfg.embedding_dim)
     finally:
         sock.close()
         ctx.term()
-    probs = predict(bottom, top, torch.from_numpy(data["x_test"]), emb_test)
-    auc = float(roc_auc_score(data["y_test"], probs))
+    pred = predict(bottom, top, torch.from_numpy(data.x_test), emb_test, task=data.task)
+    if data.task == "regression":
+        pred = pred.astype("float64") * data.label_std + data.label_mean
+    assert data.y_test is not None
+    value = compute_metric(data.task, data.y_test, pred)
     out = {"train_s": train_s, "batches": batches, "samples": epochs * n_train,
-           "test_auc": auc, "history": history}
+           "metric_name": metric_name(data.task), "metric": value,
+           f"test_{metric_name(data.task)}": value, "history": history}
     result.write_text(json.dumps(out))
 
 
@@ -282,15 +289,30 @@ def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
             pass
 
 
-def run_lockstep(epochs: int, timeout_s: float) -> dict[str, Any]:
-    """One reference run in two child processes; returns the active party's result."""
+def run_lockstep(epochs: int, timeout_s: float, cfg: Any = None) -> dict[str, Any]:
+    """One reference run in two child processes; returns the active party's result.
+
+    Args:
+        epochs: epochs to train.
+        timeout_s: deadline of the whole run, seconds.
+        cfg: a :class:`parties.config.VflConfig` whose data, split, seed, B, model, lr,
+            torch threads and CPU pinning the loop uses (default: :func:`default_config`;
+            its ``epochs``, workers, schedule and ``algo`` are ignored).
+
+    Raises:
+        sim.launch.LaunchError: a child failed; sim.launch.JobTimeout: past ``timeout_s``.
+    """
+    from parties.config import dump_vfl_config
+
     from sim.launch import wait_children
 
     with tempfile.TemporaryDirectory(prefix="vfl_lockstep_") as tmp:
         result = Path(tmp) / "active.json"
+        config = Path(tmp) / "config.toml"
+        config.write_text(dump_vfl_config(cfg if cfg is not None else default_config()))
         port = _free_port()
         base = [sys.executable, os.path.abspath(__file__), "--port", str(port),
-                "--epochs", str(epochs)]
+                "--epochs", str(epochs), "--config", str(config)]
         procs: dict[str, subprocess.Popen[bytes]] = {}
         try:
             procs["passive"] = subprocess.Popen([*base, "--role", "passive"],
@@ -354,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--role", choices=["active", "passive"], help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("--config", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     epochs = args.epochs if args.epochs is not None else (3 if args.quick else 10)
@@ -362,12 +385,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--epochs and --repeats must be >= 1")
 
     if args.role is not None:
-        if args.port is None or (args.role == "active" and not args.result):
-            ap.error("--role needs --port (and --result for the active party)")
+        if args.port is None or not args.config or (args.role == "active" and not args.result):
+            ap.error("--role needs --port and --config (and --result for the active party)")
         if args.role == "active":
-            _active(args.port, epochs, Path(args.result))
+            _active(args.port, epochs, Path(args.result), args.config)
         else:
-            _passive(args.port, epochs)
+            _passive(args.port, epochs, args.config)
         return 0
 
     # generous per-run deadline: start-up + data loading + ~0.5 s/epoch, times 10

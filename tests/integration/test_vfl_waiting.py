@@ -1,0 +1,109 @@
+"""Waiting does not burn CPU: a party blocked on its partner uses under 5 % of a core.
+
+Real broker and party processes. CPU time is the party process's own (user + system,
+children included) from psutil, over a 3 s window while it waits:
+
+* in the handshake, with no partner at all;
+* for embeddings, after its partner was frozen (SIGSTOP) in the middle of training,
+  with ``t_ddl_s = 0`` (no deadline: the workers just wait on their channels).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import BrokerProcess
+
+WINDOW_S = 3.0
+MAX_CORES = 0.05
+
+
+def _cpu_s(pid: int) -> float:
+    p = psutil.Process(pid)
+    total = 0.0
+    for q in [p, *p.children(recursive=True)]:
+        try:
+            t = q.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def _party(role: str, broker: BrokerProcess, tmp: Path, run_id: str, *sets: str
+           ) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "parties", role, "--broker", broker.address,
+            "--run-id", run_id, "--out", str(tmp / role), "--events", str(tmp / f"{role}.jsonl"),
+            "--quiet", "--set", "dataset=bank", *[x for s in sets for x in ("--set", s)]]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_for_event(path: Path, event: str, proc: subprocess.Popen[bytes],
+                    timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise AssertionError(f"party exited early ({proc.returncode}): {err[-500:]}")
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    if json.loads(line).get("event") == event:
+                        return
+                except ValueError:
+                    continue
+        time.sleep(0.05)
+    raise AssertionError(f"no {event!r} in {path} within {timeout_s} s")
+
+
+def _cores_used_while_idle(pid: int) -> float:
+    c0, t0 = _cpu_s(pid), time.perf_counter()
+    time.sleep(WINDOW_S)
+    return (_cpu_s(pid) - c0) / (time.perf_counter() - t0)
+
+
+def _kill(*procs: subprocess.Popen[bytes]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait(10)
+        if p.stderr:
+            p.stderr.close()
+
+
+def test_party_waiting_in_the_handshake_is_idle(broker: BrokerProcess, tmp_path: Path) -> None:
+    active = _party("active", broker, tmp_path, "idle-hs", "handshake_timeout_s=120")
+    try:
+        _wait_for_event(tmp_path / "active.jsonl", "vfl.data_loaded", active)
+        time.sleep(1.0)  # let it finish starting its workers and reach the hello loop
+        cores = _cores_used_while_idle(active.pid)
+        assert active.poll() is None, "the active party gave up instead of waiting"
+    finally:
+        _kill(active)
+    assert cores < MAX_CORES, f"waiting in the handshake used {cores:.3f} cores"
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
+def test_party_waiting_for_embeddings_is_idle(broker: BrokerProcess, tmp_path: Path) -> None:
+    sets = ("epochs=200", "t_ddl_s=0", "liveness_timeout_s=60", "handshake_timeout_s=60")
+    passive = _party("passive", broker, tmp_path, "idle-emb", *sets)
+    active = _party("active", broker, tmp_path, "idle-emb", *sets)
+    try:
+        _wait_for_event(tmp_path / "active.jsonl", "vfl.epoch_done", active)
+        os.kill(passive.pid, signal.SIGSTOP)  # the partner stalls mid-training
+        time.sleep(0.5)  # in-flight steps finish; then only waiting is left
+        cores = _cores_used_while_idle(active.pid)
+        assert active.poll() is None, "the active party stopped instead of waiting"
+    finally:
+        _kill(active, passive)
+    assert cores < MAX_CORES, f"waiting for embeddings used {cores:.3f} cores"
