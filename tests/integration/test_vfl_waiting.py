@@ -65,9 +65,9 @@ def _wait_for_event(path: Path, event: str, proc: subprocess.Popen[bytes],
     raise AssertionError(f"no {event!r} in {path} within {timeout_s} s")
 
 
-def _cores_used_while_idle(pid: int) -> float:
+def _cores_used(pid: int, window_s: float = WINDOW_S) -> float:
     c0, t0 = _cpu_s(pid), time.perf_counter()
-    time.sleep(WINDOW_S)
+    time.sleep(window_s)
     return (_cpu_s(pid) - c0) / (time.perf_counter() - t0)
 
 
@@ -86,10 +86,11 @@ def test_party_waiting_in_the_handshake_is_idle(broker: BrokerProcess, tmp_path:
     try:
         _wait_for_event(tmp_path / "active.jsonl", "vfl.data_loaded", active)
         time.sleep(1.0)  # let it finish starting its workers and reach the hello loop
-        cores = _cores_used_while_idle(active.pid)
+        cores = _cores_used(active.pid)
         assert active.poll() is None, "the active party gave up instead of waiting"
     finally:
         _kill(active)
+    print(f"handshake wait: {cores:.4f} cores")
     assert cores < MAX_CORES, f"waiting in the handshake used {cores:.3f} cores"
 
 
@@ -100,10 +101,14 @@ def test_party_waiting_for_embeddings_is_idle(broker: BrokerProcess, tmp_path: P
     active = _party("active", broker, tmp_path, "idle-emb", *sets)
     try:
         _wait_for_event(tmp_path / "active.jsonl", "vfl.epoch_done", active)
+        # control: the same measurement sees the party working while it trains
+        busy = _cores_used(active.pid, 1.0)
         os.kill(passive.pid, signal.SIGSTOP)  # the partner stalls mid-training
         time.sleep(0.5)  # in-flight steps finish; then only waiting is left
-        cores = _cores_used_while_idle(active.pid)
+        cores = _cores_used(active.pid)
         assert active.poll() is None, "the active party stopped instead of waiting"
     finally:
         _kill(active, passive)
+    print(f"embedding wait: {cores:.4f} cores (training: {busy:.2f})")
+    assert busy > 0.1, f"the party used only {busy:.3f} cores while training"
     assert cores < MAX_CORES, f"waiting for embeddings used {cores:.3f} cores"
