@@ -88,6 +88,7 @@ BOTTOM_HIDDEN = (128,) * 9  # 10 linear layers with the 32-d output
 EMBEDDING_DIM = 32
 TOP_HIDDEN = (64,)  # 2 linear layers
 BATCH = 256
+WORKERS = 2  # per party; the w/o-ΔT ablation row needs >= 2
 SYNTHETIC_FEATURES = 500
 ABLATION_MIN_EPOCHS = 6
 ABLATIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
@@ -119,6 +120,7 @@ def make_config(algo: str, dataset: str, *, seed: int, epochs: int, settings: di
 
     kw: dict[str, Any] = dict(
         algo=algo, dataset=dataset, seed=seed, epochs=epochs, batch_size=BATCH,
+        w_active=WORKERS, w_passive=WORKERS,
         bottom_hidden=BOTTOM_HIDDEN, embedding_dim=EMBEDDING_DIM, top_hidden=TOP_HIDDEN,
         active_cpus=tuple(settings["active_cpus"]), passive_cpus=tuple(settings["passive_cpus"]),
         synthetic_rows=settings["synthetic_rows"], synthetic_features=SYNTHETIC_FEATURES)
@@ -422,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         "top": f"{2 * EMBEDDING_DIM}→{'→'.join(map(str, TOP_HIDDEN))}→1",
         "bottom_hidden": list(BOTTOM_HIDDEN), "embedding_dim": EMBEDDING_DIM,
         "top_hidden": list(TOP_HIDDEN), "synthetic_rows": rows,
-        "synthetic_features": SYNTHETIC_FEATURES, "workers": "2 + 2 (thread)",
+        "synthetic_features": SYNTHETIC_FEATURES,
+        "workers": f"{WORKERS} + {WORKERS} (thread)",
         "active_cpus": list(active_cpus), "passive_cpus": list(passive_cpus),
         "cpu_count": os.cpu_count(), "lockstep_vs": args.lockstep_vs,
     }
