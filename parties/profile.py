@@ -51,6 +51,7 @@ import numpy as np
 import structlog
 
 from parties.config import VflConfig
+from pubsub.config import ConfigError
 
 log = structlog.get_logger(__name__)
 
@@ -283,7 +284,7 @@ def profile_config(cfg: VflConfig, **timing: Any) -> ComputeProfile:
 
     Raises:
         parties.data.DataError: the data cannot be loaded.
-        ValueError: a configured CPU is not available to this process.
+        pubsub.config.ConfigError: a configured CPU is not available to this process.
         ProfileError: too few training rows.
     """
     import torch
@@ -298,7 +299,10 @@ def profile_config(cfg: VflConfig, **timing: Any) -> ComputeProfile:
         torch.set_num_threads(cfg.torch_threads)
         for role in ("passive", "active"):
             data = load_party_data(pcfg, role)
-            before = pin_process(cfg.cpus(role)) if cfg.cpus(role) else None
+            try:
+                before = pin_process(cfg.cpus(role)) if cfg.cpus(role) else None
+            except (ValueError, OSError) as exc:
+                raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
             try:
                 out[role] = profile_party(role, cfg, data.x_train, data.y_train, **timing)
             finally:

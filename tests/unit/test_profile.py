@@ -85,3 +85,12 @@ def test_psfl_vfl_profile_writes_profile_json(tmp_path: Path) -> None:
                                                              p["samples_per_s"]), rel=1e-9) or \
         doc["bound_by"] == "shared"
     assert a["n_features"] > 0 and p["n_features"] > 0
+
+
+def test_psfl_vfl_profile_rejects_an_unavailable_cpu(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.cli import main
+
+    code = main(["vfl", "profile", "--dataset", "bank", "--set", "passive_cpus=[4096]",
+                 "--out", str(tmp_path)])
+    assert code == 2 and "vfl.passive_cpus" in capsys.readouterr().err
