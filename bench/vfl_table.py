@@ -49,7 +49,7 @@ per-batch training time is compared with the algorithm's (evaluation excluded);
 ratio <= 1 means the baseline is no slower than the minimal loop (``no_slower`` in the
 JSON allows 5 % of noise).
 
-Run time on 2 shared cores: ``--quick`` took 190 s with only ``pubsub`` available (3
+Run time on 2 shared cores: ``--quick`` took 190-210 s with only ``pubsub`` available (3
 runs per dataset: pubsub and two ablation rows, plus a profile); each further algorithm
 adds one run of about 15-20 s per dataset (4 more: about 7 minutes in all). The full
 mode (3 seeds, 10 epochs, synthetic 200,000 x 500, whose runs take about 1.5-2 min each
