@@ -5,8 +5,9 @@
 * top model (active party only): MLP ``2·embedding_dim → hidden… → 1``: a logit
   (binary task, BCE loss) or the standardised label (regression task, MSE loss).
 * :class:`ParameterServer`: a party's global parameters as one flat float32
-  vector. Workers push the *change* of their replica since their last pull
-  (Downpour-style delta application, θ ← θ + Δ), then pull.
+  vector. Workers push the *change* Δ of their replica since their last pull,
+  then pull; the server applies θ ← θ + Δ/w (w = the party's workers): local-SGD
+  model averaging, see :class:`ParameterServer`.
 * Replicas: each worker trains its own copy with its own Adam state and syncs
   with the PS every ΔT_t local steps (semi-async, PubSub-VFL Sec. 4.2).
 
@@ -54,15 +55,39 @@ def top_model(embedding_dim: int, hidden: Sequence[int]) -> nn.Sequential:
 class ParameterServer:
     """A party's parameter server: global parameters as a flat float32 vector.
 
+    Update rule: a worker pushes Δ = θ_k − θ_base, the change of its replica since its
+    last pull, and the server applies **θ ← θ + Δ/w**, w the number of workers that push
+    to it. When all w workers start from the same θ and push once, this gives exactly
+    the average of their models, θ + (1/w)·ΣΔ_k = (1/w)·Σθ_k: the model averaging of
+    local SGD (Stich, "Local SGD Converges Fast and Communicates Little", ICLR 2019;
+    Lin et al., "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020; FedAvg,
+    McMahan et al., AISTATS 2017). Pushes that arrive at different times (PubSub-VFL's
+    semi-asynchronous sync) are the asynchronous form of the same average, each worker
+    moving θ by 1/w of its own trajectory.
+
+    The rule used before, θ ← θ + Δ (Downpour SGD's delta push, Dean et al., NIPS 2012),
+    is right when every push is one gradient step; with ΔT local steps per push it adds
+    all w workers' full trajectories, which overshoots by a factor of about w near a
+    minimum (each Δ_k already points all the way to its worker's local optimum). Measured
+    here on ``california``, 2 workers per party, ΔT0 = 5: the test RMSE rose from 0.62
+    (epoch 5) to 0.75-0.89 once ΔT_t ≥ 3; see README "Measured here".
+
     Thread-safe: workers call :meth:`pull` and :meth:`push` from their threads.
 
     Args:
         init: the initial flat parameter vector (copied), shape ``(P,)``.
+        workers: w >= 1, the workers that push to this server.
+
+    Raises:
+        ValueError: ``workers < 1``.
     """
 
-    def __init__(self, init: torch.Tensor) -> None:
+    def __init__(self, init: torch.Tensor, *, workers: int = 1) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers!r}")
         self._theta = init.detach().clone()
         self._lock = threading.Lock()
+        self.workers = workers
         self.version = 0
         self.pushes = 0
 
@@ -72,7 +97,7 @@ class ParameterServer:
             return self._theta.clone()
 
     def push(self, delta: torch.Tensor) -> torch.Tensor:
-        """Apply a worker's update θ ← θ + Δ and return a copy of the new θ.
+        """Apply a worker's update θ ← θ + Δ/w and return a copy of the new θ.
 
         Raises:
             ValueError: ``delta`` has the wrong shape.
@@ -80,7 +105,10 @@ class ParameterServer:
         if delta.shape != self._theta.shape:
             raise ValueError(f"delta shape {tuple(delta.shape)} != {tuple(self._theta.shape)}")
         with self._lock:
-            self._theta += delta
+            if self.workers == 1:
+                self._theta += delta
+            else:
+                self._theta.add_(delta, alpha=1.0 / self.workers)
             self.version += 1
             self.pushes += 1
             return self._theta.clone()

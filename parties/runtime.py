@@ -226,7 +226,7 @@ class Party:
         self._bottom = self._make_bottom()
         self._top = self._make_top() if role == "active" else None
         mods = [self._bottom] + ([self._top] if self._top is not None else [])
-        self.ps = ParameterServer(flat_params(mods))
+        self.ps = ParameterServer(flat_params(mods), workers=self.workers)
         self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
         self._handles: list[WorkerHandle] = []
         self._data_dir: Path | None = None
