@@ -115,7 +115,7 @@ class Topics:
 
     @property
     def ids(self) -> str:
-        return f"ids/{self.run_id}"
+        return f"ids/{self.run_id}/subsets"  # three segments: the broker counts ids/<run>
 
     def hello(self, role: str) -> str:
         return f"ctl/{self.run_id}/hello/{role}"
@@ -685,9 +685,9 @@ class Party:
     async def _avfl_passive_worker(self, bus: Bus, k: int, epoch: int,
                                    batches: list[np.ndarray], queue: deque[int]) -> None:
         """AVFL / AVFL-PS passive worker: publish embeddings without waiting for their
-        gradients, at most ``staleness_bound`` outstanding; apply each gradient when it
-        arrives (to the current parameters: a stale gradient); at the bound, wait for
-        the oldest (T_ddl; a miss gives the batch up)."""
+        gradients, at most ``staleness_bound`` outstanding; apply the gradients in
+        publication order as they arrive (to the current parameters: a stale gradient);
+        at the bound, wait for the oldest (T_ddl; a miss gives the batch up)."""
         worker = self._handles[k]
         loop = asyncio.get_running_loop()
         win = StalenessWindow(self.cfg.staleness_bound)
@@ -732,10 +732,13 @@ class Party:
 
         try:
             while True:
-                for b in list(win.outstanding):  # gradients that are already here
-                    msg = self._poll(bus, self.topics.grad(b), acceptor(b))
-                    if msg is not None:
-                        await settle(b, msg)
+                # settle gradients that are already here, oldest first (FIFO keeps
+                # every gradient's staleness below the bound)
+                while (b_old := win.oldest()) is not None:
+                    msg = self._poll(bus, self.topics.grad(b_old), acceptor(b_old))
+                    if msg is None:
+                        break
+                    await settle(b_old, msg)
                 if win.full:
                     await wait_oldest()
                     continue

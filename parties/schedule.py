@@ -209,10 +209,12 @@ class StalenessWindow:
 
     The passive worker publishes embeddings without waiting for their gradients, but
     at most ``bound`` may be outstanding (published, gradient not yet applied or
-    given up). A gradient is applied to the worker's *current* parameters, so it is
-    stale by the updates made since its embedding was computed: at most ``bound − 1``
-    (the bounded-delay assumption of VFB², Zhang et al., AAAI 2021, and of SSP,
-    Ho et al., NIPS 2013).
+    given up). Gradients are applied in publication order (a gradient that arrives
+    early waits in its channel's buffer until the older ones are settled). A gradient
+    is applied to the worker's *current* parameters, so it is stale by the updates
+    made since its embedding was computed; with FIFO application that is at most
+    ``bound − 1`` (the bounded-delay assumption of VFB², Zhang et al., AAAI 2021,
+    and of SSP, Ho et al., NIPS 2013).
 
     Attributes:
         bound: the most outstanding batches, >= 1 (1 = synchronous, like ``vfl``).
@@ -255,12 +257,18 @@ class StalenessWindow:
         """The batch whose gradient to wait for when the window is full (None if empty)."""
         return self.outstanding[0] if self.outstanding else None
 
+    def _check_oldest(self, b: int) -> None:
+        if not self.outstanding or self.outstanding[0] != b:
+            raise ValueError(f"batch {b} is not the oldest outstanding batch "
+                             f"({self.oldest()}); gradients are settled in order")
+
     def applied(self, b: int) -> int:
         """Record that batch ``b``'s gradient was applied; returns its staleness.
 
         Raises:
-            KeyError: ``b`` is not outstanding.
+            ValueError: ``b`` is not the oldest outstanding batch.
         """
+        self._check_oldest(b)
         staleness = self.updates - self.issued_at.pop(b)
         self.outstanding.remove(b)
         self.updates += 1
@@ -272,8 +280,9 @@ class StalenessWindow:
         skipped by the active party).
 
         Raises:
-            KeyError: ``b`` is not outstanding.
+            ValueError: ``b`` is not the oldest outstanding batch.
         """
+        self._check_oldest(b)
         del self.issued_at[b]
         self.outstanding.remove(b)
 

@@ -94,9 +94,11 @@ def test_avfl_staleness_window_bounds_outstanding_batches_and_staleness() -> Non
         w.issue(3)
     assert w.applied(0) == 0  # computed before any update
     w.issue(3)
-    assert w.applied(2) == 1  # one update (batch 0's) since its forward
+    with pytest.raises(ValueError, match="oldest"):
+        w.applied(2)  # settled in publication order
     w.given_up(1)
-    assert w.applied(3) == 1
+    assert w.applied(2) == 1  # one update (batch 0's) since its forward
+    assert w.applied(3) == 1  # issued after batch 0's update; batch 2's came since
     assert w.max_staleness == 1 and w.updates == 3 and not w.outstanding
     # staleness never exceeds bound - 1 when the window is respected
     w = StalenessWindow(bound=4)
