@@ -1,28 +1,78 @@
-"""The I/O driver of a PubSub-VFL party: bus, handshake, heartbeats, workers, evaluation.
+"""The I/O driver of a two-party VFL party: bus, handshake, heartbeats, workers, evaluation,
+and the five coordination algorithms (``vfl.algo``).
 
 Protocol (all topics live under the run id, so runs can share a broker):
 
-========================  =========  ====================================================
-topic                     publisher  payload
-========================  =========  ====================================================
-``emb/<run>/<b>``         passive    (B, d) float32 embedding of batch b; meta e, b, a, u
-``grad/<run>/<b>``        active     (B, d) float32 cut-layer gradient; meta e, b, u
-                                     (or ``skip``: the active party gave up on the batch)
-``eval/<run>/<e>``        passive    (n_test, d) embeddings of the test split after epoch e
-                                     (the active party scores them: test AUC or RMSE)
-``ctl/<run>/hello/<r>``   both       handshake for role r (shared-settings digest)
-``ctl/<run>/hb/<r>``      both       heartbeat of role r
-``ctl/<run>/report``      passive    the passive party's metrics, at the end
-``ctl/<run>/done``        active     the run is over
-========================  =========  ====================================================
+============================  =========  ================================================
+topic                         publisher  payload
+============================  =========  ================================================
+``emb/<run>/<c>``             passive    (B, d) float32 embedding; meta e, b, a, u (and k)
+``grad/<run>/<c>``            active     (B, d) float32 cut-layer gradient; meta e, b, u
+                                         (or ``skip``: the active party gave up on it)
+``ids/<run>/subsets``         active     ``vfl-ps``: a batch's ID subsets (ids, offsets)
+``eval/<run>/val/<i>``        passive    (n_val, d) embeddings of the validation rows at
+                                         validation point i (the active party scores them)
+``eval/<run>/test``           passive    (n_test, d) embeddings of the test split, at the end
+``ctl/<run>/hello/<r>``       both       handshake for role r (shared-settings digest)
+``ctl/<run>/hb/<r>``          both       heartbeat of role r
+``ctl/<run>/report``          passive    the passive party's metrics, at the end
+``ctl/<run>/done``            active     the run is over
+============================  =========  ================================================
 
-Each party has a parameter server and ``w`` worker coroutines (PubSub-VFL Sec. 4).
-A worker takes the next batch id, computes in a thread (torch releases the GIL),
-publishes on the batch's channel and waits for its partner's data with the
-deadline T_ddl; a miss drops the batch and reassigns it. Per-batch buffers
-hold at most p embeddings / q gradients (FIFO eviction, in :class:`pubsub.Bus`).
-Epochs end with a barrier inside each party (flush syncs, evaluate); the
-parties themselves never wait on each other except through the channels.
+Channel ``c`` is the batch id b, except under ``vfl-ps`` where it is the worker pair k.
+
+Common to all algorithms: the same models (:mod:`parties.model`), data, bus and
+broker; each party has a parameter server (PS) over its parameters with the update rule
+θ ← θ + Δ/w (:class:`parties.model.ParameterServer`); every worker has its own replica and
+Adam state; the active party computes its own bottom forward while it waits for the
+passive embedding and publishes the cut-layer gradient as soon as the top model's
+backward has produced it, so both parties' backward passes run concurrently. Each
+epoch is trained in segments (one; four quarters on ``synthetic``); after a segment
+every replica syncs with the PS and, on evaluated epochs, the active party scores the
+PS model on the validation rows (10 % of the training split, at most 10,000 scored),
+which is not counted as training time. The test split is scored once, at the end.
+Every wait is bounded: by T_ddl where batches may be dropped, otherwise by the
+liveness timeout (:class:`PartnerStalled`); a silent partner fails the run after
+``liveness_timeout_s`` (:class:`PartnerLost`) under every algorithm.
+
+Algorithms
+----------
+``pubsub`` — PubSub-VFL (Wang et al., NeurIPS 2025, arXiv 2510.12494, Sec. 4): ``w``
+    worker coroutines per party take batch ids from the party's schedule; a passive
+    worker publishes its embedding on the batch's channel and waits for the gradient,
+    an active worker waits for the embedding; a miss of T_ddl drops the batch and
+    reassigns it (``max_reassign`` times, then it is skipped for the epoch; ``t_ddl_s =
+    0`` disables dropping). Per-batch buffers hold at most p embeddings / q gradients.
+    Replicas sync with the PS every ΔT_t local steps, ΔT_t = ceil(ΔT0/2·tanh(2t/ΔT0 −
+    2) + ΔT0/2) in epoch t (``delta_t0 = 1``: every step).
+``vfl`` — synchronous split learning (Vepakomma et al., "Split learning for health",
+    2018; the VFL baseline of the PubSub-VFL paper): one worker per party in strict
+    lock-step. The passive party embeds batch b, publishes it and waits for its
+    gradient before it starts batch b+1; the active party computes its own bottom
+    forward while it waits, runs the top model and publishes the gradient, then both
+    back-propagate concurrently. No deadline-based dropping.
+``vfl-ps`` — the industrial parameter-server setup of FATE (Liu et al., JMLR 2021) and
+    PaddleFL: for each batch the active PS splits the batch's IDs into P subsets (P =
+    min(w_active, w_passive) worker pairs, :func:`parties.schedule.split_batch_ids`) and
+    broadcasts them to the passive PS (``ids`` topic); worker k of each party processes
+    subset k with its partner on channel k, so the faster of a pair waits; after every
+    iteration (batch) both PSs aggregate: every worker pushes, then every worker pulls
+    (θ ← θ + mean Δ_k). No deadline-based dropping.
+``avfl`` — asynchronous VFL in the style of VFB² (Zhang et al., "Secure Bilevel
+    Asynchronous Vertical Federated Learning with Backward Updating", AAAI 2021): one
+    worker per party; the passive party does not wait for gradients before embedding
+    its next batch: at most ``staleness_bound`` batches may be outstanding
+    (:class:`parties.schedule.StalenessWindow`); gradients are applied in publication
+    order when they arrive, to the *current* parameters (each is the gradient at the
+    parameters its embedding was computed with, so at most ``staleness_bound − 1``
+    updates stale); the active party trains on embeddings computed up to that many
+    passive updates ago. At the bound the passive worker waits for the oldest
+    gradient; a T_ddl miss on either side drops the batch (no reassignment).
+``avfl-ps`` — AVFL with a parameter server and several workers per party (the AVFL-PS
+    baseline of the PubSub-VFL paper, after Falcon, Wu et al., VLDB 2023): ``w_active``
+    / ``w_passive`` workers each run the AVFL loop above on batches taken from a shared
+    queue; every replica pushes to and pulls from its PS after every local step
+    (asynchronous PS).
 
 With DP on (``dp_mu`` or ``dp_noise_multiplier``, see :mod:`parties.dp`), every
 ``emb`` and ``eval`` array is row-clipped and noised by the passive party before it
