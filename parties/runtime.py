@@ -37,7 +37,7 @@ liveness timeout (:class:`PartnerStalled`); a silent partner fails the run after
 
 Algorithms
 ----------
-``pubsub`` — PubSub-VFL (Wang et al., NeurIPS 2025, arXiv 2510.12494, Sec. 4): ``w``
+``pubsub`` — PubSub-VFL (NeurIPS 2025, arXiv 2510.12494, Sec. 4): ``w``
     worker coroutines per party take batch ids from the party's schedule; a passive
     worker publishes its embedding on the batch's channel and waits for the gradient,
     an active worker waits for the embedding; a miss of T_ddl drops the batch and
