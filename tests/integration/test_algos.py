@@ -28,14 +28,16 @@ def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize(("algo", "worker_mode"), [(a, "thread") for a in ALGOS]
+                         + [("vfl-ps", "process"), ("avfl-ps", "process")])
 def test_every_algorithm_trains_and_reports_the_same_fields(bank_sample: Path, tmp_path: Path,
-                                                            algo: str) -> None:
+                                                            algo: str, worker_mode: str) -> None:
     out = tmp_path / "run"
     res = subprocess.run([*PSFL, "vfl", "run", "--dataset", str(bank_sample), "--algo", algo,
                           "--out", str(out), "--set", "label=y", "--set", "epochs=3",
                           "--set", "batch_size=128", "--set", "lr=3e-3",
-                          "--set", "target_metric=0.6", "--timeout-s", "120"],
+                          "--set", "target_metric=0.6", "--set", f"worker_mode={worker_mode}",
+                          "--timeout-s", "120"],
                          capture_output=True, text=True, timeout=150)
     assert res.returncode == 0, res.stderr[-3000:]
     m = orjson.loads((out / "metrics.json").read_bytes())
