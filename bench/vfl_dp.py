@@ -78,7 +78,7 @@ def run_one(mu: float, epochs: int, timeout_s: float) -> dict[str, Any]:
         "dropped_batches": m["dropped_batches"],
         "train_wall_s": m["train_wall_s"],
         "launch_wall_s": m["wall_s"],
-        "history": [{"epoch": h["epoch"], "loss": h["loss"], "test_auc": h.get("test_auc")}
+        "history": [{"epoch": h["epoch"], "loss": h["loss"], "val_auc": h.get("val_auc")}
                     for h in m["history"]],
     }
 

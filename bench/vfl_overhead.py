@@ -39,13 +39,12 @@ Timing boundaries
   and built their models) until the passive party reports that its last
   backward step is done. Data loading, process start-up and the final test
   evaluation are excluded.
-* ours: ``metrics["train_wall_s"]`` (the active party's wall time from after
-  the handshake to the end of training) divided by
-  ``metrics["parties"]["active"]["batches"]``. Note that this window also
-  contains our per-epoch test evaluation (``eval_every=1``) and the end-of-run
-  report exchange, which the reference does not do; the per-repeat ``runs``
-  detail therefore also records ``train_s_sum`` (the sum of the per-epoch
-  ``train_s``, evaluation excluded) so the two can be compared.
+* ours: ``metrics["train_wall_s"]`` (the active party's training wall time:
+  the per-epoch training segments and their parameter-server syncs; the
+  validation scoring after each epoch and the final test scoring are
+  excluded) divided by ``metrics["parties"]["active"]["batches"]``. The
+  per-repeat ``runs`` detail also records ``train_s_sum`` (the sum of the
+  per-epoch ``train_s``), which now equals it.
 
 Usage::
 

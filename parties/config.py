@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from parties.datasets import DATASETS
+from parties.schedule import ALGOS, effective_workers
 from parties.tasks import TASKS
 from pubsub.config import (
     ConfigError,
@@ -30,10 +31,8 @@ from pubsub.config import (
     to_mapping,
 )
 
-ALGOS = ("pubsub",)
-#: The per-batch wait when ``t_ddl_s = 0`` (no deadline): about 11.6 days, finite because
-#: :meth:`pubsub.Bus.next` takes a finite timeout; the liveness timeout ends a run first.
-NO_DEADLINE_S = 1e6
+#: Default ``target_metric`` per named dataset (validation AUC); others have none.
+DEFAULT_TARGETS: dict[str, float] = {"bank": 0.92, "adult": 0.90}
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -42,7 +41,9 @@ class VflConfig:
     """Settings of one two-party VFL run (both parties must agree on the shared ones).
 
     Attributes:
-        algo: coordination algorithm; ``"pubsub"`` (PubSub-VFL).
+        algo: coordination algorithm: ``"pubsub"`` (PubSub-VFL), or a baseline
+            ``"vfl"``, ``"vfl-ps"``, ``"avfl"``, ``"avfl-ps"`` (semantics and sources in
+            :mod:`parties.runtime`). All share models, data and the bus.
         dataset: a named dataset (``"bank"``, ``"adult"``, ``"california"``,
             ``"synthetic"``; see :data:`parties.datasets.DATASETS`) or a path to a
             CSV/Parquet file.
@@ -63,9 +64,9 @@ class VflConfig:
         delta_t0: ΔT0 of the semi-async schedule (local steps between PS syncs grow to it).
         p / q: per-batch buffer capacity for embeddings / gradients (messages, FIFO eviction).
         t_ddl_s: T_ddl, how long a worker waits for its partner's data before the
-            batch is dropped and reassigned, seconds; 0 = no deadline (a worker waits
-            until the data comes; the liveness timeout still ends a run whose partner
-            went silent). See :attr:`VflConfig.deadline_s`.
+            batch is dropped and reassigned, seconds; 0 = no deadline-based dropping
+            (a wait then fails the run after ``liveness_timeout_s``). Used by ``pubsub``,
+            ``avfl`` and ``avfl-ps``; ``vfl`` and ``vfl-ps`` never drop.
         max_reassign: how often a dropped batch is reassigned before it is skipped.
         liveness_timeout_s: partner heartbeats missing this long fail the run, seconds.
         handshake_timeout_s: deadline for both parties to find each other, seconds.
@@ -74,7 +75,15 @@ class VflConfig:
         embedding_dim: cut-layer width (each party's embedding size).
         top_hidden: hidden widths of the top model.
         torch_threads: intra-op threads per party process.
-        eval_every: evaluate on the test split every this many epochs (and at the end).
+        eval_every: score the validation split every this many epochs (and after the
+            last); on ``synthetic`` every quarter of such an epoch. The test split is
+            scored once, at the end.
+        target_metric: the validation metric that ``time_to_target_s`` waits for (AUC
+            reached from below, RMSE from above, in the label's units); None = the
+            dataset's default (bank 0.92, adult 0.90; none for other data).
+        staleness_bound: ``avfl``/``avfl-ps``: the most batches a passive worker may
+            have published without their gradient applied (1 = lock-step); the
+            default 5 matches the per-batch buffers p = q = 5.
         event_loop: ``"uvloop"`` or ``"asyncio"``.
         connect_timeout_s: broker handshake deadline, seconds.
         worker_mode: ``"thread"`` (workers are threads of the party process: cheap
@@ -126,6 +135,8 @@ class VflConfig:
     top_hidden: tuple[int, ...] = (32,)
     torch_threads: int = 1
     eval_every: int = 1
+    target_metric: float | None = None
+    staleness_bound: int = 5
     event_loop: str = "uvloop"
     connect_timeout_s: float = 10.0
     worker_mode: str = "thread"
@@ -159,7 +170,7 @@ class VflConfig:
         if not 0 <= self.synthetic_seed < 2**32:
             raise bad("synthetic_seed", "must be in 0 .. 2**32-1")
         for key in ("epochs", "batch_size", "w_active", "w_passive", "delta_t0", "p", "q",
-                    "embedding_dim", "torch_threads", "eval_every"):
+                    "embedding_dim", "torch_threads", "eval_every", "staleness_bound"):
             if getattr(self, key) < 1:
                 raise bad(key, "must be >= 1")
         if not 0 <= self.seed < 2**31:
@@ -170,8 +181,10 @@ class VflConfig:
             raise bad("test_frac", "must be in (0, 1)")
         if not self.lr > 0:
             raise bad("lr", "must be > 0")
-        if not 0 <= self.t_ddl_s < math.inf:
-            raise bad("t_ddl_s", "must be >= 0 seconds (0: no deadline) and finite")
+        if not 0.0 <= self.t_ddl_s < math.inf:
+            raise bad("t_ddl_s", "must be >= 0 seconds (0: no deadline-based dropping)")
+        if self.target_metric is not None and not math.isfinite(self.target_metric):
+            raise bad("target_metric", "must be a finite number")
         for key in ("liveness_timeout_s", "handshake_timeout_s",
                     "heartbeat_interval_s", "connect_timeout_s"):
             if not getattr(self, key) > 0:
@@ -214,10 +227,22 @@ class VflConfig:
             self.dp_mu is not None and not math.isinf(self.dp_mu))
 
     @property
-    def deadline_s(self) -> float:
-        """How long a worker waits for its partner's data on one batch, seconds: T_ddl,
-        or :data:`NO_DEADLINE_S` (finite, for the bus) when ``t_ddl_s`` is 0."""
-        return self.t_ddl_s if self.t_ddl_s > 0 else NO_DEADLINE_S
+    def effective_target(self) -> float | None:
+        """``target_metric`` if set, else the named dataset's default (see
+        :data:`DEFAULT_TARGETS`), else None."""
+        if self.target_metric is not None:
+            return self.target_metric
+        return DEFAULT_TARGETS.get(self.dataset)
+
+    @property
+    def evals_per_epoch(self) -> int:
+        """Validation scorings per evaluated epoch: 4 (quarter epochs) on ``synthetic``, else 1."""
+        return 4 if self.dataset == "synthetic" else 1
+
+    def workers_for(self, role: str) -> int:
+        """The workers ``role`` runs under ``algo`` (see
+        :func:`parties.schedule.effective_workers`)."""
+        return effective_workers(self.algo, role, self.w_active, self.w_passive)
 
     def cpus(self, role: str) -> tuple[int, ...]:
         """The CPU ids ``role`` (``"active"``/``"passive"``) is pinned to; empty: not pinned."""
@@ -247,6 +272,8 @@ class VflConfig:
             "embedding_dim": self.embedding_dim, "eval_every": self.eval_every,
             "task": self.effective_task,
         }
+        if self.algo == "vfl-ps":
+            shared["pairs"] = self.workers_for("active")
         if self.dataset == "synthetic":
             shared["synthetic"] = {
                 "features": self.synthetic_features,
@@ -308,4 +335,4 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-__all__ = ["ALGOS", "NO_DEADLINE_S", "VflConfig", "check_run_id", "dump_vfl_config", "load_vfl_config", "replace"]
+__all__ = ["ALGOS", "DEFAULT_TARGETS", "VflConfig", "check_run_id", "dump_vfl_config", "load_vfl_config", "replace"]

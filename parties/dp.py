@@ -306,10 +306,11 @@ def plan_from_config(cfg: VflConfig) -> DpPlan | None:
     """The run's :class:`DpPlan`, or None when DP is off.
 
     Calibration rule: with a target µ, σ is calibrated for
-    ``epochs × (1 + max_reassign)`` publications per record, the most that the
-    batch schedule can ever make (each epoch publishes each batch once, plus at most
-    ``max_reassign`` reassigned attempts; evaluations publish each test row at most
-    once per epoch). So the target holds whatever the deadlines do; the spent µ is
+    ``max(epochs × (1 + max_reassign), V)`` publications per record, the most that
+    the run can ever make: each epoch publishes each training batch once, plus at
+    most ``max_reassign`` reassigned attempts; the validation rows (held out of
+    training) are published once per validation scoring, V times in all
+    (:func:`validation_publications`); the test rows once, at the end. So the target holds whatever the deadlines do; the spent µ is
     reported from the actual counts.
 
     Args:
@@ -320,10 +321,18 @@ def plan_from_config(cfg: VflConfig) -> DpPlan | None:
                       delta=cfg.dp_delta, target_mu=None, planned_publications=None)
     if cfg.dp_mu is None or math.isinf(cfg.dp_mu):
         return None
-    planned = cfg.epochs * (1 + cfg.max_reassign)
+    planned = max(cfg.epochs * (1 + cfg.max_reassign), validation_publications(cfg))
     return DpPlan(noise_multiplier=calibrate_noise_multiplier(cfg.dp_mu, planned),
                   clip_norm=cfg.dp_clip_norm, delta=cfg.dp_delta, target_mu=cfg.dp_mu,
                   planned_publications=planned)
+
+
+def validation_publications(cfg: VflConfig) -> int:
+    """V, how often the validation rows are published: once per scoring, i.e. per
+    evaluated epoch (every ``eval_every``-th and the last) times ``evals_per_epoch``."""
+    evaluated = sum(1 for e in range(cfg.epochs)
+                    if (e + 1) % cfg.eval_every == 0 or e == cfg.epochs - 1)
+    return evaluated * cfg.evals_per_epoch
 
 
 def worker_seeds(secret: int | None, n: int) -> list[int]:
@@ -344,7 +353,8 @@ class GdpAccountant:
 
     Args:
         sizes: records per group; the passive party uses ``"train"`` (counted per batch
-            attempt) and ``"test"`` (the whole split, once per evaluation).
+            attempt), ``"val"`` (the scored validation rows, once per validation
+            scoring) and ``"test"`` (the whole split, once, at the end).
         noise_multiplier: σ, or None when nothing is noised (µ = inf; counts are kept).
         max_publications: refuse publications beyond this count per record (None: no cap).
 
@@ -459,8 +469,9 @@ def report(plan: DpPlan | None, acct: GdpAccountant | None) -> dict[str, Any]:
     counts = ({"publications_max": acct.publications_max,
                "publications_max_train": acct.group_max("train"),
                "publications_max_test": acct.group_max("test"),
+              "publications_max_val": acct.group_max("val") if "val" in acct.batches else 0,
                "published_batches": acct.batches.get("train", 0),
-               "published_evaluations": acct.batches.get("test", 0)}
+               "published_evaluations": acct.batches.get("val", 0) + acct.batches.get("test", 0)}
               if acct is not None else {"publications_max": None})
     if plan is None:
         return {"enabled": False, "mu": None, "epsilon": None, "delta": None,

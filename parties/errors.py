@@ -88,3 +88,23 @@ class PrivacyBudgetExceeded(VflError, RuntimeError):
         super().__init__(f"publishing would give a {group} record {publications} publications, "
                          f"but the noise was calibrated for at most {planned}: refusing "
                          "(the privacy target would no longer hold)")
+
+
+class PartnerStalled(VflError, TimeoutError):
+    """The partner's data for a step did not come within the wait bound although no
+    deadline-based dropping applies (``t_ddl_s = 0``, or an algorithm that never drops:
+    ``vfl``, ``vfl-ps``), so the run cannot make progress.
+
+    Attributes:
+        partner: ``"active"`` or ``"passive"``.
+        what: what was waited for (``"emb"``, ``"grad"``, ``"ids"``, ``"val"``, ``"test"``).
+        waited_s: the bound, seconds (the liveness timeout).
+    """
+
+    def __init__(self, partner: str, what: str, waited_s: float, detail: str = "") -> None:
+        self.partner = partner
+        self.what = what
+        self.waited_s = waited_s
+        super().__init__(f"no {what} data from the {partner} party within {waited_s:.1f} s"
+                         + (f" ({detail})" if detail else "")
+                         + "; it is stuck or gone")

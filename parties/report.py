@@ -37,7 +37,11 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
     Returns:
         A JSON-ready dict with ``algo``, ``dataset``, ``task``, ``test_auc`` (binary)
         or ``test_rmse`` (regression), ``metric_name``, ``metric``, ``epochs``,
-        ``wall_s``, ``train_samples_per_s``, per-party ``cpu_util`` and
+        ``wall_s``, ``train_wall_s`` and ``train_samples_per_s`` (training only: the
+        validation and test scoring is excluded, and reported as ``eval_s``),
+        ``target_metric`` and ``time_to_target_s`` (training seconds until the
+        validation metric first reached the target; None if never, or no target),
+        ``history`` (one entry per validation point), per-party ``cpu_util`` and
         ``wait_s_per_epoch``, ``bytes_sent`` by channel, ``broker_bytes``,
         ``dropped_batches``, ``reassigned_batches`` and ``dp``
         (the privacy spent, from the passive party's ledger: see
@@ -52,7 +56,8 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
     ns = broker.get("namespace_bytes", {})
     name = active["metric_name"]
     key = f"test_{name}"
-    top_level = ("broker", "task", key, "metric_name", "metric")
+    top_level = ("broker", "task", key, "metric_name", "metric", "target_metric",
+                 "time_to_target_s", "history")
     parties = {"active": {k: v for k, v in active.items() if k not in top_level}}
     if passive is not None:
         parties["passive"] = {k: v for k, v in passive.items() if k != "dp"}  # top-level dp
@@ -70,6 +75,9 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         "wall_s": train_wall,
         "train_wall_s": train_wall,
         "train_samples_per_s": active["samples"] / train_wall if train_wall > 0 else 0.0,
+        "eval_s": active.get("eval_s", 0.0),
+        "target_metric": active.get("target_metric"),
+        "time_to_target_s": active.get("time_to_target_s"),
         "parties": parties,
         "bytes_sent": bytes_sent,
         "broker_bytes": {
@@ -77,6 +85,7 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
             "grad": ns.get(f"grad/{run_id}", 0),
             "eval": ns.get(f"eval/{run_id}", 0),
             "ctl": ns.get(f"ctl/{run_id}", 0),
+            "ids": ns.get(f"ids/{run_id}", 0),
         },
         "dropped_batches": active["dropped_batches"]
         + (passive or {}).get("dropped_batches", 0),

@@ -1,28 +1,78 @@
-"""The I/O driver of a PubSub-VFL party: bus, handshake, heartbeats, workers, evaluation.
+"""The I/O driver of a two-party VFL party: bus, handshake, heartbeats, workers, evaluation,
+and the five coordination algorithms (``vfl.algo``).
 
 Protocol (all topics live under the run id, so runs can share a broker):
 
-========================  =========  ====================================================
-topic                     publisher  payload
-========================  =========  ====================================================
-``emb/<run>/<b>``         passive    (B, d) float32 embedding of batch b; meta e, b, a, u
-``grad/<run>/<b>``        active     (B, d) float32 cut-layer gradient; meta e, b, u
-                                     (or ``skip``: the active party gave up on the batch)
-``eval/<run>/<e>``        passive    (n_test, d) embeddings of the test split after epoch e
-                                     (the active party scores them: test AUC or RMSE)
-``ctl/<run>/hello/<r>``   both       handshake for role r (shared-settings digest)
-``ctl/<run>/hb/<r>``      both       heartbeat of role r
-``ctl/<run>/report``      passive    the passive party's metrics, at the end
-``ctl/<run>/done``        active     the run is over
-========================  =========  ====================================================
+============================  =========  ================================================
+topic                         publisher  payload
+============================  =========  ================================================
+``emb/<run>/<c>``             passive    (B, d) float32 embedding; meta e, b, a, u (and k)
+``grad/<run>/<c>``            active     (B, d) float32 cut-layer gradient; meta e, b, u
+                                         (or ``skip``: the active party gave up on it)
+``ids/<run>/subsets``         active     ``vfl-ps``: a batch's ID subsets (ids, offsets)
+``eval/<run>/val/<i>``        passive    (n_val, d) embeddings of the validation rows at
+                                         validation point i (the active party scores them)
+``eval/<run>/test``           passive    (n_test, d) embeddings of the test split, at the end
+``ctl/<run>/hello/<r>``       both       handshake for role r (shared-settings digest)
+``ctl/<run>/hb/<r>``          both       heartbeat of role r
+``ctl/<run>/report``          passive    the passive party's metrics, at the end
+``ctl/<run>/done``            active     the run is over
+============================  =========  ================================================
 
-Each party has a parameter server and ``w`` worker coroutines (PubSub-VFL Sec. 4).
-A worker takes the next batch id, computes in a thread (torch releases the GIL),
-publishes on the batch's channel and waits for its partner's data with the
-deadline T_ddl; a miss drops the batch and reassigns it. Per-batch buffers
-hold at most p embeddings / q gradients (FIFO eviction, in :class:`pubsub.Bus`).
-Epochs end with a barrier inside each party (flush syncs, evaluate); the
-parties themselves never wait on each other except through the channels.
+Channel ``c`` is the batch id b, except under ``vfl-ps`` where it is the worker pair k.
+
+Common to all algorithms: the same models (:mod:`parties.model`), data, bus and
+broker; each party has a parameter server (PS) over its parameters with the update rule
+θ ← θ + Δ/w (:class:`parties.model.ParameterServer`); every worker has its own replica and
+Adam state; the active party computes its own bottom forward while it waits for the
+passive embedding and publishes the cut-layer gradient as soon as the top model's
+backward has produced it, so both parties' backward passes run concurrently. Each
+epoch is trained in segments (one; four quarters on ``synthetic``); after a segment
+every replica syncs with the PS and, on evaluated epochs, the active party scores the
+PS model on the validation rows (10 % of the training split, at most 10,000 scored),
+which is not counted as training time. The test split is scored once, at the end.
+Every wait is bounded: by T_ddl where batches may be dropped, otherwise by the
+liveness timeout (:class:`PartnerStalled`); a silent partner fails the run after
+``liveness_timeout_s`` (:class:`PartnerLost`) under every algorithm.
+
+Algorithms
+----------
+``pubsub`` — PubSub-VFL (NeurIPS 2025, arXiv 2510.12494, Sec. 4): ``w``
+    worker coroutines per party take batch ids from the party's schedule; a passive
+    worker publishes its embedding on the batch's channel and waits for the gradient,
+    an active worker waits for the embedding; a miss of T_ddl drops the batch and
+    reassigns it (``max_reassign`` times, then it is skipped for the epoch; ``t_ddl_s =
+    0`` disables dropping). Per-batch buffers hold at most p embeddings / q gradients.
+    Replicas sync with the PS every ΔT_t local steps, ΔT_t = ceil(ΔT0/2·tanh(2t/ΔT0 −
+    2) + ΔT0/2) in epoch t (``delta_t0 = 1``: every step).
+``vfl`` — synchronous split learning (Vepakomma et al., "Split learning for health",
+    2018; the VFL baseline of the PubSub-VFL paper): one worker per party in strict
+    lock-step. The passive party embeds batch b, publishes it and waits for its
+    gradient before it starts batch b+1; the active party computes its own bottom
+    forward while it waits, runs the top model and publishes the gradient, then both
+    back-propagate concurrently. No deadline-based dropping.
+``vfl-ps`` — the industrial parameter-server setup of FATE (Liu et al., JMLR 2021) and
+    PaddleFL: for each batch the active PS splits the batch's IDs into P subsets (P =
+    min(w_active, w_passive) worker pairs, :func:`parties.schedule.split_batch_ids`) and
+    broadcasts them to the passive PS (``ids`` topic); worker k of each party processes
+    subset k with its partner on channel k, so the faster of a pair waits; after every
+    iteration (batch) both PSs aggregate: every worker pushes, then every worker pulls
+    (θ ← θ + mean Δ_k). No deadline-based dropping.
+``avfl`` — asynchronous VFL in the style of VFB² (Zhang et al., "Secure Bilevel
+    Asynchronous Vertical Federated Learning with Backward Updating", AAAI 2021): one
+    worker per party; the passive party does not wait for gradients before embedding
+    its next batch: at most ``staleness_bound`` batches may be outstanding
+    (:class:`parties.schedule.StalenessWindow`); gradients are applied in publication
+    order when they arrive, to the *current* parameters (each is the gradient at the
+    parameters its embedding was computed with, so at most ``staleness_bound − 1``
+    updates stale); the active party trains on embeddings computed up to that many
+    passive updates ago. At the bound the passive worker waits for the oldest
+    gradient; a T_ddl miss on either side drops the batch (no reassignment).
+``avfl-ps`` — AVFL with a parameter server and several workers per party (the AVFL-PS
+    baseline of the PubSub-VFL paper, after Falcon, Wu et al., VLDB 2023): ``w_active``
+    / ``w_passive`` workers each run the AVFL loop above on batches taken from a shared
+    queue; every replica pushes to and pulls from its PS after every local step
+    (asynchronous PS).
 
 With DP on (``dp_mu`` or ``dp_noise_multiplier``, see :mod:`parties.dp`), every
 ``emb`` and ``eval`` array is row-clipped and noised by the passive party before it
@@ -36,6 +86,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable
 import shutil
 import tempfile
@@ -62,7 +113,7 @@ from parties.data import (
 from parties.dp import EmbeddingPrivatizer, GdpAccountant, plan_from_config, worker_seeds
 from parties.dp import report as dp_report
 from parties.preflight import check_test_labels, load_configured_table, resolve_columns
-from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost
+from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost, PartnerStalled
 from parties.model import (
     ParameterServer,
     bottom_model,
@@ -72,7 +123,18 @@ from parties.model import (
     predict,
     top_model,
 )
-from parties.schedule import EpochSchedule, epoch_batches, num_batches
+from parties.schedule import (
+    EpochSchedule,
+    StalenessWindow,
+    epoch_batches,
+    eval_segments,
+    first_reaching,
+    num_batches,
+    pack_ids,
+    split_batch_ids,
+    unpack_ids,
+    validation_split,
+)
 from parties.sysinfo import CpuMeter
 from parties.tasks import compute_metric, metric_name
 from parties.workers import ProcessWorker, ThreadWorker, WorkerHandle, ensure_forkserver
@@ -94,8 +156,16 @@ class Topics:
     def grad(self, b: int) -> str:
         return f"grad/{self.run_id}/{b}"
 
-    def eval(self, epoch: int) -> str:
-        return f"eval/{self.run_id}/{epoch}"
+    def val(self, point: int) -> str:
+        return f"eval/{self.run_id}/val/{point}"
+
+    @property
+    def test(self) -> str:
+        return f"eval/{self.run_id}/test"
+
+    @property
+    def ids(self) -> str:
+        return f"ids/{self.run_id}/subsets"  # three segments: the broker counts ids/<run>
 
     def hello(self, role: str) -> str:
         return f"ctl/{self.run_id}/hello/{role}"
@@ -117,10 +187,12 @@ class PartyData:
     """One party's view of the data after encoding.
 
     Attributes:
-        x_train / x_test: ``(n, d)`` float32 features of this party's columns.
-        y_train / y_test: ``(n,)`` float32 labels (active party only, else None): 0/1
-            (binary task); for regression ``y_train`` is standardised and ``y_test`` is
-            in the label's original units.
+        x_train / x_val / x_test: ``(n, d)`` float32 features of this party's columns:
+            the rows that train, the scored validation rows (held out of the training
+            split, see :func:`parties.schedule.validation_split`), the test rows.
+        y_train / y_val / y_test: ``(n,)`` float32 labels (active party only, else None):
+            0/1 (binary task); for regression ``y_train`` is standardised and ``y_val``,
+            ``y_test`` are in the label's original units.
         columns: this party's raw feature columns.
         n_rows: rows in the whole (aligned) table.
         dataset: dataset name or path.
@@ -133,6 +205,8 @@ class PartyData:
     x_test: np.ndarray
     y_train: np.ndarray | None
     y_test: np.ndarray | None
+    x_val: np.ndarray
+    y_val: np.ndarray | None
     columns: tuple[str, ...]
     n_rows: int
     dataset: str
@@ -151,23 +225,30 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
     task = cfg.effective_task
     frame, default_label = load_configured_table(cfg)
     label, active, passive = resolve_columns(cfg, frame, default_label)
-    train_idx, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
+    all_train, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
+    fit, val = validation_split(len(all_train), seed=cfg.seed)
+    train_idx, val_idx = all_train[fit], all_train[val]
+    n_val = len(val_idx)
+    held = np.concatenate([val_idx, test_idx])  # encoded with the training rows' statistics
     mine = tuple(active if role == "active" else passive)
-    feats = encode_party_features(frame, mine, train_idx, test_idx)
-    y_train = y_test = None
+    feats = encode_party_features(frame, mine, train_idx, held)
+    x_val, x_test = feats.x_test[:n_val], feats.x_test[n_val:]
+    y_train = y_test = y_val = None
     mean, std = 0.0, 1.0
     if role == "active":
         if task == "regression":
-            reg = encode_regression_labels(frame, label, train_idx, test_idx)
-            y_train, y_test, mean, std = reg.y_train, reg.y_test, reg.mean, reg.std
+            reg = encode_regression_labels(frame, label, train_idx, held)
+            y_train, y_held, mean, std = reg.y_train, reg.y_test, reg.mean, reg.std
         else:
-            y_train, y_test, _pos = encode_labels(frame, label, train_idx, test_idx)
+            y_train, y_held, _pos = encode_labels(frame, label, train_idx, held)
+        y_val, y_test = y_held[:n_val], y_held[n_val:]
         check_test_labels(y_test, label, task=task)
     log.info("vfl.data_loaded", party=role, dataset=cfg.dataset, task=task, n_rows=len(frame),
-             n_train=len(train_idx), n_test=len(test_idx), columns=len(mine),
+             n_train=len(train_idx), n_val=n_val, n_test=len(test_idx), columns=len(mine),
              features=int(feats.x_train.shape[1]))
     return PartyData(
-        x_train=feats.x_train, x_test=feats.x_test, y_train=y_train, y_test=y_test,
+        x_train=feats.x_train, x_test=x_test, y_train=y_train, y_test=y_test,
+        x_val=x_val, y_val=y_val,
         columns=mine, n_rows=len(frame), dataset=cfg.dataset, task=task,
         label_mean=mean, label_std=std,
     )
@@ -184,6 +265,7 @@ class _Counters:
     samples: int = 0
     loss_sum: float = 0.0
     loss_n: int = 0
+    max_staleness: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -215,7 +297,11 @@ class Party:
         self.progress = progress
         self.n_train = data.x_train.shape[0]
         self.n_batches = num_batches(self.n_train, cfg.batch_size)
-        self.workers = cfg.w_active if role == "active" else cfg.w_passive
+        self.workers = cfg.workers_for(role)
+        self.metric = metric_name(data.task)
+        self.train_s = 0.0  # training wall time, evaluation excluded
+        self.eval_s = 0.0
+        self.t0 = time.perf_counter()
         self.c = _Counters()
         self.bus: Bus | None = None
         self.log = log.bind(party=role, run_id=run_id)
@@ -226,8 +312,9 @@ class Party:
         self._bottom = self._make_bottom()
         self._top = self._make_top() if role == "active" else None
         mods = [self._bottom] + ([self._top] if self._top is not None else [])
-        self.ps = ParameterServer(flat_params(mods))
+        self.ps = ParameterServer(flat_params(mods), workers=self.workers)
         self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
+        self._x_val = torch.from_numpy(np.ascontiguousarray(data.x_val))
         self._handles: list[WorkerHandle] = []
         self._data_dir: Path | None = None
         self.partner_report: dict[str, Any] | None = None
@@ -244,7 +331,8 @@ class Party:
             return
         plan = self.dp_plan
         self.dp_acct = GdpAccountant(
-            {"train": self.n_train, "test": int(self.data.x_test.shape[0])},
+            {"train": self.n_train, "val": int(self.data.x_val.shape[0]),
+             "test": int(self.data.x_test.shape[0])},
             noise_multiplier=plan.noise_multiplier if plan else None,
             max_publications=plan.planned_publications if plan else None)
         if plan is None:
@@ -285,6 +373,10 @@ class Party:
         if self._data_dir is not None:
             shutil.rmtree(self._data_dir, ignore_errors=True)
 
+    def _n_val_points(self) -> int:
+        segs = len(eval_segments(self.n_batches, self.cfg.evals_per_epoch))
+        return len(self._eval_epochs()) * segs
+
     def _eval_epochs(self) -> list[int]:
         cfg = self.cfg
         return [e for e in range(cfg.epochs)
@@ -312,6 +404,7 @@ class Party:
                 await starting
                 meter = CpuMeter()
                 meter.start()
+                self.t0 = time.perf_counter()
                 try:
                     async with asyncio.TaskGroup() as tg:
                         hb = tg.create_task(self._heartbeat(bus))
@@ -335,16 +428,25 @@ class Party:
     async def _subscribe(self, bus: Bus) -> None:
         cfg, t = self.cfg, self.topics
         emb_bytes = cfg.batch_size * cfg.embedding_dim * 4 + 4096
+        # per-batch channels; VFL-PS uses one channel per worker pair instead
+        channels = range(max(self.n_batches, self.workers))
         if self.role == "active":
             lim = BufferLimits(max_msgs=cfg.p, max_bytes=cfg.p * emb_bytes)
-            await bus.subscribe_many([t.emb(b) for b in range(self.n_batches)], limits=lim)
-            eval_bytes = self.data.x_test.shape[0] * cfg.embedding_dim * 4 + 4096
-            await bus.subscribe_many([t.eval(e) for e in self._eval_epochs()],
-                                     limits=BufferLimits(max_msgs=2, max_bytes=2 * eval_bytes))
+            await bus.subscribe_many([t.emb(b) for b in channels], limits=lim)
+            for n, topics in ((self.data.x_val.shape[0], [t.val(i) for i in
+                                                           range(self._n_val_points())]),
+                              (self.data.x_test.shape[0], [t.test])):
+                eval_bytes = n * cfg.embedding_dim * 4 + 4096
+                await bus.subscribe_many(topics, limits=BufferLimits(
+                    max_msgs=2, max_bytes=2 * eval_bytes))
             await bus.subscribe(t.report)
         else:
             lim = BufferLimits(max_msgs=cfg.q, max_bytes=cfg.q * emb_bytes)
-            await bus.subscribe_many([t.grad(b) for b in range(self.n_batches)], limits=lim)
+            await bus.subscribe_many([t.grad(b) for b in channels], limits=lim)
+            if cfg.algo == "vfl-ps":
+                ids_bytes = cfg.batch_size * 8 + (self.workers + 1) * 8 + 4096
+                await bus.subscribe(t.ids, limits=BufferLimits(max_msgs=16,
+                                                               max_bytes=16 * ids_bytes))
             await bus.subscribe(t.done)
         await bus.subscribe(t.hb(self.partner), limits=BufferLimits(max_msgs=4, max_bytes=1 << 16))
         # subscribed last: a hello from the partner proves all the above reached its publisher
@@ -429,27 +531,127 @@ class Party:
         finally:
             self.c.wait_s += loop.time() - t0
 
+    # ------------------------------------------------------------------ training
+    @property
+    def _drops(self) -> bool:
+        """True when a missed partner deadline drops the batch (``pubsub``, ``avfl``,
+        ``avfl-ps`` with ``t_ddl_s > 0``); otherwise the wait is bounded by the liveness
+        timeout and a miss fails the run (:class:`PartnerStalled`)."""
+        return self.cfg.t_ddl_s > 0 and self.cfg.algo not in ("vfl", "vfl-ps")
+
+    def _data_wait_s(self) -> float:
+        """How long a worker waits for its partner's data: T_ddl when batches may be
+        dropped, else the liveness timeout."""
+        return self.cfg.t_ddl_s if self._drops else self.cfg.liveness_timeout_s
+
+    def _stalled(self, what: str, b: int, epoch: int) -> PartnerStalled:
+        self.log.error("vfl.partner_stalled", partner=self.partner, missing=what, batch=b,
+                       epoch=epoch, waited_s=self._data_wait_s())
+        return PartnerStalled(self.partner, what, self._data_wait_s(),
+                              f"batch {b} of epoch {epoch}")
+
+    def _poll(self, bus: Bus, topic: str, accept: Callable[[Message], int]) -> Message | None:
+        """A buffered message on ``topic`` that ``accept`` takes, without waiting."""
+        while (msg := bus.try_next(topic)) is not None:
+            verdict = accept(msg)
+            if verdict == 1:
+                return msg
+            if verdict < 0:
+                bus.unget(msg)
+                return None
+            self.c.stale += 1
+        return None
+
+    async def _train(self, bus: Bus) -> None:
+        """All epochs: each epoch's segments (one, or four quarters on ``synthetic``) are
+        trained by the configured algorithm, synced to the PS, then scored on the
+        validation split (active) or embedded for it (passive); scoring is not training
+        time."""
+        cfg = self.cfg
+        segs = eval_segments(self.n_batches, cfg.evals_per_epoch)
+        point = 0
+        for epoch in range(cfg.epochs):
+            batches = epoch_batches(self.n_train, cfg.batch_size, seed=cfg.seed, epoch=epoch)
+            evaluated = epoch in self._eval_epochs()
+            for s, seg in enumerate(segs):
+                c = self.c
+                before = (c.loss_sum, c.loss_n, c.samples, c.wait_s, c.dropped, c.reassigned)
+                seg_meter = CpuMeter()
+                seg_meter.start()
+                t0 = time.perf_counter()
+                await self._run_segment(bus, epoch, batches, seg)
+                await self._flush()
+                dt = time.perf_counter() - t0
+                _, _, _, util = seg_meter.read()
+                self.train_s += dt
+                entry: dict[str, Any] = {
+                    "epoch": epoch, "segment": s,
+                    "epochs_done": round(epoch + (s + 1) / len(segs), 6),
+                    "train_s": dt, "train_wall_s": self.train_s,
+                    "samples_per_s": (c.samples - before[2]) / dt if dt > 0 else 0.0,
+                    "wait_s": (c.wait_s - before[3]) / self.workers,
+                    "cpu_util": util,
+                    "dropped": c.dropped - before[4], "reassigned": c.reassigned - before[5],
+                }
+                if self.role == "active":
+                    entry["loss"] = (c.loss_sum - before[0]) / max(1, c.loss_n - before[1])
+                if evaluated:
+                    t_eval = time.perf_counter()
+                    if self.role == "active":
+                        value = await self._score(bus, self.topics.val(point), "val")
+                        entry[f"val_{self.metric}"] = value
+                        entry["metric"] = value
+                    else:
+                        await self._publish_embeddings(bus, "val", self.topics.val(point))
+                    point += 1
+                    self.eval_s += time.perf_counter() - t_eval
+                entry["wall_s"] = time.perf_counter() - self.t0
+                c.history.append(entry)
+                self.log.info("vfl.epoch_done", **entry)
+                if self.progress and self.role == "active":
+                    key = f"val_{self.metric}"
+                    shown = f"  {key} {entry[key]:.4f}" if key in entry else ""
+                    part = f" ({s + 1}/{len(segs)})" if len(segs) > 1 else ""
+                    print(f"epoch {epoch + 1:>3}/{cfg.epochs}{part}  loss {entry['loss']:.4f}"
+                          f"{shown}  {entry['samples_per_s']:,.0f} samples/s  wait "
+                          f"{entry['wait_s']:.2f} s  dropped {entry['dropped']}", flush=True)
+
+    async def _run_segment(self, bus: Bus, epoch: int, batches: list[np.ndarray],
+                           seg: range) -> None:
+        """Train the batches ``seg`` of ``epoch`` with the configured algorithm."""
+        algo, k = self.cfg.algo, range(self.workers)
+        if algo in ("pubsub", "vfl"):
+            # vfl is this loop with one worker, no deadline drops and a PS sync per segment
+            sched = EpochSchedule(len(seg), self.cfg.max_reassign if self._drops else 0,
+                                  ids=seg)
+            cond = asyncio.Condition()
+            work = self._passive_worker if self.role == "passive" else self._active_worker
+            await asyncio.gather(*(work(bus, i, epoch, batches, sched, cond) for i in k))
+        elif algo == "vfl-ps":
+            if self.role == "passive":
+                await self._vflps_passive(bus, epoch, seg)
+            else:
+                await self._vflps_active(bus, epoch, batches, seg)
+        else:  # avfl, avfl-ps
+            if self.role == "passive":
+                queue = deque(seg)
+                await asyncio.gather(*(self._avfl_passive_worker(bus, i, epoch, batches, queue)
+                                       for i in k))
+            else:
+                # the active side of AVFL: no reassignment; a batch whose embedding misses
+                # T_ddl is skipped (and the passive told so)
+                sched = EpochSchedule(len(seg), 0, ids=seg)
+                cond = asyncio.Condition()
+                await asyncio.gather(*(self._active_worker(bus, i, epoch, batches, sched, cond)
+                                       for i in k))
+
     # ------------------------------------------------------------------ passive
     async def _train_passive(self, bus: Bus, meter: CpuMeter) -> dict[str, Any]:
         cfg = self.cfg
-        for epoch in range(cfg.epochs):
-            t_epoch = time.perf_counter()
-            batches = epoch_batches(self.n_train, cfg.batch_size, seed=cfg.seed, epoch=epoch)
-            sched = EpochSchedule(self.n_batches, cfg.max_reassign)
-            cond = asyncio.Condition()
-            await asyncio.gather(*(self._passive_worker(bus, k, epoch, batches, sched, cond)
-                                   for k in range(self.workers)))
-            await self._flush()
-            if epoch in self._eval_epochs():
-                load_flat([self._bottom], self.ps.pull())
-                emb_test = await asyncio.to_thread(self._test_embeddings)
-                assert self.dp_acct is not None
-                self.dp_acct.record("test")
-                bus.publish_nowait(self.topics.eval(epoch), [emb_test], {"e": epoch}, copy=False)
-            self.c.history.append({"epoch": epoch, "wall_s": time.perf_counter() - t_epoch,
-                                   "dropped": sched.dropped, "reassigned": sched.reassigned})
-            self.log.info("vfl.epoch_done", epoch=epoch, dropped=sched.dropped,
-                          reassigned=sched.reassigned)
+        await self._train(bus)
+        t_eval = time.perf_counter()
+        await self._publish_embeddings(bus, "test", self.topics.test)
+        self.eval_s += time.perf_counter() - t_eval
         metrics = self._party_metrics(meter)
         metrics["dp"] = dp_report(self.dp_plan, self.dp_acct)
         if self.dp_plan is not None:
@@ -464,27 +666,43 @@ class Party:
             self.log.warning("vfl.no_done", waited_s=cfg.liveness_timeout_s + cfg.t_ddl_s)
         return metrics
 
-    def _test_embeddings(self) -> np.ndarray:
-        """The test split's embeddings ``(n_test, d)`` float32 from the PS parameters:
-        clipped and noised when DP is on (a thread's work)."""
-        emb = embed(self._bottom, self._x_test)
+    async def _publish_embeddings(self, bus: Bus, split: str, topic: str) -> None:
+        """Publish the embeddings of the ``val`` (scored subsample) or ``test`` split from
+        the PS parameters (counted in the DP ledger first)."""
+        load_flat([self._bottom], self.ps.pull())
+        x = self._x_val if split == "val" else self._x_test
+        emb = await asyncio.to_thread(self._embeddings, x)
+        assert self.dp_acct is not None
+        self.dp_acct.record(split)
+        bus.publish_nowait(topic, [emb], {"split": split}, copy=False)
+
+    def _embeddings(self, x: torch.Tensor) -> np.ndarray:
+        """Embeddings ``(n, d)`` float32 of ``x`` from the PS parameters: clipped and noised
+        when DP is on (a thread's work)."""
+        emb = embed(self._bottom, x)
         if self._eval_privatize is None:
             return emb
         return self._eval_privatize(torch.from_numpy(emb))[1].numpy()
 
+    def _publish_emb(self, bus: Bus, topic: str, h_np: np.ndarray, rows: np.ndarray,
+                     meta: dict[str, Any]) -> None:
+        assert self.dp_acct is not None
+        self.dp_acct.record("train", rows)  # raises, publishing nothing, past the plan
+        bus.publish_nowait(topic, [h_np], meta, copy=False)
+
     async def _passive_worker(self, bus: Bus, k: int, epoch: int, batches: list[np.ndarray],
                               sched: EpochSchedule, cond: asyncio.Condition) -> None:
+        """PubSub-VFL (and, with one worker and no drops, VFL) passive worker: take a batch,
+        publish its embedding, wait for its gradient (T_ddl), back-propagate."""
         worker = self._handles[k]
         loop = asyncio.get_running_loop()
         while (task := await self._next_task(sched, cond)) is not None:
             b, attempt = task
             rows = batches[b]
             h_np = await worker.forward(epoch, b)
-            assert self.dp_acct is not None
-            self.dp_acct.record("train", rows)  # raises, publishing nothing, past the plan
             uid = f"{epoch}.{b}.{attempt}"
-            bus.publish_nowait(self.topics.emb(b), [h_np],
-                               {"e": epoch, "b": b, "a": attempt, "u": uid}, copy=False)
+            self._publish_emb(bus, self.topics.emb(b), h_np, rows,
+                              {"e": epoch, "b": b, "a": attempt, "u": uid})
 
             def accept(m: Message, uid: str = uid, b: int = b) -> int:
                 if m.meta.get("u") == uid:
@@ -493,9 +711,11 @@ class Party:
                     return 1
                 return 0
 
-            msg = await self._wait(bus, self.topics.grad(b), loop.time() + self.cfg.deadline_s,
+            msg = await self._wait(bus, self.topics.grad(b), loop.time() + self._data_wait_s(),
                                    accept)
             if msg is None:
+                if not self._drops:
+                    raise self._stalled("grad", b, epoch)
                 await worker.discard(b)
                 again = sched.fail(b, attempt)
                 self._count_miss(again, b, epoch, "grad")
@@ -511,6 +731,122 @@ class Party:
                 self.c.samples += len(rows)
             async with cond:
                 cond.notify_all()
+
+    async def _avfl_passive_worker(self, bus: Bus, k: int, epoch: int,
+                                   batches: list[np.ndarray], queue: deque[int]) -> None:
+        """AVFL / AVFL-PS passive worker: publish embeddings without waiting for their
+        gradients, at most ``staleness_bound`` outstanding; apply the gradients in
+        publication order as they arrive (to the current parameters: a stale gradient);
+        at the bound, wait for the oldest (T_ddl; a miss gives the batch up)."""
+        worker = self._handles[k]
+        loop = asyncio.get_running_loop()
+        win = StalenessWindow(self.cfg.staleness_bound)
+        uids: dict[int, str] = {}
+
+        def acceptor(b: int) -> Callable[[Message], int]:
+            uid = uids[b]
+
+            def accept(m: Message) -> int:
+                if m.meta.get("u") == uid:
+                    return 1
+                if m.meta.get("skip") and m.meta.get("e") == epoch and m.meta.get("b") == b:
+                    return 1
+                return 0
+
+            return accept
+
+        async def settle(b: int, msg: Message | None) -> None:
+            if msg is None:
+                if not self._drops:
+                    raise self._stalled("grad", b, epoch)
+                await worker.discard(b)
+                win.given_up(b)
+                self._count_miss(False, b, epoch, "grad")
+            elif msg.meta.get("skip"):
+                await worker.discard(b)
+                win.given_up(b)
+                self.c.skipped += 1
+                self.c.dropped += 1
+            else:
+                await worker.backward(epoch, b, msg.arrays[0])
+                win.applied(b)
+                self.c.batches += 1
+                self.c.samples += len(batches[b])
+
+        async def wait_oldest() -> None:
+            b = win.oldest()
+            assert b is not None
+            msg = await self._wait(bus, self.topics.grad(b), loop.time() + self._data_wait_s(),
+                                   acceptor(b))
+            await settle(b, msg)
+
+        try:
+            while True:
+                # settle gradients that are already here, oldest first (FIFO keeps
+                # every gradient's staleness below the bound)
+                while (b_old := win.oldest()) is not None:
+                    msg = self._poll(bus, self.topics.grad(b_old), acceptor(b_old))
+                    if msg is None:
+                        break
+                    await settle(b_old, msg)
+                if win.full:
+                    await wait_oldest()
+                    continue
+                if not queue:
+                    break
+                b = queue.popleft()
+                h_np = await worker.forward(epoch, b, snapshot=True)
+                uids[b] = f"{epoch}.{b}.0"
+                self._publish_emb(bus, self.topics.emb(b), h_np, batches[b],
+                                  {"e": epoch, "b": b, "a": 0, "u": uids[b]})
+                win.issue(b)
+            while win.outstanding:
+                await wait_oldest()
+        finally:
+            self.c.max_staleness = max(self.c.max_staleness, win.max_staleness)
+
+    async def _vflps_passive(self, bus: Bus, epoch: int, seg: range) -> None:
+        """VFL-PS passive parameter server: for each batch, receive the active PS's ID
+        subsets, let each paired worker embed its subset and back-propagate its gradient,
+        then aggregate (all workers push, then all pull)."""
+        loop = asyncio.get_running_loop()
+        for b in seg:
+            def accept(m: Message, b: int = b) -> int:
+                key = (m.meta.get("e", -1), m.meta.get("b", -1))
+                return 1 if key == (epoch, b) else (0 if key < (epoch, b) else -1)
+
+            msg = await self._wait(bus, self.topics.ids, loop.time() + self._data_wait_s(),
+                                   accept)
+            if msg is None:
+                raise self._stalled("ids", b, epoch)
+            parts = unpack_ids(msg.arrays[0], msg.arrays[1])
+            if len(parts) != self.workers:
+                raise ConfigMismatch({"pairs": self.workers}, {"pairs": len(parts)})
+            await asyncio.gather(*(self._vflps_passive_pair(bus, k, epoch, b, parts[k])
+                                   for k in range(self.workers) if len(parts[k])))
+            await self._barrier_sync()
+
+    async def _vflps_passive_pair(self, bus: Bus, k: int, epoch: int, b: int,
+                                  rows: np.ndarray) -> None:
+        worker = self._handles[k]
+        loop = asyncio.get_running_loop()
+        h_np = await worker.forward(epoch, b, rows=rows, key=b)
+        uid = f"{epoch}.{b}.{k}"
+        self._publish_emb(bus, self.topics.emb(k), h_np, rows,
+                          {"e": epoch, "b": b, "k": k, "a": 0, "u": uid})
+        msg = await self._wait(bus, self.topics.grad(k), loop.time() + self._data_wait_s(),
+                               lambda m: 1 if m.meta.get("u") == uid else 0)
+        if msg is None:
+            raise self._stalled("grad", b, epoch)
+        await worker.backward(epoch, b, msg.arrays[0])
+        self.c.samples += len(rows)
+        if k == 0:
+            self.c.batches += 1
+
+    async def _barrier_sync(self) -> None:
+        """Aggregate every worker's update: all push (θ ← θ + Δ_k/w), then all pull."""
+        await asyncio.gather(*(h.push() for h in self._handles))
+        await asyncio.gather(*(h.pull() for h in self._handles))
 
     @staticmethod
     async def _next_task(sched: EpochSchedule, cond: asyncio.Condition) -> tuple[int, int] | None:
@@ -536,43 +872,21 @@ class Party:
     # ------------------------------------------------------------------ active
     async def _train_active(self, bus: Bus, meter: CpuMeter) -> dict[str, Any]:
         cfg = self.cfg
-        t_train = time.perf_counter()
-        name = metric_name(self.data.task)
+        name = self.metric
         key = f"test_{name}"
-        value = float("nan")
-        for epoch in range(cfg.epochs):
-            t_epoch = time.perf_counter()
-            loss0, n0, samples0, wait0 = self.c.loss_sum, self.c.loss_n, self.c.samples, self.c.wait_s
-            batches = epoch_batches(self.n_train, cfg.batch_size, seed=cfg.seed, epoch=epoch)
-            sched = EpochSchedule(self.n_batches, cfg.max_reassign)
-            cond = asyncio.Condition()
-            await asyncio.gather(*(self._active_worker(bus, k, epoch, batches, sched, cond)
-                                   for k in range(self.workers)))
-            await self._flush()
-            train_s = time.perf_counter() - t_epoch
-            entry: dict[str, Any] = {
-                "epoch": epoch,
-                "loss": (self.c.loss_sum - loss0) / max(1, self.c.loss_n - n0),
-                "train_s": train_s,
-                "samples_per_s": (self.c.samples - samples0) / train_s if train_s > 0 else 0.0,
-                "wait_s": (self.c.wait_s - wait0) / self.workers,
-                "dropped": sched.dropped, "reassigned": sched.reassigned,
-            }
-            if epoch in self._eval_epochs():
-                value = await self._evaluate(bus, epoch)
-                entry[key] = value
-                entry["metric"] = value
-            entry["wall_s"] = time.perf_counter() - t_train
-            self.c.history.append(entry)
-            self.log.info("vfl.epoch_done", **entry)
-            if self.progress:
-                shown = f"  {key} {entry[key]:.4f}" if key in entry else ""
-                print(f"epoch {epoch + 1:>3}/{cfg.epochs}  loss {entry['loss']:.4f}{shown}  "
-                      f"{entry['samples_per_s']:,.0f} samples/s  wait {entry['wait_s']:.2f} s  "
-                      f"dropped {sched.dropped}", flush=True)
+        await self._train(bus)
+        t_eval = time.perf_counter()
+        value = await self._score(bus, self.topics.test, "test")
+        self.eval_s += time.perf_counter() - t_eval
         metrics = self._party_metrics(meter)
-        metrics.update({"task": self.data.task, key: value, "metric_name": name,
-                        "metric": value})
+        target = cfg.effective_target
+        points = [(h["train_wall_s"], h["metric"]) for h in self.c.history if "metric" in h]
+        metrics.update({
+            "task": self.data.task, key: value, "metric_name": name, "metric": value,
+            "target_metric": target,
+            "time_to_target_s": first_reaching(points, target, higher_is_better=name == "auc"),
+            "n_val_scored": int(self._x_val.shape[0]),
+        })
         try:
             rep = await bus.next(self.topics.report, cfg.liveness_timeout_s)
             self.partner_report = dict(rep.meta)
@@ -587,52 +901,111 @@ class Party:
         await asyncio.sleep(0.05)
         return metrics
 
-    async def _active_worker(self, bus: Bus, k: int, epoch: int, batches: list[np.ndarray],
-                             sched: EpochSchedule, cond: asyncio.Condition) -> None:
+    async def _active_step(self, bus: Bus, k: int, epoch: int, b: int, *, emb_topic: str,
+                           accept: Callable[[Message], int], grad_topic: str,
+                           grad_meta: Callable[[Message], dict[str, Any]],
+                           rows: np.ndarray | None = None) -> Message | None:
+        """One active step: compute the own bottom forward while waiting for the passive
+        embedding, then the top step; the cut-layer gradient is published as soon as it
+        exists (the own bottom's backward runs meanwhile). Returns the embedding message,
+        or None if it missed the wait bound (nothing trained)."""
         worker = self._handles[k]
         loop = asyncio.get_running_loop()
+        pre = asyncio.create_task(worker.prefetch(epoch, b, rows=rows))
+        try:
+            msg = await self._wait(bus, emb_topic, loop.time() + self._data_wait_s(), accept)
+        finally:
+            await pre
+        if msg is None:
+            await worker.discard(b)
+            return None
+        meta = grad_meta(msg)
 
+        def publish(grad: np.ndarray) -> None:
+            bus.publish_nowait(grad_topic, [grad], meta, copy=False)
+
+        loss, _ = await worker.step(epoch, b, msg.arrays[0], rows=rows, on_grad=publish)
+        n = len(rows) if rows is not None else len(msg.arrays[0])
+        self.c.samples += n
+        self.c.loss_sum += loss * n
+        self.c.loss_n += n
+        return msg
+
+    async def _active_worker(self, bus: Bus, k: int, epoch: int, batches: list[np.ndarray],
+                             sched: EpochSchedule, cond: asyncio.Condition) -> None:
+        """PubSub-VFL / VFL / AVFL active worker: take a batch, wait for its embedding
+        (T_ddl), train, publish the gradient; a miss reassigns the batch (pubsub) or
+        skips it (after ``max_reassign`` misses, or at once under AVFL)."""
         def accept(m: Message) -> int:
             e = m.meta.get("e", -1)
             return 1 if e == epoch else (0 if e < epoch else -1)
 
         while (task := await self._next_task(sched, cond)) is not None:
             b, attempt = task
-            rows = batches[b]
-            msg = await self._wait(bus, self.topics.emb(b), loop.time() + self.cfg.deadline_s,
-                                   accept)
+            msg = await self._active_step(
+                bus, k, epoch, b, emb_topic=self.topics.emb(b), accept=accept,
+                grad_topic=self.topics.grad(b),
+                grad_meta=lambda m, b=b: {"e": epoch, "b": b, "u": m.meta.get("u")})
             if msg is None:
+                if not self._drops:
+                    raise self._stalled("emb", b, epoch)
                 again = sched.fail(b, attempt)
                 self._count_miss(again, b, epoch, "emb")
                 if not again:
                     bus.publish_nowait(self.topics.grad(b), (),
                                        {"e": epoch, "b": b, "skip": True})
             else:
-                loss, grad = await worker.step(epoch, b, msg.arrays[0])
-                bus.publish_nowait(self.topics.grad(b), [grad],
-                                   {"e": epoch, "b": b, "u": msg.meta.get("u")}, copy=False)
                 sched.complete(b)
                 self.c.batches += 1
-                self.c.samples += len(rows)
-                self.c.loss_sum += loss
-                self.c.loss_n += 1
             async with cond:
                 cond.notify_all()
 
-    async def _evaluate(self, bus: Bus, epoch: int) -> float:
-        """The test metric after ``epoch`` (AUC, or RMSE in the label's units) from the PS
-        parameters and the passive party's test embeddings."""
+    async def _vflps_active(self, bus: Bus, epoch: int, batches: list[np.ndarray],
+                            seg: range) -> None:
+        """VFL-PS active parameter server: split each batch's IDs into one subset per
+        worker pair and broadcast them; each worker trains its subset with its paired
+        passive worker; then aggregate (all push, then all pull)."""
+        for b in seg:
+            parts = split_batch_ids(batches[b], self.workers)
+            ids, offsets = pack_ids(parts)
+            bus.publish_nowait(self.topics.ids, [ids, offsets], {"e": epoch, "b": b})
+            await asyncio.gather(*(self._vflps_active_pair(bus, k, epoch, b, parts[k])
+                                   for k in range(self.workers) if len(parts[k])))
+            self.c.batches += 1
+            await self._barrier_sync()
+
+    async def _vflps_active_pair(self, bus: Bus, k: int, epoch: int, b: int,
+                                 rows: np.ndarray) -> None:
+        def accept(m: Message) -> int:
+            key = (m.meta.get("e", -1), m.meta.get("b", -1))
+            return 1 if key == (epoch, b) else (0 if key < (epoch, b) else -1)
+
+        msg = await self._active_step(
+            bus, k, epoch, b, emb_topic=self.topics.emb(k), accept=accept,
+            grad_topic=self.topics.grad(k),
+            grad_meta=lambda m: {"e": epoch, "b": b, "k": k, "u": m.meta.get("u")}, rows=rows)
+        if msg is None:
+            raise self._stalled("emb", b, epoch)
+
+    async def _score(self, bus: Bus, topic: str, split: str) -> float:
+        """The metric (AUC, or RMSE in the label's units) of the PS parameters on the
+        ``val`` or ``test`` split, with the passive party's embeddings of it (waited for
+        up to the liveness timeout)."""
         cfg, data = self.cfg, self.data
-        assert self._top is not None and data.y_test is not None
-        t0 = time.perf_counter()
-        msg = await bus.next(self.topics.eval(epoch), cfg.liveness_timeout_s)
-        self.c.wait_s += time.perf_counter() - t0
+        assert self._top is not None
+        try:
+            msg = await bus.next(topic, cfg.liveness_timeout_s)
+        except DeadlineExceeded:
+            raise PartnerStalled(self.partner, split, cfg.liveness_timeout_s,
+                                 "embeddings for scoring") from None
         load_flat([self._bottom, self._top], self.ps.pull())
-        pred = await asyncio.to_thread(predict, self._bottom, self._top, self._x_test,
+        x, y = (self._x_val, data.y_val) if split == "val" else (self._x_test, data.y_test)
+        assert y is not None
+        pred = await asyncio.to_thread(predict, self._bottom, self._top, x,
                                        msg.arrays[0], task=data.task)
         if data.task == "regression":
             pred = pred.astype(np.float64) * data.label_std + data.label_mean
-        return compute_metric(data.task, data.y_test, pred)
+        return compute_metric(data.task, y, pred)
 
     # ------------------------------------------------------------------ metrics
     def _party_metrics(self, meter: CpuMeter) -> dict[str, Any]:
@@ -641,8 +1014,11 @@ class Party:
         st = self.bus.stats()
         return {
             "role": self.role,
+            "algo": self.cfg.algo,
             "workers": self.workers,
-            "train_wall_s": wall,
+            "train_wall_s": self.train_s,
+            "eval_s": self.eval_s,
+            "party_wall_s": wall,
             "cpu_s": cpu,
             "cores_allotted": cores,
             "cpu_util": util,
@@ -655,6 +1031,7 @@ class Party:
             "reassigned_batches": self.c.reassigned,
             "skipped_batches": self.c.skipped,
             "stale_messages": self.c.stale,
+            "max_staleness": self.c.max_staleness,
             "bus": {k: v for k, v in st.as_dict().items() if not isinstance(v, dict)},
             "ps_pushes": self.ps.pushes,
             "worker_mode": self.cfg.worker_mode,

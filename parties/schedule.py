@@ -1,4 +1,5 @@
-"""Pure scheduling logic of PubSub-VFL: batch plans, the ΔT_t schedule, batch assignment.
+"""Pure scheduling logic: batch plans, the ΔT_t schedule, batch assignment, the baselines'
+worker counts, VFL-PS ID splitting, AVFL's staleness window, validation and segments.
 
 Nothing here touches sockets, threads or torch.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,9 +70,11 @@ class EpochSchedule:
     The epoch is over when every batch is completed or dropped.
 
     Attributes:
-        n_batches: batches in the epoch.
+        n_batches: batches in the epoch (or segment).
         max_reassign: reassignments allowed per batch.
         completed / dropped / reassigned: counters.
+        ids: the batch ids to schedule, in order (default ``0 .. n_batches−1``; a
+            segment of the epoch passes its own ids).
     """
 
     n_batches: int
@@ -81,9 +85,12 @@ class EpochSchedule:
     dropped: int = 0
     reassigned: int = 0
 
+    ids: Sequence[int] | None = None
+
     def __post_init__(self) -> None:
         if not self.pending:
-            self.pending.extend((b, 0) for b in range(self.n_batches))
+            ids = range(self.n_batches) if self.ids is None else self.ids
+            self.pending.extend((b, 0) for b in ids)
 
     def take(self) -> tuple[int, int] | None:
         """Next ``(batch_id, attempt)`` or None if nothing is pending right now."""
@@ -125,3 +132,228 @@ class EpochSchedule:
     def done(self) -> bool:
         """True when every batch is completed or dropped."""
         return not self.pending and not self.in_flight
+
+
+# ---------------------------------------------------------------------------- algorithms
+#: Coordination algorithms (``vfl.algo``); see :mod:`parties.runtime` for their semantics.
+ALGOS: tuple[str, ...] = ("pubsub", "vfl", "vfl-ps", "avfl", "avfl-ps")
+
+
+def effective_workers(algo: str, role: str, w_active: int, w_passive: int) -> int:
+    """Workers a party runs under ``algo``.
+
+    ``vfl`` and ``avfl`` have one worker per party; ``vfl-ps`` pairs workers, so both
+    parties run ``min(w_active, w_passive)``; ``avfl-ps`` and ``pubsub`` run the
+    configured counts.
+
+    Raises:
+        ValueError: unknown algo or role, or a count < 1.
+    """
+    if algo not in ALGOS:
+        raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
+    if role not in ("active", "passive"):
+        raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
+    if w_active < 1 or w_passive < 1:
+        raise ValueError(f"worker counts must be >= 1, got {w_active}, {w_passive}")
+    if algo in ("vfl", "avfl"):
+        return 1
+    if algo == "vfl-ps":
+        return min(w_active, w_passive)
+    return w_active if role == "active" else w_passive
+
+
+def split_batch_ids(rows: np.ndarray, parts: int) -> list[np.ndarray]:
+    """VFL-PS: the active parameter server's split of one batch's row IDs into ``parts``
+    subsets, one per worker pair (contiguous, sizes differ by at most one; a subset is
+    empty when the batch has fewer rows than ``parts``).
+
+    Args:
+        rows: ``(B,)`` int64 row positions of the batch.
+        parts: number of worker pairs, >= 1.
+
+    Returns:
+        ``parts`` int64 arrays whose concatenation is ``rows``.
+
+    Raises:
+        ValueError: ``parts < 1``.
+    """
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    return [np.asarray(p, dtype=np.int64) for p in np.array_split(np.asarray(rows), parts)]
+
+
+def pack_ids(subsets: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Pack ID subsets into ``(ids, offsets)`` int64 arrays for one bus message;
+    :func:`unpack_ids` inverts it. ``offsets`` has ``len(subsets) + 1`` entries."""
+    ids = np.concatenate(subsets).astype(np.int64) if subsets else np.zeros(0, np.int64)
+    offsets = np.cumsum([0] + [len(s) for s in subsets]).astype(np.int64)
+    return ids, offsets
+
+
+def unpack_ids(ids: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    """Inverse of :func:`pack_ids`.
+
+    Raises:
+        ValueError: offsets that are not a non-decreasing cover of ``ids``.
+    """
+    off = np.asarray(offsets, dtype=np.int64)
+    if off.ndim != 1 or off.size < 2 or off[0] != 0 or off[-1] != len(ids) \
+            or np.any(np.diff(off) < 0):
+        raise ValueError(f"bad ID offsets {off.tolist()!r} for {len(ids)} IDs")
+    return [np.asarray(ids[a:b], dtype=np.int64) for a, b in zip(off[:-1], off[1:], strict=True)]
+
+
+@dataclass(slots=True)
+class StalenessWindow:
+    """AVFL's bounded staleness on the passive side (one per passive worker).
+
+    The passive worker publishes embeddings without waiting for their gradients, but
+    at most ``bound`` may be outstanding (published, gradient not yet applied or
+    given up). Gradients are applied in publication order (a gradient that arrives
+    early waits in its channel's buffer until the older ones are settled). A gradient
+    is applied to the worker's *current* parameters, so it is stale by the updates
+    made since its embedding was computed; with FIFO application that is at most
+    ``bound − 1`` (the bounded-delay assumption of VFB², Zhang et al., AAAI 2021,
+    and of SSP, Ho et al., NIPS 2013).
+
+    Attributes:
+        bound: the most outstanding batches, >= 1 (1 = synchronous, like ``vfl``).
+        outstanding: batch ids in publication order.
+        updates: gradients applied so far.
+        max_staleness: the largest staleness (updates between an embedding's forward
+            and its gradient's application) seen.
+    """
+
+    bound: int
+    outstanding: deque[int] = field(default_factory=deque)
+    issued_at: dict[int, int] = field(default_factory=dict)
+    updates: int = 0
+    max_staleness: int = 0
+
+    def __post_init__(self) -> None:
+        if self.bound < 1:
+            raise ValueError(f"staleness bound must be >= 1, got {self.bound}")
+
+    @property
+    def full(self) -> bool:
+        """True when no further embedding may be published before a gradient returns."""
+        return len(self.outstanding) >= self.bound
+
+    def issue(self, b: int) -> None:
+        """Record that batch ``b``'s embedding was published.
+
+        Raises:
+            RuntimeError: the window is full (the caller must wait first).
+            ValueError: ``b`` is already outstanding.
+        """
+        if self.full:
+            raise RuntimeError(f"staleness bound {self.bound} reached: wait for a gradient")
+        if b in self.issued_at:
+            raise ValueError(f"batch {b} is already outstanding")
+        self.outstanding.append(b)
+        self.issued_at[b] = self.updates
+
+    def oldest(self) -> int | None:
+        """The batch whose gradient to wait for when the window is full (None if empty)."""
+        return self.outstanding[0] if self.outstanding else None
+
+    def _check_oldest(self, b: int) -> None:
+        if not self.outstanding or self.outstanding[0] != b:
+            raise ValueError(f"batch {b} is not the oldest outstanding batch "
+                             f"({self.oldest()}); gradients are settled in order")
+
+    def applied(self, b: int) -> int:
+        """Record that batch ``b``'s gradient was applied; returns its staleness.
+
+        Raises:
+            ValueError: ``b`` is not the oldest outstanding batch.
+        """
+        self._check_oldest(b)
+        staleness = self.updates - self.issued_at.pop(b)
+        self.outstanding.remove(b)
+        self.updates += 1
+        self.max_staleness = max(self.max_staleness, staleness)
+        return staleness
+
+    def given_up(self, b: int) -> None:
+        """Forget batch ``b`` without an update (its gradient missed the deadline or was
+        skipped by the active party).
+
+        Raises:
+            ValueError: ``b`` is not the oldest outstanding batch.
+        """
+        self._check_oldest(b)
+        del self.issued_at[b]
+        self.outstanding.remove(b)
+
+
+# ---------------------------------------------------------------------------- evaluation
+#: Share of the training rows held out for validation, and the most rows scored.
+VAL_FRAC = 0.1
+VAL_MAX_ROWS = 10_000
+
+
+def validation_split(n_train: int, *, seed: int, frac: float = VAL_FRAC,
+                     max_rows: int = VAL_MAX_ROWS) -> tuple[np.ndarray, np.ndarray]:
+    """Hold out ``round(frac · n_train)`` of the training rows for validation.
+
+    Both parties compute the same split from ``(n_train, seed)``.
+
+    Args:
+        n_train: rows of the training split (positions ``0 .. n_train−1``).
+        seed: the run seed.
+        frac: validation share, in [0, 1).
+        max_rows: the scored subsample's size cap (a fixed, seeded subset).
+
+    Returns:
+        ``(fit, val)``: sorted int64 positions; ``fit`` trains the models, ``val`` (at
+        most ``max_rows`` of the held-out rows) is scored for the validation metric.
+        Held-out rows beyond the cap are used neither for training nor for scoring.
+
+    Raises:
+        ValueError: ``n_train < 0``, ``frac`` outside [0, 1) or ``max_rows < 0``.
+    """
+    if n_train < 0 or not 0.0 <= frac < 1.0 or max_rows < 0:
+        raise ValueError(f"bad validation split: n_train={n_train}, frac={frac}, "
+                         f"max_rows={max_rows}")
+    rng = np.random.default_rng([seed, 0x7A1])
+    perm = rng.permutation(n_train)
+    n_val = int(round(n_train * frac))
+    if n_train - n_val < 1:
+        n_val = 0
+    return np.sort(perm[n_val:]), np.sort(perm[:min(n_val, max_rows)])
+
+
+def eval_segments(n_batches: int, per_epoch: int) -> list[range]:
+    """Batch ids of each segment of an epoch; the validation metric is scored after each.
+
+    Args:
+        n_batches: batches per epoch, >= 1.
+        per_epoch: evaluations per epoch (1, or 4 for quarter epochs), >= 1; capped
+            at ``n_batches``.
+
+    Returns:
+        Contiguous, non-empty ranges covering ``0 .. n_batches−1`` in order.
+
+    Raises:
+        ValueError: an argument < 1.
+    """
+    if n_batches < 1 or per_epoch < 1:
+        raise ValueError(f"need n_batches >= 1 and per_epoch >= 1, got {n_batches}, "
+                         f"{per_epoch}")
+    k = min(per_epoch, n_batches)
+    edges = [round(i * n_batches / k) for i in range(k + 1)]
+    return [range(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def first_reaching(points: list[tuple[float, float]], target: float | None, *,
+                   higher_is_better: bool) -> float | None:
+    """time_to_target: the time of the first ``(time, metric)`` point whose metric reaches
+    ``target`` (``>=`` for AUC, ``<=`` for RMSE); None if none does, or no target.
+    NaN metrics never reach it."""
+    if target is None:
+        return None
+    for t, m in points:
+        if m == m and (m >= target if higher_is_better else m <= target):
+            return t
+    return None

@@ -27,6 +27,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -48,24 +49,42 @@ log = structlog.get_logger(__name__)
 
 
 class WorkerHandle(Protocol):
-    """What a worker coroutine needs from its compute (shapes in the method docs)."""
+    """What a worker coroutine needs from its compute (shapes in the method docs).
+
+    ``rows`` (optional) gives a batch's row positions explicitly (VFL-PS sub-batches);
+    by default they are batch ``b`` of ``epoch``'s plan. ``key`` (default ``b``) names
+    the kept graph of a batch when several parts of one batch are in flight.
+    """
 
     compute_s: float
 
     async def start(self) -> None:
         """Get ready (spawn, load data, pull parameters)."""
 
-    async def forward(self, epoch: int, b: int) -> np.ndarray:
-        """Passive: embedding ``(B, d)`` float32 of batch ``b``; keeps the graph for backward."""
+    async def forward(self, epoch: int, b: int, *, rows: np.ndarray | None = None,
+                      key: int | None = None, snapshot: bool = False) -> np.ndarray:
+        """Passive: embedding ``(B, d)`` float32 of batch ``b``; keeps the graph for backward
+        (on a parameter snapshot with ``snapshot``, see :meth:`PassiveCompute.forward`)."""
 
-    async def backward(self, epoch: int, b: int, grad: np.ndarray) -> None:
-        """Passive: back-propagate the cut-layer gradient ``(B, d)`` of batch ``b``; Adam step."""
+    async def backward(self, epoch: int, key: int, grad: np.ndarray) -> None:
+        """Passive: back-propagate the cut-layer gradient ``(B, d)`` of graph ``key``; Adam
+        step."""
 
-    async def discard(self, b: int) -> None:
-        """Passive: forget the graph of batch ``b`` (its gradient never came)."""
+    async def discard(self, key: int) -> None:
+        """Passive: forget graph ``key`` (its gradient never came)."""
 
-    async def step(self, epoch: int, b: int, emb: np.ndarray) -> tuple[float, np.ndarray]:
-        """Active: own bottom + top forward/backward with the passive embedding ``(B, d)``.
+    async def prefetch(self, epoch: int, b: int, *, rows: np.ndarray | None = None,
+                       key: int | None = None) -> None:
+        """Active: compute the own bottom embedding of batch ``b`` now (while waiting for
+        the passive embedding); :meth:`step` with the same key uses it."""
+
+    async def step(self, epoch: int, b: int, emb: np.ndarray, *,
+                   rows: np.ndarray | None = None, key: int | None = None,
+                   on_grad: Callable[[np.ndarray], None] | None = None
+                   ) -> tuple[float, np.ndarray]:
+        """Active: own bottom (unless prefetched) + top forward/backward with the passive
+        embedding ``(B, d)``; ``on_grad`` is called on the event loop with the cut-layer
+        gradient as soon as it exists, before the own bottom's backward.
 
         Returns ``(loss, grad)`` with ``grad`` the ``(B, d)`` float32 cut-layer gradient.
         """
@@ -73,8 +92,22 @@ class WorkerHandle(Protocol):
     async def flush(self) -> None:
         """Push any pending update to the parameter server and pull."""
 
+    async def push(self) -> None:
+        """Push the local change, without pulling (barrier sync, first half)."""
+
+    async def pull(self) -> None:
+        """Load the global parameters (barrier sync, second half)."""
+
     async def close(self) -> None:
         """Stop; idempotent."""
+
+
+def sync_mode_for(algo: str) -> str:
+    """The replicas' sync mode under ``algo`` (:data:`parties.model.SYNC_MODES`):
+    ``pubsub`` every ΔT_t steps, ``avfl-ps`` every step (asynchronous PS), the others
+    only when the party syncs (``vfl-ps``: a barrier every iteration; ``vfl``/``avfl``:
+    one worker, synced at evaluation points)."""
+    return {"pubsub": "schedule", "avfl-ps": "step"}.get(algo, "manual")
 
 
 class _Rows:
@@ -116,7 +149,8 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
         y = torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.float32))
         return ActiveCompute(x, y, make_bottom, lambda: top_model(cfg.embedding_dim,
                                                                   cfg.top_hidden),
-                             ps, lr=cfg.lr, delta_t0=cfg.delta_t0, task=cfg.effective_task)
+                             ps, lr=cfg.lr, delta_t0=cfg.delta_t0, task=cfg.effective_task,
+                             sync_mode=sync_mode_for(cfg.algo))
     plan = plan_from_config(cfg)
     privatize = None
     if plan is not None:
@@ -125,7 +159,7 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
         privatize = EmbeddingPrivatizer(clip_norm=plan.clip_norm,
                                         noise_multiplier=plan.noise_multiplier, seed=noise_seed)
     return PassiveCompute(x, make_bottom, ps, lr=cfg.lr, delta_t0=cfg.delta_t0,
-                          privatize=privatize)
+                          privatize=privatize, sync_mode=sync_mode_for(cfg.algo))
 
 
 # ---------------------------------------------------------------------------- threads
@@ -143,7 +177,7 @@ class ThreadWorker:
         self.compute = make_compute(role, cfg, x_train, y_train, ps, noise_seed=noise_seed)
         self.rows = _Rows(x_train.shape[0], cfg)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{role}-worker")
-        self._graphs: dict[int, torch.Tensor] = {}
+        self._graphs: dict[int, Any] = {}
         self.compute_s = 0.0
 
     async def start(self) -> None:
@@ -159,31 +193,55 @@ class ThreadWorker:
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, timed)
 
-    async def forward(self, epoch: int, b: int) -> np.ndarray:
-        assert isinstance(self.compute, PassiveCompute)
-        h, h_np = await self._call(self.compute.forward, self.rows(epoch, b))
-        self._graphs[b] = h
+    async def forward(self, epoch: int, b: int, *, rows: np.ndarray | None = None,
+                      key: int | None = None, snapshot: bool = False) -> np.ndarray:
+        compute = self.compute
+        assert isinstance(compute, PassiveCompute)
+        r = self.rows(epoch, b) if rows is None else rows
+        graph, h_np = await self._call(lambda: compute.forward(r, snapshot=snapshot))
+        self._graphs[b if key is None else key] = graph
         return h_np
 
-    async def backward(self, epoch: int, b: int, grad: np.ndarray) -> None:
+    async def backward(self, epoch: int, key: int, grad: np.ndarray) -> None:
         assert isinstance(self.compute, PassiveCompute)
-        await self._call(self.compute.backward, self._graphs.pop(b), grad, epoch)
+        await self._call(self.compute.backward, self._graphs.pop(key), grad, epoch)
 
-    async def discard(self, b: int) -> None:
-        self._graphs.pop(b, None)
+    async def discard(self, key: int) -> None:
+        self._graphs.pop(key, None)
 
-    async def step(self, epoch: int, b: int, emb: np.ndarray) -> tuple[float, np.ndarray]:
+    async def prefetch(self, epoch: int, b: int, *, rows: np.ndarray | None = None,
+                       key: int | None = None) -> None:
         compute = self.compute
         assert isinstance(compute, ActiveCompute)
-        rows = self.rows(epoch, b)
+        r = self.rows(epoch, b) if rows is None else rows
+        self._graphs[b if key is None else key] = await self._call(compute.forward_own, r)
+
+    async def step(self, epoch: int, b: int, emb: np.ndarray, *,
+                   rows: np.ndarray | None = None, key: int | None = None,
+                   on_grad: Callable[[np.ndarray], None] | None = None
+                   ) -> tuple[float, np.ndarray]:
+        compute = self.compute
+        assert isinstance(compute, ActiveCompute)
+        r = self.rows(epoch, b) if rows is None else rows
+        h_own = self._graphs.pop(b if key is None else key, None)
+        loop = asyncio.get_running_loop()
+        early = None if on_grad is None else (
+            lambda g: loop.call_soon_threadsafe(on_grad, g))
 
         def run() -> tuple[float, np.ndarray]:
-            return compute.top_step(compute.forward_own(rows), emb, rows, epoch)
+            h = compute.forward_own(r) if h_own is None else h_own
+            return compute.top_step(h, emb, r, epoch, on_grad=early)
 
         return await self._call(run)
 
     async def flush(self) -> None:
         await self._call(self.compute.replica.sync)
+
+    async def push(self) -> None:
+        await self._call(self.compute.replica.push)
+
+    async def pull(self) -> None:
+        await self._call(self.compute.replica.pull)
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -223,6 +281,7 @@ class ProcessWorker:
         self._sock: zmq.asyncio.Socket | None = None
         self._proc: Any = None
         self._closed = False
+        self._on_grad: Callable[[np.ndarray], None] | None = None
 
     async def start(self) -> None:
         endpoint = f"ipc://{self.data_dir}/worker-{self.role}-{self.index}.sock"
@@ -273,6 +332,10 @@ class ProcessWorker:
                 continue
             if msg.topic == "error":
                 raise WorkerFailed(self.index, str(msg.meta.get("error")))
+            if msg.topic == "early_grad":
+                if self._on_grad is not None:
+                    self._on_grad(np.array(msg.arrays[0]))
+                continue
             self.compute_s = float(msg.meta.get("cs", self.compute_s))
             return msg
 
@@ -281,21 +344,53 @@ class ProcessWorker:
         await self._send(cmd, arrays, meta)
         return await self._recv(self.reply_timeout_s)
 
-    async def forward(self, epoch: int, b: int) -> np.ndarray:
-        return (await self._rpc("forward", (), {"e": epoch, "b": b})).arrays[0]
+    @staticmethod
+    def _meta(epoch: int, b: int, key: int | None, rows: np.ndarray | None
+              ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        meta: dict[str, Any] = {"e": epoch, "b": b, "k": b if key is None else key}
+        if rows is None:
+            return (), meta
+        meta["r"] = True
+        return (np.ascontiguousarray(rows, dtype=np.int64),), meta
 
-    async def backward(self, epoch: int, b: int, grad: np.ndarray) -> None:
-        await self._rpc("backward", (grad,), {"e": epoch, "b": b})
+    async def forward(self, epoch: int, b: int, *, rows: np.ndarray | None = None,
+                      key: int | None = None, snapshot: bool = False) -> np.ndarray:
+        arrays, meta = self._meta(epoch, b, key, rows)
+        meta["s"] = snapshot
+        return (await self._rpc("forward", arrays, meta)).arrays[0]
 
-    async def discard(self, b: int) -> None:
-        await self._rpc("discard", (), {"b": b})
+    async def backward(self, epoch: int, key: int, grad: np.ndarray) -> None:
+        await self._rpc("backward", (grad,), {"e": epoch, "k": key})
 
-    async def step(self, epoch: int, b: int, emb: np.ndarray) -> tuple[float, np.ndarray]:
-        msg = await self._rpc("step", (emb,), {"e": epoch, "b": b})
+    async def discard(self, key: int) -> None:
+        await self._rpc("discard", (), {"k": key})
+
+    async def prefetch(self, epoch: int, b: int, *, rows: np.ndarray | None = None,
+                       key: int | None = None) -> None:
+        arrays, meta = self._meta(epoch, b, key, rows)
+        await self._rpc("prefetch", arrays, meta)
+
+    async def step(self, epoch: int, b: int, emb: np.ndarray, *,
+                   rows: np.ndarray | None = None, key: int | None = None,
+                   on_grad: Callable[[np.ndarray], None] | None = None
+                   ) -> tuple[float, np.ndarray]:
+        arrays, meta = self._meta(epoch, b, key, rows)
+        meta["g"] = on_grad is not None
+        self._on_grad = on_grad
+        try:
+            msg = await self._rpc("step", (emb, *arrays), meta)
+        finally:
+            self._on_grad = None
         return float(msg.meta["loss"]), msg.arrays[0]
 
     async def flush(self) -> None:
         await self._rpc("flush")
+
+    async def push(self) -> None:
+        await self._rpc("sync_push")
+
+    async def pull(self) -> None:
+        await self._rpc("sync_pull")
 
     async def close(self) -> None:
         if self._closed:
@@ -397,7 +492,7 @@ def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
     y_train = np.load(Path(data_dir) / "y_train.npy") if role == "active" else None
     compute = make_compute(role, cfg, x_train, y_train, _RemotePS(sock), noise_seed=noise_seed)
     rows = _Rows(x_train.shape[0], cfg)
-    graphs: dict[int, torch.Tensor] = {}
+    graphs: dict[int, Any] = {}
     compute_s = 0.0
     sock.send_multipart(encode("ready"))
     while True:
@@ -411,28 +506,43 @@ def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
         if cmd == "stop":
             return
         try:
+            out: tuple[Any, ...] = ()
+            reply: dict[str, Any] = {}
+            if cmd in ("forward", "prefetch", "step"):
+                arrays = msg.arrays[1:] if cmd == "step" else msg.arrays
+                r = (np.array(arrays[0], dtype=np.int64) if meta.get("r")
+                     else rows(meta["e"], meta["b"]))
             if cmd == "forward":
                 assert isinstance(compute, PassiveCompute)
-                h, h_np = compute.forward(rows(meta["e"], meta["b"]))
-                graphs[meta["b"]] = h
-                out: tuple[Any, ...] = (h_np,)
-                reply: dict[str, Any] = {}
+                graph, h_np = compute.forward(r, snapshot=bool(meta.get("s")))
+                graphs[meta["k"]] = graph
+                out = (h_np,)
             elif cmd == "backward":
                 assert isinstance(compute, PassiveCompute)
-                compute.backward(graphs.pop(meta["b"]), msg.arrays[0], meta["e"])
-                out, reply = (), {}
+                compute.backward(graphs.pop(meta["k"]), msg.arrays[0], meta["e"])
             elif cmd == "discard":
-                graphs.pop(meta["b"], None)
-                out, reply = (), {}
+                graphs.pop(meta["k"], None)
+            elif cmd == "prefetch":
+                assert isinstance(compute, ActiveCompute)
+                graphs[meta["k"]] = compute.forward_own(r)
             elif cmd == "step":
                 assert isinstance(compute, ActiveCompute)
-                r = rows(meta["e"], meta["b"])
-                loss, grad = compute.top_step(compute.forward_own(r), msg.arrays[0], r,
-                                              meta["e"])
+                h_own = graphs.pop(meta["k"], None)
+                if h_own is None:
+                    h_own = compute.forward_own(r)
+
+                def early(g: np.ndarray) -> None:
+                    sock.send_multipart(encode("early_grad", (g,)))
+
+                loss, grad = compute.top_step(h_own, msg.arrays[0], r, meta["e"],
+                                              on_grad=early if meta.get("g") else None)
                 out, reply = (grad,), {"loss": loss}
             elif cmd == "flush":
                 compute.replica.sync()
-                out, reply = (), {}
+            elif cmd == "sync_push":
+                compute.replica.push()
+            elif cmd == "sync_pull":
+                compute.replica.pull()
             else:
                 raise ValueError(f"unknown worker command {cmd!r}")
         except Exception as exc:  # noqa: BLE001 - reported to the parent, then exit

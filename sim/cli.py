@@ -34,9 +34,11 @@ def _vfl_run(args: argparse.Namespace) -> int:
     cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: run_guarded, exit 2
     if args.run_id:
         check_run_id(args.run_id)
-    print(f"PubSub-VFL: {cfg.dataset} ({cfg.effective_task}), "
+    name = "PubSub-VFL" if cfg.algo == "pubsub" else f"VFL baseline {cfg.algo}"
+    print(f"{name}: {cfg.dataset} ({cfg.effective_task}), "
           f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}, B={cfg.batch_size}, "
-          f"workers {cfg.w_active}+{cfg.w_passive}, out {args.out}", flush=True)
+          f"workers {cfg.workers_for('active')}+{cfg.workers_for('passive')}, out {args.out}",
+          flush=True)
     try:
         res = run_vfl(cfg, args.out, broker=args.broker, run_id=args.run_id,
                       timeout_s=args.timeout_s)
@@ -63,6 +65,10 @@ def _vfl_run(args: argparse.Namespace) -> int:
     pp = m["parties"].get("passive", {})
     print(f"test_{m['metric_name']} {format_metric(m['metric'])}  wall {m['wall_s']:.1f} s "
           f"(training {m['train_wall_s']:.1f} s)  {m['train_samples_per_s']:,.0f} samples/s")
+    if m.get("target_metric") is not None:
+        ttt = m.get("time_to_target_s")
+        print(f"time to validation {m['metric_name']} {m['target_metric']:g}: "
+              + (f"{ttt:.2f} s of training" if ttt is not None else "not reached"))
     print(f"cpu_util active {pa['cpu_util']:.2f} passive {pp.get('cpu_util', float('nan')):.2f}  "
           f"broker bytes emb {m['broker_bytes']['emb']:,} grad {m['broker_bytes']['grad']:,}  "
           f"dropped {m['dropped_batches']}")
@@ -146,7 +152,8 @@ def _add_vfl_run_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         p.add_argument("--dataset", help="a named dataset (bank, adult, california, synthetic) "
                        "or a CSV/Parquet path (then also --set label=COL, optionally "
                        "task=regression and active_columns/passive_columns)")
-        p.add_argument("--algo", help="coordination algorithm (pubsub)")
+        p.add_argument("--algo", help="coordination algorithm: pubsub (default), vfl, vfl-ps, "
+                       "avfl, avfl-ps (same as --set algo=...)")
     p.add_argument("--out", default=DEFAULT_DEMO_OUT if demo else None, required=not demo,
                    help="run directory (may exist; files are overwritten)")
     p.add_argument("--config", help="TOML file with a [vfl] table")

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from parties.data import load_table, train_test_indices
+from parties.schedule import validation_split
 
 PSFL = [sys.executable, "-m", "sim.cli"]
 
@@ -42,12 +43,15 @@ def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path,
     epochs, d = 3, 16
     res = _psfl("vfl", "run", "--dataset", str(bank_sample), "--out", str(out),
                 "--set", "label=y", "--set", f"epochs={epochs}", "--set", f"embedding_dim={d}",
-                "--set", "batch_size=128", "--set", f"worker_mode={worker_mode}")
+                "--set", "batch_size=128", "--set", f"worker_mode={worker_mode}",
+                # two workers' updates are averaged (local SGD): a few more steps' worth
+                "--set", "lr=3e-3")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Traceback" not in res.stderr
     m = orjson.loads((out / "metrics.json").read_bytes())
     for key in ("algo", "dataset", "test_auc", "epochs", "wall_s", "train_samples_per_s",
-                "bytes_sent", "broker_bytes", "dropped_batches", "reassigned_batches"):
+                "bytes_sent", "broker_bytes", "dropped_batches", "reassigned_batches",
+                "time_to_target_s", "target_metric", "history", "eval_s"):
         assert key in m, key
     assert m["epochs"] == epochs and m["algo"] == "pubsub"
     assert m["parties"]["active"]["worker_mode"] == worker_mode
@@ -59,7 +63,7 @@ def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path,
         assert 0.0 < p["cpu_util"] <= 1.0
         assert p["wait_s_per_epoch"] >= 0.0
     # the training really crossed the broker: rows x epochs x width x 4 bytes each way
-    n_train = 4000 - round(4000 * 0.3)
+    n_train = len(validation_split(4000 - round(4000 * 0.3), seed=0)[0])  # 90 %: 10 % val
     expected = n_train * epochs * d * 4
     assert m["dropped_batches"] == 0
     for channel in ("emb", "grad"):
@@ -157,10 +161,11 @@ def test_regression_run_on_california_reports_rmse(tmp_path: Path) -> None:
     y = frame[label].to_numpy()
     baseline = float(np.sqrt(np.mean((y[test] - y[train].mean()) ** 2)))
     assert rmse < 0.75 * baseline, (rmse, baseline)
-    assert [h["metric"] for h in m["history"]] == [h["test_rmse"] for h in m["history"]]
+    assert [h["metric"] for h in m["history"]] == [h["val_rmse"] for h in m["history"]]
     assert len(m["history"]) == 3
+    assert m["target_metric"] is None and m["time_to_target_s"] is None  # no default target
     epoch_lines = [x for x in res.stdout.splitlines() if x.startswith("epoch ")]
-    assert len(epoch_lines) == 3 and all("test_rmse" in x for x in epoch_lines), res.stdout
+    assert len(epoch_lines) == 3 and all("val_rmse" in x for x in epoch_lines), res.stdout
     assert "test_auc" not in res.stdout
     assert f"test_rmse {rmse:.4f}" in res.stdout  # the launcher's and the party's summaries
 

@@ -40,10 +40,12 @@ def test_dp_run_reports_spent_budget_within_the_target(
     dp = m["dp"]
     assert dp["enabled"] is True and dp["target_mu"] == mu
     assert 0 < dp["mu"] <= mu
-    # no deadline was missed: every record published once per epoch (batches and evaluations)
+    # no deadline was missed: every training record published once per epoch, every
+    # validation record once per validation scoring (each epoch), the test split once
     assert m["dropped_batches"] == 0
     assert dp["publications_max"] == dp["publications_max_train"] == epochs
-    assert dp["publications_max_test"] == epochs and dp["published_evaluations"] == epochs
+    assert dp["publications_max_val"] == epochs and dp["publications_max_test"] == 1
+    assert dp["published_evaluations"] == epochs + 1
     planned = epochs * (1 + cfg["max_reassign"])
     assert dp["publications_planned"] == planned
     assert dp["noise_multiplier"] == pytest.approx(math.sqrt(planned) / mu)

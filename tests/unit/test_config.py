@@ -136,11 +136,32 @@ def test_shared_settings_carry_the_task_and_synthetic_parameters() -> None:
 
 
 def test_zero_t_ddl_means_no_deadline_and_cpus_are_per_role() -> None:
-    from parties.config import NO_DEADLINE_S
-
     c = load_vfl_config(None, ["t_ddl_s=0", "active_cpus=[0]", "passive_cpus=[1]"])
-    assert c.deadline_s == NO_DEADLINE_S and VflConfig().deadline_s == 10.0
     assert (c.cpus("active"), c.cpus("passive")) == ((0,), (1,))
     assert VflConfig().cpus("active") == ()
     # pinning is each party's own business: it never blocks the handshake
     assert c.shared_settings(10) == VflConfig(t_ddl_s=0).shared_settings(10)
+
+
+def test_algorithm_keys_and_ablation_values() -> None:
+    from parties.config import ALGOS, load_vfl_config
+
+    assert ALGOS == ("pubsub", "vfl", "vfl-ps", "avfl", "avfl-ps")
+    for algo in ALGOS:
+        assert load_vfl_config(sets=[f"algo={algo}"]).algo == algo
+    cfg = load_vfl_config(sets=["t_ddl_s=0", "delta_t0=1"])  # the ablations
+    assert cfg.t_ddl_s == 0 and cfg.delta_t0 == 1
+    assert load_vfl_config().effective_target == 0.92  # bank
+    assert load_vfl_config(sets=["dataset=adult"]).effective_target == 0.90
+    assert load_vfl_config(sets=["dataset=california"]).effective_target is None
+    assert load_vfl_config(sets=["dataset=california",
+                                 "target_metric=0.6"]).effective_target == 0.6
+    assert load_vfl_config(sets=["dataset=synthetic"]).evals_per_epoch == 4
+    a = load_vfl_config(sets=["algo=vfl-ps", "w_active=3"]).shared_settings(100)
+    b = load_vfl_config(sets=["algo=vfl-ps", "w_passive=3"]).shared_settings(100)
+    assert a["pairs"] == b["pairs"] == 2 and a["digest"] == b["digest"]
+    for bad, key in ((["staleness_bound=0"], "vfl.staleness_bound"),
+                     (["target_metric=nan"], "vfl.target_metric"),
+                     (["algo=VFL"], "vfl.algo")):
+        with pytest.raises(ConfigError, match=key):
+            load_vfl_config(sets=bad)

@@ -1,0 +1,101 @@
+"""Every coordination algorithm end to end: it trains on a sample of bank, writes the same
+metrics.json fields, and a passive party that dies mid-run ends the active party with the
+PARTNER exit code within the liveness timeout, never a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from parties.data import load_table
+
+PSFL = [sys.executable, "-m", "sim.cli"]
+ALGOS = ["pubsub", "vfl", "vfl-ps", "avfl", "avfl-ps"]
+
+
+@pytest.fixture(scope="module")
+def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    frame, _ = load_table("bank")
+    path = tmp_path_factory.mktemp("data") / "bank_sample.csv"
+    frame.sample(n=4000, random_state=0).to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize(("algo", "worker_mode"), [(a, "thread") for a in ALGOS]
+                         + [("vfl-ps", "process"), ("avfl-ps", "process")])
+def test_every_algorithm_trains_and_reports_the_same_fields(bank_sample: Path, tmp_path: Path,
+                                                            algo: str, worker_mode: str) -> None:
+    out = tmp_path / "run"
+    res = subprocess.run([*PSFL, "vfl", "run", "--dataset", str(bank_sample), "--algo", algo,
+                          "--out", str(out), "--set", "label=y", "--set", "epochs=3",
+                          "--set", "batch_size=128", "--set", "lr=3e-3",
+                          "--set", "target_metric=0.6", "--set", f"worker_mode={worker_mode}",
+                          "--timeout-s", "120"],
+                         capture_output=True, text=True, timeout=150)
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = orjson.loads((out / "metrics.json").read_bytes())
+    assert m["algo"] == algo and m["dropped_batches"] == 0
+    assert 0.7 < m["test_auc"] <= 1.0
+    assert m["target_metric"] == 0.6
+    assert m["time_to_target_s"] is not None and 0 < m["time_to_target_s"] <= m["train_wall_s"]
+    assert len(m["history"]) == 3
+    for h in m["history"]:
+        for key in ("epoch", "metric", "val_auc", "loss", "train_wall_s", "wall_s", "wait_s",
+                    "cpu_util", "samples_per_s"):
+            assert key in h, (key, h)
+    walls = [h["train_wall_s"] for h in m["history"]]
+    assert walls == sorted(walls) and walls[-1] == pytest.approx(m["train_wall_s"])
+    workers = {"pubsub": 2, "vfl": 1, "vfl-ps": 2, "avfl": 1, "avfl-ps": 2}[algo]
+    assert m["parties"]["active"]["workers"] == m["parties"]["passive"]["workers"] == workers
+    if algo == "vfl-ps":
+        assert m["broker_bytes"]["ids"] > 0  # the active PS broadcast the ID subsets
+    if algo.startswith("avfl"):
+        assert 0 <= m["parties"]["passive"]["max_staleness"] < 5  # staleness_bound = 5
+
+
+def _wait_for_event(path: Path, event: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and f'"event":"{event}"' in path.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {event} in {path} within {timeout_s} s")
+
+
+@pytest.mark.parametrize(("algo", "extra"), [(a, ()) for a in ALGOS]
+                         + [("pubsub", ("t_ddl_s=0",))])
+def test_a_dead_passive_party_ends_the_active_with_the_partner_code(
+        broker, bank_sample: Path, tmp_path: Path, algo: str, extra: tuple[str, ...]) -> None:
+    liveness = 3.0
+    sets = [f"dataset={bank_sample}", "label=y", f"algo={algo}", "epochs=1000",
+            "batch_size=64", f"liveness_timeout_s={liveness}", "heartbeat_interval_s=0.5",
+            "handshake_timeout_s=60", *extra]
+    common = ["vfl", "party", "--broker", broker.address, "--run-id", f"kill-{algo}"]
+    for s in sets:
+        common += ["--set", s]
+    procs = {role: subprocess.Popen([*PSFL, *common, "--role", role, "--out",
+                                     str(tmp_path / role), "--quiet"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for role in ("passive", "active")}
+    try:
+        _wait_for_event(tmp_path / "active" / "events.jsonl", "vfl.epoch_done", 90)
+        os.kill(procs["passive"].pid, signal.SIGKILL)
+        t_kill = time.monotonic()
+        _, err = procs["active"].communicate(timeout=liveness + 30)
+        elapsed = time.monotonic() - t_kill
+        assert procs["active"].returncode == 4, err[-2000:]
+        assert "Traceback" not in err and "passive party" in err, err[-2000:]
+        # the liveness timeout plus the time to stop the workers and leave the bus
+        assert elapsed < liveness + 6, elapsed
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.communicate(timeout=10)

@@ -1,0 +1,99 @@
+"""Parameter-server rule, barrier sync, AVFL's snapshot backward, the early cut-layer gradient."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from parties.model import (
+    ActiveCompute,
+    ParameterServer,
+    PassiveCompute,
+    bottom_model,
+    flat_params,
+    top_model,
+)
+
+
+def test_ps_averages_the_workers_changes() -> None:
+    ps = ParameterServer(torch.zeros(3), workers=2)
+    ps.push(torch.tensor([2.0, 0.0, 4.0]))
+    theta = ps.push(torch.tensor([0.0, 2.0, 4.0]))
+    # both workers started from 0: the result is the average of their models
+    assert torch.equal(theta, torch.tensor([1.0, 1.0, 4.0]))
+    one = ParameterServer(torch.zeros(2))
+    assert torch.equal(one.push(torch.ones(2)), torch.ones(2))
+    with pytest.raises(ValueError, match="workers"):
+        ParameterServer(torch.zeros(2), workers=0)
+    with pytest.raises(ValueError, match="shape"):
+        ps.push(torch.zeros(4))
+
+
+def _passive(ps: ParameterServer, x: torch.Tensor, mode: str) -> PassiveCompute:
+    torch.manual_seed(0)
+    return PassiveCompute(x, lambda: bottom_model(4, (8,), 3), ps, lr=1e-2, delta_t0=5,
+                          sync_mode=mode)
+
+
+def test_barrier_sync_gives_the_mean_of_the_replicas() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(20, 4)
+    ps = ParameterServer(flat_params([bottom_model(4, (8,), 3)]), workers=2)
+    theta0 = ps.pull()
+    a, b = _passive(ps, x, "manual"), _passive(ps, x, "manual")
+    for w, rows in ((a, np.arange(0, 10)), (b, np.arange(10, 20))):
+        g, _ = w.forward(rows)
+        w.backward(g, np.ones((10, 3), np.float32), epoch=0)
+    assert torch.equal(ps.pull(), theta0)  # manual: nothing pushed yet
+    wa, wb = flat_params([a.bottom]), flat_params([b.bottom])
+    a.replica.push()
+    b.replica.push()
+    a.replica.pull()
+    b.replica.pull()
+    torch.testing.assert_close(ps.pull(), (wa + wb) / 2)
+    torch.testing.assert_close(flat_params([a.bottom]), (wa + wb) / 2)
+
+
+def test_snapshot_forward_gives_the_stale_gradient_at_the_old_parameters() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(16, 4)
+    ps = ParameterServer(flat_params([bottom_model(4, (8,), 3)]))
+    w = _passive(ps, x, "manual")
+    ref = _passive(ps, x, "manual")  # same init, live graphs
+    rows0, rows1 = np.arange(8), np.arange(8, 16)
+    grad = np.full((8, 3), 0.5, np.float32)
+    g0, h0 = w.forward(rows0, snapshot=True)
+    g1, _ = w.forward(rows1, snapshot=True)
+    w.backward(g1, grad, epoch=0)  # batch 1's update happens first ...
+    w.backward(g0, grad, epoch=0)  # ... and batch 0's gradient is still the one at θ_0
+    r0, rh0 = ref.forward(rows0)
+    np.testing.assert_allclose(h0, rh0, atol=1e-6)
+    r0.h.backward(torch.from_numpy(grad))
+    expected = [p.grad.clone() for p in ref.replica.params]
+    ref.replica.opt.zero_grad()
+    g0b, _ = ref.forward(rows0, snapshot=True)
+    got = torch.autograd.grad(g0b.h, g0b.snapshot, torch.from_numpy(grad))
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(e, g)
+
+
+def test_active_publishes_the_cut_layer_gradient_before_its_own_backward() -> None:
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 4), (torch.rand(8) > 0.5).float()
+    mods = [bottom_model(4, (8,), 3), top_model(3, (4,))]
+    ps = ParameterServer(flat_params(mods))
+    a = ActiveCompute(x, y, lambda: bottom_model(4, (8,), 3), lambda: top_model(3, (4,)), ps,
+                      lr=1e-2, delta_t0=5)
+    seen: list[np.ndarray] = []
+    before = flat_params([a.bottom])
+
+    def on_grad(g: np.ndarray) -> None:
+        seen.append(g.copy())
+        assert torch.equal(flat_params([a.bottom]), before)  # own step not taken yet
+
+    rows = np.arange(8)
+    emb = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+    loss, grad = a.top_step(a.forward_own(rows), emb, rows, epoch=0, on_grad=on_grad)
+    assert len(seen) == 1 and np.array_equal(seen[0], grad) and grad.shape == (8, 3)
+    assert not torch.equal(flat_params([a.bottom]), before) and loss > 0
