@@ -78,6 +78,18 @@ class TopicBuffer(Generic[T]):
         self.nbytes += nbytes
         return out
 
+    def try_append(self, item: T, nbytes: int) -> bool:
+        """Append ``item`` if it fits without evicting anything; True if appended.
+
+        The reader's fast path; :meth:`put` handles the rest.
+        """
+        lim = self.limits
+        if len(self._items) < lim.max_msgs and self.nbytes + nbytes <= lim.max_bytes:
+            self._items.append((item, nbytes))
+            self.nbytes += nbytes
+            return True
+        return False
+
     def push_front(self, item: T, nbytes: int) -> None:
         """Put ``item`` back at the head (used when a waiter gave up a handed-over item).
 

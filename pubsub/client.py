@@ -47,7 +47,7 @@ from zmq.backend import Socket as _Backend
 from pubsub.address import BrokerAddress
 from pubsub.buffer import BufferLimits, TopicBuffer
 from pubsub.codec import Message, decode, encode, topic_frame, validate_topic
-from pubsub.wire import recv_envelope, send_envelope
+from pubsub.wire import recv_rest, send_envelope
 from pubsub.errors import (
     BrokerUnreachable,
     BusClosed,
@@ -62,6 +62,9 @@ log = structlog.get_logger(__name__)
 PROBE_CLASS = "_bus"
 _NOBLOCK = int(zmq.NOBLOCK)
 _send = _Backend.send
+_recv = _Backend.recv
+_get = _Backend.get
+_RCVMORE = int(zmq.RCVMORE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -251,6 +254,7 @@ class Bus:
         self._prefix_limits: dict[str, BufferLimits] = {}
         self._waiters: dict[str, deque[asyncio.Future[Message]]] = {}
         self._buffered_bytes = 0
+        self._total_max_bytes = self.config.total_max_bytes
         self._pub_seq: dict[str, int] = {}
         self._recv_seq: dict[tuple[str, str], int] = {}
         self._stats = BusStats()
@@ -791,10 +795,13 @@ class Bus:
         try:
             for _ in range(self.config.drain_burst):
                 try:
-                    frames = recv_envelope(sub, _NOBLOCK)
+                    f = _recv(sub, _NOBLOCK, True, False)  # frame 0 as bytes
                 except zmq.Again:
                     return
-                on_frames(frames)
+                if _get(sub, _RCVMORE):
+                    on_frames(recv_rest(sub, f))
+                else:
+                    on_frames((f,))
                 if self._paused is not None:
                     return
             self._schedule_drain()  # burst used up: let waiters run, then go on
@@ -802,7 +809,7 @@ class Bus:
             if not self._closed:
                 self._log.error("bus.reader_failed", error=repr(exc))
 
-    def _on_frames(self, frames: list[Any]) -> None:
+    def _on_frames(self, frames: Sequence[Any]) -> None:
         """Decode, check subscription and sequence, count, and deliver one envelope."""
         try:
             msg = decode(frames)
@@ -866,6 +873,13 @@ class Bus:
 
     def _buffer(self, msg: Message) -> None:
         topic = msg.topic
+        nb = msg.nbytes
+        if self._buffered_bytes + nb <= self._total_max_bytes:
+            buf = self._buffers.get(topic)
+            if buf is not None and buf.try_append(msg, nb):  # room: the common case
+                self._buffered_bytes += nb
+                self._overflow_episode = False
+                return
         if self.config.overflow == "block" and not self._fits(msg):
             lim = self._limits_for(topic)
             if len(self._buffers.get(topic, ())) or msg.nbytes <= min(

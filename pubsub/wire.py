@@ -38,6 +38,15 @@ def recv_envelope(sock: zmq.Socket, flags: int = 0) -> list[Any]:
     return frames
 
 
+def recv_rest(sock: zmq.Socket, first: bytes) -> list[Any]:
+    """The frames of a multipart message whose frame 0 (``first``) was just received:
+    ``[first, zmq.Frame, ...]`` (payload frames zero-copy)."""
+    frames: list[Any] = [first]
+    while _get(sock, _RCVMORE):
+        frames.append(_recv(sock, 0, False, False))
+    return frames
+
+
 def send_envelope(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
     """Send one multipart message. ``zmq.Frame`` and ``memoryview`` frames of
     :data:`ZERO_COPY_BYTES` and more go without copying (ZeroMQ keeps a reference
