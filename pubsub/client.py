@@ -149,6 +149,8 @@ class BusStats:
         broker_losses / broker_recoveries: keepalive outages seen and ended.
         slow_episodes: times a topic buffer filled up (evicting under ``drop``, pausing
             the reader under ``block``); logged once per episode.
+        reader_errors: received messages lost to an unexpected error while handling
+            them (a bug; logged as ``bus.reader_error``); the reader keeps going.
     """
 
     sent_msgs: dict[str, int] = field(default_factory=dict)
@@ -163,6 +165,7 @@ class BusStats:
     broker_losses: int = 0
     broker_recoveries: int = 0
     slow_episodes: int = 0
+    reader_errors: int = 0
 
     def copy(self) -> BusStats:
         """A deep copy."""
@@ -179,6 +182,7 @@ class BusStats:
             broker_losses=self.broker_losses,
             broker_recoveries=self.broker_recoveries,
             slow_episodes=self.slow_episodes,
+            reader_errors=self.reader_errors,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -196,6 +200,7 @@ class BusStats:
             "broker_losses": self.broker_losses,
             "broker_recoveries": self.broker_recoveries,
             "slow_episodes": self.slow_episodes,
+            "reader_errors": self.reader_errors,
         }
 
 
@@ -256,7 +261,8 @@ class Bus:
         self._buffered_bytes = 0
         self._total_max_bytes = self.config.total_max_bytes
         self._pub_seq: dict[str, int] = {}
-        self._recv_seq: dict[tuple[str, str], int] = {}
+        self._recv_seq: dict[tuple[str, str], list[Any]] = {}
+        self._recv_counts: dict[str, list[int]] = {}  # class -> [msgs, bytes] received
         self._stats = BusStats()
         self._slow_topics: set[str] = set()  # topics in a slow-consumer episode
         self._overflow_episode = False
@@ -751,7 +757,10 @@ class Bus:
 
     def stats(self) -> BusStats:
         """A snapshot of this client's counters."""
-        return self._stats.copy()
+        st = self._stats
+        st.recv_msgs = {c: v[0] for c, v in self._recv_counts.items()}
+        st.recv_bytes = {c: v[1] for c, v in self._recv_counts.items()}
+        return st.copy()
 
     def _limits_for(self, topic: str) -> BufferLimits:
         lim = self._topic_limits.get(topic)
@@ -798,16 +807,27 @@ class Bus:
                     f = _recv(sub, _NOBLOCK, True, False)  # frame 0 as bytes
                 except zmq.Again:
                     return
-                if _get(sub, _RCVMORE):
-                    on_frames(recv_rest(sub, f))
-                else:
-                    on_frames((f,))
+                try:
+                    on_frames(recv_rest(sub, f) if _get(sub, _RCVMORE) else (f,))
+                except Exception as exc:  # noqa: BLE001 - the reader must outlive any bug
+                    # an exception escaping this callback would leave the socket holding
+                    # messages with its edge-like ZMQ_FD already consumed: a silent stall
+                    self._reader_error(exc)
                 if self._paused is not None:
                     return
             self._schedule_drain()  # burst used up: let waiters run, then go on
         except zmq.ZMQError as exc:
             if not self._closed:
                 self._log.error("bus.reader_failed", error=repr(exc))
+
+    def _reader_error(self, exc: Exception) -> None:
+        """Count (``reader_errors``) and log, once per episode, an error while handling
+        one received message; the message is lost and counted, the reader goes on."""
+        self._stats.reader_errors += 1
+        if self._stats.reader_errors == 1 or self._stats.reader_errors % 1000 == 0:
+            with contextlib.suppress(Exception):  # the log sink itself may be the failure
+                self._log.error("bus.reader_error", error=repr(exc),
+                                reader_errors=self._stats.reader_errors)
 
     def _on_frames(self, frames: Sequence[Any]) -> None:
         """Decode, check subscription and sequence, count, and deliver one envelope."""
@@ -824,23 +844,18 @@ class Bus:
         if topic not in self._exact and not self._covered_by_prefix(topic):
             self._stats.unsolicited += 1
             return
-        st = self._stats
-        # per-(publisher, topic) sequence gaps
+        # per-(publisher, topic) state: [last seq, the class's [msgs, bytes] counter]
         key = (msg.publisher, topic)
-        recv_seq = self._recv_seq
-        last = recv_seq.get(key)
+        state = self._recv_seq.get(key)
         seq = msg.seq
-        if last is not None:
-            if seq > last + 1:
-                st.gaps += seq - last - 1
-        elif len(recv_seq) >= _MAX_SEQ_KEYS:
-            recv_seq.clear()
-        recv_seq[key] = seq
-        slash = topic.find("/")
-        cls = topic[:slash] if slash >= 0 else topic
-        recv_msgs = st.recv_msgs
-        recv_msgs[cls] = recv_msgs.get(cls, 0) + 1
-        st.recv_bytes[cls] = st.recv_bytes.get(cls, 0) + msg.nbytes
+        if state is None:
+            state = self._new_recv_state(key, topic)
+        elif seq > state[0] + 1:
+            self._stats.gaps += seq - state[0] - 1
+        state[0] = seq
+        counts = state[1]
+        counts[0] += 1
+        counts[1] += msg.nbytes
         dq = self._waiters.get(topic)
         if dq:
             while dq:
@@ -849,6 +864,17 @@ class Bus:
                     fut.set_result(msg)
                     return
         self._buffer(msg)
+
+    def _new_recv_state(self, key: tuple[str, str], topic: str) -> list[Any]:
+        """Sequence state for a new (publisher, topic), bounded at ``_MAX_SEQ_KEYS``."""
+        if len(self._recv_seq) >= _MAX_SEQ_KEYS:
+            self._recv_seq.clear()
+        cls = topic.partition("/")[0]
+        counts = self._recv_counts.get(cls)
+        if counts is None:
+            counts = self._recv_counts[cls] = [0, 0]
+        state = self._recv_seq[key] = [0, counts]
+        return state
 
     def _deliver(self, msg: Message) -> None:
         """Hand ``msg`` to the oldest live waiter on its topic, else buffer it."""

@@ -31,6 +31,17 @@ class _JsonlSink:
         return event
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at write time (not at configure time), so a
+    replaced and closed stream (test capture, a redirected CLI) never breaks logging."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(
     *,
     events_path: str | Path | None = None,
@@ -68,7 +79,7 @@ def configure_logging(
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()
