@@ -114,6 +114,12 @@ class ParameterServer:
             return self._theta.clone()
 
 
+def _index(rows: np.ndarray) -> torch.Tensor:
+    """Row positions as a tensor. Rows that arrived over the bus are read-only views of
+    the received frame, which ``torch.from_numpy`` warns about; they are copied (B int64s)."""
+    return torch.from_numpy(rows if rows.flags.writeable else rows.copy())
+
+
 def loss_function(task: str) -> nn.Module:
     """The top model's training loss for ``task``: mean BCE-with-logits (``"binary"``) or
     mean squared error (``"regression"``).
@@ -267,7 +273,7 @@ class PassiveCompute:
                 to the current ones). Without it the graph holds the live parameters,
                 which must not change before :meth:`backward`.
         """
-        x = self.x[torch.from_numpy(rows)]
+        x = self.x[_index(rows)]
         snap: list[torch.Tensor] | None = None
         if snapshot:
             snap = [p.detach().clone().requires_grad_(True) for p in self.replica.params]
@@ -324,7 +330,7 @@ class ActiveCompute:
 
     def forward_own(self, rows: np.ndarray) -> torch.Tensor:
         """The active party's own bottom embedding of a batch, ``(B, d)`` with graph."""
-        return self.bottom(self.x[torch.from_numpy(rows)])
+        return self.bottom(self.x[_index(rows)])
 
     def top_step(self, h_own: torch.Tensor, emb: np.ndarray, rows: np.ndarray,
                  epoch: int, on_grad: Callable[[np.ndarray], None] | None = None
@@ -356,7 +362,7 @@ class ActiveCompute:
         e = torch.from_numpy(np.array(emb, dtype=np.float32)).requires_grad_(True)
         h_cut = h_own.detach().requires_grad_(True)
         logits = self.top(torch.cat([h_cut, e], dim=1)).squeeze(1)
-        loss = self.loss_fn(logits, self.y[torch.from_numpy(rows)])
+        loss = self.loss_fn(logits, self.y[_index(rows)])
         self.replica.opt.zero_grad(set_to_none=True)
         loss.backward()
         assert e.grad is not None and h_cut.grad is not None
