@@ -146,7 +146,9 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         out.mkdir(parents=True, exist_ok=True)
         events = out / "events.jsonl"
         events.write_text("")
-        (out / "metrics.json").unlink(missing_ok=True)
+        # results of an earlier run in this directory go, so it never mixes two runs
+        for stale in ("metrics.json", "passive.json", "broker.addr"):
+            (out / stale).unlink(missing_ok=True)
         (out / "config.toml").write_text(dump_vfl_config(cfg))
     except OSError as exc:
         raise OutDirError(f"cannot use {str(out)!r} as the run directory: "

@@ -4,6 +4,8 @@ soak is marked ``soak``)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +16,23 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "soak_memory.py"
 
 
 def _run(seconds: float, tmp_path: Path) -> dict:  # type: ignore[type-arg]
+    """Run the soak script in its own session; whatever happens (a failure, a pytest
+    timeout), its broker and subscriber processes are killed with it."""
     out = tmp_path / "soak.json"
-    res = subprocess.run([sys.executable, str(SCRIPT), "--seconds", str(seconds), "--json",
-                          str(out)], capture_output=True, text=True, timeout=seconds * 2 + 120)
-    assert out.exists(), res.stderr[-2000:]
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--seconds", str(seconds), "--json",
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=seconds * 3 + 120)
+    finally:  # even after a clean exit: a stray child must not outlive the test
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the script's children too
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+    assert out.exists(), err[-2000:]
     doc = json.loads(out.read_text())
-    assert res.returncode == (0 if doc["summary"]["within_bounds"] else 1)
+    assert proc.returncode == (0 if doc["summary"]["within_bounds"] else 1)
     return doc
 
 
@@ -31,5 +44,6 @@ def test_broker_and_client_memory_stay_bounded_short(tmp_path: Path) -> None:
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(600)  # two 60 s scenarios plus start-up: about 130 s here
 def test_broker_and_client_memory_stay_bounded_60s(tmp_path: Path) -> None:
     assert _run(60, tmp_path)["summary"]["within_bounds"]

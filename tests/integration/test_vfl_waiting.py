@@ -1,7 +1,9 @@
 """Waiting does not burn CPU: a party blocked on its partner uses under 5 % of a core.
 
 Real broker and party processes. CPU time is the party process's own (user + system,
-children included) from psutil, over a 3 s window while it waits:
+children included) from psutil: the least over three consecutive 1.5 s windows while it
+waits (start-up work that finishes late on a loaded machine shows in one window; a
+spinning wait would show in all of them):
 
 * in the handshake, with no partner at all;
 * for embeddings, after its partner was frozen (SIGSTOP) in the middle of training,
@@ -71,6 +73,12 @@ def _cores_used(pid: int, window_s: float = WINDOW_S) -> float:
     return (_cpu_s(pid) - c0) / (time.perf_counter() - t0)
 
 
+def _idle_cores(pid: int, windows: int = 3) -> float:
+    """The least CPU over ``windows`` consecutive windows of ``WINDOW_S``/2: start-up work
+    still finishing on a loaded machine shows in one window; a spinning wait in all."""
+    return min(_cores_used(pid, WINDOW_S / 2) for _ in range(windows))
+
+
 def _kill(*procs: subprocess.Popen[bytes]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -86,7 +94,7 @@ def test_party_waiting_in_the_handshake_is_idle(broker: BrokerProcess, tmp_path:
     try:
         _wait_for_event(tmp_path / "active.jsonl", "vfl.data_loaded", active)
         time.sleep(1.0)  # let it finish starting its workers and reach the hello loop
-        cores = _cores_used(active.pid)
+        cores = _idle_cores(active.pid)
         assert active.poll() is None, "the active party gave up instead of waiting"
     finally:
         _kill(active)
@@ -105,7 +113,7 @@ def test_party_waiting_for_embeddings_is_idle(broker: BrokerProcess, tmp_path: P
         busy = _cores_used(active.pid, 1.0)
         os.kill(passive.pid, signal.SIGSTOP)  # the partner stalls mid-training
         time.sleep(0.5)  # in-flight steps finish; then only waiting is left
-        cores = _cores_used(active.pid)
+        cores = _idle_cores(active.pid)
         assert active.poll() is None, "the active party stopped instead of waiting"
     finally:
         _kill(active, passive)
