@@ -33,6 +33,8 @@ from pubsub.config import (
 
 #: Default ``target_metric`` per named dataset (validation AUC); others have none.
 DEFAULT_TARGETS: dict[str, float] = {"bank": 0.92, "adult": 0.90}
+#: Where a party's worker compute runs (``vfl.worker_mode``).
+WORKER_MODES = ("thread", "process", "inline")
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -89,7 +91,10 @@ class VflConfig:
         worker_mode: ``"thread"`` (workers are threads of the party process: cheap
             hand-offs; torch kernels release the GIL, so compute-heavy models overlap,
             but tiny ones serialise on it) or ``"process"`` (one child process per
-            worker: fully parallel, at the price of an IPC hop per step).
+            worker: fully parallel, at the price of an IPC hop per step) or ``"inline"``
+            (the compute runs on the party's event-loop thread between its I/O: no
+            hand-offs, no parallelism; for a party with one core, see
+            :class:`parties.workers.InlineWorker`).
         dp_mu: target µ of Gaussian differential privacy on the passive party's
             embeddings (µ-GDP, Dong-Roth-Su 2022); None or ``inf`` = no DP. The noise
             multiplier is calibrated for ``epochs × (1 + max_reassign)`` publications
@@ -197,8 +202,8 @@ class VflConfig:
             raise ConfigError("vfl.bottom_hidden", "hidden widths must be >= 1")
         if self.event_loop not in ("uvloop", "asyncio"):
             raise bad("event_loop", "must be 'uvloop' or 'asyncio'")
-        if self.worker_mode not in ("process", "thread"):
-            raise bad("worker_mode", "must be 'process' or 'thread'")
+        if self.worker_mode not in WORKER_MODES:
+            raise bad("worker_mode", "must be 'process', 'thread' or 'inline'")
         self._check_dp(bad)
 
     def _check_dp(self, bad: Callable[[str, str], ConfigError]) -> None:
@@ -335,4 +340,4 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-__all__ = ["ALGOS", "DEFAULT_TARGETS", "VflConfig", "check_run_id", "dump_vfl_config", "load_vfl_config", "replace"]
+__all__ = ["ALGOS", "DEFAULT_TARGETS", "WORKER_MODES", "VflConfig", "check_run_id", "dump_vfl_config", "load_vfl_config", "replace"]

@@ -137,7 +137,13 @@ from parties.schedule import (
 )
 from parties.sysinfo import CpuMeter
 from parties.tasks import compute_metric, metric_name
-from parties.workers import ProcessWorker, ThreadWorker, WorkerHandle, ensure_forkserver
+from parties.workers import (
+    InlineWorker,
+    ProcessWorker,
+    ThreadWorker,
+    WorkerHandle,
+    ensure_forkserver,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -350,9 +356,10 @@ class Party:
     async def _start_workers(self) -> None:
         """Create the worker handles (and, in process mode, spawn and await the children)."""
         cfg, data = self.cfg, self.data
-        if cfg.worker_mode == "thread":
-            self._handles = [ThreadWorker(self.role, cfg, data.x_train, data.y_train, self.ps,
-                                          noise_seed=self._noise_seeds[k])
+        if cfg.worker_mode in ("thread", "inline"):
+            kind = ThreadWorker if cfg.worker_mode == "thread" else InlineWorker
+            self._handles = [kind(self.role, cfg, data.x_train, data.y_train, self.ps,
+                                  noise_seed=self._noise_seeds[k])
                              for k in range(self.workers)]
         else:
             self._data_dir = Path(tempfile.mkdtemp(prefix=f"psfl-{self.role}-"))

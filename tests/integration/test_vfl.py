@@ -34,7 +34,7 @@ def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("worker_mode", ["thread", "process"])
+@pytest.mark.parametrize("worker_mode", ["thread", "process", "inline"])
 def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path,
                                              worker_mode: str) -> None:
     out = tmp_path / "run"
