@@ -135,7 +135,7 @@ from parties.schedule import (
     unpack_ids,
     validation_split,
 )
-from parties.sysinfo import CpuMeter
+from parties.sysinfo import CpuMeter, run_delay_s
 from parties.tasks import compute_metric, metric_name
 from parties.workers import (
     InlineWorker,
@@ -306,6 +306,7 @@ class Party:
         self.workers = cfg.workers_for(role)
         self.metric = metric_name(data.task)
         self.train_s = 0.0  # training wall time, evaluation excluded
+        self.run_delay_s = 0.0  # of it, threads runnable but waiting for a CPU
         self.eval_s = 0.0
         self.t0 = time.perf_counter()
         self.c = _Counters()
@@ -585,10 +586,15 @@ class Party:
                 before = (c.loss_sum, c.loss_n, c.samples, c.wait_s, c.dropped, c.reassigned)
                 seg_meter = CpuMeter()
                 seg_meter.start()
+                delay0 = run_delay_s()
                 t0 = time.perf_counter()
                 await self._run_segment(bus, epoch, batches, seg)
                 await self._flush()
                 dt = time.perf_counter() - t0
+                delay1 = run_delay_s()
+                delay = (delay1 - delay0) if delay0 is not None and delay1 is not None else None
+                if delay is not None:
+                    self.run_delay_s += delay
                 _, _, _, util = seg_meter.read()
                 self.train_s += dt
                 entry: dict[str, Any] = {
@@ -597,7 +603,7 @@ class Party:
                     "train_s": dt, "train_wall_s": self.train_s,
                     "samples_per_s": (c.samples - before[2]) / dt if dt > 0 else 0.0,
                     "wait_s": (c.wait_s - before[3]) / self.workers,
-                    "cpu_util": util,
+                    "cpu_util": util, "run_delay_s": delay,
                     "dropped": c.dropped - before[4], "reassigned": c.reassigned - before[5],
                 }
                 if self.role == "active":
@@ -1029,6 +1035,7 @@ class Party:
             "cpu_s": cpu,
             "cores_allotted": cores,
             "cpu_util": util,
+            "run_delay_s": self.run_delay_s,
             "wait_s_total": self.c.wait_s,
             "wait_s_per_epoch": self.c.wait_s / (self.workers * self.cfg.epochs),
             "bytes_sent": dict(st.sent_bytes),

@@ -113,6 +113,27 @@ class CpuMeter:
         return wall, cpu, cores, (cpu / (wall * cores) if wall > 0 else 0.0)
 
 
+def run_delay_s() -> float | None:
+    """Seconds this process's threads have spent runnable but waiting for a CPU (summed over
+    its live threads, from ``/proc/self/task/*/schedstat``), or None where unavailable.
+
+    On a pinned party this is the CPU time other processes (or the party's own other
+    threads) took from it: waiting that is neither compute nor waiting for the partner.
+    """
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
 def _child_pids(pid: int) -> list[int] | None:
     """``pid``'s descendants from ``/proc/PID/task/TID/children`` (Linux), or None when that
     file is unavailable. psutil's ``children()`` scans every process in ``/proc`` instead

@@ -33,3 +33,12 @@ def test_child_pids_match_psutil_and_meter_counts_children() -> None:
         for k in kids:
             k.kill()
             k.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux only")
+def test_run_delay_is_seconds_and_never_decreases() -> None:
+    a = sysinfo.run_delay_s()
+    assert a is not None and a >= 0.0
+    sum(i * i for i in range(200_000))
+    b = sysinfo.run_delay_s()
+    assert b is not None and b >= a
