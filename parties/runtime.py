@@ -135,7 +135,7 @@ from parties.schedule import (
     unpack_ids,
     validation_split,
 )
-from parties.sysinfo import CpuMeter, run_delay_s
+from parties.sysinfo import CpuMeter, cores_allotted, run_delay_s
 from parties.tasks import compute_metric, metric_name
 from parties.workers import (
     InlineWorker,
@@ -304,6 +304,8 @@ class Party:
         self.n_train = data.x_train.shape[0]
         self.n_batches = num_batches(self.n_train, cfg.batch_size)
         self.workers = cfg.workers_for(role)
+        # "auto": inline compute on a one-core party (call after pinning, as the CLI does)
+        self.worker_mode = cfg.resolved_worker_mode(cores_allotted())
         self.metric = metric_name(data.task)
         self.train_s = 0.0  # training wall time, evaluation excluded
         self.run_delay_s = 0.0  # of it, threads runnable but waiting for a CPU
@@ -357,8 +359,9 @@ class Party:
     async def _start_workers(self) -> None:
         """Create the worker handles (and, in process mode, spawn and await the children)."""
         cfg, data = self.cfg, self.data
-        if cfg.worker_mode in ("thread", "inline"):
-            kind = ThreadWorker if cfg.worker_mode == "thread" else InlineWorker
+        mode = self.worker_mode
+        if mode in ("thread", "inline"):
+            kind = ThreadWorker if mode == "thread" else InlineWorker
             self._handles = [kind(self.role, cfg, data.x_train, data.y_train, self.ps,
                                   noise_seed=self._noise_seeds[k])
                              for k in range(self.workers)]
@@ -372,7 +375,7 @@ class Party:
                              for k in range(self.workers)]
             await asyncio.to_thread(ensure_forkserver)
         await asyncio.gather(*(h.start() for h in self._handles))
-        self.log.info("vfl.workers_started", workers=self.workers, mode=cfg.worker_mode)
+        self.log.info("vfl.workers_started", workers=self.workers, mode=mode)
 
     async def _stop_workers(self) -> None:
         for h in self._handles:
@@ -1048,7 +1051,7 @@ class Party:
             "max_staleness": self.c.max_staleness,
             "bus": {k: v for k, v in st.as_dict().items() if not isinstance(v, dict)},
             "ps_pushes": self.ps.pushes,
-            "worker_mode": self.cfg.worker_mode,
+            "worker_mode": self.worker_mode,
             "compute_s": sum(h.compute_s for h in self._handles),
             "worker_parallelism": (sum(h.compute_s for h in self._handles) / wall
                                    if wall > 0 else 0.0),
