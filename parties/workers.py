@@ -5,7 +5,7 @@ on the batches its parameter server assigns. The coroutine that drives the
 worker (waiting on channels, publishing) lives on the party's event loop; the
 compute itself runs behind a :class:`WorkerHandle`:
 
-* :class:`ProcessWorker` (default): a child process per worker, so workers
+* :class:`ProcessWorker` (``worker_mode = "process"``): a child process per worker, so workers
   really run in parallel on the party's cores (tiny MLP steps are bound by
   Python per-op overhead, which threads serialise on the GIL). The parent
   talks to it over a ZeroMQ PAIR socket (``ipc://``) with the bus codec. The
