@@ -5,10 +5,11 @@ What is measured
 Every run is the real system via ``sim.launch.run_vfl`` (broker + two party processes),
 with the paper's small model: a 10-layer MLP bottom per party (9 hidden layers of 128,
 ReLU, 32-d embedding) and a 2-layer MLP top (hidden 64); B = 256, Adam lr 1e-3, 2 + 2
-thread workers, ΔT0 = 5, T_ddl = 10 s, p = q = 5, one torch thread per party, and each
-party pinned to its own core (``vfl.active_cpus`` / ``vfl.passive_cpus``: the first two
-CPUs this process may use; both parties share the one CPU on a 1-CPU machine). Seeds
-0 … n-1 (split, batch order, initialisation); the ``synthetic`` table itself is fixed
+workers (``worker_mode`` auto: inline compute on each party's one core), ΔT0 = 5, T_ddl
+= 10 s, p = q = 5, one torch thread per party, and each party pinned to its own core
+(``vfl.active_cpus`` / ``vfl.passive_cpus``: the first two CPUs this process may use;
+both parties share the one CPU on a 1-CPU machine). Seeds 0 … n-1 (split, batch order,
+initialisation); the ``synthetic`` table itself is fixed
 (``synthetic_seed`` 0, 500 features).
 
 (a) accuracy: the final test metric (AUC, or RMSE in the label's units for
@@ -433,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         "bottom_hidden": list(BOTTOM_HIDDEN), "embedding_dim": EMBEDDING_DIM,
         "top_hidden": list(TOP_HIDDEN), "synthetic_rows": rows,
         "synthetic_features": SYNTHETIC_FEATURES,
-        "workers": f"{WORKERS} + {WORKERS} (thread)",
+        "workers": f"{WORKERS} + {WORKERS} (worker_mode auto: inline, one core per party)",
         "active_cpus": list(active_cpus), "passive_cpus": list(passive_cpus),
         "cpu_count": os.cpu_count(), "lockstep_vs": args.lockstep_vs,
         "ablation": not args.no_ablation,

@@ -135,9 +135,15 @@ from parties.schedule import (
     unpack_ids,
     validation_split,
 )
-from parties.sysinfo import CpuMeter
+from parties.sysinfo import CpuMeter, cores_allotted, run_delay_s
 from parties.tasks import compute_metric, metric_name
-from parties.workers import ProcessWorker, ThreadWorker, WorkerHandle, ensure_forkserver
+from parties.workers import (
+    InlineWorker,
+    ProcessWorker,
+    ThreadWorker,
+    WorkerHandle,
+    ensure_forkserver,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -298,8 +304,11 @@ class Party:
         self.n_train = data.x_train.shape[0]
         self.n_batches = num_batches(self.n_train, cfg.batch_size)
         self.workers = cfg.workers_for(role)
+        # "auto": inline compute on a one-core party (call after pinning, as the CLI does)
+        self.worker_mode = cfg.resolved_worker_mode(cores_allotted())
         self.metric = metric_name(data.task)
         self.train_s = 0.0  # training wall time, evaluation excluded
+        self.run_delay_s = 0.0  # of it, threads runnable but waiting for a CPU
         self.eval_s = 0.0
         self.t0 = time.perf_counter()
         self.c = _Counters()
@@ -350,9 +359,11 @@ class Party:
     async def _start_workers(self) -> None:
         """Create the worker handles (and, in process mode, spawn and await the children)."""
         cfg, data = self.cfg, self.data
-        if cfg.worker_mode == "thread":
-            self._handles = [ThreadWorker(self.role, cfg, data.x_train, data.y_train, self.ps,
-                                          noise_seed=self._noise_seeds[k])
+        mode = self.worker_mode
+        if mode in ("thread", "inline"):
+            kind = ThreadWorker if mode == "thread" else InlineWorker
+            self._handles = [kind(self.role, cfg, data.x_train, data.y_train, self.ps,
+                                  noise_seed=self._noise_seeds[k])
                              for k in range(self.workers)]
         else:
             self._data_dir = Path(tempfile.mkdtemp(prefix=f"psfl-{self.role}-"))
@@ -364,7 +375,7 @@ class Party:
                              for k in range(self.workers)]
             await asyncio.to_thread(ensure_forkserver)
         await asyncio.gather(*(h.start() for h in self._handles))
-        self.log.info("vfl.workers_started", workers=self.workers, mode=cfg.worker_mode)
+        self.log.info("vfl.workers_started", workers=self.workers, mode=mode)
 
     async def _stop_workers(self) -> None:
         for h in self._handles:
@@ -578,10 +589,15 @@ class Party:
                 before = (c.loss_sum, c.loss_n, c.samples, c.wait_s, c.dropped, c.reassigned)
                 seg_meter = CpuMeter()
                 seg_meter.start()
+                delay0 = run_delay_s()
                 t0 = time.perf_counter()
                 await self._run_segment(bus, epoch, batches, seg)
                 await self._flush()
                 dt = time.perf_counter() - t0
+                delay1 = run_delay_s()
+                delay = (delay1 - delay0) if delay0 is not None and delay1 is not None else None
+                if delay is not None:
+                    self.run_delay_s += delay
                 _, _, _, util = seg_meter.read()
                 self.train_s += dt
                 entry: dict[str, Any] = {
@@ -590,7 +606,7 @@ class Party:
                     "train_s": dt, "train_wall_s": self.train_s,
                     "samples_per_s": (c.samples - before[2]) / dt if dt > 0 else 0.0,
                     "wait_s": (c.wait_s - before[3]) / self.workers,
-                    "cpu_util": util,
+                    "cpu_util": util, "run_delay_s": delay,
                     "dropped": c.dropped - before[4], "reassigned": c.reassigned - before[5],
                 }
                 if self.role == "active":
@@ -1022,6 +1038,7 @@ class Party:
             "cpu_s": cpu,
             "cores_allotted": cores,
             "cpu_util": util,
+            "run_delay_s": self.run_delay_s,
             "wait_s_total": self.c.wait_s,
             "wait_s_per_epoch": self.c.wait_s / (self.workers * self.cfg.epochs),
             "bytes_sent": dict(st.sent_bytes),
@@ -1034,7 +1051,7 @@ class Party:
             "max_staleness": self.c.max_staleness,
             "bus": {k: v for k, v in st.as_dict().items() if not isinstance(v, dict)},
             "ps_pushes": self.ps.pushes,
-            "worker_mode": self.cfg.worker_mode,
+            "worker_mode": self.worker_mode,
             "compute_s": sum(h.compute_s for h in self._handles),
             "worker_parallelism": (sum(h.compute_s for h in self._handles) / wall
                                    if wall > 0 else 0.0),

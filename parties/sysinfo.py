@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -111,10 +113,68 @@ class CpuMeter:
         return wall, cpu, cores, (cpu / (wall * cores) if wall > 0 else 0.0)
 
 
+def run_delay_s() -> float | None:
+    """Seconds this process's threads have spent runnable but waiting for a CPU (summed over
+    its live threads, from ``/proc/self/task/*/schedstat``), or None where unavailable.
+
+    On a pinned party this is the CPU time other processes (or the party's own other
+    threads) took from it: waiting that is neither compute nor waiting for the partner.
+    """
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
+def _child_pids(pid: int) -> list[int] | None:
+    """``pid``'s descendants from ``/proc/PID/task/TID/children`` (Linux), or None when that
+    file is unavailable. psutil's ``children()`` scans every process in ``/proc`` instead
+    (milliseconds; CpuMeter runs twice per training segment)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            if p == pid:
+                return None
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children", "rb") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except FileNotFoundError:
+                if p == pid:
+                    return None
+                continue
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
 def _cpu_by_pid() -> dict[int, float]:
     me = psutil.Process()
     out: dict[int, float] = {}
-    for p in [me, *me.children(recursive=True)]:
+    pids = _child_pids(me.pid) if sys.platform.startswith("linux") else None
+    if pids is None:
+        kids = me.children(recursive=True)
+    else:
+        kids = []
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                kids.append(psutil.Process(pid))
+    for p in [me, *kids]:
         try:
             t = p.cpu_times()
         except psutil.Error:

@@ -5,7 +5,7 @@ on the batches its parameter server assigns. The coroutine that drives the
 worker (waiting on channels, publishing) lives on the party's event loop; the
 compute itself runs behind a :class:`WorkerHandle`:
 
-* :class:`ProcessWorker` (default): a child process per worker, so workers
+* :class:`ProcessWorker` (``worker_mode = "process"``): a child process per worker, so workers
   really run in parallel on the party's cores (tiny MLP steps are bound by
   Python per-op overhead, which threads serialise on the GIL). The parent
   talks to it over a ZeroMQ PAIR socket (``ipc://``) with the bus codec. The
@@ -13,6 +13,11 @@ compute itself runs behind a :class:`WorkerHandle`:
   over the same socket and gets the new parameters back.
 * :class:`ThreadWorker`: the same compute on a thread of the party process
   (cheaper to start; no parallel speed-up for small models).
+* :class:`InlineWorker`: the same compute on the party's event-loop thread itself, run
+  between the I/O: no thread hand-offs and no GIL contention between the loop and
+  compute threads. Meant for a party with one core, where threads cannot run compute
+  in parallel anyway; the workers still pipeline (each has its own batch, replica
+  and Adam state), their waits overlap the other workers' compute.
 
 Both take batches by ``(epoch, batch_id)``; the row positions come from
 :func:`parties.schedule.epoch_batches`, identical on both parties.
@@ -224,15 +229,21 @@ class ThreadWorker:
         assert isinstance(compute, ActiveCompute)
         r = self.rows(epoch, b) if rows is None else rows
         h_own = self._graphs.pop(b if key is None else key, None)
-        loop = asyncio.get_running_loop()
-        early = None if on_grad is None else (
-            lambda g: loop.call_soon_threadsafe(on_grad, g))
+        early = self._early(on_grad)
 
         def run() -> tuple[float, np.ndarray]:
             h = compute.forward_own(r) if h_own is None else h_own
             return compute.top_step(h, emb, r, epoch, on_grad=early)
 
         return await self._call(run)
+
+    def _early(self, on_grad: Callable[[np.ndarray], None] | None
+               ) -> Callable[[np.ndarray], None] | None:
+        """``on_grad`` as the compute thread may call it (scheduled on the loop)."""
+        if on_grad is None:
+            return None
+        loop = asyncio.get_running_loop()
+        return lambda g: loop.call_soon_threadsafe(on_grad, g)
 
     async def flush(self) -> None:
         await self._call(self.compute.replica.sync)
@@ -245,6 +256,45 @@ class ThreadWorker:
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class InlineWorker(ThreadWorker):
+    """A worker whose compute runs on the event-loop thread (``worker_mode = "inline"``).
+
+    Each call computes synchronously when the worker coroutine reaches it, then the
+    coroutine goes on (e.g. publishes the embedding) without first yielding to the
+    loop; it yields when it waits for its partner. The cut-layer gradient of a step is
+    handed to ``on_grad`` (the publisher) directly, before the own bottom's backward.
+    Messages that arrive meanwhile wait in ZeroMQ's queue (its I/O thread needs no GIL)
+    and are read when the loop runs next, so a wait's deadline may be noticed up to one
+    compute call late.
+
+    Args:
+        noise_seed: see :func:`make_compute`.
+    """
+
+    def __init__(self, role: str, cfg: VflConfig, x_train: np.ndarray,
+                 y_train: np.ndarray | None, ps: ParameterServer, *,
+                 noise_seed: int | None = None) -> None:
+        self.role = role
+        self.compute = make_compute(role, cfg, x_train, y_train, ps, noise_seed=noise_seed)
+        self.rows = _Rows(x_train.shape[0], cfg)
+        self._graphs: dict[int, Any] = {}
+        self.compute_s = 0.0
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.compute_s += time.perf_counter() - t0
+
+    def _early(self, on_grad: Callable[[np.ndarray], None] | None
+               ) -> Callable[[np.ndarray], None] | None:
+        return on_grad  # already on the loop thread
+
+    async def close(self) -> None:
+        return None
 
 
 # ---------------------------------------------------------------------------- processes

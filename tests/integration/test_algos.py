@@ -29,6 +29,7 @@ def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(("algo", "worker_mode"), [(a, "thread") for a in ALGOS]
+                         + [(a, "inline") for a in ALGOS]
                          + [("vfl-ps", "process"), ("avfl-ps", "process")])
 def test_every_algorithm_trains_and_reports_the_same_fields(bank_sample: Path, tmp_path: Path,
                                                             algo: str, worker_mode: str) -> None:

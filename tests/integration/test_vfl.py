@@ -34,7 +34,7 @@ def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("worker_mode", ["thread", "process"])
+@pytest.mark.parametrize("worker_mode", ["thread", "process", "inline"])
 def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path,
                                              worker_mode: str) -> None:
     out = tmp_path / "run"
@@ -62,6 +62,7 @@ def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path,
         p = m["parties"][role]
         assert 0.0 < p["cpu_util"] <= 1.0
         assert p["wait_s_per_epoch"] >= 0.0
+        assert 0.0 <= p["run_delay_s"] <= m["parties"][role]["party_wall_s"] * 64
     # the training really crossed the broker: rows x epochs x width x 4 bytes each way
     n_train = len(validation_split(4000 - round(4000 * 0.3), seed=0)[0])  # 90 %: 10 % val
     expected = n_train * epochs * d * 4

@@ -7,12 +7,16 @@ import signal
 import time
 from pathlib import Path
 
+import asyncio
+
 import numpy as np
 import pytest
+import torch
 
 from parties.config import VflConfig
-from parties.model import ParameterServer, bottom_model, flat_params
-from parties.workers import ProcessWorker, ThreadWorker, WorkerFailed
+from parties.model import ParameterServer, bottom_model, flat_params, top_model
+from parties.model import ActiveCompute
+from parties.workers import InlineWorker, ProcessWorker, ThreadWorker, WorkerFailed
 
 CFG = VflConfig(batch_size=32, embedding_dim=8, bottom_hidden=(16,), seed=1)
 
@@ -44,6 +48,38 @@ async def test_process_worker_matches_thread_worker_and_syncs_with_the_ps(tmp_pa
         await proc.close()
         await thread.close()
         await proc.close()  # idempotent
+
+
+async def test_inline_worker_matches_thread_worker(tmp_path: Path) -> None:
+    """Same replica seed, same batches: the inline worker computes exactly what a thread
+    worker does (passive forward/backward and the active step with its early gradient)."""
+    x, _ = _setup(tmp_path)
+    y = (x[:, 0] > 0).astype(np.float32)
+    grads: dict[str, list[np.ndarray]] = {"thread": [], "inline": []}
+    out: dict[str, tuple[np.ndarray, float, np.ndarray]] = {}
+    for name, kind in (("thread", ThreadWorker), ("inline", InlineWorker)):
+        torch.manual_seed(3)
+        ps_p = ParameterServer(flat_params([bottom_model(5, (16,), 8)]))
+        mods = [bottom_model(5, (16,), 8), top_model(8, (32,))]
+        ps_a = ParameterServer(flat_params(mods))
+        passive = kind("passive", CFG, x, None, ps_p)
+        active = kind("active", CFG, x, y, ps_a)
+        assert isinstance(active.compute, ActiveCompute)
+        try:
+            emb = await passive.forward(0, 1)
+            await active.prefetch(0, 1)
+            loss, grad = await active.step(0, 1, emb, on_grad=grads[name].append)
+            await asyncio.sleep(0.01)  # the thread worker's early gradient is scheduled
+            await passive.backward(0, 1, grad)
+            out[name] = (emb, loss, ps_p.pull().numpy())
+        finally:
+            await passive.close()
+            await active.close()
+    np.testing.assert_allclose(out["inline"][0], out["thread"][0], atol=1e-6)
+    assert out["inline"][1] == pytest.approx(out["thread"][1], abs=1e-6)
+    np.testing.assert_allclose(out["inline"][2], out["thread"][2], atol=1e-6)
+    assert len(grads["inline"]) == len(grads["thread"]) == 1
+    np.testing.assert_allclose(grads["inline"][0], grads["thread"][0], atol=1e-6)
 
 
 async def test_dead_worker_process_raises_within_seconds(tmp_path: Path) -> None:

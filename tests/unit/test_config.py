@@ -165,3 +165,15 @@ def test_algorithm_keys_and_ablation_values() -> None:
                      (["algo=VFL"], "vfl.algo")):
         with pytest.raises(ConfigError, match=key):
             load_vfl_config(sets=bad)
+
+
+def test_auto_worker_mode_is_inline_on_one_core_else_thread() -> None:
+    from parties.config import VflConfig
+
+    cfg = VflConfig()
+    assert cfg.worker_mode == "auto"
+    assert cfg.resolved_worker_mode(1.0) == "inline"
+    assert cfg.resolved_worker_mode(0.5) == "inline"  # cgroup quota below one core
+    assert cfg.resolved_worker_mode(2.0) == "thread"
+    for mode in ("thread", "process", "inline"):
+        assert VflConfig(worker_mode=mode).resolved_worker_mode(1.0) == mode

@@ -1,0 +1,44 @@
+"""CpuMeter's child enumeration: /proc children files agree with psutil's full scan."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from parties import sysinfo
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux only")
+def test_child_pids_match_psutil_and_meter_counts_children() -> None:
+    code = "import subprocess, time; p = subprocess.Popen(['sleep', '5']); time.sleep(5)"
+    kids = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+    try:
+        me = psutil.Process()
+        deadline = time.monotonic() + 5
+        while len(me.children(recursive=True)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found = sysinfo._child_pids(me.pid)
+        assert found is not None
+        assert sorted(found) == sorted(p.pid for p in me.children(recursive=True))
+        assert len(found) == 4  # two children, each with a grandchild
+        meter = sysinfo.CpuMeter()
+        meter.start()
+        wall, cpu, cores, util = meter.read()
+        assert wall >= 0 and cpu >= 0 and cores >= 1 and util >= 0
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux only")
+def test_run_delay_is_seconds_and_never_decreases() -> None:
+    a = sysinfo.run_delay_s()
+    assert a is not None and a >= 0.0
+    sum(i * i for i in range(200_000))
+    b = sysinfo.run_delay_s()
+    assert b is not None and b >= a
