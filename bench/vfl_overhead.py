@@ -30,7 +30,7 @@ reference runs in the same invocation, interleaved with ours, and the result
 is reported as a ratio of per-batch times (``overhead_ratio_w*`` = ours /
 lockstep). ``w=1`` isolates the cost of the machinery (broker hop, asyncio,
 worker hand-offs, PS syncs); ``w=2`` shows whether pipelining wins it back.
-Summary keys without a suffix are for thread workers (the default); ``_process``
+Summary keys without a suffix are for thread workers (the default when a party is not pinned to one core); ``_process``
 keys are for process workers.
 
 Timing boundaries
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     ref_ms = _median(runs["lockstep"], "ms_per_batch")
     summary = {"lockstep_ms_per_batch": ref_ms}
     for mode in ("thread", "process"):
-        sfx = "" if mode == "thread" else "_process"  # thread workers are the default
+        sfx = "" if mode == "thread" else "_process"  # thread workers: the default for unpinned parties
         for w in (1, DEFAULT_W):
             ms = _median(runs[f"ours_w{w}_{mode}"], "ms_per_batch")
             summary[f"ours_ms_per_batch_w{w}{sfx}"] = ms
