@@ -856,14 +856,7 @@ class Bus:
         counts = state[1]
         counts[0] += 1
         counts[1] += msg.nbytes
-        dq = self._waiters.get(topic)
-        if dq:
-            while dq:
-                fut = dq.popleft()
-                if not fut.done():
-                    fut.set_result(msg)
-                    return
-        self._buffer(msg)
+        self._deliver(msg)
 
     def _new_recv_state(self, key: tuple[str, str], topic: str) -> list[Any]:
         """Sequence state for a new (publisher, topic), bounded at ``_MAX_SEQ_KEYS``."""
