@@ -188,6 +188,20 @@ class Topics:
         return f"ctl/{self.run_id}/done"
 
 
+def _grad_acceptor(epoch: int, b: int, uid: str) -> Callable[[Message], int]:
+    """Accept the gradient for exactly this publication (``uid``), or the active party's
+    notice that batch ``b`` of ``epoch`` was skipped; anything else is stale."""
+
+    def accept(m: Message) -> int:
+        if m.meta.get("u") == uid:
+            return 1
+        if m.meta.get("skip") and m.meta.get("e") == epoch and m.meta.get("b") == b:
+            return 1
+        return 0
+
+    return accept
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PartyData:
     """One party's view of the data after encoding.
@@ -720,31 +734,15 @@ class Party:
             self._publish_emb(bus, self.topics.emb(b), h_np, rows,
                               {"e": epoch, "b": b, "a": attempt, "u": uid})
 
-            def accept(m: Message, uid: str = uid, b: int = b) -> int:
-                if m.meta.get("u") == uid:
-                    return 1
-                if m.meta.get("skip") and m.meta.get("e") == epoch and m.meta.get("b") == b:
-                    return 1
-                return 0
-
             msg = await self._wait(bus, self.topics.grad(b), loop.time() + self._data_wait_s(),
-                                   accept)
-            if msg is None:
-                if not self._drops:
-                    raise self._stalled("grad", b, epoch)
-                await worker.discard(b)
-                again = sched.fail(b, attempt)
-                self._count_miss(again, b, epoch, "grad")
-            elif msg.meta.get("skip"):
-                await worker.discard(b)
+                                   _grad_acceptor(epoch, b, uid))
+            outcome = await self._settle_grad(worker, epoch, b, msg, len(rows))
+            if outcome == "missed":
+                self._count_miss(sched.fail(b, attempt), b, epoch, "grad")
+            elif outcome == "skipped":
                 sched.drop(b)
-                self.c.skipped += 1
-                self.c.dropped += 1
             else:
-                await worker.backward(epoch, b, msg.arrays[0])
                 sched.complete(b)
-                self.c.batches += 1
-                self.c.samples += len(rows)
             async with cond:
                 cond.notify_all()
 
@@ -760,34 +758,16 @@ class Party:
         uids: dict[int, str] = {}
 
         def acceptor(b: int) -> Callable[[Message], int]:
-            uid = uids[b]
-
-            def accept(m: Message) -> int:
-                if m.meta.get("u") == uid:
-                    return 1
-                if m.meta.get("skip") and m.meta.get("e") == epoch and m.meta.get("b") == b:
-                    return 1
-                return 0
-
-            return accept
+            return _grad_acceptor(epoch, b, uids[b])
 
         async def settle(b: int, msg: Message | None) -> None:
-            if msg is None:
-                if not self._drops:
-                    raise self._stalled("grad", b, epoch)
-                await worker.discard(b)
-                win.given_up(b)
-                self._count_miss(False, b, epoch, "grad")
-            elif msg.meta.get("skip"):
-                await worker.discard(b)
-                win.given_up(b)
-                self.c.skipped += 1
-                self.c.dropped += 1
-            else:
-                await worker.backward(epoch, b, msg.arrays[0])
+            outcome = await self._settle_grad(worker, epoch, b, msg, len(batches[b]))
+            if outcome == "applied":
                 win.applied(b)
-                self.c.batches += 1
-                self.c.samples += len(batches[b])
+            else:
+                win.given_up(b)
+                if outcome == "missed":
+                    self._count_miss(False, b, epoch, "grad")
 
         async def wait_oldest() -> None:
             b = win.oldest()
@@ -874,6 +854,31 @@ class Party:
                 return task
             async with cond:
                 await cond.wait_for(lambda: bool(sched.pending) or sched.done)
+
+    async def _settle_grad(self, worker: WorkerHandle, epoch: int, b: int,
+                           msg: Message | None, n_rows: int) -> str:
+        """The passive side's end of one batch, shared by every algorithm: back-propagate
+        its gradient (``"applied"``), or discard the batch's forward state because the
+        gradient missed its deadline (``"missed"``) or the active party skipped the batch
+        (``"skipped"``). The caller updates its own schedule from the outcome.
+
+        Raises:
+            PartnerStalled: a missed gradient where nothing may be dropped.
+        """
+        if msg is None:
+            if not self._drops:
+                raise self._stalled("grad", b, epoch)
+            await worker.discard(b)
+            return "missed"
+        if msg.meta.get("skip"):
+            await worker.discard(b)
+            self.c.skipped += 1
+            self.c.dropped += 1
+            return "skipped"
+        await worker.backward(epoch, b, msg.arrays[0])
+        self.c.batches += 1
+        self.c.samples += n_rows
+        return "applied"
 
     def _count_miss(self, reassigned: bool, b: int, epoch: int, what: str) -> None:
         self.c.dropped += 1
