@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from parties.datasets import DATASETS
-from parties.schedule import ALGOS, effective_workers
+from parties.schedule import ALGOS, LR_SCALINGS, effective_workers, worker_lr
 from parties.tasks import TASKS
 from pubsub.config import (
     ConfigError,
@@ -61,7 +61,11 @@ class VflConfig:
         seed: seed of the split, the batch order and the model initialisation.
         epochs: training epochs.
         batch_size: B, rows per batch.
-        lr: Adam learning rate.
+        lr: Adam learning rate (of the single worker; see ``lr_scaling``).
+        lr_scaling: how a worker's rate follows the worker count under ``pubsub`` and
+            ``avfl-ps``, whose averaged workers form an effective batch of w·B:
+            ``"linear"`` (lr·w, the default), ``"sqrt"`` (lr·√w) or ``"none"``
+            (:func:`parties.schedule.worker_lr`).
         w_active / w_passive: workers per party.
         delta_t0: ΔT0 of the semi-async schedule (local steps between PS syncs grow to it).
         p / q: per-batch buffer capacity for embeddings / gradients (messages, FIFO eviction).
@@ -127,6 +131,7 @@ class VflConfig:
     epochs: int = 10
     batch_size: int = 256
     lr: float = 1e-3
+    lr_scaling: str = "linear"
     w_active: int = 2
     w_passive: int = 2
     delta_t0: int = 5
@@ -188,6 +193,8 @@ class VflConfig:
             raise bad("test_frac", "must be in (0, 1)")
         if not self.lr > 0:
             raise bad("lr", "must be > 0")
+        if self.lr_scaling not in LR_SCALINGS:
+            raise bad("lr_scaling", f"must be one of {LR_SCALINGS}")
         if not 0.0 <= self.t_ddl_s < math.inf:
             raise bad("t_ddl_s", "must be >= 0 seconds (0: no deadline-based dropping)")
         if self.target_metric is not None and not math.isfinite(self.target_metric):
@@ -260,6 +267,12 @@ class VflConfig:
         """The workers ``role`` runs under ``algo`` (see
         :func:`parties.schedule.effective_workers`)."""
         return effective_workers(self.algo, role, self.w_active, self.w_passive)
+
+    def worker_lr(self, role: str) -> float:
+        """The Adam learning rate of one of ``role``'s workers (``lr`` scaled by
+        ``lr_scaling``; see :func:`parties.schedule.worker_lr`)."""
+        return worker_lr(self.algo, role, self.lr, self.w_active, self.w_passive,
+                         self.lr_scaling)
 
     def cpus(self, role: str) -> tuple[int, ...]:
         """The CPU ids ``role`` (``"active"``/``"passive"``) is pinned to; empty: not pinned."""

@@ -154,7 +154,8 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
         y = torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.float32))
         return ActiveCompute(x, y, make_bottom, lambda: top_model(cfg.embedding_dim,
                                                                   cfg.top_hidden),
-                             ps, lr=cfg.lr, delta_t0=cfg.delta_t0, task=cfg.effective_task,
+                             ps, lr=cfg.worker_lr("active"), delta_t0=cfg.delta_t0,
+                             task=cfg.effective_task,
                              sync_mode=sync_mode_for(cfg.algo))
     plan = plan_from_config(cfg)
     privatize = None
@@ -163,7 +164,7 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
             raise ValueError("DP is on: a passive worker needs a noise seed")
         privatize = EmbeddingPrivatizer(clip_norm=plan.clip_norm,
                                         noise_multiplier=plan.noise_multiplier, seed=noise_seed)
-    return PassiveCompute(x, make_bottom, ps, lr=cfg.lr, delta_t0=cfg.delta_t0,
+    return PassiveCompute(x, make_bottom, ps, lr=cfg.worker_lr("passive"), delta_t0=cfg.delta_t0,
                           privatize=privatize, sync_mode=sync_mode_for(cfg.algo))
 
 

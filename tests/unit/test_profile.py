@@ -11,6 +11,7 @@ import pytest
 
 from parties.config import VflConfig
 from parties.profile import (
+    PROFILE_BLOCKS,
     EfficiencyTooHigh,
     PartyProfile,
     ProfileError,
@@ -18,6 +19,7 @@ from parties.profile import (
     efficiency,
     profile_party,
 )
+from parties.profile import _blocks
 
 
 def _pp(role: str, cpus: tuple[int, ...], s: float) -> PartyProfile:
@@ -94,3 +96,14 @@ def test_psfl_vfl_profile_rejects_an_unavailable_cpu(tmp_path: Path,
     code = main(["vfl", "profile", "--dataset", "bank", "--set", "passive_cpus=[4096]",
                  "--out", str(tmp_path)])
     assert code == 2 and "vfl.passive_cpus" in capsys.readouterr().err
+
+
+def test_blocks_partition_the_timed_steps_into_near_equal_consecutive_runs() -> None:
+    for n in (1, 2, 4, 5, 7, 40, 41, 206):
+        blocks = _blocks(n)
+        assert len(blocks) == min(n, PROFILE_BLOCKS)
+        assert blocks[0][0] == 0 and blocks[-1][1] == n
+        assert all(a < b for a, b in blocks)
+        assert all(blocks[j][1] == blocks[j + 1][0] for j in range(len(blocks) - 1))
+        sizes = [b - a for a, b in blocks]
+        assert max(sizes) - min(sizes) <= 1

@@ -18,6 +18,7 @@ from parties.schedule import (
     sync_interval,
     unpack_ids,
     validation_split,
+    worker_lr,
 )
 
 
@@ -67,6 +68,22 @@ def test_effective_workers_per_algorithm() -> None:
     assert effective_workers("vfl-ps", "passive", 3, 2) == 2
     with pytest.raises(ValueError, match="algo"):
         effective_workers("sync", "active", 1, 1)
+
+
+def test_worker_lr_scales_only_where_averaged_workers_form_a_larger_batch() -> None:
+    # pubsub / avfl-ps: w whole-batch workers averaged = an effective batch of w·B
+    assert worker_lr("pubsub", "active", 1e-3, 3, 2) == pytest.approx(3e-3)
+    assert worker_lr("pubsub", "passive", 1e-3, 3, 2) == pytest.approx(2e-3)
+    assert worker_lr("avfl-ps", "passive", 1e-3, 3, 4, "sqrt") == pytest.approx(2e-3)
+    assert worker_lr("pubsub", "active", 1e-3, 3, 2, "none") == 1e-3
+    # one worker, or vfl-ps whose pairs split one batch of B rows: the base rate
+    for algo in ("vfl", "avfl", "vfl-ps"):
+        assert worker_lr(algo, "active", 1e-3, 4, 4) == 1e-3
+    assert worker_lr("pubsub", "active", 1e-3, 1, 1) == 1e-3
+    with pytest.raises(ValueError, match="'cubic'"):
+        worker_lr("pubsub", "active", 1e-3, 2, 2, "cubic")
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        worker_lr("pubsub", "active", 0.0, 2, 2)
 
 
 def test_vfl_ps_splits_a_batch_into_paired_subsets_and_round_trips() -> None:
