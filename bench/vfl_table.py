@@ -4,8 +4,10 @@ What is measured
 ----------------
 Every run is the real system via ``sim.launch.run_vfl`` (broker + two party processes),
 with the paper's small model: a 10-layer MLP bottom per party (9 hidden layers of 128,
-ReLU, 32-d embedding) and a 2-layer MLP top (hidden 64); B = 256, Adam lr 1e-3, 2 + 2
-workers (``worker_mode`` auto: inline compute on each party's one core), ΔT0 = 5, T_ddl
+ReLU, 32-d embedding) and a 2-layer MLP top (hidden 64); B = 256, Adam lr 1e-3 (scaled
+by the worker count, ``vfl.lr_scaling``), workers: ``pubsub`` and ``avfl-ps`` 1 active
++ 2 passive, ``vfl-ps`` 2 pairs (:data:`MAIN_WORKERS`; ``worker_mode`` auto: inline
+compute on each party's one core), ΔT0 = 5, T_ddl
 = 10 s, p = q = 5, one torch thread per party, and each party pinned to its own core
 (``vfl.active_cpus`` / ``vfl.passive_cpus``: the first two CPUs this process may use;
 both parties share the one CPU on a 1-CPU machine). Seeds 0 … n-1 (split, batch order,
@@ -29,7 +31,8 @@ initialisation); the ``synthetic`` table itself is fixed
     no deadline dropping; the liveness timeout still applies); without the
     semi-async schedule (``delta_t0 = 1``: every worker syncs with its parameter
     server after every step); without pub/sub (= ``avfl-ps``). Ablation rows run at
-    least 6 epochs (ΔT_t only exceeds 1 from epoch 4 on) with 2 workers per party.
+    least 6 epochs (ΔT_t only exceeds 1 from epoch 4 on) with 2 workers per party, the
+    full-system row included (the main table's ``pubsub`` runs 1 + 2 workers).
 
 Time to target: from each run's per-epoch ``history`` (cumulative wall time since
 training started, evaluation included, and the test metric after that epoch): the
@@ -96,8 +99,20 @@ BOTTOM_HIDDEN = (128,) * 9  # 10 linear layers with the 32-d output
 EMBEDDING_DIM = 32
 TOP_HIDDEN = (64,)  # 2 linear layers
 BATCH = 256
-WORKERS = 2  # per party; the w/o-ΔT ablation row needs >= 2
+#: (w_active, w_passive) of the main table's ``pubsub`` and ``avfl-ps`` runs. With one
+#: core per party the passive party needs a second worker to keep an embedding in
+#: flight while it waits for a gradient; a second active worker on the same core only
+#: adds a second model replica (parameters, gradients, Adam state) to the caches.
+#: Measured: ``pubsub`` on synthetic 100,000 x 500, 3 epochs, two runs each: 1 + 2
+#: workers 43,790 / 43,325 samples/s (test AUC 0.954), 2 + 2 39,368 / 39,414 (0.938).
+#: ``vfl-ps`` pairs its workers, so it runs :data:`ABLATION_WORKERS`.
+MAIN_WORKERS = (1, 2)
+#: (w_active, w_passive) of the ablation rows: the w/o-ΔT row needs >= 2 per party.
+ABLATION_WORKERS = (2, 2)
 SYNTHETIC_FEATURES = 500
+#: ``synthetic`` rows in ``--quick`` mode: 60,000 x 500 trains 6 epochs in about 5 s,
+#: long enough that one noisy second does not decide the efficiency.
+QUICK_SYNTHETIC_ROWS = 60_000
 ABLATION_MIN_EPOCHS = 6
 ABLATIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # (key, label, how: algo or config changes)
@@ -128,7 +143,7 @@ def make_config(algo: str, dataset: str, *, seed: int, epochs: int, settings: di
 
     kw: dict[str, Any] = dict(
         algo=algo, dataset=dataset, seed=seed, epochs=epochs, batch_size=BATCH,
-        w_active=WORKERS, w_passive=WORKERS,
+        w_active=ABLATION_WORKERS[0], w_passive=ABLATION_WORKERS[1],
         bottom_hidden=BOTTOM_HIDDEN, embedding_dim=EMBEDDING_DIM, top_hidden=TOP_HIDDEN,
         active_cpus=tuple(settings["active_cpus"]), passive_cpus=tuple(settings["passive_cpus"]),
         synthetic_rows=settings["synthetic_rows"], synthetic_features=SYNTHETIC_FEATURES)
@@ -139,6 +154,12 @@ def make_config(algo: str, dataset: str, *, seed: int, epochs: int, settings: di
         if exc.key == "vfl.algo":
             return None, str(exc)
         raise
+
+
+def main_workers(algo: str) -> dict[str, int]:
+    """The main table's worker counts of ``algo`` (see :data:`MAIN_WORKERS`)."""
+    wa, wp = MAIN_WORKERS if algo in ("pubsub", "avfl-ps") else ABLATION_WORKERS
+    return {"w_active": wa, "w_passive": wp}
 
 
 def run_timeout_s(dataset: str, epochs: int, rows: int) -> float:
@@ -396,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="1 seed; bank, adult, synthetic (30,000 rows); 6 epochs")
+                    help="1 seed; bank, adult, synthetic (60,000 rows); 6 epochs")
     ap.add_argument("--json", metavar="PATH", help="write summary + details (overwrites)")
     ap.add_argument("--md", metavar="PATH", help="write the tables as Markdown "
                     "(default: the --json path with .md)")
@@ -408,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, metavar="N", help="seeds 0..N-1 (default 3, quick 1)")
     ap.add_argument("--epochs", type=int, metavar="N", help="epochs (default 10, quick 6)")
     ap.add_argument("--synthetic-rows", type=int, metavar="N",
-                    help="rows of synthetic (default 200000, quick 30000)")
+                    help="rows of synthetic (default 200000, quick 60000)")
     ap.add_argument("--no-ablation", action="store_true", help="skip table (c)")
     ap.add_argument("--lockstep-vs", default="vfl", metavar="ALGO",
                     help="compare this algorithm's per-batch time with the minimal lock-step "
@@ -420,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    else FULL_DATASETS)))
     n_seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
     epochs = args.epochs if args.epochs is not None else (6 if args.quick else 10)
-    rows = args.synthetic_rows or (30_000 if args.quick else 200_000)
+    rows = args.synthetic_rows or (QUICK_SYNTHETIC_ROWS if args.quick else 200_000)
     if n_seeds < 1 or epochs < 1 or rows < 1000:
         ap.error("--seeds and --epochs must be >= 1, --synthetic-rows >= 1000")
     seeds = list(range(n_seeds))
@@ -434,7 +455,9 @@ def main(argv: list[str] | None = None) -> int:
         "bottom_hidden": list(BOTTOM_HIDDEN), "embedding_dim": EMBEDDING_DIM,
         "top_hidden": list(TOP_HIDDEN), "synthetic_rows": rows,
         "synthetic_features": SYNTHETIC_FEATURES,
-        "workers": f"{WORKERS} + {WORKERS} (worker_mode auto: inline, one core per party)",
+        "workers": (f"pubsub and avfl-ps {MAIN_WORKERS[0]} + {MAIN_WORKERS[1]}, vfl-ps "
+                    f"{ABLATION_WORKERS[0]} pairs, ablation rows {ABLATION_WORKERS[0]} + "
+                    f"{ABLATION_WORKERS[1]} (worker_mode auto: inline, one core per party)"),
         "active_cpus": list(active_cpus), "passive_cpus": list(passive_cpus),
         "cpu_count": os.cpu_count(), "lockstep_vs": args.lockstep_vs,
         "ablation": not args.no_ablation,
@@ -454,8 +477,11 @@ def main(argv: list[str] | None = None) -> int:
     def progress(msg: str) -> None:
         print(f"  [{time.perf_counter() - t_start:6.0f} s] {msg}", file=sys.stderr, flush=True)
 
-    def do(algo: str, ds: str, seed: int, ep: int, **changes: Any) -> dict[str, Any]:
-        cfg, why = make_config(algo, ds, seed=seed, epochs=ep, settings=settings, **changes)
+    def do(algo: str, ds: str, seed: int, ep: int, main: bool = False,
+           **changes: Any) -> dict[str, Any]:
+        workers = main_workers(algo) if main else {}
+        cfg, why = make_config(algo, ds, seed=seed, epochs=ep, settings=settings,
+                               **workers, **changes)
         if cfg is None:
             return {"status": "not available", "error": why, "seed": seed}
         res = run_one(cfg, run_timeout_s(ds, ep, rows))
@@ -484,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
                 if a in unavailable:
                     runs[ds][a].append({"status": "not available", "seed": seed})
                     continue
-                res = do(a, ds, seed, epochs)
+                res = do(a, ds, seed, epochs, main=True)
                 if res["status"] == "not available":
                     unavailable.add(a)
                 runs[ds][a].append(res)
@@ -493,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
             for key, _label, how in ABLATIONS:
                 changes = {k: v for k, v in how.items() if k != "algo"}
                 algo = how["algo"]
-                if not changes and ab_epochs == epochs and algo in runs[ds]:
+                same_workers = tuple(main_workers(algo).values()) == ABLATION_WORKERS
+                if not changes and ab_epochs == epochs and algo in runs[ds] and same_workers:
                     ab_runs[ds][key] = runs[ds][algo]  # the main runs are this row
                     continue
                 ab_runs[ds][key] = [do(algo, ds, seed, ab_epochs, **changes) for seed in seeds]

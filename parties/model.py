@@ -91,16 +91,22 @@ class ParameterServer:
         self.version = 0
         self.pushes = 0
 
-    def pull(self) -> torch.Tensor:
-        """A copy of the current global parameters, shape ``(P,)``."""
-        with self._lock:
-            return self._theta.clone()
-
-    def push(self, delta: torch.Tensor) -> torch.Tensor:
-        """Apply a worker's update θ ← θ + Δ/w and return a copy of the new θ.
+    def pull(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The current global parameters, shape ``(P,)``: copied into ``out`` when given
+        (no allocation; ``out`` is returned), else a new copy.
 
         Raises:
-            ValueError: ``delta`` has the wrong shape.
+            ValueError: ``out`` has the wrong shape.
+        """
+        with self._lock:
+            return self._copy_out(out)
+
+    def push(self, delta: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply a worker's update θ ← θ + Δ/w; return the new θ, copied into ``out``
+        when given (no allocation), else a new copy.
+
+        Raises:
+            ValueError: ``delta`` or ``out`` has the wrong shape.
         """
         if delta.shape != self._theta.shape:
             raise ValueError(f"delta shape {tuple(delta.shape)} != {tuple(self._theta.shape)}")
@@ -111,7 +117,14 @@ class ParameterServer:
                 self._theta.add_(delta, alpha=1.0 / self.workers)
             self.version += 1
             self.pushes += 1
+            return self._copy_out(out)
+
+    def _copy_out(self, out: torch.Tensor | None) -> torch.Tensor:
+        if out is None:
             return self._theta.clone()
+        if out.shape != self._theta.shape:
+            raise ValueError(f"out shape {tuple(out.shape)} != {tuple(self._theta.shape)}")
+        return out.copy_(self._theta)
 
 
 def _index(rows: np.ndarray) -> torch.Tensor:
@@ -176,10 +189,15 @@ class Replica:
         self.ps = ps
         self.delta_t0 = delta_t0
         self.sync_mode = sync_mode
+        # the parameters live as views of one flat buffer, so a sync is a few vector
+        # operations on preallocated tensors: measured on the paper's small model with
+        # a 250-column input (172,577 parameters), 0.70 ms per sync when the vector was
+        # gathered, cloned and re-viewed each time (four 690 KB allocations).
+        self.flat = ps.pull()
+        vector_to_parameters(self.flat, self.params)
         self.opt = make_adam(self.params, lr)
-        self._base = ps.pull()
-        # load a copy: vector_to_parameters makes the parameters views of its input
-        vector_to_parameters(self._base.clone(), self.params)
+        self._base = self.flat.clone()
+        self._delta = torch.empty_like(self.flat)
         self.steps_since_sync = 0
         self.syncs = 0
 
@@ -193,12 +211,16 @@ class Replica:
             self.sync()
 
     def sync(self) -> None:
-        """Push the local change since the last pull, then pull the new global parameters."""
+        """Push the local change since the last pull, then pull the new global parameters.
+
+        Overwrites the parameters in place: no autograd graph may still hold them (every
+        caller syncs after its optimizer step, which is in place too)."""
         with torch.no_grad():
-            local = parameters_to_vector(self.params)
-            theta = self.ps.push(local - self._base)
-            vector_to_parameters(theta.clone(), self.params)
-        self._base = theta
+            torch.sub(self.flat, self._base, out=self._delta)
+            theta = self.ps.push(self._delta, out=self._base)
+            if theta is not self._base:  # a remote PS returns a new tensor
+                self._base.copy_(theta)
+            self.flat.copy_(self._base)
         self.steps_since_sync = 0
         self.syncs += 1
 
@@ -206,15 +228,17 @@ class Replica:
         """Push the local change since the last pull, without pulling (the first half of a
         barrier sync: every worker pushes, then every worker :meth:`pull` s)."""
         with torch.no_grad():
-            self.ps.push(parameters_to_vector(self.params) - self._base)
+            torch.sub(self.flat, self._base, out=self._delta)
+            self.ps.push(self._delta)
         self.syncs += 1
 
     def pull(self) -> None:
         """Load the global parameters (the second half of a barrier sync)."""
-        theta = self.ps.pull()
         with torch.no_grad():
-            vector_to_parameters(theta.clone(), self.params)
-        self._base = theta
+            theta = self.ps.pull(out=self._base)
+            if theta is not self._base:
+                self._base.copy_(theta)
+            self.flat.copy_(self._base)
         self.steps_since_sync = 0
 
 

@@ -9,9 +9,13 @@ where ``s_p`` is the measured CPU seconds per training sample of party p's share
 training step at batch size B:
 
 * passive: bottom forward, (DP clip + noise, when on), bottom backward from a cut-layer
-  gradient, Adam step and the parameter-server sync schedule of the run (ΔT_t);
+  gradient, Adam step;
 * active: its own bottom forward, top forward, loss, backward through top and bottom,
-  Adam step, the same sync schedule.
+  Adam step.
+
+A single worker has no one to synchronise with, so the profiled step has no
+parameter-server sync: the ceiling is the same for every algorithm, and sync, like every
+other cost of coordination, counts against an algorithm's efficiency.
 
 When the parties share cores (neither pinned, or overlapping CPU sets) they cannot both
 use them at once, so the ceiling is also capped by ``|cores_a ∪ cores_p| / (s_a + s_p)``;
@@ -34,8 +38,6 @@ minimum of its repeats; and an under-estimate of the compute can only lower
 efficiency, never inflate it. (Measured here: a single median over all steps, taken
 while the machine was still settling, put ``bank``'s active step at 4.8 ms against
 3.9 ms for the wider ``adult`` one, and a baseline then ran at 1.11 × the ceiling.)
-The epoch index passed to the sync schedule rotates over the run's epochs every 8
-steps, so every block syncs as often as the run does on average.
 
 Source of the definition: the PubSub-VFL evaluation issue of this project (efficiency
 = training samples/s ÷ ceiling; above 1.05 means the profile is wrong).
@@ -209,7 +211,7 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
 
     Args:
         role: ``"active"`` or ``"passive"``.
-        cfg: the run's config (B, model, lr, ΔT0, DP, epochs, seed).
+        cfg: the run's config (B, model, DP, epochs, seed).
         x_train: ``(n_train, d_in)`` float32 features of the party, ``n_train >= B``.
         y_train: ``(n_train,)`` float32 labels (active party only).
         warmup_steps / warmup_time_s: untimed steps first: at least this many, and for
@@ -239,7 +241,7 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
     if role == "active":
         mods.append(top_model(cfg.embedding_dim, cfg.top_hidden))
     ps = ParameterServer(flat_params(mods))
-    compute = make_compute(role, cfg, x_train, y_train, ps,
+    compute = make_compute(role, cfg, x_train, y_train, ps, sync_mode="manual",
                            noise_seed=12345 if cfg.dp_enabled else None)
     gen = np.random.default_rng(cfg.seed)
     partner = gen.standard_normal((B, cfg.embedding_dim)).astype(np.float32) * 0.01
@@ -269,9 +271,7 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
     wall: list[float] = []
     spent = 0.0
     while len(cpu) < max_steps and (len(cpu) < min_steps or spent < min_time_s):
-        # the run's sync schedule: the epoch index rotates every 8 steps, so every block
-        # syncs as often as the run does on average (ΔT_t grows with the epoch t)
-        ep = (len(cpu) // 8) % cfg.epochs
+        ep = (len(cpu) // 8) % cfg.epochs  # only fed to the (manual) sync schedule
         c0, w0 = time.process_time(), time.perf_counter()
         step((warmed + len(cpu)) % len(batches), ep)
         c1, w1 = time.process_time(), time.perf_counter()

@@ -133,10 +133,13 @@ class _Rows:
 
 
 def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndarray | None,
-                 ps: Any, *, noise_seed: int | None = None) -> PassiveCompute | ActiveCompute:
+                 ps: Any, *, noise_seed: int | None = None,
+                 sync_mode: str | None = None) -> PassiveCompute | ActiveCompute:
     """Build a worker's compute object (its replica is initialised from ``ps.pull()``).
 
     Args:
+        sync_mode: the replica's sync mode; None = the algorithm's
+            (:func:`sync_mode_for`).
         noise_seed: the passive worker's secret noise seed; required when the config
             turns DP on (the passive party then clips and noises what it publishes).
 
@@ -145,6 +148,7 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
     """
     d_in = x_train.shape[1]
     x = torch.from_numpy(np.ascontiguousarray(x_train, dtype=np.float32))
+    sync_mode = sync_mode_for(cfg.algo) if sync_mode is None else sync_mode
 
     def make_bottom() -> torch.nn.Module:
         return bottom_model(d_in, cfg.bottom_hidden, cfg.embedding_dim)
@@ -155,8 +159,7 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
         return ActiveCompute(x, y, make_bottom, lambda: top_model(cfg.embedding_dim,
                                                                   cfg.top_hidden),
                              ps, lr=cfg.worker_lr("active"), delta_t0=cfg.delta_t0,
-                             task=cfg.effective_task,
-                             sync_mode=sync_mode_for(cfg.algo))
+                             task=cfg.effective_task, sync_mode=sync_mode)
     plan = plan_from_config(cfg)
     privatize = None
     if plan is not None:
@@ -165,7 +168,7 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
         privatize = EmbeddingPrivatizer(clip_norm=plan.clip_norm,
                                         noise_multiplier=plan.noise_multiplier, seed=noise_seed)
     return PassiveCompute(x, make_bottom, ps, lr=cfg.worker_lr("passive"), delta_t0=cfg.delta_t0,
-                          privatize=privatize, sync_mode=sync_mode_for(cfg.algo))
+                          privatize=privatize, sync_mode=sync_mode)
 
 
 # ---------------------------------------------------------------------------- threads
@@ -503,11 +506,11 @@ class _RemotePS:
             raise RuntimeError(f"expected params from the parameter server, got {msg.topic!r}")
         return torch.from_numpy(np.array(msg.arrays[0], dtype=np.float32))
 
-    def pull(self) -> torch.Tensor:
+    def pull(self, out: torch.Tensor | None = None) -> torch.Tensor:
         self.sock.send_multipart(encode("pull"))
         return self._params()
 
-    def push(self, delta: torch.Tensor) -> torch.Tensor:
+    def push(self, delta: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         self.sock.send_multipart(encode("push", (delta.numpy(),)))
         return self._params()
 

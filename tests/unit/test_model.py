@@ -30,6 +30,35 @@ def test_ps_averages_the_workers_changes() -> None:
         ps.push(torch.zeros(4))
 
 
+def test_ps_copies_into_a_given_buffer() -> None:
+    ps = ParameterServer(torch.zeros(3), workers=2)
+    buf = torch.full((3,), 9.0)
+    assert ps.push(torch.tensor([2.0, 0.0, 4.0]), out=buf) is buf
+    assert torch.equal(buf, torch.tensor([1.0, 0.0, 2.0]))
+    buf.zero_()  # the caller's buffer is a copy, not the server's state
+    assert torch.equal(ps.pull(out=buf), torch.tensor([1.0, 0.0, 2.0]))
+    with pytest.raises(ValueError, match=r"out shape \(2,\)"):
+        ps.pull(out=torch.zeros(2))
+
+
+def test_scheduled_sync_keeps_the_parameters_views_of_one_flat_buffer() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(40, 4)
+    ps = ParameterServer(flat_params([bottom_model(4, (8,), 3)]), workers=2)
+    a, b = _passive(ps, x, "step"), _passive(ps, x, "step")
+    flat = a.replica.flat
+    for step in range(3):
+        for w in (a, b):
+            g, _ = w.forward(np.arange(step * 8, step * 8 + 8))
+            w.backward(g, np.ones((8, 3), np.float32), epoch=0)
+            # the last pusher holds exactly the server's parameters
+            torch.testing.assert_close(flat_params([w.bottom]), ps.pull(), rtol=0, atol=0)
+    assert a.replica.flat is flat and a.replica.syncs == 3
+    # the modules compute with the flat buffer itself: no stale copies after syncs
+    assert all(p.data_ptr() >= flat.data_ptr() and
+               p.data_ptr() < flat.data_ptr() + flat.numel() * 4 for p in a.replica.params)
+
+
 def _passive(ps: ParameterServer, x: torch.Tensor, mode: str) -> PassiveCompute:
     torch.manual_seed(0)
     return PassiveCompute(x, lambda: bottom_model(4, (8,), 3), ps, lr=1e-2, delta_t0=5,
