@@ -42,8 +42,10 @@ class OutDirError(OSError):
     """The run directory cannot be created or written."""
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived: stop the children and exit."""
+class _Terminated(BaseException):
+    """SIGTERM arrived: stop the children and exit. A BaseException, like
+    KeyboardInterrupt: callers that catch ``Exception`` to go on after a failed run
+    (``bench/vfl_table.py``) must not swallow a request to stop."""
 
 
 class LaunchError(RuntimeError):

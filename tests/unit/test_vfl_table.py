@@ -67,3 +67,23 @@ def test_aggregate_means_and_efficiency(table: Any) -> None:
     assert agg["cpu_util"] == pytest.approx(0.6) and agg["efficiency"] == pytest.approx(0.6)
     assert table.aggregate([{"status": "not available", "seed": 0}], 0.9, False,
                            None)["status"] == "not available"
+
+
+def test_a_failed_run_is_recorded_but_a_stop_request_ends_the_table(
+        table: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sim.launch
+    from parties.config import VflConfig
+
+    def fails(*_a: Any, **_k: Any) -> None:
+        raise RuntimeError("party died")
+
+    monkeypatch.setattr(sim.launch, "run_vfl", fails)
+    res = table.run_one(VflConfig(), 10.0)
+    assert res == {"status": "failed", "error": "RuntimeError: party died"}
+
+    def terminated(*_a: Any, **_k: Any) -> None:
+        raise sim.launch._Terminated
+
+    monkeypatch.setattr(sim.launch, "run_vfl", terminated)
+    with pytest.raises(sim.launch._Terminated):  # SIGTERM: not swallowed as a failed run
+        table.run_one(VflConfig(), 10.0)
