@@ -53,11 +53,12 @@ per-batch training time is compared with the algorithm's (evaluation excluded);
 ratio <= 1 means the baseline is no slower than the minimal loop (``no_slower`` in the
 JSON allows 5 % of noise).
 
-Run time on 2 shared cores: ``--quick`` took 190-210 s with only ``pubsub`` available (3
-runs per dataset: pubsub and two ablation rows, plus a profile); each further algorithm
-adds one run of about 15-20 s per dataset (4 more: about 7 minutes in all). The full
-mode (3 seeds, 10 epochs, synthetic 200,000 x 500, whose runs take about 1.5-2 min each
-mostly loading the table) takes over an hour.
+Run time on 2 shared cores (2026-11-29): ``--quick`` 373 s (bank and adult about 100 s
+each, synthetic 160 s: 9 runs per dataset, i.e. five algorithms, three ablation rows at
+2 + 2 workers and the avfl-ps ablation row, plus a profile and the lock-step check);
+``--quick --seeds 3`` 1,029 s. The full mode (3 seeds, 10 epochs, synthetic
+200,000 x 500, whose runs take about 1.5-2 min each, mostly generating the table) takes
+well over an hour.
 
 Usage::
 
