@@ -185,9 +185,13 @@ class ThreadWorker:
         self.role = role
         self.compute = make_compute(role, cfg, x_train, y_train, ps, noise_seed=noise_seed)
         self.rows = _Rows(x_train.shape[0], cfg)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{role}-worker")
+        self._pool = self._new_pool(role)
         self._graphs: dict[int, Any] = {}
         self.compute_s = 0.0
+
+    @staticmethod
+    def _new_pool(role: str) -> ThreadPoolExecutor | None:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{role}-worker")
 
     async def start(self) -> None:
         return None
@@ -277,14 +281,9 @@ class InlineWorker(ThreadWorker):
         noise_seed: see :func:`make_compute`.
     """
 
-    def __init__(self, role: str, cfg: VflConfig, x_train: np.ndarray,
-                 y_train: np.ndarray | None, ps: ParameterServer, *,
-                 noise_seed: int | None = None) -> None:
-        self.role = role
-        self.compute = make_compute(role, cfg, x_train, y_train, ps, noise_seed=noise_seed)
-        self.rows = _Rows(x_train.shape[0], cfg)
-        self._graphs: dict[int, Any] = {}
-        self.compute_s = 0.0
+    @staticmethod
+    def _new_pool(role: str) -> None:
+        return None  # no thread: the compute runs on the loop
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         t0 = time.perf_counter()
