@@ -24,9 +24,11 @@ initialisation); the ``synthetic`` table itself is fixed
     training time only (Σ per-epoch ``train_s``, evaluation excluded), the ceiling, and
     efficiency = samples/s ÷ ceiling. The ceiling comes from ``psfl vfl profile`` on
     the dataset's config (single-worker compute per party at the run's B, threads and
-    pinning; see ``parties/profile.py``), run in its own process before the dataset's
-    runs. An efficiency above 1.05 means the profile is wrong: it is reported as an
-    error and the script exits with code 1 (after writing its output).
+    pinning; see ``parties/profile.py``), run in its own process before and again after
+    the dataset's runs; the two are averaged (``parties.profile.mean_profile``), since
+    this machine's speed drifts by 10-20 % over seconds to minutes. An efficiency above
+    1.05 means the profile is wrong: it is reported as an error and the script exits
+    with code 1 (after writing its output).
 (c) ablation (the shape of Table 4): full ``pubsub``; without T_ddl (``t_ddl_s = 0``:
     no deadline dropping; the liveness timeout still applies); without the
     semi-async schedule (``delta_t0 = 1``: every worker syncs with its parameter
@@ -240,6 +242,18 @@ def run_profile(cfg: Any, timeout_s: float = 300.0) -> dict[str, Any] | None:
                   file=sys.stderr)
             return None
         return json.loads((Path(tmp) / "profile.json").read_text())
+
+
+def combine_profiles(found: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The mean of the profiles taken (``parties.profile.mean_profile``), as profile.json,
+    with the individual ones under ``"taken"``; None when none was."""
+    from parties.profile import compute_profile_from_dict, mean_profile
+
+    if not found:
+        return None
+    out = mean_profile([compute_profile_from_dict(p) for p in found]).to_dict()
+    out["taken"] = found
+    return out
 
 
 def load_overhead_module() -> Any:
@@ -496,13 +510,12 @@ def main(argv: list[str] | None = None) -> int:
         task = VflConfig(dataset=ds).effective_task
         lower = task == "regression"
         runs[ds] = {a: [] for a in algos}
-        # the profile first, on an idle machine, with the dataset's pubsub config
+        # a profile before the dataset's runs (on an idle machine) and one after them;
+        # the ceiling averages the two (the machine's speed drifts over minutes)
         pcfg, _ = make_config("pubsub", ds, seed=0, epochs=epochs, settings=settings)
-        profiles[ds] = run_profile(pcfg)
-        ceil = profiles[ds]["ceiling_samples_per_s"] if profiles[ds] else None
-        progress(f"{ds:<10} profile: ceiling {_f(ceil, ',.0f')} samples/s")
-        if profiles[ds] is None:
-            errors.append(f"{ds}: the profile failed; no ceiling or efficiency")
+        before = run_profile(pcfg)
+        ceil = before["ceiling_samples_per_s"] if before else None
+        progress(f"{ds:<10} profile before the runs: ceiling {_f(ceil, ',.0f')} samples/s")
         unavailable: set[str] = set()
         for seed in seeds:
             # rotate the order each seed so no algorithm always runs first
@@ -525,6 +538,14 @@ def main(argv: list[str] | None = None) -> int:
                     ab_runs[ds][key] = runs[ds][algo]  # the main runs are this row
                     continue
                 ab_runs[ds][key] = [do(algo, ds, seed, ab_epochs, **changes) for seed in seeds]
+        after = run_profile(pcfg)
+        profiles[ds] = combine_profiles([p for p in (before, after) if p is not None])
+        if profiles[ds] is None:
+            errors.append(f"{ds}: the profile failed; no ceiling or efficiency")
+        else:
+            progress(f"{ds:<10} profile after the runs: ceiling "
+                     f"{_f(after['ceiling_samples_per_s'] if after else None, ',.0f')}, "
+                     f"mean {profiles[ds]['ceiling_samples_per_s']:,.0f} samples/s")
         # per-batch check of a baseline against the minimal lock-step loop
         lv = args.lockstep_vs
         if lv != "none":

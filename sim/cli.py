@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a config key (repeatable)")
     prof.add_argument("--out", required=True, help="output directory (profile.json)")
-    prof.add_argument("--min-time-s", type=float, default=1.0,
+    prof.add_argument("--min-time-s", type=float, default=3.0,
                       help="time each party's steps for at least this many CPU seconds")
     prof.set_defaults(func=_vfl_profile)
 

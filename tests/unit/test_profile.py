@@ -15,8 +15,11 @@ from parties.profile import (
     EfficiencyTooHigh,
     PartyProfile,
     ProfileError,
+    ComputeProfile,
     ceiling,
+    compute_profile_from_dict,
     efficiency,
+    mean_profile,
     profile_party,
 )
 from parties.profile import _blocks
@@ -107,3 +110,31 @@ def test_blocks_partition_the_timed_steps_into_near_equal_consecutive_runs() -> 
         assert all(blocks[j][1] == blocks[j + 1][0] for j in range(len(blocks) - 1))
         sizes = [b - a for a, b in blocks]
         assert max(sizes) - min(sizes) <= 1
+
+
+def _cp(sa: float, sp: float) -> ComputeProfile:
+    a, p = _pp("active", (0,), sa), _pp("passive", (1,), sp)
+    value, bound = ceiling(a, p)
+    return ComputeProfile(active=a, passive=p, ceiling_samples_per_s=value, bound_by=bound,
+                          basis="cpu", settings={"batch_size": 8})
+
+
+def test_mean_profile_averages_each_party_and_recomputes_the_ceiling() -> None:
+    before, after = _cp(1e-4, 5e-5), _cp(3e-4, 5e-5)  # the machine slowed down meanwhile
+    m = mean_profile([before, after])
+    assert m.active.cpu_s_per_sample == pytest.approx(2e-4)
+    assert m.active.cpu_s_per_step == pytest.approx(8 * 2e-4)
+    assert m.passive.cpu_s_per_sample == pytest.approx(5e-5)
+    assert m.ceiling_samples_per_s == pytest.approx(1 / 2e-4) and m.bound_by == "active"
+    assert m.settings["profiles_averaged"] == 2 and m.active.steps == 20
+    # profile.json round trip
+    back = compute_profile_from_dict(json.loads(json.dumps(m.to_dict())))
+    assert back == m
+    with pytest.raises(ValueError, match="at least one"):
+        mean_profile([])
+    other = _cp(1e-4, 5e-5)
+    moved = ComputeProfile(active=_pp("active", (1,), 1e-4), passive=other.passive,
+                           ceiling_samples_per_s=1.0, bound_by="active", basis="cpu",
+                           settings={})
+    with pytest.raises(ValueError, match="active profiles differ"):
+        mean_profile([other, moved])
