@@ -55,7 +55,7 @@ per-batch training time is compared with the algorithm's (evaluation excluded);
 ratio <= 1 means the baseline is no slower than the minimal loop (``no_slower`` in the
 JSON allows 5 % of noise).
 
-Run time on 2 shared cores (2026-11-29): ``--quick`` 373 s (bank and adult about 100 s
+Run time on 2 shared cores (2026-11-29): ``--quick`` 373-419 s (bank and adult about 115 s
 each, synthetic 160 s: 9 runs per dataset, i.e. five algorithms, three ablation rows at
 2 + 2 workers and the avfl-ps ablation row, plus a profile and the lock-step check);
 ``--quick --seeds 3`` 1,029 s. The full mode (3 seeds, 10 epochs, synthetic
