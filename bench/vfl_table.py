@@ -57,7 +57,7 @@ JSON allows 5 % of noise).
 
 Run time on 2 shared cores (2026-11-29): ``--quick`` 373-419 s (bank and adult about 115 s
 each, synthetic 160 s: 9 runs per dataset, i.e. five algorithms, three ablation rows at
-2 + 2 workers and the avfl-ps ablation row, plus a profile and the lock-step check);
+2 + 2 workers and the avfl-ps ablation row, plus two profiles and the lock-step check);
 ``--quick --seeds 3`` 1,029 s. The full mode (3 seeds, 10 epochs, synthetic
 200,000 x 500, whose runs take about 1.5-2 min each, mostly generating the table) takes
 well over an hour.
