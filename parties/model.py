@@ -217,10 +217,7 @@ class Replica:
         caller syncs after its optimizer step, which is in place too)."""
         with torch.no_grad():
             torch.sub(self.flat, self._base, out=self._delta)
-            theta = self.ps.push(self._delta, out=self._base)
-            if theta is not self._base:  # a remote PS returns a new tensor
-                self._base.copy_(theta)
-            self.flat.copy_(self._base)
+            self.flat.copy_(self.ps.push(self._delta, out=self._base))
         self.steps_since_sync = 0
         self.syncs += 1
 
@@ -235,10 +232,7 @@ class Replica:
     def pull(self) -> None:
         """Load the global parameters (the second half of a barrier sync)."""
         with torch.no_grad():
-            theta = self.ps.pull(out=self._base)
-            if theta is not self._base:
-                self._base.copy_(theta)
-            self.flat.copy_(self._base)
+            self.flat.copy_(self.ps.pull(out=self._base))
         self.steps_since_sync = 0
 
 

@@ -314,27 +314,26 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
                     if len(b) == B]
         epoch += 1
 
-    def step(i: int, ep: int) -> None:
+    def step(i: int) -> None:  # (the epoch argument only feeds the unused sync schedule)
         rows = batches[i]
         if isinstance(compute, PassiveCompute):
             h, _pub = compute.forward(rows)
-            compute.backward(h, partner, ep)
+            compute.backward(h, partner, 0)
         else:
-            compute.top_step(compute.forward_own(rows), partner, rows, ep)
+            compute.top_step(compute.forward_own(rows), partner, rows, 0)
 
     c0 = time.process_time()
     warmed = 0
     while warmed < warmup_steps or (time.process_time() - c0 < warmup_time_s
                                     and warmed < max_steps):
-        step(warmed % len(batches), 0)
+        step(warmed % len(batches))
         warmed += 1
     cpu: list[float] = []
     wall: list[float] = []
     spent = 0.0
     while len(cpu) < max_steps and (len(cpu) < min_steps or spent < min_time_s):
-        ep = (len(cpu) // 8) % cfg.epochs  # only fed to the (manual) sync schedule
         c0, w0 = time.process_time(), time.perf_counter()
-        step((warmed + len(cpu)) % len(batches), ep)
+        step((warmed + len(cpu)) % len(batches))
         c1, w1 = time.process_time(), time.perf_counter()
         cpu.append(c1 - c0)
         wall.append(w1 - w0)

@@ -497,21 +497,25 @@ class _RemotePS:
     def __init__(self, sock: zmq.Socket) -> None:
         self.sock = sock
 
-    def _params(self) -> torch.Tensor:
+    def _params(self, out: torch.Tensor | None) -> torch.Tensor:
         msg = decode(self.sock.recv_multipart(copy=False))
         if msg.topic == "stop":
             raise _Stopped
         if msg.topic != "params":
             raise RuntimeError(f"expected params from the parameter server, got {msg.topic!r}")
-        return torch.from_numpy(np.array(msg.arrays[0], dtype=np.float32))
+        if out is None:
+            return torch.from_numpy(np.array(msg.arrays[0], dtype=np.float32))
+        return out.copy_(torch.from_numpy(msg.arrays[0]))  # the read-only frame, copied once
 
     def pull(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """As :meth:`parties.model.ParameterServer.pull`."""
         self.sock.send_multipart(encode("pull"))
-        return self._params()
+        return self._params(out)
 
     def push(self, delta: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """As :meth:`parties.model.ParameterServer.push`."""
         self.sock.send_multipart(encode("push", (delta.numpy(),)))
-        return self._params()
+        return self._params(out)
 
 
 def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], data_dir: str,
