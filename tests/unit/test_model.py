@@ -126,3 +126,26 @@ def test_active_publishes_the_cut_layer_gradient_before_its_own_backward() -> No
     loss, grad = a.top_step(a.forward_own(rows), emb, rows, epoch=0, on_grad=on_grad)
     assert len(seen) == 1 and np.array_equal(seen[0], grad) and grad.shape == (8, 3)
     assert not torch.equal(flat_params([a.bottom]), before) and loss > 0
+
+
+def test_a_party_with_one_worker_does_not_sync_every_step() -> None:
+    from parties.config import VflConfig
+    from parties.workers import make_compute, sync_mode_for
+
+    assert sync_mode_for("pubsub", 2) == "schedule" and sync_mode_for("avfl-ps", 3) == "step"
+    assert sync_mode_for("pubsub", 1) == "manual" and sync_mode_for("vfl-ps", 2) == "manual"
+    x = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+    cfg = VflConfig(algo="pubsub", w_active=1, w_passive=2, batch_size=8, bottom_hidden=(8,),
+                    embedding_dim=3)
+    ps = ParameterServer(flat_params([bottom_model(4, (8,), 3)]))
+    solo = make_compute("passive", VflConfig(algo="pubsub", w_active=2, w_passive=1,
+                                             batch_size=8, bottom_hidden=(8,),
+                                             embedding_dim=3), x, None, ps)
+    pair = make_compute("passive", cfg, x, None, ps)
+    assert solo.replica.sync_mode == "manual" and pair.replica.sync_mode == "schedule"
+    # the flush at the end of a segment still brings the server up to date
+    g, _ = solo.forward(np.arange(8))
+    solo.backward(g, np.ones((8, 3), np.float32), epoch=0)
+    assert solo.replica.syncs == 0
+    solo.replica.sync()
+    torch.testing.assert_close(ps.pull(), flat_params([solo.bottom]))
