@@ -159,10 +159,9 @@ def make_config(algo: str, dataset: str, *, seed: int, epochs: int, settings: di
         raise
 
 
-def main_workers(algo: str) -> dict[str, int]:
-    """The main table's worker counts of ``algo`` (see :data:`MAIN_WORKERS`)."""
-    wa, wp = MAIN_WORKERS if algo in ("pubsub", "avfl-ps") else ABLATION_WORKERS
-    return {"w_active": wa, "w_passive": wp}
+def main_workers(algo: str) -> tuple[int, int]:
+    """``(w_active, w_passive)`` of ``algo`` in the main table (see :data:`MAIN_WORKERS`)."""
+    return MAIN_WORKERS if algo in ("pubsub", "avfl-ps") else ABLATION_WORKERS
 
 
 def run_timeout_s(dataset: str, epochs: int, rows: int) -> float:
@@ -342,6 +341,11 @@ def _cell_status(agg: dict[str, Any]) -> str | None:
                                                         else str(st))
 
 
+def _metric_cell(agg: dict[str, Any]) -> str:
+    """An accuracy cell: the status when there is no metric, else mean ± std."""
+    return _cell_status(agg) or f"{agg['metric']:.4f} ± {agg['metric_std']:.4f}"
+
+
 def md_table(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -363,10 +367,7 @@ def render(doc: dict[str, Any]) -> str:
     for ds in datasets:
         name = doc["targets"][ds]["metric_name"].upper()
         row = [f"{ds} ({name})"]
-        for a in algos:
-            c = cells[ds][a]
-            st = _cell_status(c)
-            row.append(st if st else f"{c['metric']:.4f} ± {c['metric_std']:.4f}")
+        row += [_metric_cell(cells[ds][a]) for a in algos]
         rows.append(row)
     parts += [md_table(["dataset", *algos], rows), ""]
 
@@ -404,10 +405,7 @@ def render(doc: dict[str, Any]) -> str:
         rows = []
         for key, label, _ in ABLATIONS:
             row = [label]
-            for ds in datasets:
-                c = abl[ds][key]
-                st = _cell_status(c)
-                row.append(st if st else f"{c['metric']:.4f} ± {c['metric_std']:.4f}")
+            row += [_metric_cell(abl[ds][key]) for ds in datasets]
             rows.append(row)
         parts += [md_table(["variant", *datasets], rows), ""]
 
@@ -494,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def do(algo: str, ds: str, seed: int, ep: int, main: bool = False,
            **changes: Any) -> dict[str, Any]:
-        workers = main_workers(algo) if main else {}
+        workers = dict(zip(("w_active", "w_passive"), main_workers(algo), strict=True)
+                       ) if main else {}
         cfg, why = make_config(algo, ds, seed=seed, epochs=ep, settings=settings,
                                **workers, **changes)
         if cfg is None:
@@ -533,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
             for key, _label, how in ABLATIONS:
                 changes = {k: v for k, v in how.items() if k != "algo"}
                 algo = how["algo"]
-                same_workers = tuple(main_workers(algo).values()) == ABLATION_WORKERS
+                same_workers = main_workers(algo) == ABLATION_WORKERS
                 if not changes and ab_epochs == epochs and algo in runs[ds] and same_workers:
                     ab_runs[ds][key] = runs[ds][algo]  # the main runs are this row
                     continue

@@ -183,8 +183,9 @@ def party_from_dict(d: Mapping[str, Any]) -> PartyProfile:
     Raises:
         KeyError: a field is missing.
     """
-    names = [f.name for f in fields(PartyProfile)]
-    kw = {k: d[k] for k in names if k in d or k != "cpu_block_spread"}
+    optional = {"cpu_block_spread"}  # absent from profiles written before it existed
+    kw = {f.name: d[f.name] for f in fields(PartyProfile)
+          if f.name in d or f.name not in optional}
     kw["cpus"] = tuple(kw["cpus"])
     return PartyProfile(**kw)
 
