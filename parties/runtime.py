@@ -533,10 +533,14 @@ class Party:
         """Wait on ``topic`` until ``deadline`` (loop time) for a message ``accept`` returns 1 for.
 
         ``accept`` returns 1 (take), 0 (stale: discard, keep waiting) or -1 (from
-        the future: put back and give up). Time spent is counted as waiting time.
+        the future: put back and give up). Time spent is counted as waiting time,
+        except, with inline workers, the compute that ran on the loop meanwhile (e.g.
+        the active worker's own bottom forward, or another worker's step).
         """
         loop = asyncio.get_running_loop()
         t0 = loop.time()
+        inline = self.worker_mode == "inline"
+        busy0 = sum(h.compute_s for h in self._handles) if inline else 0.0
         try:
             while True:
                 remaining = deadline - loop.time()
@@ -554,7 +558,8 @@ class Party:
                     return None
                 self.c.stale += 1
         finally:
-            self.c.wait_s += loop.time() - t0
+            busy = sum(h.compute_s for h in self._handles) - busy0 if inline else 0.0
+            self.c.wait_s += max(0.0, loop.time() - t0 - busy)
 
     # ------------------------------------------------------------------ training
     @property

@@ -104,8 +104,8 @@ def _vfl_profile(args: argparse.Namespace) -> int:
 
     configure_logging(events_path=out / "events.jsonl", role="profile")
     try:
-        prof = profile_config(cfg, min_time_s=args.min_time_s)
-    except ProfileError as exc:
+        prof = profile_config(cfg, layout=args.layout, min_time_s=args.min_time_s)
+    except (ProfileError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     except Exception as exc:
@@ -121,7 +121,7 @@ def _vfl_profile(args: argparse.Namespace) -> int:
               f"{p.cpu_s_per_sample * 1e6:8.2f} us/sample CPU ({p.wall_s_per_sample * 1e6:.2f} "
               f"wall)  {p.steps} steps of B={p.batch_size}  -> {p.samples_per_s:,.0f} samples/s")
     print(f"ceiling {prof.ceiling_samples_per_s:,.0f} samples/s (bound by {prof.bound_by}, "
-          f"CPU time); profile: {out / 'profile.json'}")
+          f"CPU time, layout {prof.settings['layout']}); profile: {out / 'profile.json'}")
     return 0
 
 
@@ -196,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--out", required=True, help="output directory (profile.json)")
     prof.add_argument("--min-time-s", type=float, default=3.0,
                       help="time each party's steps for at least this many CPU seconds")
+    prof.add_argument("--layout", choices=["auto", "concurrent", "alone"], default="auto",
+                      help="concurrent: both parties at once, each in its own pinned process "
+                      "(the run's layout; auto picks it when both are pinned to disjoint "
+                      "CPUs); alone: one party at a time")
     prof.set_defaults(func=_vfl_profile)
 
     bench = sub.add_parser("bench", help="run bench/NAME.py (e.g. psfl bench bus --quick)")

@@ -138,3 +138,52 @@ def test_mean_profile_averages_each_party_and_recomputes_the_ceiling() -> None:
                            settings={})
     with pytest.raises(ValueError, match="active profiles differ"):
         mean_profile([other, moved])
+
+
+def test_resolve_layout_follows_the_run_layout() -> None:
+    from parties.profile import resolve_layout
+
+    pinned = VflConfig(active_cpus=(0,), passive_cpus=(1,))
+    assert resolve_layout(pinned) == "concurrent"
+    assert resolve_layout(pinned, "alone") == "alone"
+    assert resolve_layout(VflConfig()) == "alone"  # not pinned: they share cores
+    shared = VflConfig(active_cpus=(0,), passive_cpus=(0,))
+    assert resolve_layout(shared) == "alone"
+    with pytest.raises(ValueError, match="disjoint CPU sets"):
+        resolve_layout(shared, "concurrent")
+    with pytest.raises(ValueError, match="'sideways'"):
+        resolve_layout(pinned, "sideways")
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_concurrent_profile_times_both_parties_at_once_in_their_own_processes() -> None:
+    import os
+
+    from parties.profile import profile_config
+
+    a, p = sorted(os.sched_getaffinity(0))[:2]
+    cfg = VflConfig(dataset="bank", batch_size=128, epochs=2, bottom_hidden=(16,),
+                    top_hidden=(8,), active_cpus=(a,), passive_cpus=(p,))
+    before = os.sched_getaffinity(0)
+    prof = profile_config(cfg, min_steps=20, min_time_s=0.05)
+    assert os.sched_getaffinity(0) == before  # the children pinned themselves, not us
+    assert prof.settings["layout"] == "concurrent"
+    assert prof.active.cpus == (a,) and prof.passive.cpus == (p,)
+    assert prof.active.steps >= 20 and prof.passive.steps >= 20
+    assert prof.ceiling_samples_per_s == pytest.approx(
+        min(prof.active.samples_per_s, prof.passive.samples_per_s))
+
+
+def test_concurrent_profile_reports_a_child_failure() -> None:
+    import os
+
+    from parties.data import DataError
+    from parties.profile import profile_config
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    a, p = sorted(os.sched_getaffinity(0))[:2]
+    cfg = VflConfig(dataset="/nonexistent/table.csv", label="y", active_cpus=(a,),
+                    passive_cpus=(p,))
+    with pytest.raises(DataError, match="nonexistent"):
+        profile_config(cfg, min_time_s=0.05)

@@ -1,0 +1,307 @@
+"""What this machine allows: the efficiency a bare two-process pipeline reaches.
+
+`bench/vfl_table.py` judges each algorithm's training throughput against a ceiling from
+a single-worker compute profile (``psfl vfl profile``: one party at a time, no messages,
+an otherwise idle core). This script measures, in the same invocation and with the same
+worker compute (:func:`parties.workers.make_compute`, the table's model, B, data and
+core pinning), how much of that ceiling is reachable at all once two party processes run
+at once and exchange embeddings and gradients:
+
+* ``concurrent``: both parties' compute loops at once, each pinned to its core, no
+  messages (active: own bottom forward + top step on a fixed partner embedding;
+  passive: bottom forward + backward from a fixed gradient). What running side by side
+  costs (shared caches and memory bandwidth, the hypervisor).
+* ``bare_zmq``: the smallest pipelined split-learning loop: the two processes talk
+  directly over ZeroMQ PUSH/PULL on tcp://127.0.0.1 (no broker, no asyncio, no codec,
+  no parameter server, no evaluation). The passive party embeds up to ``window``
+  batches ahead of the gradients it has applied (the AVFL staleness bound), the
+  active party trains each embedding as it arrives and sends the cut-layer gradient
+  as soon as it exists. What the transport costs: ZeroMQ's I/O thread wakes on the
+  party's core twice per batch, and TCP copies every message.
+* ``avfl``, ``pubsub``: the real system (``sim.launch.run_vfl``: broker and two party
+  processes, the table's settings and worker counts), training samples/s over
+  training time as ``bench/vfl_table.py`` computes it.
+
+Every figure is samples/s of the bottleneck (active) party over its timed window ÷
+the ceiling (the mean of a profile taken before and one after each repeat), so
+``bare_zmq`` is the best efficiency a design on this bus can expect here and the gap
+from it to ``pubsub`` is our own overhead (broker hop, asyncio, codec, schedules).
+
+Usage::
+
+    python bench/vfl_bound.py --quick --json /tmp/bound.json   # 1 repeat, ~2 minutes
+    python bench/vfl_bound.py --reps 3                          # interleaved repeats
+
+Every wait has a deadline (socket polls, child joins); children are killed on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+WINDOW = 5  # batches the passive party may run ahead (avfl's default staleness bound)
+RECV_TIMEOUT_MS = 30_000
+MODES = ("concurrent", "bare_zmq", "avfl", "pubsub")
+
+
+def _table() -> Any:
+    spec = importlib.util.spec_from_file_location("vfl_table", HERE / "vfl_table.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _batches(n_train: int, batch: int, seed: int, count: int) -> list[Any]:
+    from parties.schedule import epoch_batches
+
+    out: list[Any] = []
+    epoch = 0
+    while len(out) < count:
+        out += [b for b in epoch_batches(n_train, batch, seed=seed, epoch=epoch) if len(b) == batch]
+        epoch += 1
+    return out[:count]
+
+
+def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple[int, int],
+           ready: Any, go: Any, results: Any) -> None:
+    """One party process: pin, load, build the compute, then run ``mode`` for ``steps``
+    timed steps after ``warmup`` untimed ones; puts a result dict on ``results``."""
+    import numpy as np
+    import torch
+    import zmq
+
+    from parties.model import ParameterServer, bottom_model, flat_params, top_model
+    from parties.runtime import load_party_data
+    from parties.workers import make_compute
+
+    try:
+        os.sched_setaffinity(0, set(cfg.cpus(role)))
+        torch.set_num_threads(cfg.torch_threads)
+        data = load_party_data(cfg, role)
+        d_in = data.x_train.shape[1]
+        torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
+        mods = [bottom_model(d_in, cfg.bottom_hidden, cfg.embedding_dim)]
+        if role == "active":
+            mods.append(top_model(cfg.embedding_dim, cfg.top_hidden))
+        compute = make_compute(role, cfg, data.x_train, data.y_train,
+                               ParameterServer(flat_params(mods)), sync_mode="manual")
+        B = cfg.batch_size
+        total = warmup + steps
+        batches = _batches(data.x_train.shape[0], B, cfg.seed, total)
+        fixed = (np.random.default_rng(cfg.seed).standard_normal((B, cfg.embedding_dim))
+                 .astype(np.float32) * 0.01)
+        ctx = zmq.Context()
+        tx = rx = None
+        if mode == "bare_zmq":
+            tx, rx = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+            for s in (tx, rx):
+                s.setsockopt(zmq.LINGER, 0)
+            mine, theirs = ports if role == "active" else ports[::-1]
+            rx.bind(f"tcp://127.0.0.1:{mine}")
+            tx.connect(f"tcp://127.0.0.1:{theirs}")
+        ready.put(role)
+        if not go.wait(120):
+            raise TimeoutError("no go signal within 120 s")
+
+        def recv() -> list[Any]:
+            assert rx is not None
+            if not rx.poll(RECV_TIMEOUT_MS):
+                raise TimeoutError(f"{role}: no message within {RECV_TIMEOUT_MS} ms")
+            return rx.recv_multipart(copy=False)
+
+        cpu = 0.0
+        t0 = r0 = None
+        if mode == "concurrent":
+            for i in range(total):
+                if i == warmup:
+                    t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+                c0 = time.thread_time()
+                rows = batches[i]
+                if role == "passive":
+                    graph, _h = compute.forward(rows)
+                    compute.backward(graph, fixed, 0)
+                else:
+                    compute.top_step(compute.forward_own(rows), fixed, rows, 0)
+                if i >= warmup:
+                    cpu += time.thread_time() - c0
+        elif role == "passive":
+            assert tx is not None
+            graphs: dict[int, Any] = {}
+            sent = applied = 0
+            while applied < total:
+                while sent < total and sent - applied < WINDOW:
+                    graph, h = compute.forward(batches[sent])
+                    graphs[sent] = graph
+                    tx.send_multipart([sent.to_bytes(4, "little"), h], copy=False)
+                    sent += 1
+                    if rx is not None and rx.poll(0):
+                        break
+                frames = recv()
+                b = int.from_bytes(frames[0].bytes, "little")
+                grad = np.frombuffer(frames[1].buffer, dtype=np.float32).reshape(B, -1)
+                if b == warmup:
+                    t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+                compute.backward(graphs.pop(b), grad, 0)
+                applied += 1
+        else:
+            assert tx is not None
+            for i in range(total):
+                frames = recv()
+                if i == warmup:
+                    t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+                b = int.from_bytes(frames[0].bytes, "little")
+                emb = np.frombuffer(frames[1].buffer, dtype=np.float32).reshape(B, -1)
+                head = frames[0].bytes
+                c0 = time.thread_time()
+                compute.top_step(compute.forward_own(batches[b]), emb, batches[b], 0,
+                                 on_grad=lambda g, head=head: tx.send_multipart([head, g]))
+                if i >= warmup:
+                    cpu += time.thread_time() - c0
+        wall = time.perf_counter() - t0 if t0 is not None else float("nan")
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        results.put({"role": role, "wall_s": wall, "samples_per_s": steps * B / wall,
+                     "step_cpu_ms": 1e3 * cpu / steps if cpu else None,
+                     "invol_switches_per_step": (r1.ru_nivcsw - r0.ru_nivcsw) / steps
+                     if r0 is not None else None})
+        time.sleep(0.3)  # let the last message leave before LINGER=0 drops it
+        ctx.destroy(linger=0)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails
+        results.put({"role": role, "error": f"{type(exc).__name__}: {exc}"})
+
+
+def run_pair(cfg: Any, mode: str, steps: int, warmup: int = 30,
+             timeout_s: float = 300.0) -> dict[str, Any]:
+    """Run ``mode`` (``concurrent`` or ``bare_zmq``) in two pinned child processes.
+
+    Returns ``{"active": {...}, "passive": {...}}`` with ``samples_per_s``,
+    ``step_cpu_ms`` (active), ``invol_switches_per_step``.
+
+    Raises:
+        RuntimeError: a child failed or missed the deadline (``timeout_s`` seconds).
+    """
+    import socket
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    ctx = mp.get_context("spawn")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_party, args=(role, cfg, mode, steps, warmup, tuple(ports),
+                                              ready, go, results), daemon=True)
+             for role in ("passive", "active")]
+    deadline = time.monotonic() + timeout_s
+    try:
+        for p in procs:
+            p.start()
+        for _ in procs:
+            ready.get(timeout=max(1.0, deadline - time.monotonic()))
+        go.set()
+        out: dict[str, Any] = {}
+        for _ in procs:
+            r = results.get(timeout=max(1.0, deadline - time.monotonic()))
+            if "error" in r:
+                raise RuntimeError(f"{mode} {r['role']}: {r['error']}")
+            out[r["role"]] = r
+        for p in procs:
+            p.join(timeout=max(1.0, deadline - time.monotonic()))
+        return out
+    except Exception as exc:
+        raise RuntimeError(f"{mode}: {exc}") from exc
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1 repeat (default: 3)")
+    ap.add_argument("--reps", type=int, default=None, help="interleaved repeats")
+    ap.add_argument("--rows", type=int, default=None,
+                    help="synthetic rows (default: vfl_table's quick size, 60,000)")
+    ap.add_argument("--epochs", type=int, default=6, help="epochs of the real runs")
+    ap.add_argument("--json", type=Path, default=None, help="write results here")
+    args = ap.parse_args(argv)
+    table = _table()
+    reps = args.reps or (1 if args.quick else 3)
+    active_cpus, passive_cpus = table.pick_cpus()
+    rows = args.rows or table.QUICK_SYNTHETIC_ROWS
+    settings = {"active_cpus": active_cpus, "passive_cpus": passive_cpus, "synthetic_rows": rows}
+
+    def cfg_for(algo: str) -> Any:
+        wa, wp = table.main_workers(algo)
+        cfg, why = table.make_config(algo, "synthetic", seed=0, epochs=args.epochs,
+                                     settings=settings, w_active=wa, w_passive=wp)
+        if cfg is None:
+            raise SystemExit(f"error: {why}")
+        return cfg
+
+    base = cfg_for("avfl")
+    n_train = int(rows * (1 - base.test_frac) * 0.9)
+    steps = max(200, args.epochs * n_train // base.batch_size)  # as many as the real runs
+    print(f"synthetic {rows:,} x {table.SYNTHETIC_FEATURES}, B={base.batch_size}, "
+          f"cores active {active_cpus} passive {passive_cpus}, {steps} timed steps, "
+          f"{reps} repeat(s)", flush=True)
+    reps_out: list[dict[str, Any]] = []
+    for rep in range(reps):
+        before = table.run_profile(base)
+        got: dict[str, Any] = {}
+        for mode in ("concurrent", "bare_zmq"):
+            got[mode] = run_pair(base, mode, steps)
+        for algo in ("avfl", "pubsub"):
+            r = table.run_one(cfg_for(algo), table.run_timeout_s("synthetic", args.epochs, rows))
+            if r["status"] != "ok":
+                raise SystemExit(f"error: {algo} run failed: {r.get('error')}")
+            got[algo] = {"active": {"samples_per_s": r["train_samples_per_s"]}, "metric": r["metric"]}
+        after = table.run_profile(base)
+        prof = table.combine_profiles([p for p in (before, after) if p is not None])
+        if prof is None:
+            raise SystemExit("error: no profile could be taken")
+        ceiling = prof["ceiling_samples_per_s"]
+        eff = {m: got[m]["active"]["samples_per_s"] / ceiling for m in MODES}
+        reps_out.append({"ceiling_samples_per_s": ceiling, "efficiency": eff, "detail": got,
+                         "profile_active_cpu_ms": 1e3 * prof["parties"]["active"]["cpu_s_per_step"]})
+        print(f"repeat {rep}: ceiling {ceiling:,.0f} samples/s (active step "
+              f"{reps_out[-1]['profile_active_cpu_ms']:.2f} ms CPU)", flush=True)
+        for m in MODES:
+            a = got[m]["active"]
+            extra = ""
+            if a.get("step_cpu_ms") is not None:
+                extra = (f"  active step {a['step_cpu_ms']:.2f} ms CPU, "
+                         f"{a['invol_switches_per_step']:.2f} preemptions/step")
+            print(f"  {m:<11} {a['samples_per_s']:>9,.0f} samples/s  efficiency "
+                  f"{eff[m]:.3f}{extra}", flush=True)
+    summary = {m: statistics.median(r["efficiency"][m] for r in reps_out) for m in MODES}
+    summary["pubsub_vs_bare_zmq"] = statistics.median(
+        r["efficiency"]["pubsub"] / r["efficiency"]["bare_zmq"] for r in reps_out)
+    summary["bare_zmq_vs_concurrent"] = statistics.median(
+        r["efficiency"]["bare_zmq"] / r["efficiency"]["concurrent"] for r in reps_out)
+    print("median efficiency: " + ", ".join(f"{m} {summary[m]:.3f}" for m in MODES)
+          + f"; pubsub / bare_zmq {summary['pubsub_vs_bare_zmq']:.3f}, bare_zmq / concurrent "
+          f"{summary['bare_zmq_vs_concurrent']:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"settings": {"rows": rows, "steps": steps,
+                                                      "reps": reps, "window": WINDOW},
+                                         "reps": reps_out, "summary": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
