@@ -1,0 +1,364 @@
+"""synth.secagg: exact unmasked sums, uniform masked vectors, dropouts, Shamir, pairing graph."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import zlib
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from synth.compress import (
+    DeltaDecoder,
+    DeltaEncoder,
+    DeltaMessage,
+    ErrorFeedbackQuantizer,
+    QuantSpec,
+    pack_bits,
+    packed_size,
+)
+from synth.secagg import (
+    DuplicatePartyError,
+    ProtocolError,
+    SecAggClient,
+    SecAggConfig,
+    SecAggServer,
+    TooFewShares,
+    TooFewSurvivors,
+    VectorError,
+    _interpolate_at_zero,
+    default_degree,
+    mask,
+    neighbours,
+    recover_secret,
+    ring_bits,
+    split_secret,
+    stream_nonce,
+)
+
+
+def _fixed_key(label: str) -> X25519PrivateKey:
+    return X25519PrivateKey.from_private_bytes(hashlib.sha256(label.encode()).digest())
+
+
+def _setup(ids, m, n, *, round_id="r1", fixed=False, threshold=None, degree=None):
+    """Run stages 1-2 and return (config, clients, server) ready for masking."""
+    cfg = SecAggConfig(round_id=round_id, party_ids=tuple(ids), ring_bits=m, vector_len=n,
+                       threshold=threshold, degree=degree)
+    clients = {}
+    for p in ids:
+        kw = {}
+        if fixed:
+            kw = {"mask_key": _fixed_key(f"{round_id}/{p}/c"), "enc_key": _fixed_key(f"{round_id}/{p}/e"),
+                  "self_seed": hashlib.sha256(f"{round_id}/{p}/b".encode()).digest()}
+        clients[p] = SecAggClient(p, cfg, **kw)
+    server = SecAggServer(cfg)
+    for c in clients.values():
+        server.register_keys(c.public_keys())
+    for p, c in clients.items():
+        c.receive_public_keys(server.keys_for(p))
+    for p, c in clients.items():
+        server.collect_shares(p, c.share_messages())
+    for p, c in clients.items():
+        c.receive_shares(server.shares_for(p))
+    return cfg, clients, server
+
+
+def _finish(clients, server):
+    survivors, dropped = server.unmask_request()
+    revealed = {p: clients[p].reveal_all(survivors, dropped) for p in survivors}
+    return server.unmask(survivors, dropped, revealed)
+
+
+def _aggregate(xs, m, *, drop=(), round_id="r1"):
+    ids = list(xs)
+    n = len(next(iter(xs.values())))
+    _, clients, server = _setup(ids, m, n, round_id=round_id)
+    for p, c in clients.items():
+        y = c.masked(xs[p])
+        if p not in drop:
+            server.collect_masked(p, y)
+    return _finish(clients, server)
+
+
+def test_ring_bits() -> None:
+    assert ring_bits(8, 10) == 8 + 4 + 2
+    assert ring_bits(8, 1) == 10
+    assert ring_bits(16, 100, headroom=0) == 23
+    with pytest.raises(ValueError):
+        ring_bits(60, 100)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 10, 17, 50, 200])
+def test_neighbour_graph_is_symmetric_with_log_degree(k: int) -> None:
+    ids = [f"party-{i}" for i in range(k)]
+    g = neighbours(ids, None, b"seed")
+    deg = default_degree(k)
+    assert deg % 2 == 0 or deg == k - 1
+    for a, nb in g.items():
+        assert a not in nb and len(nb) == deg and len(set(nb)) == deg
+        for b in nb:
+            assert a in g[b]
+    assert g == neighbours(list(reversed(ids)), None, b"seed")  # deterministic, order-free
+    if k >= 50:
+        assert deg <= 2 * np.ceil(np.log2(k)) + 1
+        assert g != neighbours(ids, None, b"other seed")
+
+
+def test_neighbour_graph_explicit_degree_and_duplicates() -> None:
+    ids = [str(i) for i in range(20)]
+    g = neighbours(ids, 5, b"s")  # odd: rounded up to 6
+    assert {len(v) for v in g.values()} == {6}
+    assert {len(v) for v in neighbours(ids, 19, b"s").values()} == {19}
+    with pytest.raises(DuplicatePartyError) as ei:
+        neighbours(["a", "b", "a"], None, b"")
+    assert ei.value.duplicates == ("a",)
+    with pytest.raises(DuplicatePartyError):
+        SecAggConfig(round_id="r", party_ids=("x", "x"), ring_bits=8, vector_len=3)
+
+
+def test_shamir_any_threshold_subset_recovers() -> None:
+    secret = b"\x00\x00" + bytes(range(30))  # leading zeros survive
+    shares = split_secret(secret, 6, 3)
+    for subset in itertools.combinations(shares, 3):
+        assert recover_secret(subset, 3) == secret
+        assert recover_secret(reversed(subset), 3) == secret
+    assert recover_secret(split_secret(b"\xff" * 32, 2, 2), 2) == b"\xff" * 32
+    with pytest.raises(ValueError, match="exceeds 32"):
+        split_secret(b"\xff" * 33, 2, 2)
+    assert recover_secret(split_secret(b"", 1, 1), 1) == b""
+
+
+def test_shamir_below_threshold_reveals_nothing_useful() -> None:
+    secret = bytes(range(32))
+    shares = split_secret(secret, 5, 3)
+    with pytest.raises(TooFewShares) as ei:
+        recover_secret(shares[:2], 3, owner="u")
+    assert (ei.value.owner, ei.value.got, ei.value.threshold) == ("u", 2, 3)
+    with pytest.raises(TooFewShares):
+        recover_secret([shares[0], shares[0], shares[0]], 3)  # duplicates do not count
+    s = int.from_bytes(b"\x01" + secret, "big")
+    for subset in itertools.combinations(shares, 2):
+        assert _interpolate_at_zero(list(subset)) != s
+    # Two different secrets split with the same coefficients differ only by a constant in
+    # every share; with fresh randomness t - 1 shares of either look alike: their values
+    # are spread over the whole field, far above the encoded secret.
+    ys = [split_secret(secret, 5, 3)[0][1] for _ in range(20)]
+    assert len(set(ys)) == 20 and min(ys).bit_length() > 200  # field: 264 bits
+
+
+def test_mask_is_deterministic_in_range_and_nonce_separated() -> None:
+    key = bytes(32)
+    a = mask(key, 1000, 20, stream_nonce("r", "s"))
+    assert a.dtype == np.uint64 and int(a.max()) < 2**20
+    np.testing.assert_array_equal(a, mask(key, 1000, 20, stream_nonce("r", "s")))
+    assert (a != mask(key, 1000, 20, stream_nonce("r", "t"))).mean() > 0.99
+    full = mask(key, 8, 64, stream_nonce("r", "s"))
+    assert int(full.max()) >= 2**40
+    with pytest.raises(ValueError):
+        mask(b"short", 3, 8, stream_nonce("r"))
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 10])
+def test_unmasked_sum_equals_plain_sum_mod_2m(k: int) -> None:
+    m = 24
+    rng = np.random.default_rng(k)
+    ids = [f"p{i:02d}" for i in range(k)]
+    xs = {p: rng.integers(0, 2**m, 2000, dtype=np.uint64) for p in ids}  # full ring: wraps
+    total = _aggregate(xs, m)
+    expected = np.zeros(2000, dtype=np.uint64)
+    for x in xs.values():
+        expected = (expected + x) & np.uint64(2**m - 1)
+    assert total.dtype == np.uint64
+    np.testing.assert_array_equal(total, expected)
+
+
+def test_unmasked_sum_in_64_bit_ring() -> None:
+    rng = np.random.default_rng(3)
+    xs = {p: rng.integers(0, 2**63, 100, dtype=np.uint64) * np.uint64(2) + np.uint64(1) for p in "abc"}
+    np.testing.assert_array_equal(_aggregate(xs, 64), xs["a"] + xs["b"] + xs["c"])
+
+
+def _chi2_uniform(words: np.ndarray, m: int, top: int = 4) -> float:
+    bins = np.bincount((words >> np.uint64(m - top)).astype(np.int64), minlength=2**top)
+    exp = words.size / 2**top
+    return float(((bins - exp) ** 2 / exp).sum())
+
+
+def test_masked_vector_is_uniform_whatever_the_input() -> None:
+    """Chi-square over the top 4 bits (16 bins) of 20k masked words, fixed keys.
+
+    Critical value for 15 dof at p = 1e-9 is 73.6; keys are fixed, so the statistic is
+    deterministic. The raw inputs fail the same test by orders of magnitude.
+    """
+    m, n = 16, 20_000
+    inputs = {
+        "zeros": np.zeros(n, dtype=np.uint64),
+        "max": np.full(n, 2**m - 1, dtype=np.uint64),
+        "ramp": (np.arange(n, dtype=np.uint64) % 7),
+    }
+    stats = {}
+    first_words = {}
+    for name, x in inputs.items():
+        _, clients, _ = _setup(["a", "b", "c"], m, n, round_id=f"u-{name}", fixed=True)
+        y = clients["a"].masked(x)
+        stats[name] = _chi2_uniform(y, m)
+        first_words[name] = y
+        assert _chi2_uniform(x, m) > 10_000  # the raw input is far from uniform
+    print("chi2 of masked words:", stats)
+    assert max(stats.values()) < 73.6, stats
+    # Two very different inputs: homogeneity of the two masked histograms (16 bins).
+    h0 = np.bincount((first_words["zeros"] >> np.uint64(m - 4)).astype(np.int64), minlength=16)
+    h1 = np.bincount((first_words["max"] >> np.uint64(m - 4)).astype(np.int64), minlength=16)
+    pooled = (h0 + h1) / 2
+    homogeneity = float((((h0 - pooled) ** 2 + (h1 - pooled) ** 2) / pooled).sum())
+    print("homogeneity chi2:", homogeneity)
+    assert homogeneity < 73.6
+    # The masked words carry no compressible structure: zlib saves under 1%.
+    packed = pack_bits(first_words["zeros"], m)
+    assert len(packed) == packed_size(n, m)
+    assert len(zlib.compress(packed, 9)) > 0.99 * len(packed)
+
+
+@pytest.mark.parametrize("drop", [("p3",), ("p3", "p7")])
+def test_dropouts_after_masking_are_recovered(drop: tuple[str, ...]) -> None:
+    m = 20
+    rng = np.random.default_rng(7)
+    ids = [f"p{i}" for i in range(10)]
+    xs = {p: rng.integers(0, 2**15, 500, dtype=np.uint64) for p in ids}
+    total = _aggregate(xs, m, drop=drop)
+    expected = sum(xs[p] for p in ids if p not in drop) & np.uint64(2**m - 1)
+    np.testing.assert_array_equal(total, expected)
+
+
+def test_too_few_survivors_is_a_typed_error() -> None:
+    ids = [f"p{i}" for i in range(5)]  # complete graph, k = 4, t = 3
+    cfg, clients, server = _setup(ids, 12, 10)
+    assert cfg.t == 3
+    for p in ids[:2]:
+        server.collect_masked(p, clients[p].masked(np.zeros(10, dtype=np.uint64)))
+    with pytest.raises(TooFewSurvivors) as ei:
+        server.unmask_request()
+    assert (ei.value.survivors, ei.value.threshold) == (2, 3)
+    with pytest.raises(TooFewSurvivors):
+        clients["p0"].reveal_all(["p0", "p1"], ["p2", "p3", "p4"])
+
+
+def test_missing_shares_for_an_owner() -> None:
+    ids = [f"p{i}" for i in range(5)]
+    _, clients, server = _setup(ids, 12, 4)
+    for p in ids:
+        server.collect_masked(p, clients[p].masked(np.ones(4, dtype=np.uint64)))
+    survivors, dropped = server.unmask_request()
+    revealed = {p: clients[p].reveal_all(survivors, dropped) for p in survivors[:2]}
+    with pytest.raises(TooFewShares):
+        server.unmask(survivors, dropped, revealed)
+
+
+def test_bad_vectors_are_rejected() -> None:
+    _, clients, server = _setup(["a", "b"], 8, 4)
+    with pytest.raises(VectorError) as ei:
+        clients["a"].masked(np.zeros(5, dtype=np.uint64))
+    assert ei.value.party == "a"
+    with pytest.raises(VectorError):
+        clients["a"].masked(np.array([0, 1, 2, 256]))
+    with pytest.raises(VectorError):
+        clients["a"].masked(np.array([0, 1, 2, -1]))
+    with pytest.raises(VectorError):
+        clients["a"].masked(np.array([0.0, 1.0, 2.0, 3.0]))
+    with pytest.raises(VectorError):
+        server.collect_masked("b", np.zeros(3, dtype=np.uint64))
+
+
+def test_client_never_reveals_both_share_kinds() -> None:
+    _, clients, _ = _setup(["a", "b", "c"], 8, 4)
+    clients["a"].reveal("b", dropped=False)
+    with pytest.raises(ProtocolError):
+        clients["a"].reveal("b", dropped=True)
+    with pytest.raises(ProtocolError):
+        clients["a"].reveal_all(["a", "b"], ["b"])
+
+
+def test_tampered_or_misrouted_share_messages_fail_authentication() -> None:
+    cfg = SecAggConfig(round_id="r", party_ids=("a", "b", "c"), ring_bits=8, vector_len=2)
+    clients = {p: SecAggClient(p, cfg) for p in "abc"}
+    server = SecAggServer(cfg)
+    for c in clients.values():
+        server.register_keys(c.public_keys())
+    for p, c in clients.items():
+        c.receive_public_keys(server.keys_for(p))
+    msgs = {p: c.share_messages() for p, c in clients.items()}
+    blob = bytearray(msgs["a"]["b"])
+    blob[-1] ^= 1
+    with pytest.raises(ProtocolError):
+        clients["b"].receive_shares({"a": bytes(blob), "c": msgs["c"]["b"]})
+    with pytest.raises(ProtocolError):  # a ciphertext for c replayed to b
+        clients["b"].receive_shares({"a": msgs["a"]["c"]})
+
+
+def test_stages_must_run_in_order() -> None:
+    cfg = SecAggConfig(round_id="r", party_ids=("a", "b"), ring_bits=8, vector_len=2)
+    c = SecAggClient("a", cfg)
+    with pytest.raises(ProtocolError):
+        c.masked(np.zeros(2, dtype=np.uint64))
+    with pytest.raises(ProtocolError):
+        c.share_messages()
+    server = SecAggServer(cfg)
+    with pytest.raises(ProtocolError):
+        server.collect_masked("a", np.zeros(2, dtype=np.uint64))
+    with pytest.raises(ValueError):
+        SecAggClient("z", cfg)
+
+
+def test_delta_encoding_survives_masking_over_rounds() -> None:
+    """Each party error-feedback quantises, delta-encodes in Z_{2^m} and masks; the
+    aggregator adds the unmasked sum of deltas to its previous aggregate. After every
+    round it holds exactly the sum of the parties' current codes."""
+    k, n, b = 5, 300, 6
+    m = ring_bits(b, k)
+    spec = QuantSpec(bits=b, h_min=0.0, h_max=200.0)
+    ids = [f"p{i}" for i in range(k)]
+    rng = np.random.default_rng(11)
+    base = {p: rng.uniform(0, 200, n) for p in ids}
+    quant = {p: ErrorFeedbackQuantizer(spec) for p in ids}
+    enc = {p: DeltaEncoder(ring_bits=m) for p in ids}
+    agg = DeltaDecoder(ring_bits=m)
+    for t in range(4):
+        _, clients, server = _setup(ids, m, n, round_id=f"round-{t}")
+        current, msgs = {}, {}
+        for p in ids:
+            current[p] = quant[p].encode(np.clip(base[p] + rng.normal(0, 5, n), 0, 200))
+            msgs[p] = enc[p].encode(current[p], "clique")
+            server.collect_masked(p, clients[p].masked(msgs[p].payload))
+        assert len({msgs[p].full for p in ids}) == 1 and msgs[ids[0]].full == (t == 0)
+        masked_sum = _finish(clients, server)
+        template = msgs[ids[0]]
+        summed = DeltaMessage(stream="clique", version=template.version,
+                                base_version=template.base_version, full=template.full, payload=masked_sum)
+        result = agg.decode(summed)
+        np.testing.assert_array_equal(result, sum(current[p] for p in ids))
+        for p in ids:
+            enc[p].ack("clique", agg.version("clique"))
+
+
+def test_hierarchical_masked_sums_unmask_to_the_plain_sum_with_a_dropout() -> None:
+    """Aggregators forward sums of masked vectors; the server never sees one alone."""
+    m = 18
+    rng = np.random.default_rng(11)
+    ids = [f"p{i}" for i in range(9)]
+    xs = {p: rng.integers(0, 2**12, 64, dtype=np.uint64) for p in ids}
+    _, clients, server = _setup(ids, m, 64)
+    mk = np.uint64(2**m - 1)
+    groups = [ids[0:3], ids[3:6], ids[6:9]]
+    dropped = "p4"
+    for g in groups:
+        alive = [p for p in g if p != dropped]
+        part = sum(clients[p].masked(xs[p]) for p in alive) & mk
+        server.collect_masked_sum(alive, part)
+    with pytest.raises(ProtocolError, match="twice"):
+        server.collect_masked_sum(["p0"], np.zeros(64, dtype=np.uint64))
+    total = _finish(clients, server)
+    expected = sum(xs[p] for p in ids if p != dropped) & mk
+    np.testing.assert_array_equal(total, expected)
