@@ -1,6 +1,6 @@
 """The ``psfl`` command: one console script with subcommands.
 
-``psfl demo`` · ``psfl vfl run|party|profile`` · ``psfl broker run|stats``
+``psfl demo`` · ``psfl vfl run|party|profile`` · ``psfl synth run`` · ``psfl broker run|stats``
 """
 
 from __future__ import annotations
@@ -125,6 +125,63 @@ def _vfl_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _synth_run(args: argparse.Namespace) -> int:
+    """``psfl synth run``: FedForge on one machine (broker, coordinator, aggregators and
+    parties as processes)."""
+    from parties.cli import ExitCode, exit_code_for
+    from sim.launch import JobTimeout, LaunchError, OutDirError, _Terminated, exit_code_of
+    from sim.synth_launch import run_synth
+    from synth.config import load_synth_config
+    from synth.domain import DomainError
+
+    extra: dict[str, object] = {}
+    for key in ("dataset", "parties", "epsilon", "mechanism", "engine"):
+        if getattr(args, key, None) is not None:
+            extra[key] = getattr(args, key)
+    cfg = load_synth_config(args.config, args.set, extra)  # ConfigError: exit 2
+    print(f"FedForge: {cfg.dataset}, K={cfg.parties} parties, epsilon {cfg.epsilon:g} "
+          f"(delta {cfg.delta:g}), {cfg.mechanism} + {cfg.resolved_engine()}, {cfg.noise_model} noise, "
+          f"{cfg.bits}-bit, fan-out {cfg.fanout}, out {args.out}", flush=True)
+    try:
+        res = run_synth(cfg, args.out, broker=args.broker, run_id=args.run_id,
+                        timeout_s=args.timeout_s)
+    except LaunchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_code_of(exc)
+    except OutDirError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    except JobTimeout as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.TIMEOUT
+    except _Terminated:
+        print("terminated: stopped every process", file=sys.stderr)
+        return 143
+    except DomainError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    except Exception as exc:
+        code = exit_code_for(exc)
+        if code is None:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return code
+    m = res.metrics
+    ml = m.get("ml_utility") or {}
+    tv = m.get("avg_tv")
+    print(f"avg TV over {m.get('n_workload')} {m.get('workload', 'workload')}: "
+          f"{tv:.4f} (max {m['max_tv']:.4f})" if tv is not None else "no quality report")
+    if ml:
+        print(f"ML utility (gradient boosting, real holdout): AUC synthetic "
+              f"{ml.get('auc_synthetic', float('nan')):.3f} vs real {ml.get('auc_real', float('nan')):.3f}")
+    if m.get("bytes_wire"):
+        print(f"wire bytes {m['bytes_wire']:,} vs naive float32 {m['bytes_naive']:,} "
+              f"({m['bytes_wire'] / m['bytes_naive']:.2f}x)")
+    print(f"wall {m['wall_s']:.1f} s; synthetic rows: {res.out / 'synthetic.csv'}; "
+          f"metrics: {res.out / 'metrics.json'}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     """Run ``bench/NAME.py`` of this checkout with the remaining arguments."""
     import subprocess
@@ -201,6 +258,26 @@ def build_parser() -> argparse.ArgumentParser:
                       "(the run's layout; auto picks it when both are pinned to disjoint "
                       "CPUs); alone: one party at a time")
     prof.set_defaults(func=_vfl_profile)
+
+    syn = sub.add_parser("synth", help="FedForge: federated differentially private synthesis")
+    ssub = syn.add_subparsers(dest="synth_command", required=True)
+    srun = ssub.add_parser("run", help="start broker, coordinator, aggregators and parties as "
+                           "processes; write RUN_DIR/synthetic.csv and metrics.json")
+    srun.add_argument("--dataset", help="a named dataset (adult, bank) or a CSV/Parquet path")
+    srun.add_argument("--parties", type=int, help="K, data-holding parties (default 10)")
+    srun.add_argument("--epsilon", type=float, help="epsilon of the release (default 1)")
+    srun.add_argument("--mechanism", help="clique selection: mst (default)")
+    srun.add_argument("--engine", help="synthesis engine: auto (default: mbi if installed, "
+                      "else neural), mbi or neural")
+    srun.add_argument("--out", required=True, help="run directory (may exist; overwritten)")
+    srun.add_argument("--config", help="TOML file with a [synth] table")
+    srun.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config key, e.g. --set bits=10 (repeatable)")
+    srun.add_argument("--broker", help="use a running broker tcp://HOST:PORT")
+    srun.add_argument("--run-id", help="run id (topic namespace); default random")
+    srun.add_argument("--timeout-s", type=float, default=None,
+                      help="kill the job after this many seconds")
+    srun.set_defaults(func=_synth_run)
 
     bench = sub.add_parser("bench", help="run bench/NAME.py (e.g. psfl bench bus --quick)")
     bench.add_argument("name", help="benchmark name: bus, vfl_overhead, vfl_dp, vfl_table, "

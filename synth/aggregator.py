@@ -1,0 +1,133 @@
+"""A FedForge aggregator: a node of the aggregation tree (issue 6, item 6).
+
+It adds the masked vectors (or masked sums) its children send for a round, mod 2^m,
+and forwards the sum with the list of parties in it to its parent, up to the
+coordinator. Masked words are uniformly random, so an aggregator learns nothing about
+any party's marginals; pairwise masks cancel only in the total at the coordinator, which
+alone unmasks. Its work and memory per round are ``O(children × vector_len)``.
+
+A child that has not reported when the aggregator's deadline passes is left out (the
+coordinator then treats its parties as dropouts of the round). Deadline of a level-ℓ
+aggregator: ``(3 + ℓ) × timeout_s`` after the plan, since parties mask only after the
+key and share stages (each up to ``timeout_s``), and each level below may wait its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+import structlog
+
+from pubsub import Bus, DeadlineExceeded
+from synth.config import SynthConfig
+from synth.netutil import ParticipantError, array_to_words, first_of, words_to_array
+from synth.party import bus_config, topic_limits
+from synth.protocol import RoundPlan, Topics, Tree
+
+log = structlog.get_logger(__name__)
+
+
+def stage_deadline_s(plan: RoundPlan, level: int) -> float:
+    """How long a level-``level`` aggregator waits for its children after the plan, seconds."""
+    return (3 + level) * plan.timeout_s + 5.0
+
+
+class Aggregator:
+    """One aggregator (``a<level>_<j>``).
+
+    Args:
+        node_id: its id in the tree.
+        cfg: the run config.
+        broker: broker address ``tcp://HOST:PORT``.
+        run_id: topic namespace.
+    """
+
+    def __init__(self, node_id: str, *, cfg: SynthConfig, broker: str, run_id: str) -> None:
+        self.id = node_id
+        self.cfg = cfg
+        self.broker = broker
+        self.topics = Topics(run_id)
+        self.rounds: list[dict[str, Any]] = []
+        self.log = log.bind(aggregator=node_id, run_id=run_id)
+
+    async def run(self) -> dict[str, Any]:
+        """Aggregate every round until the coordinator says done; returns a report.
+
+        Raises:
+            ParticipantError: no coordinator.
+        """
+        t = self.topics
+        async with Bus(self.broker, name=self.id, config=bus_config(self.cfg)) as bus:
+            await bus.subscribe_prefix(t.to(self.id), limits=topic_limits(self.cfg))
+            await bus.subscribe_prefix(t.all(), limits=topic_limits(self.cfg))
+            hello = {"from": self.id, "role": "aggregator"}
+            deadline = time.monotonic() + self.cfg.handshake_timeout_s
+            while True:  # hello until the schema shows the coordinator is there
+                bus.publish_nowait(t.hello, (), hello)
+                try:
+                    await bus.next(t.schema, 1.0)
+                    break
+                except DeadlineExceeded:
+                    if time.monotonic() > deadline:
+                        raise ParticipantError(self.id, "no coordinator answered", code=4) from None
+            while True:
+                try:
+                    msg = await first_of(bus, [t.plan, t.done],
+                                         self.cfg.handshake_timeout_s + 3600.0)
+                except DeadlineExceeded:
+                    raise ParticipantError(self.id, "the coordinator went silent", code=4) from None
+                if msg.topic == t.done:
+                    break
+                plan = RoundPlan.from_meta(msg.meta)
+                tree = Tree.from_dict(plan.tree)
+                if self.id in tree.children:
+                    await self._round(bus, plan, tree)
+            stats = bus.stats()
+        return {"aggregator": self.id, "rounds": self.rounds,
+                "bytes_sent": int(sum(stats.sent_bytes.values()))}
+
+    async def _round(self, bus: Bus, plan: RoundPlan, tree: Tree) -> None:
+        t, r, m, n = self.topics, plan.round, plan.ring_bits, plan.vector_len
+        kids = set(tree.children[self.id])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + stage_deadline_s(plan, tree.level_of(self.id))
+        total = np.zeros(n, dtype=np.uint64)
+        mask = np.uint64((1 << m) - 1)
+        ids: list[str] = []
+        heard: set[str] = set()
+        topic = t.up(r, self.id)
+        while heard != kids:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                msg = await bus.next(topic, remaining)
+            except DeadlineExceeded:
+                break
+            sender = msg.meta.get("from")
+            if sender not in kids or sender in heard:
+                self.log.warning("synth.unexpected_child", sender=sender, round=r)
+                continue
+            try:
+                words = array_to_words(msg.arrays[0], m, n)
+            except (ValueError, IndexError) as exc:
+                self.log.warning("synth.bad_vector", sender=sender, round=r, error=str(exc))
+                continue
+            heard.add(sender)
+            ids.extend(msg.meta.get("ids", []))
+            total += words
+            total &= mask
+        missing = sorted(kids - heard)
+        if missing:
+            self.log.warning("synth.children_missing", round=r, missing=missing)
+        if ids:
+            bus.publish_nowait(t.up(r, tree.parent[self.id]), [words_to_array(total, m)],
+                               {"from": self.id, "ids": ids}, copy=False)
+        self.rounds.append({"round": r, "children": len(kids), "heard": len(heard),
+                            "parties": len(ids)})
+
+
+__all__ = ["Aggregator", "stage_deadline_s"]

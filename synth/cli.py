@@ -1,0 +1,159 @@
+"""Entry points of FedForge's processes: ``python -m synth {coordinator,aggregators,parties}``.
+
+Each process joins the broker and runs its participants (one coordinator; any number of
+aggregators or parties as asyncio tasks, each with its own bus connection), so a
+deployment can place them on any hosts that reach the broker over TCP.
+
+Exit codes: 0 success, 1 internal failure (e.g. a refused privacy budget), 2 bad config
+or data, 3 broker unreachable, 4 a participant missing or silent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pubsub.address import InvalidAddress
+from pubsub.config import ConfigError
+from pubsub.errors import BrokerUnreachable
+from pubsub.logs import configure_logging
+from pubsub.runner import run as run_loop
+from synth.config import SynthConfig, load_synth_config
+from synth.domain import DomainError
+
+EXIT_BAD_INPUT, EXIT_BROKER, EXIT_PEER, EXIT_FAILED = 2, 3, 4, 1
+
+
+def read_table(path: str | Path) -> Any:
+    """A CSV (optionally gzipped) or Parquet table as a pandas DataFrame.
+
+    Raises:
+        ConfigError: the file is missing or not a table.
+    """
+    import pandas as pd
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("synth.dataset", f"no such file: {str(p)!r}")
+    try:
+        if p.suffix == ".parquet":
+            return pd.read_parquet(p)
+        return pd.read_csv(p)
+    except Exception as exc:  # noqa: BLE001 - pandas raises many types for bad files
+        raise ConfigError("synth.dataset", f"cannot read {str(p)!r}: {exc}") from None
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--broker", required=True, help="broker base address tcp://HOST:PORT")
+    p.add_argument("--config", help="TOML file with a [synth] table")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--run-id", required=True, help="run id (topic namespace)")
+    p.add_argument("--events", help="append JSON log lines here")
+
+
+async def _parties(cfg: SynthConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from synth.party import SynthParty
+
+    ids = [i for i in args.ids.split(",") if i]
+    frames = [await asyncio.to_thread(read_table, Path(args.data_dir) / f"{i}.parquet")
+              for i in ids]
+    seeds = ([None] * len(ids) if cfg.noise_seed is None
+             else [cfg.noise_seed * 100_003 + k for k in range(len(ids))])
+    parties = [SynthParty(i, f, cfg=cfg, broker=args.broker, run_id=args.run_id, noise_seed=s)
+               for i, f, s in zip(ids, frames, seeds, strict=True)]
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(p.run()) for p in parties]
+    return [t.result() for t in tasks]
+
+
+async def _aggregators(cfg: SynthConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from synth.aggregator import Aggregator
+
+    aggs = [Aggregator(i, cfg=cfg, broker=args.broker, run_id=args.run_id)
+            for i in args.ids.split(",") if i]
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(a.run()) for a in aggs]
+    return [t.result() for t in tasks]
+
+
+async def _coordinator(cfg: SynthConfig, args: argparse.Namespace) -> dict[str, Any]:
+    from synth.coordinator import Coordinator, EvalData
+    from synth.domain import Schema
+
+    schema = Schema.from_dict(json.loads(Path(args.schema).read_text()))
+    ev = None
+    if args.eval_dir:
+        d = Path(args.eval_dir)
+        ev = EvalData(train=read_table(d / "train.parquet"),
+                      holdout=read_table(d / "holdout.parquet"))
+    coord = Coordinator(cfg, schema, broker=args.broker, run_id=args.run_id,
+                        out=Path(args.out), eval_data=ev)
+    return await coord.run()
+
+
+def _exit_code(exc: BaseException) -> int | None:
+    from synth.coordinator import CoordinatorError
+    from synth.netutil import ParticipantError
+
+    if isinstance(exc, BaseExceptionGroup):
+        codes = [_exit_code(e) for e in exc.exceptions]
+        known = [c for c in codes if c is not None]
+        return known[0] if known else None
+    if isinstance(exc, ConfigError | InvalidAddress | DomainError):
+        return EXIT_BAD_INPUT
+    if isinstance(exc, BrokerUnreachable):
+        return EXIT_BROKER
+    if isinstance(exc, CoordinatorError | ParticipantError):
+        return exc.code
+    return None
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_message(e) for e in exc.exceptions)
+    return str(exc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m synth ROLE --broker tcp://HOST:PORT --run-id ID [...]``."""
+    ap = argparse.ArgumentParser(prog="python -m synth", description="Run FedForge processes.")
+    sub = ap.add_subparsers(dest="role", required=True)
+    c = sub.add_parser("coordinator", help="the coordinator (one per run)")
+    _common(c)
+    c.add_argument("--schema", required=True, help="the public schema (schema.json)")
+    c.add_argument("--out", required=True, help="run directory (metrics.json, synthetic.csv)")
+    c.add_argument("--eval-dir", help="evaluation-only data: train.parquet, holdout.parquet")
+    a = sub.add_parser("aggregators", help="aggregator nodes (comma-separated ids)")
+    _common(a)
+    a.add_argument("--ids", required=True)
+    p = sub.add_parser("parties", help="data-holding parties (comma-separated ids)")
+    _common(p)
+    p.add_argument("--ids", required=True)
+    p.add_argument("--data-dir", required=True, help="holds <id>.parquet for each party")
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_synth_config(args.config, args.set)
+        configure_logging(events_path=args.events, party=args.role, run_id=args.run_id)
+        role = {"coordinator": _coordinator, "aggregators": _aggregators,
+                "parties": _parties}[args.role]
+        result = run_loop(role(cfg, args), event_loop="uvloop")
+    except BaseException as exc:  # noqa: BLE001 - mapped to exit codes below
+        if isinstance(exc, KeyboardInterrupt):
+            return 130
+        code = _exit_code(exc)
+        if code is None:
+            raise
+        print(f"error ({args.role}): {_message(exc)}", file=sys.stderr)
+        return code
+    if args.role == "coordinator":
+        print(f"coordinator done: avg_tv {result.get('avg_tv')}, wall {result['wall_s']:.1f} s",
+              flush=True)
+    return 0
+
+
+__all__ = ["main", "read_table"]

@@ -1,0 +1,221 @@
+"""The FedForge run configuration: one frozen dataclass, loaded from TOML ``[synth]`` plus ``--set``.
+
+Defaults follow the issue and the AIM/MST literature: ε = 1, δ = 1e-9, MST cliques, all
+3-way marginals as the workload, numeric columns coarsened to about 10 bins.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pubsub.config import (
+    ConfigError,
+    deep_merge,
+    dump_toml,
+    from_mapping,
+    load_toml,
+    parse_overrides,
+    to_mapping,
+)
+
+#: Columns a named dataset leaves out of synthesis unless ``drop_columns`` is set.
+DEFAULT_DROP: dict[str, tuple[str, ...]] = {"adult": ("education",)}
+MECHANISMS = ("mst",)
+ENGINES = ("auto", "mbi", "neural")
+NOISE_MODELS = ("distributed", "local")
+SPLITS = ("iid", "dirichlet")
+CODECS = ("none", "zlib", "lzma")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SynthConfig:
+    """Settings of one FedForge run (the coordinator sends the shared ones to every party).
+
+    Attributes:
+        dataset: the table: a named dataset (resolved by the launcher, e.g. ``adult``) or a
+            CSV/Parquet path readable by every party process.
+        label: the label column used for the ML-utility score ('' = none: no ML utility).
+        drop_columns: columns left out of the synthesis; None = the named dataset's
+            default (:data:`DEFAULT_DROP`: ``adult`` drops ``education``, an exact
+            duplicate of ``educational-num``, as private-pgm's Adult benchmark does).
+        parties: K, the number of data-holding parties.
+        epsilon / delta: the (ε, δ) target of the whole release, per party (each
+            record lives at one party); converted to zCDP ρ with the tight conversion
+            (:func:`synth.accounting.cdp_rho`). ``epsilon = inf`` runs without noise.
+        mechanism: clique selection: ``mst`` (1-way marginals, all 2-way marginals
+            measured for the selection, then the maximum spanning tree's 2-way marginals;
+            ρ split in thirds).
+        engine: ``mbi`` (Private-PGM graphical model; the optional extra
+            ``pip install -e ".[mbi]"``), ``neural`` (a torch relaxed-dataset generator fit
+            to the marginals) or ``auto`` (the default: ``mbi`` when it is installed, else
+            ``neural``; ``metrics.json`` names the one used).
+        noise_model: ``distributed`` (each party adds 1/K of the noise variance; the
+            securely aggregated sum carries the central noise) or ``local`` (each party's
+            vector is DP on its own; the sum's noise std grows by √K).
+        bits: b, the quantisation width of each noisy count before masking.
+        secagg_degree: k, neighbours per party in the secure-aggregation graph (0 = the
+            default ``ceil(log2 K) + 1``, rounded up to even; see
+            :func:`synth.protocol.secagg_degree`).
+        codec: lossless compression of the packed masked words (``none`` by default:
+            masked words are uniformly random and do not compress).
+        fanout: children per aggregator in the aggregation tree (parties report to leaf
+            aggregators, leaves to inner ones, up to the coordinator).
+        split: how the rows are spread over the parties: ``iid`` or ``dirichlet``
+            (non-IID: per class of ``split_column``, party shares ~ Dirichlet(α)).
+        split_column / dirichlet_alpha: the column and α of the ``dirichlet`` split
+            ('' = the label).
+        numeric_bins / binning: how numeric columns are coarsened (public domain).
+        holdout_frac: share of the rows kept out of every party: the real test set of the
+            ML-utility score.
+        synthetic_rows: rows to sample (0 = as many as the parties hold together).
+        workload_k: the workload is all ``workload_k``-way marginals (quality report).
+        seed: split, graph and sampling seed (the noise itself comes from OS entropy
+            unless ``noise_seed`` is set).
+        noise_seed: seed of the parties' noise generators, for reproducible tests only.
+        round_timeout_s: deadline of each protocol stage (keys, shares, masked vectors,
+            reveals), seconds; a party that misses it is a dropout of that round.
+        handshake_timeout_s: deadline for every party and aggregator to say hello, seconds.
+        connect_timeout_s: broker handshake deadline, seconds.
+        max_cells: the largest marginal (cells) a clique may have; larger pairs are
+            refused before any memory is used.
+        engine_iters: fitting iterations of the engine.
+        parties_per_process: party tasks hosted by one OS process (each with its own bus
+            connection); the launcher starts ceil(K / this) party processes.
+    """
+
+    dataset: str = "adult"
+    label: str = ""
+    drop_columns: tuple[str, ...] | None = None
+    parties: int = 10
+    epsilon: float = 1.0
+    delta: float = 1e-9
+    mechanism: str = "mst"
+    engine: str = "auto"
+    noise_model: str = "distributed"
+    bits: int = 8
+    secagg_degree: int = 0
+    codec: str = "none"
+    fanout: int = 4
+    split: str = "iid"
+    split_column: str = ""
+    dirichlet_alpha: float = 1.0
+    numeric_bins: int = 10
+    binning: str = "quantile"
+    holdout_frac: float = 0.2
+    synthetic_rows: int = 0
+    workload_k: int = 3
+    seed: int = 0
+    noise_seed: int | None = None
+    round_timeout_s: float = 60.0
+    handshake_timeout_s: float = 120.0
+    connect_timeout_s: float = 10.0
+    max_cells: int = 1_000_000
+    engine_iters: int = 0
+    parties_per_process: int = 5
+
+    def __post_init__(self) -> None:
+        def bad(key: str, why: str) -> ConfigError:
+            return ConfigError(f"synth.{key}", why)
+
+        if not self.dataset:
+            raise bad("dataset", "must name a dataset or a file")
+        if not 1 <= self.parties <= 10_000:
+            raise bad("parties", f"must be in [1, 10000], got {self.parties}")
+        if not (self.epsilon > 0):  # also rejects NaN
+            raise bad("epsilon", f"must be > 0 (inf = no noise), got {self.epsilon}")
+        if not 0 < self.delta < 1:
+            raise bad("delta", f"must be in (0, 1), got {self.delta}")
+        for key, value, allowed in (("mechanism", self.mechanism, MECHANISMS),
+                                    ("engine", self.engine, ENGINES),
+                                    ("noise_model", self.noise_model, NOISE_MODELS),
+                                    ("split", self.split, SPLITS),
+                                    ("codec", self.codec, CODECS),
+                                    ("binning", self.binning, ("quantile", "uniform"))):
+            if value not in allowed:
+                raise bad(key, f"must be one of {allowed}, got {value!r}")
+        if not 1 <= self.bits <= 30:
+            raise bad("bits", f"must be in [1, 30], got {self.bits}")
+        if self.secagg_degree < 0:
+            raise bad("secagg_degree", f"must be >= 0, got {self.secagg_degree}")
+        if self.fanout < 2:
+            raise bad("fanout", f"must be >= 2, got {self.fanout}")
+        if not (self.dirichlet_alpha > 0 and math.isfinite(self.dirichlet_alpha)):
+            raise bad("dirichlet_alpha", f"must be finite and > 0, got {self.dirichlet_alpha}")
+        if not 2 <= self.numeric_bins <= 1000:
+            raise bad("numeric_bins", f"must be in [2, 1000], got {self.numeric_bins}")
+        if not 0 < self.holdout_frac < 0.9:
+            raise bad("holdout_frac", f"must be in (0, 0.9), got {self.holdout_frac}")
+        if self.synthetic_rows < 0:
+            raise bad("synthetic_rows", f"must be >= 0, got {self.synthetic_rows}")
+        if not 1 <= self.workload_k <= 4:
+            raise bad("workload_k", f"must be in [1, 4], got {self.workload_k}")
+        for key in ("round_timeout_s", "handshake_timeout_s", "connect_timeout_s"):
+            v = getattr(self, key)
+            if not (v > 0 and math.isfinite(v)):
+                raise bad(key, f"must be finite and > 0 seconds, got {v}")
+        if self.max_cells < 1:
+            raise bad("max_cells", f"must be >= 1, got {self.max_cells}")
+        if self.engine_iters < 0:
+            raise bad("engine_iters", f"must be >= 0, got {self.engine_iters}")
+        if self.parties_per_process < 1:
+            raise bad("parties_per_process", f"must be >= 1, got {self.parties_per_process}")
+
+    @property
+    def private(self) -> bool:
+        """False when ``epsilon`` is infinite (the no-privacy upper bound)."""
+        return math.isfinite(self.epsilon)
+
+    def resolved_drop(self) -> tuple[str, ...]:
+        """``drop_columns``, or the named dataset's default when it is None."""
+        if self.drop_columns is not None:
+            return self.drop_columns
+        return DEFAULT_DROP.get(self.dataset, ())
+
+    def resolved_engine(self) -> str:
+        """``engine`` with ``auto`` resolved: ``mbi`` if the package imports, else ``neural``."""
+        if self.engine != "auto":
+            return self.engine
+        import importlib.util
+
+        return "mbi" if importlib.util.find_spec("mbi") is not None else "neural"
+
+    def party_ids(self) -> tuple[str, ...]:
+        """``("p000", "p001", ...)``: the K party ids, zero-padded so they sort in order."""
+        width = max(3, len(str(self.parties - 1)))
+        return tuple(f"p{i:0{width}d}" for i in range(self.parties))
+
+
+def load_synth_config(path: str | Path | None = None, sets: Sequence[str] = (),
+                      extra: Mapping[str, Any] | None = None) -> SynthConfig:
+    """Effective config: defaults, then the TOML file's ``[synth]`` table, then ``--set``.
+
+    ``--set`` keys may be written ``synth.parties=10`` or just ``parties=10``; ``extra``
+    (from dedicated CLI flags) is applied last.
+
+    Raises:
+        ConfigError: unknown section or key, wrong type, or an invalid value.
+    """
+    data: dict[str, Any] = load_toml(path) if path else {}
+    unknown = set(data) - {"synth"}
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], "unknown section (expected [synth])")
+    over = parse_overrides(sets)
+    flat = {k: v for k, v in over.items() if k != "synth"}
+    table = deep_merge(dict(data.get("synth", {})), over.get("synth", {}))
+    table = deep_merge(table, flat)
+    if extra:
+        table = deep_merge(table, dict(extra))
+    return from_mapping(SynthConfig, table, section="synth")
+
+
+def dump_synth_config(cfg: SynthConfig) -> str:
+    """The config as TOML text (a ``[synth]`` table) that :func:`load_synth_config` reads."""
+    return dump_toml({"synth": to_mapping(cfg)})
+
+
+__all__ = ["CODECS", "DEFAULT_DROP", "ENGINES", "MECHANISMS", "NOISE_MODELS", "SPLITS", "SynthConfig",
+           "dump_synth_config", "load_synth_config"]

@@ -1,0 +1,493 @@
+"""The FedForge coordinator: runs a synthesis job as a DAG of stages over the bus
+(issue 6, item 9), acting as the secure-aggregation server and the tree's root.
+
+Stages, in order; each writes its artifact to ``OUT/stages/`` and logs ``stage.started``
+and ``stage.done`` (with seconds) to the run's event log:
+
+* ``schema``: waits for every party's and aggregator's hello and broadcasts the public
+  schema (``schema.json``); each party checks its columns and values against it and
+  reports a mismatch as an error, which ends the run.
+* ``budget``: ρ from (ε, δ) with the tight conversion (:func:`synth.accounting.cdp_rho`),
+  split by the mechanism (MST: thirds, :func:`synth.select.mst_budget`) (``budget.json``).
+* ``round:one_way``, ``round:select``, ``round:tree``: the measurement rounds (MST:
+  all 1-way marginals; all 2-way marginals, whose noisy aggregate selects the maximum
+  spanning tree at the coordinator, as post-processing; the tree's 2-way marginals), each
+  measured by the parties, masked, summed up the aggregation tree and unmasked here
+  (``round_<name>.json`` and ``.npz``).
+* ``synthesis``: fits the engine to the noisy aggregate 1-way and tree marginals and
+  samples the synthetic rows (``synthetic.csv`` in OUT).
+* ``quality``: workload TV distance against the pooled real rows and ML utility against
+  the real holdout, when the evaluation data is given (simulation; a deployed
+  coordinator never sees records) (``quality.json``).
+
+``metrics.json`` in OUT holds the figures the issue asks for (``avg_tv``, ``max_tv``,
+``workload_error``, ``bytes_wire``, ``bytes_naive``, ``rho_spent`` per party, ``epsilon``,
+``delta``, ``wall_s``, ``ml_utility``) and the per-round details.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import structlog
+
+from pubsub import Bus, DeadlineExceeded, Message
+from pubsub.config import to_mapping
+from pubsub.control import control_request
+from synth.accounting import cdp_epsilon, cdp_rho
+from synth.config import SynthConfig
+from synth.domain import Schema, decode, encode
+from synth.engine import NoisyMarginal, make_engine
+from synth.netutil import array_to_words
+from synth.party import bus_config, topic_limits
+from synth.protocol import (
+    ROOT,
+    RoundPlan,
+    Topics,
+    aggregate_sigma,
+    build_tree,
+    decode_sum,
+    pack_blobs,
+    unpack_blobs,
+    party_sigma2,
+    quant_range,
+    secagg_degree,
+    split_marginals,
+)
+from synth.secagg import (
+    PartyKeys,
+    RevealedShare,
+    SecAggConfig,
+    SecAggError,
+    SecAggServer,
+    ring_bits,
+)
+from synth.select import candidate_pairs, mst_budget, mst_select
+
+log = structlog.get_logger(__name__)
+
+
+class CoordinatorError(RuntimeError):
+    """The run cannot complete.
+
+    Attributes:
+        reason: what went wrong (also broadcast to every participant with ``done``).
+        code: the process exit code (2: bad input, 4: participants missing, 1: other).
+    """
+
+    def __init__(self, reason: str, *, code: int = 1) -> None:
+        self.reason = reason
+        self.code = code
+        super().__init__(reason)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalData:
+    """Evaluation-only data for the quality stage (the simulator has it; a deployed
+    coordinator does not).
+
+    Attributes:
+        train: the pooled rows the parties hold.
+        holdout: real rows no party used (the ML-utility test set).
+    """
+
+    train: pd.DataFrame
+    holdout: pd.DataFrame
+
+
+@dataclass(slots=True)
+class _RoundResult:
+    plan: RoundPlan
+    values: np.ndarray  # float64 (vector_len,): decoded aggregate
+    sigma: float
+    survivors: tuple[str, ...]
+    dropped: tuple[str, ...]
+    missing: tuple[str, ...]  # planned parties that never advertised keys
+    seconds: float
+
+
+class Coordinator:
+    """Runs one FedForge job.
+
+    Args:
+        cfg: the run config.
+        schema: the public schema (domain) every party must share.
+        broker: broker address ``tcp://HOST:PORT``.
+        run_id: topic namespace.
+        out: the run directory (artifacts, ``synthetic.csv``, ``metrics.json``).
+        eval_data: evaluation-only data for the quality stage, or None.
+    """
+
+    def __init__(self, cfg: SynthConfig, schema: Schema, *, broker: str, run_id: str,
+                 out: Path, eval_data: EvalData | None = None) -> None:
+        self.cfg = cfg
+        self.schema = schema
+        self.domain = schema.domain
+        self.broker = broker
+        self.run_id = run_id
+        self.topics = Topics(run_id)
+        self.out = Path(out)
+        self.stages_dir = self.out / "stages"
+        self.eval_data = eval_data
+        self.parties = cfg.party_ids()
+        self.tree = build_tree(self.parties, cfg.fanout)
+        self.rows: dict[str, int] = {}
+        self.stage_s: dict[str, float] = {}
+        self.rho_party: dict[str, float] = dict.fromkeys(self.parties, 0.0)
+        self.bytes_naive = 0
+        self.bytes_naive_direct = 0
+        self.engine = cfg.resolved_engine()
+        self.log = log.bind(run_id=run_id, party="coordinator")
+
+    # ------------------------------------------------------------------ helpers
+    def _stage(self, name: str) -> _StageTimer:
+        return _StageTimer(self, name)
+
+    def _write(self, name: str, doc: dict[str, Any]) -> None:
+        self.stages_dir.mkdir(parents=True, exist_ok=True)
+        (self.stages_dir / f"{name}.json").write_text(json.dumps(doc, indent=1, default=str))
+
+    async def _collect(self, bus: Bus, topic: str, expect: set[str], timeout_s: float
+                       ) -> dict[str, Message]:
+        """Messages on ``topic`` from each sender in ``expect`` (meta ``from``), until all
+        came or ``timeout_s`` passed; a participant's error message ends the run."""
+        t = self.topics
+        got: dict[str, Message] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while set(got) != expect:
+            err = bus.try_next(t.error)
+            if err is not None:
+                raise CoordinatorError(f"{err.meta.get('from')}: {err.meta.get('reason')}",
+                                       code=int(err.meta.get("code", 1)))
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                msg = await bus.next(topic, min(remaining, 0.25))
+            except DeadlineExceeded:
+                continue
+            sender = msg.meta.get("from")
+            if sender in expect and sender not in got:
+                got[sender] = msg
+        return got
+
+    # ------------------------------------------------------------------ the job
+    async def run(self) -> dict[str, Any]:
+        """Run every stage; returns the metrics (also written to ``OUT/metrics.json``).
+
+        Raises:
+            CoordinatorError: a stage failed (participants missing or failing, too few
+                survivors for secure aggregation, ...); ``done`` with the reason has been
+                broadcast.
+        """
+        t0 = time.perf_counter()
+        t = self.topics
+        async with Bus(self.broker, name="coordinator", config=bus_config(self.cfg)) as bus:
+            await bus.subscribe_prefix(t.to(ROOT), limits=topic_limits(self.cfg))
+            try:
+                await self._schema_stage(bus)
+                rho_total, split = self._budget_stage()
+                results = await self._measure(bus, split)
+            except (CoordinatorError, SecAggError) as exc:
+                reason = exc.reason if isinstance(exc, CoordinatorError) else str(exc)
+                bus.publish_nowait(t.done, (), {"ok": False, "reason": reason})
+                await asyncio.sleep(0.2)
+                if isinstance(exc, CoordinatorError):
+                    raise
+                raise CoordinatorError(f"secure aggregation failed: {exc}") from exc
+            bus.publish_nowait(t.done, (), {"ok": True})
+            await asyncio.sleep(0.2)
+            wire = self._wire_bytes()
+        synthetic, fit = await self._synthesis_stage(results)
+        quality = await self._quality_stage(synthetic)
+        metrics = self._metrics(rho_total, results, fit, quality, wire,
+                                wall_s=time.perf_counter() - t0)
+        (self.out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
+        return metrics
+
+    async def _schema_stage(self, bus: Bus) -> None:
+        with self._stage("schema"):
+            t = self.topics
+            expect = set(self.parties) | set(self.tree.aggregators)
+            got = await self._collect(bus, t.hello, expect, self.cfg.handshake_timeout_s)
+            missing = sorted(expect - set(got))
+            if missing:
+                raise CoordinatorError(
+                    f"{len(missing)} participant(s) never said hello within "
+                    f"{self.cfg.handshake_timeout_s:.0f} s: {missing[:10]}", code=4)
+            self.rows = {p: int(got[p].meta["rows"]) for p in self.parties}
+            if min(self.rows.values()) < 1:
+                empty = sorted(p for p, n in self.rows.items() if n < 1)
+                raise CoordinatorError(f"parties without rows: {empty}", code=2)
+            bus.publish_nowait(t.schema, (), {"schema": self.schema.to_dict()})
+            self._write("schema", {"schema": self.schema.to_dict(), "rows": self.rows,
+                                   "fingerprint": self.schema.fingerprint(),
+                                   "tree": self.tree.to_dict()})
+
+    def _budget_stage(self) -> tuple[float, dict[str, float]]:
+        with self._stage("budget"):
+            cfg = self.cfg
+            if cfg.private:
+                rho = cdp_rho(cfg.epsilon, cfg.delta)
+                r1, r2, r3 = mst_budget(rho)
+            else:
+                rho, r1, r2, r3 = math.inf, math.inf, math.inf, math.inf
+            split = {"one_way": r1, "select": r2, "tree": r3}
+            self._write("budget", {"epsilon": cfg.epsilon, "delta": cfg.delta, "rho": rho,
+                                   "split": split, "mechanism": cfg.mechanism,
+                                   "conversion": "Canonne-Kamath-Steinke 2020 (tight)"})
+            return rho, split
+
+    async def _measure(self, bus: Bus, split: dict[str, float]) -> dict[str, _RoundResult]:
+        d = self.domain
+        results: dict[str, _RoundResult] = {}
+        one_way = [(a,) for a in d.attributes]
+        results["one_way"] = await self._round(bus, 0, "one_way", one_way, split["one_way"])
+        pairs = candidate_pairs(d, max_cells=self.cfg.max_cells)
+        if len(pairs) < len(d.attributes) - 1:
+            self.log.warning("synth.pairs_refused", kept=len(pairs),
+                             max_cells=self.cfg.max_cells)
+        results["select"] = await self._round(bus, 1, "select", pairs, split["select"])
+        ow = self._noisy(results["one_way"])
+        tw = self._noisy(results["select"])
+        with self._stage("select_tree"):
+            tree_pairs = mst_select(d, {c[0]: m for c, m in ow.items()},
+                                    {(c[0], c[1]): m for c, m in tw.items()})
+            self._write("select_tree", {"pairs": [list(p) for p in tree_pairs]})
+        results["tree"] = await self._round(bus, 2, "tree", [tuple(p) for p in tree_pairs],
+                                            split["tree"])
+        return results
+
+    @staticmethod
+    def _noisy(res: _RoundResult) -> dict[tuple[str, ...], NoisyMarginal]:
+        return {c: NoisyMarginal(clique=c, values=v, sigma=res.sigma)
+                for c, v in split_marginals(res.values, res.plan).items()}
+
+    async def _round(self, bus: Bus, r: int, name: str, cliques: list[tuple[str, ...]],
+                     rho: float) -> _RoundResult:
+        stage = f"round:{name}"
+        with self._stage(stage):
+            cfg, t = self.cfg, self.topics
+            t0 = time.perf_counter()
+            sizes = tuple(self.domain.size(c) for c in cliques)
+            sigma2 = len(cliques) / (2.0 * rho) if math.isfinite(rho) else 0.0
+            k = len(self.parties)
+            per_party = sigma2 / k if cfg.noise_model == "distributed" else sigma2
+            h_min, h_max = quant_range(max(self.rows.values()), per_party)
+            # codes are non-negative b-bit values and no deltas are sent, so K of them
+            # sum below 2^(b + ceil(log2 K)): no headroom bits needed
+            m = ring_bits(cfg.bits, k, headroom=0)
+            degree = secagg_degree(k, cfg.secagg_degree)
+            graph_seed = np.random.default_rng([cfg.seed, r]).bytes(16).hex()
+            plan = RoundPlan(round=r, name=name, cliques=tuple(cliques), sizes=sizes,
+                             sigma2_central=sigma2, noise_model=cfg.noise_model, n_parties=k,
+                             h_min=h_min, h_max=h_max, bits=cfg.bits, ring_bits=m,
+                             party_ids=self.parties, threshold=None, degree=degree,
+                             graph_seed=graph_seed,
+                             timeout_s=cfg.round_timeout_s, tree=self.tree.to_dict())
+            sa = SecAggConfig(round_id=plan.round_id, party_ids=plan.party_ids, ring_bits=m,
+                              vector_len=plan.vector_len, threshold=None, degree=degree,
+                              graph_seed=bytes.fromhex(graph_seed))
+            server = SecAggServer(sa)
+            bus.publish_nowait(t.plan, (), plan.to_meta())
+            for p in self.parties:
+                self.rho_party[p] += (len(cliques) / (2.0 * sigma2)) if sigma2 > 0 else 0.0
+            timeout = cfg.round_timeout_s
+            # stage 1: keys
+            got = await self._collect(bus, t.pk(r), set(self.parties), timeout)
+            for p, msg in got.items():
+                raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
+                server.register_keys(PartyKeys(party=p, mask_public=raw[:32],
+                                               enc_public=raw[32:]))
+            for p in sorted(got):
+                meta, arr = pack_blobs({q: v.mask_public + v.enc_public
+                                        for q, v in server.keys_for(p).items()})
+                bus.publish_nowait(t.nk(r, p), [arr], meta)
+            missing = tuple(sorted(set(self.parties) - set(got)))
+            # stage 2: shares
+            got_sh = await self._collect(bus, t.sh(r), set(got), timeout)
+            for p, msg in got_sh.items():
+                server.collect_shares(p, unpack_blobs(msg.meta, msg.arrays[0]))
+            for p in sorted(got_sh):
+                meta, arr = pack_blobs(server.shares_for(p))
+                bus.publish_nowait(t.rs(r, p), [arr], meta)
+            # stage 3: masked sums from the tree's top level
+            top = set(self.tree.children[ROOT])
+            wait = (3 + len(self.tree.levels)) * timeout + 10.0
+            sums = await self._collect(bus, t.up(r, ROOT), top, wait)
+            for msg in sums.values():
+                server.collect_masked_sum(msg.meta.get("ids", []),
+                                          array_to_words(msg.arrays[0], m, plan.vector_len))
+            survivors, dropped = server.unmask_request()
+            bus.publish_nowait(t.unmask(r), (), {"survivors": list(survivors),
+                                                 "dropped": list(dropped)})
+            # stage 4: reveal
+            got_rv = await self._collect(bus, t.rv(r), set(survivors), timeout)
+            shares: dict[str, dict[str, RevealedShare]] = {}
+            for holder, msg in got_rv.items():
+                ys = unpack_blobs(msg.meta, msg.arrays[0])
+                shares[holder] = {
+                    owner: RevealedShare(owner=owner, holder=holder,
+                                         kind="key" if owner in dropped else "seed",
+                                         x=sa.index[holder], y=int.from_bytes(y, "big"))
+                    for owner, y in ys.items()}
+            total = server.unmask(survivors, dropped, shares)
+            values = decode_sum(total, len(survivors), plan)
+            sigma = aggregate_sigma(plan, len(survivors))
+            # naive: the same marginals as float32 over the same tree, without masking,
+            # quantisation or key exchange (each party, then each aggregator that forwards)
+            alive = set(survivors)
+            forwards = sum(1 for a in self.tree.aggregators
+                           if alive.intersection(self.tree.parties_under(a)))
+            self.bytes_naive += 4 * plan.vector_len * (len(survivors) + forwards)
+            self.bytes_naive_direct += 4 * plan.vector_len * len(survivors)
+            res = _RoundResult(plan=plan, values=values, sigma=sigma, survivors=survivors,
+                               dropped=dropped, missing=missing,
+                               seconds=time.perf_counter() - t0)
+            self.stages_dir.mkdir(parents=True, exist_ok=True)
+            np.savez_compressed(self.stages_dir / f"round_{name}.npz", values=values)
+            self._write(f"round_{name}", {
+                "round": r, "cliques": [list(c) for c in cliques], "sizes": list(sizes),
+                "sigma2_central": sigma2, "sigma_party": math.sqrt(party_sigma2(plan)),
+                "aggregate_sigma": sigma, "quant_step": plan.quant.step, "bits": cfg.bits,
+                "ring_bits": m, "degree": degree, "threshold": sa.t,
+                "survivors": list(survivors), "dropped": list(dropped),
+                "never_advertised": list(missing), "seconds": res.seconds})
+            if dropped or missing:
+                self.log.warning("synth.round_dropouts", round=r, dropped=list(dropped),
+                                 missing=list(missing))
+            return res
+
+    def _wire_bytes(self) -> int | None:
+        """Bytes the broker forwarded for this run (every hop, every message), or None."""
+        try:
+            st = control_request(self.broker, "stats", timeout_s=2.0)
+        except Exception as exc:  # noqa: BLE001 - a missing figure, not a failed run
+            self.log.warning("synth.no_broker_stats", error=str(exc))
+            return None
+        stats = st.get("stats", st)
+        return int(stats.get("namespace_bytes", {}).get(f"ff/{self.run_id}", 0))
+
+    async def _synthesis_stage(self, results: dict[str, _RoundResult]
+                               ) -> tuple[pd.DataFrame, dict[str, Any]]:
+        with self._stage("synthesis"):
+            cfg = self.cfg
+            ms = list(self._noisy(results["one_way"]).values())
+            ms += list(self._noisy(results["tree"]).values())
+            total = float(sum(self.rows[p] for p in results["one_way"].survivors))
+            n = cfg.synthetic_rows or int(sum(self.rows.values()))
+            kw: dict[str, Any] = {}
+            if cfg.engine_iters:
+                kw["iters" if self.engine == "mbi" else "steps"] = cfg.engine_iters
+            engine = make_engine(self.engine, **kw)
+            t0 = time.perf_counter()
+
+            def fit_and_sample() -> tuple[np.ndarray, pd.DataFrame]:
+                model = engine.fit(self.domain, ms, total=total, seed=cfg.seed)
+                rng = np.random.default_rng([cfg.seed, 7])
+                codes = model.sample(n, rng)
+                return codes, decode(codes, self.schema, rng)
+
+            codes, frame = await asyncio.to_thread(fit_and_sample)
+            fit_s = time.perf_counter() - t0
+            frame.to_csv(self.out / "synthetic.csv", index=False)
+            np.save(self.stages_dir / "synthetic_codes.npy", codes)
+            fit = {"engine": self.engine, "fit_s": fit_s, "rows": n, "total": total,
+                   "measurements": len(ms)}
+            self._write("synthesis", fit)
+            return frame, {**fit, "codes": codes}
+
+    async def _quality_stage(self, synthetic: pd.DataFrame) -> dict[str, Any]:
+        with self._stage("quality"):
+            if self.eval_data is None:
+                doc: dict[str, Any] = {"skipped": "no evaluation data (deployed coordinator)"}
+                self._write("quality", doc)
+                return doc
+            from synth.quality import all_k_way, ml_utility, workload_tv
+
+            ev, cfg = self.eval_data, self.cfg
+
+            def score() -> dict[str, Any]:
+                real = encode(ev.train[list(self.schema.names)], self.schema)
+                syn = encode(synthetic[list(self.schema.names)], self.schema)
+                wl = all_k_way(self.domain, min(cfg.workload_k, len(self.domain)))
+                tv = workload_tv(real, syn, self.domain, wl, max_cells=cfg.max_cells)
+                out: dict[str, Any] = {"avg_tv": tv["avg_tv"], "max_tv": tv["max_tv"],
+                                       "avg_l1": tv["avg_l1"], "workload_error": tv["avg_l1"],
+                                       "n_workload": tv["n_marginals"],
+                                       "workload": f"all {cfg.workload_k}-way marginals"}
+                if cfg.label:
+                    out["ml_utility"] = ml_utility(ev.train, synthetic, ev.holdout, cfg.label,
+                                                   random_state=cfg.seed)
+                return out
+
+            doc = await asyncio.to_thread(score)
+            self._write("quality", doc)
+            return doc
+
+    def _metrics(self, rho_total: float, results: dict[str, _RoundResult],
+                 fit: dict[str, Any], quality: dict[str, Any], wire: int | None, *,
+                 wall_s: float) -> dict[str, Any]:
+        cfg = self.cfg
+        rounds = {name: {"cells": r.plan.vector_len, "cliques": len(r.plan.cliques),
+                         "survivors": len(r.survivors), "dropped": list(r.dropped),
+                         "never_advertised": list(r.missing), "aggregate_sigma": r.sigma,
+                         "quant_step": r.plan.quant.step, "ring_bits": r.plan.ring_bits,
+                         "seconds": r.seconds}
+                  for name, r in results.items()}
+        spent = {p: v for p, v in self.rho_party.items()}
+        eps_spent = {p: (cdp_epsilon(v, cfg.delta) if v > 0 and math.isfinite(v) else
+                         (0.0 if v == 0 else math.inf)) for p, v in spent.items()}
+        return {
+            "dataset": cfg.dataset, "parties": cfg.parties, "mechanism": cfg.mechanism,
+            "engine": self.engine, "noise_model": cfg.noise_model,
+            "epsilon": cfg.epsilon, "delta": cfg.delta, "rho": rho_total,
+            "rho_spent": spent, "epsilon_spent": eps_spent,
+            "avg_tv": quality.get("avg_tv"), "max_tv": quality.get("max_tv"),
+            "avg_l1": quality.get("avg_l1"), "workload_error": quality.get("workload_error"),
+            "n_workload": quality.get("n_workload"), "workload": quality.get("workload"),
+            "ml_utility": quality.get("ml_utility"),
+            "bytes_wire": wire, "bytes_naive": self.bytes_naive,
+            "bytes_naive_direct": self.bytes_naive_direct,
+            "wire_vs_naive": (wire / self.bytes_naive) if wire and self.bytes_naive else None,
+            "bits": cfg.bits, "fanout": cfg.fanout, "tree_levels": len(self.tree.levels),
+            "rounds": rounds, "tree_pairs": [list(c) for c in results["tree"].plan.cliques],
+            "synthesis": {k: v for k, v in fit.items() if k != "codes"},
+            "stage_s": self.stage_s, "wall_s": wall_s, "run_id": self.run_id,
+            "rows": self.rows, "config": to_mapping(cfg),
+        }
+
+
+class _StageTimer:
+    """``with coordinator._stage("name"):`` logs ``stage.started`` / ``stage.done`` /
+    ``stage.failed`` and records the stage's seconds."""
+
+    def __init__(self, owner: Coordinator, name: str) -> None:
+        self.owner = owner
+        self.name = name
+        self.t0 = 0.0
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.owner.log.info("stage.started", stage=self.name)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        s = time.perf_counter() - self.t0
+        self.owner.stage_s[self.name] = s
+        if exc is None:
+            self.owner.log.info("stage.done", stage=self.name, seconds=round(s, 3))
+        else:
+            self.owner.log.warning("stage.failed", stage=self.name, seconds=round(s, 3),
+                                   error=str(exc))
+
+
+__all__ = ["Coordinator", "CoordinatorError", "EvalData"]

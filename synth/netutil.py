@@ -1,0 +1,76 @@
+"""Bus helpers shared by FedForge's participants (party, aggregator, coordinator)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+
+from pubsub import Bus, DeadlineExceeded, Message
+from synth.compress import pack_bits, unpack_bits
+
+
+class ParticipantError(RuntimeError):
+    """A participant cannot go on (bad data, a refused budget, a protocol failure).
+
+    Attributes:
+        who: the participant's id.
+        reason: what went wrong (sent to the coordinator, never data).
+        code: the process exit code it maps to (2: bad input, 4: a peer missing, 1: other).
+    """
+
+    def __init__(self, who: str, reason: str, *, code: int = 1) -> None:
+        self.who = who
+        self.reason = reason
+        self.code = code
+        super().__init__(f"{who}: {reason}")
+
+
+async def first_of(bus: Bus, topics: Sequence[str], timeout_s: float) -> Message:
+    """The first message on any of ``topics`` (all subscribed), waiting up to ``timeout_s``.
+
+    Messages that arrive on the other topics meanwhile stay buffered (a cancelled
+    :meth:`pubsub.Bus.next` never loses one).
+
+    Raises:
+        DeadlineExceeded: nothing arrived within ``timeout_s`` seconds.
+    """
+    for t in topics:
+        msg = bus.try_next(t)
+        if msg is not None:
+            return msg
+    tasks = [asyncio.create_task(bus.next(t, timeout_s)) for t in topics]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    got: list[Message] = [t.result() for t in tasks
+                          if t.done() and not t.cancelled() and t.exception() is None]
+    if not got:
+        first = next(iter(done))
+        exc = first.exception()
+        raise exc if exc is not None else DeadlineExceeded(topics[0], timeout_s)
+    for extra in got[1:]:
+        bus.unget(extra)
+    return got[0]
+
+
+def words_to_array(words: np.ndarray, m: int) -> np.ndarray:
+    """Masked ring words (uint64, values < 2^m) packed to ``m`` bits each, as uint8 bytes
+    ready to publish (ceil(n·m/8) bytes)."""
+    return np.frombuffer(pack_bits(words, m), dtype=np.uint8)
+
+
+def array_to_words(arr: np.ndarray, m: int, n: int) -> np.ndarray:
+    """Inverse of :func:`words_to_array`.
+
+    Raises:
+        ValueError: the byte count does not fit ``n`` words of ``m`` bits.
+    """
+    return unpack_bits(np.ascontiguousarray(arr, dtype=np.uint8).tobytes(), m, n)
+
+
+__all__ = ["ParticipantError", "array_to_words", "first_of", "words_to_array"]

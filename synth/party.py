@@ -1,0 +1,223 @@
+"""A FedForge data-holding party: a bus participant that never sends records or counts in
+the clear, only masked, quantised, noisy marginals (issue 6, items 2-5).
+
+Per measurement round (see :mod:`synth.protocol`) a party:
+
+1. checks the plan against its own zCDP accountant (:class:`synth.accounting.ZCdpAccountant`;
+   a plan that would pass its budget is refused with :class:`~synth.accounting.BudgetExceeded`
+   and reported to the coordinator);
+2. counts its marginals for the plan's cliques (:func:`synth.domain.marginals`), adds
+   discrete Gaussian noise of its share of the variance (:func:`synth.mechanism.measure_party`),
+   quantises the noisy counts to ``bits`` bits;
+3. runs its side of secure aggregation (:class:`synth.secagg.SecAggClient`): advertises
+   keys, sends encrypted Shamir shares, masks its codes in Z_{2^m} and sends the packed
+   words to its leaf aggregator, and reveals shares for the unmasking.
+
+Privacy accounting of one round: every clique's marginal changes by one count in one
+cell when one record is added or removed (L2 sensitivity 1), and the aggregate carries
+Gaussian noise of variance σ² per cell, so the round costs ``len(cliques) / (2σ²)`` zCDP
+(Bun & Steinke 2016, Prop. 1.6), whether the noise is distributed (it then relies on
+secure aggregation: the coordinator sees only the sum) or local (each party's vector is
+private on its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import structlog
+
+from pubsub import BufferLimits, Bus, BusConfig, DeadlineExceeded
+from synth.accounting import BudgetExceeded, ZCdpAccountant
+from synth.config import SynthConfig
+from synth.domain import DomainError, Schema, encode, marginals
+from synth.mechanism import measure_party
+from synth.netutil import ParticipantError, first_of, words_to_array
+from synth.protocol import RoundPlan, Topics, Tree, pack_blobs, quantize_counts, unpack_blobs
+from synth.secagg import PRIME, PartyKeys, SecAggClient, SecAggConfig
+
+#: Bytes of one revealed Shamir share (an element of GF(PRIME)).
+SHARE_BYTES = (PRIME.bit_length() + 7) // 8
+
+log = structlog.get_logger(__name__)
+
+def topic_limits(cfg: SynthConfig) -> BufferLimits:
+    """Bounds of a participant's per-topic buffers: the coordinator's ``pk``/``sh``/``rv``
+    and ``hello`` topics receive one message per party (and aggregator), so the message
+    bound grows with K; masked vectors of a big round are the largest messages."""
+    return BufferLimits(max_msgs=2 * cfg.parties + 64, max_bytes=256 << 20)
+
+
+def bus_config(cfg: SynthConfig) -> BusConfig:
+    """The bus settings of every FedForge participant."""
+    return BusConfig(connect_timeout_s=cfg.connect_timeout_s, total_max_bytes=1 << 30,
+                     topic_max_bytes=256 << 20)
+
+
+class SynthParty:
+    """One party holding some rows of the table.
+
+    Args:
+        party_id: its id (``p000`` ...).
+        frame: its rows (any columns; they must match the public schema's names).
+        cfg: the run config (the shared settings come from the coordinator's plans).
+        broker: broker address ``tcp://HOST:PORT``.
+        run_id: topic namespace.
+        noise_seed: seed of its noise generator (tests only); None = OS entropy.
+    """
+
+    def __init__(self, party_id: str, frame: pd.DataFrame, *, cfg: SynthConfig, broker: str,
+                 run_id: str, noise_seed: int | None = None) -> None:
+        self.id = party_id
+        self.frame = frame
+        self.cfg = cfg
+        self.broker = broker
+        self.topics = Topics(run_id)
+        self.rng = np.random.default_rng(noise_seed)
+        self.accountant = (ZCdpAccountant.from_epsilon(cfg.epsilon, cfg.delta)
+                           if cfg.private else None)
+        self.codes: np.ndarray | None = None
+        self.schema: Schema | None = None
+        self.rounds: list[dict[str, Any]] = []
+        self.log = log.bind(party=party_id, run_id=run_id)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> dict[str, Any]:
+        """Take part until the coordinator says done; returns this party's report.
+
+        Raises:
+            ParticipantError: bad data, a refused budget, or no coordinator.
+        """
+        t = self.topics
+        async with Bus(self.broker, name=self.id, config=bus_config(self.cfg)) as bus:
+            await bus.subscribe_prefix(t.to(self.id), limits=topic_limits(self.cfg))
+            await bus.subscribe_prefix(t.all(), limits=topic_limits(self.cfg))
+            try:
+                await self._join(bus)
+                while True:
+                    msg = await first_of(bus, [t.plan, t.done], self._idle_timeout_s())
+                    if msg.topic == t.done:
+                        break
+                    plan = RoundPlan.from_meta(msg.meta)
+                    if self.id in plan.party_ids:
+                        await self._round(bus, plan)
+            except ParticipantError as exc:
+                bus.publish_nowait(t.error, (), {"from": self.id, "reason": exc.reason,
+                                                 "code": exc.code})
+                await asyncio.sleep(0.2)  # let it leave before the socket closes
+                raise
+            except DeadlineExceeded as exc:
+                raise ParticipantError(self.id, f"the coordinator went silent ({exc})",
+                                       code=4) from None
+            stats = bus.stats()
+        return {"party": self.id, "rows": int(len(self.frame)), "rounds": self.rounds,
+                "rho_spent": self.accountant.spent if self.accountant else 0.0,
+                "rho_budget": self.accountant.rho_budget if self.accountant else math.inf,
+                "bytes_sent": int(sum(stats.sent_bytes.values()))}
+
+    def _idle_timeout_s(self) -> float:
+        # the coordinator fits the engine and scores quality between rounds and done
+        return self.cfg.handshake_timeout_s + 3600.0
+
+    async def _join(self, bus: Bus) -> None:
+        """Say hello (repeated until the schema comes back), then encode the rows."""
+        t = self.topics
+        # (no column list: the party checks its columns against the schema itself and
+        # reports a mismatch as an error, with the columns that differ)
+        hello = {"from": self.id, "role": "party", "rows": int(len(self.frame))}
+        deadline = time.monotonic() + self.cfg.handshake_timeout_s
+        while True:
+            bus.publish_nowait(t.hello, (), hello)
+            try:
+                msg = await bus.next(t.schema, 1.0)
+                break
+            except DeadlineExceeded:
+                if time.monotonic() > deadline:
+                    raise ParticipantError(self.id, "no coordinator answered within "
+                                           f"{self.cfg.handshake_timeout_s:.0f} s",
+                                           code=4) from None
+        self.schema = Schema.from_dict(msg.meta["schema"])
+        names = set(self.schema.names)
+        have = set(map(str, self.frame.columns))
+        if have != names:
+            raise ParticipantError(self.id, "its columns differ from the schema: missing "
+                                   f"{sorted(names - have)}, extra {sorted(have - names)}",
+                                   code=2)
+        try:
+            self.codes = await asyncio.to_thread(encode, self.frame[list(self.schema.names)],
+                                                 self.schema)
+        except DomainError as exc:
+            raise ParticipantError(self.id, f"its data does not fit the schema: {exc}",
+                                   code=2) from None
+        self.log.info("synth.party_joined", rows=len(self.frame))
+
+    # ------------------------------------------------------------------ one round
+    def _measure(self, plan: RoundPlan) -> np.ndarray:
+        """Noisy, quantised marginal codes of this party for ``plan`` (uint64)."""
+        assert self.codes is not None and self.schema is not None
+        counts = marginals(self.codes, self.schema.domain, plan.cliques)
+        parts = []
+        for clique in plan.cliques:
+            c = counts[tuple(clique)].ravel()
+            if plan.sigma2_central > 0:
+                c = measure_party(c, sigma2_central=plan.sigma2_central,
+                                  n_parties=plan.n_parties, model=plan.noise_model,
+                                  rng=self.rng)
+            parts.append(np.asarray(c, dtype=np.float64))
+        noisy = np.concatenate(parts) if parts else np.zeros(0)
+        return quantize_counts(noisy, plan)
+
+    async def _round(self, bus: Bus, plan: RoundPlan) -> None:
+        t, r = self.topics, plan.round
+        if self.accountant is not None and plan.sigma2_central > 0:
+            rho = len(plan.cliques) / (2.0 * plan.sigma2_central)
+            try:
+                self.accountant.spend(rho, what=f"round {r} ({plan.name})")
+            except BudgetExceeded as exc:
+                raise ParticipantError(self.id, str(exc), code=1) from None
+        tree = Tree.from_dict(plan.tree)
+        sa = SecAggConfig(round_id=plan.round_id, party_ids=plan.party_ids,
+                          ring_bits=plan.ring_bits, vector_len=plan.vector_len,
+                          threshold=plan.threshold, degree=plan.degree,
+                          graph_seed=bytes.fromhex(plan.graph_seed))
+        client = SecAggClient(self.id, sa)
+        codes = await asyncio.to_thread(self._measure, plan)
+        wait = plan.timeout_s * 3 + 5.0  # each answer comes after a stage of the others
+        pk = client.public_keys()
+        bus.publish_nowait(t.pk(r), [np.frombuffer(pk.mask_public + pk.enc_public, np.uint8)],
+                           {"from": self.id})
+        try:
+            msg = await bus.next(t.nk(r, self.id), wait)
+            keys = {p: PartyKeys(party=p, mask_public=b[:32], enc_public=b[32:])
+                    for p, b in unpack_blobs(msg.meta, msg.arrays[0]).items()}
+            client.receive_public_keys(keys)
+            meta, arr = pack_blobs(client.share_messages())
+            bus.publish_nowait(t.sh(r), [arr], {"from": self.id, **meta})
+            msg = await bus.next(t.rs(r, self.id), wait)
+            client.receive_shares(unpack_blobs(msg.meta, msg.arrays[0]))
+            masked = await asyncio.to_thread(client.masked, codes)
+            leaf = tree.parent[self.id]
+            bus.publish_nowait(t.up(r, leaf), [words_to_array(masked, plan.ring_bits)],
+                               {"from": self.id, "ids": [self.id]}, copy=False)
+            msg = await bus.next(t.unmask(r), wait * 2)
+        except DeadlineExceeded as exc:
+            self.log.warning("synth.round_missed", round=r, waited=exc.topic)
+            self.rounds.append({"round": r, "name": plan.name, "status": "missed"})
+            return
+        survivors, dropped = msg.meta["survivors"], msg.meta["dropped"]
+        if self.id in survivors:
+            shares = client.reveal_all(survivors, dropped)
+            meta, arr = pack_blobs({o: s.y.to_bytes(SHARE_BYTES, "big") for o, s in shares.items()})
+            # (the coordinator knows each share's kind from its own unmask list, and its
+            # abscissa from this party's index)
+            bus.publish_nowait(t.rv(r), [arr], {"from": self.id, **meta})
+        self.rounds.append({"round": r, "name": plan.name, "cells": plan.vector_len,
+                            "status": "counted" if self.id in survivors else "dropped"})
+
+
+__all__ = ["SynthParty", "bus_config", "topic_limits"]

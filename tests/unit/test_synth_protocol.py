@@ -1,0 +1,162 @@
+"""FedForge's pure protocol pieces: the aggregation tree, round plans, quantised sums,
+the config and the row split (synth/protocol.py, synth/config.py, synth/split.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pubsub.config import ConfigError
+from synth.compress import QuantSpec
+from synth.config import SynthConfig, load_synth_config
+from synth.protocol import (
+    ROOT,
+    RoundPlan,
+    Topics,
+    Tree,
+    aggregate_sigma,
+    build_tree,
+    decode_sum,
+    party_sigma2,
+    quant_range,
+    quantize_counts,
+    split_marginals,
+)
+from synth.split import holdout_split, party_split
+
+
+@pytest.mark.parametrize(("k", "fanout", "levels", "top"), [
+    (1, 4, 1, 1), (4, 4, 1, 1), (10, 4, 1, 3), (17, 4, 2, 2), (100, 4, 3, 2), (300, 8, 2, 5),
+])
+def test_tree_has_bounded_fanout_and_covers_every_party(k: int, fanout: int, levels: int,
+                                                        top: int) -> None:
+    ids = [f"p{i:03d}" for i in range(k)]
+    tree = build_tree(ids, fanout)
+    assert len(tree.levels) == levels
+    assert len(tree.children[ROOT]) == top <= fanout
+    assert all(len(kids) <= fanout for kids in tree.children.values())
+    assert sorted(tree.parties_under(ROOT)) == ids
+    for p in ids:
+        assert tree.parent[p] in tree.levels[0]
+    assert Tree.from_dict(tree.to_dict()) == tree
+    assert tree.level_of(tree.levels[-1][0]) == levels - 1
+
+
+def test_tree_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="fanout"):
+        build_tree(["a", "b"], 1)
+    with pytest.raises(ValueError, match="duplicate"):
+        build_tree(["a", "a"], 2)
+    with pytest.raises(ValueError, match="at least one"):
+        build_tree([], 2)
+
+
+def _plan(**kw: object) -> RoundPlan:
+    base = dict(round=1, name="select", cliques=(("a",), ("a", "b")), sizes=(3, 6),
+                sigma2_central=100.0, noise_model="distributed", n_parties=4, h_min=-60.0,
+                h_max=1060.0, bits=8, ring_bits=12, party_ids=("p0", "p1", "p2", "p3"),
+                threshold=None, degree=2, graph_seed="ab", timeout_s=5.0,
+                tree=build_tree(["p0", "p1", "p2", "p3"], 2).to_dict())
+    base.update(kw)
+    return RoundPlan(**base)  # type: ignore[arg-type]
+
+
+def test_round_plan_round_trips_through_bus_metadata() -> None:
+    import orjson
+
+    plan = _plan()
+    back = RoundPlan.from_meta(orjson.loads(orjson.dumps(plan.to_meta())))
+    assert back == plan and back.vector_len == 9
+    assert plan.quant == QuantSpec(bits=8, h_min=-60.0, h_max=1060.0)
+
+
+def test_quantised_sum_decodes_to_the_sum_within_half_a_step_per_party() -> None:
+    rng = np.random.default_rng(3)
+    plan = _plan()
+    xs = [rng.integers(-50, 1050, plan.vector_len).astype(np.float64) for _ in range(4)]
+    codes = [quantize_counts(x, plan) for x in xs]
+    total = sum(codes)  # the unmasked sum mod 2^m (no wrap: m = 12 > 8 + 2)
+    assert int(total.max()) < 2 ** plan.ring_bits
+    decoded = decode_sum(total, 4, plan)
+    assert np.all(np.abs(decoded - sum(xs)) <= 4 * plan.quant.step / 2 + 1e-9)
+    with pytest.raises(ValueError, match="shape"):
+        decode_sum(total[:3], 4, plan)
+
+
+def test_noise_shares_and_aggregate_sigma() -> None:
+    plan = _plan()
+    assert party_sigma2(plan) == pytest.approx(25.0)
+    assert party_sigma2(_plan(noise_model="local")) == pytest.approx(100.0)
+    # all four parties: the central variance plus four quantisation errors
+    step = plan.quant.step
+    assert aggregate_sigma(plan, 4) == pytest.approx(math.sqrt(100.0 + 4 * step**2 / 12))
+    lo, hi = quant_range(1000, 25.0)
+    assert (lo, hi) == (-30.0, 1030.0)
+    assert quant_range(10, 0.0) == (0.0, 10.0)
+
+
+def test_split_marginals_cuts_the_concatenated_vector() -> None:
+    plan = _plan()
+    parts = split_marginals(np.arange(9.0), plan)
+    assert list(parts) == [("a",), ("a", "b")]
+    np.testing.assert_array_equal(parts[("a", "b")], np.arange(3.0, 9.0))
+
+
+def test_topics_put_each_participant_under_its_own_prefix() -> None:
+    t = Topics("r1")
+    assert t.nk(0, "p001").startswith(t.to("p001"))
+    assert t.up(2, "a0_1").startswith(t.to("a0_1"))
+    for topic in (t.hello, t.error, t.pk(0), t.sh(0), t.rv(0), t.up(0, ROOT)):
+        assert topic.startswith(t.to(ROOT))
+    for topic in (t.schema, t.plan, t.unmask(3), t.done):
+        assert topic.startswith(t.all())
+
+
+def test_config_rejects_bad_values_and_unknown_keys() -> None:
+    assert SynthConfig().party_ids()[:2] == ("p000", "p001")
+    assert not load_synth_config(None, ["epsilon=inf"]).private
+    for bad in ("epsilon=0", "epsilon=-1", "parties=0", "bits=0", "fanout=1",
+                "engine=gan", "noise_model=shouting", "delta=1"):
+        with pytest.raises(ConfigError):
+            load_synth_config(None, [bad])
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_synth_config(None, ["partys=3"])
+
+
+def test_iid_split_is_a_seeded_partition() -> None:
+    parts = party_split(103, 10, seed=1)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(103))
+    assert {len(p) for p in parts} <= {10, 11}
+    again = party_split(103, 10, seed=1)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+    with pytest.raises(ValueError, match="cannot give"):
+        party_split(3, 4, seed=0)
+
+
+def test_dirichlet_split_skews_labels_and_gives_every_party_rows() -> None:
+    labels = np.array(["a"] * 500 + ["b"] * 500)
+    parts = party_split(1000, 10, seed=0, how="dirichlet", groups=labels, alpha=0.1)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(1000))
+    assert all(len(p) >= 1 for p in parts)
+    shares = [np.mean(labels[p] == "a") for p in parts if len(p) > 20]
+    assert max(shares) - min(shares) > 0.5  # strongly non-IID at alpha = 0.1
+    with pytest.raises(ValueError, match="group"):
+        party_split(10, 2, seed=0, how="dirichlet")
+
+
+def test_holdout_split() -> None:
+    train, hold = holdout_split(100, 0.2, seed=0)
+    assert len(hold) == 20 and len(train) == 80
+    assert not set(train) & set(hold)
+    with pytest.raises(ValueError):
+        holdout_split(1, 0.2, seed=0)
+
+
+def test_secagg_degree_is_logarithmic_even_and_capped() -> None:
+    from synth.protocol import secagg_degree
+
+    assert secagg_degree(1) == 0 and secagg_degree(2) == 1 and secagg_degree(4) == 3
+    assert secagg_degree(10) == 6 and secagg_degree(100) == 8 and secagg_degree(1000) == 12
+    assert secagg_degree(10, 3) == 4 and secagg_degree(5, 20) == 4
