@@ -49,6 +49,9 @@ class SynthConfig:
         mechanism: clique selection: ``mst`` (1-way marginals, all 2-way marginals
             measured for the selection, then the maximum spanning tree's 2-way marginals;
             ρ split in thirds).
+        mst_split: relative ρ shares of MST's three rounds (1-way marginals, the
+            all-pairs selection round, the tree's 2-way marginals); the reference MST
+            splits in thirds.
         engine: ``mbi`` (Private-PGM graphical model; the optional extra
             ``pip install -e ".[mbi]"``), ``neural`` (a torch relaxed-dataset generator fit
             to the marginals) or ``auto`` (the default: ``mbi`` when it is installed, else
@@ -68,7 +71,11 @@ class SynthConfig:
             (non-IID: per class of ``split_column``, party shares ~ Dirichlet(α)).
         split_column / dirichlet_alpha: the column and α of the ``dirichlet`` split
             ('' = the label).
-        numeric_bins / binning: how numeric columns are coarsened (public domain).
+        numeric_bins / binning: how numeric columns are coarsened (public domain):
+            ``uniform`` (the default: equal-width bins, as in the centralised references)
+            or ``quantile`` (equal-mass bins; a value holding more than 1/bins of the rows
+            gets its own). Measured on Adult at ε = 1: central MST's 3-way TV is 0.070 with
+            uniform bins and 0.079 with quantile bins (spread-out mass is harder to model).
         holdout_frac: share of the rows kept out of every party: the real test set of the
             ML-utility score.
         synthetic_rows: rows to sample (0 = as many as the parties hold together).
@@ -94,6 +101,7 @@ class SynthConfig:
     epsilon: float = 1.0
     delta: float = 1e-9
     mechanism: str = "mst"
+    mst_split: tuple[float, ...] = (1.0, 1.0, 1.0)
     engine: str = "auto"
     noise_model: str = "distributed"
     bits: int = 8
@@ -104,7 +112,7 @@ class SynthConfig:
     split_column: str = ""
     dirichlet_alpha: float = 1.0
     numeric_bins: int = 10
-    binning: str = "quantile"
+    binning: str = "uniform"
     holdout_frac: float = 0.2
     synthetic_rows: int = 0
     workload_k: int = 3
@@ -137,6 +145,9 @@ class SynthConfig:
                                     ("binning", self.binning, ("quantile", "uniform"))):
             if value not in allowed:
                 raise bad(key, f"must be one of {allowed}, got {value!r}")
+        if len(self.mst_split) != 3 or not all(w > 0 and math.isfinite(w)
+                                                for w in self.mst_split):
+            raise bad("mst_split", f"must be three positive weights, got {self.mst_split}")
         if not 1 <= self.bits <= 30:
             raise bad("bits", f"must be in [1, 30], got {self.bits}")
         if self.secagg_degree < 0:

@@ -42,7 +42,7 @@ import structlog
 from pubsub import Bus, DeadlineExceeded, Message
 from pubsub.config import to_mapping
 from pubsub.control import control_request
-from synth.accounting import cdp_epsilon, cdp_rho
+from synth.accounting import allocate, cdp_epsilon, cdp_rho
 from synth.config import SynthConfig
 from synth.domain import Schema, decode, encode
 from synth.engine import NoisyMarginal, make_engine
@@ -70,7 +70,14 @@ from synth.secagg import (
     SecAggServer,
     ring_bits,
 )
-from synth.select import candidate_pairs, mst_budget, mst_select
+from synth.select import (
+    candidate_pairs,
+    compress_domain,
+    compress_marginal,
+    compress_supports,
+    mst_select,
+    uncompress_codes,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -145,6 +152,9 @@ class Coordinator:
         self.bytes_naive = 0
         self.bytes_naive_direct = 0
         self.engine = cfg.resolved_engine()
+        self.maps: dict[str, np.ndarray] = {}  # MST's domain compression (after round 1)
+        self.cdomain = self.domain
+        self.one_way_c: dict[tuple[str, ...], NoisyMarginal] = {}
         self.log = log.bind(run_id=run_id, party="coordinator")
 
     # ------------------------------------------------------------------ helpers
@@ -238,7 +248,7 @@ class Coordinator:
             cfg = self.cfg
             if cfg.private:
                 rho = cdp_rho(cfg.epsilon, cfg.delta)
-                r1, r2, r3 = mst_budget(rho)
+                r1, r2, r3 = allocate(rho, list(cfg.mst_split))
             else:
                 rho, r1, r2, r3 = math.inf, math.inf, math.inf, math.inf
             split = {"one_way": r1, "select": r2, "tree": r3}
@@ -252,15 +262,26 @@ class Coordinator:
         results: dict[str, _RoundResult] = {}
         one_way = [(a,) for a in d.attributes]
         results["one_way"] = await self._round(bus, 0, "one_way", one_way, split["one_way"])
-        pairs = candidate_pairs(d, max_cells=self.cfg.max_cells)
-        if len(pairs) < len(d.attributes) - 1:
+        with self._stage("compress_domain"):
+            ow_full = self._noisy(results["one_way"])
+            self.maps = compress_supports(list(ow_full.values()))
+            self.cdomain = compress_domain(d, self.maps)
+            self.one_way_c = {c: NoisyMarginal(clique=c, values=compress_marginal(
+                m.values, self.maps[c[0]]) if c[0] in self.maps else m.values, sigma=m.sigma)
+                for c, m in ow_full.items()}
+            self._write("compress_domain", {
+                "rule": "values with noisy 1-way count < 3 sigma merge (MST)",
+                "sizes": dict(zip(d.attributes, d.sizes, strict=True)),
+                "compressed": dict(zip(d.attributes, self.cdomain.sizes, strict=True))})
+        cd = self.cdomain
+        pairs = candidate_pairs(cd, max_cells=self.cfg.max_cells)
+        if len(pairs) < len(cd.attributes) - 1:
             self.log.warning("synth.pairs_refused", kept=len(pairs),
                              max_cells=self.cfg.max_cells)
         results["select"] = await self._round(bus, 1, "select", pairs, split["select"])
-        ow = self._noisy(results["one_way"])
         tw = self._noisy(results["select"])
         with self._stage("select_tree"):
-            tree_pairs = mst_select(d, {c[0]: m for c, m in ow.items()},
+            tree_pairs = mst_select(cd, {c[0]: m for c, m in self.one_way_c.items()},
                                     {(c[0], c[1]): m for c, m in tw.items()})
             self._write("select_tree", {"pairs": [list(p) for p in tree_pairs]})
         results["tree"] = await self._round(bus, 2, "tree", [tuple(p) for p in tree_pairs],
@@ -278,7 +299,8 @@ class Coordinator:
         with self._stage(stage):
             cfg, t = self.cfg, self.topics
             t0 = time.perf_counter()
-            sizes = tuple(self.domain.size(c) for c in cliques)
+            dom = self.cdomain if r > 0 else self.domain
+            sizes = tuple(dom.size(c) for c in cliques)
             sigma2 = len(cliques) / (2.0 * rho) if math.isfinite(rho) else 0.0
             k = len(self.parties)
             per_party = sigma2 / k if cfg.noise_model == "distributed" else sigma2
@@ -293,7 +315,9 @@ class Coordinator:
                              h_min=h_min, h_max=h_max, bits=cfg.bits, ring_bits=m,
                              party_ids=self.parties, threshold=None, degree=degree,
                              graph_seed=graph_seed,
-                             timeout_s=cfg.round_timeout_s, tree=self.tree.to_dict())
+                             timeout_s=cfg.round_timeout_s, tree=self.tree.to_dict(),
+                             maps={a: tuple(int(x) for x in v) for a, v in self.maps.items()}
+                             if r > 0 else {})
             sa = SecAggConfig(round_id=plan.round_id, party_ids=plan.party_ids, ring_bits=m,
                               vector_len=plan.vector_len, threshold=None, degree=degree,
                               graph_seed=bytes.fromhex(graph_seed))
@@ -381,8 +405,11 @@ class Coordinator:
                                ) -> tuple[pd.DataFrame, dict[str, Any]]:
         with self._stage("synthesis"):
             cfg = self.cfg
-            ms = list(self._noisy(results["one_way"]).values())
-            ms += list(self._noisy(results["tree"]).values())
+            ms = list(self.one_way_c.values())
+            tree = self._noisy(results["tree"])
+            ms += list(tree.values())
+            # the selection round measured the tree's pairs too: free extra information
+            ms += [m for c, m in self._noisy(results["select"]).items() if c in tree]
             total = float(sum(self.rows[p] for p in results["one_way"].survivors))
             n = cfg.synthetic_rows or int(sum(self.rows.values()))
             kw: dict[str, Any] = {}
@@ -392,9 +419,10 @@ class Coordinator:
             t0 = time.perf_counter()
 
             def fit_and_sample() -> tuple[np.ndarray, pd.DataFrame]:
-                model = engine.fit(self.domain, ms, total=total, seed=cfg.seed)
+                model = engine.fit(self.cdomain, ms, total=total, seed=cfg.seed)
                 rng = np.random.default_rng([cfg.seed, 7])
-                codes = model.sample(n, rng)
+                codes = uncompress_codes(np.asarray(model.sample(n, rng), dtype=np.int32),
+                                         self.domain, self.maps, rng)
                 return codes, decode(codes, self.schema, rng)
 
             codes, frame = await asyncio.to_thread(fit_and_sample)
@@ -460,6 +488,8 @@ class Coordinator:
             "bytes_naive_direct": self.bytes_naive_direct,
             "wire_vs_naive": (wire / self.bytes_naive) if wire and self.bytes_naive else None,
             "bits": cfg.bits, "fanout": cfg.fanout, "tree_levels": len(self.tree.levels),
+            "compressed_domain": dict(zip(self.domain.attributes, self.cdomain.sizes,
+                                          strict=True)),
             "rounds": rounds, "tree_pairs": [list(c) for c in results["tree"].plan.cliques],
             "synthesis": {k: v for k, v in fit.items() if k != "codes"},
             "stage_s": self.stage_s, "wall_s": wall_s, "run_id": self.run_id,

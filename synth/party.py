@@ -39,6 +39,7 @@ from synth.domain import DomainError, Schema, encode, marginals
 from synth.mechanism import measure_party
 from synth.netutil import ParticipantError, first_of, words_to_array
 from synth.protocol import RoundPlan, Topics, Tree, pack_blobs, quantize_counts, unpack_blobs
+from synth.select import compress_codes
 from synth.secagg import PRIME, PartyKeys, SecAggClient, SecAggConfig
 
 #: Bytes of one revealed Shamir share (an element of GF(PRIME)).
@@ -160,7 +161,11 @@ class SynthParty:
     def _measure(self, plan: RoundPlan) -> np.ndarray:
         """Noisy, quantised marginal codes of this party for ``plan`` (uint64)."""
         assert self.codes is not None and self.schema is not None
-        counts = marginals(self.codes, self.schema.domain, plan.cliques)
+        codes, domain = self.codes, self.schema.domain
+        if plan.maps:
+            domain, codes = compress_codes(codes, domain, {a: np.asarray(v, dtype=np.int64)
+                                                           for a, v in plan.maps.items()})
+        counts = marginals(codes, domain, plan.cliques)
         parts = []
         for clique in plan.cliques:
             c = counts[tuple(clique)].ravel()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -231,6 +231,9 @@ class RoundPlan:
         graph_seed: public seed (hex) of the neighbour graph.
         timeout_s: each stage's deadline, seconds.
         tree: :meth:`Tree.to_dict`.
+        maps: MST's domain compression in force (attribute -> compressed code of each
+            original code; empty in the first round): the cliques' sizes are those of the
+            compressed domain, and parties map their codes before counting.
     """
 
     round: int
@@ -250,6 +253,7 @@ class RoundPlan:
     graph_seed: str
     timeout_s: float
     tree: Mapping[str, Any]
+    maps: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def vector_len(self) -> int:
@@ -276,7 +280,7 @@ class RoundPlan:
                 "party_ids": list(self.party_ids), "threshold": self.threshold,
                 "degree": self.degree,
                 "graph_seed": self.graph_seed, "timeout_s": self.timeout_s,
-                "tree": dict(self.tree)}
+                "tree": dict(self.tree), "maps": {a: list(v) for a, v in self.maps.items()}}
 
     @classmethod
     def from_meta(cls, d: Mapping[str, Any]) -> RoundPlan:
@@ -295,7 +299,8 @@ class RoundPlan:
                    threshold=None if d["threshold"] is None else int(d["threshold"]),
                    degree=int(d["degree"]),
                    graph_seed=str(d["graph_seed"]), timeout_s=float(d["timeout_s"]),
-                   tree=d["tree"])
+                   tree=d["tree"],
+                   maps={a: tuple(int(x) for x in v) for a, v in d.get("maps", {}).items()})
 
 
 def secagg_degree(n_parties: int, configured: int = 0) -> int:

@@ -246,3 +246,74 @@ def aim_select_round(domain: Domain, candidates: Sequence[Sequence[str]],
             best = (c, score)
     assert best is not None
     return best
+
+
+# --------------------------------------------------------------------------- domain compression
+# MST's compress_domain / reverse_data (McKenna et al. 2021; private-pgm mechanisms/mst.py):
+# after the noisy 1-way marginals, values too rare to be told from noise merge into one
+# code per attribute, which shrinks every later marginal and the noise it carries.
+
+
+def compress_supports(one_way: Sequence[NoisyMarginal]) -> dict[str, np.ndarray]:
+    """The reference's ``compress_domain`` rule: per attribute, the values whose noisy
+    one-way count is at least 3σ keep their own code (in order); the others merge into one
+    last code. Attributes with every value supported are left out. Post-processing of the
+    noisy answers: no privacy cost.
+
+    Returns:
+        attribute -> ``(k_a,)`` int64 map from original to compressed code.
+    """
+    maps: dict[str, np.ndarray] = {}
+    for m in one_way:
+        sup = m.values >= 3.0 * m.sigma
+        if sup.all():
+            continue
+        k = int(sup.sum())
+        mp = np.full(m.values.size, k, dtype=np.int64)
+        mp[sup] = np.arange(k)
+        maps[m.clique[0]] = mp
+    return maps
+
+
+def compress_domain(domain: Domain, maps: Mapping[str, np.ndarray]) -> Domain:
+    """The domain after :func:`compress_supports`'s maps."""
+    sizes = list(domain.sizes)
+    for a, mp in maps.items():
+        sizes[domain.index(a)] = int(mp.max()) + 1
+    return Domain(attributes=domain.attributes, sizes=tuple(sizes))
+
+
+def compress_codes(codes: np.ndarray, domain: Domain, maps: Mapping[str, np.ndarray]
+                   ) -> tuple[Domain, np.ndarray]:
+    """The compressed domain and the codes mapped onto it (``(n, d)`` int32)."""
+    out = np.array(codes, dtype=np.int32, copy=True)
+    for a, mp in maps.items():
+        j = domain.index(a)
+        out[:, j] = mp[codes[:, j]]
+    return compress_domain(domain, maps), out
+
+
+def compress_marginal(values: np.ndarray, mp: np.ndarray) -> np.ndarray:
+    """A 1-way marginal (``(k_a,)``) summed onto its compressed codes (``(max(mp)+1,)``)."""
+    return np.bincount(mp, weights=np.asarray(values, dtype=np.float64),
+                       minlength=int(mp.max()) + 1)
+
+
+def uncompress_codes(codes: np.ndarray, domain: Domain, maps: Mapping[str, np.ndarray],
+                     rng: np.random.Generator) -> np.ndarray:
+    """Back to the original domain: a merged code becomes a uniform draw among the merged
+    original values (the reference's ``reverse_data``)."""
+    out = np.array(codes, dtype=np.int32, copy=True)
+    for a, mp in maps.items():
+        j = domain.index(a)
+        k = int(mp.max())
+        kept = np.flatnonzero(mp < k) if (mp == k).any() else np.arange(mp.size)
+        extra = np.flatnonzero(mp == k)
+        col = codes[:, j]
+        merged = col == k if extra.size else np.zeros(col.size, dtype=bool)
+        res = np.empty(col.size, dtype=np.int32)
+        res[~merged] = kept[col[~merged]]
+        if merged.any():
+            res[merged] = rng.choice(extra, int(merged.sum()))
+        out[:, j] = res
+    return out
