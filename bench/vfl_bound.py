@@ -18,6 +18,9 @@ at once and exchange embeddings and gradients:
   active party trains each embedding as it arrives and sends the cut-layer gradient
   as soon as it exists. What the transport costs: ZeroMQ's I/O thread wakes on the
   party's core twice per batch, and TCP copies every message.
+* ``bare_broker``: the same loop, but both directions go through a ``zmq.proxy``
+  XSUB/XPUB process (PUB/SUB sockets, one topic per direction): what the broker hop the
+  design requires costs, without any of our own code.
 * ``avfl``, ``pubsub``: the real system (``sim.launch.run_vfl``: broker and two party
   processes, the table's settings and worker counts), training samples/s over
   training time as ``bench/vfl_table.py`` computes it.
@@ -54,7 +57,7 @@ sys.path.insert(0, str(HERE.parent))
 
 WINDOW = 5  # batches the passive party may run ahead (avfl's default staleness bound)
 RECV_TIMEOUT_MS = 30_000
-MODES = ("concurrent", "bare_zmq", "avfl", "pubsub")
+MODES = ("concurrent", "bare_zmq", "bare_broker", "avfl", "pubsub")
 
 
 def _table() -> Any:
@@ -106,6 +109,7 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
                  .astype(np.float32) * 0.01)
         ctx = zmq.Context()
         tx = rx = None
+        topic_in, topic_out = (b"e", b"g") if role == "active" else (b"g", b"e")
         if mode == "bare_zmq":
             tx, rx = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
             for s in (tx, rx):
@@ -113,15 +117,30 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
             mine, theirs = ports if role == "active" else ports[::-1]
             rx.bind(f"tcp://127.0.0.1:{mine}")
             tx.connect(f"tcp://127.0.0.1:{theirs}")
+        elif mode == "bare_broker":  # PUB/SUB through a zmq.proxy XSUB/XPUB process
+            tx, rx = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+            for s in (tx, rx):
+                s.setsockopt(zmq.LINGER, 0)
+            tx.connect(f"tcp://127.0.0.1:{ports[0]}")
+            rx.connect(f"tcp://127.0.0.1:{ports[1]}")
+            rx.setsockopt(zmq.SUBSCRIBE, topic_in)
+            time.sleep(1.0)  # let the subscription reach the proxy
         ready.put(role)
         if not go.wait(120):
             raise TimeoutError("no go signal within 120 s")
+
+        pubsub_mode = mode == "bare_broker"
 
         def recv() -> list[Any]:
             assert rx is not None
             if not rx.poll(RECV_TIMEOUT_MS):
                 raise TimeoutError(f"{role}: no message within {RECV_TIMEOUT_MS} ms")
-            return rx.recv_multipart(copy=False)
+            frames = rx.recv_multipart(copy=False)
+            return frames[1:] if pubsub_mode else frames
+
+        def send(frames: list[Any], **kw: Any) -> None:
+            assert tx is not None
+            tx.send_multipart([topic_out, *frames] if pubsub_mode else frames, **kw)
 
         cpu = 0.0
         t0 = r0 = None
@@ -146,7 +165,7 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
                 while sent < total and sent - applied < WINDOW:
                     graph, h = compute.forward(batches[sent])
                     graphs[sent] = graph
-                    tx.send_multipart([sent.to_bytes(4, "little"), h], copy=False)
+                    send([sent.to_bytes(4, "little"), h], copy=False)
                     sent += 1
                     if rx is not None and rx.poll(0):
                         break
@@ -168,7 +187,7 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
                 head = frames[0].bytes
                 c0 = time.thread_time()
                 compute.top_step(compute.forward_own(batches[b]), emb, batches[b], 0,
-                                 on_grad=lambda g, head=head: tx.send_multipart([head, g]))
+                                 on_grad=lambda g, head=head: send([head, g]))
                 if i >= warmup:
                     cpu += time.thread_time() - c0
         wall = time.perf_counter() - t0 if t0 is not None else float("nan")
@@ -200,6 +219,14 @@ def run_pair(cfg: Any, mode: str, steps: int, warmup: int = 30,
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
+    proxy = None
+    if mode == "bare_broker":
+        import subprocess
+
+        code = ("import zmq,sys; c=zmq.Context(); a=c.socket(zmq.XSUB); b=c.socket(zmq.XPUB); "
+                f"a.bind('tcp://127.0.0.1:{ports[0]}'); b.bind('tcp://127.0.0.1:{ports[1]}'); "
+                "zmq.proxy(a, b)")
+        proxy = subprocess.Popen([sys.executable, "-c", code])
     ctx = mp.get_context("spawn")
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=_party, args=(role, cfg, mode, steps, warmup, tuple(ports),
@@ -228,6 +255,9 @@ def run_pair(cfg: Any, mode: str, steps: int, warmup: int = 30,
             if p.is_alive():
                 p.kill()
                 p.join(5)
+        if proxy is not None:
+            proxy.kill()
+            proxy.wait(5)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(reps):
         before = table.run_profile(base)
         got: dict[str, Any] = {}
-        for mode in ("concurrent", "bare_zmq"):
+        for mode in ("concurrent", "bare_zmq", "bare_broker"):
             got[mode] = run_pair(base, mode, steps)
         for algo in ("avfl", "pubsub"):
             r = table.run_one(cfg_for(algo), table.run_timeout_s("synthetic", args.epochs, rows))
@@ -291,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {m: statistics.median(r["efficiency"][m] for r in reps_out) for m in MODES}
     summary["pubsub_vs_bare_zmq"] = statistics.median(
         r["efficiency"]["pubsub"] / r["efficiency"]["bare_zmq"] for r in reps_out)
+    summary["bare_broker_vs_bare_zmq"] = statistics.median(
+        r["efficiency"]["bare_broker"] / r["efficiency"]["bare_zmq"] for r in reps_out)
     summary["bare_zmq_vs_concurrent"] = statistics.median(
         r["efficiency"]["bare_zmq"] / r["efficiency"]["concurrent"] for r in reps_out)
     print("median efficiency: " + ", ".join(f"{m} {summary[m]:.3f}" for m in MODES)

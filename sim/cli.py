@@ -141,7 +141,7 @@ def _synth_run(args: argparse.Namespace) -> int:
     cfg = load_synth_config(args.config, args.set, extra)  # ConfigError: exit 2
     print(f"FedForge: {cfg.dataset}, K={cfg.parties} parties, epsilon {cfg.epsilon:g} "
           f"(delta {cfg.delta:g}), {cfg.mechanism} + {cfg.resolved_engine()}, {cfg.noise_model} noise, "
-          f"{cfg.bits}-bit, fan-out {cfg.fanout}, out {args.out}", flush=True)
+          f"{cfg.bits or 'auto'}-bit, fan-out {cfg.fanout}, out {args.out}", flush=True)
     try:
         res = run_synth(cfg, args.out, broker=args.broker, run_id=args.run_id,
                         timeout_s=args.timeout_s)

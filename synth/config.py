@@ -59,7 +59,9 @@ class SynthConfig:
         noise_model: ``distributed`` (each party adds 1/K of the noise variance; the
             securely aggregated sum carries the central noise) or ``local`` (each party's
             vector is DP on its own; the sum's noise std grows by √K).
-        bits: b, the quantisation width of each noisy count before masking.
+        bits: b, the quantisation width of each noisy count before masking; 0 (the
+            default) picks it per round so the step is no coarser than a party's noise
+            std (:func:`synth.protocol.auto_bits`).
         secagg_degree: k, neighbours per party in the secure-aggregation graph (0 = the
             default ``ceil(log2 K) + 1``, rounded up to even; see
             :func:`synth.protocol.secagg_degree`).
@@ -104,7 +106,7 @@ class SynthConfig:
     mst_split: tuple[float, ...] = (1.0, 1.0, 1.0)
     engine: str = "auto"
     noise_model: str = "distributed"
-    bits: int = 8
+    bits: int = 0
     secagg_degree: int = 0
     codec: str = "none"
     fanout: int = 4
@@ -148,8 +150,8 @@ class SynthConfig:
         if len(self.mst_split) != 3 or not all(w > 0 and math.isfinite(w)
                                                 for w in self.mst_split):
             raise bad("mst_split", f"must be three positive weights, got {self.mst_split}")
-        if not 1 <= self.bits <= 30:
-            raise bad("bits", f"must be in [1, 30], got {self.bits}")
+        if not 0 <= self.bits <= 30:
+            raise bad("bits", f"must be 0 (auto) or in [1, 30], got {self.bits}")
         if self.secagg_degree < 0:
             raise bad("secagg_degree", f"must be >= 0, got {self.secagg_degree}")
         if self.fanout < 2:

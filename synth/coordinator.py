@@ -53,6 +53,7 @@ from synth.protocol import (
     RoundPlan,
     Topics,
     aggregate_sigma,
+    auto_bits,
     build_tree,
     decode_sum,
     pack_blobs,
@@ -307,12 +308,13 @@ class Coordinator:
             h_min, h_max = quant_range(max(self.rows.values()), per_party)
             # codes are non-negative b-bit values and no deltas are sent, so K of them
             # sum below 2^(b + ceil(log2 K)): no headroom bits needed
-            m = ring_bits(cfg.bits, k, headroom=0)
+            bits = cfg.bits or auto_bits(h_min, h_max, per_party)
+            m = ring_bits(bits, k, headroom=0)
             degree = secagg_degree(k, cfg.secagg_degree)
             graph_seed = np.random.default_rng([cfg.seed, r]).bytes(16).hex()
             plan = RoundPlan(round=r, name=name, cliques=tuple(cliques), sizes=sizes,
                              sigma2_central=sigma2, noise_model=cfg.noise_model, n_parties=k,
-                             h_min=h_min, h_max=h_max, bits=cfg.bits, ring_bits=m,
+                             h_min=h_min, h_max=h_max, bits=bits, ring_bits=m,
                              party_ids=self.parties, threshold=None, degree=degree,
                              graph_seed=graph_seed,
                              timeout_s=cfg.round_timeout_s, tree=self.tree.to_dict(),
@@ -382,7 +384,7 @@ class Coordinator:
             self._write(f"round_{name}", {
                 "round": r, "cliques": [list(c) for c in cliques], "sizes": list(sizes),
                 "sigma2_central": sigma2, "sigma_party": math.sqrt(party_sigma2(plan)),
-                "aggregate_sigma": sigma, "quant_step": plan.quant.step, "bits": cfg.bits,
+                "aggregate_sigma": sigma, "quant_step": plan.quant.step, "bits": bits,
                 "ring_bits": m, "degree": degree, "threshold": sa.t,
                 "survivors": list(survivors), "dropped": list(dropped),
                 "never_advertised": list(missing), "seconds": res.seconds})
@@ -469,7 +471,8 @@ class Coordinator:
         rounds = {name: {"cells": r.plan.vector_len, "cliques": len(r.plan.cliques),
                          "survivors": len(r.survivors), "dropped": list(r.dropped),
                          "never_advertised": list(r.missing), "aggregate_sigma": r.sigma,
-                         "quant_step": r.plan.quant.step, "ring_bits": r.plan.ring_bits,
+                         "quant_step": r.plan.quant.step, "bits": r.plan.bits,
+                         "ring_bits": r.plan.ring_bits,
                          "seconds": r.seconds}
                   for name, r in results.items()}
         spent = {p: v for p, v in self.rho_party.items()}
@@ -487,7 +490,7 @@ class Coordinator:
             "bytes_wire": wire, "bytes_naive": self.bytes_naive,
             "bytes_naive_direct": self.bytes_naive_direct,
             "wire_vs_naive": (wire / self.bytes_naive) if wire and self.bytes_naive else None,
-            "bits": cfg.bits, "fanout": cfg.fanout, "tree_levels": len(self.tree.levels),
+            "bits": cfg.bits or "auto", "fanout": cfg.fanout, "tree_levels": len(self.tree.levels),
             "compressed_domain": dict(zip(self.domain.attributes, self.cdomain.sizes,
                                           strict=True)),
             "rounds": rounds, "tree_pairs": [list(c) for c in results["tree"].plan.cliques],

@@ -117,7 +117,7 @@ def test_topics_put_each_participant_under_its_own_prefix() -> None:
 def test_config_rejects_bad_values_and_unknown_keys() -> None:
     assert SynthConfig().party_ids()[:2] == ("p000", "p001")
     assert not load_synth_config(None, ["epsilon=inf"]).private
-    for bad in ("epsilon=0", "epsilon=-1", "parties=0", "bits=0", "fanout=1",
+    for bad in ("epsilon=0", "epsilon=-1", "parties=0", "bits=-1", "bits=31", "fanout=1",
                 "engine=gan", "noise_model=shouting", "delta=1"):
         with pytest.raises(ConfigError):
             load_synth_config(None, [bad])
@@ -160,3 +160,14 @@ def test_secagg_degree_is_logarithmic_even_and_capped() -> None:
     assert secagg_degree(1) == 0 and secagg_degree(2) == 1 and secagg_degree(4) == 3
     assert secagg_degree(10) == 6 and secagg_degree(100) == 8 and secagg_degree(1000) == 12
     assert secagg_degree(10, 3) == 4 and secagg_degree(5, 20) == 4
+
+
+def test_auto_bits_keeps_the_step_below_the_noise_std() -> None:
+    from synth.protocol import auto_bits
+
+    assert auto_bits(-100.0, 4000.0, 33.0**2) == 7  # 4100 / 33 + 1 = 125.2 levels
+    assert auto_bits(-20.0, 4000.0, 3.3**2) == 11  # 1219 levels
+    assert auto_bits(0.0, 10.0, 100.0) == 4 and auto_bits(0.0, 1e9, 0.0) == 24
+    for sigma in (0.5, 3.0, 30.0):
+        b = auto_bits(-6 * sigma, 3900 + 6 * sigma, sigma**2)
+        assert (3900 + 12 * sigma) / (2**b - 1) <= sigma
