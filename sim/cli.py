@@ -139,6 +139,9 @@ def _synth_run(args: argparse.Namespace) -> int:
         if getattr(args, key, None) is not None:
             extra[key] = getattr(args, key)
     cfg = load_synth_config(args.config, args.set, extra)  # ConfigError: exit 2
+    if cfg.engine == "auto" and cfg.resolved_engine() == "neural":
+        print("note: mbi is not installed, so the engine is 'neural' (minutes instead of "
+              "seconds); pip install -e \".[mbi]\" for Private-PGM", file=sys.stderr)
     print(f"FedForge: {cfg.dataset}, K={cfg.parties} parties, epsilon {cfg.epsilon:g} "
           f"(delta {cfg.delta:g}), {cfg.mechanism} + {cfg.resolved_engine()}, {cfg.noise_model} noise, "
           f"{cfg.bits or 'auto'}-bit, fan-out {cfg.fanout}, out {args.out}", flush=True)
@@ -171,7 +174,9 @@ def _synth_run(args: argparse.Namespace) -> int:
     tv = m.get("avg_tv")
     print(f"avg TV over {m.get('n_workload')} {m.get('workload', 'workload')}: "
           f"{tv:.4f} (max {m['max_tv']:.4f})" if tv is not None else "no quality report")
-    if ml:
+    if not ml:
+        print(f"ML utility: skipped ({m.get('ml_utility_skipped') or 'no quality report'})")
+    else:
         print(f"ML utility (gradient boosting, real holdout): AUC synthetic "
               f"{ml.get('auc_synthetic', float('nan')):.3f} vs real {ml.get('auc_real', float('nan')):.3f}")
     if m.get("bytes_wire"):

@@ -82,8 +82,12 @@ async def _aggregators(cfg: SynthConfig, args: argparse.Namespace) -> list[dict[
 
 
 async def _coordinator(cfg: SynthConfig, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
     from synth.coordinator import Coordinator, EvalData
     from synth.domain import Schema
+
+    torch.set_num_threads(cfg.engine_threads)
 
     schema = Schema.from_dict(json.loads(Path(args.schema).read_text()))
     ev = None
@@ -151,8 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error ({args.role}): {_message(exc)}", file=sys.stderr)
         return code
     if args.role == "coordinator":
-        print(f"coordinator done: avg_tv {result.get('avg_tv')}, wall {result['wall_s']:.1f} s",
-              flush=True)
+        tv = result.get("avg_tv")
+        print("coordinator done: " + (f"avg_tv {tv:.4f}" if tv is not None else
+                                      "quality skipped (no --eval-dir)")
+              + f", wall {result['wall_s']:.1f} s", flush=True)
     return 0
 
 

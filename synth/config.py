@@ -91,7 +91,12 @@ class SynthConfig:
         connect_timeout_s: broker handshake deadline, seconds.
         max_cells: the largest marginal (cells) a clique may have; larger pairs are
             refused before any memory is used.
-        engine_iters: fitting iterations of the engine.
+        engine_iters: fitting iterations of the engine (0 = the engine's default).
+        engine_threads: intra-op threads of torch in the coordinator process (the neural
+            engine). 1 by default: its matrices are small, and OpenMP threads that spin
+            after each parallel region fought the party processes and scikit-learn's own
+            OpenMP pool: bank, K = 3, the neural engine took 571 s with torch's default
+            threads on a loaded machine and 29 s with one.
         parties_per_process: party tasks hosted by one OS process (each with its own bus
             connection); the launcher starts ceil(K / this) party processes.
     """
@@ -125,6 +130,7 @@ class SynthConfig:
     connect_timeout_s: float = 10.0
     max_cells: int = 1_000_000
     engine_iters: int = 0
+    engine_threads: int = 1
     parties_per_process: int = 5
 
     def __post_init__(self) -> None:
@@ -172,6 +178,8 @@ class SynthConfig:
                 raise bad(key, f"must be finite and > 0 seconds, got {v}")
         if self.max_cells < 1:
             raise bad("max_cells", f"must be >= 1, got {self.max_cells}")
+        if self.engine_threads < 1:
+            raise bad("engine_threads", f"must be >= 1, got {self.engine_threads}")
         if self.engine_iters < 0:
             raise bad("engine_iters", f"must be >= 0, got {self.engine_iters}")
         if self.parties_per_process < 1:

@@ -456,8 +456,14 @@ class Coordinator:
                                        "n_workload": tv["n_marginals"],
                                        "workload": f"all {cfg.workload_k}-way marginals"}
                 if cfg.label:
-                    out["ml_utility"] = ml_utility(ev.train, synthetic, ev.holdout, cfg.label,
-                                                   random_state=cfg.seed)
+                    try:
+                        out["ml_utility"] = ml_utility(ev.train, synthetic, ev.holdout,
+                                                       cfg.label, random_state=cfg.seed)
+                    except ValueError as exc:  # e.g. a label that is not binary
+                        out["ml_utility_skipped"] = str(exc)
+                        self.log.warning("synth.ml_utility_skipped", error=str(exc))
+                else:
+                    out["ml_utility_skipped"] = "no label column (set synth.label)"
                 return out
 
             doc = await asyncio.to_thread(score)
@@ -487,6 +493,7 @@ class Coordinator:
             "avg_l1": quality.get("avg_l1"), "workload_error": quality.get("workload_error"),
             "n_workload": quality.get("n_workload"), "workload": quality.get("workload"),
             "ml_utility": quality.get("ml_utility"),
+            "ml_utility_skipped": quality.get("ml_utility_skipped"),
             "bytes_wire": wire, "bytes_naive": self.bytes_naive,
             "bytes_naive_direct": self.bytes_naive_direct,
             "wire_vs_naive": (wire / self.bytes_naive) if wire and self.bytes_naive else None,

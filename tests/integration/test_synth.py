@@ -110,3 +110,17 @@ def test_a_party_whose_columns_differ_fails_the_run_with_its_reason(
     assert ei.value.code == 2
     events = (tmp_path / "run" / "events.jsonl").read_text()
     assert "p001" in events and "missing ['hours']" in events
+
+
+@pytest.mark.timeout(120)
+def test_a_label_that_is_not_binary_skips_ml_utility_with_the_reason(tmp_path: Path) -> None:
+    from sim.synth_launch import run_synth
+
+    t = _table(1200)
+    path = tmp_path / "multi.csv"
+    t.to_csv(path, index=False)
+    cfg = SynthConfig(dataset=str(path), label="a", parties=2, fanout=2,
+                      round_timeout_s=10.0, handshake_timeout_s=30.0)
+    m = run_synth(cfg, tmp_path / "run", timeout_s=100, quiet=True).metrics
+    assert m["ml_utility"] is None and "binary" in m["ml_utility_skipped"]
+    assert m["avg_tv"] is not None
