@@ -21,15 +21,7 @@ import orjson
 from parties.datasets import DATASETS
 from parties.schedule import ALGOS, LR_SCALINGS, effective_workers, worker_lr
 from parties.tasks import TASKS
-from pubsub.config import (
-    ConfigError,
-    deep_merge,
-    dump_toml,
-    from_mapping,
-    load_toml,
-    parse_overrides,
-    to_mapping,
-)
+from pubsub.config import ConfigError, dump_toml, load_section, to_mapping
 
 #: Default ``target_metric`` per named dataset (validation AUC); others have none.
 DEFAULT_TARGETS: dict[str, float] = {"bank": 0.92, "adult": 0.90}
@@ -336,17 +328,7 @@ def load_vfl_config(
     Raises:
         ConfigError: unknown section or key, wrong type, or an invalid value.
     """
-    data: dict[str, Any] = load_toml(path) if path else {}
-    unknown = set(data) - {"vfl"}
-    if unknown:
-        raise ConfigError(sorted(unknown)[0], "unknown section (expected [vfl])")
-    over = parse_overrides(sets)
-    flat = {k: v for k, v in over.items() if k != "vfl"}
-    table = deep_merge(dict(data.get("vfl", {})), over.get("vfl", {}))
-    table = deep_merge(table, flat)
-    if extra:
-        table = deep_merge(table, dict(extra))
-    return from_mapping(VflConfig, table, section="vfl")
+    return load_section(VflConfig, "vfl", path, sets, extra)
 
 
 def dump_vfl_config(cfg: VflConfig) -> str:

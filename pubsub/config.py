@@ -159,6 +159,28 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], *, section: str = "") ->
         raise ConfigError(section, str(exc)) from None
 
 
+def load_section(cls: type[T], section: str, path: str | Path | None = None,
+                 sets: Iterable[str] = (), extra: Mapping[str, Any] | None = None) -> T:
+    """Effective config of one ``[section]`` table: ``cls``'s defaults, then the TOML file's
+    table, then ``--set`` items (``section.key=v`` or just ``key=v``), then ``extra`` (from
+    dedicated CLI flags).
+
+    Raises:
+        ConfigError: unknown section or key, wrong type, or an invalid value.
+    """
+    data: dict[str, Any] = load_toml(path) if path else {}
+    unknown = set(data) - {section}
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], f"unknown section (expected [{section}])")
+    over = parse_overrides(sets)
+    flat = {k: v for k, v in over.items() if k != section}
+    table = deep_merge(dict(data.get(section, {})), over.get(section, {}))
+    table = deep_merge(table, flat)
+    if extra:
+        table = deep_merge(table, dict(extra))
+    return from_mapping(cls, table, section=section)
+
+
 def to_mapping(obj: Any) -> dict[str, Any]:
     """A frozen dataclass as a TOML-ready dict (tuples become lists, None dropped)."""
     out: dict[str, Any] = {}

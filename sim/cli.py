@@ -7,24 +7,48 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 DEFAULT_DEMO_OUT = "runs/demo"
 
 
-def _vfl_run(args: argparse.Namespace) -> int:
+def _launch(run: Callable[[], Any], *, what: str,
+            bad_input: tuple[type[BaseException], ...] = ()) -> tuple[Any, int | None]:
+    """Run a launcher call; ``(result, None)``, or ``(None, exit code)`` after one
+    ``error: ...`` line for the launcher's expected failures (a child's exit code, a bad
+    run directory or input, the job timeout, SIGTERM)."""
     from parties.cli import ExitCode, exit_code_for
+
+    from sim.launch import JobTimeout, LaunchError, OutDirError, _Terminated, exit_code_of
+
+    try:
+        return run(), None
+    except LaunchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None, exit_code_of(exc)
+    except (OutDirError, *bad_input) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None, ExitCode.BAD_INPUT
+    except JobTimeout as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None, ExitCode.TIMEOUT
+    except _Terminated:
+        print(f"terminated: stopped {what}", file=sys.stderr)
+        return None, 143
+    except Exception as exc:
+        code = exit_code_for(exc)  # bad data found by the launcher's preflight, ...
+        if code is None:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return None, code
+
+
+def _vfl_run(args: argparse.Namespace) -> int:
     from parties.config import check_run_id, load_vfl_config
     from parties.report import format_metric
 
-    from sim.launch import (
-        JobTimeout,
-        LaunchError,
-        OutDirError,
-        _Terminated,
-        exit_code_of,
-        run_vfl,
-    )
+    from sim.launch import run_vfl
 
     extra = {}
     if getattr(args, "dataset", None):
@@ -39,26 +63,10 @@ def _vfl_run(args: argparse.Namespace) -> int:
           f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}, B={cfg.batch_size}, "
           f"workers {cfg.workers_for('active')}+{cfg.workers_for('passive')}, out {args.out}",
           flush=True)
-    try:
-        res = run_vfl(cfg, args.out, broker=args.broker, run_id=args.run_id,
-                      timeout_s=args.timeout_s)
-    except LaunchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exit_code_of(exc)
-    except OutDirError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
-    except JobTimeout as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.TIMEOUT
-    except _Terminated:
-        print("terminated: stopped the broker and both parties", file=sys.stderr)
-        return 143
-    except Exception as exc:
-        code = exit_code_for(exc)  # bad data found by the launcher's preflight, ...
-        if code is None:
-            raise
-        print(f"error: {exc}", file=sys.stderr)
+    res, code = _launch(lambda: run_vfl(cfg, args.out, broker=args.broker,
+                                        run_id=args.run_id, timeout_s=args.timeout_s),
+                        what="the broker and both parties")
+    if code is not None:
         return code
     m = res.metrics
     pa = m["parties"]["active"]
@@ -128,8 +136,6 @@ def _vfl_profile(args: argparse.Namespace) -> int:
 def _synth_run(args: argparse.Namespace) -> int:
     """``psfl synth run``: FedForge on one machine (broker, coordinator, aggregators and
     parties as processes)."""
-    from parties.cli import ExitCode, exit_code_for
-    from sim.launch import JobTimeout, LaunchError, OutDirError, _Terminated, exit_code_of
     from sim.synth_launch import run_synth
     from synth.config import load_synth_config
     from synth.domain import DomainError
@@ -145,29 +151,10 @@ def _synth_run(args: argparse.Namespace) -> int:
     print(f"FedForge: {cfg.dataset}, K={cfg.parties} parties, epsilon {cfg.epsilon:g} "
           f"(delta {cfg.delta:g}), {cfg.mechanism} + {cfg.resolved_engine()}, {cfg.noise_model} noise, "
           f"{cfg.bits or 'auto'}-bit, fan-out {cfg.fanout}, out {args.out}", flush=True)
-    try:
-        res = run_synth(cfg, args.out, broker=args.broker, run_id=args.run_id,
-                        timeout_s=args.timeout_s)
-    except LaunchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exit_code_of(exc)
-    except OutDirError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
-    except JobTimeout as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.TIMEOUT
-    except _Terminated:
-        print("terminated: stopped every process", file=sys.stderr)
-        return 143
-    except DomainError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
-    except Exception as exc:
-        code = exit_code_for(exc)
-        if code is None:
-            raise
-        print(f"error: {exc}", file=sys.stderr)
+    res, code = _launch(lambda: run_synth(cfg, args.out, broker=args.broker,
+                                          run_id=args.run_id, timeout_s=args.timeout_s),
+                        what="every process", bad_input=(DomainError,))
+    if code is not None:
         return code
     m = res.metrics
     ml = m.get("ml_utility") or {}

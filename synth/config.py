@@ -12,15 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pubsub.config import (
-    ConfigError,
-    deep_merge,
-    dump_toml,
-    from_mapping,
-    load_toml,
-    parse_overrides,
-    to_mapping,
-)
+from pubsub.config import ConfigError, dump_toml, load_section, to_mapping
 
 #: Columns a named dataset leaves out of synthesis unless ``drop_columns`` is set.
 DEFAULT_DROP: dict[str, tuple[str, ...]] = {"adult": ("education",)}
@@ -220,17 +212,7 @@ def load_synth_config(path: str | Path | None = None, sets: Sequence[str] = (),
     Raises:
         ConfigError: unknown section or key, wrong type, or an invalid value.
     """
-    data: dict[str, Any] = load_toml(path) if path else {}
-    unknown = set(data) - {"synth"}
-    if unknown:
-        raise ConfigError(sorted(unknown)[0], "unknown section (expected [synth])")
-    over = parse_overrides(sets)
-    flat = {k: v for k, v in over.items() if k != "synth"}
-    table = deep_merge(dict(data.get("synth", {})), over.get("synth", {}))
-    table = deep_merge(table, flat)
-    if extra:
-        table = deep_merge(table, dict(extra))
-    return from_mapping(SynthConfig, table, section="synth")
+    return load_section(SynthConfig, "synth", path, sets, extra)
 
 
 def dump_synth_config(cfg: SynthConfig) -> str:
