@@ -411,7 +411,7 @@ def resolve_layout(cfg: VflConfig, layout: str = "auto") -> str:
     return layout
 
 
-def _settings(cfg: VflConfig, pcfg: VflConfig, layout: str) -> dict[str, Any]:
+def _settings(cfg: VflConfig, layout: str) -> dict[str, Any]:
     import torch
 
     return {
@@ -455,21 +455,20 @@ def profile_config(cfg: VflConfig, *, layout: str = "auto", **timing: Any) -> Co
         ValueError: an unknown ``layout``.
     """
     layout = resolve_layout(cfg, layout)
-    pcfg = cfg
     if layout == "concurrent":
-        out = _profile_concurrent(cfg, pcfg, timing)
+        out = _profile_concurrent(cfg, timing)
     else:
-        out = _profile_alone(cfg, pcfg, timing)
+        out = _profile_alone(cfg, timing)
     for role, prof in out.items():
         log.info("vfl.profile_party", role=role, cpu_s_per_sample=prof.cpu_s_per_sample,
                  wall_s_per_sample=prof.wall_s_per_sample, cpus=prof.cpus, layout=layout)
     value, bound = ceiling(out["active"], out["passive"])
     return ComputeProfile(active=out["active"], passive=out["passive"],
                           ceiling_samples_per_s=value, bound_by=bound, basis="cpu",
-                          settings=_settings(cfg, pcfg, layout))
+                          settings=_settings(cfg, layout))
 
 
-def _profile_alone(cfg: VflConfig, pcfg: VflConfig, timing: dict[str, Any]
+def _profile_alone(cfg: VflConfig, timing: dict[str, Any]
                    ) -> dict[str, PartyProfile]:
     import torch
 
@@ -481,7 +480,7 @@ def _profile_alone(cfg: VflConfig, pcfg: VflConfig, timing: dict[str, Any]
     try:
         torch.set_num_threads(cfg.torch_threads)
         for role in ("passive", "active"):
-            data = load_party_data(pcfg, role)
+            data = load_party_data(cfg, role)
             try:
                 before = pin_process(cfg.cpus(role)) if cfg.cpus(role) else None
             except (ValueError, OSError) as exc:
@@ -496,7 +495,7 @@ def _profile_alone(cfg: VflConfig, pcfg: VflConfig, timing: dict[str, Any]
     return out
 
 
-def _concurrent_child(role: str, cfg: VflConfig, pcfg: VflConfig, timing: dict[str, Any],
+def _concurrent_child(role: str, cfg: VflConfig, timing: dict[str, Any],
                       barrier: Any, mine: Any, other: Any, results: Any) -> None:
     """One party's side of a concurrent profile (a spawned child process)."""
     try:
@@ -510,7 +509,7 @@ def _concurrent_child(role: str, cfg: VflConfig, pcfg: VflConfig, timing: dict[s
         except (ValueError, OSError) as exc:
             raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
         torch.set_num_threads(cfg.torch_threads)
-        data = load_party_data(pcfg, role)
+        data = load_party_data(cfg, role)
         busy_until = [0.0]
 
         def before() -> None:
@@ -540,7 +539,7 @@ def _concurrent_child(role: str, cfg: VflConfig, pcfg: VflConfig, timing: dict[s
             results.put((role, None, ProfileError(f"{role}: {type(exc).__name__}: {exc}")))
 
 
-def _profile_concurrent(cfg: VflConfig, pcfg: VflConfig, timing: dict[str, Any]
+def _profile_concurrent(cfg: VflConfig, timing: dict[str, Any]
                         ) -> dict[str, PartyProfile]:
     import multiprocessing as mp
     import queue
@@ -550,7 +549,7 @@ def _profile_concurrent(cfg: VflConfig, pcfg: VflConfig, timing: dict[str, Any]
     done = {"active": ctx.Event(), "passive": ctx.Event()}
     results = ctx.Queue()
     procs = {role: ctx.Process(target=_concurrent_child, name=f"profile-{role}", daemon=True,
-                               args=(role, cfg, pcfg, timing, barrier, done[role],
+                               args=(role, cfg, timing, barrier, done[role],
                                      done["passive" if role == "active" else "active"],
                                      results))
              for role in ("passive", "active")}

@@ -46,6 +46,7 @@ from synth.accounting import allocate, cdp_epsilon, cdp_rho
 from synth.config import SynthConfig
 from synth.domain import Schema, decode, encode
 from synth.engine import NoisyMarginal, make_engine
+from synth.mechanism import party_noise_variance
 from synth.netutil import array_to_words
 from synth.party import bus_config, topic_limits
 from synth.protocol import (
@@ -304,7 +305,7 @@ class Coordinator:
             sizes = tuple(dom.size(c) for c in cliques)
             sigma2 = len(cliques) / (2.0 * rho) if math.isfinite(rho) else 0.0
             k = len(self.parties)
-            per_party = sigma2 / k if cfg.noise_model == "distributed" else sigma2
+            per_party = party_noise_variance(sigma2, k, cfg.noise_model)
             h_min, h_max = quant_range(max(self.rows.values()), per_party)
             # codes are non-negative b-bit values and no deltas are sent, so K of them
             # sum below 2^(b + ceil(log2 K)): no headroom bits needed

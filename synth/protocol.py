@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from synth.compress import QuantSpec, quantize
+from synth.mechanism import party_noise_variance
 
 #: The coordinator's node id in the aggregation tree.
 ROOT = "root"
@@ -320,10 +321,9 @@ def secagg_degree(n_parties: int, configured: int = 0) -> int:
 
 
 def party_sigma2(plan: RoundPlan) -> float:
-    """σ² of the noise one party adds per cell: σ²/K (distributed) or σ² (local)."""
-    if plan.noise_model == "distributed":
-        return plan.sigma2_central / plan.n_parties
-    return plan.sigma2_central
+    """σ² of the noise one party adds per cell: σ²/K (distributed) or σ² (local)
+    (:func:`synth.mechanism.party_noise_variance`)."""
+    return party_noise_variance(plan.sigma2_central, plan.n_parties, plan.noise_model)
 
 
 def quant_range(max_party_rows: int, sigma2_party: float, *, tails: float = 6.0

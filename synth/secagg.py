@@ -64,6 +64,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 __all__ = [
     "PRIME",
+    "run_key_stages",
     "DuplicatePartyError",
     "PartyKeys",
     "ProtocolError",
@@ -1011,3 +1012,20 @@ class SecAggServer:
                 else:
                     total += pm
         return total & mk
+
+
+def run_key_stages(clients: Mapping[str, SecAggClient], server: SecAggServer) -> None:
+    """Drive stages 1-2 in memory: every client advertises its keys, receives its
+    neighbours' keys, sends its encrypted shares and receives the ones addressed to it.
+    For tests and single-process simulations; the bus layer runs the same calls with a
+    deadline per stage (:mod:`synth.coordinator`, :mod:`synth.party`).
+    """
+    for c in clients.values():
+        server.register_keys(c.public_keys())
+    for p, c in clients.items():
+        c.receive_public_keys(server.keys_for(p))
+    for p, c in clients.items():
+        server.collect_shares(p, c.share_messages())
+    for p, c in clients.items():
+        c.receive_shares(server.shares_for(p))
+

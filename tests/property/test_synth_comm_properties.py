@@ -23,6 +23,7 @@ from synth.secagg import (
     SecAggConfig,
     SecAggServer,
     recover_secret,
+    run_key_stages,
     split_secret,
 )
 
@@ -105,14 +106,7 @@ def test_secagg_sum_is_exact_with_dropouts(k: int, m: int, n: int, data) -> None
     cfg = SecAggConfig(round_id="prop", party_ids=ids, ring_bits=m, vector_len=n)
     clients = {p: SecAggClient(p, cfg) for p in ids}
     server = SecAggServer(cfg)
-    for c in clients.values():
-        server.register_keys(c.public_keys())
-    for p, c in clients.items():
-        c.receive_public_keys(server.keys_for(p))
-    for p, c in clients.items():
-        server.collect_shares(p, c.share_messages())
-    for p, c in clients.items():
-        c.receive_shares(server.shares_for(p))
+    run_key_stages(clients, server)
     # Every secret has deg + 1 holders (neighbours and owner): with at most deg + 1 - t
     # dropouts, and at least t survivors, every needed secret keeps t live holders.
     deg = min(len(v) for v in cfg.graph.values())

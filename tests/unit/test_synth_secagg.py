@@ -33,6 +33,7 @@ from synth.secagg import (
     mask,
     neighbours,
     recover_secret,
+    run_key_stages,
     ring_bits,
     split_secret,
     stream_nonce,
@@ -55,14 +56,7 @@ def _setup(ids, m, n, *, round_id="r1", fixed=False, threshold=None, degree=None
                   "self_seed": hashlib.sha256(f"{round_id}/{p}/b".encode()).digest()}
         clients[p] = SecAggClient(p, cfg, **kw)
     server = SecAggServer(cfg)
-    for c in clients.values():
-        server.register_keys(c.public_keys())
-    for p, c in clients.items():
-        c.receive_public_keys(server.keys_for(p))
-    for p, c in clients.items():
-        server.collect_shares(p, c.share_messages())
-    for p, c in clients.items():
-        c.receive_shares(server.shares_for(p))
+    run_key_stages(clients, server)
     return cfg, clients, server
 
 
