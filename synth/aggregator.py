@@ -1,15 +1,16 @@
 """A FedForge aggregator: a node of the aggregation tree (issue 6, item 6).
 
-It adds the masked vectors (or masked sums) its children send for a round, mod 2^m,
-and forwards the sum with the list of parties in it to its parent, up to the
-coordinator. Masked words are uniformly random, so an aggregator learns nothing about
+It adds the masked vectors (or masked sums) its children send for a round, each cell in
+its ring Z_(2^w) (the plan's width of the cell), and forwards the sum with the list of
+parties in it to its parent, up to the coordinator. Masked words are uniformly random, so an aggregator learns nothing about
 any party's marginals; pairwise masks cancel only in the total at the coordinator, which
 alone unmasks. Its work and memory per round are ``O(children × vector_len)``.
 
 A child that has not reported when the aggregator's deadline passes is left out (the
 coordinator then treats its parties as dropouts of the round). Deadline of a level-ℓ
-aggregator: ``(3 + ℓ) × timeout_s`` after the plan, since parties mask only after the
-key and share stages (each up to ``timeout_s``), and each level below may wait its own.
+aggregator: ``(1 + ℓ) × timeout_s + 5 s`` after the plan, since parties mask right after
+the plan (keys and seeds are agreed before the rounds) and each level below may wait its
+own.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from pubsub import Bus, DeadlineExceeded
 from synth.config import SynthConfig
 from synth.netutil import ParticipantError, array_to_words, first_of, words_to_array
 from synth.party import bus_config, topic_limits
-from synth.protocol import RoundPlan, Topics, Tree
+from synth.protocol import RoundPlan, SessionPlan, Topics, Tree, cell_modmask
 
 log = structlog.get_logger(__name__)
 
 
 def stage_deadline_s(plan: RoundPlan, level: int) -> float:
     """How long a level-``level`` aggregator waits for its children after the plan, seconds."""
-    return (3 + level) * plan.timeout_s + 5.0
+    return (1 + level) * plan.timeout_s + 5.0
 
 
 class Aggregator:
@@ -68,11 +69,12 @@ class Aggregator:
             while True:  # hello until the schema shows the coordinator is there
                 bus.publish_nowait(t.hello, (), hello)
                 try:
-                    await bus.next(t.schema, 1.0)
+                    schema = await bus.next(t.schema, 1.0)
                     break
                 except DeadlineExceeded:
                     if time.monotonic() > deadline:
                         raise ParticipantError(self.id, "no coordinator answered", code=4) from None
+            tree = Tree.from_dict(SessionPlan.from_meta(schema.meta["session"]).tree)
             while True:
                 try:
                     msg = await first_of(bus, [t.plan, t.done],
@@ -81,8 +83,7 @@ class Aggregator:
                     raise ParticipantError(self.id, "the coordinator went silent", code=4) from None
                 if msg.topic == t.done:
                     break
-                plan = RoundPlan.from_meta(msg.meta)
-                tree = Tree.from_dict(plan.tree)
+                plan = RoundPlan.from_message(msg.meta, msg.arrays)
                 if self.id in tree.children:
                     await self._round(bus, plan, tree)
             stats = bus.stats()
@@ -90,12 +91,13 @@ class Aggregator:
                 "bytes_sent": int(sum(stats.sent_bytes.values()))}
 
     async def _round(self, bus: Bus, plan: RoundPlan, tree: Tree) -> None:
-        t, r, m, n = self.topics, plan.round, plan.ring_bits, plan.vector_len
+        t, r, n = self.topics, plan.round, plan.vector_len
+        widths = plan.widths
         kids = set(tree.children[self.id])
         loop = asyncio.get_running_loop()
         deadline = loop.time() + stage_deadline_s(plan, tree.level_of(self.id))
         total = np.zeros(n, dtype=np.uint64)
-        mask = np.uint64((1 << m) - 1)
+        mask = cell_modmask(widths)
         ids: list[str] = []
         heard: set[str] = set()
         topic = t.up(r, self.id)
@@ -112,7 +114,7 @@ class Aggregator:
                 self.log.warning("synth.unexpected_child", sender=sender, round=r)
                 continue
             try:
-                words = array_to_words(msg.arrays[0], m, n)
+                words = array_to_words(msg.arrays[0], widths, n)
             except (ValueError, IndexError) as exc:
                 self.log.warning("synth.bad_vector", sender=sender, round=r, error=str(exc))
                 continue
@@ -124,7 +126,7 @@ class Aggregator:
         if missing:
             self.log.warning("synth.children_missing", round=r, missing=missing)
         if ids:
-            bus.publish_nowait(t.up(r, tree.parent[self.id]), [words_to_array(total, m)],
+            bus.publish_nowait(t.up(r, tree.parent[self.id]), [words_to_array(total, widths)],
                                {"from": self.id, "ids": ids}, copy=False)
         self.rounds.append({"round": r, "children": len(kids), "heard": len(heard),
                             "parties": len(ids)})

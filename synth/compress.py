@@ -44,6 +44,9 @@ __all__ = [
     "ErrorFeedbackQuantizer",
     "QuantSpec",
     "compress_bytes",
+    "pack_varbits",
+    "packed_size_var",
+    "unpack_varbits",
     "compression_report",
     "decompress_bytes",
     "dequantize",
@@ -604,6 +607,99 @@ def unpack_bits(data: bytes | bytearray | memoryview, bits: int, n: int) -> np.n
         full = np.zeros((count, 64), dtype=np.uint8)
         full[:, 64 - bits :] = bitmat
         out[start : start + count] = np.packbits(full, axis=1).view(">u8").reshape(count)
+    return out
+
+
+def _check_widths(widths: Any, n: int | None = None) -> np.ndarray:
+    w = np.asarray(widths)
+    if w.ndim != 1 or (w.size and w.dtype.kind not in "iu"):
+        raise ValueError(f"widths must be a 1-D integer vector, got {w.dtype} {w.shape}")
+    if n is not None and w.shape[0] != n:
+        raise ValueError(f"{w.shape[0]} widths for {n} values")
+    if w.size and (int(w.min()) < 1 or int(w.max()) > 64):
+        raise ValueError(f"widths must lie in [1, 64], got {int(w.min())}..{int(w.max())}")
+    return w.astype(np.int64)
+
+
+def packed_size_var(widths: Any) -> int:
+    """Bytes of values packed at per-value ``widths`` bits: ``ceil(Σ widths / 8)``."""
+    return (int(np.asarray(widths, dtype=np.int64).sum()) + 7) // 8
+
+
+def pack_varbits(values: Any, widths: Any) -> bytes:
+    """Densely pack unsigned integers, value ``i`` in ``widths[i]`` bits (MSB first).
+
+    The per-cell variant of :func:`pack_bits`, for masked words whose ring differs per
+    cell (:func:`synth.protocol.cell_windows`). Vectorised in chunks: a ``(chunk, 64)``
+    bit matrix per chunk, the low ``widths[i]`` columns of row ``i`` kept.
+
+    Args:
+        values: shape ``(n,)``, integer dtype, ``0 <= values[i] < 2^widths[i]``.
+        widths: shape ``(n,)``, integers in [1, 64].
+
+    Returns:
+        ``ceil(Σ widths / 8)`` bytes (the last one zero-padded).
+
+    Raises:
+        ValueError: shapes differ, a width outside [1, 64], or a value that is negative
+            or does not fit its width.
+    """
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(f"expected a 1-D integer vector, got {arr.dtype} {arr.shape}")
+    w = _check_widths(widths, arr.shape[0])
+    if arr.size == 0:
+        return b""
+    if arr.dtype.kind == "i" and arr.min() < 0:
+        raise ValueError("pack_varbits needs non-negative values")
+    u = arr.astype(np.uint64, copy=False)
+    small = w < 64
+    if np.any(u[small] >> w[small].astype(np.uint64)):
+        raise ValueError("a value does not fit in its width")
+    cols = np.arange(64)
+    parts = []
+    for start in range(0, arr.shape[0], _PACK_CHUNK):
+        seg = u[start:start + _PACK_CHUNK].astype(">u8")
+        bitmat = np.unpackbits(seg.view(np.uint8)).reshape(-1, 64)
+        keep = cols[None, :] >= (64 - w[start:start + _PACK_CHUNK])[:, None]
+        parts.append(bitmat[keep])
+    return np.packbits(np.concatenate(parts)).tobytes()
+
+
+def unpack_varbits(data: bytes | bytearray | memoryview, widths: Any) -> np.ndarray:
+    """Inverse of :func:`pack_varbits`.
+
+    Args:
+        data: exactly ``ceil(Σ widths / 8)`` bytes.
+        widths: shape ``(n,)``, integers in [1, 64].
+
+    Returns:
+        uint64, shape ``(n,)``.
+
+    Raises:
+        ValueError: a width outside [1, 64], or the byte length does not match.
+    """
+    w = _check_widths(widths)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    total = int(w.sum())
+    if buf.size != (total + 7) // 8:
+        raise ValueError(f"expected {(total + 7) // 8} bytes for {w.shape[0]} values of "
+                         f"{total} bits in all, got {buf.size}")
+    n = w.shape[0]
+    out = np.empty(n, dtype=np.uint64)
+    if n == 0:
+        return out
+    bits = np.unpackbits(buf, count=total)
+    cols = np.arange(64)
+    at = 0
+    for start in range(0, n, _PACK_CHUNK):
+        ww = w[start:start + _PACK_CHUNK]
+        keep = cols[None, :] >= (64 - ww)[:, None]
+        full = np.zeros((ww.shape[0], 64), dtype=np.uint8)
+        used = int(ww.sum())
+        full[keep] = bits[at:at + used]
+        at += used
+        out[start:start + ww.shape[0]] = np.packbits(full, axis=1).view(">u8").reshape(-1)
     return out
 
 

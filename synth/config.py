@@ -20,7 +20,6 @@ MECHANISMS = ("mst",)
 ENGINES = ("auto", "mbi", "neural")
 NOISE_MODELS = ("distributed", "local")
 SPLITS = ("iid", "dirichlet")
-CODECS = ("none", "zlib", "lzma")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,11 +53,13 @@ class SynthConfig:
         bits: b, the quantisation width of each noisy count before masking; 0 (the
             default) picks it per round so the step is no coarser than a party's noise
             std (:func:`synth.protocol.auto_bits`).
+        ring: ``cell`` (the default: each cell is masked in a ring just wide enough for
+            the window its sum lies in, from public bounds on its count; see
+            :func:`synth.protocol.cell_windows`) or ``uniform`` (one ring width for all
+            cells of a round, the widest; for comparison).
         secagg_degree: k, neighbours per party in the secure-aggregation graph (0 = the
             default ``ceil(log2 K) + 1``, rounded up to even; see
             :func:`synth.protocol.secagg_degree`).
-        codec: lossless compression of the packed masked words (``none`` by default:
-            masked words are uniformly random and do not compress).
         fanout: children per aggregator in the aggregation tree (parties report to leaf
             aggregators, leaves to inner ones, up to the coordinator).
         split: how the rows are spread over the parties: ``iid`` or ``dirichlet``
@@ -104,8 +105,8 @@ class SynthConfig:
     engine: str = "auto"
     noise_model: str = "distributed"
     bits: int = 0
+    ring: str = "cell"
     secagg_degree: int = 0
-    codec: str = "none"
     fanout: int = 4
     split: str = "iid"
     split_column: str = ""
@@ -141,8 +142,8 @@ class SynthConfig:
                                     ("engine", self.engine, ENGINES),
                                     ("noise_model", self.noise_model, NOISE_MODELS),
                                     ("split", self.split, SPLITS),
-                                    ("codec", self.codec, CODECS),
-                                    ("binning", self.binning, ("quantile", "uniform"))):
+                                    ("binning", self.binning, ("quantile", "uniform")),
+                                    ("ring", self.ring, ("cell", "uniform"))):
             if value not in allowed:
                 raise bad(key, f"must be one of {allowed}, got {value!r}")
         if len(self.mst_split) != 3 or not all(w > 0 and math.isfinite(w)
@@ -220,5 +221,5 @@ def dump_synth_config(cfg: SynthConfig) -> str:
     return dump_toml({"synth": to_mapping(cfg)})
 
 
-__all__ = ["CODECS", "DEFAULT_DROP", "ENGINES", "MECHANISMS", "NOISE_MODELS", "SPLITS", "SynthConfig",
+__all__ = ["DEFAULT_DROP", "ENGINES", "MECHANISMS", "NOISE_MODELS", "SPLITS", "SynthConfig",
            "dump_synth_config", "load_synth_config"]

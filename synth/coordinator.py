@@ -52,25 +52,27 @@ from synth.party import bus_config, topic_limits
 from synth.protocol import (
     ROOT,
     RoundPlan,
+    SessionPlan,
     Topics,
     aggregate_sigma,
-    auto_bits,
     build_tree,
+    cell_upper_bounds,
+    cell_windows,
     decode_sum,
     pack_blobs,
     unpack_blobs,
     party_sigma2,
     quant_range,
+    quant_step,
+    round_id,
     secagg_degree,
     split_marginals,
 )
 from synth.secagg import (
     PartyKeys,
     RevealedShare,
-    SecAggConfig,
     SecAggError,
     SecAggServer,
-    ring_bits,
 )
 from synth.select import (
     candidate_pairs,
@@ -157,6 +159,17 @@ class Coordinator:
         self.maps: dict[str, np.ndarray] = {}  # MST's domain compression (after round 1)
         self.cdomain = self.domain
         self.one_way_c: dict[tuple[str, ...], NoisyMarginal] = {}
+        # released noisy marginals on the compressed domain, (clique, values, per-cell
+        # std): public bounds for the ring windows of later rounds
+        self.known: list[tuple[tuple[str, ...], np.ndarray, np.ndarray]] = []
+        k = len(self.parties)
+        self.session = SessionPlan(
+            session_id=f"{run_id}/0", party_ids=self.parties, threshold=None,
+            degree=secagg_degree(k, cfg.secagg_degree),
+            graph_seed=np.random.default_rng([cfg.seed, 0]).bytes(16).hex(),
+            timeout_s=cfg.round_timeout_s, tree=self.tree.to_dict())
+        self.server = SecAggServer(self.session.secagg())
+        self.never_keyed: tuple[str, ...] = ()
         self.log = log.bind(run_id=run_id, party="coordinator")
 
     # ------------------------------------------------------------------ helpers
@@ -240,7 +253,8 @@ class Coordinator:
             if min(self.rows.values()) < 1:
                 empty = sorted(p for p, n in self.rows.items() if n < 1)
                 raise CoordinatorError(f"parties without rows: {empty}", code=2)
-            bus.publish_nowait(t.schema, (), {"schema": self.schema.to_dict()})
+            bus.publish_nowait(t.schema, (), {"schema": self.schema.to_dict(),
+                                              "session": self.session.to_meta()})
             self._write("schema", {"schema": self.schema.to_dict(), "rows": self.rows,
                                    "fingerprint": self.schema.fingerprint(),
                                    "tree": self.tree.to_dict()})
@@ -262,6 +276,8 @@ class Coordinator:
     async def _measure(self, bus: Bus, split: dict[str, float]) -> dict[str, _RoundResult]:
         d = self.domain
         results: dict[str, _RoundResult] = {}
+        await self._keys_stage(bus)
+        await self._seed_batch(bus, 0, [0, 1, 2])  # MST's three rounds
         one_way = [(a,) for a in d.attributes]
         results["one_way"] = await self._round(bus, 0, "one_way", one_way, split["one_way"])
         with self._stage("compress_domain"):
@@ -271,10 +287,16 @@ class Coordinator:
             self.one_way_c = {c: NoisyMarginal(clique=c, values=compress_marginal(
                 m.values, self.maps[c[0]]) if c[0] in self.maps else m.values, sigma=m.sigma)
                 for c, m in ow_full.items()}
+            for c, m in self.one_way_c.items():
+                # a merged cell sums the noisy counts of the values merged into it
+                merged = (np.bincount(self.maps[c[0]], minlength=m.values.shape[0])
+                          if c[0] in self.maps else np.ones(m.values.shape[0]))
+                self.known.append((c, m.values, m.sigma * np.sqrt(merged)))
             self._write("compress_domain", {
                 "rule": "values with noisy 1-way count < 3 sigma merge (MST)",
                 "sizes": dict(zip(d.attributes, d.sizes, strict=True)),
-                "compressed": dict(zip(d.attributes, self.cdomain.sizes, strict=True))})
+                "compressed": dict(zip(d.attributes, self.cdomain.sizes, strict=True)),
+                "maps": {a: [int(x) for x in v] for a, v in self.maps.items()}})
         cd = self.cdomain
         pairs = candidate_pairs(cd, max_cells=self.cfg.max_cells)
         if len(pairs) < len(cd.attributes) - 1:
@@ -282,6 +304,8 @@ class Coordinator:
                              max_cells=self.cfg.max_cells)
         results["select"] = await self._round(bus, 1, "select", pairs, split["select"])
         tw = self._noisy(results["select"])
+        self.known += [(c, m.values, np.full(m.values.shape[0], m.sigma))
+                       for c, m in tw.items()]
         with self._stage("select_tree"):
             tree_pairs = mst_select(cd, {c[0]: m for c, m in self.one_way_c.items()},
                                     {(c[0], c[1]): m for c, m in tw.items()})
@@ -289,6 +313,40 @@ class Coordinator:
         results["tree"] = await self._round(bus, 2, "tree", [tuple(p) for p in tree_pairs],
                                             split["tree"])
         return results
+
+    async def _keys_stage(self, bus: Bus) -> None:
+        """Once per session: collect the parties' public keys, send each its neighbours'."""
+        with self._stage("keys"):
+            t, server = self.topics, self.server
+            got = await self._collect(bus, t.pk(0), set(self.parties), self.cfg.round_timeout_s)
+            for p, msg in got.items():
+                raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
+                server.register_keys(PartyKeys(party=p, mask_public=raw[:32],
+                                               enc_public=raw[32:]))
+            for p in sorted(got):
+                meta, arr = pack_blobs({q: v.mask_public + v.enc_public
+                                        for q, v in server.keys_for(p).items()})
+                bus.publish_nowait(t.nk(0, p), [arr], meta)
+            self.never_keyed = tuple(sorted(set(self.parties) - set(got)))
+            self._write("keys", {"session": self.session.to_meta(), "keyed": sorted(got),
+                                 "never_advertised": list(self.never_keyed)})
+            if self.never_keyed:
+                self.log.warning("synth.never_keyed", parties=list(self.never_keyed))
+
+    async def _seed_batch(self, bus: Bus, b: int, rounds: list[int]) -> None:
+        """Once per batch of rounds: every keyed party Shamir-shares a fresh self-mask seed
+        per round of the batch with its neighbours, through the coordinator."""
+        with self._stage(f"seeds:{b}"):
+            t, server = self.topics, self.server
+            ids = [round_id(r) for r in rounds]
+            bus.publish_nowait(t.seeds, (), {"batch": b, "rounds": ids})
+            got = await self._collect(bus, t.sh(b), set(server.keyed), self.cfg.round_timeout_s)
+            for p, msg in got.items():
+                server.collect_seed_shares(ids, p, unpack_blobs(msg.meta, msg.arrays[0]))
+            for p in sorted(got):
+                meta, arr = pack_blobs(server.seed_shares_for(ids, p))
+                bus.publish_nowait(t.rs(b, p), [arr], meta)
+            self._write(f"seeds_{b}", {"rounds": ids, "seeded": sorted(got)})
 
     @staticmethod
     def _noisy(res: _RoundResult) -> dict[tuple[str, ...], NoisyMarginal]:
@@ -307,54 +365,35 @@ class Coordinator:
             k = len(self.parties)
             per_party = party_noise_variance(sigma2, k, cfg.noise_model)
             h_min, h_max = quant_range(max(self.rows.values()), per_party)
-            # codes are non-negative b-bit values and no deltas are sent, so K of them
-            # sum below 2^(b + ceil(log2 K)): no headroom bits needed
-            bits = cfg.bits or auto_bits(h_min, h_max, per_party)
-            m = ring_bits(bits, k, headroom=0)
-            degree = secagg_degree(k, cfg.secagg_degree)
-            graph_seed = np.random.default_rng([cfg.seed, r]).bytes(16).hex()
+            step = quant_step(h_min, h_max, per_party, cfg.bits)
+            shape = dict(zip(dom.attributes, dom.sizes, strict=True))
+            upper = cell_upper_bounds(cliques, shape, self.known if r > 0 else [],
+                                      float(sum(self.rows.values())))
+            lo, widths = cell_windows(upper, sigma_sum=math.sqrt(k * per_party), step=step,
+                                      n_parties=k, uniform=cfg.ring == "uniform")
             plan = RoundPlan(round=r, name=name, cliques=tuple(cliques), sizes=sizes,
                              sigma2_central=sigma2, noise_model=cfg.noise_model, n_parties=k,
-                             h_min=h_min, h_max=h_max, bits=bits, ring_bits=m,
-                             party_ids=self.parties, threshold=None, degree=degree,
-                             graph_seed=graph_seed,
-                             timeout_s=cfg.round_timeout_s, tree=self.tree.to_dict(),
+                             step=step, cell_bits=widths.tobytes(),
+                             timeout_s=cfg.round_timeout_s,
                              maps={a: tuple(int(x) for x in v) for a, v in self.maps.items()}
                              if r > 0 else {})
-            sa = SecAggConfig(round_id=plan.round_id, party_ids=plan.party_ids, ring_bits=m,
-                              vector_len=plan.vector_len, threshold=None, degree=degree,
-                              graph_seed=bytes.fromhex(graph_seed))
-            server = SecAggServer(sa)
-            bus.publish_nowait(t.plan, (), plan.to_meta())
-            for p in self.parties:
+            spec = plan.spec()
+            server = self.server
+            seeded = server.seeded(plan.round_id)
+            meta, arrays = plan.to_message()
+            bus.publish_nowait(t.plan, arrays, meta)
+            for p in seeded:  # a party spends its budget when it measures the round
                 self.rho_party[p] += (len(cliques) / (2.0 * sigma2)) if sigma2 > 0 else 0.0
             timeout = cfg.round_timeout_s
-            # stage 1: keys
-            got = await self._collect(bus, t.pk(r), set(self.parties), timeout)
-            for p, msg in got.items():
-                raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
-                server.register_keys(PartyKeys(party=p, mask_public=raw[:32],
-                                               enc_public=raw[32:]))
-            for p in sorted(got):
-                meta, arr = pack_blobs({q: v.mask_public + v.enc_public
-                                        for q, v in server.keys_for(p).items()})
-                bus.publish_nowait(t.nk(r, p), [arr], meta)
-            missing = tuple(sorted(set(self.parties) - set(got)))
-            # stage 2: shares
-            got_sh = await self._collect(bus, t.sh(r), set(got), timeout)
-            for p, msg in got_sh.items():
-                server.collect_shares(p, unpack_blobs(msg.meta, msg.arrays[0]))
-            for p in sorted(got_sh):
-                meta, arr = pack_blobs(server.shares_for(p))
-                bus.publish_nowait(t.rs(r, p), [arr], meta)
+            missing = tuple(sorted(set(self.parties) - set(seeded)))
             # stage 3: masked sums from the tree's top level
             top = set(self.tree.children[ROOT])
-            wait = (3 + len(self.tree.levels)) * timeout + 10.0
+            wait = (1 + len(self.tree.levels)) * timeout + 10.0
             sums = await self._collect(bus, t.up(r, ROOT), top, wait)
             for msg in sums.values():
-                server.collect_masked_sum(msg.meta.get("ids", []),
-                                          array_to_words(msg.arrays[0], m, plan.vector_len))
-            survivors, dropped = server.unmask_request()
+                server.collect_masked_sum(spec, msg.meta.get("ids", []), array_to_words(
+                    msg.arrays[0], plan.widths, plan.vector_len))
+            survivors, dropped = server.unmask_request(plan.round_id)
             bus.publish_nowait(t.unmask(r), (), {"survivors": list(survivors),
                                                  "dropped": list(dropped)})
             # stage 4: reveal
@@ -364,11 +403,12 @@ class Coordinator:
                 ys = unpack_blobs(msg.meta, msg.arrays[0])
                 shares[holder] = {
                     owner: RevealedShare(owner=owner, holder=holder,
-                                         kind="key" if owner in dropped else "seed",
-                                         x=sa.index[holder], y=int.from_bytes(y, "big"))
+                                         kind="pair" if owner in dropped else "seed",
+                                         x=server.config.index[holder],
+                                         y=int.from_bytes(y, "big"))
                     for owner, y in ys.items()}
-            total = server.unmask(survivors, dropped, shares)
-            values = decode_sum(total, len(survivors), plan)
+            total = server.unmask(plan.round_id, survivors, dropped, shares)
+            values = decode_sum(total, lo, plan)
             sigma = aggregate_sigma(plan, len(survivors))
             # naive: the same marginals as float32 over the same tree, without masking,
             # quantisation or key exchange (each party, then each aggregator that forwards)
@@ -385,8 +425,10 @@ class Coordinator:
             self._write(f"round_{name}", {
                 "round": r, "cliques": [list(c) for c in cliques], "sizes": list(sizes),
                 "sigma2_central": sigma2, "sigma_party": math.sqrt(party_sigma2(plan)),
-                "aggregate_sigma": sigma, "quant_step": plan.quant.step, "bits": bits,
-                "ring_bits": m, "degree": degree, "threshold": sa.t,
+                "aggregate_sigma": sigma, "quant_step": step,
+                "ring_bits_max": plan.ring_bits, "ring_bits_mean": float(plan.widths.mean()),
+                "ring": cfg.ring, "degree": self.session.degree,
+                "threshold": server.config.t,
                 "survivors": list(survivors), "dropped": list(dropped),
                 "never_advertised": list(missing), "seconds": res.seconds})
             if dropped or missing:
@@ -478,8 +520,8 @@ class Coordinator:
         rounds = {name: {"cells": r.plan.vector_len, "cliques": len(r.plan.cliques),
                          "survivors": len(r.survivors), "dropped": list(r.dropped),
                          "never_advertised": list(r.missing), "aggregate_sigma": r.sigma,
-                         "quant_step": r.plan.quant.step, "bits": r.plan.bits,
-                         "ring_bits": r.plan.ring_bits,
+                         "quant_step": r.plan.step, "ring_bits_max": r.plan.ring_bits,
+                         "ring_bits_mean": float(r.plan.widths.mean()),
                          "seconds": r.seconds}
                   for name, r in results.items()}
         spent = {p: v for p, v in self.rho_party.items()}
@@ -498,7 +540,7 @@ class Coordinator:
             "bytes_wire": wire, "bytes_naive": self.bytes_naive,
             "bytes_naive_direct": self.bytes_naive_direct,
             "wire_vs_naive": (wire / self.bytes_naive) if wire and self.bytes_naive else None,
-            "bits": cfg.bits or "auto", "fanout": cfg.fanout, "tree_levels": len(self.tree.levels),
+            "bits": cfg.bits or "auto", "ring": cfg.ring, "fanout": cfg.fanout, "tree_levels": len(self.tree.levels),
             "compressed_domain": dict(zip(self.domain.attributes, self.cdomain.sizes,
                                           strict=True)),
             "rounds": rounds, "tree_pairs": [list(c) for c in results["tree"].plan.cliques],

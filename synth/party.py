@@ -1,17 +1,18 @@
 """A FedForge data-holding party: a bus participant that never sends records or counts in
 the clear, only masked, quantised, noisy marginals (issue 6, items 2-5).
 
-Per measurement round (see :mod:`synth.protocol`) a party:
+Once per run it advertises its secure-aggregation keys (:class:`synth.secagg.SecAggClient`)
+and, per batch of rounds, Shamir-shares a fresh self-mask seed per round with its
+neighbours (see :mod:`synth.protocol`). Per measurement round it:
 
 1. checks the plan against its own zCDP accountant (:class:`synth.accounting.ZCdpAccountant`;
    a plan that would pass its budget is refused with :class:`~synth.accounting.BudgetExceeded`
    and reported to the coordinator);
 2. counts its marginals for the plan's cliques (:func:`synth.domain.marginals`), adds
    discrete Gaussian noise of its share of the variance (:func:`synth.mechanism.measure_party`),
-   quantises the noisy counts to ``bits`` bits;
-3. runs its side of secure aggregation (:class:`synth.secagg.SecAggClient`): advertises
-   keys, sends encrypted Shamir shares, masks its codes in Z_{2^m} and sends the packed
-   words to its leaf aggregator, and reveals shares for the unmasking.
+   quantises the noisy counts with the plan's step Δ;
+3. masks each cell in its ring Z_(2^w), sends the packed words to its leaf aggregator,
+   and reveals seed shares (and round keys with dropped neighbours) for the unmasking.
 
 Privacy accounting of one round: every clique's marginal changes by one count in one
 cell when one record is added or removed (L2 sensitivity 1), and the aggregate carries
@@ -38,9 +39,17 @@ from synth.config import SynthConfig
 from synth.domain import DomainError, Schema, encode, marginals
 from synth.mechanism import measure_party
 from synth.netutil import ParticipantError, first_of, words_to_array
-from synth.protocol import RoundPlan, Topics, Tree, pack_blobs, quantize_counts, unpack_blobs
+from synth.protocol import (
+    RoundPlan,
+    SessionPlan,
+    Topics,
+    Tree,
+    pack_blobs,
+    quantize_counts,
+    unpack_blobs,
+)
+from synth.secagg import PRIME, PartyKeys, SecAggClient, SecAggError
 from synth.select import compress_codes
-from synth.secagg import PRIME, PartyKeys, SecAggClient, SecAggConfig
 
 #: Bytes of one revealed Shamir share (an element of GF(PRIME)).
 SHARE_BYTES = (PRIME.bit_length() + 7) // 8
@@ -84,6 +93,10 @@ class SynthParty:
                            if cfg.private else None)
         self.codes: np.ndarray | None = None
         self.schema: Schema | None = None
+        self.session: SessionPlan | None = None
+        self.tree: Tree | None = None
+        self.client: SecAggClient | None = None  # None: not (or no longer) in the session
+        self.seeded: set[str] = set()  # round ids this party shared seeds for
         self.rounds: list[dict[str, Any]] = []
         self.log = log.bind(party=party_id, run_id=run_id)
 
@@ -100,13 +113,20 @@ class SynthParty:
             await bus.subscribe_prefix(t.all(), limits=topic_limits(self.cfg))
             try:
                 await self._join(bus)
+                await self._keys(bus)
                 while True:
-                    msg = await first_of(bus, [t.plan, t.done], self._idle_timeout_s())
+                    msg = await first_of(bus, [t.seeds, t.plan, t.done], self._idle_timeout_s())
                     if msg.topic == t.done:
                         break
-                    plan = RoundPlan.from_meta(msg.meta)
-                    if self.id in plan.party_ids:
+                    if msg.topic == t.seeds:
+                        await self._seeds(bus, int(msg.meta["batch"]), list(msg.meta["rounds"]))
+                        continue
+                    plan = RoundPlan.from_message(msg.meta, msg.arrays)
+                    if self.client is not None and plan.round_id in self.seeded:
                         await self._round(bus, plan)
+                    else:
+                        self.rounds.append({"round": plan.round, "name": plan.name,
+                                            "status": "not in the session"})
             except ParticipantError as exc:
                 bus.publish_nowait(t.error, (), {"from": self.id, "reason": exc.reason,
                                                  "code": exc.code})
@@ -143,6 +163,8 @@ class SynthParty:
                                            f"{self.cfg.handshake_timeout_s:.0f} s",
                                            code=4) from None
         self.schema = Schema.from_dict(msg.meta["schema"])
+        self.session = SessionPlan.from_meta(msg.meta["session"])
+        self.tree = Tree.from_dict(self.session.tree)
         names = set(self.schema.names)
         have = set(map(str, self.frame.columns))
         if have != names:
@@ -177,49 +199,74 @@ class SynthParty:
         noisy = np.concatenate(parts) if parts else np.zeros(0)
         return quantize_counts(noisy, plan)
 
+    def _wait_s(self) -> float:
+        # each answer comes after a stage of the others
+        assert self.session is not None
+        return self.session.timeout_s * 3 + 5.0
+
+    async def _keys(self, bus: Bus) -> None:
+        """Once per session: advertise keys, receive the neighbours' keys. A party that
+        misses the stage sits the session out (the run goes on without it)."""
+        assert self.session is not None
+        t = self.topics
+        if self.id not in self.session.party_ids:
+            return
+        client = SecAggClient(self.id, self.session.secagg())
+        pk = client.public_keys()
+        bus.publish_nowait(t.pk(0), [np.frombuffer(pk.mask_public + pk.enc_public, np.uint8)],
+                           {"from": self.id})
+        try:
+            msg = await bus.next(t.nk(0, self.id), self._wait_s())
+            client.receive_public_keys(
+                {p: PartyKeys(party=p, mask_public=b[:32], enc_public=b[32:])
+                 for p, b in unpack_blobs(msg.meta, msg.arrays[0]).items()})
+        except (DeadlineExceeded, SecAggError) as exc:
+            self.log.warning("synth.keys_missed", error=str(exc))
+            return
+        self.client = client
+
+    async def _seeds(self, bus: Bus, b: int, rounds: list[str]) -> None:
+        """Once per seed batch: share a fresh self-mask seed per round with the neighbours."""
+        t = self.topics
+        if self.client is None:
+            return
+        meta, arr = pack_blobs(self.client.share_seeds(rounds))
+        bus.publish_nowait(t.sh(b), [arr], {"from": self.id, **meta})
+        try:
+            msg = await bus.next(t.rs(b, self.id), self._wait_s())
+            self.client.receive_seed_shares(rounds, unpack_blobs(msg.meta, msg.arrays[0]))
+        except (DeadlineExceeded, SecAggError) as exc:
+            self.log.warning("synth.seeds_missed", batch=b, error=str(exc))
+            return
+        self.seeded.update(rounds)
+
     async def _round(self, bus: Bus, plan: RoundPlan) -> None:
         t, r = self.topics, plan.round
+        assert self.client is not None and self.tree is not None
         if self.accountant is not None and plan.sigma2_central > 0:
             rho = len(plan.cliques) / (2.0 * plan.sigma2_central)
             try:
                 self.accountant.spend(rho, what=f"round {r} ({plan.name})")
             except BudgetExceeded as exc:
                 raise ParticipantError(self.id, str(exc), code=1) from None
-        tree = Tree.from_dict(plan.tree)
-        sa = SecAggConfig(round_id=plan.round_id, party_ids=plan.party_ids,
-                          ring_bits=plan.ring_bits, vector_len=plan.vector_len,
-                          threshold=plan.threshold, degree=plan.degree,
-                          graph_seed=bytes.fromhex(plan.graph_seed))
-        client = SecAggClient(self.id, sa)
         codes = await asyncio.to_thread(self._measure, plan)
-        wait = plan.timeout_s * 3 + 5.0  # each answer comes after a stage of the others
-        pk = client.public_keys()
-        bus.publish_nowait(t.pk(r), [np.frombuffer(pk.mask_public + pk.enc_public, np.uint8)],
-                           {"from": self.id})
+        spec = plan.spec()
+        masked = await asyncio.to_thread(self.client.masked, spec, codes)
+        leaf = self.tree.parent[self.id]
+        bus.publish_nowait(t.up(r, leaf), [words_to_array(masked, plan.widths)],
+                           {"from": self.id, "ids": [self.id]}, copy=False)
         try:
-            msg = await bus.next(t.nk(r, self.id), wait)
-            keys = {p: PartyKeys(party=p, mask_public=b[:32], enc_public=b[32:])
-                    for p, b in unpack_blobs(msg.meta, msg.arrays[0]).items()}
-            client.receive_public_keys(keys)
-            meta, arr = pack_blobs(client.share_messages())
-            bus.publish_nowait(t.sh(r), [arr], {"from": self.id, **meta})
-            msg = await bus.next(t.rs(r, self.id), wait)
-            client.receive_shares(unpack_blobs(msg.meta, msg.arrays[0]))
-            masked = await asyncio.to_thread(client.masked, codes)
-            leaf = tree.parent[self.id]
-            bus.publish_nowait(t.up(r, leaf), [words_to_array(masked, plan.ring_bits)],
-                               {"from": self.id, "ids": [self.id]}, copy=False)
-            msg = await bus.next(t.unmask(r), wait * 2)
+            msg = await bus.next(t.unmask(r), self._wait_s() * 2)
         except DeadlineExceeded as exc:
             self.log.warning("synth.round_missed", round=r, waited=exc.topic)
             self.rounds.append({"round": r, "name": plan.name, "status": "missed"})
             return
         survivors, dropped = msg.meta["survivors"], msg.meta["dropped"]
         if self.id in survivors:
-            shares = client.reveal_all(survivors, dropped)
+            shares = self.client.reveal_all(plan.round_id, survivors, dropped)
             meta, arr = pack_blobs({o: s.y.to_bytes(SHARE_BYTES, "big") for o, s in shares.items()})
-            # (the coordinator knows each share's kind from its own unmask list, and its
-            # abscissa from this party's index)
+            # (the coordinator knows each value's kind from its own unmask list, and the
+            # share's abscissa from this party's index)
             bus.publish_nowait(t.rv(r), [arr], {"from": self.id, **meta})
         self.rounds.append({"round": r, "name": plan.name, "cells": plan.vector_len,
                             "status": "counted" if self.id in survivors else "dropped"})

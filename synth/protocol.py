@@ -2,23 +2,29 @@
 the arithmetic that turns a party's noisy marginals into masked ring words and the
 unmasked sum back into noisy aggregate marginals. Pure: no sockets.
 
-One measurement round ``r`` (a set of cliques; MST has three) runs these stages, each
-bounded by ``round_timeout_s`` (a party that misses one is a dropout of the round):
+A run is one secure-aggregation *session* (:class:`SessionPlan`, sent with the schema),
+with stages bounded by ``round_timeout_s`` (a party that misses one is a dropout):
 
-1. ``plan``: the coordinator publishes :class:`RoundPlan` on :attr:`Topics.plan`.
-2. ``keys``: each party publishes its two X25519 public keys (:meth:`Topics.pk`); the
-   coordinator, as the secure-aggregation server, answers each party with its
-   neighbours' keys (:meth:`Topics.nk`).
-3. ``shares``: each party publishes its encrypted Shamir shares (:meth:`Topics.sh`); the
-   coordinator routes each party's incoming ones (:meth:`Topics.rs`).
+1. ``keys`` (once per session): each party publishes its two X25519 public keys
+   (:meth:`Topics.pk`); the coordinator, as the secure-aggregation server, answers each
+   party with its neighbours' keys (:meth:`Topics.nk`).
+2. ``seeds`` (once per batch of rounds; MST's three rounds are one batch): the coordinator
+   names the batch's rounds (:attr:`Topics.seeds`); each party publishes its encrypted
+   Shamir shares of a fresh self-mask seed per round (:meth:`Topics.sh`); the coordinator
+   routes each party's incoming ones (:meth:`Topics.rs`).
+
+Then each measurement round ``r`` (a set of cliques):
+
+3. ``plan``: the coordinator publishes :class:`RoundPlan` on :attr:`Topics.plan`.
 4. ``masked``: each party measures its marginals (counts + discrete Gaussian noise of its
-   share of the variance), quantises them to ``bits`` bits (:func:`quantize_counts`),
-   masks them in Z_{2^m} and sends the packed words to its leaf aggregator
-   (:meth:`Topics.up`). Aggregators add what their children sent, mod 2^m, and forward the
-   sum and the list of parties in it to their parent, up to the coordinator.
+   share of the variance), quantises them with step Δ (:func:`quantize_counts`), masks
+   each cell in its ring Z_(2^w) (:func:`cell_windows`) and sends the packed words to its
+   leaf aggregator (:meth:`Topics.up`). Aggregators add what their children sent, cell by
+   cell in its ring, and forward the sum and the list of parties in it to their parent,
+   up to the coordinator.
 5. ``unmask``: the coordinator publishes who survived and who dropped (:meth:`Topics.unmask`);
-   survivors reveal the shares it needs (:meth:`Topics.rv`); the coordinator removes the
-   masks and decodes the sum (:func:`decode_sum`).
+   survivors reveal the seed shares and round keys it needs (:meth:`Topics.rv`); the
+   coordinator removes the masks and decodes the sum (:func:`decode_sum`).
 
 Topics live under ``ff/<run_id>/``. Sources: Bonawitz et al. CCS 2017 (stages), Bell et al.
 CCS 2020 (sparse neighbours), McKenna et al. 2021 (MST), and this project's issue 6.
@@ -27,14 +33,15 @@ CCS 2020 (sparse neighbours), McKenna et al. 2021 (MST), and this project's issu
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from synth.compress import QuantSpec, quantize
 from synth.mechanism import party_noise_variance
+from synth.secagg import RoundSpec, SecAggConfig
 
 #: The coordinator's node id in the aggregation tree.
 ROOT = "root"
@@ -71,6 +78,11 @@ class Topics:
         """Round plans."""
         return self.all() + "plan"
 
+    @property
+    def seeds(self) -> str:
+        """Seed batches: the round ids the parties share self-mask seeds for next."""
+        return self.all() + "seeds"
+
     def unmask(self, r: int) -> str:
         """Round ``r``: survivors and dropouts."""
         return self.all() + f"unmask/{r}"
@@ -91,26 +103,26 @@ class Topics:
         """A participant's fatal error."""
         return self.to(ROOT) + "error"
 
-    def pk(self, r: int) -> str:
-        """Round ``r``: a party's public keys."""
-        return self.to(ROOT) + f"pk/{r}"
+    def pk(self, s: int) -> str:
+        """Session ``s``: a party's public keys."""
+        return self.to(ROOT) + f"pk/{s}"
 
-    def sh(self, r: int) -> str:
-        """Round ``r``: a party's encrypted shares for its neighbours."""
-        return self.to(ROOT) + f"sh/{r}"
+    def sh(self, b: int) -> str:
+        """Seed batch ``b``: a party's encrypted seed shares for its neighbours."""
+        return self.to(ROOT) + f"sh/{b}"
 
     def rv(self, r: int) -> str:
-        """Round ``r``: a survivor's revealed shares."""
+        """Round ``r``: a survivor's revealed seed shares and round keys."""
         return self.to(ROOT) + f"rv/{r}"
 
     # to one node
-    def nk(self, r: int, party: str) -> str:
-        """Round ``r``: the neighbours' keys for ``party``."""
-        return self.to(party) + f"nk/{r}"
+    def nk(self, s: int, party: str) -> str:
+        """Session ``s``: the neighbours' keys for ``party``."""
+        return self.to(party) + f"nk/{s}"
 
-    def rs(self, r: int, party: str) -> str:
-        """Round ``r``: the shares routed to ``party``."""
-        return self.to(party) + f"rs/{r}"
+    def rs(self, b: int, party: str) -> str:
+        """Seed batch ``b``: the seed shares routed to ``party``."""
+        return self.to(party) + f"rs/{b}"
 
     def up(self, r: int, node: str) -> str:
         """Round ``r``: masked vectors or masked sums for tree node ``node``."""
@@ -211,6 +223,60 @@ def build_tree(parties: Sequence[str], fanout: int) -> Tree:
 # --------------------------------------------------------------------------- rounds
 
 
+def round_id(r: int) -> str:
+    """The secure-aggregation id of measurement round ``r``."""
+    return f"r{r}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionPlan:
+    """The secure-aggregation session and aggregation tree every participant shares for a
+    run: keys are agreed once per session (:mod:`synth.secagg`), not once per round.
+
+    Attributes:
+        session_id: binds keys, nonces and AAD.
+        party_ids: the parties (sorted).
+        threshold: Shamir threshold t (None: ⌊k/2⌋ + 1).
+        degree: k, each party's neighbours in the secure-aggregation graph.
+        graph_seed: public seed (hex) of the neighbour graph.
+        timeout_s: each stage's deadline, seconds.
+        tree: :meth:`Tree.to_dict`.
+    """
+
+    session_id: str
+    party_ids: tuple[str, ...]
+    threshold: int | None
+    degree: int
+    graph_seed: str
+    timeout_s: float
+    tree: Mapping[str, Any]
+
+    def to_meta(self) -> dict[str, Any]:
+        """JSON-safe form (bus message metadata)."""
+        return {"session_id": self.session_id, "party_ids": list(self.party_ids),
+                "threshold": self.threshold, "degree": self.degree,
+                "graph_seed": self.graph_seed, "timeout_s": self.timeout_s,
+                "tree": dict(self.tree)}
+
+    @classmethod
+    def from_meta(cls, d: Mapping[str, Any]) -> SessionPlan:
+        """Inverse of :meth:`to_meta`.
+
+        Raises:
+            KeyError, TypeError, ValueError: a malformed session.
+        """
+        return cls(session_id=str(d["session_id"]), party_ids=tuple(d["party_ids"]),
+                   threshold=None if d["threshold"] is None else int(d["threshold"]),
+                   degree=int(d["degree"]), graph_seed=str(d["graph_seed"]),
+                   timeout_s=float(d["timeout_s"]), tree=d["tree"])
+
+    def secagg(self) -> SecAggConfig:
+        """The :class:`synth.secagg.SecAggConfig` of the session."""
+        return SecAggConfig(session_id=self.session_id, party_ids=self.party_ids,
+                            threshold=self.threshold, degree=self.degree,
+                            graph_seed=bytes.fromhex(self.graph_seed))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RoundPlan:
     """What every participant needs to know about measurement round ``round``.
@@ -224,14 +290,11 @@ class RoundPlan:
             per cell (0 = no noise).
         noise_model: ``distributed`` or ``local`` (:mod:`synth.mechanism`).
         n_parties: K, the parties the noise was split over.
-        h_min / h_max / bits: the quantisation of each party's noisy counts.
-        ring_bits: m, the width of a masked word.
-        party_ids: the parties taking part (sorted).
-        threshold: Shamir threshold t of the secure aggregation (None: ⌊k/2⌋ + 1).
-        degree: k, each party's neighbours in the secure-aggregation graph.
-        graph_seed: public seed (hex) of the neighbour graph.
+        step: Δ, the quantisation step: a party sends ``round(noisy count / Δ)``.
+        cell_bits: the ring width of each cell (one byte per cell, in the cliques'
+            order): cell ``i`` is masked and summed in Z_(2^cell_bits[i]), just wide
+            enough for the window the sum of codes lies in (:func:`cell_windows`).
         timeout_s: each stage's deadline, seconds.
-        tree: :meth:`Tree.to_dict`.
         maps: MST's domain compression in force (attribute -> compressed code of each
             original code; empty in the first round): the cliques' sizes are those of the
             compressed domain, and parties map their codes before counting.
@@ -244,16 +307,9 @@ class RoundPlan:
     sigma2_central: float
     noise_model: str
     n_parties: int
-    h_min: float
-    h_max: float
-    bits: int
-    ring_bits: int
-    party_ids: tuple[str, ...]
-    threshold: int | None
-    degree: int
-    graph_seed: str
+    step: float
+    cell_bits: bytes = field(repr=False)
     timeout_s: float
-    tree: Mapping[str, Any]
     maps: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
@@ -262,45 +318,50 @@ class RoundPlan:
         return int(sum(self.sizes))
 
     @property
-    def quant(self) -> QuantSpec:
-        """The quantisation spec."""
-        return QuantSpec(bits=self.bits, h_min=self.h_min, h_max=self.h_max)
+    def ring_bits(self) -> int:
+        """m, the widest cell's ring width (bits)."""
+        return int(max(self.cell_bits)) if self.cell_bits else 1
+
+    @property
+    def widths(self) -> np.ndarray:
+        """The cells' ring widths, uint8 ``(vector_len,)``."""
+        return np.frombuffer(self.cell_bits, dtype=np.uint8)
+
+    def spec(self) -> RoundSpec:
+        """The :class:`synth.secagg.RoundSpec` of the round."""
+        return RoundSpec(round_id=self.round_id, vector_len=self.vector_len,
+                         ring_bits=self.ring_bits, cell_bits=self.cell_bits)
 
     @property
     def round_id(self) -> str:
-        """The secure-aggregation round id (binds keys, nonces and AAD)."""
-        return f"r{self.round}-{self.graph_seed}"
+        """The secure-aggregation round id within the session (:func:`round_id`)."""
+        return round_id(self.round)
 
-    def to_meta(self) -> dict[str, Any]:
-        """JSON-safe form (bus message metadata)."""
-        return {"round": self.round, "name": self.name,
+    def to_message(self) -> tuple[dict[str, Any], list[np.ndarray]]:
+        """Bus form: ``(meta, [zlib-compressed cell widths as uint8])``."""
+        meta = {"round": self.round, "name": self.name,
                 "cliques": [list(c) for c in self.cliques], "sizes": list(self.sizes),
                 "sigma2_central": self.sigma2_central, "noise_model": self.noise_model,
-                "n_parties": self.n_parties, "h_min": self.h_min, "h_max": self.h_max,
-                "bits": self.bits, "ring_bits": self.ring_bits,
-                "party_ids": list(self.party_ids), "threshold": self.threshold,
-                "degree": self.degree,
-                "graph_seed": self.graph_seed, "timeout_s": self.timeout_s,
-                "tree": dict(self.tree), "maps": {a: list(v) for a, v in self.maps.items()}}
+                "n_parties": self.n_parties, "step": self.step, "timeout_s": self.timeout_s,
+                "maps": {a: list(v) for a, v in self.maps.items()}}
+        return meta, [np.frombuffer(zlib.compress(self.cell_bits, 9), dtype=np.uint8)]
 
     @classmethod
-    def from_meta(cls, d: Mapping[str, Any]) -> RoundPlan:
-        """Inverse of :meth:`to_meta`.
+    def from_message(cls, d: Mapping[str, Any], arrays: Sequence[np.ndarray]) -> RoundPlan:
+        """Inverse of :meth:`to_message`.
 
         Raises:
-            KeyError, TypeError: a malformed plan.
+            KeyError, TypeError, ValueError, zlib.error: a malformed plan.
         """
+        cell_bits = zlib.decompress(np.ascontiguousarray(arrays[0], dtype=np.uint8).tobytes())
+        sizes = tuple(int(s) for s in d["sizes"])
+        if len(cell_bits) != sum(sizes):
+            raise ValueError(f"{len(cell_bits)} cell widths for {sum(sizes)} cells")
         return cls(round=int(d["round"]), name=str(d["name"]),
-                   cliques=tuple(tuple(c) for c in d["cliques"]),
-                   sizes=tuple(int(s) for s in d["sizes"]),
+                   cliques=tuple(tuple(c) for c in d["cliques"]), sizes=sizes,
                    sigma2_central=float(d["sigma2_central"]), noise_model=str(d["noise_model"]),
-                   n_parties=int(d["n_parties"]), h_min=float(d["h_min"]),
-                   h_max=float(d["h_max"]), bits=int(d["bits"]), ring_bits=int(d["ring_bits"]),
-                   party_ids=tuple(d["party_ids"]),
-                   threshold=None if d["threshold"] is None else int(d["threshold"]),
-                   degree=int(d["degree"]),
-                   graph_seed=str(d["graph_seed"]), timeout_s=float(d["timeout_s"]),
-                   tree=d["tree"],
+                   n_parties=int(d["n_parties"]), step=float(d["step"]), cell_bits=cell_bits,
+                   timeout_s=float(d["timeout_s"]),
                    maps={a: tuple(int(x) for x in v) for a, v in d.get("maps", {}).items()})
 
 
@@ -353,39 +414,148 @@ def auto_bits(h_min: float, h_max: float, sigma2_party: float, *, lo: int = 4,
     return int(min(hi, max(lo, math.ceil(math.log2(levels)))))
 
 
-def quantize_counts(noisy: np.ndarray, plan: RoundPlan) -> np.ndarray:
-    """A party's noisy counts, shape ``(vector_len,)``, as ``bits``-bit codes (uint64)."""
-    return quantize(noisy, plan.quant).astype(np.uint64)
+def quant_step(h_min: float, h_max: float, sigma2_party: float, bits: int = 0) -> float:
+    """Δ, the quantisation step of a party's noisy counts.
+
+    ``bits`` > 0: the range ``[h_min, h_max]`` (:func:`quant_range`) in ``2^bits``
+    levels, ``(h_max − h_min) / (2^bits − 1)``. ``bits`` = 0 (auto): the step of
+    :func:`auto_bits`, no coarser than a party's noise std, so the quantisation error
+    (variance Δ²/12 per party) adds at most 1/12 of the noise variance.
+    """
+    b = bits or auto_bits(h_min, h_max, sigma2_party)
+    return (h_max - h_min) / float((1 << b) - 1)
 
 
-def decode_sum(total: np.ndarray, n_summed: int, plan: RoundPlan) -> np.ndarray:
-    """The aggregate noisy counts from the unmasked sum of ``n_summed`` parties' codes.
+def cell_windows(upper: np.ndarray, *, sigma_sum: float, step: float, n_parties: int,
+                 tails: float = 6.0, uniform: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The window each cell's sum of codes lies in, and the ring width that holds it.
 
-    Each party sent ``q = round((x - h_min) / Δ)``, so ``Σ x ≈ n·h_min + Δ·Σ q``.
+    A party sends ``q = round(x / Δ)`` for its noisy count ``x``; the sum over the
+    ``n ≤ K`` parties that survive is ``S = Σ q``, with ``Δ·S = C + Z + E``: ``C`` the true
+    count of the cell over those parties, ``0 ≤ C ≤ upper`` (a public bound: the rows, or a
+    bound from earlier noisy marginals, :func:`cell_upper_bounds`), ``Z`` their Gaussian
+    noise (std at most ``sigma_sum``) and ``|E| ≤ n·Δ/2`` the rounding. So
+    ``S ∈ [lo, hi]`` with ``lo = floor(−tails·σ/Δ − K/2)`` and
+    ``hi = ceil((upper + tails·σ)/Δ + K/2)`` (outside with probability about 2·10⁻⁹ per
+    cell at 6σ), and ``S mod 2^w`` with ``2^w ≥ hi − lo + 1`` determines ``S``
+    (:func:`decode_sum`). Masked words are uniformly random in Z_(2^w), so ``w`` is what
+    each cell costs on the wire: a cell bounded by a small count costs a few bits
+    where the whole range would cost ``log2(rows/Δ) + log2 K``. The bound only shrinks
+    when parties drop out, so dropouts never break the window.
 
     Args:
-        total: uint64 ``(vector_len,)``, the sum mod 2^m (exact: m leaves room for it).
-        n_summed: how many parties' vectors it holds.
+        upper: float64 ``(n_cells,)``, public upper bounds on the cells' true counts.
+        sigma_sum: the std of the summed noise (σ_central for distributed noise, √K·σ for
+            local).
+        step: Δ.
+        n_parties: K.
+        tails: standard deviations of noise the window covers.
+        uniform: one width for all cells (the widest), as a plain Z_(2^m) ring would use.
+
+    Returns:
+        ``(lo, widths)``: int64 ``(n_cells,)`` window starts (code units) and uint8
+        ``(n_cells,)`` ring widths in [1, 62].
+
+    Raises:
+        ValueError: ``step`` ≤ 0, a negative or non-finite bound, or a window wider
+            than 2^62.
+    """
+    u = np.asarray(upper, dtype=np.float64)
+    if not step > 0:
+        raise ValueError(f"step must be > 0, got {step}")
+    if u.size and (not np.all(np.isfinite(u)) or u.min() < 0):
+        raise ValueError("upper bounds must be finite and >= 0")
+    pad = tails * max(sigma_sum, 0.0) / step + n_parties / 2.0
+    lo = np.full(u.shape, math.floor(-pad), dtype=np.int64)
+    hi = np.ceil(u / step + pad).astype(np.int64)
+    span = (hi - lo + 1).astype(np.float64)
+    widths = np.maximum(1, np.ceil(np.log2(span))).astype(np.int64)
+    if widths.size and int(widths.max()) > 62:
+        raise ValueError(f"a window of {span.max():.3g} codes exceeds 2^62")
+    if uniform and widths.size:
+        widths[:] = widths.max()
+    return lo, widths.astype(np.uint8)
+
+
+def cell_upper_bounds(cliques: Sequence[tuple[str, ...]], shape: Mapping[str, int],
+                      known: Sequence[tuple[tuple[str, ...], np.ndarray, np.ndarray]],
+                      total_rows: float, *, tails: float = 6.0) -> np.ndarray:
+    """Public upper bounds on the true counts of the cells of ``cliques``, from noisy
+    marginals already released (post-processing: no privacy cost).
+
+    A cell's count is at most the count of any marginal on a sub-clique at the cell's
+    projection, and that is at most the noisy answer plus ``tails`` standard deviations
+    (exceeded with probability about 10⁻⁹). Every cell is also bounded by the rows.
+
+    Args:
+        cliques: the cliques to bound (attribute names), in the round's order.
+        shape: attribute -> domain size (of the domain the cliques are counted in).
+        known: ``(clique, noisy flat values, per-cell noise std)`` of released marginals
+            on the same domain.
+        total_rows: the rows of all parties together.
+
+    Returns:
+        float64 ``(Σ cells,)``: the bounds, concatenated in the cliques' order.
+    """
+    out = []
+    for c in cliques:
+        dims = [int(shape[a]) for a in c]
+        u = np.full(dims, float(total_rows))
+        for s, vals, sd in known:
+            if not set(s) <= set(c):
+                continue
+            arr = np.maximum(np.asarray(vals, dtype=np.float64)
+                             + tails * np.asarray(sd, dtype=np.float64), 0.0)
+            arr = arr.reshape([int(shape[a]) for a in s])
+            perm = sorted(range(len(s)), key=lambda i: c.index(s[i]))
+            arr = arr.transpose(perm).reshape([int(shape[a]) if a in s else 1 for a in c])
+            u = np.minimum(u, arr)
+        out.append(u.ravel())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def cell_modmask(widths: np.ndarray) -> np.ndarray:
+    """uint64 ``2^w − 1`` per cell."""
+    w = np.asarray(widths).astype(np.uint64)
+    return (np.uint64(1) << w) - np.uint64(1)
+
+
+def quantize_counts(noisy: np.ndarray, plan: RoundPlan) -> np.ndarray:
+    """A party's noisy counts, shape ``(vector_len,)``, as ring elements (uint64): the
+    code ``round(x / Δ)`` mod 2^w of each cell (negative codes wrap around)."""
+    q = np.rint(np.asarray(noisy, dtype=np.float64) / plan.step).astype(np.int64)
+    return q.view(np.uint64) & cell_modmask(plan.widths)
+
+
+def decode_sum(total: np.ndarray, lo: np.ndarray, plan: RoundPlan) -> np.ndarray:
+    """The aggregate noisy counts from the unmasked sum of the parties' codes.
+
+    ``S = lo + ((total − lo) mod 2^w)`` recovers the sum of codes from its residue (it
+    lies in ``[lo, lo + 2^w)``, :func:`cell_windows`), and the aggregate is ``Δ·S``.
+
+    Args:
+        total: uint64 ``(vector_len,)``, the sum mod 2^w per cell.
+        lo: int64 ``(vector_len,)``, the windows' starts.
 
     Returns:
         float64 ``(vector_len,)``.
 
     Raises:
-        ValueError: wrong length, or ``n_summed < 1``.
+        ValueError: wrong lengths.
     """
-    if total.shape != (plan.vector_len,):
-        raise ValueError(f"sum has shape {total.shape}, expected ({plan.vector_len},)")
-    if n_summed < 1:
-        raise ValueError(f"n_summed must be >= 1, got {n_summed}")
-    spec = plan.quant
-    return n_summed * spec.h_min + spec.step * total.astype(np.float64)
+    if total.shape != (plan.vector_len,) or np.shape(lo) != (plan.vector_len,):
+        raise ValueError(f"sum has shape {total.shape} and windows {np.shape(lo)}, "
+                         f"expected ({plan.vector_len},)")
+    lo_u = np.asarray(lo, dtype=np.int64).view(np.uint64)
+    s = lo + ((total - lo_u) & cell_modmask(plan.widths)).astype(np.int64)
+    return plan.step * s.astype(np.float64)
 
 
 def aggregate_sigma(plan: RoundPlan, n_summed: int) -> float:
     """The noise std per cell of the decoded aggregate of ``n_summed`` parties: their
     Gaussian noise plus the uniform quantisation error (Δ²/12 per party)."""
     noise = n_summed * party_sigma2(plan)
-    quant = n_summed * plan.quant.step ** 2 / 12.0
+    quant = n_summed * plan.step ** 2 / 12.0
     return math.sqrt(noise + quant)
 
 
@@ -436,6 +606,6 @@ def unpack_blobs(meta: Mapping[str, Any], arr: np.ndarray) -> dict[str, bytes]:
     return out
 
 
-__all__ = ["ROOT", "auto_bits", "secagg_degree", "RoundPlan", "Topics", "Tree", "aggregate_sigma", "build_tree", "pack_blobs",
+__all__ = ["ROOT", "SessionPlan", "round_id", "auto_bits", "cell_modmask", "cell_upper_bounds", "cell_windows", "quant_step", "secagg_degree", "RoundPlan", "Topics", "Tree", "aggregate_sigma", "build_tree", "pack_blobs",
            "unpack_blobs",
            "decode_sum", "party_sigma2", "quant_range", "quantize_counts", "split_marginals"]

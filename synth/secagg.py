@@ -1,45 +1,54 @@
-"""Secure aggregation of integer vectors in Z_{2^m}: pure protocol logic, no transport.
+"""Secure aggregation of integer vectors over many rounds: pure protocol logic, no transport.
 
 Implements the masking protocol of Bonawitz et al., "Practical Secure Aggregation for
 Privacy-Preserving Machine Learning" (CCS 2017), with the sparse neighbour graph of
 SecAgg+ (Bell et al., "Secure Single-Server Aggregation with (Poly)Logarithmic
-Overhead", CCS 2020), for the semi-honest server model (no signatures on keys). A bus
-layer drives the four stages; the aggregator learns only the sum of the parties' vectors:
+Overhead", CCS 2020), for the semi-honest server model (no signatures on keys), run as
+one *session* of many rounds so that keys are agreed once per session rather than once
+per round. A bus layer drives the stages; the server learns only each round's sum:
 
-1. **Advertise keys.** Each party makes two fresh X25519 key pairs per round: ``c`` to
-   agree pairwise *mask* keys and ``e`` to encrypt Shamir shares in transit, plus a
-   private 32-byte self-mask seed ``b``. It sends both public keys to the server
-   (:meth:`SecAggClient.public_keys`, :meth:`SecAggServer.register_keys`).
-2. **Share keys.** The server forwards the neighbours' public keys
-   (:meth:`SecAggServer.keys_for`). Each party Shamir-splits ``b`` and its mask private
-   key ``c_sk`` among its neighbours and itself (threshold ``t``), encrypts each
-   neighbour's shares with ChaCha20-Poly1305 under a key agreed from ``e``, and the server
-   routes the ciphertexts (:meth:`SecAggClient.share_messages`,
-   :meth:`SecAggServer.collect_shares`, :meth:`SecAggServer.shares_for`).
-3. **Masked input.** ``y_u = x_u + PRG(b_u) + Σ_{v ∈ N(u)} s(u, v) PRG(k_uv)  (mod 2^m)``
-   with ``s = +1`` when ``u < v`` (lexicographically) and ``-1`` otherwise, so the pairwise
-   masks cancel in the sum (:meth:`SecAggClient.masked`).
-4. **Unmask.** For each party that masked, survivors reveal their share of its seed
-   ``b``; for each party that shared keys but whose masked vector never arrived, they
-   reveal their share of its mask key ``c_sk`` so the server can recompute and remove the
-   pairwise masks it had with survivors. An honest party never reveals both kinds for the
-   same owner (:meth:`SecAggClient.reveal`, :meth:`SecAggServer.unmask`).
+1. **Advertise keys** (once per session). Each party makes two X25519 key pairs: ``c``
+   to agree pairwise *mask* keys and ``e`` to encrypt shares in transit, and sends both
+   public keys to the server (:meth:`SecAggClient.public_keys`,
+   :meth:`SecAggServer.register_keys`), which forwards each party its neighbours' keys
+   (:meth:`SecAggServer.keys_for`, :meth:`SecAggClient.receive_public_keys`).
+2. **Share seeds** (once per batch of rounds). For each round ``r`` of the batch a party
+   draws a private 32-byte self-mask seed ``b_(u,r)``, Shamir-splits it among its
+   neighbours and itself (threshold ``t``) and sends each neighbour its shares of the
+   whole batch in one ChaCha20-Poly1305 ciphertext under a key agreed from ``e``; the
+   server routes the ciphertexts (:meth:`SecAggClient.share_seeds`,
+   :meth:`SecAggServer.collect_seed_shares`, :meth:`SecAggServer.seed_shares_for`,
+   :meth:`SecAggClient.receive_seed_shares`).
+3. **Masked input** (per round). ``y_u = x_u + PRG(b_(u,r)) + Σ_(v ∈ N(u)) s(u, v)
+   PRG(k_(uv,r))`` in each cell's ring ``Z_(2^w)``, with ``k_(uv,r) = HKDF(DH(c_u, c_v),
+   r)`` and ``s = +1`` when ``u < v`` (lexicographically), ``-1`` otherwise, so the
+   pairwise masks cancel in the sum (:meth:`SecAggClient.masked`).
+4. **Unmask** (per round). For each party that masked, survivors reveal their share of
+   its seed ``b_(u,r)``; for a neighbour that shared seeds but whose masked vector never
+   arrived, a survivor reveals its round key ``k_(uv,r)`` with it, so the server can
+   remove the dangling pairwise mask (:meth:`SecAggClient.reveal_all`,
+   :meth:`SecAggServer.unmask`). An honest party never reveals both for the same owner in
+   the same round.
+
+Why round keys rather than Shamir shares of ``c_sk`` for dropouts (Bonawitz): the mask key
+is agreed once per session, and revealing ``c_sk`` would expose the pairwise masks of every
+round, so with the self-mask seeds revealed in earlier rounds the server could unmask
+those rounds' inputs. A round key ``k_(uv,r)`` is one HKDF output: it exposes that round's
+pair mask only, and the dropped party's input of that round, if it arrives, is still hidden
+by ``PRG(b_(u,r))``, whose shares are then never revealed. The cost: a survivor that drops
+between sending its masked input and the unmask stage while a neighbour of it had dropped
+before makes the round unrecoverable (:class:`MissingPairKeys`), where Bonawitz's ``t``-out-
+of-``k`` shares of ``c_sk`` would still recover it.
 
 Threat model: honest-but-curious server and parties. Not implemented (needed against an
 active server): signatures on advertised keys and Bonawitz's consistency-check round, which
 stop a server from claiming different dropout sets to different parties.
 
-Choice of shared secret: as in Bonawitz, each party shares its *mask private key*, not the
-derived pairwise seeds: 2 secrets x (k + 1) shares per party instead of k secrets x
-(k + 1), and the server re-derives every pairwise key of a dropped party from the public
-keys. Because a dropped party's key is revealed, key pairs are fresh per round (bound to
-``round_id``); never reuse a :class:`SecAggClient` across rounds.
-
 Masks are a ChaCha20 keystream under an HKDF-SHA256 key (8 bytes per word, reduced mod
-``2^m``); never a non-cryptographic PRNG (Flower's SecAgg+ folds seeds to 32 bits into
-NumPy's RandomState; see ``shared/reference/fedforge.md``). The masked word width ``m``
-is :func:`ring_bits`: masked words are uniformly random and cannot be compressed, so
-``m`` should be just wide enough for the sum.
+``2^w``); never a non-cryptographic PRNG (Flower's SecAgg+ folds seeds to 32 bits into
+NumPy's RandomState; see ``shared/reference/fedforge.md``). Masked words are uniformly
+random and cannot be compressed, so a cell's ring ``w`` should be just wide enough for its
+sum (:func:`ring_bits`, :func:`synth.protocol.cell_windows`).
 """
 
 from __future__ import annotations
@@ -60,12 +69,13 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 __all__ = [
     "PRIME",
     "run_key_stages",
     "DuplicatePartyError",
+    "MissingPairKeys",
     "PartyKeys",
     "ProtocolError",
     "RevealedShare",
@@ -73,6 +83,7 @@ __all__ = [
     "SecAggConfig",
     "SecAggError",
     "SecAggServer",
+    "RoundSpec",
     "TooFewShares",
     "TooFewSurvivors",
     "VectorError",
@@ -158,6 +169,22 @@ class TooFewShares(SecAggError, RuntimeError):
         self.got = got
         self.threshold = threshold
         super().__init__(f"secret of {owner!r}: {got} shares, threshold is {threshold}")
+
+
+class MissingPairKeys(SecAggError, RuntimeError):
+    """Survivors that paired with a dropped party did not reveal their round key with it,
+    so its pairwise masks cannot be removed: the round's sum is lost.
+
+    Attributes:
+        dropped: the dropped party.
+        holders: the survivors whose round keys with it are missing, sorted.
+    """
+
+    def __init__(self, dropped: str, holders: Sequence[str]) -> None:
+        self.dropped = dropped
+        self.holders = tuple(sorted(holders))
+        super().__init__(f"round keys with dropped party {dropped!r} missing from "
+                         f"{list(self.holders)}")
 
 
 class ProtocolError(SecAggError, RuntimeError):
@@ -437,7 +464,7 @@ def recover_secret(shares: Iterable[tuple[int, int]], threshold: int, *, owner: 
 
 @dataclass(frozen=True, slots=True)
 class PartyKeys:
-    """Round-1 advertisement: raw 32-byte X25519 public keys.
+    """Stage-1 advertisement: raw 32-byte X25519 public keys.
 
     Attributes:
         party: the advertising party.
@@ -452,47 +479,48 @@ class PartyKeys:
 
 @dataclass(frozen=True, slots=True)
 class RevealedShare:
-    """A survivor's share of another party's secret, sent to the server at unmask time.
+    """What a survivor reveals about another party at unmask time.
 
     Attributes:
         owner: whose secret.
-        holder: who held the share.
-        kind: "seed" (self-mask seed of a survivor) or "key" (mask private key of a dropout).
+        holder: who reveals it.
+        kind: ``seed`` (a Shamir share of a survivor's self-mask seed of the round) or
+            ``pair`` (the holder's round key with a dropped neighbour, as an integer).
         x: Shamir abscissa (the holder's 1-based index in the sorted party list).
-        y: Shamir ordinate.
+        y: Shamir ordinate (``seed``) or the 32-byte round key as a big-endian integer
+            (``pair``).
     """
 
     owner: str
     holder: str
-    kind: Literal["seed", "key"]
+    kind: Literal["seed", "pair"]
     x: int
     y: int
 
 
+# --------------------------------------------------------------------------- parameters
+
+
 @dataclass(frozen=True)
 class SecAggConfig:
-    """Public parameters of one secure-aggregation round, identical at parties and server.
+    """Public parameters of one secure-aggregation session, identical at parties and server.
 
     Attributes:
-        round_id: unique per round; bound into every key, nonce and AAD.
+        session_id: unique per session; bound into every key, nonce and AAD.
         party_ids: all ``K`` party ids (unique).
-        ring_bits: ``m``, masked word width (see :func:`ring_bits`).
-        vector_len: ``n``, length of each party's vector.
         threshold: Shamir threshold ``t``; None for ``floor(k/2) + 1`` where ``k`` is the
-            degree (at least 1). Must satisfy ``1 <= t <= k + 1``; a dropout is
-            recoverable only when ``t`` of its ``k`` neighbours survive, so ``t <= k``.
+            degree (at least 1). Must satisfy ``1 <= t <= k + 1``; a survivor's seed is
+            recoverable only when ``t`` of its ``k`` neighbours and itself answer.
         degree: neighbour count ``k``; None for :func:`default_degree`.
-        graph_seed: public seed of the neighbour graph (defaults to the round id).
+        graph_seed: public seed of the neighbour graph (defaults to the session id).
 
     Raises:
         DuplicatePartyError: repeated ids.
-        ValueError: empty party list, bad ``m``, ``n`` or threshold.
+        ValueError: empty party list or a bad threshold.
     """
 
-    round_id: str
+    session_id: str
     party_ids: tuple[str, ...]
-    ring_bits: int
-    vector_len: int
     threshold: int | None = None
     degree: int | None = None
     graph_seed: bytes | None = None
@@ -503,11 +531,7 @@ class SecAggConfig:
         ids = _check_unique(self.party_ids)
         if not ids:
             raise ValueError("need at least one party")
-        if not 1 <= self.ring_bits <= 64:
-            raise ValueError(f"ring_bits must be in [1, 64], got {self.ring_bits}")
-        if self.vector_len < 0:
-            raise ValueError(f"vector_len must be >= 0, got {self.vector_len}")
-        seed = self.graph_seed if self.graph_seed is not None else self.round_id.encode()
+        seed = self.graph_seed if self.graph_seed is not None else self.session_id.encode()
         graph = neighbours(ids, self.degree, seed)
         k = min(len(v) for v in graph.values())
         t = self.threshold if self.threshold is not None else k // 2 + 1
@@ -525,90 +549,153 @@ class SecAggConfig:
         return self.threshold
 
     def holders(self, owner: str) -> tuple[str, ...]:
-        """Parties holding shares of ``owner``'s secrets: its neighbours and itself."""
+        """Parties holding shares of ``owner``'s seeds: its neighbours and itself."""
         return tuple(sorted((*self.graph[owner], owner)))
 
+    def rid(self, round_id: str) -> str:
+        """The round's id as bound into keys and nonces: session and round."""
+        return f"{self.session_id}/{round_id}"
 
-def _check_vector(party: str, v: Any, n: int, m: int) -> np.ndarray:
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """Public parameters of one round of a session.
+
+    Attributes:
+        round_id: unique within the session; it must be in a seed batch the parties shared.
+        vector_len: ``n``, length of each party's vector.
+        ring_bits: ``m``, the widest ring (see :func:`ring_bits`), 1..64.
+        cell_bits: per-cell ring widths (bytes, one per cell, each in [1, m]): cell ``i``
+            is masked and summed in ``Z_(2^cell_bits[i])``
+            (:func:`synth.protocol.cell_windows`); None: every cell in ``Z_(2^m)``.
+
+    Raises:
+        ValueError: bad ``m``, ``n`` or cell widths.
+    """
+
+    round_id: str
+    vector_len: int
+    ring_bits: int
+    cell_bits: bytes | None = field(default=None, repr=False)
+    modmask: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.ring_bits <= 64:
+            raise ValueError(f"ring_bits must be in [1, 64], got {self.ring_bits}")
+        if self.vector_len < 0:
+            raise ValueError(f"vector_len must be >= 0, got {self.vector_len}")
+        if self.cell_bits is None:
+            mod: Any = np.uint64(2**64 - 1 if self.ring_bits == 64 else (1 << self.ring_bits) - 1)
+        else:
+            w = np.frombuffer(self.cell_bits, dtype=np.uint8)
+            if w.shape[0] != self.vector_len:
+                raise ValueError(f"{w.shape[0]} cell widths for vector_len {self.vector_len}")
+            if w.size and (int(w.min()) < 1 or int(w.max()) > self.ring_bits):
+                raise ValueError(f"cell widths must lie in [1, ring_bits = {self.ring_bits}], "
+                                 f"got {int(w.min())}..{int(w.max())}")
+            mod = np.where(w >= 64, np.uint64(2**64 - 1),
+                           (np.uint64(1) << np.minimum(w, 63).astype(np.uint64)) - np.uint64(1))
+        object.__setattr__(self, "modmask", mod)
+
+
+def _check_vector(party: str, v: Any, spec: RoundSpec) -> np.ndarray:
+    n, m = spec.vector_len, spec.ring_bits
     arr = np.asarray(v)
     if arr.ndim != 1 or arr.shape[0] != n:
         raise VectorError(party, f"expected shape ({n},), got {arr.shape}")
     if arr.size and arr.dtype.kind not in "iu":
         raise VectorError(party, f"expected an integer dtype, got {arr.dtype}")
-    if arr.size and (arr.min() < 0 or (m < 64 and int(arr.max()) >= 1 << m)):
-        raise VectorError(party, f"values must lie in [0, 2^{m})")
-    return arr.astype(np.uint64)
+    if arr.size and arr.min() < 0:
+        raise VectorError(party, "values must be non-negative")
+    u = arr.astype(np.uint64)
+    if arr.size and np.any(u & ~spec.modmask):
+        where = "its cell's ring" if spec.cell_bits is not None else f"[0, 2^{m})"
+        raise VectorError(party, f"values must lie in {where}")
+    return u
 
 
 def _pair_sign(u: str, v: str) -> int:
     return 1 if u < v else -1
 
 
-def _enc_aad(round_id: str, sender: str, receiver: str) -> bytes:
-    return _INFO_PREFIX + b"/shares" + _lp(round_id.encode()) + _lp(sender.encode()) + _lp(receiver.encode())
+def _enc_aad(session_id: str, batch: Sequence[str], sender: str, receiver: str) -> bytes:
+    aad = _INFO_PREFIX + b"/seeds" + _lp(session_id.encode())
+    for r in batch:
+        aad += _lp(r.encode())
+    return aad + b"|" + _lp(sender.encode()) + _lp(receiver.encode())
 
 
-def _raw_private(sk: X25519PrivateKey) -> bytes:
-    return sk.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+def _check_batch(round_ids: Sequence[str]) -> tuple[str, ...]:
+    batch = tuple(str(r) for r in round_ids)
+    if not batch or len(set(batch)) != len(batch):
+        raise ValueError(f"a seed batch needs distinct round ids, got {list(batch)}")
+    return batch
 
 
 def _raw_public(sk: X25519PrivateKey) -> bytes:
     return sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
+def _self_mask(seed: bytes, party: str, cfg: SecAggConfig, spec: RoundSpec) -> np.ndarray:
+    rid = cfg.rid(spec.round_id)
+    key = derive_key(seed, purpose="self", round_id=rid, ids=(party,))
+    return mask(key, spec.vector_len, 64, stream_nonce(rid, "self")) & spec.modmask
+
+
+def _round_key(shared: bytes, u: str, v: str, cfg: SecAggConfig, round_id: str) -> bytes:
+    return derive_key(shared, purpose="mask", round_id=cfg.rid(round_id), ids=(u, v))
+
+
+def _pair_mask(key: bytes, cfg: SecAggConfig, spec: RoundSpec) -> np.ndarray:
+    return mask(key, spec.vector_len, 64, stream_nonce(cfg.rid(spec.round_id), "pair")) & spec.modmask
+
+
 # --------------------------------------------------------------------------- client
 
 
 class SecAggClient:
-    """One party's side of a secure-aggregation round (Bonawitz et al. 2017, SecAgg+).
+    """One party's side of a secure-aggregation session (Bonawitz et al. 2017, SecAgg+).
 
-    Stage order: :meth:`public_keys` → :meth:`receive_public_keys` →
-    :meth:`share_messages` → :meth:`receive_shares` → :meth:`masked` → :meth:`reveal` /
-    :meth:`reveal_all`. Pairwise masks are applied with the neighbours that sent this
-    party shares (Bonawitz's ``U2`` restricted to ``N(u)``); the server uses the same set.
+    Stage order: :meth:`public_keys` → :meth:`receive_public_keys` once; then per batch
+    :meth:`share_seeds` → :meth:`receive_seed_shares`; then per round of the batch
+    :meth:`masked` → :meth:`reveal_all`. Pairwise masks of a round are applied with the
+    neighbours that sent this party seed shares for the round's batch (Bonawitz's ``U2``
+    restricted to ``N(u)``); the server uses the same set.
 
     Args:
         party_id: this party.
-        config: the round's public parameters.
-        mask_key, enc_key, self_seed: optional fixed secrets, for reproducible tests
-            only; by default fresh ``X25519PrivateKey.generate()`` keys and a
-            ``secrets.token_bytes(32)`` seed.
+        config: the session's public parameters.
+        mask_key, enc_key: optional fixed keys, for reproducible tests only; by default
+            fresh ``X25519PrivateKey.generate()`` keys.
         rng: object with ``randbelow`` for Shamir coefficients (``secrets`` by default).
 
     Raises:
         ValueError: ``party_id`` not in the config.
     """
 
-    def __init__(
-        self,
-        party_id: str,
-        config: SecAggConfig,
-        *,
-        mask_key: X25519PrivateKey | None = None,
-        enc_key: X25519PrivateKey | None = None,
-        self_seed: bytes | None = None,
-        rng: Any = secrets,
-    ) -> None:
+    def __init__(self, party_id: str, config: SecAggConfig, *,
+                 mask_key: X25519PrivateKey | None = None,
+                 enc_key: X25519PrivateKey | None = None, rng: Any = secrets) -> None:
         if party_id not in config.index:
-            raise ValueError(f"party {party_id!r} is not in the round's party list")
+            raise ValueError(f"party {party_id!r} is not in the session's party list")
         self.party_id = party_id
         self.config = config
         self._mask_sk = mask_key or X25519PrivateKey.generate()
         self._enc_sk = enc_key or X25519PrivateKey.generate()
-        self._seed = self_seed if self_seed is not None else secrets.token_bytes(32)
-        if len(self._seed) != 32:
-            raise ValueError("self_seed must be 32 bytes")
         self._rng = rng
         self._peer_keys: dict[str, PartyKeys] | None = None
-        self._share_book: dict[str, tuple[int, int, int]] = {}  # owner -> (x, y_seed, y_key)
-        self._partners: tuple[str, ...] | None = None
-        self._masked = False
-        self._revealed: dict[str, str] = {}  # owner -> kind
-        self._outbox: dict[str, bytes] | None = None
+        self._shared: dict[str, bytes] = {}  # peer -> X25519 mask secret
+        self._seeds: dict[str, bytes] = {}  # round -> own self-mask seed
+        self._batch_of: dict[str, tuple[str, ...]] = {}  # round -> its batch
+        self._sent: dict[tuple[str, ...], tuple[str, ...]] = {}  # batch -> receivers
+        self._book: dict[str, dict[str, tuple[int, int]]] = {}  # round -> owner -> (x, y)
+        self._partners: dict[tuple[str, ...], tuple[str, ...]] = {}  # batch -> partners
+        self._masked: set[str] = set()
+        self._revealed: dict[tuple[str, str], str] = {}  # (round, owner) -> kind
 
     @property
     def neighbours(self) -> tuple[str, ...]:
-        """This party's neighbours in the round's graph."""
+        """This party's neighbours in the session's graph."""
         return self.config.graph[self.party_id]
 
     def public_keys(self) -> PartyKeys:
@@ -616,12 +703,15 @@ class SecAggClient:
         return PartyKeys(self.party_id, _raw_public(self._mask_sk), _raw_public(self._enc_sk))
 
     def receive_public_keys(self, keys: Mapping[str, PartyKeys]) -> None:
-        """Stage 2 input: the neighbours' advertised keys (those that advertised).
+        """Stage 1 input: the neighbours' advertised keys (those that advertised).
 
         Raises:
-            ProtocolError: a key from a non-neighbour, or a mislabelled advertisement.
+            ProtocolError: a key from a non-neighbour, a mislabelled advertisement, or a
+                second call.
             TooFewSurvivors: fewer than ``t`` holders (neighbours + self) remain.
         """
+        if self._peer_keys is not None:
+            raise ProtocolError(self.party_id, "receive_public_keys called twice in a session")
         nb = set(self.neighbours)
         got: dict[str, PartyKeys] = {}
         for p, k in keys.items():
@@ -633,139 +723,162 @@ class SecAggClient:
         if len(got) + 1 < self.config.t:
             raise TooFewSurvivors("keys", len(got) + 1, self.config.t)
         self._peer_keys = got
+        self._shared = {p: self._mask_sk.exchange(X25519PublicKey.from_public_bytes(k.mask_public))
+                        for p, k in got.items()}
 
     def _transport_key(self, peer: str) -> bytes:
         assert self._peer_keys is not None
         shared = self._enc_sk.exchange(X25519PublicKey.from_public_bytes(self._peer_keys[peer].enc_public))
-        return derive_key(shared, purpose="enc", round_id=self.config.round_id, ids=(self.party_id, peer))
+        return derive_key(shared, purpose="enc", round_id=self.config.session_id, ids=(self.party_id, peer))
 
-    def share_messages(self) -> dict[str, bytes]:
-        """Stage 2 output: encrypted Shamir shares of (self-mask seed, mask key) per neighbour.
+    def share_seeds(self, round_ids: Sequence[str], *,
+                    seeds: Mapping[str, bytes] | None = None) -> dict[str, bytes]:
+        """Stage 2 output: fresh self-mask seeds for the batch's rounds, Shamir-shared.
 
-        Shares go to every neighbour that advertised keys and to this party itself (kept
-        locally). Each ciphertext is ``nonce(12) || ChaCha20-Poly1305(x u32 || y_seed 33B ||
-        y_key 33B)`` with AAD binding the round, sender and receiver.
+        Each neighbour that advertised keys gets one ciphertext: ``nonce(12) ||
+        ChaCha20-Poly1305(x u32 || y 33B per round)`` with AAD binding the session, the
+        batch's round ids, the sender and the receiver. This party's own shares are kept.
+
+        Args:
+            round_ids: the batch (distinct, never used in an earlier batch).
+            seeds: fixed 32-byte seeds per round, for reproducible tests only.
 
         Returns:
             ``{receiver: ciphertext}``.
 
         Raises:
-            ProtocolError: called before :meth:`receive_public_keys` or twice.
+            ProtocolError: before :meth:`receive_public_keys`, or a round already seeded.
+            ValueError: an empty batch or repeated round ids, or a seed not 32 bytes.
         """
         if self._peer_keys is None:
-            raise ProtocolError(self.party_id, "share_messages before receive_public_keys")
-        if self._share_book:
-            raise ProtocolError(self.party_id, "share_messages called twice")
+            raise ProtocolError(self.party_id, "share_seeds before receive_public_keys")
+        batch = _check_batch(round_ids)
+        again = [r for r in batch if r in self._seeds]
+        if again:
+            raise ProtocolError(self.party_id, f"rounds already seeded: {again}")
         holders = sorted((*self._peer_keys, self.party_id))
         xs = [self.config.index[h] for h in holders]
-        y_seed = _share_at(self._seed, xs, self.config.t, self._rng)
-        y_key = _share_at(_raw_private(self._mask_sk), xs, self.config.t, self._rng)
+        ys: list[list[int]] = []
+        for r in batch:
+            seed = seeds[r] if seeds is not None else secrets.token_bytes(32)
+            if len(seed) != 32:
+                raise ValueError("a self-mask seed must be 32 bytes")
+            self._seeds[r] = seed
+            self._batch_of[r] = batch
+            ys.append(_share_at(seed, xs, self.config.t, self._rng))
         out: dict[str, bytes] = {}
-        for h, x, ys, yk in zip(holders, xs, y_seed, y_key, strict=True):
+        for j, (h, x) in enumerate(zip(holders, xs, strict=True)):
             if h == self.party_id:
-                self._share_book[h] = (x, ys, yk)
+                for r, y in zip(batch, ys, strict=True):
+                    self._book.setdefault(r, {})[h] = (x, y[j])
                 continue
-            plain = struct.pack(">I", x) + ys.to_bytes(_Y_BYTES, "big") + yk.to_bytes(_Y_BYTES, "big")
+            plain = struct.pack(">I", x) + b"".join(y[j].to_bytes(_Y_BYTES, "big") for y in ys)
             nonce = os.urandom(12)
             aead = ChaCha20Poly1305(self._transport_key(h))
-            out[h] = nonce + aead.encrypt(nonce, plain, _enc_aad(self.config.round_id, self.party_id, h))
-        self._outbox = out
-        return dict(out)
+            out[h] = nonce + aead.encrypt(nonce, plain, _enc_aad(self.config.session_id, batch,
+                                                                  self.party_id, h))
+        self._sent[batch] = tuple(sorted(out))
+        return out
 
-    def shares_for(self, neighbour: str) -> bytes:
-        """The encrypted share message for one neighbour (calls :meth:`share_messages` once).
+    def receive_seed_shares(self, round_ids: Sequence[str], messages: Mapping[str, bytes]) -> None:
+        """Stage 2 input: decrypt and store the seed shares neighbours sent for the batch.
 
-        Raises:
-            ProtocolError: ``neighbour`` gets no shares from this party.
-        """
-        if self._outbox is None:
-            self.share_messages()
-        assert self._outbox is not None
-        if neighbour not in self._outbox:
-            raise ProtocolError(self.party_id, f"no shares for {neighbour!r}")
-        return self._outbox[neighbour]
-
-    def receive_shares(self, messages: Mapping[str, bytes]) -> None:
-        """Stage 3 input: decrypt and store the shares the neighbours sent to this party.
-
-        The senders become this party's pairwise-mask partners.
+        The senders become this party's pairwise-mask partners in the batch's rounds.
 
         Raises:
-            ProtocolError: before :meth:`share_messages`, a sender that is not a neighbour
-                with keys, or a ciphertext that fails authentication.
+            ProtocolError: before :meth:`share_seeds` for this batch, a sender that is not
+                a neighbour with keys, or a ciphertext that fails authentication.
             TooFewSurvivors: fewer than ``t`` holders remain.
         """
-        if self._peer_keys is None or self.party_id not in self._share_book:
-            raise ProtocolError(self.party_id, "receive_shares before share_messages")
+        batch = _check_batch(round_ids)
+        if batch not in self._sent:
+            raise ProtocolError(self.party_id, "receive_seed_shares before share_seeds")
+        assert self._peer_keys is not None
         partners = []
         for sender, blob in messages.items():
             if sender not in self._peer_keys:
                 raise ProtocolError(self.party_id, f"shares from unexpected sender {sender!r}")
             aead = ChaCha20Poly1305(self._transport_key(sender))
             try:
-                plain = aead.decrypt(blob[:12], blob[12:], _enc_aad(self.config.round_id, sender, self.party_id))
+                plain = aead.decrypt(blob[:12], blob[12:], _enc_aad(self.config.session_id, batch,
+                                                                    sender, self.party_id))
             except InvalidTag as exc:
                 raise ProtocolError(self.party_id, f"share message from {sender!r} fails authentication") from exc
             (x,) = struct.unpack(">I", plain[:4])
-            if x != self.config.index[self.party_id]:
-                raise ProtocolError(self.party_id, f"share from {sender!r} has abscissa {x}")
-            ys = int.from_bytes(plain[4 : 4 + _Y_BYTES], "big")
-            yk = int.from_bytes(plain[4 + _Y_BYTES :], "big")
-            self._share_book[sender] = (x, ys, yk)
+            if x != self.config.index[self.party_id] or len(plain) != 4 + _Y_BYTES * len(batch):
+                raise ProtocolError(self.party_id, f"malformed share message from {sender!r}")
+            for j, r in enumerate(batch):
+                y = int.from_bytes(plain[4 + j * _Y_BYTES: 4 + (j + 1) * _Y_BYTES], "big")
+                self._book.setdefault(r, {})[sender] = (x, y)
             partners.append(sender)
         if len(partners) + 1 < self.config.t:
             raise TooFewSurvivors("shares", len(partners) + 1, self.config.t)
-        self._partners = tuple(sorted(partners))
+        # partners: those this party sent shares to and that sent shares back
+        self._partners[batch] = tuple(sorted(set(partners) & set(self._sent[batch])))
 
-    def masked(self, vector: Any) -> np.ndarray:
-        """Stage 3 output: ``x + PRG(b) + Σ ±PRG(k_uv) mod 2^m``.
+    def _round_partners(self, round_id: str) -> tuple[str, ...]:
+        batch = self._batch_of.get(round_id)
+        if batch is None or batch not in self._partners:
+            raise ProtocolError(self.party_id, f"round {round_id!r} has no received seed shares")
+        return self._partners[batch]
+
+    def masked(self, spec: RoundSpec, vector: Any) -> np.ndarray:
+        """Stage 3 output: ``x + PRG(b_r) + Σ ±PRG(k_(uv,r))`` in each cell's ring.
 
         Args:
-            vector: shape ``(n,)``, integers in ``[0, 2^m)`` (e.g. ``to_ring`` of a delta).
+            spec: the round.
+            vector: shape ``(n,)``, integers in each cell's ring.
 
         Returns:
-            uint64, shape ``(n,)``, in ``[0, 2^m)``; uniformly distributed to anyone
+            uint64, shape ``(n,)``, in each cell's ring; uniformly distributed to anyone
             without the masks.
 
         Raises:
             VectorError: wrong length, dtype or a value outside the ring.
-            ProtocolError: before :meth:`receive_shares`, or called twice in a round.
+            ProtocolError: the round was not seeded, or masked twice.
         """
+        x = _check_vector(self.party_id, vector, spec)
+        partners = self._round_partners(spec.round_id)
+        if spec.round_id in self._masked:
+            raise ProtocolError(self.party_id, f"round {spec.round_id!r} masked twice")
+        self._masked.add(spec.round_id)
         cfg = self.config
-        x = _check_vector(self.party_id, vector, cfg.vector_len, cfg.ring_bits)
-        if self._partners is None:
-            raise ProtocolError(self.party_id, "masked before receive_shares")
-        if self._masked:
-            raise ProtocolError(self.party_id, "masked called twice: use a fresh round")
-        self._masked = True
-        m, n = cfg.ring_bits, cfg.vector_len
-        total = x + _self_mask(self._seed, self.party_id, cfg, n)
-        assert self._peer_keys is not None
-        for v in self._partners:
-            pm = _pair_mask(self._mask_sk, self._peer_keys[v].mask_public, self.party_id, v, cfg, n)
+        total = x + _self_mask(self._seeds[spec.round_id], self.party_id, cfg, spec)
+        for v in partners:
+            pm = _pair_mask(_round_key(self._shared[v], self.party_id, v, cfg, spec.round_id), cfg, spec)
             total = total + pm if _pair_sign(self.party_id, v) > 0 else total - pm
-        return total & np.uint64((1 << m) - 1)
+        return total & spec.modmask
 
-    def reveal(self, for_party: str, dropped: bool) -> RevealedShare:
-        """Stage 4: this party's share of ``for_party``'s mask key (dropped) or seed (survivor).
+    def reveal(self, round_id: str, owner: str, dropped: bool) -> RevealedShare:
+        """Stage 4: this party's share of a survivor's seed of the round, or its round key
+        with a dropped partner.
 
         Raises:
-            ProtocolError: no share held for ``for_party``, or the other kind was already
-                revealed for it (revealing both would unmask its input).
+            ProtocolError: nothing held for ``owner`` in the round, or the other kind was
+                already revealed for it in this round (both would unmask its input).
         """
-        if for_party not in self._share_book:
-            raise ProtocolError(self.party_id, f"holds no share of {for_party!r}")
-        kind: Literal["seed", "key"] = "key" if dropped else "seed"
-        if self._revealed.get(for_party, kind) != kind:
-            raise ProtocolError(self.party_id, f"refuses to reveal both seed and key shares of {for_party!r}")
-        if dropped and for_party == self.party_id:
-            raise ProtocolError(self.party_id, "cannot be both dropped and revealing")
-        self._revealed[for_party] = kind
-        x, ys, yk = self._share_book[for_party]
-        return RevealedShare(for_party, self.party_id, kind, x, yk if dropped else ys)
+        kind: Literal["seed", "pair"] = "pair" if dropped else "seed"
+        if self._revealed.get((round_id, owner), kind) != kind:
+            raise ProtocolError(self.party_id, f"refuses to reveal both a seed share and a round key of {owner!r}")
+        x = self.config.index[self.party_id]
+        if dropped:
+            if owner == self.party_id:
+                raise ProtocolError(self.party_id, "cannot be both dropped and revealing")
+            if owner not in self._round_partners(round_id):
+                raise ProtocolError(self.party_id, f"did not pair with {owner!r} in round {round_id!r}")
+            y = int.from_bytes(_round_key(self._shared[owner], self.party_id, owner, self.config, round_id), "big")
+        else:
+            held = self._book.get(round_id, {})
+            if owner not in held:
+                raise ProtocolError(self.party_id, f"holds no share of {owner!r} for round {round_id!r}")
+            x, y = held[owner]
+        self._revealed[(round_id, owner)] = kind
+        return RevealedShare(owner, self.party_id, kind, x, y)
 
-    def reveal_all(self, survivors: Iterable[str], dropped: Iterable[str]) -> dict[str, RevealedShare]:
-        """Stage 4 for the whole unmask request: one share per owner this party holds.
+    def reveal_all(self, round_id: str, survivors: Iterable[str],
+                   dropped: Iterable[str]) -> dict[str, RevealedShare]:
+        """Stage 4 for the whole unmask request: a seed share per surviving owner this party
+        holds shares of, a round key per dropped partner.
 
         Raises:
             TooFewSurvivors: fewer than ``t`` survivors (the round must abort).
@@ -777,66 +890,59 @@ class SecAggClient:
         if len(surv) < self.config.t:
             raise TooFewSurvivors("unmask", len(surv), self.config.t)
         out = {}
-        for owner in sorted(self._share_book):
-            if owner in surv or owner in drop:
-                out[owner] = self.reveal(owner, owner in drop)
+        for owner in sorted(self._book.get(round_id, {})):
+            if owner in surv:
+                out[owner] = self.reveal(round_id, owner, False)
+        for owner in self._round_partners(round_id):
+            if owner in drop:
+                out[owner] = self.reveal(round_id, owner, True)
         return out
-
-
-def _self_mask(seed: bytes, party: str, cfg: SecAggConfig, n: int) -> np.ndarray:
-    key = derive_key(seed, purpose="self", round_id=cfg.round_id, ids=(party,))
-    return mask(key, n, cfg.ring_bits, stream_nonce(cfg.round_id, "self"))
-
-
-def _pair_mask(sk: X25519PrivateKey, peer_public: bytes, u: str, v: str, cfg: SecAggConfig, n: int) -> np.ndarray:
-    shared = sk.exchange(X25519PublicKey.from_public_bytes(peer_public))
-    key = derive_key(shared, purpose="mask", round_id=cfg.round_id, ids=(u, v))
-    return mask(key, n, cfg.ring_bits, stream_nonce(cfg.round_id, "pair"))
 
 
 # --------------------------------------------------------------------------- server
 
 
-class SecAggServer:
-    """The aggregator's side: routes keys and shares, sums masked vectors, unmasks the sum.
+@dataclass
+class _RoundState:
+    spec: RoundSpec
+    masked: dict[str, np.ndarray] = field(default_factory=dict)
+    summed: set[str] = field(default_factory=set)
+    masked_sum: np.ndarray | None = None
+    closed: bool = False
 
-    Stage methods close the previous stage: :meth:`keys_for` closes key registration,
-    :meth:`shares_for` closes share collection, :meth:`unmask_request` closes masked-input
-    collection; the bus layer calls them after its stage deadline. The server sees only
-    public keys, ciphertexts of shares, masked vectors and, at the end, the shares it
-    needs, so it learns only the sum over survivors.
+
+class SecAggServer:
+    """The aggregator's side of a session: routes keys and shares, sums masked vectors,
+    unmasks each round's sum.
+
+    :meth:`keys_for` closes key registration; :meth:`seed_shares_for` closes a batch's
+    share collection; :meth:`unmask_request` closes a round's masked-input collection.
+    The bus layer calls them after its stage deadline. The server sees only public keys,
+    ciphertexts of shares, masked vectors and, per round, the shares and round keys it
+    needs, so it learns only each round's sum over survivors.
 
     Args:
-        config: the round's public parameters.
+        config: the session's public parameters.
     """
 
     def __init__(self, config: SecAggConfig) -> None:
         self.config = config
         self._keys: dict[str, PartyKeys] = {}
-        self._shares: dict[str, dict[str, bytes]] = {}  # sender -> receiver -> blob
-        self._masked: dict[str, np.ndarray] = {}
-        self._summed: set[str] = set()  # parties whose masked vectors came pre-summed
-        self._masked_sum = np.zeros(config.vector_len, dtype=np.uint64)
-        self._stage = "keys"
+        self._keys_closed = False
+        self._shares: dict[tuple[str, ...], dict[str, dict[str, bytes]]] = {}  # batch -> sender -> receiver -> blob
+        self._batch_closed: set[tuple[str, ...]] = set()
+        self._batch_of: dict[str, tuple[str, ...]] = {}
+        self._rounds: dict[str, _RoundState] = {}
 
-    def _require(self, stage: str, what: str) -> None:
-        if self._stage != stage:
-            raise ProtocolError("", f"{what} during stage {self._stage!r}, expected {stage!r}")
-
-    def _advance(self, stage: str, present: int) -> None:
-        order = ["keys", "shares", "masked", "unmask"]
-        if order.index(self._stage) < order.index(stage):
-            if present < self.config.t:
-                raise TooFewSurvivors(self._stage, present, self.config.t)
-            self._stage = stage
-
+    # ---------------------------------------------------------------- keys
     def register_keys(self, keys: PartyKeys) -> None:
         """Stage 1: record a party's advertisement.
 
         Raises:
             ProtocolError: unknown party, duplicate advertisement, or keys stage closed.
         """
-        self._require("keys", "register_keys")
+        if self._keys_closed:
+            raise ProtocolError(keys.party, "register_keys after the keys stage closed")
         if keys.party not in self.config.index:
             raise ProtocolError(keys.party, "unknown party")
         if keys.party in self._keys:
@@ -846,186 +952,246 @@ class SecAggServer:
         self._keys[keys.party] = keys
 
     def keys_for(self, party: str) -> dict[str, PartyKeys]:
-        """Stage 2: the advertised keys of ``party``'s neighbours (closes stage 1).
+        """Stage 1: the advertised keys of ``party``'s neighbours (closes registration).
 
         Raises:
             TooFewSurvivors: fewer than ``t`` parties advertised.
         """
-        self._advance("shares", len(self._keys))
+        if not self._keys_closed:
+            if len(self._keys) < self.config.t:
+                raise TooFewSurvivors("keys", len(self._keys), self.config.t)
+            self._keys_closed = True
         return {v: self._keys[v] for v in self.config.graph[party] if v in self._keys}
 
-    def collect_shares(self, sender: str, messages: Mapping[str, bytes]) -> None:
-        """Stage 2: record a party's encrypted shares for routing.
+    @property
+    def keyed(self) -> tuple[str, ...]:
+        """Parties that advertised keys in this session, sorted."""
+        return tuple(sorted(self._keys))
+
+    # ---------------------------------------------------------------- seed batches
+    def collect_seed_shares(self, round_ids: Sequence[str], sender: str,
+                            messages: Mapping[str, bytes]) -> None:
+        """Stage 2: record a party's encrypted seed shares of a batch, for routing.
 
         Raises:
-            ProtocolError: sender without keys, duplicate, a receiver that is not an
-                advertised neighbour, or the shares stage closed.
+            ProtocolError: before keys closed, a round already in another batch, a sender
+                without keys or sending twice, a receiver that is not an advertised
+                neighbour, or the batch closed.
         """
-        self._require("shares", "collect_shares")
-        if sender not in self._keys or sender in self._shares:
+        batch = _check_batch(round_ids)
+        if not self._keys_closed:
+            raise ProtocolError(sender, "seed shares before the keys stage closed")
+        if batch in self._batch_closed:
+            raise ProtocolError(sender, "seed shares after the batch closed")
+        for r in batch:
+            if self._batch_of.get(r, batch) != batch:
+                raise ProtocolError(sender, f"round {r!r} is already in another batch")
+        if sender not in self._keys or sender in self._shares.get(batch, {}):
             raise ProtocolError(sender, "shares from a party without keys, or twice")
-        for r in messages:
-            if r not in self.config.graph[sender] or r not in self._keys:
-                raise ProtocolError(sender, f"shares addressed to {r!r}")
-        self._shares[sender] = dict(messages)
+        for rcv in messages:
+            if rcv not in self.config.graph[sender] or rcv not in self._keys:
+                raise ProtocolError(sender, f"shares addressed to {rcv!r}")
+        for r in batch:
+            self._batch_of[r] = batch
+        self._shares.setdefault(batch, {})[sender] = dict(messages)
 
-    def shares_for(self, receiver: str) -> dict[str, bytes]:
-        """Stage 3: ciphertexts addressed to ``receiver`` (closes stage 2).
-
-        Raises:
-            TooFewSurvivors: fewer than ``t`` parties sent shares.
-        """
-        self._advance("masked", len(self._shares))
-        return {s: msgs[receiver] for s, msgs in self._shares.items() if receiver in msgs}
-
-    def _partners(self, u: str) -> tuple[str, ...]:
-        """Parties that pair-masked with ``u``: those ``u`` sent shares to (and which sent shares)."""
-        return tuple(v for v in sorted(self._shares.get(u, {})) if v in self._shares)
-
-    def collect_masked(self, party: str, vector: Any) -> None:
-        """Stage 3: record a party's masked vector.
+    def seed_shares_for(self, round_ids: Sequence[str], receiver: str) -> dict[str, bytes]:
+        """Stage 2: ciphertexts of the batch addressed to ``receiver`` (closes the batch).
 
         Raises:
-            VectorError: wrong length/dtype or outside ``[0, 2^m)``.
-            ProtocolError: a party that sent no shares, a duplicate, or stage 3 closed.
+            TooFewSurvivors: fewer than ``t`` parties sent shares for the batch.
         """
-        self._require("masked", "collect_masked")
-        if party not in self._shares:
+        batch = _check_batch(round_ids)
+        book = self._shares.get(batch, {})
+        if batch not in self._batch_closed:
+            if len(book) < self.config.t:
+                raise TooFewSurvivors("shares", len(book), self.config.t)
+            self._batch_closed.add(batch)
+        return {s: msgs[receiver] for s, msgs in book.items() if receiver in msgs}
+
+    def seeded(self, round_id: str) -> tuple[str, ...]:
+        """Parties that shared seeds for the round's batch, sorted (empty if none)."""
+        return tuple(sorted(self._shares.get(self._batch_of.get(round_id, ()), {})))
+
+    def _partners(self, round_id: str, u: str) -> tuple[str, ...]:
+        """Parties that pair-masked with ``u`` in the round: those ``u`` sent shares to
+        that sent shares too."""
+        book = self._shares[self._batch_of[round_id]]
+        return tuple(v for v in sorted(book.get(u, {})) if v in book)
+
+    # ---------------------------------------------------------------- rounds
+    def _round(self, spec_or_id: RoundSpec | str) -> _RoundState:
+        rid = spec_or_id if isinstance(spec_or_id, str) else spec_or_id.round_id
+        st = self._rounds.get(rid)
+        if st is None:
+            if isinstance(spec_or_id, str):
+                raise ProtocolError("", f"round {rid!r} was never opened")
+            batch = self._batch_of.get(rid)
+            if batch is None or batch not in self._batch_closed:
+                raise ProtocolError("", f"round {rid!r} is not in a closed seed batch")
+            st = self._rounds[rid] = _RoundState(spec=spec_or_id,
+                                                 masked_sum=np.zeros(spec_or_id.vector_len, np.uint64))
+        elif not isinstance(spec_or_id, str) and st.spec != spec_or_id:
+            raise ProtocolError("", f"round {rid!r} reopened with other parameters")
+        if st.closed:
+            raise ProtocolError("", f"round {rid!r} is closed")
+        return st
+
+    def collect_masked(self, spec: RoundSpec, party: str, vector: Any) -> None:
+        """Stage 3: record a party's masked vector of the round.
+
+        Raises:
+            VectorError: wrong length/dtype or outside the cells' rings.
+            ProtocolError: a party that did not seed the round, a duplicate, or the round
+                closed.
+        """
+        st = self._round(spec)
+        if party not in self.seeded(spec.round_id):
             raise ProtocolError(party, "masked vector from a party that sent no shares")
-        if party in self._masked:
+        if party in st.masked or party in st.summed:
             raise ProtocolError(party, "masked vector sent twice")
-        self._masked[party] = _check_vector(party, vector, self.config.vector_len, self.config.ring_bits)
+        st.masked[party] = _check_vector(party, vector, spec)
 
-    def collect_masked_sum(self, parties: Iterable[str], vector_sum: Any) -> None:
-        """Stage 3, hierarchical aggregation: record the sum mod ``2^m`` of several
-        parties' masked vectors, as an aggregator forwards it.
-
-        The server then never sees those parties' vectors one by one; a party counts as
-        masked exactly as if :meth:`collect_masked` had been called for it.
+    def collect_masked_sum(self, spec: RoundSpec, parties: Iterable[str], vector_sum: Any) -> None:
+        """Stage 3, hierarchical aggregation: record the sum (in each cell's ring) of
+        several parties' masked vectors, as an aggregator forwards it.
 
         Raises:
-            VectorError: wrong length/dtype or outside ``[0, 2^m)``.
-            ProtocolError: an empty party list, a party that sent no shares, a party
-                already counted, or stage 3 closed.
+            VectorError: wrong length/dtype or outside the cells' rings.
+            ProtocolError: an empty party list, a party that did not seed the round, a
+                party already counted, or the round closed.
         """
-        self._require("masked", "collect_masked_sum")
+        st = self._round(spec)
         ps = list(parties)
         if not ps:
             raise ProtocolError("", "a masked sum over no parties")
+        seeded = set(self.seeded(spec.round_id))
         for p in ps:
-            if p not in self._shares:
+            if p not in seeded:
                 raise ProtocolError(p, "masked vector from a party that sent no shares")
-            if p in self._masked or p in self._summed or ps.count(p) > 1:
+            if p in st.masked or p in st.summed or ps.count(p) > 1:
                 raise ProtocolError(p, "masked vector sent twice")
-        vec = _check_vector(ps[0], vector_sum, self.config.vector_len, self.config.ring_bits)
-        self._summed.update(ps)
-        mk = np.uint64((1 << self.config.ring_bits) - 1)
-        self._masked_sum = (self._masked_sum + vec) & mk
+        vec = _check_vector(ps[0], vector_sum, spec)
+        st.summed.update(ps)
+        assert st.masked_sum is not None
+        st.masked_sum = (st.masked_sum + vec) & spec.modmask
 
-    def unmask_request(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """Stage 4: close stage 3 and return ``(survivors, dropped)`` to send to survivors.
+    def unmask_request(self, round_id: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Stage 4: close the round's masked-input collection and return
+        ``(survivors, dropped)`` to send to survivors.
 
-        ``survivors`` masked a vector; ``dropped`` sent shares but no masked vector.
+        ``survivors`` masked a vector; ``dropped`` seeded the round but sent none.
 
         Raises:
             TooFewSurvivors: fewer than ``t`` masked vectors arrived.
         """
-        masked = set(self._masked) | self._summed
-        self._advance("unmask", len(masked))
+        st = self._round(round_id)
+        masked = set(st.masked) | st.summed
+        if len(masked) < self.config.t:
+            raise TooFewSurvivors("masked", len(masked), self.config.t)
+        st.closed = True
         survivors = tuple(sorted(masked))
-        dropped = tuple(sorted(p for p in self._shares if p not in masked))
+        dropped = tuple(p for p in self.seeded(round_id) if p not in masked)
         return survivors, dropped
 
-    def unmask(
-        self,
-        survivors: Iterable[str],
-        dropped: Iterable[str],
-        shares: Mapping[str, Mapping[str, RevealedShare]],
-    ) -> np.ndarray:
-        """Remove the masks and return the survivors' sum mod ``2^m``.
+    def unmask(self, round_id: str, survivors: Iterable[str], dropped: Iterable[str],
+               shares: Mapping[str, Mapping[str, RevealedShare]]) -> np.ndarray:
+        """Remove the masks and return the survivors' sum of the round (in each cell's ring).
 
         Args:
-            survivors: parties whose masked vectors are summed (as sent by
-                :meth:`unmask_request`).
-            dropped: parties that shared keys but whose masked vectors are excluded.
+            round_id: the round (closed by :meth:`unmask_request`).
+            survivors: parties whose masked vectors are summed.
+            dropped: parties that seeded the round but whose masked vectors are excluded.
             shares: ``{holder: {owner: RevealedShare}}`` from the responding survivors.
 
         Returns:
-            uint64, shape ``(n,)``: ``Σ_{u ∈ survivors} x_u mod 2^m``.
+            uint64, shape ``(n,)``: ``Σ_(u ∈ survivors) x_u`` mod each cell's ``2^w``.
 
         Raises:
             TooFewSurvivors: fewer than ``t`` survivors.
-            TooFewShares: fewer than ``t`` shares for some owner's secret.
+            TooFewShares: fewer than ``t`` shares of some survivor's seed.
+            MissingPairKeys: a dropped party's round keys missing from survivors.
             ProtocolError: inconsistent sets, or a share of the wrong kind/holder.
         """
         cfg = self.config
+        st = self._rounds.get(round_id)
+        if st is None or not st.closed:
+            raise ProtocolError("", f"unmask of round {round_id!r} before unmask_request")
+        spec = st.spec
         surv, drop = tuple(sorted(set(survivors))), tuple(sorted(set(dropped)))
         if set(surv) & set(drop):
             raise ProtocolError("", f"parties both survived and dropped: {sorted(set(surv) & set(drop))}")
         if len(surv) < cfg.t:
             raise TooFewSurvivors("unmask", len(surv), cfg.t)
-        missing = [u for u in surv if u not in self._masked and u not in self._summed]
+        missing = [u for u in surv if u not in st.masked and u not in st.summed]
         if missing:
             raise ProtocolError("", f"no masked vector from survivors {missing}")
-        if not self._summed <= set(surv):
+        if not st.summed <= set(surv):
             raise ProtocolError("", "survivors leave out parties of a forwarded masked sum: "
-                                f"{sorted(self._summed - set(surv))}")
-        if any(u not in self._shares for u in drop):
-            raise ProtocolError("", "a dropped party never shared keys")
-        unaccounted = sorted(set(self._shares) - set(surv) - set(drop))
+                                f"{sorted(st.summed - set(surv))}")
+        seeded = set(self.seeded(round_id))
+        if any(u not in seeded for u in drop):
+            raise ProtocolError("", "a dropped party never shared seeds")
+        unaccounted = sorted(seeded - set(surv) - set(drop))
         if unaccounted:
-            raise ProtocolError("", f"parties that shared keys are neither survivors nor dropped: {unaccounted}")
-        self._stage = "unmask"
-        by_owner: dict[str, list[tuple[int, int]]] = {}
+            raise ProtocolError("", f"parties that shared seeds are neither survivors nor dropped: {unaccounted}")
+        seeds: dict[str, list[tuple[int, int]]] = {}
+        pair: dict[tuple[str, str], bytes] = {}  # (survivor, dropped) -> round key
         for holder, owned in shares.items():
             if holder not in surv:
                 continue  # only survivors answer; ignore anything else
             for owner, sh in owned.items():
-                want = "key" if owner in drop else "seed"
+                want = "pair" if owner in drop else "seed"
                 if sh.owner != owner or sh.holder != holder or sh.kind != want:
                     raise ProtocolError(holder, f"bad share for {owner!r}")
-                if holder not in cfg.holders(owner) or sh.x != cfg.index[holder]:
-                    raise ProtocolError(holder, f"share for {owner!r} from a non-holder")
-                by_owner.setdefault(owner, []).append((sh.x, sh.y))
-        mk = np.uint64((1 << cfg.ring_bits) - 1)
-        n = cfg.vector_len
-        total = self._masked_sum.copy()
+                if sh.x != cfg.index[holder]:
+                    raise ProtocolError(holder, f"share for {owner!r} with a wrong abscissa")
+                if want == "seed":
+                    if holder not in cfg.holders(owner):
+                        raise ProtocolError(holder, f"share for {owner!r} from a non-holder")
+                    seeds.setdefault(owner, []).append((sh.x, sh.y))
+                else:
+                    if holder not in self._partners(round_id, owner):
+                        raise ProtocolError(holder, f"round key with {owner!r} from a non-partner")
+                    if not 0 <= sh.y < 1 << 256:
+                        raise ProtocolError(holder, f"round key with {owner!r} is not 32 bytes")
+                    pair[(holder, owner)] = sh.y.to_bytes(32, "big")
+        assert st.masked_sum is not None
+        total = st.masked_sum.copy()
         for u in surv:
-            if u in self._masked:
-                total += self._masked[u]
+            if u in st.masked:
+                total += st.masked[u]
         for u in surv:
-            seed = recover_secret(by_owner.get(u, []), cfg.t, owner=u)
-            total -= _self_mask(seed, u, cfg, n)
+            seed = recover_secret(seeds.get(u, []), cfg.t, owner=u)
+            total -= _self_mask(seed, u, cfg, spec)
         survivor_set = set(surv)
         for u in drop:
-            raw = recover_secret(by_owner.get(u, []), cfg.t, owner=u)
-            sk = X25519PrivateKey.from_private_bytes(raw)
-            if _raw_public(sk) != self._keys[u].mask_public:
-                raise ProtocolError(u, "reconstructed mask key does not match its public key")
-            for v in self._partners(u):
-                if v not in survivor_set:
-                    continue
-                pm = _pair_mask(sk, self._keys[v].mask_public, u, v, cfg, n)
+            partners = [v for v in self._partners(round_id, u) if v in survivor_set]
+            lacking = [v for v in partners if (v, u) not in pair]
+            if lacking:
+                raise MissingPairKeys(u, lacking)
+            for v in partners:
+                pm = _pair_mask(pair[(v, u)], cfg, spec)
                 # v added s(v, u) * pm; remove it.
                 if _pair_sign(v, u) > 0:
                     total -= pm
                 else:
                     total += pm
-        return total & mk
+        return total & spec.modmask
 
 
-def run_key_stages(clients: Mapping[str, SecAggClient], server: SecAggServer) -> None:
-    """Drive stages 1-2 in memory: every client advertises its keys, receives its
-    neighbours' keys, sends its encrypted shares and receives the ones addressed to it.
-    For tests and single-process simulations; the bus layer runs the same calls with a
-    deadline per stage (:mod:`synth.coordinator`, :mod:`synth.party`).
+def run_key_stages(clients: Mapping[str, SecAggClient], server: SecAggServer,
+                   round_ids: Sequence[str] = ("r0",)) -> None:
+    """Drive the key stage and one seed batch in memory: every client advertises its keys,
+    receives its neighbours' keys, shares seeds for ``round_ids`` and receives the shares
+    addressed to it. For tests and single-process simulations; the bus layer runs the same
+    calls with a deadline per stage (:mod:`synth.coordinator`, :mod:`synth.party`).
     """
     for c in clients.values():
         server.register_keys(c.public_keys())
     for p, c in clients.items():
         c.receive_public_keys(server.keys_for(p))
     for p, c in clients.items():
-        server.collect_shares(p, c.share_messages())
+        server.collect_seed_shares(round_ids, p, c.share_seeds(round_ids))
     for p, c in clients.items():
-        c.receive_shares(server.shares_for(p))
-
+        c.receive_seed_shares(round_ids, server.seed_shares_for(round_ids, p))

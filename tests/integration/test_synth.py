@@ -124,3 +124,70 @@ def test_a_label_that_is_not_binary_skips_ml_utility_with_the_reason(tmp_path: P
     m = run_synth(cfg, tmp_path / "run", timeout_s=100, quiet=True).metrics
     assert m["ml_utility"] is None and "binary" in m["ml_utility_skipped"]
     assert m["avg_tv"] is not None
+
+
+@pytest.mark.timeout(180)
+def test_a_party_that_drops_mid_round_is_unmasked_out_over_the_bus(csv: Path,
+                                                                   tmp_path: Path) -> None:
+    """Five parties agree keys once; p002 takes part in rounds 0 and 2 but never sends
+    its masked vector in round 1. Its partners reveal their round-1 keys with it, and the
+    round-1 aggregate is the survivors' counts plus noise (garbage, were a pair mask
+    left in)."""
+    import asyncio
+
+    from sim.launch import _stop, start_broker
+    from sim.synth_launch import prepare_data
+    from synth.aggregator import Aggregator
+    from synth.coordinator import Coordinator
+    from synth.domain import Schema, encode, marginals
+    from synth.party import SynthParty
+    from synth.protocol import RoundPlan, build_tree
+    from synth.select import compress_codes
+
+    class Flaky(SynthParty):
+        async def _round(self, bus, plan: RoundPlan) -> None:  # type: ignore[no-untyped-def]
+            if plan.round == 1:
+                self.rounds.append({"round": 1, "status": "crashed before masking"})
+                return
+            await super()._round(bus, plan)
+
+    cfg = SynthConfig(dataset=str(csv), label="income", parties=5, epsilon=1.0, fanout=2,
+                      engine="neural", engine_iters=100, round_timeout_s=3.0,
+                      handshake_timeout_s=30.0, seed=2)
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg, _ = prepare_data(cfg, out)
+    schema = Schema.from_dict(json.loads((out / "schema.json").read_text()))
+    frames = {p: pd.read_parquet(out / "data" / "parties" / f"{p}.parquet")
+              for p in cfg.party_ids()}
+    broker, addr = start_broker(out, out / "events.jsonl")
+    try:
+        async def main():  # type: ignore[no-untyped-def]
+            coord = Coordinator(cfg, schema, broker=addr, run_id="drop", out=out)
+            tree = build_tree(cfg.party_ids(), cfg.fanout)
+            aggs = [Aggregator(a, cfg=cfg, broker=addr, run_id="drop") for a in tree.aggregators]
+            ps = [(Flaky if p == "p002" else SynthParty)(p, f, cfg=cfg, broker=addr,
+                                                         run_id="drop", noise_seed=i)
+                  for i, (p, f) in enumerate(frames.items())]
+            return await asyncio.gather(coord.run(), *(a.run() for a in aggs),
+                                        *(p.run() for p in ps))
+
+        metrics, *_ = asyncio.run(main())
+    finally:
+        _stop(broker)
+    rounds = metrics["rounds"]
+    assert rounds["select"]["dropped"] == ["p002"] and rounds["select"]["survivors"] == 4
+    assert rounds["one_way"]["survivors"] == rounds["tree"]["survivors"] == 5
+    # the round-1 aggregate against the survivors' true counts
+    doc = json.loads((out / "stages" / "round_select.json").read_text())
+    values = np.load(out / "stages" / "round_select.npz")["values"]
+    maps = {a: np.asarray(v) for a, v in json.loads(
+        (out / "stages" / "compress_domain.json").read_text())["maps"].items()}
+    codes = encode(pd.concat([f for p, f in frames.items() if p != "p002"])[list(schema.names)],
+                   schema)
+    cdomain, ccodes = compress_codes(codes, schema.domain, maps)
+    cliques = [tuple(c) for c in doc["cliques"]]
+    true = np.concatenate([marginals(ccodes, cdomain, cliques)[c].ravel() for c in cliques])
+    err = np.abs(values - true)
+    assert err.max() < 6 * doc["aggregate_sigma"], (err.max(), doc["aggregate_sigma"])
+    assert (out / "synthetic.csv").stat().st_size > 0

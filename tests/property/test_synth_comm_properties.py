@@ -13,15 +13,18 @@ from synth.compress import (
     dequantize,
     from_ring,
     pack_bits,
+    pack_varbits,
     packed_size,
     quantize,
     to_ring,
     unpack_bits,
+    unpack_varbits,
 )
 from synth.secagg import (
     SecAggClient,
     SecAggConfig,
     SecAggServer,
+    RoundSpec,
     recover_secret,
     run_key_stages,
     split_secret,
@@ -100,28 +103,44 @@ def test_shamir_any_threshold_subset_recovers(secret: bytes, t: int, data) -> No
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(k=st.integers(1, 7), m=st.integers(1, 64), n=st.integers(0, 20), data=st.data())
-def test_secagg_sum_is_exact_with_dropouts(k: int, m: int, n: int, data) -> None:
+@given(k=st.integers(1, 7), n=st.integers(0, 20), rounds=st.integers(1, 3), data=st.data())
+def test_secagg_sums_are_exact_with_dropouts_over_a_session(k: int, n: int, rounds: int,
+                                                            data) -> None:
+    """One key exchange, one seed batch, several rounds with per-cell rings and fresh
+    dropouts each round: every round's unmasked sum is the plain sum in each cell's ring."""
     ids = tuple(f"u{i}" for i in range(k))
-    cfg = SecAggConfig(round_id="prop", party_ids=ids, ring_bits=m, vector_len=n)
+    cfg = SecAggConfig(session_id="prop", party_ids=ids)
     clients = {p: SecAggClient(p, cfg) for p in ids}
     server = SecAggServer(cfg)
-    run_key_stages(clients, server)
-    # Every secret has deg + 1 holders (neighbours and owner): with at most deg + 1 - t
-    # dropouts, and at least t survivors, every needed secret keeps t live holders.
-    deg = min(len(v) for v in cfg.graph.values())
-    max_drop = max(0, min(k - cfg.t, deg + 1 - cfg.t))
-    n_drop = data.draw(st.integers(0, max_drop))
-    dropped = set(data.draw(st.permutations(ids))[:n_drop])
-    xs = {p: np.array(data.draw(st.lists(st.integers(0, 2**m - 1), min_size=n, max_size=n)), dtype=np.uint64)
-          for p in ids}
-    for p, c in clients.items():
-        y = c.masked(xs[p])
-        if p not in dropped:
-            server.collect_masked(p, y)
-    survivors, gone = server.unmask_request()
-    assert set(gone) == dropped
-    revealed = {p: clients[p].reveal_all(survivors, gone) for p in survivors}
-    total = server.unmask(survivors, gone, revealed)
-    exact = [sum(int(xs[p][i]) for p in survivors) % 2**m for i in range(n)]
-    assert total.tolist() == exact
+    batch = tuple(f"r{j}" for j in range(rounds))
+    run_key_stages(clients, server, batch)
+    for r in batch:
+        widths = data.draw(st.lists(st.integers(1, 64), min_size=n, max_size=n))
+        spec = RoundSpec(round_id=r, vector_len=n, ring_bits=max(widths, default=1),
+                         cell_bits=bytes(widths))
+        # every survivor's seed needs t live holders among its neighbours and itself; a
+        # dropout's pair masks need only its live partners' round keys
+        max_drop = max(0, k - cfg.t)
+        dropped = set(data.draw(st.permutations(ids))[:data.draw(st.integers(0, max_drop))])
+        xs = {p: np.array([data.draw(st.integers(0, 2**w - 1)) for w in widths], dtype=np.uint64)
+              for p in ids}
+        for p, c in clients.items():
+            y = c.masked(spec, xs[p])
+            if p not in dropped:
+                server.collect_masked(spec, p, y)
+        survivors, gone = server.unmask_request(r)
+        assert set(gone) == dropped
+        revealed = {p: clients[p].reveal_all(r, survivors, gone) for p in survivors}
+        total = server.unmask(r, survivors, gone, revealed)
+        exact = [sum(int(xs[p][i]) for p in survivors) % 2**w for i, w in enumerate(widths)]
+        assert total.tolist() == exact
+
+
+@given(st.data())
+def test_pack_varbits_round_trip(data) -> None:
+    widths = data.draw(st.lists(st.integers(1, 64), max_size=300))
+    v = np.array([data.draw(st.integers(0, 2**w - 1)) for w in widths], dtype=np.uint64)
+    w = np.array(widths, dtype=np.uint8)
+    raw = pack_varbits(v, w)
+    assert len(raw) == (sum(widths) + 7) // 8
+    np.testing.assert_array_equal(unpack_varbits(raw, w), v)

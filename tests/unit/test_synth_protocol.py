@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from pubsub.config import ConfigError
-from synth.compress import QuantSpec
 from synth.config import SynthConfig, load_synth_config
 from synth.protocol import (
     ROOT,
@@ -18,6 +17,10 @@ from synth.protocol import (
     Tree,
     aggregate_sigma,
     build_tree,
+    SessionPlan,
+    cell_modmask,
+    cell_upper_bounds,
+    cell_windows,
     decode_sum,
     party_sigma2,
     quant_range,
@@ -55,34 +58,70 @@ def test_tree_rejects_bad_input() -> None:
 
 def _plan(**kw: object) -> RoundPlan:
     base = dict(round=1, name="select", cliques=(("a",), ("a", "b")), sizes=(3, 6),
-                sigma2_central=100.0, noise_model="distributed", n_parties=4, h_min=-60.0,
-                h_max=1060.0, bits=8, ring_bits=12, party_ids=("p0", "p1", "p2", "p3"),
-                threshold=None, degree=2, graph_seed="ab", timeout_s=5.0,
-                tree=build_tree(["p0", "p1", "p2", "p3"], 2).to_dict())
+                sigma2_central=100.0, noise_model="distributed", n_parties=4, step=4.0,
+                cell_bits=bytes([12, 12, 12, 9, 9, 9, 9, 9, 9]), timeout_s=5.0)
     base.update(kw)
     return RoundPlan(**base)  # type: ignore[arg-type]
 
 
-def test_round_plan_round_trips_through_bus_metadata() -> None:
+def test_round_plan_round_trips_through_bus_messages() -> None:
     import orjson
 
-    plan = _plan()
-    back = RoundPlan.from_meta(orjson.loads(orjson.dumps(plan.to_meta())))
-    assert back == plan and back.vector_len == 9
-    assert plan.quant == QuantSpec(bits=8, h_min=-60.0, h_max=1060.0)
+    plan = _plan(maps={"a": (0, 0, 1)})
+    meta, arrays = plan.to_message()
+    back = RoundPlan.from_message(orjson.loads(orjson.dumps(meta)), arrays)
+    assert back == plan and back.vector_len == 9 and back.ring_bits == 12
+    assert back.round_id == "r1" and back.spec().cell_bits == plan.cell_bits
+    with pytest.raises(ValueError, match="cell widths"):
+        RoundPlan.from_message({**meta, "sizes": [3, 7]}, arrays)
+    session = SessionPlan(session_id="run/0", party_ids=("p0", "p1", "p2"), threshold=None,
+                          degree=2, graph_seed="ab", timeout_s=5.0,
+                          tree=build_tree(["p0", "p1", "p2"], 2).to_dict())
+    assert SessionPlan.from_meta(orjson.loads(orjson.dumps(session.to_meta()))) == session
+    assert session.secagg().t == 2
 
 
-def test_quantised_sum_decodes_to_the_sum_within_half_a_step_per_party() -> None:
+def test_windows_decode_the_sum_of_codes_exactly_whatever_the_parties() -> None:
+    """Codes round(x / Δ) summed in per-cell rings decode to Δ·Σ codes whenever the true
+    counts respect the bounds, for every subset of parties (dropouts)."""
     rng = np.random.default_rng(3)
-    plan = _plan()
-    xs = [rng.integers(-50, 1050, plan.vector_len).astype(np.float64) for _ in range(4)]
-    codes = [quantize_counts(x, plan) for x in xs]
-    total = sum(codes)  # the unmasked sum mod 2^m (no wrap: m = 12 > 8 + 2)
-    assert int(total.max()) < 2 ** plan.ring_bits
-    decoded = decode_sum(total, 4, plan)
-    assert np.all(np.abs(decoded - sum(xs)) <= 4 * plan.quant.step / 2 + 1e-9)
+    k, sigma_p, step = 6, 10.0, 10.0
+    upper = np.array([0.0, 3.0, 50.0, 400.0, 5000.0, 20.0, 20.0, 20.0, 20.0])
+    lo, widths = cell_windows(upper, sigma_sum=math.sqrt(k) * sigma_p, step=step, n_parties=k)
+    assert widths.dtype == np.uint8 and widths[0] < widths[3] < widths[4]
+    plan = _plan(n_parties=k, step=step, cell_bits=widths.tobytes())
+    for trial in range(200):
+        # true counts below the bounds, split over the parties; Gaussian noise each
+        true = np.floor(upper * rng.uniform(0, 1, upper.size))
+        split = rng.multinomial(1, np.ones(k) / k, size=(upper.size, int(true.max()) + 1))
+        counts = np.stack([[split[c, :int(true[c]), p].sum() for c in range(upper.size)]
+                           for p in range(k)]).astype(np.float64)
+        noisy = counts + rng.normal(0, sigma_p, counts.shape)
+        alive = rng.permutation(k)[:rng.integers(1, k + 1)]
+        codes = [quantize_counts(noisy[p], plan) for p in alive]
+        total = sum(codes) & cell_modmask(widths)
+        decoded = decode_sum(total, lo, plan)
+        exact = step * sum(np.rint(noisy[p] / step) for p in alive)
+        np.testing.assert_allclose(decoded, exact, err_msg=f"trial {trial}")
     with pytest.raises(ValueError, match="shape"):
-        decode_sum(total[:3], 4, plan)
+        decode_sum(total[:3], lo, plan)
+    u_lo, u_w = cell_windows(upper, sigma_sum=24.5, step=step, n_parties=k, uniform=True)
+    assert set(u_w.tolist()) == {int(widths.max())}
+    with pytest.raises(ValueError, match="step"):
+        cell_windows(upper, sigma_sum=1.0, step=0.0, n_parties=2)
+
+
+def test_upper_bounds_come_from_released_sub_cliques() -> None:
+    shape = {"a": 3, "b": 2, "c": 2}
+    one_a = np.array([10.0, 0.0, 100.0])
+    pair_cb = np.array([[1.0, 2.0], [50.0, 60.0]])  # clique (c, b): c-major
+    known = [(("a",), one_a, np.full(3, 1.0)), (("c", "b"), pair_cb.ravel(), np.full(4, 0.5))]
+    u = cell_upper_bounds([("a", "b"), ("b", "c")], shape, known, 1000.0, tails=2.0)
+    ab = u[:6].reshape(3, 2)
+    np.testing.assert_array_equal(ab, np.repeat([[12.0], [2.0], [102.0]], 2, axis=1))
+    bc = u[6:].reshape(2, 2)  # (b, c) = transpose of (c, b) + 1
+    np.testing.assert_array_equal(bc, pair_cb.T + 1.0)
+    assert cell_upper_bounds([("a",)], shape, [], 77.0).tolist() == [77.0] * 3
 
 
 def test_noise_shares_and_aggregate_sigma() -> None:
@@ -90,7 +129,7 @@ def test_noise_shares_and_aggregate_sigma() -> None:
     assert party_sigma2(plan) == pytest.approx(25.0)
     assert party_sigma2(_plan(noise_model="local")) == pytest.approx(100.0)
     # all four parties: the central variance plus four quantisation errors
-    step = plan.quant.step
+    step = plan.step
     assert aggregate_sigma(plan, 4) == pytest.approx(math.sqrt(100.0 + 4 * step**2 / 12))
     lo, hi = quant_range(1000, 25.0)
     assert (lo, hi) == (-30.0, 1030.0)

@@ -21,7 +21,9 @@ from synth.compress import (
 )
 from synth.secagg import (
     DuplicatePartyError,
+    MissingPairKeys,
     ProtocolError,
+    RoundSpec,
     SecAggClient,
     SecAggConfig,
     SecAggServer,
@@ -44,36 +46,48 @@ def _fixed_key(label: str) -> X25519PrivateKey:
     return X25519PrivateKey.from_private_bytes(hashlib.sha256(label.encode()).digest())
 
 
-def _setup(ids, m, n, *, round_id="r1", fixed=False, threshold=None, degree=None):
-    """Run stages 1-2 and return (config, clients, server) ready for masking."""
-    cfg = SecAggConfig(round_id=round_id, party_ids=tuple(ids), ring_bits=m, vector_len=n,
-                       threshold=threshold, degree=degree)
+def _setup(ids, m, n, *, session="s1", rounds=("r1",), fixed=False, threshold=None,
+           degree=None, cell_bits=None):
+    """Run the key stage and one seed batch; return (config, clients, server, specs)."""
+    cfg = SecAggConfig(session_id=session, party_ids=tuple(ids), threshold=threshold,
+                       degree=degree)
     clients = {}
     for p in ids:
         kw = {}
         if fixed:
-            kw = {"mask_key": _fixed_key(f"{round_id}/{p}/c"), "enc_key": _fixed_key(f"{round_id}/{p}/e"),
-                  "self_seed": hashlib.sha256(f"{round_id}/{p}/b".encode()).digest()}
+            kw = {"mask_key": _fixed_key(f"{session}/{p}/c"), "enc_key": _fixed_key(f"{session}/{p}/e")}
         clients[p] = SecAggClient(p, cfg, **kw)
     server = SecAggServer(cfg)
-    run_key_stages(clients, server)
-    return cfg, clients, server
+    if fixed:
+        for c in clients.values():
+            server.register_keys(c.public_keys())
+        for p, c in clients.items():
+            c.receive_public_keys(server.keys_for(p))
+        for p, c in clients.items():
+            seeds = {r: hashlib.sha256(f"{session}/{p}/{r}/b".encode()).digest() for r in rounds}
+            server.collect_seed_shares(rounds, p, c.share_seeds(rounds, seeds=seeds))
+        for p, c in clients.items():
+            c.receive_seed_shares(rounds, server.seed_shares_for(rounds, p))
+    else:
+        run_key_stages(clients, server, rounds)
+    specs = {r: RoundSpec(round_id=r, vector_len=n, ring_bits=m, cell_bits=cell_bits) for r in rounds}
+    return cfg, clients, server, specs
 
 
-def _finish(clients, server):
-    survivors, dropped = server.unmask_request()
-    revealed = {p: clients[p].reveal_all(survivors, dropped) for p in survivors}
-    return server.unmask(survivors, dropped, revealed)
+def _finish(clients, server, round_id="r1"):
+    survivors, dropped = server.unmask_request(round_id)
+    revealed = {p: clients[p].reveal_all(round_id, survivors, dropped) for p in survivors}
+    return server.unmask(round_id, survivors, dropped, revealed)
 
 
-def _aggregate(xs, m, *, drop=(), round_id="r1"):
+def _aggregate(xs, m, *, drop=(), session="s1"):
     ids = list(xs)
     n = len(next(iter(xs.values())))
-    _, clients, server = _setup(ids, m, n, round_id=round_id)
+    _, clients, server, specs = _setup(ids, m, n, session=session)
     for p, c in clients.items():
-        y = c.masked(xs[p])
+        y = c.masked(specs["r1"], xs[p])
         if p not in drop:
-            server.collect_masked(p, y)
+            server.collect_masked(specs["r1"], p, y)
     return _finish(clients, server)
 
 
@@ -110,7 +124,7 @@ def test_neighbour_graph_explicit_degree_and_duplicates() -> None:
         neighbours(["a", "b", "a"], None, b"")
     assert ei.value.duplicates == ("a",)
     with pytest.raises(DuplicatePartyError):
-        SecAggConfig(round_id="r", party_ids=("x", "x"), ring_bits=8, vector_len=3)
+        SecAggConfig(session_id="s", party_ids=("x", "x"))
 
 
 def test_shamir_any_threshold_subset_recovers() -> None:
@@ -196,8 +210,8 @@ def test_masked_vector_is_uniform_whatever_the_input() -> None:
     stats = {}
     first_words = {}
     for name, x in inputs.items():
-        _, clients, _ = _setup(["a", "b", "c"], m, n, round_id=f"u-{name}", fixed=True)
-        y = clients["a"].masked(x)
+        _, clients, _, specs = _setup(["a", "b", "c"], m, n, session=f"u-{name}", fixed=True)
+        y = clients["a"].masked(specs["r1"], x)
         stats[name] = _chi2_uniform(y, m)
         first_words[name] = y
         assert _chi2_uniform(x, m) > 10_000  # the raw input is far from uniform
@@ -229,81 +243,190 @@ def test_dropouts_after_masking_are_recovered(drop: tuple[str, ...]) -> None:
 
 def test_too_few_survivors_is_a_typed_error() -> None:
     ids = [f"p{i}" for i in range(5)]  # complete graph, k = 4, t = 3
-    cfg, clients, server = _setup(ids, 12, 10)
+    cfg, clients, server, specs = _setup(ids, 12, 10)
     assert cfg.t == 3
     for p in ids[:2]:
-        server.collect_masked(p, clients[p].masked(np.zeros(10, dtype=np.uint64)))
+        server.collect_masked(specs["r1"], p, clients[p].masked(specs["r1"], np.zeros(10, dtype=np.uint64)))
     with pytest.raises(TooFewSurvivors) as ei:
-        server.unmask_request()
+        server.unmask_request("r1")
     assert (ei.value.survivors, ei.value.threshold) == (2, 3)
     with pytest.raises(TooFewSurvivors):
-        clients["p0"].reveal_all(["p0", "p1"], ["p2", "p3", "p4"])
+        clients["p0"].reveal_all("r1", ["p0", "p1"], ["p2", "p3", "p4"])
 
 
 def test_missing_shares_for_an_owner() -> None:
     ids = [f"p{i}" for i in range(5)]
-    _, clients, server = _setup(ids, 12, 4)
+    _, clients, server, specs = _setup(ids, 12, 4)
     for p in ids:
-        server.collect_masked(p, clients[p].masked(np.ones(4, dtype=np.uint64)))
-    survivors, dropped = server.unmask_request()
-    revealed = {p: clients[p].reveal_all(survivors, dropped) for p in survivors[:2]}
+        server.collect_masked(specs["r1"], p, clients[p].masked(specs["r1"], np.ones(4, dtype=np.uint64)))
+    survivors, dropped = server.unmask_request("r1")
+    revealed = {p: clients[p].reveal_all("r1", survivors, dropped) for p in survivors[:2]}
     with pytest.raises(TooFewShares):
-        server.unmask(survivors, dropped, revealed)
+        server.unmask("r1", survivors, dropped, revealed)
+
+
+def test_missing_round_keys_of_a_dropout_are_a_typed_error() -> None:
+    """A survivor that paired with a dropped party and then goes silent: the round's sum
+    cannot be freed of that pair mask, and the error names who is missing."""
+    ids = [f"p{i}" for i in range(6)]
+    _, clients, server, specs = _setup(ids, 12, 4)
+    for p in ids[1:]:
+        server.collect_masked(specs["r1"], p, clients[p].masked(specs["r1"], np.ones(4, dtype=np.uint64)))
+    survivors, dropped = server.unmask_request("r1")
+    assert dropped == ("p0",)
+    revealed = {p: clients[p].reveal_all("r1", survivors, dropped) for p in survivors if p != "p3"}
+    with pytest.raises(MissingPairKeys) as ei:
+        server.unmask("r1", survivors, dropped, revealed)
+    assert ei.value.dropped == "p0" and ei.value.holders == ("p3",)
 
 
 def test_bad_vectors_are_rejected() -> None:
-    _, clients, server = _setup(["a", "b"], 8, 4)
+    _, clients, server, specs = _setup(["a", "b"], 8, 4)
+    spec = specs["r1"]
     with pytest.raises(VectorError) as ei:
-        clients["a"].masked(np.zeros(5, dtype=np.uint64))
+        clients["a"].masked(spec, np.zeros(5, dtype=np.uint64))
     assert ei.value.party == "a"
     with pytest.raises(VectorError):
-        clients["a"].masked(np.array([0, 1, 2, 256]))
+        clients["a"].masked(spec, np.array([0, 1, 2, 256]))
     with pytest.raises(VectorError):
-        clients["a"].masked(np.array([0, 1, 2, -1]))
+        clients["a"].masked(spec, np.array([0, 1, 2, -1]))
     with pytest.raises(VectorError):
-        clients["a"].masked(np.array([0.0, 1.0, 2.0, 3.0]))
+        clients["a"].masked(spec, np.array([0.0, 1.0, 2.0, 3.0]))
     with pytest.raises(VectorError):
-        server.collect_masked("b", np.zeros(3, dtype=np.uint64))
+        server.collect_masked(spec, "b", np.zeros(3, dtype=np.uint64))
+    cells = RoundSpec(round_id="r1", vector_len=4, ring_bits=8, cell_bits=bytes([8, 2, 2, 8]))
+    with pytest.raises(VectorError, match="its cell's ring"):
+        clients["b"].masked(cells, np.array([200, 3, 4, 0]))  # 4 does not fit 2 bits
+    with pytest.raises(ValueError, match="cell widths"):
+        RoundSpec(round_id="r1", vector_len=2, ring_bits=8, cell_bits=bytes([9, 1]))
 
 
-def test_client_never_reveals_both_share_kinds() -> None:
-    _, clients, _ = _setup(["a", "b", "c"], 8, 4)
-    clients["a"].reveal("b", dropped=False)
+def test_client_never_reveals_both_kinds_for_one_owner_in_a_round() -> None:
+    _, clients, _, _ = _setup(["a", "b", "c"], 8, 4, rounds=("r1", "r2"))
+    clients["a"].reveal("r1", "b", dropped=False)
     with pytest.raises(ProtocolError):
-        clients["a"].reveal("b", dropped=True)
+        clients["a"].reveal("r1", "b", dropped=True)
     with pytest.raises(ProtocolError):
-        clients["a"].reveal_all(["a", "b"], ["b"])
+        clients["a"].reveal_all("r1", ["a", "b"], ["b"])
+    clients["a"].reveal("r2", "b", dropped=True)  # another round: its own masks
 
 
 def test_tampered_or_misrouted_share_messages_fail_authentication() -> None:
-    cfg = SecAggConfig(round_id="r", party_ids=("a", "b", "c"), ring_bits=8, vector_len=2)
+    cfg = SecAggConfig(session_id="s", party_ids=("a", "b", "c"))
     clients = {p: SecAggClient(p, cfg) for p in "abc"}
     server = SecAggServer(cfg)
     for c in clients.values():
         server.register_keys(c.public_keys())
     for p, c in clients.items():
         c.receive_public_keys(server.keys_for(p))
-    msgs = {p: c.share_messages() for p, c in clients.items()}
+    batch = ("r1", "r2")
+    msgs = {p: c.share_seeds(batch) for p, c in clients.items()}
     blob = bytearray(msgs["a"]["b"])
     blob[-1] ^= 1
     with pytest.raises(ProtocolError):
-        clients["b"].receive_shares({"a": bytes(blob), "c": msgs["c"]["b"]})
+        clients["b"].receive_seed_shares(batch, {"a": bytes(blob), "c": msgs["c"]["b"]})
     with pytest.raises(ProtocolError):  # a ciphertext for c replayed to b
-        clients["b"].receive_shares({"a": msgs["a"]["c"]})
+        clients["b"].receive_seed_shares(batch, {"a": msgs["a"]["c"]})
+    with pytest.raises(ProtocolError):  # the same ciphertext claimed for another batch
+        clients["b"].receive_seed_shares(("r1", "r3"), {"a": msgs["a"]["b"]})
 
 
 def test_stages_must_run_in_order() -> None:
-    cfg = SecAggConfig(round_id="r", party_ids=("a", "b"), ring_bits=8, vector_len=2)
+    cfg = SecAggConfig(session_id="s", party_ids=("a", "b"))
+    spec = RoundSpec(round_id="r1", vector_len=2, ring_bits=8)
     c = SecAggClient("a", cfg)
     with pytest.raises(ProtocolError):
-        c.masked(np.zeros(2, dtype=np.uint64))
+        c.masked(spec, np.zeros(2, dtype=np.uint64))
     with pytest.raises(ProtocolError):
-        c.share_messages()
+        c.share_seeds(["r1"])
     server = SecAggServer(cfg)
     with pytest.raises(ProtocolError):
-        server.collect_masked("a", np.zeros(2, dtype=np.uint64))
+        server.collect_masked(spec, "a", np.zeros(2, dtype=np.uint64))
+    with pytest.raises(ProtocolError):
+        server.collect_seed_shares(["r1"], "a", {})
     with pytest.raises(ValueError):
         SecAggClient("z", cfg)
+    _, clients, server, specs = _setup(["a", "b", "c"], 8, 2, rounds=("r1",))
+    with pytest.raises(ProtocolError, match="already seeded"):
+        clients["a"].share_seeds(["r1"])
+    with pytest.raises(ProtocolError, match="not in a closed seed batch"):
+        server.collect_masked(RoundSpec(round_id="r9", vector_len=2, ring_bits=8), "a",
+                              np.zeros(2, dtype=np.uint64))
+
+
+def test_one_key_exchange_serves_many_rounds_and_a_dropout_rejoins() -> None:
+    """Keys are agreed once; two seed batches cover four rounds. p2 drops out of round
+    r2 (after the others masked) and takes part again in r3 and r4: every round's sum is
+    exact, and the round keys revealed for r2 leave r3's pair masks unknown."""
+    ids = [f"p{i}" for i in range(7)]
+    rng = np.random.default_rng(5)
+    n, m = 50, 16
+    cfg, clients, server, specs = _setup(ids, m, n, rounds=("r1", "r2"))
+    batch2 = ("r3", "r4")
+    for p, c in clients.items():
+        server.collect_seed_shares(batch2, p, c.share_seeds(batch2))
+    for p, c in clients.items():
+        c.receive_seed_shares(batch2, server.seed_shares_for(batch2, p))
+    mk = np.uint64(2**m - 1)
+    for r in ("r1", "r2", "r3", "r4"):
+        spec = specs.get(r) or RoundSpec(round_id=r, vector_len=n, ring_bits=m)
+        xs = {p: rng.integers(0, 2**10, n, dtype=np.uint64) for p in ids}
+        alive = [p for p in ids if not (r == "r2" and p == "p2")]
+        for p in alive:
+            server.collect_masked(spec, p, clients[p].masked(spec, xs[p]))
+        survivors, dropped = server.unmask_request(r)
+        assert dropped == (("p2",) if r == "r2" else ())
+        revealed = {p: clients[p].reveal_all(r, survivors, dropped) for p in survivors}
+        total = server.unmask(r, survivors, dropped, revealed)
+        np.testing.assert_array_equal(total, sum(xs[p] for p in alive) & mk)
+        if r == "r2":
+            keys_r2 = {v: sh.y for v, got in revealed.items() for o, sh in got.items() if sh.kind == "pair"}
+            assert set(keys_r2) == set(cfg.graph["p2"])
+    # the round key of (p2, v) in r3 differs from the one revealed in r2
+    from synth.secagg import _round_key
+    v = cfg.graph["p2"][0]
+    k3 = _round_key(clients[v]._shared["p2"], v, "p2", cfg, "r3")
+    assert int.from_bytes(k3, "big") != keys_r2[v]
+
+
+def test_a_late_input_of_a_declared_dropout_stays_hidden() -> None:
+    """The server declares p0 dropped, collects the round keys of its partners, then
+    receives p0's masked vector anyway: removing every pair mask leaves x + PRG(b), still
+    uniform (the self-mask seed's shares are never revealed for a dropped party)."""
+    m, n = 16, 20_000
+    ids = ["p0", "p1", "p2", "p3"]
+    _, clients, server, specs = _setup(ids, m, n, fixed=True, session="late")
+    spec = specs["r1"]
+    x0 = np.zeros(n, dtype=np.uint64)
+    y0 = clients["p0"].masked(spec, x0)
+    for p in ids[1:]:
+        server.collect_masked(spec, p, clients[p].masked(spec, np.ones(n, dtype=np.uint64)))
+    survivors, dropped = server.unmask_request("r1")
+    revealed = {p: clients[p].reveal_all("r1", survivors, dropped) for p in survivors}
+    from synth.secagg import _pair_mask, _pair_sign
+    stripped = y0.copy()
+    for v in survivors:
+        key = revealed[v]["p0"].y.to_bytes(32, "big")
+        pm = _pair_mask(key, clients["p0"].config, spec)
+        stripped = stripped - pm if _pair_sign("p0", v) > 0 else stripped + pm
+    stripped &= np.uint64(2**m - 1)
+    assert _chi2_uniform(stripped, m) < 73.6  # x0 = 0 would give a single bin
+    assert all("p0" not in got or got["p0"].kind == "pair" for got in revealed.values())
+
+
+def test_per_cell_rings_sum_exactly() -> None:
+    widths = np.array([1, 3, 8, 17, 40, 64] * 50, dtype=np.uint8)
+    n = widths.size
+    mod = [(1 << int(w)) - 1 for w in widths]
+    rng = np.random.default_rng(9)
+    ids = [f"p{i}" for i in range(6)]
+    xs = {p: np.array([int(rng.integers(0, 2**62)) & mk for mk in mod], dtype=np.uint64) for p in ids}
+    _, clients, server, specs = _setup(ids, 64, n, cell_bits=widths.tobytes())
+    for p in ids[1:]:
+        server.collect_masked(specs["r1"], p, clients[p].masked(specs["r1"], xs[p]))
+    total = _finish(clients, server)
+    expect = [sum(int(xs[p][i]) for p in ids[1:]) & mod[i] for i in range(n)]
+    np.testing.assert_array_equal(total, np.array(expect, dtype=np.uint64))
 
 
 def test_delta_encoding_survives_masking_over_rounds() -> None:
@@ -319,15 +442,16 @@ def test_delta_encoding_survives_masking_over_rounds() -> None:
     quant = {p: ErrorFeedbackQuantizer(spec) for p in ids}
     enc = {p: DeltaEncoder(ring_bits=m) for p in ids}
     agg = DeltaDecoder(ring_bits=m)
-    for t in range(4):
-        _, clients, server = _setup(ids, m, n, round_id=f"round-{t}")
+    rounds = tuple(f"round-{t}" for t in range(4))
+    _, clients, server, specs = _setup(ids, m, n, rounds=rounds)
+    for t, r in enumerate(rounds):
         current, msgs = {}, {}
         for p in ids:
             current[p] = quant[p].encode(np.clip(base[p] + rng.normal(0, 5, n), 0, 200))
             msgs[p] = enc[p].encode(current[p], "clique")
-            server.collect_masked(p, clients[p].masked(msgs[p].payload))
+            server.collect_masked(specs[r], p, clients[p].masked(specs[r], msgs[p].payload))
         assert len({msgs[p].full for p in ids}) == 1 and msgs[ids[0]].full == (t == 0)
-        masked_sum = _finish(clients, server)
+        masked_sum = _finish(clients, server, r)
         template = msgs[ids[0]]
         summed = DeltaMessage(stream="clique", version=template.version,
                                 base_version=template.base_version, full=template.full, payload=masked_sum)
@@ -343,16 +467,17 @@ def test_hierarchical_masked_sums_unmask_to_the_plain_sum_with_a_dropout() -> No
     rng = np.random.default_rng(11)
     ids = [f"p{i}" for i in range(9)]
     xs = {p: rng.integers(0, 2**12, 64, dtype=np.uint64) for p in ids}
-    _, clients, server = _setup(ids, m, 64)
+    _, clients, server, specs = _setup(ids, m, 64)
+    spec = specs["r1"]
     mk = np.uint64(2**m - 1)
     groups = [ids[0:3], ids[3:6], ids[6:9]]
     dropped = "p4"
     for g in groups:
         alive = [p for p in g if p != dropped]
-        part = sum(clients[p].masked(xs[p]) for p in alive) & mk
-        server.collect_masked_sum(alive, part)
+        part = sum(clients[p].masked(spec, xs[p]) for p in alive) & mk
+        server.collect_masked_sum(spec, alive, part)
     with pytest.raises(ProtocolError, match="twice"):
-        server.collect_masked_sum(["p0"], np.zeros(64, dtype=np.uint64))
+        server.collect_masked_sum(spec, ["p0"], np.zeros(64, dtype=np.uint64))
     total = _finish(clients, server)
     expected = sum(xs[p] for p in ids if p != dropped) & mk
     np.testing.assert_array_equal(total, expected)
