@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     srun.add_argument("--dataset", help="a named dataset (adult, bank) or a CSV/Parquet path")
     srun.add_argument("--parties", type=int, help="K, data-holding parties (default 10)")
     srun.add_argument("--epsilon", type=float, help="epsilon of the release (default 1)")
-    srun.add_argument("--mechanism", help="clique selection: mst (default)")
+    srun.add_argument("--mechanism", help="clique selection: mst (default) or aim (adaptive rounds)")
     srun.add_argument("--engine", help="synthesis engine: auto (default: mbi if installed, "
                       "else neural), mbi or neural")
     srun.add_argument("--out", required=True, help="run directory (may exist; overwritten)")

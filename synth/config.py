@@ -16,7 +16,7 @@ from pubsub.config import ConfigError, dump_toml, load_section, to_mapping
 
 #: Columns a named dataset leaves out of synthesis unless ``drop_columns`` is set.
 DEFAULT_DROP: dict[str, tuple[str, ...]] = {"adult": ("education",)}
-MECHANISMS = ("mst",)
+MECHANISMS = ("mst", "aim")
 ENGINES = ("auto", "mbi", "neural")
 NOISE_MODELS = ("distributed", "local")
 SPLITS = ("iid", "dirichlet")
@@ -39,7 +39,16 @@ class SynthConfig:
             (:func:`synth.accounting.cdp_rho`). ``epsilon = inf`` runs without noise.
         mechanism: clique selection: ``mst`` (1-way marginals, all 2-way marginals
             measured for the selection, then the maximum spanning tree's 2-way marginals;
-            ρ split in thirds).
+            ρ split in thirds) or ``aim`` (1-way marginals, all 2-way marginals measured
+            as answers, then ``aim_rounds`` adaptive rounds, each measuring the
+            ``aim_batch`` cliques the current model explains worst, scored AIM's way from
+            the noisy answers; :func:`synth.select.aim_select_batch`).
+        aim_rounds / aim_batch: ``aim``'s adaptive rounds, and the cliques each measures
+            (0 = ⌈d/2⌉ for d attributes).
+        aim_split: relative ρ shares of ``aim``'s 1-way round, its all-pairs answer round
+            (the noisy answers its selection scores) and all adaptive rounds together.
+        aim_max_model_mb: ``aim`` skips a clique that would make the graphical model
+            larger than this (as AIM's ``max_model_size``; with the ``mbi`` engine).
         mst_split: relative ρ shares of MST's three rounds (1-way marginals, the
             all-pairs selection round, the tree's 2-way marginals); the reference MST
             splits in thirds.
@@ -102,6 +111,10 @@ class SynthConfig:
     delta: float = 1e-9
     mechanism: str = "mst"
     mst_split: tuple[float, ...] = (1.0, 1.0, 1.0)
+    aim_rounds: int = 4
+    aim_batch: int = 0
+    aim_split: tuple[float, ...] = (0.1, 0.3, 0.6)
+    aim_max_model_mb: float = 25.0
     engine: str = "auto"
     noise_model: str = "distributed"
     bits: int = 0
@@ -149,6 +162,15 @@ class SynthConfig:
         if len(self.mst_split) != 3 or not all(w > 0 and math.isfinite(w)
                                                 for w in self.mst_split):
             raise bad("mst_split", f"must be three positive weights, got {self.mst_split}")
+        if len(self.aim_split) != 3 or not all(w > 0 and math.isfinite(w)
+                                                for w in self.aim_split):
+            raise bad("aim_split", f"must be three positive weights, got {self.aim_split}")
+        if not 1 <= self.aim_rounds <= 100:
+            raise bad("aim_rounds", f"must be in [1, 100], got {self.aim_rounds}")
+        if self.aim_batch < 0:
+            raise bad("aim_batch", f"must be >= 0 (0 = auto), got {self.aim_batch}")
+        if not (self.aim_max_model_mb > 0 and math.isfinite(self.aim_max_model_mb)):
+            raise bad("aim_max_model_mb", f"must be finite and > 0, got {self.aim_max_model_mb}")
         if not 0 <= self.bits <= 30:
             raise bad("bits", f"must be 0 (auto) or in [1, 30], got {self.bits}")
         if self.secagg_degree < 0:

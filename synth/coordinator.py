@@ -8,14 +8,20 @@ and ``stage.done`` (with seconds) to the run's event log:
   schema (``schema.json``); each party checks its columns and values against it and
   reports a mismatch as an error, which ends the run.
 * ``budget``: ρ from (ε, δ) with the tight conversion (:func:`synth.accounting.cdp_rho`),
-  split by the mechanism (MST: thirds, :func:`synth.select.mst_budget`) (``budget.json``).
-* ``round:one_way``, ``round:select``, ``round:tree``: the measurement rounds (MST:
-  all 1-way marginals; all 2-way marginals, whose noisy aggregate selects the maximum
-  spanning tree at the coordinator, as post-processing; the tree's 2-way marginals), each
-  measured by the parties, masked, summed up the aggregation tree and unmasked here
-  (``round_<name>.json`` and ``.npz``).
-* ``synthesis``: fits the engine to the noisy aggregate 1-way and tree marginals and
-  samples the synthetic rows (``synthetic.csv`` in OUT).
+  split by the mechanism (MST: thirds, ``mst_split``; AIM: ``aim_split``) (``budget.json``).
+* ``keys`` and ``seeds:0``: the secure-aggregation session: the parties' public keys are
+  exchanged once, and self-mask seed shares once for all the run's rounds
+  (``keys.json``, ``seeds_0.json``).
+* ``round:one_way``, ``round:select``: all 1-way marginals; MST's domain compression
+  (``compress_domain``); all 2-way marginals. Each round is measured by the parties,
+  masked, summed up the aggregation tree and unmasked here (``round_<name>.json`` and
+  ``.npz``).
+* MST: ``select_tree`` (the maximum spanning tree of the noisy 2-way answers, as
+  post-processing) and ``round:tree`` (the tree's 2-way marginals).
+* AIM: per adaptive round ``select:aim<j>`` (fit the model to everything measured so far,
+  pick the pairs it explains worst from the noisy 2-way answers) and ``round:aim<j>``.
+* ``synthesis``: fits the engine to the noisy aggregate marginals and samples the
+  synthetic rows (``synthetic.csv`` in OUT).
 * ``quality``: workload TV distance against the pooled real rows and ML utility against
   the real holdout, when the evaluation data is given (simulation; a deployed
   coordinator never sees records) (``quality.json``).
@@ -79,6 +85,7 @@ from synth.select import (
     compress_domain,
     compress_marginal,
     compress_supports,
+    aim_select_batch,
     mst_select,
     uncompress_codes,
 )
@@ -170,6 +177,8 @@ class Coordinator:
             timeout_s=cfg.round_timeout_s, tree=self.tree.to_dict())
         self.server = SecAggServer(self.session.secagg())
         self.never_keyed: tuple[str, ...] = ()
+        self._maps_sent = False
+        self._maps_round = 0
         self.log = log.bind(run_id=run_id, party="coordinator")
 
     # ------------------------------------------------------------------ helpers
@@ -262,12 +271,14 @@ class Coordinator:
     def _budget_stage(self) -> tuple[float, dict[str, float]]:
         with self._stage("budget"):
             cfg = self.cfg
+            weights = cfg.mst_split if cfg.mechanism == "mst" else cfg.aim_split
             if cfg.private:
                 rho = cdp_rho(cfg.epsilon, cfg.delta)
-                r1, r2, r3 = allocate(rho, list(cfg.mst_split))
+                r1, r2, r3 = allocate(rho, list(weights))
             else:
                 rho, r1, r2, r3 = math.inf, math.inf, math.inf, math.inf
-            split = {"one_way": r1, "select": r2, "tree": r3}
+            split = {"one_way": r1, "select": r2,
+                     ("tree" if cfg.mechanism == "mst" else "adaptive"): r3}
             self._write("budget", {"epsilon": cfg.epsilon, "delta": cfg.delta, "rho": rho,
                                    "split": split, "mechanism": cfg.mechanism,
                                    "conversion": "Canonne-Kamath-Steinke 2020 (tight)"})
@@ -277,7 +288,8 @@ class Coordinator:
         d = self.domain
         results: dict[str, _RoundResult] = {}
         await self._keys_stage(bus)
-        await self._seed_batch(bus, 0, [0, 1, 2])  # MST's three rounds
+        n_rounds = 3 if self.cfg.mechanism == "mst" else 2 + self.cfg.aim_rounds
+        await self._seed_batch(bus, 0, list(range(n_rounds)))  # every round of the run
         one_way = [(a,) for a in d.attributes]
         results["one_way"] = await self._round(bus, 0, "one_way", one_way, split["one_way"])
         with self._stage("compress_domain"):
@@ -306,6 +318,9 @@ class Coordinator:
         tw = self._noisy(results["select"])
         self.known += [(c, m.values, np.full(m.values.shape[0], m.sigma))
                        for c, m in tw.items()]
+        if self.cfg.mechanism == "aim":
+            await self._aim_rounds(bus, results, tw, split["adaptive"])
+            return results
         with self._stage("select_tree"):
             tree_pairs = mst_select(cd, {c[0]: m for c, m in self.one_way_c.items()},
                                     {(c[0], c[1]): m for c, m in tw.items()})
@@ -348,6 +363,85 @@ class Coordinator:
                 bus.publish_nowait(t.rs(b, p), [arr], meta)
             self._write(f"seeds_{b}", {"rounds": ids, "seeded": sorted(got)})
 
+    def _maps_update(self, r: int) -> dict[str, tuple[int, ...]] | None:
+        """The plan's ``maps``: none in round 0, the compression in the first round after
+        it, then None (unchanged: the parties keep it)."""
+        if r == 0:
+            return {}
+        if self._maps_sent:
+            return None
+        self._maps_sent = True
+        self._maps_round = r
+        return {a: tuple(int(x) for x in v) for a, v in self.maps.items()}
+
+    def _fit(self, ms: list[NoisyMarginal], total: float, iters: int | None) -> Any:
+        kw: dict[str, Any] = {}
+        if iters:
+            kw["iters" if self.engine == "mbi" else "steps"] = iters
+        return make_engine(self.engine, **kw).fit(self.cdomain, ms, total=total,
+                                                  seed=self.cfg.seed)
+
+    def _measurements(self, results: dict[str, _RoundResult]) -> list[NoisyMarginal]:
+        """Every noisy aggregate marginal the engine gets: the compressed 1-way ones, the
+        chosen cliques' (MST: the tree's; AIM: every adaptive round's), and the selection
+        round's answers for the chosen cliques (they were measured there too: free extra
+        information). Not the other all-pairs answers: a graphical model over all pairs
+        is one clique of every attribute (Adult: 160 GB)."""
+        ms = list(self.one_way_c.values())
+        chosen: dict[tuple[str, ...], None] = {}
+        for name, res in results.items():
+            if name in ("one_way", "select"):
+                continue
+            for c, m in self._noisy(res).items():
+                ms.append(m)
+                chosen[c] = None
+        if "select" in results:
+            ms += [m for c, m in self._noisy(results["select"]).items() if c in chosen]
+        return ms
+
+    async def _aim_rounds(self, bus: Bus, results: dict[str, _RoundResult],
+                          answers: dict[tuple[str, ...], NoisyMarginal], rho: float) -> None:
+        """``aim``: adaptive rounds. Before each, fit the model to everything measured so
+        far and pick the ``aim_batch`` pairs it explains worst, scored from the noisy
+        all-pairs answers (:func:`synth.select.aim_select_batch`; post-processing, no
+        budget); then measure them with this round's share of ρ."""
+        cfg, cd = self.cfg, self.cdomain
+        batch = cfg.aim_batch or math.ceil(len(cd.attributes) / 2)
+        rho_round = rho / cfg.aim_rounds
+        sigma_next = (math.sqrt(batch / (2.0 * rho_round)) if math.isfinite(rho_round)
+                      else 1.0)
+        total = float(sum(self.rows.values()))
+        fits = self._model_size_check()
+        for j in range(cfg.aim_rounds):
+            name = f"aim{j}"
+            with self._stage(f"select:{name}"):
+                ms = self._measurements(results)
+                model = await asyncio.to_thread(self._fit, ms, total, 300)
+                measured = [m.clique for m in ms]
+                picks = aim_select_batch(
+                    cd, list(answers), answers, model.marginal, sigma_next=sigma_next,
+                    batch=batch, fits=(lambda extra, base=measured: fits(base + extra)))
+                self._write(f"select_{name}", {"picks": [[list(c), sc] for c, sc in picks],
+                                               "sigma_next": sigma_next})
+            if not picks:
+                self.log.warning("synth.aim_no_candidate", round=name)
+                break
+            results[name] = await self._round(bus, 2 + j, name, [c for c, _ in picks],
+                                              rho_round)
+
+    def _model_size_check(self) -> Any:
+        """``cliques -> bool``: the graphical model over them stays within
+        ``aim_max_model_mb`` (mbi's ``hypothetical_model_size``); always True for the
+        neural engine, whose size does not grow with the cliques."""
+        if self.engine != "mbi":
+            return lambda cliques: True
+        from mbi import Domain as MbiDomain
+        from mbi.junction_tree import hypothetical_model_size
+
+        mdom = MbiDomain(tuple(self.cdomain.attributes), tuple(self.cdomain.sizes))
+        limit = self.cfg.aim_max_model_mb
+        return lambda cliques: hypothetical_model_size(mdom, list(cliques)) <= limit
+
     @staticmethod
     def _noisy(res: _RoundResult) -> dict[tuple[str, ...], NoisyMarginal]:
         return {c: NoisyMarginal(clique=c, values=v, sigma=res.sigma)
@@ -375,8 +469,7 @@ class Coordinator:
                              sigma2_central=sigma2, noise_model=cfg.noise_model, n_parties=k,
                              step=step, cell_bits=widths.tobytes(),
                              timeout_s=cfg.round_timeout_s,
-                             maps={a: tuple(int(x) for x in v) for a, v in self.maps.items()}
-                             if r > 0 else {})
+                             maps=self._maps_update(r), maps_round=self._maps_round)
             spec = plan.spec()
             server = self.server
             seeded = server.seeded(plan.round_id)
@@ -450,11 +543,7 @@ class Coordinator:
                                ) -> tuple[pd.DataFrame, dict[str, Any]]:
         with self._stage("synthesis"):
             cfg = self.cfg
-            ms = list(self.one_way_c.values())
-            tree = self._noisy(results["tree"])
-            ms += list(tree.values())
-            # the selection round measured the tree's pairs too: free extra information
-            ms += [m for c, m in self._noisy(results["select"]).items() if c in tree]
+            ms = self._measurements(results)
             total = float(sum(self.rows[p] for p in results["one_way"].survivors))
             n = cfg.synthetic_rows or int(sum(self.rows.values()))
             kw: dict[str, Any] = {}
@@ -543,7 +632,12 @@ class Coordinator:
             "bits": cfg.bits or "auto", "ring": cfg.ring, "fanout": cfg.fanout, "tree_levels": len(self.tree.levels),
             "compressed_domain": dict(zip(self.domain.attributes, self.cdomain.sizes,
                                           strict=True)),
-            "rounds": rounds, "tree_pairs": [list(c) for c in results["tree"].plan.cliques],
+            "rounds": rounds,
+            "tree_pairs": ([list(c) for c in results["tree"].plan.cliques]
+                           if "tree" in results else None),
+            "measured_cliques": [list(c) for name, r in results.items() if name != "one_way"
+                                 and (cfg.mechanism == "aim" or name == "tree")
+                                 for c in r.plan.cliques],
             "synthesis": {k: v for k, v in fit.items() if k != "codes"},
             "stage_s": self.stage_s, "wall_s": wall_s, "run_id": self.run_id,
             "rows": self.rows, "config": to_mapping(cfg),

@@ -36,7 +36,7 @@ import structlog
 from pubsub import BufferLimits, Bus, BusConfig, DeadlineExceeded
 from synth.accounting import BudgetExceeded, ZCdpAccountant
 from synth.config import SynthConfig
-from synth.domain import DomainError, Schema, encode, marginals
+from synth.domain import Domain, DomainError, Schema, encode, marginals
 from synth.mechanism import measure_party
 from synth.netutil import ParticipantError, first_of, words_to_array
 from synth.protocol import (
@@ -51,7 +51,7 @@ from synth.protocol import (
 from synth.secagg import PRIME, PartyKeys, SecAggClient, SecAggError
 from synth.select import compress_codes
 
-#: Bytes of one revealed Shamir share (an element of GF(PRIME)).
+#: Bytes of one revealed Shamir share of a seed (an element of GF(PRIME)).
 SHARE_BYTES = (PRIME.bit_length() + 7) // 8
 
 log = structlog.get_logger(__name__)
@@ -93,6 +93,9 @@ class SynthParty:
                            if cfg.private else None)
         self.codes: np.ndarray | None = None
         self.schema: Schema | None = None
+        self.domain: Domain | None = None  # the domain counted in (after compression)
+        self.ccodes: np.ndarray | None = None  # codes in that domain
+        self.maps_round = -1  # the round whose plan carried that compression
         self.session: SessionPlan | None = None
         self.tree: Tree | None = None
         self.client: SecAggClient | None = None  # None: not (or no longer) in the session
@@ -122,6 +125,7 @@ class SynthParty:
                         await self._seeds(bus, int(msg.meta["batch"]), list(msg.meta["rounds"]))
                         continue
                     plan = RoundPlan.from_message(msg.meta, msg.arrays)
+                    await self._apply_maps(plan)
                     if self.client is not None and plan.round_id in self.seeded:
                         await self._round(bus, plan)
                     else:
@@ -179,15 +183,29 @@ class SynthParty:
                                    code=2) from None
         self.log.info("synth.party_joined", rows=len(self.frame))
 
+    async def _apply_maps(self, plan: RoundPlan) -> None:
+        """A plan that carries a (new) domain compression: map the codes once and keep
+        them (plans after it say only which round's compression is in force)."""
+        if plan.maps is None:
+            return
+        assert self.codes is not None and self.schema is not None
+        maps = {a: np.asarray(v, dtype=np.int64) for a, v in plan.maps.items()}
+        if maps:
+            self.domain, self.ccodes = await asyncio.to_thread(
+                compress_codes, self.codes, self.schema.domain, maps)
+        else:
+            self.domain, self.ccodes = self.schema.domain, self.codes
+        self.maps_round = plan.round
+
     # ------------------------------------------------------------------ one round
     def _measure(self, plan: RoundPlan) -> np.ndarray:
         """Noisy, quantised marginal codes of this party for ``plan`` (uint64)."""
         assert self.codes is not None and self.schema is not None
-        codes, domain = self.codes, self.schema.domain
-        if plan.maps:
-            domain, codes = compress_codes(codes, domain, {a: np.asarray(v, dtype=np.int64)
-                                                           for a, v in plan.maps.items()})
-        counts = marginals(codes, domain, plan.cliques)
+        if self.ccodes is None or self.domain is None or self.maps_round != plan.maps_round:
+            raise ParticipantError(self.id, f"round {plan.round} counts in the domain "
+                                   f"compression of round {plan.maps_round}, which this "
+                                   "party never received", code=1)
+        counts = marginals(self.ccodes, self.domain, plan.cliques)
         parts = []
         for clique in plan.cliques:
             c = counts[tuple(clique)].ravel()
@@ -264,7 +282,9 @@ class SynthParty:
         survivors, dropped = msg.meta["survivors"], msg.meta["dropped"]
         if self.id in survivors:
             shares = self.client.reveal_all(plan.round_id, survivors, dropped)
-            meta, arr = pack_blobs({o: s.y.to_bytes(SHARE_BYTES, "big") for o, s in shares.items()})
+            # a seed share is a field element; a round key with a dropped partner 32 bytes
+            meta, arr = pack_blobs({o: s.y.to_bytes(SHARE_BYTES if s.kind == "seed" else 32,
+                                                    "big") for o, s in shares.items()})
             # (the coordinator knows each value's kind from its own unmask list, and the
             # share's abscissa from this party's index)
             bus.publish_nowait(t.rv(r), [arr], {"from": self.id, **meta})

@@ -295,9 +295,11 @@ class RoundPlan:
             order): cell ``i`` is masked and summed in Z_(2^cell_bits[i]), just wide
             enough for the window the sum of codes lies in (:func:`cell_windows`).
         timeout_s: each stage's deadline, seconds.
-        maps: MST's domain compression in force (attribute -> compressed code of each
-            original code; empty in the first round): the cliques' sizes are those of the
+        maps: MST's domain compression from this round on (attribute -> compressed code
+            of each original code; empty: none), or None when it is the previous round's
+            (sent once, not with every plan): the cliques' sizes are those of the
             compressed domain, and parties map their codes before counting.
+        maps_round: the round whose plan carried the compression in force.
     """
 
     round: int
@@ -310,7 +312,8 @@ class RoundPlan:
     step: float
     cell_bits: bytes = field(repr=False)
     timeout_s: float
-    maps: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    maps: Mapping[str, tuple[int, ...]] | None = None
+    maps_round: int = 0
 
     @property
     def vector_len(self) -> int:
@@ -343,7 +346,9 @@ class RoundPlan:
                 "cliques": [list(c) for c in self.cliques], "sizes": list(self.sizes),
                 "sigma2_central": self.sigma2_central, "noise_model": self.noise_model,
                 "n_parties": self.n_parties, "step": self.step, "timeout_s": self.timeout_s,
-                "maps": {a: list(v) for a, v in self.maps.items()}}
+                "maps_round": self.maps_round}
+        if self.maps is not None:
+            meta["maps"] = {a: list(v) for a, v in self.maps.items()}
         return meta, [np.frombuffer(zlib.compress(self.cell_bits, 9), dtype=np.uint8)]
 
     @classmethod
@@ -362,7 +367,9 @@ class RoundPlan:
                    sigma2_central=float(d["sigma2_central"]), noise_model=str(d["noise_model"]),
                    n_parties=int(d["n_parties"]), step=float(d["step"]), cell_bits=cell_bits,
                    timeout_s=float(d["timeout_s"]),
-                   maps={a: tuple(int(x) for x in v) for a, v in d.get("maps", {}).items()})
+                   maps=None if d.get("maps") is None else
+                   {a: tuple(int(x) for x in v) for a, v in d["maps"].items()},
+                   maps_round=int(d.get("maps_round", 0)))
 
 
 def secagg_degree(n_parties: int, configured: int = 0) -> int:

@@ -13,7 +13,7 @@ per round. A bus layer drives the stages; the server learns only each round's su
    :meth:`SecAggServer.register_keys`), which forwards each party its neighbours' keys
    (:meth:`SecAggServer.keys_for`, :meth:`SecAggClient.receive_public_keys`).
 2. **Share seeds** (once per batch of rounds). For each round ``r`` of the batch a party
-   draws a private 32-byte self-mask seed ``b_(u,r)``, Shamir-splits it among its
+   draws a private 16-byte (128-bit) self-mask seed ``b_(u,r)``, Shamir-splits it among its
    neighbours and itself (threshold ``t``) and sends each neighbour its shares of the
    whole batch in one ChaCha20-Poly1305 ciphertext under a key agreed from ``e``; the
    server routes the ciphertexts (:meth:`SecAggClient.share_seeds`,
@@ -73,6 +73,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 __all__ = [
     "PRIME",
+    "SEED_BYTES",
     "run_key_stages",
     "DuplicatePartyError",
     "MissingPairKeys",
@@ -97,12 +98,15 @@ __all__ = [
     "stream_nonce",
 ]
 
-#: The Shamir field GF(PRIME): the smallest prime above 2^263 (sympy.nextprime), so a
-#: 32-byte secret with its 0x01 length-keeping prefix (< 2^257) is a field element and a
-#: share travels in 33 bytes (half of what the Mersenne prime 2^521 - 1 would cost).
-PRIME = (1 << 263) + 9
-_Y_BYTES = 33  # ceil(264 / 8)
-_MAX_SECRET = 32
+#: The Shamir field GF(PRIME): the smallest prime above 2^136 (sympy.nextprime), so a
+#: 16-byte seed with its 0x01 length-keeping prefix (< 2^129) is a field element and a
+#: share travels in 18 bytes. Only self-mask seeds are Shamir-shared (a dropped party's
+#: pair masks are removed with round keys, which are revealed whole).
+PRIME = (1 << 136) + 85
+_Y_BYTES = 18  # ceil(137 / 8)
+_MAX_SECRET = 16
+#: Bytes of a self-mask seed (128-bit security; HKDF expands it into mask keys).
+SEED_BYTES = 16
 _INFO_PREFIX = b"fedforge/secagg/v1"
 
 
@@ -389,7 +393,7 @@ def split_secret(
     Any ``threshold`` shares determine it; fewer reveal nothing (Shamir, CACM 1979).
 
     Args:
-        secret: 0..32 bytes (keys and seeds are 32).
+        secret: 0..16 bytes (seeds are 16).
         n_shares: number of shares, >= threshold.
         threshold: shares needed to recover, >= 1.
         rng: object with ``randbelow(n)``; the ``secrets`` module by default.
@@ -741,14 +745,14 @@ class SecAggClient:
 
         Args:
             round_ids: the batch (distinct, never used in an earlier batch).
-            seeds: fixed 32-byte seeds per round, for reproducible tests only.
+            seeds: fixed 16-byte seeds per round, for reproducible tests only.
 
         Returns:
             ``{receiver: ciphertext}``.
 
         Raises:
             ProtocolError: before :meth:`receive_public_keys`, or a round already seeded.
-            ValueError: an empty batch or repeated round ids, or a seed not 32 bytes.
+            ValueError: an empty batch or repeated round ids, or a seed not 16 bytes.
         """
         if self._peer_keys is None:
             raise ProtocolError(self.party_id, "share_seeds before receive_public_keys")
@@ -760,9 +764,9 @@ class SecAggClient:
         xs = [self.config.index[h] for h in holders]
         ys: list[list[int]] = []
         for r in batch:
-            seed = seeds[r] if seeds is not None else secrets.token_bytes(32)
-            if len(seed) != 32:
-                raise ValueError("a self-mask seed must be 32 bytes")
+            seed = seeds[r] if seeds is not None else secrets.token_bytes(SEED_BYTES)
+            if len(seed) != SEED_BYTES:
+                raise ValueError(f"a self-mask seed must be {SEED_BYTES} bytes")
             self._seeds[r] = seed
             self._batch_of[r] = batch
             ys.append(_share_at(seed, xs, self.config.t, self._rng))

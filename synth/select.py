@@ -196,23 +196,23 @@ def mst_select(domain: Domain, one_way: Mapping[str, NoisyMarginal],
     return sorted(edges, key=lambda e: (order[e[0]], order[e[1]]))  # type: ignore[return-value]
 
 
-def aim_select_round(domain: Domain, candidates: Sequence[Sequence[str]],
-                     answers: Mapping[Clique, NoisyMarginal],
-                     model_marginal: Callable[[Clique], np.ndarray], *,
-                     sigma_next: float,
-                     weights: Mapping[Clique, float] | None = None) -> tuple[Clique, float]:
-    """One AIM-style round: the candidate clique most worth measuring next.
+def aim_scores(domain: Domain, candidates: Sequence[Sequence[str]],
+               answers: Mapping[Clique, NoisyMarginal],
+               model_marginal: Callable[[Clique], np.ndarray], *, sigma_next: float,
+               weights: Mapping[Clique, float] | None = None) -> dict[Clique, float]:
+    """AIM's quality score of every candidate clique, from noisy aggregate answers.
 
     ``score(r) = w_r · (||y_r − M_r(model)||_1 − sqrt(2/π) · (σ_y,r + σ_next) · n_r)``,
     where ``y_r`` is the noisy aggregate answer of candidate r (counts), ``σ_y,r`` its
     noise std, ``M_r(model)`` the current model's estimate (counts), ``n_r`` its cells
     and ``σ_next`` the std the next measurement would carry. The first noise term
     removes the expected L1 of the answer's own noise; the second is AIM's penalty for
-    the noise the new measurement would add. Post-processing of the answers.
+    the noise the new measurement would add (McKenna et al. VLDB 2022, §4, with the data
+    replaced by the noisy aggregate answer). Post-processing of the answers.
 
     Args:
         domain: the domain.
-        candidates: the cliques to choose from (each must have an answer).
+        candidates: the cliques to score (each must have an answer).
         answers: clique -> its noisy aggregate answer (keyed by the clique tuple).
         model_marginal: ``clique -> counts`` of the current model, shape
             ``domain.shape(clique)``.
@@ -220,7 +220,7 @@ def aim_select_round(domain: Domain, candidates: Sequence[Sequence[str]],
         weights: per-clique workload weights ``w_r`` (default 1).
 
     Returns:
-        ``(clique, score)`` of the best candidate (the first one on ties).
+        ``{clique: score}`` in the candidates' order.
 
     Raises:
         ValueError: no candidates, a bad sigma_next.
@@ -230,7 +230,7 @@ def aim_select_round(domain: Domain, candidates: Sequence[Sequence[str]],
         raise ValueError("no candidate cliques")
     if not (0.0 < sigma_next < math.inf):
         raise ValueError(f"sigma_next must be positive and finite, got {sigma_next!r}")
-    best: tuple[Clique, float] | None = None
+    out: dict[Clique, float] = {}
     for cand in candidates:
         c = tuple(cand)
         if c not in answers:
@@ -240,12 +240,65 @@ def aim_select_round(domain: Domain, candidates: Sequence[Sequence[str]],
         y = m.values.reshape(shape)
         est = np.asarray(model_marginal(c), dtype=np.float64).reshape(shape)
         w = 1.0 if weights is None else float(weights.get(c, 1.0))
-        score = w * (float(np.abs(y - est).sum())
-                     - _SQRT_2_OVER_PI * (m.sigma + sigma_next) * y.size)
-        if best is None or score > best[1]:
-            best = (c, score)
-    assert best is not None
+        out[c] = w * (float(np.abs(y - est).sum())
+                      - _SQRT_2_OVER_PI * (m.sigma + sigma_next) * y.size)
+    return out
+
+
+def aim_select_round(domain: Domain, candidates: Sequence[Sequence[str]],
+                     answers: Mapping[Clique, NoisyMarginal],
+                     model_marginal: Callable[[Clique], np.ndarray], *,
+                     sigma_next: float,
+                     weights: Mapping[Clique, float] | None = None) -> tuple[Clique, float]:
+    """One AIM-style round: the candidate clique with the highest :func:`aim_scores`.
+
+    Returns:
+        ``(clique, score)`` of the best candidate (the first one on ties).
+
+    Raises:
+        ValueError: no candidates, a bad sigma_next.
+        KeyError: a candidate without an answer (named).
+    """
+    scores = aim_scores(domain, candidates, answers, model_marginal, sigma_next=sigma_next,
+                        weights=weights)
+    best = max(scores.items(), key=lambda kv: kv[1])  # max keeps the first on ties
     return best
+
+
+def aim_select_batch(domain: Domain, candidates: Sequence[Sequence[str]],
+                     answers: Mapping[Clique, NoisyMarginal],
+                     model_marginal: Callable[[Clique], np.ndarray], *, sigma_next: float,
+                     batch: int, fits: Callable[[list[Clique]], bool] | None = None,
+                     weights: Mapping[Clique, float] | None = None) -> list[tuple[Clique, float]]:
+    """A batch of AIM-style picks for one federated round: the ``batch`` best-scoring
+    distinct candidates (:func:`aim_scores`), taken greedily in score order, skipping a
+    candidate when ``fits(chosen + [candidate])`` is False (e.g. the graphical model would
+    pass its size limit, as AIM's ``filter_candidates``).
+
+    One bus round per batch instead of per clique: the scores of the batch all come from
+    the same model, where AIM refits after each pick; that trades some adaptivity for
+    ``batch`` times fewer rounds of secure aggregation.
+
+    Returns:
+        ``[(clique, score), ...]``, best first (fewer than ``batch`` if too few fit).
+
+    Raises:
+        ValueError: no candidates, a bad sigma_next or batch < 1.
+        KeyError: a candidate without an answer (named).
+    """
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    scores = aim_scores(domain, candidates, answers, model_marginal, sigma_next=sigma_next,
+                        weights=weights)
+    order = sorted(scores.items(), key=lambda kv: -kv[1])
+    chosen: list[tuple[Clique, float]] = []
+    for c, sc in order:
+        if len(chosen) == batch:
+            break
+        if fits is not None and not fits([x for x, _ in chosen] + [c]):
+            continue
+        chosen.append((c, sc))
+    return chosen
 
 
 # --------------------------------------------------------------------------- domain compression

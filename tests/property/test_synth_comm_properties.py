@@ -21,6 +21,7 @@ from synth.compress import (
     unpack_varbits,
 )
 from synth.secagg import (
+    SEED_BYTES,
     SecAggClient,
     SecAggConfig,
     SecAggServer,
@@ -94,7 +95,7 @@ def test_delta_stream_reconstructs_every_version(versions, ring) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.binary(max_size=64), st.integers(1, 7), st.data())
+@given(st.binary(max_size=SEED_BYTES), st.integers(1, 7), st.data())
 def test_shamir_any_threshold_subset_recovers(secret: bytes, t: int, data) -> None:
     n = data.draw(st.integers(t, 8))
     shares = split_secret(secret, n, t)

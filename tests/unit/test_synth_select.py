@@ -12,7 +12,15 @@ from synth.accounting import cdp_rho, gaussian_sigma
 from synth.domain import Domain, DomainTooLarge, marginal
 from synth.engine import NoisyMarginal
 from synth.mechanism import discrete_gaussian
-from synth.select import aim_select_round, candidate_pairs, mst_budget, mst_select, pair_scores
+from synth.select import (
+    aim_scores,
+    aim_select_batch,
+    aim_select_round,
+    candidate_pairs,
+    mst_budget,
+    mst_select,
+    pair_scores,
+)
 
 ATTRS = ("a", "b", "c", "d", "e", "f")
 SIZES = (3, 4, 2, 5, 3, 4)
@@ -127,3 +135,27 @@ def test_aim_select_round_picks_the_worst_explained_clique() -> None:
     assert best == ("a", "b") and score > 0
     with pytest.raises(KeyError):
         aim_select_round(DOM, [("b", "c")], answers, independent, sigma_next=1.0)
+
+
+def test_aim_select_batch_takes_the_best_that_fit_in_score_order() -> None:
+    x = _data()
+    rng = np.random.default_rng(2)
+    cands = [("a", "b"), ("e", "f"), ("a", "f"), ("c", "d")]
+    answers = {c: _measure(x, c, 5.0, rng) for c in cands}
+
+    def independent(c):  # a model that knows the 1-way marginals only
+        ma, mb = marginal(x, DOM, (c[0],)), marginal(x, DOM, (c[1],))
+        return np.outer(ma, mb) / N
+    scores = aim_scores(DOM, cands, answers, independent, sigma_next=5.0)
+    order = sorted(scores, key=lambda c: -scores[c])
+    picks = aim_select_batch(DOM, cands, answers, independent, sigma_next=5.0, batch=2)
+    assert [c for c, _ in picks] == order[:2]
+    assert picks[0][0] == aim_select_round(DOM, cands, answers, independent, sigma_next=5.0)[0]
+    # a size rule that refuses the best one: the next two in score order
+    no_best = aim_select_batch(DOM, cands, answers, independent, sigma_next=5.0, batch=2,
+                               fits=lambda cl: order[0] not in cl)
+    assert [c for c, _ in no_best] == order[1:3]
+    assert aim_select_batch(DOM, cands, answers, independent, sigma_next=5.0, batch=9,
+                            fits=lambda cl: False) == []
+    with pytest.raises(ValueError, match="batch"):
+        aim_select_batch(DOM, cands, answers, independent, sigma_next=5.0, batch=0)

@@ -1,0 +1,235 @@
+"""FedForge on the wire: bytes by message kind, against naive float32, and what the
+compression costs in workload TV.
+
+What is measured
+----------------
+Real federated runs (``sim.synth_launch.run_synth``: broker, coordinator, aggregators and
+K party processes) on one dataset and ε, through a broker this script starts, with a
+tap: a plain ZeroMQ SUB socket on the broker's subscriber port, subscribed to ``ff/``,
+that counts every frame the broker forwards, by message kind (``up`` masked vectors and
+sums, ``pk``/``nk`` keys, ``sh``/``rs`` seed shares, ``rv`` reveals, ``plan``, ``hello``,
+...). The broker's own count (``bytes_wire`` in ``metrics.json``) is the headline figure;
+the tap's total must match it.
+
+Variants, each run with the same parties' noise seeds (``noise_seed`` = 11, 12, ...), so
+that within a seed only the quantisation differs:
+
+* ``compressed``: the default protocol: quantisation step no coarser than a party's noise
+  std (``bits = 0``), per-cell rings from public bounds (``ring = "cell"``), one key
+  exchange and one seed batch per run.
+* ``uniform_ring``: the same, but every cell of a round in the widest cell's ring.
+* ``fine``: ``bits = 24`` (quantisation far below the noise; the reference for the TV
+  cost of quantising) with per-cell rings.
+
+``bytes_naive`` is each run's own naive figure: every noisy marginal as float32, sent by
+each party and forwarded by each aggregator, without masking, quantisation or keys.
+
+Usage::
+
+    python bench/synth_wire.py --json /tmp/wire.json       # adult, K=10, eps 1, 3 seeds
+    python bench/synth_wire.py --dataset bank --epsilon 10 --seeds 2
+    python bench/synth_wire.py --mechanism aim --seeds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import zmq  # noqa: E402
+
+from pubsub.address import BrokerAddress  # noqa: E402
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "compressed": {},
+    "uniform_ring": {"ring": "uniform"},
+    "fine": {"bits": 24},
+}
+
+
+class Tap:
+    """Counts the frames the broker forwards on ``ff/`` topics, by message kind.
+
+    A background thread owns its SUB socket (LINGER 0) and polls with a 200 ms deadline,
+    so :meth:`close` returns within a poll period.
+    """
+
+    def __init__(self, broker: str) -> None:
+        self.msgs: collections.Counter[str] = collections.Counter()
+        self.bytes: collections.Counter[str] = collections.Counter()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._endpoint = BrokerAddress.parse(broker).sub_endpoint
+        self._thread = threading.Thread(target=self._run, name="tap", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10.0):
+            raise RuntimeError("the tap did not connect within 10 s")
+
+    def _run(self) -> None:
+        sock = zmq.Context.instance().socket(zmq.SUB)
+        sock.linger = 0
+        try:
+            sock.connect(self._endpoint)
+            sock.subscribe(b"ff/")
+            self._ready.set()
+            while not self._stop.is_set():
+                if not sock.poll(200):
+                    continue
+                frames = sock.recv_multipart(copy=True)
+                topic = frames[0].split(b"\0", 1)[0].decode("utf-8", "replace")
+                parts = topic.split("/")  # ff/<run>/all/<kind> or ff/<run>/to/<node>/<kind>/...
+                kind = parts[3] if len(parts) > 3 and parts[2] == "all" else (
+                    parts[4] if len(parts) > 4 else "?")
+                self.msgs[kind] += 1
+                self.bytes[kind] += sum(len(f) for f in frames)
+        finally:
+            sock.close()
+
+    def reset(self) -> None:
+        """Start counting afresh (between runs; the thread only ever adds)."""
+        self.msgs.clear()
+        self.bytes.clear()
+
+    def close(self) -> None:
+        """Stop the thread (idempotent)."""
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+
+def run_variant(cfg: Any, out: Path, broker: str, tap: Tap, timeout_s: float) -> dict[str, Any]:
+    """One federated run through ``broker``; returns its figures and the tap's counts."""
+    from sim.synth_launch import run_synth
+
+    tap.reset()
+    res = run_synth(cfg, out, broker=broker, timeout_s=timeout_s, quiet=True)
+    time.sleep(0.5)  # the last frames reach the tap
+    m = res.metrics
+    return {"avg_tv": m["avg_tv"], "max_tv": m["max_tv"], "bytes_wire": m["bytes_wire"],
+            "bytes_naive": m["bytes_naive"], "wire_vs_naive": m["wire_vs_naive"],
+            "wall_s": m["wall_s"], "tap_bytes": dict(tap.bytes), "tap_msgs": dict(tap.msgs),
+            "tap_total": int(sum(tap.bytes.values())),
+            "ring_bits_mean": {k: r["ring_bits_mean"] for k, r in m["rounds"].items()},
+            "ring_bits_max": {k: r["ring_bits_max"] for k, r in m["rounds"].items()},
+            "cells": {k: r["cells"] for k, r in m["rounds"].items()}}
+
+
+def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Medians per variant, and the paired relative TV cost of each variant vs ``fine``."""
+    out: dict[str, Any] = {}
+    for name, rows in runs.items():
+        ok = [r for r in rows if r.get("avg_tv") is not None]
+        if not ok:
+            out[name] = None
+            continue
+        kinds = sorted({k for r in ok for k in r["tap_bytes"]})
+        out[name] = {
+            "avg_tv": statistics.median(r["avg_tv"] for r in ok),
+            "wire_vs_naive": statistics.median(r["wire_vs_naive"] for r in ok),
+            "saving_vs_naive": 1.0 - statistics.median(r["wire_vs_naive"] for r in ok),
+            "bytes_wire": statistics.median(r["bytes_wire"] for r in ok),
+            "bytes_naive": statistics.median(r["bytes_naive"] for r in ok),
+            "bytes_by_kind": {k: statistics.median(r["tap_bytes"].get(k, 0) for r in ok)
+                              for k in kinds},
+            "runs": len(ok)}
+    fine = runs.get("fine", [])
+    for name, rows in runs.items():
+        if name == "fine" or out.get(name) is None:
+            continue
+        pairs = [(r["avg_tv"], f["avg_tv"]) for r, f in zip(rows, fine, strict=False)
+                 if r.get("avg_tv") is not None and f.get("avg_tv") is not None]
+        if pairs:
+            rel = [a / b - 1.0 for a, b in pairs]
+            out[name]["tv_cost_vs_fine"] = statistics.mean(rel)
+            out[name]["tv_cost_vs_fine_each"] = rel
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the variants and print the table; returns the exit code."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", default="adult")
+    ap.add_argument("--epsilon", type=float, default=1.0)
+    ap.add_argument("--parties", type=int, default=10)
+    ap.add_argument("--mechanism", default="mst", choices=("mst", "aim"))
+    ap.add_argument("--seeds", type=int, default=3, help="noise seeds 11, 12, ...")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", type=Path, default=None, help="run directories (default: temp)")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--timeout-s", type=float, default=600.0, help="per run")
+    args = ap.parse_args(argv)
+
+    from sim.launch import _stop, start_broker
+    from synth.config import SynthConfig
+
+    names = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    base = SynthConfig(dataset=args.dataset, parties=args.parties, epsilon=args.epsilon,
+                       mechanism=args.mechanism)
+    root = args.out or Path(tempfile.mkdtemp(prefix="synth_wire_"))
+    root.mkdir(parents=True, exist_ok=True)
+    broker_proc, broker = start_broker(root, root / "broker_events.jsonl")
+    tap = Tap(broker)
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    t0 = time.perf_counter()
+    try:
+        for s in range(args.seeds):
+            for name in names:  # interleaved: the machine's drift hits every variant alike
+                cfg = replace(base, noise_seed=11 + s, **VARIANTS[name])
+                try:
+                    row = run_variant(cfg, root / f"{name}_{s}", broker, tap, args.timeout_s)
+                except Exception as exc:  # noqa: BLE001 - record, go on with the others
+                    row = {"error": repr(exc)}
+                row["noise_seed"] = 11 + s
+                runs[name].append(row)
+                print(f"{name:13s} seed {11 + s}: " + (
+                    f"TV {row['avg_tv']:.4f}  wire/naive {row['wire_vs_naive']:.3f}  "
+                    f"({row['bytes_wire']:,} / {row['bytes_naive']:,} B, tap "
+                    f"{row['tap_total']:,} B)  {row['wall_s']:.1f} s"
+                    if "error" not in row else row["error"]), flush=True)
+    finally:
+        tap.close()
+        _stop(broker_proc)
+    summary = summarise(runs)
+    print(f"\n{args.dataset}, {args.mechanism}, K = {args.parties}, epsilon = {args.epsilon:g}, "
+          f"{args.seeds} noise seed(s), {time.perf_counter() - t0:.0f} s\n")
+    print("| variant | avg TV | TV cost vs fine | wire / naive | saving | wire B | naive B |")
+    print("|---|---|---|---|---|---|---|")
+    for name in names:
+        r = summary.get(name)
+        if r is None:
+            print(f"| {name} | failed | | | | | |")
+            continue
+        cost = r.get("tv_cost_vs_fine")
+        print(f"| {name} | {r['avg_tv']:.4f} | {'' if cost is None else f'{cost:+.1%}'} | "
+              f"{r['wire_vs_naive']:.3f} | {r['saving_vs_naive']:.1%} | "
+              f"{r['bytes_wire']:,.0f} | {r['bytes_naive']:,.0f} |")
+    print("\nbytes by kind (median):")
+    for name in names:
+        r = summary.get(name)
+        if r:
+            print(f"  {name}: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(
+                r["bytes_by_kind"].items(), key=lambda kv: -kv[1])))
+    if args.json:
+        args.json.write_text(json.dumps({"settings": vars(args) | {"out": str(root),
+                                                                    "json": str(args.json)},
+                                         "summary": summary, "runs": runs}, indent=1,
+                                        default=str))
+    return 0 if all(summary.get(n) for n in names) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
