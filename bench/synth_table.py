@@ -11,12 +11,19 @@ For each dataset (``adult``, ``bank``) and ε (1 and 10; δ = 1e-9):
   ``mechanisms/mst.py``) run centrally by ``bench/synth_central.py`` on the POOLED
   training rows the federated run wrote (``RUN_DIR/data/train.parquet``), with the
   schema it used (``RUN_DIR/schema.json``), the same (ε, δ) and the same workload.
-* full mode only: ``independent_k10`` (each of the K = 10 parties runs central MST on
+* full mode only: ``fedforge_aim_k10`` (the federated system with ``--mechanism aim``,
+  K = 10), ``nonprivate_k10`` (the federated MST at ε = ∞, no noise: the sum is the
+  pooled histogram, so this is the pooled-without-privacy upper bound), ``independent_k10`` (each of the K = 10 parties runs central MST on
   its own rows, ``RUN_DIR/data/parties/<id>.parquet``, at the same ε; outputs pooled),
   and ``central_aim`` (AIM as private-pgm's ``mechanisms/aim.py``, mbi 2.0, always the
   mbi engine; defaults as the reference run in fedforge.md: 250 mirror-descent
   iterations, a 10 MB model cap; T = 16·d unless ``--aim-rounds``). On Adult the
   reference AIM run took 694 s, so the full mode takes well over an hour.
+
+Every system runs ``--repeats`` times (2 by default) on the same rows, split and holdout;
+only the noise is fresh each time (the parties' from OS entropy, the central mechanisms'
+from ``--seed`` + repeat), and the table shows the means (``avg_tv_each`` keeps each
+repeat's): one noise draw moves the TV by several percent.
 
 Every system is scored the same way: :func:`synth.quality.workload_tv` (TV = 0.5 × L1
 of normalised marginals) over all 3-way marginals of the schema's domain
@@ -37,7 +44,8 @@ Usage::
 JSON (as the issue's "Machine-readable output"): ``summary[dataset][eps][system]`` with
 ``avg_tv``, ``max_tv``, ``bytes_wire``, ``bytes_naive``, ``wall_s`` (null where a system
 failed), and ``summary[dataset][eps]["tv_ratio_k10_vs_central"]`` =
-``fedforge_k10.avg_tv / central_mst.avg_tv``; ``settings``, ``status`` and ``runs`` hold
+``fedforge_k10.avg_tv / central_mst.avg_tv`` (full mode also
+``tv_ratio_aim_k10_vs_central_aim``); ``settings``, ``status`` and ``runs`` hold
 the details. The Markdown table is printed and written next to the JSON (``.md``).
 """
 
@@ -68,7 +76,8 @@ EPSILONS = (1.0, 10.0)
 DELTA = 1e-9
 FED_K = (1, 10)
 QUICK_SYSTEMS = ("fedforge_k1", "fedforge_k10", "central_mst")
-FULL_SYSTEMS = QUICK_SYSTEMS + ("central_aim", "independent_k10")
+FULL_SYSTEMS = QUICK_SYSTEMS + ("fedforge_aim_k10", "nonprivate_k10", "central_aim",
+                                 "independent_k10")
 
 
 def load_central_module() -> Any:
@@ -119,13 +128,13 @@ def _read_synthetic(path: Path, schema: Schema) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- systems
 def run_fedforge(dataset: str, eps: float, k: int, *, seed: int, engine: str, out: Path,
-                 timeout_s: float) -> dict[str, Any]:
+                 timeout_s: float, mechanism: str = "mst") -> dict[str, Any]:
     """One federated run; scored on its own pooled rows. Returns the system's row."""
     from sim.synth_launch import run_synth
     from synth.config import SynthConfig
 
     cfg = SynthConfig(dataset=dataset, parties=k, epsilon=eps, delta=DELTA, seed=seed,
-                      engine=engine)
+                      engine=engine, mechanism=mechanism)
     t0 = time.perf_counter()
     res = run_synth(cfg, out, timeout_s=timeout_s, quiet=True)
     launch_s = time.perf_counter() - t0
@@ -210,7 +219,9 @@ def ratio(a: Any, b: Any) -> float | None:
 def markdown(summary: dict[str, Any], systems: tuple[str, ...]) -> str:
     """The Markdown table of the summary (central systems: no communication, 0 bytes)."""
     def fmt(v: Any, spec: str) -> str:
-        return "—" if v is None else format(v, spec)
+        if v is None:
+            return "—"
+        return format(int(round(v)) if spec == "," else v, spec)
 
     lines = ["| dataset | ε | system | avg TV | max TV | bytes wire | bytes naive | "
              "wire / naive | wall s |", "|---|---|---|---|---|---|---|---|---|"]
@@ -229,81 +240,99 @@ def markdown(summary: dict[str, Any], systems: tuple[str, ...]) -> str:
                              f"{fmt(rr, '.3f')} | {fmt(r.get('wall_s'), '.1f')} |")
             lines.append(f"| {ds} | {e} | **tv_ratio_k10_vs_central** | "
                          f"{fmt(row.get('tv_ratio_k10_vs_central'), '.3f')} | | | | | |")
+            if "tv_ratio_aim_k10_vs_central_aim" in row:
+                lines.append(f"| {ds} | {e} | **tv_ratio_aim_k10_vs_central_aim** | "
+                             f"{fmt(row.get('tv_ratio_aim_k10_vs_central_aim'), '.3f')} "
+                             "| | | | | |")
     lines.append("")
-    lines.append("Central systems (central_mst, central_aim, independent_k10) send nothing: "
-                 "bytes are 0 by definition. TV = 0.5 × L1 over all 3-way marginals, "
-                 "against the pooled training rows.")
+    lines.append("Means over the repeats (fresh noise each). Central systems (central_mst, "
+                 "central_aim, independent_k10) send nothing: bytes are 0 by definition. "
+                 "TV = 0.5 × L1 over all 3-way marginals, against the pooled training rows.")
     return "\n".join(lines)
 
 
+def _mean_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary row of a system over repeats: the mean of each figure over the repeats
+    that produced it, and the per-repeat ``avg_tv`` values."""
+    out: dict[str, Any] = {}
+    for x in ("avg_tv", "max_tv", "bytes_wire", "bytes_naive", "wall_s"):
+        vals = [r[x] for r in rows if r.get(x) is not None]
+        out[x] = float(np.mean(vals)) if vals else None
+    out["avg_tv_each"] = [r.get("avg_tv") for r in rows]
+    return out
+
+
 def build(args: argparse.Namespace) -> dict[str, Any]:
-    """Run every system and return the JSON document."""
+    """Run every system ``args.repeats`` times and return the JSON document.
+
+    Every repeat uses the same rows, split and holdout (``--seed``); what changes is the
+    noise: the parties' (OS entropy) and the central mechanisms' (seed + repeat).
+    """
     central = load_central_module()
     systems = QUICK_SYSTEMS if args.quick else FULL_SYSTEMS
     runs_root = Path(args.out)
     summary: dict[str, Any] = {}
     status: dict[str, Any] = {}
     runs: dict[str, Any] = {}
+
+    def aim(src: Path, e: float, **kw: Any) -> dict[str, Any]:
+        return run_central_aim(src, e, rounds=args.aim_rounds, max_iters=args.aim_iters,
+                               max_model_size=args.aim_max_mb, **kw)
+
+    def record(key: str, fn: Any, *a: Any, **kw: Any) -> dict[str, Any]:
+        print(f"[synth_table] {key} ...", flush=True)
+        try:
+            r = fn(*a, **kw)
+            status[key] = "ok"
+        except Exception as e:  # noqa: BLE001 - record and go on
+            r = _null_row()
+            status[key] = f"failed: {e!r}"
+            runs[key + "/traceback"] = traceback.format_exc()
+        runs[key] = r
+        print(f"[synth_table] {key}: {status[key]} avg_tv={r.get('avg_tv')}", flush=True)
+        return r
+
     for ds in args.datasets:
         summary[ds] = {}
         for eps in args.epsilons:
             ek = eps_key(eps)
-            row: dict[str, Any] = {}
-            source: Path | None = None
-            for k in FED_K:
-                name = f"fedforge_k{k}"
-                key = f"{ds}/{ek}/{name}"
-                out = runs_root / f"{ds}_eps{ek}_k{k}"
-                print(f"[synth_table] {key} ...", flush=True)
-                try:
-                    r = run_fedforge(ds, eps, k, seed=args.seed, engine=args.engine, out=out,
-                                     timeout_s=args.timeout_s)
-                    status[key] = "ok"
-                    if k == max(FED_K) or source is None:
-                        source = out
-                except Exception as e:  # noqa: BLE001 - record and go on
-                    r = _null_row()
-                    status[key] = f"failed: {e!r}"
-                    runs[key + "/traceback"] = traceback.format_exc()
-                    if (out / "data" / "train.parquet").exists() and source is None:
-                        source = out
-                row[name] = {x: r.get(x) for x in ("avg_tv", "max_tv", "bytes_wire",
-                                                   "bytes_naive", "wall_s")}
-                runs[key] = r
-                print(f"[synth_table] {key}: {status[key]} avg_tv={r.get('avg_tv')}", flush=True)
-            def aim(src: Path, e: float, **kw: Any) -> dict[str, Any]:
-                return run_central_aim(src, e, rounds=args.aim_rounds, max_iters=args.aim_iters,
-                                       max_model_size=args.aim_max_mb, **kw)
-
-            extra = [("central_mst", run_central)]
-            if not args.quick:
-                extra += [("central_aim", aim), ("independent_k10", run_independent)]
-            for name, fn in extra:
-                key = f"{ds}/{ek}/{name}"
-                src = source
-                if name == "independent_k10":
-                    src = runs_root / f"{ds}_eps{ek}_k10"
-                if src is None or not (src / "schema.json").exists():
-                    r, status[key] = _null_row(), "skipped: no federated run wrote its data"
-                else:
-                    print(f"[synth_table] {key} ...", flush=True)
-                    try:
-                        r = fn(src, eps, seed=args.seed, engine=args.engine, central=central)
-                        status[key] = "ok"
-                    except Exception as e:  # noqa: BLE001
-                        r = _null_row()
-                        status[key] = f"failed: {e!r}"
-                        runs[key + "/traceback"] = traceback.format_exc()
-                row[name] = {x: r.get(x) for x in ("avg_tv", "max_tv", "bytes_wire",
-                                                   "bytes_naive", "wall_s")}
-                runs[key] = r
-                print(f"[synth_table] {key}: {status[key]} avg_tv={r.get('avg_tv')}", flush=True)
+            per: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+            for rep in range(args.repeats):
+                tag = f"/r{rep}" if args.repeats > 1 else ""
+                fed = [(f"fedforge_k{k}", k, "mst", eps, "") for k in FED_K]
+                if "fedforge_aim_k10" in systems:
+                    fed.append(("fedforge_aim_k10", 10, "aim", eps, "_aim"))
+                if "nonprivate_k10" in systems:  # the pooled data's floor: no noise at all
+                    fed.append(("nonprivate_k10", 10, "mst", math.inf, "_nonprivate"))
+                for name, k, mech, e, suffix in fed:
+                    out = runs_root / (f"{ds}_eps{ek}_k{k}{suffix}"
+                                       + (f"_r{rep}" if args.repeats > 1 else ""))
+                    per[name].append(record(f"{ds}/{ek}/{name}{tag}", run_fedforge, ds, e,
+                                            k, seed=args.seed, engine=args.engine, out=out,
+                                            timeout_s=args.timeout_s, mechanism=mech))
+                src = runs_root / (f"{ds}_eps{ek}_k10" + (f"_r{rep}" if args.repeats > 1 else ""))
+                extra = [("central_mst", run_central, src)]
+                if not args.quick:
+                    extra += [("central_aim", aim, src), ("independent_k10", run_independent, src)]
+                for name, fn, where in extra:
+                    key = f"{ds}/{ek}/{name}{tag}"
+                    if not (where / "schema.json").exists():
+                        r, status[key] = _null_row(), "skipped: no federated run wrote its data"
+                        per[name].append(r)
+                        continue
+                    per[name].append(record(key, fn, where, eps, seed=args.seed + rep,
+                                            engine=args.engine, central=central))
+            row: dict[str, Any] = {name: _mean_row(rows) for name, rows in per.items()}
             row["tv_ratio_k10_vs_central"] = ratio(row["fedforge_k10"]["avg_tv"],
                                                    row["central_mst"]["avg_tv"])
+            if "central_aim" in row:
+                row["tv_ratio_aim_k10_vs_central_aim"] = ratio(
+                    row["fedforge_aim_k10"]["avg_tv"], row["central_aim"]["avg_tv"])
             summary[ds][ek] = row
     return {"settings": {"quick": args.quick, "datasets": list(args.datasets),
                          "epsilons": [eps_key(e) for e in args.epsilons], "delta": DELTA,
                          "parties": list(FED_K), "engine": args.engine, "seed": args.seed,
+                         "repeats": args.repeats,
                          "aim": {"rounds": args.aim_rounds, "iters": args.aim_iters,
                                  "max_model_mb": args.aim_max_mb},
                          "workload": "all 3-way marginals", "metric": "TV = 0.5 x L1",
@@ -323,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epsilons", default=",".join(eps_key(e) for e in EPSILONS))
     ap.add_argument("--engine", default=None, choices=("mbi", "neural"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs of every system (fresh noise each); the table shows means")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per federated run")
     ap.add_argument("--aim-rounds", type=int, default=None, help="AIM's T (default 16 d)")
     ap.add_argument("--aim-iters", type=int, default=250, help="AIM mirror-descent iterations")

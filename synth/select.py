@@ -22,11 +22,14 @@ then the tree's 2-way marginals. Here (:func:`mst_budget`):
 
 AIM-style rounds
 ----------------
-:func:`aim_select_round` picks, from noisy aggregate answers of candidate cliques,
-the one whose current model estimate is worst after subtracting the noise expected in
-the answer and in the next measurement (McKenna et al., "AIM: An Adaptive and
-Iterative Mechanism for Differentially Private Synthetic Data", VLDB 2022, §4 score,
-with the data replaced by the noisy aggregate answer).
+:func:`aim_scores` scores candidate cliques from their noisy aggregate answers: how badly
+the current model estimates each, after subtracting the noise expected in the answer and
+in the next measurement (McKenna et al., "AIM: An Adaptive and Iterative Mechanism for
+Differentially Private Synthetic Data", VLDB 2022, §4 score, with the data replaced by the
+noisy aggregate answer). :func:`aim_select_round` takes the best one;
+:func:`aim_select_batch` the best few that fit a model-size rule, for one federated round
+(the coordinator's ``aim`` mechanism: 1-way and all-pairs answer rounds, then adaptive
+rounds of such batches).
 """
 
 from __future__ import annotations

@@ -283,14 +283,14 @@ async def test_an_error_while_handling_a_message_never_stalls_the_reader(
     async with Bus(broker.address, name="p") as pub, Bus(broker.address, name="s") as sub:
         await sub.subscribe("boom/1")
         await wait_subscribed(pub, sub, "boom/1")
-        real = sub._buffer
+        real = sub._deliver  # every message passes here (to a waiter or to the buffer)
 
         def flaky(msg):  # type: ignore[no-untyped-def]
             if msg.meta.get("i") == 1:
                 raise RuntimeError("injected")
             real(msg)
 
-        sub._buffer = flaky  # type: ignore[method-assign]
+        sub._deliver = flaky  # type: ignore[method-assign]
         for i in range(5):
             await pub.publish("boom/1", [], {"i": i})
         got = [(await sub.next("boom/1", timeout_s=2.0)).meta["i"] for _ in range(4)]

@@ -85,7 +85,8 @@ def table_mod(monkeypatch: pytest.MonkeyPatch):
 def test_quick_json_follows_the_issue_contract(table_mod, tmp_path: Path) -> None:
     out = tmp_path / "t.json"
     rc = table_mod.main(["--quick", "--json", str(out), "--out", str(tmp_path / "runs"),
-                         "--engine", "neural", "--datasets", "tiny", "--epsilons", "1,10"])
+                         "--engine", "neural", "--datasets", "tiny", "--epsilons", "1,10",
+                         "--repeats", "2"])
     assert rc == 0
     doc = json.loads(out.read_text())
     s = doc["summary"]
@@ -100,8 +101,11 @@ def test_quick_json_follows_the_issue_contract(table_mod, tmp_path: Path) -> Non
         assert row["fedforge_k10"]["bytes_wire"] == 10_000
         assert row["tv_ratio_k10_vs_central"] == pytest.approx(
             row["fedforge_k10"]["avg_tv"] / row["central_mst"]["avg_tv"])
+        each = row["central_mst"]["avg_tv_each"]
+        assert len(each) == 2 and row["central_mst"]["avg_tv"] == pytest.approx(np.mean(each))
     # fedforge rows are re-scored from synthetic.csv, not copied from metrics.json
-    assert doc["runs"]["tiny/1/fedforge_k10"]["avg_tv"] != 0.1
+    assert doc["runs"]["tiny/1/fedforge_k10/r1"]["avg_tv"] != 0.1
+    assert doc["settings"]["repeats"] == 2
     md = out.with_suffix(".md").read_text()
     assert "central_mst" in md and "0 (central)" in md and "tv_ratio_k10_vs_central" in md
 
@@ -109,14 +113,18 @@ def test_quick_json_follows_the_issue_contract(table_mod, tmp_path: Path) -> Non
 def test_full_mode_adds_independent_and_aim(table_mod, tmp_path: Path) -> None:
     out = tmp_path / "f.json"
     table_mod.main(["--json", str(out), "--out", str(tmp_path / "runs"), "--engine", "neural",
-                    "--datasets", "tiny", "--epsilons", "1"])
+                    "--datasets", "tiny", "--epsilons", "1", "--repeats", "1"])
     doc = json.loads(out.read_text())
     row = doc["summary"]["tiny"]["1"]
     assert row["independent_k10"]["avg_tv"] is not None
+    assert row["fedforge_aim_k10"]["bytes_wire"] == 10_000
+    assert row["nonprivate_k10"]["avg_tv"] is not None
     if importlib.util.find_spec("mbi") is not None:
         assert doc["status"]["tiny/1/central_aim"] == "ok"
         assert 0.0 <= row["central_aim"]["avg_tv"] <= 1.0
         assert row["central_aim"]["bytes_wire"] == 0
+        assert row["tv_ratio_aim_k10_vs_central_aim"] == pytest.approx(
+            row["fedforge_aim_k10"]["avg_tv"] / row["central_aim"]["avg_tv"])
     else:
         assert doc["status"]["tiny/1/central_aim"].startswith("failed")
     assert doc["runs"]["tiny/1/independent_k10"]["parties"] == 10
@@ -130,7 +138,8 @@ def test_failed_run_is_recorded_and_exit_code_is_one(table_mod, tmp_path: Path,
     monkeypatch.setattr(sys.modules["sim.synth_launch"], "run_synth", boom)
     out = tmp_path / "x.json"
     rc = table_mod.main(["--quick", "--json", str(out), "--out", str(tmp_path / "runs"),
-                         "--engine", "neural", "--datasets", "tiny", "--epsilons", "1"])
+                         "--engine", "neural", "--datasets", "tiny", "--epsilons", "1",
+                         "--repeats", "1"])
     assert rc == 1
     doc = json.loads(out.read_text())
     assert "launcher exploded" in doc["status"]["tiny/1/fedforge_k10"]
