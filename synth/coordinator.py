@@ -17,7 +17,8 @@ and ``stage.done`` (with seconds) to the run's event log:
   masked, summed up the aggregation tree and unmasked here (``round_<name>.json`` and
   ``.npz``).
 * MST: ``select_tree`` (the maximum spanning tree of the noisy 2-way answers, as
-  post-processing) and ``round:tree`` (the tree's 2-way marginals).
+  post-processing) and ``round:tree`` (the tree's 2-way marginals); the engine also gets
+  the best-scored further 2-way answers that keep the model within ``mst_extra_mb``.
 * AIM: per adaptive round ``select:aim<j>`` (fit the model to everything measured so far,
   pick the pairs it explains worst from the noisy 2-way answers) and ``round:aim<j>``.
 * ``synthesis``: fits the engine to the noisy aggregate marginals and samples the
@@ -87,6 +88,7 @@ from synth.select import (
     compress_supports,
     aim_select_batch,
     mst_select,
+    pair_scores,
     uncompress_codes,
 )
 
@@ -385,8 +387,9 @@ class Coordinator:
         """Every noisy aggregate marginal the engine gets: the compressed 1-way ones, the
         chosen cliques' (MST: the tree's; AIM: every adaptive round's), and the selection
         round's answers for the chosen cliques (they were measured there too: free extra
-        information). Not the other all-pairs answers: a graphical model over all pairs
-        is one clique of every attribute (Adult: 160 GB)."""
+        information). MST also gets further all-pairs answers within ``mst_extra_mb``
+        (:meth:`_extra_answers`); never all of them: a graphical model over all pairs is
+        one clique of every attribute (Adult: 160 GB)."""
         ms = list(self.one_way_c.values())
         chosen: dict[tuple[str, ...], None] = {}
         for name, res in results.items():
@@ -396,8 +399,37 @@ class Coordinator:
                 ms.append(m)
                 chosen[c] = None
         if "select" in results:
-            ms += [m for c, m in self._noisy(results["select"]).items() if c in chosen]
+            answers = self._noisy(results["select"])
+            ms += [m for c, m in answers.items() if c in chosen]
+            if self.cfg.mechanism == "mst" and self.cfg.mst_extra_mb > 0:
+                ms += self._extra_answers(answers, list(chosen))
         return ms
+
+    def _extra_answers(self, answers: dict[tuple[str, ...], NoisyMarginal],
+                       chosen: list[tuple[str, ...]]) -> list[NoisyMarginal]:
+        """MST with ``mst_extra_mb``: the selection round's answers of further pairs, best
+        scored first (:func:`synth.select.pair_scores`), as long as the graphical model
+        stays within ``mst_extra_mb`` (mbi's ``hypothetical_model_size``). They are paid
+        for already, so this is post-processing; the neural engine gets none (its fit
+        time grows with every marginal)."""
+        if self.engine != "mbi":
+            return []
+        from mbi import Domain as MbiDomain
+        from mbi.junction_tree import hypothetical_model_size
+
+        mdom = MbiDomain(tuple(self.cdomain.attributes), tuple(self.cdomain.sizes))
+        scores = pair_scores(self.cdomain, {c[0]: m for c, m in self.one_way_c.items()},
+                             {(c[0], c[1]): m for c, m in answers.items()})
+        base = list(chosen)
+        out: list[NoisyMarginal] = []
+        for pair, _ in sorted(scores.items(), key=lambda kv: -kv[1]):
+            c = pair if pair in answers else (pair[1], pair[0])
+            if c in chosen or c not in answers:
+                continue
+            if hypothetical_model_size(mdom, base + [c]) <= self.cfg.mst_extra_mb:
+                base.append(c)
+                out.append(answers[c])
+        return out
 
     async def _aim_rounds(self, bus: Bus, results: dict[str, _RoundResult],
                           answers: dict[tuple[str, ...], NoisyMarginal], rho: float) -> None:

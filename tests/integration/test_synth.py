@@ -38,10 +38,12 @@ def test_synth_run_k3_secure_aggregation_end_to_end(csv: Path, tmp_path: Path) -
     from sim.synth_launch import run_synth
 
     cfg = SynthConfig(dataset=str(csv), label="income", parties=3, epsilon=1.0, fanout=2,
-                      engine="neural", engine_iters=300, round_timeout_s=20.0,
+                      engine="mbi", engine_iters=300, round_timeout_s=20.0,
                       handshake_timeout_s=60.0, parties_per_process=2, seed=1)
     res = run_synth(cfg, tmp_path / "run", timeout_s=200)
     m = res.metrics
+    # the engine got the 1-way answers, the tree's pairs twice, and further pairs' answers
+    assert m["synthesis"]["measurements"] > 5 + 2 * 4
     # every party took part in all three rounds, nobody dropped
     assert set(m["rounds"]) == {"one_way", "select", "tree"}
     assert all(r["survivors"] == 3 and not r["dropped"] for r in m["rounds"].values())
