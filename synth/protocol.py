@@ -32,6 +32,7 @@ CCS 2020 (sparse neighbours), McKenna et al. 2021 (MST), and this project's issu
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
 from collections.abc import Mapping, Sequence
@@ -341,15 +342,19 @@ class RoundPlan:
         return round_id(self.round)
 
     def to_message(self) -> tuple[dict[str, Any], list[np.ndarray]]:
-        """Bus form: ``(meta, [zlib-compressed cell widths as uint8])``."""
+        """Bus form: ``(meta, [body])``. The body is one zlib stream (uint8) of the cell
+        widths followed by the JSON of the cliques, sizes and maps: attribute names and
+        widths repeat a lot, and a plan of all pairs is otherwise kilobytes of JSON."""
+        body: dict[str, Any] = {"cliques": [list(c) for c in self.cliques],
+                                "sizes": list(self.sizes)}
+        if self.maps is not None:
+            body["maps"] = {a: list(v) for a, v in self.maps.items()}
         meta = {"round": self.round, "name": self.name,
-                "cliques": [list(c) for c in self.cliques], "sizes": list(self.sizes),
                 "sigma2_central": self.sigma2_central, "noise_model": self.noise_model,
                 "n_parties": self.n_parties, "step": self.step, "timeout_s": self.timeout_s,
-                "maps_round": self.maps_round}
-        if self.maps is not None:
-            meta["maps"] = {a: list(v) for a, v in self.maps.items()}
-        return meta, [np.frombuffer(zlib.compress(self.cell_bits, 9), dtype=np.uint8)]
+                "maps_round": self.maps_round, "cells": len(self.cell_bits)}
+        raw = self.cell_bits + json.dumps(body, separators=(",", ":")).encode()
+        return meta, [np.frombuffer(zlib.compress(raw, 9), dtype=np.uint8)]
 
     @classmethod
     def from_message(cls, d: Mapping[str, Any], arrays: Sequence[np.ndarray]) -> RoundPlan:
@@ -358,17 +363,24 @@ class RoundPlan:
         Raises:
             KeyError, TypeError, ValueError, zlib.error: a malformed plan.
         """
-        cell_bits = zlib.decompress(np.ascontiguousarray(arrays[0], dtype=np.uint8).tobytes())
-        sizes = tuple(int(s) for s in d["sizes"])
+        raw = zlib.decompress(np.ascontiguousarray(arrays[0], dtype=np.uint8).tobytes())
+        n = int(d["cells"])
+        cell_bits = raw[:n]
+        try:
+            body = json.loads(raw[n:])
+        except ValueError as exc:
+            raise ValueError(f"malformed plan body after {n} cell widths: {exc}") from None
+        sizes = tuple(int(s) for s in body["sizes"])
         if len(cell_bits) != sum(sizes):
             raise ValueError(f"{len(cell_bits)} cell widths for {sum(sizes)} cells")
+        maps = body.get("maps")
         return cls(round=int(d["round"]), name=str(d["name"]),
-                   cliques=tuple(tuple(c) for c in d["cliques"]), sizes=sizes,
+                   cliques=tuple(tuple(c) for c in body["cliques"]), sizes=sizes,
                    sigma2_central=float(d["sigma2_central"]), noise_model=str(d["noise_model"]),
                    n_parties=int(d["n_parties"]), step=float(d["step"]), cell_bits=cell_bits,
                    timeout_s=float(d["timeout_s"]),
-                   maps=None if d.get("maps") is None else
-                   {a: tuple(int(x) for x in v) for a, v in d["maps"].items()},
+                   maps=None if maps is None else
+                   {a: tuple(int(x) for x in v) for a, v in maps.items()},
                    maps_round=int(d.get("maps_round", 0)))
 
 

@@ -73,7 +73,16 @@ def test_round_plan_round_trips_through_bus_messages() -> None:
     assert back == plan and back.vector_len == 9 and back.ring_bits == 12
     assert back.round_id == "r1" and back.spec().cell_bits == plan.cell_bits
     with pytest.raises(ValueError, match="cell widths"):
-        RoundPlan.from_message({**meta, "sizes": [3, 7]}, arrays)
+        RoundPlan.from_message({**meta, "cells": 10}, arrays)
+    with pytest.raises(ValueError, match="cell widths"):
+        RoundPlan.from_message(*_plan(sizes=(3, 7)).to_message())
+    # all pairs of 14 long attribute names: the compressed body is a fraction of the JSON
+    names = [f"attribute-number-{i}" for i in range(14)]
+    pairs = tuple((a, b) for i, a in enumerate(names) for b in names[i + 1:])
+    big = _plan(cliques=pairs, sizes=(4,) * len(pairs), cell_bits=bytes([7] * 4 * len(pairs)))
+    bmeta, barrays = big.to_message()
+    assert barrays[0].nbytes < 0.3 * len(orjson.dumps([list(c) for c in pairs]))
+    assert RoundPlan.from_message(orjson.loads(orjson.dumps(bmeta)), barrays) == big
     session = SessionPlan(session_id="run/0", party_ids=("p0", "p1", "p2"), threshold=None,
                           degree=2, graph_seed="ab", timeout_s=5.0,
                           tree=build_tree(["p0", "p1", "p2"], 2).to_dict())
