@@ -20,7 +20,8 @@ For each dataset (``adult``, ``bank``) and ε (1 and 10; δ = 1e-9):
   iterations, a 10 MB model cap; T = 16·d unless ``--aim-rounds``). On Adult the
   reference AIM run took 694 s, so the full mode takes well over an hour.
 
-Every system runs ``--repeats`` times (2 by default) on the same rows, split and holdout;
+Every system runs ``--repeats`` times (1 with ``--quick``, else 2) on the same rows, split
+and holdout;
 only the noise is fresh each time (the parties' from OS entropy, the central mechanisms'
 from ``--seed`` + repeat), and the table shows the means (``avg_tv_each`` keeps each
 repeat's): one noise draw moves the TV by several percent.
@@ -352,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epsilons", default=",".join(eps_key(e) for e in EPSILONS))
     ap.add_argument("--engine", default=None, choices=("mbi", "neural"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=2,
-                    help="runs of every system (fresh noise each); the table shows means")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="runs of every system (fresh noise each; the table shows means); "
+                    "default 1 with --quick (under 15 minutes), else 2")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per federated run")
     ap.add_argument("--aim-rounds", type=int, default=None, help="AIM's T (default 16 d)")
     ap.add_argument("--aim-iters", type=int, default=250, help="AIM mirror-descent iterations")
@@ -362,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     args.datasets = [d for d in str(args.datasets).split(",") if d]
     args.epsilons = [float(e) for e in str(args.epsilons).split(",") if e]
     args.engine = args.engine or default_engine()
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 2
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     t0 = time.perf_counter()
     doc = build(args)
     doc["settings"]["total_wall_s"] = time.perf_counter() - t0
