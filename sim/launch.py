@@ -76,6 +76,12 @@ class LaunchResult:
 
 
 def _spawn(args: list[str], *, quiet: bool = False) -> subprocess.Popen[bytes]:
+    """Start a child process. A ``python -m PKG`` child gets ``-P``: without it the
+    current directory comes first on ``sys.path``, so a stray ``synth/`` or ``parties/``
+    directory there (an older checkout, say) would run instead of the installed code
+    while the launcher runs the installed one."""
+    if len(args) > 2 and args[0] == sys.executable and args[1] == "-m":
+        args = [args[0], "-P", *args[1:]]
     return subprocess.Popen(
         args,
         stdout=subprocess.DEVNULL if quiet else None,

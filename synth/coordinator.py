@@ -55,7 +55,7 @@ from synth.domain import Schema, decode, encode
 from synth.engine import NoisyMarginal, make_engine
 from synth.mechanism import party_noise_variance
 from synth.netutil import array_to_words
-from synth.party import bus_config, topic_limits
+from synth.party import SHARE_BYTES, bus_config, topic_limits
 from synth.protocol import (
     ROOT,
     RoundPlan,
@@ -525,13 +525,21 @@ class Coordinator:
             got_rv = await self._collect(bus, t.rv(r), set(survivors), timeout)
             shares: dict[str, dict[str, RevealedShare]] = {}
             for holder, msg in got_rv.items():
-                ys = unpack_blobs(msg.meta, msg.arrays[0])
-                shares[holder] = {
-                    owner: RevealedShare(owner=owner, holder=holder,
-                                         kind="pair" if owner in dropped else "seed",
-                                         x=server.config.index[holder],
-                                         y=int.from_bytes(y, "big"))
-                    for owner, y in ys.items()}
+                raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
+                layout = server.reveal_layout(plan.round_id, holder, survivors, dropped)
+                sizes = [SHARE_BYTES if kind == "seed" else 32 for _, kind in layout]
+                if sum(sizes) != len(raw):
+                    self.log.warning("synth.bad_reveal", holder=holder, got=len(raw),
+                                     expected=sum(sizes))
+                    continue  # the others' shares may still suffice
+                got: dict[str, RevealedShare] = {}
+                at = 0
+                for (owner, kind), n in zip(layout, sizes, strict=True):
+                    got[owner] = RevealedShare(owner=owner, holder=holder, kind=kind,
+                                               x=server.config.index[holder],
+                                               y=int.from_bytes(raw[at:at + n], "big"))
+                    at += n
+                shares[holder] = got
             total = server.unmask(plan.round_id, survivors, dropped, shares)
             values = decode_sum(total, lo, plan)
             sigma = aggregate_sigma(plan, len(survivors))
@@ -595,8 +603,9 @@ class Coordinator:
             fit_s = time.perf_counter() - t0
             frame.to_csv(self.out / "synthetic.csv", index=False)
             np.save(self.stages_dir / "synthetic_codes.npy", codes)
+            fitted = list(dict.fromkeys(m.clique for m in ms if len(m.clique) > 1))
             fit = {"engine": self.engine, "fit_s": fit_s, "rows": n, "total": total,
-                   "measurements": len(ms)}
+                   "measurements": len(ms), "cliques": [list(c) for c in fitted]}
             self._write("synthesis", fit)
             return frame, {**fit, "codes": codes}
 
@@ -667,9 +676,7 @@ class Coordinator:
             "rounds": rounds,
             "tree_pairs": ([list(c) for c in results["tree"].plan.cliques]
                            if "tree" in results else None),
-            "measured_cliques": [list(c) for name, r in results.items() if name != "one_way"
-                                 and (cfg.mechanism == "aim" or name == "tree")
-                                 for c in r.plan.cliques],
+            "fitted_cliques": fit.get("cliques"),
             "synthesis": {k: v for k, v in fit.items() if k != "codes"},
             "stage_s": self.stage_s, "wall_s": wall_s, "run_id": self.run_id,
             "rows": self.rows, "config": to_mapping(cfg),

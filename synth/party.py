@@ -282,12 +282,12 @@ class SynthParty:
         survivors, dropped = msg.meta["survivors"], msg.meta["dropped"]
         if self.id in survivors:
             shares = self.client.reveal_all(plan.round_id, survivors, dropped)
-            # a seed share is a field element; a round key with a dropped partner 32 bytes
-            meta, arr = pack_blobs({o: s.y.to_bytes(SHARE_BYTES if s.kind == "seed" else 32,
-                                                    "big") for o, s in shares.items()})
-            # (the coordinator knows each value's kind from its own unmask list, and the
-            # share's abscissa from this party's index)
-            bus.publish_nowait(t.rv(r), [arr], {"from": self.id, **meta})
+            # bare bytes in owner order: a seed share is a field element (SHARE_BYTES), a
+            # round key with a dropped partner 32 bytes; the coordinator knows the owners,
+            # kinds and abscissa (SecAggServer.reveal_layout)
+            raw = b"".join(s.y.to_bytes(SHARE_BYTES if s.kind == "seed" else 32, "big")
+                           for s in shares.values())
+            bus.publish_nowait(t.rv(r), [np.frombuffer(raw, np.uint8)], {"from": self.id})
         self.rounds.append({"round": r, "name": plan.name, "cells": plan.vector_len,
                             "status": "counted" if self.id in survivors else "dropped"})
 

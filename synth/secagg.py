@@ -882,7 +882,7 @@ class SecAggClient:
     def reveal_all(self, round_id: str, survivors: Iterable[str],
                    dropped: Iterable[str]) -> dict[str, RevealedShare]:
         """Stage 4 for the whole unmask request: a seed share per surviving owner this party
-        holds shares of, a round key per dropped partner.
+        holds shares of, a round key per dropped partner, sorted by owner.
 
         Raises:
             TooFewSurvivors: fewer than ``t`` survivors (the round must abort).
@@ -900,7 +900,7 @@ class SecAggClient:
         for owner in self._round_partners(round_id):
             if owner in drop:
                 out[owner] = self.reveal(round_id, owner, True)
-        return out
+        return dict(sorted(out.items()))  # by owner: SecAggServer.reveal_layout's order
 
 
 # --------------------------------------------------------------------------- server
@@ -1022,6 +1022,24 @@ class SecAggServer:
         that sent shares too."""
         book = self._shares[self._batch_of[round_id]]
         return tuple(v for v in sorted(book.get(u, {})) if v in book)
+
+    def reveal_layout(self, round_id: str, holder: str, survivors: Iterable[str],
+                      dropped: Iterable[str]) -> list[tuple[str, Literal["seed", "pair"]]]:
+        """What ``holder`` reveals for the round, in the order :meth:`SecAggClient.reveal_all`
+        returns it (sorted by owner): a seed share per surviving owner it holds shares of
+        (itself and the parties that sent it shares), a round key per dropped partner.
+        So a reveal travels as bare bytes, without owner ids."""
+        book = self._shares.get(self._batch_of.get(round_id, ()), {})
+        surv, drop = set(survivors), set(dropped)
+        held = {s for s, msgs in book.items() if holder in msgs}
+        if holder in book:
+            held.add(holder)
+        out: dict[str, Literal["seed", "pair"]] = {o: "seed" for o in held if o in surv}
+        if holder in book:
+            for v in self._partners(round_id, holder):
+                if v in drop:
+                    out[v] = "pair"
+        return sorted(out.items())
 
     # ---------------------------------------------------------------- rounds
     def _round(self, spec_or_id: RoundSpec | str) -> _RoundState:

@@ -210,7 +210,9 @@ def test_synth_run_aim_adaptive_rounds_end_to_end(csv: Path, tmp_path: Path) -> 
     m = res.metrics
     assert list(m["rounds"]) == ["one_way", "select", "aim0", "aim1"]
     assert m["rounds"]["aim0"]["cliques"] == m["rounds"]["aim1"]["cliques"] == 2
-    assert len(m["measured_cliques"]) == m["rounds"]["select"]["cliques"] + 4
+    picked = {tuple(c) for r in ("aim0", "aim1") for c, _ in json.loads(
+        (res.out / "stages" / f"select_{r}.json").read_text())["picks"]}
+    assert {tuple(c) for c in m["fitted_cliques"]} == picked
     assert m["tree_pairs"] is None
     rho = cdp_rho(1.0, 1e-9)
     assert all(v == pytest.approx(rho, rel=1e-6) for v in m["rho_spent"].values())

@@ -493,3 +493,21 @@ def test_hierarchical_masked_sums_unmask_to_the_plain_sum_with_a_dropout() -> No
     total = _finish(clients, server)
     expected = sum(xs[p] for p in ids if p != dropped) & mk
     np.testing.assert_array_equal(total, expected)
+
+
+def test_reveal_layout_matches_what_each_survivor_reveals() -> None:
+    """A reveal travels as bare bytes: the server's layout (owners, kinds, order) must be
+    exactly what each client's reveal_all returns, with and without dropouts."""
+    ids = [f"p{i}" for i in range(9)]
+    _, clients, server, specs = _setup(ids, 12, 3, rounds=("r1", "r2"))
+    for r, drop in (("r1", set()), ("r2", {"p2", "p5"})):
+        for p in ids:
+            y = clients[p].masked(specs[r], np.ones(3, dtype=np.uint64))
+            if p not in drop:
+                server.collect_masked(specs[r], p, y)
+        survivors, dropped = server.unmask_request(r)
+        assert set(dropped) == drop
+        for p in survivors:
+            got = clients[p].reveal_all(r, survivors, dropped)
+            assert [(o, sh.kind) for o, sh in got.items()] == server.reveal_layout(
+                r, p, survivors, dropped)
