@@ -165,12 +165,10 @@ class SynthConfig:
                                     ("ring", self.ring, ("cell", "uniform"))):
             if value not in allowed:
                 raise bad(key, f"must be one of {allowed}, got {value!r}")
-        if len(self.mst_split) != 3 or not all(w > 0 and math.isfinite(w)
-                                                for w in self.mst_split):
-            raise bad("mst_split", f"must be three positive weights, got {self.mst_split}")
-        if len(self.aim_split) != 3 or not all(w > 0 and math.isfinite(w)
-                                                for w in self.aim_split):
-            raise bad("aim_split", f"must be three positive weights, got {self.aim_split}")
+        for key in ("mst_split", "aim_split"):
+            v = getattr(self, key)
+            if len(v) != 3 or not all(w > 0 and math.isfinite(w) for w in v):
+                raise bad(key, f"must be three positive weights, got {v}")
         if not (0 <= self.mst_extra_mb < math.inf):
             raise bad("mst_extra_mb", f"must be finite and >= 0, got {self.mst_extra_mb}")
         if not 1 <= self.aim_rounds <= 100:

@@ -55,7 +55,7 @@ from synth.domain import Schema, decode, encode
 from synth.engine import NoisyMarginal, make_engine
 from synth.mechanism import party_noise_variance
 from synth.netutil import array_to_words
-from synth.party import SHARE_BYTES, bus_config, topic_limits
+from synth.party import bus_config, topic_limits
 from synth.protocol import (
     ROOT,
     RoundPlan,
@@ -77,6 +77,7 @@ from synth.protocol import (
 )
 from synth.secagg import (
     PartyKeys,
+    SHARE_BYTES,
     RevealedShare,
     SecAggError,
     SecAggServer,
@@ -377,6 +378,8 @@ class Coordinator:
         return {a: tuple(int(x) for x in v) for a, v in self.maps.items()}
 
     def _fit(self, ms: list[NoisyMarginal], total: float, iters: int | None) -> Any:
+        """The engine fit to ``ms`` on the compressed domain (``iters``: 0/None = the
+        engine's default)."""
         kw: dict[str, Any] = {}
         if iters:
             kw["iters" if self.engine == "mbi" else "steps"] = iters
@@ -414,10 +417,7 @@ class Coordinator:
         time grows with every marginal)."""
         if self.engine != "mbi":
             return []
-        from mbi import Domain as MbiDomain
-        from mbi.junction_tree import hypothetical_model_size
-
-        mdom = MbiDomain(tuple(self.cdomain.attributes), tuple(self.cdomain.sizes))
+        fits = self._model_size_check(self.cfg.mst_extra_mb)
         scores = pair_scores(self.cdomain, {c[0]: m for c, m in self.one_way_c.items()},
                              {(c[0], c[1]): m for c, m in answers.items()})
         base = list(chosen)
@@ -426,7 +426,7 @@ class Coordinator:
             c = pair if pair in answers else (pair[1], pair[0])
             if c in chosen or c not in answers:
                 continue
-            if hypothetical_model_size(mdom, base + [c]) <= self.cfg.mst_extra_mb:
+            if fits(base + [c]):
                 base.append(c)
                 out.append(answers[c])
         return out
@@ -443,7 +443,7 @@ class Coordinator:
         sigma_next = (math.sqrt(batch / (2.0 * rho_round)) if math.isfinite(rho_round)
                       else 1.0)
         total = float(sum(self.rows.values()))
-        fits = self._model_size_check()
+        fits = self._model_size_check(cfg.aim_max_model_mb)
         for j in range(cfg.aim_rounds):
             name = f"aim{j}"
             with self._stage(f"select:{name}"):
@@ -461,17 +461,17 @@ class Coordinator:
             results[name] = await self._round(bus, 2 + j, name, [c for c, _ in picks],
                                               rho_round)
 
-    def _model_size_check(self) -> Any:
-        """``cliques -> bool``: the graphical model over them stays within
-        ``aim_max_model_mb`` (mbi's ``hypothetical_model_size``); always True for the
-        neural engine, whose size does not grow with the cliques."""
+    def _model_size_check(self, limit_mb: float) -> Any:
+        """``cliques -> bool``: the graphical model over them stays within ``limit_mb``
+        (mbi's ``hypothetical_model_size``); always True for the neural engine, whose size
+        does not grow with the cliques."""
         if self.engine != "mbi":
             return lambda cliques: True
         from mbi import Domain as MbiDomain
         from mbi.junction_tree import hypothetical_model_size
 
         mdom = MbiDomain(tuple(self.cdomain.attributes), tuple(self.cdomain.sizes))
-        limit = self.cfg.aim_max_model_mb
+        limit = limit_mb
         return lambda cliques: hypothetical_model_size(mdom, list(cliques)) <= limit
 
     @staticmethod
@@ -586,14 +586,10 @@ class Coordinator:
             ms = self._measurements(results)
             total = float(sum(self.rows[p] for p in results["one_way"].survivors))
             n = cfg.synthetic_rows or int(sum(self.rows.values()))
-            kw: dict[str, Any] = {}
-            if cfg.engine_iters:
-                kw["iters" if self.engine == "mbi" else "steps"] = cfg.engine_iters
-            engine = make_engine(self.engine, **kw)
             t0 = time.perf_counter()
 
             def fit_and_sample() -> tuple[np.ndarray, pd.DataFrame]:
-                model = engine.fit(self.cdomain, ms, total=total, seed=cfg.seed)
+                model = self._fit(ms, total, cfg.engine_iters)
                 rng = np.random.default_rng([cfg.seed, 7])
                 codes = uncompress_codes(np.asarray(model.sample(n, rng), dtype=np.int32),
                                          self.domain, self.maps, rng)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pubsub import Bus, DeadlineExceeded, Message
-from synth.compress import pack_bits, pack_varbits, unpack_bits, unpack_varbits
+from synth.compress import pack_varbits, unpack_varbits
 
 
 class ParticipantError(RuntimeError):
@@ -58,26 +58,21 @@ async def first_of(bus: Bus, topics: Sequence[str], timeout_s: float) -> Message
     return got[0]
 
 
-def words_to_array(words: np.ndarray, m: int | np.ndarray) -> np.ndarray:
-    """Masked ring words (uint64) packed as uint8 bytes ready to publish: ``m`` bits each
-    (an int), or ``m[i]`` bits for word ``i`` (per-cell rings, an array)."""
-    if isinstance(m, np.ndarray):
-        return np.frombuffer(pack_varbits(words, m), dtype=np.uint8)
-    return np.frombuffer(pack_bits(words, m), dtype=np.uint8)
+def words_to_array(words: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """Masked ring words (uint64) packed as uint8 bytes ready to publish, word ``i`` in
+    ``widths[i]`` bits (per-cell rings, :func:`synth.compress.pack_varbits`)."""
+    return np.frombuffer(pack_varbits(words, widths), dtype=np.uint8)
 
 
-def array_to_words(arr: np.ndarray, m: int | np.ndarray, n: int) -> np.ndarray:
+def array_to_words(arr: np.ndarray, widths: np.ndarray, n: int) -> np.ndarray:
     """Inverse of :func:`words_to_array`.
 
     Raises:
         ValueError: the byte count does not fit ``n`` words of those widths.
     """
-    raw = np.ascontiguousarray(arr, dtype=np.uint8).tobytes()
-    if isinstance(m, np.ndarray):
-        if m.shape[0] != n:
-            raise ValueError(f"{m.shape[0]} widths for {n} words")
-        return unpack_varbits(raw, m)
-    return unpack_bits(raw, m, n)
+    if widths.shape[0] != n:
+        raise ValueError(f"{widths.shape[0]} widths for {n} words")
+    return unpack_varbits(np.ascontiguousarray(arr, dtype=np.uint8).tobytes(), widths)
 
 
 __all__ = ["ParticipantError", "array_to_words", "first_of", "words_to_array"]

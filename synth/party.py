@@ -48,11 +48,9 @@ from synth.protocol import (
     quantize_counts,
     unpack_blobs,
 )
-from synth.secagg import PRIME, PartyKeys, SecAggClient, SecAggError
+from synth.secagg import SHARE_BYTES, PartyKeys, SecAggClient, SecAggError
 from synth.select import compress_codes
 
-#: Bytes of one revealed Shamir share of a seed (an element of GF(PRIME)).
-SHARE_BYTES = (PRIME.bit_length() + 7) // 8
 
 log = structlog.get_logger(__name__)
 

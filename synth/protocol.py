@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from synth.mechanism import party_noise_variance
-from synth.secagg import RoundSpec, SecAggConfig
+from synth.secagg import RoundSpec, SecAggConfig, cell_modmask
 
 #: The coordinator's node id in the aggregation tree.
 ROOT = "root"
@@ -531,12 +531,6 @@ def cell_upper_bounds(cliques: Sequence[tuple[str, ...]], shape: Mapping[str, in
             u = np.minimum(u, arr)
         out.append(u.ravel())
     return np.concatenate(out) if out else np.zeros(0)
-
-
-def cell_modmask(widths: np.ndarray) -> np.ndarray:
-    """uint64 ``2^w − 1`` per cell."""
-    w = np.asarray(widths).astype(np.uint64)
-    return (np.uint64(1) << w) - np.uint64(1)
 
 
 def quantize_counts(noisy: np.ndarray, plan: RoundPlan) -> np.ndarray:

@@ -74,6 +74,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 __all__ = [
     "PRIME",
     "SEED_BYTES",
+    "SHARE_BYTES",
+    "cell_modmask",
     "run_key_stages",
     "DuplicatePartyError",
     "MissingPairKeys",
@@ -103,7 +105,8 @@ __all__ = [
 #: share travels in 18 bytes. Only self-mask seeds are Shamir-shared (a dropped party's
 #: pair masks are removed with round keys, which are revealed whole).
 PRIME = (1 << 136) + 85
-_Y_BYTES = 18  # ceil(137 / 8)
+#: Bytes of one Shamir share (an element of GF(PRIME)): ceil(137 / 8).
+SHARE_BYTES = _Y_BYTES = (PRIME.bit_length() + 7) // 8
 _MAX_SECRET = 16
 #: Bytes of a self-mask seed (128-bit security; HKDF expands it into mask keys).
 SEED_BYTES = 16
@@ -561,6 +564,13 @@ class SecAggConfig:
         return f"{self.session_id}/{round_id}"
 
 
+def cell_modmask(widths: Any) -> np.ndarray:
+    """uint64 ``2^w − 1`` for each ring width ``w`` in [1, 64] (any shape)."""
+    w = np.asarray(widths).astype(np.uint64)
+    full = np.uint64(2**64 - 1)
+    return np.where(w >= 64, full, (np.uint64(1) << np.minimum(w, np.uint64(63))) - np.uint64(1))
+
+
 @dataclass(frozen=True)
 class RoundSpec:
     """Public parameters of one round of a session.
@@ -589,7 +599,7 @@ class RoundSpec:
         if self.vector_len < 0:
             raise ValueError(f"vector_len must be >= 0, got {self.vector_len}")
         if self.cell_bits is None:
-            mod: Any = np.uint64(2**64 - 1 if self.ring_bits == 64 else (1 << self.ring_bits) - 1)
+            mod: Any = cell_modmask(np.array(self.ring_bits))[()]
         else:
             w = np.frombuffer(self.cell_bits, dtype=np.uint8)
             if w.shape[0] != self.vector_len:
@@ -597,8 +607,7 @@ class RoundSpec:
             if w.size and (int(w.min()) < 1 or int(w.max()) > self.ring_bits):
                 raise ValueError(f"cell widths must lie in [1, ring_bits = {self.ring_bits}], "
                                  f"got {int(w.min())}..{int(w.max())}")
-            mod = np.where(w >= 64, np.uint64(2**64 - 1),
-                           (np.uint64(1) << np.minimum(w, 63).astype(np.uint64)) - np.uint64(1))
+            mod = cell_modmask(w)
         object.__setattr__(self, "modmask", mod)
 
 
