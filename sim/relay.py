@@ -41,12 +41,17 @@ party -> broker, down = broker -> party):
   does not shrink after a loss. The RTO is ``rto_s`` if given, else
   ``max(min_rto_s, 6 * latency_s)`` (three round trips; Linux' floor is 200 ms).
 
+Timing accuracy: with the default asyncio loop a sleep ends up to ~1 ms late
+(epoll timeouts are rounded up to whole milliseconds), so shaped transfers measure
+on average ~0.5 ms longer than the model; uvloop's timers (``--loop auto``, the
+CLI's default when uvloop is installed) are closer. Measured figures:
+``bench/relay_check.py``.
+
 Delivery granularity: the relay reads up to 64 KiB at a time and writes a chunk
 when its last byte is due (store and forward per read chunk, split at lost
 segments), so the last byte of a message arrives exactly when the model says and
 earlier bytes of the same chunk arrive up to one chunk's serialisation late, which
-ZeroMQ (whole messages) does not notice. Timers are the event loop's (about 1 ms
-resolution), so each delivery may be up to ~1 ms late.
+ZeroMQ (whole messages) does not notice.
 
 Buffering is bounded: per connection and direction at most ``buffer_bytes`` (+ one
 read chunk) wait in the shaped queue; while it is full the relay stops reading from
@@ -254,10 +259,11 @@ def _rst(writer: asyncio.StreamWriter | None) -> None:
     """Abort a transport with RST (SO_LINGER 0) so the peer sees a reset at once."""
     if writer is None:
         return
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    if not writer.transport.is_closing():
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError, ValueError):  # uvloop: fd may be gone already
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
 
 
@@ -297,6 +303,7 @@ class _Pipe:
                 off += n
                 self.last_t = t
             self.queued += len(data)
+            self.relay._queue_delta(self.direction, len(data))
             self.has_item.set()
 
     async def pump_out(self) -> None:
@@ -319,6 +326,7 @@ class _Pipe:
             n = len(data)
             self.relay._count(self.direction, n)
             self.queued -= n
+            self.relay._queue_delta(self.direction, -n)
             self.has_space.set()
             await self.dst.drain()
 
@@ -373,6 +381,8 @@ class Relay:
         self._conn_tasks: set[asyncio.Task[Any]] = set()
         self._events: list[dict[str, Any]] = []
         self._bytes = {"up": 0, "down": 0}
+        self._queued = {"up": 0, "down": 0}
+        self._peak_queued = {"up": 0, "down": 0}
         self._connections = 0
         self._refused = 0
         self._disconnects = 0
@@ -467,9 +477,11 @@ class Relay:
         for (name, upstream), sock in zip(self.routes.items(), socks, strict=True):
             self._ports[name] = sock.getsockname()[1]
 
-            async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter,
-                              _up: tuple[str, int] = upstream) -> None:
-                await self._serve(_up, r, w)
+            def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter,
+                        _up: tuple[str, int] = upstream) -> None:
+                # Run the connection in our own tracked task (not asyncio's callback task:
+                # Python 3.11's streams log a spurious error when that one is cancelled).
+                self._track(asyncio.get_running_loop().create_task(self._serve(_up, r, w)))
 
             self._servers.append(await asyncio.start_server(handler, sock=sock))
         log.info("relay.started", endpoints=self.endpoints(), spec=asdict(self.spec))
@@ -553,6 +565,11 @@ class Relay:
     def _count(self, direction: str, n: int) -> None:
         self._bytes[direction] += n
 
+    def _queue_delta(self, direction: str, n: int) -> None:
+        q = self._queued[direction] = self._queued[direction] + n
+        if q > self._peak_queued[direction]:
+            self._peak_queued[direction] = q
+
     def _track(self, task: asyncio.Task[Any] | None) -> None:
         if task is not None:
             self._tasks.add(task)
@@ -565,7 +582,6 @@ class Relay:
             _rst(cw)
             return
         me = asyncio.current_task()
-        self._track(me)
         if me is not None:
             self._conn_tasks.add(me)
         epoch = self._epoch
@@ -670,12 +686,17 @@ class Relay:
 
     def stats(self) -> dict[str, Any]:
         """Counters: ``bytes_up`` / ``bytes_down`` (payload bytes delivered each way),
-        ``connections`` (proxied so far), ``active_sockets``, ``refused`` (during
+        ``queued_up`` / ``queued_down`` (bytes now waiting in shaped queues, all
+        connections) and their ``peak_`` values, ``connections`` (proxied so far), ``active_sockets``, ``refused`` (during
         outages), ``segments`` / ``segments_lost`` (both directions), ``disconnects``,
         ``down`` (an outage is in progress)."""
         return {
             "bytes_up": self._bytes["up"],
             "bytes_down": self._bytes["down"],
+            "queued_up": self._queued["up"],
+            "queued_down": self._queued["down"],
+            "peak_queued_up": self._peak_queued["up"],
+            "peak_queued_down": self._peak_queued["down"],
             "connections": self._connections,
             "active_sockets": len(self._writers),
             "refused": self._refused,
@@ -813,7 +834,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     p.add_argument("--buffer-bytes", type=int, default=1 << 20)
     p.add_argument("--events", default=None, help="append structlog JSON lines here")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--uvloop", action="store_true", help="run on uvloop if installed")
+    p.add_argument("--loop", choices=["auto", "asyncio", "uvloop"], default="auto",
+                   help="event loop; auto = uvloop if installed (its timers are closer to "
+                        "the model than asyncio's, which round sleeps up by up to 1 ms)")
     args = p.parse_args(None if argv is None else list(argv))
     from pubsub.logs import configure_logging  # the repo's structlog setup (stderr + jsonl)
 
@@ -825,9 +848,13 @@ def main(argv: Iterable[str] | None = None) -> int:
                  bandwidth_bps=None if args.bandwidth_mbps is None else args.bandwidth_mbps * 1e6)
     except InvalidLinkSpec as e:
         p.error(str(e))
-    if args.uvloop:
-        with contextlib.suppress(ImportError):
+    if args.loop != "asyncio":
+        try:
             import uvloop
+        except ImportError:
+            if args.loop == "uvloop":
+                p.error("--loop uvloop: uvloop is not installed")
+        else:
             return uvloop.run(_amain(args))
     return asyncio.run(_amain(args))
 
