@@ -376,3 +376,32 @@ def test_backpressure_bounds_the_shaped_queue(ctx: zmq.Context[Any]) -> None:
     finally:
         rt.close()
         pull.close(0)
+
+
+async def test_bus_publisher_through_broker_relay(broker: Any) -> None:
+    """A real broker and our Bus: a publisher given ``relay.broker_address`` (three
+    consecutive relay ports for PORT, PORT+1, PORT+2) reaches a direct subscriber; a
+    64 KiB array takes at least the model's 10 ms + 5.24 ms one way."""
+    import numpy as np
+
+    from pubsub import Bus
+    from tests.conftest import wait_subscribed
+
+    spec = LinkSpec(latency_s=0.010, bandwidth_bps=100e6)
+    async with Relay.for_broker(broker.address, spec) as relay:
+        async with Bus(relay.broker_address, name="shaped-pub") as pub, \
+                Bus(broker.address, name="direct-sub") as sub:
+            await sub.subscribe("emb/relay")
+            await wait_subscribed(pub, sub, "emb/relay")
+            arr = np.arange(16384, dtype=np.float32)  # 64 KiB
+            times = []
+            for i in range(3):
+                t0 = time.perf_counter()
+                await pub.publish("emb/relay", [arr], {"i": i})
+                msg = await sub.next("emb/relay", timeout_s=5.0)
+                times.append(time.perf_counter() - t0)
+                assert msg.meta == {"i": i}
+                assert np.array_equal(msg.arrays[0], arr)
+            assert min(times) >= spec.transfer_time_s(65536), times
+        st = relay.stats()
+        assert st["connections"] >= 1 and st["bytes_up"] > 3 * 65536
