@@ -95,7 +95,14 @@ async def _serve(role: str, cfg: VflConfig, args: argparse.Namespace) -> dict[st
         await fork_server
     party = Party(role, cfg, data, broker=args.broker, run_id=args.run_id,
                   progress=not args.quiet)
-    metrics = await party.run()
+    try:
+        metrics = await party.run()
+    finally:
+        if args.out:  # the timeline also tells where a failed run stood
+            party.timeline.write(Path(args.out) / f"timeline-{role}.json")
+    metrics["timeline"] = {"file": f"timeline-{role}.json", "spans": party.timeline.n,
+                           "overflow": party.timeline.overflow,
+                           "totals_s": party.timeline.totals()}
     if role == "active":
         return assemble_metrics(cfg, args.run_id, metrics, party.partner_report)
     return metrics

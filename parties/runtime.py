@@ -136,6 +136,7 @@ from parties.schedule import (
     validation_split,
 )
 from parties.sysinfo import CpuMeter, cores_allotted, run_delay_s
+from parties.timeline import COMM, WAIT, Timeline, TimedWorker
 from parties.tasks import compute_metric, metric_name
 from parties.workers import (
     InlineWorker,
@@ -339,6 +340,7 @@ class Party:
         self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
         self._x_val = torch.from_numpy(np.ascontiguousarray(data.x_val))
         self._handles: list[WorkerHandle] = []
+        self.timeline = Timeline(role)
         self._data_dir: Path | None = None
         self.partner_report: dict[str, Any] | None = None
         self._init_dp()
@@ -388,6 +390,7 @@ class Party:
                                            noise_seed=self._noise_seeds[k])
                              for k in range(self.workers)]
             await asyncio.to_thread(ensure_forkserver)
+        self._handles = [TimedWorker(h, self.timeline, k) for k, h in enumerate(self._handles)]
         await asyncio.gather(*(h.start() for h in self._handles))
         self.log.info("vfl.workers_started", workers=self.workers, mode=mode)
 
@@ -529,16 +532,19 @@ class Party:
                 raise PartnerLost(self.partner, timeout) from None
 
     async def _wait(self, bus: Bus, topic: str, deadline: float,
-                    accept: Callable[[Message], int]) -> Message | None:
+                    accept: Callable[[Message], int], *, worker: int = -1,
+                    batch: int = -1) -> Message | None:
         """Wait on ``topic`` until ``deadline`` (loop time) for a message ``accept`` returns 1 for.
 
         ``accept`` returns 1 (take), 0 (stale: discard, keep waiting) or -1 (from
         the future: put back and give up). Time spent is counted as waiting time,
         except, with inline workers, the compute that ran on the loop meanwhile (e.g.
-        the active worker's own bottom forward, or another worker's step).
+        the active worker's own bottom forward, or another worker's step). The wait is
+        recorded as a ``wait`` span of ``worker`` / ``batch`` on the party's timeline.
         """
         loop = asyncio.get_running_loop()
         t0 = loop.time()
+        p0 = time.perf_counter()
         inline = self.worker_mode == "inline"
         busy0 = sum(h.compute_s for h in self._handles) if inline else 0.0
         try:
@@ -560,6 +566,7 @@ class Party:
         finally:
             busy = sum(h.compute_s for h in self._handles) - busy0 if inline else 0.0
             self.c.wait_s += max(0.0, loop.time() - t0 - busy)
+            self.timeline.record(WAIT, worker, batch, p0, time.perf_counter())
 
     # ------------------------------------------------------------------ training
     @property
@@ -720,10 +727,12 @@ class Party:
         return self._eval_privatize(torch.from_numpy(emb))[1].numpy()
 
     def _publish_emb(self, bus: Bus, topic: str, h_np: np.ndarray, rows: np.ndarray,
-                     meta: dict[str, Any]) -> None:
+                     meta: dict[str, Any], worker: int) -> None:
         assert self.dp_acct is not None
         self.dp_acct.record("train", rows)  # raises, publishing nothing, past the plan
+        t0 = time.perf_counter()
         bus.publish_nowait(topic, [h_np], meta, copy=False)
+        self.timeline.record(COMM, worker, meta["b"], t0, time.perf_counter())
 
     async def _passive_worker(self, bus: Bus, k: int, epoch: int, batches: list[np.ndarray],
                               sched: EpochSchedule, cond: asyncio.Condition) -> None:
@@ -737,10 +746,10 @@ class Party:
             h_np = await worker.forward(epoch, b)
             uid = f"{epoch}.{b}.{attempt}"
             self._publish_emb(bus, self.topics.emb(b), h_np, rows,
-                              {"e": epoch, "b": b, "a": attempt, "u": uid})
+                              {"e": epoch, "b": b, "a": attempt, "u": uid}, k)
 
             msg = await self._wait(bus, self.topics.grad(b), loop.time() + self._data_wait_s(),
-                                   _grad_acceptor(epoch, b, uid))
+                                   _grad_acceptor(epoch, b, uid), worker=k, batch=b)
             outcome = await self._settle_grad(worker, epoch, b, msg, len(rows))
             if outcome == "missed":
                 self._count_miss(sched.fail(b, attempt), b, epoch, "grad")
@@ -778,7 +787,7 @@ class Party:
             b = win.oldest()
             assert b is not None
             msg = await self._wait(bus, self.topics.grad(b), loop.time() + self._data_wait_s(),
-                                   acceptor(b))
+                                   acceptor(b), worker=k, batch=b)
             await settle(b, msg)
 
         try:
@@ -799,7 +808,7 @@ class Party:
                 h_np = await worker.forward(epoch, b, snapshot=True)
                 uids[b] = f"{epoch}.{b}.0"
                 self._publish_emb(bus, self.topics.emb(b), h_np, batches[b],
-                                  {"e": epoch, "b": b, "a": 0, "u": uids[b]})
+                                  {"e": epoch, "b": b, "a": 0, "u": uids[b]}, k)
                 win.issue(b)
             while win.outstanding:
                 await wait_oldest()
@@ -817,7 +826,7 @@ class Party:
                 return 1 if key == (epoch, b) else (0 if key < (epoch, b) else -1)
 
             msg = await self._wait(bus, self.topics.ids, loop.time() + self._data_wait_s(),
-                                   accept)
+                                   accept, batch=b)
             if msg is None:
                 raise self._stalled("ids", b, epoch)
             parts = unpack_ids(msg.arrays[0], msg.arrays[1])
@@ -834,9 +843,9 @@ class Party:
         h_np = await worker.forward(epoch, b, rows=rows, key=b)
         uid = f"{epoch}.{b}.{k}"
         self._publish_emb(bus, self.topics.emb(k), h_np, rows,
-                          {"e": epoch, "b": b, "k": k, "a": 0, "u": uid})
+                          {"e": epoch, "b": b, "k": k, "a": 0, "u": uid}, k)
         msg = await self._wait(bus, self.topics.grad(k), loop.time() + self._data_wait_s(),
-                               lambda m: 1 if m.meta.get("u") == uid else 0)
+                               lambda m: 1 if m.meta.get("u") == uid else 0, worker=k, batch=b)
         if msg is None:
             raise self._stalled("grad", b, epoch)
         await worker.backward(epoch, b, msg.arrays[0])
@@ -939,7 +948,8 @@ class Party:
         loop = asyncio.get_running_loop()
         pre = asyncio.create_task(worker.prefetch(epoch, b, rows=rows))
         try:
-            msg = await self._wait(bus, emb_topic, loop.time() + self._data_wait_s(), accept)
+            msg = await self._wait(bus, emb_topic, loop.time() + self._data_wait_s(), accept,
+                                   worker=k, batch=b)
         finally:
             await pre
         if msg is None:
@@ -948,7 +958,9 @@ class Party:
         meta = grad_meta(msg)
 
         def publish(grad: np.ndarray) -> None:
+            t0 = time.perf_counter()
             bus.publish_nowait(grad_topic, [grad], meta, copy=False)
+            self.timeline.record(COMM, k, b, t0, time.perf_counter())
 
         loss, _ = await worker.step(epoch, b, msg.arrays[0], rows=rows, on_grad=publish)
         n = len(rows) if rows is not None else len(msg.arrays[0])
