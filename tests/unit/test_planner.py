@@ -133,3 +133,17 @@ def test_grid_sync_interval_and_bad_input() -> None:
         plan(p, a, n_rows=100, embedding_dim=8)
     with pytest.raises(ValueError):
         mean_sync_interval(0, 5)
+
+
+def test_plan_for_config_takes_d_threads_and_mean_sync_interval() -> None:
+    from parties.config import VflConfig
+    from parties.planner import plan_for_config
+
+    cfg = VflConfig(embedding_dim=16, torch_threads=2, epochs=8, delta_t0=5)
+    comm = CommFit(latency_s=1e-4, s_per_byte=1e-9)
+    a = _cost("active", comm=comm, param_bytes=10_000, sync_s=1e-4, sync_comm=None)
+    p = _cost("passive", comm=comm, param_bytes=20_000, sync_s=1e-4, sync_comm=None)
+    got = plan_for_config(a, p, cfg, 20_000)
+    want = plan(a, p, n_rows=20_000, embedding_dim=16, threads=2,
+                delta_t=mean_sync_interval(8, 5))
+    assert got == want
