@@ -1,0 +1,476 @@
+"""The worker / batch-size planner: minimise the predicted epoch wall time over
+``(w_a, w_p, B)`` (PubSub-VFL, arXiv 2510.12494, Sec. 4: system profiling and the
+dynamic-programming choice of workers and batch size).
+
+Pure logic: no sockets, no processes. Inputs are the two parties'
+:class:`parties.costmodel.CostModel` fits.
+
+Why not the bare formula
+------------------------
+The paper's per-worker step ``T = λ·B^γ·w/C`` makes a party's epoch
+``⌈N/B⌉/w · λ·B^γ·w/C = ⌈N/B⌉·λ·B^γ/C``: independent of w, so any per-worker overhead
+makes w = 1 optimal. A real party differs in three ways, each a term below.
+
+The objective, per party p ∈ {active, passive} at ``(w, B)``
+-------------------------------------------------------------
+Notation: N training rows per epoch, d the embedding width, C_p the party's cores,
+``threads`` torch intra-op threads per worker, ΔT the steps between a worker's PS syncs.
+
+* ``n_b = ⌈N/B⌉`` batches (the last may be short; counted as a full step, as the
+  runtime schedules it).
+* ``W_p(B) = λ_f·B^γ_f + λ_b·B^γ_b``: work of one step, core-seconds (forward and
+  backward fits, λ per core).
+* (a) **threads cap.** A worker cannot use more than ``threads`` cores, so one worker's
+  step with the cores it can use is ``s_p = W_p / min(threads, C_p)``, and w workers
+  together use at most ``min(C_p, w·threads)`` cores. Under-subscription
+  (``w·threads < C``) leaves cores idle; over-subscription time-slices the C cores.
+  With no waiting this gives the per-worker step ``W_p / min(threads, C_p/w)`` of the
+  brief and a party epoch ``n_b · W_p / min(w·threads, C_p)``.
+* (b) **communication.** Each step a worker publishes a ``(B, d)`` float32 embedding
+  (passive) or gradient (active) and waits for its partner's: a round trip
+  ``r(B) = comm_A(4·d·B) + comm_P(4·d·B)`` seconds (each party's one-way
+  :class:`~parties.costmodel.CommFit`). The worker holds no core while it waits; other
+  workers can use the cores meanwhile.
+* (c) **PS sync.** With w >= 2 workers, each pushes its change and pulls the global
+  parameters every ΔT steps: ``y_p = sync_p / ΔT`` seconds per step, where
+  ``sync_p = sync_overhead_s + 2·sync_comm(param_bytes)``
+  (:meth:`~parties.costmodel.CostModel.sync_time`). With w = 1 the party never syncs on
+  its own (:func:`parties.workers.sync_mode_for` gives ``"manual"``), so ``y_p = 0``.
+  The sync blocks its worker but is counted as waiting, not as core work (an in-process
+  copy of a small model; a remote PS is waiting anyway).
+
+The party is a closed system of w workers, each cycling through ``s_p`` of compute and
+``r + y_p`` of waiting. Its throughput obeys the asymptotic bounds of a closed queueing
+network (Denning & Buzen 1978; Lazowska et al., *Quantitative System Performance*, 1984,
+ch. 5): at most ``w / (s_p + r + y_p)`` steps/s (each worker's own cycle), and at most
+``C_p / W_p`` (the cores' capacity). Hence
+
+    T_p(w, B) = n_b · max( (s_p + r + y_p) / w ,  W_p / C_p )      seconds per epoch.
+
+With one worker the round trip is fully exposed (``s + r``); with w >= 2 it overlaps
+other workers' compute until the cores saturate. (The brief's rule
+``max(0, r − (w−1)·step)`` exposed per step has the same two limits; the bound above is
+the standard one, and it also covers over-subscription.) It is the optimistic bound: near
+the knee real systems run somewhat slower.
+
+* (d) **imbalance.** The parties are two pipeline stages joined by buffered per-batch
+  channels (Sec. 4.1), so the epoch takes as long as the slower one and the faster
+  party waits:
+
+    epoch(w_a, w_p, B) = max( T_A(w_a, B), T_P(w_p, B) ),
+    idle_p = 1 − T_p / epoch     (share of the epoch party p waits for its partner).
+
+Constraints
+-----------
+* B in a discrete set: by default powers of two ``16, 32, ..., 1024`` (the issue's
+  ``{16, 32, …, 1024}`` read as the usual doubling grid; :func:`batch_grid` with
+  ``step=16`` gives ``16, 32, 48, ..., 1024`` instead).
+* ``1 <= w_a, w_p <= W_max``.
+* Memory: party p with w workers at batch B must fit its budget M̄_p
+  (:meth:`~parties.costmodel.MemoryFit.fits`). Default rule ``"shared"``:
+  ``M_0 + w·ρ·B^χ <= M̄`` (thread workers share the party's baseline: tables, model,
+  interpreter; each adds its batch-dependent memory); ``"per_worker"``:
+  ``w·M(B) <= M̄`` (process workers, each with its own baseline). Either way
+  ``B <= B_max = min_p b_max(M̄_p)`` with w = 1, the paper's bound.
+
+Dynamic programme (exact)
+-------------------------
+T_A depends only on ``(w_a, B)`` and T_P only on ``(w_p, B)`` (r(B) uses both parties'
+comm fits but not their worker counts), and ``max`` is monotone in each argument, so
+``min_{w_a, w_p} max(T_A, T_P) = max(min_{w_a} T_A, min_{w_p} T_P)``. Stage 1, per party
+and B: ``T*_p(B) = min`` over memory-feasible w of ``T_p(w, B)``. Stage 2:
+``E(B) = max(T*_A(B), T*_P(B))`` and ``B* = argmin E``. Ties: the plan minimises
+``(epoch, w_a + w_p, B)`` lexicographically: for a given B and epoch E the fewest
+workers are, separately per party, the smallest w with ``T_p(w, B) <= E`` (the faster
+party gets no more workers than it needs to keep up). :func:`brute_force` enumerates all
+triples with the same key, so it returns the same plan. Cost: ``O(|B|·W_max)`` against
+``O(|B|·W_max²)``.
+
+The sync interval: ΔT_t grows over epochs (:func:`parties.schedule.sync_interval`); the
+per-party times are linear in ``1/ΔT``, so :func:`mean_sync_interval` (the harmonic mean
+of ΔT_t over the run) gives each party's mean epoch time exactly; the max of means
+slightly under-states the mean of maxima when the bottleneck party changes between
+epochs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from parties.costmodel import MEMORY_RULES, CostModel, MemoryLimitTooSmall
+from parties.schedule import sync_interval
+
+#: Default candidate batch sizes: powers of two from 16 to 1024.
+DEFAULT_BATCH_SIZES: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
+#: Default W_max, the most workers per party.
+DEFAULT_W_MAX = 8
+#: Bytes of one float32 (embeddings and their gradients).
+FLOAT_BYTES = 4
+
+
+class PlannerError(ValueError):
+    """Bad planner input."""
+
+
+class NoFeasiblePlan(PlannerError):
+    """No ``(w_a, w_p, B)`` fits the memory budgets (every B exceeds some party's
+    ``b_max``, or a budget is below its baseline M_0).
+
+    Attributes:
+        b_max: the smallest of the parties' ``b_max`` (0 if a budget is below M_0).
+    """
+
+    def __init__(self, b_max: float, batch_sizes: Sequence[int]) -> None:
+        self.b_max = b_max
+        super().__init__(f"no batch size in {list(batch_sizes)} fits the memory budgets "
+                         f"(B_max = {b_max:.6g})")
+
+
+def batch_grid(lo: int = 16, hi: int = 1024, *, step: int | None = None) -> tuple[int, ...]:
+    """Candidate batch sizes: ``lo, 2·lo, 4·lo, ... <= hi`` (``step`` None), or
+    ``lo, lo + step, ... <= hi``.
+
+    Raises:
+        PlannerError: ``lo < 1``, ``hi < lo`` or ``step < 1``.
+    """
+    if lo < 1 or hi < lo or (step is not None and step < 1):
+        raise PlannerError(f"bad batch grid: lo={lo!r}, hi={hi!r}, step={step!r}")
+    if step is not None:
+        return tuple(range(lo, hi + 1, step))
+    out, b = [], lo
+    while b <= hi:
+        out.append(b)
+        b *= 2
+    return tuple(out)
+
+
+def mean_sync_interval(epochs: int, delta_t0: int) -> float:
+    """Harmonic mean of ΔT_t over epochs ``0 .. epochs−1`` (steps between syncs): the
+    ΔT whose per-step sync cost ``sync/ΔT`` equals the run's mean.
+
+    Raises:
+        ValueError: ``epochs < 1`` or ``delta_t0 < 1``.
+    """
+    if epochs < 1:
+        raise PlannerError(f"epochs must be >= 1, got {epochs!r}")
+    return epochs / sum(1.0 / sync_interval(t, delta_t0) for t in range(epochs))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartyTerms:
+    """The terms of one party's predicted epoch at ``(w, B)`` (module docstring).
+
+    Attributes:
+        workers / batch_size: w and B.
+        batches: n_b = ⌈N/B⌉.
+        work_core_s: W(B), core-seconds per step.
+        step_s: s = W / min(threads, C), one worker's compute per step, seconds.
+        round_trip_s: r(B), seconds per step.
+        sync_per_step_s: y = sync / ΔT (0 for w = 1), seconds per step.
+        latency_bound_s: n_b · (s + r + y) / w, seconds.
+        core_bound_s: n_b · W / C, seconds.
+        epoch_s: max of the two bounds, seconds.
+        memory_bytes: the party's memory at (w, B) under the memory rule, bytes.
+    """
+
+    workers: int
+    batch_size: int
+    batches: int
+    work_core_s: float
+    step_s: float
+    round_trip_s: float
+    sync_per_step_s: float
+    latency_bound_s: float
+    core_bound_s: float
+    epoch_s: float
+    memory_bytes: float
+
+
+def party_terms(cost: CostModel, partner: CostModel, *, b: int, w: int, n_rows: int,
+                embedding_dim: int, threads: int = 1, delta_t: float = 1.0,
+                memory_rule: str = "shared") -> PartyTerms:
+    """Every term of ``T_p(w, B)`` for party ``cost`` (partner ``partner``).
+
+    Raises:
+        PlannerError: bad arguments (see :func:`plan`).
+    """
+    _check_common(n_rows=n_rows, embedding_dim=embedding_dim, threads=threads,
+                  delta_t=delta_t, memory_rule=memory_rule)
+    if b < 1 or w < 1:
+        raise PlannerError(f"need b >= 1 and w >= 1, got {b!r}, {w!r}")
+    n_b = -(-n_rows // b)
+    work = cost.work(b)
+    step = work / min(float(threads), cost.cores)
+    rtt = _round_trip(cost, partner, b, embedding_dim)
+    sync = cost.sync_time() / delta_t if w >= 2 else 0.0
+    lat = n_b * (step + rtt + sync) / w
+    core = n_b * work / cost.cores
+    return PartyTerms(workers=w, batch_size=b, batches=n_b, work_core_s=work, step_s=step,
+                      round_trip_s=rtt, sync_per_step_s=sync, latency_bound_s=lat,
+                      core_bound_s=core, epoch_s=max(lat, core),
+                      memory_bytes=cost.memory.party_bytes(b, w, memory_rule))
+
+
+def _round_trip(cost: CostModel, partner: CostModel, b: int, embedding_dim: int) -> float:
+    nbytes = FLOAT_BYTES * embedding_dim * b
+    return cost.comm.time(nbytes) + partner.comm.time(nbytes)
+
+
+def party_epoch_time(cost: CostModel, partner: CostModel, *, b: int, w: int, n_rows: int,
+                     embedding_dim: int, threads: int = 1, delta_t: float = 1.0) -> float:
+    """``T_p(w, B)``, seconds per epoch (the fast path of :func:`party_terms`; no checks)."""
+    n_b = -(-n_rows // b)
+    work = cost.work(b)
+    step = work / min(float(threads), cost.cores)
+    rtt = _round_trip(cost, partner, b, embedding_dim)
+    sync = cost.sync_time() / delta_t if w >= 2 else 0.0
+    return max(n_b * (step + rtt + sync) / w, n_b * work / cost.cores)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanRow:
+    """The best choice at one batch size (a row of :attr:`Plan.table`).
+
+    Attributes:
+        batch_size: B.
+        feasible: some w of each party fits the memory budgets.
+        w_active / w_passive: the fewest workers reaching the row's epoch (0 if
+            infeasible).
+        t_active_s / t_passive_s: each party's best ``T*_p(B)``, seconds (inf if no w
+            fits).
+        epoch_s: ``max`` of the two, seconds (inf if infeasible).
+    """
+
+    batch_size: int
+    feasible: bool
+    w_active: int
+    w_passive: int
+    t_active_s: float
+    t_passive_s: float
+    epoch_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """The planner's choice and its predicted timing.
+
+    Attributes:
+        w_active / w_passive / batch_size: the plan.
+        epoch_s: predicted epoch wall time, seconds: ``max(t_active_s, t_passive_s)``.
+        t_active_s / t_passive_s: each party's ``T_p`` at its chosen w, seconds.
+        idle_active / idle_passive: ``1 − T_p / epoch_s``, the share of the epoch the
+            party waits for its partner.
+        util_active / util_passive: ``n_b · W_p / (C_p · epoch_s)``, the share of the
+            party's cores kept busy.
+        bound_by: ``"active"``, ``"passive"`` or ``"both"`` (the slower party).
+        b_max: B_max = min over parties of ``b_max(M̄_p)`` with one worker (inf: no
+            limits).
+        w_max: W_max.
+        active / passive: :class:`PartyTerms` at the plan.
+        table: one :class:`PlanRow` per candidate B, in the given order.
+    """
+
+    w_active: int
+    w_passive: int
+    batch_size: int
+    epoch_s: float
+    t_active_s: float
+    t_passive_s: float
+    idle_active: float
+    idle_passive: float
+    util_active: float
+    util_passive: float
+    bound_by: str
+    b_max: float
+    w_max: int
+    active: PartyTerms
+    passive: PartyTerms
+    table: tuple[PlanRow, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (infinities as None)."""
+        def clean(v: Any) -> Any:
+            if isinstance(v, float) and not math.isfinite(v):
+                return None
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            if isinstance(v, list | tuple):
+                return [clean(x) for x in v]
+            return v
+
+        return clean(asdict(self))
+
+
+def _check_common(*, n_rows: int, embedding_dim: int, threads: int, delta_t: float,
+                  memory_rule: str) -> None:
+    if n_rows < 1:
+        raise PlannerError(f"n_rows must be >= 1, got {n_rows!r}")
+    if embedding_dim < 1:
+        raise PlannerError(f"embedding_dim must be >= 1, got {embedding_dim!r}")
+    if threads < 1:
+        raise PlannerError(f"threads must be >= 1, got {threads!r}")
+    if not (math.isfinite(delta_t) and delta_t >= 1):
+        raise PlannerError(f"delta_t must be a finite number >= 1, got {delta_t!r}")
+    if memory_rule not in MEMORY_RULES:
+        raise PlannerError(f"memory_rule must be one of {MEMORY_RULES}, got {memory_rule!r}")
+
+
+def _check(active: CostModel, passive: CostModel, batch_sizes: Sequence[int], w_max: int,
+           **common: Any) -> tuple[int, ...]:
+    if active.role != "active" or passive.role != "passive":
+        raise PlannerError(f"expected the active then the passive cost model, got roles "
+                           f"{active.role!r}, {passive.role!r}")
+    _check_common(**common)
+    if w_max < 1:
+        raise PlannerError(f"w_max must be >= 1, got {w_max!r}")
+    bs = tuple(int(b) for b in batch_sizes)
+    if not bs or any(b < 1 for b in bs) or len(set(bs)) != len(bs):
+        raise PlannerError(f"batch_sizes must be distinct integers >= 1, got {batch_sizes!r}")
+    return bs
+
+
+def b_max_of(active: CostModel, passive: CostModel, memory_rule: str = "shared") -> float:
+    """B_max = min over parties of ``b_max(M̄_p)`` with one worker (inf without limits,
+    0 when a budget is below its party's M_0)."""
+    out = math.inf
+    for cost in (active, passive):
+        if cost.mem_limit_bytes is None:
+            continue
+        try:
+            out = min(out, cost.memory.b_max(cost.mem_limit_bytes, 1, memory_rule))
+        except MemoryLimitTooSmall:
+            return 0.0
+    return out
+
+
+def _finish(active: CostModel, passive: CostModel, *, b: int, w_a: int, w_p: int,
+            table: tuple[PlanRow, ...], w_max: int, n_rows: int, embedding_dim: int,
+            threads: int, delta_t: float, memory_rule: str) -> Plan:
+    kw = {"n_rows": n_rows, "embedding_dim": embedding_dim, "threads": threads,
+          "delta_t": delta_t, "memory_rule": memory_rule}
+    ta = party_terms(active, passive, b=b, w=w_a, **kw)
+    tp = party_terms(passive, active, b=b, w=w_p, **kw)
+    epoch = max(ta.epoch_s, tp.epoch_s)
+    bound = "both" if ta.epoch_s == tp.epoch_s else (
+        "active" if ta.epoch_s > tp.epoch_s else "passive")
+    return Plan(w_active=w_a, w_passive=w_p, batch_size=b, epoch_s=epoch,
+                t_active_s=ta.epoch_s, t_passive_s=tp.epoch_s,
+                idle_active=1.0 - ta.epoch_s / epoch, idle_passive=1.0 - tp.epoch_s / epoch,
+                util_active=ta.batches * ta.work_core_s / (active.cores * epoch),
+                util_passive=tp.batches * tp.work_core_s / (passive.cores * epoch),
+                bound_by=bound, b_max=b_max_of(active, passive, memory_rule), w_max=w_max,
+                active=ta, passive=tp, table=table)
+
+
+def plan(active: CostModel, passive: CostModel, *, n_rows: int, embedding_dim: int,
+         threads: int = 1, w_max: int = DEFAULT_W_MAX,
+         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, delta_t: float = 1.0,
+         memory_rule: str = "shared") -> Plan:
+    """The plan minimising ``(epoch, w_a + w_p, B)`` by the exact two-stage DP
+    (module docstring).
+
+    Args:
+        active / passive: the parties' cost models (roles ``"active"``/``"passive"``).
+        n_rows: N, training rows per epoch (>= 1).
+        embedding_dim: d, the cut-layer width (>= 1).
+        threads: torch intra-op threads per worker (``vfl.torch_threads``, >= 1).
+        w_max: W_max, most workers per party (>= 1).
+        batch_sizes: candidate B values (distinct, >= 1).
+        delta_t: steps between a worker's PS syncs (>= 1; e.g. ``vfl.delta_t0`` for the
+            steady state, or :func:`mean_sync_interval`).
+        memory_rule: ``"shared"`` or ``"per_worker"`` (module docstring).
+
+    Returns:
+        :class:`Plan`.
+
+    Raises:
+        NoFeasiblePlan: no B and w fit the memory budgets.
+        PlannerError: bad arguments.
+    """
+    common = {"n_rows": n_rows, "embedding_dim": embedding_dim, "threads": threads,
+              "delta_t": delta_t, "memory_rule": memory_rule}
+    bs = _check(active, passive, batch_sizes, w_max, **common)
+    ekw = {"n_rows": n_rows, "embedding_dim": embedding_dim, "threads": threads,
+           "delta_t": delta_t}
+    rows: list[PlanRow] = []
+    best: tuple[tuple[float, int, int], PlanRow] | None = None
+    for b in bs:
+        # Stage 1: each party's times over its feasible worker counts.
+        times: list[dict[int, float]] = []
+        for cost, partner in ((active, passive), (passive, active)):
+            times.append({w: party_epoch_time(cost, partner, b=b, w=w, **ekw)
+                          for w in range(1, w_max + 1)
+                          if cost.memory.fits(b, w, cost.mem_limit_bytes, memory_rule)})
+        if not times[0] or not times[1]:
+            t_a = min(times[0].values(), default=math.inf)
+            t_p = min(times[1].values(), default=math.inf)
+            rows.append(PlanRow(batch_size=b, feasible=False, w_active=0, w_passive=0,
+                                t_active_s=t_a, t_passive_s=t_p, epoch_s=math.inf))
+            continue
+        # Stage 2: the row's epoch and the fewest workers reaching it.
+        t_a, t_p = min(times[0].values()), min(times[1].values())
+        epoch = max(t_a, t_p)
+        w_a = min(w for w, t in times[0].items() if t <= epoch)
+        w_p = min(w for w, t in times[1].items() if t <= epoch)
+        row = PlanRow(batch_size=b, feasible=True, w_active=w_a, w_passive=w_p,
+                      t_active_s=t_a, t_passive_s=t_p, epoch_s=epoch)
+        rows.append(row)
+        key = (epoch, w_a + w_p, b)
+        if best is None or key < best[0]:
+            best = (key, row)
+    if best is None:
+        raise NoFeasiblePlan(b_max_of(active, passive, memory_rule), bs)
+    row = best[1]
+    return _finish(active, passive, b=row.batch_size, w_a=row.w_active, w_p=row.w_passive,
+                   table=tuple(rows), w_max=w_max, **common)
+
+
+def brute_force(active: CostModel, passive: CostModel, *, n_rows: int, embedding_dim: int,
+                threads: int = 1, w_max: int = DEFAULT_W_MAX,
+                batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, delta_t: float = 1.0,
+                memory_rule: str = "shared") -> Plan:
+    """Reference for tests: enumerate every ``(w_a, w_p, B)``, evaluate
+    ``max(T_A, T_P)`` afresh and keep the lexicographic minimum of
+    ``(epoch, w_a + w_p, B)``. Same arguments, result and errors as :func:`plan`; its
+    ``table`` is empty."""
+    common = {"n_rows": n_rows, "embedding_dim": embedding_dim, "threads": threads,
+              "delta_t": delta_t, "memory_rule": memory_rule}
+    bs = _check(active, passive, batch_sizes, w_max, **common)
+    ekw = {"n_rows": n_rows, "embedding_dim": embedding_dim, "threads": threads,
+           "delta_t": delta_t}
+    best: tuple[float, int, int, int, int] | None = None
+    for b in bs:
+        for w_a in range(1, w_max + 1):
+            if not active.memory.fits(b, w_a, active.mem_limit_bytes, memory_rule):
+                continue
+            for w_p in range(1, w_max + 1):
+                if not passive.memory.fits(b, w_p, passive.mem_limit_bytes, memory_rule):
+                    continue
+                epoch = max(party_epoch_time(active, passive, b=b, w=w_a, **ekw),
+                            party_epoch_time(passive, active, b=b, w=w_p, **ekw))
+                key = (epoch, w_a + w_p, b, w_a, w_p)
+                if best is None or key < best:
+                    best = key
+    if best is None:
+        raise NoFeasiblePlan(b_max_of(active, passive, memory_rule), bs)
+    _, _, b, w_a, w_p = best
+    return _finish(active, passive, b=b, w_a=w_a, w_p=w_p, table=(), w_max=w_max, **common)
+
+
+def plan_for_config(active: CostModel, passive: CostModel, cfg: Any, n_rows: int, *,
+                    w_max: int = DEFAULT_W_MAX,
+                    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+                    memory_rule: str = "shared") -> Plan:
+    """:func:`plan` with d, threads and ΔT from a :class:`parties.config.VflConfig`
+    (``embedding_dim``, ``torch_threads``, and the harmonic mean of ΔT_t over
+    ``epochs`` with ``delta_t0``).
+
+    Raises:
+        NoFeasiblePlan / PlannerError: as :func:`plan`.
+    """
+    return plan(active, passive, n_rows=n_rows, embedding_dim=cfg.embedding_dim,
+                threads=cfg.torch_threads, w_max=w_max, batch_sizes=batch_sizes,
+                delta_t=mean_sync_interval(cfg.epochs, cfg.delta_t0), memory_rule=memory_rule)
