@@ -14,7 +14,9 @@ Model
   cores (a task is one worker's compute call: it can use at most ``threads`` intra-op
   threads), so its CPU work W (seconds) takes ``W / rate`` of wall time; rates are
   recomputed whenever k changes. w > cores therefore gains nothing and loses nothing,
-  w < cores leaves cores idle. Under ``worker_mode = "inline"`` (what ``"auto"`` picks
+  w < cores leaves cores idle. Identical workers that start together would stay in phase
+  forever; ``jitter`` (seeded, deterministic) perturbs each call's cost to break that, as
+  the OS scheduler and the machine's noise do in the runs. Under ``worker_mode = "inline"`` (what ``"auto"`` picks
   for a party with fewer than 2 cores, :meth:`parties.config.VflConfig.resolved_worker_mode`)
   the party's compute calls run one at a time in arrival order (FIFO, non-preemptive) at
   ``min(threads, cores)``: the event loop itself computes.
@@ -73,6 +75,7 @@ import heapq
 import itertools
 import json
 import math
+import random
 import sys
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
@@ -212,6 +215,14 @@ class SimInput:
         worker_mode: ``"thread"``, ``"process"`` (processor sharing), ``"inline"`` (one
             compute call at a time per party) or ``"auto"`` (inline below 2 cores).
         msg_cpu_s: CPU seconds charged to the sender and to the receiver per message.
+        jitter: each compute call's work is multiplied by ``1 + jitter · u``, u uniform
+            in [-1, 1] from a ``random.Random(seed)`` (the mean is kept), in [0, 1).
+            Without it, identical workers that start together stay in phase forever
+            (processor sharing finishes them at the same instant), so a party's workers
+            all wait for their partner at the same time; in the runs the OS scheduler's
+            time slices and the machine's noise shift them apart. 0 keeps every cost exact
+            (hand-checkable); about 0.1 for predictions.
+        seed: the jitter's seed (the result is a deterministic function of the input).
         timeline_limit: keep at most this many spans (0: none).
 
     Raises:
@@ -242,6 +253,8 @@ class SimInput:
     cost_exponent: float = 1.0
     worker_mode: str = "thread"
     msg_cpu_s: float = 0.0
+    jitter: float = 0.0
+    seed: int = 0
     timeline_limit: int = 0
 
     def __post_init__(self) -> None:
@@ -260,6 +273,9 @@ class SimInput:
         _positive("bandwidth_bps", self.bandwidth_bps, finite=False)
         for name in ("latency_s", "sync_s_active", "sync_s_passive", "msg_cpu_s"):
             _finite_nonneg(name, getattr(self, name))
+        if not (isinstance(self.jitter, (int, float)) and 0.0 <= self.jitter < 1.0):
+            raise SimInputError("jitter", f"must be in [0, 1), got {self.jitter!r}")
+        _int_at_least("seed", self.seed, 0)
         if self.worker_mode not in WORKER_MODES:
             raise SimInputError("worker_mode", f"must be one of {WORKER_MODES}, "
                                                f"got {self.worker_mode!r}")
@@ -565,6 +581,7 @@ class _Run:
                              for _ in range(self.nw[r])] for r in ROLES}
         self.sync_s = {"active": inp.sync_s_active, "passive": inp.sync_s_passive}
         self.signals: dict[tuple[Any, ...], _Signal] = {}
+        self.rng = random.Random(inp.seed)
         self.link_free = {r: 0.0 for r in ROLES}  # by sender
         self.wait = {r: 0.0 for r in ROLES}
         self.epoch_times: list[float] = []
@@ -589,6 +606,8 @@ class _Run:
         if work <= 0.0:
             self.eng.fire(done)
             return done
+        if self.inp.jitter:
+            work *= 1.0 + self.inp.jitter * (2.0 * self.rng.random() - 1.0)
         self.cpu[role].submit(work, _Task(done, self.eng.now, worker, what, epoch, batch))
         return done
 
