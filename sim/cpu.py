@@ -10,6 +10,10 @@ scaled to 2 cores here → 1.5625 and 0.4375 cores (:func:`scale_shares`). A
 * ``cgroup-v1``: a child group in the ``cpu`` hierarchy with ``cpu.cfs_quota_us`` /
   ``cpu.cfs_period_us`` (``cpu.cfs_burst_us`` set to 0 when present), plus a twin group in
   the ``cpuacct`` hierarchy (``cpuacct.usage``, ns) for the usage.
+
+Both cgroup methods also set the group's weight to that of ``cores`` busy tasks
+(``cpu.shares = 1024 * cores``, ``cpu.weight = 100 * cores``): the quota is a ceiling,
+and on a busy host the weight decides how close to it each group gets.
 * ``duty-cycle``: the fallback when cgroups are not writable. A background thread
   SIGCONTs the tracked processes for ``cores / ceil(cores)`` of every period and SIGSTOPs
   them for the rest; their CPU affinity is set to ``ceil(cores)`` CPUs. Usage from psutil.
@@ -450,6 +454,12 @@ class _CgroupV1(_Backend):
             _write(self.path / "cpu.cfs_quota_us", str(self.quota_us))
             if (self.path / "cpu.cfs_burst_us").exists():
                 _write(self.path / "cpu.cfs_burst_us", "0")
+            # Weight like `cores` busy tasks: by default the whole group competes with
+            # other processes as ONE task, so under contention it would get less than its
+            # quota, and two parties would not keep their ratio.
+            shares = min(262_144, max(2, round(1024 * cores)))
+            _write(self.path / "cpu.shares", str(shares))
+            self.extra["cpu_shares"] = shares
             self._acct: Path | None = None
             if acct_m is not None and acct_m.mount_point == cpu_m.mount_point:
                 self._acct = self.path
@@ -546,6 +556,9 @@ class _CgroupV2(_Backend):
         self.path = _make_group(self._home, name, self.method)
         try:
             _write(self.path / "cpu.max", f"{self.quota_us} {period_us}")
+            weight = min(10_000, max(1, round(100 * cores)))  # see cgroup-v1 cpu.shares
+            _write(self.path / "cpu.weight", str(weight))
+            self.extra["cpu_weight"] = weight
             if (self.path / "cpu.max.burst").exists():
                 _write(self.path / "cpu.max.burst", "0")
         except BaseException:
