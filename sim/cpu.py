@@ -936,8 +936,10 @@ class CpuLimiter:
 
     def usage_s(self) -> float:
         """CPU seconds used by the group's processes since :meth:`create` (cgroups:
-        ``cpuacct.usage`` / ``cpu.stat``; otherwise psutil over the tracked processes
-        and their children, sampled at most once per period for exited ones)."""
+        ``cpuacct.usage`` / ``cpu.stat``, exact; otherwise psutil over the tracked
+        processes and their children, sampled every period by the duty-cycle thread and
+        at each call: a process keeps its last sampled time after it exits, and one that
+        exits before its first sample is not counted)."""
         return self._backend.usage_s()
 
     @property
