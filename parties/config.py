@@ -70,6 +70,13 @@ class VflConfig:
         handshake_timeout_s: deadline for both parties to find each other, seconds.
         heartbeat_interval_s: heartbeat period, seconds.
         bottom_hidden: hidden widths of each bottom model.
+        active_bottom_hidden / passive_bottom_hidden: that party's own bottom widths
+            (empty, the default: ``bottom_hidden``). Under unequal CPU shares, balance
+            the parties' compute per sample by giving the party with fewer cores the
+            smaller model (see :meth:`bottom_hidden_for`).
+        active_features: with no explicit column lists, the first this many feature
+            columns go to the active party and the rest to the passive party (0, the
+            default: an even split); e.g. 50 on ``synthetic`` 500 gives 50:450.
         embedding_dim: cut-layer width (each party's embedding size).
         top_hidden: hidden widths of the top model.
         torch_threads: intra-op threads per party process.
@@ -135,6 +142,9 @@ class VflConfig:
     handshake_timeout_s: float = 60.0
     heartbeat_interval_s: float = 1.0
     bottom_hidden: tuple[int, ...] = (64,)
+    active_bottom_hidden: tuple[int, ...] = ()
+    passive_bottom_hidden: tuple[int, ...] = ()
+    active_features: int = 0
     embedding_dim: int = 32
     top_hidden: tuple[int, ...] = (32,)
     torch_threads: int = 1
@@ -199,8 +209,15 @@ class VflConfig:
             cpus = getattr(self, key)
             if any(c < 0 for c in cpus) or len(set(cpus)) != len(cpus):
                 raise bad(key, "must be distinct CPU ids >= 0")
-        if any(h < 1 for h in self.bottom_hidden + self.top_hidden):
-            raise ConfigError("vfl.bottom_hidden", "hidden widths must be >= 1")
+        for key in ("bottom_hidden", "active_bottom_hidden", "passive_bottom_hidden",
+                    "top_hidden"):
+            if any(h < 1 for h in getattr(self, key)):
+                raise bad(key, "hidden widths must be >= 1")
+        if self.active_features < 0:
+            raise bad("active_features", "must be >= 0 (0: an even split)")
+        if self.active_features and (self.active_columns or self.passive_columns):
+            raise bad("active_features", "give either a feature count or column lists, "
+                      "not both")
         if self.event_loop not in ("uvloop", "asyncio"):
             raise bad("event_loop", "must be 'uvloop' or 'asyncio'")
         if self.worker_mode not in WORKER_MODES:
@@ -265,6 +282,14 @@ class VflConfig:
         ``lr_scaling``; see :func:`parties.schedule.worker_lr`)."""
         return worker_lr(self.algo, role, self.lr, self.w_active, self.w_passive,
                          self.lr_scaling)
+
+    def bottom_hidden_for(self, role: str) -> tuple[int, ...]:
+        """Hidden widths of ``role``'s bottom model: its own setting, else
+        ``bottom_hidden``."""
+        own = self.active_bottom_hidden if role == "active" else self.passive_bottom_hidden
+        if role not in ("active", "passive"):
+            raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
+        return own or self.bottom_hidden
 
     def cpus(self, role: str) -> tuple[int, ...]:
         """The CPU ids ``role`` (``"active"``/``"passive"``) is pinned to; empty: not pinned."""

@@ -360,7 +360,8 @@ def load_table(
 # --------------------------------------------------------------------------- column split
 
 
-def default_split(columns: Sequence[str], label: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def default_split(columns: Sequence[str], label: str, *,
+                  n_active: int | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Split the feature columns between the two parties.
 
     Features are all columns except ``label``, in table order; the active
@@ -370,13 +371,16 @@ def default_split(columns: Sequence[str], label: str) -> tuple[tuple[str, ...], 
     Args:
         columns: All column names of the table, in order.
         label: The label column; it must be one of ``columns``.
+        n_active: the active party's share, the first ``n_active`` features (None: the
+            even split).
 
     Returns:
         ``(active_columns, passive_columns)``.
 
     Raises:
         UnknownColumn: ``label`` is not in ``columns``.
-        InvalidSplit: Fewer than two feature columns, so a party would be empty.
+        InvalidSplit: Fewer than two feature columns, so a party would be empty, or
+            ``n_active`` leaves a party without columns.
     """
     columns = list(columns)
     if label not in columns:
@@ -386,7 +390,11 @@ def default_split(columns: Sequence[str], label: str) -> tuple[tuple[str, ...], 
         raise InvalidSplit(
             f"need at least 2 feature columns to split between two parties, got {features!r}"
         )
-    n_active = math.ceil(len(features) / 2)
+    if n_active is None:
+        n_active = math.ceil(len(features) / 2)
+    elif not 1 <= n_active < len(features):
+        raise InvalidSplit(f"vfl.active_features = {n_active}: each party needs at least one "
+                           f"of the {len(features)} feature columns")
     return tuple(features[:n_active]), tuple(features[n_active:])
 
 

@@ -101,6 +101,7 @@ def resolve_columns(cfg: VflConfig, frame: Any,
             raise DataError("set both vfl.active_columns and vfl.passive_columns, or neither")
         active, passive = tuple(cfg.active_columns), tuple(cfg.passive_columns)
     else:
-        active, passive = default_split(list(frame.columns), label)
+        active, passive = default_split(list(frame.columns), label,
+                                        n_active=cfg.active_features or None)
     validate_split(list(frame.columns), label, active, passive)
     return label, active, passive

@@ -311,7 +311,7 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
     if n_train < B:
         raise ProfileError(f"{role}: {n_train} training rows, fewer than one batch (B={B})")
     torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
-    mods = [bottom_model(d_in, cfg.bottom_hidden, cfg.embedding_dim)]
+    mods = [bottom_model(d_in, cfg.bottom_hidden_for(role), cfg.embedding_dim)]
     if role == "active":
         mods.append(top_model(cfg.embedding_dim, cfg.top_hidden))
     ps = ParameterServer(flat_params(mods))
@@ -416,7 +416,9 @@ def _settings(cfg: VflConfig, layout: str) -> dict[str, Any]:
 
     return {
         "dataset": cfg.dataset, "batch_size": cfg.batch_size,
-        "bottom_hidden": list(cfg.bottom_hidden), "embedding_dim": cfg.embedding_dim,
+        "bottom_hidden": list(cfg.bottom_hidden),
+        "active_bottom_hidden": list(cfg.bottom_hidden_for("active")),
+        "passive_bottom_hidden": list(cfg.bottom_hidden_for("passive")), "embedding_dim": cfg.embedding_dim,
         "top_hidden": list(cfg.top_hidden), "torch_threads": cfg.torch_threads,
         "worker_mode": cfg.worker_mode, "delta_t0": cfg.delta_t0, "epochs": cfg.epochs,
         "dp": cfg.dp_enabled, "active_cpus": list(cfg.active_cpus),

@@ -331,7 +331,8 @@ class Party:
         self.log = log.bind(party=role, run_id=run_id)
         torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
         d_in = data.x_train.shape[1]
-        self._make_bottom = lambda: bottom_model(d_in, cfg.bottom_hidden, cfg.embedding_dim)
+        hidden = cfg.bottom_hidden_for(role)
+        self._make_bottom = lambda: bottom_model(d_in, hidden, cfg.embedding_dim)
         self._make_top = lambda: top_model(cfg.embedding_dim, cfg.top_hidden)
         self._bottom = self._make_bottom()
         self._top = self._make_top() if role == "active" else None

@@ -161,7 +161,7 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
         sync_mode = sync_mode_for(cfg.algo, cfg.workers_for(role))
 
     def make_bottom() -> torch.nn.Module:
-        return bottom_model(d_in, cfg.bottom_hidden, cfg.embedding_dim)
+        return bottom_model(d_in, cfg.bottom_hidden_for(role), cfg.embedding_dim)
 
     if role == "active":
         assert y_train is not None

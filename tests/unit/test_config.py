@@ -177,3 +177,20 @@ def test_auto_worker_mode_is_inline_on_one_core_else_thread() -> None:
     assert cfg.resolved_worker_mode(2.0) == "thread"
     for mode in ("thread", "process", "inline"):
         assert VflConfig(worker_mode=mode).resolved_worker_mode(1.0) == mode
+
+
+def test_per_party_bottom_widths_and_feature_count():
+    from parties.config import VflConfig
+    from pubsub.config import ConfigError
+
+    cfg = VflConfig(bottom_hidden=(64,), passive_bottom_hidden=(16, 16))
+    assert cfg.bottom_hidden_for("active") == (64,)
+    assert cfg.bottom_hidden_for("passive") == (16, 16)
+    with pytest.raises(ValueError, match="role"):
+        cfg.bottom_hidden_for("broker")
+    with pytest.raises(ConfigError, match="active_bottom_hidden"):
+        VflConfig(active_bottom_hidden=(0,))
+    with pytest.raises(ConfigError, match="active_features"):
+        VflConfig(active_features=-1)
+    with pytest.raises(ConfigError, match="either a feature count or column lists"):
+        VflConfig(active_features=2, active_columns=("a",), passive_columns=("b",))

@@ -530,3 +530,14 @@ def test_bundled_table_with_the_wrong_row_count_is_refused(monkeypatch):
         name="bank", label="y", task="binary", resource="bank-full.csv.gz", rows=4_521))
     with pytest.raises(DataError, match="45,211 rows, expected 4,521"):
         load_table("bank")
+
+
+def test_default_split_with_an_active_feature_count():
+    from parties.data import InvalidSplit, default_split
+
+    cols = ["y"] + [f"x{i}" for i in range(10)]
+    a, p = default_split(cols, "y", n_active=2)
+    assert a == ("x0", "x1") and p == tuple(f"x{i}" for i in range(2, 10))
+    for bad in (0, 10, 11):
+        with pytest.raises(InvalidSplit, match=str(bad)):
+            default_split(cols, "y", n_active=bad)
