@@ -190,15 +190,26 @@ class Topics:
 
 
 def _grad_acceptor(epoch: int, b: int, uid: str) -> Callable[[Message], int]:
-    """Accept the gradient for exactly this publication (``uid``), or the active party's
-    notice that batch ``b`` of ``epoch`` was skipped; anything else is stale."""
+    """Accept the gradient of batch ``b`` of ``epoch``, or the active party's notice that
+    it skipped the batch; anything from an earlier epoch is stale.
+
+    A gradient of an earlier attempt at the same batch (its ``u`` is not ``uid``) is
+    accepted too: the active party trains each batch once, on whichever attempt's
+    embedding reached it first, so after a miss on either side that gradient is the only
+    one that will come. Applied to the newer attempt's forward graph (the same rows, the
+    parameters a few steps on), it is a stale gradient, as AVFL applies routinely;
+    waiting for the exact attempt instead made the two parties circle their reassigned
+    batches out of phase, each miss costing another T_ddl (a 5 s pause of the passive
+    party with T_ddl = 2 s then cost over 80 s).
+    """
 
     def accept(m: Message) -> int:
-        if m.meta.get("u") == uid:
+        e = m.meta.get("e", -1)
+        if e == epoch and m.meta.get("b") == b:
             return 1
-        if m.meta.get("skip") and m.meta.get("e") == epoch and m.meta.get("b") == b:
+        if m.meta.get("u") == uid:  # (gradients always carry e and b; kept for safety)
             return 1
-        return 0
+        return 0 if e <= epoch else -1
 
     return accept
 
@@ -741,7 +752,12 @@ class Party:
         publish its embedding, wait for its gradient (T_ddl), back-propagate."""
         worker = self._handles[k]
         loop = asyncio.get_running_loop()
-        while (task := await self._next_task(sched, cond)) is not None:
+        topics = self.topics
+
+        def buffered(b: int) -> bool:
+            return bus.pending(topics.grad(b)) > 0
+
+        while (task := await self._next_task(sched, cond, buffered)) is not None:
             b, attempt = task
             rows = batches[b]
             h_np = await worker.forward(epoch, b)
@@ -860,11 +876,15 @@ class Party:
         await asyncio.gather(*(h.pull() for h in self._handles))
 
     @staticmethod
-    async def _next_task(sched: EpochSchedule, cond: asyncio.Condition) -> tuple[int, int] | None:
+    async def _next_task(sched: EpochSchedule, cond: asyncio.Condition,
+                         prefer: Callable[[int], bool] | None = None
+                         ) -> tuple[int, int] | None:
         """The next ``(batch_id, attempt)`` of the epoch, waiting while others are in flight
-        (they may fail and be reassigned); None when the epoch is over."""
+        (they may fail and be reassigned); None when the epoch is over. ``prefer``: see
+        :meth:`EpochSchedule.take` (a reassigned batch whose partner data is buffered
+        goes first)."""
         while True:
-            task = sched.take()
+            task = sched.take(prefer)
             if task is not None or sched.done:
                 return task
             async with cond:
@@ -979,7 +999,12 @@ class Party:
             e = m.meta.get("e", -1)
             return 1 if e == epoch else (0 if e < epoch else -1)
 
-        while (task := await self._next_task(sched, cond)) is not None:
+        topics = self.topics
+
+        def buffered(b: int) -> bool:
+            return bus.pending(topics.emb(b)) > 0
+
+        while (task := await self._next_task(sched, cond, buffered)) is not None:
             b, attempt = task
             msg = await self._active_step(
                 bus, k, epoch, b, emb_topic=self.topics.emb(b), accept=accept,

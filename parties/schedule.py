@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,17 +86,44 @@ class EpochSchedule:
     reassigned: int = 0
 
     ids: Sequence[int] | None = None
+    _retries: int = 0  # reassigned batches among ``pending``
 
     def __post_init__(self) -> None:
         if not self.pending:
             ids = range(self.n_batches) if self.ids is None else self.ids
             self.pending.extend((b, 0) for b in ids)
 
-    def take(self) -> tuple[int, int] | None:
-        """Next ``(batch_id, attempt)`` or None if nothing is pending right now."""
+    def take(self, prefer: Callable[[int], bool] | None = None) -> tuple[int, int] | None:
+        """Next ``(batch_id, attempt)`` or None if nothing is pending right now.
+
+        Args:
+            prefer: ``prefer(batch_id)`` is True when the partner's data for that batch is
+                already buffered; a reassigned batch for which it holds is taken first
+                (only reassigned batches are scanned, so the common case costs nothing).
+                Without it, after a disruption the two parties can circle their
+                reassigned batches out of phase, each waiting T_ddl on a batch the other
+                has already passed.
+        """
         if not self.pending:
             return None
+        if prefer is not None and self._retries:
+            pending = self.pending
+            seen = 0
+            for i in range(len(pending) - 1, -1, -1):  # retries sit at the back
+                b, attempt = pending[i]
+                if attempt == 0:
+                    continue
+                if prefer(b):
+                    del pending[i]
+                    self._retries -= 1
+                    self.in_flight.add(b)
+                    return b, attempt
+                seen += 1
+                if seen >= self._retries:
+                    break
         b, attempt = self.pending.popleft()
+        if attempt:
+            self._retries -= 1
         self.in_flight.add(b)
         return b, attempt
 
@@ -118,6 +145,7 @@ class EpochSchedule:
         self.in_flight.remove(batch_id)
         if attempt < self.max_reassign:
             self.pending.append((batch_id, attempt + 1))
+            self._retries += 1
             self.reassigned += 1
             return True
         self.dropped += 1

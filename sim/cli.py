@@ -133,6 +133,38 @@ def _vfl_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sim_run(args: argparse.Namespace) -> int:
+    """``psfl sim run SCENARIO.toml --out RUN_DIR``: a VFL run on a simulated
+    heterogeneous cluster (CPU shares, links, faults; see :mod:`sim.runner`)."""
+    from parties.config import VflConfig
+    from pubsub.config import from_mapping
+
+    from sim.runner import ScenarioError, format_summary, run_scenario
+    from sim.scenario import load_scenario
+
+    from pubsub.logs import configure_logging
+
+    configure_logging(party="sim")  # warnings on stderr; the run's events go to events.jsonl
+    scn, table = load_scenario(args.scenario, args.set)  # ConfigError: exit 2
+    cfg = from_mapping(VflConfig, table, section="vfl")
+    print(f"scenario {scn.name}: {cfg.algo} on {cfg.dataset}, out {args.out}", flush=True)
+    res, code = _launch(lambda: run_scenario(scn, cfg, args.out, quiet=args.quiet),
+                        what="the scenario's broker, relays and parties",
+                        bad_input=(ScenarioError,))
+    if code is not None:
+        return code
+    print(format_summary(res))
+    print(f"metrics: {args.out}/metrics.json")
+    s = res["sim"]
+    if s["end_state"] == "completed":
+        return 0
+    if s["end_state"] == "failed":
+        if any(f["kind"] == "kill" for f in s["faults"]):
+            return 0  # the scheduled kill ended the run, with a clear error in time
+        return int(s.get("failure", {}).get("code") or 1)
+    return 1  # hung or timeout
+
+
 def _synth_run(args: argparse.Namespace) -> int:
     """``psfl synth run``: FedForge on one machine (broker, coordinator, aggregators and
     parties as processes)."""
@@ -270,6 +302,17 @@ def build_parser() -> argparse.ArgumentParser:
     srun.add_argument("--timeout-s", type=float, default=None,
                       help="kill the job after this many seconds")
     srun.set_defaults(func=_synth_run)
+
+    simp = sub.add_parser("sim", help="heterogeneous clusters on one machine")
+    simsub = simp.add_subparsers(dest="sim_command", required=True)
+    srun2 = simsub.add_parser("run", help="run a scenario: CPU shares, shaped links and faults "
+                              "per party; writes RUN_DIR/metrics.json with a 'sim' object")
+    srun2.add_argument("scenario", help="scenario TOML ([scenario] and [vfl] tables)")
+    srun2.add_argument("--out", required=True, help="run directory")
+    srun2.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override scenario.* or vfl.* keys (repeatable)")
+    srun2.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+    srun2.set_defaults(func=_sim_run)
 
     bench = sub.add_parser("bench", help="run bench/NAME.py (e.g. psfl bench bus --quick)")
     bench.add_argument("name", help="benchmark name: bus, vfl_overhead, vfl_dp, vfl_table, "

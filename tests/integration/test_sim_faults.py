@@ -1,0 +1,86 @@
+"""`psfl sim run` with real processes: CPU shares, a passive party paused past T_ddl,
+killed, and disconnected by its relay (issue 5's fault acceptance)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BASE = """
+[scenario]
+name = "{name}"
+cpu_ratio = "1:1"
+cpu_method = "auto"
+timeout_s = 240
+end_margin_s = 5.0
+
+[[scenario.faults]]
+at_s = 1.0
+party = "passive"
+kind = "{kind}"
+duration_s = {duration}
+
+[vfl]
+algo = "pubsub"
+dataset = "bank"
+epochs = 20
+t_ddl_s = 2.0
+liveness_timeout_s = {liveness}
+"""
+
+
+def _run(tmp_path: Path, kind: str, duration: float, liveness: float) -> tuple[int, dict, str]:
+    scn = tmp_path / "s.toml"
+    scn.write_text(BASE.format(name=f"{kind} test", kind=kind, duration=duration,
+                               liveness=liveness))
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "sim.cli", "sim", "run", str(scn),
+                           "--out", str(out), "--quiet"], capture_output=True, text=True,
+                          timeout=300)
+    metrics = json.loads((out / "metrics.json").read_text())
+    return proc.returncode, metrics, proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_pause_past_t_ddl_is_survived_with_drops(tmp_path):
+    code, m, text = _run(tmp_path, "pause", 5.0, 30.0)
+    assert code == 0, text[-3000:]
+    s = m["sim"]
+    assert s["end_state"] == "completed"
+    assert [f["kind"] for f in s["faults"]] == ["pause"] and "resumed_unix" in s["faults"][0]
+    assert m["dropped_batches"] > 0 and m["reassigned_batches"] > 0  # T_ddl did its job
+    assert m["metric"] > 0.85  # and training went on to a useful model
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    names = {e["event"] for e in events}
+    assert {"sim.fault.pause", "sim.fault.resumed", "vfl.batch_dropped"} <= names
+    for role in ("active", "passive"):  # the share was enforced and measured
+        assert s["cpu"][role]["quota_cores"] == pytest.approx(1.0)
+        assert s["cpu"][role]["measured_cores"] <= 1.0 * 1.10
+
+
+@pytest.mark.timeout(300)
+def test_killed_passive_gives_a_clear_end_within_t_ddl_and_margin(tmp_path):
+    code, m, text = _run(tmp_path, "kill", 0.0, 2.0)
+    assert code == 0, text[-3000:]  # the kill was scheduled: a clear failure is the result
+    s = m["sim"]
+    assert s["end_state"] == "failed"
+    assert s["failure"]["party"] == "active" and s["failure"]["code"] not in (0, None)
+    # T_ddl = liveness timeout = 2 s; stated margin 5 s (scenario.end_margin_s)
+    assert s["failure"]["s_after_kill"] < 2.0 + 5.0
+    assert "passive" in text and "heartbeat" in text  # the active party says what happened
+
+
+@pytest.mark.timeout(300)
+def test_disconnect_through_the_relay_is_survived(tmp_path):
+    code, m, text = _run(tmp_path, "disconnect", 4.0, 30.0)
+    assert code == 0, text[-3000:]
+    s = m["sim"]
+    assert s["end_state"] == "completed"
+    assert s["relays"]["passive"]["disconnects"] == 1
+    assert m["dropped_batches"] > 0
+    assert [e["event"] for e in s["relay_events"]["passive"]][:2] == ["disconnect.start",
+                                                                      "disconnect.end"]
