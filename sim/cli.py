@@ -222,6 +222,19 @@ def _bench(args: argparse.Namespace) -> int:
     return subprocess.call([sys.executable, str(script), *args.rest])
 
 
+def _report(args: argparse.Namespace) -> int:
+    """``psfl report RUN_DIR``: PNG plots of the VFL runs below RUN_DIR (sim/report.py)."""
+    from sim.report import ReportError, make_report
+
+    try:
+        make_report(args.run_dir, args.out, max_batches=args.max_batches,
+                    window_s=args.window_s)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _vfl_party(args: argparse.Namespace) -> int:
     from parties.cli import run_party
 
@@ -319,6 +332,17 @@ def build_parser() -> argparse.ArgumentParser:
                        "soak_memory")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=_bench)
+
+    rep = sub.add_parser("report", help="PNG plots (metric vs time, CPU use, worker Gantt) "
+                         "of the VFL runs in or below RUN_DIR")
+    rep.add_argument("run_dir", metavar="RUN_DIR", help="a run directory or a benchmark "
+                     "directory of runs (every metrics.json below it)")
+    rep.add_argument("--out", help="output directory (default RUN_DIR/plots)")
+    rep.add_argument("--max-batches", type=int, default=40, metavar="N",
+                     help="Gantt window: the first N batches after training start (default 40)")
+    rep.add_argument("--window-s", metavar="A:B", help="Gantt window: A to B seconds after "
+                     "training start instead (B alone means 0:B)")
+    rep.set_defaults(func=_report)
 
     br = sub.add_parser("broker", help="the XSUB/XPUB broker")
     bsub = br.add_subparsers(dest="broker_command", required=True)
