@@ -231,7 +231,8 @@ def _vfl_plan(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ValueError(f"{str(profile)!r} is not JSON: {exc}") from None
         if not isinstance(doc, dict) or "cost_model" not in doc:
-            raise KeyError(f"{str(profile)!r} has no cost_model: run psfl vfl profile --sweep")
+            raise ValueError(f"{str(profile)!r} has no cost_model: run psfl vfl profile "
+                             "--sweep")
         try:
             models = CostModels.from_dict(doc["cost_model"])
         except (KeyError, TypeError) as exc:
