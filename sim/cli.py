@@ -1,6 +1,6 @@
 """The ``psfl`` command: one console script with subcommands.
 
-``psfl demo`` · ``psfl vfl run|party|profile`` · ``psfl synth run`` · ``psfl broker run|stats``
+``psfl demo`` · ``psfl vfl run|party|profile|plan`` · ``psfl synth run`` · ``psfl broker run|stats``
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ def _vfl_run(args: argparse.Namespace) -> int:
     cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: run_guarded, exit 2
     if args.run_id:
         check_run_id(args.run_id)
+    plan = None
+    if getattr(args, "plan", None):
+        cfg, plan, code = _vfl_run_plan(args, cfg)
+        if code is not None:
+            return code
     name = "PubSub-VFL" if cfg.algo == "pubsub" else f"VFL baseline {cfg.algo}"
     print(f"{name}: {cfg.dataset} ({cfg.effective_task}), "
           f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}, B={cfg.batch_size}, "
@@ -68,6 +73,8 @@ def _vfl_run(args: argparse.Namespace) -> int:
                         what="the broker and both parties")
     if code is not None:
         return code
+    if plan is not None:
+        _record_plan(res, plan)
     m = res.metrics
     pa = m["parties"]["active"]
     pp = m["parties"].get("passive", {})
@@ -130,6 +137,8 @@ def _vfl_profile(args: argparse.Namespace) -> int:
               f"wall)  {p.steps} steps of B={p.batch_size}  -> {p.samples_per_s:,.0f} samples/s")
     print(f"ceiling {prof.ceiling_samples_per_s:,.0f} samples/s (bound by {prof.bound_by}, "
           f"CPU time, layout {prof.settings['layout']}); profile: {out / 'profile.json'}")
+    if getattr(args, "sweep", False):
+        return _vfl_profile_sweep(args, cfg, out, doc)
     return 0
 
 
@@ -139,10 +148,10 @@ def _sim_run(args: argparse.Namespace) -> int:
     from parties.config import VflConfig
     from pubsub.config import from_mapping
 
+    from pubsub.logs import configure_logging
+
     from sim.runner import ScenarioError, format_summary, run_scenario
     from sim.scenario import load_scenario
-
-    from pubsub.logs import configure_logging
 
     configure_logging(party="sim")  # warnings on stderr; the run's events go to events.jsonl
     scn, table = load_scenario(args.scenario, args.set)  # ConfigError: exit 2
@@ -163,6 +172,181 @@ def _sim_run(args: argparse.Namespace) -> int:
             return 0  # the scheduled kill ended the run, with a clear error in time
         return int(s.get("failure", {}).get("code") or 1)
     return 1  # hung or timeout
+
+
+def _vfl_profile_sweep(args: argparse.Namespace, cfg: Any, out: Any, doc: dict[str, Any]
+                       ) -> int:
+    """``psfl vfl profile --sweep``: the batch-size sweep, the bus probe and the cost-model
+    fits, added to ``profile.json`` (keys ``sweep`` and ``cost_model``)."""
+    from parties.cli import ExitCode, write_json
+    from parties.sweep import (DEFAULT_SWEEP_BATCH_SIZES, QUICK_SWEEP_BATCH_SIZES,
+                               format_fits, parse_batch_sizes)
+
+    from sim.sysprofile import _config_mapping, sweep_profile
+
+    def run() -> Any:
+        if args.batch_sizes:
+            bs = parse_batch_sizes(args.batch_sizes)
+        else:
+            bs = QUICK_SWEEP_BATCH_SIZES if args.quick else DEFAULT_SWEEP_BATCH_SIZES
+        print(f"sweep: B in {list(bs)}, {args.sweep_min_time_s:g} CPU s per B and party",
+              flush=True)
+        return sweep_profile(cfg, out, batch_sizes=bs, min_time_s=args.sweep_min_time_s,
+                             broker=args.broker)
+
+    res, code = _profile_call(run)
+    if code is not None:
+        return code
+    extra, models = res
+    doc.update(extra)
+    doc["settings"]["config"] = _config_mapping(cfg)
+    write_json(out / "profile.json", doc)
+    for line in format_fits(models):
+        print(line)
+    print(f"cost model ({len(models.batch_sizes)} batch sizes, N = {models.n_train} rows): "
+          f"{out / 'profile.json'}")
+    return ExitCode.OK
+
+
+def _profile_call(run: Callable[[], Any]) -> tuple[Any, int | None]:
+    """Run a sweep/plan step; ``(result, None)`` or ``(None, exit code)`` after one
+    ``error: ...`` line (bad input 2, no broker 3)."""
+    from parties.cli import ExitCode, exit_code_for
+    from parties.commprobe import CommProbeError
+    from parties.profile import ProfileError
+
+    from sim.launch import LaunchError, exit_code_of
+
+    try:
+        return run(), None
+    except CommProbeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None, ExitCode.BROKER_UNREACHABLE
+    except LaunchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None, exit_code_of(exc)
+    except (ProfileError, ValueError, KeyError, OSError) as exc:
+        code = exit_code_for(exc)
+        print(f"error: {exc}", file=sys.stderr)
+        return None, ExitCode.BAD_INPUT if code is None else code
+    except Exception as exc:
+        code = exit_code_for(exc)  # bad data, broker unreachable
+        if code is None:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return None, code
+
+
+def _vfl_plan(args: argparse.Namespace) -> int:
+    """``psfl vfl plan``: the planner on a profile's fitted cost models; writes
+    OUT/plan.json."""
+    import json
+    from pathlib import Path
+
+    from parties.cli import ExitCode, write_json
+    from parties.planner import batch_grid
+    from parties.sweep import CostModels, parse_batch_sizes
+
+    from sim.sysprofile import format_plan, load_plan_config, plan_doc, plan_from_models
+
+    from pubsub.logs import configure_logging
+
+    configure_logging(role="plan")  # events at warning and above on stderr
+    profile = Path(args.profile)
+
+    def run() -> Any:
+        try:
+            doc = json.loads(profile.read_text())
+        except OSError as exc:
+            raise OSError(f"cannot read the profile {str(profile)!r}: "
+                          f"{exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"{str(profile)!r} is not JSON: {exc}") from None
+        if not isinstance(doc, dict) or "cost_model" not in doc:
+            raise ValueError(f"{str(profile)!r} has no cost_model: run psfl vfl profile "
+                             "--sweep")
+        try:
+            models = CostModels.from_dict(doc["cost_model"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{str(profile)!r}: malformed cost_model ({exc!r})") from None
+        base = (doc.get("settings") or {}).get("config")
+        cfg = load_plan_config(base, args.config, args.set)
+        bs = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else batch_grid(16, 1024)
+        limit = None if args.mem_limit_mb is None else args.mem_limit_mb * 2**20
+        plan, inputs = plan_from_models(models, cfg, w_max=args.w_max, batch_sizes=bs,
+                                        mem_limit_bytes=limit, memory_rule=args.memory_rule)
+        out = Path(args.out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OSError(f"cannot use {str(out)!r} as the output directory: "
+                          f"{exc.strerror or exc}") from None
+        write_json(out / "plan.json", plan_doc(plan, inputs, profile))
+        return plan, inputs, out
+
+    res, code = _profile_call(run)
+    if code is not None:
+        return code
+    plan, inputs, out = res
+    for line in format_plan(plan):
+        print(line)
+    if inputs["extrapolated_batch_sizes"]:
+        print(f"note: B {inputs['extrapolated_batch_sizes']} lie outside the profiled range "
+              "(the fits extrapolate)")
+    print(f"plan: {out / 'plan.json'}")
+    return ExitCode.OK
+
+
+def _vfl_run_plan(args: argparse.Namespace, cfg: Any) -> tuple[Any, dict[str, Any] | None,
+                                                               int | None]:
+    """``psfl vfl run --plan auto|PLAN.json``: the config with the planned w_active,
+    w_passive and batch_size, and the plan document (for metrics.json)."""
+    import json
+    from pathlib import Path
+
+    from sim.sysprofile import apply_plan, auto_plan
+
+    def run() -> Any:
+        if args.plan == "auto":
+            from pubsub.logs import configure_logging
+
+            where = Path(args.out) / "plan"
+            where.mkdir(parents=True, exist_ok=True)
+            configure_logging(events_path=where / "events.jsonl", role="plan")
+            print(f"planning: profiling both parties and the bus (files in {where}) ...",
+                  flush=True)
+            new, pdoc = auto_plan(cfg, where, broker=args.broker)
+        else:
+            try:
+                pdoc = json.loads(Path(args.plan).read_text())
+            except OSError as exc:
+                raise OSError(f"cannot read the plan {args.plan!r}: "
+                              f"{exc.strerror or exc}") from None
+            new = apply_plan(cfg, pdoc)
+            pdoc = {**pdoc, "plan_file": args.plan}
+        return new, pdoc
+
+    res, code = _profile_call(run)
+    if code is not None:
+        return cfg, None, code
+    new, pdoc = res
+    print("\n".join(format_plan_doc(pdoc)), flush=True)
+    return new, pdoc, None
+
+
+def format_plan_doc(pdoc: dict[str, Any]) -> list[str]:
+    """One line about a plan document (``plan.json``)."""
+    return [f"plan: w_active {pdoc['w_active']}, w_passive {pdoc['w_passive']}, "
+            f"B {pdoc['batch_size']}: predicted epoch {pdoc['epoch_s']:.3f} s "
+            f"(profile {pdoc.get('profile')})"]
+
+
+def _record_plan(res: Any, pdoc: dict[str, Any]) -> None:
+    """Add the plan to the run's metrics.json (``metrics["plan"]``)."""
+    from parties.cli import write_json
+
+    res.metrics["plan"] = pdoc
+    write_json(res.out / "metrics.json", res.metrics)
 
 
 def _synth_run(args: argparse.Namespace) -> int:
@@ -259,6 +443,41 @@ def _add_vfl_run_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="kill the job after this many seconds")
 
 
+def _add_sweep_args(prof: argparse.ArgumentParser) -> None:
+    """``psfl vfl profile`` options of the batch-size sweep and the cost-model fits."""
+    prof.add_argument("--sweep", action="store_true", help="also sweep batch sizes, probe "
+                      "the bus and fit the cost model (profile.json: sweep, cost_model)")
+    prof.add_argument("--batch-sizes", metavar="B,B,...", help="swept batch sizes (default "
+                      "16,32,...,1024 capped by the training rows)")
+    prof.add_argument("--quick", action="store_true", help="sweep B in 16,64,256,1024 only")
+    prof.add_argument("--sweep-min-time-s", type=float, default=0.25,
+                      help="CPU seconds timed per swept B and party")
+    prof.add_argument("--broker", help="probe the bus through this running broker "
+                      "tcp://HOST:PORT (default: start one on 127.0.0.1)")
+
+
+def _add_plan_parser(vsub: Any) -> None:
+    """``psfl vfl plan``."""
+    plan = vsub.add_parser("plan", help="choose (w_active, w_passive, B) minimising the "
+                           "predicted epoch time from a profile's cost model "
+                           "(writes OUT/plan.json)")
+    plan.add_argument("--profile", required=True, help="profile.json of psfl vfl profile "
+                      "--sweep")
+    plan.add_argument("--config", help="TOML file with a [vfl] table (applied over the "
+                      "profiled config)")
+    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config key (repeatable)")
+    plan.add_argument("--w-max", type=int, default=8, help="most workers per party")
+    plan.add_argument("--batch-sizes", metavar="B,B,...",
+                      help="candidate batch sizes (default 16,32,...,1024)")
+    plan.add_argument("--mem-limit-mb", type=float, help="each party's memory budget, MiB")
+    plan.add_argument("--memory-rule", choices=["shared", "per_worker"],
+                      help="memory of w workers (default: per_worker for process workers, "
+                      "else shared)")
+    plan.add_argument("--out", required=True, help="output directory (plan.json)")
+    plan.set_defaults(func=_vfl_plan)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``psfl`` argument parser."""
     from broker.cli import add_subcommands as add_broker
@@ -276,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     vsub = vfl.add_subparsers(dest="vfl_command", required=True)
     run = vsub.add_parser("run", help="start broker + both parties as processes and train")
     _add_vfl_run_args(run, demo=False)
+    run.add_argument("--plan", metavar="auto|PLAN.json", help="auto: profile (sweep), plan "
+                     "and train with the planned w_active, w_passive and batch_size; or "
+                     "the plan.json of psfl vfl plan (recorded in metrics.json)")
     run.set_defaults(func=_vfl_run)
     party = vsub.add_parser("party", help="run one party (for multi-host runs)")
     party.add_argument("--role", required=True, choices=["active", "passive"])
@@ -294,7 +516,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="concurrent: both parties at once, each in its own pinned process "
                       "(the run's layout; auto picks it when both are pinned to disjoint "
                       "CPUs); alone: one party at a time")
+    _add_sweep_args(prof)
     prof.set_defaults(func=_vfl_profile)
+    _add_plan_parser(vsub)
 
     syn = sub.add_parser("synth", help="FedForge: federated differentially private synthesis")
     ssub = syn.add_subparsers(dest="synth_command", required=True)

@@ -1,0 +1,218 @@
+"""System profiling and planning for the ``psfl`` commands (PubSub-VFL, arXiv
+2510.12494, Sec. 4): the batch-size sweep of both parties, the communication probe
+through a real broker, the cost-model fits, and the planner's choice of
+``(w_active, w_passive, B)``.
+
+``psfl vfl profile --sweep`` calls :func:`sweep_profile`; ``psfl vfl plan`` calls
+:func:`plan_from_profile`; ``psfl vfl run --plan auto`` calls :func:`auto_plan` and
+then trains with the planned configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from parties.config import VflConfig
+from parties.planner import DEFAULT_BATCH_SIZES, DEFAULT_W_MAX, Plan, plan_for_config
+from parties.sweep import DEFAULT_SWEEP_BATCH_SIZES, CostModels
+
+log = structlog.get_logger(__name__)
+
+#: Default CPU seconds (forward + backward) timed per swept B and party.
+DEFAULT_SWEEP_MIN_TIME_S = 0.25
+#: Timed round trips per message size of the communication probe.
+DEFAULT_COMM_REPS = 30
+
+
+def sweep_profile(cfg: VflConfig, out: Path, *,
+                  batch_sizes: Sequence[int] = DEFAULT_SWEEP_BATCH_SIZES,
+                  min_time_s: float = DEFAULT_SWEEP_MIN_TIME_S, broker: str | None = None,
+                  comm_reps: int = DEFAULT_COMM_REPS) -> tuple[dict[str, Any], CostModels]:
+    """Sweep both parties, probe the bus, fit the cost models.
+
+    Args:
+        cfg: the run's config (model, data, CPUs, threads).
+        out: directory for the broker's files (``broker.addr``, ``broker-events.jsonl``)
+            when one is started here.
+        batch_sizes: swept B values (capped by the training rows).
+        min_time_s: CPU seconds timed per B and party.
+        broker: probe through this running broker instead of starting one on 127.0.0.1.
+        comm_reps: timed round trips per message size.
+
+    Returns:
+        ``(doc, models)``: ``doc`` holds ``"sweep"`` (the raw measurements) and
+        ``"cost_model"`` (:meth:`CostModels.to_dict`) for ``profile.json``.
+
+    Raises:
+        parties.sweep.BadBatchSizes / SweepError: bad B values, a failed child.
+        parties.commprobe.CommProbeError: no pong through the broker.
+        parties.costmodel.CostModelError: a fit is impossible.
+        sim.launch.LaunchError: the broker did not start.
+        pubsub.BrokerUnreachable: ``broker`` does not answer.
+    """
+    from parties.commprobe import cut_layer_sizes, measure_comm
+    from parties.sweep import fit_cost_models, sweep_config
+
+    from sim.launch import _stop, start_broker
+
+    sweeps = sweep_config(cfg, batch_sizes, min_time_s=min_time_s)
+    swept = sweeps["active"].batch_sizes
+    sizes = cut_layer_sizes(swept, cfg.embedding_dim)
+    proc = None
+    try:
+        if broker is None:
+            proc, broker = start_broker(out, out / "broker-events.jsonl")
+        comm = measure_comm(sizes, broker, reps=comm_reps)
+    finally:
+        if proc is not None:
+            _stop(proc)
+            (out / "broker.addr").unlink(missing_ok=True)
+    models = fit_cost_models(sweeps["active"], sweeps["passive"], comm.fit(),
+                             embedding_dim=cfg.embedding_dim)
+    doc = {"sweep": {"active": sweeps["active"].to_dict(),
+                     "passive": sweeps["passive"].to_dict(), "comm": comm.to_dict(),
+                     "min_time_s": min_time_s, "comm_reps": comm_reps},
+           "cost_model": models.to_dict()}
+    return doc, models
+
+
+def default_memory_rule(cfg: VflConfig, models: CostModels) -> str:
+    """``"per_worker"`` when the parties' workers are processes (each its own baseline),
+    else ``"shared"`` (see :mod:`parties.planner`)."""
+    modes = {cfg.resolved_worker_mode(m.cores) for m in (models.active, models.passive)}
+    return "per_worker" if "process" in modes else "shared"
+
+
+def plan_from_models(models: CostModels, cfg: VflConfig, *, w_max: int = DEFAULT_W_MAX,
+                     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+                     mem_limit_bytes: float | None = None,
+                     memory_rule: str | None = None) -> tuple[Plan, dict[str, Any]]:
+    """:func:`parties.planner.plan_for_config` on fitted models.
+
+    B values above the training rows are dropped. ``mem_limit_bytes`` is each party's
+    budget M̄ (None: unlimited).
+
+    Returns:
+        ``(plan, inputs)``: the plan and the planner's inputs (for ``plan.json``).
+
+    Raises:
+        parties.planner.NoFeasiblePlan / PlannerError: as the planner.
+    """
+    from parties.planner import PlannerError, mean_sync_interval
+
+    bs = tuple(sorted({int(b) for b in batch_sizes if int(b) <= models.n_train}))
+    if not bs:
+        raise PlannerError(f"no candidate batch size in {list(batch_sizes)} is at most the "
+                           f"{models.n_train} training rows")
+    rule = memory_rule or default_memory_rule(cfg, models)
+    active = dataclasses.replace(models.active, mem_limit_bytes=mem_limit_bytes)
+    passive = dataclasses.replace(models.passive, mem_limit_bytes=mem_limit_bytes)
+    plan = plan_for_config(active, passive, cfg, models.n_train, w_max=w_max,
+                           batch_sizes=bs, memory_rule=rule)
+    swept = models.batch_sizes
+    inputs = {"n_rows": models.n_train, "embedding_dim": cfg.embedding_dim,
+              "threads": cfg.torch_threads, "w_max": w_max, "batch_sizes": list(bs),
+              "delta_t": mean_sync_interval(cfg.epochs, cfg.delta_t0),
+              "memory_rule": rule, "mem_limit_bytes": mem_limit_bytes,
+              "cores": {"active": active.cores, "passive": passive.cores},
+              "extrapolated_batch_sizes": [b for b in bs
+                                           if b < min(swept) or b > max(swept)]}
+    log.info("vfl.plan", w_active=plan.w_active, w_passive=plan.w_passive,
+             batch_size=plan.batch_size, epoch_s=plan.epoch_s)
+    return plan, inputs
+
+
+def plan_doc(plan: Plan, inputs: Mapping[str, Any], profile_path: Path | str) -> dict[str, Any]:
+    """``plan.json``: the plan's :meth:`~parties.planner.Plan.to_dict`, the planner's
+    inputs and the profile it came from."""
+    return {**plan.to_dict(), "inputs": dict(inputs), "profile": str(profile_path)}
+
+
+def format_plan(plan: Plan) -> list[str]:
+    """Readable lines: the per-B table and the choice."""
+    def s(v: float) -> str:
+        return "      inf" if not math.isfinite(v) else f"{v:9.3f}"
+
+    lines = ["     B  w_a  w_p  T_active s  T_passive s    epoch s"]
+    for r in plan.table:
+        mark = "  <- plan" if r.batch_size == plan.batch_size else ""
+        lines.append(f"{r.batch_size:>6} {r.w_active:>4} {r.w_passive:>4}  {s(r.t_active_s)}"
+                     f"    {s(r.t_passive_s)}  {s(r.epoch_s)}"
+                     + ("  (memory)" if not r.feasible else "") + mark)
+    lines.append(f"plan: w_active {plan.w_active}, w_passive {plan.w_passive}, "
+                 f"B {plan.batch_size}: predicted epoch {plan.epoch_s:.3f} s "
+                 f"(bound by {plan.bound_by}; idle active {plan.idle_active:.0%}, passive "
+                 f"{plan.idle_passive:.0%})")
+    return lines
+
+
+def auto_plan(cfg: VflConfig, out: Path, *, broker: str | None = None,
+              min_time_s: float = DEFAULT_SWEEP_MIN_TIME_S,
+              sweep_batch_sizes: Sequence[int] = DEFAULT_SWEEP_BATCH_SIZES,
+              w_max: int = DEFAULT_W_MAX) -> tuple[VflConfig, dict[str, Any]]:
+    """Profile (sweep with ``cfg``'s model and data), plan, and return ``cfg`` with the
+    planned ``w_active``, ``w_passive`` and ``batch_size``, and the plan's document.
+
+    Writes ``out/profile.json`` and ``out/plan.json`` (``out`` is created).
+
+    Raises:
+        as :func:`sweep_profile` and :func:`plan_from_models`; OSError: ``out``.
+    """
+    from parties.cli import write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    doc, models = sweep_profile(cfg, out, batch_sizes=sweep_batch_sizes,
+                                min_time_s=min_time_s, broker=broker)
+    doc["settings"] = {"config": _config_mapping(cfg)}
+    write_json(out / "profile.json", doc)
+    plan, inputs = plan_from_models(models, cfg, w_max=w_max)
+    pdoc = plan_doc(plan, inputs, out / "profile.json")
+    write_json(out / "plan.json", pdoc)
+    return apply_plan(cfg, plan), pdoc
+
+
+def apply_plan(cfg: VflConfig, plan: Plan | Mapping[str, Any]) -> VflConfig:
+    """``cfg`` with the plan's ``w_active``, ``w_passive`` and ``batch_size``."""
+    d = plan.to_dict() if isinstance(plan, Plan) else plan
+    return dataclasses.replace(cfg, w_active=int(d["w_active"]), w_passive=int(d["w_passive"]),
+                               batch_size=int(d["batch_size"]))
+
+
+def _config_mapping(cfg: VflConfig) -> dict[str, Any]:
+    from pubsub.config import to_mapping
+
+    return dict(to_mapping(cfg))
+
+
+def load_plan_config(base: Mapping[str, Any] | None, path: str | Path | None = None,
+                     sets: Sequence[str] = ()) -> VflConfig:
+    """The planning config: ``base`` (the profiled run's config from ``profile.json``;
+    None: the defaults), then the TOML file's ``[vfl]`` table, then ``--set`` items.
+
+    Raises:
+        pubsub.config.ConfigError: unknown section or key, or an invalid value.
+    """
+    from pubsub.config import ConfigError, deep_merge, from_mapping, load_toml
+    from pubsub.config import parse_overrides
+
+    data: dict[str, Any] = load_toml(path) if path else {}
+    unknown = set(data) - {"vfl"}
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], "unknown section (expected [vfl])")
+    over = parse_overrides(sets)
+    table = deep_merge(dict(base or {}), dict(data.get("vfl", {})))
+    table = deep_merge(table, over.get("vfl", {}))
+    table = deep_merge(table, {k: v for k, v in over.items() if k != "vfl"})
+    return from_mapping(VflConfig, table, section="vfl")
+
+
+__all__ = ["DEFAULT_COMM_REPS", "DEFAULT_SWEEP_MIN_TIME_S", "apply_plan", "auto_plan",
+           "default_memory_rule", "format_plan", "load_plan_config", "plan_doc",
+           "plan_from_models",
+           "sweep_profile"]

@@ -1,0 +1,89 @@
+"""``psfl vfl profile --sweep`` -> ``psfl vfl plan`` -> ``psfl vfl run --plan auto`` as
+real processes on bank, and the bus probe against a real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, BrokerProcess
+
+PSFL = [sys.executable, "-m", "sim.cli"]
+
+
+def _psfl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # the party processes run -P
+    return subprocess.run([*PSFL, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env=env)
+
+
+def test_measure_comm_through_a_real_broker(broker: BrokerProcess) -> None:
+    from parties.commprobe import cut_layer_sizes, measure_comm
+
+    sizes = cut_layer_sizes((16, 256, 1024), 32)
+    assert sizes == (2048, 32768, 131072)
+    sweep = measure_comm(sizes, broker.address, reps=5, warmup=2)
+    assert [p.nbytes for p in sweep.points] == list(sizes)
+    for p in sweep.points:
+        assert 0 < p.rtt_min_s <= p.rtt_s and p.one_way_s == p.rtt_s / 2 and p.reps == 5
+    fit = sweep.fit()
+    assert fit.latency_s >= 0 and fit.s_per_byte >= 0 and fit.n_points == 3
+
+
+@pytest.mark.timeout(240)
+def test_profile_sweep_then_plan_on_bank(tmp_path: Path) -> None:
+    prof_dir, plan_dir = tmp_path / "prof", tmp_path / "plan"
+    res = _psfl("vfl", "profile", "--sweep", "--dataset", "bank", "--batch-sizes",
+                "16,64,256,1024", "--min-time-s", "0.05", "--sweep-min-time-s", "0.05",
+                "--out", str(prof_dir))
+    assert res.returncode == 0, res.stderr
+    assert "γ" in res.stdout and "held-out err" in res.stdout
+    doc = json.loads((prof_dir / "profile.json").read_text())
+    assert doc["ceiling_samples_per_s"] > 0 and set(doc["parties"]) == {"active", "passive"}
+    cm = doc["cost_model"]
+    assert cm["batch_sizes"] == [16, 64, 256, 1024] and cm["n_train"] > 1024
+    for role in ("active", "passive"):
+        m = cm[role]
+        assert m["forward"]["lam"] > 0 and m["backward"]["lam"] > 0 and m["cores"] > 0
+        assert m["memory"]["m0"] > 0 and m["comm"]["latency_s"] >= 0
+        assert cm["fit_error"][f"{role}.forward"]["r2"] is not None
+        pts = doc["sweep"][role]["points"]
+        assert [p["batch_size"] for p in pts] == [16, 64, 256, 1024]
+        assert all(p["fwd_cpu_s"] > 0 and p["bwd_cpu_s"] > 0 and p["rss_bytes"] > 0
+                   for p in pts)
+    assert len(doc["sweep"]["comm"]["points"]) == 4
+    assert doc["settings"]["config"]["dataset"] == "bank"
+
+    res = _psfl("vfl", "plan", "--profile", str(prof_dir / "profile.json"), "--w-max", "4",
+                "--out", str(plan_dir))
+    assert res.returncode == 0, res.stderr
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    assert plan["batch_size"] in plan["inputs"]["batch_sizes"]
+    assert 1 <= plan["w_active"] <= 4 and 1 <= plan["w_passive"] <= 4
+    assert plan["epoch_s"] > 0 and len(plan["table"]) == 7
+    assert f"B {plan['batch_size']}" in res.stdout
+
+    res = _psfl("vfl", "plan", "--profile", str(prof_dir / "profile.json"),
+                "--mem-limit-mb", "1", "--out", str(plan_dir))
+    assert res.returncode == 2 and "no batch size" in res.stderr
+
+
+@pytest.mark.timeout(240)
+def test_run_with_plan_auto_records_the_plan(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = _psfl("vfl", "run", "--plan", "auto", "--dataset", "bank", "--set", "vfl.epochs=1",
+                "--out", str(out), timeout=200)
+    assert res.returncode == 0, res.stderr
+    m = json.loads((out / "metrics.json").read_text())
+    plan = m["plan"]
+    assert plan["profile"] == str(out / "plan" / "profile.json")
+    assert (out / "plan" / "plan.json").exists() and (out / "plan" / "profile.json").exists()
+    cfg = m["config"]
+    assert (cfg["w_active"], cfg["w_passive"], cfg["batch_size"]) == (
+        plan["w_active"], plan["w_passive"], plan["batch_size"])
+    assert m["metric"] is not None
