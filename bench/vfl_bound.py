@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"active_cpus": active_cpus, "passive_cpus": passive_cpus, "synthetic_rows": rows}
 
     def cfg_for(algo: str) -> Any:
-        wa, wp = table.main_workers(algo)
+        wa, wp = table.main_workers(algo, "synthetic")
         cfg, why = table.make_config(algo, "synthetic", seed=0, epochs=args.epochs,
                                      settings=settings, w_active=wa, w_passive=wp)
         if cfg is None:

@@ -391,9 +391,19 @@ class GdpAccountant:
             PrivacyBudgetExceeded: a record would pass ``max_publications``.
         """
         counts = self._counts[group]
+        if self.max_publications is None:
+            # no cap to check: count now, find the maximum when asked (the per-batch
+            # max over B rows was a tenth of the passive party's non-compute time)
+            if rows is None:
+                counts += 1
+            else:
+                counts[rows] += 1
+            self._max[group] = -1  # stale: recomputed by group_max
+            self.batches[group] += 1
+            return
         sel = counts if rows is None else counts[rows]
         new_max = int(sel.max(initial=0)) + 1
-        if self.max_publications is not None and new_max > self.max_publications:
+        if new_max > self.max_publications:
             raise PrivacyBudgetExceeded(group, new_max, self.max_publications)
         if rows is None:
             counts += 1
@@ -409,10 +419,12 @@ class GdpAccountant:
     @property
     def publications_max(self) -> int:
         """The largest count over all records of all groups."""
-        return max(self._max.values(), default=0)
+        return max((self.group_max(g) for g in self._max), default=0)
 
     def group_max(self, group: str) -> int:
         """The largest count over the records of ``group``."""
+        if self._max[group] < 0:
+            self._max[group] = int(self._counts[group].max(initial=0))
         return self._max[group]
 
     @property

@@ -136,7 +136,7 @@ from parties.schedule import (
     validation_split,
 )
 from parties.sysinfo import CpuMeter, cores_allotted, run_delay_s
-from parties.timeline import COMM, WAIT, Timeline, TimedWorker
+from parties.timeline import COMM, SEGMENT, WAIT, Timeline, TimedWorker
 from parties.tasks import compute_metric, metric_name
 from parties.workers import (
     InlineWorker,
@@ -631,7 +631,9 @@ class Party:
                 t0 = time.perf_counter()
                 await self._run_segment(bus, epoch, batches, seg)
                 await self._flush()
-                dt = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                dt = t1 - t0
+                self.timeline.record(SEGMENT, -1, len(c.history), t0, t1)
                 delay1 = run_delay_s()
                 delay = (delay1 - delay0) if delay0 is not None and delay1 is not None else None
                 if delay is not None:

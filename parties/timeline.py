@@ -10,7 +10,10 @@ Each party records, per worker, spans ``(kind, worker, batch, t0, t1)``:
 * ``wait``: waiting for the partner's data (an embedding or gradient, or a ``vfl-ps``
   ID subset), from the start of the wait to the message or the deadline;
 * ``comm``: handing a message to the bus (encode + enqueue on the socket; the bytes then
-  travel on ZeroMQ's I/O thread).
+  travel on ZeroMQ's I/O thread);
+* ``segment``: one training segment of the party (worker -1, batch = the segment's
+  running index), from its first batch to the parameter-server flush after its last;
+  evaluation happens between segments, so time outside these spans is not training.
 
 Times are ``time.perf_counter()`` seconds (CLOCK_MONOTONIC on Linux: one clock for every
 process of a host); the file also stores ``anchor_unix_s`` / ``anchor_perf_s``, one pair
@@ -34,8 +37,8 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-KINDS = ("compute", "wait", "comm")
-COMPUTE, WAIT, COMM = 0, 1, 2
+KINDS = ("compute", "wait", "comm", "segment")
+COMPUTE, WAIT, COMM, SEGMENT = 0, 1, 2, 3
 #: Default cap on recorded spans per party (5 columns, 26 bytes per span: 2.6 MB).
 MAX_SPANS = 100_000
 
@@ -71,7 +74,8 @@ class Timeline:
         self._warned = False
 
     def record(self, kind: int, worker: int, batch: int, t0: float, t1: float) -> None:
-        """Store one span (``kind`` one of :data:`COMPUTE`, :data:`WAIT`, :data:`COMM`;
+        """Store one span (``kind`` one of :data:`COMPUTE`, :data:`WAIT`, :data:`COMM`,
+        :data:`SEGMENT`;
         ``t0``/``t1`` perf_counter seconds; ``batch`` -1 when it has none)."""
         i = self.n
         if i >= self.max_spans:

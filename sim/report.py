@@ -357,6 +357,8 @@ def aligned_spans(timelines: dict[str, dict[str, Any]]) -> list[Span]:
             raise ReportError(f"timeline of the {role} party has no anchor_perf_s")
         for k, w, b, t0, t1 in zip(tl["kind"], tl["worker"], tl["batch"], tl["t0_s"],
                                    tl["t1_s"], strict=True):
+            if k == "segment":  # training segments: not a worker's span
+                continue
             raw.append((role, int(w), str(k), int(b), anchor + float(t0), anchor + float(t1)))
     if not raw:
         return []

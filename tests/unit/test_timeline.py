@@ -15,7 +15,8 @@ def test_record_totals_and_roundtrip(tmp_path):
     tl.record(COMPUTE, 0, 3, base + 1.0, base + 1.5)
     tl.record(WAIT, 1, 4, base + 1.5, base + 1.75)
     tl.record(COMM, 0, 3, base + 2.0, base + 2.125)
-    assert tl.totals() == pytest.approx({"compute": 0.5, "wait": 0.25, "comm": 0.125})
+    assert tl.totals() == pytest.approx({"compute": 0.5, "wait": 0.25, "comm": 0.125,
+                                         "segment": 0.0})
     d = load_timeline(tl.write(tmp_path / "t.json"))
     assert d["kind"] == ["compute", "wait", "comm"]
     assert d["worker"] == [0, 1, 0] and d["batch"] == [3, 4, 3]
