@@ -264,13 +264,14 @@ class VflConfig:
 
     def resolved_worker_mode(self, cores: float) -> str:
         """``worker_mode`` with ``"auto"`` resolved for a party with ``cores`` allotted cores:
-        ``"inline"`` below 2 cores (the loop and compute threads would only take turns on
-        one core: measured on ``synthetic`` 30,000 x 500, the paper's small model, each
+        ``"inline"`` with at most one core (the loop and compute threads would only take
+        turns on it: measured on ``synthetic`` 30,000 x 500, the paper's small model, each
         party pinned to one core, efficiency 0.79-0.84 inline vs 0.63-0.72 with thread
-        workers), else ``"thread"``."""
+        workers), else ``"thread"`` (a cgroup quota of 1.5625 cores, say, needs two
+        compute threads to be used)."""
         if self.worker_mode != "auto":
             return self.worker_mode
-        return "inline" if cores < 2 else "thread"
+        return "inline" if cores <= 1 else "thread"
 
     def workers_for(self, role: str) -> int:
         """The workers ``role`` runs under ``algo`` (see

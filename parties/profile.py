@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 import platform
 import statistics
 import time
@@ -119,7 +120,8 @@ class PartyProfile:
     Attributes:
         role: ``"active"`` or ``"passive"``.
         cpus: CPU ids the measurement ran on (the party's pinned set, or the process's).
-        cores: cores allotted to the party: ``len(cpus)`` (cgroup quota not applied here).
+        cores: cores allotted to the party: ``len(cpus)``, or its cgroup CPU quota when
+            that is smaller (:func:`parties.sysinfo.cores_allotted`).
         n_features: the party's encoded feature width ``d_in``.
         batch_size: B, rows per step.
         steps: timed steps (after ``warmup_steps``).
@@ -363,8 +365,10 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
     q = statistics.quantiles(cpu, n=4) if len(cpu) >= 2 else [cpu_med, cpu_med, cpu_med]
     cpus = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(
         range(os.cpu_count() or 1))
+    from parties.sysinfo import cores_allotted
+
     return PartyProfile(
-        role=role, cpus=cpus, cores=float(len(cpus)), n_features=int(d_in), batch_size=B,
+        role=role, cpus=cpus, cores=cores_allotted(), n_features=int(d_in), batch_size=B,
         steps=len(cpu), warmup_steps=warmed, cpu_s_per_step=cpu_med,
         wall_s_per_step=wall_med, cpu_s_per_sample=cpu_med / B,
         wall_s_per_sample=wall_med / B,
@@ -388,11 +392,13 @@ CONCURRENT_TIMEOUT_S = 900.0
 LAYOUTS = ("auto", "concurrent", "alone")
 
 
-def resolve_layout(cfg: VflConfig, layout: str = "auto") -> str:
+def resolve_layout(cfg: VflConfig, layout: str = "auto", *, grouped: bool = False) -> str:
     """``"concurrent"`` or ``"alone"``: what ``layout`` means for ``cfg``.
 
     ``auto`` is ``concurrent`` when both parties are pinned (``active_cpus`` and
-    ``passive_cpus`` set) to disjoint CPU sets, as a run lays them out, else ``alone``.
+    ``passive_cpus`` set) to disjoint CPU sets, as a run lays them out, or when each
+    party has its own CPU-share group (``grouped``: see ``join_groups`` of
+    :func:`profile_config`), else ``alone``.
 
     Raises:
         ValueError: ``layout`` is not one of :data:`LAYOUTS`, or ``concurrent`` was asked
@@ -401,7 +407,7 @@ def resolve_layout(cfg: VflConfig, layout: str = "auto") -> str:
     if layout not in LAYOUTS:
         raise ValueError(f"profile layout must be one of {LAYOUTS}, got {layout!r}")
     a, p = set(cfg.active_cpus), set(cfg.passive_cpus)
-    disjoint = bool(a) and bool(p) and not (a & p)
+    disjoint = (bool(a) and bool(p) and not (a & p)) or grouped
     if layout == "auto":
         return "concurrent" if disjoint else "alone"
     if layout == "concurrent" and not disjoint:
@@ -429,8 +435,15 @@ def _settings(cfg: VflConfig, layout: str) -> dict[str, Any]:
     }
 
 
-def profile_config(cfg: VflConfig, *, layout: str = "auto", **timing: Any) -> ComputeProfile:
+def profile_config(cfg: VflConfig, *, layout: str = "auto",
+                   join_groups: Mapping[str, Sequence[str]] | None = None,
+                   **timing: Any) -> ComputeProfile:
     """Profile both parties of ``cfg`` and compute the ceiling.
+
+    ``join_groups`` (role -> ``cgroup.procs`` files): each party's profile process writes
+    its pid into its files first, so it runs under the party's CPU share (a cgroup
+    quota, as ``psfl sim run`` gives the party); the layout is then ``concurrent``, and
+    the party's ``cores`` is the quota it sees (:func:`parties.sysinfo.cores_allotted`).
 
     Each party's data is loaded as the party would load it (the whole table), its
     process pinned to the party's CPUs, with
@@ -456,9 +469,9 @@ def profile_config(cfg: VflConfig, *, layout: str = "auto", **timing: Any) -> Co
             missed :data:`CONCURRENT_TIMEOUT_S`.
         ValueError: an unknown ``layout``.
     """
-    layout = resolve_layout(cfg, layout)
+    layout = resolve_layout(cfg, layout, grouped=bool(join_groups))
     if layout == "concurrent":
-        out = _profile_concurrent(cfg, timing)
+        out = _profile_concurrent(cfg, timing, dict(join_groups or {}))
     else:
         out = _profile_alone(cfg, timing)
     for role, prof in out.items():
@@ -498,7 +511,8 @@ def _profile_alone(cfg: VflConfig, timing: dict[str, Any]
 
 
 def _concurrent_child(role: str, cfg: VflConfig, timing: dict[str, Any],
-                      barrier: Any, mine: Any, other: Any, results: Any) -> None:
+                      barrier: Any, mine: Any, other: Any, results: Any,
+                      join: Sequence[str] = ()) -> None:
     """One party's side of a concurrent profile (a spawned child process)."""
     try:
         import torch
@@ -506,10 +520,13 @@ def _concurrent_child(role: str, cfg: VflConfig, timing: dict[str, Any],
         from parties.runtime import load_party_data
         from parties.sysinfo import pin_process
 
-        try:
-            pin_process(cfg.cpus(role))
-        except (ValueError, OSError) as exc:
-            raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
+        for f in join:  # the party's CPU-share group(s)
+            Path(f).write_text(str(os.getpid()))
+        if cfg.cpus(role):
+            try:
+                pin_process(cfg.cpus(role))
+            except (ValueError, OSError) as exc:
+                raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
         torch.set_num_threads(cfg.torch_threads)
         data = load_party_data(cfg, role)
         busy_until = [0.0]
@@ -541,7 +558,8 @@ def _concurrent_child(role: str, cfg: VflConfig, timing: dict[str, Any],
             results.put((role, None, ProfileError(f"{role}: {type(exc).__name__}: {exc}")))
 
 
-def _profile_concurrent(cfg: VflConfig, timing: dict[str, Any]
+def _profile_concurrent(cfg: VflConfig, timing: dict[str, Any],
+                        join_groups: dict[str, Sequence[str]] | None = None
                         ) -> dict[str, PartyProfile]:
     import multiprocessing as mp
     import queue
@@ -553,7 +571,7 @@ def _profile_concurrent(cfg: VflConfig, timing: dict[str, Any]
     procs = {role: ctx.Process(target=_concurrent_child, name=f"profile-{role}", daemon=True,
                                args=(role, cfg, timing, barrier, done[role],
                                      done["passive" if role == "active" else "active"],
-                                     results))
+                                     results, tuple((join_groups or {}).get(role, ()))))
              for role in ("passive", "active")}
     deadline = time.monotonic() + CONCURRENT_TIMEOUT_S
     out: dict[str, PartyProfile] = {}

@@ -66,25 +66,51 @@ def pin_process(cpus: Iterable[int]) -> set[int]:
 
 
 def _cgroup_quota() -> float | None:
+    """The tightest CPU quota (cores) on this process's cgroup or any of its ancestors:
+    cgroup v2 ``cpu.max``, or v1 ``cpu.cfs_quota_us / cpu.cfs_period_us`` in the group
+    ``/proc/self/cgroup`` names for the ``cpu`` controller; None when there is none."""
     try:
-        rel = ""
+        v2_rel, v1_rel = None, None
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             parts = line.split(":", 2)
-            if len(parts) == 3 and parts[0] == "0":
-                rel = parts[2]
-        v2 = Path("/sys/fs/cgroup") / rel.lstrip("/") / "cpu.max"
-        if v2.exists():
-            q, period = v2.read_text().split()
-            return None if q == "max" else int(q) / int(period)
-        v1 = Path("/sys/fs/cgroup/cpu")
-        q1 = v1 / "cpu.cfs_quota_us"
-        if q1.exists():
-            q = int(q1.read_text())
-            if q > 0:
-                return q / int((v1 / "cpu.cfs_period_us").read_text())
+            if len(parts) != 3:
+                continue
+            if parts[0] == "0" and parts[1] == "":
+                v2_rel = parts[2]
+            elif "cpu" in parts[1].split(","):
+                v1_rel = parts[2]
+        quotas: list[float] = []
+        if v1_rel is not None:
+            for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+                base = Path("/sys/fs/cgroup") / mount
+                if (base / "cpu.cfs_quota_us").exists():
+                    quotas += _walk_v1(base, v1_rel)
+                    break
+        elif v2_rel is not None:
+            base = Path("/sys/fs/cgroup")
+            rel = Path(v2_rel.lstrip("/"))
+            for d in [base / rel, *[base / p for p in rel.parents]]:
+                f = d / "cpu.max"
+                if f.exists():
+                    q, period = f.read_text().split()
+                    if q != "max":
+                        quotas.append(int(q) / int(period))
+        return min(quotas) if quotas else None
     except (OSError, ValueError):
         return None
-    return None
+
+
+def _walk_v1(base: Path, rel: str) -> list[float]:
+    """v1 quotas (cores) of the group ``rel`` under ``base`` and its ancestors."""
+    out: list[float] = []
+    r = Path(rel.lstrip("/"))
+    for d in [base / r, *[base / p for p in r.parents]]:
+        q_file = d / "cpu.cfs_quota_us"
+        if q_file.exists():
+            q = int(q_file.read_text())
+            if q > 0:
+                out.append(q / int((d / "cpu.cfs_period_us").read_text()))
+    return out
 
 
 @dataclass(slots=True)

@@ -917,6 +917,18 @@ class CpuLimiter:
         self._check_open()
         return self._backend.preexec()
 
+    def join_files(self) -> list[str]:
+        """The ``cgroup.procs`` files a process writes its own pid into to join the share
+        (one per hierarchy: v1 ``cpu`` and ``cpuacct`` are separate here); empty for the
+        duty cycle and ``none``, which track pids instead (:meth:`add`)."""
+        self._check_open()
+        b = self._backend
+        if isinstance(b, _CgroupV1):
+            return list(b._procs_files)
+        if isinstance(b, _CgroupV2):
+            return [str(b.path / "cgroup.procs")]
+        return []
+
     def add(self, pid: int) -> None:
         """Put an already-running process (all its threads) under the share. Its
         existing children stay where they are (cgroups) / are adopted (duty cycle).
