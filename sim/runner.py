@@ -284,7 +284,8 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
     end_state = "completed"
     try:
         for role in ROLES:
-            limiters[role] = CpuLimiter.create(role, cores[role], method=scn.cpu_method)
+            limiters[role] = CpuLimiter.create(role, cores[role], method=scn.cpu_method,
+                                               period_us=scn.cpu_period_us)
             if scn.party(role).memory_mb > 0:
                 mems[role] = MemoryLimit(role, scn.party(role).memory_mb)
         procs["broker"], broker = start_broker(out, events)

@@ -1,0 +1,357 @@
+"""The heterogeneity benchmark: the five algorithms under unequal CPU shares (issue 5).
+
+For each CPU split of the paper's 64 cores ("50:14", "40:24", "32:32"; active:passive,
+scaled to this machine's cores as fractions: 50:14 on 2 cores is 1.5625 : 0.4375), every
+algorithm trains ``synthetic`` with the paper's small model through ``psfl sim run``
+machinery (:func:`sim.runner.run_scenario`): broker and parties as processes, each party
+in its own cgroup CPU quota.
+
+Balancing. A 10-layer bottom model's hidden layers dominate its cost whatever the input
+width, so an even feature split under a 50:14 share leaves the small party far behind.
+The party with fewer cores therefore gets a narrower bottom model, chosen by *profiled*
+compute: each candidate width (9 hidden layers of 128, 96, 64, 48, 32) is timed for one
+worker step (CPU seconds per sample, :func:`parties.profile.profile_party`) and the width
+whose cost ratio to the other party's is closest to the CPU ratio is used
+(``balanced``). ``--even`` also runs the even split (the same model for both parties,
+``even`` in the JSON).
+
+Ceiling and efficiency. The ceiling is measured as ``bench/vfl_table.py`` measures it,
+under the run's layout: both parties' single-worker compute profiled at the same time,
+each process inside its party's quota (``profile_config(join_groups=...)``), so the
+ceiling is min over parties of quota ÷ CPU seconds per sample. Efficiency = training
+samples/s ÷ ceiling.
+
+Workers: ``vfl`` and ``avfl`` 1 + 1 (by definition); ``vfl-ps`` 2 pairs; ``pubsub`` and
+``avfl-ps`` ⌈active cores⌉ active workers (threads, so a 1.5625-core quota can be used)
+and 4 passive; ``pubsub_planned`` is PubSub-VFL with (w_active, w_passive, B) from the
+planner (``psfl vfl plan``: the batch-size sweep and cost-model fits, with each party's
+quota as its cores). Time to target: the first validation point at or above 0.98 × the
+best final AUC of ``vfl`` in the same split.
+
+Usage::
+
+    python bench/hetero.py --quick --json /tmp/hetero.json       # < 10 minutes
+    python bench/hetero.py --even --out runs/hetero               # full, with the even split
+    psfl report runs/hetero                                       # plots of the runs
+
+Output: a table per split and, with ``--json``, ``summary[split][algo]`` with
+``time_to_target_s``, ``metric``, ``cpu_util_active``, ``cpu_util_passive``,
+``efficiency`` and ``wait_s_per_epoch`` (the active party's, per worker), for the
+balanced model; ``summary_even`` likewise for the even split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+SPLITS = ("50:14", "40:24", "32:32")
+RATIO_OF = 64.0
+ALGOS = ("vfl", "vfl-ps", "avfl", "avfl-ps", "pubsub", "pubsub_planned")
+WIDTHS = (128, 96, 64, 48, 32)
+DEPTH = 9
+FEATURES = 500
+PERIOD_US = 10_000  # the quotas' period (see sim.scenario.Scenario.cpu_period_us)
+
+
+def _table() -> Any:
+    spec = importlib.util.spec_from_file_location("vfl_table", HERE / "vfl_table.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["vfl_table"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def base_config(rows: int, epochs: int, **kw: Any) -> Any:
+    """The benchmark's config: synthetic, the paper's small model, B = 256."""
+    from parties.config import VflConfig
+
+    t = _table()
+    return VflConfig(algo="pubsub", dataset="synthetic", synthetic_rows=rows,
+                     synthetic_features=FEATURES, epochs=epochs, batch_size=t.BATCH,
+                     bottom_hidden=t.BOTTOM_HIDDEN, embedding_dim=t.EMBEDDING_DIM,
+                     top_hidden=t.TOP_HIDDEN, **kw)
+
+
+def balance(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str, Any]:
+    """Pick the bottom width of the party with fewer cores so that the parties' profiled
+    CPU seconds per sample are in the ratio of their cores (see the module docstring).
+
+    Returns ``{"role": small party, "width": w, "ratio_target": ..., "candidates": {w:
+    ratio}}``; the even model (width 128 for both) when the cores are equal.
+    """
+    from parties.profile import profile_party
+    from parties.runtime import load_party_data
+
+    small = min(cores, key=lambda r: cores[r])
+    big = "active" if small == "passive" else "passive"
+    target = cores[small] / cores[big]
+    if math.isclose(target, 1.0, rel_tol=1e-6):
+        return {"role": small, "width": WIDTHS[0], "ratio_target": 1.0, "candidates": {}}
+    data = {r: load_party_data(cfg, r) for r in ("active", "passive")}
+    ref = profile_party(big, cfg, data[big].x_train, data[big].y_train, min_time_s=min_time_s)
+    ratios: dict[int, float] = {}
+    for w in WIDTHS:
+        c = dataclasses.replace(cfg, **{f"{small}_bottom_hidden": (w,) * DEPTH})
+        p = profile_party(small, c, data[small].x_train, data[small].y_train,
+                          min_time_s=min_time_s)
+        ratios[w] = p.cpu_s_per_sample / ref.cpu_s_per_sample
+    best = min(ratios, key=lambda w: abs(math.log(ratios[w] / target)))
+    return {"role": small, "width": best, "ratio_target": target,
+            "candidates": {str(w): r for w, r in ratios.items()}}
+
+
+def quota_ceiling(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str, Any]:
+    """The ceiling under the split's quotas (both parties profiled at once, each in its
+    own CPU-share group)."""
+    from parties.profile import profile_config
+
+    from sim.cpu import CpuLimiter
+
+    lims = {r: CpuLimiter.create(f"ceiling-{r}", cores[r], period_us=PERIOD_US)
+            for r in ("active", "passive")}
+    try:
+        prof = profile_config(cfg, join_groups={r: lim.join_files() for r, lim in lims.items()},
+                              min_time_s=min_time_s)
+    finally:
+        for lim in lims.values():
+            lim.close()
+    d = prof.to_dict()
+    d["methods"] = {r: lim.method for r, lim in lims.items()}
+    return d
+
+
+def workers_for(algo: str, cores: dict[str, float]) -> tuple[int, int]:
+    """(w_active, w_passive) of ``algo`` (module docstring)."""
+    if algo in ("vfl", "avfl"):
+        return 1, 1
+    if algo == "vfl-ps":
+        return 2, 2
+    return max(1, math.ceil(cores["active"] - 1e-9)), 4
+
+
+def planned_config(cfg: Any, cores: dict[str, float], out: Path, *,
+                   sweep_batch_sizes: tuple[int, ...]) -> tuple[Any, dict[str, Any]]:
+    """``cfg`` with the planner's (w_active, w_passive, B) for the split's quotas."""
+    from parties.cli import write_json
+
+    from sim.sysprofile import apply_plan, plan_doc, plan_from_models, sweep_profile
+
+    out.mkdir(parents=True, exist_ok=True)
+    doc, models = sweep_profile(cfg, out, batch_sizes=sweep_batch_sizes, min_time_s=0.3)
+    models = dataclasses.replace(
+        models, active=dataclasses.replace(models.active, cores=cores["active"]),
+        passive=dataclasses.replace(models.passive, cores=cores["passive"]))
+    write_json(out / "profile.json", doc)
+    plan, inputs = plan_from_models(models, cfg, w_max=4)
+    pdoc = plan_doc(plan, inputs, out / "profile.json")
+    write_json(out / "plan.json", pdoc)
+    return apply_plan(cfg, plan), pdoc
+
+
+def run_algo(cfg: Any, split: str, out: Path, timeout_s: float) -> dict[str, Any]:
+    """One scenario run; the table's summary of its metrics plus the sim section."""
+    from sim.runner import run_scenario
+    from sim.scenario import Scenario
+
+    t = _table()
+    scn = Scenario(name=f"{split} {cfg.algo}", cpu_ratio=split, ratio_of=RATIO_OF,
+                   cpu_period_us=PERIOD_US, timeout_s=timeout_s)
+    try:
+        m = run_scenario(scn, cfg, out, quiet=True)
+    except Exception as exc:  # noqa: BLE001 - one failed run must not end the benchmark
+        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+    if m["sim"]["end_state"] != "completed":
+        return {"status": "failed", "error": f"end state {m['sim']['end_state']}",
+                "sim": m["sim"]}
+    s = t.summarize_run(m)
+    s["status"] = "ok"
+    s["workers"] = [cfg.w_active, cfg.w_passive]
+    s["batch_size"] = cfg.batch_size
+    s["cpu_measured"] = m["sim"]["cpu"]
+    return s
+
+
+def _fmt(x: Any, spec: str) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def summarize(runs: dict[str, dict[str, Any]], ceiling: float | None) -> dict[str, Any]:
+    """``summary[algo]`` of one split (the JSON's shape), with time to target and
+    speedup against ``vfl``."""
+    t = _table()
+    ok_vfl = [runs["vfl"]["metric"]] if runs.get("vfl", {}).get("status") == "ok" else []
+    target = t.REL_TARGET_AUC * max(ok_vfl) if ok_vfl else None
+    out: dict[str, Any] = {}
+    for algo, r in runs.items():
+        if r.get("status") != "ok":
+            out[algo] = {"status": r.get("status"), "error": r.get("error")}
+            continue
+        ttt = t.time_to_target(r["history"], target, False) if target is not None else None
+        out[algo] = {
+            "time_to_target_s": ttt, "metric": r["metric"],
+            "cpu_util_active": r["cpu_util"]["active"],
+            "cpu_util_passive": r["cpu_util"]["passive"],
+            "efficiency": (r["train_samples_per_s"] / ceiling) if ceiling else None,
+            "wait_s_per_epoch": r["wait_s_per_epoch"]["active"],
+            "wait_s_per_epoch_passive": r["wait_s_per_epoch"]["passive"],
+            "train_samples_per_s": r["train_samples_per_s"],
+            "workers": r["workers"], "batch_size": r["batch_size"],
+        }
+    base = out.get("vfl", {}).get("time_to_target_s")
+    for row in out.values():
+        ttt = row.get("time_to_target_s")
+        row["speedup_vs_vfl"] = (base / ttt) if base and ttt else None
+    return {"target_auc": target, "algos": out}
+
+
+def render(split: str, info: dict[str, Any], summ: dict[str, Any]) -> str:
+    """A markdown table of one split."""
+    cores = info["cores"]
+    lines = [f"### {split} of {RATIO_OF:g} cores: active {cores['active']:.4g} cores, passive "
+             f"{cores['passive']:.4g} cores ({info['model']}); ceiling "
+             f"{_fmt(info['ceiling'], ',.0f')} samples/s; target AUC "
+             f"{_fmt(summ['target_auc'], '.4f')}", "",
+             "| algo | w_a+w_p, B | time to target, s | speedup vs vfl | final AUC | CPU util "
+             "active | CPU util passive | efficiency | wait/epoch active, s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for algo, r in summ["algos"].items():
+        if "metric" not in r:
+            lines.append(f"| {algo} | {r.get('status')}: {r.get('error')} |||||||")
+            continue
+        lines.append(
+            f"| {algo} | {r['workers'][0]}+{r['workers'][1]}, {r['batch_size']} | "
+            f"{_fmt(r['time_to_target_s'], '.2f')} | {_fmt(r['speedup_vs_vfl'], '.2f')} | "
+            f"{r['metric']:.4f} | {r['cpu_util_active']:.1%} | {r['cpu_util_passive']:.1%} | "
+            f"{_fmt(r['efficiency'], '.3f')} | {r['wait_s_per_epoch']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="30,000 rows, 4 epochs, no even split: under 10 minutes")
+    ap.add_argument("--splits", default=",".join(SPLITS), help="CPU splits, active:passive")
+    ap.add_argument("--algos", default=",".join(ALGOS))
+    ap.add_argument("--rows", type=int, help="synthetic rows (default 60,000; quick 30,000)")
+    ap.add_argument("--epochs", type=int, help="epochs (default 6; quick 4)")
+    ap.add_argument("--even", action="store_true", help="also run the even split "
+                    "(pubsub and avfl-ps with the same model for both parties)")
+    ap.add_argument("--out", type=Path, help="keep the run directories here")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    args = ap.parse_args(argv)
+    rows = args.rows or (30_000 if args.quick else 60_000)
+    epochs = args.epochs or (4 if args.quick else 6)
+    splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+    bad = [a for a in algos if a not in ALGOS]
+    if bad:
+        ap.error(f"unknown algorithm(s) {bad}; known: {', '.join(ALGOS)}")
+    from parties.cli import write_json
+    from pubsub.logs import configure_logging
+
+    from sim.cpu import machine_cores
+    from sim.scenario import Scenario, party_cores
+
+    configure_logging(stderr_level="error")
+    t_start = time.perf_counter()
+    keep = args.out
+    tmp = None
+    if keep is None:
+        tmp = tempfile.TemporaryDirectory(prefix="hetero_")
+        keep = Path(tmp.name)
+    doc: dict[str, Any] = {"settings": {"rows": rows, "epochs": epochs, "features": FEATURES,
+                                        "ratio_of": RATIO_OF, "machine_cores": machine_cores(),
+                                        "quick": args.quick},
+                           "splits": {}, "summary": {}, "summary_even": {}}
+    report: list[str] = []
+
+    def progress(msg: str) -> None:
+        print(f"  [{time.perf_counter() - t_start:6.0f} s] {msg}", file=sys.stderr, flush=True)
+
+    timeout = 600.0
+    try:
+        for split in splits:
+            cores = party_cores(Scenario(cpu_ratio=split, ratio_of=RATIO_OF), machine_cores())
+            base = base_config(rows, epochs)
+            bal = balance(base, cores, min_time_s=0.5)
+            cfg = dataclasses.replace(base, **{f"{bal['role']}_bottom_hidden":
+                                               (bal["width"],) * DEPTH})
+            model = (f"{bal['role']} bottom {DEPTH}x{bal['width']}, the other {DEPTH}x128"
+                     if bal["width"] != 128 else f"both bottoms {DEPTH}x128")
+            progress(f"{split}: cores {cores}, {model}")
+            prof = quota_ceiling(cfg, cores, min_time_s=1.5)
+            ceiling = prof["ceiling_samples_per_s"]
+            progress(f"{split}: ceiling {ceiling:,.0f} samples/s (bound by {prof['bound_by']})")
+            runs: dict[str, dict[str, Any]] = {}
+            plan_doc = None
+            for algo in algos:
+                if algo == "pubsub_planned":
+                    try:
+                        rcfg, plan_doc = planned_config(
+                            dataclasses.replace(cfg, algo="pubsub"), cores,
+                            keep / split.replace(":", "-") / "plan",
+                            sweep_batch_sizes=(64, 256, 1024) if args.quick
+                            else (32, 64, 128, 256, 512, 1024))
+                    except Exception as exc:  # noqa: BLE001 - reported in the table
+                        runs[algo] = {"status": "failed", "error": f"plan: {exc}"}
+                        continue
+                else:
+                    wa, wp = workers_for(algo, cores)
+                    rcfg = dataclasses.replace(cfg, algo=algo, w_active=wa, w_passive=wp)
+                out = keep / split.replace(":", "-") / algo
+                runs[algo] = run_algo(rcfg, split, out, timeout)
+                r = runs[algo]
+                progress(f"{split} {algo}: " + (
+                    f"AUC {r['metric']:.4f}, {r['train_samples_per_s']:,.0f} samples/s "
+                    f"(efficiency {r['train_samples_per_s'] / ceiling:.3f}), cpu util "
+                    f"{r['cpu_util']['active']:.2f}/{r['cpu_util']['passive']:.2f}"
+                    if r["status"] == "ok" else f"{r['status']}: {r.get('error')}"))
+            summ = summarize(runs, ceiling)
+            info = {"cores": cores, "balance": bal, "model": model, "ceiling": ceiling,
+                    "profile": prof, "plan": plan_doc}
+            doc["splits"][split] = {**info, "target_auc": summ["target_auc"], "runs": runs}
+            doc["summary"][split] = summ["algos"]
+            report.append(render(split, info, summ))
+            if args.even and bal["width"] != 128:
+                even_runs: dict[str, dict[str, Any]] = {}
+                eprof = quota_ceiling(base, cores, min_time_s=1.5)
+                for algo in ("vfl", "avfl-ps", "pubsub"):
+                    wa, wp = workers_for(algo, cores)
+                    even_runs[algo] = run_algo(
+                        dataclasses.replace(base, algo=algo, w_active=wa, w_passive=wp), split,
+                        keep / split.replace(":", "-") / f"even-{algo}", timeout)
+                esumm = summarize(even_runs, eprof["ceiling_samples_per_s"])
+                doc["summary_even"][split] = esumm["algos"]
+                doc["splits"][split]["even"] = {"ceiling": eprof["ceiling_samples_per_s"],
+                                                "runs": even_runs}
+                report.append(render(f"{split} (even split)", {
+                    "cores": cores, "model": f"both bottoms {DEPTH}x128",
+                    "ceiling": eprof["ceiling_samples_per_s"]}, esumm))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    doc["total_s"] = time.perf_counter() - t_start
+    text = "\n\n".join(report)
+    print(text)
+    print(f"\n(total {doc['total_s']:.0f} s; runs kept in {args.out})" if args.out
+          else f"\n(total {doc['total_s']:.0f} s)")
+    if args.json:
+        write_json(args.json, json.loads(json.dumps(doc, default=str)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
