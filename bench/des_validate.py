@@ -238,9 +238,16 @@ def sim_base(fit: Mapping[str, Any], *, algo: str, b: int, n_rows: int, epochs: 
     cm = fit["cost_model"]
     comm = cm["comm"]
     spb = float(comm["s_per_byte"])
+    costs = step_costs_from_models(cm, b, top=fit["top_fit"])
+    f = fit.get("compute_factor") or {}
+    fa, fp = float(f.get("active") or 1.0), float(f.get("passive") or 1.0)
+    costs = StepCosts(passive_fwd_s=costs.passive_fwd_s * fp,
+                      passive_bwd_s=costs.passive_bwd_s * fp,
+                      active_fwd_s=costs.active_fwd_s * fa, active_top_s=costs.active_top_s * fa,
+                      active_bwd_s=costs.active_bwd_s * fa)
     return SimInput(
         algo=algo, n_rows=n_rows, batch_size=b, cores_active=cores[0], cores_passive=cores[1],
-        costs=step_costs_from_models(cm, b, top=fit["top_fit"]), w_active=w_active,
+        costs=costs, w_active=w_active,
         w_passive=w_passive, threads=1, embedding_dim=int(cm["embedding_dim"]),
         latency_s=float(comm["latency_s"]), bandwidth_bps=math.inf if spb == 0 else 1 / spb,
         sync_s_active=float(cm["active"]["sync_overhead_s"]),
@@ -542,12 +549,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         by = {r: calib["msg_cpu"][r]["per_msg_s"] for r in ("active", "passive")}
         fit["msg_cpu_by_party"] = by
         fit["msg_cpu_s"] = (by["active"] + by["passive"]) / 2
+        first = predict_run(fit, calib)
+        # In a run each compute call costs more than in the sweep's quiet loop (the
+        # parties' I/O threads, the broker and the other party share the caches and
+        # cores): the calibration run's own compute over the sweep's, per party, scales
+        # every prediction. It is measured at a FIT setting, so the validation settings
+        # stay unseen.
+        fit["compute_factor"] = {r: v for r, v in first["run_compute_over_sweep"].items()
+                                 if v is not None}
         calib["in_sample_prediction"] = predict_run(fit, calib)
+        calib["uncalibrated_prediction"] = first
     except Exception as exc:  # noqa: BLE001 - the validation goes on with msg_cpu_s 0
         calib = None
         fit["msg_cpu_s"] = 0.0
         errors.append(f"calibration run failed ({type(exc).__name__}: {exc}); msg_cpu_s = 0")
     print_fit(fit)
+    if fit.get("compute_factor"):
+        print("  in-run compute / sweep compute (calibration run, scales every prediction): "
+              + ", ".join(f"{r} {v:.3f}" for r, v in fit["compute_factor"].items()))
     if calib is not None:
         c = calib["in_sample_prediction"]
         print(f"  calibration {c['setting']} (in-sample): predicted {c['predicted_epoch_s']:.3f}"
