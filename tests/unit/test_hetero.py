@@ -1,0 +1,59 @@
+"""bench/hetero.py's pure parts: worker counts, the per-split summary (the JSON's shape)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def hetero():
+    spec = importlib.util.spec_from_file_location("hetero_bench", ROOT / "bench" / "hetero.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["hetero_bench"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(metric, sps, hist, **kw):
+    return {"status": "ok", "metric": metric, "train_samples_per_s": sps,
+            "cpu_util": {"active": 0.9, "passive": 0.8},
+            "wait_s_per_epoch": {"active": 0.01, "passive": 0.2},
+            "history": [{"metric": m, "wall_s": t} for m, t in hist],
+            "workers": [1, 1], "batch_size": 256, **kw}
+
+
+def test_workers(hetero):
+    cores = {"active": 1.5625, "passive": 0.4375}
+    assert hetero.workers_for("vfl", cores) == (1, 1)
+    assert hetero.workers_for("avfl", cores) == (1, 1)
+    assert hetero.workers_for("vfl-ps", cores) == (2, 2)
+    assert hetero.workers_for("pubsub", cores) == (2, 4)
+    assert hetero.workers_for("avfl-ps", {"active": 1.0, "passive": 1.0}) == (1, 4)
+
+
+def test_summary_shape_target_speedup_and_own_ceiling(hetero):
+    runs = {
+        "vfl": _run(0.90, 30_000.0, [(0.80, 1.0), (0.89, 2.0)]),
+        "pubsub": _run(0.91, 45_000.0, [(0.885, 1.0), (0.90, 2.0)]),
+        "pubsub_planned": _run(0.85, 60_000.0, [(0.80, 1.0)], ceiling=120_000.0),
+        "avfl": {"status": "failed", "error": "boom"},
+    }
+    s = hetero.summarize(runs, 50_000.0)
+    assert s["target_auc"] == pytest.approx(0.98 * 0.90)  # 0.882
+    a = s["algos"]
+    assert a["vfl"]["time_to_target_s"] == 2.0 and a["pubsub"]["time_to_target_s"] == 1.0
+    assert a["pubsub"]["speedup_vs_vfl"] == pytest.approx(2.0)
+    assert a["pubsub"]["efficiency"] == pytest.approx(0.9)
+    assert a["pubsub_planned"]["efficiency"] == pytest.approx(0.5)  # its own ceiling
+    assert a["pubsub_planned"]["time_to_target_s"] is None
+    assert a["pubsub_planned"]["speedup_vs_vfl"] is None
+    assert a["avfl"] == {"status": "failed", "error": "boom"}
+    for key in ("time_to_target_s", "metric", "cpu_util_active", "cpu_util_passive",
+                "efficiency", "wait_s_per_epoch"):
+        assert key in a["pubsub"]
