@@ -49,6 +49,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -109,13 +110,24 @@ def balance(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str
     if math.isclose(target, 1.0, rel_tol=1e-6):
         return {"role": small, "width": WIDTHS[0], "ratio_target": 1.0, "candidates": {}}
     data = {r: load_party_data(cfg, r) for r in ("active", "passive")}
-    ref = profile_party(big, cfg, data[big].x_train, data[big].y_train, min_time_s=min_time_s)
-    ratios: dict[int, float] = {}
-    for w in WIDTHS:
-        c = dataclasses.replace(cfg, **{f"{small}_bottom_hidden": (w,) * DEPTH})
-        p = profile_party(small, c, data[small].x_train, data[small].y_train,
-                          min_time_s=min_time_s)
-        ratios[w] = p.cpu_s_per_sample / ref.cpu_s_per_sample
+    # one CPU for every timing (no migrations), and the reference party timed before
+    # each candidate: this machine's speed drifts by 10-20 % over seconds, and a single
+    # reference put width 64 at 0.21 of the active cost in one run and 0.41 in another
+    before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    if before:
+        os.sched_setaffinity(0, {min(before)})
+    try:
+        ratios: dict[int, float] = {}
+        for w in WIDTHS:
+            ref = profile_party(big, cfg, data[big].x_train, data[big].y_train,
+                                min_time_s=min_time_s)
+            c = dataclasses.replace(cfg, **{f"{small}_bottom_hidden": (w,) * DEPTH})
+            p = profile_party(small, c, data[small].x_train, data[small].y_train,
+                              min_time_s=min_time_s)
+            ratios[w] = p.cpu_s_per_sample / ref.cpu_s_per_sample
+    finally:
+        if before:
+            os.sched_setaffinity(0, before)
     best = min(ratios, key=lambda w: abs(math.log(ratios[w] / target)))
     return {"role": small, "width": best, "ratio_target": target,
             "candidates": {str(w): r for w, r in ratios.items()}}
