@@ -149,6 +149,14 @@ from parties.workers import (
 log = structlog.get_logger(__name__)
 
 ROLES = ("active", "passive")
+#: How often a long wait for partner data checks whether a reassigned batch's data has
+#: arrived meanwhile (seconds). Only waits longer than this pay for it.
+SWITCH_CHECK_S = 0.05
+
+
+class _Switch(Exception):
+    """An active worker gave up waiting for one batch to take a reassigned batch whose
+    embedding is already here (see :meth:`Party._active_step`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +301,7 @@ class _Counters:
     reassigned: int = 0
     skipped: int = 0
     stale: int = 0
+    switched: int = 0  # waits given up for a reassigned batch whose data had arrived
     batches: int = 0
     samples: int = 0
     loss_sum: float = 0.0
@@ -962,21 +971,37 @@ class Party:
     async def _active_step(self, bus: Bus, k: int, epoch: int, b: int, *, emb_topic: str,
                            accept: Callable[[Message], int], grad_topic: str,
                            grad_meta: Callable[[Message], dict[str, Any]],
-                           rows: np.ndarray | None = None) -> Message | None:
+                           rows: np.ndarray | None = None,
+                           switch: Callable[[], bool] | None = None) -> Message | None:
         """One active step: compute the own bottom forward while waiting for the passive
         embedding, then the top step; the cut-layer gradient is published as soon as it
         exists (the own bottom's backward runs meanwhile). Returns the embedding message,
-        or None if it missed the wait bound (nothing trained)."""
+        or None if it missed the wait bound (nothing trained).
+
+        ``switch``: checked every :data:`SWITCH_CHECK_S` of a long wait; when it returns
+        True (the partner's data for a reassigned batch has arrived meanwhile) the wait
+        is given up early and :class:`_Switch` raised, so the worker takes that batch
+        instead (the caller puts ``b`` back, not counted as a miss)."""
         worker = self._handles[k]
         loop = asyncio.get_running_loop()
         pre = asyncio.create_task(worker.prefetch(epoch, b, rows=rows))
+        deadline = loop.time() + self._data_wait_s()
+        switched = False
         try:
-            msg = await self._wait(bus, emb_topic, loop.time() + self._data_wait_s(), accept,
-                                   worker=k, batch=b)
+            while True:
+                end = deadline if switch is None else min(deadline, loop.time() + SWITCH_CHECK_S)
+                msg = await self._wait(bus, emb_topic, end, accept, worker=k, batch=b)
+                if msg is not None or loop.time() >= deadline or loop.time() < end:
+                    break  # data, the deadline, or a message from a later epoch
+                if switch is not None and switch():
+                    switched = True
+                    break
         finally:
             await pre
         if msg is None:
             await worker.discard(b)
+            if switched:
+                raise _Switch
             return None
         meta = grad_meta(msg)
 
@@ -1006,12 +1031,21 @@ class Party:
         def buffered(b: int) -> bool:
             return bus.pending(topics.emb(b)) > 0
 
+        def retry_ready() -> bool:
+            return sched.retry_ready(buffered)
+
         while (task := await self._next_task(sched, cond, buffered)) is not None:
             b, attempt = task
-            msg = await self._active_step(
-                bus, k, epoch, b, emb_topic=self.topics.emb(b), accept=accept,
-                grad_topic=self.topics.grad(b),
-                grad_meta=lambda m, b=b: {"e": epoch, "b": b, "u": m.meta.get("u")})
+            try:
+                msg = await self._active_step(
+                    bus, k, epoch, b, emb_topic=self.topics.emb(b), accept=accept,
+                    grad_topic=self.topics.grad(b),
+                    grad_meta=lambda m, b=b: {"e": epoch, "b": b, "u": m.meta.get("u")},
+                    switch=retry_ready if self._drops else None)
+            except _Switch:
+                sched.release(b, attempt)  # back to the front; not a miss
+                self.c.switched += 1
+                continue
             if msg is None:
                 if not self._drops:
                     raise self._stalled("emb", b, epoch)
@@ -1098,6 +1132,7 @@ class Party:
             "reassigned_batches": self.c.reassigned,
             "skipped_batches": self.c.skipped,
             "stale_messages": self.c.stale,
+            "switched_waits": self.c.switched,
             "max_staleness": self.c.max_staleness,
             "bus": {k: v for k, v in st.as_dict().items() if not isinstance(v, dict)},
             "ps_pushes": self.ps.pushes,

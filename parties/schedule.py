@@ -127,6 +127,35 @@ class EpochSchedule:
         self.in_flight.add(b)
         return b, attempt
 
+    def retry_ready(self, prefer: Callable[[int], bool]) -> bool:
+        """True when a reassigned pending batch satisfies ``prefer`` (its partner data is
+        buffered): :meth:`take` with the same ``prefer`` would pick it."""
+        if not self._retries:
+            return False
+        seen = 0
+        for b, attempt in reversed(self.pending):
+            if attempt == 0:
+                continue
+            if prefer(b):
+                return True
+            seen += 1
+            if seen >= self._retries:
+                break
+        return False
+
+    def release(self, batch_id: int, attempt: int) -> None:
+        """Give an in-flight batch back unfinished, at the front of the queue, with its
+        attempt count unchanged (not a miss: the worker left it for a batch whose data is
+        here).
+
+        Raises:
+            KeyError: the batch was not in flight.
+        """
+        self.in_flight.remove(batch_id)
+        self.pending.appendleft((batch_id, attempt))
+        if attempt:
+            self._retries += 1
+
     def complete(self, batch_id: int) -> None:
         """Mark a batch done.
 

@@ -330,6 +330,13 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
         if role in procs:
             sim["exit_codes"][role] = procs[role].returncode
     sim["end_state"] = end_state
+    fired = {(f["at_s"], f["party"], f["kind"]) for f in sim["faults"]}
+    sim["faults_not_fired"] = [
+        {"at_s": f.at_s, "party": f.party, "kind": f.kind, "duration_s": f.duration_s}
+        for f in scn.faults if (f.at_s, f.party, f.kind) not in fired]
+    if sim["faults_not_fired"]:
+        log.warning("sim.faults_not_fired", faults=sim["faults_not_fired"],
+                    reason="the run ended before their time")
     sim["cpu"] = _cpu_report(cores, samples, sim)
     metrics_path = out / "metrics.json"
     metrics: dict[str, Any] = (orjson.loads(metrics_path.read_bytes())
@@ -455,7 +462,7 @@ def _cpu_report(cores: dict[str, float], samples: dict[str, list[tuple[float, fl
             rate = (ub - ua) / (tb - ta) if tb > ta else float("nan")
             rec.update({"measured_cores": rate, "measured_over_quota": rate / cores[role],
                         "window_s": tb - ta})
-        rec["cpu_s_total"] = pts[-1][1] if pts else None
+        rec["cpu_s_total"] = pts[-1][1] if pts else None  # whole life of the group
         out[role] = rec
     return out
 
@@ -474,6 +481,9 @@ def format_summary(m: dict[str, Any]) -> str:
     for f in s["faults"]:
         lines.append(f"  fault {f['kind']} {f['party']} at {f['at_s']:g} s"
                      + (f" for {f['duration_s']:g} s" if f["kind"] != "kill" else ""))
+    for f in s.get("faults_not_fired", []):
+        lines.append(f"  NOT FIRED: {f['kind']} {f['party']} at {f['at_s']:g} s (the run "
+                     "ended before that time: give it more epochs or an earlier at_s)")
     if "failure" in s:
         fl = s["failure"]
         lines.append(f"  {fl['party']} exited with code {fl['code']}"

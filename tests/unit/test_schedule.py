@@ -158,3 +158,23 @@ def test_first_reaching_target() -> None:
 def test_schedule_over_a_segment_takes_its_ids() -> None:
     s = EpochSchedule(3, max_reassign=0, ids=range(5, 8))
     assert [s.take(), s.take(), s.take(), s.take()] == [(5, 0), (6, 0), (7, 0), None]
+
+
+def test_retry_ready_and_release():
+    from parties.schedule import EpochSchedule
+
+    s = EpochSchedule(4, 2)
+    b0, a0 = s.take()
+    assert (b0, a0) == (0, 0)
+    assert s.fail(0, 0)  # reassigned: (0, 1) at the back
+    assert not s.retry_ready(lambda b: b == 3)  # 3 is not a retry
+    assert s.retry_ready(lambda b: b == 0)
+    b1, a1 = s.take()
+    assert (b1, a1) == (1, 0)
+    s.release(1, 0)  # back to the front, not a miss
+    assert s.reassigned == 1 and s.dropped == 0 and 1 not in s.in_flight
+    assert s.take(lambda b: b == 0) == (0, 1)  # the buffered retry first
+    assert s.take(lambda b: False) == (1, 0)  # then the released batch
+    assert not s.retry_ready(lambda b: True)  # no retries left
+    with pytest.raises(KeyError):
+        s.release(3, 0)  # not in flight
