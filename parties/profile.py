@@ -510,25 +510,38 @@ def _profile_alone(cfg: VflConfig, timing: dict[str, Any]
     return out
 
 
+def prepare_child(role: str, cfg: VflConfig, join: Sequence[str] = ()) -> Any:
+    """Set up a profiling child process as the party's own process would be: join the
+    party's CPU-share group(s) (``join``: ``cgroup.procs`` files), pin to its CPUs, set
+    ``torch_threads``, and load its data; returns the
+    :class:`parties.runtime.PartyData`.
+
+    Raises:
+        pubsub.config.ConfigError: a configured CPU is not available to this process.
+        parties.data.DataError: the data cannot be loaded.
+    """
+    import torch
+
+    from parties.runtime import load_party_data
+    from parties.sysinfo import pin_process
+
+    for f in join:
+        Path(f).write_text(str(os.getpid()))
+    if cfg.cpus(role):
+        try:
+            pin_process(cfg.cpus(role))
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
+    torch.set_num_threads(cfg.torch_threads)
+    return load_party_data(cfg, role)
+
+
 def _concurrent_child(role: str, cfg: VflConfig, timing: dict[str, Any],
                       barrier: Any, mine: Any, other: Any, results: Any,
                       join: Sequence[str] = ()) -> None:
     """One party's side of a concurrent profile (a spawned child process)."""
     try:
-        import torch
-
-        from parties.runtime import load_party_data
-        from parties.sysinfo import pin_process
-
-        for f in join:  # the party's CPU-share group(s)
-            Path(f).write_text(str(os.getpid()))
-        if cfg.cpus(role):
-            try:
-                pin_process(cfg.cpus(role))
-            except (ValueError, OSError) as exc:
-                raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
-        torch.set_num_threads(cfg.torch_threads)
-        data = load_party_data(cfg, role)
+        data = prepare_child(role, cfg, join)
         busy_until = [0.0]
 
         def before() -> None:

@@ -394,21 +394,11 @@ def _sweep_child(role: str, cfg: VflConfig, batch_sizes: tuple[int, ...],
     """One party's sweep in a fresh (spawned) process: pinned, ``torch_threads`` set,
     the party's data loaded as the party loads it."""
     try:
-        import torch
-
-        from parties.runtime import load_party_data
-        from parties.sysinfo import pin_process
-        from pubsub.config import ConfigError
+        from parties.profile import prepare_child
         from pubsub.logs import configure_logging
 
         configure_logging(stderr_level="warning")  # the parent reports; children stay quiet
-        if cfg.cpus(role):
-            try:
-                pin_process(cfg.cpus(role))
-            except (ValueError, OSError) as exc:
-                raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
-        torch.set_num_threads(cfg.torch_threads)
-        data = load_party_data(cfg, role)
+        data = prepare_child(role, cfg)
         out = sweep_party(role, cfg, data.x_train, data.y_train, batch_sizes, **timing)
         results.put((role, out, None))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
