@@ -326,6 +326,36 @@ def _write(path: Path, value: str) -> None:
         os.close(fd)
 
 
+def preexec_join(procs_files: Sequence[str]) -> Callable[[], None]:
+    """A ``preexec_fn`` that writes the forked child's own pid into each of
+    ``procs_files`` (``cgroup.procs`` of the groups it joins) before it execs: plain
+    syscalls only, as a forked child of a threaded parent requires."""
+    files = list(procs_files)
+
+    def _join() -> None:
+        me = str(os.getpid())
+        for f in files:
+            _write(Path(f), me)
+
+    return _join
+
+
+def _add_pid(procs_files: Sequence[str], pid: int) -> None:
+    """Move the running process ``pid`` into each group.
+
+    Raises:
+        ProcessLookupError: no such process.
+        OSError: a group cannot be written.
+    """
+    for f in procs_files:
+        try:
+            _write(Path(f), str(pid))
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                raise ProcessLookupError(exc.errno, f"no process {pid}") from exc
+            raise
+
+
 def _read_pids(procs_file: Path) -> list[int]:
     try:
         return [int(x) for x in procs_file.read_text().split()]
@@ -480,29 +510,10 @@ class _CgroupV1(_Backend):
         self._procs_files = [str(g / "cgroup.procs") for g in self._groups]
 
     def preexec(self) -> Callable[[], None]:
-        files = list(self._procs_files)
-
-        def _join() -> None:  # runs in the forked child: plain syscalls only
-            me = str(os.getpid()).encode()
-            for f in files:
-                fd = os.open(f, os.O_WRONLY)
-                try:
-                    os.write(fd, me)
-                finally:
-                    os.close(fd)
-
-        return _join
+        return preexec_join(self._procs_files)
 
     def add(self, pid: int) -> None:
-        for g in self._groups:
-            try:
-                _write(g / "cgroup.procs", str(pid))
-            except ProcessLookupError:
-                raise
-            except OSError as exc:
-                if exc.errno == errno.ESRCH:
-                    raise ProcessLookupError(exc.errno, f"no process {pid}") from exc
-                raise
+        _add_pid(self._procs_files, pid)
 
     def pids(self) -> list[int]:
         return _read_pids(self.path / "cgroup.procs") if self.path else []
@@ -554,6 +565,7 @@ class _CgroupV2(_Backend):
         self._enable_cpu(parent)
         self.quota_us = quota_for(cores, period_us)
         self.path = _make_group(self._home, name, self.method)
+        self._procs_files = [str(self.path / "cgroup.procs")]
         try:
             _write(self.path / "cpu.max", f"{self.quota_us} {period_us}")
             weight = min(10_000, max(1, round(100 * cores)))  # see cgroup-v1 cpu.shares
@@ -577,24 +589,10 @@ class _CgroupV2(_Backend):
             raise CpuLimitUnavailable(self.method, sub, f"cannot enable +cpu: {why}") from exc
 
     def preexec(self) -> Callable[[], None]:
-        f = str(self.path / "cgroup.procs")
-
-        def _join() -> None:  # runs in the forked child: plain syscalls only
-            fd = os.open(f, os.O_WRONLY)
-            try:
-                os.write(fd, str(os.getpid()).encode())
-            finally:
-                os.close(fd)
-
-        return _join
+        return preexec_join(self._procs_files)
 
     def add(self, pid: int) -> None:
-        try:
-            _write(self.path / "cgroup.procs", str(pid))  # type: ignore[operator]
-        except OSError as exc:
-            if exc.errno == errno.ESRCH:
-                raise ProcessLookupError(exc.errno, f"no process {pid}") from exc
-            raise
+        _add_pid(self._procs_files, pid)
 
     def pids(self) -> list[int]:
         return _read_pids(self.path / "cgroup.procs") if self.path else []
@@ -922,12 +920,7 @@ class CpuLimiter:
         (one per hierarchy: v1 ``cpu`` and ``cpuacct`` are separate here); empty for the
         duty cycle and ``none``, which track pids instead (:meth:`add`)."""
         self._check_open()
-        b = self._backend
-        if isinstance(b, _CgroupV1):
-            return list(b._procs_files)
-        if isinstance(b, _CgroupV2):
-            return [str(b.path / "cgroup.procs")]
-        return []
+        return list(getattr(self._backend, "_procs_files", []))
 
     def add(self, pid: int) -> None:
         """Put an already-running process (all its threads) under the share. Its

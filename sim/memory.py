@@ -65,18 +65,9 @@ class MemoryLimit:
 
     def preexec(self) -> Callable[[], None]:
         """A ``preexec_fn`` that puts the forked child into the group before it execs."""
-        if self.path is None:
-            return lambda: None
-        f = str(self.path / "cgroup.procs")
+        from sim.cpu import preexec_join
 
-        def _join() -> None:
-            fd = os.open(f, os.O_WRONLY)
-            try:
-                os.write(fd, str(os.getpid()).encode())
-            finally:
-                os.close(fd)
-
-        return _join
+        return preexec_join([str(self.path / "cgroup.procs")] if self.path else [])
 
     def peak_bytes(self) -> int | None:
         """Peak memory use of the group, bytes (v1 ``memory.max_usage_in_bytes``, v2
