@@ -940,7 +940,7 @@ def _spawn_role(role: str, cfg: dict[str, Any]) -> Child:
 def _start_broker(tmp: str) -> tuple[Child, str]:
     """Our broker exactly as ``psfl broker run`` starts it by default (bar the bind/ready file)."""
     ready = Path(tmp) / "broker.addr"
-    argv = [sys.executable, "-m", "broker", "run", "--bind", f"tcp://{HOST}:0",
+    argv = [sys.executable, "-m", "broker", "run", "--insecure", "--bind", f"tcp://{HOST}:0",
             "--ready-file", str(ready), "--log-level", "warning"]
     child = Child("broker", argv, stdin=False)
     deadline = time.monotonic() + CHILD_START_TIMEOUT_S

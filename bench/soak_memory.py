@@ -43,7 +43,7 @@ CLIENT_RCVHWM = 64
 def _start_broker(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     ready = tmp / "broker.addr"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "run", "--bind", "tcp://127.0.0.1:0", "--ready-file",
+        [sys.executable, "-m", "broker", "run", "--insecure", "--bind", "tcp://127.0.0.1:0", "--ready-file",
          str(ready), "--log-level", "error", "--set", f"sndhwm={BROKER_HWM}",
          "--set", f"rcvhwm={BROKER_HWM}", "--set", f"max_message_bytes={MAX_MSG}"],
         stdout=subprocess.DEVNULL)

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import zmq
 
-from pubsub.cli import run_guarded
+from pubsub.cli import INSECURE_WARNING, add_security_arguments, run_guarded, security_from_args
 from pubsub.config import ConfigError, deep_merge, from_mapping, load_toml, parse_overrides
 from pubsub.logs import configure_logging
 
@@ -29,15 +29,26 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run.add_argument("--events", help="append JSON log lines to this file")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                      help="least level printed to stderr")
+    run.add_argument("--policy", help="topic permissions per role (TOML; default: the packaged "
+                     "broker/default_policy.toml)")
+    add_security_arguments(run, client=False)
     run.set_defaults(func=cmd_run)
     st = sub.add_parser("stats", help="print a running broker's counters as JSON")
     st.add_argument("--broker", default="tcp://127.0.0.1:5555", help="broker base address")
     st.add_argument("--timeout-s", type=float, default=2.0, help="reply deadline, seconds")
+    add_security_arguments(st)
     st.set_defaults(func=cmd_stats)
 
 
-def load_broker_config(path: str | None, sets: Sequence[str], bind: str | None) -> BrokerConfig:
-    """Effective :class:`BrokerConfig` from a TOML file, ``--set`` items and ``--bind``."""
+def load_broker_config(path: str | None, sets: Sequence[str], bind: str | None,
+                       keys: str | None = None, policy: str | None = None) -> BrokerConfig:
+    """Effective :class:`BrokerConfig` from a TOML file, ``--set`` items, ``--bind``,
+    ``--keys`` and ``--policy``.
+
+    Raises:
+        ConfigError: unknown keys or bad values.
+        InsecureTransport: no keys and a non-loopback ``bind``.
+    """
     data = load_toml(path) if path else {}
     unknown = set(data) - {"broker"}
     if unknown:
@@ -48,13 +59,25 @@ def load_broker_config(path: str | None, sets: Sequence[str], bind: str | None) 
     table = deep_merge(table, flat)
     if bind:
         table["bind"] = bind
+    if keys:
+        table["keys_dir"] = keys
+    if policy:
+        table["policy_file"] = policy
     return from_mapping(BrokerConfig, table, section="broker")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM."""
     configure_logging(events_path=args.events, stderr_level=args.log_level, party="broker")
-    cfg = load_broker_config(args.config, args.set, args.bind)
+    if args.keys and args.insecure:
+        raise ConfigError("insecure", "give --keys DIR or --insecure, not both")
+    cfg = load_broker_config(args.config, args.set, args.bind, args.keys, args.policy)
+    if not cfg.keys_dir:
+        if not args.insecure:
+            raise ConfigError("keys", "transport security is on by default: give --keys DIR "
+                              "(see `psfl keys generate broker ...`), or --insecure for "
+                              "plaintext on a loopback --bind")
+        print(INSECURE_WARNING, file=sys.stderr)
     broker = Broker(cfg)
     try:
         addr = broker.bind()
@@ -66,15 +89,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         tmp = Path(args.ready_file).with_suffix(".tmp")
         tmp.write_text(str(addr))
         os.replace(tmp, args.ready_file)
-    print(f"broker listening at {addr} (publishers :{addr.port}, subscribers :{addr.port + 1}, "
-          f"control :{addr.port + 2})", flush=True)
+    if broker.secure:
+        print(f"broker listening at {addr} (CURVE; control :{addr.port + 2}, role endpoints "
+              f":{addr.port + 3}..:{addr.port + broker.n_ports - 1}; roles "
+              f"{', '.join(broker.policy.names) if broker.policy else ''}; "
+              f"{len(broker._certs)} allowed keys)", flush=True)
+    else:
+        print(f"broker listening at {addr} (plaintext; publishers :{addr.port}, subscribers "
+              f":{addr.port + 1}, control :{addr.port + 2})", flush=True)
     broker.run()
     return 0
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """Print counters of a running broker."""
-    stats = request_stats(args.broker, timeout_s=args.timeout_s)
+    if args.keys and not args.identity:
+        raise ConfigError("identity", "with --keys, name the key to use: --identity NAME")
+    security = security_from_args(args, args.broker, identity=args.identity or "")
+    stats = request_stats(args.broker, timeout_s=args.timeout_s, security=security)
     sys.stdout.write(orjson.dumps(stats, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0
 

@@ -14,22 +14,29 @@ never reach subscribers and never crash the broker.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import struct
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
 import structlog
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 from zmq.backend import Socket as _Backend
+from zmq.utils import z85
 
 from pubsub.address import BrokerAddress
 from pubsub.codec import _small_bytes, encode, parse_head
-from pubsub.errors import MalformedFrame
+from pubsub.errors import KeyFileError, MalformedFrame
+from pubsub.policy import Policy, load_policy
+from pubsub.security import BROKER_KEY_NAME, Certificate, check_insecure_allowed
+from pubsub.security import read_certificate, read_public_directory
 from pubsub.control import request_stats  # noqa: F401  (re-exported for callers of broker)
 from pubsub.wire import send_envelope
 
@@ -38,6 +45,11 @@ log = structlog.get_logger(__name__)
 _CRC = struct.Struct(">I")
 _MAX_NAMESPACES = 4096
 _MAX_SEQ_KEYS = 1 << 17
+_MAX_ROUTES = 1 << 16
+#: the policy used with CURVE when ``policy_file`` is empty
+DEFAULT_POLICY_FILE = Path(__file__).with_name("default_policy.toml")
+#: ZAP domain of the control socket (any allow-listed key may use it)
+CONTROL_DOMAIN = "control"
 STATS_TOPIC = "_broker/stats"
 _NOBLOCK = int(zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
@@ -67,6 +79,14 @@ class BrokerConfig:
         max_message_bytes: larger messages are rejected (counted). With the HWMs this
             bounds the broker's queued bytes per peer: about ``(sndhwm + rcvhwm) ×
             max_message_bytes`` for one publisher and one subscriber.
+        keys_dir: CURVE on: a directory holding the broker's ``broker.key_secret`` and
+            the allow-list, one public ``NAME.key`` per client with its ``role``
+            (``psfl keys generate``). Each policy role i then publishes to
+            ``PORT+3+2i`` and reads from ``PORT+4+2i``; the control socket (``PORT+2``)
+            tells an authenticated client its role's ports (``hello``). "" = plaintext
+            on ``PORT``/``PORT+1``, allowed on a loopback ``bind`` only.
+        policy_file: topic permissions per role (:mod:`pubsub.policy`); "" = the
+            packaged ``broker/default_policy.toml``. Used with ``keys_dir`` only.
     """
 
     bind: str = "tcp://127.0.0.1:5555"
@@ -79,11 +99,15 @@ class BrokerConfig:
     stats_interval_s: float = 1.0
     overflow: str = "drop"
     max_message_bytes: int = 64 << 20
+    keys_dir: str = ""
+    policy_file: str = ""
 
     def __post_init__(self) -> None:
         if self.overflow not in ("drop", "block"):
             raise ValueError(f"overflow must be 'drop' or 'block', got {self.overflow!r}")
-        BrokerAddress.parse(self.bind)
+        addr = BrokerAddress.parse(self.bind)
+        if not self.keys_dir:
+            check_insecure_allowed(addr, what="broker")
         if self.poll_interval_s <= 0:
             raise ValueError(f"poll_interval_s must be > 0, got {self.poll_interval_s!r}")
         if self.max_message_bytes < 1:
@@ -114,10 +138,18 @@ class BrokerStats:
         gaps / namespace_gaps: messages lost between publishers and the broker, from the
             per-(publisher, topic) sequence numbers in envelope heads; by namespace.
         started_at: Unix time the broker started.
+        forbidden: with CURVE, messages dropped because the sender's role may not
+            publish their topic, by role.
+        refused_subscriptions: with CURVE, subscriptions not forwarded because the
+            role may read no topic they cover, by role (such a role's endpoint never
+            forwards those topics anyway).
+        auth_denied: CURVE handshakes refused by the ZAP handler (unknown key, or a key
+            used on another role's endpoint).
     """
 
     __slots__ = ("keys", "subscriptions", "subscribe_events", "unsubscribe_events",
-                 "rejected", "stalls", "stalled_s", "gaps", "started_at")
+                 "rejected", "stalls", "stalled_s", "gaps", "started_at", "forbidden",
+                 "refused_subscriptions", "auth_denied")
 
     #: per-key counters: [msgs_in, bytes_in, msgs_out, bytes_out, gaps]
     keys: dict[bytes, list[int]]
@@ -132,6 +164,9 @@ class BrokerStats:
         self.stalled_s = 0.0
         self.gaps = 0
         self.started_at = time.time()
+        self.forbidden: dict[str, int] = {}
+        self.refused_subscriptions: dict[str, int] = {}
+        self.auth_denied = 0
 
     def counter(self, key: bytes) -> list[int]:
         """The counter list for ``key`` (created on first use; capped at 4,096 keys)."""
@@ -173,6 +208,9 @@ class BrokerStats:
             "gaps": self.gaps,
             "stalled_s": self.stalled_s,
             "uptime_s": time.time() - self.started_at,
+            "forbidden": dict(self.forbidden),
+            "refused_subscriptions": dict(self.refused_subscriptions),
+            "auth_denied": self.auth_denied,
         }
 
 
@@ -194,8 +232,54 @@ def check_envelope(frames: list[Any]) -> str | None:
     return None
 
 
+class _Authenticator(ThreadAuthenticator):
+    """ZAP handler (``zmq.auth``'s thread authenticator) for the broker's allow-list.
+
+    A key is admitted on the control socket if it is in the allow-list, and on a role's
+    endpoints only if the allow-list gives it that role. The ZAP User-Id is the
+    identity's name, so the control socket knows who says hello.
+    """
+
+    def __init__(self, ctx: zmq.Context, certs: dict[bytes, Certificate],
+                 stats: BrokerStats) -> None:
+        super().__init__(ctx)
+        self._certs = certs
+        self._stats = stats
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """Credentials-provider hook: ``key`` is the client's Z85 public key."""
+        cert = self._certs.get(key)
+        ok = cert is not None and (domain == CONTROL_DOMAIN or cert.role == domain)
+        if not ok:
+            self._stats.auth_denied += 1
+            log.warning("broker.auth_denied", endpoint=domain, key_prefix=key[:8].decode(),
+                        known_key=cert is not None,
+                        key_role=cert.role if cert is not None else None)
+        return ok
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        """The identity name of an admitted key (the ZAP User-Id)."""
+        cert = self._certs.get(z85.encode(client_public_key))
+        return cert.name if cert is not None else "?"
+
+
 class Broker:
-    """An XSUB/XPUB forwarder with counters and a control socket.
+    """An XSUB/XPUB forwarder with counters, a control socket and, with CURVE, per-role
+    endpoints that enforce a topic policy.
+
+    Plaintext (``keys_dir`` empty, loopback only): publishers connect to ``PORT``
+    (XSUB), subscribers to ``PORT+1`` (XPUB), control to ``PORT+2`` (REP).
+
+    CURVE (``keys_dir`` set): every socket is a CURVE server with the broker's key, and
+    ``zmq.auth`` checks each client's key against the allow-list. Role i of the policy
+    has its own XSUB on ``PORT+3+2i`` and XPUB on ``PORT+4+2i`` (ZAP domain = the role,
+    so only keys of that role get in). A message arriving on role i's XSUB whose topic
+    role i may not publish is dropped and counted (``forbidden``); a message is forwarded
+    only to the XPUBs of roles that may read its topic, so a forbidden subscription
+    never receives data; a subscription no topic of which the role may read is not
+    passed upstream (``refused_subscriptions``). Decisions are cached per topic (one
+    dict lookup per message). The control socket answers ``hello`` with the caller's
+    identity, role, ports and rules.
 
     Call :meth:`bind` then :meth:`run` (blocking, in one thread). :meth:`stop`
     may be called from any thread or a signal handler.
@@ -205,6 +289,9 @@ class Broker:
 
     Raises:
         zmq.ZMQError: from :meth:`bind` if the ports are taken (with the address).
+        KeyFileError: from :meth:`bind`: missing or malformed keys, or an allow-listed
+            key whose role the policy does not know.
+        ConfigError: from :meth:`bind`: an invalid policy file.
     """
 
     def __init__(self, config: BrokerConfig | None = None) -> None:
@@ -212,34 +299,83 @@ class Broker:
         self.stats = BrokerStats()
         self._stop = threading.Event()
         self._ctx: zmq.Context | None = None
-        self._xsub: zmq.Socket | None = None
-        self._xpub: zmq.Socket | None = None
+        self._auth: _Authenticator | None = None
+        self._ins: list[zmq.Socket] = []  # XSUB per role (one in plaintext)
+        self._outs: list[zmq.Socket] = []  # XPUB per role (one in plaintext)
         self._rep: zmq.Socket | None = None
         self.address: BrokerAddress | None = None
+        self.policy: Policy | None = None
+        self._certs: dict[bytes, Certificate] = {}
+        self._by_name: dict[str, Certificate] = {}
+        self._server_keys: tuple[bytes, bytes] | None = None
         self._closed = False
-        self._held: tuple[list[Any], list[int], int] | None = None
+        self._held: tuple[list[Any], list[int], int, list[zmq.Socket]] | None = None
         self._seqs: dict[tuple[bytes, bytes], int] = {}
         self._held_since = 0.0
+        # topic -> (bitmask of roles that may publish it, XPUBs of roles that may read it)
+        self._routes: dict[bytes, tuple[int, tuple[zmq.Socket, ...]]] = {}
+        self._sub_routes: dict[tuple[int, bytes], tuple[bool, tuple[zmq.Socket, ...]]] = {}
+        self._publishers: dict[bytes, str] = {}  # client id (from hello) -> identity
+        self._forbidden_logged: set[tuple[int, bytes]] = set()
+
+    @property
+    def secure(self) -> bool:
+        """True when CURVE and the topic policy are on (``keys_dir`` set)."""
+        return bool(self.config.keys_dir)
+
+    @property
+    def n_ports(self) -> int:
+        """How many consecutive ports from the base the broker uses (3 in plaintext,
+        ``3 + 2 × roles`` with CURVE)."""
+        return 3 + 2 * len(self.policy.roles) if self.policy is not None else 3
 
     # ------------------------------------------------------------------ setup
-    def bind(self) -> BrokerAddress:
-        """Bind the three sockets; returns the actual base address.
+    def _load_security(self) -> None:
+        cfg = self.config
+        self.policy = load_policy(cfg.policy_file or DEFAULT_POLICY_FILE)
+        own = read_certificate(Path(cfg.keys_dir) / f"{BROKER_KEY_NAME}.key_secret", secret=True)
+        assert own.secret_key is not None
+        self._server_keys = (own.public_key, own.secret_key)
+        certs = read_public_directory(cfg.keys_dir)
+        roles = set(self.policy.names)
+        for c in certs:
+            if c.role not in roles:
+                raise KeyFileError(c.path, f"role {c.role!r} is not a policy role "
+                                   f"({', '.join(self.policy.names)}); regenerate with --role")
+        self._certs = {c.public_key: c for c in certs}
+        self._by_name = {c.name: c for c in certs}
+        log.info("broker.security", mechanism="CURVE", identities=len(certs),
+                 roles=list(self.policy.names), broker_key_prefix=own.public_key[:8].decode())
 
-        With PORT 0 a random base port in 20000..59999 whose three ports are
-        free is chosen (up to 100 tries).
+    def bind(self) -> BrokerAddress:
+        """Bind the sockets; returns the actual base address.
+
+        With PORT 0 a random base port in 20000..59999 whose ports are all free is
+        chosen (up to 100 tries).
 
         Raises:
             zmq.ZMQError: the ports are in use (message names the address).
+            KeyFileError, ConfigError: bad keys or policy (CURVE only).
         """
         want = BrokerAddress.parse(self.config.bind)
+        if self.secure and self.policy is None:
+            self._load_security()
         self._ctx = zmq.Context()
+        if self.secure:
+            self._auth = _Authenticator(self._ctx, self._certs, self.stats)
+            self._auth.start()
+            assert self.policy is not None
+            for domain in (*self.policy.names, CONTROL_DOMAIN):
+                self._auth.configure_curve_callback(domain, self._auth)
         if want.port != 0:
+            if want.port + self.n_ports - 1 > 65535:
+                raise zmq.ZMQError(msg=f"base port {want.port} + {self.n_ports - 1} exceeds 65535")
             self._bind_at(want.host, want.port)
             self.address = want
         else:
             last: Exception | None = None
             for _ in range(100):
-                port = random.randrange(20000, 60000)
+                port = random.randrange(20000, 60000 - self.n_ports)
                 try:
                     self._bind_at(want.host, port)
                 except zmq.ZMQError as exc:
@@ -249,31 +385,42 @@ class Broker:
                 self.address = BrokerAddress(host=want.host, port=port)
                 break
             else:
-                raise zmq.ZMQError(msg=f"no free port triple on {want.host}: {last}")
-        log.info("broker.bound", address=str(self.address))
+                raise zmq.ZMQError(msg=f"no {self.n_ports} free consecutive ports on {want.host}: {last}")
+        log.info("broker.bound", address=str(self.address), secure=self.secure, ports=self.n_ports)
         return self.address
 
-    def _bind_at(self, host: str, port: int) -> None:
+    def _socket(self, kind: int, domain: str) -> zmq.Socket:
         assert self._ctx is not None
+        s = self._ctx.socket(kind)
+        s.setsockopt(zmq.LINGER, int(self.config.linger_s * 1000))
+        if self._server_keys is not None:
+            s.setsockopt(zmq.CURVE_SERVER, 1)
+            s.setsockopt(zmq.CURVE_PUBLICKEY, self._server_keys[0])
+            s.setsockopt(zmq.CURVE_SECRETKEY, self._server_keys[1])
+            s.setsockopt(zmq.ZAP_DOMAIN, domain.encode())
+        return s
+
+    def _bind_at(self, host: str, port: int) -> None:
         cfg = self.config
-        linger = int(cfg.linger_s * 1000)
+        self._rep = self._socket(zmq.REP, CONTROL_DOMAIN)
+        roles = self.policy.names if self.policy is not None else ("",)
+        for role in roles:
+            self._ins.append(self._socket(zmq.XSUB, role))
+            self._outs.append(self._socket(zmq.XPUB, role))
+        for xsub, xpub in zip(self._ins, self._outs, strict=True):
+            xsub.setsockopt(zmq.RCVHWM, cfg.rcvhwm)
+            xsub.setsockopt(zmq.SNDHWM, 0)  # subscriptions upstream: never capped
+            xpub.setsockopt(zmq.SNDHWM, cfg.sndhwm)
+            xpub.setsockopt(zmq.RCVHWM, 0)  # subscriptions in: never capped
+            if cfg.overflow == "block":
+                xpub.setsockopt(zmq.XPUB_NODROP, 1)
         addr = BrokerAddress(host=host, port=port)
-        xsub = self._ctx.socket(zmq.XSUB)
-        xpub = self._ctx.socket(zmq.XPUB)
-        rep = self._ctx.socket(zmq.REP)
-        self._xsub, self._xpub, self._rep = xsub, xpub, rep
-        for s in (xsub, xpub, rep):
-            s.setsockopt(zmq.LINGER, linger)
-        xsub.setsockopt(zmq.RCVHWM, cfg.rcvhwm)
-        xsub.setsockopt(zmq.SNDHWM, 0)  # subscriptions upstream: never capped
-        xpub.setsockopt(zmq.SNDHWM, cfg.sndhwm)
-        xpub.setsockopt(zmq.RCVHWM, 0)  # subscriptions in: never capped
-        if cfg.overflow == "block":
-            xpub.setsockopt(zmq.XPUB_NODROP, 1)
         try:
-            xsub.bind(addr.pub_endpoint)
-            xpub.bind(addr.sub_endpoint)
-            rep.bind(addr.control_endpoint)
+            self._rep.bind(addr.control_endpoint)
+            for i, (xsub, xpub) in enumerate(zip(self._ins, self._outs, strict=True)):
+                pub_off, sub_off = (0, 1) if self.policy is None else (3 + 2 * i, 4 + 2 * i)
+                xsub.bind(addr.endpoint(pub_off))
+                xpub.bind(addr.endpoint(sub_off))
         except zmq.ZMQError as exc:
             raise zmq.ZMQError(exc.errno, f"cannot bind broker at {addr}: {exc}") from None
 
@@ -289,68 +436,134 @@ class Broker:
 
     def run(self) -> None:
         """Forward until :meth:`stop`; then close all sockets (LINGER-bounded)."""
-        if self._xsub is None:
+        if self._rep is None:
             self.bind()
-        xsub, xpub, rep = self._xsub, self._xpub, self._rep
-        assert xsub is not None and xpub is not None and rep is not None
+        rep = self._rep
+        assert rep is not None
+        ins, outs = list(self._ins), list(self._outs)
         cfg = self.config
         poller = zmq.Poller()
-        poller.register(xsub, zmq.POLLIN)
-        poller.register(xpub, zmq.POLLIN)
-        poller.register(rep, zmq.POLLIN)
+        for s in (*ins, *outs, rep):
+            poller.register(s, zmq.POLLIN)
         timeout_ms = int(cfg.poll_interval_s * 1000)
         burst = cfg.drain_burst
         next_stats = time.monotonic() + cfg.stats_interval_s if cfg.stats_interval_s > 0 else None
-        xsub_registered = True
+        ins_registered = True
+        role_of = {s: i for i, s in enumerate(ins)}
+        out_index = {s: i for i, s in enumerate(outs)}
         try:
             while not self._stop.is_set():
                 # while a message is held (block policy), poll briefly and do not read
                 # publishers: their queues fill and they feel the backpressure
                 events = dict(poller.poll(1 if self._held is not None else timeout_ms))
-                if xpub in events:
-                    self._pump_subscriptions(xpub, xsub, burst)
+                for s in outs:
+                    if s in events:
+                        self._pump_subscriptions(s, out_index[s], burst)
                 if self._held is not None:
-                    self._retry_held(xpub)
-                if self._held is None and not xsub_registered:
-                    poller.register(xsub, zmq.POLLIN)
-                    xsub_registered = True
-                if xsub in events and self._held is None:
-                    self._pump_messages(xsub, xpub, burst)
-                if self._held is not None and xsub_registered:
-                    poller.unregister(xsub)
-                    xsub_registered = False
+                    self._retry_held()
+                if self._held is None and not ins_registered:
+                    for s in ins:
+                        poller.register(s, zmq.POLLIN)
+                    ins_registered = True
+                if self._held is None:
+                    for s in ins:
+                        if s in events:
+                            self._pump_messages(s, role_of[s], burst)
+                            if self._held is not None:
+                                break
+                if self._held is not None and ins_registered:
+                    for s in ins:
+                        poller.unregister(s)
+                    ins_registered = False
                 if rep in events:
                     self._serve_control(rep)
                 if next_stats is not None and time.monotonic() >= next_stats:
                     next_stats = time.monotonic() + cfg.stats_interval_s
-                    self._publish_stats(xpub)
+                    self._publish_stats()
         finally:
             self.close()
 
-    def _pump_subscriptions(self, xpub: zmq.Socket, xsub: zmq.Socket, burst: int) -> None:
+    def _sub_route(self, role: int, data: bytes) -> tuple[bool, tuple[zmq.Socket, ...]]:
+        """For a (un)subscription frame's body from role ``role``'s XPUB: may the role read
+        anything it covers, and which XSUBs (publisher roles) it goes to. Cached."""
+        key = (role, data)
+        r = self._sub_routes.get(key)
+        if r is not None:
+            return r
+        if self.policy is None:
+            r = (True, tuple(self._ins))
+        else:
+            exact = data.endswith(b"\0")
+            text = (data[:-1] if exact else data).decode("utf-8", "replace")
+            rules = self.policy.roles
+            if exact:
+                ok = rules[role].may_read(text)
+                pubs = tuple(s for s, rr in zip(self._ins, rules, strict=True)
+                             if rr.may_publish(text))
+            else:
+                ok = rules[role].may_subscribe_prefix(text)
+                pubs = tuple(s for s, rr in zip(self._ins, rules, strict=True)
+                             if rr.may_publish_prefix(text))
+            r = (ok, pubs)
+        if len(self._sub_routes) >= _MAX_ROUTES:
+            self._sub_routes.clear()
+        self._sub_routes[key] = r
+        return r
+
+    def _pump_subscriptions(self, xpub: zmq.Socket, role: int, burst: int) -> None:
         st = self.stats
         for _ in range(burst):
             try:
                 frame = xpub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if frame[:1] == b"\x01":
-                st.subscribe_events += 1
-                st.subscriptions += 1
-            elif frame[:1] == b"\x00":
-                st.unsubscribe_events += 1
-                st.subscriptions = max(0, st.subscriptions - 1)
-            else:
+            flag = frame[:1]
+            if flag not in (b"\x01", b"\x00"):
                 st.rejected += 1
                 continue
-            xsub.send(frame)
+            ok, pubs = self._sub_route(role, frame[1:])
+            if flag == b"\x01":
+                st.subscribe_events += 1
+                if not ok:
+                    assert self.policy is not None
+                    name = self.policy.roles[role].name
+                    n = st.refused_subscriptions[name] = st.refused_subscriptions.get(name, 0) + 1
+                    if n == 1 or n % 1000 == 0:
+                        log.warning("broker.subscription_refused", role=name,
+                                    topic=frame[1:80].decode("utf-8", "replace").rstrip("\0"),
+                                    refused=n)
+                    continue
+                st.subscriptions += 1
+            else:
+                st.unsubscribe_events += 1
+                if not ok:
+                    continue
+                st.subscriptions = max(0, st.subscriptions - 1)
+            for xsub in pubs:
+                xsub.send(frame)
 
-    def _pump_messages(self, xsub: zmq.Socket, xpub: zmq.Socket, burst: int) -> None:
-        """Forward up to ``burst`` messages: check frame 0, count, send.
+    def _route(self, topic: bytes) -> tuple[int, tuple[zmq.Socket, ...]]:
+        """(publisher-role bitmask, reader XPUBs) for ``topic``; cached, bounded."""
+        if self.policy is None:
+            r = (-1, tuple(self._outs))
+        else:
+            text = topic.decode("utf-8", "replace")
+            rules = self.policy.roles
+            r = (self.policy.publish_mask(text),
+                 tuple(x for x, rr in zip(self._outs, rules, strict=True) if rr.may_read(text)))
+        if len(self._routes) >= _MAX_ROUTES:
+            self._routes.clear()
+        self._routes[topic] = r
+        return r
+
+    def _pump_messages(self, xsub: zmq.Socket, role: int, burst: int) -> None:
+        """Forward up to ``burst`` messages from one XSUB: check frame 0, count, route, send.
 
         The hot path of the broker. Per message: one ``recv`` of frame 0 as bytes
         (plus zero-copy receives of any payload frames), :func:`parse_head` (NUL,
-        version, CRC), one counter lookup, one sequence lookup and one ``send``.
+        version, CRC), one counter lookup, one sequence lookup, one route lookup (the
+        publish permission and the reader endpoints, cached per topic) and one ``send``
+        per reader endpoint (one in plaintext).
         """
         st = self.stats
         counter = st.counter
@@ -359,6 +572,9 @@ class Broker:
         block = self.config.overflow == "block"
         max_bytes = self.config.max_message_bytes
         seqs = self._seqs
+        routes = self._routes
+        route = self._route
+        bit = 1 << role
         noblock = _NOBLOCK
         recv, get, send = _recv, _get, _send
         for _ in range(burst):
@@ -399,9 +615,16 @@ class Broker:
             if nbytes > max_bytes:
                 self._reject(f"{nbytes} bytes > max_message_bytes {max_bytes}")
                 continue
+            topic = f[:nul]
+            r = routes.get(topic)
+            if r is None:
+                r = route(topic)
+            if not r[0] & bit:
+                self._forbidden(role, topic, f[ps:js] if validate else b"")
+                continue
             if validate:
                 # sequence gaps per (publisher, topic)
-                sk = (f[ps:js], f[:nul])
+                sk = (f[ps:js], topic)
                 last = seqs.get(sk)
                 if last is not None:
                     if seq > last + 1:
@@ -410,25 +633,43 @@ class Broker:
                 elif len(seqs) >= _MAX_SEQ_KEYS:
                     seqs.clear()
                 seqs[sk] = seq
-            if frames is None:
-                if block:
+            outs = r[1]
+            if block:
+                if frames is None:
+                    frames = [f]
+                for i, xpub in enumerate(outs):
                     try:
-                        send(xpub, f, noblock, True, False)
+                        send_envelope(xpub, frames, noblock)
                     except zmq.Again:
-                        self._hold([f], c, nbytes)
+                        self._hold(frames, c, nbytes, list(outs[i:]))
                         return
-                else:
+            elif frames is None:
+                for xpub in outs:
                     send(xpub, f, 0, True, False)
-            elif block:
-                try:
-                    send_envelope(xpub, frames, noblock)
-                except zmq.Again:
-                    self._hold(frames, c, nbytes)
-                    return
             else:
-                send_envelope(xpub, frames)
+                for xpub in outs:
+                    send_envelope(xpub, frames)
             c[2] += 1
             c[3] += nbytes
+
+    def _forbidden(self, role: int, topic: bytes, publisher: bytes) -> None:
+        """Count and log (once per role and topic class, then every 1000th) a message
+        whose topic the sender's role may not publish. The identity is the one that said
+        hello with the envelope's publisher id on this role's endpoint ("unverified"
+        when the publisher id was never announced)."""
+        assert self.policy is not None
+        name = self.policy.roles[role].name
+        st = self.stats
+        n = st.forbidden[name] = st.forbidden.get(name, 0) + 1
+        cls = topic.partition(b"/")[0]
+        if (role, cls) not in self._forbidden_logged or n % 1000 == 0:
+            if len(self._forbidden_logged) < 4096:
+                self._forbidden_logged.add((role, cls))
+            pub = publisher.decode("utf-8", "replace")
+            ident = self._publishers.get(publisher)
+            log.warning("broker.publish_forbidden", role=name,
+                        identity=ident if ident is not None else "unverified",
+                        publisher=pub, topic=topic[:80].decode("utf-8", "replace"), forbidden=n)
 
     def _reject(self, reason: str) -> None:
         st = self.stats
@@ -436,18 +677,21 @@ class Broker:
         if st.rejected == 1 or st.rejected % 1000 == 0:
             log.warning("broker.frame_rejected", reason=reason, rejected=st.rejected)
 
-    def _hold(self, frames: list[Any], c: list[int], nbytes: int) -> None:
-        self._held = (frames, c, nbytes)
+    def _hold(self, frames: list[Any], c: list[int], nbytes: int,
+              outs: list[zmq.Socket]) -> None:
+        self._held = (frames, c, nbytes, outs)
         self._held_since = time.monotonic()
         self.stats.stalls += 1
 
-    def _retry_held(self, xpub: zmq.Socket) -> None:
+    def _retry_held(self) -> None:
         assert self._held is not None
-        frames, c, nbytes = self._held
-        try:
-            send_envelope(xpub, frames, zmq.NOBLOCK)
-        except zmq.Again:
-            return
+        frames, c, nbytes, outs = self._held
+        while outs:
+            try:
+                send_envelope(outs[0], frames, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            outs.pop(0)
         self._held = None
         self.stats.stalled_s += time.monotonic() - self._held_since
         c[2] += 1
@@ -455,46 +699,84 @@ class Broker:
 
     def _serve_control(self, rep: zmq.Socket) -> None:
         try:
-            raw = rep.recv(zmq.NOBLOCK)
+            frame = rep.recv(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return
+        raw = frame.bytes
+        identity = ""
+        if self.secure:
+            with contextlib.suppress(zmq.ZMQError):
+                identity = frame.get("User-Id") or ""
         try:
             req = orjson.loads(raw)
             cmd = req.get("cmd") if isinstance(req, dict) else None
         except orjson.JSONDecodeError:
-            cmd = None
+            req, cmd = None, None
         if cmd == "stats":
             reply: dict[str, Any] = {"ok": True, "stats": self.stats.as_dict()}
         elif cmd == "ping":
             reply = {"ok": True, "address": str(self.address)}
+        elif cmd == "hello":
+            reply = self._hello(identity, req)
         else:
-            reply = {"ok": False, "error": f"unknown request {raw[:64]!r}; use cmd=stats|ping"}
+            reply = {"ok": False,
+                     "error": f"unknown request {raw[:64]!r}; use cmd=stats|ping|hello"}
         rep.send(orjson.dumps(reply))
 
-    def _publish_stats(self, xpub: zmq.Socket) -> None:
+    def _hello(self, identity: str, req: Any) -> dict[str, Any]:
+        """The caller's role, ports (offsets from the base port) and rules."""
+        if self.policy is None:
+            return {"ok": True, "secure": False, "role": "", "identity": "",
+                    "pub_offset": 0, "sub_offset": 1, "rules": None}
+        cert = self._by_name.get(identity)
+        if cert is None:
+            return {"ok": False, "error": f"unknown identity {identity!r}"}
+        i = self.policy.index(cert.role)
+        client_id = req.get("client_id") if isinstance(req, dict) else None
+        if isinstance(client_id, str) and client_id:
+            if len(self._publishers) >= _MAX_ROUTES:
+                self._publishers.clear()
+            self._publishers[client_id.encode()] = identity
+        log.info("broker.hello", identity=identity, role=cert.role)
+        return {"ok": True, "secure": True, "role": cert.role, "identity": identity,
+                "pub_offset": 3 + 2 * i, "sub_offset": 4 + 2 * i,
+                "rules": self.policy.roles[i].as_dict()}
+
+    def _publish_stats(self) -> None:
         frames = encode(STATS_TOPIC, (), self.stats.as_dict(), publisher="broker")
-        try:
-            xpub.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:
-            pass
+        outs = self._outs if self.policy is None else [
+            x for x, rr in zip(self._outs, self.policy.roles, strict=True)
+            if rr.may_read(STATS_TOPIC)]
+        for xpub in outs:
+            try:
+                xpub.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                pass
 
     def close(self) -> None:
-        """Close sockets and the context; idempotent."""
+        """Close sockets, the ZAP handler and the context; idempotent."""
         if self._closed:
             return
         self._closed = True
         self._close_sockets()
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
         log.info("broker.stopped", **{k: v for k, v in self.stats.as_dict().items()
-                                      if k in ("rejected", "subscriptions")})
+                                      if k in ("rejected", "subscriptions", "forbidden",
+                                               "auth_denied")})
 
     def _close_sockets(self) -> None:
-        for s in (self._xsub, self._xpub, self._rep):
+        linger = int(self.config.linger_s * 1000)
+        for s in (*self._ins, *self._outs, self._rep):
             if s is not None:
-                s.close(linger=int(self.config.linger_s * 1000))
-        self._xsub = self._xpub = self._rep = None
+                s.close(linger=linger)
+        self._ins, self._outs, self._rep = [], [], None
+        self._routes.clear()
+        self._sub_routes.clear()
 
 
 def serve_in_thread(config: BrokerConfig) -> tuple[Broker, threading.Thread]:

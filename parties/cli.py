@@ -20,9 +20,8 @@ from typing import Any
 
 import orjson
 
-from pubsub.address import InvalidAddress
+from pubsub.cli import BAD_INPUT_ERRORS, BROKER_ERRORS, add_security_arguments, security_from_args
 from pubsub.config import ConfigError
-from pubsub.errors import BrokerUnreachable
 from pubsub.logs import configure_logging
 from pubsub.runner import run as run_loop
 
@@ -45,8 +44,8 @@ class ExitCode(IntEnum):
 
 #: Errors reported as one line, and the exit code each maps to (first match wins).
 _EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], ExitCode], ...] = (
-    ((ConfigError, DataError, InvalidAddress), ExitCode.BAD_INPUT),
-    ((BrokerUnreachable,), ExitCode.BROKER_UNREACHABLE),
+    ((*BAD_INPUT_ERRORS, DataError), ExitCode.BAD_INPUT),
+    (BROKER_ERRORS, ExitCode.BROKER_UNREACHABLE),
     ((WorkerFailed, PrivacyBudgetExceeded), ExitCode.FAILED),
     ((VflError,), ExitCode.PARTNER),
 )
@@ -71,6 +70,7 @@ def add_party_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="directory for this party's metrics (active: metrics.json)")
     p.add_argument("--events", help="append JSON log lines here (default: OUT/events.jsonl)")
     p.add_argument("--quiet", action="store_true", help="no per-epoch progress lines")
+    add_security_arguments(p)
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -94,7 +94,7 @@ async def _serve(role: str, cfg: VflConfig, args: argparse.Namespace) -> dict[st
     if fork_server is not None:
         await fork_server
     party = Party(role, cfg, data, broker=args.broker, run_id=args.run_id,
-                  progress=not args.quiet)
+                  progress=not args.quiet, security=args.security)
     try:
         metrics = await party.run()
     finally:
@@ -115,6 +115,7 @@ def run_party(role: str, args: argparse.Namespace) -> int:
     events = args.events or (str(out / "events.jsonl") if out else None)
     try:
         check_run_id(args.run_id)
+        args.security = security_from_args(args, args.broker, identity=role)
         cfg = load_vfl_config(args.config, args.set)
         if cfg.cpus(role):
             from parties.sysinfo import pin_process

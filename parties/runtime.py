@@ -102,6 +102,7 @@ from pubsub import Bus, BusConfig, DeadlineExceeded, Message
 from pubsub.buffer import BufferLimits
 from pubsub.control import request_stats
 from pubsub.errors import BusError
+from pubsub.security import CurveClient
 
 from parties.config import VflConfig
 from parties.data import (
@@ -320,10 +321,12 @@ class Party:
         broker: broker base address ``tcp://HOST:PORT``.
         run_id: run id shared by both parties.
         progress: print one line per epoch to stdout (active party).
+        security: CURVE keys for the bus (:class:`pubsub.security.CurveClient`); None =
+            plaintext (loopback brokers only).
     """
 
     def __init__(self, role: str, cfg: VflConfig, data: PartyData, *, broker: str, run_id: str,
-                 progress: bool = True) -> None:
+                 progress: bool = True, security: CurveClient | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if role == "active" and data.y_train is None:
@@ -333,6 +336,7 @@ class Party:
         self.cfg = cfg
         self.data = data
         self.broker = broker
+        self.security = security
         self.run_id = run_id
         self.topics = Topics(run_id)
         self.progress = progress
@@ -446,7 +450,8 @@ class Party:
                             topic_max_bytes=max(64 << 20, self.data.x_test.shape[0] * 8 * 64))
         starting = asyncio.create_task(self._start_workers())
         try:
-            async with Bus(self.broker, name=self.role, config=bus_cfg) as bus:
+            async with Bus(self.broker, name=self.role, config=bus_cfg,
+                           security=self.security) as bus:
                 self.bus = bus
                 await self._subscribe(bus)
                 await self._handshake(bus)
@@ -960,7 +965,8 @@ class Party:
         except DeadlineExceeded:
             self.log.warning("vfl.no_report", waited_s=cfg.liveness_timeout_s)
         try:
-            metrics["broker"] = await asyncio.to_thread(request_stats, self.broker, timeout_s=2.0)
+            metrics["broker"] = await asyncio.to_thread(request_stats, self.broker, timeout_s=2.0,
+                                                        security=self.security)
         except BusError as exc:
             self.log.warning("vfl.broker_stats_failed", error=str(exc))
             metrics["broker"] = None

@@ -63,6 +63,10 @@ class BrokerAddress:
     def __str__(self) -> str:
         return f"tcp://{self.host}:{self.port}"
 
+    def endpoint(self, offset: int) -> str:
+        """``tcp://HOST:PORT+offset`` (with CURVE, role i uses offsets 3+2i and 4+2i)."""
+        return f"tcp://{self.host}:{self.port + offset}"
+
     @property
     def pub_endpoint(self) -> str:
         """Endpoint that publishers connect to (the broker's XSUB), ``tcp://HOST:PORT``."""

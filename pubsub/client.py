@@ -47,11 +47,15 @@ from zmq.backend import Socket as _Backend
 from pubsub.address import BrokerAddress
 from pubsub.buffer import BufferLimits, TopicBuffer
 from pubsub.codec import Message, decode, encode, topic_frame, validate_topic
+from pubsub.control import Hello, hello
+from pubsub.policy import RoleRules
+from pubsub.security import CurveClient, check_insecure_allowed
 from pubsub.wire import recv_rest, send_envelope
 from pubsub.errors import (
     BrokerUnreachable,
     BusClosed,
     DeadlineExceeded,
+    ForbiddenTopic,
     MalformedFrame,
     PublishTimeout,
     PublishWouldBlock,
@@ -226,9 +230,17 @@ class Bus:
         address: broker base address ``tcp://HOST:PORT`` (str or :class:`BrokerAddress`).
         name: client name, used in logs and as the publisher id prefix.
         config: :class:`BusConfig`.
+        security: CURVE keys (:class:`~pubsub.security.CurveClient`). With them the
+            client first says ``hello`` on the broker's control socket (authenticated;
+            a refused key or a wrong pinned broker key raises
+            :class:`~pubsub.errors.AuthenticationFailed` within ``connect_timeout_s``),
+            learns its role's endpoints and topic rules, and encrypts every socket.
+            Publishing or subscribing outside the role's rules raises
+            :class:`~pubsub.errors.ForbiddenTopic`. None = plaintext, loopback only.
 
     Raises:
         pubsub.address.InvalidAddress: malformed address.
+        InsecureTransport: ``security`` is None and the broker is not on loopback.
     """
 
     def __init__(
@@ -237,9 +249,17 @@ class Bus:
         *,
         name: str = "client",
         config: BusConfig | None = None,
+        security: CurveClient | None = None,
     ) -> None:
         addr = address if isinstance(address, BrokerAddress) else BrokerAddress.parse(address)
         self.address = addr.for_connect()
+        if security is None:
+            check_insecure_allowed(self.address)
+        self.security = security
+        #: the broker's hello answer (identity, role, endpoints); None in plaintext
+        self.hello: Hello | None = None
+        self._rules: RoleRules | None = None
+        self._pub_ok: dict[str, bool] = {}
         self.config = config or BusConfig()
         self.name = name
         self.client_id = f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -288,6 +308,8 @@ class Bus:
 
         Raises:
             BrokerUnreachable: no probe came back within ``connect_timeout_s``.
+            AuthenticationFailed: with CURVE, the broker refused this client's key or
+                does not hold the pinned broker key.
             BusClosed: the client was closed.
         """
         if self._closed:
@@ -297,22 +319,39 @@ class Bus:
         cfg = self.config
         self._loop = asyncio.get_running_loop()
         self._ctx = zmq.asyncio.Context()
+        pub_ep, sub_ep = self.address.pub_endpoint, self.address.sub_endpoint
+        if self.security is not None:
+            try:
+                self.hello = await hello(self._ctx, self.address, self.security,
+                                         client_id=self.client_id,
+                                         timeout_s=cfg.connect_timeout_s)
+            except BaseException:
+                await self.close()
+                raise
+            self._rules = self.hello.rules
+            pub_ep = self.address.endpoint(self.hello.pub_offset)
+            sub_ep = self.address.endpoint(self.hello.sub_offset)
+            self._log = self._log.bind(identity=self.hello.identity, role=self.hello.role)
         linger_ms = int(cfg.linger_s * 1000)
         pub = zmq.Socket(self._ctx, zmq.PUB)  # plain socket from the same context
+        if self.security is not None:
+            self.security.apply(pub)
         pub.setsockopt(zmq.LINGER, linger_ms)
         pub.setsockopt(zmq.SNDHWM, cfg.sndhwm)
         pub.setsockopt(zmq.RCVHWM, 0)  # inbound subscriptions: never capped
         if cfg.overflow == "block":
             pub.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue is EAGAIN, not a silent drop
-        pub.connect(self.address.pub_endpoint)
+        pub.connect(pub_ep)
         self._pub = pub
         sub = zmq.Socket(self._ctx, zmq.SUB)
+        if self.security is not None:
+            self.security.apply(sub)
         sub.setsockopt(zmq.LINGER, linger_ms)
         sub.setsockopt(zmq.RCVHWM, cfg.rcvhwm)
         # SNDHWM on a SUB bounds queued *subscriptions*; the default (1000) silently
         # caps how many topics reach the broker. Subscriptions are tiny: no bound.
         sub.setsockopt(zmq.SNDHWM, 0)
-        sub.connect(self.address.sub_endpoint)
+        sub.connect(sub_ep)
         self._sub = sub
         self._sub_fd = sub.getsockopt(zmq.FD)
         self._loop.add_reader(self._sub_fd, self._on_readable)
@@ -371,6 +410,8 @@ class Bus:
                     assert self._ctx is not None
                     req = self._ctx.socket(zmq.REQ)
                     req.setsockopt(zmq.LINGER, 0)
+                    if self.security is not None:
+                        self.security.apply(req)
                     req.connect(self.address.control_endpoint)
                 await req.send(ping)
                 answered = False
@@ -448,10 +489,13 @@ class Bus:
 
         Raises:
             InvalidTopic: bad topic.
+            ForbiddenTopic: with CURVE, the role may not read ``topic``.
             BusClosed: closed client.
         """
         frame = topic_frame(topic)
         sock = self._require_sub()
+        if self._rules is not None and not self._rules.may_read(topic):
+            raise ForbiddenTopic(topic, self._rules.name, "subscribe")
         if limits is not None:
             self._topic_limits[topic] = limits
         if topic not in self._exact:
@@ -474,10 +518,13 @@ class Bus:
 
         Raises:
             InvalidTopic: bad prefix.
+            ForbiddenTopic: with CURVE, the role may read no topic under ``prefix``.
             BusClosed: closed client.
         """
         raw = validate_topic(prefix)
         sock = self._require_sub()
+        if self._rules is not None and not self._rules.may_subscribe_prefix(prefix):
+            raise ForbiddenTopic(prefix, self._rules.name, "subscribe")
         if limits is not None:
             self._prefix_limits[prefix] = limits
         if prefix not in self._prefixes:
@@ -541,6 +588,7 @@ class Bus:
 
         Raises:
             InvalidTopic, TypeError: bad topic, dtype or meta.
+            ForbiddenTopic: with CURVE, the role may not publish ``topic``.
             BusClosed: closed client.
             PublishTimeout: under the ``block`` policy, no room within ``publish_timeout_s``.
         """
@@ -625,6 +673,8 @@ class Bus:
         """Frames and their total size in bytes; advances the topic's sequence number."""
         if self._closed or self._pub is None:
             raise BusClosed(self.client_id)
+        if self._rules is not None and not self._may_publish(topic):
+            raise ForbiddenTopic(topic, self._rules.name, "publish")
         pub_seq = self._pub_seq
         seq = pub_seq.get(topic, 0) + 1
         frames = encode(topic, arrays, meta, seq=seq, publisher=self.client_id, copy=copy)
@@ -635,6 +685,17 @@ class Bus:
         for f in frames[1:]:
             nbytes += f.nbytes
         return frames, nbytes
+
+    def _may_publish(self, topic: str) -> bool:
+        """The role's publish rule for ``topic`` (cached per topic, bounded)."""
+        ok = self._pub_ok.get(topic)
+        if ok is None:
+            assert self._rules is not None
+            ok = self._rules.may_publish(topic)
+            if len(self._pub_ok) >= _MAX_SEQ_KEYS:
+                self._pub_ok.clear()
+            self._pub_ok[topic] = ok
+        return ok
 
     def _try_send(self, frames: list[Any]) -> bool:
         pub = self._pub

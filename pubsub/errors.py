@@ -118,3 +118,78 @@ class PublishWouldBlock(BusError, BlockingIOError):
     def __init__(self, topic: str) -> None:
         self.topic = topic
         super().__init__(f"send queue full for {topic!r}; await publish() to wait for room")
+
+
+class KeyFileError(BusError, ValueError):
+    """A CURVE key file or name is missing, malformed or too widely readable.
+
+    Attributes:
+        path: the offending file, directory or name.
+        reason: what is wrong.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"key file {path!r}: {reason}")
+
+
+class InsecureTransport(BusError, ValueError):
+    """Plaintext (no CURVE) was asked for on a non-loopback address.
+
+    Attributes:
+        address: the broker address.
+        what: who asked (``client`` or ``broker``).
+    """
+
+    def __init__(self, address: str, what: str = "client") -> None:
+        self.address = address
+        self.what = what
+        super().__init__(
+            f"{what} at {address}: plaintext is allowed on loopback only; give CURVE keys "
+            "(`psfl keys generate`, then --keys DIR) for any other address")
+
+
+class AuthenticationFailed(BusError, PermissionError):
+    """The CURVE handshake with the broker failed.
+
+    Attributes:
+        address: the broker address.
+        endpoint: the endpoint whose handshake failed.
+        kind: ``"refused"`` (the broker is up and rejected this client's key: not in its
+            allow-list, or not allowed this role) or ``"server_key"`` (the broker is up
+            but does not hold the pinned public key: wrong ``broker.key``).
+        status: the ZAP status code for ``refused`` (400), else 0.
+        detail: extra text (the pinned key's file, the identity).
+    """
+
+    def __init__(self, address: str, endpoint: str, kind: str, status: int = 0,
+                 detail: str = "") -> None:
+        self.address = address
+        self.endpoint = endpoint
+        self.kind = kind
+        self.status = status
+        self.detail = detail
+        if kind == "refused":
+            what = (f"the broker at {address} is up and refused this client's key "
+                    f"(ZAP status {status}: not in its allow-list for this role)")
+        else:
+            what = (f"the broker at {address} is up (TCP connected to {endpoint}) but the CURVE "
+                    "handshake failed: it does not hold the pinned server public key")
+        super().__init__(what + (f"; {detail}" if detail else ""))
+
+
+class ForbiddenTopic(BusError, PermissionError):
+    """The broker's policy does not let this client's role use a topic.
+
+    Attributes:
+        topic: the topic.
+        role: the client's role.
+        action: ``"publish"`` or ``"subscribe"``.
+    """
+
+    def __init__(self, topic: str, role: str, action: str) -> None:
+        self.topic = topic
+        self.role = role
+        self.action = action
+        super().__init__(f"role {role!r} may not {action} {topic!r} (broker policy)")

@@ -69,7 +69,8 @@ def _vfl_run(args: argparse.Namespace) -> int:
           f"workers {cfg.workers_for('active')}+{cfg.workers_for('passive')}, out {args.out}",
           flush=True)
     res, code = _launch(lambda: run_vfl(cfg, args.out, broker=args.broker,
-                                        run_id=args.run_id, timeout_s=args.timeout_s),
+                                        run_id=args.run_id, timeout_s=args.timeout_s,
+                                        keys_dir=args.keys, insecure=args.insecure),
                         what="the broker and both parties")
     if code is not None:
         return code
@@ -157,7 +158,8 @@ def _sim_run(args: argparse.Namespace) -> int:
     scn, table = load_scenario(args.scenario, args.set)  # ConfigError: exit 2
     cfg = from_mapping(VflConfig, table, section="vfl")
     print(f"scenario {scn.name}: {cfg.algo} on {cfg.dataset}, out {args.out}", flush=True)
-    res, code = _launch(lambda: run_scenario(scn, cfg, args.out, quiet=args.quiet),
+    res, code = _launch(lambda: run_scenario(scn, cfg, args.out, quiet=args.quiet,
+                                             insecure=args.insecure),
                         what="the scenario's broker, relays and parties",
                         bad_input=(ScenarioError,))
     if code is not None:
@@ -368,7 +370,8 @@ def _synth_run(args: argparse.Namespace) -> int:
           f"(delta {cfg.delta:g}), {cfg.mechanism} + {cfg.resolved_engine()}, {cfg.noise_model} noise, "
           f"{cfg.bits or 'auto'}-bit, fan-out {cfg.fanout}, out {args.out}", flush=True)
     res, code = _launch(lambda: run_synth(cfg, args.out, broker=args.broker,
-                                          run_id=args.run_id, timeout_s=args.timeout_s),
+                                          run_id=args.run_id, timeout_s=args.timeout_s,
+                                          keys_dir=args.keys, insecure=args.insecure),
                         what="every process", bad_input=(DomainError,))
     if code is not None:
         return code
@@ -441,6 +444,15 @@ def _add_vfl_run_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--run-id", help="run id (topic namespace); default random")
     p.add_argument("--timeout-s", type=float, default=None,
                    help="kill the job after this many seconds")
+    _add_launch_security(p)
+
+
+def _add_launch_security(p: argparse.ArgumentParser) -> None:
+    """``--keys`` / ``--insecure`` of commands that launch a broker and clients."""
+    p.add_argument("--keys", metavar="DIR", help="CURVE keys from `psfl keys generate broker "
+                   "...` (default: fresh keys made for this run and deleted after it)")
+    p.add_argument("--insecure", action="store_true",
+                   help="plaintext on loopback, no authentication (prints a warning)")
 
 
 def _add_sweep_args(prof: argparse.ArgumentParser) -> None:
@@ -538,6 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     srun.add_argument("--run-id", help="run id (topic namespace); default random")
     srun.add_argument("--timeout-s", type=float, default=None,
                       help="kill the job after this many seconds")
+    _add_launch_security(srun)
     srun.set_defaults(func=_synth_run)
 
     simp = sub.add_parser("sim", help="heterogeneous clusters on one machine")
@@ -548,6 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
     srun2.add_argument("--out", required=True, help="run directory")
     srun2.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override scenario.* or vfl.* keys (repeatable)")
+    srun2.add_argument("--insecure", action="store_true", help="plaintext bus (default: CURVE "
+                       "with keys made for the run); prints a warning")
     srun2.add_argument("--quiet", action="store_true", help="no per-epoch lines")
     srun2.set_defaults(func=_sim_run)
 
@@ -571,6 +586,12 @@ def build_parser() -> argparse.ArgumentParser:
     br = sub.add_parser("broker", help="the XSUB/XPUB broker")
     bsub = br.add_subparsers(dest="broker_command", required=True)
     add_broker(bsub)
+
+    from pubsub.cli import add_keys_subcommands
+
+    keys = sub.add_parser("keys", help="CURVE keypairs for the broker and the clients")
+    ksub = keys.add_subparsers(dest="keys_command", required=True)
+    add_keys_subcommands(ksub)
     return parser
 
 

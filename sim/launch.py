@@ -7,12 +7,16 @@ has a deadline; children never outlive the launcher.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +25,12 @@ import orjson
 from parties.cli import ExitCode, write_json
 from parties.config import VflConfig, dump_vfl_config
 from parties.preflight import preflight
-from pubsub.config import to_mapping
+from pubsub.cli import INSECURE_WARNING
+from pubsub.config import ConfigError, to_mapping
 from pubsub.control import control_request
+from pubsub.policy import load_policy
+from pubsub.security import BROKER_KEY_NAME, CurveClient, check_insecure_allowed
+from pubsub.security import generate_certificate
 
 
 class JobTimeout(RuntimeError):
@@ -75,6 +83,95 @@ class LaunchResult:
     out: Path
 
 
+#: identities (and their roles) of a local VFL run's ephemeral keys
+VFL_IDENTITIES = {"active": "active", "passive": "passive"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSecurity:
+    """How a launcher's children secure their bus connections.
+
+    Attributes:
+        mode: ``"curve"`` or ``"plaintext"``.
+        keys_dir: the keys directory (CURVE), "" in plaintext.
+        ephemeral: the keys were generated for this run and are deleted after it.
+        broker_args: extra ``python -m broker run`` arguments.
+        client_args: extra arguments of every client process (``--keys DIR`` or
+            ``--insecure``).
+        n_ports: consecutive broker ports from the base (3 plaintext, more with CURVE).
+    """
+
+    mode: str
+    keys_dir: str = ""
+    ephemeral: bool = False
+    broker_args: tuple[str, ...] = field(default_factory=tuple)
+    client_args: tuple[str, ...] = field(default_factory=tuple)
+    n_ports: int = 3
+
+    def client(self, identity: str) -> CurveClient | None:
+        """The launcher's own CURVE keys for ``identity`` (None in plaintext)."""
+        return CurveClient.from_dir(self.keys_dir, identity) if self.mode == "curve" else None
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready summary for ``metrics.json`` (no key material, no paths of secrets)."""
+        return {"transport": self.mode, "keys": ("ephemeral" if self.ephemeral else
+                                                 "given" if self.mode == "curve" else None)}
+
+
+@contextlib.contextmanager
+def run_security(identities: Mapping[str, str], *, keys_dir: str | None = None,
+                 insecure: bool = False, broker: str | None = None) -> Iterator[RunSecurity]:
+    """Security of a locally launched run: CURVE by default.
+
+    Without ``keys_dir`` and ``insecure``, a fresh keypair per identity plus the
+    broker's is written to a private temporary directory (mode 0700, secret files
+    0600, deleted on exit) and used by the broker and every child: a local run is
+    authenticated and encrypted like a multi-host one, with the same topic policy.
+
+    Args:
+        identities: identity name -> broker role, e.g. ``{"active": "active", ...}``.
+        keys_dir: use these keys instead (``psfl keys generate``; must hold
+            ``broker.key_secret`` when the launcher starts the broker).
+        insecure: plaintext (loopback only; prints a warning).
+        broker: an external broker's address (then keys come from ``keys_dir`` or
+            ``insecure`` is required, since its keys are not ours to make).
+
+    Raises:
+        ConfigError: both ``keys_dir`` and ``insecure``; or an external broker with neither.
+        InsecureTransport: ``insecure`` with a non-loopback external broker.
+    """
+    if keys_dir and insecure:
+        raise ConfigError("insecure", "give --keys DIR or --insecure, not both")
+    if insecure:
+        if broker:
+            check_insecure_allowed(broker)
+        print(INSECURE_WARNING, file=sys.stderr)
+        yield RunSecurity(mode="plaintext", broker_args=("--insecure",),
+                          client_args=("--insecure",))
+        return
+    from broker.proxy import DEFAULT_POLICY_FILE
+
+    n_ports = 3 + 2 * len(load_policy(DEFAULT_POLICY_FILE).roles)
+    if keys_dir:
+        yield RunSecurity(mode="curve", keys_dir=str(keys_dir),
+                          broker_args=("--keys", str(keys_dir)),
+                          client_args=("--keys", str(keys_dir)), n_ports=n_ports)
+        return
+    if broker:
+        raise ConfigError("keys", f"the broker at {broker} was started elsewhere: give its "
+                          "clients' keys with --keys DIR, or --insecure on loopback")
+    tmp = tempfile.mkdtemp(prefix="psfl-keys-")  # mode 0700
+    try:
+        generate_certificate(tmp, BROKER_KEY_NAME)
+        for name, role in identities.items():
+            generate_certificate(tmp, name, role=role)
+        yield RunSecurity(mode="curve", keys_dir=tmp, ephemeral=True,
+                          broker_args=("--keys", tmp), client_args=("--keys", tmp),
+                          n_ports=n_ports)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _spawn(args: list[str], *, quiet: bool = False) -> subprocess.Popen[bytes]:
     """Start a child process. A ``python -m PKG`` child gets ``-P``: without it the
     current directory comes first on ``sys.path``, so a stray ``synth/`` or ``parties/``
@@ -91,8 +188,12 @@ def _spawn(args: list[str], *, quiet: bool = False) -> subprocess.Popen[bytes]:
 
 
 def start_broker(out: Path, events: Path, *, timeout_s: float = 20.0,
-                 host: str = "127.0.0.1") -> tuple[subprocess.Popen[bytes], str]:
+                 host: str = "127.0.0.1",
+                 security: RunSecurity | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``python -m broker run`` on free ports; return the process and its address.
+
+    ``security`` gives its ``--keys DIR`` or ``--insecure`` (None: ``--insecure``, for
+    callers that measure the plaintext bus).
 
     Raises:
         LaunchError: it exited or did not become ready within ``timeout_s``.
@@ -101,7 +202,9 @@ def start_broker(out: Path, events: Path, *, timeout_s: float = 20.0,
     ready.unlink(missing_ok=True)
     proc = _spawn([sys.executable, "-m", "broker", "run", "--bind", f"tcp://{host}:0",
                    "--ready-file", str(ready), "--events", str(events),
-                   "--log-level", "warning"], quiet=True)
+                   "--log-level", "warning",
+                   *(security.broker_args if security is not None else ("--insecure",))],
+                  quiet=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if ready.exists():
@@ -126,7 +229,8 @@ def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
 
 def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
             run_id: str | None = None, quiet: bool = False,
-            timeout_s: float | None = None) -> LaunchResult:
+            timeout_s: float | None = None, keys_dir: str | None = None,
+            insecure: bool = False) -> LaunchResult:
     """Run a two-party VFL job as three processes and collect ``out/metrics.json``.
 
     Args:
@@ -137,6 +241,9 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         quiet: no per-epoch lines from the active party.
         timeout_s: kill everything after this long (default: no job-level limit;
             the parties' own deadlines still apply).
+        keys_dir: CURVE keys (``psfl keys generate broker active passive``); default:
+            ephemeral keys made for this run (see :func:`run_security`).
+        insecure: plaintext on loopback instead (prints a warning).
 
     Returns:
         :class:`LaunchResult`.
@@ -170,14 +277,18 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
 
     if threading_main():
         signal.signal(signal.SIGTERM, _on_term)
+    stack = contextlib.ExitStack()
     try:
+        sec = stack.enter_context(run_security(VFL_IDENTITIES, keys_dir=keys_dir,
+                                               insecure=insecure, broker=broker))
         if broker is None:
-            procs["broker"], broker = start_broker(out, events)
+            procs["broker"], broker = start_broker(out, events, security=sec)
         else:
             # fail fast, with one line, if nobody answers there
-            control_request(broker, "ping", timeout_s=cfg.connect_timeout_s)
+            control_request(broker, "ping", timeout_s=cfg.connect_timeout_s,
+                            security=sec.client("active"))
         common = ["--config", str(out / "config.toml"), "--broker", broker, "--run-id", run_id,
-                  "--out", str(out), "--events", str(events)]
+                  "--out", str(out), "--events", str(events), *sec.client_args]
         for role in ("passive", "active"):
             extra = ["--quiet"] if (quiet or role == "passive") else []
             procs[role] = _spawn([sys.executable, "-m", "parties", role, *common, *extra])
@@ -191,11 +302,13 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         for role in ("active", "passive", "broker"):
             if role in procs:
                 _stop(procs[role])
+        stack.close()
         if threading_main():
             signal.signal(signal.SIGTERM, previous)
     metrics = orjson.loads((out / "metrics.json").read_bytes())
     metrics["wall_s"] = time.perf_counter() - t0
     metrics["config"] = to_mapping(cfg)
+    metrics["security"] = sec.describe()
     write_json(out / "metrics.json", metrics)
     return LaunchResult(metrics=metrics, out=out)
 
@@ -248,5 +361,6 @@ def exit_code_of(err: LaunchError) -> int:
     return int(ExitCode.FAILED)
 
 
-__all__ = ["JobTimeout", "LaunchError", "LaunchResult", "OutDirError", "exit_code_of", "run_vfl",
-           "start_broker", "wait_children"]
+__all__ = ["JobTimeout", "LaunchError", "LaunchResult", "OutDirError", "RunSecurity",
+           "VFL_IDENTITIES", "exit_code_of", "run_security", "run_vfl", "start_broker",
+           "wait_children"]

@@ -394,11 +394,13 @@ class Relay:
 
     @classmethod
     def for_broker(cls, address: str, spec: LinkSpec, listen_host: str = "127.0.0.1",
-                   **kw: Any) -> Relay:
-        """A relay for a whole broker ``tcp://HOST:PORT`` (its PORT, PORT+1, PORT+2).
+                   ports: int = 3, **kw: Any) -> Relay:
+        """A relay for a whole broker ``tcp://HOST:PORT`` (its PORT .. PORT+ports-1: 3 in
+        plaintext; a CURVE broker has two more per policy role).
 
-        The relay listens on three consecutive ports, so ``relay.broker_address``
-        can be handed to a party as its ``--broker``.
+        The relay listens on as many consecutive ports, so ``relay.broker_address``
+        can be handed to a party as its ``--broker``. It relays bytes: CURVE runs end to
+        end between the party and the broker.
 
         Raises:
             RelayError: ``address`` is not ``tcp://HOST:PORT``.
@@ -408,7 +410,11 @@ class Relay:
             raise RelayError(f"expected tcp://HOST:PORT, got {address!r}")
         host = host.strip("[]")
         p = int(port)
+        if ports < 3:
+            raise RelayError(f"a broker has at least 3 ports, got ports={ports}")
         routes = {"pub": (host, p), "sub": (host, p + 1), "control": (host, p + 2)}
+        for k in range(3, ports):
+            routes[f"port+{k}"] = (host, p + k)
         return cls(routes, spec, listen_host, contiguous=True, **kw)
 
     # ------------------------------------------------------------------ lifecycle
@@ -749,7 +755,7 @@ async def _amain(args: argparse.Namespace) -> int:
                     loss=args.loss, mss_bytes=args.mss_bytes, seed=args.seed,
                     min_rto_s=args.min_rto_s, rto_s=args.rto_s)
     if args.broker:
-        relay = Relay.for_broker(args.broker, spec, args.listen_host,
+        relay = Relay.for_broker(args.broker, spec, args.listen_host, ports=args.broker_ports,
                                  buffer_bytes=args.buffer_bytes)
     else:
         relay = Relay(list(args.upstream), spec, args.listen_host, buffer_bytes=args.buffer_bytes)
@@ -822,6 +828,9 @@ def main(argv: Iterable[str] | None = None) -> int:
                    help="relay to this upstream (repeatable)")
     g.add_argument("--broker", metavar="tcp://HOST:PORT",
                    help="relay a whole broker: PORT, PORT+1, PORT+2 on consecutive ports")
+    p.add_argument("--broker-ports", type=int, default=3, metavar="N",
+                   help="with --broker: relay PORT .. PORT+N-1 (3 plaintext; a CURVE broker "
+                   "prints its count)")
     p.add_argument("--listen-host", default="127.0.0.1")
     p.add_argument("--latency-s", type=float, default=0.0, help="one-way latency, seconds")
     p.add_argument("--bandwidth-mbps", type=float, default=None,

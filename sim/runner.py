@@ -34,6 +34,7 @@ party's last ``vfl.epoch_done``) and the ratio of the two.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
 import subprocess
@@ -56,7 +57,7 @@ from parties.preflight import preflight
 from pubsub.config import to_mapping
 
 from sim.cpu import CpuLimiter, machine_cores
-from sim.launch import OutDirError, _stop, start_broker
+from sim.launch import VFL_IDENTITIES, OutDirError, _stop, run_security, start_broker
 from sim.memory import MemoryLimit
 from sim.scenario import ROLES, Scenario, describe, party_cores
 
@@ -131,7 +132,7 @@ def _reader(stream: IO[bytes], out: queue.Queue[dict[str, Any] | None]) -> None:
     out.put(None)
 
 
-def start_relay(broker: str, role: str, scn: Scenario, out: Path) -> _Relay:
+def start_relay(broker: str, role: str, scn: Scenario, out: Path, *, ports: int = 3) -> _Relay:
     """Start the relay process of ``role``'s link; return it once it listens.
 
     Raises:
@@ -141,7 +142,7 @@ def start_relay(broker: str, role: str, scn: Scenario, out: Path) -> _Relay:
     args = [sys.executable, "-m", "sim.relay", "--broker", broker,
             "--latency-s", repr(link.latency_s), "--loss", repr(link.loss),
             "--seed", str(link.seed), "--events", str(out / f"relay-{role}.jsonl"),
-            "--log-level", "warning"]
+            "--log-level", "warning", "--broker-ports", str(ports)]
     if link.bandwidth_mbps > 0:
         args += ["--bandwidth-mbps", repr(link.bandwidth_mbps)]
     proc = subprocess.Popen([args[0], "-P", *args[1:]], stdin=subprocess.PIPE,
@@ -242,13 +243,16 @@ def _signal_family(pid: int, sig: int) -> int:
 
 
 def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
-                 quiet: bool = False) -> dict[str, Any]:
+                 quiet: bool = False, insecure: bool = False) -> dict[str, Any]:
     """Run ``cfg`` under ``scn``; write and return ``out/metrics.json``.
 
     The returned dict is the active party's metrics (when it finished) plus a ``sim``
     object: the scenario with resolved cores, how shares were enforced, measured CPU
     use per party against its quota, relay statistics, the faults as fired, the end
     state, exit codes and, after a fault, the time to the end state.
+
+    The bus is CURVE-secured with keys made for the run (``insecure``: plaintext); the
+    relays pass the encrypted bytes through, as a network would.
 
     Raises:
         OutDirError: ``out`` cannot be created or written.
@@ -277,6 +281,7 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
     procs: dict[str, subprocess.Popen[bytes]] = {}
     relays: dict[str, _Relay] = {}
     limiters: dict[str, CpuLimiter] = {}
+    stack = contextlib.ExitStack()
     mems: dict[str, MemoryLimit] = {}
     sim: dict[str, Any] = {"scenario": describe(scn, cores), "run_id": run_id,
                            "faults": [], "exit_codes": {}}
@@ -288,16 +293,19 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
                                                period_us=scn.cpu_period_us)
             if scn.party(role).memory_mb > 0:
                 mems[role] = MemoryLimit(role, scn.party(role).memory_mb)
-        procs["broker"], broker = start_broker(out, events)
+        sec = stack.enter_context(run_security(VFL_IDENTITIES, insecure=insecure))
+        sim["security"] = sec.describe()
+        procs["broker"], broker = start_broker(out, events, security=sec)
         needs_relay = {f.party for f in scn.faults if f.kind == "disconnect"}
         for role in ROLES:
             if scn.party(role).link.shaped or role in needs_relay:
-                relays[role] = start_relay(broker, role, scn, out)
+                relays[role] = start_relay(broker, role, scn, out, ports=sec.n_ports)
         for role in ("passive", "active"):
             addr = relays[role].address if role in relays else broker
             args = [sys.executable, "-P", "-m", "parties", role,
                     "--config", str(out / "config.toml"), "--broker", addr,
-                    "--run-id", run_id, "--out", str(out), "--events", str(events)]
+                    "--run-id", run_id, "--out", str(out), "--events", str(events),
+                    *sec.client_args]
             if quiet or role == "passive":
                 args.append("--quiet")
             join = [limiters[role].preexec()] + ([mems[role].preexec()] if role in mems else [])
@@ -326,6 +334,7 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
             lim.close()
         for m in mems.values():
             m.close()
+        stack.close()
     for role in ROLES:
         if role in procs:
             sim["exit_codes"][role] = procs[role].returncode

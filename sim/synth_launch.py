@@ -15,6 +15,7 @@ literature: no budget is spent on it). It writes, under the run directory::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
@@ -25,9 +26,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sim.launch import LaunchResult, OutDirError, _spawn, _stop, start_broker, wait_children
+from sim.launch import LaunchResult, OutDirError, _spawn, _stop, run_security, start_broker
+from sim.launch import wait_children
+
 from synth.config import SynthConfig, dump_synth_config
 from synth.protocol import build_tree
+
+#: identities (and roles) of a local FedForge run's ephemeral keys: every party process
+#: shares the ``party`` key, every aggregator process the ``aggregator`` key
+SYNTH_IDENTITIES = {"coordinator": "coordinator", "aggregator": "aggregator", "party": "party"}
 
 
 def prepare_data(cfg: SynthConfig, out: Path) -> tuple[SynthConfig, dict[str, Any]]:
@@ -94,7 +101,8 @@ def prepare_data(cfg: SynthConfig, out: Path) -> tuple[SynthConfig, dict[str, An
 
 def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
               run_id: str | None = None, timeout_s: float | None = None,
-              quiet: bool = False) -> LaunchResult:
+              quiet: bool = False, keys_dir: str | None = None,
+              insecure: bool = False) -> LaunchResult:
     """Run a FedForge job as processes and collect ``out/metrics.json``.
 
     Args:
@@ -105,6 +113,9 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         timeout_s: kill everything after this long (None: the participants' own
             deadlines only).
         quiet: no output from the party and aggregator processes.
+        keys_dir: CURVE keys holding ``coordinator``, ``aggregator`` and ``party``
+            (``psfl keys generate``); default: ephemeral keys made for this run.
+        insecure: plaintext on loopback instead (prints a warning).
 
     Returns:
         :class:`sim.launch.LaunchResult` (``metrics`` as in ``metrics.json``).
@@ -133,11 +144,14 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     ids = cfg.party_ids()
     tree = build_tree(ids, cfg.fanout)
     procs: dict[str, subprocess.Popen[bytes]] = {}
+    stack = contextlib.ExitStack()
     try:
+        sec = stack.enter_context(run_security(SYNTH_IDENTITIES, keys_dir=keys_dir,
+                                               insecure=insecure, broker=broker))
         if broker is None:
-            procs["broker"], broker = start_broker(out, events)
+            procs["broker"], broker = start_broker(out, events, security=sec)
         common = ["--config", str(out / "config.toml"), "--broker", broker,
-                  "--run-id", run_id, "--events", str(events)]
+                  "--run-id", run_id, "--events", str(events), *sec.client_args]
         py = [sys.executable, "-m", "synth"]
         procs["coordinator"] = _spawn([*py, "coordinator", *common, "--schema",
                                        str(out / "schema.json"), "--out", str(out),
@@ -156,7 +170,9 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     finally:
         for name in sorted(procs, key=lambda n: n == "broker"):
             _stop(procs[name])
+        stack.close()
     metrics = json.loads((out / "metrics.json").read_text())
+    metrics["security"] = sec.describe()
     metrics["wall_s"] = time.perf_counter() - t0
     metrics["data"] = info
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))

@@ -23,6 +23,7 @@ import numpy as np
 import structlog
 
 from pubsub import Bus, DeadlineExceeded
+from pubsub.security import CurveClient
 from synth.config import SynthConfig
 from synth.netutil import ParticipantError, array_to_words, first_of, words_to_array
 from synth.party import bus_config, topic_limits
@@ -44,12 +45,16 @@ class Aggregator:
         cfg: the run config.
         broker: broker address ``tcp://HOST:PORT``.
         run_id: topic namespace.
+        security: CURVE keys for the bus (:class:`pubsub.security.CurveClient`); None =
+            plaintext (loopback brokers only).
     """
 
-    def __init__(self, node_id: str, *, cfg: SynthConfig, broker: str, run_id: str) -> None:
+    def __init__(self, node_id: str, *, cfg: SynthConfig, broker: str, run_id: str,
+                 security: CurveClient | None = None) -> None:
         self.id = node_id
         self.cfg = cfg
         self.broker = broker
+        self.security = security
         self.topics = Topics(run_id)
         self.rounds: list[dict[str, Any]] = []
         self.log = log.bind(aggregator=node_id, run_id=run_id)
@@ -61,7 +66,8 @@ class Aggregator:
             ParticipantError: no coordinator.
         """
         t = self.topics
-        async with Bus(self.broker, name=self.id, config=bus_config(self.cfg)) as bus:
+        async with Bus(self.broker, name=self.id, config=bus_config(self.cfg),
+                       security=self.security) as bus:
             await bus.subscribe_prefix(t.to(self.id), limits=topic_limits(self.cfg))
             await bus.subscribe_prefix(t.all(), limits=topic_limits(self.cfg))
             hello = {"from": self.id, "role": "aggregator"}

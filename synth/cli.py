@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pubsub.address import InvalidAddress
+from pubsub.cli import BAD_INPUT_ERRORS, BROKER_ERRORS, add_security_arguments, security_from_args
 from pubsub.config import ConfigError
-from pubsub.errors import BrokerUnreachable
 from pubsub.logs import configure_logging
 from pubsub.runner import run as run_loop
 from synth.config import SynthConfig, load_synth_config
@@ -54,6 +53,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--run-id", required=True, help="run id (topic namespace)")
     p.add_argument("--events", help="append JSON log lines here")
+    add_security_arguments(p)
 
 
 async def _parties(cfg: SynthConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -64,7 +64,8 @@ async def _parties(cfg: SynthConfig, args: argparse.Namespace) -> list[dict[str,
               for i in ids]
     seeds = ([None] * len(ids) if cfg.noise_seed is None
              else [cfg.noise_seed * 100_003 + k for k in range(len(ids))])
-    parties = [SynthParty(i, f, cfg=cfg, broker=args.broker, run_id=args.run_id, noise_seed=s)
+    parties = [SynthParty(i, f, cfg=cfg, broker=args.broker, run_id=args.run_id, noise_seed=s,
+                          security=args.security)
                for i, f, s in zip(ids, frames, seeds, strict=True)]
     async with asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(p.run()) for p in parties]
@@ -74,7 +75,8 @@ async def _parties(cfg: SynthConfig, args: argparse.Namespace) -> list[dict[str,
 async def _aggregators(cfg: SynthConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
     from synth.aggregator import Aggregator
 
-    aggs = [Aggregator(i, cfg=cfg, broker=args.broker, run_id=args.run_id)
+    aggs = [Aggregator(i, cfg=cfg, broker=args.broker, run_id=args.run_id,
+                       security=args.security)
             for i in args.ids.split(",") if i]
     async with asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(a.run()) for a in aggs]
@@ -96,7 +98,7 @@ async def _coordinator(cfg: SynthConfig, args: argparse.Namespace) -> dict[str, 
         ev = EvalData(train=read_table(d / "train.parquet"),
                       holdout=read_table(d / "holdout.parquet"))
     coord = Coordinator(cfg, schema, broker=args.broker, run_id=args.run_id,
-                        out=Path(args.out), eval_data=ev)
+                        out=Path(args.out), eval_data=ev, security=args.security)
     return await coord.run()
 
 
@@ -108,9 +110,9 @@ def _exit_code(exc: BaseException) -> int | None:
         codes = [_exit_code(e) for e in exc.exceptions]
         known = [c for c in codes if c is not None]
         return known[0] if known else None
-    if isinstance(exc, ConfigError | InvalidAddress | DomainError):
+    if isinstance(exc, (*BAD_INPUT_ERRORS, DomainError)):
         return EXIT_BAD_INPUT
-    if isinstance(exc, BrokerUnreachable):
+    if isinstance(exc, BROKER_ERRORS):
         return EXIT_BROKER
     if isinstance(exc, CoordinatorError | ParticipantError):
         return exc.code
@@ -141,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--data-dir", required=True, help="holds <id>.parquet for each party")
     args = ap.parse_args(argv)
     try:
+        identity = {"coordinator": "coordinator", "aggregators": "aggregator",
+                    "parties": "party"}[args.role]
+        args.security = security_from_args(args, args.broker, identity=identity)
         cfg = load_synth_config(args.config, args.set)
         configure_logging(events_path=args.events, party=args.role, run_id=args.run_id)
         role = {"coordinator": _coordinator, "aggregators": _aggregators,

@@ -49,6 +49,7 @@ import structlog
 from pubsub import Bus, DeadlineExceeded, Message
 from pubsub.config import to_mapping
 from pubsub.control import control_request
+from pubsub.security import CurveClient
 from synth.accounting import allocate, cdp_epsilon, cdp_rho
 from synth.config import SynthConfig
 from synth.domain import Schema, decode, encode
@@ -145,14 +146,18 @@ class Coordinator:
         run_id: topic namespace.
         out: the run directory (artifacts, ``synthetic.csv``, ``metrics.json``).
         eval_data: evaluation-only data for the quality stage, or None.
+        security: CURVE keys for the bus (:class:`pubsub.security.CurveClient`); None =
+            plaintext (loopback brokers only).
     """
 
     def __init__(self, cfg: SynthConfig, schema: Schema, *, broker: str, run_id: str,
-                 out: Path, eval_data: EvalData | None = None) -> None:
+                 out: Path, eval_data: EvalData | None = None,
+                 security: CurveClient | None = None) -> None:
         self.cfg = cfg
         self.schema = schema
         self.domain = schema.domain
         self.broker = broker
+        self.security = security
         self.run_id = run_id
         self.topics = Topics(run_id)
         self.out = Path(out)
@@ -228,7 +233,8 @@ class Coordinator:
         """
         t0 = time.perf_counter()
         t = self.topics
-        async with Bus(self.broker, name="coordinator", config=bus_config(self.cfg)) as bus:
+        async with Bus(self.broker, name="coordinator", config=bus_config(self.cfg),
+                       security=self.security) as bus:
             await bus.subscribe_prefix(t.to(ROOT), limits=topic_limits(self.cfg))
             try:
                 await self._schema_stage(bus)
@@ -572,7 +578,7 @@ class Coordinator:
     def _wire_bytes(self) -> int | None:
         """Bytes the broker forwarded for this run (every hop, every message), or None."""
         try:
-            st = control_request(self.broker, "stats", timeout_s=2.0)
+            st = control_request(self.broker, "stats", timeout_s=2.0, security=self.security)
         except Exception as exc:  # noqa: BLE001 - a missing figure, not a failed run
             self.log.warning("synth.no_broker_stats", error=str(exc))
             return None

@@ -34,6 +34,7 @@ import pandas as pd
 import structlog
 
 from pubsub import BufferLimits, Bus, BusConfig, DeadlineExceeded
+from pubsub.security import CurveClient
 from synth.accounting import BudgetExceeded, ZCdpAccountant
 from synth.config import SynthConfig
 from synth.domain import Domain, DomainError, Schema, encode, marginals
@@ -77,14 +78,18 @@ class SynthParty:
         broker: broker address ``tcp://HOST:PORT``.
         run_id: topic namespace.
         noise_seed: seed of its noise generator (tests only); None = OS entropy.
+        security: CURVE keys for the bus (:class:`pubsub.security.CurveClient`); None =
+            plaintext (loopback brokers only).
     """
 
     def __init__(self, party_id: str, frame: pd.DataFrame, *, cfg: SynthConfig, broker: str,
-                 run_id: str, noise_seed: int | None = None) -> None:
+                 run_id: str, noise_seed: int | None = None,
+                 security: CurveClient | None = None) -> None:
         self.id = party_id
         self.frame = frame
         self.cfg = cfg
         self.broker = broker
+        self.security = security
         self.topics = Topics(run_id)
         self.rng = np.random.default_rng(noise_seed)
         self.accountant = (ZCdpAccountant.from_epsilon(cfg.epsilon, cfg.delta)
@@ -109,7 +114,8 @@ class SynthParty:
             ParticipantError: bad data, a refused budget, or no coordinator.
         """
         t = self.topics
-        async with Bus(self.broker, name=self.id, config=bus_config(self.cfg)) as bus:
+        async with Bus(self.broker, name=self.id, config=bus_config(self.cfg),
+                       security=self.security) as bus:
             await bus.subscribe_prefix(t.to(self.id), limits=topic_limits(self.cfg))
             await bus.subscribe_prefix(t.all(), limits=topic_limits(self.cfg))
             try:

@@ -29,12 +29,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class BrokerProcess:
-    """A ``python -m broker run`` child process; ``.address`` is its base address."""
+    """A ``python -m broker run`` child process; ``.address`` is its base address.
 
-    def __init__(self, tmp: Path, *extra: str) -> None:
+    Plaintext (``--insecure``) unless ``keys`` names a keys directory (CURVE).
+    """
+
+    def __init__(self, tmp: Path, *extra: str, keys: Path | None = None) -> None:
         ready = tmp / f"broker-{time.monotonic_ns()}.addr"
+        security = ["--keys", str(keys)] if keys is not None else ["--insecure"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker", "run", "--bind", "tcp://127.0.0.1:0",
+            [sys.executable, "-m", "broker", "run", *security, "--bind", "tcp://127.0.0.1:0",
              "--ready-file", str(ready), "--log-level", "error", *extra],
             stdout=subprocess.DEVNULL,
         )

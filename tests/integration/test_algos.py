@@ -78,7 +78,7 @@ def test_a_dead_passive_party_ends_the_active_with_the_partner_code(
     sets = [f"dataset={bank_sample}", "label=y", f"algo={algo}", "epochs=1000",
             "batch_size=64", f"liveness_timeout_s={liveness}", "heartbeat_interval_s=0.5",
             "handshake_timeout_s=60", *extra]
-    common = ["vfl", "party", "--broker", broker.address, "--run-id", f"kill-{algo}"]
+    common = ["vfl", "party", "--broker", broker.address, "--run-id", f"kill-{algo}", "--insecure"]
     for s in sets:
         common += ["--set", s]
     procs = {role: subprocess.Popen([*PSFL, *common, "--role", role, "--out",

@@ -114,7 +114,7 @@ async def test_close_with_undeliverable_messages_returns_within_a_second(
 
 def _start_broker_at(tmp: Path, port: int) -> subprocess.Popen[bytes]:
     ready = tmp / f"b{time.monotonic_ns()}.addr"
-    proc = subprocess.Popen([sys.executable, "-m", "broker", "run", "--bind",
+    proc = subprocess.Popen([sys.executable, "-m", "broker", "run", "--insecure", "--bind",
                              f"tcp://127.0.0.1:{port}", "--ready-file", str(ready),
                              "--log-level", "error"], stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 20

@@ -112,7 +112,7 @@ def test_unknown_config_key_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_unreachable_broker_fails_within_the_stated_timeout(tmp_path: Path) -> None:
     t0 = time.perf_counter()
-    res = _psfl("vfl", "party", "--role", "passive", "--broker", "tcp://127.0.0.1:9",
+    res = _psfl("vfl", "party", "--role", "passive", "--insecure", "--broker", "tcp://127.0.0.1:9",
                 "--set", "connect_timeout_s=2", "--out", str(tmp_path), timeout=60)
     elapsed = time.perf_counter() - t0
     _assert_clean_failure(res, 3, "no broker answered at tcp://127.0.0.1:9 within 2.0 s")
@@ -135,8 +135,8 @@ def test_test_split_with_one_class_is_a_clear_error(bank_sample: Path, tmp_path:
 
 
 @pytest.mark.parametrize("args", [
-    ["broker", "stats", "--broker", "tcp://*:47555"],
-    ["vfl", "party", "--role", "active", "--broker", "tcp://*:47555"],
+    ["broker", "stats", "--insecure", "--broker", "tcp://*:47555"],
+    ["vfl", "party", "--role", "active", "--insecure", "--broker", "tcp://*:47555"],
     ["broker", "run", "--bind", "tcp://127.0.0.1:0", "--set", "nosuch=1"],
     ["vfl", "run", "--dataset", "bank", "--out", "x", "--set", "seed=-1"],
 ])
@@ -200,7 +200,7 @@ def test_parties_with_different_tasks_refuse_to_train(broker, tmp_path: Path) ->
     rng = np.random.default_rng(0)
     pd.DataFrame({"a": rng.normal(size=200), "b": rng.normal(size=200),
                   "y": rng.integers(0, 2, size=200)}).to_csv(table, index=False)
-    common = ["vfl", "party", "--broker", broker.address, "--run-id", "taskmix",
+    common = ["vfl", "party", "--insecure", "--broker", broker.address, "--run-id", "taskmix",
               "--set", f"dataset={table}", "--set", "label=y", "--set", "handshake_timeout_s=30"]
     procs = {
         role: subprocess.Popen([*PSFL, *common, "--role", role, "--set", f"task={task}",

@@ -33,7 +33,7 @@ def test_pinned_parties_without_deadline(tmp_path: Path, worker_mode: str) -> No
 
 def test_unavailable_cpu_is_a_config_error(tmp_path: Path) -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "parties", "active", "--broker", "tcp://127.0.0.1:9",
+        [sys.executable, "-m", "parties", "active", "--insecure", "--broker", "tcp://127.0.0.1:9",
          "--set", "active_cpus=[4096]", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=60)
     assert res.returncode == 2, res.stderr

@@ -43,7 +43,7 @@ def _cpu_s(pid: int) -> float:
 
 def _party(role: str, broker: BrokerProcess, tmp: Path, run_id: str, *sets: str
            ) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "parties", role, "--broker", broker.address,
+    args = [sys.executable, "-m", "parties", role, "--insecure", "--broker", broker.address,
             "--run-id", run_id, "--out", str(tmp / role), "--events", str(tmp / f"{role}.jsonl"),
             "--quiet", "--set", "dataset=bank", *[x for s in sets for x in ("--set", s)]]
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
