@@ -2,8 +2,9 @@
 
 What is measured
 ----------------
-Every run is the real system via ``sim.launch.run_vfl`` (broker + two party processes),
-with the paper's small model: a 10-layer MLP bottom per party (9 hidden layers of 128,
+Every run is the real system via ``sim.launch.run_vfl`` (broker + two party processes,
+CurveZMQ-encrypted and authenticated with keys made for the run, as ``psfl vfl run`` does
+by default), with the paper's small model: a 10-layer MLP bottom per party (9 hidden layers of 128,
 ReLU, 32-d embedding) and a 2-layer MLP top (hidden 64); B = 256, Adam lr 1e-3 (scaled
 by the worker count, ``vfl.lr_scaling``), workers: ``pubsub`` and ``avfl-ps`` 1 active
 + 2 passive, ``vfl-ps`` 2 pairs (:data:`MAIN_WORKERS`; ``worker_mode`` auto: inline

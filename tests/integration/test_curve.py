@@ -274,3 +274,37 @@ def test_the_broker_log_never_holds_a_secret_key(
         for f in d.glob("*.key_secret"):
             secret = read_certificate(f, secret=True).secret_key
             assert secret is not None and secret.decode() not in text
+
+
+def test_a_local_vfl_run_is_secure_by_default_and_its_artifacts_hold_no_secrets(
+        tmp_path: Path) -> None:
+    """``psfl vfl run`` (vfl-ps, which also sends record-ID subsets over the bus) with its
+    default ephemeral CURVE keys: nothing was forbidden, the keys are gone afterwards, the
+    run directory holds only the known artifacts, and no log line carries a payload (no
+    array-like value) or a key."""
+    from parties.data import load_table
+
+    data = tmp_path / "bank.csv"
+    load_table("bank")[0].sample(n=2000, random_state=1).to_csv(data, index=False)
+    out = tmp_path / "run"
+    before = set(Path("/tmp").glob("psfl-keys-*"))
+    res = subprocess.run([sys.executable, "-m", "sim.cli", "vfl", "run", "--dataset", str(data),
+                          "--set", "label=y", "--algo", "vfl-ps", "--set", "epochs=1",
+                          "--out", str(out), "--timeout-s", "120"],
+                         capture_output=True, text=True, timeout=150)
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = orjson.loads((out / "metrics.json").read_bytes())
+    assert m["security"] == {"transport": "curve", "keys": "ephemeral"}
+    assert m["broker"]["forbidden"] == {} and m["broker"]["auth_denied"] == 0
+    assert m["broker_bytes"]["ids"] > 0  # the ID subsets did cross the (encrypted) bus
+    assert set(Path("/tmp").glob("psfl-keys-*")) == before  # ephemeral keys deleted
+    names = {p.name for p in out.iterdir()}
+    assert names <= {"metrics.json", "passive.json", "config.toml", "events.jsonl",
+                     "timeline-active.json", "timeline-passive.json", "broker.addr"}, names
+    assert "insecure" not in res.stderr
+    for line in (out / "events.jsonl").read_bytes().splitlines():
+        rec = orjson.loads(line)
+        for k, v in rec.items():
+            assert not (isinstance(v, list) and len(v) > 16), (k, str(v)[:200])
+            assert not (isinstance(v, str) and len(v) > 2000), (k, v[:200])
+            assert "secret-key" not in str(v)
