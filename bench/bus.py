@@ -12,6 +12,21 @@ What is measured
      (``python -m broker run``, i.e. ``psfl broker run`` with its defaults: per-message
      envelope validation, counters, stats topic) -> ``Bus`` subscriber, both on uvloop.
    * ``ours_asyncio`` the same with the default asyncio event loop.
+   * ``raw_curve_direct`` ``raw_direct`` with CurveZMQ: the PUB is a CURVE server, the
+     SUB a CURVE client pinning its key (fresh keypairs per process, no ZAP handler) -
+     what libzmq's CURVE costs here, the baseline for ``ours_curve``.
+   * ``ours_curve``   ``ours_uvloop`` with CURVE: the broker runs with ``--keys DIR``
+     (ephemeral keys ``broker``, ``active``, ``passive`` generated per group into a
+     temporary directory, mode 0700, and the default topic policy
+     ``broker/default_policy.toml``); the publisher uses the ``passive`` key (which may
+     publish ``emb/**``), the subscriber the ``active`` key (which may read ``emb/**``).
+     Every hop is encrypted: publisher -> broker (role passive's XSUB) and broker
+     (role active's XPUB) -> subscriber, so the broker decrypts and re-encrypts.
+
+   Plaintext paths start the broker with ``--insecure`` (loopback only) and their
+   ``Bus`` without keys. Our clients' topics are ``emb/bench/data/<k>`` (probes
+   ``emb/bench/probe/<k>``) on every ours path, so plaintext and CURVE carry the same
+   envelope and the policy admits them.
 
    Raw messages are ``[topic, payload]``; ours are the bus envelope
    ``[topic\\0, header, payload]``. Sends are zero-copy from 64 KiB up
@@ -42,7 +57,9 @@ What is measured
    Raw clients subscribe to the prefix (``emb/`` / ``grad/``) and compare the
    topic exactly; our clients subscribe every exact topic up front, as
    ``parties/runtime.py`` does. Paths: raw_direct, raw_proxy, ours_uvloop,
-   ours_asyncio.
+   ours_asyncio, raw_curve_direct (each side's PUB a CURVE server, the other side's SUB
+   its client) and ours_curve (A uses the ``passive`` key: publishes ``emb/**``, reads
+   ``grad/**``; B the ``active`` key: the reverse).
 
 High-water marks
 ----------------
@@ -90,11 +107,16 @@ Repeats
 Each figure is the median over ``--runs`` runs (5; ``--quick``: 3) with fresh
 processes (and a fresh broker / proxy) per run. Within a run the paths are
 started alternately raw / ours, and which of the two goes first flips from run
-to run. Every row carries its ratio to ``raw_proxy`` at the same size; the
-JSON ``summary`` has exactly ``ratio_64B``, ``ratio_64KiB``, ``ratio_1MiB``
+to run (the CURVE pair last). Every row carries its ratio to ``raw_proxy`` at the
+same size; the JSON ``summary`` has ``ratio_64B``, ``ratio_64KiB``, ``ratio_1MiB``
 (ours_uvloop / raw_proxy, msgs/s; uvloop is the loop ``psfl`` uses by default),
 ``rtt_p99_ratio_64KiB`` (ours_uvloop p99 / raw_proxy p99) and
-``raw_proxy_msgs_per_s`` keyed by size.
+``raw_proxy_msgs_per_s`` keyed by size, as before CURVE, and then ``mb_per_s``
+(path -> size -> MB/s), ``curve_ratios`` ("ours_curve / ours_uvloop",
+"ours_curve / raw_curve_direct", "raw_curve_direct / raw_direct" -> size -> ratio;
+also printed under the throughput table, and in each ``throughput`` row of the
+numerator as ``ratio_vs_<denominator>``) and ``rtt_curve_p99_ratio_64KiB``
+(ours_curve p99 / ours_uvloop p99). A ratio whose paths were not measured is null.
 
 Usage (from the repository root)::
 
@@ -141,10 +163,22 @@ YIELD_EVERY = 256  # our publisher yields to its event loop every N publishes
 SUB_MAX_MSGS = 4096  # our subscriber's data-topic buffer (holds several drain bursts)
 SUB_MAX_BYTES = 768 << 20  # below BusConfig.total_max_bytes (1 GiB)
 
-PATHS = ["raw_direct", "raw_proxy", "ours_uvloop", "ours_asyncio"]
-OURS_PATHS = ["ours_uvloop", "ours_asyncio"]
+PATHS = ["raw_direct", "raw_proxy", "ours_uvloop", "ours_asyncio", "raw_curve_direct",
+         "ours_curve"]
+OURS_PATHS = ["ours_uvloop", "ours_asyncio", "ours_curve"]
+DIRECT_PATHS = ["raw_direct", "raw_curve_direct"]  # PUB binds, SUB connects, no broker
+CURVE_PATHS = ["raw_curve_direct", "ours_curve"]
+UVLOOP_PATHS = ["ours_uvloop", "ours_curve"]
 BASELINE = "raw_proxy"
 HEADLINE = "ours_uvloop"
+# CURVE comparisons, (numerator, denominator) at the same size: what CURVE costs our bus,
+# how our CURVE bus compares with libzmq's own CURVE, and what CURVE costs libzmq.
+CURVE_RATIOS = [("ours_curve", "ours_uvloop"), ("ours_curve", "raw_curve_direct"),
+                ("raw_curve_direct", "raw_direct")]
+# ours_curve identities (the broker's default policy): the publisher of the throughput
+# test and A of the round trip publish emb/** (role passive); the subscriber and B read
+# emb/** and publish grad/** (role active).
+CURVE_PUB_IDENTITY, CURVE_SUB_IDENTITY = "passive", "active"
 
 # Credit window: the publisher keeps at most this many unacknowledged messages in flight
 # (the receiver acks every window/4 messages on the control socket), so that no
@@ -265,6 +299,27 @@ def _percentiles_us(ns: list[int]) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- raw roles
+def _raw_curve_server(zmq: Any, sock: Any) -> str:
+    """Make ``sock`` a CURVE server with a fresh keypair (before ``bind``); its public key.
+
+    No ZAP handler is installed, so libzmq admits any client key (encryption without an
+    allow-list): the cost measured is CURVE's handshake and per-message crypto only.
+    """
+    public, secret = zmq.curve_keypair()
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+    return public.decode()
+
+
+def _raw_curve_client(zmq: Any, sock: Any, server_key: str) -> None:
+    """Make ``sock`` a CURVE client of ``server_key`` with a fresh keypair (before ``connect``)."""
+    public, secret = zmq.curve_keypair()
+    sock.setsockopt(zmq.CURVE_SERVERKEY, server_key.encode())
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+
+
 def _raw_socket(zmq: Any, ctx: Any, kind: int, *, sndhwm: int | None = None,
                 rcvhwm: int | None = None, linger_ms: int = 0) -> Any:
     s = ctx.socket(kind)
@@ -299,7 +354,9 @@ def role_raw_thr_pub(cfg: dict[str, Any]) -> None:
     ctrl, ctrl_ep = _ctrl_bind(zmq, ctx)
     pub = _raw_socket(zmq, ctx, zmq.PUB, sndhwm=cfg["bus_sndhwm"], linger_ms=2000)
     hello = {"ctrl": ctrl_ep}
-    if cfg["path"] == "raw_direct":
+    if cfg["path"] in DIRECT_PATHS:
+        if cfg["path"] in CURVE_PATHS:
+            hello["server_key"] = _raw_curve_server(zmq, pub)
         hello["pub"] = f"tcp://{HOST}:{pub.bind_to_random_port(f'tcp://{HOST}')}"
     _emit("HELLO", hello)
     go = _wait_go(q)
@@ -358,7 +415,9 @@ def role_raw_thr_sub(cfg: dict[str, Any]) -> None:
     ctrl = _raw_socket(zmq, ctx, zmq.PAIR)
     _emit("HELLO", {})
     go = _wait_go(q)
-    sub.connect(go["pub"] if cfg["path"] == "raw_direct" else go["xpub"])
+    if cfg["path"] in CURVE_PATHS:
+        _raw_curve_client(zmq, sub, go["server_key"])
+    sub.connect(go["pub"] if cfg["path"] in DIRECT_PATHS else go["xpub"])
     ctrl.connect(go["ctrl"])
     again = zmq.Again
     perf = time.perf_counter
@@ -428,11 +487,15 @@ def role_raw_rtt_a(cfg: dict[str, Any]) -> None:
     sub = _raw_socket(zmq, ctx, zmq.SUB, sndhwm=0, rcvhwm=cfg["bus_rcvhwm"])
     sub.setsockopt(zmq.SUBSCRIBE, b"grad/")
     hello = {"ctrl": ctrl_ep}
-    if cfg["path"] == "raw_direct":
+    if cfg["path"] in DIRECT_PATHS:
+        if cfg["path"] in CURVE_PATHS:
+            hello["server_key_a"] = _raw_curve_server(zmq, pub)
         hello["pub_a"] = f"tcp://{HOST}:{pub.bind_to_random_port(f'tcp://{HOST}')}"
     _emit("HELLO", hello)
     go = _wait_go(q)
-    if cfg["path"] == "raw_direct":
+    if cfg["path"] in DIRECT_PATHS:
+        if cfg["path"] in CURVE_PATHS:
+            _raw_curve_client(zmq, sub, go["server_key_b"])
         sub.connect(go["pub_b"])
     else:
         pub.connect(go["xsub"])
@@ -490,12 +553,16 @@ def role_raw_rtt_b(cfg: dict[str, Any]) -> None:
     sub.setsockopt(zmq.RCVTIMEO, RECV_POLL_MS)
     ctrl = _raw_socket(zmq, ctx, zmq.PAIR)
     hello = {}
-    if cfg["path"] == "raw_direct":
+    if cfg["path"] in DIRECT_PATHS:
+        if cfg["path"] in CURVE_PATHS:
+            hello["server_key_b"] = _raw_curve_server(zmq, pub)
         hello["pub_b"] = f"tcp://{HOST}:{pub.bind_to_random_port(f'tcp://{HOST}')}"
     _emit("HELLO", hello)
     go = _wait_go(q)
     ctrl.connect(go["ctrl"])
-    if cfg["path"] == "raw_direct":
+    if cfg["path"] in DIRECT_PATHS:
+        if cfg["path"] in CURVE_PATHS:
+            _raw_curve_client(zmq, sub, go["server_key_a"])
         sub.connect(go["pub_a"])
     else:
         pub.connect(go["xsub"])
@@ -531,6 +598,16 @@ def _ours_setup() -> None:
     configure_logging(stderr_level="warning", party="bench")  # keep stdout for the protocol
 
 
+def _ours_security(cfg: dict[str, Any], go: dict[str, Any], identity: str) -> Any:
+    """ours_curve: the ``CurveClient`` of ``identity`` from the run's keys; else None
+    (plaintext to the ``--insecure`` broker on loopback)."""
+    if cfg["path"] not in CURVE_PATHS:
+        return None
+    from pubsub.security import CurveClient
+
+    return CurveClient.from_dir(go["keys_dir"], identity)
+
+
 def role_ours_thr_pub(cfg: dict[str, Any]) -> None:
     import zmq
 
@@ -549,11 +626,12 @@ def role_ours_thr_pub(cfg: dict[str, Any]) -> None:
         from pubsub.client import Bus
 
         out = []
-        async with Bus(go["broker"], name="bench-pub") as bus:
+        async with Bus(go["broker"], name="bench-pub",
+                       security=_ours_security(cfg, go, CURVE_PUB_IDENTITY)) as bus:
             for k, (label, size, n, window) in enumerate(cfg["phases"]):
                 arr = np.full(size, k + 1, dtype=np.uint8)
                 copy = size < ZERO_COPY_MIN  # large arrays: zero-copy, never mutated
-                probe, topic = f"bench/probe/{k}", f"bench/data/{k}"
+                probe, topic = f"emb/bench/probe/{k}", f"emb/bench/data/{k}"
                 deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
                 while True:
                     bus.publish_nowait(probe)
@@ -643,9 +721,10 @@ def role_ours_thr_sub(cfg: dict[str, Any]) -> None:
             st = bus.stats()
             return st.evicted + st.overflow_dropped
 
-        async with Bus(go["broker"], name="bench-sub") as bus:
+        async with Bus(go["broker"], name="bench-sub",
+                       security=_ours_security(cfg, go, CURVE_SUB_IDENTITY)) as bus:
             for k, (label, size, n, window) in enumerate(cfg["phases"]):
-                probe, topic = f"bench/probe/{k}", f"bench/data/{k}"
+                probe, topic = f"emb/bench/probe/{k}", f"emb/bench/data/{k}"
                 ack_every = max(1, window // 4)
                 await bus.subscribe(topic, limits=limits)
                 await bus.subscribe(probe)  # after the data topic: a probe proves both
@@ -732,7 +811,8 @@ def role_ours_rtt_a(cfg: dict[str, Any]) -> None:
         emb = np.full(RTT_BYTES, 1, dtype=np.uint8)
         rtts: list[int] = []
         lost = 0
-        async with Bus(go["broker"], name="bench-a") as bus:
+        async with Bus(go["broker"], name="bench-a",
+                       security=_ours_security(cfg, go, CURVE_PUB_IDENTITY)) as bus:
             await bus.subscribe_many([f"grad/{i}" for i in range(warm + n)])
             await bus.subscribe("grad/probe")  # last: its answer proves the others
             deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
@@ -791,7 +871,8 @@ def role_ours_rtt_b(cfg: dict[str, Any]) -> None:
         grad = np.full(RTT_BYTES, 2, dtype=np.uint8)
         answered = 0
         hard = time.monotonic() + PHASE_TIMEOUT_S + HANDSHAKE_TIMEOUT_S
-        async with Bus(go["broker"], name="bench-b") as bus:
+        async with Bus(go["broker"], name="bench-b",
+                       security=_ours_security(cfg, go, CURVE_SUB_IDENTITY)) as bus:
             await bus.subscribe_many([f"emb/{i}" for i in range(warm + n)])
             await bus.subscribe("emb/probe")
             i = 0
@@ -937,10 +1018,25 @@ def _spawn_role(role: str, cfg: dict[str, Any]) -> Child:
     return Child(role, argv)
 
 
-def _start_broker(tmp: str) -> tuple[Child, str]:
-    """Our broker exactly as ``psfl broker run`` starts it by default (bar the bind/ready file)."""
+def _make_keys(tmp: str) -> str:
+    """Ephemeral CURVE keys for ours_curve, as ``psfl keys generate broker active passive``
+    would write them, in ``TMP/keys`` (mode 0700; deleted with ``tmp``)."""
+    from pubsub.security import BROKER_KEY_NAME, generate_certificate
+
+    keys = Path(tmp) / "keys"
+    generate_certificate(keys, BROKER_KEY_NAME)
+    for name in (CURVE_SUB_IDENTITY, CURVE_PUB_IDENTITY):
+        generate_certificate(keys, name, role=name)
+    os.chmod(keys, 0o700)
+    return str(keys)
+
+
+def _start_broker(tmp: str, keys_dir: str | None = None) -> tuple[Child, str]:
+    """Our broker exactly as ``psfl broker run`` starts it by default (bar the bind/ready file):
+    ``--keys keys_dir`` (CURVE and the default topic policy), or ``--insecure`` without."""
     ready = Path(tmp) / "broker.addr"
-    argv = [sys.executable, "-m", "broker", "run", "--insecure", "--bind", f"tcp://{HOST}:0",
+    security = ["--keys", keys_dir] if keys_dir else ["--insecure"]
+    argv = [sys.executable, "-m", "broker", "run", *security, "--bind", f"tcp://{HOST}:0",
             "--ready-file", str(ready), "--log-level", "warning"]
     child = Child("broker", argv, stdin=False)
     deadline = time.monotonic() + CHILD_START_TIMEOUT_S
@@ -956,7 +1052,7 @@ def _start_broker(tmp: str) -> tuple[Child, str]:
 def run_group(kind: str, path: str, base: dict[str, Any], timeout_s: float,
               on_start: Any = None) -> dict[str, Any]:
     """Start the processes of one measurement (kind "thr" or "rtt") and collect results."""
-    cfg = dict(base, path=path, loop="uvloop" if path == "ours_uvloop" else "asyncio")
+    cfg = dict(base, path=path, loop="uvloop" if path in UVLOOP_PATHS else "asyncio")
     family = "ours" if path in OURS_PATHS else "raw"
     roles = ("thr_pub", "thr_sub") if kind == "thr" else ("rtt_a", "rtt_b")
     children: list[Child] = []
@@ -970,7 +1066,10 @@ def run_group(kind: str, path: str, base: dict[str, Any], timeout_s: float,
             workers = [_spawn_role(f"{family}_{r}", cfg) for r in roles]
             children.extend(workers)
             if family == "ours":
-                broker, addr = _start_broker(tmp)
+                keys_dir = None
+                if path in CURVE_PATHS:
+                    keys_dir = endpoints["keys_dir"] = _make_keys(tmp)
+                broker, addr = _start_broker(tmp, keys_dir)
                 infra.append(broker)
                 endpoints["broker"] = addr
             start_deadline = time.monotonic() + CHILD_START_TIMEOUT_S
@@ -1039,8 +1138,10 @@ def measure_group(kind: str, path: str, base: dict[str, Any], timeout_s: float) 
 def _order(r: int) -> list[str]:
     """Raw and ours alternate; who goes first flips every run."""
     if r % 2 == 0:
-        return ["raw_proxy", "ours_uvloop", "raw_direct", "ours_asyncio"]
-    return ["ours_uvloop", "raw_proxy", "ours_asyncio", "raw_direct"]
+        return ["raw_proxy", "ours_uvloop", "raw_direct", "ours_asyncio", "raw_curve_direct",
+                "ours_curve"]
+    return ["ours_uvloop", "raw_proxy", "ours_asyncio", "raw_direct", "ours_curve",
+            "raw_curve_direct"]
 
 
 def _median(xs: list[float]) -> float:
@@ -1097,6 +1198,20 @@ def _fmt_ratio(x: float) -> str:
     return "-" if x != x else f"{x:.2f}x"
 
 
+def _ratio(thr: dict[str, Any], num: str, den: str, label: str) -> float:
+    """msgs/s of path ``num`` / msgs/s of path ``den`` at size ``label`` (NaN if missing);
+    the same as the MB/s ratio, both being at the same message size."""
+    a = thr.get(num, {}).get(label, {}).get("msgs_per_s", float("nan"))
+    b = thr.get(den, {}).get(label, {}).get("msgs_per_s", float("nan"))
+    return a / b if (a == a and b == b and b > 0) else float("nan")
+
+
+def curve_ratios(thr: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """``{"num / den": {size: ratio}}`` for :data:`CURVE_RATIOS` (pure)."""
+    return {f"{num} / {den}": {label: _ratio(thr, num, den, label) for label, _ in SIZES}
+            for num, den in CURVE_RATIOS}
+
+
 def aggregate(thr_runs: dict[str, list[dict[str, Any]]], rtt_runs: dict[str, list[dict[str, Any]]],
               paths: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     thr: dict[str, Any] = {}
@@ -1123,6 +1238,9 @@ def aggregate(thr_runs: dict[str, list[dict[str, Any]]], rtt_runs: dict[str, lis
             base = thr.get(BASELINE, {}).get(label, {}).get("msgs_per_s", float("nan"))
             ok = base == base and base > 0
             row["ratio_vs_raw_proxy"] = row["msgs_per_s"] / base if ok else float("nan")
+    for num, den in CURVE_RATIOS:
+        for label, row in thr.get(num, {}).items():
+            row[f"ratio_vs_{den}"] = _ratio(thr, num, den, label)
     rtt: dict[str, Any] = {}
     for path in paths:
         rows = [dict(run["rtt_a"], foreign_cores=run["load"]["foreign_cores"])
@@ -1154,7 +1272,7 @@ def print_tables(thr: dict[str, Any], rtt: dict[str, Any], runs: int, counts: di
               f"(median of {runs} runs; ratio = msgs/s / raw_proxy msgs/s at the same size)")
         print("  counts per run: " + ", ".join(f"{k} x {v:,}" for k, v in counts.items())
               + "; delivered = worst run")
-        hdr = (f"  {'path':<13} {'size':>6} {'msgs/s':>11} {'MB/s':>9} {'delivered':>10} "
+        hdr = (f"  {'path':<16} {'size':>6} {'msgs/s':>11} {'MB/s':>9} {'delivered':>10} "
                f"{'ratio':>7} {'load':>5}")
         print(hdr)
         print("  " + "-" * (len(hdr) - 2))
@@ -1168,21 +1286,30 @@ def print_tables(thr: dict[str, Any], rtt: dict[str, Any], runs: int, counts: di
                     flag += f"  ({row['runs_ok']}/{runs} runs ok)"
                 load = _median([r["foreign_cores"] for r in row["runs"]])
                 dl = row["delivered_min"] * 100
-                print(f"  {path:<13} {label:>6} {row['msgs_per_s']:>11,.0f} "
+                print(f"  {path:<16} {label:>6} {row['msgs_per_s']:>11,.0f} "
                       f"{row['mb_per_s']:>9,.1f} {dl:>9.{1 if dl >= 100 else 2}f}% "
                       f"{_fmt_ratio(row['ratio_vs_raw_proxy']):>7} {load:>5.2f}{flag}")
+            print()
+        shown = [(num, den) for num, den in CURVE_RATIOS if num in thr and den in thr]
+        if shown:
+            print("  CURVE ratios (throughput, same size; median of runs)")
+            for num, den in shown:
+                cells = "  ".join(f"{label} {_fmt_ratio(_ratio(thr, num, den, label)):>6}"
+                                  for label, _ in SIZES
+                                  if label in thr[num] and label in thr[den])
+                print(f"  {num + ' / ' + den:<30} {cells}")
             print()
     if rtt:
         print(f"Round trip emb/<i> -> grad/<i>, 64 KiB each way, {rtt_n} timed round trips "
               f"(median of {runs} runs; ratios vs raw_proxy)")
-        hdr = (f"  {'path':<13} {'p50 us':>8} {'p99 us':>8} {'p50 ratio':>10} {'p99 ratio':>10} "
+        hdr = (f"  {'path':<16} {'p50 us':>8} {'p99 us':>8} {'p50 ratio':>10} {'p99 ratio':>10} "
                f"{'lost':>5} {'load':>5}")
         print(hdr)
         print("  " + "-" * (len(hdr) - 2))
         for path, row in rtt.items():
             flag = "" if row["runs_ok"] == runs else f"  ({row['runs_ok']}/{runs} runs ok)"
             load = _median([r["foreign_cores"] for r in row["runs"]])
-            print(f"  {path:<13} {row['p50_us']:>8.0f} {row['p99_us']:>8.0f} "
+            print(f"  {path:<16} {row['p50_us']:>8.0f} {row['p99_us']:>8.0f} "
                   f"{_fmt_ratio(row['p50_ratio_vs_raw_proxy']):>10} "
                   f"{_fmt_ratio(row['p99_ratio_vs_raw_proxy']):>10} {row['lost_total']:>5} "
                   f"{load:>5.2f}{flag}")
@@ -1318,6 +1445,12 @@ def main(argv: list[str] | None = None) -> int:
         "rtt_p99_ratio_64KiB": _get(rtt, HEADLINE, "p99_ratio_vs_raw_proxy"),
         "raw_proxy_msgs_per_s": {label: _get(thr, BASELINE, label, "msgs_per_s")
                                  for label, _ in SIZES},
+        # CURVE (added after the keys above, which keep their meaning)
+        "mb_per_s": {path: {label: _get(thr, path, label, "mb_per_s") for label, _ in SIZES}
+                     for path in paths},
+        "curve_ratios": curve_ratios(thr),
+        "rtt_curve_p99_ratio_64KiB": (_get(rtt, "ours_curve", "p99_us")
+                                      / _get(rtt, HEADLINE, "p99_us")),
     }
     print("summary: " + json.dumps(summary))
     elapsed = time.monotonic() - t_start
@@ -1345,10 +1478,21 @@ def main(argv: list[str] | None = None) -> int:
                 "bus_config": {"topic_max_msgs": bus_cfg.topic_max_msgs,
                                "drain_burst": bus_cfg.drain_burst,
                                "total_max_bytes": bus_cfg.total_max_bytes},
-                "broker": "python -m broker run --bind tcp://127.0.0.1:0 --ready-file F "
-                          "--log-level warning (BrokerConfig defaults: validate=True, "
-                          f"drain_burst={broker_cfg.drain_burst}, "
-                          f"stats_interval_s={broker_cfg.stats_interval_s})",
+                "broker": "python -m broker run --insecure --bind tcp://127.0.0.1:0 "
+                          "--ready-file F --log-level warning (BrokerConfig defaults: "
+                          f"validate=True, drain_burst={broker_cfg.drain_burst}, "
+                          f"stats_interval_s={broker_cfg.stats_interval_s}); ours_curve: "
+                          "--keys DIR instead of --insecure",
+                "curve": {
+                    "raw_curve_direct": "PUB = CURVE server, SUB = CURVE client, fresh "
+                                        "keypairs per process, no ZAP handler",
+                    "ours_curve": "ephemeral keys broker/active/passive in a temp dir (0700), "
+                                  "broker --keys DIR with broker/default_policy.toml; "
+                                  f"throughput publisher and RTT A = {CURVE_PUB_IDENTITY!r} "
+                                  f"(emb/...), subscriber and RTT B = {CURVE_SUB_IDENTITY!r} "
+                                  "(reads emb/..., publishes grad/...); uvloop",
+                    "ratios": [f"{n} / {d}" for n, d in CURVE_RATIOS],
+                },
                 "order": "per run: raw/ours alternate; who goes first flips every run",
                 "mb": "payload bytes / 1e6",
                 "machine_load": {
