@@ -171,6 +171,8 @@ CURVE_PATHS = ["raw_curve_direct", "ours_curve"]
 UVLOOP_PATHS = ["ours_uvloop", "ours_curve"]
 BASELINE = "raw_proxy"
 HEADLINE = "ours_uvloop"
+#: ``--broker-set KEY=VALUE`` items passed to our broker (e.g. ``io_threads=2``)
+BROKER_SETS: list[str] = []
 # CURVE comparisons, (numerator, denominator) at the same size: what CURVE costs our bus,
 # how our CURVE bus compares with libzmq's own CURVE, and what CURVE costs libzmq.
 CURVE_RATIOS = [("ours_curve", "ours_uvloop"), ("ours_curve", "raw_curve_direct"),
@@ -1037,7 +1039,8 @@ def _start_broker(tmp: str, keys_dir: str | None = None) -> tuple[Child, str]:
     ready = Path(tmp) / "broker.addr"
     security = ["--keys", keys_dir] if keys_dir else ["--insecure"]
     argv = [sys.executable, "-m", "broker", "run", *security, "--bind", f"tcp://{HOST}:0",
-            "--ready-file", str(ready), "--log-level", "warning"]
+            "--ready-file", str(ready), "--log-level", "warning",
+            *[a for kv in BROKER_SETS for a in ("--set", kv)]]
     child = Child("broker", argv, stdin=False)
     deadline = time.monotonic() + CHILD_START_TIMEOUT_S
     while not ready.exists():
@@ -1327,9 +1330,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated subset of throughput sizes")
     ap.add_argument("--default-limits", action="store_true",
                     help="our subscriber keeps BusConfig's default per-topic buffer limits")
+    ap.add_argument("--broker-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a broker setting for our paths, e.g. io_threads=2 (repeatable)")
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("--cfg", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    BROKER_SETS[:] = args.broker_set
     if args.role:
         ROLES[args.role](json.loads(args.cfg))
         return 0

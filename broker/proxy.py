@@ -87,6 +87,9 @@ class BrokerConfig:
             on ``PORT``/``PORT+1``, allowed on a loopback ``bind`` only.
         policy_file: topic permissions per role (:mod:`pubsub.policy`); "" = the
             packaged ``broker/default_policy.toml``. Used with ``keys_dir`` only.
+        io_threads: libzmq I/O threads of the broker's context. They do the TCP work and,
+            with CURVE, the decryption and re-encryption of every message, off the
+            forwarding thread.
     """
 
     bind: str = "tcp://127.0.0.1:5555"
@@ -101,6 +104,7 @@ class BrokerConfig:
     max_message_bytes: int = 64 << 20
     keys_dir: str = ""
     policy_file: str = ""
+    io_threads: int = 1
 
     def __post_init__(self) -> None:
         if self.overflow not in ("drop", "block"):
@@ -112,6 +116,8 @@ class BrokerConfig:
             raise ValueError(f"poll_interval_s must be > 0, got {self.poll_interval_s!r}")
         if self.max_message_bytes < 1:
             raise ValueError(f"max_message_bytes must be >= 1, got {self.max_message_bytes!r}")
+        if not 1 <= self.io_threads <= 16:
+            raise ValueError(f"io_threads must be in 1..16, got {self.io_threads!r}")
         if self.drain_burst < 1:
             raise ValueError(f"drain_burst must be >= 1, got {self.drain_burst!r}")
 
@@ -360,7 +366,7 @@ class Broker:
         want = BrokerAddress.parse(self.config.bind)
         if self.secure and self.policy is None:
             self._load_security()
-        self._ctx = zmq.Context()
+        self._ctx = zmq.Context(io_threads=self.config.io_threads)
         if self.secure:
             self._auth = _Authenticator(self._ctx, self._certs, self.stats)
             self._auth.start()
