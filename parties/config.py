@@ -113,6 +113,11 @@ class VflConfig:
         active_cpus / passive_cpus: CPU ids the party's process, its threads and its
             worker processes are pinned to (``os.sched_setaffinity``, Linux) when the
             party starts; empty (the default) = not pinned. Not a shared setting.
+        active_rows_file / passive_rows_file: the party's output of ``psfl vfl align``
+            (``aligned-<role>.csv``: the shared IDs sorted and each one's ``row`` in the
+            party's table): the party trains on those rows of ``dataset``, in that
+            order, so both parties list the same records in the same order. "" = every
+            row, matched by position. Not a shared setting (the row count is).
     """
 
     algo: str = "pubsub"
@@ -161,6 +166,8 @@ class VflConfig:
     dp_noise_seed: int | None = None
     active_cpus: tuple[int, ...] = ()
     passive_cpus: tuple[int, ...] = ()
+    active_rows_file: str = ""
+    passive_rows_file: str = ""
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> ConfigError:
@@ -291,6 +298,12 @@ class VflConfig:
         if role not in ("active", "passive"):
             raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
         return own or self.bottom_hidden
+
+    def rows_file(self, role: str) -> str:
+        """``role``'s aligned-rows file (``psfl vfl align`` output); "" = all rows."""
+        if role not in ("active", "passive"):
+            raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
+        return self.active_rows_file if role == "active" else self.passive_rows_file
 
     def cpus(self, role: str) -> tuple[int, ...]:
         """The CPU ids ``role`` (``"active"``/``"passive"``) is pinned to; empty: not pinned."""

@@ -135,6 +135,47 @@ class InvalidSplit(DataError, ValueError):
     """
 
 
+class InvalidRows(DataError, ValueError):
+    """An aligned-rows file (``psfl vfl align`` output) cannot select rows of the table.
+
+    Attributes:
+        path: the file.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        super().__init__(f"aligned rows {path!r}: {reason}")
+
+
+def select_rows(frame: pd.DataFrame, path: str | Path) -> pd.DataFrame:
+    """The rows of ``frame`` listed in the ``row`` column of the CSV ``path``, in that order
+    (index reset). ``path`` is a party's ``aligned-<role>.csv`` from ``psfl vfl align``.
+
+    Raises:
+        InvalidRows: missing or unreadable file, no integer ``row`` column, a row out of
+            ``[0, len(frame))`` (naming the first) or listed twice, or no rows at all.
+    """
+    p = Path(path)
+    try:
+        rows = pd.read_csv(p, usecols=["row"])["row"]
+    except FileNotFoundError:
+        raise InvalidRows(str(p), "no such file (the output of psfl vfl align)") from None
+    except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise InvalidRows(str(p), f"needs a 'row' column of integers: {exc}") from None
+    if rows.size == 0:
+        raise InvalidRows(str(p), "lists no rows (the parties share no IDs)")
+    if not pd.api.types.is_integer_dtype(rows):
+        raise InvalidRows(str(p), "the 'row' column must hold integers")
+    idx = rows.to_numpy(dtype=np.int64)
+    bad = np.flatnonzero((idx < 0) | (idx >= len(frame)))
+    if bad.size:
+        raise InvalidRows(str(p), f"line {int(bad[0]) + 2} names row {int(idx[bad[0]])}, "
+                          f"outside the table's {len(frame)} rows")
+    if np.unique(idx).size != idx.size:
+        raise InvalidRows(str(p), "lists a row twice")
+    return frame.iloc[idx].reset_index(drop=True)
+
+
 class InvalidLabel(DataError, ValueError):
     """The label column cannot be used as the task's target.
 

@@ -13,6 +13,7 @@ from parties.data import (
     DataError,
     InvalidLabel,
     SyntheticSpec,
+    select_rows,
     default_split,
     encode_labels,
     encode_regression_labels,
@@ -29,13 +30,19 @@ def synthetic_spec(cfg: VflConfig) -> SyntheticSpec:
                          informative=cfg.synthetic_informative, seed=cfg.synthetic_seed)
 
 
-def load_configured_table(cfg: VflConfig) -> tuple[pd.DataFrame, str | None]:
-    """:func:`parties.data.load_table` of ``cfg.dataset`` (with the synthetic parameters).
+def load_configured_table(cfg: VflConfig,
+                          role: str | None = None) -> tuple[pd.DataFrame, str | None]:
+    """:func:`parties.data.load_table` of ``cfg.dataset`` (with the synthetic parameters),
+    restricted to ``role``'s aligned rows when its ``rows_file`` is set
+    (:func:`parties.data.select_rows`).
 
     Raises:
-        parties.data.DataError: missing or unreadable file.
+        parties.data.DataError: missing or unreadable file, or a bad aligned-rows file.
     """
-    return load_table(cfg.dataset, synthetic=synthetic_spec(cfg))
+    frame, label = load_table(cfg.dataset, synthetic=synthetic_spec(cfg))
+    if role is not None and cfg.rows_file(role):
+        frame = select_rows(frame, cfg.rows_file(role))
+    return frame, label
 
 
 def preflight(cfg: VflConfig) -> None:
@@ -54,7 +61,9 @@ def preflight(cfg: VflConfig) -> None:
         columns = synthetic_columns(synthetic_spec(cfg))
         resolve_columns(cfg, pd.DataFrame(columns=columns), SYNTHETIC_LABEL)
         return
-    frame, default_label = load_configured_table(cfg)
+    frame, default_label = load_configured_table(cfg, "active")
+    if cfg.passive_rows_file:
+        load_configured_table(cfg, "passive")  # its rows file is checked here too
     label, active, passive = resolve_columns(cfg, frame, default_label)
     train_idx, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
     if cfg.effective_task == "regression":

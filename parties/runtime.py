@@ -264,7 +264,7 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
             the task (one class; not numeric or constant for regression).
     """
     task = cfg.effective_task
-    frame, default_label = load_configured_table(cfg)
+    frame, default_label = load_configured_table(cfg, role)
     label, active, passive = resolve_columns(cfg, frame, default_label)
     all_train, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
     fit, val = validation_split(len(all_train), seed=cfg.seed)
