@@ -43,7 +43,8 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         validation metric first reached the target; None if never, or no target),
         ``history`` (one entry per validation point), per-party ``cpu_util`` and
         ``wait_s_per_epoch``, ``bytes_sent`` by channel, ``broker_bytes``,
-        ``dropped_batches``, ``reassigned_batches`` and ``dp``
+        ``dropped_batches``, ``reassigned_batches``, ``security`` (the active party's
+        transport, identity and role) and ``dp``
         (the privacy spent, from the passive party's ledger: see
         :func:`parties.dp.report`).
     """
@@ -67,6 +68,7 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         "algo": cfg.algo,
         "dataset": cfg.dataset,
         "run_id": run_id,
+        "security": active.get("security", {}),
         "task": active["task"],
         key: active[key],
         "metric_name": name,

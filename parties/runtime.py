@@ -102,6 +102,7 @@ from pubsub import Bus, BusConfig, DeadlineExceeded, Message
 from pubsub.buffer import BufferLimits
 from pubsub.control import request_stats
 from pubsub.errors import BusError
+from pubsub.config import ConfigError
 from pubsub.security import CurveClient
 
 from parties.config import VflConfig
@@ -337,6 +338,8 @@ class Party:
         self.data = data
         self.broker = broker
         self.security = security
+        #: how this party's bus connection was secured (set once connected)
+        self.security_info: dict[str, str] = {}
         self.run_id = run_id
         self.topics = Topics(run_id)
         self.progress = progress
@@ -453,6 +456,15 @@ class Party:
             async with Bus(self.broker, name=self.role, config=bus_cfg,
                            security=self.security) as bus:
                 self.bus = bus
+                hello = bus.hello
+                if self.security is not None and hello is not None and hello.role != self.role:
+                    raise ConfigError("identity", f"key {hello.identity!r} has broker role "
+                                      f"{hello.role!r}, but this is the {self.role} party "
+                                      f"(use the {self.role} party's key: --identity)")
+                self.security_info = {
+                    "transport": "curve" if self.security is not None else "plaintext",
+                    "identity": hello.identity if hello is not None else "",
+                    "role": hello.role if hello is not None else ""}
                 await self._subscribe(bus)
                 await self._handshake(bus)
                 await starting
@@ -1127,7 +1139,7 @@ class Party:
             "party_wall_s": wall,
             "cpu_s": cpu,
             "cores_allotted": cores,
-            "cpu_util": util,
+            "cpu_util": util, "security": self.security_info,
             "run_delay_s": self.run_delay_s,
             "wait_s_total": self.c.wait_s,
             "wait_s_per_epoch": self.c.wait_s / (self.workers * self.cfg.epochs),

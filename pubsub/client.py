@@ -256,7 +256,8 @@ class Bus:
         if security is None:
             check_insecure_allowed(self.address)
         self.security = security
-        #: the broker's hello answer (identity, role, endpoints); None in plaintext
+        #: the broker's hello answer (identity, role, endpoints; role "" in plaintext),
+        #: set by :meth:`connect`
         self.hello: Hello | None = None
         self._rules: RoleRules | None = None
         self._pub_ok: dict[str, bool] = {}
@@ -319,18 +320,19 @@ class Bus:
         cfg = self.config
         self._loop = asyncio.get_running_loop()
         self._ctx = zmq.asyncio.Context()
-        pub_ep, sub_ep = self.address.pub_endpoint, self.address.sub_endpoint
+        # hello first (plaintext too): a handshake failure or a broker that is down is
+        # reported before any data socket exists, so nothing queues meanwhile
+        try:
+            self.hello = await hello(self._ctx, self.address, self.security,
+                                     client_id=self.client_id,
+                                     timeout_s=cfg.connect_timeout_s)
+        except BaseException:
+            await self.close()
+            raise
+        self._rules = self.hello.rules
+        pub_ep = self.address.endpoint(self.hello.pub_offset)
+        sub_ep = self.address.endpoint(self.hello.sub_offset)
         if self.security is not None:
-            try:
-                self.hello = await hello(self._ctx, self.address, self.security,
-                                         client_id=self.client_id,
-                                         timeout_s=cfg.connect_timeout_s)
-            except BaseException:
-                await self.close()
-                raise
-            self._rules = self.hello.rules
-            pub_ep = self.address.endpoint(self.hello.pub_offset)
-            sub_ep = self.address.endpoint(self.hello.sub_offset)
             self._log = self._log.bind(identity=self.hello.identity, role=self.hello.role)
         linger_ms = int(cfg.linger_s * 1000)
         pub = zmq.Socket(self._ctx, zmq.PUB)  # plain socket from the same context

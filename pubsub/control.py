@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -27,6 +28,61 @@ class ControlError(BusError, RuntimeError):
     """The broker answered a control request with an error."""
 
 
+def _raise_on_handshake(events: list[tuple[int, int]], address: BrokerAddress, endpoint: str,
+                        security: CurveClient | None) -> str:
+    """Raise :class:`AuthenticationFailed` if the monitor events end the handshake;
+    else return the verdict's state (``ok``/``pending``/``unreachable``)."""
+    verdict = classify_handshake(events)
+    if verdict.state == "refused":
+        raise AuthenticationFailed(str(address), endpoint, "refused", verdict.status,
+                                   f"identity {security.identity!r}" if security else "")
+    if verdict.state == "mechanism":
+        raise AuthenticationFailed(str(address), endpoint,
+                                   "plaintext" if security is not None else "curve_required")
+    if verdict.state == "server_key":
+        if security is None:  # a plaintext client never pins a key
+            raise AuthenticationFailed(str(address), endpoint, "curve_required")
+        raise AuthenticationFailed(str(address), endpoint, "server_key", 0,
+                                   f"pinned key from {security.server_key_file or '?'}")
+    return verdict.state
+
+
+class _Attempt:
+    """One control request with a socket monitor (the part shared by the sync
+    :func:`control_request` and the asyncio :func:`hello`)."""
+
+    def __init__(self, ctx: Any, address: BrokerAddress, security: CurveClient | None,
+                 request: dict[str, Any]) -> None:
+        self.address, self.security = address, security
+        self.endpoint = address.control_endpoint
+        self.sock = zmq.Socket(ctx, zmq.REQ)  # plain socket, polled without blocking
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if security is not None:
+            security.apply(self.sock)
+        mon_addr = f"inproc://ctl-mon-{uuid.uuid4().hex}"
+        self.sock.monitor(mon_addr, zmq.EVENT_ALL)
+        self.mon = zmq.Socket(ctx, zmq.PAIR)
+        self.mon.setsockopt(zmq.LINGER, 0)
+        self.mon.connect(mon_addr)
+        self.events: list[tuple[int, int]] = []
+        self.sock.connect(self.endpoint)
+        self.sock.send(orjson.dumps(request))
+
+    def step(self) -> Any:
+        """The reply if it is here (decoded JSON), else None; raises on a failed handshake."""
+        if self.sock.poll(0, zmq.POLLIN):
+            return orjson.loads(self.sock.recv())
+        _monitor_events(self.mon, self.events)
+        _raise_on_handshake(self.events, self.address, self.endpoint, self.security)
+        return None
+
+    def close(self) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self.sock.disable_monitor()
+        self.mon.close(0)
+        self.sock.close(0)
+
+
 def control_request(
     address: str | BrokerAddress, cmd: str, *, timeout_s: float = 2.0,
     security: CurveClient | None = None,
@@ -35,12 +91,14 @@ def control_request(
 
     Args:
         address: broker base address ``tcp://HOST:PORT``.
-        cmd: ``"stats"`` or ``"ping"``.
+        cmd: ``"stats"``, ``"ping"`` or ``"hello"``.
         timeout_s: reply deadline in seconds.
         security: CURVE keys for a secure broker (None: plaintext, loopback only).
 
     Raises:
         BrokerUnreachable: no reply within ``timeout_s``.
+        AuthenticationFailed: the handshake failed (refused key, wrong pinned key, or
+            plaintext on one side and CURVE on the other), at once.
         ControlError: the broker answered ``ok: false``.
         InsecureTransport: plaintext to a non-loopback address.
     """
@@ -49,21 +107,22 @@ def control_request(
     if security is None:
         check_insecure_allowed(addr)
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    if security is not None:
-        security.apply(sock)
+    att = _Attempt(ctx, addr, security, {"cmd": cmd})
+    deadline = time.monotonic() + timeout_s
     try:
-        sock.connect(addr.control_endpoint)
-        sock.send(orjson.dumps({"cmd": cmd}))
-        if not sock.poll(int(timeout_s * 1000), zmq.POLLIN):
-            raise BrokerUnreachable(str(addr), timeout_s)
-        reply = orjson.loads(sock.recv())
+        while True:
+            reply = att.step()
+            if reply is not None:
+                break
+            if time.monotonic() >= deadline:
+                raise BrokerUnreachable(str(addr), timeout_s)
+            time.sleep(0.002)
     finally:
-        sock.close(0)
+        att.close()
         ctx.term()
-    if not reply.get("ok"):
-        raise ControlError(f"broker at {addr} answered: {reply.get('error')}")
+    if not isinstance(reply, dict) or not reply.get("ok"):
+        raise ControlError(f"broker at {addr} answered: "
+                           f"{reply.get('error') if isinstance(reply, dict) else reply!r}")
     return reply
 
 
@@ -110,10 +169,10 @@ def _monitor_events(mon: Any, events: list[tuple[int, int]]) -> None:
         events.append((int(ev["event"]), int(ev["value"])))
 
 
-async def hello(ctx: zmq.Context[Any], address: BrokerAddress, security: CurveClient,
+async def hello(ctx: zmq.Context[Any], address: BrokerAddress, security: CurveClient | None,
                 *, client_id: str, timeout_s: float) -> Hello:
-    """Authenticate to the broker's control socket over CURVE and ask for this client's
-    role and endpoints (asyncio; a few ms on loopback).
+    """Ask the broker's control socket for this client's role and endpoints (asyncio; a few
+    ms on loopback). With ``security`` the request is authenticated over CURVE.
 
     The REQ socket's monitor tells the failure cases apart (see
     :func:`pubsub.security.classify_handshake`); a handshake failure raises at once, not
@@ -122,52 +181,30 @@ async def hello(ctx: zmq.Context[Any], address: BrokerAddress, security: CurveCl
     Args:
         ctx: the client's context (asyncio or plain).
         address: broker base address.
-        security: the client's keys and the pinned broker key.
+        security: the client's keys and the pinned broker key; None = plaintext.
         client_id: the publisher id this client puts in its envelopes (the broker
             attributes forbidden publishes to the identity that announced it).
         timeout_s: deadline, seconds.
 
     Raises:
-        AuthenticationFailed: the broker refused this key, or does not hold the pinned key.
+        AuthenticationFailed: the broker refused this key, does not hold the pinned key,
+            or speaks CURVE where this client speaks plaintext (or the reverse).
         BrokerUnreachable: no TCP connection, or no answer, within ``timeout_s``.
         ControlError: the broker answered ``ok: false``.
     """
-    sock = zmq.Socket(ctx, zmq.REQ)  # plain socket, polled without blocking the loop
-    sock.setsockopt(zmq.LINGER, 0)
-    security.apply(sock)
-    mon_addr = f"inproc://hello-mon-{uuid.uuid4().hex}"
-    sock.monitor(mon_addr, zmq.EVENT_ALL)
-    mon = zmq.Socket(ctx, zmq.PAIR)
-    mon.setsockopt(zmq.LINGER, 0)
-    mon.connect(mon_addr)
-    events: list[tuple[int, int]] = []
-    endpoint = address.control_endpoint
+    att = _Attempt(ctx, address, security, {"cmd": "hello", "client_id": client_id})
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    reply = None
     try:
-        sock.connect(endpoint)
-        sock.send(orjson.dumps({"cmd": "hello", "client_id": client_id}))
         while True:
-            if sock.poll(0, zmq.POLLIN):
-                reply = orjson.loads(sock.recv())
+            reply = att.step()
+            if reply is not None:
                 break
-            _monitor_events(mon, events)
-            verdict = classify_handshake(events)
-            if verdict.state == "refused":
-                raise AuthenticationFailed(str(address), endpoint, "refused", verdict.status,
-                                           f"identity {security.identity!r}")
-            if verdict.state == "server_key":
-                raise AuthenticationFailed(str(address), endpoint, "server_key", 0,
-                                           f"pinned key from {security.server_key_file or '?'}")
             if loop.time() >= deadline:  # no TCP connection, or connected but no answer
                 raise BrokerUnreachable(str(address), timeout_s)
             await asyncio.sleep(0.005)
     finally:
-        with contextlib.suppress(zmq.ZMQError):
-            sock.disable_monitor()
-        mon.close(0)
-        sock.close(0)
+        att.close()
     if not isinstance(reply, dict) or not reply.get("ok"):
         raise ControlError(f"broker at {address} refused hello: "
                            f"{reply.get('error') if isinstance(reply, dict) else reply!r}")

@@ -82,7 +82,8 @@ class BrokerUnreachable(BusError, ConnectionError):
         self.timeout_s = timeout_s
         super().__init__(
             f"no broker answered at {address} within {timeout_s:.1f} s "
-            "(is `psfl broker run` running there, and are PORT, PORT+1 and PORT+2 reachable?)"
+            "(is `psfl broker run` running there, and are its ports reachable: PORT, PORT+1 "
+            "and PORT+2, or PORT+2 .. PORT+12 with CURVE?)"
         )
 
 
@@ -157,8 +158,10 @@ class AuthenticationFailed(BusError, PermissionError):
         address: the broker address.
         endpoint: the endpoint whose handshake failed.
         kind: ``"refused"`` (the broker is up and rejected this client's key: not in its
-            allow-list, or not allowed this role) or ``"server_key"`` (the broker is up
-            but does not hold the pinned public key: wrong ``broker.key``).
+            allow-list, or not allowed this role), ``"server_key"`` (the broker is up
+            but does not hold the pinned public key: wrong ``broker.key``),
+            ``"curve_required"`` (a plaintext client, a CURVE broker) or ``"plaintext"``
+            (a CURVE client, a plaintext broker).
         status: the ZAP status code for ``refused`` (400), else 0.
         detail: extra text (the pinned key's file, the identity).
     """
@@ -172,7 +175,15 @@ class AuthenticationFailed(BusError, PermissionError):
         self.detail = detail
         if kind == "refused":
             what = (f"the broker at {address} is up and refused this client's key "
-                    f"(ZAP status {status}: not in its allow-list for this role)")
+                    f"(ZAP status {status}: not in its allow-list for this role; give the "
+                    "broker's operator NAME.key for its --keys directory, then restart it)")
+        elif kind == "curve_required":
+            what = (f"the broker at {address} is up and requires CURVE: it refused a "
+                    "plaintext handshake (give --keys DIR instead of --insecure)")
+        elif kind == "plaintext":
+            what = (f"the broker at {address} is up but plaintext (started with --insecure): "
+                    "it cannot authenticate a CURVE client (start it with --keys DIR, or "
+                    "connect with --insecure on loopback)")
         else:
             what = (f"the broker at {address} is up (TCP connected to {endpoint}) but the CURVE "
                     "handshake failed: it does not hold the pinned server public key")

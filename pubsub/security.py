@@ -297,13 +297,19 @@ class HandshakeVerdict:
         state: ``"ok"`` (handshake succeeded), ``"refused"`` (the broker's ZAP handler
             rejected this client's key), ``"server_key"`` (TCP connected but the CURVE
             handshake failed without an authentication status: the broker does not
-            hold the pinned key), ``"unreachable"`` (no TCP connection yet) or
-            ``"pending"`` (connected, handshake not finished).
+            hold the pinned key), ``"mechanism"`` (one side speaks CURVE, the other
+            plaintext), ``"unreachable"`` (no TCP connection yet) or ``"pending"``
+            (connected, handshake not finished).
         status: the ZAP status code for ``refused`` (e.g. 400), else 0.
     """
 
     state: str
     status: int = 0
+
+
+#: handshake failures without a cause before a wrong pinned key is concluded (ZeroMQ
+#: reconnects every 100 ms, so about 0.2 s)
+SERVER_KEY_FAILURES = 3
 
 
 def classify_handshake(events: Sequence[tuple[int, int]]) -> HandshakeVerdict:
@@ -312,10 +318,16 @@ def classify_handshake(events: Sequence[tuple[int, int]]) -> HandshakeVerdict:
     A broker that is down never gives ``EVENT_CONNECTED``; a broker holding a different
     key than the pinned one gives ``CONNECTED`` then ``HANDSHAKE_FAILED_NO_DETAIL`` or
     ``_PROTOCOL``; a broker refusing the client's key answers the handshake with a ZAP
-    error: ``HANDSHAKE_FAILED_AUTH`` whose value is the status code (400). The first
-    decisive event wins. Pure.
+    error: ``HANDSHAKE_FAILED_AUTH`` whose value is the status code (400); a CURVE client
+    meeting a plaintext broker, or the reverse, gives ``HANDSHAKE_FAILED_PROTOCOL`` with
+    ``PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH``. The peer that detects a mismatch closes
+    the connection, so the other side may see only ``HANDSHAKE_FAILED_NO_DETAIL``
+    (EPIPE) on one attempt and the mismatch on the next: a handshake failure without a
+    cause is concluded to be a wrong pinned key only after
+    :data:`SERVER_KEY_FAILURES` of them with no mismatch among them. Pure.
     """
     connected = False
+    vague = 0
     for ev, value in events:
         if ev == int(zmq.EVENT_HANDSHAKE_SUCCEEDED):
             return HandshakeVerdict(state="ok")
@@ -324,6 +336,10 @@ def classify_handshake(events: Sequence[tuple[int, int]]) -> HandshakeVerdict:
         kind = _HANDSHAKE_FAILURES.get(ev)
         if kind == "auth":
             return HandshakeVerdict(state="refused", status=int(value))
+        if kind == "protocol" and value == int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH):
+            return HandshakeVerdict(state="mechanism")
         if kind is not None:
-            return HandshakeVerdict(state="server_key")
+            vague += 1
+    if vague >= SERVER_KEY_FAILURES:
+        return HandshakeVerdict(state="server_key")
     return HandshakeVerdict(state="pending" if connected else "unreachable")

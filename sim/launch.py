@@ -308,7 +308,7 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
     metrics = orjson.loads((out / "metrics.json").read_bytes())
     metrics["wall_s"] = time.perf_counter() - t0
     metrics["config"] = to_mapping(cfg)
-    metrics["security"] = sec.describe()
+    metrics["security"] = {**metrics.get("security", {}), **sec.describe()}
     write_json(out / "metrics.json", metrics)
     return LaunchResult(metrics=metrics, out=out)
 

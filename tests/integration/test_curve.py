@@ -294,7 +294,9 @@ def test_a_local_vfl_run_is_secure_by_default_and_its_artifacts_hold_no_secrets(
                          capture_output=True, text=True, timeout=150)
     assert res.returncode == 0, res.stderr[-3000:]
     m = orjson.loads((out / "metrics.json").read_bytes())
-    assert m["security"] == {"transport": "curve", "keys": "ephemeral"}
+    assert m["security"] == {"transport": "curve", "keys": "ephemeral", "identity": "active",
+                             "role": "active"}
+    assert m["parties"]["passive"]["security"]["identity"] == "passive"
     assert m["broker"]["forbidden"] == {} and m["broker"]["auth_denied"] == 0
     assert m["broker_bytes"]["ids"] > 0  # the ID subsets did cross the (encrypted) bus
     assert set(Path("/tmp").glob("psfl-keys-*")) == before  # ephemeral keys deleted
@@ -346,3 +348,29 @@ async def test_subscriptions_in_bursts_and_across_disconnects_stay_exact(
             await asyncio.sleep(0.5)
             await publish_all(pub, 3)
             await asyncio.gather(receive_all(a, 3), receive_all(p2, 3))
+
+
+async def test_plaintext_and_curve_mismatches_name_the_cause(
+        secure_broker: tuple[BrokerProcess, Path], keys: dict[str, Path],
+        tmp_path: Path) -> None:
+    """A plaintext client at a CURVE broker, and a CURVE client at a plaintext broker, are
+    told so at once (not "no broker answered")."""
+    b, _ = secure_broker
+    t0 = time.monotonic()
+    with pytest.raises(AuthenticationFailed) as ei:
+        async with Bus(b.address, name="plain", config=CFG):
+            pass
+    assert ei.value.kind == "curve_required" and "requires CURVE" in str(ei.value)
+    assert time.monotonic() - t0 < AUTH_TIMEOUT_S
+    plain = BrokerProcess(tmp_path)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(AuthenticationFailed) as ei:
+            async with Bus(plain.address, name="a", config=CFG, security=client(keys, "active")):
+                pass
+        assert ei.value.kind == "plaintext" and "--insecure" in str(ei.value)
+        assert time.monotonic() - t0 < AUTH_TIMEOUT_S
+        with pytest.raises(AuthenticationFailed, match="plaintext"):
+            request_stats(plain.address, security=client(keys, "active"))
+    finally:
+        plain.stop()

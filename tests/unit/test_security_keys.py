@@ -96,8 +96,12 @@ E = zmq.Event
     ([(E.CONNECTED, 20)], "pending", 0),
     ([(E.CONNECTED, 20), (E.HANDSHAKE_SUCCEEDED, 0)], "ok", 0),
     ([(E.CONNECTED, 20), (E.HANDSHAKE_FAILED_AUTH, 400), (E.DISCONNECTED, 20)], "refused", 400),
-    ([(E.CONNECTED, 20), (E.HANDSHAKE_FAILED_NO_DETAIL, 32)], "server_key", 0),
-    ([(E.CONNECTED, 20), (E.HANDSHAKE_FAILED_PROTOCOL, 0x30000000)], "server_key", 0),
+    ([(E.CONNECTED, 20), (E.HANDSHAKE_FAILED_NO_DETAIL, 32)], "pending", 0),
+    ([(E.CONNECTED, 20), (E.HANDSHAKE_FAILED_NO_DETAIL, 32)] * 3, "server_key", 0),
+    ([(E.CONNECTED, 20), (E.HANDSHAKE_FAILED_PROTOCOL, 0x30000000)] * 3, "server_key", 0),
+    ([(E.CONNECTED, 20), (E.HANDSHAKE_FAILED_NO_DETAIL, 32),
+      (E.HANDSHAKE_FAILED_PROTOCOL, int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH))],
+     "mechanism", 0),
 ])
 def test_classify_handshake(events: list[tuple[int, int]], state: str, status: int) -> None:
     v = classify_handshake([(int(e), int(val)) for e, val in events])
