@@ -513,7 +513,10 @@ def run_align_party(*, role: str, broker: str, ids_path: str, out: str, run_id: 
         t_load = time.perf_counter() - t0
         result, stats = run_loop(align_over_bus(ids, role=role, broker=broker, run_id=run_id,
                                                 config=config))
-        csv, _ = write_result(d, result, stats, {"load_s": t_load,
+        import resource
+
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        csv, _ = write_result(d, result, stats, {"load_s": t_load, "max_rss_mb": rss_mb,
                                                  "process_wall_s": time.perf_counter() - t0,
                                                  "run_id": run_id})
     except (IdFileError, DuplicateIds, EmptyId, OSError) as exc:
