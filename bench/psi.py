@@ -86,8 +86,8 @@ def run_local(a: list[str], b: list[str], chunk: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     ra, rb = mutual_psi_local(a, b, chunk_size=chunk)
     dt = time.perf_counter() - t0
-    ok = (list(ra.ids) == list(rb.ids) and all(a[r] == x for r, x in zip(ra.rows, ra.ids))
-          and all(b[r] == x for r, x in zip(rb.rows, rb.ids)))
+    ok = (list(ra.ids) == list(rb.ids) and all(a[r] == x for r, x in zip(ra.rows, ra.ids, strict=True))
+          and all(b[r] == x for r, x in zip(rb.rows, rb.ids, strict=True)))
     return {"seconds": dt, "bytes": None, "n_shared": ra.n_shared, "ids": list(ra.ids),
             "rows_ok": ok, "learns": "both"}
 
@@ -102,8 +102,8 @@ def run_ours(a_path: Path, b_path: Path, a: list[str], b: list[str], out: Path,
     dp = pd.read_csv(out / "aligned-passive.csv", dtype={"id": str}, keep_default_na=False)
     ids = da["id"].tolist()
     ok = (ids == dp["id"].tolist()
-          and all(a[r] == x for r, x in zip(da["row"].tolist(), ids))
-          and all(b[r] == x for r, x in zip(dp["row"].tolist(), ids)))
+          and all(a[r] == x for r, x in zip(da["row"].tolist(), ids, strict=True))
+          and all(b[r] == x for r, x in zip(dp["row"].tolist(), ids, strict=True)))
     return {"seconds": max(act["seconds"], pas["seconds"]), "job_s": res["wall_s"],
             "bytes": act["bytes_sent"] + pas["bytes_sent"], "n_shared": act["n_shared"],
             "ids": ids, "rows_ok": ok, "learns": "both",
