@@ -35,6 +35,11 @@ fourth pass). ``ratio_vs_library`` = ours seconds / library seconds (target <= 1
 ``correct``: the row's output equals the plain ``set`` intersection (for ``ours``,
 both parties' files; for ``library``, the client's indices).
 
+Each row records the 1-minute load average before it (``loadavg_1min_before``) and the
+CPU time it took (``bench_process_cpu_s`` for the in-process rows, ``crypto_cpu_s`` per
+party for ours): on a shared machine, a wall time far above the CPU time means other
+work competed for the cores.
+
 Run: ``PYTHONPATH=. python bench/psi.py --quick --json OUT.json`` (100k x 100k) or
 without ``--quick`` (also 1M x 1M: about 12-15 minutes on 2 cores). Do not run other
 heavy work meanwhile: ours uses both cores.
@@ -107,7 +112,8 @@ def run_ours(a_path: Path, b_path: Path, a: list[str], b: list[str], out: Path,
     return {"seconds": max(act["seconds"], pas["seconds"]), "job_s": res["wall_s"],
             "bytes": act["bytes_sent"] + pas["bytes_sent"], "n_shared": act["n_shared"],
             "ids": ids, "rows_ok": ok, "learns": "both",
-            "parties": {r: {k: res[r][k] for k in ("seconds", "crypto_s", "compare_s",
+            "parties": {r: {k: res[r][k] for k in ("seconds", "crypto_s", "crypto_cpu_s",
+                                                   "compare_s",
                                                    "bytes_sent", "bytes_received",
                                                    "loop_lag_max_s", "max_rss_mb",
                                                    "chunks_sent")
@@ -129,10 +135,15 @@ def bench_size(n: int, overlap: float, seed: int, chunk: int, fpr: float,
                      ("ours", lambda: run_ours(pa, pb, a, b, d / "out", chunk)),
                      ("mutual_local", lambda: run_local(a, b, chunk))):
         print(f"  n={n:,}: {name} ...", flush=True)
+        load = os.getloadavg()[0]
+        c0 = time.process_time()
         r = fn()
+        r["bench_process_cpu_s"] = time.process_time() - c0  # 0-ish for ours (children)
+        r["loadavg_1min_before"] = load
         r["correct"] = bool(r.pop("ids") == truth and r.pop("rows_ok", True))
         rows[name] = r
-        print(f"    {r['seconds']:.2f} s, correct {r['correct']}", flush=True)
+        print(f"    {r['seconds']:.2f} s, correct {r['correct']} (load average before "
+              f"{load:.2f})", flush=True)
     lib = rows["library"]["seconds"]
     return {"n_per_party": n, "overlap": overlap, "n_shared": len(truth), "seed": seed,
             "chunk_size": chunk, "rows": rows,

@@ -9,7 +9,8 @@ no side channel):
 =================================  =========================================================
 ``psi/R/<role>/hello``             meta ``{v, n, chunks, chunk_size, seen}``: set size and
                                    chunking (repeated until both sides have seen each other)
-``psi/R/<role>/req/<i>``           ``uint8 (m, 33)``: ``H(x)^{k_role}`` for own chunk ``i``
+``psi/R/<role>/req/<i>``           ``uint8 (m, 33)``: ``H(x)^{k_role}`` for chunk ``i`` of
+                                   the own IDs in a secret random order
 ``psi/R/<role>/resp/<i>``          ``uint8 (m, 33)``: the partner's request chunk ``i``
                                    multiplied by ``k_role``, in the partner's order
 ``psi/R/<role>/done``              meta ``{n_shared, req_chunks, resp_chunks}`` (counts only)
@@ -56,6 +57,8 @@ from parties.psi import (
     check_ids,
     compare_keys,
     shared_mask,
+    shuffle_order,
+    unshuffle,
 )
 
 log = structlog.get_logger(__name__)
@@ -150,7 +153,9 @@ class AlignStats:
         role: ``"active"`` or ``"passive"``.
         n_own / n_partner / n_shared: set sizes.
         seconds: wall time from bus connect to the result, seconds.
-        crypto_s: time spent in library calls (on the crypto thread), seconds.
+        crypto_s: wall time of the library calls (on the crypto thread), seconds.
+        crypto_cpu_s: CPU time of the crypto thread in them, seconds (below
+            ``crypto_s`` when other processes compete for the cores).
         compare_s: time of the comparison and the sorting of the output, seconds.
         bytes_sent / bytes_received: bytes of ``psi/`` messages this party published /
             received (whole envelopes, as counted by the bus).
@@ -166,6 +171,7 @@ class AlignStats:
     n_shared: int
     seconds: float
     crypto_s: float
+    crypto_cpu_s: float
     compare_s: float
     bytes_sent: int
     bytes_received: int
@@ -212,15 +218,17 @@ class _Crypto:
     def __init__(self) -> None:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="psi-crypto")
         self.seconds = 0.0
+        self.cpu_s = 0.0
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        def timed() -> tuple[T, float]:
-            t0 = time.perf_counter()
+        def timed() -> tuple[T, float, float]:
+            t0, c0 = time.perf_counter(), time.thread_time()
             out = fn(*args)
-            return out, time.perf_counter() - t0
+            return out, time.perf_counter() - t0, time.thread_time() - c0
 
-        out, dt = await asyncio.get_running_loop().run_in_executor(self._pool, timed)
+        out, dt, dc = await asyncio.get_running_loop().run_in_executor(self._pool, timed)
         self.seconds += dt
+        self.cpu_s += dc
         return out
 
     def close(self) -> None:
@@ -288,6 +296,8 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
     cfg = config or AlignConfig()
     partner = partner_of(role)
     own = check_ids(ids)
+    perm = shuffle_order(len(own))  # the secret order the points are sent in
+    sent = [own[i] for i in perm]
     plan = ChunkPlan(n=len(own), chunk_size=cfg.chunk_size)
     mine, theirs = topics(run_id, role), topics(run_id, partner)
     session = PsiSession()
@@ -308,6 +318,9 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
                 pplan = ChunkPlan(n=int(other["n"]), chunk_size=int(other["chunk_size"]))
             except (KeyError, TypeError, ValueError) as exc:
                 raise AlignMismatch("hello fields", sorted(hello), repr(exc)) from None
+            if other.get("chunks") != pplan.n_chunks:
+                raise AlignMismatch(f"the {partner} party's chunk count", pplan.n_chunks,
+                                    other.get("chunks"))
             blog.info("psi.met", n_own=plan.n, n_partner=pplan.n, chunks=plan.n_chunks,
                       partner_chunks=pplan.n_chunks)
             own_keys = np.empty(plan.n, f"S{16}")
@@ -318,7 +331,7 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
                 for i in range(plan.n_chunks):
                     await credits.acquire()
                     a, b = plan.bounds(i)
-                    pts = await crypto.run(session.encrypt, own[a:b])
+                    pts = await crypto.run(session.encrypt, sent[a:b])
                     await bus.publish(f"{mine['req']}/{i}", [pts], {"i": i}, copy=False)
 
             async def answer_partner() -> None:
@@ -350,7 +363,8 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
                 await asyncio.gather(*tasks, return_exceptions=True)
             tc = time.perf_counter()
             # off the loop: sorting 1M keys and 1M IDs takes about a second
-            result = await asyncio.to_thread(_finish, own, own_keys, partner_keys, pplan.n)
+            result = await asyncio.to_thread(_finish, own, unshuffle(own_keys, perm),
+                                             partner_keys, pplan.n)
             compare_s = time.perf_counter() - tc
             await bus.publish(mine["done"], [], {"n_shared": result.n_shared,
                                                  "req_chunks": plan.n_chunks,
@@ -365,7 +379,8 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
         crypto.close()
     stats = AlignStats(
         role=role, n_own=plan.n, n_partner=pplan.n, n_shared=result.n_shared,
-        seconds=time.perf_counter() - t0, crypto_s=crypto.seconds, compare_s=compare_s,
+        seconds=time.perf_counter() - t0, crypto_s=crypto.seconds, crypto_cpu_s=crypto.cpu_s,
+        compare_s=compare_s,
         bytes_sent=st.sent_bytes.get("psi", 0), bytes_received=st.recv_bytes.get("psi", 0),
         chunks_sent=plan.n_chunks, chunks_received=pplan.n_chunks,
         loop_lag_max_s=lag[0])

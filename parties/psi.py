@@ -23,9 +23,11 @@ the same key bytes gives the matching server object) and:
 
 What each party learns: the shared IDs, the partner's set size, and nothing about
 the partner's other IDs (under the decisional Diffie-Hellman assumption in the
-random-oracle model, for semi-honest parties). The order of points is the input
-order, so each party should not feed IDs in a secret-bearing order beyond what the
-ID itself reveals; the output is sorted, so both parties get the same order.
+random-oracle model, for semi-honest parties). Each party sends its points in a
+secret random order (:func:`shuffle_order`): the partner double-encrypts them in that
+order and learns which positions are shared, so without the shuffle it would learn
+where each shared ID sits in the party's file (its row order may carry meaning: sign-up
+date, say). The output is sorted by ID, so both parties get the same order.
 
 Duplicate IDs within one party's input are rejected (:class:`DuplicateIds`): a
 duplicate would give two equal points in the request, which tells the partner that
@@ -379,12 +381,39 @@ def mutual_psi_local(ids_a: Sequence[str], ids_b: Sequence[str], *,
     """
     a, b = check_ids(ids_a), check_ids(ids_b)
     sa, sb = PsiSession(), PsiSession()
-    req_a, req_b = encrypt_chunked(sa, a, chunk_size), encrypt_chunked(sb, b, chunk_size)
+    pa, pb = shuffle_order(len(a)), shuffle_order(len(b))
+    req_a = encrypt_chunked(sa, [a[i] for i in pa], chunk_size)
+    req_b = encrypt_chunked(sb, [b[i] for i in pb], chunk_size)
     dbl_a = reencrypt_chunked(sb, req_a, chunk_size)  # A's IDs, by B: sent back to A
     dbl_b = reencrypt_chunked(sa, req_b, chunk_size)  # B's IDs, by A: sent back to B
-    ka, kb = compare_keys(dbl_a), compare_keys(dbl_b)
+    ka, kb = unshuffle(compare_keys(dbl_a), pa), unshuffle(compare_keys(dbl_b), pb)
     return (aligned(a, shared_mask(ka, kb), n_partner=len(b)),
             aligned(b, shared_mask(kb, ka), n_partner=len(a)))
+
+
+def shuffle_order(n: int, rng: np.random.Generator | None = None) -> np.ndarray:
+    """A secret random permutation of ``range(n)``: the order in which a party sends its
+    IDs (``sent[j] = ids[perm[j]]``).
+
+    Args:
+        n: number of IDs.
+        rng: a generator (tests); default: seeded from the OS (``secrets``).
+
+    Returns:
+        ``int64`` array ``(n,)``.
+    """
+    if rng is None:
+        import secrets
+
+        rng = np.random.default_rng(secrets.randbits(128))
+    return rng.permutation(n).astype(np.int64)
+
+
+def unshuffle(keys_sent_order: np.ndarray, perm: np.ndarray) -> np.ndarray:
+    """Keys received in sending order -> input order: ``out[perm[j]] = keys[j]``."""
+    out = np.empty_like(keys_sent_order)
+    out[perm] = keys_sent_order
+    return out
 
 
 def demo_ids(n: int, overlap: float, seed: int) -> tuple[list[str], list[str]]:
@@ -413,4 +442,4 @@ def demo_ids(n: int, overlap: float, seed: int) -> tuple[list[str], list[str]]:
 __all__ = ["AlignError", "AlignResult", "ChunkPlan", "DEFAULT_CHUNK", "DuplicateIds",
            "EmptyId", "KEY_BYTES", "MalformedPoints", "POINT_BYTES", "PsiSession", "aligned",
            "check_ids", "check_points", "compare_keys", "demo_ids", "mutual_psi_local",
-           "shared_mask"]
+           "shared_mask", "shuffle_order", "unshuffle"]

@@ -137,3 +137,14 @@ def test_align_config_and_topics() -> None:
     assert partner_of("passive") == "active"
     with pytest.raises(ValueError):
         partner_of("spy")
+
+
+def test_shuffle_order_round_trip() -> None:
+    from parties.psi import shuffle_order, unshuffle
+
+    perm = shuffle_order(50, np.random.default_rng(0))
+    assert sorted(perm.tolist()) == list(range(50))
+    keys = np.arange(50)
+    sent = keys[perm]
+    assert (unshuffle(sent, perm) == keys).all()
+    assert not (shuffle_order(50) == shuffle_order(50)).all()  # fresh OS seed each time
