@@ -66,6 +66,8 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 ROLES = ("active", "passive")
 PROTOCOL_VERSION = 1
+#: Most IDs per chunk: 2^20 points of 33 bytes are 34.6 MB, under the broker's 64 MiB.
+MAX_CHUNK = 1 << 20
 
 
 class AlignTimeout(AlignError, TimeoutError):
@@ -119,7 +121,8 @@ class AlignConfig:
     """Settings of one party's alignment. Times in seconds.
 
     Attributes:
-        chunk_size: IDs per request chunk (both parties may differ).
+        chunk_size: IDs per request chunk, at most :data:`MAX_CHUNK` (the two parties
+            may differ).
         window: most own request chunks whose response is outstanding (>= 1).
         join_timeout_s: how long to wait for the partner's hello.
         chunk_timeout_s: how long any single later wait may take (a partner request
@@ -136,8 +139,9 @@ class AlignConfig:
     bus: BusConfig = field(default_factory=BusConfig)
 
     def __post_init__(self) -> None:
-        if self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size!r}")
+        if not 1 <= self.chunk_size <= MAX_CHUNK:
+            raise ValueError(f"chunk_size must be in [1, {MAX_CHUNK}] (a chunk must stay under "
+                             f"the broker's 64 MiB message bound), got {self.chunk_size!r}")
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window!r}")
         for name in ("join_timeout_s", "chunk_timeout_s", "hello_interval_s"):
