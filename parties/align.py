@@ -47,6 +47,7 @@ from pubsub.errors import DeadlineExceeded
 
 from parties.psi import (
     DEFAULT_CHUNK,
+    KEY_BYTES,
     POINT_BYTES,
     AlignError,
     AlignResult,
@@ -327,8 +328,8 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
                                     other.get("chunks"))
             blog.info("psi.met", n_own=plan.n, n_partner=pplan.n, chunks=plan.n_chunks,
                       partner_chunks=pplan.n_chunks)
-            own_keys = np.empty(plan.n, f"S{16}")
-            partner_keys = np.empty(pplan.n, f"S{16}")
+            own_keys = np.empty(plan.n, f"S{KEY_BYTES}")
+            partner_keys = np.empty(pplan.n, f"S{KEY_BYTES}")
             credits = asyncio.Semaphore(cfg.window)
 
             async def send_requests() -> None:

@@ -162,3 +162,13 @@ def test_cli_rejects_duplicate_ids_with_exit_2(tmp_path: Path) -> None:
              "--out", str(tmp_path / "out"), "--timeout-s", "5", "--job-timeout-s", "30")
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "duplicate IDs" in r.stderr and "row 2 repeats row 0" in r.stderr
+
+
+async def test_an_empty_side_aligns_to_nothing(thread_broker: str) -> None:
+    cfg = AlignConfig(chunk_size=4, join_timeout_s=10, chunk_timeout_s=10)
+    (ra, sa), (rb, sb) = await asyncio.gather(
+        align_over_bus([], role="active", broker=thread_broker, run_id="e", config=cfg),
+        align_over_bus(["p", "q", "r", "s", "t"], role="passive", broker=thread_broker,
+                       run_id="e", config=cfg))
+    assert ra.ids == rb.ids == () and rb.rows.shape == (0,)
+    assert (sa.n_partner, sb.n_partner, sa.chunks_sent, sb.chunks_sent) == (5, 0, 0, 2)
