@@ -639,7 +639,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="run bench/NAME.py (e.g. psfl bench bus --quick)")
     bench.add_argument("name", help="benchmark name: bus, vfl_overhead, vfl_dp, vfl_table, "
-                       "soak_memory")
+                       "soak_memory, psi")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=_bench)
 
