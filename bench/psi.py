@@ -184,7 +184,7 @@ def main() -> int:
         ours = r["rows"]["ours"]
         print(f"{'':>12} ours: job {ours['job_s']:.2f} s; per party " + "; ".join(
             f"{k} crypto {v['crypto_s']:.1f} s, loop lag max {v['loop_lag_max_s'] * 1e3:.0f} "
-            f"ms, RSS {v.get('max_rss_mb', float('nan')):.0f} MB"
+            f"ms, peak RSS {v.get('max_rss_mb') or float('nan'):.0f} MB"
             for k, v in ours["parties"].items()))
     first = next((r for r in results if r["n_per_party"] == 100_000), results[0])
     summary = {k: first[k] for k in ("n_per_party", "overlap", "seconds", "bytes",

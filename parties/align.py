@@ -510,6 +510,23 @@ __all__ = ["AlignConfig", "AlignMismatch", "AlignStats", "AlignTimeout", "IdFile
 
 
 # ---------------------------------------------------------------------------- process
+def peak_rss_mb() -> float | None:
+    """This process's peak resident set size, MiB (``VmHWM`` of ``/proc/self/status``).
+
+    Not ``getrusage``'s ``ru_maxrss``: that survives ``execve``, so a child forked from
+    a large parent (a benchmark holding 1M IDs) reports the parent's size. None where
+    ``/proc`` is missing.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
 def run_align_party(*, role: str, broker: str, ids_path: str, out: str, run_id: str,
                     column: str | None = None, config: AlignConfig | None = None,
                     events: str | None = None, quiet: bool = False) -> int:
@@ -538,9 +555,7 @@ def run_align_party(*, role: str, broker: str, ids_path: str, out: str, run_id: 
         t_load = time.perf_counter() - t0
         result, stats = run_loop(align_over_bus(ids, role=role, broker=broker, run_id=run_id,
                                                 config=config))
-        import resource
-
-        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        rss_mb = peak_rss_mb()
         csv, _ = write_result(d, result, stats, {"load_s": t_load, "max_rss_mb": rss_mb,
                                                  "process_wall_s": time.perf_counter() - t0,
                                                  "run_id": run_id})
