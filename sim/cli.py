@@ -1,6 +1,6 @@
 """The ``psfl`` command: one console script with subcommands.
 
-``psfl demo`` · ``psfl vfl run|party|profile|plan`` · ``psfl synth run`` · ``psfl broker run|stats``
+``psfl demo`` · ``psfl vfl run|party|profile|plan|align`` · ``psfl synth run`` · ``psfl broker run|stats``
 """
 
 from __future__ import annotations
@@ -428,6 +428,91 @@ def _vfl_party(args: argparse.Namespace) -> int:
     return int(run_party(args.role, args))
 
 
+def _vfl_align(args: argparse.Namespace) -> int:
+    """``psfl vfl align``: private ID alignment (mutual ECDH PSI over the bus). With
+    ``--role``: one party against ``--broker``; without: broker and both parties as
+    processes on this machine (``--active-ids``, ``--passive-ids``)."""
+    from parties.align import AlignConfig, run_align_party, write_demo_ids
+    from parties.cli import ExitCode
+
+    if args.make_ids is not None:
+        try:
+            pa, pb = write_demo_ids(args.out, args.make_ids, args.overlap, args.seed)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return ExitCode.BAD_INPUT
+        print(f"wrote {args.make_ids:,} IDs each ({round(args.make_ids * args.overlap):,} "
+              f"shared, seed {args.seed}): {pa} {pb}")
+        return ExitCode.OK
+    kw = {k: getattr(args, k) for k in ("chunk_size", "window") if getattr(args, k)}
+    if args.timeout_s is not None:
+        kw["chunk_timeout_s"] = args.timeout_s
+    try:
+        cfg = AlignConfig(**kw)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    if args.role:
+        if not args.broker or not args.ids:
+            print("error: --role needs --broker and --ids", file=sys.stderr)
+            return ExitCode.BAD_INPUT
+        return run_align_party(role=args.role, broker=args.broker, ids_path=args.ids,
+                               out=args.out, run_id=args.run_id or "align",
+                               column=args.column, config=cfg, events=args.events,
+                               quiet=args.quiet)
+    if not args.active_ids or not args.passive_ids:
+        print("error: give --role (one party) or both --active-ids and --passive-ids "
+              "(local launcher), or --make-ids N", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    from sim.align_launch import run_align
+
+    res, code = _launch(lambda: run_align(
+        active_ids=args.active_ids, passive_ids=args.passive_ids, out=args.out,
+        column=args.column, broker=args.broker, run_id=args.run_id,
+        chunk_size=args.chunk_size, window=args.window, timeout_s=args.job_timeout_s,
+        quiet=args.quiet), what="the broker and both alignment parties")
+    if code is not None:
+        return code
+    a, p = res["active"], res["passive"]
+    print(f"aligned: {a['n_shared']:,} shared IDs (active {a['n_own']:,}, passive "
+          f"{p['n_own']:,}); alignment {max(a['seconds'], p['seconds']):.2f} s, job "
+          f"{res['wall_s']:.2f} s; bus bytes {a['bytes_sent'] + p['bytes_sent']:,}; "
+          f"out {args.out}")
+    return ExitCode.OK
+
+
+def _add_align_parser(vsub: Any) -> None:
+    """``psfl vfl align``."""
+    al = vsub.add_parser("align", help="private ID alignment (PSI): find the shared record "
+                         "IDs without revealing the others; writes OUT/aligned-ROLE.csv")
+    al.add_argument("--role", choices=["active", "passive"], help="run one party (with "
+                    "--broker and --ids); without it, start a broker and both parties here")
+    al.add_argument("--ids", help="this party's ID file (CSV/Parquet column, or text, one "
+                    "ID per line)")
+    al.add_argument("--active-ids", help="launcher: the active party's ID file")
+    al.add_argument("--passive-ids", help="launcher: the passive party's ID file")
+    al.add_argument("--column", help="ID column of CSV/Parquet files (default id)")
+    al.add_argument("--out", required=True, help="output directory")
+    al.add_argument("--broker", help="broker tcp://HOST:PORT (launcher default: start one)")
+    al.add_argument("--run-id", help="topic namespace, the same on both parties "
+                    "(party default 'align', launcher default random)")
+    al.add_argument("--chunk-size", type=int, help="IDs per chunk (default 16384)")
+    al.add_argument("--window", type=int, help="request chunks in flight (default 4)")
+    al.add_argument("--timeout-s", type=float, help="deadline of each wait for the partner "
+                    "(default 120)")
+    al.add_argument("--job-timeout-s", type=float, help="launcher: stop everything after "
+                    "this many seconds")
+    al.add_argument("--events", help="party: append JSON log lines here "
+                    "(default OUT/events.jsonl)")
+    al.add_argument("--quiet", action="store_true", help="no per-party lines")
+    al.add_argument("--make-ids", type=int, metavar="N", help="instead: write demo ID files "
+                    "OUT/active-ids.txt and OUT/passive-ids.txt of N IDs each")
+    al.add_argument("--overlap", type=float, default=0.5, help="with --make-ids: shared "
+                    "share (default 0.5)")
+    al.add_argument("--seed", type=int, default=0, help="with --make-ids: seed")
+    al.set_defaults(func=_vfl_align)
+
+
 def _add_vfl_run_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     if not demo:
         p.add_argument("--dataset", help="a named dataset (bank, adult, california, synthetic) "
@@ -531,6 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_args(prof)
     prof.set_defaults(func=_vfl_profile)
     _add_plan_parser(vsub)
+    _add_align_parser(vsub)
 
     syn = sub.add_parser("synth", help="FedForge: federated differentially private synthesis")
     ssub = syn.add_subparsers(dest="synth_command", required=True)
@@ -568,7 +654,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="run bench/NAME.py (e.g. psfl bench bus --quick)")
     bench.add_argument("name", help="benchmark name: bus, vfl_overhead, vfl_dp, vfl_table, "
-                       "soak_memory")
+                       "soak_memory, psi")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=_bench)
 
