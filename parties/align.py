@@ -44,6 +44,7 @@ import structlog
 
 from pubsub import Bus, BusConfig
 from pubsub.errors import DeadlineExceeded
+from pubsub.security import CurveClient
 
 from parties.psi import (
     DEFAULT_CHUNK,
@@ -189,13 +190,18 @@ class AlignStats:
         return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
 
 
-def open_bus(address: str, name: str, config: BusConfig | None = None) -> Bus:
-    """The one place alignment creates its bus client (security settings go here).
+def open_bus(address: str, name: str, config: BusConfig | None = None,
+             security: CurveClient | None = None) -> Bus:
+    """The one place alignment creates its bus client.
+
+    Args:
+        security: CURVE keys (the party's role key: the broker policy lets the ``active``
+            and ``passive`` roles use ``psi/...``); None = plaintext, loopback only.
 
     Returns:
         An unconnected :class:`Bus`; use ``async with open_bus(...) as bus``.
     """
-    return Bus(address, name=name, config=config)
+    return Bus(address, name=name, config=config, security=security)
 
 
 def topics(run_id: str, role: str) -> dict[str, str]:
@@ -277,7 +283,9 @@ async def _meet(bus: Bus, mine: dict[str, str], theirs: dict[str, str], partner:
 
 
 async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: str,
-                         config: AlignConfig | None = None) -> tuple[AlignResult, AlignStats]:
+                         config: AlignConfig | None = None,
+                         security: CurveClient | None = None
+                         ) -> tuple[AlignResult, AlignStats]:
     """Run one party's side of the mutual PSI over the broker at ``broker``.
 
     Args:
@@ -286,6 +294,7 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
         broker: broker base address ``tcp://HOST:PORT``.
         run_id: the run's topic namespace, the same on both parties.
         config: :class:`AlignConfig`.
+        security: CURVE keys for the bus (None: plaintext, loopback only).
 
     Returns:
         The result (shared IDs sorted, their own rows) and the cost.
@@ -312,7 +321,7 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
     t0 = time.perf_counter()
     blog = log.bind(role=role, run_id=run_id)
     try:
-        async with open_bus(broker, f"psi-{role}", cfg.bus) as bus:
+        async with open_bus(broker, f"psi-{role}", cfg.bus, security) as bus:
             await bus.subscribe_prefix(theirs["prefix"])
             hello = {"v": PROTOCOL_VERSION, "n": plan.n, "chunks": plan.n_chunks,
                      "chunk_size": plan.chunk_size}
@@ -529,8 +538,11 @@ def peak_rss_mb() -> float | None:
 
 def run_align_party(*, role: str, broker: str, ids_path: str, out: str, run_id: str,
                     column: str | None = None, config: AlignConfig | None = None,
-                    events: str | None = None, quiet: bool = False) -> int:
+                    events: str | None = None, quiet: bool = False,
+                    security: CurveClient | None = None) -> int:
     """One party process: read IDs, align over the broker, write the outputs.
+
+    ``security``: the party's CURVE keys (None: plaintext, loopback only).
 
     Returns:
         An exit code (:class:`parties.cli.ExitCode`): 0, 2 bad input (IDs, files, run
@@ -554,7 +566,7 @@ def run_align_party(*, role: str, broker: str, ids_path: str, out: str, run_id: 
         ids = load_ids(ids_path, column)
         t_load = time.perf_counter() - t0
         result, stats = run_loop(align_over_bus(ids, role=role, broker=broker, run_id=run_id,
-                                                config=config))
+                                                config=config, security=security))
         rss_mb = peak_rss_mb()
         csv, _ = write_result(d, result, stats, {"load_s": t_load, "max_rss_mb": rss_mb,
                                                  "process_wall_s": time.perf_counter() - t0,

@@ -12,18 +12,21 @@ import signal
 import sys
 import time
 import uuid
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from sim.launch import (
+    VFL_IDENTITIES,
     JobTimeout,
     LaunchError,
     OutDirError,
     _spawn,
     _stop,
     _Terminated,
+    run_security,
     start_broker,
     threading_main,
     wait_children,
@@ -34,7 +37,8 @@ def run_align(*, active_ids: str, passive_ids: str, out: str | Path,
               column: str | None = None, broker: str | None = None,
               run_id: str | None = None, chunk_size: int | None = None,
               window: int | None = None, timeout_s: float | None = None,
-              quiet: bool = False) -> dict[str, Any]:
+              quiet: bool = False, keys_dir: str | None = None,
+              insecure: bool = False) -> dict[str, Any]:
     """Align two ID files: broker + two party processes; returns both ``align-*.json``.
 
     Args:
@@ -47,6 +51,8 @@ def run_align(*, active_ids: str, passive_ids: str, out: str | Path,
         chunk_size / window: :class:`parties.align.AlignConfig` overrides.
         timeout_s: stop everything after this long (None: no limit).
         quiet: no per-party lines on stdout.
+        keys_dir / insecure: as :func:`sim.launch.run_security` (default: CURVE with keys
+            made for this run).
 
     Returns:
         ``{"active": {...}, "passive": {...}, "wall_s": s, "broker": address}``.
@@ -75,15 +81,18 @@ def run_align(*, active_ids: str, passive_ids: str, out: str | Path,
             raise _Terminated()
 
         old = signal.signal(signal.SIGTERM, _on_term)
+    stack = contextlib.ExitStack()
     try:
+        sec = stack.enter_context(run_security(VFL_IDENTITIES, keys_dir=keys_dir,
+                                               insecure=insecure, broker=broker))
         if broker is None:
-            broker_proc, broker = start_broker(d, events)
+            broker_proc, broker = start_broker(d, events, security=sec)
         else:
             (d / "broker.addr").write_text(broker)
         for role, ids in (("passive", passive_ids), ("active", active_ids)):
             cmd = [sys.executable, "-m", "sim.cli", "vfl", "align", "--role", role,
                    "--broker", broker, "--ids", str(ids), "--out", str(d), "--run-id", run_id,
-                   "--events", str(events)]
+                   "--events", str(events), *sec.client_args]
             if column:
                 cmd += ["--column", column]
             if chunk_size:
@@ -100,10 +109,11 @@ def run_align(*, active_ids: str, passive_ids: str, out: str | Path,
             _stop(p)
         if broker_proc is not None:
             _stop(broker_proc)
+        stack.close()
         if old is not None:
             signal.signal(signal.SIGTERM, old)
     res: dict[str, Any] = {"wall_s": time.perf_counter() - t0, "broker": broker,
-                           "run_id": run_id}
+                           "run_id": run_id, "security": sec.describe()}
     for role in ("active", "passive"):
         res[role] = orjson.loads((d / f"align-{role}.json").read_bytes())
     return res

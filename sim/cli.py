@@ -456,10 +456,13 @@ def _vfl_align(args: argparse.Namespace) -> int:
         if not args.broker or not args.ids:
             print("error: --role needs --broker and --ids", file=sys.stderr)
             return ExitCode.BAD_INPUT
+        from pubsub.cli import security_from_args
+
+        security = security_from_args(args, args.broker, identity=args.role)
         return run_align_party(role=args.role, broker=args.broker, ids_path=args.ids,
                                out=args.out, run_id=args.run_id or "align",
                                column=args.column, config=cfg, events=args.events,
-                               quiet=args.quiet)
+                               quiet=args.quiet, security=security)
     if not args.active_ids or not args.passive_ids:
         print("error: give --role (one party) or both --active-ids and --passive-ids "
               "(local launcher), or --make-ids N", file=sys.stderr)
@@ -470,7 +473,8 @@ def _vfl_align(args: argparse.Namespace) -> int:
         active_ids=args.active_ids, passive_ids=args.passive_ids, out=args.out,
         column=args.column, broker=args.broker, run_id=args.run_id,
         chunk_size=args.chunk_size, window=args.window, timeout_s=args.job_timeout_s,
-        quiet=args.quiet), what="the broker and both alignment parties")
+        quiet=args.quiet, keys_dir=args.keys, insecure=args.insecure),
+        what="the broker and both alignment parties")
     if code is not None:
         return code
     a, p = res["active"], res["passive"]
@@ -505,6 +509,11 @@ def _add_align_parser(vsub: Any) -> None:
     al.add_argument("--events", help="party: append JSON log lines here "
                     "(default OUT/events.jsonl)")
     al.add_argument("--quiet", action="store_true", help="no per-party lines")
+    al.add_argument("--keys", metavar="DIR", help="CURVE keys (party: DIR/ROLE.key_secret "
+                    "and DIR/broker.key; launcher default: keys made for the run)")
+    al.add_argument("--identity", help="party: key name in --keys (default: the role)")
+    al.add_argument("--insecure", action="store_true",
+                    help="plaintext on loopback, no authentication (prints a warning)")
     al.add_argument("--make-ids", type=int, metavar="N", help="instead: write demo ID files "
                     "OUT/active-ids.txt and OUT/passive-ids.txt of N IDs each")
     al.add_argument("--overlap", type=float, default=0.5, help="with --make-ids: shared "
