@@ -571,11 +571,13 @@ class Party:
 
     async def _wait(self, bus: Bus, topic: str, deadline: float,
                     accept: Callable[[Message], int], *, worker: int = -1,
-                    batch: int = -1) -> Message | None:
+                    batch: int = -1, later: list[bool] | None = None) -> Message | None:
         """Wait on ``topic`` until ``deadline`` (loop time) for a message ``accept`` returns 1 for.
 
         ``accept`` returns 1 (take), 0 (stale: discard, keep waiting) or -1 (from
-        the future: put back and give up). Time spent is counted as waiting time,
+        the future: put back and give up; ``True`` is appended to ``later``, so a caller
+        can tell this from the deadline: timers may fire a fraction of a millisecond
+        before ``deadline`` by the loop's clock). Time spent is counted as waiting time,
         except, with inline workers, the compute that ran on the loop meanwhile (e.g.
         the active worker's own bottom forward, or another worker's step). The wait is
         recorded as a ``wait`` span of ``worker`` / ``batch`` on the party's timeline.
@@ -599,6 +601,8 @@ class Party:
                     return msg
                 if verdict < 0:
                     bus.unget(msg)
+                    if later is not None:
+                        later.append(True)
                     return None
                 self.c.stale += 1
         finally:
@@ -1005,12 +1009,17 @@ class Party:
         pre = asyncio.create_task(worker.prefetch(epoch, b, rows=rows))
         deadline = loop.time() + self._data_wait_s()
         switched = False
+        later: list[bool] = []
         try:
             while True:
                 end = deadline if switch is None else min(deadline, loop.time() + SWITCH_CHECK_S)
-                msg = await self._wait(bus, emb_topic, end, accept, worker=k, batch=b)
-                if msg is not None or loop.time() >= deadline or loop.time() < end:
-                    break  # data, the deadline, or a message from a later epoch
+                msg = await self._wait(bus, emb_topic, end, accept, worker=k, batch=b,
+                                       later=later)
+                # data, the deadline, or a message from a later epoch. (Not "returned
+                # before end": a timer may fire a fraction of a millisecond early by the
+                # loop's clock, and that once dropped a batch 50 ms into its wait.)
+                if msg is not None or later or loop.time() >= deadline:
+                    break
                 if switch is not None and switch():
                     switched = True
                     break
