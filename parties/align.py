@@ -564,6 +564,8 @@ def run_align_party(*, role: str, broker: str, ids_path: str, out: str, run_id: 
         configure_logging(events_path=events or d / "events.jsonl", party=role, run_id=run_id,
                           stage="align")
         ids = load_ids(ids_path, column)
+        if not ids:
+            raise IdFileError(ids_path, "holds no IDs")
         t_load = time.perf_counter() - t0
         result, stats = run_loop(align_over_bus(ids, role=role, broker=broker, run_id=run_id,
                                                 config=config, security=security))
@@ -571,6 +573,9 @@ def run_align_party(*, role: str, broker: str, ids_path: str, out: str, run_id: 
         csv, _ = write_result(d, result, stats, {"load_s": t_load, "max_rss_mb": rss_mb,
                                                  "process_wall_s": time.perf_counter() - t0,
                                                  "run_id": run_id})
+    except AlignTimeout as exc:  # a TimeoutError (an OSError): the partner, not the input
+        print(f"error ({role} party): {exc}", file=sys.stderr)
+        return int(ExitCode.PARTNER)
     except (IdFileError, DuplicateIds, EmptyId, OSError) as exc:
         print(f"error ({role} party): {exc}", file=sys.stderr)
         return int(ExitCode.BAD_INPUT)

@@ -319,9 +319,14 @@ class VflConfig:
         named = DATASETS.get(self.dataset)
         return named.task if named is not None else "binary"
 
-    def shared_settings(self, n_rows: int) -> dict[str, Any]:
+    def shared_settings(self, n_rows: int, rows_digest: str = "") -> dict[str, Any]:
         """The settings both parties must agree on, plus the table's row count, and their
         ``digest``. Two parties whose digests differ refuse to train together.
+
+        ``rows_digest``: with aligned rows (``active_rows_file``/``passive_rows_file``), a
+        keyed hash of the ordered shared IDs (:func:`parties.data.aligned_ids_digest`):
+        both parties know those IDs, so it reveals nothing new, and two parties whose
+        rows files list different records, or the same in another order, refuse to train.
 
         For the ``synthetic`` dataset, which each party generates itself, they also
         include the generator's parameters and the scikit-learn and NumPy versions
@@ -335,6 +340,8 @@ class VflConfig:
         }
         if self.algo == "vfl-ps":
             shared["pairs"] = self.workers_for("active")
+        if rows_digest:
+            shared["aligned_ids"] = rows_digest
         if self.dataset == "synthetic":
             shared["synthetic"] = {
                 "features": self.synthetic_features,

@@ -27,6 +27,8 @@ also derives from the matching built-in exception (``FileNotFoundError``,
 
 from __future__ import annotations
 
+import hashlib
+
 import math
 import operator
 from collections.abc import Sequence
@@ -145,6 +147,25 @@ class InvalidRows(DataError, ValueError):
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
         super().__init__(f"aligned rows {path!r}: {reason}")
+
+
+def aligned_ids_digest(path: str | Path) -> str:
+    """A keyed SHA-256 (16 hex characters) of the ordered ``id`` column of an aligned-rows
+    file: equal on both parties exactly when they list the same shared IDs in the same
+    order. The key is a fixed label, so it is never a plain hash of an ID.
+
+    Raises:
+        InvalidRows: the file or its ``id`` column cannot be read.
+    """
+    p = Path(path)
+    try:
+        ids = pd.read_csv(p, usecols=["id"], dtype={"id": str}, keep_default_na=False)["id"]
+    except (OSError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise InvalidRows(str(p), f"needs an 'id' column: {exc}") from None
+    h = hashlib.sha256(b"psfl aligned ids v1\0")
+    for i in ids:
+        h.update(i.encode("utf-8") + b"\0")
+    return h.hexdigest()[:16]
 
 
 def select_rows(frame: pd.DataFrame, path: str | Path) -> pd.DataFrame:

@@ -61,6 +61,9 @@ def preflight(cfg: VflConfig) -> None:
         columns = synthetic_columns(synthetic_spec(cfg))
         resolve_columns(cfg, pd.DataFrame(columns=columns), SYNTHETIC_LABEL)
         return
+    if bool(cfg.active_rows_file) != bool(cfg.passive_rows_file):
+        raise DataError("set both vfl.active_rows_file and vfl.passive_rows_file (each "
+                        "party's aligned-<role>.csv from psfl vfl align), or neither")
     frame, default_label = load_configured_table(cfg, "active")
     if cfg.passive_rows_file:
         load_configured_table(cfg, "passive")  # its rows file is checked here too

@@ -107,6 +107,7 @@ from pubsub.security import CurveClient
 
 from parties.config import VflConfig
 from parties.data import (
+    aligned_ids_digest,
     encode_labels,
     encode_party_features,
     encode_regression_labels,
@@ -521,7 +522,9 @@ class Party:
     async def _handshake(self, bus: Bus) -> None:
         """Exchange hellos until each side has seen the other (PubSub slow-joiner guard)."""
         cfg, t = self.cfg, self.topics
-        mine = cfg.shared_settings(self.data.n_rows)
+        rows_file = cfg.rows_file(self.role)
+        mine = cfg.shared_settings(self.data.n_rows,
+                                   aligned_ids_digest(rows_file) if rows_file else "")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + cfg.handshake_timeout_s
         seen = False

@@ -446,7 +446,7 @@ def _vfl_align(args: argparse.Namespace) -> int:
         return ExitCode.OK
     kw = {k: getattr(args, k) for k in ("chunk_size", "window") if getattr(args, k)}
     if args.timeout_s is not None:
-        kw["chunk_timeout_s"] = args.timeout_s
+        kw["chunk_timeout_s"] = kw["join_timeout_s"] = args.timeout_s
     try:
         cfg = AlignConfig(**kw)
     except ValueError as exc:

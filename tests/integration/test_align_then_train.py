@@ -55,3 +55,13 @@ def test_align_then_train_on_the_shared_rows(tmp_path: Path) -> None:
     for f in out.iterdir():
         text = f.read_text(errors="replace")
         assert "c01000" not in text and "p00000" not in text and "a03000" not in text, f
+    # the same rows in another order on one side: the parties refuse to train (exit 4)
+    shuffled = al / "shuffled-passive.csv"
+    rp.sample(frac=1.0, random_state=0).to_csv(shuffled, index=False)
+    res = subprocess.run([*PSFL, "vfl", "run", "--dataset", str(data), "--set", "label=y",
+                          "--set", "epochs=1", "--set", f"active_rows_file={al / 'aligned-active.csv'}",
+                          "--set", f"passive_rows_file={shuffled}",
+                          "--set", "handshake_timeout_s=20",
+                          "--out", str(tmp_path / "bad"), "--timeout-s", "120"],
+                         capture_output=True, text=True, timeout=150)
+    assert res.returncode == 4 and "aligned_ids" in res.stderr, res.stderr[-2000:]

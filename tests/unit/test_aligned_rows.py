@@ -57,3 +57,34 @@ def test_each_party_loads_its_own_aligned_rows(tmp_path: Path) -> None:
     assert load_configured_table(cfg, "active")[0]["x"].tolist() == [4, 1]
     assert load_configured_table(cfg, "passive")[0]["x"].tolist() == [0, 9]
     assert len(load_configured_table(cfg)[0]) == 10
+
+
+def test_the_aligned_ids_digest_tells_order_and_content_apart(tmp_path: Path) -> None:
+    from parties.data import aligned_ids_digest
+
+    def write(name: str, ids: list[str], rows: list[int]) -> Path:
+        f = tmp_path / name
+        pd.DataFrame({"id": ids, "row": rows}).to_csv(f, index=False)
+        return f
+
+    a = write("a.csv", ["007", "x", "y"], [5, 1, 2])
+    same_ids_other_rows = write("b.csv", ["007", "x", "y"], [0, 9, 3])
+    other_order = write("c.csv", ["x", "007", "y"], [1, 5, 2])
+    other_ids = write("d.csv", ["7", "x", "y"], [5, 1, 2])
+    d = aligned_ids_digest(a)
+    assert d == aligned_ids_digest(same_ids_other_rows)  # rows are each party's own
+    assert d != aligned_ids_digest(other_order) and d != aligned_ids_digest(other_ids)
+    import hashlib
+    assert d not in {hashlib.sha256(i.encode()).hexdigest()[:16] for i in ("007", "x", "y")}
+    cfg = VflConfig(dataset="bank", active_rows_file=str(a))
+    assert cfg.shared_settings(3, d)["digest"] != cfg.shared_settings(3)["digest"]
+
+
+def test_one_rows_file_without_the_other_is_refused_before_launch(tmp_path: Path) -> None:
+    from parties.data import DataError
+    from parties.preflight import preflight
+
+    f = tmp_path / "a.csv"
+    pd.DataFrame({"id": ["a"], "row": [0]}).to_csv(f, index=False)
+    with pytest.raises(DataError, match="set both vfl.active_rows_file and vfl.passive_rows_file"):
+        preflight(VflConfig(dataset="bank", active_rows_file=str(f)))
