@@ -448,7 +448,10 @@ def load_ids(path: str | Path, column: str | None = None) -> list[str]:
 
             sep = "\t" if ".tsv" in name else ","
             try:
-                df = pd.read_csv(p, sep=sep, usecols=[col], dtype=str, keep_default_na=False)
+                # blank lines kept: a blank ID cell is an error (EmptyId), never a row
+                # that silently disappears and shifts every later row number
+                df = pd.read_csv(p, sep=sep, usecols=[col], dtype=str, keep_default_na=False,
+                                 skip_blank_lines=False)
             except ValueError as exc:
                 raise IdFileError(str(p), f"no column {col!r} ({exc})") from None
             return df[col].tolist()
