@@ -148,3 +148,15 @@ def test_shuffle_order_round_trip() -> None:
     sent = keys[perm]
     assert (unshuffle(sent, perm) == keys).all()
     assert not (shuffle_order(50) == shuffle_order(50)).all()  # fresh OS seed each time
+
+
+def test_a_blank_cell_in_a_one_column_csv_is_an_empty_id_not_a_lost_row(tmp_path) -> None:
+    from parties.align import load_ids
+    from parties.psi import EmptyId, check_ids
+
+    f = tmp_path / "ids.csv"
+    f.write_text("id\na\n\nb\n")
+    ids = load_ids(str(f), None)
+    assert ids == ["a", "", "b"]
+    with pytest.raises(EmptyId, match="row 1"):
+        check_ids(ids)
