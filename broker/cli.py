@@ -31,7 +31,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
                      help="least level printed to stderr")
     run.add_argument("--policy", help="topic permissions per role (TOML; default: the packaged "
                      "broker/default_policy.toml)")
-    add_security_arguments(run, client=False)
+    add_security_arguments(run, kind="broker")
     run.set_defaults(func=cmd_run)
     st = sub.add_parser("stats", help="print a running broker's counters as JSON")
     st.add_argument("--broker", default="tcp://127.0.0.1:5555", help="broker base address")

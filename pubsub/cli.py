@@ -52,17 +52,31 @@ def run_guarded(fn: Callable[[], int]) -> int:
         return 130
 
 
-def add_security_arguments(p: argparse.ArgumentParser, *, client: bool = True) -> None:
-    """``--keys DIR`` (CURVE), ``--identity NAME`` (clients) and ``--insecure``."""
-    if client:
-        p.add_argument("--keys", metavar="DIR",
-                       help="CURVE keys: DIR/IDENTITY.key_secret and the broker's DIR/broker.key "
-                       "(`psfl keys generate`)")
+_KEYS_HELP = {
+    "client": "CURVE keys: DIR/IDENTITY.key_secret and the broker's DIR/broker.key "
+              "(`psfl keys generate`); a launcher without it makes keys for the run",
+    "broker": "CURVE keys: DIR/broker.key_secret and the allow-list DIR/*.key, one per "
+              "client with its role (`psfl keys generate`)",
+    "launcher": "CURVE keys from `psfl keys generate broker ...` (default: fresh keys made "
+                "for this run and deleted after it)",
+}
+
+
+def add_security_arguments(p: argparse.ArgumentParser, *, kind: str = "client") -> None:
+    """``--keys DIR`` (CURVE), ``--identity NAME`` (clients only) and ``--insecure``.
+
+    Args:
+        kind: ``"client"`` (a process that connects: also ``--identity``), ``"broker"``
+            or ``"launcher"`` (starts a broker and its clients).
+
+    Raises:
+        ValueError: unknown ``kind``.
+    """
+    if kind not in _KEYS_HELP:
+        raise ValueError(f"kind must be one of {sorted(_KEYS_HELP)}, got {kind!r}")
+    p.add_argument("--keys", metavar="DIR", help=_KEYS_HELP[kind])
+    if kind == "client":
         p.add_argument("--identity", help="key name in --keys (default: the role)")
-    else:
-        p.add_argument("--keys", metavar="DIR",
-                       help="CURVE keys: DIR/broker.key_secret and the allow-list DIR/*.key, "
-                       "one per client with its role (`psfl keys generate`)")
     p.add_argument("--insecure", action="store_true",
                    help="plaintext, no authentication: loopback addresses only (prints a warning)")
 

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,8 +162,6 @@ def _monitor_events(mon: Any, events: list[tuple[int, int]]) -> None:
             frames = mon.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
             return
-        if isinstance(frames, Awaitable):  # an asyncio socket would return a future
-            raise TypeError("use a plain zmq.Socket for the monitor")
         ev = parse_monitor_message(frames)
         events.append((int(ev["event"]), int(ev["value"])))
 

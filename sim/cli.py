@@ -10,6 +10,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pubsub.cli import add_security_arguments
+
 DEFAULT_DEMO_OUT = "runs/demo"
 
 
@@ -509,11 +511,7 @@ def _add_align_parser(vsub: Any) -> None:
     al.add_argument("--events", help="party: append JSON log lines here "
                     "(default OUT/events.jsonl)")
     al.add_argument("--quiet", action="store_true", help="no per-party lines")
-    al.add_argument("--keys", metavar="DIR", help="CURVE keys (party: DIR/ROLE.key_secret "
-                    "and DIR/broker.key; launcher default: keys made for the run)")
-    al.add_argument("--identity", help="party: key name in --keys (default: the role)")
-    al.add_argument("--insecure", action="store_true",
-                    help="plaintext on loopback, no authentication (prints a warning)")
+    add_security_arguments(al)
     al.add_argument("--make-ids", type=int, metavar="N", help="instead: write demo ID files "
                     "OUT/active-ids.txt and OUT/passive-ids.txt of N IDs each")
     al.add_argument("--overlap", type=float, default=0.5, help="with --make-ids: shared "
@@ -538,15 +536,7 @@ def _add_vfl_run_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--run-id", help="run id (topic namespace); default random")
     p.add_argument("--timeout-s", type=float, default=None,
                    help="kill the job after this many seconds")
-    _add_launch_security(p)
-
-
-def _add_launch_security(p: argparse.ArgumentParser) -> None:
-    """``--keys`` / ``--insecure`` of commands that launch a broker and clients."""
-    p.add_argument("--keys", metavar="DIR", help="CURVE keys from `psfl keys generate broker "
-                   "...` (default: fresh keys made for this run and deleted after it)")
-    p.add_argument("--insecure", action="store_true",
-                   help="plaintext on loopback, no authentication (prints a warning)")
+    add_security_arguments(p, kind="launcher")
 
 
 def _add_sweep_args(prof: argparse.ArgumentParser) -> None:
@@ -645,7 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
     srun.add_argument("--run-id", help="run id (topic namespace); default random")
     srun.add_argument("--timeout-s", type=float, default=None,
                       help="kill the job after this many seconds")
-    _add_launch_security(srun)
+    add_security_arguments(srun, kind="launcher")
     srun.set_defaults(func=_synth_run)
 
     simp = sub.add_parser("sim", help="heterogeneous clusters on one machine")
