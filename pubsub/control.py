@@ -11,6 +11,7 @@ import contextlib
 import time
 import uuid
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -27,10 +28,53 @@ class ControlError(BusError, RuntimeError):
     """The broker answered a control request with an error."""
 
 
+#: Deadline (seconds) of the plaintext probe that tells a plaintext broker from a broker
+#: holding another key (one ZMTP greeting exchange: a round trip).
+PLAINTEXT_PROBE_TIMEOUT_S = 1.0
+
+
+def _broker_speaks_plaintext(ctx: Any, endpoint: str,
+                             timeout_s: float = PLAINTEXT_PROBE_TIMEOUT_S) -> bool:
+    """Whether a NULL-mechanism (plaintext) ZMTP handshake with ``endpoint`` succeeds.
+
+    Used only after a CURVE client's handshakes failed without a cause: the peer that
+    detects a mechanism mismatch may close the connection before the other side reads
+    its greeting, so "plaintext broker" and "broker with another key" can look the same
+    from the CURVE side. The probe sends no message (only the ZMTP greeting), so nothing
+    reaches the broker's control loop. Blocks at most ``timeout_s`` seconds.
+    """
+    sock = zmq.Socket(ctx, zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    mon_addr = f"inproc://ctl-probe-{uuid.uuid4().hex}"
+    sock.monitor(mon_addr, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                 | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    mon = zmq.Socket(ctx, zmq.PAIR)
+    mon.setsockopt(zmq.LINGER, 0)
+    mon.connect(mon_addr)
+    try:
+        sock.connect(endpoint)
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not mon.poll(int(left * 1000) + 1, zmq.POLLIN):
+                return False
+            ev = parse_monitor_message(mon.recv_multipart())
+            return int(ev["event"]) == int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        return False
+    finally:
+        with contextlib.suppress(zmq.ZMQError):
+            sock.disable_monitor()
+        mon.close(0)
+        sock.close(0)
+
+
 def _raise_on_handshake(events: list[tuple[int, int]], address: BrokerAddress, endpoint: str,
-                        security: CurveClient | None) -> str:
+                        security: CurveClient | None,
+                        probe_plaintext: Callable[[], bool] | None = None) -> str:
     """Raise :class:`AuthenticationFailed` if the monitor events end the handshake;
-    else return the verdict's state (``ok``/``pending``/``unreachable``)."""
+    else return the verdict's state (``ok``/``pending``/``unreachable``).
+
+    ``probe_plaintext`` (a CURVE client only) is asked before concluding "wrong pinned
+    key": if a plaintext handshake succeeds, the broker is plaintext."""
     verdict = classify_handshake(events)
     if verdict.state == "refused":
         raise AuthenticationFailed(str(address), endpoint, "refused", verdict.status,
@@ -41,6 +85,8 @@ def _raise_on_handshake(events: list[tuple[int, int]], address: BrokerAddress, e
     if verdict.state == "server_key":
         if security is None:  # a plaintext client never pins a key
             raise AuthenticationFailed(str(address), endpoint, "curve_required")
+        if probe_plaintext is not None and probe_plaintext():
+            raise AuthenticationFailed(str(address), endpoint, "plaintext")
         raise AuthenticationFailed(str(address), endpoint, "server_key", 0,
                                    f"pinned key from {security.server_key_file or '?'}")
     return verdict.state
@@ -52,7 +98,7 @@ class _Attempt:
 
     def __init__(self, ctx: Any, address: BrokerAddress, security: CurveClient | None,
                  request: dict[str, Any]) -> None:
-        self.address, self.security = address, security
+        self.address, self.security, self.ctx = address, security, ctx
         self.endpoint = address.control_endpoint
         self.sock = zmq.Socket(ctx, zmq.REQ)  # plain socket, polled without blocking
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -72,7 +118,8 @@ class _Attempt:
         if self.sock.poll(0, zmq.POLLIN):
             return orjson.loads(self.sock.recv())
         _monitor_events(self.mon, self.events)
-        _raise_on_handshake(self.events, self.address, self.endpoint, self.security)
+        _raise_on_handshake(self.events, self.address, self.endpoint, self.security,
+                            lambda: _broker_speaks_plaintext(self.ctx, self.endpoint))
         return None
 
     def close(self) -> None:

@@ -118,3 +118,32 @@ def test_keys_generate_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert read_certificate(d / "passive.key").role == "passive"
     assert read_certificate(d / "broker.key").role == ""
     assert psfl(["keys", "generate", "active", "--dir", str(d)]) == 2  # exists: refused
+
+
+@pytest.mark.parametrize(("plaintext_answers", "kind"), [(True, "plaintext"), (False, "server_key")])
+def test_vague_failures_of_a_curve_client_ask_the_plaintext_probe(
+        plaintext_answers: bool, kind: str) -> None:
+    """Three handshake failures without a cause: a broker that completes a plaintext
+    handshake is plaintext (not "another key"), one that does not holds another key."""
+    from pubsub.address import BrokerAddress
+    from pubsub.control import _raise_on_handshake
+    from pubsub.errors import AuthenticationFailed
+    pub, sec = zmq.curve_keypair()
+    sec_client = CurveClient(identity="active", public_key=pub, secret_key=sec,
+                             server_key=pub, server_key_file="broker.key")
+    events = [(int(E.CONNECTED), 20), (int(E.HANDSHAKE_FAILED_NO_DETAIL), 32)] * 3
+    asked: list[bool] = []
+
+    def probe() -> bool:
+        asked.append(True)
+        return plaintext_answers
+
+    addr = BrokerAddress.parse("tcp://127.0.0.1:5555")
+    with pytest.raises(AuthenticationFailed) as ei:
+        _raise_on_handshake(events, addr, "tcp://127.0.0.1:5557", sec_client, probe)
+    assert ei.value.kind == kind and asked == [True]
+    # A plaintext client never pins a key: no probe, the broker requires CURVE.
+    asked.clear()
+    with pytest.raises(AuthenticationFailed) as ei:
+        _raise_on_handshake(events, addr, "tcp://127.0.0.1:5557", None, probe)
+    assert ei.value.kind == "curve_required" and asked == []
