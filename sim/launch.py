@@ -11,11 +11,12 @@ import contextlib
 import shutil
 import signal
 import subprocess
+import os
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,7 +173,8 @@ def run_security(identities: Mapping[str, str], *, keys_dir: str | None = None,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _spawn(args: list[str], *, quiet: bool = False) -> subprocess.Popen[bytes]:
+def _spawn(args: list[str], *, quiet: bool = False,
+           env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start a child process. A ``python -m PKG`` child gets ``-P``: without it the
     current directory comes first on ``sys.path``, so a stray ``synth/`` or ``parties/``
     directory there (an older checkout, say) would run instead of the installed code
@@ -184,6 +186,7 @@ def _spawn(args: list[str], *, quiet: bool = False) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL if quiet else None,
         stderr=None,
         start_new_session=False,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -315,7 +318,8 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
 
 def wait_children(procs: dict[str, subprocess.Popen[bytes]], *,
                   watch: dict[str, subprocess.Popen[bytes]] | None = None,
-                  timeout_s: float | None = None, poll_s: float = 0.05) -> None:
+                  timeout_s: float | None = None, poll_s: float = 0.05,
+                  tick: Callable[[], None] | None = None) -> None:
     """Wait until every process in ``procs`` has exited with code 0.
 
     Args:
@@ -323,6 +327,8 @@ def wait_children(procs: dict[str, subprocess.Popen[bytes]], *,
         watch: role -> process that must stay alive meanwhile (e.g. the broker).
         timeout_s: overall deadline, seconds (None: no limit).
         poll_s: polling period, seconds.
+        tick: called once per poll before the processes are checked (a fault injector;
+            it may replace a process in ``procs`` under the same role).
 
     Raises:
         LaunchError: a process in ``procs`` exited non-zero, or one in ``watch`` exited.
@@ -331,6 +337,8 @@ def wait_children(procs: dict[str, subprocess.Popen[bytes]], *,
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     pending = set(procs)
     while pending:
+        if tick is not None:
+            tick()
         for role in sorted(pending):
             code = procs[role].poll()
             if code is None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ from typing import Any
 from sim.launch import LaunchResult, OutDirError, _spawn, _stop, run_security, start_broker
 from sim.launch import wait_children
 
+from synth.checkpoint import CRASH_POINT_ENV, read_json
 from synth.config import SynthConfig, dump_synth_config
 from synth.protocol import build_tree
 
@@ -99,10 +102,109 @@ def prepare_data(cfg: SynthConfig, out: Path) -> tuple[SynthConfig, dict[str, An
     return cfg, info
 
 
+def coordinator_stages(cfg: SynthConfig) -> list[str]:
+    """The coordinator's stages of a run with ``cfg``, in order (the names its
+    ``stage.started`` events carry; AIM may stop its adaptive rounds early)."""
+    rounds = (["round:one_way", "compress_domain", "round:select"]
+              + (["select_tree", "round:tree"] if cfg.mechanism == "mst" else
+                 [s for j in range(cfg.aim_rounds) for s in (f"select:aim{j}", f"round:aim{j}")]))
+    return ["schema", "keys", "seeds:0", *rounds, "synthesis"]
+
+
+class _CoordinatorKill:
+    """Kills the coordinator (SIGKILL) when its ``stage.started`` event for ``stage``
+    appears in the event log (plus ``delay_s``), then starts it again with ``--resume``
+    after ``restart_after_s``; records what it did.
+
+    ``stage@point`` instead has the coordinator kill itself at that exact point
+    (:data:`synth.coordinator.CRASH_POINT_ENV`, set for the first process only); this then
+    waits for its SIGKILL exit and restarts it the same way."""
+
+    def __init__(self, events: Path, stage: str, delay_s: float, restart_after_s: float,
+                 procs: list[dict[str, subprocess.Popen[bytes]]], argv: list[str], quiet: bool,
+                 t0: float) -> None:
+        self.events, self.stage, self.delay_s = events, stage, delay_s
+        self.restart_after_s, self.procs, self.argv, self.quiet = restart_after_s, procs, argv, quiet
+        self.t0 = t0
+        self.offset = 0
+        self.seen_at: float | None = None
+        self.record: dict[str, Any] = {"kind": "kill_coordinator", "stage": stage,
+                                       "delay_s": delay_s, "killed_at_s": None,
+                                       "restarted_at_s": None}
+
+    def _stage_started(self) -> bool:
+        with open(self.events, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1
+        self.offset += end
+        for line in chunk[:end].splitlines():
+            if b"stage.started" not in line:
+                continue
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("event") == "stage.started" and ev.get("stage") == self.stage:
+                return True
+        return False
+
+    def __call__(self) -> None:
+        if self.record["restarted_at_s"] is not None:
+            return
+        now = time.monotonic()
+        if "@" in self.stage:
+            proc = self.procs[0]["coordinator"]
+            if proc.poll() is None:
+                return
+            if proc.returncode != -signal.SIGKILL:  # finished or failed on its own
+                self.record["note"] = f"the coordinator exited ({proc.returncode}) first"
+                self.record["restarted_at_s"] = -1.0
+                return
+            self.record["killed_at_s"] = round(now - self.t0, 3)
+            self._restart()
+            return
+        if self.seen_at is None:
+            if self._stage_started():
+                self.seen_at = now
+            return
+        if now - self.seen_at < self.delay_s:
+            return
+        proc = self.procs[0]["coordinator"]
+        if proc.poll() is not None:  # it finished (or failed) first: nothing to kill
+            self.record["note"] = f"the coordinator had exited ({proc.returncode}) first"
+            self.record["restarted_at_s"] = -1.0
+            return
+        proc.kill()
+        proc.wait()
+        self.record["killed_at_s"] = round(time.monotonic() - self.t0, 3)
+        self._restart()
+
+    def _restart(self) -> None:
+        time.sleep(self.restart_after_s)
+        new = _spawn([*self.argv, "--resume"], quiet=self.quiet)
+        for d in self.procs:  # the launcher's table and the one being waited on
+            d["coordinator"] = new
+        self.record["restarted_at_s"] = round(time.monotonic() - self.t0, 3)
+
+
+def read_ledgers(state_dir: Path) -> dict[str, Any]:
+    """The parties' persisted privacy ledgers (``<id>.ledger.json``), by party."""
+    out: dict[str, Any] = {}
+    for f in sorted(state_dir.glob("*.ledger.json")):
+        doc = read_json(f)
+        if doc is not None:
+            out[str(doc.get("party", f.name.split(".")[0]))] = {
+                "rho_spent": float(doc["spent"]), "rho_budget": float(doc["rho_budget"]),
+                "entries": [w for w, _ in doc["ledger"]]}
+    return out
+
+
 def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
               run_id: str | None = None, timeout_s: float | None = None,
               quiet: bool = False, keys_dir: str | None = None,
-              insecure: bool = False) -> LaunchResult:
+              insecure: bool = False, kill_coordinator_at: str | None = None,
+              kill_delay_s: float = 0.0, restart_after_s: float = 1.0) -> LaunchResult:
     """Run a FedForge job as processes and collect ``out/metrics.json``.
 
     Args:
@@ -116,6 +218,16 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         keys_dir: CURVE keys holding ``coordinator``, ``aggregator`` and ``party``
             (``psfl keys generate``); default: ephemeral keys made for this run.
         insecure: plaintext on loopback instead (prints a warning).
+        kill_coordinator_at: kill -9 the coordinator when it starts this stage (a name
+            from :func:`coordinator_stages`) plus ``kill_delay_s``, and start it again with
+            ``--resume`` after ``restart_after_s`` seconds (issue 7: crash recovery);
+            ``STAGE@POINT`` (e.g. ``round:select@unmask``) has it kill itself at that exact
+            point of the stage (:data:`synth.coordinator.CRASH_POINT_ENV`).
+            ``metrics["faults"]`` records it.
+
+    Each party keeps its privacy ledger in ``out/state/<id>.ledger.json``;
+    ``metrics["ledger"]`` holds them, and ``metrics["ledger_within_plan"]`` says whether
+    every party spent at most the planned ρ.
 
     Returns:
         :class:`sim.launch.LaunchResult` (``metrics`` as in ``metrics.json``).
@@ -133,17 +245,25 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         out.mkdir(parents=True, exist_ok=True)
         for stale in ("metrics.json", "synthetic.csv", "broker.addr"):
             (out / stale).unlink(missing_ok=True)
+        for stale_dir in ("stages", "state"):  # an earlier run's checkpoint and ledgers
+            if (out / stale_dir).is_dir():
+                shutil.rmtree(out / stale_dir)
         events = out / "events.jsonl"
         events.write_text("")
     except OSError as exc:
         raise OutDirError(f"cannot use {str(out)!r} as the run directory: "
                           f"{exc.strerror or exc}") from None
+    if (kill_coordinator_at is not None
+            and kill_coordinator_at.split("@")[0] not in coordinator_stages(cfg)):
+        raise ValueError(f"kill_coordinator_at={kill_coordinator_at!r} is not a stage of this "
+                         f"run: {coordinator_stages(cfg)}")
     cfg, info = prepare_data(cfg, out)
     (out / "config.toml").write_text(dump_synth_config(cfg))
     run_id = run_id or uuid.uuid4().hex[:8]
     ids = cfg.party_ids()
     tree = build_tree(ids, cfg.fanout)
     procs: dict[str, subprocess.Popen[bytes]] = {}
+    faults: list[dict[str, Any]] = []
     stack = contextlib.ExitStack()
     try:
         sec = stack.enter_context(run_security(SYNTH_IDENTITIES, keys_dir=keys_dir,
@@ -153,20 +273,28 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         common = ["--config", str(out / "config.toml"), "--broker", broker,
                   "--run-id", run_id, "--events", str(events), *sec.client_args]
         py = [sys.executable, "-m", "synth"]
-        procs["coordinator"] = _spawn([*py, "coordinator", *common, "--schema",
-                                       str(out / "schema.json"), "--out", str(out),
-                                       "--eval-dir", str(out / "data")], quiet=quiet)
+        coord_argv = [*py, "coordinator", *common, "--schema", str(out / "schema.json"),
+                      "--out", str(out), "--eval-dir", str(out / "data")]
+        procs["coordinator"] = _spawn(
+            coord_argv, quiet=quiet,
+            env={CRASH_POINT_ENV: kill_coordinator_at} if kill_coordinator_at
+            and "@" in kill_coordinator_at else None)
         procs["aggregators"] = _spawn([*py, "aggregators", *common, "--ids",
                                        ",".join(tree.aggregators)], quiet=quiet)
         per = cfg.parties_per_process
         for j in range(math.ceil(len(ids) / per)):
             chunk = ids[j * per:(j + 1) * per]
             procs[f"parties{j}"] = _spawn([*py, "parties", *common, "--ids", ",".join(chunk),
-                                           "--data-dir", str(out / "data" / "parties")],
+                                           "--data-dir", str(out / "data" / "parties"),
+                                           "--state-dir", str(out / "state")],
                                           quiet=quiet)
         workers = {k: v for k, v in procs.items() if k != "broker"}
+        if kill_coordinator_at is not None:
+            kill = _CoordinatorKill(events, kill_coordinator_at, kill_delay_s, restart_after_s,
+                                    [workers, procs], coord_argv, quiet, t0)
+            faults.append(kill.record)
         wait_children(workers, watch={"broker": procs["broker"]} if "broker" in procs else None,
-                      timeout_s=timeout_s)
+                      timeout_s=timeout_s, tick=kill if kill_coordinator_at is not None else None)
     finally:
         for name in sorted(procs, key=lambda n: n == "broker"):
             _stop(procs[name])
@@ -175,8 +303,14 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     metrics["security"] = sec.describe()
     metrics["wall_s"] = time.perf_counter() - t0
     metrics["data"] = info
+    metrics["faults"] = faults
+    ledger = read_ledgers(out / "state")
+    planned = float(metrics.get("rho") or math.inf)
+    metrics["ledger"] = ledger
+    metrics["ledger_within_plan"] = all(v["rho_spent"] <= planned * (1 + 1e-9)
+                                        for v in ledger.values())
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
     return LaunchResult(metrics=metrics, out=out)
 
 
-__all__ = ["prepare_data", "run_synth"]
+__all__ = ["coordinator_stages", "prepare_data", "read_ledgers", "run_synth"]

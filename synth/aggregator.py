@@ -11,6 +11,11 @@ coordinator then treats its parties as dropouts of the round). Deadline of a lev
 aggregator: ``(1 + ℓ) × timeout_s + 5 s`` after the plan, since parties mask right after
 the plan (keys and seeds are agreed before the rounds) and each level below may wait its
 own.
+
+A restarted coordinator re-publishes the plan of the round it died in (the parties send
+the same masked vectors again): a plan for the round being aggregated extends the
+deadline, and one for the last round already forwarded sends that round again, from the
+vectors kept (the children's repeats are then duplicates and ignored).
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ class Aggregator:
         self.security = security
         self.topics = Topics(run_id)
         self.rounds: list[dict[str, Any]] = []
+        # the last round aggregated: (round id, child -> (party ids, ring words))
+        self._kept: tuple[str, dict[str, tuple[list[str], np.ndarray]]] | None = None
         self.log = log.bind(aggregator=node_id, run_id=run_id)
 
     async def run(self) -> dict[str, Any]:
@@ -101,20 +108,30 @@ class Aggregator:
         widths = plan.widths
         kids = set(tree.children[self.id])
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + stage_deadline_s(plan, tree.level_of(self.id))
-        total = np.zeros(n, dtype=np.uint64)
-        mask = cell_modmask(widths)
-        ids: list[str] = []
-        heard: set[str] = set()
+        wait_s = stage_deadline_s(plan, tree.level_of(self.id))
+        deadline = loop.time() + wait_s
+        got: dict[str, tuple[list[str], np.ndarray]] = {}
+        if self._kept is not None and self._kept[0] == plan.round_id:
+            got = dict(self._kept[1])  # a replayed round: what the children sent before
+            self.log.info("synth.round_replayed", round=r, kept=len(got))
+        self._kept = (plan.round_id, got)
+        heard: set[str] = set(got)
         topic = t.up(r, self.id)
         while heard != kids:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
             try:
-                msg = await bus.next(topic, remaining)
+                msg = await first_of(bus, [topic, t.plan], remaining)
             except DeadlineExceeded:
                 break
+            if msg.topic == t.plan:
+                again = RoundPlan.from_message(msg.meta, msg.arrays)
+                if again.round_id != plan.round_id:  # a later round: this one is over
+                    bus.unget(msg)
+                    break
+                deadline = loop.time() + wait_s  # the coordinator restarted mid-round
+                continue
             sender = msg.meta.get("from")
             if sender not in kids or sender in heard:
                 self.log.warning("synth.unexpected_child", sender=sender, round=r)
@@ -125,7 +142,12 @@ class Aggregator:
                 self.log.warning("synth.bad_vector", sender=sender, round=r, error=str(exc))
                 continue
             heard.add(sender)
-            ids.extend(msg.meta.get("ids", []))
+            got[sender] = (list(msg.meta.get("ids", [])), words)
+        mask = cell_modmask(widths)
+        total = np.zeros(n, dtype=np.uint64)
+        ids: list[str] = []
+        for child_ids, words in got.values():
+            ids.extend(child_ids)
             total += words
             total &= mask
         missing = sorted(kids - heard)

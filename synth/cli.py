@@ -64,8 +64,12 @@ async def _parties(cfg: SynthConfig, args: argparse.Namespace) -> list[dict[str,
               for i in ids]
     seeds = ([None] * len(ids) if cfg.noise_seed is None
              else [cfg.noise_seed * 100_003 + k for k in range(len(ids))])
+    ledgers = Path(args.state_dir) if args.state_dir else None
+    if ledgers is not None:
+        ledgers.mkdir(parents=True, exist_ok=True)
     parties = [SynthParty(i, f, cfg=cfg, broker=args.broker, run_id=args.run_id, noise_seed=s,
-                          security=args.security)
+                          security=args.security,
+                          ledger_file=str(ledgers / f"{i}.ledger.json") if ledgers else None)
                for i, f, s in zip(ids, frames, seeds, strict=True)]
     async with asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(p.run()) for p in parties]
@@ -98,7 +102,8 @@ async def _coordinator(cfg: SynthConfig, args: argparse.Namespace) -> dict[str, 
         ev = EvalData(train=read_table(d / "train.parquet"),
                       holdout=read_table(d / "holdout.parquet"))
     coord = Coordinator(cfg, schema, broker=args.broker, run_id=args.run_id,
-                        out=Path(args.out), eval_data=ev, security=args.security)
+                        out=Path(args.out), eval_data=ev, security=args.security,
+                        resume=args.resume)
     return await coord.run()
 
 
@@ -134,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--schema", required=True, help="the public schema (schema.json)")
     c.add_argument("--out", required=True, help="run directory (metrics.json, synthetic.csv)")
     c.add_argument("--eval-dir", help="evaluation-only data: train.parquet, holdout.parquet")
+    c.add_argument("--resume", action="store_true",
+                   help="continue the run from OUT/stages/checkpoint.json (after a crash)")
     a = sub.add_parser("aggregators", help="aggregator nodes (comma-separated ids)")
     _common(a)
     a.add_argument("--ids", required=True)
@@ -141,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _common(p)
     p.add_argument("--ids", required=True)
     p.add_argument("--data-dir", required=True, help="holds <id>.parquet for each party")
+    p.add_argument("--state-dir", help="each party keeps its privacy ledger here "
+                   "(<id>.ledger.json, rewritten atomically before each release)")
     args = ap.parse_args(argv)
     try:
         identity = {"coordinator": "coordinator", "aggregators": "aggregator",

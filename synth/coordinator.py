@@ -27,6 +27,17 @@ and ``stage.done`` (with seconds) to the run's event log:
   the real holdout, when the evaluation data is given (simulation; a deployed
   coordinator never sees records) (``quality.json``).
 
+Checkpoints (issue 7, item 2): after every stage, and before every broadcast that
+commits the parties to something (a round's plan), the coordinator writes
+``OUT/stages/checkpoint.json`` atomically (:mod:`synth.checkpoint`): the stages done,
+the rows, the secure-aggregation session's public state, each finished round's decoded
+aggregate, the plan of a round in progress, and the ρ each party was charged. A
+coordinator killed at any point (kill -9) and started again with ``resume=True`` on the
+same run directory skips what is done, re-publishes the plan of the round in progress
+(the parties answer a plan they already measured with the same masked vector, without
+spending again) and asks the parties to repeat their last message of an unfinished key or
+seed stage (``ff/<run>/all/resume``).
+
 ``metrics.json`` in OUT holds the figures the issue asks for (``avg_tv``, ``max_tv``,
 ``workload_error``, ``bytes_wire``, ``bytes_naive``, ``rho_spent`` per party, ``epsilon``,
 ``delta``, ``wall_s``, ``ml_utility``) and the per-round details.
@@ -37,6 +48,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +64,13 @@ from pubsub.config import to_mapping
 from pubsub.control import control_request
 from pubsub.security import CurveClient
 from synth.accounting import allocate, cdp_epsilon, cdp_rho
+from synth.checkpoint import (
+    CRASH_POINT_ENV,
+    atomic_save_npz,
+    atomic_write_json,
+    load_npz,
+    read_json,
+)
 from synth.config import SynthConfig
 from synth.domain import Schema, decode, encode
 from synth.engine import NoisyMarginal, make_engine
@@ -95,6 +115,20 @@ from synth.select import (
 )
 
 log = structlog.get_logger(__name__)
+
+
+
+#: How often a resumed coordinator repeats its resume request while a stage waits, seconds.
+RESUME_EVERY_S = 2.0
+
+
+def _fingerprint(cfg: SynthConfig, schema: Schema) -> str:
+    """What a checkpoint must match to be resumed: the config and the schema."""
+    import hashlib
+
+    doc = json.dumps({"config": to_mapping(cfg), "schema": schema.fingerprint()},
+                     sort_keys=True, default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
 class CoordinatorError(RuntimeError):
@@ -148,11 +182,20 @@ class Coordinator:
         eval_data: evaluation-only data for the quality stage, or None.
         security: CURVE keys for the bus (:class:`pubsub.security.CurveClient`); None =
             plaintext (loopback brokers only).
+        resume: continue the run from ``OUT/stages/checkpoint.json`` (written by an
+            earlier coordinator of the same run that died; one that died before its first
+            checkpoint had committed nothing, so the run starts afresh, asking the
+            participants to say hello again); False starts afresh and replaces any
+            checkpoint there.
+
+    Raises:
+        CoordinatorError: (code 2) ``resume`` in a directory without a run, or a
+            checkpoint of another run id, config or schema.
     """
 
     def __init__(self, cfg: SynthConfig, schema: Schema, *, broker: str, run_id: str,
                  out: Path, eval_data: EvalData | None = None,
-                 security: CurveClient | None = None) -> None:
+                 security: CurveClient | None = None, resume: bool = False) -> None:
         self.cfg = cfg
         self.schema = schema
         self.domain = schema.domain
@@ -188,6 +231,84 @@ class Coordinator:
         self._maps_sent = False
         self._maps_round = 0
         self.log = log.bind(run_id=run_id, party="coordinator")
+        self.ckpt_path = self.stages_dir / "checkpoint.json"
+        self.ckpt_dir = self.stages_dir / "ckpt"
+        self.fingerprint = _fingerprint(cfg, schema)
+        self.resumed_from: list[str] = []  # stages done before this coordinator started
+        self.ckpt: dict[str, Any] = {
+            "version": 1, "run_id": run_id, "fingerprint": self.fingerprint,
+            "done": [], "rows": {}, "rho_party": {}, "server": None, "never_keyed": [],
+            "results": {}, "pending": {}, "selects": {}, "restarts": 0, "stage_s": {}}
+        if resume:
+            self._load_checkpoint()
+        elif self.ckpt_path.exists():
+            self.ckpt_path.unlink()
+
+    # ------------------------------------------------------------------ checkpoints
+    def _load_checkpoint(self) -> None:
+        doc = read_json(self.ckpt_path)
+        if doc is None:
+            if (self.out / "config.toml").exists():  # died before its first checkpoint:
+                self.log.info("coordinator.resumed", done=[], pending=[], restarts=1)
+                self.ckpt["restarts"] = 1  # nothing was committed yet; start afresh
+                return
+            raise CoordinatorError(f"nothing to resume: no checkpoint at {self.ckpt_path} "
+                                   f"and no run in {self.out}", code=2)
+        if doc.get("version") != 1:
+            raise CoordinatorError(f"checkpoint version {doc.get('version')!r} is not 1",
+                                   code=2)
+        for key, want in (("run_id", self.run_id), ("fingerprint", self.fingerprint)):
+            if doc.get(key) != want:
+                raise CoordinatorError(
+                    f"the checkpoint in {self.out} belongs to another run ({key} "
+                    f"{doc.get(key)!r}, this run has {want!r}); resume with the same run "
+                    "id, config and schema, or start afresh without resume", code=2)
+        doc["restarts"] = int(doc.get("restarts", 0)) + 1
+        self.ckpt = doc
+        self.resumed_from = list(doc["done"])
+        self.rows = {str(p): int(n) for p, n in doc["rows"].items()}
+        self.rho_party.update({str(p): float(v) for p, v in doc["rho_party"].items()})
+        self.stage_s.update(doc.get("stage_s", {}))
+        self.never_keyed = tuple(doc.get("never_keyed", ()))
+        if doc.get("server") is not None:
+            self.server.load_state_dict(doc["server"])
+        self.bytes_naive, self.bytes_naive_direct = doc.get("bytes_naive", [0, 0])
+        self.log.info("coordinator.resumed", done=self.resumed_from,
+                      pending=sorted(doc["pending"]), restarts=doc["restarts"])
+
+    def _save(self) -> None:
+        """Write the checkpoint (atomically; arrays were written before, under names of
+        their own)."""
+        self.ckpt["rows"] = self.rows
+        self.ckpt["rho_party"] = self.rho_party
+        self.ckpt["stage_s"] = self.stage_s
+        self.ckpt["never_keyed"] = list(self.never_keyed)
+        atomic_write_json(self.ckpt_path, self.ckpt)
+
+    def _done(self, stage: str) -> bool:
+        return stage in self.ckpt["done"]
+
+    def _mark(self, stage: str, *, server: bool = False) -> None:
+        if stage not in self.ckpt["done"]:
+            self.ckpt["done"].append(stage)
+        if server:
+            self.ckpt["server"] = self.server.state_dict()
+        self._save()
+
+    async def _crash_point(self, point: str) -> None:
+        """Fault injection for crash-recovery tests: if the environment variable
+        :data:`CRASH_POINT_ENV` names ``point`` (``<stage>@<where>``), the process kills
+        itself with SIGKILL there (no cleanup, like ``kill -9``)."""
+        if os.environ.get(CRASH_POINT_ENV) == point:
+            self.log.warning("coordinator.crash_injected", point=point)
+            await asyncio.sleep(0.1)  # what was published before the point leaves
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _announce_resume(self, bus: Bus, stage: str) -> None:
+        """Ask the participants to repeat their last message of ``stage`` (a resumed
+        coordinator lost what arrived before it died)."""
+        if self.resumed_from or self.ckpt["restarts"]:
+            bus.publish_nowait(self.topics.resume, (), {"stage": stage})
 
     # ------------------------------------------------------------------ helpers
     def _stage(self, name: str) -> _StageTimer:
@@ -197,15 +318,22 @@ class Coordinator:
         self.stages_dir.mkdir(parents=True, exist_ok=True)
         (self.stages_dir / f"{name}.json").write_text(json.dumps(doc, indent=1, default=str))
 
-    async def _collect(self, bus: Bus, topic: str, expect: set[str], timeout_s: float
-                       ) -> dict[str, Message]:
+    async def _collect(self, bus: Bus, topic: str, expect: set[str], timeout_s: float,
+                       *, resume_stage: str | None = None) -> dict[str, Message]:
         """Messages on ``topic`` from each sender in ``expect`` (meta ``from``), until all
-        came or ``timeout_s`` passed; a participant's error message ends the run."""
+        came or ``timeout_s`` passed; a participant's error message ends the run.
+
+        A resumed coordinator with ``resume_stage`` asks the missing senders to repeat
+        that stage's message every :data:`RESUME_EVERY_S` seconds."""
         t = self.topics
         got: dict[str, Message] = {}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        next_resume = loop.time()
         while set(got) != expect:
+            if resume_stage is not None and loop.time() >= next_resume:
+                self._announce_resume(bus, resume_stage)
+                next_resume = loop.time() + RESUME_EVERY_S
             err = bus.try_next(t.error)
             if err is not None:
                 raise CoordinatorError(f"{err.meta.get('from')}: {err.meta.get('reason')}",
@@ -236,6 +364,8 @@ class Coordinator:
         async with Bus(self.broker, name="coordinator", config=bus_config(self.cfg),
                        security=self.security) as bus:
             await bus.subscribe_prefix(t.to(ROOT), limits=topic_limits(self.cfg))
+            if self.resumed_from:
+                self._save()  # the restart count
             try:
                 await self._schema_stage(bus)
                 rho_total, split = self._budget_stage()
@@ -257,11 +387,23 @@ class Coordinator:
         (self.out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
         return metrics
 
+    def _schema_message(self) -> dict[str, Any]:
+        return {"schema": self.schema.to_dict(), "session": self.session.to_meta()}
+
     async def _schema_stage(self, bus: Bus) -> None:
+        t = self.topics
+        if self._done("schema"):
+            # participants still saying hello when the last coordinator died get it now
+            # (joined ones ignore it); repeated while the new connection settles
+            for _ in range(3):
+                bus.publish_nowait(t.schema, (), self._schema_message())
+                await asyncio.sleep(0.5)
+            return
         with self._stage("schema"):
-            t = self.topics
             expect = set(self.parties) | set(self.tree.aggregators)
-            got = await self._collect(bus, t.hello, expect, self.cfg.handshake_timeout_s)
+            got = await self._collect(bus, t.hello, expect, self.cfg.handshake_timeout_s,
+                                      resume_stage="schema")
+            await self._crash_point("schema@collected")
             missing = sorted(expect - set(got))
             if missing:
                 raise CoordinatorError(
@@ -271,11 +413,11 @@ class Coordinator:
             if min(self.rows.values()) < 1:
                 empty = sorted(p for p, n in self.rows.items() if n < 1)
                 raise CoordinatorError(f"parties without rows: {empty}", code=2)
-            bus.publish_nowait(t.schema, (), {"schema": self.schema.to_dict(),
-                                              "session": self.session.to_meta()})
             self._write("schema", {"schema": self.schema.to_dict(), "rows": self.rows,
                                    "fingerprint": self.schema.fingerprint(),
                                    "tree": self.tree.to_dict()})
+            self._mark("schema")
+            bus.publish_nowait(t.schema, (), self._schema_message())
 
     def _budget_stage(self) -> tuple[float, dict[str, float]]:
         with self._stage("budget"):
@@ -340,18 +482,29 @@ class Coordinator:
 
     async def _keys_stage(self, bus: Bus) -> None:
         """Once per session: collect the parties' public keys, send each its neighbours'."""
+        t, server = self.topics, self.server
+        if self._done("keys"):  # the answers may not have left before the crash
+            for p in server.keyed:
+                meta, arr = pack_blobs({q: v.mask_public + v.enc_public
+                                        for q, v in server.keys_for(p).items()})
+                bus.publish_nowait(t.nk(0, p), [arr], meta)
+            return
         with self._stage("keys"):
-            t, server = self.topics, self.server
-            got = await self._collect(bus, t.pk(0), set(self.parties), self.cfg.round_timeout_s)
+            got = await self._collect(bus, t.pk(0), set(self.parties), self.cfg.round_timeout_s,
+                                      resume_stage="keys")
             for p, msg in got.items():
                 raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
                 server.register_keys(PartyKeys(party=p, mask_public=raw[:32],
                                                enc_public=raw[32:]))
-            for p in sorted(got):
-                meta, arr = pack_blobs({q: v.mask_public + v.enc_public
-                                        for q, v in server.keys_for(p).items()})
-                bus.publish_nowait(t.nk(0, p), [arr], meta)
+            answers = {p: pack_blobs({q: v.mask_public + v.enc_public
+                                      for q, v in server.keys_for(p).items()})
+                       for p in sorted(got)}
+            await self._crash_point("keys@collected")
             self.never_keyed = tuple(sorted(set(self.parties) - set(got)))
+            self._mark("keys", server=True)
+            await self._crash_point("keys@marked")
+            for p, (meta, arr) in answers.items():
+                bus.publish_nowait(t.nk(0, p), [arr], meta)
             self._write("keys", {"session": self.session.to_meta(), "keyed": sorted(got),
                                  "never_advertised": list(self.never_keyed)})
             if self.never_keyed:
@@ -360,17 +513,27 @@ class Coordinator:
     async def _seed_batch(self, bus: Bus, b: int, rounds: list[int]) -> None:
         """Once per batch of rounds: every keyed party Shamir-shares a fresh self-mask seed
         per round of the batch with its neighbours, through the coordinator."""
-        with self._stage(f"seeds:{b}"):
-            t, server = self.topics, self.server
-            ids = [round_id(r) for r in rounds]
-            bus.publish_nowait(t.seeds, (), {"batch": b, "rounds": ids})
-            got = await self._collect(bus, t.sh(b), set(server.keyed), self.cfg.round_timeout_s)
-            for p, msg in got.items():
-                server.collect_seed_shares(ids, p, unpack_blobs(msg.meta, msg.arrays[0]))
-            for p in sorted(got):
+        t, server = self.topics, self.server
+        ids = [round_id(r) for r in rounds]
+        stage = f"seeds:{b}"
+        if self._done(stage):  # the answers may not have left before the crash
+            for p in server.seeded(ids[0]):
                 meta, arr = pack_blobs(server.seed_shares_for(ids, p))
                 bus.publish_nowait(t.rs(b, p), [arr], meta)
+            return
+        with self._stage(stage):
+            bus.publish_nowait(t.seeds, (), {"batch": b, "rounds": ids})
+            got = await self._collect(bus, t.sh(b), set(server.keyed), self.cfg.round_timeout_s,
+                                      resume_stage=stage)
+            for p, msg in got.items():
+                server.collect_seed_shares(ids, p, unpack_blobs(msg.meta, msg.arrays[0]))
+            await self._crash_point(f"{stage}@collected")
+            answers = {p: pack_blobs(server.seed_shares_for(ids, p)) for p in sorted(got)}
             self._write(f"seeds_{b}", {"rounds": ids, "seeded": sorted(got)})
+            self._mark(stage, server=True)
+            await self._crash_point(f"{stage}@marked")
+            for p, (meta, arr) in answers.items():
+                bus.publish_nowait(t.rs(b, p), [arr], meta)
 
     def _maps_update(self, r: int) -> dict[str, tuple[int, ...]] | None:
         """The plan's ``maps``: none in round 0, the compression in the first round after
@@ -452,6 +615,13 @@ class Coordinator:
         fits = self._model_size_check(cfg.aim_max_model_mb)
         for j in range(cfg.aim_rounds):
             name = f"aim{j}"
+            if name in self.ckpt["selects"]:  # chosen before a restart
+                picks = [(tuple(c), float(sc)) for c, sc in self.ckpt["selects"][name]]
+                if not picks:
+                    break
+                results[name] = await self._round(bus, 2 + j, name, [c for c, _ in picks],
+                                                  rho_round)
+                continue
             with self._stage(f"select:{name}"):
                 ms = self._measurements(results)
                 model = await asyncio.to_thread(self._fit, ms, total, 300)
@@ -461,6 +631,8 @@ class Coordinator:
                     batch=batch, fits=(lambda extra, base=measured: fits(base + extra)))
                 self._write(f"select_{name}", {"picks": [[list(c), sc] for c, sc in picks],
                                                "sigma_next": sigma_next})
+                self.ckpt["selects"][name] = [[list(c), float(sc)] for c, sc in picks]
+                self._save()
             if not picks:
                 self.log.warning("synth.aim_no_candidate", round=name)
                 break
@@ -485,16 +657,66 @@ class Coordinator:
         return {c: NoisyMarginal(clique=c, values=v, sigma=res.sigma)
                 for c, v in split_marginals(res.values, res.plan).items()}
 
+    def _note_maps(self, plan: RoundPlan) -> None:
+        """Replay :meth:`_maps_update`'s bookkeeping for a plan from the checkpoint."""
+        if plan.round > 0 and plan.maps is not None:
+            self._maps_sent, self._maps_round = True, plan.round
+
+    def _plan_from_ckpt(self, doc: dict[str, Any], npz: dict[str, np.ndarray]) -> RoundPlan:
+        n = int(doc["n_arrays"])
+        plan = RoundPlan.from_message(doc["plan"], [npz[f"a{i}"] for i in range(n)])
+        self._note_maps(plan)
+        return plan
+
+    def _save_pending(self, name: str, plan: RoundPlan, lo: np.ndarray) -> None:
+        """Write-ahead: the plan of a round about to be published (a resumed coordinator
+        re-publishes exactly this plan, so no party measures the round twice)."""
+        meta, arrays = plan.to_message()
+        f = self.ckpt_dir / f"pending_{name}.npz"
+        atomic_save_npz(f, lo=lo, **{f"a{i}": a for i, a in enumerate(arrays)})
+        self.ckpt["pending"][name] = {"plan": meta, "n_arrays": len(arrays), "file": f.name}
+        self._save()
+
+    def _save_result(self, name: str, res: _RoundResult) -> None:
+        meta, arrays = res.plan.to_message()
+        f = self.ckpt_dir / f"result_{name}.npz"
+        atomic_save_npz(f, values=res.values, **{f"a{i}": a for i, a in enumerate(arrays)})
+        self.ckpt["results"][name] = {
+            "plan": meta, "n_arrays": len(arrays), "file": f.name, "sigma": res.sigma,
+            "survivors": list(res.survivors), "dropped": list(res.dropped),
+            "missing": list(res.missing), "seconds": res.seconds}
+        self.ckpt["pending"].pop(name, None)
+        self.ckpt["bytes_naive"] = [self.bytes_naive, self.bytes_naive_direct]
+        self._mark(f"round:{name}")
+
+    def _load_result(self, name: str) -> _RoundResult:
+        doc = self.ckpt["results"][name]
+        npz = load_npz(self.ckpt_dir / doc["file"])
+        return _RoundResult(plan=self._plan_from_ckpt(doc, npz), values=npz["values"],
+                            sigma=float(doc["sigma"]), survivors=tuple(doc["survivors"]),
+                            dropped=tuple(doc["dropped"]), missing=tuple(doc["missing"]),
+                            seconds=float(doc["seconds"]))
+
     async def _round(self, bus: Bus, r: int, name: str, cliques: list[tuple[str, ...]],
                      rho: float) -> _RoundResult:
         stage = f"round:{name}"
+        if name in self.ckpt["results"]:  # finished before a restart
+            return self._load_result(name)
         with self._stage(stage):
-            cfg, t = self.cfg, self.topics
+            cfg = self.cfg
             t0 = time.perf_counter()
+            k = len(self.parties)
+            server = self.server
+            pending = self.ckpt["pending"].get(name)
+            if pending is not None:  # published before a restart: the same plan again
+                npz = load_npz(self.ckpt_dir / pending["file"])
+                plan, lo = self._plan_from_ckpt(pending, npz), npz["lo"]
+                self.log.info("coordinator.round_replayed", round=name)
+                seeded = server.seeded(plan.round_id)
+                return await self._run_round(bus, plan, lo, seeded, t0)
             dom = self.cdomain if r > 0 else self.domain
             sizes = tuple(dom.size(c) for c in cliques)
             sigma2 = len(cliques) / (2.0 * rho) if math.isfinite(rho) else 0.0
-            k = len(self.parties)
             per_party = party_noise_variance(sigma2, k, cfg.noise_model)
             h_min, h_max = quant_range(max(self.rows.values()), per_party)
             step = quant_step(h_min, h_max, per_party, cfg.bits)
@@ -508,72 +730,85 @@ class Coordinator:
                              step=step, cell_bits=widths.tobytes(),
                              timeout_s=cfg.round_timeout_s,
                              maps=self._maps_update(r), maps_round=self._maps_round)
-            spec = plan.spec()
-            server = self.server
             seeded = server.seeded(plan.round_id)
-            meta, arrays = plan.to_message()
-            bus.publish_nowait(t.plan, arrays, meta)
             for p in seeded:  # a party spends its budget when it measures the round
                 self.rho_party[p] += (len(cliques) / (2.0 * sigma2)) if sigma2 > 0 else 0.0
-            timeout = cfg.round_timeout_s
-            missing = tuple(sorted(set(self.parties) - set(seeded)))
-            # stage 3: masked sums from the tree's top level
-            top = set(self.tree.children[ROOT])
-            wait = (1 + len(self.tree.levels)) * timeout + 10.0
-            sums = await self._collect(bus, t.up(r, ROOT), top, wait)
-            for msg in sums.values():
-                server.collect_masked_sum(spec, msg.meta.get("ids", []), array_to_words(
-                    msg.arrays[0], plan.widths, plan.vector_len))
-            survivors, dropped = server.unmask_request(plan.round_id)
-            bus.publish_nowait(t.unmask(r), (), {"survivors": list(survivors),
-                                                 "dropped": list(dropped)})
-            # stage 4: reveal
-            got_rv = await self._collect(bus, t.rv(r), set(survivors), timeout)
-            shares: dict[str, dict[str, RevealedShare]] = {}
-            for holder, msg in got_rv.items():
-                raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
-                layout = server.reveal_layout(plan.round_id, holder, survivors, dropped)
-                sizes = [SHARE_BYTES if kind == "seed" else 32 for _, kind in layout]
-                if sum(sizes) != len(raw):
-                    self.log.warning("synth.bad_reveal", holder=holder, got=len(raw),
-                                     expected=sum(sizes))
-                    continue  # the others' shares may still suffice
-                got: dict[str, RevealedShare] = {}
-                at = 0
-                for (owner, kind), n in zip(layout, sizes, strict=True):
-                    got[owner] = RevealedShare(owner=owner, holder=holder, kind=kind,
-                                               x=server.config.index[holder],
-                                               y=int.from_bytes(raw[at:at + n], "big"))
-                    at += n
-                shares[holder] = got
-            total = server.unmask(plan.round_id, survivors, dropped, shares)
-            values = decode_sum(total, lo, plan)
-            sigma = aggregate_sigma(plan, len(survivors))
-            # naive: the same marginals as float32 over the same tree, without masking,
-            # quantisation or key exchange (each party, then each aggregator that forwards)
-            alive = set(survivors)
-            forwards = sum(1 for a in self.tree.aggregators
-                           if alive.intersection(self.tree.parties_under(a)))
-            self.bytes_naive += 4 * plan.vector_len * (len(survivors) + forwards)
-            self.bytes_naive_direct += 4 * plan.vector_len * len(survivors)
-            res = _RoundResult(plan=plan, values=values, sigma=sigma, survivors=survivors,
-                               dropped=dropped, missing=missing,
-                               seconds=time.perf_counter() - t0)
-            self.stages_dir.mkdir(parents=True, exist_ok=True)
-            np.savez_compressed(self.stages_dir / f"round_{name}.npz", values=values)
-            self._write(f"round_{name}", {
-                "round": r, "cliques": [list(c) for c in cliques], "sizes": list(sizes),
-                "sigma2_central": sigma2, "sigma_party": math.sqrt(party_sigma2(plan)),
-                "aggregate_sigma": sigma, "quant_step": step,
-                "ring_bits_max": plan.ring_bits, "ring_bits_mean": float(plan.widths.mean()),
-                "ring": cfg.ring, "degree": self.session.degree,
-                "threshold": server.config.t,
-                "survivors": list(survivors), "dropped": list(dropped),
-                "never_advertised": list(missing), "seconds": res.seconds})
-            if dropped or missing:
-                self.log.warning("synth.round_dropouts", round=r, dropped=list(dropped),
-                                 missing=list(missing))
-            return res
+            self._save_pending(name, plan, lo)
+            return await self._run_round(bus, plan, lo, seeded, t0)
+
+    async def _run_round(self, bus: Bus, plan: RoundPlan, lo: np.ndarray,
+                         seeded: tuple[str, ...], t0: float) -> _RoundResult:
+        """Publish ``plan`` and aggregate its round (stages 3-4), then checkpoint it."""
+        cfg, t, server, r = self.cfg, self.topics, self.server, plan.round
+        name, cliques, sizes = plan.name, plan.cliques, plan.sizes
+        sigma2, step = plan.sigma2_central, plan.step
+        spec = plan.spec()
+        meta, arrays = plan.to_message()
+        bus.publish_nowait(t.plan, arrays, meta)
+        await self._crash_point(f"round:{name}@planned")
+        timeout = cfg.round_timeout_s
+        missing = tuple(sorted(set(self.parties) - set(seeded)))
+        # stage 3: masked sums from the tree's top level
+        top = set(self.tree.children[ROOT])
+        wait = (1 + len(self.tree.levels)) * timeout + 10.0
+        sums = await self._collect(bus, t.up(r, ROOT), top, wait)
+        await self._crash_point(f"round:{name}@collected")
+        for msg in sums.values():
+            server.collect_masked_sum(spec, msg.meta.get("ids", []), array_to_words(
+                msg.arrays[0], plan.widths, plan.vector_len))
+        survivors, dropped = server.unmask_request(plan.round_id)
+        bus.publish_nowait(t.unmask(r), (), {"survivors": list(survivors),
+                                             "dropped": list(dropped)})
+        await self._crash_point(f"round:{name}@unmask")
+        # stage 4: reveal
+        got_rv = await self._collect(bus, t.rv(r), set(survivors), timeout)
+        await self._crash_point(f"round:{name}@revealed")
+        shares: dict[str, dict[str, RevealedShare]] = {}
+        for holder, msg in got_rv.items():
+            raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
+            layout = server.reveal_layout(plan.round_id, holder, survivors, dropped)
+            sizes = [SHARE_BYTES if kind == "seed" else 32 for _, kind in layout]
+            if sum(sizes) != len(raw):
+                self.log.warning("synth.bad_reveal", holder=holder, got=len(raw),
+                                 expected=sum(sizes))
+                continue  # the others' shares may still suffice
+            got: dict[str, RevealedShare] = {}
+            at = 0
+            for (owner, kind), n in zip(layout, sizes, strict=True):
+                got[owner] = RevealedShare(owner=owner, holder=holder, kind=kind,
+                                           x=server.config.index[holder],
+                                           y=int.from_bytes(raw[at:at + n], "big"))
+                at += n
+            shares[holder] = got
+        total = server.unmask(plan.round_id, survivors, dropped, shares)
+        values = decode_sum(total, lo, plan)
+        sigma = aggregate_sigma(plan, len(survivors))
+        # naive: the same marginals as float32 over the same tree, without masking,
+        # quantisation or key exchange (each party, then each aggregator that forwards)
+        alive = set(survivors)
+        forwards = sum(1 for a in self.tree.aggregators
+                       if alive.intersection(self.tree.parties_under(a)))
+        self.bytes_naive += 4 * plan.vector_len * (len(survivors) + forwards)
+        self.bytes_naive_direct += 4 * plan.vector_len * len(survivors)
+        res = _RoundResult(plan=plan, values=values, sigma=sigma, survivors=survivors,
+                           dropped=dropped, missing=missing,
+                           seconds=time.perf_counter() - t0)
+        self.stages_dir.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(self.stages_dir / f"round_{name}.npz", values=values)
+        self._write(f"round_{name}", {
+            "round": r, "cliques": [list(c) for c in cliques], "sizes": list(sizes),
+            "sigma2_central": sigma2, "sigma_party": math.sqrt(party_sigma2(plan)),
+            "aggregate_sigma": sigma, "quant_step": step,
+            "ring_bits_max": plan.ring_bits, "ring_bits_mean": float(plan.widths.mean()),
+            "ring": cfg.ring, "degree": self.session.degree,
+            "threshold": server.config.t,
+            "survivors": list(survivors), "dropped": list(dropped),
+            "never_advertised": list(missing), "seconds": res.seconds})
+        if dropped or missing:
+            self.log.warning("synth.round_dropouts", round=r, dropped=list(dropped),
+                             missing=list(missing))
+        self._save_result(name, res)
+        return res
 
     def _wire_bytes(self) -> int | None:
         """Bytes the broker forwarded for this run (every hop, every message), or None."""
@@ -681,6 +916,8 @@ class Coordinator:
             "fitted_cliques": fit.get("cliques"),
             "synthesis": {k: v for k, v in fit.items() if k != "codes"},
             "stage_s": self.stage_s, "wall_s": wall_s, "run_id": self.run_id,
+            "restarts": int(self.ckpt["restarts"]),
+            "resumed_after": self.resumed_from,
             "rows": self.rows, "config": to_mapping(cfg),
         }
 

@@ -33,9 +33,10 @@ import numpy as np
 import pandas as pd
 import structlog
 
-from pubsub import BufferLimits, Bus, BusConfig, DeadlineExceeded
+from pubsub import BufferLimits, Bus, BusConfig, DeadlineExceeded, Message
 from pubsub.security import CurveClient
 from synth.accounting import BudgetExceeded, ZCdpAccountant
+from synth.checkpoint import atomic_write_json
 from synth.config import SynthConfig
 from synth.domain import Domain, DomainError, Schema, encode, marginals
 from synth.mechanism import measure_party
@@ -80,11 +81,20 @@ class SynthParty:
         noise_seed: seed of its noise generator (tests only); None = OS entropy.
         security: CURVE keys for the bus (:class:`pubsub.security.CurveClient`); None =
             plaintext (loopback brokers only).
+        ledger_file: where the party keeps its privacy ledger (the accountant's
+            ``state_dict``, rewritten atomically before each release); None = memory only.
+
+    A plan for a round this party already released (a coordinator that restarted
+    re-publishes the plan of the round it died in) is answered with the same masked vector
+    again, without spending budget: the release cache holds each round's masked vector
+    and the plan it answered. The same round id with another plan is refused (measuring
+    one round twice under the same masks would leak the difference).
     """
 
     def __init__(self, party_id: str, frame: pd.DataFrame, *, cfg: SynthConfig, broker: str,
                  run_id: str, noise_seed: int | None = None,
-                 security: CurveClient | None = None) -> None:
+                 security: CurveClient | None = None,
+                 ledger_file: str | None = None) -> None:
         self.id = party_id
         self.frame = frame
         self.cfg = cfg
@@ -104,6 +114,12 @@ class SynthParty:
         self.client: SecAggClient | None = None  # None: not (or no longer) in the session
         self.seeded: set[str] = set()  # round ids this party shared seeds for
         self.rounds: list[dict[str, Any]] = []
+        self.ledger_file = ledger_file
+        # stage ("schema", "keys", "seeds:<b>") -> (topic, arrays, meta) last sent in it
+        self.sent: dict[str, tuple[str, list[np.ndarray], dict[str, Any]]] = {}
+        # round id -> (the plan's identity, the masked vector sent for it)
+        self.released: dict[str, tuple[bytes, np.ndarray]] = {}
+        self.replays = 0
         self.log = log.bind(party=party_id, run_id=run_id)
 
     # ------------------------------------------------------------------ lifecycle
@@ -122,13 +138,20 @@ class SynthParty:
                 await self._join(bus)
                 await self._keys(bus)
                 while True:
-                    msg = await first_of(bus, [t.seeds, t.plan, t.done], self._idle_timeout_s())
+                    msg = await first_of(bus, [t.seeds, t.plan, t.done, t.resume],
+                                         self._idle_timeout_s())
                     if msg.topic == t.done:
                         break
+                    if msg.topic == t.resume:
+                        self._on_resume(bus, msg)
+                        continue
                     if msg.topic == t.seeds:
                         await self._seeds(bus, int(msg.meta["batch"]), list(msg.meta["rounds"]))
                         continue
                     plan = RoundPlan.from_message(msg.meta, msg.arrays)
+                    if plan.round_id in self.released:
+                        await self._replay(bus, plan)
+                        continue
                     await self._apply_maps(plan)
                     if self.client is not None and plan.round_id in self.seeded:
                         await self._round(bus, plan)
@@ -145,9 +168,71 @@ class SynthParty:
                                        code=4) from None
             stats = bus.stats()
         return {"party": self.id, "rows": int(len(self.frame)), "rounds": self.rounds,
+                "replays": self.replays,
                 "rho_spent": self.accountant.spent if self.accountant else 0.0,
                 "rho_budget": self.accountant.rho_budget if self.accountant else math.inf,
                 "bytes_sent": int(sum(stats.sent_bytes.values()))}
+
+    def _send(self, bus: Bus, stage: str, topic: str, arrays: list[np.ndarray],
+              meta: dict[str, Any]) -> None:
+        """Publish a stage's message and keep it, to repeat when a restarted coordinator
+        asks (:meth:`_on_resume`)."""
+        self.sent[stage] = (topic, arrays, meta)
+        bus.publish_nowait(topic, arrays, meta)
+
+    def _on_resume(self, bus: Bus, msg: Message) -> None:
+        """A restarted coordinator lost the messages of ``stage``: send ours again."""
+        self._resend(bus, str(msg.meta.get("stage", "")))
+
+    def _resend(self, bus: Bus, stage: str) -> None:
+        kept = self.sent.get(stage)
+        if kept is not None:
+            self.log.info("synth.resume_answered", stage=stage)
+            bus.publish_nowait(kept[0], kept[1], kept[2])
+
+    async def _await(self, bus: Bus, topic: str, timeout_s: float) -> Message:
+        """The next message on ``topic``, answering resume requests meanwhile.
+
+        Raises:
+            DeadlineExceeded: nothing on ``topic`` within ``timeout_s`` seconds.
+        """
+        t = self.topics
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise DeadlineExceeded(topic, timeout_s)
+            msg = await first_of(bus, [topic, t.resume], remaining)
+            if msg.topic != t.resume:
+                return msg
+            self._on_resume(bus, msg)
+
+    def _write_ledger(self) -> None:
+        if self.ledger_file is not None and self.accountant is not None:
+            atomic_write_json(self.ledger_file, {"party": self.id, **self.accountant.state_dict()})
+
+    @staticmethod
+    def _plan_identity(plan: RoundPlan) -> bytes:
+        import hashlib
+
+        meta, arrays = plan.to_message()
+        h = hashlib.sha256(repr(sorted(meta.items())).encode())
+        for a in arrays:
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.digest()
+
+    async def _replay(self, bus: Bus, plan: RoundPlan) -> None:
+        """A plan for a round already released: the same masked vector again (no budget),
+        then the round's unmask stage as usual."""
+        ident, arr = self.released[plan.round_id]
+        if ident != self._plan_identity(plan):
+            raise ParticipantError(self.id, f"round {plan.round} ({plan.name}) was planned "
+                                   "again with other parameters; measuring it twice under "
+                                   "the same masks would reveal the difference", code=1)
+        self.replays += 1
+        self.log.info("synth.round_replayed", round=plan.round)
+        await self._round(bus, plan, replay=arr)
 
     def _idle_timeout_s(self) -> float:
         # the coordinator fits the engine and scores quality between rounds and done
@@ -161,7 +246,7 @@ class SynthParty:
         hello = {"from": self.id, "role": "party", "rows": int(len(self.frame))}
         deadline = time.monotonic() + self.cfg.handshake_timeout_s
         while True:
-            bus.publish_nowait(t.hello, (), hello)
+            self._send(bus, "schema", t.hello, [], hello)
             try:
                 msg = await bus.next(t.schema, 1.0)
                 break
@@ -235,10 +320,10 @@ class SynthParty:
             return
         client = SecAggClient(self.id, self.session.secagg())
         pk = client.public_keys()
-        bus.publish_nowait(t.pk(0), [np.frombuffer(pk.mask_public + pk.enc_public, np.uint8)],
-                           {"from": self.id})
+        self._send(bus, "keys", t.pk(0),
+                   [np.frombuffer(pk.mask_public + pk.enc_public, np.uint8)], {"from": self.id})
         try:
-            msg = await bus.next(t.nk(0, self.id), self._wait_s())
+            msg = await self._await(bus, t.nk(0, self.id), self._wait_s())
             client.receive_public_keys(
                 {p: PartyKeys(party=p, mask_public=b[:32], enc_public=b[32:])
                  for p, b in unpack_blobs(msg.meta, msg.arrays[0]).items()})
@@ -252,40 +337,80 @@ class SynthParty:
         t = self.topics
         if self.client is None:
             return
+        stage = f"seeds:{b}"
+        if stage in self.sent:  # a restarted coordinator announced the batch again
+            self._resend(bus, stage)
+            return
         meta, arr = pack_blobs(self.client.share_seeds(rounds))
-        bus.publish_nowait(t.sh(b), [arr], {"from": self.id, **meta})
+        self._send(bus, stage, t.sh(b), [arr], {"from": self.id, **meta})
         try:
-            msg = await bus.next(t.rs(b, self.id), self._wait_s())
+            msg = await self._await(bus, t.rs(b, self.id), self._wait_s())
             self.client.receive_seed_shares(rounds, unpack_blobs(msg.meta, msg.arrays[0]))
         except (DeadlineExceeded, SecAggError) as exc:
             self.log.warning("synth.seeds_missed", batch=b, error=str(exc))
             return
         self.seeded.update(rounds)
 
-    async def _round(self, bus: Bus, plan: RoundPlan) -> None:
+    async def _round(self, bus: Bus, plan: RoundPlan, *,
+                     replay: np.ndarray | None = None) -> None:
+        """Measure, mask and send the round's vector (or, with ``replay``, send the one
+        released before again), then reveal what the unmask stage asks for."""
         t, r = self.topics, plan.round
         assert self.client is not None and self.tree is not None
-        if self.accountant is not None and plan.sigma2_central > 0:
-            rho = len(plan.cliques) / (2.0 * plan.sigma2_central)
-            try:
-                self.accountant.spend(rho, what=f"round {r} ({plan.name})")
-            except BudgetExceeded as exc:
-                raise ParticipantError(self.id, str(exc), code=1) from None
-        codes = await asyncio.to_thread(self._measure, plan)
-        spec = plan.spec()
-        masked = await asyncio.to_thread(self.client.masked, spec, codes)
         leaf = self.tree.parent[self.id]
-        bus.publish_nowait(t.up(r, leaf), [words_to_array(masked, plan.widths)],
-                           {"from": self.id, "ids": [self.id]}, copy=False)
-        try:
-            msg = await bus.next(t.unmask(r), self._wait_s() * 2)
-        except DeadlineExceeded as exc:
-            self.log.warning("synth.round_missed", round=r, waited=exc.topic)
-            self.rounds.append({"round": r, "name": plan.name, "status": "missed"})
-            return
+        if replay is None:
+            if self.accountant is not None and plan.sigma2_central > 0:
+                rho = len(plan.cliques) / (2.0 * plan.sigma2_central)
+                try:
+                    self.accountant.spend(rho, what=f"round {r} ({plan.name})")
+                except BudgetExceeded as exc:
+                    raise ParticipantError(self.id, str(exc), code=1) from None
+                await asyncio.to_thread(self._write_ledger)  # before anything is released
+            codes = await asyncio.to_thread(self._measure, plan)
+            masked = await asyncio.to_thread(self.client.masked, plan.spec(), codes)
+            arr = words_to_array(masked, plan.widths)
+            self.released[plan.round_id] = (self._plan_identity(plan), arr)
+        else:
+            arr = replay
+        up = {"from": self.id, "ids": [self.id]}
+        bus.publish_nowait(t.up(r, leaf), [arr], up, copy=False)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._wait_s() * 2
+        while True:
+            try:
+                msg = await first_of(bus, [t.unmask(r), t.plan, t.resume],
+                                     max(deadline - loop.time(), 0.0))
+            except DeadlineExceeded as exc:
+                self.log.warning("synth.round_missed", round=r, waited=exc.topic)
+                self.rounds.append({"round": r, "name": plan.name, "status": "missed"})
+                return
+            if msg.topic == t.resume:
+                self._on_resume(bus, msg)
+                continue
+            if msg.topic == t.plan:
+                again = RoundPlan.from_message(msg.meta, msg.arrays)
+                if again.round_id != plan.round_id:  # a later round: this one closed
+                    bus.unget(msg)
+                    self.rounds.append({"round": r, "name": plan.name, "status": "missed"})
+                    return
+                # the coordinator restarted during this round: the same vector again
+                if self.released[plan.round_id][0] != self._plan_identity(again):
+                    raise ParticipantError(self.id, f"round {r} ({plan.name}) was planned "
+                                           "again with other parameters", code=1)
+                self.replays += 1
+                bus.publish_nowait(t.up(r, leaf), [arr], up, copy=False)
+                deadline = loop.time() + self._wait_s() * 2
+                continue
+            break
         survivors, dropped = msg.meta["survivors"], msg.meta["dropped"]
         if self.id in survivors:
-            shares = self.client.reveal_all(plan.round_id, survivors, dropped)
+            try:
+                shares = self.client.reveal_all(plan.round_id, survivors, dropped)
+            except SecAggError as exc:  # e.g. a restarted coordinator's other dropout set
+                self.log.warning("synth.reveal_refused", round=r, error=str(exc))
+                self.rounds.append({"round": r, "name": plan.name,
+                                    "status": f"reveal refused: {exc}"})
+                return
             # bare bytes in owner order: a seed share is a field element (SHARE_BYTES), a
             # round key with a dropped partner 32 bytes; the coordinator knows the owners,
             # kinds and abscissa (SecAggServer.reveal_layout)
@@ -293,7 +418,8 @@ class SynthParty:
                            for s in shares.values())
             bus.publish_nowait(t.rv(r), [np.frombuffer(raw, np.uint8)], {"from": self.id})
         self.rounds.append({"round": r, "name": plan.name, "cells": plan.vector_len,
-                            "status": "counted" if self.id in survivors else "dropped"})
+                            "status": "counted" if self.id in survivors else "dropped",
+                            **({"replayed": True} if replay is not None else {})})
 
 
 __all__ = ["SynthParty", "bus_config", "topic_limits"]

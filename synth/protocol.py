@@ -89,6 +89,12 @@ class Topics:
         return self.all() + f"unmask/{r}"
 
     @property
+    def resume(self) -> str:
+        """A restarted coordinator asks for the last message of a stage again (meta
+        ``stage``: ``schema``, ``keys`` or ``seeds:<b>``)."""
+        return self.all() + "resume"
+
+    @property
     def done(self) -> str:
         """The run is over (carries ``ok`` and, on failure, the reason)."""
         return self.all() + "done"

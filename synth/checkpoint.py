@@ -1,0 +1,123 @@
+"""Atomic files for the coordinator's checkpoints and the parties' ledgers (issue 7, item 2).
+
+Every file is written to a temporary name in the same directory, flushed and fsynced,
+then renamed over the target (``os.replace``, atomic on POSIX), and the directory is
+fsynced. A crash (kill -9, power loss) during a write leaves the previous version intact
+and at most a stray ``.<name>.tmp-<pid>`` file, which readers ignore.
+
+A checkpoint is one JSON document (the commit record) plus arrays in ``.npz`` files that
+it names; the arrays are written first, each under a fresh name, so the JSON never names
+a file that is not complete.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+#: Environment variable naming a crash point (see :meth:`synth.coordinator.Coordinator._crash_point`):
+#: ``schema@collected``, ``keys@collected``, ``keys@marked``, ``seeds:0@collected``,
+#: ``seeds:0@marked``, ``round:<name>@planned``, ``round:<name>@collected``,
+#: ``round:<name>@unmask``, ``round:<name>@revealed``.
+CRASH_POINT_ENV = "FEDFORGE_CRASH_POINT"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint or ledger file cannot be read.
+
+    Attributes:
+        path: the file.
+        reason: what is wrong with it.
+    """
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"checkpoint {self.path}: {reason}")
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:  # some filesystems do not open directories; the rename still holds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file, fsync, rename, fsync dir).
+
+    Raises:
+        OSError: the directory is not writable (the target is then unchanged).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_json(path: str | Path, doc: Any) -> None:
+    """``doc`` as indented JSON, atomically (see :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, json.dumps(doc, indent=1, default=str).encode())
+
+
+def atomic_save_npz(path: str | Path, **arrays: np.ndarray) -> None:
+    """``arrays`` as an uncompressed ``.npz``, atomically."""
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def read_json(path: str | Path) -> Any | None:
+    """The JSON document at ``path``, or None if there is none.
+
+    Raises:
+        CheckpointError: the file exists but is not valid JSON (never from a crash during
+            an atomic write; only from outside damage).
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise CheckpointError(path, f"not valid JSON ({exc})") from None
+
+
+def load_npz(path: str | Path) -> dict[str, np.ndarray]:
+    """Every array of the ``.npz`` at ``path``.
+
+    Raises:
+        CheckpointError: missing or unreadable.
+    """
+    try:
+        with np.load(Path(path), allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(path, f"cannot read arrays ({exc})") from None
+
+
+__all__ = ["CRASH_POINT_ENV", "CheckpointError", "atomic_save_npz", "atomic_write_bytes", "atomic_write_json",
+           "load_npz", "read_json"]
