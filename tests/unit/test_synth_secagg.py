@@ -511,3 +511,34 @@ def test_reveal_layout_matches_what_each_survivor_reveals() -> None:
             got = clients[p].reveal_all(r, survivors, dropped)
             assert [(o, sh.kind) for o, sh in got.items()] == server.reveal_layout(
                 r, p, survivors, dropped)
+
+
+@pytest.mark.parametrize(("n", "threshold"), [(4, None), (6, 2), (6, 4), (7, None)])
+def test_every_dropout_count_up_to_n_minus_t_is_recovered_and_one_more_aborts(
+        n: int, threshold: int | None) -> None:
+    """Complete pairing graph (n <= 7): parties drop after the seed stage, before masking.
+    Every count of dropouts from 1 to n − t unmasks to exactly the survivors' sum;
+    n − t + 1 dropouts leave t − 1 survivors, and the round aborts with TooFewSurvivors."""
+    m, cells = 16, 12
+    rng = np.random.default_rng([n, threshold or 0])
+    ids = [f"p{i}" for i in range(n)]
+    cfg = SecAggConfig(session_id="sweep", party_ids=tuple(ids), threshold=threshold)
+    assert all(len(cfg.graph[p]) == n - 1 for p in ids)  # complete: any t survivors suffice
+    t = cfg.t
+    xs = {p: rng.integers(0, 2**12, cells, dtype=np.uint64) for p in ids}
+    for n_drop in range(1, n - t + 2):
+        drop = set(rng.choice(ids, n_drop, replace=False).tolist())
+        rid = f"r{n_drop}"
+        _, clients, server, specs = _setup(ids, m, cells, session=f"sweep{n_drop}",
+                                           rounds=(rid,), threshold=threshold)
+        for p in ids:
+            if p not in drop:  # a dropped party never masks: it left after the seeds
+                server.collect_masked(specs[rid], p, clients[p].masked(specs[rid], xs[p]))
+        if n_drop <= n - t:
+            total = _finish(clients, server, rid)
+            expected = sum(xs[p] for p in ids if p not in drop) & np.uint64(2**m - 1)
+            np.testing.assert_array_equal(total, expected, err_msg=f"{n_drop} dropped")
+        else:
+            with pytest.raises(TooFewSurvivors) as ei:
+                server.unmask_request(rid)
+            assert (ei.value.survivors, ei.value.threshold) == (t - 1, t)
