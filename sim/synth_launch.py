@@ -18,8 +18,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -99,10 +102,63 @@ def prepare_data(cfg: SynthConfig, out: Path) -> tuple[SynthConfig, dict[str, An
     return cfg, info
 
 
+#: a fault for tests: ``(party_index, start, end)``; ``start`` and ``end`` are seconds
+#: (``start`` after the parties were started, ``end`` a duration after ``start``) or a
+#: coordinator stage event ``"STAGE started"`` / ``"STAGE done"`` in the run's event log
+Pause = tuple[int, float | str, float | str]
+
+
+class _Pauser(threading.Thread):
+    """Pauses (SIGSTOP) and resumes (SIGCONT) one party process per :data:`Pause`."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], pause: Pause, events: Path,
+                 stop: threading.Event) -> None:
+        super().__init__(daemon=True, name=f"pause-{pause[0]}")
+        self.proc, self.pause, self.events, self.stop = proc, pause, events, stop
+        self.t0 = time.monotonic()
+        self.record: dict[str, Any] = {"party_index": pause[0], "start": pause[1],
+                                       "end": pause[2]}
+        self.stopped = False
+
+    def _wait(self, spec: float | str, since: float) -> bool:
+        if not isinstance(spec, str):
+            return not self.stop.wait(max(0.0, since + float(spec) - time.monotonic()))
+        stage, _, what = spec.rpartition(" ")
+        want = {"started": "stage.started", "done": "stage.done"}[what]
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError):
+                for line in self.events.read_text().splitlines():
+                    with contextlib.suppress(ValueError):
+                        ev = json.loads(line)
+                        if ev.get("event") == want and ev.get("stage") == stage:
+                            return True
+            self.stop.wait(0.02)
+        return False
+
+    def run(self) -> None:
+        if not self._wait(self.pause[1], self.t0) or self.proc.poll() is not None:
+            return
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.stopped = True
+        at = time.monotonic()
+        self.record["paused_at_s"] = at - self.t0
+        try:
+            self._wait(self.pause[2], at)
+        finally:
+            self.resume()
+            self.record["paused_s"] = time.monotonic() - at
+
+    def resume(self) -> None:
+        if self.stopped:
+            self.stopped = False
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)
+
+
 def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
               run_id: str | None = None, timeout_s: float | None = None,
               quiet: bool = False, keys_dir: str | None = None,
-              insecure: bool = False) -> LaunchResult:
+              insecure: bool = False, pauses: list[Pause] | None = None) -> LaunchResult:
     """Run a FedForge job as processes and collect ``out/metrics.json``.
 
     Args:
@@ -116,6 +172,9 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         keys_dir: CURVE keys holding ``coordinator``, ``aggregator`` and ``party``
             (``psfl keys generate``); default: ephemeral keys made for this run.
         insecure: plaintext on loopback instead (prints a warning).
+        pauses: faults for tests (:data:`Pause`): the process hosting that party is
+            paused with SIGSTOP and resumed with SIGCONT (needs
+            ``parties_per_process = 1``); ``metrics["pauses"]`` says when.
 
     Returns:
         :class:`sim.launch.LaunchResult` (``metrics`` as in ``metrics.json``).
@@ -129,6 +188,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     """
     t0 = time.perf_counter()
     out = Path(out)
+    if pauses and cfg.parties_per_process != 1:
+        raise ValueError("pauses need parties_per_process = 1 (one process per party)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         for stale in ("metrics.json", "synthetic.csv", "broker.addr"):
@@ -145,6 +206,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     tree = build_tree(ids, cfg.fanout)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stack = contextlib.ExitStack()
+    pausers: list[_Pauser] = []
+    stop_pauses = threading.Event()
     try:
         sec = stack.enter_context(run_security(SYNTH_IDENTITIES, keys_dir=keys_dir,
                                                insecure=insecure, broker=broker))
@@ -164,10 +227,17 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             procs[f"parties{j}"] = _spawn([*py, "parties", *common, "--ids", ",".join(chunk),
                                            "--data-dir", str(out / "data" / "parties")],
                                           quiet=quiet)
+        for pause in pauses or []:
+            pausers.append(_Pauser(procs[f"parties{pause[0]}"], pause, events, stop_pauses))
+            pausers[-1].start()
         workers = {k: v for k, v in procs.items() if k != "broker"}
         wait_children(workers, watch={"broker": procs["broker"]} if "broker" in procs else None,
                       timeout_s=timeout_s)
     finally:
+        stop_pauses.set()
+        for p in pausers:
+            p.join(5.0)
+            p.resume()
         for name in sorted(procs, key=lambda n: n == "broker"):
             _stop(procs[name])
         stack.close()
@@ -175,6 +245,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     metrics["security"] = sec.describe()
     metrics["wall_s"] = time.perf_counter() - t0
     metrics["data"] = info
+    if pausers:
+        metrics["pauses"] = [p.record for p in pausers]
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
     return LaunchResult(metrics=metrics, out=out)
 

@@ -105,3 +105,50 @@ def test_dropouts_in_round_0_and_the_tree_round_use_both_recovery_rules(
             tol = 6 * m.sigma * np.sqrt(m.values.size)
             assert abs(m.values.sum() - n_all) < tol < (n_all - n_s) / 2, (name, m.clique)
     assert metrics["synthesis"]["total"] == n_all
+
+
+@pytest.mark.timeout(150)
+def test_a_paused_party_misses_a_round_skips_it_unpaid_and_rejoins(csv: Path,
+                                                                   tmp_path: Path) -> None:
+    """Real processes, one per party; p001's process is stopped (SIGSTOP) while the
+    coordinator picks AIM's first adaptive pairs and resumed (SIGCONT) once that round is
+    closed. The round is completed from the cache (the pairs were released with p001 in
+    the all-pairs round); p001 finds the stale plan and the round's unmask queued, skips
+    the round without spending budget, and counts the next round again."""
+    from sim.synth_launch import run_synth
+    from synth.accounting import cdp_rho
+
+    cfg = SynthConfig(dataset=str(csv), label="income", parties=4, epsilon=1.0, fanout=2,
+                      mechanism="aim", aim_rounds=2, aim_batch=2, engine="neural",
+                      engine_iters=100, round_timeout_s=3.0, handshake_timeout_s=60.0,
+                      parties_per_process=1, seed=3, noise_seed=5)
+    res = run_synth(cfg, tmp_path / "run", timeout_s=140, quiet=True,
+                    pauses=[(1, "select:aim0 started", "round:aim0 done")])
+    m = res.metrics
+    assert m["pauses"][0]["paused_s"] > 0
+    rounds = m["rounds"]
+    assert rounds["aim0"]["dropped"] == ["p001"] and rounds["aim0"]["survivors"] == 3
+    assert all(rounds[r]["survivors"] == 4 for r in ("one_way", "select", "aim1"))
+    assert rounds["aim0"]["coverage_rows"] == sum(m["rows"].values()) - m["rows"]["p001"]
+    rec = m["dropout_recovery"]
+    assert rec["survivors_only"] == []
+    assert len(rec["cached"]) == rounds["aim0"]["cliques"] == 2
+    assert all(e["round"] == "aim0" and e["parties"] == ["p001"]
+               and e["from_round"] == "select" and e["staleness_rounds"] == 1
+               for e in rec["cached"])
+    # p001's own report: aim0 skipped and not paid for, aim1 counted again
+    events = [json.loads(x) for x in (res.out / "events.jsonl").read_text().splitlines()
+              if x.strip()]
+    mine = [e for e in events if e.get("party") == "p001"]
+    skipped = [e for e in mine if e["event"] == "synth.round_skipped"]
+    assert [e["name"] for e in skipped] == ["aim0"]
+    (done,) = [e for e in mine if e["event"] == "synth.party_done"]
+    status = {r["name"]: r["status"] for r in done["rounds"] if "name" in r}
+    assert status["aim0"] == "skipped: round closed while this party was away"
+    assert status["aim1"] == "counted"
+    paid = [what for what, _ in done["ledger"]]
+    assert paid == ["round 0 (one_way)", "round 1 (select)", "round 3 (aim1)"]
+    rho = cdp_rho(1.0, 1e-9)
+    aim0_cost = rho * cfg.aim_split[2] / sum(cfg.aim_split) / cfg.aim_rounds
+    assert done["rho_spent"] == pytest.approx(rho - aim0_cost, rel=1e-6)
+    assert (res.out / "synthetic.csv").stat().st_size > 0
