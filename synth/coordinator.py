@@ -29,7 +29,11 @@ and ``stage.done`` (with seconds) to the run's event log:
 
 ``metrics.json`` in OUT holds the figures the issue asks for (``avg_tv``, ``max_tv``,
 ``workload_error``, ``bytes_wire``, ``bytes_naive``, ``rho_spent`` per party, ``epsilon``,
-``delta``, ``wall_s``, ``ml_utility``) and the per-round details.
+``delta``, ``wall_s``, ``ml_utility``) and the per-round details, with the dropout
+recovery (:mod:`synth.cache`): ``dropout_recovery`` (``cached``: cliques completed with
+the absent parties' row share of an earlier release, and how stale it was;
+``survivors_only``: survivors' sums rescaled to all rows) and ``rounds[name].coverage_rows``
+(the rows the round's survivors hold).
 """
 
 from __future__ import annotations
