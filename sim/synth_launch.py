@@ -19,9 +19,11 @@ import contextlib
 import json
 import math
 import shutil
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -161,7 +163,7 @@ class _CoordinatorKill:
                 self.record["note"] = f"the coordinator exited ({proc.returncode}) first"
                 self.record["restarted_at_s"] = -1.0
                 return
-            self.record["killed_at_s"] = round(now - self.t0, 3)
+            self.record["killed_at_s"] = round(time.perf_counter() - self.t0, 3)
             self._restart()
             return
         if self.seen_at is None:
@@ -177,7 +179,7 @@ class _CoordinatorKill:
             return
         proc.kill()
         proc.wait()
-        self.record["killed_at_s"] = round(time.monotonic() - self.t0, 3)
+        self.record["killed_at_s"] = round(time.perf_counter() - self.t0, 3)
         self._restart()
 
     def _restart(self) -> None:
@@ -185,7 +187,7 @@ class _CoordinatorKill:
         new = _spawn([*self.argv, "--resume"], quiet=self.quiet)
         for d in self.procs:  # the launcher's table and the one being waited on
             d["coordinator"] = new
-        self.record["restarted_at_s"] = round(time.monotonic() - self.t0, 3)
+        self.record["restarted_at_s"] = round(time.perf_counter() - self.t0, 3)
 
 
 def read_ledgers(state_dir: Path) -> dict[str, Any]:
@@ -198,13 +200,65 @@ def read_ledgers(state_dir: Path) -> dict[str, Any]:
                 "rho_spent": float(doc["spent"]), "rho_budget": float(doc["rho_budget"]),
                 "entries": [w for w, _ in doc["ledger"]]}
     return out
+#: a fault for tests: ``(party_index, start, end)``; ``start`` and ``end`` are seconds
+#: (``start`` after the parties were started, ``end`` a duration after ``start``) or a
+#: coordinator stage event ``"STAGE started"`` / ``"STAGE done"`` in the run's event log
+Pause = tuple[int, float | str, float | str]
+
+
+class _Pauser(threading.Thread):
+    """Pauses (SIGSTOP) and resumes (SIGCONT) one party process per :data:`Pause`."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], pause: Pause, events: Path,
+                 stop: threading.Event) -> None:
+        super().__init__(daemon=True, name=f"pause-{pause[0]}")
+        self.proc, self.pause, self.events, self.stop = proc, pause, events, stop
+        self.t0 = time.monotonic()
+        self.record: dict[str, Any] = {"party_index": pause[0], "start": pause[1],
+                                       "end": pause[2]}
+        self.stopped = False
+
+    def _wait(self, spec: float | str, since: float) -> bool:
+        if not isinstance(spec, str):
+            return not self.stop.wait(max(0.0, since + float(spec) - time.monotonic()))
+        stage, _, what = spec.rpartition(" ")
+        want = {"started": "stage.started", "done": "stage.done"}[what]
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError):
+                for line in self.events.read_text().splitlines():
+                    with contextlib.suppress(ValueError):
+                        ev = json.loads(line)
+                        if ev.get("event") == want and ev.get("stage") == stage:
+                            return True
+            self.stop.wait(0.02)
+        return False
+
+    def run(self) -> None:
+        if not self._wait(self.pause[1], self.t0) or self.proc.poll() is not None:
+            return
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.stopped = True
+        at = time.monotonic()
+        self.record["paused_at_s"] = at - self.t0
+        try:
+            self._wait(self.pause[2], at)
+        finally:
+            self.resume()
+            self.record["paused_s"] = time.monotonic() - at
+
+    def resume(self) -> None:
+        if self.stopped:
+            self.stopped = False
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)
 
 
 def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
               run_id: str | None = None, timeout_s: float | None = None,
               quiet: bool = False, keys_dir: str | None = None,
               insecure: bool = False, kill_coordinator_at: str | None = None,
-              kill_delay_s: float = 0.0, restart_after_s: float = 1.0) -> LaunchResult:
+              kill_delay_s: float = 0.0, restart_after_s: float = 1.0,
+              pauses: list[Pause] | None = None) -> LaunchResult:
     """Run a FedForge job as processes and collect ``out/metrics.json``.
 
     Args:
@@ -224,6 +278,10 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             ``STAGE@POINT`` (e.g. ``round:select@unmask``) has it kill itself at that exact
             point of the stage (:data:`synth.coordinator.CRASH_POINT_ENV`).
             ``metrics["faults"]`` records it.
+        kill_delay_s / restart_after_s: see ``kill_coordinator_at``, seconds.
+        pauses: faults for tests (:data:`Pause`): the process hosting that party is
+            paused with SIGSTOP and resumed with SIGCONT (needs
+            ``parties_per_process = 1``); ``metrics["pauses"]`` says when.
 
     Each party keeps its privacy ledger in ``out/state/<id>.ledger.json``;
     ``metrics["ledger"]`` holds them, and ``metrics["ledger_within_plan"]`` says whether
@@ -241,6 +299,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     """
     t0 = time.perf_counter()
     out = Path(out)
+    if pauses and cfg.parties_per_process != 1:
+        raise ValueError("pauses need parties_per_process = 1 (one process per party)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         for stale in ("metrics.json", "synthetic.csv", "broker.addr"):
@@ -265,6 +325,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     procs: dict[str, subprocess.Popen[bytes]] = {}
     faults: list[dict[str, Any]] = []
     stack = contextlib.ExitStack()
+    pausers: list[_Pauser] = []
+    stop_pauses = threading.Event()
     try:
         sec = stack.enter_context(run_security(SYNTH_IDENTITIES, keys_dir=keys_dir,
                                                insecure=insecure, broker=broker))
@@ -288,6 +350,9 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
                                            "--data-dir", str(out / "data" / "parties"),
                                            "--state-dir", str(out / "state")],
                                           quiet=quiet)
+        for pause in pauses or []:
+            pausers.append(_Pauser(procs[f"parties{pause[0]}"], pause, events, stop_pauses))
+            pausers[-1].start()
         workers = {k: v for k, v in procs.items() if k != "broker"}
         if kill_coordinator_at is not None:
             kill = _CoordinatorKill(events, kill_coordinator_at, kill_delay_s, restart_after_s,
@@ -296,6 +361,10 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         wait_children(workers, watch={"broker": procs["broker"]} if "broker" in procs else None,
                       timeout_s=timeout_s, tick=kill if kill_coordinator_at is not None else None)
     finally:
+        stop_pauses.set()
+        for p in pausers:
+            p.join(5.0)
+            p.resume()
         for name in sorted(procs, key=lambda n: n == "broker"):
             _stop(procs[name])
         stack.close()
@@ -309,6 +378,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     metrics["ledger"] = ledger
     metrics["ledger_within_plan"] = all(v["rho_spent"] <= planned * (1 + 1e-9)
                                         for v in ledger.values())
+    if pausers:
+        metrics["pauses"] = [p.record for p in pausers]
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
     return LaunchResult(metrics=metrics, out=out)
 

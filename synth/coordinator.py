@@ -40,7 +40,11 @@ seed stage (``ff/<run>/all/resume``).
 
 ``metrics.json`` in OUT holds the figures the issue asks for (``avg_tv``, ``max_tv``,
 ``workload_error``, ``bytes_wire``, ``bytes_naive``, ``rho_spent`` per party, ``epsilon``,
-``delta``, ``wall_s``, ``ml_utility``) and the per-round details.
+``delta``, ``wall_s``, ``ml_utility``) and the per-round details, with the dropout
+recovery (:mod:`synth.cache`): ``dropout_recovery`` (``cached``: cliques completed with
+the absent parties' row share of an earlier release, and how stale it was;
+``survivors_only``: survivors' sums rescaled to all rows) and ``rounds[name].coverage_rows``
+(the rows the round's survivors hold).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from pubsub.config import to_mapping
 from pubsub.control import control_request
 from pubsub.security import CurveClient
 from synth.accounting import allocate, cdp_epsilon, cdp_rho
+from synth.cache import MarginalCache, Release, recover_round
 from synth.checkpoint import (
     CRASH_POINT_ENV,
     atomic_save_npz,
@@ -230,6 +235,12 @@ class Coordinator:
         self.never_keyed: tuple[str, ...] = ()
         self._maps_sent = False
         self._maps_round = 0
+        # dropout recovery (synth.cache): released aggregates, per round the estimates
+        # handed on, and what was recovered how; derived from the round results alone
+        self.cache = MarginalCache()
+        self._recovered: dict[str, dict[tuple[str, ...], NoisyMarginal]] = {}
+        self._one_way_releases: list[Release] = []
+        self.recovery: dict[str, list[dict[str, Any]]] = {"cached": [], "survivors_only": []}
         self.log = log.bind(run_id=run_id, party="coordinator")
         self.ckpt_path = self.stages_dir / "checkpoint.json"
         self.ckpt_dir = self.stages_dir / "ckpt"
@@ -652,10 +663,62 @@ class Coordinator:
         limit = limit_mb
         return lambda cliques: hypothetical_model_size(mdom, list(cliques)) <= limit
 
-    @staticmethod
-    def _noisy(res: _RoundResult) -> dict[tuple[str, ...], NoisyMarginal]:
-        return {c: NoisyMarginal(clique=c, values=v, sigma=res.sigma)
-                for c, v in split_marginals(res.values, res.plan).items()}
+    def _noisy(self, res: _RoundResult) -> dict[tuple[str, ...], NoisyMarginal]:
+        """The round's aggregate marginals as the engine gets them: estimates of the sums
+        over ALL parties' rows, after dropout recovery (:meth:`_recover`; computed once
+        per round, in round order)."""
+        got = self._recovered.get(res.plan.name)
+        if got is None:
+            got = self._recovered[res.plan.name] = self._recover(res)
+        return got
+
+    def _recover(self, res: _RoundResult) -> dict[tuple[str, ...], NoisyMarginal]:
+        """Dropout recovery of one round (:mod:`synth.cache`). The coordinator only ever
+        sees the SUM over the round's survivors; the cache is aggregate-level (nobody may
+        hold one party's noisy marginal under distributed noise). A clique whose earlier
+        release covered every absent party (dropped or never keyed) gets their row share
+        of the latest such release added ("cached"); any other clique of a round with
+        absent parties is the survivors' sum rescaled to all rows ("survivors_only").
+        Both are recorded in ``self.recovery`` (``metrics.json``: ``dropout_recovery``)
+        and logged. The round's releases join the cache afterwards; round 0's 1-way
+        releases join once the domain compression is known, compressed to it (the
+        cache is keyed by cliques of the compressed domain). The engine gets one sigma
+        per marginal: the largest per-cell one."""
+        r, name = res.plan.round, res.plan.name
+        if r > 0 and self._one_way_releases:
+            self.cache = self.cache.add(*(self._compressed(rel)
+                                          for rel in self._one_way_releases))
+            self._one_way_releases = []
+        raw = {c: (v, res.sigma) for c, v in split_marginals(res.values, res.plan).items()}
+        rec = recover_round(self.cache, round=r, name=name, marginals=raw,
+                            survivors=res.survivors, absent=(*res.dropped, *res.missing),
+                            rows=self.rows)
+        if r == 0:
+            self._one_way_releases = rec.releases
+        else:
+            self.cache = self.cache.add(*rec.releases)
+        self.recovery["cached"] += rec.cached
+        self.recovery["survivors_only"] += rec.survivors_only
+        if rec.cached or rec.survivors_only:
+            self.log.warning("synth.dropout_recovery", round=name,
+                             cached=[(e["clique"], e["from_round"], e["staleness_rounds"])
+                                     for e in rec.cached],
+                             survivors_only=[e["clique"] for e in rec.survivors_only],
+                             coverage_rows=rec.coverage_rows, rows=rec.rows)
+        return {c: NoisyMarginal(clique=c, values=e.values, sigma=float(e.sigma.max()))
+                for c, e in rec.estimates.items()}
+
+    def _compressed(self, rel: Release) -> Release:
+        """A round-0 1-way release on the compressed domain (merged cells sum their
+        counts and noise variances)."""
+        m = self.maps.get(rel.clique[0])
+        if m is None:
+            return rel
+        n = int(m.max()) + 1
+        return Release(round=rel.round, name=rel.name, clique=rel.clique,
+                       values=compress_marginal(rel.values, m),
+                       sigma=np.sqrt(np.bincount(m, weights=rel.sigma ** 2, minlength=n)),
+                       parties=rel.parties, rows=rel.rows)
 
     def _note_maps(self, plan: RoundPlan) -> None:
         """Replay :meth:`_maps_update`'s bookkeeping for a plan from the checkpoint."""
@@ -825,7 +888,7 @@ class Coordinator:
         with self._stage("synthesis"):
             cfg = self.cfg
             ms = self._measurements(results)
-            total = float(sum(self.rows[p] for p in results["one_way"].survivors))
+            total = float(sum(self.rows.values()))  # dropout recovery covers all rows
             n = cfg.synthetic_rows or int(sum(self.rows.values()))
             t0 = time.perf_counter()
 
@@ -889,6 +952,7 @@ class Coordinator:
                          "never_advertised": list(r.missing), "aggregate_sigma": r.sigma,
                          "quant_step": r.plan.step, "ring_bits_max": r.plan.ring_bits,
                          "ring_bits_mean": float(r.plan.widths.mean()),
+                         "coverage_rows": sum(self.rows[p] for p in r.survivors),
                          "seconds": r.seconds}
                   for name, r in results.items()}
         spent = {p: v for p, v in self.rho_party.items()}
@@ -911,6 +975,7 @@ class Coordinator:
             "compressed_domain": dict(zip(self.domain.attributes, self.cdomain.sizes,
                                           strict=True)),
             "rounds": rounds,
+            "dropout_recovery": self.recovery,
             "tree_pairs": ([list(c) for c in results["tree"].plan.cliques]
                            if "tree" in results else None),
             "fitted_cliques": fit.get("cliques"),

@@ -154,6 +154,8 @@ class SynthParty:
                         continue
                     await self._apply_maps(plan)
                     if self.client is not None and plan.round_id in self.seeded:
+                        if await self._closed_while_away(bus, plan):
+                            continue
                         await self._round(bus, plan)
                     else:
                         self.rounds.append({"round": plan.round, "name": plan.name,
@@ -167,6 +169,9 @@ class SynthParty:
                 raise ParticipantError(self.id, f"the coordinator went silent ({exc})",
                                        code=4) from None
             stats = bus.stats()
+        self.log.info("synth.party_done", rounds=self.rounds,
+                      rho_spent=self.accountant.spent if self.accountant else 0.0,
+                      ledger=list(self.accountant.ledger) if self.accountant else [])
         return {"party": self.id, "rows": int(len(self.frame)), "rounds": self.rounds,
                 "replays": self.replays,
                 "rho_spent": self.accountant.spent if self.accountant else 0.0,
@@ -287,6 +292,23 @@ class SynthParty:
         self.maps_round = plan.round
 
     # ------------------------------------------------------------------ one round
+    async def _closed_while_away(self, bus: Bus, plan: RoundPlan) -> bool:
+        """A plan found queued after an outage (e.g. the process was paused) whose round
+        is already closed: its ``unmask`` is buffered, or a later plan is. The party
+        skips it WITHOUT measuring (no budget spent: the coordinator unmasked the round
+        without this party) and records it; it rejoins at the next plan it gets in time.
+        """
+        await asyncio.sleep(0)  # let the reader buffer what the socket already holds
+        t = self.topics
+        closed = bus.try_next(t.unmask(plan.round))  # nothing else will read it
+        if closed is None and bus.pending(t.plan) == 0:
+            return False
+        self.log.warning("synth.round_skipped", round=plan.round, name=plan.name,
+                         why="unmask buffered" if closed is not None else "a later plan")
+        self.rounds.append({"round": plan.round, "name": plan.name,
+                            "status": "skipped: round closed while this party was away"})
+        return True
+
     def _measure(self, plan: RoundPlan) -> np.ndarray:
         """Noisy, quantised marginal codes of this party for ``plan`` (uint64)."""
         assert self.codes is not None and self.schema is not None

@@ -511,3 +511,68 @@ def test_reveal_layout_matches_what_each_survivor_reveals() -> None:
             got = clients[p].reveal_all(r, survivors, dropped)
             assert [(o, sh.kind) for o, sh in got.items()] == server.reveal_layout(
                 r, p, survivors, dropped)
+
+
+@pytest.mark.parametrize(("n", "threshold"), [(4, None), (6, 2), (6, 4), (7, None)])
+def test_every_dropout_count_up_to_n_minus_t_is_recovered_and_one_more_aborts(
+        n: int, threshold: int | None) -> None:
+    """Complete pairing graph (n <= 7): parties drop after the seed stage, before masking.
+    Every count of dropouts from 1 to n − t unmasks to exactly the survivors' sum;
+    n − t + 1 dropouts leave t − 1 survivors, and the round aborts with TooFewSurvivors."""
+    m, cells = 16, 12
+    rng = np.random.default_rng([n, threshold or 0])
+    ids = [f"p{i}" for i in range(n)]
+    cfg = SecAggConfig(session_id="sweep", party_ids=tuple(ids), threshold=threshold)
+    assert all(len(cfg.graph[p]) == n - 1 for p in ids)  # complete: any t survivors suffice
+    t = cfg.t
+    xs = {p: rng.integers(0, 2**12, cells, dtype=np.uint64) for p in ids}
+    for n_drop in range(1, n - t + 2):
+        drop = set(rng.choice(ids, n_drop, replace=False).tolist())
+        rid = f"r{n_drop}"
+        _, clients, server, specs = _setup(ids, m, cells, session=f"sweep{n_drop}",
+                                           rounds=(rid,), threshold=threshold)
+        for p in ids:
+            if p not in drop:  # a dropped party never masks: it left after the seeds
+                server.collect_masked(specs[rid], p, clients[p].masked(specs[rid], xs[p]))
+        if n_drop <= n - t:
+            total = _finish(clients, server, rid)
+            expected = sum(xs[p] for p in ids if p not in drop) & np.uint64(2**m - 1)
+            np.testing.assert_array_equal(total, expected, err_msg=f"{n_drop} dropped")
+        else:
+            with pytest.raises(TooFewSurvivors) as ei:
+                server.unmask_request(rid)
+            assert (ei.value.survivors, ei.value.threshold) == (t - 1, t)
+
+
+def test_server_state_survives_a_restart_and_unmasks_the_same_sum() -> None:
+    """A coordinator that died after the key and seed stages restores the session from its
+    checkpoint (public keys and routed ciphertexts only) and unmasks a round, with a
+    dropout, to exactly the sum the original server gets."""
+    import json
+
+    ids = [f"p{i}" for i in range(6)]
+    rng = np.random.default_rng(11)
+    xs = {p: rng.integers(0, 2**20, 300, dtype=np.uint64) for p in ids}
+    cfg, clients, server, specs = _setup(ids, 24, 300, rounds=("r1", "r2"))
+    state = json.loads(json.dumps(server.state_dict()))  # as the checkpoint stores it
+    assert "secret" not in json.dumps(state).lower()
+    restored = SecAggServer(cfg)
+    restored.load_state_dict(state)
+    assert restored.keyed == server.keyed and restored.seeded("r2") == server.seeded("r2")
+    ys = {p: clients[p].masked(specs["r2"], xs[p]) for p in ids[:-1]}  # p5 drops
+    for srv in (server, restored):
+        for p, y in ys.items():
+            srv.collect_masked(specs["r2"], p, y)
+    surv, drop = server.unmask_request("r2")
+    assert restored.unmask_request("r2") == (surv, drop) and drop == ("p5",)
+    revealed = {p: clients[p].reveal_all("r2", surv, drop) for p in surv}
+    a = server.unmask("r2", surv, drop, revealed)
+    b = restored.unmask("r2", surv, drop, revealed)
+    np.testing.assert_array_equal(a, b)
+    expected = sum(xs[p] for p in ids[:-1]) & np.uint64(2**24 - 1)
+    np.testing.assert_array_equal(b, expected)
+    with pytest.raises(ProtocolError, match="already has state"):
+        restored.load_state_dict(state)
+    other = SecAggServer(SecAggConfig(session_id="other", party_ids=tuple(ids)))
+    with pytest.raises(ProtocolError, match="session"):
+        other.load_state_dict(state)
