@@ -1,6 +1,6 @@
 """The ``psfl`` command: one console script with subcommands.
 
-``psfl demo`` · ``psfl vfl run|party|profile|plan|align`` · ``psfl synth run`` · ``psfl broker run|stats``
+``psfl demo`` · ``psfl vfl run|party|profile|plan|align`` · ``psfl synth run|add-workload`` · ``psfl broker run|stats``
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from pubsub.cli import add_security_arguments
@@ -353,6 +354,46 @@ def _record_plan(res: Any, pdoc: dict[str, Any]) -> None:
     write_json(res.out / "metrics.json", res.metrics)
 
 
+def _synth_add_workload(args: argparse.Namespace) -> int:
+    """``psfl synth add-workload RUN_DIR queries.json``: apply a workload update
+    (:func:`sim.synth_launch.add_workload`) and print its report."""
+    import json
+
+    from sim.synth_launch import add_workload
+    from synth.workload import WorkloadError
+
+    try:
+        queries = json.loads(Path(args.queries).read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot read {args.queries}: {exc}", file=sys.stderr)
+        return 2
+    if args.rho_share is not None and isinstance(queries, dict):
+        queries["rho_share"] = args.rho_share
+    res, code = _launch(lambda: add_workload(args.run_dir, queries, timeout_s=args.timeout_s,
+                                             compare_full=args.compare_full,
+                                             keys_dir=args.keys, insecure=args.insecure),
+                        what="every process", bad_input=(WorkloadError, TimeoutError))
+    if code is not None:
+        return code
+
+    def f(v: Any) -> str:
+        return "n/a" if v is None else f"{v:.4f}"
+
+    print(f"update {res.get('name')}: {res.get('status')}"
+          + (f" ({res['reason']})" if res.get("reason") else ""))
+    print(f"  measured {len(res.get('missing', []))} new marginal(s) "
+          f"{res.get('missing')}, already measured {res.get('already_measured')}, "
+          f"rho {res.get('rho', 0):.4g}")
+    print(f"  TV on its marginals: before {f(res.get('tv_before'))}, after "
+          f"{f(res.get('tv_after'))}; incremental refit {res.get('refit_s', 0):.2f} s "
+          f"({res.get('refit_iters')} iterations)")
+    if "full_refit_s" in res:
+        print(f"  from-scratch refit {res['full_refit_s']:.2f} s "
+              f"({res['full_refit_iters']} iterations), TV {f(res.get('tv_after_full_refit'))}")
+    print(f"  report: {Path(args.run_dir) / 'workload' / 'applied'}")
+    return 0
+
+
 def _synth_run(args: argparse.Namespace) -> int:
     """``psfl synth run``: FedForge on one machine (broker, coordinator, aggregators and
     parties as processes)."""
@@ -373,8 +414,9 @@ def _synth_run(args: argparse.Namespace) -> int:
           f"{cfg.bits or 'auto'}-bit, fan-out {cfg.fanout}, out {args.out}", flush=True)
     res, code = _launch(lambda: run_synth(cfg, args.out, broker=args.broker,
                                           run_id=args.run_id, timeout_s=args.timeout_s,
-                                          keys_dir=args.keys, insecure=args.insecure),
-                        what="every process", bad_input=(DomainError,))
+                                          keys_dir=args.keys, insecure=args.insecure,
+                                          kill_coordinator_at=args.kill_coordinator_at),
+                        what="every process", bad_input=(DomainError, ValueError))
     if code is not None:
         return code
     m = res.metrics
@@ -635,8 +677,25 @@ def build_parser() -> argparse.ArgumentParser:
     srun.add_argument("--run-id", help="run id (topic namespace); default random")
     srun.add_argument("--timeout-s", type=float, default=None,
                       help="kill the job after this many seconds")
+    srun.add_argument("--kill-coordinator-at", metavar="STAGE[@POINT]",
+                      help="fault: kill -9 the coordinator at this stage (e.g. round:select, "
+                      "or round:select@unmask for an exact point) and restart it with --resume")
     add_security_arguments(srun, kind="launcher")
     srun.set_defaults(func=_synth_run)
+    swl = ssub.add_parser("add-workload", help="add queries (marginals, weights) to a run in "
+                          "progress or finished: measure only what is missing, refit from "
+                          "the current model")
+    swl.add_argument("run_dir", help="the run directory (psfl synth run --out)")
+    swl.add_argument("queries", help='JSON: {"marginals": [["a","b","c"], ...], '
+                     '"weights": {"a,b": 2.0}, "rho_share": 0.5}')
+    swl.add_argument("--rho-share", type=float, help="fraction of the remaining stream "
+                     "reserve of rho to spend (overrides the file's rho_share)")
+    swl.add_argument("--compare-full", action="store_true",
+                     help="also refit from scratch and report both refits' time and error")
+    swl.add_argument("--timeout-s", type=float, default=None,
+                     help="kill the reopened job after this many seconds")
+    add_security_arguments(swl, kind="launcher")
+    swl.set_defaults(func=_synth_add_workload)
 
     simp = sub.add_parser("sim", help="heterogeneous clusters on one machine")
     simsub = simp.add_subparsers(dest="sim_command", required=True)

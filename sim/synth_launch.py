@@ -28,12 +28,14 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from sim.launch import LaunchResult, OutDirError, _spawn, _stop, run_security, start_broker
 from sim.launch import wait_children
 
 from synth.checkpoint import CRASH_POINT_ENV, read_json
+from synth.workload import WorkloadError, submit_workload
 from synth.config import SynthConfig, dump_synth_config
 from synth.protocol import build_tree
 
@@ -258,7 +260,9 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
               quiet: bool = False, keys_dir: str | None = None,
               insecure: bool = False, kill_coordinator_at: str | None = None,
               kill_delay_s: float = 0.0, restart_after_s: float = 1.0,
-              pauses: list[Pause] | None = None) -> LaunchResult:
+              pauses: list[Pause] | None = None,
+              workload: Mapping[str, Any] | None = None,
+              reopen: bool = False) -> LaunchResult:
     """Run a FedForge job as processes and collect ``out/metrics.json``.
 
     Args:
@@ -283,6 +287,13 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             paused with SIGSTOP and resumed with SIGCONT (needs
             ``parties_per_process = 1``); ``metrics["pauses"]`` says when.
 
+        workload: a workload update (:mod:`synth.workload`) queued before the job
+            starts, so the coordinator measures it after its own rounds (a full run
+            with the update; the baseline of an incremental ``add_workload``).
+        reopen: start the processes again for the finished run in ``out`` (its data,
+            config, run id, checkpoint and the parties' ledgers) to apply queued
+            workload updates; used by :func:`add_workload`.
+
     Each party keeps its privacy ledger in ``out/state/<id>.ledger.json``;
     ``metrics["ledger"]`` holds them, and ``metrics["ledger_within_plan"]`` says whether
     every party spent at most the planned ρ.
@@ -301,15 +312,17 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     out = Path(out)
     if pauses and cfg.parties_per_process != 1:
         raise ValueError("pauses need parties_per_process = 1 (one process per party)")
+    events = out / "events.jsonl"
     try:
         out.mkdir(parents=True, exist_ok=True)
-        for stale in ("metrics.json", "synthetic.csv", "broker.addr"):
-            (out / stale).unlink(missing_ok=True)
-        for stale_dir in ("stages", "state"):  # an earlier run's checkpoint and ledgers
-            if (out / stale_dir).is_dir():
-                shutil.rmtree(out / stale_dir)
-        events = out / "events.jsonl"
-        events.write_text("")
+        if not reopen:
+            for stale in ("metrics.json", "synthetic.csv", "broker.addr"):
+                (out / stale).unlink(missing_ok=True)
+            for stale_dir in ("stages", "state", "workload"):  # an earlier run's
+                if (out / stale_dir).is_dir():
+                    shutil.rmtree(out / stale_dir)
+            events.write_text("")
+        (out / RUN_LOCK).write_text(str(os.getpid()))
     except OSError as exc:
         raise OutDirError(f"cannot use {str(out)!r} as the run directory: "
                           f"{exc.strerror or exc}") from None
@@ -317,8 +330,16 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             and kill_coordinator_at.split("@")[0] not in coordinator_stages(cfg)):
         raise ValueError(f"kill_coordinator_at={kill_coordinator_at!r} is not a stage of this "
                          f"run: {coordinator_stages(cfg)}")
-    cfg, info = prepare_data(cfg, out)
-    (out / "config.toml").write_text(dump_synth_config(cfg))
+    if reopen:
+        info = json.loads((out / "metrics.json").read_text()).get("data", {})
+        ckpt = read_json(out / "stages" / "checkpoint.json") or {}
+        run_id = str(ckpt.get("run_id") or run_id)
+        (out / "config.toml").write_text(dump_synth_config(cfg))
+    else:
+        cfg, info = prepare_data(cfg, out)
+        (out / "config.toml").write_text(dump_synth_config(cfg))
+        if workload is not None:
+            submit_workload(out, workload)
     run_id = run_id or uuid.uuid4().hex[:8]
     ids = cfg.party_ids()
     tree = build_tree(ids, cfg.fanout)
@@ -336,7 +357,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
                   "--run-id", run_id, "--events", str(events), *sec.client_args]
         py = [sys.executable, "-m", "synth"]
         coord_argv = [*py, "coordinator", *common, "--schema", str(out / "schema.json"),
-                      "--out", str(out), "--eval-dir", str(out / "data")]
+                      "--out", str(out), "--eval-dir", str(out / "data"),
+                      *(["--resume"] if reopen else [])]
         procs["coordinator"] = _spawn(
             coord_argv, quiet=quiet,
             env={CRASH_POINT_ENV: kill_coordinator_at} if kill_coordinator_at
@@ -368,6 +390,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         for name in sorted(procs, key=lambda n: n == "broker"):
             _stop(procs[name])
         stack.close()
+        (out / RUN_LOCK).unlink(missing_ok=True)
     metrics = json.loads((out / "metrics.json").read_text())
     metrics["security"] = sec.describe()
     metrics["wall_s"] = time.perf_counter() - t0
@@ -384,4 +407,76 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     return LaunchResult(metrics=metrics, out=out)
 
 
-__all__ = ["coordinator_stages", "prepare_data", "read_ledgers", "run_synth"]
+#: A run in progress holds this file in its directory (the launcher's pid).
+RUN_LOCK = "run.lock"
+
+
+def run_in_progress(run_dir: Path) -> bool:
+    """Whether a launcher process is running the job in ``run_dir``."""
+    try:
+        pid = int((Path(run_dir) / RUN_LOCK).read_text())
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def add_workload(run_dir: str | Path, queries: Mapping[str, Any], *,
+                 timeout_s: float | None = None, quiet: bool = False,
+                 compare_full: bool = False, wait_s: float = 3600.0,
+                 keys_dir: str | None = None, insecure: bool = False) -> dict[str, Any]:
+    """``psfl synth add-workload``: queue a workload update for a run and apply it.
+
+    A run in progress gets it through its directory (its coordinator applies queued
+    updates after its rounds); if the update is still queued when that run ends, or the
+    run had finished already, the run is reopened (:func:`run_synth` with ``reopen``):
+    the parties start again with their ledgers, the coordinator resumes from its
+    checkpoint, measures only the missing marginals in a new secure-aggregation session and
+    refits incrementally from the saved model.
+
+    Args:
+        run_dir: a FedForge run directory (``psfl synth run --out``).
+        queries: the update (:func:`synth.workload.parse_workload`).
+        timeout_s: deadline of the reopened job, seconds.
+        compare_full: also refit from scratch and report both (``stream_compare_full``).
+        wait_s: how long to wait for a run in progress to end, seconds.
+
+    Returns:
+        The update's report (``workload/applied/<file>``'s ``report``) and the run's
+        metrics under ``"metrics"``.
+
+    Raises:
+        synth.workload.WorkloadError: bad queries, or no run in ``run_dir``.
+        LaunchError, JobTimeout: as :func:`run_synth`; TimeoutError: the run in progress
+            did not end within ``wait_s``.
+    """
+    from synth.config import load_synth_config
+
+    run_dir = Path(run_dir)
+    path = submit_workload(run_dir, queries)
+    deadline = time.monotonic() + wait_s
+    while run_in_progress(run_dir):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the run in {run_dir} did not end within {wait_s:.0f} s; "
+                               f"the update stays queued as {path}")
+        time.sleep(0.5)
+    applied = run_dir / "workload" / "applied" / path.name
+    if not applied.exists():
+        if not (run_dir / "metrics.json").exists():
+            raise WorkloadError(f"the run in {run_dir} did not finish (no metrics.json); "
+                                f"the update stays queued as {path}")
+        cfg = load_synth_config(run_dir / "config.toml",
+                                ["stream_compare_full=true"] if compare_full else [])
+        run_synth(cfg, run_dir, reopen=True, timeout_s=timeout_s, quiet=quiet,
+                  keys_dir=keys_dir, insecure=insecure)
+    doc = read_json(applied) or {}
+    return {**doc.get("report", {}),
+            "metrics": json.loads((run_dir / "metrics.json").read_text())}
+
+
+__all__ = ["RUN_LOCK", "add_workload", "coordinator_stages", "run_in_progress", "prepare_data", "read_ledgers", "run_synth"]

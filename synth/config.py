@@ -106,6 +106,13 @@ class SynthConfig:
             threads on a loaded machine and 29 s with one.
         parties_per_process: party tasks hosted by one OS process (each with its own bus
             connection); the launcher starts ceil(K / this) party processes.
+        stream_rho_frac: fraction of the total ρ held back from the mechanism for
+            streaming workload updates (``psfl synth add-workload``; issue 7): the
+            mechanism's rounds spend ``(1 - this) ρ``, updates the rest. 0: none.
+        stream_iters: fitting iterations of an incremental refit after a workload update,
+            warm-started from the current model (0: a quarter of the engine's default).
+        stream_compare_full: after an incremental refit also refit from scratch (timed),
+            to report the incremental refit's time and error against it.
     """
 
     dataset: str = "adult"
@@ -144,6 +151,9 @@ class SynthConfig:
     engine_iters: int = 0
     engine_threads: int = 1
     parties_per_process: int = 5
+    stream_rho_frac: float = 0.0
+    stream_iters: int = 0
+    stream_compare_full: bool = False
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> ConfigError:
@@ -203,6 +213,10 @@ class SynthConfig:
             raise bad("engine_threads", f"must be >= 1, got {self.engine_threads}")
         if self.engine_iters < 0:
             raise bad("engine_iters", f"must be >= 0, got {self.engine_iters}")
+        if not 0.0 <= self.stream_rho_frac < 1.0:
+            raise bad("stream_rho_frac", f"must be in [0, 1), got {self.stream_rho_frac}")
+        if self.stream_iters < 0:
+            raise bad("stream_iters", f"must be >= 0, got {self.stream_iters}")
         if self.parties_per_process < 1:
             raise bad("parties_per_process", f"must be >= 1, got {self.parties_per_process}")
 

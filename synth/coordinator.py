@@ -55,7 +55,7 @@ import math
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,7 @@ from synth.checkpoint import (
 )
 from synth.config import SynthConfig
 from synth.domain import Schema, decode, encode
-from synth.engine import NoisyMarginal, make_engine
+from synth.engine import NoisyMarginal, load_warm_start, make_engine, model_state
 from synth.mechanism import party_noise_variance
 from synth.netutil import array_to_words
 from synth.party import bus_config, topic_limits
@@ -101,6 +101,7 @@ from synth.protocol import (
     secagg_degree,
     split_marginals,
 )
+from synth.workload import WorkloadError, WorkloadUpdate, mark_applied, pending_updates
 from synth.secagg import (
     PartyKeys,
     SHARE_BYTES,
@@ -127,11 +128,20 @@ log = structlog.get_logger(__name__)
 RESUME_EVERY_S = 2.0
 
 
+#: Config keys that may change between a run and its resumption (deadlines, process
+#: layout, how an update is refitted); every other key must match the checkpoint.
+_OPERATIONAL = frozenset({"round_timeout_s", "handshake_timeout_s", "connect_timeout_s",
+                          "parties_per_process", "engine_threads", "stream_iters",
+                          "stream_compare_full"})
+
+
 def _fingerprint(cfg: SynthConfig, schema: Schema) -> str:
-    """What a checkpoint must match to be resumed: the config and the schema."""
+    """What a checkpoint must match to be resumed: the config (but its operational keys)
+    and the schema."""
     import hashlib
 
-    doc = json.dumps({"config": to_mapping(cfg), "schema": schema.fingerprint()},
+    conf = {k: v for k, v in to_mapping(cfg).items() if k not in _OPERATIONAL}
+    doc = json.dumps({"config": conf, "schema": schema.fingerprint()},
                      sort_keys=True, default=str)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
@@ -249,7 +259,12 @@ class Coordinator:
         self.ckpt: dict[str, Any] = {
             "version": 1, "run_id": run_id, "fingerprint": self.fingerprint,
             "done": [], "rows": {}, "rho_party": {}, "server": None, "never_keyed": [],
-            "results": {}, "pending": {}, "selects": {}, "restarts": 0, "stage_s": {}}
+            "results": {}, "pending": {}, "selects": {}, "restarts": 0, "stage_s": {},
+            "session": 0, "stream_rho_left": None, "workload": [], "model": None}
+        self.s = 0  # the secure-aggregation session (a reopened finished run starts a new one)
+        self.reopened = False
+        self.weights: dict[tuple[str, ...], float] = {}
+        self.updates: list[dict[str, Any]] = []  # this process's applied workload updates
         if resume:
             self._load_checkpoint()
         elif self.ckpt_path.exists():
@@ -281,7 +296,18 @@ class Coordinator:
         self.rho_party.update({str(p): float(v) for p, v in doc["rho_party"].items()})
         self.stage_s.update(doc.get("stage_s", {}))
         self.never_keyed = tuple(doc.get("never_keyed", ()))
-        if doc.get("server") is not None:
+        self.weights = {tuple(w["clique"]): float(w["weight"]) for w in doc.get("weights", [])}
+        if "synthesis" in doc["done"]:
+            # a finished run reopened (a workload update): the participants are new
+            # processes with new keys, so a new secure-aggregation session
+            self.reopened = True
+            self.s = int(doc.get("session", 0)) + 1
+            doc["session"] = self.s
+            self.session = replace(self.session, session_id=f"{self.run_id}/{self.s}",
+                                   graph_seed=np.random.default_rng(
+                                       [self.cfg.seed, self.s]).bytes(16).hex())
+            self.server = SecAggServer(self.session.secagg())
+        elif doc.get("server") is not None:
             self.server.load_state_dict(doc["server"])
         self.bytes_naive, self.bytes_naive_direct = doc.get("bytes_naive", [0, 0])
         self.log.info("coordinator.resumed", done=self.resumed_from,
@@ -298,6 +324,10 @@ class Coordinator:
 
     def _done(self, stage: str) -> bool:
         return stage in self.ckpt["done"]
+
+    def _sk(self, stage: str) -> str:
+        """A per-session stage's checkpoint name (``keys``, ``keys:1``, ...)."""
+        return stage if self.s == 0 else f"{stage}:{self.s}"
 
     def _mark(self, stage: str, *, server: bool = False) -> None:
         if stage not in self.ckpt["done"]:
@@ -393,6 +423,7 @@ class Coordinator:
             wire = self._wire_bytes()
         synthetic, fit = await self._synthesis_stage(results)
         quality = await self._quality_stage(synthetic)
+        await self._report_updates(fit)
         metrics = self._metrics(rho_total, results, fit, quality, wire,
                                 wall_s=time.perf_counter() - t0)
         (self.out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
@@ -403,7 +434,7 @@ class Coordinator:
 
     async def _schema_stage(self, bus: Bus) -> None:
         t = self.topics
-        if self._done("schema"):
+        if self._done(self._sk("schema")):
             # participants still saying hello when the last coordinator died get it now
             # (joined ones ignore it); repeated while the new connection settles
             for _ in range(3):
@@ -414,6 +445,7 @@ class Coordinator:
             expect = set(self.parties) | set(self.tree.aggregators)
             got = await self._collect(bus, t.hello, expect, self.cfg.handshake_timeout_s,
                                       resume_stage="schema")
+            rows_before = dict(self.rows)
             await self._crash_point("schema@collected")
             missing = sorted(expect - set(got))
             if missing:
@@ -424,10 +456,13 @@ class Coordinator:
             if min(self.rows.values()) < 1:
                 empty = sorted(p for p, n in self.rows.items() if n < 1)
                 raise CoordinatorError(f"parties without rows: {empty}", code=2)
+            if self.reopened and rows_before and rows_before != self.rows:
+                raise CoordinatorError("the parties of the reopened run hold other rows "
+                                       f"than before: {rows_before} != {self.rows}", code=2)
             self._write("schema", {"schema": self.schema.to_dict(), "rows": self.rows,
                                    "fingerprint": self.schema.fingerprint(),
                                    "tree": self.tree.to_dict()})
-            self._mark("schema")
+            self._mark(self._sk("schema"))
             bus.publish_nowait(t.schema, (), self._schema_message())
 
     def _budget_stage(self) -> tuple[float, dict[str, float]]:
@@ -436,17 +471,100 @@ class Coordinator:
             weights = cfg.mst_split if cfg.mechanism == "mst" else cfg.aim_split
             if cfg.private:
                 rho = cdp_rho(cfg.epsilon, cfg.delta)
-                r1, r2, r3 = allocate(rho, list(weights))
+                r1, r2, r3 = allocate(rho * (1.0 - cfg.stream_rho_frac), list(weights))
+                reserve = rho * cfg.stream_rho_frac
             else:
                 rho, r1, r2, r3 = math.inf, math.inf, math.inf, math.inf
+                reserve = math.inf
+            if self.ckpt["stream_rho_left"] is None:
+                self.ckpt["stream_rho_left"] = reserve
             split = {"one_way": r1, "select": r2,
                      ("tree" if cfg.mechanism == "mst" else "adaptive"): r3}
             self._write("budget", {"epsilon": cfg.epsilon, "delta": cfg.delta, "rho": rho,
-                                   "split": split, "mechanism": cfg.mechanism,
+                                   "split": split, "stream_reserve": reserve,
+                                   "mechanism": cfg.mechanism,
                                    "conversion": "Canonne-Kamath-Steinke 2020 (tight)"})
             return rho, split
 
     async def _measure(self, bus: Bus, split: dict[str, float]) -> dict[str, _RoundResult]:
+        """The mechanism's rounds, then any queued workload updates' rounds."""
+        results = await self._measure_plan(bus, split)
+        await self._workload_stage(bus, results)
+        return results
+
+    async def _workload_stage(self, bus: Bus, results: dict[str, _RoundResult]) -> None:
+        """Apply queued workload updates (:mod:`synth.workload`): measure each update's
+        marginals that no round measured yet, in a round of their own, with its share of
+        the remaining stream reserve of ρ; weights apply to the fit. Each update is noted
+        in the checkpoint before its round (so a restart measures it once)."""
+        try:
+            queued = pending_updates(self.out, self.schema.names)
+        except WorkloadError as exc:
+            self.log.warning("workload.refused", error=str(exc))
+            queued = []
+        if self.reopened:  # new party processes: the next plan carries the compression
+            self._maps_sent = False
+        for path, up in queued:
+            rec = next((w for w in self.ckpt["workload"] if w["file"] == path.name), None)
+            if rec is None:
+                rec = self._plan_update(path.name, up, results)
+                self.ckpt["workload"].append(rec)
+                self._save()
+            if rec["missing"] and rec["status"] == "planned":
+                with self._stage(f"workload:{rec['name']}"):
+                    t0 = time.perf_counter()
+                    await self._seed_batch(bus, rec["batch"], [rec["round"]])
+                    results[rec["name"]] = await self._round(
+                        bus, rec["round"], rec["name"], [tuple(c) for c in rec["missing"]],
+                        rec["rho"])
+                    rec["measure_s"] = time.perf_counter() - t0
+            if rec["status"] == "planned":
+                rec["status"] = "measured"
+                left = self.ckpt["stream_rho_left"]
+                self.ckpt["stream_rho_left"] = max(0.0, left - rec["rho"])
+            for c, w in up.weights.items():
+                self.weights[c] = w
+            self.ckpt["weights"] = [{"clique": list(c), "weight": w}
+                                    for c, w in self.weights.items()]
+            self._save()
+            self.updates.append({**rec, "path": str(path)})
+            self.log.info("workload.measured", update=rec["name"], missing=rec["missing"],
+                          already=rec["already_measured"], rho=rec["rho"])
+
+    def _plan_update(self, file: str, up: WorkloadUpdate,
+                     results: dict[str, _RoundResult]) -> dict[str, Any]:
+        """What an update measures: its marginals that no round measured (as a clique in
+        any order), within ``max_cells``, with ``rho_share`` of the remaining reserve."""
+        measured = {frozenset(c) for r in results.values() for c in r.plan.cliques}
+        missing, already, refused = [], [], []
+        for c in up.marginals:
+            if frozenset(c) in measured:
+                already.append(list(c))
+            elif self.cdomain.size(c) > self.cfg.max_cells:
+                refused.append({"clique": list(c), "cells": self.cdomain.size(c),
+                                "reason": f"more than max_cells={self.cfg.max_cells}"})
+            else:
+                missing.append(list(c))
+        left = float(self.ckpt["stream_rho_left"])
+        rho = up.rho_share * left if missing else 0.0
+        n = len(self.ckpt["workload"])
+        r = 1 + max(res.plan.round for res in results.values())
+        rec: dict[str, Any] = {
+            "file": file, "name": f"wl{n}", "round": r, "batch": 1 + n + self.s,
+            "requested": [list(c) for c in up.marginals], "missing": missing, "already_measured": already, "refused": refused,
+            "weights": {",".join(c): w for c, w in up.weights.items()},
+            "rho": rho, "rho_share": up.rho_share, "reserve_before": left,
+            "status": "planned", "session": self.s}
+        if missing and not rho > 0:
+            rec["status"] = "refused"
+            rec["reason"] = ("no stream reserve of rho left (set synth.stream_rho_frac > 0 "
+                             "before the run)")
+            self.log.warning("workload.refused", update=rec["name"], reason=rec["reason"])
+            rec["missing"] = []
+        return rec
+
+    async def _measure_plan(self, bus: Bus, split: dict[str, float]
+                            ) -> dict[str, _RoundResult]:
         d = self.domain
         results: dict[str, _RoundResult] = {}
         await self._keys_stage(bus)
@@ -493,15 +611,15 @@ class Coordinator:
 
     async def _keys_stage(self, bus: Bus) -> None:
         """Once per session: collect the parties' public keys, send each its neighbours'."""
-        t, server = self.topics, self.server
-        if self._done("keys"):  # the answers may not have left before the crash
+        t, server, s = self.topics, self.server, self.s
+        if self._done(self._sk("keys")):  # the answers may not have left before the crash
             for p in server.keyed:
                 meta, arr = pack_blobs({q: v.mask_public + v.enc_public
                                         for q, v in server.keys_for(p).items()})
-                bus.publish_nowait(t.nk(0, p), [arr], meta)
+                bus.publish_nowait(t.nk(s, p), [arr], meta)
             return
-        with self._stage("keys"):
-            got = await self._collect(bus, t.pk(0), set(self.parties), self.cfg.round_timeout_s,
+        with self._stage(self._sk("keys")):
+            got = await self._collect(bus, t.pk(s), set(self.parties), self.cfg.round_timeout_s,
                                       resume_stage="keys")
             for p, msg in got.items():
                 raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
@@ -512,11 +630,12 @@ class Coordinator:
                        for p in sorted(got)}
             await self._crash_point("keys@collected")
             self.never_keyed = tuple(sorted(set(self.parties) - set(got)))
-            self._mark("keys", server=True)
+            self._mark(self._sk("keys"), server=True)
             await self._crash_point("keys@marked")
             for p, (meta, arr) in answers.items():
-                bus.publish_nowait(t.nk(0, p), [arr], meta)
-            self._write("keys", {"session": self.session.to_meta(), "keyed": sorted(got),
+                bus.publish_nowait(t.nk(s, p), [arr], meta)
+            self._write(self._sk("keys").replace(":", "_"),
+                        {"session": self.session.to_meta(), "keyed": sorted(got),
                                  "never_advertised": list(self.never_keyed)})
             if self.never_keyed:
                 self.log.warning("synth.never_keyed", parties=list(self.never_keyed))
@@ -557,14 +676,24 @@ class Coordinator:
         self._maps_round = r
         return {a: tuple(int(x) for x in v) for a, v in self.maps.items()}
 
-    def _fit(self, ms: list[NoisyMarginal], total: float, iters: int | None) -> Any:
+    def _fit(self, ms: list[NoisyMarginal], total: float, iters: int | None,
+             warm_start: Any = None) -> Any:
         """The engine fit to ``ms`` on the compressed domain (``iters``: 0/None = the
-        engine's default)."""
+        engine's default). Workload weights (:mod:`synth.workload`) scale a marginal's
+        weight in the fit as a noise std of ``sigma / sqrt(w)`` (weighted least squares);
+        ``warm_start`` continues from an earlier model."""
         kw: dict[str, Any] = {}
         if iters:
             kw["iters" if self.engine == "mbi" else "steps"] = iters
+        if self.weights:
+            ms = [NoisyMarginal(clique=m.clique, values=m.values,
+                                sigma=m.sigma / math.sqrt(self.weights[tuple(sorted(m.clique))]))
+                  if tuple(sorted(m.clique)) in self.weights else m for m in ms]
         return make_engine(self.engine, **kw).fit(self.cdomain, ms, total=total,
-                                                  seed=self.cfg.seed)
+                                                  seed=self.cfg.seed, warm_start=warm_start)
+
+    def _default_iters(self) -> int:
+        return self.cfg.engine_iters or (1000 if self.engine == "mbi" else 1500)
 
     def _measurements(self, results: dict[str, _RoundResult]) -> list[NoisyMarginal]:
         """Every noisy aggregate marginal the engine gets: the compressed 1-way ones, the
@@ -890,24 +1019,92 @@ class Coordinator:
             ms = self._measurements(results)
             total = float(sum(self.rows.values()))  # dropout recovery covers all rows
             n = cfg.synthetic_rows or int(sum(self.rows.values()))
-            t0 = time.perf_counter()
+            warm, iters, before = None, cfg.engine_iters, None
+            saved = self.ckpt.get("model")
+            if self.reopened and saved and self.updates:  # incremental: from the model
+                warm = load_warm_start(self.cdomain, saved["meta"],
+                                       load_npz(self.ckpt_dir / saved["file"]))
+                iters = cfg.stream_iters or max(1, self._default_iters() // 4)
+                prev = self.stages_dir / "synthetic_codes.npy"
+                before = np.load(prev) if prev.exists() else None
 
-            def fit_and_sample() -> tuple[np.ndarray, pd.DataFrame]:
-                model = self._fit(ms, total, cfg.engine_iters)
+            def fit_and_sample(warm_start: Any, it: int | None
+                               ) -> tuple[Any, np.ndarray, pd.DataFrame, float]:
+                t0 = time.perf_counter()
+                model = self._fit(ms, total, it, warm_start)
                 rng = np.random.default_rng([cfg.seed, 7])
                 codes = uncompress_codes(np.asarray(model.sample(n, rng), dtype=np.int32),
                                          self.domain, self.maps, rng)
-                return codes, decode(codes, self.schema, rng)
+                return model, codes, decode(codes, self.schema, rng), time.perf_counter() - t0
 
-            codes, frame = await asyncio.to_thread(fit_and_sample)
-            fit_s = time.perf_counter() - t0
+            compile_s = None
+            if warm is not None and cfg.stream_compare_full:
+                # both refits timed hot: the engine's one-off compilation of the new
+                # cliques (JAX, for mbi) is paid here, untimed in either
+                t0 = time.perf_counter()
+                await asyncio.to_thread(self._fit, ms, total, 1, warm)
+                compile_s = time.perf_counter() - t0
+            model, codes, frame, fit_s = await asyncio.to_thread(fit_and_sample, warm, iters)
+            full: dict[str, Any] | None = None
+            if warm is not None and cfg.stream_compare_full:  # the baseline: from scratch
+                _, fcodes, _, full_s = await asyncio.to_thread(fit_and_sample, None,
+                                                               cfg.engine_iters)
+                full = {"fit_s": full_s, "codes": fcodes, "iters": self._default_iters(),
+                        "compile_s": compile_s}
             frame.to_csv(self.out / "synthetic.csv", index=False)
             np.save(self.stages_dir / "synthetic_codes.npy", codes)
+            meta, arrays = model_state(model)
+            atomic_save_npz(self.ckpt_dir / "model.npz", **arrays)
+            self.ckpt["model"] = {"file": "model.npz", "meta": meta}
+            self._mark("synthesis")
             fitted = list(dict.fromkeys(m.clique for m in ms if len(m.clique) > 1))
             fit = {"engine": self.engine, "fit_s": fit_s, "rows": n, "total": total,
-                   "measurements": len(ms), "cliques": [list(c) for c in fitted]}
+                   "measurements": len(ms), "cliques": [list(c) for c in fitted],
+                   "incremental": warm is not None,
+                   "iters": iters or self._default_iters()}
             self._write("synthesis", fit)
-            return frame, {**fit, "codes": codes}
+            return frame, {**fit, "codes": codes, "codes_before": before, "full": full}
+
+    async def _report_updates(self, fit: dict[str, Any]) -> None:
+        """Per workload update applied by this coordinator: the total variation distance
+        on its marginals before (the previous synthetic data) and after (the new), the
+        incremental refit's seconds and, with ``stream_compare_full``, a from-scratch
+        refit's seconds and distance; the update moves to ``workload/applied/``."""
+        if not self.updates:
+            return
+        from synth.quality import workload_tv
+
+        def tv(codes: np.ndarray | None, wl: list[tuple[str, ...]]) -> float | None:
+            if codes is None or self.eval_data is None or not wl:
+                return None
+            real = encode(self.eval_data.train[list(self.schema.names)], self.schema)
+            return float(workload_tv(real, codes, self.domain, wl,
+                                     max_cells=self.cfg.max_cells)["avg_tv"])
+
+        full = fit.get("full")
+        for u in self.updates:
+            wl = [tuple(c) for c in u["requested"]]
+            report = {
+                "name": u["name"], "status": u["status"], "reason": u.get("reason"),
+                "requested": u["requested"], "missing": u["missing"],
+                "already_measured": u["already_measured"], "refused": u["refused"],
+                "rho": u["rho"], "measure_s": u.get("measure_s", 0.0),
+                "incremental_refit": bool(fit.get("incremental")),
+                "refit_s": fit["fit_s"], "refit_iters": fit["iters"],
+                "tv_before": await asyncio.to_thread(tv, fit.get("codes_before"), wl),
+                "tv_after": await asyncio.to_thread(tv, fit["codes"], wl),
+            }
+            if full is not None:
+                report["full_refit_s"] = full["fit_s"]
+                report["full_refit_iters"] = full["iters"]
+                report["compile_s"] = full["compile_s"]
+                report["tv_after_full_refit"] = await asyncio.to_thread(tv, full["codes"], wl)
+                report["refit_time_ratio"] = fit["fit_s"] / full["fit_s"]
+            u["report"] = report
+            mark_applied(self.out, Path(u["path"]), report)
+            self.log.info("workload.applied", **{k: v for k, v in report.items()
+                                                  if k in ("name", "tv_before", "tv_after",
+                                                           "refit_s")})
 
     async def _quality_stage(self, synthetic: pd.DataFrame) -> dict[str, Any]:
         with self._stage("quality"):
@@ -928,7 +1125,10 @@ class Coordinator:
                                        "avg_l1": tv["avg_l1"], "workload_error": tv["avg_l1"],
                                        "n_workload": tv["n_marginals"],
                                        "workload": f"all {cfg.workload_k}-way marginals"}
-                if cfg.label:
+                if cfg.label and self.reopened:
+                    out["ml_utility_skipped"] = ("a workload update (reopened run): ML "
+                                                 "utility is that of the first synthesis")
+                elif cfg.label:
                     try:
                         out["ml_utility"] = ml_utility(ev.train, synthetic, ev.holdout,
                                                        cfg.label, random_state=cfg.seed)
@@ -982,6 +1182,9 @@ class Coordinator:
             "synthesis": {k: v for k, v in fit.items() if k != "codes"},
             "stage_s": self.stage_s, "wall_s": wall_s, "run_id": self.run_id,
             "restarts": int(self.ckpt["restarts"]),
+            "session": self.s,
+            "stream_rho_left": self.ckpt["stream_rho_left"],
+            "workload_updates": [u.get("report", u) for u in self.updates],
             "resumed_after": self.resumed_from,
             "rows": self.rows, "config": to_mapping(cfg),
         }

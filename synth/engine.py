@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -290,9 +290,13 @@ class MbiEngine:
 
     def fit(self, domain: Domain, marginals: Sequence[NoisyMarginal], *,
             total: float | None = None, workload: Sequence[Clique] | None = None,
-            seed: int = 0) -> MbiFittedModel:
+            seed: int = 0, warm_start: Any = None) -> MbiFittedModel:
         """Fit a graphical model (``workload`` and ``seed`` are unused: the fit is
-        deterministic and its loss is the likelihood of the measurements)."""
+        deterministic and its loss is the likelihood of the measurements).
+
+        ``warm_start``: an earlier :class:`MbiFittedModel` or potentials from
+        :func:`load_warm_start`; mbi expands its potentials to any new cliques and starts
+        the mirror descent there (issue 7: incremental refits after a workload update)."""
         mbi = _import_mbi()
         check_marginals(domain, marginals)
         tot = _resolve_total(total, marginals)
@@ -303,8 +307,9 @@ class MbiEngine:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             est = mbi.estimation.MirrorDescent(stepsize=self.stepsize)
+            warm = warm_start.model if isinstance(warm_start, MbiFittedModel) else warm_start
             model = est.estimate(mdom, meas, known_total=tot, iters=int(self.iters),
-                                 tol=self.tol)
+                                 tol=self.tol, warm_start=warm)
         return MbiFittedModel(domain=domain, total=tot, model=model,
                               fit_seconds=time.perf_counter() - t0)
 
@@ -409,8 +414,12 @@ class NeuralEngine:
 
     def fit(self, domain: Domain, marginals: Sequence[NoisyMarginal], *,
             total: float | None = None, workload: Sequence[Clique] | None = None,
-            seed: int = 0) -> NeuralFittedModel:
+            seed: int = 0, warm_start: Any = None) -> NeuralFittedModel:
         """Train the relaxed dataset (deterministic for a given ``seed`` on CPU).
+
+        ``warm_start``: an earlier :class:`NeuralFittedModel` with the same rows: its
+        per-row distributions initialise the logits (their logs), so training continues
+        from it (issue 7: incremental refits after a workload update).
 
         Raises:
             EngineInputError: bad marginals or total.
@@ -435,8 +444,14 @@ class NeuralEngine:
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(int(seed))
         dt = torch.float32
-        logits = [torch.nn.Parameter(torch.randn(self.rows, k, generator=gen, dtype=dt)
-                                     * self.init_scale) for k in domain.sizes]
+        if (isinstance(warm_start, NeuralFittedModel)
+                and all(p.shape == (self.rows, k) for p, k in zip(warm_start.probs, domain.sizes,
+                                                                  strict=True))):
+            logits = [torch.nn.Parameter(torch.log(torch.as_tensor(p, dtype=dt).clamp_min(1e-12)))
+                      for p in warm_start.probs]
+        else:
+            logits = [torch.nn.Parameter(torch.randn(self.rows, k, generator=gen, dtype=dt)
+                                         * self.init_scale) for k in domain.sizes]
         targets = [torch.as_tensor(m.values / tot, dtype=dt) for m in marginals]
         idxs = [[domain.index(a) for a in m.clique] for m in marginals]
         wt = [float(w) for w in wts]
@@ -461,6 +476,48 @@ class NeuralEngine:
             probs_np = tuple(torch.softmax(lg, dim=1).double().numpy() for lg in logits)
         return NeuralFittedModel(domain=domain, total=tot, probs=probs_np,
                                  losses=tuple(losses), fit_seconds=time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------- persistence
+def model_state(model: MbiFittedModel | NeuralFittedModel) -> tuple[dict[str, Any],
+                                                                    dict[str, np.ndarray]]:
+    """``(meta, arrays)`` that :func:`load_warm_start` turns back into a warm start: mbi's
+    potentials per clique, or the neural model's per-row distributions. For checkpoints
+    (``.npz`` arrays beside JSON meta)."""
+    if isinstance(model, NeuralFittedModel):
+        return ({"engine": "neural", "total": model.total, "n": len(model.probs)},
+                {f"p{j}": np.asarray(p) for j, p in enumerate(model.probs)})
+    pot = model.model.potentials
+    cliques = [list(c) for c in pot.cliques]
+    return ({"engine": "mbi", "total": model.total, "cliques": cliques},
+            {f"c{i}": np.asarray(pot.tables[tuple(c)].values) for i, c in enumerate(cliques)})
+
+
+def load_warm_start(domain: Domain, meta: Mapping[str, Any],
+                    arrays: Mapping[str, np.ndarray]) -> Any:
+    """A ``warm_start`` for :meth:`MbiEngine.fit` / :meth:`NeuralEngine.fit` from
+    :func:`model_state`'s output.
+
+    Raises:
+        EngineInputError: the state does not fit ``domain``.
+        EngineUnavailable: an mbi state without mbi installed.
+    """
+    if meta.get("engine") == "neural":
+        probs = tuple(np.asarray(arrays[f"p{j}"], dtype=np.float64) for j in range(int(meta["n"])))
+        if [p.shape[1] for p in probs] != list(domain.sizes):
+            raise EngineInputError("saved neural model does not fit the domain")
+        return NeuralFittedModel(domain=domain, total=float(meta["total"]), probs=probs)
+    mbi = _import_mbi()
+    import jax.numpy as jnp
+
+    mdom = mbi.Domain(tuple(domain.attributes), tuple(domain.sizes))
+    cliques = [tuple(c) for c in meta["cliques"]]
+    try:
+        tables = {c: mbi.Factor(mdom.project(c), jnp.asarray(arrays[f"c{i}"]))
+                  for i, c in enumerate(cliques)}
+    except (KeyError, ValueError) as exc:
+        raise EngineInputError(f"saved mbi potentials do not fit the domain: {exc}") from None
+    return mbi.CliqueVector(mdom, cliques, tables)
 
 
 # ---------------------------------------------------------------------------- factory

@@ -36,7 +36,7 @@ import structlog
 from pubsub import BufferLimits, Bus, BusConfig, DeadlineExceeded, Message
 from pubsub.security import CurveClient
 from synth.accounting import BudgetExceeded, ZCdpAccountant
-from synth.checkpoint import atomic_write_json
+from synth.checkpoint import CheckpointError, atomic_write_json, read_json
 from synth.config import SynthConfig
 from synth.domain import Domain, DomainError, Schema, encode, marginals
 from synth.mechanism import measure_party
@@ -115,12 +115,15 @@ class SynthParty:
         self.seeded: set[str] = set()  # round ids this party shared seeds for
         self.rounds: list[dict[str, Any]] = []
         self.ledger_file = ledger_file
+        self.run_id = run_id
         # stage ("schema", "keys", "seeds:<b>") -> (topic, arrays, meta) last sent in it
         self.sent: dict[str, tuple[str, list[np.ndarray], dict[str, Any]]] = {}
         # round id -> (the plan's identity, the masked vector sent for it)
         self.released: dict[str, tuple[bytes, np.ndarray]] = {}
         self.replays = 0
         self.log = log.bind(party=party_id, run_id=run_id)
+        if ledger_file is not None and self.accountant is not None:
+            self._restore_ledger()
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> dict[str, Any]:
@@ -215,7 +218,29 @@ class SynthParty:
 
     def _write_ledger(self) -> None:
         if self.ledger_file is not None and self.accountant is not None:
-            atomic_write_json(self.ledger_file, {"party": self.id, **self.accountant.state_dict()})
+            atomic_write_json(self.ledger_file, {"party": self.id, "run_id": self.run_id,
+                                                 **self.accountant.state_dict()})
+
+    def _restore_ledger(self) -> None:
+        """A party process started again for the same run (a workload update after the
+        run finished) continues its ledger: what it spent stays spent.
+
+        Raises:
+            ParticipantError: the ledger file is unreadable or belongs to another run.
+        """
+        assert self.ledger_file is not None and self.accountant is not None
+        try:
+            doc = read_json(self.ledger_file)
+            if doc is None:
+                return
+            if doc.get("run_id") != self.run_id or doc.get("party") != self.id:
+                raise ValueError(f"it is the ledger of {doc.get('party')!r} in run "
+                                 f"{doc.get('run_id')!r}")
+            self.accountant.load_state_dict(doc)
+        except (CheckpointError, ValueError) as exc:
+            raise ParticipantError(self.id, f"cannot continue the privacy ledger "
+                                   f"{self.ledger_file}: {exc}", code=2) from None
+        self.log.info("synth.ledger_restored", rho_spent=self.accountant.spent)
 
     @staticmethod
     def _plan_identity(plan: RoundPlan) -> bytes:
@@ -342,10 +367,11 @@ class SynthParty:
             return
         client = SecAggClient(self.id, self.session.secagg())
         pk = client.public_keys()
-        self._send(bus, "keys", t.pk(0),
+        s = self.session.index
+        self._send(bus, "keys", t.pk(s),
                    [np.frombuffer(pk.mask_public + pk.enc_public, np.uint8)], {"from": self.id})
         try:
-            msg = await self._await(bus, t.nk(0, self.id), self._wait_s())
+            msg = await self._await(bus, t.nk(s, self.id), self._wait_s())
             client.receive_public_keys(
                 {p: PartyKeys(party=p, mask_public=b[:32], enc_public=b[32:])
                  for p, b in unpack_blobs(msg.meta, msg.arrays[0]).items()})

@@ -277,6 +277,13 @@ class SessionPlan:
                    degree=int(d["degree"]), graph_seed=str(d["graph_seed"]),
                    timeout_s=float(d["timeout_s"]), tree=d["tree"])
 
+    @property
+    def index(self) -> int:
+        """The session's number in its run (``<run>/<index>``): 0 for the run's own
+        session, 1, 2, ... when a finished run is reopened for a workload update."""
+        tail = self.session_id.rsplit("/", 1)[-1]
+        return int(tail) if tail.isdigit() else 0
+
     def secagg(self) -> SecAggConfig:
         """The :class:`synth.secagg.SecAggConfig` of the session."""
         return SecAggConfig(session_id=self.session_id, party_ids=self.party_ids,
