@@ -110,7 +110,7 @@ class SynthConfig:
             streaming workload updates (``psfl synth add-workload``; issue 7): the
             mechanism's rounds spend ``(1 - this) ρ``, updates the rest. 0: none.
         stream_iters: fitting iterations of an incremental refit after a workload update,
-            warm-started from the current model (0: a quarter of the engine's default).
+            warm-started from the current model (0: an eighth of the engine's default).
         stream_compare_full: after an incremental refit also refit from scratch (timed),
             to report the incremental refit's time and error against it.
     """

@@ -1024,7 +1024,7 @@ class Coordinator:
             if self.reopened and saved and self.updates:  # incremental: from the model
                 warm = load_warm_start(self.cdomain, saved["meta"],
                                        load_npz(self.ckpt_dir / saved["file"]))
-                iters = cfg.stream_iters or max(1, self._default_iters() // 4)
+                iters = cfg.stream_iters or max(1, self._default_iters() // 8)
                 prev = self.stages_dir / "synthetic_codes.npy"
                 before = np.load(prev) if prev.exists() else None
 
@@ -1126,8 +1126,15 @@ class Coordinator:
                                        "n_workload": tv["n_marginals"],
                                        "workload": f"all {cfg.workload_k}-way marginals"}
                 if cfg.label and self.reopened:
-                    out["ml_utility_skipped"] = ("a workload update (reopened run): ML "
-                                                 "utility is that of the first synthesis")
+                    # a workload update adds marginal queries; the classifiers are not
+                    # trained again: the figure is the last full synthesis's
+                    prev = read_json(self.stages_dir / "quality.json") or {}
+                    if prev.get("ml_utility") is not None:
+                        out["ml_utility"] = prev["ml_utility"]
+                        out["ml_utility_from"] = "the synthesis before the workload update"
+                    else:
+                        out["ml_utility_skipped"] = prev.get(
+                            "ml_utility_skipped", "not computed before the workload update")
                 elif cfg.label:
                     try:
                         out["ml_utility"] = ml_utility(ev.train, synthetic, ev.holdout,
