@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -102,7 +103,7 @@ def prepare_data(cfg: SynthConfig, out: Path) -> tuple[SynthConfig, dict[str, An
 def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
               run_id: str | None = None, timeout_s: float | None = None,
               quiet: bool = False, keys_dir: str | None = None,
-              insecure: bool = False) -> LaunchResult:
+              insecure: bool = False, rusage: bool = False) -> LaunchResult:
     """Run a FedForge job as processes and collect ``out/metrics.json``.
 
     Args:
@@ -116,6 +117,9 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         keys_dir: CURVE keys holding ``coordinator``, ``aggregator`` and ``party``
             (``psfl keys generate``); default: ephemeral keys made for this run.
         insecure: plaintext on loopback instead (prints a warning).
+        rusage: each coordinator, aggregators and parties process writes its CPU
+            seconds and peak RSS to ``out/rusage/<process>.json`` when it ends; they are
+            copied into ``metrics["process_rusage"]`` (benchmarks).
 
     Returns:
         :class:`sim.launch.LaunchResult` (``metrics`` as in ``metrics.json``).
@@ -153,17 +157,27 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         common = ["--config", str(out / "config.toml"), "--broker", broker,
                   "--run-id", run_id, "--events", str(events), *sec.client_args]
         py = [sys.executable, "-m", "synth"]
+        ru_dir = out / "rusage"
+        if rusage:
+            shutil.rmtree(ru_dir, ignore_errors=True)
+            ru_dir.mkdir()
+
+        def ru(name: str) -> list[str]:
+            return ["--rusage-out", str(ru_dir / f"{name}.json")] if rusage else []
+
         procs["coordinator"] = _spawn([*py, "coordinator", *common, "--schema",
                                        str(out / "schema.json"), "--out", str(out),
-                                       "--eval-dir", str(out / "data")], quiet=quiet)
+                                       "--eval-dir", str(out / "data"), *ru("coordinator")],
+                                      quiet=quiet)
         procs["aggregators"] = _spawn([*py, "aggregators", *common, "--ids",
-                                       ",".join(tree.aggregators)], quiet=quiet)
+                                       ",".join(tree.aggregators), *ru("aggregators")],
+                                      quiet=quiet)
         per = cfg.parties_per_process
         for j in range(math.ceil(len(ids) / per)):
             chunk = ids[j * per:(j + 1) * per]
             procs[f"parties{j}"] = _spawn([*py, "parties", *common, "--ids", ",".join(chunk),
-                                           "--data-dir", str(out / "data" / "parties")],
-                                          quiet=quiet)
+                                           "--data-dir", str(out / "data" / "parties"),
+                                           *ru(f"parties{j}")], quiet=quiet)
         workers = {k: v for k, v in procs.items() if k != "broker"}
         wait_children(workers, watch={"broker": procs["broker"]} if "broker" in procs else None,
                       timeout_s=timeout_s)
@@ -175,6 +189,9 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     metrics["security"] = sec.describe()
     metrics["wall_s"] = time.perf_counter() - t0
     metrics["data"] = info
+    if rusage:
+        metrics["process_rusage"] = {f.stem: json.loads(f.read_text())
+                                     for f in sorted((out / "rusage").glob("*.json"))}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
     return LaunchResult(metrics=metrics, out=out)
 

@@ -167,6 +167,7 @@ class Coordinator:
         self.tree = build_tree(self.parties, cfg.fanout)
         self.rows: dict[str, int] = {}
         self.stage_s: dict[str, float] = {}
+        self.stage_cpu_s: dict[str, float] = {}  # process CPU seconds per stage
         self.rho_party: dict[str, float] = dict.fromkeys(self.parties, 0.0)
         self.bytes_naive = 0
         self.bytes_naive_direct = 0
@@ -681,6 +682,7 @@ class Coordinator:
             "fitted_cliques": fit.get("cliques"),
             "synthesis": {k: v for k, v in fit.items() if k != "codes"},
             "stage_s": self.stage_s, "wall_s": wall_s, "run_id": self.run_id,
+            "stage_cpu_s": self.stage_cpu_s, **_cpu_figures(self.stage_cpu_s),
             "rows": self.rows, "config": to_mapping(cfg),
         }
 
@@ -693,19 +695,34 @@ class _StageTimer:
         self.owner = owner
         self.name = name
         self.t0 = 0.0
+        self.c0 = 0.0
 
     def __enter__(self) -> None:
         self.t0 = time.perf_counter()
+        self.c0 = time.process_time()
         self.owner.log.info("stage.started", stage=self.name)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         s = time.perf_counter() - self.t0
         self.owner.stage_s[self.name] = s
+        self.owner.stage_cpu_s[self.name] = time.process_time() - self.c0
         if exc is None:
             self.owner.log.info("stage.done", stage=self.name, seconds=round(s, 3))
         else:
             self.owner.log.warning("stage.failed", stage=self.name, seconds=round(s, 3),
                                    error=str(exc))
+
+
+def _cpu_figures(stage_cpu_s: dict[str, float]) -> dict[str, Any]:
+    """The coordinator's aggregation-stage CPU (the ``round:*`` stages: plan, collect the
+    top-level masked sums and the reveals, unmask, decode; not keys, synthesis or quality),
+    per round, and the process's peak RSS so far (bytes)."""
+    from synth.netutil import peak_rss_bytes
+
+    rounds = [v for k, v in stage_cpu_s.items() if k.startswith("round:")]
+    return {"aggregation_cpu_s": sum(rounds),
+            "aggregation_cpu_s_per_round": sum(rounds) / len(rounds) if rounds else None,
+            "peak_rss_bytes": peak_rss_bytes()}
 
 
 __all__ = ["Coordinator", "CoordinatorError", "EvalData"]
