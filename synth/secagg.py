@@ -946,6 +946,7 @@ class SecAggServer:
         self._batch_closed: set[tuple[str, ...]] = set()
         self._batch_of: dict[str, tuple[str, ...]] = {}
         self._rounds: dict[str, _RoundState] = {}
+        self._held_index: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
 
     # ---------------------------------------------------------------- keys
     def register_keys(self, keys: PartyKeys) -> None:
@@ -1038,9 +1039,10 @@ class SecAggServer:
         returns it (sorted by owner): a seed share per surviving owner it holds shares of
         (itself and the parties that sent it shares), a round key per dropped partner.
         So a reveal travels as bare bytes, without owner ids."""
-        book = self._shares.get(self._batch_of.get(round_id, ()), {})
+        batch = self._batch_of.get(round_id, ())
+        book = self._shares.get(batch, {})
         surv, drop = set(survivors), set(dropped)
-        held = {s for s, msgs in book.items() if holder in msgs}
+        held = set(self._held_by(batch).get(holder, ()))
         if holder in book:
             held.add(holder)
         out: dict[str, Literal["seed", "pair"]] = {o: "seed" for o in held if o in surv}
@@ -1049,6 +1051,21 @@ class SecAggServer:
                 if v in drop:
                     out[v] = "pair"
         return sorted(out.items())
+
+    def _held_by(self, batch: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        """``{holder: senders that sent it shares}`` of a closed batch, built once per batch
+        (a scan of the whole book per holder made the unmask stage O(K^2))."""
+        if batch not in self._batch_closed:
+            return {r: tuple(s for s, msgs in self._shares.get(batch, {}).items() if r in msgs)
+                    for r in self._keys}
+        idx = self._held_index.get(batch)
+        if idx is None:
+            inv: dict[str, list[str]] = {}
+            for s, msgs in self._shares.get(batch, {}).items():
+                for r in msgs:
+                    inv.setdefault(r, []).append(s)
+            idx = self._held_index[batch] = {r: tuple(v) for r, v in inv.items()}
+        return idx
 
     # ---------------------------------------------------------------- rounds
     def _round(self, spec_or_id: RoundSpec | str) -> _RoundState:
@@ -1178,7 +1195,7 @@ class SecAggServer:
                 if sh.x != cfg.index[holder]:
                     raise ProtocolError(holder, f"share for {owner!r} with a wrong abscissa")
                 if want == "seed":
-                    if holder not in cfg.holders(owner):
+                    if holder != owner and holder not in cfg.graph[owner]:
                         raise ProtocolError(holder, f"share for {owner!r} from a non-holder")
                     seeds.setdefault(owner, []).append((sh.x, sh.y))
                 else:
