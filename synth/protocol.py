@@ -129,6 +129,15 @@ class Topics:
         """Round ``r``: masked vectors or masked sums for tree node ``node``."""
         return self.to(node) + f"up/{r}"
 
+    def rvs(self, r: int, leaf: str) -> str:
+        """Round ``r``: a survivor's revealed seed shares of the parties under ``leaf``
+        (a leaf aggregator), which removes their self masks."""
+        return self.to(leaf) + f"rv/{r}"
+
+    def sm(self, r: int, node: str) -> str:
+        """Round ``r``: the sum of a subtree's self masks, for tree node ``node``."""
+        return self.to(node) + f"sm/{r}"
+
 
 # --------------------------------------------------------------------------- the tree
 

@@ -77,6 +77,7 @@ __all__ = [
     "SHARE_BYTES",
     "cell_modmask",
     "run_key_stages",
+    "self_mask_sum",
     "DuplicatePartyError",
     "MissingPairKeys",
     "PartyKeys",
@@ -1226,6 +1227,105 @@ class SecAggServer:
                 else:
                     total += pm
         return total & spec.modmask
+
+    def pair_holders(self, round_id: str, survivors: Iterable[str],
+                     dropped: Iterable[str]) -> tuple[str, ...]:
+        """Survivors that pair-masked with a dropped party in the round: with hierarchical
+        unmasking they alone send the server something (their round keys with it)."""
+        surv = set(survivors)
+        out = {v for d in set(dropped) for v in self._partners(round_id, d) if v in surv}
+        return tuple(sorted(out))
+
+    def unmask_tree(self, round_id: str, survivors: Iterable[str], dropped: Iterable[str],
+                    self_masks: Sequence[tuple[Sequence[str], Any]],
+                    pair_keys: Mapping[str, Mapping[str, RevealedShare]]) -> np.ndarray:
+        """:meth:`unmask` with the self masks removed down the tree (hierarchical unmasking).
+
+        ``self_masks`` are ``(parties, Σ_(u ∈ parties) PRG(b_(u,r)))`` from the tree's top
+        level: each leaf aggregator recovered its surviving children's seeds from the
+        survivors' shares (:func:`self_mask_sum`) and each level summed them. ``pair_keys``
+        are the round keys survivors revealed with dropped partners (``{holder: {dropped
+        owner: share}}``, kind ``pair``). The server's work is ``O(top-level nodes × n +
+        dropped × k × n)`` rather than ``O(K × n)``, and it receives no seed share.
+
+        Raises:
+            TooFewSurvivors, MissingPairKeys: as :meth:`unmask`.
+            ProtocolError: inconsistent sets; self masks that do not cover exactly the
+                survivors (a leaf could not recover a seed: the uncovered are named); a
+                bad round key.
+        """
+        cfg = self.config
+        st = self._rounds.get(round_id)
+        if st is None or not st.closed:
+            raise ProtocolError("", f"unmask of round {round_id!r} before unmask_request")
+        spec = st.spec
+        surv, drop = tuple(sorted(set(survivors))), tuple(sorted(set(dropped)))
+        if set(surv) & set(drop):
+            raise ProtocolError("", f"parties both survived and dropped: {sorted(set(surv) & set(drop))}")
+        if len(surv) < cfg.t:
+            raise TooFewSurvivors("unmask", len(surv), cfg.t)
+        if set(st.masked) | st.summed != set(surv):
+            raise ProtocolError("", "survivors are not the parties whose masked vectors came")
+        if set(drop) != set(self.seeded(round_id)) - set(surv):
+            raise ProtocolError("", "dropped parties are not the seeded non-survivors")
+        covered: list[str] = []
+        removed = np.zeros(spec.vector_len, np.uint64)
+        for ids, vec in self_masks:
+            covered += list(ids)
+            if ids:
+                removed += _check_vector(str(ids[0]), vec, spec)
+        if len(set(covered)) != len(covered) or set(covered) != set(surv):
+            lacking = sorted(set(surv) - set(covered))
+            raise ProtocolError("", f"self masks cover {len(set(covered))} of {len(surv)} "
+                                f"survivors (lacking {lacking[:10]}), or some twice")
+        assert st.masked_sum is not None
+        total = st.masked_sum.copy()
+        for u in surv:
+            if u in st.masked:
+                total += st.masked[u]
+        total -= removed
+        survivor_set = set(surv)
+        for u in drop:
+            partners = [v for v in self._partners(round_id, u) if v in survivor_set]
+            keys: dict[str, bytes] = {}
+            for v in partners:
+                sh = pair_keys.get(v, {}).get(u)
+                if sh is None:
+                    continue
+                if (sh.owner != u or sh.holder != v or sh.kind != "pair"
+                        or not 0 <= sh.y < 1 << 256):
+                    raise ProtocolError(v, f"bad round key with {u!r}")
+                keys[v] = sh.y.to_bytes(32, "big")
+            lacking = [v for v in partners if v not in keys]
+            if lacking:
+                raise MissingPairKeys(u, lacking)
+            for v in partners:
+                pm = _pair_mask(keys[v], cfg, spec)
+                if _pair_sign(v, u) > 0:
+                    total -= pm
+                else:
+                    total += pm
+        return total & spec.modmask
+
+
+def self_mask_sum(config: SecAggConfig, spec: RoundSpec,
+                  shares: Mapping[str, Iterable[tuple[int, int]]]) -> np.ndarray:
+    """``Σ_(u ∈ shares) PRG(b_(u,r))`` in each cell's ring: the self masks of the owners in
+    ``shares`` (``{owner: [(x, y), ...]}``), each seed recovered from its Shamir shares.
+
+    A leaf aggregator runs it for its surviving children (hierarchical unmasking, see
+    :meth:`SecAggServer.unmask_tree`), so the coordinator's cost does not grow with K.
+
+    Raises:
+        TooFewShares: fewer than ``t`` shares of some owner's seed.
+        ValueError: shares that do not interpolate to a seed.
+    """
+    total = np.zeros(spec.vector_len, np.uint64)
+    for u, pts in shares.items():
+        seed = recover_secret(pts, config.t, owner=u)
+        total += _self_mask(seed, u, config, spec)
+        total &= spec.modmask
+    return total
 
 
 def run_key_stages(clients: Mapping[str, SecAggClient], server: SecAggServer,
