@@ -66,7 +66,9 @@ def make_config(k: int, args: argparse.Namespace) -> SynthConfig:
                        parties_per_process=args.parties_per_process, mechanism="mst",
                        engine="mbi", engine_iters=args.engine_iters, mst_extra_mb=0.0,
                        epsilon=args.epsilon, round_timeout_s=args.round_timeout_s,
-                       handshake_timeout_s=max(120.0, k * 0.5), seed=0)
+                       handshake_timeout_s=max(120.0, k * 0.5),
+                       # hundreds of bus connections opening at once on 2 cores
+                       connect_timeout_s=60.0, seed=0)
 
 
 def one_run(k: int, rep: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:

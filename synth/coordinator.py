@@ -78,7 +78,6 @@ from synth.protocol import (
 )
 from synth.secagg import (
     PartyKeys,
-    SHARE_BYTES,
     RevealedShare,
     SecAggError,
     SecAggServer,
@@ -528,26 +527,8 @@ class Coordinator:
             survivors, dropped = server.unmask_request(plan.round_id)
             bus.publish_nowait(t.unmask(r), (), {"survivors": list(survivors),
                                                  "dropped": list(dropped)})
-            # stage 4: reveal
-            got_rv = await self._collect(bus, t.rv(r), set(survivors), timeout)
-            shares: dict[str, dict[str, RevealedShare]] = {}
-            for holder, msg in got_rv.items():
-                raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
-                layout = server.reveal_layout(plan.round_id, holder, survivors, dropped)
-                sizes = [SHARE_BYTES if kind == "seed" else 32 for _, kind in layout]
-                if sum(sizes) != len(raw):
-                    self.log.warning("synth.bad_reveal", holder=holder, got=len(raw),
-                                     expected=sum(sizes))
-                    continue  # the others' shares may still suffice
-                got: dict[str, RevealedShare] = {}
-                at = 0
-                for (owner, kind), n in zip(layout, sizes, strict=True):
-                    got[owner] = RevealedShare(owner=owner, holder=holder, kind=kind,
-                                               x=server.config.index[holder],
-                                               y=int.from_bytes(raw[at:at + n], "big"))
-                    at += n
-                shares[holder] = got
-            total = server.unmask(plan.round_id, survivors, dropped, shares)
+            # stage 4: hierarchical unmasking (the leaves remove the self masks)
+            total = await self._unmask_tree(bus, plan, survivors, dropped)
             values = decode_sum(total, lo, plan)
             sigma = aggregate_sigma(plan, len(survivors))
             # naive: the same marginals as float32 over the same tree, without masking,
@@ -575,6 +556,35 @@ class Coordinator:
                 self.log.warning("synth.round_dropouts", round=r, dropped=list(dropped),
                                  missing=list(missing))
             return res
+
+    async def _unmask_tree(self, bus: Bus, plan: RoundPlan, survivors: tuple[str, ...],
+                           dropped: tuple[str, ...]) -> np.ndarray:
+        """Stage 4 at the root: the self-mask sums of the tree's top level (the leaf
+        aggregators recovered their children's seeds) and the round keys of the dropped
+        parties' surviving partners; :meth:`synth.secagg.SecAggServer.unmask_tree`. The
+        root's work grows with the fan-out and the dropouts, not with K."""
+        t, r, server, timeout = self.topics, plan.round, self.server, self.cfg.round_timeout_s
+        top = set(self.tree.children[ROOT])
+        got_sm = await self._collect(bus, t.sm(r, ROOT), top,
+                                     (1 + len(self.tree.levels)) * timeout + 10.0)
+        self_masks = [(msg.meta.get("ids", []), array_to_words(
+            msg.arrays[0], plan.widths, plan.vector_len)) for msg in got_sm.values()]
+        holders = set(server.pair_holders(plan.round_id, survivors, dropped))
+        got_rv = await self._collect(bus, t.rv(r), holders, timeout) if holders else {}
+        keys: dict[str, dict[str, RevealedShare]] = {}
+        for holder, msg in got_rv.items():
+            raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
+            owners = [o for o, kind in server.reveal_layout(plan.round_id, holder, survivors,
+                                                            dropped) if kind == "pair"]
+            if 32 * len(owners) != len(raw):
+                self.log.warning("synth.bad_reveal", holder=holder, got=len(raw),
+                                 expected=32 * len(owners))
+                continue
+            keys[holder] = {o: RevealedShare(owner=o, holder=holder, kind="pair",
+                                             x=server.config.index[holder],
+                                             y=int.from_bytes(raw[32 * j:32 * j + 32], "big"))
+                            for j, o in enumerate(owners)}
+        return server.unmask_tree(plan.round_id, survivors, dropped, self_masks, keys)
 
     def _wire_bytes(self) -> int | None:
         """Bytes the broker forwarded for this run (every hop, every message), or None."""
