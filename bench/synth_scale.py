@@ -6,7 +6,14 @@ What is measured
 For each K, real federated runs (``sim.synth_launch.run_synth``: a broker, the
 coordinator, one process hosting every aggregator of the tree as asyncio tasks, and
 ``ceil(K / parties_per_process)`` party processes, each hosting several parties as asyncio
-tasks with a bus connection each), with fan-out ``--fanout`` (default 10). The job is
+tasks with a bus connection each), with fan-out ``--fanout`` (default 10) and
+``--root-children`` nodes reporting to the coordinator (default 1: one top aggregator
+under the root, so the coordinator sums one masked vector and one self-mask vector a
+round whatever K; 0: the protocol's default tree, whose root has up to ``fanout``
+children: 1 at K = 10, 10 at K = 100, which alone made the coordinator's round CPU grow
+about 1.5x between them). Unmasking is hierarchical: leaf aggregators recover their
+children's self-mask seeds, the coordinator removes only dropped parties' pair masks.
+The job is
 kept cheap where the cost does not depend on K: Adult, MST, the ``mbi`` engine with few
 iterations and no extra answers, so that most of a run is the protocol.
 
@@ -63,6 +70,7 @@ SUMMARY_KEYS = ("coordinator_cpu_s", "coordinator_peak_rss_bytes", "wall_s", "br
 def make_config(k: int, args: argparse.Namespace) -> SynthConfig:
     """The run config of one K: cheap synthesis, the protocol at full size."""
     return SynthConfig(dataset=args.dataset, parties=k, fanout=args.fanout,
+                       root_children=args.root_children,
                        parties_per_process=args.parties_per_process, mechanism="mst",
                        engine="mbi", engine_iters=args.engine_iters, mst_extra_mb=0.0,
                        epsilon=args.epsilon, round_timeout_s=args.round_timeout_s,
@@ -131,7 +139,7 @@ def summarise(by_k: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def print_table(summary: dict[str, Any], by_k: dict[int, list[dict[str, Any]]],
-                fanout: int) -> None:
+                fanout: str) -> None:
     print(f"\nFedForge scale (fan-out {fanout}; medians over repeats)")
     hdr = (f"{'K':>5} {'coord agg CPU s':>16} {'per round s':>12} {'agg total CPU s':>16} "
            f"{'coord peak RSS MB':>18} {'wall s':>8} {'broker MB':>10} {'avg TV':>8}")
@@ -162,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="write the results here")
     ap.add_argument("--ks", help="comma-separated K values (overrides --quick)")
     ap.add_argument("--fanout", type=int, default=10, help="children per aggregator")
+    ap.add_argument("--root-children", type=int, default=1,
+                    help="nodes reporting to the coordinator (1: one top aggregator; "
+                         "0: up to the fan-out, the protocol's default tree)")
     ap.add_argument("--parties-per-process", type=int, default=25)
     ap.add_argument("--repeats", type=int, default=3, help="runs per K (median reported)")
     ap.add_argument("--dataset", default="adult")
@@ -188,12 +199,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['coordinator_cpu_s']:.4f} s, wall {r['wall_s']:.1f} s, "
                       f"avg TV {r['avg_tv']:.4f}", flush=True)
     summary = summarise(by_k)
-    print_table(summary, by_k, args.fanout)
+    print_table(summary, by_k, f"{args.fanout}, root children {args.root_children or 'up to fan-out'}")
     total_s = time.perf_counter() - t_all
     print(f"\ntotal {total_s:.0f} s")
     if args.json:
         doc = {"summary": summary,
                "config": {"ks": list(ks), "fanout": args.fanout,
+                          "root_children": args.root_children,
                           "parties_per_process": args.parties_per_process,
                           "repeats": args.repeats, "dataset": args.dataset,
                           "epsilon": args.epsilon, "engine_iters": args.engine_iters,

@@ -146,7 +146,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     (out / "config.toml").write_text(dump_synth_config(cfg))
     run_id = run_id or uuid.uuid4().hex[:8]
     ids = cfg.party_ids()
-    tree = build_tree(ids, cfg.fanout)
+    tree = build_tree(ids, cfg.fanout, cfg.root_children)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stack = contextlib.ExitStack()
     try:

@@ -163,7 +163,7 @@ class Coordinator:
         self.stages_dir = self.out / "stages"
         self.eval_data = eval_data
         self.parties = cfg.party_ids()
-        self.tree = build_tree(self.parties, cfg.fanout)
+        self.tree = build_tree(self.parties, cfg.fanout, cfg.root_children)
         self.rows: dict[str, int] = {}
         self.stage_s: dict[str, float] = {}
         self.stage_cpu_s: dict[str, float] = {}  # process CPU seconds per stage
