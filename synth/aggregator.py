@@ -3,8 +3,15 @@
 It adds the masked vectors (or masked sums) its children send for a round, each cell in
 its ring Z_(2^w) (the plan's width of the cell), and forwards the sum with the list of
 parties in it to its parent, up to the coordinator. Masked words are uniformly random, so an aggregator learns nothing about
-any party's marginals; pairwise masks cancel only in the total at the coordinator, which
-alone unmasks. Its work and memory per round are ``O(children × vector_len)``.
+any party's marginals; pairwise masks cancel only in the total at the coordinator.
+Unmasking is hierarchical (:meth:`Aggregator._unmask`): after the coordinator's unmask
+request a leaf recovers its surviving children's self-mask seeds of the round from the
+survivors' shares and sends the sum of their self masks up; inner nodes add them; the
+coordinator removes only the dropped parties' pair masks. A leaf so learns its children's
+round seeds: their vectors stay hidden under the pair masks with their neighbours, whose
+keys only the coordinator ever gets, and only for dropped partners (an aggregator and the
+coordinator colluding know what the flat SecAgg+ server knows). Its work and memory per
+round are ``O(children × vector_len)``.
 
 A child that has not reported when the aggregator's deadline passes is left out (the
 coordinator then treats its parties as dropouts of the round). Deadline of a level-ℓ
