@@ -28,7 +28,10 @@ per round. A bus layer drives the stages; the server learns only each round's su
    arrived, a survivor reveals its round key ``k_(uv,r)`` with it, so the server can
    remove the dangling pairwise mask (:meth:`SecAggClient.reveal_all`,
    :meth:`SecAggServer.unmask`). An honest party never reveals both for the same owner in
-   the same round.
+   the same round. Over an aggregation tree the self masks can be removed at the leaves
+   instead (:func:`self_mask_sum`, :meth:`SecAggServer.unmask_tree`): survivors send
+   seed shares to the owner's leaf aggregator and round keys to the server only, which
+   then does ``O(top-level nodes + dropped)`` vector work rather than ``O(K)``.
 
 Why round keys rather than Shamir shares of ``c_sk`` for dropouts (Bonawitz): the mask key
 is agreed once per session, and revealing ``c_sk`` would expose the pairwise masks of every
