@@ -262,7 +262,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
               kill_delay_s: float = 0.0, restart_after_s: float = 1.0,
               pauses: list[Pause] | None = None,
               workload: Mapping[str, Any] | None = None,
-              reopen: bool = False) -> LaunchResult:
+              reopen: bool = False, rusage: bool = False) -> LaunchResult:
     """Run a FedForge job as processes and collect ``out/metrics.json``.
 
     Args:
@@ -293,6 +293,9 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         reopen: start the processes again for the finished run in ``out`` (its data,
             config, run id, checkpoint and the parties' ledgers) to apply queued
             workload updates; used by :func:`add_workload`.
+        rusage: each coordinator, aggregators and parties process writes its CPU
+            seconds and peak RSS to ``out/rusage/<process>.json`` when it ends; they are
+            copied into ``metrics["process_rusage"]`` (benchmarks).
 
     Each party keeps its privacy ledger in ``out/state/<id>.ledger.json``;
     ``metrics["ledger"]`` holds them, and ``metrics["ledger_within_plan"]`` says whether
@@ -342,7 +345,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             submit_workload(out, workload)
     run_id = run_id or uuid.uuid4().hex[:8]
     ids = cfg.party_ids()
-    tree = build_tree(ids, cfg.fanout)
+    tree = build_tree(ids, cfg.fanout, cfg.root_children)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     faults: list[dict[str, Any]] = []
     stack = contextlib.ExitStack()
@@ -356,22 +359,31 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         common = ["--config", str(out / "config.toml"), "--broker", broker,
                   "--run-id", run_id, "--events", str(events), *sec.client_args]
         py = [sys.executable, "-m", "synth"]
+        ru_dir = out / "rusage"
+        if rusage:
+            shutil.rmtree(ru_dir, ignore_errors=True)
+            ru_dir.mkdir()
+
+        def ru(name: str) -> list[str]:
+            return ["--rusage-out", str(ru_dir / f"{name}.json")] if rusage else []
+
         coord_argv = [*py, "coordinator", *common, "--schema", str(out / "schema.json"),
                       "--out", str(out), "--eval-dir", str(out / "data"),
-                      *(["--resume"] if reopen else [])]
+                      *(["--resume"] if reopen else []), *ru("coordinator")]
         procs["coordinator"] = _spawn(
             coord_argv, quiet=quiet,
             env={CRASH_POINT_ENV: kill_coordinator_at} if kill_coordinator_at
             and "@" in kill_coordinator_at else None)
         procs["aggregators"] = _spawn([*py, "aggregators", *common, "--ids",
-                                       ",".join(tree.aggregators)], quiet=quiet)
+                                       ",".join(tree.aggregators), *ru("aggregators")],
+                                      quiet=quiet)
         per = cfg.parties_per_process
         for j in range(math.ceil(len(ids) / per)):
             chunk = ids[j * per:(j + 1) * per]
             procs[f"parties{j}"] = _spawn([*py, "parties", *common, "--ids", ",".join(chunk),
                                            "--data-dir", str(out / "data" / "parties"),
-                                           "--state-dir", str(out / "state")],
-                                          quiet=quiet)
+                                           "--state-dir", str(out / "state"),
+                                           *ru(f"parties{j}")], quiet=quiet)
         for pause in pauses or []:
             pausers.append(_Pauser(procs[f"parties{pause[0]}"], pause, events, stop_pauses))
             pausers[-1].start()
@@ -403,6 +415,9 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
                                         for v in ledger.values())
     if pausers:
         metrics["pauses"] = [p.record for p in pausers]
+    if rusage:
+        metrics["process_rusage"] = {f.stem: json.loads(f.read_text())
+                                     for f in sorted((out / "rusage").glob("*.json"))}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
     return LaunchResult(metrics=metrics, out=out)
 

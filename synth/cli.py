@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,23 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--run-id", required=True, help="run id (topic namespace)")
     p.add_argument("--events", help="append JSON log lines here")
+    p.add_argument("--rusage-out", help="write this process's CPU seconds and peak RSS "
+                   "here (JSON) when it ends (benchmarks)")
     add_security_arguments(p)
+
+
+def write_rusage(path: str | Path, *, startup_cpu_s: float) -> None:
+    """``{"cpu_s", "startup_cpu_s", "peak_rss_bytes"}`` of this process (all threads) as
+    JSON: ``cpu_s`` is user + system seconds of its whole life, ``startup_cpu_s`` the part
+    spent before its participants started (interpreter, imports, config)."""
+    import resource
+
+    from synth.netutil import peak_rss_bytes
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    Path(path).write_text(json.dumps({"cpu_s": ru.ru_utime + ru.ru_stime,
+                                      "startup_cpu_s": startup_cpu_s,
+                                      "peak_rss_bytes": peak_rss_bytes()}))
 
 
 async def _parties(cfg: SynthConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -159,7 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(events_path=args.events, party=args.role, run_id=args.run_id)
         role = {"coordinator": _coordinator, "aggregators": _aggregators,
                 "parties": _parties}[args.role]
-        result = run_loop(role(cfg, args), event_loop="uvloop")
+        startup_cpu_s = time.process_time()
+        try:
+            result = run_loop(role(cfg, args), event_loop="uvloop")
+        finally:
+            if args.rusage_out:
+                write_rusage(args.rusage_out, startup_cpu_s=startup_cpu_s)
     except BaseException as exc:  # noqa: BLE001 - mapped to exit codes below
         if isinstance(exc, KeyboardInterrupt):
             return 130
@@ -176,4 +198,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["main", "read_table"]
+__all__ = ["main", "read_table", "write_rusage"]

@@ -76,6 +76,21 @@ class SynthConfig:
             :func:`synth.protocol.secagg_degree`).
         fanout: children per aggregator in the aggregation tree (parties report to leaf
             aggregators, leaves to inner ones, up to the coordinator).
+        root_children: the most children the coordinator (the tree's root) has; 0 = up
+            to ``fanout``. 1 puts a single top aggregator under the root, so the
+            coordinator's aggregation cost depends on neither K nor the fan-out (one more
+            hop when K > fanout).
+        unmask: who removes the masks of a round's sum. ``root`` (default; SecAgg+ as
+            published): the coordinator, from every survivor's seed shares and round
+            keys; no aggregator learns any seed; the coordinator's work per round grows
+            with K. ``tree``: each leaf aggregator recovers its surviving children's
+            self-mask seeds and sends up the sum of their self masks; the coordinator
+            gets only the round keys of dropped parties' partners, so its work depends on
+            the fan-out, not K (``bench/synth_scale.py``). A leaf then learns its
+            children's round seeds; their vectors stay hidden under the pair masks, but an
+            aggregator and the coordinator colluding learn what the SecAgg+ server would
+            (the parties' refusal to reveal both a seed share and a round key of one
+            party holds per receiver only).
         split: how the rows are spread over the parties: ``iid`` or ``dirichlet``
             (non-IID: per class of ``split_column``, party shares ~ Dirichlet(α)).
         split_column / dirichlet_alpha: the column and α of the ``dirichlet`` split
@@ -134,6 +149,8 @@ class SynthConfig:
     ring: str = "cell"
     secagg_degree: int = 0
     fanout: int = 4
+    root_children: int = 0
+    unmask: str = "root"
     split: str = "iid"
     split_column: str = ""
     dirichlet_alpha: float = 1.0
@@ -193,6 +210,11 @@ class SynthConfig:
             raise bad("secagg_degree", f"must be >= 0, got {self.secagg_degree}")
         if self.fanout < 2:
             raise bad("fanout", f"must be >= 2, got {self.fanout}")
+        if self.unmask not in ("root", "tree"):
+            raise bad("unmask", f"must be 'root' or 'tree', got {self.unmask!r}")
+        if not 0 <= self.root_children <= self.fanout:
+            raise bad("root_children", f"must be in [0, fanout = {self.fanout}], "
+                      f"got {self.root_children}")
         if not (self.dirichlet_alpha > 0 and math.isfinite(self.dirichlet_alpha)):
             raise bad("dirichlet_alpha", f"must be finite and > 0, got {self.dirichlet_alpha}")
         if not 2 <= self.numeric_bins <= 1000:

@@ -103,8 +103,8 @@ from synth.protocol import (
 )
 from synth.workload import WorkloadError, WorkloadUpdate, mark_applied, pending_updates
 from synth.secagg import (
-    PartyKeys,
     SHARE_BYTES,
+    PartyKeys,
     RevealedShare,
     SecAggError,
     SecAggServer,
@@ -222,9 +222,10 @@ class Coordinator:
         self.stages_dir = self.out / "stages"
         self.eval_data = eval_data
         self.parties = cfg.party_ids()
-        self.tree = build_tree(self.parties, cfg.fanout)
+        self.tree = build_tree(self.parties, cfg.fanout, cfg.root_children)
         self.rows: dict[str, int] = {}
         self.stage_s: dict[str, float] = {}
+        self.stage_cpu_s: dict[str, float] = {}  # process CPU seconds per stage
         self.rho_party: dict[str, float] = dict.fromkeys(self.parties, 0.0)
         self.bytes_naive = 0
         self.bytes_naive_direct = 0
@@ -952,27 +953,12 @@ class Coordinator:
         bus.publish_nowait(t.unmask(r), (), {"survivors": list(survivors),
                                              "dropped": list(dropped)})
         await self._crash_point(f"round:{name}@unmask")
-        # stage 4: reveal
-        got_rv = await self._collect(bus, t.rv(r), set(survivors), timeout)
+        # stage 4: reveal and unmask
+        if cfg.unmask == "tree":
+            total = await self._unmask_tree(bus, plan, survivors, dropped)
+        else:
+            total = await self._unmask_root(bus, plan, survivors, dropped)
         await self._crash_point(f"round:{name}@revealed")
-        shares: dict[str, dict[str, RevealedShare]] = {}
-        for holder, msg in got_rv.items():
-            raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
-            layout = server.reveal_layout(plan.round_id, holder, survivors, dropped)
-            sizes = [SHARE_BYTES if kind == "seed" else 32 for _, kind in layout]
-            if sum(sizes) != len(raw):
-                self.log.warning("synth.bad_reveal", holder=holder, got=len(raw),
-                                 expected=sum(sizes))
-                continue  # the others' shares may still suffice
-            got: dict[str, RevealedShare] = {}
-            at = 0
-            for (owner, kind), n in zip(layout, sizes, strict=True):
-                got[owner] = RevealedShare(owner=owner, holder=holder, kind=kind,
-                                           x=server.config.index[holder],
-                                           y=int.from_bytes(raw[at:at + n], "big"))
-                at += n
-            shares[holder] = got
-        total = server.unmask(plan.round_id, survivors, dropped, shares)
         values = decode_sum(total, lo, plan)
         sigma = aggregate_sigma(plan, len(survivors))
         # naive: the same marginals as float32 over the same tree, without masking,
@@ -1001,6 +987,62 @@ class Coordinator:
                              missing=list(missing))
         self._save_result(name, res)
         return res
+
+    async def _unmask_root(self, bus: Bus, plan: RoundPlan, survivors: tuple[str, ...],
+                           dropped: tuple[str, ...]) -> np.ndarray:
+        """Stage 4 at the root (``unmask = "root"``, SecAgg+ as published): every survivor
+        sends the coordinator its seed shares of surviving owners and its round keys with
+        dropped partners; :meth:`synth.secagg.SecAggServer.unmask`. No aggregator learns
+        any seed; the root's work grows with K."""
+        t, r, server = self.topics, plan.round, self.server
+        got_rv = await self._collect(bus, t.rv(r), set(survivors), self.cfg.round_timeout_s)
+        shares: dict[str, dict[str, RevealedShare]] = {}
+        for holder, msg in got_rv.items():
+            raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
+            layout = server.reveal_layout(plan.round_id, holder, survivors, dropped)
+            nbytes = [SHARE_BYTES if kind == "seed" else 32 for _, kind in layout]
+            if sum(nbytes) != len(raw):
+                self.log.warning("synth.bad_reveal", holder=holder, got=len(raw),
+                                 expected=sum(nbytes))
+                continue  # the others' shares may still suffice
+            got: dict[str, RevealedShare] = {}
+            at = 0
+            for (owner, kind), n in zip(layout, nbytes, strict=True):
+                got[owner] = RevealedShare(owner=owner, holder=holder, kind=kind,
+                                           x=server.config.index[holder],
+                                           y=int.from_bytes(raw[at:at + n], "big"))
+                at += n
+            shares[holder] = got
+        return server.unmask(plan.round_id, survivors, dropped, shares)
+
+    async def _unmask_tree(self, bus: Bus, plan: RoundPlan, survivors: tuple[str, ...],
+                           dropped: tuple[str, ...]) -> np.ndarray:
+        """Stage 4 at the root: the self-mask sums of the tree's top level (the leaf
+        aggregators recovered their children's seeds) and the round keys of the dropped
+        parties' surviving partners; :meth:`synth.secagg.SecAggServer.unmask_tree`. The
+        root's work grows with the fan-out and the dropouts, not with K."""
+        t, r, server, timeout = self.topics, plan.round, self.server, self.cfg.round_timeout_s
+        top = set(self.tree.children[ROOT])
+        got_sm = await self._collect(bus, t.sm(r, ROOT), top,
+                                     (1 + len(self.tree.levels)) * timeout + 10.0)
+        self_masks = [(msg.meta.get("ids", []), array_to_words(
+            msg.arrays[0], plan.widths, plan.vector_len)) for msg in got_sm.values()]
+        holders = set(server.pair_holders(plan.round_id, survivors, dropped))
+        got_rv = await self._collect(bus, t.rv(r), holders, timeout) if holders else {}
+        keys: dict[str, dict[str, RevealedShare]] = {}
+        for holder, msg in got_rv.items():
+            raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
+            owners = [o for o, kind in server.reveal_layout(plan.round_id, holder, survivors,
+                                                            dropped) if kind == "pair"]
+            if 32 * len(owners) != len(raw):
+                self.log.warning("synth.bad_reveal", holder=holder, got=len(raw),
+                                 expected=32 * len(owners))
+                continue
+            keys[holder] = {o: RevealedShare(owner=o, holder=holder, kind="pair",
+                                             x=server.config.index[holder],
+                                             y=int.from_bytes(raw[32 * j:32 * j + 32], "big"))
+                            for j, o in enumerate(owners)}
+        return server.unmask_tree(plan.round_id, survivors, dropped, self_masks, keys)
 
     def _wire_bytes(self) -> int | None:
         """Bytes the broker forwarded for this run (every hop, every message), or None."""
@@ -1193,6 +1235,7 @@ class Coordinator:
             "stream_rho_left": self.ckpt["stream_rho_left"],
             "workload_updates": [u.get("report", u) for u in self.updates],
             "resumed_after": self.resumed_from,
+            "stage_cpu_s": self.stage_cpu_s, **_cpu_figures(self.stage_cpu_s),
             "rows": self.rows, "config": to_mapping(cfg),
         }
 
@@ -1205,19 +1248,34 @@ class _StageTimer:
         self.owner = owner
         self.name = name
         self.t0 = 0.0
+        self.c0 = 0.0
 
     def __enter__(self) -> None:
         self.t0 = time.perf_counter()
+        self.c0 = time.process_time()
         self.owner.log.info("stage.started", stage=self.name)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         s = time.perf_counter() - self.t0
         self.owner.stage_s[self.name] = s
+        self.owner.stage_cpu_s[self.name] = time.process_time() - self.c0
         if exc is None:
             self.owner.log.info("stage.done", stage=self.name, seconds=round(s, 3))
         else:
             self.owner.log.warning("stage.failed", stage=self.name, seconds=round(s, 3),
                                    error=str(exc))
+
+
+def _cpu_figures(stage_cpu_s: dict[str, float]) -> dict[str, Any]:
+    """The coordinator's aggregation-stage CPU (the ``round:*`` stages: plan, collect the
+    top-level masked sums and the reveals, unmask, decode; not keys, synthesis or quality),
+    per round, and the process's peak RSS so far (bytes)."""
+    from synth.netutil import peak_rss_bytes
+
+    rounds = [v for k, v in stage_cpu_s.items() if k.startswith("round:")]
+    return {"aggregation_cpu_s": sum(rounds),
+            "aggregation_cpu_s_per_round": sum(rounds) / len(rounds) if rounds else None,
+            "peak_rss_bytes": peak_rss_bytes()}
 
 
 __all__ = ["Coordinator", "CoordinatorError", "EvalData"]

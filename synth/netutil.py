@@ -75,4 +75,20 @@ def array_to_words(arr: np.ndarray, widths: np.ndarray, n: int) -> np.ndarray:
     return unpack_varbits(np.ascontiguousarray(arr, dtype=np.uint8).tobytes(), widths)
 
 
-__all__ = ["ParticipantError", "array_to_words", "first_of", "words_to_array"]
+__all__ = ["ParticipantError", "array_to_words", "first_of", "peak_rss_bytes",
+           "words_to_array"]
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident set size, bytes (``VmHWM`` of ``/proc/self/status``;
+    not ``ru_maxrss``, which survives ``execve``, so a child of a large launcher would
+    report the launcher's size). None where ``/proc`` is missing."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return None
+

@@ -459,12 +459,32 @@ class SynthParty:
                 self.rounds.append({"round": r, "name": plan.name,
                                     "status": f"reveal refused: {exc}"})
                 return
-            # bare bytes in owner order: a seed share is a field element (SHARE_BYTES), a
-            # round key with a dropped partner 32 bytes; the coordinator knows the owners,
-            # kinds and abscissa (SecAggServer.reveal_layout)
-            raw = b"".join(s.y.to_bytes(SHARE_BYTES if s.kind == "seed" else 32, "big")
-                           for s in shares.values())
-            bus.publish_nowait(t.rv(r), [np.frombuffer(raw, np.uint8)], {"from": self.id})
+            if self.cfg.unmask == "tree":
+                # hierarchical unmasking: the seed shares of each surviving owner go to the
+                # owner's leaf aggregator, which removes its children's self masks; round
+                # keys with dropped partners go to the coordinator. Bare bytes in owner order:
+                # a seed share is a field element (SHARE_BYTES), a round key 32 bytes
+                by_leaf: dict[str, list[tuple[str, int]]] = {}
+                pair = b""
+                for owner, s in shares.items():
+                    if s.kind == "seed":
+                        by_leaf.setdefault(self.tree.parent[owner], []).append((owner, s.y))
+                    else:
+                        pair += s.y.to_bytes(32, "big")
+                for leaf, items in by_leaf.items():
+                    raw = b"".join(y.to_bytes(SHARE_BYTES, "big") for _, y in items)
+                    bus.publish_nowait(t.rvs(r, leaf), [np.frombuffer(raw, np.uint8)],
+                                       {"from": self.id, "owners": [o for o, _ in items]})
+                if pair:  # the coordinator knows the owners (SecAggServer.reveal_layout)
+                    bus.publish_nowait(t.rv(r), [np.frombuffer(pair, np.uint8)], {"from": self.id})
+            else:
+                # bare bytes in owner order: a seed share is a field element
+                # (SHARE_BYTES), a round key with a dropped partner 32 bytes; the
+                # coordinator knows the owners, kinds and abscissa (reveal_layout)
+                raw = b"".join(s.y.to_bytes(SHARE_BYTES if s.kind == "seed" else 32, "big")
+                               for s in shares.values())
+                bus.publish_nowait(t.rv(r), [np.frombuffer(raw, np.uint8)],
+                                   {"from": self.id})
         self.rounds.append({"round": r, "name": plan.name, "cells": plan.vector_len,
                             "status": "counted" if self.id in survivors else "dropped",
                             **({"replayed": True} if replay is not None else {})})

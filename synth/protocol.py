@@ -135,6 +135,15 @@ class Topics:
         """Round ``r``: masked vectors or masked sums for tree node ``node``."""
         return self.to(node) + f"up/{r}"
 
+    def rvs(self, r: int, leaf: str) -> str:
+        """Round ``r``: a survivor's revealed seed shares of the parties under ``leaf``
+        (a leaf aggregator), which removes their self masks."""
+        return self.to(leaf) + f"rv/{r}"
+
+    def sm(self, r: int, node: str) -> str:
+        """Round ``r``: the sum of a subtree's self masks, for tree node ``node``."""
+        return self.to(node) + f"sm/{r}"
+
 
 # --------------------------------------------------------------------------- the tree
 
@@ -191,19 +200,25 @@ class Tree:
                    levels=tuple(tuple(level) for level in d["levels"]))
 
 
-def build_tree(parties: Sequence[str], fanout: int) -> Tree:
+def build_tree(parties: Sequence[str], fanout: int, root_children: int = 0) -> Tree:
     """A balanced aggregation tree with at most ``fanout`` children per node.
 
     Parties are grouped in order into ``ceil(K / fanout)`` leaf aggregators; each further
-    level groups the one below by ``fanout`` until at most ``fanout`` nodes remain, and
-    those report to the root. The root's work and memory grow with its (≤ fanout)
-    children, not with K.
+    level groups the one below by ``fanout`` until at most ``root_children`` nodes remain
+    (0: ``fanout``), and those report to the root. The root's work and memory grow with
+    its (≤ ``root_children``) children, not with K; with ``root_children = 1`` a single
+    top aggregator does all the root's summing, so the root's cost depends on neither K
+    nor the fan-out (one more hop for K > fanout).
 
     Raises:
-        ValueError: no parties, duplicate ids, or ``fanout < 2``.
+        ValueError: no parties, duplicate ids, ``fanout < 2`` or ``root_children``
+            outside [0, fanout].
     """
     if fanout < 2:
         raise ValueError(f"fanout must be >= 2, got {fanout}")
+    if not 0 <= root_children <= fanout:
+        raise ValueError(f"root_children must be in [0, fanout], got {root_children}")
+    top = root_children or fanout
     if not parties:
         raise ValueError("an aggregation tree needs at least one party")
     if len(set(parties)) != len(parties):
@@ -220,7 +235,7 @@ def build_tree(parties: Sequence[str], fanout: int) -> Tree:
             ids.append(node)
         levels.append(tuple(ids))
         below = ids
-        if len(below) <= fanout:
+        if len(below) <= top:
             break
     children[ROOT] = tuple(below)
     parent = {c: k for k, kids in children.items() for c in kids}

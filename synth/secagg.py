@@ -28,7 +28,10 @@ per round. A bus layer drives the stages; the server learns only each round's su
    arrived, a survivor reveals its round key ``k_(uv,r)`` with it, so the server can
    remove the dangling pairwise mask (:meth:`SecAggClient.reveal_all`,
    :meth:`SecAggServer.unmask`). An honest party never reveals both for the same owner in
-   the same round.
+   the same round. Over an aggregation tree the self masks can be removed at the leaves
+   instead (:func:`self_mask_sum`, :meth:`SecAggServer.unmask_tree`): survivors send
+   seed shares to the owner's leaf aggregator and round keys to the server only, which
+   then does ``O(top-level nodes + dropped)`` vector work rather than ``O(K)``.
 
 Why round keys rather than Shamir shares of ``c_sk`` for dropouts (Bonawitz): the mask key
 is agreed once per session, and revealing ``c_sk`` would expose the pairwise masks of every
@@ -77,6 +80,7 @@ __all__ = [
     "SHARE_BYTES",
     "cell_modmask",
     "run_key_stages",
+    "self_mask_sum",
     "DuplicatePartyError",
     "MissingPairKeys",
     "PartyKeys",
@@ -946,6 +950,7 @@ class SecAggServer:
         self._batch_closed: set[tuple[str, ...]] = set()
         self._batch_of: dict[str, tuple[str, ...]] = {}
         self._rounds: dict[str, _RoundState] = {}
+        self._held_index: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -1089,9 +1094,10 @@ class SecAggServer:
         returns it (sorted by owner): a seed share per surviving owner it holds shares of
         (itself and the parties that sent it shares), a round key per dropped partner.
         So a reveal travels as bare bytes, without owner ids."""
-        book = self._shares.get(self._batch_of.get(round_id, ()), {})
+        batch = self._batch_of.get(round_id, ())
+        book = self._shares.get(batch, {})
         surv, drop = set(survivors), set(dropped)
-        held = {s for s, msgs in book.items() if holder in msgs}
+        held = set(self._held_by(batch).get(holder, ()))
         if holder in book:
             held.add(holder)
         out: dict[str, Literal["seed", "pair"]] = {o: "seed" for o in held if o in surv}
@@ -1100,6 +1106,21 @@ class SecAggServer:
                 if v in drop:
                     out[v] = "pair"
         return sorted(out.items())
+
+    def _held_by(self, batch: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        """``{holder: senders that sent it shares}`` of a closed batch, built once per batch
+        (a scan of the whole book per holder made the unmask stage O(K^2))."""
+        if batch not in self._batch_closed:
+            return {r: tuple(s for s, msgs in self._shares.get(batch, {}).items() if r in msgs)
+                    for r in self._keys}
+        idx = self._held_index.get(batch)
+        if idx is None:
+            inv: dict[str, list[str]] = {}
+            for s, msgs in self._shares.get(batch, {}).items():
+                for r in msgs:
+                    inv.setdefault(r, []).append(s)
+            idx = self._held_index[batch] = {r: tuple(v) for r, v in inv.items()}
+        return idx
 
     # ---------------------------------------------------------------- rounds
     def _round(self, spec_or_id: RoundSpec | str) -> _RoundState:
@@ -1229,7 +1250,7 @@ class SecAggServer:
                 if sh.x != cfg.index[holder]:
                     raise ProtocolError(holder, f"share for {owner!r} with a wrong abscissa")
                 if want == "seed":
-                    if holder not in cfg.holders(owner):
+                    if holder != owner and holder not in cfg.graph[owner]:
                         raise ProtocolError(holder, f"share for {owner!r} from a non-holder")
                     seeds.setdefault(owner, []).append((sh.x, sh.y))
                 else:
@@ -1260,6 +1281,105 @@ class SecAggServer:
                 else:
                     total += pm
         return total & spec.modmask
+
+    def pair_holders(self, round_id: str, survivors: Iterable[str],
+                     dropped: Iterable[str]) -> tuple[str, ...]:
+        """Survivors that pair-masked with a dropped party in the round: with hierarchical
+        unmasking they alone send the server something (their round keys with it)."""
+        surv = set(survivors)
+        out = {v for d in set(dropped) for v in self._partners(round_id, d) if v in surv}
+        return tuple(sorted(out))
+
+    def unmask_tree(self, round_id: str, survivors: Iterable[str], dropped: Iterable[str],
+                    self_masks: Sequence[tuple[Sequence[str], Any]],
+                    pair_keys: Mapping[str, Mapping[str, RevealedShare]]) -> np.ndarray:
+        """:meth:`unmask` with the self masks removed down the tree (hierarchical unmasking).
+
+        ``self_masks`` are ``(parties, Σ_(u ∈ parties) PRG(b_(u,r)))`` from the tree's top
+        level: each leaf aggregator recovered its surviving children's seeds from the
+        survivors' shares (:func:`self_mask_sum`) and each level summed them. ``pair_keys``
+        are the round keys survivors revealed with dropped partners (``{holder: {dropped
+        owner: share}}``, kind ``pair``). The server's work is ``O(top-level nodes × n +
+        dropped × k × n)`` rather than ``O(K × n)``, and it receives no seed share.
+
+        Raises:
+            TooFewSurvivors, MissingPairKeys: as :meth:`unmask`.
+            ProtocolError: inconsistent sets; self masks that do not cover exactly the
+                survivors (a leaf could not recover a seed: the uncovered are named); a
+                bad round key.
+        """
+        cfg = self.config
+        st = self._rounds.get(round_id)
+        if st is None or not st.closed:
+            raise ProtocolError("", f"unmask of round {round_id!r} before unmask_request")
+        spec = st.spec
+        surv, drop = tuple(sorted(set(survivors))), tuple(sorted(set(dropped)))
+        if set(surv) & set(drop):
+            raise ProtocolError("", f"parties both survived and dropped: {sorted(set(surv) & set(drop))}")
+        if len(surv) < cfg.t:
+            raise TooFewSurvivors("unmask", len(surv), cfg.t)
+        if set(st.masked) | st.summed != set(surv):
+            raise ProtocolError("", "survivors are not the parties whose masked vectors came")
+        if set(drop) != set(self.seeded(round_id)) - set(surv):
+            raise ProtocolError("", "dropped parties are not the seeded non-survivors")
+        covered: list[str] = []
+        removed = np.zeros(spec.vector_len, np.uint64)
+        for ids, vec in self_masks:
+            covered += list(ids)
+            if ids:
+                removed += _check_vector(str(ids[0]), vec, spec)
+        if len(set(covered)) != len(covered) or set(covered) != set(surv):
+            lacking = sorted(set(surv) - set(covered))
+            raise ProtocolError("", f"self masks cover {len(set(covered))} of {len(surv)} "
+                                f"survivors (lacking {lacking[:10]}), or some twice")
+        assert st.masked_sum is not None
+        total = st.masked_sum.copy()
+        for u in surv:
+            if u in st.masked:
+                total += st.masked[u]
+        total -= removed
+        survivor_set = set(surv)
+        for u in drop:
+            partners = [v for v in self._partners(round_id, u) if v in survivor_set]
+            keys: dict[str, bytes] = {}
+            for v in partners:
+                sh = pair_keys.get(v, {}).get(u)
+                if sh is None:
+                    continue
+                if (sh.owner != u or sh.holder != v or sh.kind != "pair"
+                        or not 0 <= sh.y < 1 << 256):
+                    raise ProtocolError(v, f"bad round key with {u!r}")
+                keys[v] = sh.y.to_bytes(32, "big")
+            lacking = [v for v in partners if v not in keys]
+            if lacking:
+                raise MissingPairKeys(u, lacking)
+            for v in partners:
+                pm = _pair_mask(keys[v], cfg, spec)
+                if _pair_sign(v, u) > 0:
+                    total -= pm
+                else:
+                    total += pm
+        return total & spec.modmask
+
+
+def self_mask_sum(config: SecAggConfig, spec: RoundSpec,
+                  shares: Mapping[str, Iterable[tuple[int, int]]]) -> np.ndarray:
+    """``Σ_(u ∈ shares) PRG(b_(u,r))`` in each cell's ring: the self masks of the owners in
+    ``shares`` (``{owner: [(x, y), ...]}``), each seed recovered from its Shamir shares.
+
+    A leaf aggregator runs it for its surviving children (hierarchical unmasking, see
+    :meth:`SecAggServer.unmask_tree`), so the coordinator's cost does not grow with K.
+
+    Raises:
+        TooFewShares: fewer than ``t`` shares of some owner's seed.
+        ValueError: shares that do not interpolate to a seed.
+    """
+    total = np.zeros(spec.vector_len, np.uint64)
+    for u, pts in shares.items():
+        seed = recover_secret(pts, config.t, owner=u)
+        total += _self_mask(seed, u, config, spec)
+        total &= spec.modmask
+    return total
 
 
 def run_key_stages(clients: Mapping[str, SecAggClient], server: SecAggServer,
