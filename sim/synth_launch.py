@@ -87,7 +87,8 @@ def prepare_data(cfg: SynthConfig, out: Path) -> tuple[SynthConfig, dict[str, An
         groups = train[col].astype(str).to_numpy()
     try:
         parts = party_split(len(train), cfg.parties, seed=cfg.seed, how=cfg.split,
-                            groups=groups, alpha=cfg.dirichlet_alpha)
+                            groups=groups, alpha=cfg.dirichlet_alpha,
+                            weights=cfg.party_weights or None)
     except ValueError as exc:
         raise ConfigError("synth.parties", str(exc)) from None
     d = out / "data"
