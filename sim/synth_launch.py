@@ -28,7 +28,7 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sim.launch import LaunchResult, OutDirError, _spawn, _stop, run_security, start_broker
 from sim.launch import wait_children
@@ -183,12 +183,26 @@ class _CoordinatorKill:
         self.record["killed_at_s"] = round(time.perf_counter() - self.t0, 3)
         self._restart()
 
+    def _log(self, event: str) -> None:
+        line = json.dumps({"event": event, "party": "sim", "level": "warning",
+                           "stage": self.stage, "timestamp": _utc_now()})
+        with open(self.events, "a") as f:  # O_APPEND: whole lines beside the others
+            f.write(line + "\n")
+
     def _restart(self) -> None:
+        self._log("sim.coordinator_killed")
         time.sleep(self.restart_after_s)
         new = _spawn([*self.argv, "--resume"], quiet=self.quiet)
         for d in self.procs:  # the launcher's table and the one being waited on
             d["coordinator"] = new
         self.record["restarted_at_s"] = round(time.perf_counter() - self.t0, 3)
+        self._log("sim.coordinator_restarted")
+
+
+def _utc_now() -> str:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def read_ledgers(state_dir: Path) -> dict[str, Any]:
@@ -201,6 +215,22 @@ def read_ledgers(state_dir: Path) -> dict[str, Any]:
                 "rho_spent": float(doc["spent"]), "rho_budget": float(doc["rho_budget"]),
                 "entries": [w for w, _ in doc["ledger"]]}
     return out
+
+
+class LaunchHooks(Protocol):
+    """What a scenario (e.g. :mod:`sim.consortium_run`) adds to :func:`run_synth`."""
+
+    def party_broker(self, index: int, broker: str, ports: int) -> str:
+        """The address party process ``index`` is given (``broker``, or a relay in front
+        of its ``ports`` ports)."""
+
+    def started(self, procs: dict[str, subprocess.Popen[bytes]], events: Path) -> None:
+        """Every process is up (``procs`` is the launcher's live table)."""
+
+    def stopped(self) -> None:
+        """The run ended (before its processes are stopped)."""
+
+
 #: a fault for tests: ``(party_index, start, end)``; ``start`` and ``end`` are seconds
 #: (``start`` after the parties were started, ``end`` a duration after ``start``) or a
 #: coordinator stage event ``"STAGE started"`` / ``"STAGE done"`` in the run's event log
@@ -259,7 +289,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
               quiet: bool = False, keys_dir: str | None = None,
               insecure: bool = False, kill_coordinator_at: str | None = None,
               kill_delay_s: float = 0.0, restart_after_s: float = 1.0,
-              pauses: list[Pause] | None = None) -> LaunchResult:
+              pauses: list[Pause] | None = None,
+              hooks: LaunchHooks | None = None) -> LaunchResult:
     """Run a FedForge job as processes and collect ``out/metrics.json``.
 
     Args:
@@ -283,6 +314,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         pauses: faults for tests (:data:`Pause`): the process hosting that party is
             paused with SIGSTOP and resumed with SIGCONT (needs
             ``parties_per_process = 1``); ``metrics["pauses"]`` says when.
+        hooks: a scenario's hooks (:class:`LaunchHooks`): the address each party process
+            is given (a shaping relay's), and a start/stop around the run.
 
     Each party keeps its privacy ledger in ``out/state/<id>.ledger.json``;
     ``metrics["ledger"]`` holds them, and ``metrics["ledger_within_plan"]`` says whether
@@ -347,13 +380,18 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         per = cfg.parties_per_process
         for j in range(math.ceil(len(ids) / per)):
             chunk = ids[j * per:(j + 1) * per]
-            procs[f"parties{j}"] = _spawn([*py, "parties", *common, "--ids", ",".join(chunk),
+            argv = [*py, "parties", *common, "--ids", ",".join(chunk)]
+            if hooks is not None:
+                argv[argv.index("--broker") + 1] = hooks.party_broker(j, broker, sec.n_ports)
+            procs[f"parties{j}"] = _spawn([*argv,
                                            "--data-dir", str(out / "data" / "parties"),
                                            "--state-dir", str(out / "state")],
                                           quiet=quiet)
         for pause in pauses or []:
             pausers.append(_Pauser(procs[f"parties{pause[0]}"], pause, events, stop_pauses))
             pausers[-1].start()
+        if hooks is not None:
+            hooks.started(procs, events)
         workers = {k: v for k, v in procs.items() if k != "broker"}
         if kill_coordinator_at is not None:
             kill = _CoordinatorKill(events, kill_coordinator_at, kill_delay_s, restart_after_s,
@@ -362,6 +400,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         wait_children(workers, watch={"broker": procs["broker"]} if "broker" in procs else None,
                       timeout_s=timeout_s, tick=kill if kill_coordinator_at is not None else None)
     finally:
+        if hooks is not None:
+            hooks.stopped()
         stop_pauses.set()
         for p in pausers:
             p.join(5.0)
@@ -385,4 +425,4 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     return LaunchResult(metrics=metrics, out=out)
 
 
-__all__ = ["coordinator_stages", "prepare_data", "read_ledgers", "run_synth"]
+__all__ = ["LaunchHooks", "coordinator_stages", "prepare_data", "read_ledgers", "run_synth"]
