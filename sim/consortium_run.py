@@ -420,7 +420,7 @@ def timeline(events: list[dict[str, Any]], hour0: float | None,
     hour 0 (the run's first event when the synthesis never started)."""
     base = hour0 if hour0 is not None else (events[0]["t_unix"] if events else 0.0)
     out = []
-    for e in events:
+    for e in sorted(events, key=lambda e: e["t_unix"]):  # several writers: order by time
         name = str(e.get("event"))
         if not (name in ("stage.started", "stage.done") or name in TIMELINE_EVENTS
                 or "workload" in name):
@@ -609,6 +609,9 @@ def plot_timeline(m: dict[str, Any], path: Path) -> Path:
                 ax.text(e["hour"], y["coordinator"] + 0.32, st.split(":")[1], fontsize=7,
                         ha="center")
     by_party = {s["party"]: f"{s['site']} ({s['party']})" for s in sites}
+    end_h = max([e["hour"] for e in tl] or [0.0])
+    for lane in by_party.values():
+        ax.barh(y[lane], end_h, left=0.0, height=0.25, color="#c7e9c0", label="site online")
     off = c.get("offline")
     if off and off.get("start_hour") is not None:
         end = off.get("end_hour") if off.get("end_hour") is not None else tl[-1]["hour"]
@@ -639,7 +642,8 @@ def plot_timeline(m: dict[str, Any], path: Path) -> Path:
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles, strict=True))
     if uniq:
-        ax.legend(uniq.values(), uniq.keys(), loc="upper right", fontsize=8)
+        ax.legend(uniq.values(), uniq.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0),
+                  fontsize=8)
     ax.set_title(f"{c['scenario']['name']}: stages (red: measurement rounds, grey: AIM "
                  f"selection fits, blue: other), avg TV {m.get('avg_tv', float('nan')):.4f}")
     return _save(fig, path)
