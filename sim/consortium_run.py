@@ -623,7 +623,7 @@ def plot_timeline(m: dict[str, Any], path: Path) -> Path:
         xs = [round_done[r] for r in off["rounds_missed"] if r in round_done]
         if xs:
             ax.plot(xs, [y[lane]] * len(xs), "kx", markersize=10, label="round missed")
-    for name, ln in c["links"].items():
+    for ln in c["links"].values():
         lane = by_party[ln["party"]]
         cf = ln["configured"]
         ax.text(0, y[lane] - 0.42, f"link {cf['latency_s'] * 1000:g} ms, "
