@@ -522,7 +522,7 @@ def write_report(m: dict[str, Any], out: Path) -> Path:
     with contextlib.suppress(ImportError):
         png = plot_timeline(m, out / "timeline.png")
     lines = [f"# Consortium scenario: {c['scenario']['name']}", "",
-             f"avg TV {m.get('avg_tv')}, max TV {m.get('max_tv')}, wall "
+             f"avg TV {_f4(m.get('avg_tv'))}, max TV {_f4(m.get('max_tv'))}, wall "
              f"{m.get('wall_s', 0):.1f} s; ledger within plan: {m.get('ledger_within_plan')}",
              "", f"Rows: {c['scaling']['how']}.", "",
              "| site | party | equivalent rows | real rows | equiv per row |",
@@ -564,10 +564,20 @@ def write_report(m: dict[str, Any], out: Path) -> Path:
     if cmp_:
         a, b = cmp_["all_online"], cmp_["scenario"]
         lines += ["| run | avg TV | max TV | rounds missed | wall s |", "|---|---|---|---|---|",
-                  f"| all online | {a['avg_tv']} | {a['max_tv']} | 0 | {a['wall_s']} |",
-                  f"| this scenario | {b['avg_tv']} | {b['max_tv']} | "
+                  f"| all online | {_f4(a['avg_tv'])} | {_f4(a['max_tv'])} | 0 | {a['wall_s']} |",
+                  f"| this scenario | {_f4(b['avg_tv'])} | {_f4(b['max_tv'])} | "
                   f"{len(b['rounds_missed'])} ({b['fraction_of_rounds']}) | {b['wall_s']} |",
                   "", f"TV ratio {cmp_['tv_ratio']} ({cmp_['note']}).", ""]
+    ledger = m.get("ledger") or {}
+    if ledger:
+        lines += [f"Privacy ledgers (persisted, `state/<id>.ledger.json`): planned ρ "
+                  f"{m.get('rho')}; within plan for every party: "
+                  f"{m.get('ledger_within_plan')}.", "",
+                  "| party | ρ spent | of planned | rounds paid |", "|---|---|---|---|"]
+        rho = float(m.get("rho") or 0) or float("nan")
+        lines += [f"| {p} | {v['rho_spent']:.6g} | {v['rho_spent'] / rho:.3f} | "
+                  f"{len(v.get('entries', []))} |" for p, v in sorted(ledger.items())]
+        lines.append("")
     lines += ["## Timeline", "", "| hour | s | event | detail |", "|---|---|---|---|"]
     for e in c["timeline"]:
         if e["event"] == "stage.started":
@@ -580,6 +590,10 @@ def write_report(m: dict[str, Any], out: Path) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _f4(x: Any) -> str:
+    return f"{x:.4f}" if isinstance(x, int | float) else str(x)
 
 
 def plot_timeline(m: dict[str, Any], path: Path) -> Path:
@@ -635,6 +649,8 @@ def plot_timeline(m: dict[str, Any], path: Path) -> Path:
         if e["event"] in styles:
             col, ls, lab = styles[e["event"]]
             ax.axvline(e["hour"], color=col, linestyle=ls, linewidth=1.5, label=lab)
+    ax.axvline(c["time"]["hours_planned"], color="0.4", linestyle=":", linewidth=1.5,
+               label=f"planned end ({c['time']['hours_planned']:g} h)")
     ax.set_yticks([y[n] for n in lanes], lanes)
     ax.set_xlabel(f"simulated hours ({c['time']['seconds_per_hour']:g} s of wall time per hour)")
     ax.set_xlim(left=min([0.0] + [e["hour"] for e in tl]))
