@@ -372,6 +372,8 @@ def summarize(cons: Consortium, cfg: Any, m: dict[str, Any], hooks: _Hooks,
         surv = [e for e in (m.get("dropout_recovery") or {}).get("survivors_only", [])
                 if pid in e.get("parties", [])]
         start, end = hooks.fired.get("offline_start"), hooks.fired.get("offline_end")
+        overlap = rounds_in_window(events, rounds, start and start["t_unix"],
+                                   end and end["t_unix"])
         offline = {"site": cons.offline.party, "party": pid, "kind": cons.offline.kind,
                    "planned": {"start": cons.offline.start, "end": cons.offline.end},
                    "start_hour": start and start["hour"], "end_hour": end and end["hour"],
@@ -380,6 +382,7 @@ def summarize(cons: Consortium, cfg: Any, m: dict[str, Any], hooks: _Hooks,
                    "rounds_missed": missed, "rounds_total": len(rounds),
                    "fraction_of_rounds": round(len(missed) / len(rounds), 3) if rounds else None,
                    "rounds_skipped_by_party": skipped,
+                   "rounds_in_window": overlap,
                    "cached_cliques": len(cached), "survivors_only_cliques": len(surv),
                    "fired": start is not None}
     wall_hours = None
@@ -406,6 +409,33 @@ def summarize(cons: Consortium, cfg: Any, m: dict[str, Any], hooks: _Hooks,
                              if f.get("kind") == "kill_coordinator"] or None,
         "timeline": timeline(events, hour0, cons.seconds_per_hour),
     }
+
+
+def rounds_in_window(events: list[dict[str, Any]], rounds: dict[str, Any],
+                     t0: float | None, t1: float | None) -> list[dict[str, Any]]:
+    """The measurement rounds that were open while the site was away (``t0`` .. ``t1``,
+    Unix seconds; ``t1`` None = to the end): name, seconds, survivors. A round that
+    waits for a site that comes back before its deadline completes with everyone, only
+    later."""
+    if t0 is None:
+        return []
+    t1 = float("inf") if t1 is None else t1
+    opened: dict[str, float] = {}
+    out = []
+    for e in sorted(events, key=lambda e: e["t_unix"]):
+        st = str(e.get("stage", ""))
+        if not st.startswith("round:"):
+            continue
+        if e.get("event") == "stage.started":
+            opened[st] = e["t_unix"]
+        elif e.get("event") == "stage.done" and st in opened:
+            a, b = opened.pop(st), e["t_unix"]
+            if a < t1 and b > t0:
+                name = st.split(":", 1)[1]
+                r = rounds.get(name, {})
+                out.append({"round": name, "seconds": round(b - a, 3),
+                            "survivors": r.get("survivors"), "dropped": r.get("dropped")})
+    return out
 
 
 #: events drawn on the timeline besides the coordinator's stages
@@ -498,7 +528,8 @@ def format_summary(m: dict[str, Any]) -> str:
     if off:
         lines.append(f"  offline {off['site']} ({off['party']}) hours {off['start_hour']} -> "
                      f"{off['end_hour']}: missed {len(off['rounds_missed'])}/"
-                     f"{off['rounds_total']} rounds {off['rounds_missed']}"
+                     f"{off['rounds_total']} rounds {off['rounds_missed']}; open meanwhile: "
+                     f"{_rounds_text(off.get('rounds_in_window', []))}"
                      + ("" if off["fired"] else " (NOT FIRED: the run ended first)"))
     wu = c.get("workload_update")
     if wu:
@@ -548,7 +579,9 @@ def write_report(m: dict[str, Any], out: Path) -> Path:
         lines += [f"Offline: {off['site']} ({off['party']}, {off['kind']}) from hour "
                   f"{off['start_hour']} to {off['end_hour']} ({off['wall_s']} s); rounds "
                   f"missed {off['rounds_missed']} = {off['fraction_of_rounds']} of "
-                  f"{off['rounds_total']}; skipped by the site after it came back "
+                  f"{off['rounds_total']}; rounds open while it was away: "
+                  f"{_rounds_text(off.get('rounds_in_window', []))}; skipped by the site "
+                  f"after it came back "
                   f"{off['rounds_skipped_by_party']}; completed from the cache: "
                   f"{off['cached_cliques']} cliques, survivors only: "
                   f"{off['survivors_only_cliques']}.", ""]
@@ -590,6 +623,11 @@ def write_report(m: dict[str, Any], out: Path) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _rounds_text(rs: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{r['round']} ({r['seconds']:g} s, {r['survivors']} survivors)"
+                     for r in rs) or "none"
 
 
 def _f4(x: Any) -> str:

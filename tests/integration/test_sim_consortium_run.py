@@ -88,6 +88,7 @@ def test_small_consortium_runs_to_the_end_with_its_events(tmp_path: Path) -> Non
     assert m["rounds"]["aim0"]["dropped"] == ["p002"]
     assert off["cached_cliques"] == 2 and off["rounds_skipped_by_party"] == ["aim0"]
     assert off["fraction_of_rounds"] == pytest.approx(1 / 4)
+    assert [(r["round"], r["survivors"]) for r in off["rounds_in_window"]] == [("aim0", 2)]
     assert all(m["rounds"][r]["survivors"] == 3 for r in ("one_way", "select", "aim1"))
     # the shaped link: configured, probed through the same relay model, carried the traffic
     link = c["links"]["vpn-site"]
