@@ -304,12 +304,12 @@ def parse_consortium(table: Mapping[str, Any]) -> Consortium:
         extra["kill_coordinator"] = from_mapping(KillSpec, _table(kill, "consortium.kill_"
                                                                   "coordinator"),
                                                  section="consortium.kill_coordinator")
-    known = {f.name for f in dataclasses.fields(Consortium)} - set(extra) - {
-        "offline", "workload_update", "kill_coordinator"}
+    tables = {"parties", "offline", "workload_update", "kill_coordinator"}
+    known = {f.name for f in dataclasses.fields(Consortium)} - tables
     unknown = sorted(set(t) - known)
     if unknown:
         raise ConfigError(f"consortium.{unknown[0]}",
-                          f"unknown key (known keys: {', '.join(sorted(known | {'parties', 'offline', 'workload_update', 'kill_coordinator'}))})")
+                          f"unknown key (known keys: {', '.join(sorted(known | tables))})")
     hints = typing.get_type_hints(Consortium)
     scalars = {k: _coerce(f"consortium.{k}", hints[k], v) for k, v in t.items()}
     return Consortium(**scalars, **extra)
