@@ -158,6 +158,13 @@ def _sim_run(args: argparse.Namespace) -> int:
     from sim.scenario import load_scenario
 
     configure_logging(party="sim")  # warnings on stderr; the run's events go to events.jsonl
+    from sim.consortium import scenario_kind
+
+    if scenario_kind(args.scenario) == "consortium":  # ConfigError: exit 2
+        return _sim_run_consortium(args)
+    if args.compare_online:
+        print("error: --compare-online needs a [consortium] scenario", file=sys.stderr)
+        return 2
     scn, table = load_scenario(args.scenario, args.set)  # ConfigError: exit 2
     cfg = from_mapping(VflConfig, table, section="vfl")
     print(f"scenario {scn.name}: {cfg.algo} on {cfg.dataset}, out {args.out}", flush=True)
@@ -177,6 +184,32 @@ def _sim_run(args: argparse.Namespace) -> int:
             return 0  # the scheduled kill ended the run, with a clear error in time
         return int(s.get("failure", {}).get("code") or 1)
     return 1  # hung or timeout
+
+
+def _sim_run_consortium(args: argparse.Namespace) -> int:
+    """``psfl sim run`` of a ``[consortium]`` scenario: FedForge over sites of unequal
+    size, shaped links, an offline window, a workload update (:mod:`sim.consortium_run`)."""
+    from sim.consortium import load_consortium
+    from sim.consortium_run import build_config, format_summary, run_consortium
+    from sim.runner import ScenarioError
+    from synth.domain import DomainError
+
+    cons, table = load_consortium(args.scenario, args.set)  # ConfigError: exit 2
+    cfg = build_config(cons, table)  # ConfigError: exit 2
+    print(f"consortium {cons.name}: {len(cons.parties)} sites, FedForge {cfg.mechanism} on "
+          f"{cfg.dataset}, {cons.hours:g} h at {cons.seconds_per_hour:g} s/h, out {args.out}"
+          + (" (first with every site online, into OUT/online)" if args.compare_online
+             else ""), flush=True)
+    res, code = _launch(lambda: run_consortium(cons, table, args.out, quiet=args.quiet,
+                                               insecure=args.insecure,
+                                               compare_online=args.compare_online),
+                        what="the scenario's broker, relays and FedForge processes",
+                        bad_input=(ScenarioError, DomainError))
+    if code is not None:
+        return code
+    print(format_summary(res))
+    print(f"metrics: {args.out}/metrics.json; report: {args.out}/report.md")
+    return 0
 
 
 def _vfl_profile_sweep(args: argparse.Namespace, cfg: Any, out: Any, doc: dict[str, Any]
@@ -701,13 +734,18 @@ def build_parser() -> argparse.ArgumentParser:
     simsub = simp.add_subparsers(dest="sim_command", required=True)
     srun2 = simsub.add_parser("run", help="run a scenario: CPU shares, shaped links and faults "
                               "per party; writes RUN_DIR/metrics.json with a 'sim' object")
-    srun2.add_argument("scenario", help="scenario TOML ([scenario] and [vfl] tables)")
+    srun2.add_argument("scenario", help="scenario TOML: [scenario] and [vfl] tables, or [consortium] "
+                       "and [synth] (sim/scenarios/consortium.toml)")
     srun2.add_argument("--out", required=True, help="run directory")
     srun2.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override scenario.* or vfl.* keys (repeatable)")
+                       help="override scenario.* or vfl.* (consortium.* or synth.*) keys "
+                       "(repeatable)")
     srun2.add_argument("--insecure", action="store_true", help="plaintext bus (default: CURVE "
                        "with keys made for the run); prints a warning")
     srun2.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+    srun2.add_argument("--compare-online", action="store_true",
+                       help="[consortium] scenarios: first run it with every site online "
+                       "(into RUN_DIR/online) and report both errors side by side")
     srun2.set_defaults(func=_sim_run)
 
     bench = sub.add_parser("bench", help="run bench/NAME.py (e.g. psfl bench bus --quick)")

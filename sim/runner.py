@@ -59,7 +59,7 @@ from pubsub.config import to_mapping
 from sim.cpu import CpuLimiter, machine_cores
 from sim.launch import VFL_IDENTITIES, OutDirError, _stop, run_security, start_broker
 from sim.memory import MemoryLimit
-from sim.scenario import ROLES, Scenario, describe, party_cores
+from sim.scenario import ROLES, LinkConfig, Scenario, describe, party_cores
 
 log = structlog.get_logger(__name__)
 
@@ -138,7 +138,17 @@ def start_relay(broker: str, role: str, scn: Scenario, out: Path, *, ports: int 
     Raises:
         ScenarioError: it exited or did not print its ready line within 20 s.
     """
-    link = scn.party(role).link
+    return start_link_relay(broker, role, scn.party(role).link, out, ports=ports)
+
+
+def start_link_relay(broker: str, role: str, link: LinkConfig, out: Path, *,
+                     ports: int = 3) -> _Relay:
+    """Start a relay process shaping ``link`` in front of ``broker`` (its events go to
+    ``out/relay-<role>.jsonl``); return it once it listens.
+
+    Raises:
+        ScenarioError: it exited or did not print its ready line within 20 s.
+    """
     args = [sys.executable, "-m", "sim.relay", "--broker", broker,
             "--latency-s", repr(link.latency_s), "--loss", repr(link.loss),
             "--seed", str(link.seed), "--events", str(out / f"relay-{role}.jsonl"),
@@ -505,4 +515,4 @@ def format_summary(m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ScenarioError", "format_summary", "run_scenario", "start_relay"]
+__all__ = ["ScenarioError", "format_summary", "run_scenario", "start_link_relay", "start_relay"]

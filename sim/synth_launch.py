@@ -29,7 +29,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from sim.launch import LaunchResult, OutDirError, _spawn, _stop, run_security, start_broker
 from sim.launch import wait_children
@@ -89,7 +89,8 @@ def prepare_data(cfg: SynthConfig, out: Path) -> tuple[SynthConfig, dict[str, An
         groups = train[col].astype(str).to_numpy()
     try:
         parts = party_split(len(train), cfg.parties, seed=cfg.seed, how=cfg.split,
-                            groups=groups, alpha=cfg.dirichlet_alpha)
+                            groups=groups, alpha=cfg.dirichlet_alpha,
+                            weights=cfg.party_weights or None)
     except ValueError as exc:
         raise ConfigError("synth.parties", str(exc)) from None
     d = out / "data"
@@ -184,12 +185,26 @@ class _CoordinatorKill:
         self.record["killed_at_s"] = round(time.perf_counter() - self.t0, 3)
         self._restart()
 
+    def _log(self, event: str) -> None:
+        line = json.dumps({"event": event, "party": "sim", "level": "warning",
+                           "stage": self.stage, "timestamp": _utc_now()})
+        with open(self.events, "a") as f:  # O_APPEND: whole lines beside the others
+            f.write(line + "\n")
+
     def _restart(self) -> None:
+        self._log("sim.coordinator_killed")
         time.sleep(self.restart_after_s)
         new = _spawn([*self.argv, "--resume"], quiet=self.quiet)
         for d in self.procs:  # the launcher's table and the one being waited on
             d["coordinator"] = new
         self.record["restarted_at_s"] = round(time.perf_counter() - self.t0, 3)
+        self._log("sim.coordinator_restarted")
+
+
+def _utc_now() -> str:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def read_ledgers(state_dir: Path) -> dict[str, Any]:
@@ -202,6 +217,22 @@ def read_ledgers(state_dir: Path) -> dict[str, Any]:
                 "rho_spent": float(doc["spent"]), "rho_budget": float(doc["rho_budget"]),
                 "entries": [w for w, _ in doc["ledger"]]}
     return out
+
+
+class LaunchHooks(Protocol):
+    """What a scenario (e.g. :mod:`sim.consortium_run`) adds to :func:`run_synth`."""
+
+    def party_broker(self, index: int, broker: str, ports: int) -> str:
+        """The address party process ``index`` is given (``broker``, or a relay in front
+        of its ``ports`` ports)."""
+
+    def started(self, procs: dict[str, subprocess.Popen[bytes]], events: Path) -> None:
+        """Every process is up (``procs`` is the launcher's live table)."""
+
+    def stopped(self) -> None:
+        """The run ended (before its processes are stopped)."""
+
+
 #: a fault for tests: ``(party_index, start, end)``; ``start`` and ``end`` are seconds
 #: (``start`` after the parties were started, ``end`` a duration after ``start``) or a
 #: coordinator stage event ``"STAGE started"`` / ``"STAGE done"`` in the run's event log
@@ -262,7 +293,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
               kill_delay_s: float = 0.0, restart_after_s: float = 1.0,
               pauses: list[Pause] | None = None,
               workload: Mapping[str, Any] | None = None,
-              reopen: bool = False, rusage: bool = False) -> LaunchResult:
+              reopen: bool = False, rusage: bool = False,
+              hooks: LaunchHooks | None = None) -> LaunchResult:
     """Run a FedForge job as processes and collect ``out/metrics.json``.
 
     Args:
@@ -286,6 +318,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         pauses: faults for tests (:data:`Pause`): the process hosting that party is
             paused with SIGSTOP and resumed with SIGCONT (needs
             ``parties_per_process = 1``); ``metrics["pauses"]`` says when.
+        hooks: a scenario's hooks (:class:`LaunchHooks`): the address each party process
+            is given (a shaping relay's), and a start/stop around the run.
 
         workload: a workload update (:mod:`synth.workload`) queued before the job
             starts, so the coordinator measures it after its own rounds (a full run
@@ -380,13 +414,18 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         per = cfg.parties_per_process
         for j in range(math.ceil(len(ids) / per)):
             chunk = ids[j * per:(j + 1) * per]
-            procs[f"parties{j}"] = _spawn([*py, "parties", *common, "--ids", ",".join(chunk),
+            argv = [*py, "parties", *common, "--ids", ",".join(chunk)]
+            if hooks is not None:
+                argv[argv.index("--broker") + 1] = hooks.party_broker(j, broker, sec.n_ports)
+            procs[f"parties{j}"] = _spawn([*argv,
                                            "--data-dir", str(out / "data" / "parties"),
                                            "--state-dir", str(out / "state"),
                                            *ru(f"parties{j}")], quiet=quiet)
         for pause in pauses or []:
             pausers.append(_Pauser(procs[f"parties{pause[0]}"], pause, events, stop_pauses))
             pausers[-1].start()
+        if hooks is not None:
+            hooks.started(procs, events)
         workers = {k: v for k, v in procs.items() if k != "broker"}
         if kill_coordinator_at is not None:
             kill = _CoordinatorKill(events, kill_coordinator_at, kill_delay_s, restart_after_s,
@@ -395,6 +434,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         wait_children(workers, watch={"broker": procs["broker"]} if "broker" in procs else None,
                       timeout_s=timeout_s, tick=kill if kill_coordinator_at is not None else None)
     finally:
+        if hooks is not None:
+            hooks.stopped()
         stop_pauses.set()
         for p in pausers:
             p.join(5.0)
@@ -494,4 +535,5 @@ def add_workload(run_dir: str | Path, queries: Mapping[str, Any], *,
             "metrics": json.loads((run_dir / "metrics.json").read_text())}
 
 
-__all__ = ["RUN_LOCK", "add_workload", "coordinator_stages", "run_in_progress", "prepare_data", "read_ledgers", "run_synth"]
+__all__ = ["LaunchHooks", "RUN_LOCK", "add_workload", "coordinator_stages", "prepare_data",
+           "read_ledgers", "run_in_progress", "run_synth"]

@@ -19,7 +19,7 @@ DEFAULT_DROP: dict[str, tuple[str, ...]] = {"adult": ("education",)}
 MECHANISMS = ("mst", "aim")
 ENGINES = ("auto", "mbi", "neural")
 NOISE_MODELS = ("distributed", "local")
-SPLITS = ("iid", "dirichlet")
+SPLITS = ("iid", "dirichlet", "sizes")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,8 +91,11 @@ class SynthConfig:
             aggregator and the coordinator colluding learn what the SecAgg+ server would
             (the parties' refusal to reveal both a seed share and a round key of one
             party holds per receiver only).
-        split: how the rows are spread over the parties: ``iid`` or ``dirichlet``
-            (non-IID: per class of ``split_column``, party shares ~ Dirichlet(α)).
+        split: how the rows are spread over the parties: ``iid``, ``dirichlet``
+            (non-IID: per class of ``split_column``, party shares ~ Dirichlet(α)) or
+            ``sizes`` (IID rows, unequal party sizes in proportion to ``party_weights``).
+        party_weights: the K relative party sizes of the ``sizes`` split (e.g. rows
+            "equivalent" to 10k ... 500k patients; the table's rows are cut in proportion).
         split_column / dirichlet_alpha: the column and α of the ``dirichlet`` split
             ('' = the label).
         numeric_bins / binning: how numeric columns are coarsened (public domain):
@@ -154,6 +157,7 @@ class SynthConfig:
     split: str = "iid"
     split_column: str = ""
     dirichlet_alpha: float = 1.0
+    party_weights: tuple[float, ...] = ()
     numeric_bins: int = 10
     binning: str = "uniform"
     holdout_frac: float = 0.2
@@ -217,6 +221,11 @@ class SynthConfig:
                       f"got {self.root_children}")
         if not (self.dirichlet_alpha > 0 and math.isfinite(self.dirichlet_alpha)):
             raise bad("dirichlet_alpha", f"must be finite and > 0, got {self.dirichlet_alpha}")
+        if self.split == "sizes" and len(self.party_weights) != self.parties:
+            raise bad("party_weights", f"the sizes split needs one weight per party "
+                      f"({self.parties}), got {len(self.party_weights)}")
+        if not all(w > 0 and math.isfinite(w) for w in self.party_weights):
+            raise bad("party_weights", f"must be finite and > 0, got {self.party_weights}")
         if not 2 <= self.numeric_bins <= 1000:
             raise bad("numeric_bins", f"must be in [2, 1000], got {self.numeric_bins}")
         if not 0 < self.holdout_frac < 0.9:

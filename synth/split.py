@@ -6,6 +6,9 @@ of every party (pure; issue 6, "Datasets").
   effects of non-identical data distribution"): for each value of the split column, the
   parties' shares of its rows are drawn from Dirichlet(α·1_K); small α concentrates each
   value on few parties. Every party is guaranteed at least one row.
+* ``sizes``: unequal party sizes, IID within: a seeded permutation cut in proportion to
+  the given weights (largest remainder, at least one row each), e.g. hospitals of 10k to
+  500k patients scaled down to the table's rows (:func:`sized_counts`).
 """
 
 from __future__ import annotations
@@ -31,9 +34,39 @@ def holdout_split(n_rows: int, holdout_frac: float, seed: int) -> tuple[np.ndarr
     return np.sort(perm[n_hold:]), np.sort(perm[:n_hold])
 
 
+def sized_counts(n_rows: int, weights: Sequence[float]) -> list[int]:
+    """Rows of each party when ``n_rows`` are cut in proportion to ``weights``: the
+    largest-remainder rounding of ``n_rows * w / sum(w)``, with at least one row each.
+
+    Raises:
+        ValueError: no weights, a weight that is not finite and > 0, or fewer rows than
+            parties.
+    """
+    w = np.asarray(weights, dtype=float)
+    if w.size == 0 or not np.all(np.isfinite(w) & (w > 0)):
+        raise ValueError(f"weights must be finite and > 0, got {list(weights)}")
+    if n_rows < w.size:
+        raise ValueError(f"{n_rows} rows cannot give each of {w.size} parties a row")
+    exact = n_rows * w / w.sum()
+    counts = np.maximum(np.floor(exact).astype(np.int64), 1)
+    left = n_rows - int(counts.sum())
+    order = np.argsort(-(exact - np.floor(exact)), kind="stable")
+    i = 0
+    while left != 0:  # hand out the remainder (or take back what the minimum of 1 added)
+        k = int(order[i % w.size])
+        if left > 0:
+            counts[k] += 1
+            left -= 1
+        elif counts[k] > 1:
+            counts[k] -= 1
+            left += 1
+        i += 1
+    return [int(c) for c in counts]
+
+
 def party_split(n_rows: int, n_parties: int, *, seed: int, how: str = "iid",
-                groups: Sequence[object] | np.ndarray | None = None, alpha: float = 1.0
-                ) -> list[np.ndarray]:
+                groups: Sequence[object] | np.ndarray | None = None, alpha: float = 1.0,
+                weights: Sequence[float] | None = None) -> list[np.ndarray]:
     """Row indices (int64, sorted) of each of ``n_parties`` parties; together a partition of
     ``range(n_rows)``.
 
@@ -41,13 +74,14 @@ def party_split(n_rows: int, n_parties: int, *, seed: int, how: str = "iid",
         n_rows: rows to spread.
         n_parties: K >= 1.
         seed: the split's seed.
-        how: ``"iid"`` or ``"dirichlet"``.
+        how: ``"iid"``, ``"dirichlet"`` or ``"sizes"``.
         groups: ``(n_rows,)`` values of the split column (``dirichlet`` only).
         alpha: the Dirichlet concentration α > 0.
+        weights: ``n_parties`` relative party sizes (``sizes`` only).
 
     Raises:
         ValueError: fewer rows than parties, an unknown ``how``, missing or misshaped
-            ``groups``, or α <= 0.
+            ``groups``, α <= 0, or missing or invalid ``weights``.
     """
     if n_parties < 1:
         raise ValueError(f"n_parties must be >= 1, got {n_parties}")
@@ -57,8 +91,15 @@ def party_split(n_rows: int, n_parties: int, *, seed: int, how: str = "iid",
     if how == "iid":
         perm = rng.permutation(n_rows)
         return [np.sort(part) for part in np.array_split(perm, n_parties)]
+    if how == "sizes":
+        if weights is None or len(weights) != n_parties:
+            raise ValueError(f"the sizes split needs {n_parties} weights, got "
+                             f"{None if weights is None else len(weights)}")
+        perm = rng.permutation(n_rows)
+        cuts = np.cumsum(sized_counts(n_rows, weights))[:-1]
+        return [np.sort(part) for part in np.split(perm, cuts)]
     if how != "dirichlet":
-        raise ValueError(f"split must be 'iid' or 'dirichlet', got {how!r}")
+        raise ValueError(f"split must be 'iid', 'dirichlet' or 'sizes', got {how!r}")
     if groups is None or len(groups) != n_rows:
         raise ValueError("the dirichlet split needs one group value per row")
     if not alpha > 0:
@@ -82,4 +123,4 @@ def party_split(n_rows: int, n_parties: int, *, seed: int, how: str = "iid",
     return [np.flatnonzero(owner == k) for k in range(n_parties)]
 
 
-__all__ = ["holdout_split", "party_split"]
+__all__ = ["holdout_split", "party_split", "sized_counts"]
