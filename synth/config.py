@@ -127,8 +127,14 @@ class SynthConfig:
         stream_rho_frac: fraction of the total ρ held back from the mechanism for
             streaming workload updates (``psfl synth add-workload``; issue 7): the
             mechanism's rounds spend ``(1 - this) ρ``, updates the rest. 0: none.
-        stream_iters: fitting iterations of an incremental refit after a workload update,
-            warm-started from the current model (0: an eighth of the engine's default).
+        stream_refit: how a finished run is refitted after a workload update: ``warm``
+            (default: the engine continues from the saved model; with mbi about the time
+            of a full fit, which is JAX compiling the new junction tree) or ``gum`` (the
+            current synthetic records are moved towards the new marginals,
+            :mod:`synth.gum`: no model fit, a few seconds, but less accurate on the new
+            marginals: ``bench/synth_stream.py``).
+        stream_iters: passes of ``gum`` (0: 20), or fitting iterations of ``warm`` (0: an
+            eighth of the engine's default).
         stream_compare_full: after an incremental refit also refit from scratch (timed),
             to report the incremental refit's time and error against it.
     """
@@ -173,6 +179,7 @@ class SynthConfig:
     engine_threads: int = 1
     parties_per_process: int = 5
     stream_rho_frac: float = 0.0
+    stream_refit: str = "warm"
     stream_iters: int = 0
     stream_compare_full: bool = False
 
@@ -246,6 +253,8 @@ class SynthConfig:
             raise bad("engine_iters", f"must be >= 0, got {self.engine_iters}")
         if not 0.0 <= self.stream_rho_frac < 1.0:
             raise bad("stream_rho_frac", f"must be in [0, 1), got {self.stream_rho_frac}")
+        if self.stream_refit not in ("gum", "warm"):
+            raise bad("stream_refit", f"must be 'gum' or 'warm', got {self.stream_refit!r}")
         if self.stream_iters < 0:
             raise bad("stream_iters", f"must be >= 0, got {self.stream_iters}")
         if self.parties_per_process < 1:

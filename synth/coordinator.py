@@ -77,7 +77,7 @@ from synth.checkpoint import (
     read_json,
 )
 from synth.config import SynthConfig
-from synth.domain import Schema, decode, encode
+from synth.domain import Schema, decode, encode, marginals
 from synth.engine import NoisyMarginal, load_warm_start, make_engine, model_state
 from synth.mechanism import party_noise_variance
 from synth.netutil import array_to_words
@@ -109,8 +109,10 @@ from synth.secagg import (
     SecAggError,
     SecAggServer,
 )
+from synth.gum import gum_update
 from synth.select import (
     candidate_pairs,
+    compress_codes,
     compress_domain,
     compress_marginal,
     compress_supports,
@@ -131,7 +133,7 @@ RESUME_EVERY_S = 2.0
 #: Config keys that may change between a run and its resumption (deadlines, process
 #: layout, how an update is refitted); every other key must match the checkpoint.
 _OPERATIONAL = frozenset({"round_timeout_s", "handshake_timeout_s", "connect_timeout_s",
-                          "parties_per_process", "engine_threads", "stream_iters",
+                          "parties_per_process", "engine_threads", "stream_iters", "stream_refit",
                           "stream_compare_full"})
 
 
@@ -1063,12 +1065,16 @@ class Coordinator:
             n = cfg.synthetic_rows or int(sum(self.rows.values()))
             warm, iters, before = None, cfg.engine_iters, None
             saved = self.ckpt.get("model")
-            if self.reopened and saved and self.updates:  # incremental: from the model
+            prev = self.stages_dir / "synthetic_codes.npy"
+            incremental = self.reopened and bool(self.updates) and prev.exists()
+            if incremental:
+                before = np.load(prev)
+            if incremental and cfg.stream_refit == "gum":
+                return await self._gum_stage(ms, before, n, total)
+            if incremental and saved:  # warm: the engine continues from the saved model
                 warm = load_warm_start(self.cdomain, saved["meta"],
                                        load_npz(self.ckpt_dir / saved["file"]))
                 iters = cfg.stream_iters or max(1, self._default_iters() // 8)
-                prev = self.stages_dir / "synthetic_codes.npy"
-                before = np.load(prev) if prev.exists() else None
 
             def fit_and_sample(warm_start: Any, it: int | None
                                ) -> tuple[Any, np.ndarray, pd.DataFrame, float]:
@@ -1103,9 +1109,84 @@ class Coordinator:
             fit = {"engine": self.engine, "fit_s": fit_s, "rows": n, "total": total,
                    "measurements": len(ms), "cliques": [list(c) for c in fitted],
                    "incremental": warm is not None,
+                   "refit": "warm" if warm is not None else "full",
                    "iters": iters or self._default_iters()}
             self._write("synthesis", fit)
             return frame, {**fit, "codes": codes, "codes_before": before, "full": full}
+
+    async def _gum_stage(self, ms: list[NoisyMarginal], before: np.ndarray, n: int,
+                         total: float) -> tuple[pd.DataFrame, dict[str, Any]]:
+        """Incremental refit with ``stream_refit = "gum"`` (:mod:`synth.gum`): the
+        current synthetic records, on the compressed domain, moved until their marginals
+        match the update's new noisy marginals, while every earlier clique that shares an
+        attribute with them keeps the marginal the records have now (what the model
+        learnt; its noisy answers would pull the records back to their noise). A record
+        keeps its original value of an attribute it was not moved in. The saved model is
+        left as it is."""
+        cfg = self.cfg
+        rng = np.random.default_rng([cfg.seed, 8, self.s])
+
+        def update() -> tuple[np.ndarray, pd.DataFrame, float]:
+            t0 = time.perf_counter()
+            maps = {a: np.asarray(v) for a, v in self.maps.items()}
+            _, cold = compress_codes(before, self.domain, maps)
+            new = {frozenset(c) for u in self.updates for c in u["missing"]}
+            targets = [self._shrunk(m, cold, total) for m in ms if frozenset(m.clique) in new]
+            touched = set().union(*new) if new else set()
+            keep = dict.fromkeys(m.clique for m in ms if frozenset(m.clique) not in new
+                                 and touched.intersection(m.clique))
+            targets += [NoisyMarginal(clique=c, values=marginals(cold, self.cdomain, [c])[c]
+                                      .ravel().astype(np.float64), sigma=1.0) for c in keep]
+            cnew = gum_update(cold, self.cdomain, targets, passes=cfg.stream_iters or 20,
+                              seed=cfg.seed)
+            drawn = uncompress_codes(cnew, self.domain, maps, rng)
+            codes = np.array(before, dtype=np.int32, copy=True)
+            moved = cnew != cold
+            codes[moved] = drawn[moved]
+            return codes, decode(codes, self.schema, rng), time.perf_counter() - t0
+
+        codes, frame, fit_s = await asyncio.to_thread(update)
+        full: dict[str, Any] | None = None
+        if cfg.stream_compare_full:  # the baseline: the engine from scratch
+
+            def refit() -> tuple[np.ndarray, float]:
+                t0 = time.perf_counter()
+                model = self._fit(ms, total, cfg.engine_iters)
+                r = np.random.default_rng([cfg.seed, 7])
+                c = uncompress_codes(np.asarray(model.sample(n, r), dtype=np.int32),
+                                     self.domain, self.maps, r)
+                return c, time.perf_counter() - t0
+
+            fcodes, full_s = await asyncio.to_thread(refit)
+            full = {"fit_s": full_s, "codes": fcodes, "iters": self._default_iters(),
+                    "compile_s": None}
+        frame.to_csv(self.out / "synthetic.csv", index=False)
+        np.save(self.stages_dir / "synthetic_codes.npy", codes)
+        self._mark("synthesis")
+        fit = {"engine": self.engine, "fit_s": fit_s, "rows": int(codes.shape[0]),
+               "total": total, "measurements": len(ms), "incremental": True,
+               "refit": "gum", "iters": cfg.stream_iters or 20,
+               "cliques": [list(c) for c in dict.fromkeys(m.clique for m in ms
+                                                          if len(m.clique) > 1)]}
+        self._write("synthesis", fit)
+        return frame, {**fit, "codes": codes, "codes_before": before, "full": full}
+
+    def _shrunk(self, m: NoisyMarginal, codes: np.ndarray, total: float) -> NoisyMarginal:
+        """The target of a new marginal for :mod:`synth.gum`: the noisy counts shrunk
+        towards the current records' counts by the empirical-Bayes factor
+        ``s² / (s² + σ²)``, where ``s²`` (the records' squared error per cell) is estimated
+        as the mean squared difference less the noise variance σ². Where the records
+        already agree with the measurement up to its noise, the target stays near them;
+        where they are far off, it follows the measurement. Post-processing."""
+        n = codes.shape[0]
+        cur = marginals(codes, self.cdomain, [m.clique])[m.clique].ravel().astype(np.float64)
+        scale = n / total if total > 0 else 1.0
+        y = np.asarray(m.values, dtype=np.float64) * scale
+        var = (m.sigma * scale) ** 2
+        d = y - cur
+        s2 = max(float(np.mean(d * d)) - var, 0.0)
+        lam = s2 / (s2 + var) if s2 + var > 0 else 1.0
+        return NoisyMarginal(clique=m.clique, values=cur + lam * d, sigma=m.sigma)
 
     async def _report_updates(self, fit: dict[str, Any]) -> None:
         """Per workload update applied by this coordinator: the total variation distance
@@ -1132,6 +1213,7 @@ class Coordinator:
                 "already_measured": u["already_measured"], "refused": u["refused"],
                 "rho": u["rho"], "measure_s": u.get("measure_s", 0.0),
                 "incremental_refit": bool(fit.get("incremental")),
+                "refit": fit.get("refit"),
                 "refit_s": fit["fit_s"], "refit_iters": fit["iters"],
                 "tv_before": await asyncio.to_thread(tv, fit.get("codes_before"), wl),
                 "tv_after": await asyncio.to_thread(tv, fit["codes"], wl),
