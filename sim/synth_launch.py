@@ -469,17 +469,13 @@ RUN_LOCK = "run.lock"
 
 def run_in_progress(run_dir: Path) -> bool:
     """Whether a launcher process is running the job in ``run_dir``."""
+    import psutil
+
     try:
         pid = int((Path(run_dir) / RUN_LOCK).read_text())
     except (OSError, ValueError):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return bool(psutil.pid_exists(pid))
 
 
 def add_workload(run_dir: str | Path, queries: Mapping[str, Any], *,

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,3 +140,19 @@ def raw_publisher(address: str) -> Iterator[zmq.Socket]:
     finally:
         raw.close(0)
         ctx.term()
+
+
+def synth_table(n: int = 3000, seed: int = 0) -> Any:
+    """A small table with planted dependencies for FedForge runs: ``b`` depends on ``a``,
+    ``income`` on ``b``; ``age`` and ``hours`` are independent (pandas DataFrame)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    a = rng.choice(["x", "y", "z"], n, p=[0.5, 0.3, 0.2])
+    b = np.where(a == "x", rng.choice(["u", "v"], n, p=[0.9, 0.1]),
+                 rng.choice(["u", "v"], n, p=[0.2, 0.8]))  # b depends on a
+    age = rng.integers(18, 80, n)
+    income = (rng.random(n) < np.where(b == "u", 0.7, 0.2)).astype(int)  # depends on b
+    hours = np.round(rng.normal(40, 8, n), 1)
+    return pd.DataFrame({"a": a, "b": b, "age": age, "hours": hours, "income": income})

@@ -12,24 +12,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import synth_table
 from synth.config import SynthConfig
 
 
-def _table(n: int = 3000, seed: int = 0) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    a = rng.choice(["x", "y", "z"], n, p=[0.5, 0.3, 0.2])
-    b = np.where(a == "x", rng.choice(["u", "v"], n, p=[0.9, 0.1]),
-                 rng.choice(["u", "v"], n, p=[0.2, 0.8]))  # b depends on a
-    age = rng.integers(18, 80, n)
-    income = (rng.random(n) < np.where(b == "u", 0.7, 0.2)).astype(int)  # depends on b
-    hours = np.round(rng.normal(40, 8, n), 1)
-    return pd.DataFrame({"a": a, "b": b, "age": age, "hours": hours, "income": income})
 
 
 @pytest.fixture(scope="module")
 def csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("synth_data") / "table.csv"
-    _table().to_csv(path, index=False)
+    synth_table().to_csv(path, index=False)
     return path
 
 
@@ -72,7 +64,7 @@ def test_synth_run_k3_secure_aggregation_end_to_end(csv: Path, tmp_path: Path) -
 
 
 def test_psfl_synth_run_rejects_a_column_with_one_value(tmp_path: Path) -> None:
-    t = _table(300)
+    t = synth_table(300)
     t["const"] = "same"
     path = tmp_path / "bad.csv"
     t.to_csv(path, index=False)
@@ -118,7 +110,7 @@ def test_a_party_whose_columns_differ_fails_the_run_with_its_reason(
 def test_a_label_that_is_not_binary_skips_ml_utility_with_the_reason(tmp_path: Path) -> None:
     from sim.synth_launch import run_synth
 
-    t = _table(1200)
+    t = synth_table(1200)
     path = tmp_path / "multi.csv"
     t.to_csv(path, index=False)
     cfg = SynthConfig(dataset=str(path), label="a", parties=2, fanout=2,

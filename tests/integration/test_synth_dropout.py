@@ -13,24 +13,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import synth_table
 from synth.config import SynthConfig
 
 
-def _table(n: int = 3000, seed: int = 0) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    a = rng.choice(["x", "y", "z"], n, p=[0.5, 0.3, 0.2])
-    b = np.where(a == "x", rng.choice(["u", "v"], n, p=[0.9, 0.1]),
-                 rng.choice(["u", "v"], n, p=[0.2, 0.8]))
-    age = rng.integers(18, 80, n)
-    income = (rng.random(n) < np.where(b == "u", 0.7, 0.2)).astype(int)
-    hours = np.round(rng.normal(40, 8, n), 1)
-    return pd.DataFrame({"a": a, "b": b, "age": age, "hours": hours, "income": income})
 
 
 @pytest.fixture(scope="module")
 def csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("dropout_data") / "table.csv"
-    _table().to_csv(path, index=False)
+    synth_table().to_csv(path, index=False)
     return path
 
 

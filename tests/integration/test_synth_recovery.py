@@ -6,21 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 
+from conftest import synth_table
 from synth.config import SynthConfig
 
 
-def _table(n: int = 3000, seed: int = 0) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    a = rng.choice(["x", "y", "z"], n, p=[0.5, 0.3, 0.2])
-    b = np.where(a == "x", rng.choice(["u", "v"], n, p=[0.9, 0.1]),
-                 rng.choice(["u", "v"], n, p=[0.2, 0.8]))
-    income = (rng.random(n) < np.where(b == "u", 0.7, 0.2)).astype(int)
-    return pd.DataFrame({"a": a, "b": b, "age": rng.integers(18, 80, n),
-                         "hours": np.round(rng.normal(40, 8, n), 1), "income": income})
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +19,7 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> tuple[SynthConfig, dic
     from sim.synth_launch import run_synth
 
     d = tmp_path_factory.mktemp("recovery")
-    _table().to_csv(d / "table.csv", index=False)
+    synth_table().to_csv(d / "table.csv", index=False)
     cfg = SynthConfig(dataset=str(d / "table.csv"), parties=4, epsilon=1.0,
                       fanout=2, engine="mbi", engine_iters=300, round_timeout_s=10.0,
                       handshake_timeout_s=60.0, parties_per_process=2, seed=1, noise_seed=5)
