@@ -398,7 +398,8 @@ def _synth_add_workload(args: argparse.Namespace) -> int:
     try:
         queries = json.loads(Path(args.queries).read_text())
     except (OSError, ValueError) as exc:
-        print(f"error: cannot read {args.queries}: {exc}", file=sys.stderr)
+        what = "is not JSON" if isinstance(exc, ValueError) else "cannot be read"
+        print(f"error: {args.queries} {what}: {exc}", file=sys.stderr)
         return 2
     if args.rho_share is not None and isinstance(queries, dict):
         queries["rho_share"] = args.rho_share
@@ -414,6 +415,9 @@ def _synth_add_workload(args: argparse.Namespace) -> int:
 
     print(f"update {res.get('name')}: {res.get('status')}"
           + (f" ({res['reason']})" if res.get("reason") else ""))
+    if res.get("reopened") is False:
+        print("  the run was not reopened: its files are unchanged")
+        return 1 if res.get("status") == "refused" else 0
     print(f"  measured {len(res.get('missing', []))} new marginal(s) "
           f"{res.get('missing')}, already measured {res.get('already_measured')}, "
           f"rho {res.get('rho', 0):.4g}")
@@ -424,7 +428,7 @@ def _synth_add_workload(args: argparse.Namespace) -> int:
         print(f"  from-scratch refit {res['full_refit_s']:.2f} s "
               f"({res['full_refit_iters']} iterations), TV {f(res.get('tv_after_full_refit'))}")
     print(f"  report: {Path(args.run_dir) / 'workload' / 'applied'}")
-    return 0
+    return 1 if res.get("status") == "refused" else 0
 
 
 def _synth_run(args: argparse.Namespace) -> int:

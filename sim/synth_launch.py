@@ -35,7 +35,7 @@ from sim.launch import LaunchResult, OutDirError, _spawn, _stop, run_security, s
 from sim.launch import wait_children
 
 from synth.checkpoint import CRASH_POINT_ENV, read_json
-from synth.workload import WorkloadError, submit_workload
+from synth.workload import WorkloadError, mark_applied, submit_workload
 from synth.config import SynthConfig, dump_synth_config
 from synth.protocol import build_tree
 
@@ -349,6 +349,16 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     out = Path(out)
     if pauses and cfg.parties_per_process != 1:
         raise ValueError("pauses need parties_per_process = 1 (one process per party)")
+    if kill_coordinator_at is not None:
+        stage, _, point = kill_coordinator_at.partition("@")
+        if stage not in coordinator_stages(cfg):
+            raise ValueError(f"kill_coordinator_at={kill_coordinator_at!r} is not a stage of "
+                             f"this run: {coordinator_stages(cfg)}")
+        points = CRASH_POINTS_ROUND if stage.startswith("round:") else CRASH_POINTS.get(
+            stage.split(":")[0], ())
+        if point and point not in points:
+            raise ValueError(f"kill_coordinator_at={kill_coordinator_at!r}: the points of "
+                             f"{stage!r} are {list(points) or 'none (use the stage alone)'}")
     events = out / "events.jsonl"
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -359,16 +369,13 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
                 if (out / stale_dir).is_dir():
                     shutil.rmtree(out / stale_dir)
             events.write_text("")
-        (out / RUN_LOCK).write_text(str(os.getpid()))
     except OSError as exc:
         raise OutDirError(f"cannot use {str(out)!r} as the run directory: "
                           f"{exc.strerror or exc}") from None
-    if (kill_coordinator_at is not None
-            and kill_coordinator_at.split("@")[0] not in coordinator_stages(cfg)):
-        raise ValueError(f"kill_coordinator_at={kill_coordinator_at!r} is not a stage of this "
-                         f"run: {coordinator_stages(cfg)}")
+    before: dict[str, Any] = {}
     if reopen:
-        info = json.loads((out / "metrics.json").read_text()).get("data", {})
+        before = json.loads((out / "metrics.json").read_text())
+        info = before.get("data", {})
         ckpt = read_json(out / "stages" / "checkpoint.json") or {}
         run_id = str(ckpt.get("run_id") or run_id)
         (out / "config.toml").write_text(dump_synth_config(cfg))
@@ -385,6 +392,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     stack = contextlib.ExitStack()
     pausers: list[_Pauser] = []
     stop_pauses = threading.Event()
+    (out / RUN_LOCK).write_text(str(os.getpid()))  # removed in the finally below
     try:
         sec = stack.enter_context(run_security(SYNTH_IDENTITIES, keys_dir=keys_dir,
                                                insecure=insecure, broker=broker))
@@ -456,11 +464,58 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
                                         for v in ledger.values())
     if pausers:
         metrics["pauses"] = [p.record for p in pausers]
+    if reopen:  # a workload update: what the first run recorded stays
+        metrics = _merge_reopened(before, metrics)
     if rusage:
         metrics["process_rusage"] = {f.stem: json.loads(f.read_text())
                                      for f in sorted((out / "rusage").glob("*.json"))}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
     return LaunchResult(metrics=metrics, out=out)
+
+
+#: Crash points within a stage (``STAGE@POINT``; see synth.checkpoint.CRASH_POINT_ENV).
+CRASH_POINTS_ROUND = ("planned", "collected", "unmask", "revealed")
+CRASH_POINTS = {"schema": ("collected",), "keys": ("collected", "marked"),
+                "seeds": ("collected", "marked")}
+
+
+def _merge_reopened(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """metrics.json after a reopened run (a workload update): the new figures, with what
+    only the earlier runs recorded kept (a scenario's block, faults, pauses), the updates
+    accumulated, and the first run's wall time kept beside the reopening's."""
+    out = {**{k: v for k, v in before.items() if k not in after}, **after}
+    out["faults"] = list(before.get("faults", [])) + list(after.get("faults", []))
+    out["workload_updates"] = (list(before.get("workload_updates", []))
+                               + list(after.get("workload_updates", [])))
+    out["wall_s"] = before.get("wall_s", after.get("wall_s"))
+    out["reopen_wall_s"] = list(before.get("reopen_wall_s", [])) + [after.get("wall_s")]
+    return out
+
+
+def _nothing_to_do(run_dir: Path, queries: Mapping[str, Any]) -> str | None:
+    """Why reopening ``run_dir`` for ``queries`` would change nothing (no marginal to
+    measure or no reserve to measure it with, and no weights), or None."""
+    from synth.workload import parse_workload
+
+    schema = read_json(run_dir / "schema.json") or {"columns": []}
+    up = parse_workload(queries, [str(c["name"]) for c in schema["columns"]])
+    if up.weights:
+        return None
+    measured = set()
+    for f in (run_dir / "stages").glob("round_*.json"):
+        measured |= {frozenset(c) for c in (read_json(f) or {}).get("cliques", [])}
+    missing = [c for c in up.marginals if frozenset(c) not in measured]
+    if not missing:
+        return "every marginal of the update was measured already"
+    ckpt = read_json(run_dir / "stages" / "checkpoint.json") or {}
+    left = ckpt.get("stream_rho_left")
+    if left is not None and not float(left) > 0:
+        cfg = read_json(run_dir / "metrics.json") or {}
+        frac = (cfg.get("config") or {}).get("stream_rho_frac", 0)
+        return ("no stream reserve of rho: the run was made with synth.stream_rho_frac = 0 "
+                "(set it > 0 before the run)" if not frac else
+                "the stream reserve of rho is used up by earlier updates")
+    return None
 
 
 #: A run in progress holds this file in its directory (the launcher's pid).
@@ -522,6 +577,12 @@ def add_workload(run_dir: str | Path, queries: Mapping[str, Any], *,
         if not (run_dir / "metrics.json").exists():
             raise WorkloadError(f"the run in {run_dir} did not finish (no metrics.json); "
                                 f"the update stays queued as {path}")
+        why = _nothing_to_do(run_dir, queries)
+        if why is not None:  # refused without reopening: the run stays as it is
+            status = "refused" if "reserve" in why else "nothing to measure"
+            mark_applied(run_dir, path, {"status": status, "reason": why, "reopened": False})
+            return {"status": status, "reason": why, "name": path.stem, "reopened": False,
+                    "metrics": json.loads((run_dir / "metrics.json").read_text())}
         cfg = load_synth_config(run_dir / "config.toml",
                                 ["stream_compare_full=true"] if compare_full else [])
         run_synth(cfg, run_dir, reopen=True, timeout_s=timeout_s, quiet=quiet,

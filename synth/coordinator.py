@@ -292,7 +292,10 @@ class Coordinator:
                     f"the checkpoint in {self.out} belongs to another run ({key} "
                     f"{doc.get(key)!r}, this run has {want!r}); resume with the same run "
                     "id, config and schema, or start afresh without resume", code=2)
-        doc["restarts"] = int(doc.get("restarts", 0)) + 1
+        if "synthesis" in doc["done"]:  # a finished run reopened, not a crash restart
+            doc["reopened"] = int(doc.get("reopened", 0)) + 1
+        else:
+            doc["restarts"] = int(doc.get("restarts", 0)) + 1
         self.ckpt = doc
         self.resumed_from = list(doc["done"])
         self.rows = {str(p): int(n) for p, n in doc["rows"].items()}
@@ -522,7 +525,7 @@ class Coordinator:
                         rec["rho"])
                     rec["measure_s"] = time.perf_counter() - t0
             if rec["status"] == "planned":
-                rec["status"] = "measured"
+                rec["status"] = "measured" if rec["missing"] else "nothing to measure"
                 left = self.ckpt["stream_rho_left"]
                 self.ckpt["stream_rho_left"] = max(0.0, left - rec["rho"])
             for c, w in up.weights.items():
@@ -558,10 +561,14 @@ class Coordinator:
             "weights": {",".join(c): w for c, w in up.weights.items()},
             "rho": rho, "rho_share": up.rho_share, "reserve_before": left,
             "status": "planned", "session": self.s}
-        if missing and not rho > 0:
+        if not missing:
+            rec["status"] = "nothing to measure" if not up.weights else "weights only"
+        elif not rho > 0:
             rec["status"] = "refused"
-            rec["reason"] = ("no stream reserve of rho left (set synth.stream_rho_frac > 0 "
-                             "before the run)")
+            rec["reason"] = (
+                "no stream reserve of rho: the run was made with synth.stream_rho_frac = 0 "
+                "(set it > 0 before the run)" if self.cfg.stream_rho_frac == 0 else
+                "the stream reserve of rho is used up by earlier updates")
             self.log.warning("workload.refused", update=rec["name"], reason=rec["reason"])
             rec["missing"] = []
         return rec
@@ -1313,6 +1320,7 @@ class Coordinator:
             "synthesis": {k: v for k, v in fit.items() if k != "codes"},
             "stage_s": self.stage_s, "wall_s": wall_s, "run_id": self.run_id,
             "restarts": int(self.ckpt["restarts"]),
+            "reopened": int(self.ckpt.get("reopened", 0)),
             "session": self.s,
             "stream_rho_left": self.ckpt["stream_rho_left"],
             "workload_updates": [u.get("report", u) for u in self.updates],

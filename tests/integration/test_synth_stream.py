@@ -61,3 +61,10 @@ def test_add_workload_after_the_run_measures_only_what_is_missing(tmp_path: Path
     applied = list((run / "workload" / "applied").glob("*.json"))
     assert len(applied) == 1 and json.loads(applied[0].read_text())["report"]["name"] == "wl0"
     assert not list((run / "workload" / "pending").glob("*.json"))
+    assert [u["name"] for u in m["workload_updates"]] == ["wl0"]
+    assert m["reopened"] == 1 and m["restarts"] == 0 and m["wall_s"] == base["wall_s"]
+    # asking again for what is measured changes nothing and reopens nothing
+    before = (run / "synthetic.csv").read_bytes()
+    again = add_workload(run, {"marginals": [["x", "y", "z"]]}, timeout_s=60, quiet=True)
+    assert again["status"] == "nothing to measure" and again["reopened"] is False
+    assert (run / "synthetic.csv").read_bytes() == before
