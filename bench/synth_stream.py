@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parties", type=int, default=None)
     ap.add_argument("--epsilon", type=float, default=1.0)
     ap.add_argument("--new", type=int, default=5, help="new 3-way marginals (default 5)")
+    ap.add_argument("--engine", default="mbi", choices=("mbi", "neural"))
     ap.add_argument("--stream-rho-frac", type=float, default=0.2)
     ap.add_argument("--max-cells", type=int, default=2000,
                     help="largest new marginal (cells of the full domain)")
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     dataset = args.dataset or ("bank" if args.quick else "adult")
     parties = args.parties or (3 if args.quick else 5)
     cfg = SynthConfig(dataset=dataset, parties=parties, epsilon=args.epsilon,
-                      stream_rho_frac=args.stream_rho_frac, engine="mbi", seed=1,
+                      stream_rho_frac=args.stream_rho_frac, engine=args.engine, seed=1,
                       noise_seed=7, parties_per_process=parties, fanout=4,
                       round_timeout_s=30.0)
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="synth-stream-"))
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                          if rep_gum.get("tv_after") and full_rep.get("tv_after") else None),
     }
     detail: dict[str, Any] = {
-        "dataset": dataset, "parties": parties, "epsilon": args.epsilon,
+        "dataset": dataset, "parties": parties, "epsilon": args.epsilon, "engine": args.engine,
         "stream_rho_frac": args.stream_rho_frac, "new_marginals": new,
         "base_wall_s": base_s, "base_avg_tv": base.get("avg_tv"),
         "incremental": {**rep, "stage_s": inc_metrics.get("stage_s")},
