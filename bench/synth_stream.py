@@ -47,12 +47,11 @@ def _new_marginals(run_dir: Path, k: int, seed: int, max_cells: int) -> list[lis
     full domain, drawn with ``seed``."""
     from synth.checkpoint import read_json
     from synth.domain import Schema
+    from synth.workload import measured_cliques
 
     schema = Schema.from_dict(read_json(run_dir / "schema.json"))
     dom = schema.domain
-    measured = set()
-    for f in (run_dir / "stages").glob("round_*.json"):
-        measured |= {frozenset(c) for c in (read_json(f) or {}).get("cliques", [])}
+    measured = measured_cliques(run_dir)
     cands = [c for c in itertools.combinations(dom.attributes, 3)
              if frozenset(c) not in measured and dom.size(c) <= max_cells]
     rng = np.random.default_rng(seed)

@@ -495,15 +495,13 @@ def _merge_reopened(before: dict[str, Any], after: dict[str, Any]) -> dict[str, 
 def _nothing_to_do(run_dir: Path, queries: Mapping[str, Any]) -> str | None:
     """Why reopening ``run_dir`` for ``queries`` would change nothing (no marginal to
     measure or no reserve to measure it with, and no weights), or None."""
-    from synth.workload import parse_workload
+    from synth.workload import measured_cliques, parse_workload
 
     schema = read_json(run_dir / "schema.json") or {"columns": []}
     up = parse_workload(queries, [str(c["name"]) for c in schema["columns"]])
     if up.weights:
         return None
-    measured = set()
-    for f in (run_dir / "stages").glob("round_*.json"):
-        measured |= {frozenset(c) for c in (read_json(f) or {}).get("cliques", [])}
+    measured = measured_cliques(run_dir)
     missing = [c for c in up.marginals if frozenset(c) not in measured]
     if not missing:
         return "every marginal of the update was measured already"

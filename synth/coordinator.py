@@ -50,6 +50,7 @@ the absent parties' row share of an earlier release, and how stale it was;
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import os
@@ -140,8 +141,6 @@ _OPERATIONAL = frozenset({"round_timeout_s", "handshake_timeout_s", "connect_tim
 def _fingerprint(cfg: SynthConfig, schema: Schema) -> str:
     """What a checkpoint must match to be resumed: the config (but its operational keys)
     and the schema."""
-    import hashlib
-
     conf = {k: v for k, v in to_mapping(cfg).items() if k not in _OPERATIONAL}
     doc = json.dumps({"config": conf, "schema": schema.fingerprint()},
                      sort_keys=True, default=str)
@@ -1204,10 +1203,12 @@ class Coordinator:
             return
         from synth.quality import workload_tv
 
+        real = (None if self.eval_data is None else await asyncio.to_thread(
+            encode, self.eval_data.train[list(self.schema.names)], self.schema))
+
         def tv(codes: np.ndarray | None, wl: list[tuple[str, ...]]) -> float | None:
-            if codes is None or self.eval_data is None or not wl:
+            if codes is None or real is None or not wl:
                 return None
-            real = encode(self.eval_data.train[list(self.schema.names)], self.schema)
             return float(workload_tv(real, codes, self.domain, wl,
                                      max_cells=self.cfg.max_cells)["avg_tv"])
 

@@ -25,6 +25,7 @@ private on its own).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import time
 from typing import Any
@@ -244,8 +245,6 @@ class SynthParty:
 
     @staticmethod
     def _plan_identity(plan: RoundPlan) -> bytes:
-        import hashlib
-
         meta, arrays = plan.to_message()
         h = hashlib.sha256(repr(sorted(meta.items())).encode())
         for a in arrays:

@@ -1197,6 +1197,55 @@ class SecAggServer:
         dropped = tuple(p for p in self.seeded(round_id) if p not in masked)
         return survivors, dropped
 
+    def _closed_round(self, round_id: str, survivors: Iterable[str], dropped: Iterable[str]
+                      ) -> tuple[_RoundState, tuple[str, ...], tuple[str, ...]]:
+        """The closed round's state and the sorted survivor and dropout sets, checked
+        (shared by :meth:`unmask` and :meth:`unmask_tree`)."""
+        st = self._rounds.get(round_id)
+        if st is None or not st.closed:
+            raise ProtocolError("", f"unmask of round {round_id!r} before unmask_request")
+        surv, drop = tuple(sorted(set(survivors))), tuple(sorted(set(dropped)))
+        if set(surv) & set(drop):
+            raise ProtocolError("", f"parties both survived and dropped: {sorted(set(surv) & set(drop))}")
+        if len(surv) < self.config.t:
+            raise TooFewSurvivors("unmask", len(surv), self.config.t)
+        return st, surv, drop
+
+    @staticmethod
+    def _masked_total(st: _RoundState, surv: Sequence[str]) -> np.ndarray:
+        """The forwarded masked sums plus the survivors' own masked vectors."""
+        assert st.masked_sum is not None
+        total = st.masked_sum.copy()
+        for u in surv:
+            if u in st.masked:
+                total += st.masked[u]
+        return total
+
+    def _remove_pair_masks(self, total: np.ndarray, round_id: str, surv: Sequence[str],
+                           drop: Sequence[str], pair: Mapping[tuple[str, str], bytes]
+                           ) -> np.ndarray:
+        """``total`` less the pair masks each survivor added with each dropped partner,
+        from the revealed round keys ``pair[(survivor, dropped)]``.
+
+        Raises:
+            MissingPairKeys: a dropped party's round key with a surviving partner missing.
+        """
+        cfg, spec = self.config, self._rounds[round_id].spec
+        survivor_set = set(surv)
+        for u in drop:
+            partners = [v for v in self._partners(round_id, u) if v in survivor_set]
+            lacking = [v for v in partners if (v, u) not in pair]
+            if lacking:
+                raise MissingPairKeys(u, lacking)
+            for v in partners:
+                pm = _pair_mask(pair[(v, u)], cfg, spec)
+                # v added s(v, u) * pm; remove it.
+                if _pair_sign(v, u) > 0:
+                    total -= pm
+                else:
+                    total += pm
+        return total & spec.modmask
+
     def unmask(self, round_id: str, survivors: Iterable[str], dropped: Iterable[str],
                shares: Mapping[str, Mapping[str, RevealedShare]]) -> np.ndarray:
         """Remove the masks and return the survivors' sum of the round (in each cell's ring).
@@ -1217,15 +1266,8 @@ class SecAggServer:
             ProtocolError: inconsistent sets, or a share of the wrong kind/holder.
         """
         cfg = self.config
-        st = self._rounds.get(round_id)
-        if st is None or not st.closed:
-            raise ProtocolError("", f"unmask of round {round_id!r} before unmask_request")
+        st, surv, drop = self._closed_round(round_id, survivors, dropped)
         spec = st.spec
-        surv, drop = tuple(sorted(set(survivors))), tuple(sorted(set(dropped)))
-        if set(surv) & set(drop):
-            raise ProtocolError("", f"parties both survived and dropped: {sorted(set(surv) & set(drop))}")
-        if len(surv) < cfg.t:
-            raise TooFewSurvivors("unmask", len(surv), cfg.t)
         missing = [u for u in surv if u not in st.masked and u not in st.summed]
         if missing:
             raise ProtocolError("", f"no masked vector from survivors {missing}")
@@ -1259,28 +1301,11 @@ class SecAggServer:
                     if not 0 <= sh.y < 1 << 256:
                         raise ProtocolError(holder, f"round key with {owner!r} is not 32 bytes")
                     pair[(holder, owner)] = sh.y.to_bytes(32, "big")
-        assert st.masked_sum is not None
-        total = st.masked_sum.copy()
-        for u in surv:
-            if u in st.masked:
-                total += st.masked[u]
+        total = self._masked_total(st, surv)
         for u in surv:
             seed = recover_secret(seeds.get(u, []), cfg.t, owner=u)
             total -= _self_mask(seed, u, cfg, spec)
-        survivor_set = set(surv)
-        for u in drop:
-            partners = [v for v in self._partners(round_id, u) if v in survivor_set]
-            lacking = [v for v in partners if (v, u) not in pair]
-            if lacking:
-                raise MissingPairKeys(u, lacking)
-            for v in partners:
-                pm = _pair_mask(pair[(v, u)], cfg, spec)
-                # v added s(v, u) * pm; remove it.
-                if _pair_sign(v, u) > 0:
-                    total -= pm
-                else:
-                    total += pm
-        return total & spec.modmask
+        return self._remove_pair_masks(total, round_id, surv, drop, pair)
 
     def pair_holders(self, round_id: str, survivors: Iterable[str],
                      dropped: Iterable[str]) -> tuple[str, ...]:
@@ -1308,16 +1333,8 @@ class SecAggServer:
                 survivors (a leaf could not recover a seed: the uncovered are named); a
                 bad round key.
         """
-        cfg = self.config
-        st = self._rounds.get(round_id)
-        if st is None or not st.closed:
-            raise ProtocolError("", f"unmask of round {round_id!r} before unmask_request")
+        st, surv, drop = self._closed_round(round_id, survivors, dropped)
         spec = st.spec
-        surv, drop = tuple(sorted(set(survivors))), tuple(sorted(set(dropped)))
-        if set(surv) & set(drop):
-            raise ProtocolError("", f"parties both survived and dropped: {sorted(set(surv) & set(drop))}")
-        if len(surv) < cfg.t:
-            raise TooFewSurvivors("unmask", len(surv), cfg.t)
         if set(st.masked) | st.summed != set(surv):
             raise ProtocolError("", "survivors are not the parties whose masked vectors came")
         if set(drop) != set(self.seeded(round_id)) - set(surv):
@@ -1332,34 +1349,20 @@ class SecAggServer:
             lacking = sorted(set(surv) - set(covered))
             raise ProtocolError("", f"self masks cover {len(set(covered))} of {len(surv)} "
                                 f"survivors (lacking {lacking[:10]}), or some twice")
-        assert st.masked_sum is not None
-        total = st.masked_sum.copy()
-        for u in surv:
-            if u in st.masked:
-                total += st.masked[u]
+        total = self._masked_total(st, surv)
         total -= removed
+        pair: dict[tuple[str, str], bytes] = {}  # (survivor, dropped) -> round key
         survivor_set = set(surv)
         for u in drop:
-            partners = [v for v in self._partners(round_id, u) if v in survivor_set]
-            keys: dict[str, bytes] = {}
-            for v in partners:
-                sh = pair_keys.get(v, {}).get(u)
+            for v in self._partners(round_id, u):
+                sh = pair_keys.get(v, {}).get(u) if v in survivor_set else None
                 if sh is None:
                     continue
                 if (sh.owner != u or sh.holder != v or sh.kind != "pair"
                         or not 0 <= sh.y < 1 << 256):
                     raise ProtocolError(v, f"bad round key with {u!r}")
-                keys[v] = sh.y.to_bytes(32, "big")
-            lacking = [v for v in partners if v not in keys]
-            if lacking:
-                raise MissingPairKeys(u, lacking)
-            for v in partners:
-                pm = _pair_mask(keys[v], cfg, spec)
-                if _pair_sign(v, u) > 0:
-                    total -= pm
-                else:
-                    total += pm
-        return total & spec.modmask
+                pair[(v, u)] = sh.y.to_bytes(32, "big")
+        return self._remove_pair_masks(total, round_id, surv, drop, pair)
 
 
 def self_mask_sum(config: SecAggConfig, spec: RoundSpec,

@@ -163,6 +163,15 @@ def pending_updates(run_dir: str | Path, attributes: Sequence[str]
     return out
 
 
+def measured_cliques(run_dir: str | Path) -> set[frozenset[str]]:
+    """The cliques the run's rounds measured so far (from ``RUN_DIR/stages/round_*.json``),
+    as sets: a clique counts as measured in any attribute order."""
+    out: set[frozenset[str]] = set()
+    for f in (Path(run_dir) / "stages").glob("round_*.json"):
+        out |= {frozenset(c) for c in (read_json(f) or {}).get("cliques", [])}
+    return out
+
+
 def mark_applied(run_dir: str | Path, pending: Path, report: Mapping[str, Any]) -> Path:
     """Move a queued update to ``workload/applied/`` with its report (atomic write of the
     report first, then removal of the queued file)."""
@@ -173,5 +182,5 @@ def mark_applied(run_dir: str | Path, pending: Path, report: Mapping[str, Any]) 
     return dest
 
 
-__all__ = ["WorkloadError", "WorkloadUpdate", "mark_applied", "parse_workload",
-           "pending_updates", "submit_workload"]
+__all__ = ["WorkloadError", "WorkloadUpdate", "mark_applied", "measured_cliques",
+           "parse_workload", "pending_updates", "submit_workload"]
