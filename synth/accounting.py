@@ -37,7 +37,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from scipy.optimize import brentq
 
 DEFAULT_DELTA = 1e-9
 #: relative float slack allowed when checking that a spend fits in the budget
@@ -122,6 +121,8 @@ def cdp_epsilon(rho: float, delta: float = DEFAULT_DELTA) -> float:
     hi = 2.0 + math.sqrt(log_inv_delta / rho)
     while slope(hi) <= 0.0:  # pragma: no cover - the bound above already suffices
         hi *= 2.0
+    from scipy.optimize import brentq  # lazily: scipy.optimize costs 0.4 s to import
+
     alpha = lo if slope(lo) >= 0.0 else brentq(slope, lo, hi, xtol=1e-14, rtol=1e-15, maxiter=500)
     # any α > 1 is a valid bound: guard against a root landing on 1 exactly
     alpha = max(alpha, 1.0 + 1e-12)
@@ -157,6 +158,8 @@ def cdp_delta(rho: float, epsilon: float) -> float:
         return (2.0 * alpha - 1.0) * rho - epsilon + math.log1p(-1.0 / alpha)
 
     lo, hi = 1.0 + 1e-12, (epsilon + 1.0) / (2.0 * rho) + 2.0
+    from scipy.optimize import brentq  # lazily: scipy.optimize costs 0.4 s to import
+
     alpha = lo if slope(lo) >= 0.0 else brentq(slope, lo, hi, xtol=1e-14, rtol=1e-15, maxiter=500)
     alpha = max(alpha, 1.0 + 1e-12)
     log_delta = ((alpha - 1.0) * (alpha * rho - epsilon) + alpha * math.log1p(-1.0 / alpha)

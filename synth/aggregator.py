@@ -38,8 +38,8 @@ import structlog
 from pubsub import Bus, DeadlineExceeded
 from pubsub.security import CurveClient
 from synth.config import SynthConfig
-from synth.netutil import ParticipantError, array_to_words, first_of, words_to_array
-from synth.party import bus_config, topic_limits
+from synth.netutil import (ParticipantError, array_to_words, bus_config, first_of, topic_limits,
+                            words_to_array)
 from synth.protocol import RoundPlan, SessionPlan, Topics, Tree, cell_modmask
 from synth.secagg import SHARE_BYTES, SecAggConfig, SecAggError, self_mask_sum
 
@@ -91,7 +91,11 @@ class Aggregator:
             while True:  # hello until the schema shows the coordinator is there
                 bus.publish_nowait(t.hello, (), hello)
                 try:
-                    schema = await bus.next(t.schema, 1.0)
+                    schema = await first_of(bus, [t.schema, t.resume], 1.0)
+                    while schema.topic == t.resume:  # the coordinator's roll call
+                        if schema.meta.get("stage") == "schema":
+                            bus.publish_nowait(t.hello, (), hello)
+                        schema = await first_of(bus, [t.schema, t.resume], 1.0)
                     break
                 except DeadlineExceeded:
                     if time.monotonic() > deadline:

@@ -81,8 +81,7 @@ from synth.config import SynthConfig
 from synth.domain import Schema, decode, encode, marginals
 from synth.engine import NoisyMarginal, load_warm_start, make_engine, model_state
 from synth.mechanism import party_noise_variance
-from synth.netutil import array_to_words
-from synth.party import bus_config, topic_limits
+from synth.netutil import array_to_words, bus_config, topic_limits
 from synth.protocol import (
     ROOT,
     RoundPlan,
@@ -353,7 +352,9 @@ class Coordinator:
     def _announce_resume(self, bus: Bus, stage: str) -> None:
         """Ask the participants to repeat their last message of ``stage`` (a resumed
         coordinator lost what arrived before it died)."""
-        if self.resumed_from or self.ckpt["restarts"]:
+        if self.resumed_from or self.ckpt["restarts"] or stage == "schema":
+            # (``schema`` is also a roll call: participants that said hello before this
+            # coordinator subscribed say it again now instead of at their next repeat)
             bus.publish_nowait(self.topics.resume, (), {"stage": stage})
 
     # ------------------------------------------------------------------ helpers

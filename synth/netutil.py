@@ -7,8 +7,22 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pubsub import Bus, DeadlineExceeded, Message
+from pubsub import BufferLimits, Bus, BusConfig, DeadlineExceeded, Message
 from synth.compress import pack_varbits, unpack_varbits
+from synth.config import SynthConfig
+
+
+def topic_limits(cfg: SynthConfig) -> BufferLimits:
+    """Bounds of a participant's per-topic buffers: the coordinator's ``pk``/``sh``/``rv``
+    and ``hello`` topics receive one message per party (and aggregator), so the message
+    bound grows with K; masked vectors of a big round are the largest messages."""
+    return BufferLimits(max_msgs=2 * cfg.parties + 64, max_bytes=256 << 20)
+
+
+def bus_config(cfg: SynthConfig) -> BusConfig:
+    """The bus settings of every FedForge participant."""
+    return BusConfig(connect_timeout_s=cfg.connect_timeout_s, total_max_bytes=1 << 30,
+                     topic_max_bytes=256 << 20)
 
 
 class ParticipantError(RuntimeError):

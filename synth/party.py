@@ -41,7 +41,8 @@ from synth.checkpoint import CheckpointError, atomic_write_json, read_json
 from synth.config import SynthConfig
 from synth.domain import Domain, DomainError, Schema, encode, marginals
 from synth.mechanism import measure_party
-from synth.netutil import ParticipantError, first_of, words_to_array
+from synth.netutil import (ParticipantError, bus_config, first_of, topic_limits,
+                            words_to_array)
 from synth.protocol import (
     RoundPlan,
     SessionPlan,
@@ -56,19 +57,6 @@ from synth.select import compress_codes
 
 
 log = structlog.get_logger(__name__)
-
-def topic_limits(cfg: SynthConfig) -> BufferLimits:
-    """Bounds of a participant's per-topic buffers: the coordinator's ``pk``/``sh``/``rv``
-    and ``hello`` topics receive one message per party (and aggregator), so the message
-    bound grows with K; masked vectors of a big round are the largest messages."""
-    return BufferLimits(max_msgs=2 * cfg.parties + 64, max_bytes=256 << 20)
-
-
-def bus_config(cfg: SynthConfig) -> BusConfig:
-    """The bus settings of every FedForge participant."""
-    return BusConfig(connect_timeout_s=cfg.connect_timeout_s, total_max_bytes=1 << 30,
-                     topic_max_bytes=256 << 20)
-
 
 class SynthParty:
     """One party holding some rows of the table.
@@ -277,7 +265,10 @@ class SynthParty:
         while True:
             self._send(bus, "schema", t.hello, [], hello)
             try:
-                msg = await bus.next(t.schema, 1.0)
+                msg = await first_of(bus, [t.schema, t.resume], 1.0)
+                while msg.topic == t.resume:  # the coordinator's roll call: hello again
+                    self._on_resume(bus, msg)
+                    msg = await first_of(bus, [t.schema, t.resume], 1.0)
                 break
             except DeadlineExceeded:
                 if time.monotonic() > deadline:
