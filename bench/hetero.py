@@ -13,7 +13,14 @@ compute: each candidate width (9 hidden layers of 128, 96, 64, 48, 32) is timed 
 worker step (CPU seconds per sample, :func:`parties.profile.profile_party`) and the width
 whose cost ratio to the other party's is closest to the CPU ratio is used
 (``balanced``). ``--even`` also runs the even split (the same model for both parties,
-``even`` in the JSON).
+``even`` in the JSON). By hand: ``--small-width W`` fixes the small party's width and
+``--big-width W`` the big party's (default 128). Widening the big party instead of
+narrowing the small one keeps the small party's compute large against its fixed
+per-batch messaging cost, which a 0.4375-core quota otherwise spends a third of its CPU
+on (50:14, ``--quick``, 2026-11-30: pubsub with passive 9x128 and active 9x256 reached
+efficiency 0.90 and 0.85 in two runs, the ceiling's profile moving 9 % between them;
+passive 9x32 with active 9x128 0.58; the README's full run, passive 9x64, 0.87). ``--workers WA+WP`` and
+``--batch-size B`` override the pubsub/avfl-ps workers and B.
 
 Ceiling and efficiency. The ceiling is measured as ``bench/vfl_table.py`` measures it,
 under the run's layout: both parties' single-worker compute profiled at the same time,
@@ -83,13 +90,15 @@ def _table() -> Any:
     return mod
 
 
-def base_config(rows: int, epochs: int, **kw: Any) -> Any:
-    """The benchmark's config: synthetic, the paper's small model, B = 256."""
+def base_config(rows: int, epochs: int, batch_size: int | None = None, **kw: Any) -> Any:
+    """The benchmark's config: synthetic, the paper's small model, B = 256 (or
+    ``batch_size``)."""
     from parties.config import VflConfig
 
     t = _table()
     return VflConfig(algo="pubsub", dataset="synthetic", synthetic_rows=rows,
-                     synthetic_features=FEATURES, epochs=epochs, batch_size=t.BATCH,
+                     synthetic_features=FEATURES, epochs=epochs,
+                     batch_size=batch_size or t.BATCH,
                      bottom_hidden=t.BOTTOM_HIDDEN, embedding_dim=t.EMBEDDING_DIM,
                      top_hidden=t.TOP_HIDDEN, **kw)
 
@@ -113,9 +122,15 @@ def balance(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str
     # one CPU for every timing (no migrations), and the reference party timed before
     # each candidate: this machine's speed drifts by 10-20 % over seconds, and a single
     # reference put width 64 at 0.21 of the active cost in one run and 0.41 in another
+    import torch
+
     before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    threads = torch.get_num_threads()
     if before:
         os.sched_setaffinity(0, {min(before)})
+    # one thread on the one CPU: at B = 1024 torch's intra-op pool (one thread per core)
+    # spun on a single CPU and a 50-step profile took minutes
+    torch.set_num_threads(1)
     try:
         ratios: dict[int, float] = {}
         for w in WIDTHS:
@@ -126,6 +141,7 @@ def balance(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str
                               min_time_s=min_time_s)
             ratios[w] = p.cpu_s_per_sample / ref.cpu_s_per_sample
     finally:
+        torch.set_num_threads(threads)
         if before:
             os.sched_setaffinity(0, before)
     best = min(ratios, key=lambda w: abs(math.log(ratios[w] / target)))
@@ -204,6 +220,17 @@ def run_algo(cfg: Any, split: str, out: Path, timeout_s: float) -> dict[str, Any
     return s
 
 
+def _workers(text: str) -> tuple[int, int]:
+    """``"3+4"`` → ``(3, 4)`` (argparse type of ``--workers``)."""
+    try:
+        wa, wp = (int(x) for x in text.split("+"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WA+WP like 3+4, got {text!r}") from None
+    if wa < 1 or wp < 1:
+        raise argparse.ArgumentTypeError(f"worker counts must be >= 1, got {text!r}")
+    return wa, wp
+
+
 def _fmt(x: Any, spec: str) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
@@ -272,6 +299,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, help="epochs (default 6; quick 4)")
     ap.add_argument("--even", action="store_true", help="also run the even split "
                     "(pubsub and avfl-ps with the same model for both parties)")
+    ap.add_argument("--batch-size", type=int, help="B of every run but pubsub_planned "
+                    "(default 256)")
+    ap.add_argument("--small-width", type=int, help="bottom width of the party with fewer "
+                    "cores, by hand (default: chosen by profiled compute, see balance())")
+    ap.add_argument("--workers", type=_workers, metavar="WA+WP",
+                    help="w_active+w_passive of pubsub and avfl-ps (default: ceil(active "
+                         "cores)+4)")
+    ap.add_argument("--big-width", type=int, help="bottom width of the party with more "
+                    f"cores (default {WIDTHS[0]}; widen it instead of narrowing the other, "
+                    "so that the small party's per-batch messaging is a smaller share)")
     ap.add_argument("--out", type=Path, help="keep the run directories here")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
@@ -308,12 +345,34 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for split in splits:
             cores = party_cores(Scenario(cpu_ratio=split, ratio_of=RATIO_OF), machine_cores())
-            base = base_config(rows, epochs)
-            bal = balance(base, cores, min_time_s=0.5)
+            base = base_config(rows, epochs, args.batch_size)
+            small_role = min(cores, key=lambda r: cores[r])
+            big_role = "active" if small_role == "passive" else "passive"
+            big_width = args.big_width or WIDTHS[0]
+            if big_width < 1:
+                ap.error(f"--big-width must be >= 1, got {big_width}")
+            if math.isclose(cores["active"], cores["passive"]):
+                big_width = WIDTHS[0]  # equal shares: the same model for both
+            else:
+                base = dataclasses.replace(base, **{f"{big_role}_bottom_hidden":
+                                                    (big_width,) * DEPTH})
+            if (args.small_width is not None
+                    and not math.isclose(cores["active"], cores["passive"])):
+                if args.small_width < 1:
+                    ap.error(f"--small-width must be >= 1, got {args.small_width}")
+                bal = {"role": small_role, "width": args.small_width,
+                       "ratio_target": min(cores.values()) / max(cores.values()),
+                       "candidates": {}, "by_hand": True}
+            else:
+                bal = balance(base, cores, min_time_s=0.5)
+            bal["big_width"] = big_width
             cfg = dataclasses.replace(base, **{f"{bal['role']}_bottom_hidden":
-                                               (bal["width"],) * DEPTH})
-            model = (f"{bal['role']} bottom {DEPTH}x{bal['width']}, the other {DEPTH}x128"
-                     if bal["width"] != 128 else f"both bottoms {DEPTH}x128")
+                                               (bal["width"],) * DEPTH,
+                                               f"{big_role}_bottom_hidden":
+                                               (big_width,) * DEPTH})
+            model = (f"{bal['role']} bottom {DEPTH}x{bal['width']}, {big_role} "
+                     f"{DEPTH}x{big_width}" if (bal["width"], big_width) != (128, 128)
+                     else f"both bottoms {DEPTH}x128")
             progress(f"{split}: cores {cores}, {model}")
             prof = quota_ceiling(cfg, cores, min_time_s=1.5)
             ceiling = prof["ceiling_samples_per_s"]
@@ -333,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                 else:
                     wa, wp = workers_for(algo, cores)
+                    if algo in ("pubsub", "avfl-ps") and args.workers:
+                        wa, wp = args.workers
                     rcfg = dataclasses.replace(cfg, algo=algo, w_active=wa, w_passive=wp)
                 out = keep / split.replace(":", "-") / algo
                 runs[algo] = run_algo(rcfg, split, out, timeout)
