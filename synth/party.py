@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import structlog
 
-from pubsub import BufferLimits, Bus, BusConfig, DeadlineExceeded, Message
+from pubsub import Bus, DeadlineExceeded, Message
 from pubsub.security import CurveClient
 from synth.accounting import BudgetExceeded, ZCdpAccountant
 from synth.checkpoint import CheckpointError, atomic_write_json, read_json
