@@ -695,6 +695,10 @@ class Coordinator:
         kw: dict[str, Any] = {}
         if iters:
             kw["iters" if self.engine == "mbi" else "steps"] = iters
+        if self.engine == "neural":
+            import torch
+
+            torch.set_num_threads(self.cfg.engine_threads)
         if self.weights:
             ms = [NoisyMarginal(clique=m.clique, values=m.values,
                                 sigma=m.sigma / math.sqrt(self.weights[tuple(sorted(m.clique))]))

@@ -153,6 +153,8 @@ class SynthParty:
                         self.rounds.append({"round": plan.round, "name": plan.name,
                                             "status": "not in the session"})
             except ParticipantError as exc:
+                # in the run's event log whatever the coordinator manages to record
+                self.log.error("synth.party_failed", reason=exc.reason, code=exc.code)
                 bus.publish_nowait(t.error, (), {"from": self.id, "reason": exc.reason,
                                                  "code": exc.code})
                 await asyncio.sleep(0.2)  # let it leave before the socket closes
