@@ -220,6 +220,17 @@ def run_algo(cfg: Any, split: str, out: Path, timeout_s: float) -> dict[str, Any
     return s
 
 
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
 def _workers(text: str) -> tuple[int, int]:
     """``"3+4"`` → ``(3, 4)`` (argparse type of ``--workers``)."""
     try:
@@ -293,20 +304,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help="30,000 rows, 4 epochs, no even split: under 10 minutes")
-    ap.add_argument("--splits", default=",".join(SPLITS), help="CPU splits, active:passive")
-    ap.add_argument("--algos", default=",".join(ALGOS))
-    ap.add_argument("--rows", type=int, help="synthetic rows (default 60,000; quick 30,000)")
-    ap.add_argument("--epochs", type=int, help="epochs (default 6; quick 4)")
+    ap.add_argument("--splits", default=",".join(SPLITS),
+                    help="CPU splits, active:passive of 64 cores (default %(default)s)")
+    ap.add_argument("--algos", default=",".join(ALGOS),
+                    help="algorithms to run (default %(default)s)")
+    ap.add_argument("--rows", type=_positive,
+                    help="synthetic rows (default 60,000; quick 30,000)")
+    ap.add_argument("--epochs", type=_positive, help="epochs (default 6; quick 4)")
     ap.add_argument("--even", action="store_true", help="also run the even split "
                     "(pubsub and avfl-ps with the same model for both parties)")
-    ap.add_argument("--batch-size", type=int, help="B of every run but pubsub_planned "
+    ap.add_argument("--batch-size", type=_positive, help="B of every run but pubsub_planned "
                     "(default 256)")
-    ap.add_argument("--small-width", type=int, help="bottom width of the party with fewer "
+    ap.add_argument("--small-width", type=_positive, help="bottom width of the party with fewer "
                     "cores, by hand (default: chosen by profiled compute, see balance())")
     ap.add_argument("--workers", type=_workers, metavar="WA+WP",
                     help="w_active+w_passive of pubsub and avfl-ps (default: ceil(active "
                          "cores)+4)")
-    ap.add_argument("--big-width", type=int, help="bottom width of the party with more "
+    ap.add_argument("--big-width", type=_positive, help="bottom width of the party with more "
                     f"cores (default {WIDTHS[0]}; widen it instead of narrowing the other, "
                     "so that the small party's per-batch messaging is a smaller share)")
     ap.add_argument("--out", type=Path, help="keep the run directories here")
@@ -349,8 +363,6 @@ def main(argv: list[str] | None = None) -> int:
             small_role = min(cores, key=lambda r: cores[r])
             big_role = "active" if small_role == "passive" else "passive"
             big_width = args.big_width or WIDTHS[0]
-            if big_width < 1:
-                ap.error(f"--big-width must be >= 1, got {big_width}")
             if math.isclose(cores["active"], cores["passive"]):
                 big_width = WIDTHS[0]  # equal shares: the same model for both
             else:
@@ -358,8 +370,6 @@ def main(argv: list[str] | None = None) -> int:
                                                     (big_width,) * DEPTH})
             if (args.small_width is not None
                     and not math.isclose(cores["active"], cores["passive"])):
-                if args.small_width < 1:
-                    ap.error(f"--small-width must be >= 1, got {args.small_width}")
                 bal = {"role": small_role, "width": args.small_width,
                        "ratio_target": min(cores.values()) / max(cores.values()),
                        "candidates": {}, "by_hand": True}

@@ -416,7 +416,8 @@ def _synth_add_workload(args: argparse.Namespace) -> int:
     print(f"update {res.get('name')}: {res.get('status')}"
           + (f" ({res['reason']})" if res.get("reason") else ""))
     if res.get("reopened") is False:
-        print("  the run was not reopened: its files are unchanged")
+        print("  the run was not reopened: its model, synthetic data and metrics are "
+              "unchanged (the answer is in workload/applied/)")
         return 1 if res.get("status") == "refused" else 0
     print(f"  measured {len(res.get('missing', []))} new marginal(s) "
           f"{res.get('missing')}, already measured {res.get('already_measured')}, "
@@ -444,8 +445,9 @@ def _synth_run(args: argparse.Namespace) -> int:
             extra[key] = getattr(args, key)
     cfg = load_synth_config(args.config, args.set, extra)  # ConfigError: exit 2
     if cfg.engine == "auto" and cfg.resolved_engine() == "neural":
-        print("note: mbi is not installed, so the engine is 'neural' (minutes instead of "
-              "seconds); pip install -e \".[mbi]\" for Private-PGM", file=sys.stderr)
+        print("note: mbi is not installed, so the engine is 'neural' (a relaxed synthetic "
+              "dataset fitted with torch); pip install -e \".[mbi]\" for Private-PGM",
+              file=sys.stderr)
     print(f"FedForge: {cfg.dataset}, K={cfg.parties} parties, epsilon {cfg.epsilon:g} "
           f"(delta {cfg.delta:g}), {cfg.mechanism} + {cfg.resolved_engine()}, {cfg.noise_model} noise, "
           f"{cfg.bits or 'auto'}-bit, fan-out {cfg.fanout}, out {args.out}", flush=True)

@@ -3,7 +3,7 @@ finished, handed to its coordinator through the run directory.
 
 A workload update is a JSON document::
 
-    {"marginals": [["age", "education", "income"], ...],   # new queries (cliques)
+    {"marginals": [["age", "educational-num", "income"], ...],   # new queries (cliques)
      "weights": {"age,income": 2.0},                        # optional: weights on queries
      "rho_share": 0.5}                                      # optional, default 1.0
 
