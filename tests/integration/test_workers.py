@@ -134,3 +134,19 @@ def test_dp_without_a_noise_seed_is_refused(tmp_path: Path) -> None:
     x, ps = _setup(tmp_path)
     with pytest.raises(ValueError, match="noise seed"):
         ThreadWorker("passive", VflConfig(dp_mu=1.0), x, None, ps)
+
+
+async def test_a_process_worker_idle_for_seconds_still_answers(tmp_path: Path) -> None:
+    """A worker with nothing to do for a few seconds (its partner is slow to start) keeps
+    serving: its orphan check looks for the party process, not for its own parent (the
+    fork server). Before, it quit after one idle second and the party then waited."""
+    _, ps = _setup(tmp_path)
+    w = ProcessWorker("passive", 1, CFG, tmp_path, ps)
+    await w.start()
+    try:
+        await asyncio.sleep(2.5)
+        assert w._proc is not None and w._proc.is_alive()
+        emb = await w.forward(0, 0)
+        assert emb.shape == (32, 8)
+    finally:
+        await w.close()
