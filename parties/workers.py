@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
+import psutil
 import structlog
 import torch
 import zmq
@@ -552,19 +553,6 @@ def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], d
         ctx.term()
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists. (Not ``os.getppid() == pid``: a forkserver child's
-    parent is the fork server, so that test took every worker idle for a second for an
-    orphan, and it quit while its party waited for it.)"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
                   parent_pid: int, noise_seed: int | None) -> None:
     """Load data, build the compute, then answer requests until ``stop``."""
@@ -577,8 +565,11 @@ def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
     sock.send_multipart(encode("ready"))
     while True:
         if not sock.poll(1000):
-            if not _alive(parent_pid):
-                return  # orphaned: the party process is gone
+            # orphaned: the party process is gone. (Not ``os.getppid() != parent_pid``: a
+            # forkserver child's parent is the fork server, so that test took every worker
+            # idle for a second for an orphan, and it quit while its party waited for it.)
+            if not psutil.pid_exists(parent_pid):
+                return
             continue
         msg = decode(sock.recv_multipart(copy=False))
         cmd, meta = msg.topic, msg.meta

@@ -363,16 +363,6 @@ def _read_pids(procs_file: Path) -> list[int]:
         return []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 _STALE_RE = re.compile(r"^psfl-.*-(\d+)-\d+$")
 
 
@@ -384,7 +374,7 @@ def _remove_stale(parent: Path) -> None:
         return
     for entry in entries:
         m = _STALE_RE.match(entry.name)
-        if not m or not entry.is_dir() or _alive(int(m.group(1))):
+        if not m or not entry.is_dir() or psutil.pid_exists(int(m.group(1))):
             continue
         try:
             entry.rmdir()

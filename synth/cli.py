@@ -105,7 +105,7 @@ async def _aggregators(cfg: SynthConfig, args: argparse.Namespace) -> list[dict[
     return [t.result() for t in tasks]
 
 
-def _prefetch_engine(cfg: SynthConfig) -> threading.Thread:
+def _prefetch_engine(cfg: SynthConfig) -> None:
     """Import the synthesis engine's package (torch about 1.1 s, mbi/jax 0.7 s here) in a
     daemon thread while the protocol stages run, so the synthesis stage does not wait for
     it. An import of the same module elsewhere waits on the module's import lock meanwhile;
@@ -124,9 +124,7 @@ def _prefetch_engine(cfg: SynthConfig) -> threading.Thread:
         except ImportError:
             pass  # the fit reports the missing engine with its install hint
 
-    t = threading.Thread(target=load, name="engine-prefetch", daemon=True)
-    t.start()
-    return t
+    threading.Thread(target=load, name="engine-prefetch", daemon=True).start()
 
 
 async def _coordinator(cfg: SynthConfig, args: argparse.Namespace) -> dict[str, Any]:
