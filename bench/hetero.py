@@ -8,33 +8,40 @@ in its own cgroup CPU quota.
 
 Balancing. A 10-layer bottom model's hidden layers dominate its cost whatever the input
 width, so an even feature split under a 50:14 share leaves the small party far behind.
-The party with fewer cores therefore gets a narrower bottom model, chosen by *profiled*
+Each party's bottom width is therefore chosen so that the CPU each party needs per sample
+is in the ratio of its cores. For 50:14 and 40:24 the widths are hand-balanced
+(:data:`BALANCED`: the passive party keeps 9x128 and the active party is widened, to 9x288
+and 9x160), on the CPU each party uses per sample in a run, which for the active party
+is well above its profiled compute (the profile's balance at 50:14, 9x352, leaves the
+active party the bound). Widening the big party instead of narrowing the small one keeps
+the small party's compute large against its fixed per-batch messaging, which at 0.4375
+cores otherwise costs it a third of its CPU. Other splits (and ``--small-width`` /
+``--big-width`` by hand) aside, :func:`balance` narrows the small party by *profiled*
 compute: each candidate width (9 hidden layers of 128, 96, 64, 48, 32) is timed for one
-worker step (CPU seconds per sample, :func:`parties.profile.profile_party`) and the width
-whose cost ratio to the other party's is closest to the CPU ratio is used
-(``balanced``). ``--even`` also runs the even split (the same model for both parties,
-``even`` in the JSON). By hand: ``--small-width W`` fixes the small party's width and
-``--big-width W`` the big party's (default 128). Widening the big party instead of
-narrowing the small one keeps the small party's compute large against its fixed
-per-batch messaging cost, which a 0.4375-core quota otherwise spends a third of its CPU
-on (50:14, ``--quick``, 2026-11-30: pubsub with passive 9x128 and active 9x256 reached
-efficiency 0.90 and 0.85 in two runs, the ceiling's profile moving 9 % between them;
-passive 9x32 with active 9x128 0.58; the README's full run, passive 9x64, 0.87). ``--workers WA+WP`` and
-``--batch-size B`` override the pubsub/avfl-ps workers and B.
+worker step (CPU seconds per sample, :func:`parties.profile.profile_party`) and the
+width whose cost ratio to the other party's is closest to the CPU ratio is used.
+``--even`` also runs the even split (the same 9x128 model for both parties, ``even``
+in the JSON). ``--workers WA+WP`` and ``--batch-size B`` override the pubsub/avfl-ps
+workers and B.
 
 Ceiling and efficiency. The ceiling is measured as ``bench/vfl_table.py`` measures it,
 under the run's layout: both parties' single-worker compute profiled at the same time,
 each process inside its party's quota (``profile_config(join_groups=...)``), so the
-ceiling is min over parties of quota ÷ CPU seconds per sample. Efficiency = training
-samples/s ÷ ceiling.
+ceiling is min over parties of quota ÷ CPU seconds per sample; it is the mean of two
+such profiles (:func:`parties.profile.mean_profile`), one before and one after the
+split's runs, because this machine's speed drifts: at 50:14, four profiles in a row
+put the passive step at 5.2, 5.7, 6.4 and 5.8 ms. Efficiency = training samples/s ÷
+ceiling. CPU utilisation = CPU seconds ÷ (wall seconds × quota) over the training
+segments, the window the throughput is measured over (the whole life's figure, which
+adds the validation scoring and the wait for the partner to start, is kept beside it).
 
 Workers: ``vfl`` and ``avfl`` 1 + 1 (by definition); ``vfl-ps`` 2 pairs; ``pubsub`` and
 ``avfl-ps`` ⌈active cores⌉ active workers (threads, so a 1.5625-core quota can be used)
-and 4 passive; ``pubsub_planned`` is PubSub-VFL with (w_active, w_passive, B) from the
-planner (``psfl vfl plan``: the batch-size sweep and cost-model fits, with each party's
-quota as its cores; B from :data:`PLAN_BATCH_SIZES`, and the ceiling of a planned run is
-profiled at its own B). Time to target: the first validation point at or above 0.98 × the
-best final AUC of ``vfl`` in the same split.
+and :data:`PASSIVE_WORKERS` (8) passive; ``pubsub_planned`` is PubSub-VFL with
+(w_active, w_passive, B) from the planner (``psfl vfl plan``: the batch-size sweep and
+cost-model fits, with each party's quota as its cores; B from :data:`PLAN_BATCH_SIZES`,
+and the ceiling of a planned run is profiled at its own B). Time to target: the first
+validation point at or above 0.98 × the best final AUC of ``vfl`` in the same split.
 
 Usage::
 
@@ -43,8 +50,11 @@ Usage::
     psfl report runs/hetero                                       # plots of the runs
 
 Output: a table per split and, with ``--json``, ``summary[split][algo]`` with
-``time_to_target_s``, ``metric``, ``cpu_util_active``, ``cpu_util_passive``,
-``efficiency`` and ``wait_s_per_epoch`` (the active party's, per worker), for the
+``time_to_target_s``, ``metric``, ``cpu_util_active``, ``cpu_util_passive`` (CPU
+seconds ÷ (wall seconds × quota) over the training segments, the window the throughput is
+measured over; ``cpu_util_run_*`` is the same over the party's whole life, which adds the
+validation scoring and the wait for the partner to start), ``efficiency`` and
+``wait_s_per_epoch`` (the active party's, per worker), for the
 balanced model; ``summary_even`` likewise for the even split. An efficiency above 1.05
 means the ceiling's profile is wrong: it is listed in ``errors`` and the exit code is 1.
 """
@@ -79,6 +89,21 @@ PERIOD_US = 10_000  # the quotas' period (see sim.scenario.Scenario.cpu_period_u
 #: 0.79 against 0.84-0.90 at B = 256 (--quick, 2026-11-30): a plan that reaches the
 #: target later is no plan for time to target.
 PLAN_BATCH_SIZES = (64, 128, 256)
+#: Hand-balanced bottom widths per split: (party with fewer cores, party with more), 9
+#: hidden layers each. Balanced on the CPU the parties use per sample *in a run*: the
+#: active party's event loop, messaging and GIL hand-offs cost it more per sample than
+#: its profiled compute, so the profile's balance (9x352 at 50:14) leaves the active
+#: party the bound. Measured with ``--algos pubsub --workers 2+8`` (--quick,
+#: 2026-11-30), CPU use of the quota in training, active/passive: 50:14 9x256 0.77/0.87
+#: (passive bound), 9x288 0.88/0.89, 9x320 0.89/0.78, 9x352 0.92/0.73 (active bound);
+#: 40:24 9x160 0.84/0.87, 9x192 0.89/0.74.
+BALANCED = {"50:14": (128, 288), "40:24": (128, 160)}
+#: Passive workers of pubsub and avfl-ps. A passive worker holds its batch from its
+#: embedding's publication until the gradient is back, so the passive party keeps w_p
+#: batches in flight, and it idles whenever all of them are at the active party. At
+#: 50:14 with 9x288 (--quick, 2026-11-30): 4 workers 0.84/0.85 of the quotas, 6
+#: 0.86/0.85, 8 0.88/0.89. Inline workers cost a model replica each, nothing more.
+PASSIVE_WORKERS = 8
 
 
 def _table() -> Any:
@@ -149,9 +174,10 @@ def balance(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str
             "candidates": {str(w): r for w, r in ratios.items()}}
 
 
-def quota_ceiling(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str, Any]:
-    """The ceiling under the split's quotas (both parties profiled at once, each in its
-    own CPU-share group)."""
+def quota_profile(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> Any:
+    """The compute profile under the split's quotas (both parties profiled at once, each
+    in its own CPU-share group): a :class:`parties.profile.ComputeProfile` whose
+    ``settings["cpu_methods"]`` says how each quota was enforced."""
     from parties.profile import profile_config
 
     from sim.cpu import CpuLimiter
@@ -164,9 +190,14 @@ def quota_ceiling(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> di
     finally:
         for lim in lims.values():
             lim.close()
-    d = prof.to_dict()
-    d["methods"] = {r: lim.method for r, lim in lims.items()}
-    return d
+    return dataclasses.replace(prof, settings={
+        **prof.settings, "cpu_methods": {r: lim.method for r, lim in lims.items()}})
+
+
+def quota_ceiling(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str, Any]:
+    """:func:`quota_profile` as its ``profile.json`` dict (``ceiling_samples_per_s``,
+    ``bound_by``, ``parties``)."""
+    return quota_profile(cfg, cores, min_time_s=min_time_s).to_dict()
 
 
 def workers_for(algo: str, cores: dict[str, float]) -> tuple[int, int]:
@@ -175,7 +206,23 @@ def workers_for(algo: str, cores: dict[str, float]) -> tuple[int, int]:
         return 1, 1
     if algo == "vfl-ps":
         return 2, 2
-    return max(1, math.ceil(cores["active"] - 1e-9)), 4
+    return max(1, math.ceil(cores["active"] - 1e-9)), PASSIVE_WORKERS
+
+
+def balanced_widths(split: str, cores: dict[str, float], *, small_width: int | None,
+                    big_width: int | None) -> tuple[str, int, int] | None:
+    """``(small_role, small_width, big_width)`` chosen by hand (``--small-width`` /
+    ``--big-width``, else :data:`BALANCED`), or None: equal shares (the same model for
+    both) or a split with no hand-balanced widths and none given (then
+    :func:`balance` chooses by profiled compute)."""
+    if math.isclose(cores["active"], cores["passive"]):
+        return None
+    small = min(cores, key=lambda r: cores[r])
+    if small_width is None and big_width is None:
+        if split not in BALANCED:
+            return None
+        small_width, big_width = BALANCED[split]
+    return small, small_width or WIDTHS[0], big_width or WIDTHS[0]
 
 
 def planned_config(cfg: Any, cores: dict[str, float], out: Path, *,
@@ -246,6 +293,10 @@ def _fmt(x: Any, spec: str) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def _pct(x: Any) -> str:
+    return _fmt(x, ".1%")
+
+
 def summarize(runs: dict[str, dict[str, Any]], ceiling: float | None) -> dict[str, Any]:
     """``summary[algo]`` of one split (the JSON's shape), with time to target and
     speedup against ``vfl``."""
@@ -260,8 +311,10 @@ def summarize(runs: dict[str, dict[str, Any]], ceiling: float | None) -> dict[st
         ttt = t.time_to_target(r["history"], target, False) if target is not None else None
         out[algo] = {
             "time_to_target_s": ttt, "metric": r["metric"],
-            "cpu_util_active": r["cpu_util"]["active"],
-            "cpu_util_passive": r["cpu_util"]["passive"],
+            "cpu_util_active": r["cpu_util_train"]["active"],
+            "cpu_util_passive": r["cpu_util_train"]["passive"],
+            "cpu_util_run_active": r["cpu_util"]["active"],
+            "cpu_util_run_passive": r["cpu_util"]["passive"],
             "efficiency": (r["train_samples_per_s"] / r.get("ceiling", ceiling))
                           if ceiling else None,
             "wait_s_per_epoch": r["wait_s_per_epoch"]["active"],
@@ -286,7 +339,8 @@ def render(split: str, info: dict[str, Any], summ: dict[str, Any]) -> str:
              f"{_fmt(info['ceiling'], ',.0f')} samples/s; target AUC "
              f"{_fmt(summ['target_auc'], '.4f')}", "",
              "| algo | w_a+w_p, B | time to target, s | speedup vs vfl | final AUC | CPU util "
-             "active | CPU util passive | efficiency | wait/epoch active, s |",
+             "active (training; run) | CPU util passive (training; run) | efficiency | "
+             "wait/epoch active, s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for algo, r in summ["algos"].items():
         if "metric" not in r:
@@ -295,7 +349,8 @@ def render(split: str, info: dict[str, Any], summ: dict[str, Any]) -> str:
         lines.append(
             f"| {algo} | {r['workers'][0]}+{r['workers'][1]}, {r['batch_size']} | "
             f"{_fmt(r['time_to_target_s'], '.2f')} | {_fmt(r['speedup_vs_vfl'], '.2f')} | "
-            f"{r['metric']:.4f} | {r['cpu_util_active']:.1%} | {r['cpu_util_passive']:.1%} | "
+            f"{r['metric']:.4f} | {_pct(r['cpu_util_active'])}; {_pct(r['cpu_util_run_active'])} | "
+            f"{_pct(r['cpu_util_passive'])}; {_pct(r['cpu_util_run_passive'])} | "
             f"{_fmt(r['efficiency'], '.3f')} | {r['wait_s_per_epoch']:.3f} |")
     return "\n".join(lines)
 
@@ -316,13 +371,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=_positive, help="B of every run but pubsub_planned "
                     "(default 256)")
     ap.add_argument("--small-width", type=_positive, help="bottom width of the party with fewer "
-                    "cores, by hand (default: chosen by profiled compute, see balance())")
+                    "cores, by hand (default: BALANCED's for 50:14 and 40:24; other "
+                    "splits by profiled compute, see balance())")
     ap.add_argument("--workers", type=_workers, metavar="WA+WP",
                     help="w_active+w_passive of pubsub and avfl-ps (default: ceil(active "
-                         "cores)+4)")
+                         f"cores)+{PASSIVE_WORKERS})")
     ap.add_argument("--big-width", type=_positive, help="bottom width of the party with more "
-                    f"cores (default {WIDTHS[0]}; widen it instead of narrowing the other, "
-                    "so that the small party's per-batch messaging is a smaller share)")
+                    "cores (default: BALANCED's for 50:14 and 40:24, else "
+                    f"{WIDTHS[0]}; widen it instead of narrowing the other, so that the small "
+                    "party's per-batch messaging is a smaller share)")
     ap.add_argument("--out", type=Path, help="keep the run directories here")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
@@ -335,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown algorithm(s) {bad}; known: {', '.join(ALGOS)}")
     from parties.cli import write_json
     from pubsub.logs import configure_logging
+
+    from parties.profile import mean_profile
 
     from sim.cpu import machine_cores
     from sim.scenario import Scenario, party_cores
@@ -362,18 +421,15 @@ def main(argv: list[str] | None = None) -> int:
             base = base_config(rows, epochs, args.batch_size)
             small_role = min(cores, key=lambda r: cores[r])
             big_role = "active" if small_role == "passive" else "passive"
-            big_width = args.big_width or WIDTHS[0]
-            if math.isclose(cores["active"], cores["passive"]):
-                big_width = WIDTHS[0]  # equal shares: the same model for both
-            else:
-                base = dataclasses.replace(base, **{f"{big_role}_bottom_hidden":
-                                                    (big_width,) * DEPTH})
-            if (args.small_width is not None
-                    and not math.isclose(cores["active"], cores["passive"])):
-                bal = {"role": small_role, "width": args.small_width,
+            hand = balanced_widths(split, cores, small_width=args.small_width,
+                                   big_width=args.big_width)
+            if hand is not None:
+                _, small_w, big_width = hand
+                bal = {"role": small_role, "width": small_w,
                        "ratio_target": min(cores.values()) / max(cores.values()),
                        "candidates": {}, "by_hand": True}
             else:
+                big_width = WIDTHS[0]  # equal shares: the same model for both
                 bal = balance(base, cores, min_time_s=0.5)
             bal["big_width"] = big_width
             cfg = dataclasses.replace(base, **{f"{bal['role']}_bottom_hidden":
@@ -384,9 +440,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"{DEPTH}x{big_width}" if (bal["width"], big_width) != (128, 128)
                      else f"both bottoms {DEPTH}x128")
             progress(f"{split}: cores {cores}, {model}")
-            prof = quota_ceiling(cfg, cores, min_time_s=1.5)
-            ceiling = prof["ceiling_samples_per_s"]
-            progress(f"{split}: ceiling {ceiling:,.0f} samples/s (bound by {prof['bound_by']})")
+            prof_before = quota_profile(cfg, cores, min_time_s=1.5)
+            ceiling = prof_before.ceiling_samples_per_s
+            progress(f"{split}: ceiling before the runs {ceiling:,.0f} samples/s (bound by "
+                     f"{prof_before.bound_by})")
             runs: dict[str, dict[str, Any]] = {}
             plan_doc = None
             for algo in algos:
@@ -415,16 +472,28 @@ def main(argv: list[str] | None = None) -> int:
                     r_ceiling = r["ceiling"] = r["profile"]["ceiling_samples_per_s"]
                 progress(f"{split} {algo}: " + (
                     f"AUC {r['metric']:.4f}, {r['train_samples_per_s']:,.0f} samples/s "
-                    f"(efficiency {r['train_samples_per_s'] / r_ceiling:.3f}), cpu util "
-                    f"{r['cpu_util']['active']:.2f}/{r['cpu_util']['passive']:.2f}"
+                    f"({r['train_samples_per_s'] / r_ceiling:.3f} of the "
+                    f"{'run' if 'ceiling' in r else 'first'} profile), cpu util in training "
+                    f"{_fmt(r['cpu_util_train']['active'], '.2f')}/"
+                    f"{_fmt(r['cpu_util_train']['passive'], '.2f')} (whole run "
+                    f"{r['cpu_util']['active']:.2f}/{r['cpu_util']['passive']:.2f})"
                     if r["status"] == "ok" else f"{r['status']}: {r.get('error')}"))
+            # this machine's speed drifts by 10-20 % over minutes: the ceiling is the mean
+            # of profiles taken before and after the split's runs (mean_profile)
+            prof_after = quota_profile(cfg, cores, min_time_s=1.5)
+            prof_obj = mean_profile([prof_before, prof_after])
+            prof = {**prof_obj.to_dict(), "before": prof_before.to_dict(),
+                    "after": prof_after.to_dict()}
+            ceiling = prof_obj.ceiling_samples_per_s
+            progress(f"{split}: ceiling after the runs {prof_after.ceiling_samples_per_s:,.0f}"
+                     f" samples/s; mean {ceiling:,.0f} (bound by {prof_obj.bound_by})")
             summ = summarize(runs, ceiling)
             info = {"cores": cores, "balance": bal, "model": model, "ceiling": ceiling,
                     "profile": prof, "plan": plan_doc}
             doc["splits"][split] = {**info, "target_auc": summ["target_auc"], "runs": runs}
             doc["summary"][split] = summ["algos"]
             report.append(render(split, info, summ))
-            if args.even and bal["width"] != 128:
+            if args.even and (bal["width"], big_width) != (WIDTHS[0], WIDTHS[0]):
                 even_runs: dict[str, dict[str, Any]] = {}
                 eprof = quota_ceiling(base, cores, min_time_s=1.5)
                 for algo in ("vfl", "avfl-ps", "pubsub"):

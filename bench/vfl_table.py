@@ -214,6 +214,8 @@ def summarize_run(m: dict[str, Any]) -> dict[str, Any]:
         "train_samples_per_s": samples / train_s_sum if train_s_sum > 0 else 0.0,
         "ms_per_batch": 1e3 * train_s_sum / act["batches"] if act["batches"] else None,
         "cpu_util": {"active": act["cpu_util"], "passive": pas.get("cpu_util")},
+        "cpu_util_train": {"active": act.get("cpu_util_train"),
+                           "passive": pas.get("cpu_util_train")},
         "wait_s_per_epoch": {"active": act["wait_s_per_epoch"],
                              "passive": pas.get("wait_s_per_epoch")},
         "bytes_per_epoch": bytes_total / epochs,

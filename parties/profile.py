@@ -133,6 +133,8 @@ class PartyProfile:
         cpu_iqr_rel: interquartile range of all timed steps' CPU times ÷ their median.
         cpu_block_spread: (largest − smallest of the :data:`PROFILE_BLOCKS` block medians)
             ÷ smallest: how much the machine drifted during the measurement.
+        cpu_s_per_step_mean: mean CPU seconds per step (all timed CPU ÷ steps); NaN in
+            profiles written before it existed.
     """
 
     role: str
@@ -148,6 +150,7 @@ class PartyProfile:
     wall_s_per_sample: float
     cpu_iqr_rel: float
     cpu_block_spread: float = 0.0
+    cpu_s_per_step_mean: float = math.nan
 
     @property
     def samples_per_s(self) -> float:
@@ -197,7 +200,7 @@ def party_from_dict(d: Mapping[str, Any]) -> PartyProfile:
     Raises:
         KeyError: a field is missing.
     """
-    optional = {"cpu_block_spread"}  # absent from profiles written before it existed
+    optional = {"cpu_block_spread", "cpu_s_per_step_mean"}  # absent from older profiles
     kw = {f.name: d[f.name] for f in fields(PartyProfile)
           if f.name in d or f.name not in optional}
     kw["cpus"] = tuple(kw["cpus"])
@@ -375,6 +378,7 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
         cpu_iqr_rel=(q[2] - q[0]) / cpu_med if cpu_med > 0 else math.nan,
         cpu_block_spread=((max(cpu_meds) - min(cpu_meds)) / min(cpu_meds)
                           if min(cpu_meds) > 0 else math.nan),
+        cpu_s_per_step_mean=statistics.fmean(cpu),
     )
 
 

@@ -318,15 +318,19 @@ def cpu_segments(history: Sequence[dict[str, Any]]) -> list[tuple[float, float, 
 
 
 def cpu_summary(run: Run, role: str) -> tuple[float | None, float | None, float | None]:
-    """A party's whole-run CPU utilisation and the range over its segments, %.
+    """A party's CPU utilisation over training and the range over its segments, %.
 
     Returns:
-        ``(overall_pct, min_pct, max_pct)``; overall is the party's ``cpu_util`` (else
-        the mean of the segments); None where nothing is known.
+        ``(overall_pct, min_pct, max_pct)``; overall is the party's ``cpu_util_train``
+        (all training segments; runs before it existed: ``cpu_util``, the whole life,
+        else the mean of the segments); None where nothing is known.
     """
     segs = cpu_segments(party_history(run, role))
     vals = [u for _, _, u in segs]
-    overall = _num(party_summary(run, role).get("cpu_util"))
+    summary = party_summary(run, role)
+    overall = _num(summary.get("cpu_util_train"))
+    if overall is None:
+        overall = _num(summary.get("cpu_util"))
     if overall is not None:
         overall *= 100.0
     elif vals:
@@ -542,8 +546,9 @@ def plot_cpu_util(runs: Sequence[Run], out: Path) -> Path:
     """Draw ``cpu_util.png``: CPU utilisation in % of each party's allotted cores.
 
     One run: a panel per party, one bar per history segment spanning its training time
-    (s), the whole-run value dashed. Several runs: grouped bars per run (active,
-    passive: whole-run value, whiskers over the segments' min-max). Returns the path.
+    (s), the value over all of training dashed. Several runs: grouped bars per run
+    (active, passive: the value over all of training, whiskers over the segments'
+    min-max). Returns the path.
     """
     plt = _pyplot()
     if len(runs) == 1:
@@ -565,7 +570,7 @@ def plot_cpu_util(runs: Sequence[Run], out: Path) -> Path:
                         transform=ax.transAxes)
             if overall is not None:
                 ax.axhline(overall, color="k", linestyle="--", linewidth=1.5,
-                           label=f"whole run {overall:.0f}%")
+                           label=f"all of training {overall:.0f}%")
                 ymax = max(ymax, overall)
             ax.axhline(100, color="0.5", linestyle=":", linewidth=1.2,
                        label="100% = all allotted cores busy")
@@ -611,7 +616,7 @@ def plot_cpu_util(runs: Sequence[Run], out: Path) -> Path:
     ax.set_ylabel("CPU utilisation (% of the party's allotted cores)")
     ax.set_ylim(0, ymax * 1.3)  # room for the legend above the 100% line
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(loc="upper right", title="bar: whole run; whisker: min-max over segments")
+    ax.legend(loc="upper right", title="bar: all of training; whisker: min-max over segments")
     ax.set_title(f"CPU utilisation per party and run ({_suptitle(runs)})", fontsize=14)
     return _save(fig, out / CPU_PNG)
 

@@ -61,6 +61,9 @@ def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path,
     for role in ("active", "passive"):
         p = m["parties"][role]
         assert 0.0 < p["cpu_util"] <= 1.0
+        # the training segments' own CPU: part of the whole life's
+        assert 0.0 < p["cpu_util_train"] <= 1.05
+        assert 0.0 < p["cpu_s_train"] <= p["cpu_s"] + 0.05
         assert p["wait_s_per_epoch"] >= 0.0
         assert 0.0 <= p["run_delay_s"] <= m["parties"][role]["party_wall_s"] * 64
     # the training really crossed the broker: rows x epochs x width x 4 bytes each way

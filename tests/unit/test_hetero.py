@@ -22,7 +22,8 @@ def hetero():
 
 def _run(metric, sps, hist, **kw):
     return {"status": "ok", "metric": metric, "train_samples_per_s": sps,
-            "cpu_util": {"active": 0.9, "passive": 0.8},
+            "cpu_util": {"active": 0.7, "passive": 0.8},
+            "cpu_util_train": {"active": 0.9, "passive": 0.85},
             "wait_s_per_epoch": {"active": 0.01, "passive": 0.2},
             "history": [{"metric": m, "wall_s": t} for m, t in hist],
             "workers": [1, 1], "batch_size": 256, **kw}
@@ -33,8 +34,25 @@ def test_workers(hetero):
     assert hetero.workers_for("vfl", cores) == (1, 1)
     assert hetero.workers_for("avfl", cores) == (1, 1)
     assert hetero.workers_for("vfl-ps", cores) == (2, 2)
-    assert hetero.workers_for("pubsub", cores) == (2, 4)
-    assert hetero.workers_for("avfl-ps", {"active": 1.0, "passive": 1.0}) == (1, 4)
+    assert hetero.workers_for("pubsub", cores) == (2, hetero.PASSIVE_WORKERS)
+    assert hetero.workers_for("avfl-ps", {"active": 1.0, "passive": 1.0}) \
+        == (1, hetero.PASSIVE_WORKERS)
+
+
+def test_balanced_widths(hetero):
+    cores = {"active": 1.5625, "passive": 0.4375}
+    assert hetero.balanced_widths("50:14", cores, small_width=None, big_width=None) \
+        == ("passive", *hetero.BALANCED["50:14"])
+    # by hand: what is not given is 128
+    assert hetero.balanced_widths("50:14", cores, small_width=64, big_width=None) \
+        == ("passive", 64, 128)
+    assert hetero.balanced_widths("48:16", {"active": 1.5, "passive": 0.5},
+                                  small_width=None, big_width=256) == ("passive", 128, 256)
+    # no table entry, nothing by hand: profiled balance; equal shares: the same model
+    assert hetero.balanced_widths("48:16", {"active": 1.5, "passive": 0.5},
+                                  small_width=None, big_width=None) is None
+    assert hetero.balanced_widths("32:32", {"active": 1.0, "passive": 1.0},
+                                  small_width=64, big_width=256) is None
 
 
 def test_summary_shape_target_speedup_and_own_ceiling(hetero):
@@ -54,6 +72,10 @@ def test_summary_shape_target_speedup_and_own_ceiling(hetero):
     assert a["pubsub_planned"]["time_to_target_s"] is None
     assert a["pubsub_planned"]["speedup_vs_vfl"] is None
     assert a["avfl"] == {"status": "failed", "error": "boom"}
+    # the utilisation columns are the training window's; the whole life's beside them
+    assert (a["pubsub"]["cpu_util_active"], a["pubsub"]["cpu_util_passive"]) == (0.9, 0.85)
+    assert (a["pubsub"]["cpu_util_run_active"], a["pubsub"]["cpu_util_run_passive"]) \
+        == (0.7, 0.8)
     for key in ("time_to_target_s", "metric", "cpu_util_active", "cpu_util_passive",
                 "efficiency", "wait_s_per_epoch"):
         assert key in a["pubsub"]

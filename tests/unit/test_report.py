@@ -139,6 +139,13 @@ def test_cpu_segments_and_party_history(tmp_path):
         == pytest.approx([(1.0, 3.0, 120.0)])
 
 
+def test_cpu_summary_prefers_the_training_window(tmp_path):
+    m = _metrics()
+    m["parties"]["active"]["cpu_util_train"] = 0.8  # cpu_util (0.55) adds the scoring
+    run = Run(path=tmp_path, rel=".", metrics=m, passive=None)
+    assert cpu_summary(run, "active") == pytest.approx((80.0, 50.0, 70.0))
+
+
 def test_passive_history_falls_back_to_passive_json(tmp_path):
     m = _metrics()
     del m["parties"]["passive"]
