@@ -304,7 +304,7 @@ def measure_top_split(cfg: Any, batch_sizes: Sequence[int], *, min_time_s: float
         data = load_party_data(cfg, "active")
         torch.manual_seed(cfg.seed)
         n, d_in = data.x_train.shape
-        mods = [bottom_model(d_in, cfg.bottom_hidden, cfg.embedding_dim),
+        mods = [bottom_model(d_in, cfg.bottom_hidden_for("active"), cfg.embedding_dim),
                 top_model(cfg.embedding_dim, cfg.top_hidden)]
         ps = ParameterServer(flat_params(mods))
         compute = make_compute("active", cfg, data.x_train, data.y_train, ps,

@@ -97,7 +97,7 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
         data = load_party_data(cfg, role)
         d_in = data.x_train.shape[1]
         torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
-        mods = [bottom_model(d_in, cfg.bottom_hidden, cfg.embedding_dim)]
+        mods = [bottom_model(d_in, cfg.bottom_hidden_for(role), cfg.embedding_dim)]
         if role == "active":
             mods.append(top_model(cfg.embedding_dim, cfg.top_hidden))
         compute = make_compute(role, cfg, data.x_train, data.y_train,

@@ -179,7 +179,7 @@ def _passive(port: int, epochs: int, config: str) -> None:
     x_train = torch.from_numpy(data.x_train)
     x_test = torch.from_numpy(data.x_test)
     torch.manual_seed(cfg.seed + 1)  # our passive party's seed: both start from the same weights
-    bottom = bottom_model(x_train.shape[1], cfg.bottom_hidden, cfg.embedding_dim)
+    bottom = bottom_model(x_train.shape[1], cfg.bottom_hidden_for("passive"), cfg.embedding_dim)
     opt = torch.optim.Adam(bottom.parameters(), lr=cfg.lr)
     ctx, sock = _socket(port, bind=False)
     try:
@@ -215,7 +215,7 @@ def _active(port: int, epochs: int, result: Path, config: str) -> None:
     x_train = torch.from_numpy(data.x_train)
     y_train = torch.from_numpy(data.y_train)
     torch.manual_seed(cfg.seed)  # our active party's seed; bottom first, then top, as ours does
-    bottom = bottom_model(x_train.shape[1], cfg.bottom_hidden, cfg.embedding_dim)
+    bottom = bottom_model(x_train.shape[1], cfg.bottom_hidden_for("active"), cfg.embedding_dim)
     top = top_model(cfg.embedding_dim, cfg.top_hidden)
     opt = torch.optim.Adam([*bottom.parameters(), *top.parameters()], lr=cfg.lr)
     loss_fn = loss_function(data.task)

@@ -304,7 +304,7 @@ def sweep_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndar
     n_train, d_in = x_train.shape
     bs = check_batch_sizes(batch_sizes, n_train)
     torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
-    mods = [bottom_model(d_in, cfg.bottom_hidden, cfg.embedding_dim)]
+    mods = [bottom_model(d_in, cfg.bottom_hidden_for(role), cfg.embedding_dim)]
     if role == "active":
         mods.append(top_model(cfg.embedding_dim, cfg.top_hidden))
     flat = flat_params(mods)

@@ -45,6 +45,20 @@ def sweeps() -> dict[str, PartySweep]:
             for role in ("active", "passive")}
 
 
+def test_sweep_takes_each_party_its_own_bottom_width() -> None:
+    """A party's own width (``active_bottom_hidden``) is what is swept: the replica the
+    compute loads is built with it (a sweep with the shared width failed to load it)."""
+    import dataclasses
+
+    x, y = _data()
+    cfg = dataclasses.replace(CFG, active_bottom_hidden=(40, 40))
+    wide = sweep_party("active", cfg, x, y, BS[:3], warmup_steps=1, min_steps=2,
+                       min_time_s=0.0, sync_reps=1, memory=False)
+    narrow = sweep_party("active", CFG, x, y, BS[:3], warmup_steps=1, min_steps=2,
+                         min_time_s=0.0, sync_reps=1, memory=False)
+    assert wide.param_bytes > narrow.param_bytes
+
+
 @pytest.mark.parametrize("role", ["active", "passive"])
 def test_sweep_times_forward_and_backward_per_batch_size(sweeps: dict[str, PartySweep],
                                                          role: str) -> None:
