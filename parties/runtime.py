@@ -199,6 +199,11 @@ class Topics:
     def done(self) -> str:
         return f"ctl/{self.run_id}/done"
 
+    @property
+    def scored(self) -> str:
+        """The active party has scored a validation point: training may go on."""
+        return f"ctl/{self.run_id}/scored"
+
 
 def _grad_acceptor(epoch: int, b: int, uid: str) -> Callable[[Message], int]:
     """Accept the gradient of batch ``b`` of ``epoch``, or the active party's notice that
@@ -518,6 +523,7 @@ class Party:
                 await bus.subscribe(t.ids, limits=BufferLimits(max_msgs=16,
                                                                max_bytes=16 * ids_bytes))
             await bus.subscribe(t.done)
+            await bus.subscribe(t.scored, limits=BufferLimits(max_msgs=4, max_bytes=1 << 14))
         await bus.subscribe(t.hb(self.partner), limits=BufferLimits(max_msgs=4, max_bytes=1 << 16))
         # subscribed last: a hello from the partner proves all the above reached its publisher
         await bus.subscribe(t.hello(self.role))
@@ -655,6 +661,7 @@ class Party:
         cfg = self.cfg
         segs = eval_segments(self.n_batches, cfg.evals_per_epoch)
         point = 0
+        go: int | None = None  # active: the scored point the passive party waits for
         for epoch in range(cfg.epochs):
             batches = epoch_batches(self.n_train, cfg.batch_size, seed=cfg.seed, epoch=epoch)
             evaluated = epoch in self._eval_epochs()
@@ -665,6 +672,9 @@ class Party:
                 seg_meter.start()
                 delay0 = run_delay_s()
                 t0 = time.perf_counter()
+                if go is not None:
+                    bus.publish_nowait(self.topics.scored, (), {"point": go})
+                    go = None
                 await self._run_segment(bus, epoch, batches, seg)
                 await self._flush()
                 t1 = time.perf_counter()
@@ -690,13 +700,23 @@ class Party:
                 if self.role == "active":
                     entry["loss"] = (c.loss_sum - before[0]) / max(1, c.loss_n - before[1])
                 if evaluated:
+                    # Scoring is not training time on either side: the passive party waits
+                    # for the active party's "scored", sent when the active party's next
+                    # segment has started, so that it does not train while the active
+                    # party's clock is stopped (its work there would count for nothing:
+                    # at 50:14 the passive party trained 30 % beyond the active's window).
                     t_eval = time.perf_counter()
+                    last = epoch == cfg.epochs - 1 and s == len(segs) - 1
                     if self.role == "active":
                         value = await self._score(bus, self.topics.val(point), "val")
                         entry[f"val_{self.metric}"] = value
                         entry["metric"] = value
+                        if not last:
+                            go = point  # published once the next segment's clock runs
                     else:
                         await self._publish_embeddings(bus, "val", self.topics.val(point))
+                        if not last:
+                            await self._await_scored(bus, point)
                     point += 1
                     self.eval_s += time.perf_counter() - t_eval
                 entry["wall_s"] = time.perf_counter() - self.t0
@@ -709,6 +729,23 @@ class Party:
                     print(f"epoch {epoch + 1:>3}/{cfg.epochs}{part}  loss {entry['loss']:.4f}"
                           f"{shown}  {entry['samples_per_s']:,.0f} samples/s  wait "
                           f"{entry['wait_s']:.2f} s  dropped {entry['dropped']}", flush=True)
+
+    async def _await_scored(self, bus: Bus, point: int) -> None:
+        """Passive: wait until the active party has scored validation point ``point``.
+
+        Raises:
+            PartnerStalled: no word within the liveness timeout plus T_ddl (seconds).
+        """
+        bound = self.cfg.liveness_timeout_s + self.cfg.t_ddl_s
+        deadline = time.monotonic() + bound
+        while True:
+            try:
+                msg = await bus.next(self.topics.scored, max(0.0, deadline - time.monotonic()))
+            except DeadlineExceeded:
+                raise PartnerStalled(self.partner, "val", bound,
+                                     f"validation point {point} never scored") from None
+            if int(msg.meta.get("point", -1)) >= point:
+                return
 
     async def _run_segment(self, bus: Bus, epoch: int, batches: list[np.ndarray],
                            seg: range) -> None:

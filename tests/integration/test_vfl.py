@@ -73,6 +73,18 @@ def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path,
     for channel in ("emb", "grad"):
         assert expected <= m["broker_bytes"][channel] <= expected * 1.05, channel
         assert abs(m["bytes_sent"][channel] - m["broker_bytes"][channel]) < 0.01 * expected
+    # scoring is not training on either side: the passive party starts a segment only
+    # after the active party has scored the previous one and started its own (one host:
+    # the timelines' perf_counter anchors share a clock)
+    seg = {}
+    for role in ("active", "passive"):
+        tl = orjson.loads((out / f"timeline-{role}.json").read_bytes())
+        seg[role] = [(tl["anchor_perf_s"] + a, tl["anchor_perf_s"] + b)
+                     for k, a, b in zip(tl["kind"], tl["t0_s"], tl["t1_s"], strict=True)
+                     if k == "segment"]
+    assert len(seg["active"]) == len(seg["passive"]) == epochs
+    for k in range(1, epochs):
+        assert seg["passive"][k][0] >= seg["active"][k][0] > seg["active"][k - 1][1], k
     assert (out / "config.toml").exists() and (out / "events.jsonl").stat().st_size > 0
     lines = (out / "events.jsonl").read_text().splitlines()
     assert any(orjson.loads(x).get("event") == "vfl.epoch_done" for x in lines)
