@@ -33,7 +33,7 @@ split's runs, because this machine's speed drifts: at 50:14, four profiles in a 
 put the passive step at 5.2, 5.7, 6.4 and 5.8 ms. Efficiency = training samples/s ÷
 ceiling. CPU utilisation = CPU seconds ÷ (wall seconds × quota) over the training
 segments, the window the throughput is measured over (the whole life's figure, which
-adds the validation scoring and the wait for the partner to start, is kept beside it).
+adds the validation and test scoring, is kept beside it).
 
 Workers: ``vfl`` and ``avfl`` 1 + 1 (by definition); ``vfl-ps`` 2 pairs; ``pubsub`` and
 ``avfl-ps`` ⌈active cores⌉ active workers (threads, so a 1.5625-core quota can be used)
@@ -53,7 +53,7 @@ Output: a table per split and, with ``--json``, ``summary[split][algo]`` with
 ``time_to_target_s``, ``metric``, ``cpu_util_active``, ``cpu_util_passive`` (CPU
 seconds ÷ (wall seconds × quota) over the training segments, the window the throughput is
 measured over; ``cpu_util_run_*`` is the same over the party's whole life, which adds the
-validation scoring and the wait for the partner to start), ``efficiency`` and
+validation and test scoring), ``efficiency`` and
 ``wait_s_per_epoch`` (the active party's, per worker), for the
 balanced model; ``summary_even`` likewise for the even split. An efficiency above 1.05
 means the ceiling's profile is wrong: it is listed in ``errors`` and the exit code is 1.
@@ -358,7 +358,7 @@ def render(split: str, info: dict[str, Any], summ: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="30,000 rows, 4 epochs, no even split: under 10 minutes")
+                    help="30,000 rows, 4 epochs: under 10 minutes (with --even about 3 minutes more)")
     ap.add_argument("--splits", default=",".join(SPLITS),
                     help="CPU splits, active:passive of 64 cores (default %(default)s)")
     ap.add_argument("--algos", default=",".join(ALGOS),
@@ -395,8 +395,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from parties.profile import mean_profile
 
+    from pubsub.config import ConfigError
+
     from sim.cpu import machine_cores
     from sim.scenario import Scenario, party_cores
+
+    for split in splits:  # a bad split is a usage error before anything runs
+        try:
+            party_cores(Scenario(cpu_ratio=split, ratio_of=RATIO_OF), machine_cores())
+        except (ConfigError, ValueError) as exc:
+            ap.error(f"--splits: {exc}")
 
     configure_logging(stderr_level="error")
     t_start = time.perf_counter()

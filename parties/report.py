@@ -42,8 +42,8 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         ``target_metric`` and ``time_to_target_s`` (training seconds until the
         validation metric first reached the target; None if never, or no target),
         ``history`` (one entry per validation point), per-party ``cpu_util`` (CPU
-        seconds ÷ (wall seconds × allotted cores) over the party's whole life, scoring and
-        waiting for the partner to start included), ``cpu_util_train`` (the same over the
+        seconds ÷ (wall seconds × allotted cores) from the handshake with the partner to the
+        party's end, validation and test scoring included), ``cpu_util_train`` (the same over the
         training segments only: the window ``train_samples_per_s`` is measured over) and
         ``wait_s_per_epoch``, ``bytes_sent`` by channel, ``broker_bytes``,
         ``dropped_batches``, ``reassigned_batches``, ``security`` (the active party's

@@ -79,3 +79,12 @@ def test_summary_shape_target_speedup_and_own_ceiling(hetero):
     for key in ("time_to_target_s", "metric", "cpu_util_active", "cpu_util_passive",
                 "efficiency", "wait_s_per_epoch"):
         assert key in a["pubsub"]
+
+
+@pytest.mark.parametrize("split", ["50:x", "60:14"])
+def test_a_bad_split_is_a_usage_error(hetero, split, capsys):
+    with pytest.raises(SystemExit) as exc:
+        hetero.main(["--splits", split, "--algos", "vfl"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--splits" in err and "Traceback" not in err
