@@ -94,14 +94,14 @@ PLAN_BATCH_SIZES = (64, 128, 256)
 #: active party's event loop, messaging and GIL hand-offs cost it more per sample than
 #: its profiled compute, so the profile's balance (9x352 at 50:14) leaves the active
 #: party the bound. Measured with ``--algos pubsub --workers 2+8`` (--quick,
-#: 2026-11-30), CPU use of the quota in training, active/passive: 50:14 9x256 0.77/0.87
+#: 2026-11-30, before the passive party waited out the active party's scoring), CPU use of the quota in training, active/passive: 50:14 9x256 0.77/0.87
 #: (passive bound), 9x288 0.88/0.89, 9x320 0.89/0.78, 9x352 0.92/0.73 (active bound);
 #: 40:24 9x160 0.84/0.87, 9x192 0.89/0.74.
 BALANCED = {"50:14": (128, 288), "40:24": (128, 160)}
 #: Passive workers of pubsub and avfl-ps. A passive worker holds its batch from its
 #: embedding's publication until the gradient is back, so the passive party keeps w_p
 #: batches in flight, and it idles whenever all of them are at the active party. At
-#: 50:14 with 9x288 (--quick, 2026-11-30): 4 workers 0.84/0.85 of the quotas, 6
+#: 50:14 with 9x288 (--quick, 2026-11-30, before that scoring fix): 4 workers 0.84/0.85 of the quotas, 6
 #: 0.86/0.85, 8 0.88/0.89. Inline workers cost a model replica each, nothing more.
 PASSIVE_WORKERS = 8
 
