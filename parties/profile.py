@@ -133,7 +133,7 @@ class PartyProfile:
         cpu_iqr_rel: interquartile range of all timed steps' CPU times ÷ their median.
         cpu_block_spread: (largest − smallest of the :data:`PROFILE_BLOCKS` block medians)
             ÷ smallest: how much the machine drifted during the measurement.
-        cpu_s_per_step_mean: mean CPU seconds per step (all timed CPU ÷ steps); NaN in
+        cpu_s_per_step_mean: mean CPU seconds per step (all timed CPU ÷ steps); None in
             profiles written before it existed.
     """
 
@@ -150,7 +150,7 @@ class PartyProfile:
     wall_s_per_sample: float
     cpu_iqr_rel: float
     cpu_block_spread: float = 0.0
-    cpu_s_per_step_mean: float = math.nan
+    cpu_s_per_step_mean: float | None = None
 
     @property
     def samples_per_s(self) -> float:
@@ -225,9 +225,11 @@ def mean_profile(profiles: Sequence[ComputeProfile]) -> ComputeProfile:
                              f"{[(p.cpus, p.batch_size) for p in ps]}")
         cpu = statistics.fmean(p.cpu_s_per_step for p in ps)
         wall = statistics.fmean(p.wall_s_per_step for p in ps)
+        means = [p.cpu_s_per_step_mean for p in ps]
         parties[role] = replace(
             ps[0], steps=sum(p.steps for p in ps), cpu_s_per_step=cpu, wall_s_per_step=wall,
             cpu_s_per_sample=cpu / ps[0].batch_size, wall_s_per_sample=wall / ps[0].batch_size,
+            cpu_s_per_step_mean=(statistics.fmean(means) if None not in means else None),
             cpu_iqr_rel=max(p.cpu_iqr_rel for p in ps),
             cpu_block_spread=max(p.cpu_block_spread for p in ps))
     value, bound = ceiling(parties["active"], parties["passive"])

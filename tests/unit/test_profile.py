@@ -130,6 +130,14 @@ def test_mean_profile_averages_each_party_and_recomputes_the_ceiling() -> None:
     # profile.json round trip
     back = compute_profile_from_dict(json.loads(json.dumps(m.to_dict())))
     assert back == m
+    assert m.active.cpu_s_per_step_mean is None  # profiles without it (older ones)
+    # the mean CPU per step is averaged like the median
+    import dataclasses
+
+    with_means = [dataclasses.replace(p, active=dataclasses.replace(p.active,
+                                                                   cpu_s_per_step_mean=v))
+                  for p, v in ((before, 1e-3), (after, 3e-3))]
+    assert mean_profile(with_means).active.cpu_s_per_step_mean == pytest.approx(2e-3)
     with pytest.raises(ValueError, match="at least one"):
         mean_profile([])
     other = _cp(1e-4, 5e-5)
