@@ -289,7 +289,7 @@ def measure_top_split(cfg: Any, batch_sizes: Sequence[int], *, min_time_s: float
     import numpy as np
     import torch
 
-    from parties.model import ParameterServer, bottom_model, flat_params, top_model
+    from parties.model import ParameterServer, flat_params, party_modules
     from parties.runtime import load_party_data
     from parties.schedule import epoch_batches
     from parties.workers import make_compute
@@ -304,8 +304,7 @@ def measure_top_split(cfg: Any, batch_sizes: Sequence[int], *, min_time_s: float
         data = load_party_data(cfg, "active")
         torch.manual_seed(cfg.seed)
         n, d_in = data.x_train.shape
-        mods = [bottom_model(d_in, cfg.bottom_hidden_for("active"), cfg.embedding_dim),
-                top_model(cfg.embedding_dim, cfg.top_hidden)]
+        mods = party_modules(cfg, "active", d_in)
         ps = ParameterServer(flat_params(mods))
         compute = make_compute("active", cfg, data.x_train, data.y_train, ps,
                                sync_mode="manual")

@@ -87,7 +87,7 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
     import torch
     import zmq
 
-    from parties.model import ParameterServer, bottom_model, flat_params, top_model
+    from parties.model import ParameterServer, flat_params, party_modules
     from parties.runtime import load_party_data
     from parties.workers import make_compute
 
@@ -97,9 +97,7 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
         data = load_party_data(cfg, role)
         d_in = data.x_train.shape[1]
         torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
-        mods = [bottom_model(d_in, cfg.bottom_hidden_for(role), cfg.embedding_dim)]
-        if role == "active":
-            mods.append(top_model(cfg.embedding_dim, cfg.top_hidden))
+        mods = party_modules(cfg, role, d_in)
         compute = make_compute(role, cfg, data.x_train, data.y_train,
                                ParameterServer(flat_params(mods)), sync_mode="manual")
         B = cfg.batch_size

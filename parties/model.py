@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,6 +27,9 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from parties.schedule import sync_interval
+
+if TYPE_CHECKING:
+    from parties.config import VflConfig
 
 
 def mlp(d_in: int, hidden: Sequence[int], d_out: int, *, out_relu: bool) -> nn.Sequential:
@@ -50,6 +54,20 @@ def top_model(embedding_dim: int, hidden: Sequence[int]) -> nn.Sequential:
     """The active party's top model: ``(B, 2·embedding_dim) → (B, 1)`` logits (binary task)
     or standardised predictions (regression task)."""
     return mlp(2 * embedding_dim, hidden, 1, out_relu=False)
+
+
+def party_modules(cfg: VflConfig, role: str, d_in: int) -> list[nn.Module]:
+    """``role``'s models in parameter-server order: its bottom model, with its own widths
+    (``cfg.bottom_hidden_for(role)``), then, for the active party, the top model. Built
+    in that order from the current torch RNG state.
+
+    Raises:
+        ValueError: ``role`` is neither ``"active"`` nor ``"passive"``.
+    """
+    mods: list[nn.Module] = [bottom_model(d_in, cfg.bottom_hidden_for(role), cfg.embedding_dim)]
+    if role == "active":
+        mods.append(top_model(cfg.embedding_dim, cfg.top_hidden))
+    return mods
 
 
 class ParameterServer:

@@ -309,7 +309,7 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
     import torch
 
     from parties.model import ParameterServer, PassiveCompute, flat_params
-    from parties.model import bottom_model, top_model
+    from parties.model import party_modules
     from parties.schedule import epoch_batches
     from parties.workers import make_compute
 
@@ -318,9 +318,7 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
     if n_train < B:
         raise ProfileError(f"{role}: {n_train} training rows, fewer than one batch (B={B})")
     torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
-    mods = [bottom_model(d_in, cfg.bottom_hidden_for(role), cfg.embedding_dim)]
-    if role == "active":
-        mods.append(top_model(cfg.embedding_dim, cfg.top_hidden))
+    mods = party_modules(cfg, role, d_in)
     ps = ParameterServer(flat_params(mods))
     compute = make_compute(role, cfg, x_train, y_train, ps, sync_mode="manual",
                            noise_seed=12345 if cfg.dp_enabled else None)

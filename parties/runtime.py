@@ -358,9 +358,7 @@ class Party:
         self.train_s = 0.0  # training wall time, evaluation excluded
         self.run_delay_s = 0.0  # of it, threads runnable but waiting for a CPU
         self.eval_s = 0.0
-        # CPU seconds and meter wall seconds of the training segments (scoring excluded)
-        self.train_cpu_s = 0.0
-        self.train_meter_s = 0.0
+        self.train_cpu_s = 0.0  # CPU seconds of the training segments (scoring excluded)
         self.t0 = time.perf_counter()
         self.c = _Counters()
         self.bus: Bus | None = None
@@ -684,9 +682,8 @@ class Party:
                 delay = (delay1 - delay0) if delay0 is not None and delay1 is not None else None
                 if delay is not None:
                     self.run_delay_s += delay
-                seg_wall, seg_cpu, _, util = seg_meter.read()
+                _, seg_cpu, _, util = seg_meter.read()
                 self.train_cpu_s += seg_cpu
-                self.train_meter_s += seg_wall
                 self.train_s += dt
                 entry: dict[str, Any] = {
                     "epoch": epoch, "segment": s,
@@ -1195,8 +1192,8 @@ class Party:
             "cores_allotted": cores,
             "cpu_util": util,
             "cpu_s_train": self.train_cpu_s,
-            "cpu_util_train": (self.train_cpu_s / (self.train_meter_s * cores)
-                               if self.train_meter_s > 0 else None),
+            "cpu_util_train": (self.train_cpu_s / (self.train_s * cores)
+                               if self.train_s > 0 else None),
             "security": self.security_info,
             "run_delay_s": self.run_delay_s,
             "wait_s_total": self.c.wait_s,

@@ -292,8 +292,7 @@ def sweep_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndar
     """
     import torch
 
-    from parties.model import ParameterServer, PassiveCompute, bottom_model, flat_params
-    from parties.model import top_model
+    from parties.model import ParameterServer, PassiveCompute, flat_params, party_modules
     from parties.schedule import epoch_batches
     from parties.workers import make_compute
 
@@ -304,9 +303,7 @@ def sweep_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndar
     n_train, d_in = x_train.shape
     bs = check_batch_sizes(batch_sizes, n_train)
     torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
-    mods = [bottom_model(d_in, cfg.bottom_hidden_for(role), cfg.embedding_dim)]
-    if role == "active":
-        mods.append(top_model(cfg.embedding_dim, cfg.top_hidden))
+    mods = party_modules(cfg, role, d_in)
     flat = flat_params(mods)
     ps = ParameterServer(flat)
     compute = make_compute(role, cfg, x_train, y_train, ps, sync_mode="manual",
