@@ -30,8 +30,15 @@ each process inside its party's quota (``profile_config(join_groups=...)``), so 
 ceiling is min over parties of quota ÷ CPU seconds per sample; it is the mean of two
 such profiles (:func:`parties.profile.mean_profile`), one before and one after the
 split's runs, because this machine's speed drifts: at 50:14, four profiles in a row
-put the passive step at 5.2, 5.7, 6.4 and 5.8 ms. Efficiency = training samples/s ÷
-ceiling. CPU utilisation = CPU seconds ÷ (wall seconds × quota) over the training
+put the passive step at 5.2, 5.7, 6.4 and 5.8 ms, and a fixed step loop alone on the
+machine wandered between 4.5 and 7.2 ms from one second to the next (2026-11-30).
+Efficiency = training samples/s ÷ ceiling. Because a profile and a run never share their
+seconds, every run also reports the *in-run ceiling*: the same min over parties of quota
+÷ CPU seconds per sample of the step compute (forward, backward, Adam), measured in that
+run by the workers themselves (thread CPU time of their compute calls, minus their PS
+syncs), and ``efficiency_inrun`` against it, which the drift cancels out of; and where
+each party's CPU went per batch (``cpu_ms_per_batch``: step, sync, the rest, beside the
+profiled step). CPU utilisation = CPU seconds ÷ (wall seconds × quota) over the training
 segments, the window the throughput is measured over (the whole life's figure, which
 adds the validation and test scoring, is kept beside it).
 
@@ -54,8 +61,8 @@ Output: a table per split and, with ``--json``, ``summary[split][algo]`` with
 seconds ÷ (wall seconds × quota) over the training segments, the window the throughput is
 measured over; ``cpu_util_run_*`` is the same over the party's whole life, which adds the
 validation and test scoring), ``efficiency`` and
-``wait_s_per_epoch`` (the active party's, per worker), for the
-balanced model; ``summary_even`` likewise for the even split. An efficiency above 1.05
+``wait_s_per_epoch`` (the active party's, per worker), plus ``ceiling_inrun``,
+``bound_inrun``, ``efficiency_inrun`` and ``cpu_ms_per_batch``, for the balanced model; ``summary_even`` likewise for the even split. An efficiency above 1.05
 means the ceiling's profile is wrong: it is listed in ``errors`` and the exit code is 1.
 """
 
@@ -244,8 +251,10 @@ def planned_config(cfg: Any, cores: dict[str, float], out: Path, *,
     return apply_plan(cfg, plan), pdoc
 
 
-def run_algo(cfg: Any, split: str, out: Path, timeout_s: float) -> dict[str, Any]:
-    """One scenario run; the table's summary of its metrics plus the sim section."""
+def run_algo(cfg: Any, split: str, out: Path, timeout_s: float, *,
+             plaintext: bool = False) -> dict[str, Any]:
+    """One scenario run; the table's summary of its metrics plus the sim section
+    (``plaintext``: the bus without CURVE, as ``psfl sim run --insecure``)."""
     from sim.runner import run_scenario
     from sim.scenario import Scenario
 
@@ -253,7 +262,7 @@ def run_algo(cfg: Any, split: str, out: Path, timeout_s: float) -> dict[str, Any
     scn = Scenario(name=f"{split} {cfg.algo}", cpu_ratio=split, ratio_of=RATIO_OF,
                    cpu_period_us=PERIOD_US, timeout_s=timeout_s)
     try:
-        m = run_scenario(scn, cfg, out, quiet=True)
+        m = run_scenario(scn, cfg, out, quiet=True, insecure=plaintext)
     except Exception as exc:  # noqa: BLE001 - one failed run must not end the benchmark
         return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
     if m["sim"]["end_state"] != "completed":
@@ -297,9 +306,35 @@ def _pct(x: Any) -> str:
     return _fmt(x, ".1%")
 
 
-def summarize(runs: dict[str, dict[str, Any]], ceiling: float | None) -> dict[str, Any]:
+def inrun_ceiling(r: dict[str, Any]) -> tuple[float | None, str | None]:
+    """The ceiling measured inside run ``r`` (samples/s, and the bound party): min over
+    parties of quota ÷ the CPU seconds per sample of the workers' step compute in that run
+    (forward, backward, Adam; PS syncs excluded). The same definition as the profile's
+    ceiling, measured over the run's own seconds, so this machine's drift (a fixed step
+    loop's speed wanders by ±20 % from one second to the next) cancels out of
+    ``efficiency_inrun``; it does not see what replicas cost each other's caches."""
+    best: tuple[float | None, str | None] = (None, None)
+    for role in ("active", "passive"):
+        step = (r.get("step_cpu_s_per_sample") or {}).get(role)
+        cores = (r.get("cores_allotted") or {}).get(role)
+        if not step or not cores:
+            return None, None
+        v = cores / step
+        if best[0] is None or v < best[0]:
+            best = (v, role)
+    return best
+
+
+def _inrun_eff(r: dict[str, Any]) -> float | None:
+    c_in, _ = inrun_ceiling(r)
+    return r["train_samples_per_s"] / c_in if c_in else None
+
+
+def summarize(runs: dict[str, dict[str, Any]], ceiling: float | None,
+              profile: dict[str, Any] | None = None) -> dict[str, Any]:
     """``summary[algo]`` of one split (the JSON's shape), with time to target and
-    speedup against ``vfl``."""
+    speedup against ``vfl``; ``profile`` (the split's mean profile, ``to_dict`` form)
+    gives each run's in-run step CPU against the profiled one."""
     t = _table()
     ok_vfl = [runs["vfl"]["metric"]] if runs.get("vfl", {}).get("status") == "ok" else []
     target = t.REL_TARGET_AUC * max(ok_vfl) if ok_vfl else None
@@ -322,6 +357,27 @@ def summarize(runs: dict[str, dict[str, Any]], ceiling: float | None) -> dict[st
             "train_samples_per_s": r["train_samples_per_s"],
             "workers": r["workers"], "batch_size": r["batch_size"],
         }
+        c_in, bound = inrun_ceiling(r)
+        row = out[algo]
+        row["ceiling_inrun"], row["bound_inrun"] = c_in, bound
+        row["efficiency_inrun"] = r["train_samples_per_s"] / c_in if c_in else None
+        # where each party's CPU went, ms per batch: step compute, PS sync, the rest
+        # (messaging, the event loop, bookkeeping)
+        B = r["batch_size"]
+        row["cpu_ms_per_batch"] = {}
+        for role in ("active", "passive"):
+            step = (r.get("step_cpu_s_per_sample") or {}).get(role)
+            sync = (r.get("sync_cpu_s_per_sample") or {}).get(role)
+            tot = (r.get("cpu_s_per_sample_train") or {}).get(role)
+            prof = ((profile or {}).get("parties") or {}).get(role) if "ceiling" not in r \
+                else None
+            row["cpu_ms_per_batch"][role] = {
+                "step": 1e3 * B * step if step is not None else None,
+                "sync": 1e3 * B * sync if sync is not None else None,
+                "other": (1e3 * B * (tot - step - sync)
+                          if None not in (tot, step, sync) else None),
+                "profiled_step": 1e3 * prof["cpu_s_per_step"] if prof else None,
+            }
     base = out.get("vfl", {}).get("time_to_target_s")
     for row in out.values():
         if "metric" not in row:
@@ -329,6 +385,15 @@ def summarize(runs: dict[str, dict[str, Any]], ceiling: float | None) -> dict[st
         ttt = row.get("time_to_target_s")
         row["speedup_vs_vfl"] = (base / ttt) if base and ttt else None
     return {"target_auc": target, "algos": out}
+
+
+def _breakdown(ms: dict[str, Any]) -> str:
+    """The passive party's ``cpu_ms_per_batch`` as ``step (profiled) + sync + other``."""
+    p = ms.get("passive") or {}
+    if p.get("step") is None:
+        return "—"
+    return (f"{p['step']:.2f} ({_fmt(p.get('profiled_step'), '.2f')}) + "
+            f"{_fmt(p.get('sync'), '.2f')} + {_fmt(p.get('other'), '.2f')}")
 
 
 def render(split: str, info: dict[str, Any], summ: dict[str, Any]) -> str:
@@ -340,18 +405,20 @@ def render(split: str, info: dict[str, Any], summ: dict[str, Any]) -> str:
              f"{_fmt(summ['target_auc'], '.4f')}", "",
              "| algo | w_a+w_p, B | time to target, s | speedup vs vfl | final AUC | CPU util "
              "active (training; run) | CPU util passive (training; run) | efficiency | "
-             "wait/epoch active, s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "efficiency (in-run ceiling) | wait/epoch active, s | passive CPU ms/batch: "
+             "step (profiled) + sync + other |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for algo, r in summ["algos"].items():
         if "metric" not in r:
-            lines.append(f"| {algo} | {r.get('status')}: {r.get('error')} |||||||")
+            lines.append(f"| {algo} | {r.get('status')}: {r.get('error')} |||||||||")
             continue
         lines.append(
             f"| {algo} | {r['workers'][0]}+{r['workers'][1]}, {r['batch_size']} | "
             f"{_fmt(r['time_to_target_s'], '.2f')} | {_fmt(r['speedup_vs_vfl'], '.2f')} | "
             f"{r['metric']:.4f} | {_pct(r['cpu_util_active'])}; {_pct(r['cpu_util_run_active'])} | "
             f"{_pct(r['cpu_util_passive'])}; {_pct(r['cpu_util_run_passive'])} | "
-            f"{_fmt(r['efficiency'], '.3f')} | {r['wait_s_per_epoch']:.3f} |")
+            f"{_fmt(r['efficiency'], '.3f')} | {_fmt(r.get('efficiency_inrun'), '.3f')} | "
+            f"{r['wait_s_per_epoch']:.3f} | {_breakdown(r.get('cpu_ms_per_batch', {}))} |")
     return "\n".join(lines)
 
 
@@ -382,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
                     "party's per-batch messaging is a smaller share)")
     ap.add_argument("--out", type=Path, help="keep the run directories here")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--plaintext", action="store_true",
+                    help="run the bus without CURVE (default: CURVE, as psfl sim run), to "
+                         "see what the encryption costs")
     args = ap.parse_args(argv)
     rows = args.rows or (30_000 if args.quick else 60_000)
     epochs = args.epochs or (4 if args.quick else 6)
@@ -415,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         keep = Path(tmp.name)
     doc: dict[str, Any] = {"settings": {"rows": rows, "epochs": epochs, "features": FEATURES,
                                         "ratio_of": RATIO_OF, "machine_cores": machine_cores(),
-                                        "quick": args.quick},
+                                        "quick": args.quick, "plaintext": args.plaintext},
                            "splits": {}, "summary": {}, "summary_even": {}}
     report: list[str] = []
 
@@ -471,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
                         wa, wp = args.workers
                     rcfg = dataclasses.replace(cfg, algo=algo, w_active=wa, w_passive=wp)
                 out = keep / split.replace(":", "-") / algo
-                runs[algo] = run_algo(rcfg, split, out, timeout)
+                runs[algo] = run_algo(rcfg, split, out, timeout, plaintext=args.plaintext)
                 r = runs[algo]
                 r_ceiling = ceiling
                 if r["status"] == "ok" and rcfg.batch_size != cfg.batch_size:
@@ -484,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{'run' if 'ceiling' in r else 'first'} profile), cpu util in training "
                     f"{_fmt(r['cpu_util_train']['active'], '.2f')}/"
                     f"{_fmt(r['cpu_util_train']['passive'], '.2f')} (whole run "
-                    f"{r['cpu_util']['active']:.2f}/{r['cpu_util']['passive']:.2f})"
+                    f"{r['cpu_util']['active']:.2f}/{r['cpu_util']['passive']:.2f}); "
+                    f"{_fmt(_inrun_eff(r), '.3f')} of its in-run ceiling"
                     if r["status"] == "ok" else f"{r['status']}: {r.get('error')}"))
             # this machine's speed drifts by 10-20 % over minutes: the ceiling is the mean
             # of profiles taken before and after the split's runs (mean_profile)
@@ -495,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
             ceiling = prof_obj.ceiling_samples_per_s
             progress(f"{split}: ceiling after the runs {prof_after.ceiling_samples_per_s:,.0f}"
                      f" samples/s; mean {ceiling:,.0f} (bound by {prof_obj.bound_by})")
-            summ = summarize(runs, ceiling)
+            summ = summarize(runs, ceiling, prof)
             info = {"cores": cores, "balance": bal, "model": model, "ceiling": ceiling,
                     "profile": prof, "plan": plan_doc}
             doc["splits"][split] = {**info, "target_auc": summ["target_auc"], "runs": runs}
@@ -508,8 +579,9 @@ def main(argv: list[str] | None = None) -> int:
                     wa, wp = workers_for(algo, cores)
                     even_runs[algo] = run_algo(
                         dataclasses.replace(base, algo=algo, w_active=wa, w_passive=wp), split,
-                        keep / split.replace(":", "-") / f"even-{algo}", timeout)
-                esumm = summarize(even_runs, eprof["ceiling_samples_per_s"])
+                        keep / split.replace(":", "-") / f"even-{algo}", timeout,
+                        plaintext=args.plaintext)
+                esumm = summarize(even_runs, eprof["ceiling_samples_per_s"], eprof)
                 doc["summary_even"][split] = esumm["algos"]
                 doc["splits"][split]["even"] = {"ceiling": eprof["ceiling_samples_per_s"],
                                                 "runs": even_runs}

@@ -218,6 +218,19 @@ def summarize_run(m: dict[str, Any]) -> dict[str, Any]:
                            "passive": pas.get("cpu_util_train")},
         "wait_s_per_epoch": {"active": act["wait_s_per_epoch"],
                              "passive": pas.get("wait_s_per_epoch")},
+        "cores_allotted": {"active": act.get("cores_allotted"),
+                           "passive": pas.get("cores_allotted")},
+        # CPU seconds per training sample in the workers' step compute (PS syncs
+        # excluded), measured in the run itself: the in-run ceiling's input
+        "step_cpu_s_per_sample": {"active": act.get("step_cpu_s_per_sample"),
+                                  "passive": pas.get("step_cpu_s_per_sample")},
+        "cpu_s_per_sample_train": {
+            r: (p["cpu_s_train"] / p["samples"] if p.get("cpu_s_train") and p.get("samples")
+                else None) for r, p in (("active", act), ("passive", pas))},
+        "sync_cpu_s_per_sample": {
+            r: (p["sync_cpu_s_train"] / p["samples"]
+                if p.get("sync_cpu_s_train") is not None and p.get("samples") else None)
+            for r, p in (("active", act), ("passive", pas))},
         "bytes_per_epoch": bytes_total / epochs,
         "bytes_sent": m["bytes_sent"],
         "dropped_batches": m["dropped_batches"],

@@ -18,6 +18,7 @@ torch releases the GIL inside its kernels, so workers overlap on the party's cor
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -121,7 +122,8 @@ class ParameterServer:
 
     def push(self, delta: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Apply a worker's update θ ← θ + Δ/w; return the new θ, copied into ``out``
-        when given (no allocation), else a new copy.
+        when given (no allocation), else a new copy. ``out`` may be ``delta`` itself:
+        the change is applied before ``out`` is written.
 
         Raises:
             ValueError: ``delta`` or ``out`` has the wrong shape.
@@ -218,6 +220,8 @@ class Replica:
         self._delta = torch.empty_like(self.flat)
         self.steps_since_sync = 0
         self.syncs = 0
+        #: CPU seconds (thread time) spent in :meth:`sync`, :meth:`push` and :meth:`pull`
+        self.sync_cpu_s = 0.0
 
     def after_step(self, epoch: int) -> None:
         """Count one local step; sync with the PS when the sync mode says so."""
@@ -233,25 +237,36 @@ class Replica:
 
         Overwrites the parameters in place: no autograd graph may still hold them (every
         caller syncs after its optimizer step, which is in place too)."""
+        c0 = time.thread_time()
         with torch.no_grad():
-            torch.sub(self.flat, self._base, out=self._delta)
-            self.flat.copy_(self.ps.push(self._delta, out=self._base))
+            # the change is computed into the base buffer, which the server's reply then
+            # overwrites: one vector less to stream through the cache than with a separate
+            # delta (the sync's operands no longer fit a core's L2: a ΔT_t = 1 sync took
+            # 0.6 ms in a 50:14 run, 8 % of the passive step; this saves a write and a
+            # read of the 690 KB vector). The PS reads the change before it writes ``out``.
+            torch.sub(self.flat, self._base, out=self._base)
+            self.flat.copy_(self.ps.push(self._base, out=self._base))
         self.steps_since_sync = 0
         self.syncs += 1
+        self.sync_cpu_s += time.thread_time() - c0
 
     def push(self) -> None:
         """Push the local change since the last pull, without pulling (the first half of a
         barrier sync: every worker pushes, then every worker :meth:`pull` s)."""
+        c0 = time.thread_time()
         with torch.no_grad():
             torch.sub(self.flat, self._base, out=self._delta)
             self.ps.push(self._delta)
         self.syncs += 1
+        self.sync_cpu_s += time.thread_time() - c0
 
     def pull(self) -> None:
         """Load the global parameters (the second half of a barrier sync)."""
+        c0 = time.thread_time()
         with torch.no_grad():
             self.flat.copy_(self.ps.pull(out=self._base))
         self.steps_since_sync = 0
+        self.sync_cpu_s += time.thread_time() - c0
 
 
 class PassiveGraph:

@@ -359,6 +359,8 @@ class Party:
         self.run_delay_s = 0.0  # of it, threads runnable but waiting for a CPU
         self.eval_s = 0.0
         self.train_cpu_s = 0.0  # CPU seconds of the training segments (scoring excluded)
+        self.train_compute_cpu_s = 0.0  # of which in the workers' compute calls
+        self.train_sync_cpu_s = 0.0  # of which in their parameter-server syncs
         self.t0 = time.perf_counter()
         self.c = _Counters()
         self.bus: Bus | None = None
@@ -669,6 +671,7 @@ class Party:
                 seg_meter = CpuMeter()
                 seg_meter.start()
                 delay0 = run_delay_s()
+                cc0, sc0 = self._compute_cpu_s(), self._sync_cpu_s()
                 t0 = time.perf_counter()
                 if go is not None:
                     bus.publish_nowait(self.topics.scored, (), {"point": go})
@@ -684,6 +687,8 @@ class Party:
                     self.run_delay_s += delay
                 _, seg_cpu, _, util = seg_meter.read()
                 self.train_cpu_s += seg_cpu
+                self.train_compute_cpu_s += self._compute_cpu_s() - cc0
+                self.train_sync_cpu_s += self._sync_cpu_s() - sc0
                 self.train_s += dt
                 entry: dict[str, Any] = {
                     "epoch": epoch, "segment": s,
@@ -1177,6 +1182,16 @@ class Party:
         return compute_metric(data.task, y, pred)
 
     # ------------------------------------------------------------------ metrics
+    def _compute_cpu_s(self) -> float:
+        """CPU seconds the workers' compute calls have taken so far (thread CPU time of
+        the thread, or worker process, that ran them)."""
+        return sum(h.compute_cpu_s for h in self._handles)
+
+    def _sync_cpu_s(self) -> float:
+        """CPU seconds of the workers' parameter-server syncs so far (part of
+        :meth:`_compute_cpu_s`)."""
+        return sum(h.sync_cpu_s for h in self._handles)
+
     def _party_metrics(self, meter: CpuMeter) -> dict[str, Any]:
         wall, cpu, cores, util = meter.read()
         assert self.bus is not None
@@ -1211,6 +1226,10 @@ class Party:
             "ps_pushes": self.ps.pushes,
             "worker_mode": self.worker_mode,
             "compute_s": sum(h.compute_s for h in self._handles),
+            "compute_cpu_s_train": self.train_compute_cpu_s,
+            "sync_cpu_s_train": self.train_sync_cpu_s,
+            "step_cpu_s_per_sample": ((self.train_compute_cpu_s - self.train_sync_cpu_s)
+                                      / self.c.samples if self.c.samples else None),
             "worker_parallelism": (sum(h.compute_s for h in self._handles) / wall
                                    if wall > 0 else 0.0),
             "batches": self.c.batches,

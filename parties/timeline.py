@@ -162,6 +162,14 @@ class TimedWorker:
         return self._h.compute_s
 
     @property
+    def compute_cpu_s(self) -> float:
+        return self._h.compute_cpu_s
+
+    @property
+    def sync_cpu_s(self) -> float:
+        return self._h.sync_cpu_s
+
+    @property
     def inner(self) -> Any:
         """The wrapped handle."""
         return self._h

@@ -63,6 +63,8 @@ class WorkerHandle(Protocol):
     """
 
     compute_s: float
+    compute_cpu_s: float
+    sync_cpu_s: float
 
     async def start(self) -> None:
         """Get ready (spawn, load data, pull parameters)."""
@@ -199,6 +201,12 @@ class ThreadWorker:
         self._pool = self._new_pool(role)
         self._graphs: dict[int, Any] = {}
         self.compute_s = 0.0
+        self.compute_cpu_s = 0.0
+
+    @property
+    def sync_cpu_s(self) -> float:
+        """CPU seconds of the replica's parameter-server syncs (part of ``compute_cpu_s``)."""
+        return self.compute.replica.sync_cpu_s
 
     @staticmethod
     def _new_pool(role: str) -> ThreadPoolExecutor | None:
@@ -209,11 +217,12 @@ class ThreadWorker:
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         def timed() -> Any:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args)
             finally:
                 self.compute_s += time.perf_counter() - t0
+                self.compute_cpu_s += time.thread_time() - c0
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, timed)
 
@@ -297,11 +306,12 @@ class InlineWorker(ThreadWorker):
         return None  # no thread: the compute runs on the loop
 
     async def _call(self, fn: Any, *args: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return fn(*args)
         finally:
             self.compute_s += time.perf_counter() - t0
+            self.compute_cpu_s += time.thread_time() - c0
 
     def _early(self, on_grad: Callable[[np.ndarray], None] | None
                ) -> Callable[[np.ndarray], None] | None:
@@ -341,6 +351,8 @@ class ProcessWorker:
         self.start_timeout_s = start_timeout_s
         self.reply_timeout_s = reply_timeout_s
         self.compute_s = 0.0
+        self.compute_cpu_s = 0.0
+        self.sync_cpu_s = 0.0
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._proc: Any = None
@@ -401,6 +413,8 @@ class ProcessWorker:
                     self._on_grad(np.array(msg.arrays[0]))
                 continue
             self.compute_s = float(msg.meta.get("cs", self.compute_s))
+            self.compute_cpu_s = float(msg.meta.get("cc", self.compute_cpu_s))
+            self.sync_cpu_s = float(msg.meta.get("sc", self.sync_cpu_s))
             return msg
 
     async def _rpc(self, cmd: str, arrays: tuple[Any, ...] = (),
@@ -561,7 +575,7 @@ def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
     compute = make_compute(role, cfg, x_train, y_train, _RemotePS(sock), noise_seed=noise_seed)
     rows = _Rows(x_train.shape[0], cfg)
     graphs: dict[int, Any] = {}
-    compute_s = 0.0
+    compute_s = compute_cpu_s = 0.0
     sock.send_multipart(encode("ready"))
     while True:
         if not sock.poll(1000):
@@ -573,7 +587,7 @@ def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
             continue
         msg = decode(sock.recv_multipart(copy=False))
         cmd, meta = msg.topic, msg.meta
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         if cmd == "stop":
             return
         try:
@@ -620,5 +634,7 @@ def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
             sock.send_multipart(encode("error", (), {"error": f"{type(exc).__name__}: {exc}"}))
             return
         compute_s += time.perf_counter() - t0
-        reply["cs"] = compute_s
+        compute_cpu_s += time.thread_time() - c0
+        reply["cs"], reply["cc"] = compute_s, compute_cpu_s
+        reply["sc"] = compute.replica.sync_cpu_s
         sock.send_multipart(encode(cmd, out, reply, copy=False), copy=False)

@@ -64,6 +64,12 @@ def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path,
         # the training segments' own CPU: part of the whole life's
         assert 0.0 < p["cpu_util_train"] <= 1.05
         assert 0.0 < p["cpu_s_train"] <= p["cpu_s"] + 0.05
+        # the workers' compute and its PS syncs, thread CPU time within the segments
+        # (the process figure above ticks in 10 ms: a margin of a few ticks)
+        assert 0.0 < p["sync_cpu_s_train"] < p["compute_cpu_s_train"] \
+            <= p["cpu_s_train"] + 0.05
+        assert p["step_cpu_s_per_sample"] == pytest.approx(
+            (p["compute_cpu_s_train"] - p["sync_cpu_s_train"]) / p["samples"])
         assert p["wait_s_per_epoch"] >= 0.0
         assert 0.0 <= p["run_delay_s"] <= m["parties"][role]["party_wall_s"] * 64
     # the training really crossed the broker: rows x epochs x width x 4 bytes each way

@@ -88,3 +88,35 @@ def test_a_bad_split_is_a_usage_error(hetero, split, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--splits" in err and "Traceback" not in err
+
+
+def test_inrun_ceiling_is_the_bound_partys_quota_over_its_step_cpu(hetero):
+    # passive: 0.4375 cores / 25 µs per sample = 17,500/s; active: 1.5625 / 62.5 µs = 25,000/s
+    r = _run(0.9, 14_000.0, [(0.9, 1.0)],
+             cores_allotted={"active": 1.5625, "passive": 0.4375},
+             step_cpu_s_per_sample={"active": 62.5e-6, "passive": 25e-6},
+             sync_cpu_s_per_sample={"active": 1e-6, "passive": 2e-6},
+             cpu_s_per_sample_train={"active": 70e-6, "passive": 30e-6})
+    value, bound = hetero.inrun_ceiling(r)
+    assert bound == "passive" and value == pytest.approx(17_500.0)
+    profile = {"parties": {"active": {"cpu_s_per_step": 0.016},
+                           "passive": {"cpu_s_per_step": 0.0064}}}
+    row = hetero.summarize({"pubsub": r}, 20_000.0, profile)["algos"]["pubsub"]
+    assert row["efficiency"] == pytest.approx(0.7)
+    assert row["efficiency_inrun"] == pytest.approx(0.8)
+    assert row["bound_inrun"] == "passive"
+    ms = row["cpu_ms_per_batch"]["passive"]  # B = 256
+    assert ms["step"] == pytest.approx(6.4) and ms["sync"] == pytest.approx(0.512)
+    assert ms["other"] == pytest.approx(256e3 * (30e-6 - 25e-6 - 2e-6))
+    assert ms["profiled_step"] == pytest.approx(6.4)
+    assert "6.40 (6.40) + 0.51 + 0.77" in hetero.render("50:14", {
+        "cores": {"active": 1.5625, "passive": 0.4375}, "model": "m", "ceiling": 20_000.0},
+        {"target_auc": None, "algos": {"pubsub": row}})
+
+
+def test_no_inrun_ceiling_without_the_step_figures(hetero):
+    r = _run(0.9, 14_000.0, [(0.9, 1.0)])  # an older metrics.json: no step CPU
+    assert hetero.inrun_ceiling(r) == (None, None)
+    row = hetero.summarize({"pubsub": r}, 20_000.0)["algos"]["pubsub"]
+    assert row["efficiency_inrun"] is None
+    assert row["cpu_ms_per_batch"]["passive"]["step"] is None

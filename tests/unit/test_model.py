@@ -54,6 +54,7 @@ def test_scheduled_sync_keeps_the_parameters_views_of_one_flat_buffer() -> None:
             # the last pusher holds exactly the server's parameters
             torch.testing.assert_close(flat_params([w.bottom]), ps.pull(), rtol=0, atol=0)
     assert a.replica.flat is flat and a.replica.syncs == 3
+    assert a.replica.sync_cpu_s > 0.0  # the syncs' CPU is counted (thread time)
     # the modules compute with the flat buffer itself: no stale copies after syncs
     assert all(p.data_ptr() >= flat.data_ptr() and
                p.data_ptr() < flat.data_ptr() + flat.numel() * 4 for p in a.replica.params)
