@@ -38,9 +38,10 @@ seconds, every run also reports the *in-run ceiling*: the same min over parties 
 run by the workers themselves (thread CPU time of their compute calls, minus their PS
 syncs), and ``efficiency_inrun`` against it, which the drift cancels out of; and where
 each party's CPU went per batch (``cpu_ms_per_batch``: step, sync, the rest, beside the
-profiled step). CPU utilisation = CPU seconds ÷ (wall seconds × quota) over the training
-segments, the window the throughput is measured over (the whole life's figure, which
-adds the validation and test scoring, is kept beside it).
+profiled step). Throughput is over both parties' training (per segment the longer of
+their two clocks: :func:`parties.report.training_window_s`). CPU utilisation = CPU
+seconds ÷ (wall seconds × quota) over the party's own training segments (the whole
+life's figure, which adds the validation and test scoring, is kept beside it).
 
 Workers: ``vfl`` and ``avfl`` 1 + 1 (by definition); ``vfl-ps`` 2 pairs; ``pubsub`` and
 ``avfl-ps`` ⌈active cores⌉ active workers (threads, so a 1.5625-core quota can be used)
@@ -58,8 +59,8 @@ Usage::
 
 Output: a table per split and, with ``--json``, ``summary[split][algo]`` with
 ``time_to_target_s``, ``metric``, ``cpu_util_active``, ``cpu_util_passive`` (CPU
-seconds ÷ (wall seconds × quota) over the training segments, the window the throughput is
-measured over; ``cpu_util_run_*`` is the same over the party's whole life, which adds the
+seconds ÷ (wall seconds × quota) over the party's own training segments;
+``cpu_util_run_*`` is the same over the party's whole life, which adds the
 validation and test scoring), ``efficiency`` and
 ``wait_s_per_epoch`` (the active party's, per worker), plus ``ceiling_inrun``,
 ``bound_inrun``, ``efficiency_inrun`` and ``cpu_ms_per_batch``, for the balanced model; ``summary_even`` likewise for the even split. An efficiency above 1.05

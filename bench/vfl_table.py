@@ -201,10 +201,13 @@ def time_to_target(history: list[dict[str, Any]], target: float, lower_is_better
 
 def summarize_run(m: dict[str, Any]) -> dict[str, Any]:
     """The figures the tables need from one run's ``metrics.json``."""
+    from parties.report import training_window_s
+
     act = m["parties"]["active"]
     pas = m["parties"].get("passive", {})
     epochs = m["epochs"]
-    train_s_sum = sum(h["train_s"] for h in m["history"])
+    # both parties' clocks per segment (the longer), as metrics.json's train_window_s
+    train_s_sum = training_window_s(m["history"], pas.get("history"))
     samples = act["samples"]
     bytes_total = sum(m["bytes_sent"].values())
     return {
