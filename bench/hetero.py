@@ -104,7 +104,9 @@ PLAN_BATCH_SIZES = (64, 128, 256)
 #: party the bound. Measured with ``--algos pubsub --workers 2+8`` (--quick,
 #: 2026-11-30, before the passive party waited out the active party's scoring), CPU use of the quota in training, active/passive: 50:14 9x256 0.77/0.87
 #: (passive bound), 9x288 0.88/0.89, 9x320 0.89/0.78, 9x352 0.92/0.73 (active bound);
-#: 40:24 9x160 0.84/0.87, 9x192 0.89/0.74.
+#: 40:24 9x160 0.84/0.87, 9x192 0.89/0.74. Again after the scoring and window fixes
+#: (17:00 UTC), 9x320 against 9x288: 0.88/0.93 and efficiency 0.60 (in-run 0.74)
+#: against 0.79/0.95 and 0.76 (0.79): the active party turns co-bound.
 BALANCED = {"50:14": (128, 288), "40:24": (128, 160)}
 #: Passive workers of pubsub and avfl-ps. A passive worker holds its batch from its
 #: embedding's publication until the gradient is back, so the passive party keeps w_p
