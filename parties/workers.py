@@ -60,6 +60,10 @@ class WorkerHandle(Protocol):
     ``rows`` (optional) gives a batch's row positions explicitly (VFL-PS sub-batches);
     by default they are batch ``b`` of ``epoch``'s plan. ``key`` (default ``b``) names
     the kept graph of a batch when several parts of one batch are in flight.
+
+    ``compute_s`` is the wall time of the compute calls so far (seconds),
+    ``compute_cpu_s`` their CPU time (thread time of the thread or worker process that
+    ran them) and ``sync_cpu_s`` the part of it in parameter-server syncs.
     """
 
     compute_s: float
