@@ -63,8 +63,8 @@ seconds ÷ (wall seconds × quota) over the party's own training segments;
 ``cpu_util_run_*`` is the same over the party's whole life, which adds the
 validation and test scoring), ``efficiency`` and
 ``wait_s_per_epoch`` (the active party's, per worker), plus ``ceiling_inrun``,
-``bound_inrun``, ``efficiency_inrun`` and ``cpu_ms_per_batch``, for the balanced model; ``summary_even`` likewise for the even split. An efficiency above 1.05
-means the ceiling's profile is wrong: it is listed in ``errors`` and the exit code is 1.
+``bound_inrun``, ``efficiency_inrun`` and ``cpu_ms_per_batch``, for the balanced model;
+``summary_even`` likewise for the even split. An efficiency above 1.05 means the ceiling's profile is wrong: it is listed in ``errors`` and the exit code is 1.
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ PLAN_BATCH_SIZES = (64, 128, 256)
 #: active party's event loop, messaging and GIL hand-offs cost it more per sample than
 #: its profiled compute, so the profile's balance (9x352 at 50:14) leaves the active
 #: party the bound. Measured with ``--algos pubsub --workers 2+8`` (--quick,
-#: 2026-11-30, before the passive party waited out the active party's scoring), CPU use of the quota in training, active/passive: 50:14 9x256 0.77/0.87
-#: (passive bound), 9x288 0.88/0.89, 9x320 0.89/0.78, 9x352 0.92/0.73 (active bound);
+#: 2026-11-30, before the passive party waited out the active party's scoring), CPU
+#: use of the quota in training, active/passive: 50:14 9x256 0.77/0.87 (passive bound), 9x288 0.88/0.89, 9x320 0.89/0.78, 9x352 0.92/0.73 (active bound);
 #: 40:24 9x160 0.84/0.87, 9x192 0.89/0.74. Again after the scoring and window fixes
 #: (17:00 UTC), 9x320 against 9x288: 0.88/0.93 and efficiency 0.60 (in-run 0.74)
 #: against 0.79/0.95 and 0.76 (0.79): the active party turns co-bound.
@@ -111,8 +111,8 @@ BALANCED = {"50:14": (128, 288), "40:24": (128, 160)}
 #: Passive workers of pubsub and avfl-ps. A passive worker holds its batch from its
 #: embedding's publication until the gradient is back, so the passive party keeps w_p
 #: batches in flight, and it idles whenever all of them are at the active party. At
-#: 50:14 with 9x288 (--quick, 2026-11-30, before that scoring fix): 4 workers 0.84/0.85 of the quotas, 6
-#: 0.86/0.85, 8 0.88/0.89. Inline workers cost a model replica each, nothing more.
+#: 50:14 with 9x288 (--quick, 2026-11-30, before that scoring fix): 4 workers
+#: 0.84/0.85 of the quotas, 6 0.86/0.85, 8 0.88/0.89. Inline workers cost a model replica each, nothing more.
 PASSIVE_WORKERS = 8
 
 
@@ -360,10 +360,9 @@ def summarize(runs: dict[str, dict[str, Any]], ceiling: float | None,
             "train_samples_per_s": r["train_samples_per_s"],
             "workers": r["workers"], "batch_size": r["batch_size"],
         }
-        c_in, bound = inrun_ceiling(r)
         row = out[algo]
-        row["ceiling_inrun"], row["bound_inrun"] = c_in, bound
-        row["efficiency_inrun"] = r["train_samples_per_s"] / c_in if c_in else None
+        row["ceiling_inrun"], row["bound_inrun"] = inrun_ceiling(r)
+        row["efficiency_inrun"] = _inrun_eff(r)
         # where each party's CPU went, ms per batch: step compute, PS sync, the rest
         # (messaging, the event loop, bookkeeping)
         B = r["batch_size"]
@@ -428,7 +427,8 @@ def render(split: str, info: dict[str, Any], summ: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="30,000 rows, 4 epochs: under 10 minutes (with --even about 3 minutes more)")
+                    help="30,000 rows, 4 epochs: under 10 minutes (with --even about 3 "
+                         "minutes more)")
     ap.add_argument("--splits", default=",".join(SPLITS),
                     help="CPU splits, active:passive of 64 cores (default %(default)s)")
     ap.add_argument("--algos", default=",".join(ALGOS),

@@ -199,6 +199,13 @@ def time_to_target(history: list[dict[str, Any]], target: float, lower_is_better
     return None
 
 
+def _per_sample(act: dict[str, Any], pas: dict[str, Any], key: str
+                ) -> dict[str, float | None]:
+    """Each party's ``key`` (seconds) ÷ its training samples; None where either is absent."""
+    return {role: (p[key] / p["samples"] if p.get(key) is not None and p.get("samples")
+                   else None) for role, p in (("active", act), ("passive", pas))}
+
+
 def summarize_run(m: dict[str, Any]) -> dict[str, Any]:
     """The figures the tables need from one run's ``metrics.json``."""
     from parties.report import training_window_s
@@ -227,13 +234,8 @@ def summarize_run(m: dict[str, Any]) -> dict[str, Any]:
         # excluded), measured in the run itself: the in-run ceiling's input
         "step_cpu_s_per_sample": {"active": act.get("step_cpu_s_per_sample"),
                                   "passive": pas.get("step_cpu_s_per_sample")},
-        "cpu_s_per_sample_train": {
-            r: (p["cpu_s_train"] / p["samples"] if p.get("cpu_s_train") and p.get("samples")
-                else None) for r, p in (("active", act), ("passive", pas))},
-        "sync_cpu_s_per_sample": {
-            r: (p["sync_cpu_s_train"] / p["samples"]
-                if p.get("sync_cpu_s_train") is not None and p.get("samples") else None)
-            for r, p in (("active", act), ("passive", pas))},
+        "cpu_s_per_sample_train": _per_sample(act, pas, "cpu_s_train"),
+        "sync_cpu_s_per_sample": _per_sample(act, pas, "sync_cpu_s_train"),
         "bytes_per_epoch": bytes_total / epochs,
         "bytes_sent": m["bytes_sent"],
         "dropped_batches": m["dropped_batches"],
