@@ -408,6 +408,10 @@ class _Backend:
     def close(self) -> None:
         raise NotImplementedError
 
+    def live(self) -> dict[str, Any]:
+        """Counters that change while the limiter runs (merged into ``describe()``)."""
+        return {}
+
 
 def _rmdir_group(group: Path, home: Path, timeout_s: float = 5.0) -> bool:
     """Move the tasks of ``group`` to ``home`` and remove ``group``; True if removed."""
@@ -645,6 +649,13 @@ class _ProcessBackend(_Backend):
         os.set_blocking(self._rfd, False)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # duty-cycle counters: periods run, signals delivered, processes dropped because
+        # they exited or their pid now names another process, and the error that ended
+        # the thread (None while it runs or after a clean close)
+        self._periods = 0
+        self._sent = {"SIGSTOP": 0, "SIGCONT": 0}
+        self._dropped = 0
+        self._error: str | None = None
         allowed = sorted(os.sched_getaffinity(0))
         if duty:
             n = min(len(allowed), math.ceil(cores))
@@ -692,6 +703,13 @@ class _ProcessBackend(_Backend):
         self._drain_pipe()
         with self._lock:
             for pid, t in list(self._tracked.items()):
+                # a process that exited may have its pid reused by an unrelated one:
+                # is_running() compares the creation time, so that one is never signalled
+                if not t.proc.is_running():
+                    self._gone_s += t.last - t.base
+                    self._dropped += 1
+                    del self._tracked[pid]
+                    continue
                 try:
                     for child in t.proc.children(recursive=True):
                         if child.pid not in self._tracked:
@@ -703,17 +721,21 @@ class _ProcessBackend(_Backend):
                     t.last = _cpu_seconds(t.proc)
                 except (psutil.NoSuchProcess, psutil.ZombieProcess):
                     self._gone_s += t.last - t.base
+                    self._dropped += 1
                     del self._tracked[pid]
                 except psutil.AccessDenied:
                     pass
             return [t.proc for t in self._tracked.values()]
 
     def _signal_all(self, procs: Iterable[psutil.Process], sig: int) -> None:
+        name = signal.Signals(sig).name
         for p in procs:
             try:
                 p.send_signal(sig)
             except psutil.Error:
-                pass
+                continue
+            if name in self._sent:
+                self._sent[name] += 1
 
     def _run(self) -> None:
         procs: list[psutil.Process] = []
@@ -722,6 +744,7 @@ class _ProcessBackend(_Backend):
         try:
             next_t = time.monotonic()
             while not self._stop.is_set():
+                self._periods += 1
                 # continue first, then look for exited/new processes: the bookkeeping
                 # (a /proc scan) must not eat into the on-time
                 self._signal_all(procs, signal.SIGCONT)
@@ -742,6 +765,7 @@ class _ProcessBackend(_Backend):
                 if now - next_t > self._period_s:  # fell behind (suspended?): resync
                     next_t = now
         except Exception as exc:  # never leave processes stopped
+            self._error = repr(exc)
             log.error("cpu.duty.crashed", error=repr(exc))
         finally:
             self._cont_everything()
@@ -776,6 +800,15 @@ class _ProcessBackend(_Backend):
 
     def pids(self) -> list[int]:
         return [p.pid for p in self._refresh()]
+
+    def live(self) -> dict[str, Any]:
+        if not self._duty:
+            return {}
+        return {"duty": {"periods": self._periods, "sigstop_sent": self._sent["SIGSTOP"],
+                         "sigcont_sent": self._sent["SIGCONT"],
+                         "processes_dropped": self._dropped,
+                         "thread_alive": self._thread is not None and self._thread.is_alive(),
+                         "error": self._error}}
 
     def usage_s(self) -> float:
         self._refresh()
@@ -949,13 +982,17 @@ class CpuLimiter:
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready summary: name, method, cores, period_us, quota_us, path, note
-        (plus ``cpus`` / ``duty_fraction`` for the duty cycle)."""
+        (plus, for the duty cycle, ``cpus``, ``duty_fraction`` and ``duty``: the
+        periods run, SIGSTOPs and SIGCONTs delivered, processes dropped because they
+        exited (or their pid was reused), whether the thread runs, and the error that
+        ended it, if any)."""
         d: dict[str, Any] = {
             "name": self.name, "method": self.method, "cores": self.cores,
             "period_us": self.period_us, "quota_us": self.quota_us,
             "path": None if self.path is None else str(self.path), "note": self.note,
         }
         d.update(self._backend.extra)
+        d.update(self._backend.live())
         return d
 
     @property

@@ -155,7 +155,8 @@ def _check_rate(lim: CpuLimiter, target: float, cpus: list[int],
                     f"of CPUs {cpus}; measured {[round(r, 3) for r, _ in seen]} "
                     f"vs quota {target:g} (upper bound held)")
     pytest.fail(f"rate {[round(r, 3) for r, _ in seen]} below quota {target:g} - "
-                f"{tolerance:.0%} on a quiet host (others {[round(o, 2) for _, o in seen]})")
+                f"{tolerance:.0%} on a quiet host (others {[round(o, 2) for _, o in seen]}; "
+                f"{lim.describe()})")
 
 
 ALL_CPUS = sorted(os.sched_getaffinity(0))
@@ -281,6 +282,43 @@ def test_duty_cycle_rate(cores: float, code: str, tolerance: float,
     time.sleep(0.05)
     for pid in pids:
         assert psutil.Process(pid).status() != psutil.STATUS_STOPPED
+
+
+def test_duty_cycle_reports_its_signals(busy: list[Busy]) -> None:
+    with CpuLimiter.create("duty", 0.5, method="duty-cycle", period_us=50_000) as lim:
+        b = Busy(lim)
+        busy.append(b)
+        time.sleep(0.6)
+        d = lim.describe()["duty"]
+        assert d["thread_alive"] and d["error"] is None
+        assert d["periods"] >= 6, d  # 12 periods of 50 ms, minus start-up
+        # the child is stopped once and continued once (at least) per period once adopted
+        assert d["sigstop_sent"] >= 4 and d["sigcont_sent"] >= 4, d
+    d = lim.describe()["duty"]
+    assert not d["thread_alive"] and d["error"] is None
+
+
+def test_duty_cycle_never_signals_a_reused_pid(busy: list[Busy]) -> None:
+    """A tracked process whose pid now names another process (is_running() compares
+    the creation time) is dropped, and not stopped or continued any more."""
+    with CpuLimiter.create("duty", 0.5, method="duty-cycle", period_us=50_000) as lim:
+        b = Busy(lim)
+        busy.append(b)
+        deadline = time.monotonic() + 5
+        while lim.pids() != [b.proc.pid] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert lim.pids() == [b.proc.pid]
+        tracked = lim._backend._tracked[b.proc.pid]  # type: ignore[attr-defined]
+        tracked.proc.is_running = lambda: False  # what a reused pid looks like
+        assert lim.pids() == []
+        assert lim.describe()["duty"]["processes_dropped"] == 1
+        os.kill(b.proc.pid, signal.SIGCONT)  # in case it was in its stopped phase
+        time.sleep(0.3)  # six periods: a signalled process would be stopped in three
+        assert psutil.Process(b.proc.pid).status() != psutil.STATUS_STOPPED
+        t0 = sum(psutil.Process(b.proc.pid).cpu_times()[:2])
+        time.sleep(0.5)
+        # no longer throttled: it runs (nearly) all the time on its CPU
+        assert sum(psutil.Process(b.proc.pid).cpu_times()[:2]) - t0 > 0.35
 
 
 def test_duty_cycle_survives_exits_and_never_leaves_stopped(busy: list[Busy]) -> None:
