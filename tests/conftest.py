@@ -79,6 +79,20 @@ def raw_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProce
 
 
 @pytest.fixture(autouse=True)
+def _no_open_cpu_limiters() -> Iterator[None]:
+    """Fail a test that leaves a CPU limiter open: a duty-cycle limiter's thread would
+    go on stopping and continuing the processes it tracks during later tests."""
+    from sim.cpu import _open_limiters
+
+    before = set(_open_limiters)
+    yield
+    left = [lim.describe() for lim in set(_open_limiters) - before if not lim.closed]
+    for lim in set(_open_limiters) - before:
+        lim.close()
+    assert not left, f"CPU limiters left open: {left}"
+
+
+@pytest.fixture(autouse=True)
 def _no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves child processes (brokers, parties, workers) behind.
 
