@@ -150,11 +150,12 @@ def run_party(role: str, args: argparse.Namespace) -> int:
         if role == "active":
             print(f"active party done: test_{result['metric_name']} "
                   f"{format_metric(result.get('metric'))}, "
-                  f"{result['train_samples_per_s']:,.0f} samples/s, wall {result['wall_s']:.1f} s"
+                  f"{result['train_samples_per_s']:,.0f} samples/s, "
+                  f"party process {result['wall_s']:.1f} s"
                   + (f"; metrics: {path}" if out is not None else ""), flush=True)
         else:
             print(f"passive party done: {result['batches']} batches, cpu_util "
-                  f"{result['cpu_util']:.2f}, wall {result['wall_s']:.1f} s", flush=True)
+                  f"{result['cpu_util']:.2f}, party process {result['wall_s']:.1f} s", flush=True)
     return ExitCode.OK
 
 

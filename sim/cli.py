@@ -82,8 +82,9 @@ def _vfl_run(args: argparse.Namespace) -> int:
     m = res.metrics
     pa = m["parties"]["active"]
     pp = m["parties"].get("passive", {})
-    print(f"test_{m['metric_name']} {format_metric(m['metric'])}  wall {m['wall_s']:.1f} s "
-          f"(training {m['train_wall_s']:.1f} s)  {m['train_samples_per_s']:,.0f} samples/s")
+    print(f"test_{m['metric_name']} {format_metric(m['metric'])}  "
+          f"job {m['wall_s']:.1f} s (launch to exit), training {m['train_window_s']:.1f} s, "
+          f"{m['train_samples_per_s']:,.0f} samples/s of training")
     if m.get("target_metric") is not None:
         ttt = m.get("time_to_target_s")
         print(f"time to validation {m['metric_name']} {m['target_metric']:g}: "
