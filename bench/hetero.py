@@ -301,6 +301,17 @@ def _workers(text: str) -> tuple[int, int]:
     return wa, wp
 
 
+def _auc(text: str) -> float:
+    """argparse type of ``--target-auc``: a float in (0, 1]."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an AUC like 0.89, got {text!r}") from None
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"an AUC is in (0, 1], got {text!r}")
+    return v
+
+
 def _fmt(x: Any, spec: str) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
@@ -334,13 +345,17 @@ def _inrun_eff(r: dict[str, Any]) -> float | None:
 
 
 def summarize(runs: dict[str, dict[str, Any]], ceiling: float | None,
-              profile: dict[str, Any] | None = None) -> dict[str, Any]:
+              profile: dict[str, Any] | None = None,
+              target_auc: float | None = None) -> dict[str, Any]:
     """``summary[algo]`` of one split (the JSON's shape), with time to target and
     speedup against ``vfl``; ``profile`` (the split's mean profile, ``to_dict`` form)
-    gives each run's in-run step CPU against the profiled one."""
+    gives each run's in-run step CPU against the profiled one. The target is
+    ``target_auc`` when given, else ``REL_TARGET_AUC`` × vfl's test AUC (None without
+    a vfl run)."""
     t = _table()
     ok_vfl = [runs["vfl"]["metric"]] if runs.get("vfl", {}).get("status") == "ok" else []
-    target = t.REL_TARGET_AUC * max(ok_vfl) if ok_vfl else None
+    target = target_auc if target_auc is not None else (
+        t.REL_TARGET_AUC * max(ok_vfl) if ok_vfl else None)
     out: dict[str, Any] = {}
     for algo, r in runs.items():
         if r.get("status") != "ok":
@@ -443,6 +458,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small-width", type=_positive, help="bottom width of the party with fewer "
                     "cores, by hand (default: BALANCED's for 50:14 and 40:24; other "
                     "splits by profiled compute, see balance())")
+    ap.add_argument("--target-auc", type=_auc, default=None, metavar="AUC",
+                    help="validation AUC that time to target counts to (default: "
+                         "REL_TARGET_AUC x vfl's test AUC in the same split, so none "
+                         "when vfl is not in --algos)")
     ap.add_argument("--workers", type=_workers, metavar="WA+WP",
                     help="w_active+w_passive of pubsub and avfl-ps (default: ceil(active "
                          f"cores)+{PASSIVE_WORKERS})")
@@ -569,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
             ceiling = prof_obj.ceiling_samples_per_s
             progress(f"{split}: ceiling after the runs {prof_after.ceiling_samples_per_s:,.0f}"
                      f" samples/s; mean {ceiling:,.0f} (bound by {prof_obj.bound_by})")
-            summ = summarize(runs, ceiling, prof)
+            summ = summarize(runs, ceiling, prof, args.target_auc)
             info = {"cores": cores, "balance": bal, "model": model, "ceiling": ceiling,
                     "profile": prof, "plan": plan_doc}
             doc["splits"][split] = {**info, "target_auc": summ["target_auc"], "runs": runs}
@@ -584,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
                         dataclasses.replace(base, algo=algo, w_active=wa, w_passive=wp), split,
                         keep / split.replace(":", "-") / f"even-{algo}", timeout,
                         plaintext=args.plaintext)
-                esumm = summarize(even_runs, eprof["ceiling_samples_per_s"], eprof)
+                esumm = summarize(even_runs, eprof["ceiling_samples_per_s"], eprof,
+                                      args.target_auc)
                 doc["summary_even"][split] = esumm["algos"]
                 doc["splits"][split]["even"] = {"ceiling": eprof["ceiling_samples_per_s"],
                                                 "runs": even_runs}

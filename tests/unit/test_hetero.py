@@ -55,6 +55,17 @@ def test_balanced_widths(hetero):
                                   small_width=64, big_width=256) is None
 
 
+def test_target_auc_by_hand_needs_no_vfl_run(hetero):
+    runs = {"pubsub": _run(0.91, 45_000.0, [(0.85, 1.0), (0.90, 2.0)])}
+    assert hetero.summarize(runs, 50_000.0)["target_auc"] is None
+    s = hetero.summarize(runs, 50_000.0, None, 0.88)
+    assert s["target_auc"] == 0.88 and s["algos"]["pubsub"]["time_to_target_s"] == 2.0
+    assert s["algos"]["pubsub"]["speedup_vs_vfl"] is None
+    for bad in ("0", "1.5", "x"):
+        with pytest.raises(hetero.argparse.ArgumentTypeError, match=repr(bad)):
+            hetero._auc(bad)
+
+
 def test_summary_shape_target_speedup_and_own_ceiling(hetero):
     runs = {
         "vfl": _run(0.90, 30_000.0, [(0.80, 1.0), (0.89, 2.0)]),
