@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import time
@@ -13,15 +14,36 @@ from pathlib import Path
 import psutil
 
 
+#: Environment variable by which a launcher that throttles a party without a cgroup
+#: (``psfl sim run``'s SIGSTOP/SIGCONT duty cycle) tells it its share, in cores.
+CORES_ENV = "PSFL_CORES_ALLOTTED"
+
+
 def cores_allotted() -> float:
-    """Cores this process may use: the cgroup CPU quota if one is set, else the affinity set size.
+    """Cores this process may use: the smallest of the affinity set size, the cgroup CPU
+    quota if one is set, and ``$PSFL_CORES_ALLOTTED`` if set (:data:`CORES_ENV`).
 
     Reads cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``.
+
+    Raises:
+        ValueError: ``$PSFL_CORES_ALLOTTED`` is not a finite number > 0 (names the value).
     """
     affinity = float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(
         os.cpu_count() or 1)
+    limits = [affinity]
     quota = _cgroup_quota()
-    return min(affinity, quota) if quota is not None else affinity
+    if quota is not None:
+        limits.append(quota)
+    text = os.environ.get(CORES_ENV)
+    if text is not None:
+        try:
+            told = float(text)
+        except ValueError:
+            told = float("nan")
+        if not (math.isfinite(told) and told > 0):
+            raise ValueError(f"${CORES_ENV} must be a number of cores > 0, got {text!r}")
+        limits.append(told)
+    return min(limits)
 
 
 def pin_process(cpus: Iterable[int]) -> set[int]:

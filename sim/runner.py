@@ -35,6 +35,7 @@ party's last ``vfl.epoch_done``) and the ratio of the two.
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import signal
 import subprocess
@@ -54,6 +55,7 @@ import structlog
 from parties.cli import write_json
 from parties.config import VflConfig, dump_vfl_config
 from parties.preflight import preflight
+from parties.sysinfo import CORES_ENV
 from pubsub.config import to_mapping
 
 from sim.cpu import CpuLimiter, machine_cores
@@ -324,7 +326,12 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
                 for fn in fns:
                     fn()
 
-            procs[role] = subprocess.Popen(args, preexec_fn=_preexec)
+            env = None
+            if limiters[role].method == "duty-cycle":
+                # no cgroup quota for the party to read: it is told its share, or it
+                # would take its ⌈share⌉ pinned CPUs as its cores (cpu_util's denominator)
+                env = {**os.environ, CORES_ENV: repr(cores[role])}
+            procs[role] = subprocess.Popen(args, preexec_fn=_preexec, env=env)
             if limiters[role].method == "duty-cycle":
                 limiters[role].add(procs[role].pid)
         end_state = _supervise(scn, cfg, procs, relays, limiters, events, sim, samples)

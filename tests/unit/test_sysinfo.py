@@ -47,3 +47,16 @@ def test_run_delay_is_seconds_and_never_decreases() -> None:
     sum(i * i for i in range(200_000))
     b = sysinfo.run_delay_s()
     assert b is not None and b >= a
+
+
+def test_cores_allotted_takes_a_launchers_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(sysinfo.CORES_ENV, raising=False)
+    free = sysinfo.cores_allotted()
+    monkeypatch.setenv(sysinfo.CORES_ENV, "0.4375")
+    assert sysinfo.cores_allotted() == min(free, 0.4375)
+    monkeypatch.setenv(sysinfo.CORES_ENV, "1e9")  # never more than the machine gives
+    assert sysinfo.cores_allotted() == free
+    for bad in ("0", "-1", "nan", "inf", "two"):
+        monkeypatch.setenv(sysinfo.CORES_ENV, bad)
+        with pytest.raises(ValueError, match=repr(bad)):
+            sysinfo.cores_allotted()

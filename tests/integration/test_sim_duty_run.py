@@ -1,0 +1,52 @@
+"""`psfl sim run` under the duty-cycle fallback (no cgroup): the parties are told their
+shares, so their CPU use is judged against the quota, not the ⌈quota⌉ pinned CPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCENARIO = """
+[scenario]
+name = "duty-cycle shares"
+cpu_ratio = "1:3"
+ratio_of = 4
+cpu_method = "duty-cycle"
+timeout_s = 240
+
+[vfl]
+algo = "pubsub"
+dataset = "bank"
+epochs = 2
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_duty_cycle_parties_know_their_share(tmp_path: Path) -> None:
+    scn = tmp_path / "s.toml"
+    scn.write_text(SCENARIO)
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "sim.cli", "sim", "run", str(scn),
+                           "--out", str(out), "--quiet"], capture_output=True, text=True,
+                          timeout=280)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    m = json.loads((out / "metrics.json").read_text())
+    cores = len(os.sched_getaffinity(0))
+    quota = {"active": cores * 1 / 4, "passive": cores * 3 / 4}
+    for role in ("active", "passive"):
+        lim = m["sim"]["cpu_limits"][role]
+        assert lim["method"] == "duty-cycle"
+        # pinned to ⌈quota⌉ CPUs, but the party's cores are the quota
+        assert len(lim["cpus"]) == -(-quota[role] // 1)
+        assert m["parties"][role]["cores_allotted"] == pytest.approx(quota[role])
+        assert 0 < m["parties"][role]["cpu_util_train"] <= 1.10
+        duty = lim["duty"]
+        assert duty["error"] is None and duty["thread_alive"]  # described before close
+        if quota[role] % 1:  # a fractional share is stopped every period
+            assert duty["sigstop_sent"] > 0 and duty["periods"] > 0
