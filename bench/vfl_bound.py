@@ -30,10 +30,21 @@ the ceiling (the mean of a profile taken before and one after each repeat), so
 ``bare_zmq`` is the best efficiency a design on this bus can expect here and the gap
 from it to ``pubsub`` is our own overhead (broker hop, asyncio, codec, schedules).
 
+``--split A:P`` (e.g. ``50:14``, issue 5) asks the same question under
+``bench/hetero.py``'s CPU quotas instead of one pinned core per party: each child joins
+a CPU-share group of its split's cores, the models are hetero's balanced widths, and the
+ceiling is hetero's quota profile (mean of one before and one after each repeat). The
+set-ups there are ``bare_broker``; ``bare_broker_sync``, the same loop with the passive
+party's parameter-server sync after every step (what PubSub-VFL's ΔT_t = 1 costs: with
+ΔT0 = 5 a worker syncs after every step for the first four epochs); and ``pubsub``, the
+real run as hetero runs it. Each figure is samples/s ÷ the ceiling; the bare loops also
+report the passive party's CPU use of its quota.
+
 Usage::
 
     python bench/vfl_bound.py --quick --json /tmp/bound.json   # 1 repeat, ~2 minutes
     python bench/vfl_bound.py --reps 3                          # interleaved repeats
+    python bench/vfl_bound.py --split 50:14 --reps 2            # under hetero's quotas
 
 Every wait has a deadline (socket polls, child joins); children are killed on failure.
 """
@@ -58,10 +69,23 @@ sys.path.insert(0, str(HERE.parent))
 WINDOW = 5  # batches the passive party may run ahead (avfl's default staleness bound)
 RECV_TIMEOUT_MS = 30_000
 MODES = ("concurrent", "bare_zmq", "bare_broker", "avfl", "pubsub")
+SPLIT_MODES = ("bare_broker", "bare_broker_sync", "pubsub")
 
 
 def _table() -> Any:
     spec = importlib.util.spec_from_file_location("vfl_table", HERE / "vfl_table.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _f3(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
+
+
+def _hetero() -> Any:
+    spec = importlib.util.spec_from_file_location("hetero", HERE / "hetero.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -92,7 +116,8 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
     from parties.workers import make_compute
 
     try:
-        os.sched_setaffinity(0, set(cfg.cpus(role)))
+        if cfg.cpus(role):
+            os.sched_setaffinity(0, set(cfg.cpus(role)))
         torch.set_num_threads(cfg.torch_threads)
         data = load_party_data(cfg, role)
         d_in = data.x_train.shape[1]
@@ -115,7 +140,7 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
             mine, theirs = ports if role == "active" else ports[::-1]
             rx.bind(f"tcp://127.0.0.1:{mine}")
             tx.connect(f"tcp://127.0.0.1:{theirs}")
-        elif mode == "bare_broker":  # PUB/SUB through a zmq.proxy XSUB/XPUB process
+        elif mode in ("bare_broker", "bare_broker_sync"):  # PUB/SUB through a zmq.proxy
             tx, rx = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
             for s in (tx, rx):
                 s.setsockopt(zmq.LINGER, 0)
@@ -127,7 +152,8 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
         if not go.wait(120):
             raise TimeoutError("no go signal within 120 s")
 
-        pubsub_mode = mode == "bare_broker"
+        pubsub_mode = mode in ("bare_broker", "bare_broker_sync")
+        sync = mode == "bare_broker_sync"
 
         def recv() -> list[Any]:
             assert rx is not None
@@ -141,6 +167,7 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
             tx.send_multipart([topic_out, *frames] if pubsub_mode else frames, **kw)
 
         cpu = 0.0
+        step_cpu = sync_cpu = 0.0  # passive: its thread's CPU in compute and in PS syncs
         t0 = r0 = None
         if mode == "concurrent":
             for i in range(total):
@@ -161,7 +188,9 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
             sent = applied = 0
             while applied < total:
                 while sent < total and sent - applied < WINDOW:
+                    c0 = time.thread_time()
                     graph, h = compute.forward(batches[sent])
+                    step_cpu += time.thread_time() - c0
                     graphs[sent] = graph
                     send([sent.to_bytes(4, "little"), h], copy=False)
                     sent += 1
@@ -172,7 +201,13 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
                 grad = np.frombuffer(frames[1].buffer, dtype=np.float32).reshape(B, -1)
                 if b == warmup:
                     t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+                c0 = time.thread_time()
                 compute.backward(graphs.pop(b), grad, 0)
+                c1 = time.thread_time()
+                step_cpu += c1 - c0
+                if sync:  # push the step's change to the PS and pull (Replica.sync)
+                    compute.replica.sync()
+                    sync_cpu += time.thread_time() - c1
                 applied += 1
         else:
             assert tx is not None
@@ -190,7 +225,13 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
                     cpu += time.thread_time() - c0
         wall = time.perf_counter() - t0 if t0 is not None else float("nan")
         r1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu_s = ((r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+                 if r0 is not None else float("nan"))
         results.put({"role": role, "wall_s": wall, "samples_per_s": steps * B / wall,
+                     "cpu_s": cpu_s,
+                     # passive, bare loops: mean over all (warm-up included) steps
+                     "passive_step_cpu_ms": 1e3 * step_cpu / total if step_cpu else None,
+                     "passive_sync_cpu_ms": 1e3 * sync_cpu / total if sync_cpu else None,
                      "step_cpu_ms": 1e3 * cpu / steps if cpu else None,
                      "invol_switches_per_step": (r1.ru_nivcsw - r0.ru_nivcsw) / steps
                      if r0 is not None else None})
@@ -201,11 +242,16 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
 
 
 def run_pair(cfg: Any, mode: str, steps: int, warmup: int = 30,
-             timeout_s: float = 300.0) -> dict[str, Any]:
-    """Run ``mode`` (``concurrent`` or ``bare_zmq``) in two pinned child processes.
+             timeout_s: float = 300.0, cores: dict[str, float] | None = None,
+             period_us: int = 10_000) -> dict[str, Any]:
+    """Run ``mode`` (``concurrent``, ``bare_zmq``, ``bare_broker``, ``bare_broker_sync``)
+    in two child processes, pinned as ``cfg`` says, and each in a CPU-share group of
+    ``cores[role]`` cores when ``cores`` is given (:class:`sim.cpu.CpuLimiter`, periods of
+    ``period_us`` µs; the proxy is not limited, like the broker of a sim run).
 
-    Returns ``{"active": {...}, "passive": {...}}`` with ``samples_per_s``,
-    ``step_cpu_ms`` (active), ``invol_switches_per_step``.
+    Returns ``{"active": {...}, "passive": {...}}`` with ``samples_per_s``, ``cpu_s``
+    (the process's CPU seconds in the timed window), ``step_cpu_ms`` (active),
+    ``invol_switches_per_step``, and ``cpu_method`` when limited.
 
     Raises:
         RuntimeError: a child failed or missed the deadline (``timeout_s`` seconds).
@@ -218,7 +264,8 @@ def run_pair(cfg: Any, mode: str, steps: int, warmup: int = 30,
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     proxy = None
-    if mode == "bare_broker":
+    lims: dict[str, Any] = {}
+    if mode in ("bare_broker", "bare_broker_sync"):
         import subprocess
 
         code = ("import zmq,sys; c=zmq.Context(); a=c.socket(zmq.XSUB); b=c.socket(zmq.XPUB); "
@@ -232,8 +279,15 @@ def run_pair(cfg: Any, mode: str, steps: int, warmup: int = 30,
              for role in ("passive", "active")]
     deadline = time.monotonic() + timeout_s
     try:
-        for p in procs:
+        if cores is not None:
+            from sim.cpu import CpuLimiter
+
+            lims = {r: CpuLimiter.create(f"bound-{r}", cores[r], period_us=period_us)
+                    for r in ("passive", "active")}
+        for p, role in zip(procs, ("passive", "active")):
             p.start()
+            if role in lims:
+                lims[role].add(p.pid)
         for _ in procs:
             ready.get(timeout=max(1.0, deadline - time.monotonic()))
         go.set()
@@ -243,6 +297,9 @@ def run_pair(cfg: Any, mode: str, steps: int, warmup: int = 30,
             if "error" in r:
                 raise RuntimeError(f"{mode} {r['role']}: {r['error']}")
             out[r["role"]] = r
+            if lims:
+                r["cpu_method"] = lims[r["role"]].method
+                r["cpu_util"] = r["cpu_s"] / (r["wall_s"] * cores[r["role"]])  # type: ignore[index]
         for p in procs:
             p.join(timeout=max(1.0, deadline - time.monotonic()))
         return out
@@ -256,6 +313,113 @@ def run_pair(cfg: Any, mode: str, steps: int, warmup: int = 30,
         if proxy is not None:
             proxy.kill()
             proxy.wait(5)
+        for lim in lims.values():
+            lim.close()
+
+
+def run_split(split: str, *, rows: int, epochs: int, reps: int) -> dict[str, Any]:
+    """``--split``: the bare loops and the real ``pubsub`` run under hetero's quotas for
+    ``split``, with hetero's balanced models; ``reps`` interleaved repeats, each judged
+    against the mean of a quota profile before and one after it.
+
+    Returns the JSON document: ``settings``, ``reps`` (per repeat: ceiling, efficiency
+    and detail per set-up) and ``summary`` (median efficiency per set-up, and the
+    passive party's median CPU use of its quota in the bare loops).
+
+    Raises:
+        SystemExit: a run failed or no profile could be taken.
+    """
+    import dataclasses
+    import tempfile
+
+    from parties.profile import mean_profile
+
+    from sim.cpu import machine_cores
+    from sim.scenario import Scenario, party_cores
+
+    het = _hetero()
+    cores = party_cores(Scenario(cpu_ratio=split, ratio_of=het.RATIO_OF), machine_cores())
+    base = het.base_config(rows, epochs)
+    hand = het.balanced_widths(split, cores, small_width=None, big_width=None)
+    widths = {"active": 128, "passive": 128}
+    if hand is not None:
+        small, small_w, big_w = hand
+        widths = {r: small_w if r == small else big_w for r in widths}
+    cfg = dataclasses.replace(base, **{f"{r}_bottom_hidden": (w,) * het.DEPTH
+                                       for r, w in widths.items()})
+    n_train = int(rows * (1 - cfg.test_frac) * 0.9)  # 10 % of the rest is validation
+    steps = max(200, epochs * n_train // cfg.batch_size)
+    wa, wp = het.workers_for("pubsub", cores)
+    print(f"{split}: cores {cores}, bottoms active {het.DEPTH}x{widths['active']} passive "
+          f"{het.DEPTH}x{widths['passive']}, synthetic {rows:,} rows, B={cfg.batch_size}, "
+          f"{steps} timed steps of the bare loops, pubsub {wa}+{wp} workers, "
+          f"{reps} repeat(s)", flush=True)
+    reps_out: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bound_") as tmp:
+        for rep in range(reps):
+            before = het.quota_profile(cfg, cores, min_time_s=1.5)
+            got: dict[str, Any] = {}
+            for mode in ("bare_broker", "bare_broker_sync"):
+                got[mode] = run_pair(cfg, mode, steps, cores=cores, period_us=het.PERIOD_US)
+            r = het.run_algo(dataclasses.replace(cfg, algo="pubsub", w_active=wa,
+                                                 w_passive=wp),
+                             split, Path(tmp) / f"pubsub-{rep}", 600.0)
+            if r["status"] != "ok":
+                raise SystemExit(f"error: pubsub run failed: {r.get('error')}")
+            got["pubsub"] = {"active": {"samples_per_s": r["train_samples_per_s"]},
+                             "passive": {"cpu_util": r["cpu_util_train"]["passive"]},
+                             "efficiency_inrun": het._inrun_eff(r), "metric": r["metric"],
+                             "cpu_ms_per_batch": {
+                                 k: 1e3 * cfg.batch_size * v for k, v in (
+                                     ("step", (r.get("step_cpu_s_per_sample") or {})
+                                      .get("passive")),
+                                     ("sync", (r.get("sync_cpu_s_per_sample") or {})
+                                      .get("passive"))) if v is not None}}
+            for mode in ("bare_broker", "bare_broker_sync"):
+                # against the in-run ceiling, as hetero's: the quota ÷ the step CPU per
+                # sample the loop's own passive thread spent (this machine drifts 10-30 %
+                # between profiles, and the in-run figure shares the run's seconds)
+                ms = got[mode]["passive"].get("passive_step_cpu_ms")
+                got[mode]["efficiency_inrun"] = (
+                    got[mode]["active"]["samples_per_s"] * ms / 1e3 / cfg.batch_size
+                    / cores["passive"] if ms else None)
+            after = het.quota_profile(cfg, cores, min_time_s=1.5)
+            prof = mean_profile([before, after])
+            ceiling = prof.ceiling_samples_per_s
+            eff = {m: got[m]["active"]["samples_per_s"] / ceiling for m in SPLIT_MODES}
+            inrun = {m: got[m]["efficiency_inrun"] for m in SPLIT_MODES}
+            reps_out.append({"ceiling_samples_per_s": ceiling, "bound_by": prof.bound_by,
+                             "efficiency": eff, "efficiency_inrun": inrun, "detail": got})
+            print(f"repeat {rep}: ceiling {ceiling:,.0f} samples/s (bound by "
+                  f"{prof.bound_by}; before {before.ceiling_samples_per_s:,.0f}, after "
+                  f"{after.ceiling_samples_per_s:,.0f})", flush=True)
+            for m in SPLIT_MODES:
+                util = got[m]["passive"].get("cpu_util")
+                step = got[m]["passive"].get("passive_step_cpu_ms")
+                sync = got[m]["passive"].get("passive_sync_cpu_ms")
+                if m == "pubsub":
+                    step = got[m]["cpu_ms_per_batch"].get("step")
+                    sync = got[m]["cpu_ms_per_batch"].get("sync")
+                print(f"  {m:<17} {got[m]['active']['samples_per_s']:>9,.0f} samples/s  "
+                      f"efficiency {eff[m]:.3f} (in-run {_f3(inrun[m])})  passive: CPU use "
+                      f"of its quota {_f3(util)}, ms/batch step {_f3(step)} sync "
+                      f"{_f3(sync)}", flush=True)
+    summary: dict[str, Any] = {m: statistics.median(r["efficiency"][m] for r in reps_out)
+                               for m in SPLIT_MODES}
+    summary["inrun"] = {m: statistics.median(r["efficiency_inrun"][m] for r in reps_out)
+                        for m in SPLIT_MODES
+                        if all(r["efficiency_inrun"][m] is not None for r in reps_out)}
+    summary["passive_cpu_util"] = {
+        m: statistics.median(r["detail"][m]["passive"]["cpu_util"] for r in reps_out)
+        for m in SPLIT_MODES if all(r["detail"][m]["passive"].get("cpu_util") is not None
+                                    for r in reps_out)}
+    print("median efficiency: " + ", ".join(
+        f"{m} {summary[m]:.3f} (in-run {_f3(summary['inrun'].get(m))})" for m in SPLIT_MODES),
+        flush=True)
+    return {"settings": {"split": split, "cores": cores, "widths": widths, "rows": rows,
+                         "epochs": epochs, "steps": steps, "reps": reps, "window": WINDOW,
+                         "pubsub_workers": [wa, wp]},
+            "reps": reps_out, "summary": summary}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,9 +430,30 @@ def main(argv: list[str] | None = None) -> int:
                     help="synthetic rows (default: vfl_table's quick size, 60,000)")
     ap.add_argument("--epochs", type=int, default=6, help="epochs of the real runs")
     ap.add_argument("--json", type=Path, default=None, help="write results here")
+    ap.add_argument("--split", default=None, metavar="A:P",
+                    help="under bench/hetero.py's CPU quotas for this split of 64 cores "
+                         "(e.g. 50:14) instead of one pinned core per party; hetero's "
+                         "balanced models, 30,000 rows and 4 epochs unless given")
     args = ap.parse_args(argv)
-    table = _table()
     reps = args.reps or (1 if args.quick else 3)
+    if args.split is not None:
+        from pubsub.config import ConfigError
+        from pubsub.logs import configure_logging
+
+        from sim.cpu import machine_cores
+        from sim.scenario import Scenario, party_cores
+
+        try:
+            party_cores(Scenario(cpu_ratio=args.split, ratio_of=64.0), machine_cores())
+        except (ConfigError, ValueError) as exc:
+            ap.error(f"--split: {exc}")
+        configure_logging(stderr_level="error")
+        epochs = args.epochs if "--epochs" in (argv or sys.argv) else 4
+        doc = run_split(args.split, rows=args.rows or 30_000, epochs=epochs, reps=reps)
+        if args.json:
+            args.json.write_text(json.dumps(doc, indent=1))
+        return 0
+    table = _table()
     active_cpus, passive_cpus = table.pick_cpus()
     rows = args.rows or table.QUICK_SYNTHETIC_ROWS
     settings = {"active_cpus": active_cpus, "passive_cpus": passive_cpus, "synthetic_rows": rows}
