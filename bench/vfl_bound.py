@@ -428,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="interleaved repeats")
     ap.add_argument("--rows", type=int, default=None,
                     help="synthetic rows (default: vfl_table's quick size, 60,000)")
-    ap.add_argument("--epochs", type=int, default=6, help="epochs of the real runs")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="epochs of the real runs (default 6; with --split 4)")
     ap.add_argument("--json", type=Path, default=None, help="write results here")
     ap.add_argument("--split", default=None, metavar="A:P",
                     help="under bench/hetero.py's CPU quotas for this split of 64 cores "
@@ -448,11 +449,12 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, ValueError) as exc:
             ap.error(f"--split: {exc}")
         configure_logging(stderr_level="error")
-        epochs = args.epochs if "--epochs" in (argv or sys.argv) else 4
-        doc = run_split(args.split, rows=args.rows or 30_000, epochs=epochs, reps=reps)
+        doc = run_split(args.split, rows=args.rows or 30_000, epochs=args.epochs or 4,
+                        reps=reps)
         if args.json:
             args.json.write_text(json.dumps(doc, indent=1))
         return 0
+    args.epochs = args.epochs or 6
     table = _table()
     active_cpus, passive_cpus = table.pick_cpus()
     rows = args.rows or table.QUICK_SYNTHETIC_ROWS

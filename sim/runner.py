@@ -363,6 +363,9 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
     if sim["faults_not_fired"]:
         log.warning("sim.faults_not_fired", faults=sim["faults_not_fired"],
                     reason="the run ended before their time")
+    for f in mark_after_training(sim["faults"], sim.get("last_epoch_unix", {})):
+        log.warning("sim.fault_after_training", kind=f["kind"], party=f["party"],
+                    at_s=f["at_s"])
     sim["cpu"] = _cpu_report(cores, samples, sim)
     metrics_path = out / "metrics.json"
     metrics: dict[str, Any] = (orjson.loads(metrics_path.read_bytes())
@@ -493,6 +496,21 @@ def _cpu_report(cores: dict[str, float], samples: dict[str, list[tuple[float, fl
     return out
 
 
+def mark_after_training(faults: list[dict[str, Any]],
+                        last_epoch_unix: dict[str, float]) -> list[dict[str, Any]]:
+    """Set ``after_training`` on each fired fault record: True when it fired (``fired_unix``,
+    Unix seconds) after its party's last ``vfl.epoch_done`` (``last_epoch_unix[party]``),
+    i.e. it hit scoring or shutdown, not training, and a run with too few epochs would
+    otherwise look like a survived fault. Returns the records marked True."""
+    late = []
+    for f in faults:
+        t_end = last_epoch_unix.get(f["party"])
+        f["after_training"] = t_end is not None and f.get("fired_unix", 0.0) > t_end
+        if f["after_training"]:
+            late.append(f)
+    return late
+
+
 def format_summary(m: dict[str, Any]) -> str:
     """A few human-readable lines about a scenario run."""
     s = m["sim"]
@@ -506,7 +524,10 @@ def format_summary(m: dict[str, Any]) -> str:
                         if meas is not None else "n/a"))
     for f in s["faults"]:
         lines.append(f"  fault {f['kind']} {f['party']} at {f['at_s']:g} s"
-                     + (f" for {f['duration_s']:g} s" if f["kind"] != "kill" else ""))
+                     + (f" for {f['duration_s']:g} s" if f["kind"] != "kill" else "")
+                     + (" AFTER TRAINING ENDED (it hit scoring or shutdown, not training: "
+                        "give it more epochs or an earlier at_s)"
+                        if f.get("after_training") else ""))
     for f in s.get("faults_not_fired", []):
         lines.append(f"  NOT FIRED: {f['kind']} {f['party']} at {f['at_s']:g} s (the run "
                      "ended before that time: give it more epochs or an earlier at_s)")

@@ -81,3 +81,18 @@ def test_too_many_cores_and_missing_file(tmp_path):
         party_cores(Scenario(cpu_ratio="3:1", ratio_of=2), 2)
     with pytest.raises(ConfigError, match="not found"):
         load_scenario(tmp_path / "nope.toml")
+
+
+def test_shipped_vfl_scenario_loads_and_matches_the_readme() -> None:
+    from pathlib import Path
+
+    from sim.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[2]
+    path = root / "sim" / "scenarios" / "vfl_50_14.toml"
+    scn, vfl = load_scenario(path)
+    assert scn.cpu_ratio == "50:14" and [f.kind for f in scn.faults] == ["pause"]
+    assert vfl["algo"] == "pubsub"
+    body = "\n".join(line for line in path.read_text().splitlines()
+                     if not line.startswith("#"))
+    assert body.strip() in (root / "README.md").read_text()
