@@ -72,24 +72,21 @@ MODES = ("concurrent", "bare_zmq", "bare_broker", "avfl", "pubsub")
 SPLIT_MODES = ("bare_broker", "bare_broker_sync", "pubsub")
 
 
-def _table() -> Any:
-    spec = importlib.util.spec_from_file_location("vfl_table", HERE / "vfl_table.py")
+def _bench(name: str) -> Any:
+    """The sibling bench script ``name``.py as a module (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _table() -> Any:
+    return _bench("vfl_table")
 
 
 def _f3(x: float | None) -> str:
     return "—" if x is None else f"{x:.3f}"
-
-
-def _hetero() -> Any:
-    spec = importlib.util.spec_from_file_location("hetero", HERE / "hetero.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _batches(n_train: int, batch: int, seed: int, count: int) -> list[Any]:
@@ -337,7 +334,7 @@ def run_split(split: str, *, rows: int, epochs: int, reps: int) -> dict[str, Any
     from sim.cpu import machine_cores
     from sim.scenario import Scenario, party_cores
 
-    het = _hetero()
+    het = _bench("hetero")
     cores = party_cores(Scenario(cpu_ratio=split, ratio_of=het.RATIO_OF), machine_cores())
     base = het.base_config(rows, epochs)
     hand = het.balanced_widths(split, cores, small_width=None, big_width=None)
