@@ -189,6 +189,9 @@ class _EventTail:
     partial: bytes = b""
     found: set[str] = field(default_factory=set)
     last_epoch_unix: dict[str, float] = field(default_factory=dict)
+    #: Unix time of a party's ``vfl.epoch_done`` that completed its ``epochs`` epochs
+    trained_unix: dict[str, float] = field(default_factory=dict)
+    epochs: int = 0
     first_found_unix: float | None = None
 
     def poll(self) -> None:
@@ -211,6 +214,10 @@ class _EventTail:
                 self.found.add(party)
             elif name == "vfl.epoch_done" and party in ROLES:
                 self.last_epoch_unix[party] = _unix(ev.get("timestamp"))
+                done = ev.get("epochs_done")
+                if self.epochs and isinstance(done, (int, float)) \
+                        and done >= self.epochs - 1e-6:
+                    self.trained_unix[party] = self.last_epoch_unix[party]
 
     @property
     def started(self) -> bool:
@@ -363,7 +370,7 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
     if sim["faults_not_fired"]:
         log.warning("sim.faults_not_fired", faults=sim["faults_not_fired"],
                     reason="the run ended before their time")
-    for f in mark_after_training(sim["faults"], sim.get("last_epoch_unix", {})):
+    for f in mark_after_training(sim["faults"], sim.pop("trained_unix", {})):
         log.warning("sim.fault_after_training", kind=f["kind"], party=f["party"],
                     at_s=f["at_s"])
     sim["cpu"] = _cpu_report(cores, samples, sim)
@@ -382,8 +389,9 @@ def _supervise(scn: Scenario, cfg: VflConfig, procs: dict[str, subprocess.Popen[
                relays: dict[str, _Relay], limiters: dict[str, CpuLimiter], events: Path,
                sim: dict[str, Any], samples: dict[str, list[tuple[float, float]]]) -> str:
     """Fire the faults, sample CPU use, and wait for a clear end state."""
-    tail = _EventTail(events)
+    tail = _EventTail(events, epochs=cfg.epochs)
     sim["last_epoch_unix"] = tail.last_epoch_unix  # filled as the run goes
+    sim["trained_unix"] = tail.trained_unix
     start_mono: float | None = None
     pending = list(scn.faults)
     resume: list[tuple[float, str, dict[str, Any]]] = []  # (mono time, role, fault record)
@@ -497,14 +505,15 @@ def _cpu_report(cores: dict[str, float], samples: dict[str, list[tuple[float, fl
 
 
 def mark_after_training(faults: list[dict[str, Any]],
-                        last_epoch_unix: dict[str, float]) -> list[dict[str, Any]]:
+                        trained_unix: dict[str, float]) -> list[dict[str, Any]]:
     """Set ``after_training`` on each fired fault record: True when it fired (``fired_unix``,
-    Unix seconds) after its party's last ``vfl.epoch_done`` (``last_epoch_unix[party]``),
-    i.e. it hit scoring or shutdown, not training, and a run with too few epochs would
-    otherwise look like a survived fault. Returns the records marked True."""
+    Unix seconds) after its party had finished training (``trained_unix[party]``: the
+    ``vfl.epoch_done`` of its last epoch; absent for a party that never finished, e.g.
+    killed), i.e. it hit scoring or shutdown, not training, and a run with too few epochs
+    would otherwise look like a survived fault. Returns the records marked True."""
     late = []
     for f in faults:
-        t_end = last_epoch_unix.get(f["party"])
+        t_end = trained_unix.get(f["party"])
         f["after_training"] = t_end is not None and f.get("fired_unix", 0.0) > t_end
         if f["after_training"]:
             late.append(f)

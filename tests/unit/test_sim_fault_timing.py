@@ -29,3 +29,29 @@ def test_summary_says_after_training() -> None:
     lines = format_summary(m).splitlines()
     assert "AFTER TRAINING" not in lines[3] and "at 1 s" in lines[3]
     assert "AFTER TRAINING ENDED" in lines[4] and "at 8 s" in lines[4]
+
+
+def test_event_tail_marks_a_party_trained_only_at_its_last_epoch(tmp_path) -> None:
+    import orjson
+
+    from sim.runner import _EventTail
+
+    events = tmp_path / "events.jsonl"
+    rows = [{"event": "vfl.epoch_done", "party": "passive", "epochs_done": 1.0,
+             "timestamp": "2026-11-30T10:00:01Z"},
+            {"event": "vfl.epoch_done", "party": "active", "epochs_done": 1.0,
+             "timestamp": "2026-11-30T10:00:01Z"},
+            {"event": "vfl.epoch_done", "party": "passive", "epochs_done": 2.0,
+             "timestamp": "2026-11-30T10:00:02Z"}]
+    events.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    tail = _EventTail(events, epochs=2)
+    tail.poll()
+    assert set(tail.last_epoch_unix) == {"active", "passive"}
+    assert list(tail.trained_unix) == ["passive"]  # the active party is not done yet
+    # a party killed mid-training never finished: a later fault is not "after training"
+    t = tail.trained_unix["passive"]
+    faults = [{"at_s": 8.0, "party": "passive", "kind": "pause", "fired_unix": t + 0.5},
+              {"at_s": 1.0, "party": "passive", "kind": "pause", "fired_unix": t - 0.5},
+              {"at_s": 2.0, "party": "active", "kind": "kill", "fired_unix": t + 0.5}]
+    mark_after_training(faults, tail.trained_unix)
+    assert [f["after_training"] for f in faults] == [True, False, False]
