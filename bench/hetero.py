@@ -235,6 +235,33 @@ def balanced_widths(split: str, cores: dict[str, float], *, small_width: int | N
     return small, small_width or WIDTHS[0], big_width or WIDTHS[0]
 
 
+def split_config(base: Any, split: str, cores: dict[str, float], *,
+                 small_width: int | None = None, big_width: int | None = None
+                 ) -> tuple[Any, dict[str, Any], str]:
+    """``base`` with the bottom widths of ``split`` (cores per role ``cores``): by hand or
+    from :data:`BALANCED` (:func:`balanced_widths`), else the small party's width
+    balanced by profiled compute (:func:`balance`, which profiles). Returns ``(cfg, bal,
+    model)``: ``bal`` says how (``role``, ``width``, ``big_width``, ``ratio_target``,
+    ``candidates``, ``by_hand`` when by hand), ``model`` in words."""
+    small_role = min(cores, key=lambda r: cores[r])
+    big_role = "active" if small_role == "passive" else "passive"
+    hand = balanced_widths(split, cores, small_width=small_width, big_width=big_width)
+    if hand is not None:
+        _, small_w, big_w = hand
+        bal = {"role": small_role, "width": small_w,
+               "ratio_target": min(cores.values()) / max(cores.values()),
+               "candidates": {}, "by_hand": True}
+    else:
+        big_w = WIDTHS[0]  # equal shares: the same model for both
+        bal = balance(base, cores, min_time_s=0.5)
+    bal["big_width"] = big_w
+    cfg = dataclasses.replace(base, **{f"{bal['role']}_bottom_hidden": (bal["width"],) * DEPTH,
+                                       f"{big_role}_bottom_hidden": (big_w,) * DEPTH})
+    model = (f"{bal['role']} bottom {DEPTH}x{bal['width']}, {big_role} {DEPTH}x{big_w}"
+             if (bal["width"], big_w) != (128, 128) else f"both bottoms {DEPTH}x128")
+    return cfg, bal, model
+
+
 def planned_config(cfg: Any, cores: dict[str, float], out: Path, *,
                    sweep_batch_sizes: tuple[int, ...]) -> tuple[Any, dict[str, Any]]:
     """``cfg`` with the planner's (w_active, w_passive, B) for the split's quotas."""
@@ -519,26 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         for split in splits:
             cores = party_cores(Scenario(cpu_ratio=split, ratio_of=RATIO_OF), machine_cores())
             base = base_config(rows, epochs, args.batch_size)
-            small_role = min(cores, key=lambda r: cores[r])
-            big_role = "active" if small_role == "passive" else "passive"
-            hand = balanced_widths(split, cores, small_width=args.small_width,
-                                   big_width=args.big_width)
-            if hand is not None:
-                _, small_w, big_width = hand
-                bal = {"role": small_role, "width": small_w,
-                       "ratio_target": min(cores.values()) / max(cores.values()),
-                       "candidates": {}, "by_hand": True}
-            else:
-                big_width = WIDTHS[0]  # equal shares: the same model for both
-                bal = balance(base, cores, min_time_s=0.5)
-            bal["big_width"] = big_width
-            cfg = dataclasses.replace(base, **{f"{bal['role']}_bottom_hidden":
-                                               (bal["width"],) * DEPTH,
-                                               f"{big_role}_bottom_hidden":
-                                               (big_width,) * DEPTH})
-            model = (f"{bal['role']} bottom {DEPTH}x{bal['width']}, {big_role} "
-                     f"{DEPTH}x{big_width}" if (bal["width"], big_width) != (128, 128)
-                     else f"both bottoms {DEPTH}x128")
+            cfg, bal, model = split_config(base, split, cores, small_width=args.small_width,
+                                           big_width=args.big_width)
             progress(f"{split}: cores {cores}, {model}")
             prof_before = quota_profile(cfg, cores, min_time_s=1.5)
             ceiling = prof_before.ceiling_samples_per_s
@@ -594,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
             doc["splits"][split] = {**info, "target_auc": summ["target_auc"], "runs": runs}
             doc["summary"][split] = summ["algos"]
             report.append(render(split, info, summ))
-            if args.even and (bal["width"], big_width) != (WIDTHS[0], WIDTHS[0]):
+            if args.even and (bal["width"], bal["big_width"]) != (WIDTHS[0], WIDTHS[0]):
                 even_runs: dict[str, dict[str, Any]] = {}
                 eprof = quota_ceiling(base, cores, min_time_s=1.5)
                 for algo in ("vfl", "avfl-ps", "pubsub"):

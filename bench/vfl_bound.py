@@ -336,19 +336,11 @@ def run_split(split: str, *, rows: int, epochs: int, reps: int) -> dict[str, Any
 
     het = _bench("hetero")
     cores = party_cores(Scenario(cpu_ratio=split, ratio_of=het.RATIO_OF), machine_cores())
-    base = het.base_config(rows, epochs)
-    hand = het.balanced_widths(split, cores, small_width=None, big_width=None)
-    widths = {"active": 128, "passive": 128}
-    if hand is not None:
-        small, small_w, big_w = hand
-        widths = {r: small_w if r == small else big_w for r in widths}
-    cfg = dataclasses.replace(base, **{f"{r}_bottom_hidden": (w,) * het.DEPTH
-                                       for r, w in widths.items()})
+    cfg, _bal, model = het.split_config(het.base_config(rows, epochs), split, cores)
     n_train = int(rows * (1 - cfg.test_frac) * 0.9)  # 10 % of the rest is validation
     steps = max(200, epochs * n_train // cfg.batch_size)
     wa, wp = het.workers_for("pubsub", cores)
-    print(f"{split}: cores {cores}, bottoms active {het.DEPTH}x{widths['active']} passive "
-          f"{het.DEPTH}x{widths['passive']}, synthetic {rows:,} rows, B={cfg.batch_size}, "
+    print(f"{split}: cores {cores}, {model}, synthetic {rows:,} rows, B={cfg.batch_size}, "
           f"{steps} timed steps of the bare loops, pubsub {wa}+{wp} workers, "
           f"{reps} repeat(s)", flush=True)
     reps_out: list[dict[str, Any]] = []
@@ -413,6 +405,7 @@ def run_split(split: str, *, rows: int, epochs: int, reps: int) -> dict[str, Any
     print("median efficiency: " + ", ".join(
         f"{m} {summary[m]:.3f} (in-run {_f3(summary['inrun'].get(m))})" for m in SPLIT_MODES),
         flush=True)
+    widths = {r: cfg.bottom_hidden_for(r)[0] for r in ("active", "passive")}
     return {"settings": {"split": split, "cores": cores, "widths": widths, "rows": rows,
                          "epochs": epochs, "steps": steps, "reps": reps, "window": WINDOW,
                          "pubsub_workers": [wa, wp]},
@@ -442,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         from sim.scenario import Scenario, party_cores
 
         try:
-            party_cores(Scenario(cpu_ratio=args.split, ratio_of=64.0), machine_cores())
+            party_cores(Scenario(cpu_ratio=args.split, ratio_of=_bench("hetero").RATIO_OF),
+                        machine_cores())
         except (ConfigError, ValueError) as exc:
             ap.error(f"--split: {exc}")
         configure_logging(stderr_level="error")

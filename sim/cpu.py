@@ -706,9 +706,7 @@ class _ProcessBackend(_Backend):
                 # a process that exited may have its pid reused by an unrelated one:
                 # is_running() compares the creation time, so that one is never signalled
                 if not t.proc.is_running():
-                    self._gone_s += t.last - t.base
-                    self._dropped += 1
-                    del self._tracked[pid]
+                    self._drop(pid)
                     continue
                 try:
                     for child in t.proc.children(recursive=True):
@@ -720,12 +718,17 @@ class _ProcessBackend(_Backend):
                                 pass
                     t.last = _cpu_seconds(t.proc)
                 except (psutil.NoSuchProcess, psutil.ZombieProcess):
-                    self._gone_s += t.last - t.base
-                    self._dropped += 1
-                    del self._tracked[pid]
+                    self._drop(pid)
                 except psutil.AccessDenied:
                     pass
             return [t.proc for t in self._tracked.values()]
+
+    def _drop(self, pid: int) -> None:
+        """Stop tracking ``pid`` (exited, or its pid now names another process), keeping
+        the CPU seconds it used in the group's total. Caller holds ``_lock``."""
+        t = self._tracked.pop(pid)
+        self._gone_s += t.last - t.base
+        self._dropped += 1
 
     def _signal_all(self, procs: Iterable[psutil.Process], sig: int) -> None:
         name = signal.Signals(sig).name
