@@ -247,7 +247,12 @@ def test_disconnect_blocks_then_zeromq_reconnects(ctx: zmq.Context[Any]) -> None
                 received.append((time.monotonic(), int(m[4:12])))
 
         fut = rt.submit(rt.relay.disconnect(1.0))
-        time.sleep(0.05)  # let the abort happen
+        # wait for the abort itself (a fixed 50 ms sleep was too short on a loaded host:
+        # a message sent before the relay thread ran arrived "during" the outage)
+        deadline = time.monotonic() + 5.0
+        while not any(e["event"] == "disconnect.start" for e in rt.relay.events()):
+            assert time.monotonic() < deadline, "the relay never started the disconnect"
+            time.sleep(0.005)
         t_abort = time.monotonic()
         seq = 0
         while not fut.done():
