@@ -100,13 +100,23 @@ class VflConfig:
             :class:`parties.workers.InlineWorker`), or ``"auto"`` (the default):
             ``"inline"`` when the party has one core (pinned to one CPU, or a cgroup
             quota below 2), else ``"thread"`` (:meth:`resolved_worker_mode`).
-        dp_mu: target µ of Gaussian differential privacy on the passive party's
-            embeddings (µ-GDP, Dong-Roth-Su 2022); None or ``inf`` = no DP. The noise
-            multiplier is calibrated for ``epochs × (1 + max_reassign)`` publications
-            per record (see :mod:`parties.dp`).
-        dp_noise_multiplier: σ given directly instead of ``dp_mu`` (noise std σ·C);
-            the spent µ is then only reported.
+        dp_mu: target µ of Gaussian differential privacy for each record of the passive
+            party (µ-GDP, Dong-Roth-Su 2022, replace-one neighbours; covers its
+            embeddings and its bottom model's DP-SGD training); None or ``inf`` = no DP.
+            Both noise multipliers are calibrated for ``epochs × (1 + max_reassign)``
+            training publications per record (see :mod:`parties.dp`).
+        dp_epsilon: the target as ε at ``dp_delta`` instead of ``dp_mu`` (converted to
+            the largest µ that implies it, exactly).
+        dp_noise_multiplier / dp_sgd_noise_multiplier: σ_e (embedding noise std σ_e·C)
+            and σ_g (DP-SGD noise std σ_g·C_g) given directly instead of a target (both
+            or neither); the spent µ is then only reported.
         dp_clip_norm: C, the L2 norm each embedding row is clipped to before noising.
+        dp_grad_clip_norm: C_g, the L2 norm each per-example gradient of the passive
+            bottom model is clipped to (DP-SGD).
+        dp_embedding_share: the share of a training record's µ² spent on its embedding
+            releases (the rest on DP-SGD), in (0, 1).
+        dp_max_noise_multiplier: a target whose calibrated noise multiplier exceeds this
+            is refused before anything starts (exit 2).
         dp_delta: δ at which the spent budget is also reported as (ε, δ).
         dp_noise_seed: seed of the passive party's noise generators, for reproducible
             tests only (the active party must never know it); None = fresh OS entropy.
@@ -160,8 +170,13 @@ class VflConfig:
     connect_timeout_s: float = 10.0
     worker_mode: str = "auto"
     dp_mu: float | None = None
+    dp_epsilon: float | None = None
     dp_noise_multiplier: float | None = None
+    dp_sgd_noise_multiplier: float | None = None
     dp_clip_norm: float = 1.0
+    dp_grad_clip_norm: float = 1.0
+    dp_embedding_share: float = 0.5
+    dp_max_noise_multiplier: float = 1000.0
     dp_delta: float = 1e-5
     dp_noise_seed: int | None = None
     active_cpus: tuple[int, ...] = ()
@@ -234,17 +249,34 @@ class VflConfig:
     def _check_dp(self, bad: Callable[[str, str], ConfigError]) -> None:
         if self.dp_mu is not None and not self.dp_mu > 0:
             raise bad("dp_mu", "must be > 0 (inf, or leaving it out, turns DP off)")
-        if self.dp_noise_multiplier is not None:
-            if not 0 < self.dp_noise_multiplier < math.inf:
-                raise bad("dp_noise_multiplier", "must be a positive finite number")
+        if self.dp_epsilon is not None:
+            if not 0 < self.dp_epsilon < math.inf:
+                raise bad("dp_epsilon", "must be a positive finite number")
             if self.dp_mu is not None:
-                raise ConfigError(
-                    "vfl.dp_noise_multiplier",
-                    "set either dp_mu (a target; the noise multiplier is calibrated from it) "
-                    f"or dp_noise_multiplier, not both; got dp_mu={self.dp_mu!r}, "
-                    f"dp_noise_multiplier={self.dp_noise_multiplier!r}")
-        if not 0 < self.dp_clip_norm < math.inf:
-            raise bad("dp_clip_norm", "must be a positive finite number")
+                raise ConfigError("vfl.dp_epsilon", "set either dp_mu or dp_epsilon (with "
+                                  f"dp_delta), not both; got dp_mu={self.dp_mu!r}, "
+                                  f"dp_epsilon={self.dp_epsilon!r}")
+        for key in ("dp_noise_multiplier", "dp_sgd_noise_multiplier"):
+            v = getattr(self, key)
+            if v is not None and not 0 < v < math.inf:
+                raise bad(key, "must be a positive finite number")
+        if self.dp_noise_multiplier is not None and (self.dp_mu is not None
+                                                     or self.dp_epsilon is not None):
+            raise ConfigError(
+                "vfl.dp_noise_multiplier",
+                "set either a target (dp_mu or dp_epsilon; the noise multipliers are "
+                "calibrated from it) or dp_noise_multiplier, not both; got "
+                f"dp_mu={self.dp_mu!r}, dp_epsilon={self.dp_epsilon!r}, "
+                f"dp_noise_multiplier={self.dp_noise_multiplier!r}")
+        if (self.dp_noise_multiplier is None) != (self.dp_sgd_noise_multiplier is None):
+            raise ConfigError("vfl.dp_sgd_noise_multiplier", "give both dp_noise_multiplier "
+                              "and dp_sgd_noise_multiplier, or neither; got "
+                              f"{self.dp_noise_multiplier!r} and {self.dp_sgd_noise_multiplier!r}")
+        for key in ("dp_clip_norm", "dp_grad_clip_norm", "dp_max_noise_multiplier"):
+            if not 0 < getattr(self, key) < math.inf:
+                raise bad(key, "must be a positive finite number")
+        if not 0 < self.dp_embedding_share < 1:
+            raise bad("dp_embedding_share", "must be in (0, 1)")
         if not 0 < self.dp_delta < 1:
             raise bad("dp_delta", "must be in (0, 1)")
         if self.dp_noise_seed is not None and not 0 <= self.dp_noise_seed < 2**63:
@@ -253,7 +285,7 @@ class VflConfig:
     @property
     def dp_enabled(self) -> bool:
         """True when the passive party clips and noises its embeddings."""
-        return self.dp_noise_multiplier is not None or (
+        return self.dp_noise_multiplier is not None or self.dp_epsilon is not None or (
             self.dp_mu is not None and not math.isinf(self.dp_mu))
 
     @property

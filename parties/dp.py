@@ -1,49 +1,58 @@
-"""Gaussian differential privacy on the passive party's embeddings (pure logic, no I/O).
+"""Differential privacy of the passive party's records in PubSub-VFL (pure logic, no I/O).
 
-Mechanism
----------
-Before publishing, the passive party clips each embedding row to L2 norm ``C``
-(``dp_clip_norm``) and adds i.i.d. Gaussian noise ``N(0, (σC)²)`` to every
-coordinate (σ = ``noise_multiplier``). Clipping is part of the forward function,
-so the cut-layer gradient flows back through it; the noise is additive, so
-``d published / d clipped`` is the identity.
+The guarantee
+-------------
+* **Protected unit:** one record of the passive party: its feature values (one row of
+  its table).
+* **Neighbouring relation: replace-one.** Two datasets are neighbours if they differ in
+  the feature values of one record; the set of aligned IDs and the row count are the
+  same. Add/remove is moot here: the aligned ID set and the row count are shared with
+  the active party by design (ID alignment), so presence is not secret; what the
+  passive party protects is what its columns say about each record.
+* **Adversary:** the active party, the broker and anyone on the wire, together; they
+  see every message of the run (embeddings, gradients, reports, heartbeats), may choose
+  the labels and the cut-layer gradients they send back (any function of what they have
+  seen), and have unbounded computation. They do not see the passive party's process
+  memory or its noise seeds.
+* **Outside the guarantee:** the active party's labels and features (nothing protects
+  them from the passive party); timing side channels (how long a batch takes); floating
+  point attacks on the samplers (Mironov, CCS 2012: noise comes from torch's MT19937,
+  as in Opacus without ``secure_mode``); the public schema and the ID set themselves.
 
-Accounting (pinned so that results compare)
--------------------------------------------
-µ-GDP, Dong, Roth & Su, "Gaussian Differential Privacy", JRSS-B 84(1), 2022:
+Every path by which a record reaches a message
+----------------------------------------------
+1. **Its embeddings.** Each published row is clipped to L2 norm C and gets
+   N(0, (σ_e C)²) noise per coordinate. Under replace-one a row changes from one vector
+   of norm ≤ C to another, so the sensitivity is **2C** and one publication is
+   ``(2/σ_e)``-GDP (Dong, Roth & Su, JRSS-B 2022, Thm 2.7). Every attempt of a batch
+   (reassignments included) and every evaluation publication counts.
+2. **The bottom model's parameters**, which every later embedding of every record
+   reveals: trained with DP-SGD (:mod:`parties.dpsgd`): per-example gradients clipped to
+   C_g, summed, N(0, (σ_g C_g)²) noise, so one step is ``(2/σ_g)``-GDP for each record
+   of its batch. A step consumes the forward pass of one publication of the batch (a
+   backward needs its forward's graph, which it consumes), so a record takes at most
+   as many steps as it has training publications; the accountant charges every
+   training publication as one embedding release plus one DP-SGD step,
+   ``µ_train² = (2/σ_e)² + (2/σ_g)²``. No amplification by subsampling: the active
+   party knows every batch's IDs.
+3. **Preprocessing:** with DP on, the passive party's encoders come from a public
+   schema (declared ranges and categories, :mod:`parties.schema`), never from a pass
+   over its rows; non-finite values become the declared fill.
+4. **Everything else it sends** (report fields, counts) depends on public data only:
+   the encoded width comes from the schema and row counts are public.
 
-* Neighbouring datasets differ by adding or removing one record, and each
-  published row is a function of one record only, so one publication of a
-  record's embedding has L2 sensitivity ``C`` and, with noise std ``σC``, is
-  ``(1/σ)``-GDP (DRS Thm. 2.7).
-* Every publication counts: each attempt of a batch (reassignments included)
-  and each publication of the test split for evaluation. Records are counted
-  individually; training rows and test rows are different records, each with
-  its own count.
-* Mechanisms compose as ``µ = sqrt(Σ µ_i²)`` (DRS Cor. 3.3), so a record
-  published ``k`` times is ``sqrt(k)/σ``-GDP and the run is
-  ``sqrt(k_max)/σ``-GDP with ``k_max`` the largest count over all records.
-* Batches are disjoint shuffles of the training rows; no amplification by
-  subsampling is claimed.
-* The (ε, δ) conversion is exact (DRS Cor. 2.13): a µ-GDP mechanism is
-  (ε, δ(ε))-DP for all ε ≥ 0 with
-  ``δ(ε) = Φ(−ε/µ + µ/2) − e^ε Φ(−ε/µ − µ/2)``.
+All of these are Gaussian mechanisms on the same record, composed adaptively, so
+µ-GDP composes exactly: ``µ = sqrt(Σ µ_i²)`` (DRS Cor. 3.3). A record published k
+times in training is ``sqrt(k)·µ_train``-GDP; validation and test records (never
+trained on) only through their own embeddings. The run is µ-GDP with µ the largest
+over all records; (ε, δ) by the exact conversion (DRS Cor. 2.13). The tests check it
+against Google's ``dp-accounting`` PLD accountant composing the same mechanisms.
 
-Why not a library accountant at run time: without subsampling, the composition
-of Gaussian mechanisms is exactly Gaussian, so µ is a closed form and the
-(ε, δ) conversion is one equation. Opacus's GDP accountant models Poisson- or
-uniformly-subsampled DP-SGD through a central-limit approximation (at sample
-rate 1 it gives ``sqrt(k(e^{1/σ²}−1))``, not the exact ``sqrt(k)/σ``), and its
-``eps_from_mu`` is the same Cor. 2.13 solved in linear space on ε ∈ [0, 500].
-We solve it in log space (``scipy.special.log_ndtr``) for any µ. The tests
-cross-check our numbers against Google's ``dp-accounting`` privacy-loss-
-distribution accountant composing the same Gaussian mechanisms.
-
-Limits: noise comes from torch's CPU generator (MT19937, not a CSPRNG) and
-floating-point sampling attacks (Mironov, CCS 2012) are not mitigated, as in
-Opacus without ``secure_mode``. Only the passive party's features are
-protected: the active party's gradients (which depend on its labels) are not
-noised.
+Calibration: the user sets one target (``dp_mu``, or ``dp_epsilon`` at ``dp_delta``);
+:func:`plan_from_config` splits µ² between the embeddings (``dp_embedding_share``) and
+DP-SGD for the most training publications a record can get (``epochs × (1 +
+max_reassign)``), checks the validation and test publications, and the accountant
+refuses any publication past the plan.
 """
 
 from __future__ import annotations
@@ -60,8 +69,12 @@ from scipy.special import log_ndtr
 
 from parties.config import VflConfig
 from parties.errors import PrivacyBudgetExceeded
+from pubsub.config import ConfigError
 
-MECHANISM = "gaussian-gdp"
+MECHANISM = "gaussian-gdp-replace-one"
+
+#: L2 sensitivity of a clipped vector under replace-one, in units of its clip norm.
+REPLACE_ONE_SENSITIVITY = 2.0
 
 
 # ---------------------------------------------------------------------------- mechanism
@@ -143,7 +156,8 @@ class EmbeddingPrivatizer:
 
 # ---------------------------------------------------------------------------- GDP analysis
 def gaussian_mu(noise_multiplier: float) -> float:
-    """µ of one Gaussian mechanism with sensitivity C and noise std σC: ``1/σ`` (DRS Thm 2.7).
+    """µ of one Gaussian mechanism with sensitivity Δ and noise std σΔ: ``1/σ`` (DRS Thm 2.7).
+    (A clipped row under replace-one has Δ = 2C: see :func:`release_mu`.)
 
     ``σ = inf`` gives 0 (publishes pure noise); there is no σ ≤ 0.
 
@@ -167,22 +181,6 @@ def compose_mu(mus: Iterable[float]) -> float:
             raise ValueError(f"each mu must be >= 0, got {mu!r}")
         total += mu * mu
     return math.sqrt(total)
-
-
-def composed_gaussian_mu(publications: int, noise_multiplier: float) -> float:
-    """µ of ``publications`` Gaussian publications of a record with multiplier σ:
-    ``sqrt(k)/σ``, i.e. :func:`compose_mu` of ``k`` copies of ``1/σ`` in closed form.
-
-    Calibration and accounting both use this one expression, so a calibrated σ
-    re-accounts to at most the target in floating point too.
-
-    Raises:
-        ValueError: ``publications`` < 0 or σ ≤ 0.
-    """
-    if publications < 0:
-        raise ValueError(f"publications must be >= 0, got {publications!r}")
-    gaussian_mu(noise_multiplier)  # validates σ
-    return math.sqrt(publications) / noise_multiplier
 
 
 def _log_delta(eps: float, mu: float) -> float:
@@ -258,73 +256,222 @@ def epsilon_for_delta(mu: float, delta: float) -> float:
     return eps
 
 
-def calibrate_noise_multiplier(target_mu: float, publications: int) -> float:
-    """The smallest σ (up to one ulp) with ``publications`` Gaussian publications
-    ``target_mu``-GDP: ``σ = sqrt(k)/µ``, rounded up until ``sqrt(k)/σ ≤ µ`` holds in
-    floating point.
-
-    Args:
-        target_mu: µ > 0, finite.
-        publications: k ≥ 1, the most publications any record can get.
+def release_mu(noise_multiplier: float) -> float:
+    """µ of one release of a vector clipped to norm C with noise std σC, under replace-one
+    (sensitivity 2C): ``2/σ``.
 
     Raises:
-        ValueError: µ not positive and finite, or k < 1.
+        ValueError: ``noise_multiplier`` ≤ 0 or NaN.
+    """
+    return REPLACE_ONE_SENSITIVITY * gaussian_mu(noise_multiplier)
+
+
+def mu_for_epsilon(epsilon: float, delta: float) -> float:
+    """The largest µ whose µ-GDP implies (ε, δ)-DP by the exact conversion (rounded down,
+    so a µ target derived from an (ε, δ) target never overstates the budget).
+
+    Raises:
+        ValueError: ε not positive and finite, or δ outside (0, 1).
+    """
+    if not (0.0 < epsilon < math.inf):
+        raise ValueError(f"epsilon must be positive and finite, got {epsilon!r}")
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+
+    def f(mu: float) -> float:
+        return math.log(max(delta_for_epsilon(epsilon, mu), 1e-300)) - math.log(delta)
+
+    lo, hi = 1e-9, 1.0
+    while f(hi) < 0:
+        hi *= 2.0
+    mu = float(brentq(f, lo, hi, xtol=1e-13, rtol=1e-13, maxiter=500))
+    while mu > 0 and delta_for_epsilon(epsilon, mu) > delta:
+        mu = math.nextafter(mu, 0.0) * (1 - 1e-12)
+    return mu
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    """Noise multipliers meeting a µ target (see :func:`calibrate`).
+
+    Attributes:
+        embed_noise_multiplier: σ_e of the embedding releases.
+        sgd_noise_multiplier: σ_g of the DP-SGD steps.
+        train_mu: µ of one training publication (release and step), sqrt(µ_e² + µ_g²).
+        eval_mu: µ of one evaluation publication (release only), µ_e.
+    """
+
+    embed_noise_multiplier: float
+    sgd_noise_multiplier: float
+    train_mu: float
+    eval_mu: float
+
+
+def calibrate(target_mu: float, *, train_publications: int, eval_publications: int,
+              embedding_share: float) -> Calibration:
+    """Split a µ target between the embedding releases and the DP-SGD steps.
+
+    A training record is published (and stepped) at most ``train_publications`` times,
+    an evaluation record published at most ``eval_publications`` times. The embeddings
+    get ``embedding_share`` of a training record's µ², capped so that an evaluation
+    record stays within the target; DP-SGD gets the rest:
+    ``µ_e = min(sqrt(s/K_t), 1/sqrt(K_v)) · µ``, ``µ_g = sqrt(µ²/K_t − µ_e²)``, and
+    ``σ = 2/µ`` for each (replace-one). Rounded so that re-accounting with
+    :func:`account` gives at most the target in floating point.
+
+    Raises:
+        ValueError: µ not positive and finite, counts < 1, or share outside (0, 1).
     """
     if not (0.0 < target_mu < math.inf):
         raise ValueError(f"target mu must be positive and finite, got {target_mu!r}")
-    if publications < 1:
-        raise ValueError(f"publications must be >= 1, got {publications!r}")
-    sigma = math.sqrt(publications) / target_mu
-    while composed_gaussian_mu(publications, sigma) > target_mu:
-        sigma = math.nextafter(sigma, math.inf)
-    return sigma
+    if train_publications < 1 or eval_publications < 1:
+        raise ValueError(f"publication counts must be >= 1, got {train_publications!r}, "
+                         f"{eval_publications!r}")
+    if not 0.0 < embedding_share < 1.0:
+        raise ValueError(f"embedding_share must be in (0, 1), got {embedding_share!r}")
+    kt, kv = train_publications, eval_publications
+    per_train = target_mu / math.sqrt(kt)
+    mu_e = min(math.sqrt(embedding_share) * per_train, target_mu / math.sqrt(kv))
+    mu_g = math.sqrt(max(per_train ** 2 - mu_e ** 2, 0.0))
+    if mu_g <= 0:
+        raise ValueError("no budget left for DP-SGD")
+    sigma_e = REPLACE_ONE_SENSITIVITY / mu_e
+    sigma_g = REPLACE_ONE_SENSITIVITY / mu_g
+    for _ in range(10_000):
+        worst = max(account(kt, sigma_e, sigma_g, train=True),
+                    account(kv, sigma_e, sigma_g, train=False))
+        if worst <= target_mu:
+            break
+        sigma_e = math.nextafter(sigma_e, math.inf) * (1 + 1e-15)
+        sigma_g = math.nextafter(sigma_g, math.inf) * (1 + 1e-15)
+    return Calibration(embed_noise_multiplier=sigma_e, sgd_noise_multiplier=sigma_g,
+                       train_mu=compose_mu([release_mu(sigma_e), release_mu(sigma_g)]),
+                       eval_mu=release_mu(sigma_e))
+
+
+def account(publications: int, embed_noise_multiplier: float, sgd_noise_multiplier: float,
+            *, train: bool) -> float:
+    """µ of a record published ``publications`` times: each publication one embedding
+    release (σ_e) and, for a training record, one DP-SGD step (σ_g); exact µ-GDP
+    composition ``sqrt(k · Σ µ_i²)``.
+    """
+    if publications < 0:
+        raise ValueError(f"publications must be >= 0, got {publications!r}")
+    per = [release_mu(embed_noise_multiplier)]
+    if train:
+        per.append(release_mu(sgd_noise_multiplier))
+    return math.sqrt(publications) * compose_mu(per)
 
 
 # ---------------------------------------------------------------------------- plan
+#: Default ceiling on a calibrated noise multiplier: a target that needs more noise than
+#: this trains nothing useful, and the run refuses to start (``dp_max_noise_multiplier``).
+MAX_NOISE_MULTIPLIER = 1000.0
+
+
+class UnmeetableTarget(ConfigError):
+    """The DP target cannot be met with this configuration; nothing was started (a
+    :class:`~pubsub.config.ConfigError`: the CLI exits 2).
+
+    Attributes:
+        key: the dotted config key at fault (``vfl.dp_mu`` or ``vfl.dp_epsilon``).
+        value: its value.
+    """
+
+    def __init__(self, key: str, value: object, why: str) -> None:
+        self.value = value
+        super().__init__(f"vfl.{key}", f"{value!r}: {why}")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DpPlan:
     """The DP settings of a run, resolved from its config.
 
     Attributes:
-        noise_multiplier: σ (noise std σC per coordinate).
+        noise_multiplier: σ_e of the embedding releases (noise std σ_e·C).
+        sgd_noise_multiplier: σ_g of the DP-SGD steps (noise std σ_g·C_g on the sum).
         clip_norm: C, the L2 bound of each embedding row.
+        grad_clip_norm: C_g, the L2 bound of each per-example parameter gradient.
         delta: δ at which ε is reported.
-        target_mu: the configured µ target, or None when σ was configured directly.
-        planned_publications: most publications per record the calibration covers
-            (``epochs × (1 + max_reassign)``, the schedule's worst case), or None when σ
-            was configured directly (then nothing is capped).
+        target_mu: the µ target (from ``dp_mu`` or ``dp_epsilon``), or None when the
+            noise multipliers were configured directly.
+        embedding_share: the share of a training record's µ² given to its embeddings.
+        planned: most publications per record of each group (``train``, ``val``,
+            ``test``) the calibration covers; the accountant refuses more. Empty when the
+            noise multipliers were configured directly (nothing is capped).
     """
 
     noise_multiplier: float
+    sgd_noise_multiplier: float
     clip_norm: float
+    grad_clip_norm: float
     delta: float
     target_mu: float | None
-    planned_publications: int | None
+    embedding_share: float | None
+    planned: Mapping[str, int]
+
+    def release_mu(self) -> dict[str, float]:
+        """µ of one publication of a record of each group: a training publication is an
+        embedding release and a DP-SGD step; an evaluation one a release only."""
+        ev = release_mu(self.noise_multiplier)
+        return {"train": compose_mu([ev, release_mu(self.sgd_noise_multiplier)]),
+                "val": ev, "test": ev}
+
+    @property
+    def planned_publications(self) -> int | None:
+        """The largest per-record cap over the groups (None: uncapped)."""
+        return max(self.planned.values()) if self.planned else None
+
+
+def target_mu_of(cfg: VflConfig) -> float | None:
+    """The run's µ target: ``dp_mu``, or ``dp_epsilon`` at ``dp_delta`` converted exactly
+    (rounded down); None when DP is off or the noise is configured directly."""
+    if cfg.dp_epsilon is not None:
+        return mu_for_epsilon(cfg.dp_epsilon, cfg.dp_delta)
+    if cfg.dp_mu is None or math.isinf(cfg.dp_mu):
+        return None
+    return cfg.dp_mu
 
 
 def plan_from_config(cfg: VflConfig) -> DpPlan | None:
     """The run's :class:`DpPlan`, or None when DP is off.
 
-    Calibration rule: with a target µ, σ is calibrated for
-    ``max(epochs × (1 + max_reassign), V)`` publications per record, the most that
-    the run can ever make: each epoch publishes each training batch once, plus at
-    most ``max_reassign`` reassigned attempts; the validation rows (held out of
-    training) are published once per validation scoring, V times in all
-    (:func:`validation_publications`); the test rows once, at the end. So the target holds whatever the deadlines do; the spent µ is
-    reported from the actual counts.
+    With a target, the noise is calibrated (:func:`calibrate`) for
+    ``epochs × (1 + max_reassign)`` training publications per record (each epoch
+    publishes each training batch once, plus at most ``max_reassign`` reassigned
+    attempts), ``V`` publications of each validation record
+    (:func:`validation_publications`) and one of each test record.
 
-    Args:
-        cfg: the run config (validated on construction).
+    Raises:
+        UnmeetableTarget: the calibrated noise exceeds ``dp_max_noise_multiplier``.
     """
     if cfg.dp_noise_multiplier is not None:
-        return DpPlan(noise_multiplier=cfg.dp_noise_multiplier, clip_norm=cfg.dp_clip_norm,
-                      delta=cfg.dp_delta, target_mu=None, planned_publications=None)
-    if cfg.dp_mu is None or math.isinf(cfg.dp_mu):
+        assert cfg.dp_sgd_noise_multiplier is not None  # the config requires both
+        return DpPlan(noise_multiplier=cfg.dp_noise_multiplier,
+                      sgd_noise_multiplier=cfg.dp_sgd_noise_multiplier,
+                      clip_norm=cfg.dp_clip_norm, grad_clip_norm=cfg.dp_grad_clip_norm,
+                      delta=cfg.dp_delta, target_mu=None, embedding_share=None, planned={})
+    target = target_mu_of(cfg)
+    if target is None:
         return None
-    planned = max(cfg.epochs * (1 + cfg.max_reassign), validation_publications(cfg))
-    return DpPlan(noise_multiplier=calibrate_noise_multiplier(cfg.dp_mu, planned),
-                  clip_norm=cfg.dp_clip_norm, delta=cfg.dp_delta, target_mu=cfg.dp_mu,
-                  planned_publications=planned)
+    kt = cfg.epochs * (1 + cfg.max_reassign)
+    kv = validation_publications(cfg)
+    cal = calibrate(target, train_publications=kt, eval_publications=max(kv, 1),
+                    embedding_share=cfg.dp_embedding_share)
+    worst = max(cal.embed_noise_multiplier, cal.sgd_noise_multiplier)
+    if worst > cfg.dp_max_noise_multiplier:
+        key = "dp_epsilon" if cfg.dp_epsilon is not None else "dp_mu"
+        raise UnmeetableTarget(
+            key, getattr(cfg, key),
+            f"meeting it over {kt} training publications per record (epochs x (1 + "
+            f"max_reassign)) needs a noise multiplier of {worst:.4g}, above "
+            f"dp_max_noise_multiplier={cfg.dp_max_noise_multiplier:g}; raise the target, or "
+            f"train fewer epochs or with fewer reassignments")
+    return DpPlan(noise_multiplier=cal.embed_noise_multiplier,
+                  sgd_noise_multiplier=cal.sgd_noise_multiplier, clip_norm=cfg.dp_clip_norm,
+                  grad_clip_norm=cfg.dp_grad_clip_norm, delta=cfg.dp_delta, target_mu=target,
+                  embedding_share=cfg.dp_embedding_share,
+                  planned={"train": kt, "val": kv, "test": 1})
 
 
 def validation_publications(cfg: VflConfig) -> int:
@@ -344,34 +491,50 @@ def worker_seeds(secret: int | None, n: int) -> list[int]:
     return [int(c.generate_state(1, dtype=np.uint64)[0]) for c in children]
 
 
+def sgd_seed(noise_seed: int) -> int:
+    """The DP-SGD generator's seed of a worker, derived from its embedding noise seed
+    (independent streams of one secret)."""
+    child = np.random.SeedSequence([noise_seed, 0x5D]).spawn(1)[0]
+    return int(child.generate_state(1, dtype=np.uint64)[0])
+
+
 # ---------------------------------------------------------------------------- accountant
 class GdpAccountant:
     """Per-record publication ledger and µ-GDP accountant of the passive party.
 
-    Counts, for each record of each group, how often its embedding was published;
-    the run is ``sqrt(k_max)/σ``-GDP (see the module docstring for the rules).
+    Counts, for each record of each group, how often it was published; a record of
+    group g published k times is ``sqrt(k)·µ_g``-GDP, µ_g the µ of one publication of
+    that group (:meth:`DpPlan.release_mu`); the run is the largest over all records.
 
     Args:
         sizes: records per group; the passive party uses ``"train"`` (counted per batch
             attempt), ``"val"`` (the scored validation rows, once per validation
             scoring) and ``"test"`` (the whole split, once, at the end).
-        noise_multiplier: σ, or None when nothing is noised (µ = inf; counts are kept).
-        max_publications: refuse publications beyond this count per record (None: no cap).
+        release_mu: µ of one publication per group, or None when nothing is noised
+            (µ = inf; counts are kept).
+        max_publications: per group, refuse publications beyond this count per record
+            (missing group or None: no cap).
 
     Raises:
-        ValueError: a group size < 0, σ ≤ 0, or a cap < 1.
+        ValueError: a group size < 0, a µ not positive and finite, a cap < 0, or a
+            group without a µ.
     """
 
-    def __init__(self, sizes: Mapping[str, int], *, noise_multiplier: float | None,
-                 max_publications: int | None = None) -> None:
-        if noise_multiplier is not None:
-            gaussian_mu(noise_multiplier)  # validates
-        if max_publications is not None and max_publications < 1:
-            raise ValueError(f"max_publications must be >= 1, got {max_publications!r}")
+    def __init__(self, sizes: Mapping[str, int], *, release_mu: Mapping[str, float] | None,
+                 max_publications: Mapping[str, int] | None = None) -> None:
+        if release_mu is not None:
+            for g in sizes:
+                mu = release_mu.get(g)
+                if mu is None or not (0.0 < mu < math.inf):
+                    raise ValueError(f"group {g!r} needs a positive finite mu, got {mu!r}")
+        caps = dict(max_publications or {})
+        if any(c < 0 for c in caps.values()):
+            raise ValueError(f"max_publications must be >= 0, got {caps!r}")
         if any(n < 0 for n in sizes.values()):
             raise ValueError(f"group sizes must be >= 0, got {dict(sizes)!r}")
-        self.noise_multiplier = noise_multiplier
-        self.max_publications = max_publications
+        self.release_mu = None if release_mu is None else {g: float(release_mu[g])
+                                                            for g in sizes}
+        self.max_publications = {g: int(c) for g, c in caps.items() if g in sizes}
         self._counts = {g: np.zeros(int(n), dtype=np.int64) for g, n in sizes.items()}
         self._max = dict.fromkeys(self._counts, 0)
         self.batches = dict.fromkeys(self._counts, 0)
@@ -382,18 +545,13 @@ class GdpAccountant:
         Call it *before* publishing: it raises instead of counting when the cap would
         be passed, so a refused publication must not happen.
 
-        Args:
-            group: a group given at construction.
-            rows: int array of distinct record positions in the group.
-
         Raises:
             KeyError: unknown group.
-            PrivacyBudgetExceeded: a record would pass ``max_publications``.
+            PrivacyBudgetExceeded: a record would pass its group's cap.
         """
         counts = self._counts[group]
-        if self.max_publications is None:
-            # no cap to check: count now, find the maximum when asked (the per-batch
-            # max over B rows was a tenth of the passive party's non-compute time)
+        cap = self.max_publications.get(group)
+        if cap is None:
             if rows is None:
                 counts += 1
             else:
@@ -403,8 +561,8 @@ class GdpAccountant:
             return
         sel = counts if rows is None else counts[rows]
         new_max = int(sel.max(initial=0)) + 1
-        if new_max > self.max_publications:
-            raise PrivacyBudgetExceeded(group, new_max, self.max_publications)
+        if new_max > cap:
+            raise PrivacyBudgetExceeded(group, new_max, cap)
         if rows is None:
             counts += 1
         else:
@@ -427,15 +585,20 @@ class GdpAccountant:
             self._max[group] = int(self._counts[group].max(initial=0))
         return self._max[group]
 
-    @property
-    def mu(self) -> float:
-        """µ spent so far: ``sqrt(k_max)/σ`` (``inf`` without noise, 0 before any publication)."""
-        k = self.publications_max
+    def group_mu(self, group: str) -> float:
+        """µ spent on the most published record of ``group``."""
+        k = self.group_max(group)
         if k == 0:
             return 0.0
-        if self.noise_multiplier is None:
+        if self.release_mu is None:
             return math.inf
-        return composed_gaussian_mu(k, self.noise_multiplier)
+        return math.sqrt(k) * self.release_mu[group]
+
+    @property
+    def mu(self) -> float:
+        """µ spent so far: the largest over all records (``inf`` without noise, 0 before
+        any publication)."""
+        return max((self.group_mu(g) for g in self._counts), default=0.0)
 
     def epsilon(self, delta: float) -> float:
         """ε spent at ``delta`` (exact GDP conversion of :attr:`mu`)."""
@@ -443,8 +606,8 @@ class GdpAccountant:
 
     def state_dict(self) -> dict[str, Any]:
         """The ledger as plain data (counts as int64 arrays), for checkpoints."""
-        return {"mechanism": MECHANISM, "noise_multiplier": self.noise_multiplier,
-                "max_publications": self.max_publications,
+        return {"mechanism": MECHANISM, "release_mu": self.release_mu,
+                "max_publications": dict(self.max_publications),
                 "counts": {g: c.copy() for g, c in self._counts.items()},
                 "batches": dict(self.batches)}
 
@@ -452,12 +615,12 @@ class GdpAccountant:
         """Restore a ledger saved by :meth:`state_dict`.
 
         Raises:
-            ValueError: another mechanism, noise multiplier, cap or group layout.
+            ValueError: another mechanism, release µ, caps or group layout.
         """
         if state.get("mechanism") != MECHANISM:
             raise ValueError(f"cannot load a {state.get('mechanism')!r} ledger into a "
                              f"{MECHANISM!r} accountant")
-        for key in ("noise_multiplier", "max_publications"):
+        for key in ("release_mu", "max_publications"):
             if state.get(key) != getattr(self, key):
                 raise ValueError(f"ledger {key} {state.get(key)!r} != this accountant's "
                                  f"{getattr(self, key)!r}")
@@ -471,6 +634,37 @@ class GdpAccountant:
         self.batches = {g: int(state.get("batches", {}).get(g, 0)) for g in self._counts}
 
 
+def accountant_for(plan: DpPlan | None, sizes: Mapping[str, int]) -> GdpAccountant:
+    """The passive party's ledger for ``plan`` (None: DP off, counts only)."""
+    if plan is None:
+        return GdpAccountant(sizes, release_mu=None)
+    mus = plan.release_mu()
+    return GdpAccountant(sizes, release_mu={g: mus[g] for g in sizes},
+                         max_publications={g: c for g, c in plan.planned.items() if g in sizes})
+
+
+#: The guarantee, as recorded in ``metrics.json`` (see the module docstring).
+GUARANTEE: dict[str, Any] = {
+    "protected_unit": "one record of the passive party: its feature values",
+    "neighbouring": "replace-one: the feature values of one record change; the aligned ID "
+                    "set and the row count are public (shared by ID alignment by design)",
+    "adversary": "the active party, the broker and anyone on the wire, together: they see "
+                 "every message, choose the labels and the cut-layer gradients, and have "
+                 "unbounded computation; not the passive party's memory or noise seeds",
+    "paths": ["embeddings: clip C, Gaussian noise sigma*C, sensitivity 2C",
+              "bottom-model parameters: DP-SGD, per-example clip C_g, noise sigma_g*C_g, "
+              "sensitivity 2C_g, one step per training publication at most",
+              "preprocessing: encoders from the public schema, nothing fitted on rows",
+              "report fields and counts: public data only"],
+    "accounting": "exact mu-GDP composition (Dong-Roth-Su 2022) over every publication "
+                  "(reassignments and evaluations included), no amplification by "
+                  "subsampling; exact (epsilon, delta) conversion",
+    "outside": ["the active party's labels and features", "timing side channels",
+                "floating-point attacks on the noise samplers (torch MT19937)",
+                "the public schema and the aligned ID set"],
+}
+
+
 def report(plan: DpPlan | None, acct: GdpAccountant | None) -> dict[str, Any]:
     """The ``dp`` section of ``metrics.json``.
 
@@ -481,7 +675,7 @@ def report(plan: DpPlan | None, acct: GdpAccountant | None) -> dict[str, Any]:
     counts = ({"publications_max": acct.publications_max,
                "publications_max_train": acct.group_max("train"),
                "publications_max_test": acct.group_max("test"),
-              "publications_max_val": acct.group_max("val") if "val" in acct.batches else 0,
+               "publications_max_val": acct.group_max("val") if "val" in acct.batches else 0,
                "published_batches": acct.batches.get("train", 0),
                "published_evaluations": acct.batches.get("val", 0) + acct.batches.get("test", 0)}
               if acct is not None else {"publications_max": None})
@@ -499,20 +693,22 @@ def report(plan: DpPlan | None, acct: GdpAccountant | None) -> dict[str, Any]:
         "epsilon_target": (epsilon_for_delta(plan.target_mu, plan.delta)
                            if plan.target_mu is not None else None),
         "noise_multiplier": plan.noise_multiplier,
+        "sgd_noise_multiplier": plan.sgd_noise_multiplier,
         "clip_norm": plan.clip_norm,
-        "publications_planned": plan.planned_publications,
+        "grad_clip_norm": plan.grad_clip_norm,
+        "embedding_share": plan.embedding_share,
+        "release_mu": plan.release_mu(),
+        "publications_planned": dict(plan.planned) or None,
         **counts,
-        "accounting": "per-record mu-GDP (Dong-Roth-Su 2022): add/remove neighbours, "
-                      "sensitivity C, every publication counted (reassignments and "
-                      "evaluations included), no subsampling amplification, "
-                      "mu = sqrt(k_max)/sigma, exact (eps, delta) conversion",
+        "guarantee": GUARANTEE,
     }
 
 
 __all__ = [
-    "MECHANISM", "DpPlan", "EmbeddingPrivatizer", "GdpAccountant",
-    "PrivacyBudgetExceeded", "calibrate_noise_multiplier", "clip_rows", "compose_mu",
-    "composed_gaussian_mu",
+    "GUARANTEE", "MAX_NOISE_MULTIPLIER", "MECHANISM", "REPLACE_ONE_SENSITIVITY", "Calibration",
+    "DpPlan", "EmbeddingPrivatizer", "GdpAccountant", "PrivacyBudgetExceeded",
+    "UnmeetableTarget", "account", "accountant_for", "calibrate", "clip_rows", "compose_mu",
     "delta_for_epsilon", "epsilon_for_delta", "gaussian_mu", "gaussian_noise_like",
-    "plan_from_config", "report", "worker_seeds",
+    "mu_for_epsilon", "plan_from_config", "release_mu", "report", "sgd_seed",
+    "target_mu_of", "validation_publications", "worker_seeds",
 ]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -278,11 +278,14 @@ class PassiveGraph:
             :meth:`PassiveCompute.forward`).
     """
 
-    __slots__ = ("h", "snapshot")
+    __slots__ = ("h", "snapshot", "x")
 
-    def __init__(self, h: torch.Tensor, snapshot: list[torch.Tensor] | None) -> None:
+    def __init__(self, h: torch.Tensor, snapshot: list[torch.Tensor] | None,
+                 x: torch.Tensor | None = None) -> None:
         self.h = h
         self.snapshot = snapshot
+        #: the batch's inputs, kept for DP-SGD's per-example gradients (None without DP)
+        self.x = x
 
 
 class PassiveCompute:
@@ -296,17 +299,29 @@ class PassiveCompute:
         privatize: with DP on, maps the ``(B, d)`` embedding to ``(clipped with graph,
             clipped + noise)`` (:class:`parties.dp.EmbeddingPrivatizer`); None: publish
             the embedding as is.
+        make_dp_sgd: with DP on, builds the worker's DP-SGD gradient maker from its bottom
+            model (:class:`parties.dpsgd.DpSgd`); the backward then applies per-example
+            clipped, noised gradients instead of the plain ones. Required with
+            ``privatize`` (a private release of embeddings from a non-private model
+            protects nothing).
+
+    Raises:
+        ValueError: ``privatize`` without ``make_dp_sgd`` or the reverse.
     """
 
     def __init__(self, x_train: torch.Tensor, make_bottom: Callable[[], nn.Module],
                  ps: ParameterServer, *, lr: float, delta_t0: int,
                  privatize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-                 | None = None, sync_mode: str = "schedule") -> None:
+                 | None = None, sync_mode: str = "schedule",
+                 make_dp_sgd: Callable[[nn.Module], Any] | None = None) -> None:
+        if (privatize is None) != (make_dp_sgd is None):
+            raise ValueError("DP needs both the embedding privatizer and DP-SGD, or neither")
         self.x = x_train
         self.bottom = make_bottom()
         self.replica = Replica([self.bottom], ps, lr=lr, delta_t0=delta_t0,
                                sync_mode=sync_mode)
         self.privatize = privatize
+        self.dp_sgd = None if make_dp_sgd is None else make_dp_sgd(self.bottom)
         self._names = [n for n, _ in self.bottom.named_parameters()]
 
     def forward(self, rows: np.ndarray, *, snapshot: bool = False
@@ -335,13 +350,25 @@ class PassiveCompute:
         if self.privatize is None:
             return PassiveGraph(h, snap), h.detach().numpy()
         clipped, published = self.privatize(h)
-        return PassiveGraph(clipped, snap), published.numpy()
+        return PassiveGraph(clipped, snap, x), published.numpy()
 
     def backward(self, graph: PassiveGraph, grad: np.ndarray, epoch: int) -> None:
-        """Back-propagate the cut-layer gradient ``(B, d)`` and take an Adam step."""
+        """Back-propagate the cut-layer gradient ``(B, d)`` and take an Adam step (with DP
+        on: a DP-SGD step, per-example clipped and noised, at the parameters the forward
+        ran on)."""
         self.replica.opt.zero_grad(set_to_none=True)
         g = torch.from_numpy(np.array(grad, dtype=np.float32))
-        if graph.snapshot is None:
+        if self.dp_sgd is not None:
+            if g.shape != tuple(graph.h.shape):
+                raise ValueError(f"gradient shape {tuple(g.shape)} != embedding shape "
+                                 f"{tuple(graph.h.shape)}")
+            at = graph.snapshot if graph.snapshot is not None else self.replica.params
+            params = dict(zip(self._names, at, strict=True))
+            grads = self.dp_sgd.grads(params, graph.x, g)
+            for n, p in zip(self._names, self.replica.params, strict=True):
+                p.grad = grads[n]
+            graph.h = None  # type: ignore[assignment]  # a graph is consumed once
+        elif graph.snapshot is None:
             graph.h.backward(g)
         else:
             grads = torch.autograd.grad(graph.h, graph.snapshot, g, allow_unused=True)

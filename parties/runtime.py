@@ -113,7 +113,13 @@ from parties.data import (
     encode_regression_labels,
     train_test_indices,
 )
-from parties.dp import EmbeddingPrivatizer, GdpAccountant, plan_from_config, worker_seeds
+from parties.dp import (
+    EmbeddingPrivatizer,
+    GdpAccountant,
+    accountant_for,
+    plan_from_config,
+    worker_seeds,
+)
 from parties.dp import report as dp_report
 from parties.preflight import check_test_labels, load_configured_table, resolve_columns
 from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost, PartnerStalled
@@ -392,11 +398,9 @@ class Party:
         if self.role != "passive":
             return
         plan = self.dp_plan
-        self.dp_acct = GdpAccountant(
-            {"train": self.n_train, "val": int(self.data.x_val.shape[0]),
-             "test": int(self.data.x_test.shape[0])},
-            noise_multiplier=plan.noise_multiplier if plan else None,
-            max_publications=plan.planned_publications if plan else None)
+        self.dp_acct = accountant_for(
+            plan, {"train": self.n_train, "val": int(self.data.x_val.shape[0]),
+                   "test": int(self.data.x_test.shape[0])})
         if plan is None:
             return
         *seeds, eval_seed = worker_seeds(cfg.dp_noise_seed, self.workers + 1)
@@ -404,7 +408,8 @@ class Party:
         self._eval_privatize = EmbeddingPrivatizer(
             clip_norm=plan.clip_norm, noise_multiplier=plan.noise_multiplier, seed=eval_seed)
         self.log.info("dp.plan", noise_multiplier=plan.noise_multiplier,
-                      clip_norm=plan.clip_norm, target_mu=plan.target_mu, delta=plan.delta,
+                      sgd_noise_multiplier=plan.sgd_noise_multiplier,
+                      grad_clip_norm=plan.grad_clip_norm, clip_norm=plan.clip_norm, target_mu=plan.target_mu, delta=plan.delta,
                       planned_publications=plan.planned_publications,
                       noise_seed="config" if cfg.dp_noise_seed is not None else "os_entropy")
 

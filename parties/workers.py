@@ -46,7 +46,8 @@ from pubsub.codec import Message, decode, encode
 from pubsub.config import to_mapping
 
 from parties.config import VflConfig
-from parties.dp import EmbeddingPrivatizer, plan_from_config
+from parties.dp import EmbeddingPrivatizer, plan_from_config, sgd_seed
+from parties.dpsgd import DpSgd
 from parties.errors import WorkerFailed
 from parties.model import ActiveCompute, ParameterServer, PassiveCompute, bottom_model, top_model
 from parties.schedule import epoch_batches
@@ -179,13 +180,19 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
                              task=cfg.effective_task, sync_mode=sync_mode)
     plan = plan_from_config(cfg)
     privatize = None
+    make_dp_sgd = None
     if plan is not None:
         if noise_seed is None:
             raise ValueError("DP is on: a passive worker needs a noise seed")
         privatize = EmbeddingPrivatizer(clip_norm=plan.clip_norm,
                                         noise_multiplier=plan.noise_multiplier, seed=noise_seed)
+
+        def make_dp_sgd(model: torch.nn.Module) -> DpSgd:
+            return DpSgd(model, embed_clip_norm=plan.clip_norm,
+                         grad_clip_norm=plan.grad_clip_norm,
+                         noise_multiplier=plan.sgd_noise_multiplier, seed=sgd_seed(noise_seed))
     return PassiveCompute(x, make_bottom, ps, lr=cfg.worker_lr("passive"), delta_t0=cfg.delta_t0,
-                          privatize=privatize, sync_mode=sync_mode)
+                          privatize=privatize, sync_mode=sync_mode, make_dp_sgd=make_dp_sgd)
 
 
 # ---------------------------------------------------------------------------- threads

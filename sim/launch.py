@@ -257,9 +257,12 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         OutDirError: ``out`` cannot be created or written.
         pubsub.BrokerUnreachable: ``broker`` was given and does not answer.
         parties.data.DataError: the data or column split is invalid (checked first).
+        parties.dp.UnmeetableTarget: the DP target cannot be met (a ConfigError).
     """
     t0 = time.perf_counter()
     out = Path(out)
+    from parties.dp import plan_from_config
+    plan_from_config(cfg)  # an unmeetable DP target (a ConfigError) refuses before any start
     try:
         out.mkdir(parents=True, exist_ok=True)
         events = out / "events.jsonl"

@@ -104,7 +104,8 @@ async def test_both_worker_modes_clip_and_noise_what_they_publish(tmp_path: Path
     x, ps = _setup(tmp_path)
     clip, sigma = 0.05, 0.01
     cfg = VflConfig(batch_size=32, embedding_dim=8, bottom_hidden=(16,), seed=1,
-                    dp_noise_multiplier=sigma, dp_clip_norm=clip)
+                    dp_noise_multiplier=sigma, dp_sgd_noise_multiplier=1.0,
+                    dp_clip_norm=clip)
     plain = ThreadWorker("passive", CFG, x, None, ps)
     proc = ProcessWorker("passive", 0, cfg, tmp_path, ps, noise_seed=11)
     thread = ThreadWorker("passive", cfg, x, None, ps, noise_seed=11)

@@ -11,34 +11,53 @@ from hypothesis import strategies as st
 
 from parties.dp import (
     GdpAccountant,
-    calibrate_noise_multiplier,
+    account,
+    calibrate,
     clip_rows,
+    compose_mu,
     delta_for_epsilon,
     epsilon_for_delta,
+    release_mu,
 )
+
+shares = st.floats(min_value=0.01, max_value=0.99)
+
+
+def _ledger(cal, k: int, v: int) -> GdpAccountant:
+    ev = release_mu(cal.embed_noise_multiplier)
+    tr = compose_mu([ev, release_mu(cal.sgd_noise_multiplier)])  # as DpPlan.release_mu
+    return GdpAccountant({"train": 3, "val": 2, "test": 1},
+                         release_mu={"train": tr, "val": ev, "test": ev},
+                         max_publications={"train": k, "val": v, "test": 1})
 
 targets = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False, allow_infinity=False)
 counts = st.integers(min_value=1, max_value=10_000)
 deltas = st.floats(min_value=1e-12, max_value=0.5)
 
 
-@given(target=targets, k=counts)
-def test_calibrate_then_reaccount_never_exceeds_the_target(target: float, k: int) -> None:
-    """Opacus-style: feed the calibrated σ into a fresh ledger, publish every record k
-    times, and the spent µ is at most the target (and tight to float precision)."""
-    sigma = calibrate_noise_multiplier(target, k)
-    acct = GdpAccountant({"train": 3, "test": 1}, noise_multiplier=sigma, max_publications=k)
+@given(target=targets, k=counts, v=st.integers(1, 200), share=shares)
+def test_calibrate_then_reaccount_never_exceeds_the_target(target: float, k: int, v: int,
+                                                           share: float) -> None:
+    """Opacus-style: feed the calibrated σ_e, σ_g into a fresh ledger, publish every
+    record as often as the plan allows, and the spent µ is at most the target (and tight
+    to float precision for the training records)."""
+    cal = calibrate(target, train_publications=k, eval_publications=v, embedding_share=share)
+    acct = _ledger(cal, k, v)
     for _ in range(k):
         acct.record("train", np.array([0, 2]))
-    assert acct.publications_max == k
+    for _ in range(v):
+        acct.record("val")
+    acct.record("test")
+    assert acct.publications_max == max(k, v)
     assert acct.mu <= target
-    assert acct.mu >= target * (1 - 1e-12)
+    assert acct.group_mu("train") >= target * (1 - 1e-9)
+    assert account(k, cal.embed_noise_multiplier, cal.sgd_noise_multiplier, train=True) <= target
 
 
 @given(target=targets, k=counts, delta=deltas)
 def test_epsilon_is_monotone_and_consistent(target: float, k: int, delta: float) -> None:
-    sigma = calibrate_noise_multiplier(target, k)
-    acct = GdpAccountant({"train": 1, "test": 0}, noise_multiplier=sigma)
+    cal = calibrate(target, train_publications=k, eval_publications=1, embedding_share=0.5)
+    acct = _ledger(cal, k, 1)
     for _ in range(k):
         acct.record("train")
     eps = acct.epsilon(delta)

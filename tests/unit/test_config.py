@@ -62,7 +62,12 @@ def test_dp_off_by_default_or_with_infinite_mu(tmp_path: Path) -> None:
     assert not VflConfig().dp_enabled
     assert not load_vfl_config(None, ["dp_mu=inf"]).dp_enabled
     assert load_vfl_config(None, ["dp_mu=0.5"]).dp_enabled
-    assert load_vfl_config(None, ["dp_noise_multiplier=2"]).dp_enabled
+    assert load_vfl_config(None, ["dp_noise_multiplier=2", "dp_sgd_noise_multiplier=3"]).dp_enabled
+    assert load_vfl_config(None, ["dp_epsilon=3"]).dp_enabled
+    with pytest.raises(ConfigError, match="both"):
+        load_vfl_config(None, ["dp_noise_multiplier=2"])
+    with pytest.raises(ConfigError, match="not both"):
+        load_vfl_config(None, ["dp_mu=1", "dp_epsilon=2"])
     for c in (VflConfig(dp_mu=float("inf")), VflConfig(dp_mu=2.0, dp_delta=1e-6, dp_noise_seed=3)):
         f = tmp_path / "c.toml"
         f.write_text(dump_vfl_config(c))

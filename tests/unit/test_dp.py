@@ -14,17 +14,26 @@ from parties.dp import (
     EmbeddingPrivatizer,
     GdpAccountant,
     PrivacyBudgetExceeded,
-    calibrate_noise_multiplier,
+    UnmeetableTarget,
+    account,
+    accountant_for,
+    calibrate,
     clip_rows,
     compose_mu,
-    composed_gaussian_mu,
     delta_for_epsilon,
     epsilon_for_delta,
     gaussian_mu,
+    mu_for_epsilon,
     plan_from_config,
+    release_mu,
     report,
     worker_seeds,
 )
+
+
+def composed(k: int, sigma: float) -> float:
+    """µ of k Gaussian releases of sensitivity 1 and noise σ."""
+    return math.sqrt(k) / sigma
 
 # ε at δ = 1e-5 of µ-GDP by DRS Cor. 2.13, solved by bisection in mpmath at 60 digits.
 EPS_AT_1E5 = {0.1: 0.340669364684326, 0.5: 1.99309140441512, 1.0: 4.37717809568122,
@@ -137,7 +146,7 @@ def test_gdp_matches_an_independent_pld_accountant() -> None:
         acct = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
         acct.compose(dp_accounting.GaussianDpEvent(sigma), k)
         pld = acct.get_epsilon(1e-5)
-        ours = epsilon_for_delta(composed_gaussian_mu(k, sigma), 1e-5)
+        ours = epsilon_for_delta(composed(k, sigma), 1e-5)
         assert ours <= pld * (1 + 1e-6)
         assert pld == pytest.approx(ours, rel=1e-5)
 
@@ -147,9 +156,12 @@ def test_composition() -> None:
     assert compose_mu([0.3, 0.4]) == pytest.approx(0.5)
     assert compose_mu([]) == 0.0
     assert compose_mu([compose_mu([0.1, 0.2]), 0.3]) == pytest.approx(compose_mu([0.1, 0.2, 0.3]))
-    for k, sigma in ((1, 1.0), (7, 3.0), (40, 0.5)):
-        assert composed_gaussian_mu(k, sigma) == pytest.approx(
-            compose_mu([gaussian_mu(sigma)] * k), rel=1e-12)
+    assert release_mu(4.0) == 0.5  # replace-one: sensitivity 2C
+    for k, se, sg in ((1, 1.0, 2.0), (7, 3.0, 1.5), (40, 0.5, 8.0)):
+        assert account(k, se, sg, train=True) == pytest.approx(
+            compose_mu([release_mu(se), release_mu(sg)] * k), rel=1e-12)
+        assert account(k, se, sg, train=False) == pytest.approx(
+            compose_mu([release_mu(se)] * k), rel=1e-12)
     with pytest.raises(ValueError):
         compose_mu([0.1, -0.1])
     with pytest.raises(ValueError):
@@ -157,17 +169,33 @@ def test_composition() -> None:
 
 
 def test_calibration_is_tight() -> None:
-    sigma = calibrate_noise_multiplier(1.0, 10)
-    assert sigma == pytest.approx(math.sqrt(10), rel=1e-12)
-    assert composed_gaussian_mu(10, sigma) <= 1.0
-    for bad in ((0.0, 1), (math.inf, 1), (1.0, 0)):
+    cal = calibrate(1.0, train_publications=10, eval_publications=2, embedding_share=0.5)
+    # half of µ²/10 each: µ_e = µ_g = sqrt(0.05), σ = 2/µ
+    assert cal.embed_noise_multiplier == pytest.approx(2 / math.sqrt(0.05), rel=1e-12)
+    assert cal.sgd_noise_multiplier == pytest.approx(2 / math.sqrt(0.05), rel=1e-12)
+    assert account(10, cal.embed_noise_multiplier, cal.sgd_noise_multiplier, train=True) <= 1.0
+    # many evaluations: the embedding share is capped so evaluation records stay in budget
+    cal = calibrate(1.0, train_publications=2, eval_publications=40, embedding_share=0.5)
+    assert account(40, cal.embed_noise_multiplier, cal.sgd_noise_multiplier, train=False) <= 1.0
+    assert account(2, cal.embed_noise_multiplier, cal.sgd_noise_multiplier,
+                   train=True) == pytest.approx(1.0, rel=1e-9)
+    for bad in ((0.0, 1, 1, 0.5), (math.inf, 1, 1, 0.5), (1.0, 0, 1, 0.5), (1.0, 1, 1, 1.0)):
         with pytest.raises(ValueError):
-            calibrate_noise_multiplier(*bad)
+            calibrate(bad[0], train_publications=bad[1], eval_publications=bad[2],
+                      embedding_share=bad[3])
+
+
+def test_mu_for_epsilon_inverts_the_conversion() -> None:
+    for mu in (0.1, 0.5, 1.0, 2.0, 8.0):
+        eps = EPS_AT_1E5[mu]
+        got = mu_for_epsilon(eps, 1e-5)
+        assert got <= mu * (1 + 1e-9) and got == pytest.approx(mu, rel=1e-6)
+        assert delta_for_epsilon(eps, got) <= 1e-5
 
 
 # ---------------------------------------------------------------------------- ledger
 def test_accountant_counts_each_record_and_takes_the_max() -> None:
-    acct = GdpAccountant({"train": 10, "test": 3}, noise_multiplier=2.0)
+    acct = GdpAccountant({"train": 10, "test": 3}, release_mu={"train": 0.5, "test": 0.25})
     assert acct.mu == 0.0 and acct.publications_max == 0
     acct.record("train", np.array([0, 1, 2]))
     acct.record("train", np.array([2, 3]))
@@ -175,12 +203,14 @@ def test_accountant_counts_each_record_and_takes_the_max() -> None:
     np.testing.assert_array_equal(acct.publications("train"), [1, 1, 2, 1, 0, 0, 0, 0, 0, 0])
     assert acct.publications_max == 2 and acct.group_max("test") == 1
     assert acct.mu == pytest.approx(math.sqrt(2) / 2.0)
+    assert acct.group_mu("test") == 0.25
     assert acct.epsilon(1e-5) == epsilon_for_delta(acct.mu, 1e-5)
     assert acct.batches == {"train": 2, "test": 1}
 
 
 def test_accountant_refuses_past_the_cap_without_counting() -> None:
-    acct = GdpAccountant({"train": 4, "test": 2}, noise_multiplier=1.0, max_publications=2)
+    acct = GdpAccountant({"train": 4, "test": 2}, release_mu={"train": 1.0, "test": 1.0},
+                         max_publications={"train": 2})
     acct.record("train", np.array([0, 1]))
     acct.record("train", np.array([1, 2]))
     before = acct.publications("train")
@@ -189,29 +219,32 @@ def test_accountant_refuses_past_the_cap_without_counting() -> None:
     assert (ei.value.group, ei.value.publications, ei.value.planned) == ("train", 3, 2)
     np.testing.assert_array_equal(acct.publications("train"), before)
     acct.record("train", np.array([3, 0]))  # others still have budget
-    assert acct.mu <= composed_gaussian_mu(2, 1.0)
+    assert acct.mu <= math.sqrt(2)
 
 
 def test_accountant_without_noise_reports_infinite_mu() -> None:
-    acct = GdpAccountant({"train": 2, "test": 0}, noise_multiplier=None)
+    acct = GdpAccountant({"train": 2, "test": 0}, release_mu=None)
     acct.record("train", np.array([0]))
     assert acct.mu == math.inf and acct.epsilon(1e-5) == math.inf
 
 
 def test_accountant_state_round_trip_and_mismatch() -> None:
-    acct = GdpAccountant({"train": 5, "test": 2}, noise_multiplier=1.5, max_publications=3)
+    mus = {"train": 1.5, "test": 0.5}
+    acct = GdpAccountant({"train": 5, "test": 2}, release_mu=mus, max_publications={"train": 3})
     acct.record("train", np.array([4, 1]))
     acct.record("test")
     state = acct.state_dict()
-    fresh = GdpAccountant({"train": 5, "test": 2}, noise_multiplier=1.5, max_publications=3)
+    fresh = GdpAccountant({"train": 5, "test": 2}, release_mu=mus, max_publications={"train": 3})
     fresh.load_state_dict(state)
     np.testing.assert_array_equal(fresh.publications("train"), acct.publications("train"))
     assert fresh.mu == acct.mu and fresh.batches == acct.batches
     state["counts"]["train"][0] = 99  # the loaded ledger is a copy
     assert fresh.publications("train")[0] == 0
-    for other in (GdpAccountant({"train": 5, "test": 2}, noise_multiplier=2.0, max_publications=3),
-                  GdpAccountant({"train": 6, "test": 2}, noise_multiplier=1.5, max_publications=3),
-                  GdpAccountant({"train": 5, "test": 2}, noise_multiplier=1.5)):
+    for other in (GdpAccountant({"train": 5, "test": 2}, release_mu={"train": 2.0, "test": 0.5},
+                                max_publications={"train": 3}),
+                  GdpAccountant({"train": 6, "test": 2}, release_mu=mus,
+                                max_publications={"train": 3}),
+                  GdpAccountant({"train": 5, "test": 2}, release_mu=mus)):
         with pytest.raises(ValueError):
             other.load_state_dict(acct.state_dict())
     with pytest.raises(ValueError, match="rdp"):
@@ -223,24 +256,42 @@ def test_plan_calibrates_for_the_schedules_worst_case() -> None:
     assert plan_from_config(VflConfig()) is None
     assert plan_from_config(VflConfig(dp_mu=math.inf)) is None
     plan = plan_from_config(VflConfig(dp_mu=2.0, epochs=5, max_reassign=3, dp_clip_norm=0.5))
-    assert plan is not None and plan.planned_publications == 20
-    assert plan.noise_multiplier == pytest.approx(math.sqrt(20) / 2.0)
+    assert plan is not None and plan.planned == {"train": 20, "val": 5, "test": 1}
+    assert plan.noise_multiplier == pytest.approx(2 / math.sqrt(0.5 * 4 / 20))
+    assert plan.sgd_noise_multiplier == pytest.approx(2 / math.sqrt(0.5 * 4 / 20))
     assert (plan.clip_norm, plan.delta, plan.target_mu) == (0.5, 1e-5, 2.0)
     tight = plan_from_config(VflConfig(dp_mu=2.0, epochs=5, max_reassign=0))
-    assert tight is not None and tight.planned_publications == 5
-    direct = plan_from_config(VflConfig(dp_noise_multiplier=3.0, dp_delta=1e-6))
+    assert tight is not None and tight.planned["train"] == 5
+    direct = plan_from_config(VflConfig(dp_noise_multiplier=3.0, dp_sgd_noise_multiplier=4.0,
+                                        dp_delta=1e-6))
     assert direct is not None and direct.noise_multiplier == 3.0
+    assert direct.sgd_noise_multiplier == 4.0
     assert direct.target_mu is None and direct.planned_publications is None
+    by_eps = plan_from_config(VflConfig(dp_epsilon=4.37717809568122, epochs=5, max_reassign=0))
+    assert by_eps is not None and by_eps.target_mu == pytest.approx(1.0, rel=1e-6)
+
+
+def test_plan_refuses_an_unmeetable_target() -> None:
+    with pytest.raises(UnmeetableTarget) as ei:
+        plan_from_config(VflConfig(dp_mu=0.01, epochs=10))
+    assert ei.value.key == "vfl.dp_mu" and "dp_max_noise_multiplier" in str(ei.value)
+    with pytest.raises(UnmeetableTarget) as ei:
+        plan_from_config(VflConfig(dp_epsilon=0.05, epochs=10, dp_max_noise_multiplier=50))
+    assert ei.value.key == "vfl.dp_epsilon"
 
 
 def test_report_with_dp_off_is_explicit() -> None:
-    r = report(None, GdpAccountant({"train": 3, "test": 1}, noise_multiplier=None))
+    r = report(None, GdpAccountant({"train": 3, "test": 1}, release_mu=None))
     assert r["enabled"] is False and r["mu"] is None and r["epsilon"] is None
     plan = plan_from_config(VflConfig(dp_mu=1.0, epochs=2, max_reassign=0))
-    acct = GdpAccountant({"train": 3, "test": 1}, noise_multiplier=plan.noise_multiplier,
-                         max_publications=plan.planned_publications)
+    acct = accountant_for(plan, {"train": 3, "val": 2, "test": 1})
     acct.record("train", np.arange(3))
     r = report(plan, acct)
     assert r["enabled"] is True and r["mu"] == pytest.approx(1 / math.sqrt(2))
     assert r["epsilon"] == epsilon_for_delta(r["mu"], 1e-5) and r["publications_max"] == 1
+    assert r["guarantee"]["neighbouring"].startswith("replace-one")
     assert report(plan, None)["mu"] is None  # ledger missing: spent unknown
+    acct.record("train", np.arange(3))
+    assert acct.mu == pytest.approx(1.0) and acct.mu <= 1.0
+    with pytest.raises(PrivacyBudgetExceeded):
+        acct.record("train", np.arange(1))
