@@ -295,14 +295,18 @@ class Calibration:
     """Noise multipliers meeting a µ target (see :func:`calibrate`).
 
     Attributes:
-        embed_noise_multiplier: σ_e of the embedding releases.
+        embed_noise_multiplier: σ_e of the training embedding releases.
         sgd_noise_multiplier: σ_g of the DP-SGD steps.
+        eval_noise_multiplier: σ_v of an evaluation record's releases (validation or
+            test records are never trained on: their whole budget goes to their own
+            ``eval_publications`` releases).
         train_mu: µ of one training publication (release and step), sqrt(µ_e² + µ_g²).
-        eval_mu: µ of one evaluation publication (release only), µ_e.
+        eval_mu: µ of one evaluation publication, 2/σ_v.
     """
 
     embed_noise_multiplier: float
     sgd_noise_multiplier: float
+    eval_noise_multiplier: float
     train_mu: float
     eval_mu: float
 
@@ -311,13 +315,13 @@ def calibrate(target_mu: float, *, train_publications: int, eval_publications: i
               embedding_share: float) -> Calibration:
     """Split a µ target between the embedding releases and the DP-SGD steps.
 
-    A training record is published (and stepped) at most ``train_publications`` times,
-    an evaluation record published at most ``eval_publications`` times. The embeddings
-    get ``embedding_share`` of a training record's µ², capped so that an evaluation
-    record stays within the target; DP-SGD gets the rest:
-    ``µ_e = min(sqrt(s/K_t), 1/sqrt(K_v)) · µ``, ``µ_g = sqrt(µ²/K_t − µ_e²)``, and
-    ``σ = 2/µ`` for each (replace-one). Rounded so that re-accounting with
-    :func:`account` gives at most the target in floating point.
+    A training record is published (and stepped) at most ``train_publications`` times:
+    its embeddings get ``embedding_share`` of its µ², DP-SGD the rest,
+    ``µ_e = sqrt(s/K_t)·µ``, ``µ_g = sqrt((1−s)/K_t)·µ``. An evaluation record (never
+    trained on) is published at most ``eval_publications`` times and gets the whole
+    target for those: ``µ_v = µ/sqrt(K_v)``. ``σ = 2/µ`` for each (replace-one).
+    Rounded so that re-accounting with :func:`account` gives at most the target in
+    floating point.
 
     Raises:
         ValueError: µ not positive and finite, counts < 1, or share outside (0, 1).
@@ -331,22 +335,20 @@ def calibrate(target_mu: float, *, train_publications: int, eval_publications: i
         raise ValueError(f"embedding_share must be in (0, 1), got {embedding_share!r}")
     kt, kv = train_publications, eval_publications
     per_train = target_mu / math.sqrt(kt)
-    mu_e = min(math.sqrt(embedding_share) * per_train, target_mu / math.sqrt(kv))
-    mu_g = math.sqrt(max(per_train ** 2 - mu_e ** 2, 0.0))
-    if mu_g <= 0:
-        raise ValueError("no budget left for DP-SGD")
-    sigma_e = REPLACE_ONE_SENSITIVITY / mu_e
-    sigma_g = REPLACE_ONE_SENSITIVITY / mu_g
+    sigma_e = REPLACE_ONE_SENSITIVITY / (math.sqrt(embedding_share) * per_train)
+    sigma_g = REPLACE_ONE_SENSITIVITY / (math.sqrt(1.0 - embedding_share) * per_train)
+    sigma_v = REPLACE_ONE_SENSITIVITY * math.sqrt(kv) / target_mu
     for _ in range(10_000):
-        worst = max(account(kt, sigma_e, sigma_g, train=True),
-                    account(kv, sigma_e, sigma_g, train=False))
-        if worst <= target_mu:
+        if account(kt, sigma_e, sigma_g, train=True) <= target_mu:
             break
         sigma_e = math.nextafter(sigma_e, math.inf) * (1 + 1e-15)
         sigma_g = math.nextafter(sigma_g, math.inf) * (1 + 1e-15)
+    while account(kv, sigma_v, sigma_v, train=False) > target_mu:
+        sigma_v = math.nextafter(sigma_v, math.inf) * (1 + 1e-15)
     return Calibration(embed_noise_multiplier=sigma_e, sgd_noise_multiplier=sigma_g,
+                       eval_noise_multiplier=sigma_v,
                        train_mu=compose_mu([release_mu(sigma_e), release_mu(sigma_g)]),
-                       eval_mu=release_mu(sigma_e))
+                       eval_mu=release_mu(sigma_v))
 
 
 def account(publications: int, embed_noise_multiplier: float, sgd_noise_multiplier: float,
@@ -388,8 +390,10 @@ class DpPlan:
     """The DP settings of a run, resolved from its config.
 
     Attributes:
-        noise_multiplier: σ_e of the embedding releases (noise std σ_e·C).
+        noise_multiplier: σ_e of the training embedding releases (noise std σ_e·C).
         sgd_noise_multiplier: σ_g of the DP-SGD steps (noise std σ_g·C_g on the sum).
+        eval_noise_multipliers: σ of the releases of each evaluation group (``val``,
+            ``test``): their records are never trained on, so each gets its own budget.
         clip_norm: C, the L2 bound of each embedding row.
         grad_clip_norm: C_g, the L2 bound of each per-example parameter gradient.
         delta: δ at which ε is reported.
@@ -409,13 +413,14 @@ class DpPlan:
     target_mu: float | None
     embedding_share: float | None
     planned: Mapping[str, int]
+    eval_noise_multipliers: Mapping[str, float]
 
     def release_mu(self) -> dict[str, float]:
         """µ of one publication of a record of each group: a training publication is an
         embedding release and a DP-SGD step; an evaluation one a release only."""
         ev = release_mu(self.noise_multiplier)
         return {"train": compose_mu([ev, release_mu(self.sgd_noise_multiplier)]),
-                "val": ev, "test": ev}
+                **{g: release_mu(s) for g, s in self.eval_noise_multipliers.items()}}
 
     @property
     def planned_publications(self) -> int | None:
@@ -450,7 +455,9 @@ def plan_from_config(cfg: VflConfig) -> DpPlan | None:
         return DpPlan(noise_multiplier=cfg.dp_noise_multiplier,
                       sgd_noise_multiplier=cfg.dp_sgd_noise_multiplier,
                       clip_norm=cfg.dp_clip_norm, grad_clip_norm=cfg.dp_grad_clip_norm,
-                      delta=cfg.dp_delta, target_mu=None, embedding_share=None, planned={})
+                      delta=cfg.dp_delta, target_mu=None, embedding_share=None, planned={},
+                      eval_noise_multipliers={"val": cfg.dp_noise_multiplier,
+                                              "test": cfg.dp_noise_multiplier})
     target = target_mu_of(cfg)
     if target is None:
         return None
@@ -458,20 +465,25 @@ def plan_from_config(cfg: VflConfig) -> DpPlan | None:
     kv = validation_publications(cfg)
     cal = calibrate(target, train_publications=kt, eval_publications=max(kv, 1),
                     embedding_share=cfg.dp_embedding_share)
-    worst = max(cal.embed_noise_multiplier, cal.sgd_noise_multiplier)
+    test = calibrate(target, train_publications=kt, eval_publications=1,
+                     embedding_share=cfg.dp_embedding_share)
+    worst = max(cal.embed_noise_multiplier, cal.sgd_noise_multiplier,
+                cal.eval_noise_multiplier)
     if worst > cfg.dp_max_noise_multiplier:
         key = "dp_epsilon" if cfg.dp_epsilon is not None else "dp_mu"
         raise UnmeetableTarget(
             key, getattr(cfg, key),
             f"meeting it over {kt} training publications per record (epochs x (1 + "
-            f"max_reassign)) needs a noise multiplier of {worst:.4g}, above "
-            f"dp_max_noise_multiplier={cfg.dp_max_noise_multiplier:g}; raise the target, or "
-            f"train fewer epochs or with fewer reassignments")
+            f"max_reassign)) and {kv} validation publications needs a noise multiplier of "
+            f"{worst:.4g}, above dp_max_noise_multiplier={cfg.dp_max_noise_multiplier:g}; "
+            f"raise the target, or train fewer epochs or with fewer reassignments")
     return DpPlan(noise_multiplier=cal.embed_noise_multiplier,
                   sgd_noise_multiplier=cal.sgd_noise_multiplier, clip_norm=cfg.dp_clip_norm,
                   grad_clip_norm=cfg.dp_grad_clip_norm, delta=cfg.dp_delta, target_mu=target,
                   embedding_share=cfg.dp_embedding_share,
-                  planned={"train": kt, "val": kv, "test": 1})
+                  planned={"train": kt, "val": kv, "test": 1},
+                  eval_noise_multipliers={"val": cal.eval_noise_multiplier,
+                                          "test": test.eval_noise_multiplier})
 
 
 def validation_publications(cfg: VflConfig) -> int:
@@ -694,6 +706,7 @@ def report(plan: DpPlan | None, acct: GdpAccountant | None) -> dict[str, Any]:
                            if plan.target_mu is not None else None),
         "noise_multiplier": plan.noise_multiplier,
         "sgd_noise_multiplier": plan.sgd_noise_multiplier,
+        "eval_noise_multipliers": dict(plan.eval_noise_multipliers),
         "clip_norm": plan.clip_norm,
         "grad_clip_norm": plan.grad_clip_norm,
         "embedding_share": plan.embedding_share,

@@ -394,7 +394,7 @@ class Party:
         self.dp_plan = plan_from_config(cfg) if self.role == "passive" else None
         self.dp_acct: GdpAccountant | None = None
         self._noise_seeds: list[int | None] = [None] * self.workers
-        self._eval_privatize: EmbeddingPrivatizer | None = None
+        self._eval_privatize: dict[str, EmbeddingPrivatizer] | None = None
         if self.role != "passive":
             return
         plan = self.dp_plan
@@ -405,8 +405,10 @@ class Party:
             return
         *seeds, eval_seed = worker_seeds(cfg.dp_noise_seed, self.workers + 1)
         self._noise_seeds = list(seeds)
-        self._eval_privatize = EmbeddingPrivatizer(
-            clip_norm=plan.clip_norm, noise_multiplier=plan.noise_multiplier, seed=eval_seed)
+        self._eval_privatize = {
+            g: EmbeddingPrivatizer(clip_norm=plan.clip_norm, noise_multiplier=sigma, seed=seed)
+            for (g, sigma), seed in zip(sorted(plan.eval_noise_multipliers.items()),
+                                        worker_seeds(eval_seed, 2), strict=True)}
         self.log.info("dp.plan", noise_multiplier=plan.noise_multiplier,
                       sgd_noise_multiplier=plan.sgd_noise_multiplier,
                       grad_clip_norm=plan.grad_clip_norm, clip_norm=plan.clip_norm, target_mu=plan.target_mu, delta=plan.delta,
@@ -809,18 +811,19 @@ class Party:
         the PS parameters (counted in the DP ledger first)."""
         load_flat([self._bottom], self.ps.pull())
         x = self._x_val if split == "val" else self._x_test
-        emb = await asyncio.to_thread(self._embeddings, x)
+        emb = await asyncio.to_thread(self._embeddings, x, split)
         assert self.dp_acct is not None
         self.dp_acct.record(split)
         bus.publish_nowait(topic, [emb], {"split": split}, copy=False)
 
-    def _embeddings(self, x: torch.Tensor) -> np.ndarray:
-        """Embeddings ``(n, d)`` float32 of ``x`` from the PS parameters: clipped and noised
-        when DP is on (a thread's work)."""
+    def _embeddings(self, x: torch.Tensor, split: str) -> np.ndarray:
+        """Embeddings ``(n, d)`` float32 of ``x`` (the ``split`` rows) from the PS
+        parameters: clipped and noised with the split's noise when DP is on (a thread's
+        work)."""
         emb = embed(self._bottom, x)
         if self._eval_privatize is None:
             return emb
-        return self._eval_privatize(torch.from_numpy(emb))[1].numpy()
+        return self._eval_privatize[split](torch.from_numpy(emb))[1].numpy()
 
     def _publish_emb(self, bus: Bus, topic: str, h_np: np.ndarray, rows: np.ndarray,
                      meta: dict[str, Any], worker: int) -> None:

@@ -174,9 +174,10 @@ def test_calibration_is_tight() -> None:
     assert cal.embed_noise_multiplier == pytest.approx(2 / math.sqrt(0.05), rel=1e-12)
     assert cal.sgd_noise_multiplier == pytest.approx(2 / math.sqrt(0.05), rel=1e-12)
     assert account(10, cal.embed_noise_multiplier, cal.sgd_noise_multiplier, train=True) <= 1.0
-    # many evaluations: the embedding share is capped so evaluation records stay in budget
+    # evaluation records are never trained on: their own releases take the whole target
     cal = calibrate(1.0, train_publications=2, eval_publications=40, embedding_share=0.5)
-    assert account(40, cal.embed_noise_multiplier, cal.sgd_noise_multiplier, train=False) <= 1.0
+    assert cal.eval_noise_multiplier == pytest.approx(2 * math.sqrt(40), rel=1e-12)
+    assert account(40, cal.eval_noise_multiplier, 1.0, train=False) <= 1.0
     assert account(2, cal.embed_noise_multiplier, cal.sgd_noise_multiplier,
                    train=True) == pytest.approx(1.0, rel=1e-9)
     for bad in ((0.0, 1, 1, 0.5), (math.inf, 1, 1, 0.5), (1.0, 0, 1, 0.5), (1.0, 1, 1, 1.0)):
