@@ -112,7 +112,10 @@ class VflConfig:
             or neither); the spent µ is then only reported.
         dp_clip_norm: C, the L2 norm each embedding row is clipped to before noising.
         dp_grad_clip_norm: C_g, the L2 norm each per-example gradient of the passive
-            bottom model is clipped to (DP-SGD).
+            bottom model is clipped to (DP-SGD; the gradient of the per-example loss, i.e.
+            B x the cut-layer gradient of the batch-mean loss). Default 3: measured on bank
+            at µ = 8 (in-process sync VFL, 2 epochs), C_g = 1 gave test AUC 0.83, 2: 0.85,
+            3: 0.86, 5: 0.86, 10: 0.84, 30: 0.77 (clipping bias below, noise above).
         dp_embedding_share: the share of a training record's µ² spent on its embedding
             releases (the rest on DP-SGD), in (0, 1).
         dp_max_noise_multiplier: a target whose calibrated noise multiplier exceeds this
@@ -174,7 +177,7 @@ class VflConfig:
     dp_noise_multiplier: float | None = None
     dp_sgd_noise_multiplier: float | None = None
     dp_clip_norm: float = 1.0
-    dp_grad_clip_norm: float = 1.0
+    dp_grad_clip_norm: float = 3.0
     dp_embedding_share: float = 0.5
     dp_max_noise_multiplier: float = 1000.0
     dp_delta: float = 1e-5

@@ -474,3 +474,28 @@ def plan_for_config(active: CostModel, passive: CostModel, cfg: Any, n_rows: int
     return plan(active, passive, n_rows=n_rows, embedding_dim=cfg.embedding_dim,
                 threads=cfg.torch_threads, w_max=w_max, batch_sizes=batch_sizes,
                 delta_t=mean_sync_interval(cfg.epochs, cfg.delta_t0), memory_rule=memory_rule)
+
+
+#: µ per epoch of the DP epoch rule (:func:`dp_epochs`).
+DP_MU_PER_EPOCH = 4.0
+
+
+def dp_epochs(target_mu: float, *, max_epochs: int) -> int:
+    """Epochs for a DP run at ``target_mu``: ``clamp(round(µ / 4), 1, max_epochs)``, and
+    ``max_epochs`` without DP (µ = ∞).
+
+    Every epoch publishes every training record again, so at a fixed µ more epochs mean
+    more noise per publication. The rule is measured on bank with the DP settings of
+    ``bench/vfl_dp.py`` (in-process sync VFL, µ = 8: 2 epochs 0.864, 3 epochs lower; µ = 4
+    and below: 1 epoch best); it is a starting point, not an optimum for other data.
+
+    Raises:
+        ValueError: µ not positive, or ``max_epochs`` < 1.
+    """
+    if not target_mu > 0:
+        raise ValueError(f"target mu must be > 0, got {target_mu!r}")
+    if max_epochs < 1:
+        raise ValueError(f"max_epochs must be >= 1, got {max_epochs!r}")
+    if math.isinf(target_mu):
+        return max_epochs
+    return max(1, min(max_epochs, round(target_mu / DP_MU_PER_EPOCH)))

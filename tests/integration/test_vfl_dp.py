@@ -27,7 +27,7 @@ def _run(out: Path, *sets: str) -> dict:  # type: ignore[type-arg]
 
 @pytest.mark.parametrize(("worker_mode", "mu", "extra", "min_auc"), [
     # large µ, default max_reassign = 3: σ covers 4 publications per epoch, 1 is used
-    ("thread", 8.0, (), 0.8),
+    ("thread", 8.0, (), 0.7),
     # max_reassign = 0: σ covers exactly one publication per epoch, all are used
     ("process", 1.0, ("max_reassign=0", "dp_clip_norm=0.5", "dp_noise_seed=5"), 0.5),
 ])
@@ -47,13 +47,19 @@ def test_dp_run_reports_spent_budget_within_the_target(
     assert dp["publications_max_val"] == epochs and dp["publications_max_test"] == 1
     assert dp["published_evaluations"] == epochs + 1
     planned = epochs * (1 + cfg["max_reassign"])
-    assert dp["publications_planned"] == planned
-    assert dp["noise_multiplier"] == pytest.approx(math.sqrt(planned) / mu)
-    assert dp["mu"] == pytest.approx(math.sqrt(epochs) / dp["noise_multiplier"])
-    if planned == epochs:
-        assert dp["mu"] == pytest.approx(mu, rel=1e-12)
+    assert dp["publications_planned"] == {"train": planned, "val": epochs, "test": 1}
+    # replace-one (sensitivity 2C), half of µ² to the embeddings, half to DP-SGD
+    assert dp["noise_multiplier"] == pytest.approx(2 * math.sqrt(2 * planned) / mu)
+    assert dp["sgd_noise_multiplier"] == pytest.approx(2 * math.sqrt(2 * planned) / mu)
+    assert dp["eval_noise_multipliers"]["test"] == pytest.approx(2 / mu)
+    # the validation and test records spend their whole budget on their own releases;
+    # a training record spent sqrt(epochs / planned) of it
+    assert dp["mu"] == pytest.approx(mu) and dp["mu"] <= mu
+    assert dp["release_mu"]["train"] * math.sqrt(epochs) == pytest.approx(
+        mu * math.sqrt(epochs / planned))
     assert dp["delta"] == 1e-5 and dp["clip_norm"] == cfg["dp_clip_norm"]
     assert dp["epsilon"] == pytest.approx(epsilon_for_delta(dp["mu"], 1e-5))
+    assert dp["guarantee"]["neighbouring"].startswith("replace-one")
     assert min_auc < m["test_auc"] <= 1.0
     # the log records the plan, never the secret seed
     events = (tmp_path / "events.jsonl").read_text()
