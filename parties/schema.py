@@ -596,9 +596,11 @@ def synthetic_schema(columns: Iterable[str], clip: float = SYNTHETIC_CLIP) -> Pu
     N(0, 1); an informative one is a Gaussian cluster point (centroid at ±1 per informative
     dimension, unit noise) times a random matrix with entries in [-1, 1], so its scale grows
     with the informative count (about 2-3 standard deviations at 20). Every column is
-    clipped to ``[-clip, clip]`` (default 8, beyond which almost no value of the default
-    generator lies) and mapped linearly to [-1, 1]; fill 0 (the generator makes no missing
-    values).
+    clipped to ``[-clip, clip]`` (default 8: in the default table, 100,000 x 100 with 20
+    informative features, seed 0, 0.08 % of the values lie beyond it, all in informative
+    columns, whose standard deviations reach 3) and mapped linearly to [-1, 1]; fill 0
+    (the generator makes no missing values). The clip is a property of the generator's
+    parameters, not a statistic of the rows.
     """
     c = float(clip)
     cols = tuple(NumericColumn(name=n, lo=-c, hi=c, fill=0.0) for n in columns)

@@ -607,6 +607,8 @@ def _vfl_schema(args: argparse.Namespace) -> int:
     from parties.cli import ExitCode, exit_code_for
     from parties.config import load_vfl_config
     from parties.preflight import load_configured_table, resolve_columns
+    import textwrap
+
     from parties.schema import DRAFT_WARNING, draft_schema, save_schema
 
     extra = {"dataset": args.dataset} if args.dataset else {}
@@ -627,9 +629,10 @@ def _vfl_schema(args: argparse.Namespace) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return code
-    header = (f"{DRAFT_WARNING}\n\nDrafted by `psfl vfl schema` from {cfg.dataset!r}, "
-              f"the {args.role} party's columns ({len(columns)}), {len(frame):,} rows; "
-              f"categories seen fewer than {args.min_count} times were left out.")
+    header = DRAFT_WARNING + "\n\n" + textwrap.fill(
+        f"Drafted by `psfl vfl schema` from {cfg.dataset!r}, the {args.role} party's "
+        f"columns ({len(columns)}), {len(frame):,} rows; categories seen fewer than "
+        f"{args.min_count} times were left out.", width=86)
     try:
         save_schema(schema, out, header=header)
     except OSError as exc:
