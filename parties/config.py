@@ -123,6 +123,13 @@ class VflConfig:
         dp_delta: δ at which the spent budget is also reported as (ε, δ).
         dp_noise_seed: seed of the passive party's noise generators, for reproducible
             tests only (the active party must never know it); None = fresh OS entropy.
+        dp_schema: path to the passive party's public feature schema (a TOML file of
+            declared ranges and categories, :mod:`parties.schema`; draft one with
+            ``psfl vfl schema`` and review it). With DP on the passive party's features
+            are encoded from it, never from encoders fitted on its rows; None (the
+            default) = the bundled reviewed schema of a named dataset. With DP on and no
+            schema (a user file without ``dp_schema``) the run refuses to start. Ignored
+            with DP off (fitted encoders, as before). Not a shared setting.
         active_cpus / passive_cpus: CPU ids the party's process, its threads and its
             worker processes are pinned to (``os.sched_setaffinity``, Linux) when the
             party starts; empty (the default) = not pinned. Not a shared setting.
@@ -182,6 +189,7 @@ class VflConfig:
     dp_max_noise_multiplier: float = 1000.0
     dp_delta: float = 1e-5
     dp_noise_seed: int | None = None
+    dp_schema: str | None = None
     active_cpus: tuple[int, ...] = ()
     passive_cpus: tuple[int, ...] = ()
     active_rows_file: str = ""
@@ -284,6 +292,9 @@ class VflConfig:
             raise bad("dp_delta", "must be in (0, 1)")
         if self.dp_noise_seed is not None and not 0 <= self.dp_noise_seed < 2**63:
             raise bad("dp_noise_seed", "must be in 0 .. 2**63-1")
+        if self.dp_schema is not None and not self.dp_schema.strip():
+            raise bad("dp_schema", "must be a path to a schema TOML file (leave it out for "
+                      "a named dataset's bundled schema)")
 
     @property
     def dp_enabled(self) -> bool:

@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from pubsub.config import ConfigError
 
 from parties.config import VflConfig
 from parties.data import (
     SYNTHETIC_LABEL,
     DataError,
     InvalidLabel,
+    PartyFeatures,
     SyntheticSpec,
     select_rows,
     default_split,
     encode_labels,
+    encode_party_features,
     encode_regression_labels,
     load_table,
     synthetic_columns,
     train_test_indices,
     validate_split,
 )
+from parties.schema import PublicSchema, SchemaEncoder, bundled_schema, load_schema
 
 
 def synthetic_spec(cfg: VflConfig) -> SyntheticSpec:
@@ -59,7 +66,9 @@ def preflight(cfg: VflConfig) -> None:
     """
     if cfg.dataset == "synthetic" and cfg.label in ("", SYNTHETIC_LABEL):
         columns = synthetic_columns(synthetic_spec(cfg))
-        resolve_columns(cfg, pd.DataFrame(columns=columns), SYNTHETIC_LABEL)
+        _, _, passive = resolve_columns(cfg, pd.DataFrame(columns=columns), SYNTHETIC_LABEL)
+        if cfg.dp_enabled:
+            dp_schema(cfg, passive)
         return
     if bool(cfg.active_rows_file) != bool(cfg.passive_rows_file):
         raise DataError("set both vfl.active_rows_file and vfl.passive_rows_file (each "
@@ -68,6 +77,8 @@ def preflight(cfg: VflConfig) -> None:
     if cfg.passive_rows_file:
         load_configured_table(cfg, "passive")  # its rows file is checked here too
     label, active, passive = resolve_columns(cfg, frame, default_label)
+    if cfg.dp_enabled:
+        dp_schema(cfg, passive)  # refuse before any process starts
     train_idx, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
     if cfg.effective_task == "regression":
         y_test = encode_regression_labels(frame[[label]], label, train_idx, test_idx).y_test
@@ -117,3 +128,56 @@ def resolve_columns(cfg: VflConfig, frame: Any,
                                         n_active=cfg.active_features or None)
     validate_split(list(frame.columns), label, active, passive)
     return label, active, passive
+
+
+def dp_schema(cfg: VflConfig, columns: Sequence[str]) -> PublicSchema:
+    """The public schema the passive party encodes ``columns`` with under DP: the file
+    ``vfl.dp_schema``, else the bundled reviewed schema of the named dataset (for
+    ``synthetic``, the generator's, :func:`parties.schema.synthetic_schema`), restricted to
+    ``columns`` in that order.
+
+    Raises:
+        ConfigError: key ``vfl.dp_schema``: no schema is available (a user file without
+            ``vfl.dp_schema``).
+        parties.schema.SchemaError: the file is missing or invalid, or does not declare
+            every one of ``columns`` (both exit 2).
+    """
+    if cfg.dp_schema is not None:
+        schema = load_schema(Path(cfg.dp_schema).expanduser())
+    else:
+        features: tuple[str, ...] = ()
+        if cfg.dataset == "synthetic":
+            features = tuple(c for c in synthetic_columns(synthetic_spec(cfg))
+                             if c != SYNTHETIC_LABEL)
+        schema = bundled_schema(cfg.dataset, synthetic_columns=features)
+        if schema is None:
+            raise ConfigError(
+                "vfl.dp_schema",
+                f"DP is on, so the passive party's features must be encoded from a public "
+                f"schema (declared ranges and categories), but dataset {cfg.dataset!r} has "
+                "no bundled schema: set vfl.dp_schema to a schema file you reviewed "
+                "(draft one with `psfl vfl schema --dataset PATH --role passive --out "
+                "schema.toml`, then review it)")
+    return schema.select(tuple(columns))
+
+
+def encode_features(cfg: VflConfig, role: str, frame: pd.DataFrame, columns: Sequence[str],
+                    train_idx: np.ndarray, held_idx: np.ndarray) -> PartyFeatures:
+    """Encode ``role``'s ``columns`` for the rows ``train_idx`` and ``held_idx``.
+
+    With DP on, the passive party's features come from its public schema
+    (:func:`dp_schema`; :class:`parties.schema.SchemaEncoder`: each row is a function of
+    that row and the schema only, the width a function of the schema only, non-finite
+    values become the declared fill). Otherwise (DP off, or the active party):
+    :func:`parties.data.encode_party_features`, fitted on the training rows, unchanged.
+
+    Raises:
+        ConfigError, parties.schema.SchemaError: see :func:`dp_schema`.
+        parties.data.DataError: see :func:`parties.data.encode_party_features`.
+    """
+    if role != "passive" or not cfg.dp_enabled:
+        return encode_party_features(frame, columns, train_idx, held_idx)
+    enc = SchemaEncoder(dp_schema(cfg, columns))
+    return PartyFeatures(x_train=enc.transform(frame.iloc[np.asarray(train_idx)]),
+                         x_test=enc.transform(frame.iloc[np.asarray(held_idx)]),
+                         feature_names=enc.feature_names)

@@ -109,7 +109,6 @@ from parties.config import VflConfig
 from parties.data import (
     aligned_ids_digest,
     encode_labels,
-    encode_party_features,
     encode_regression_labels,
     train_test_indices,
 )
@@ -121,7 +120,8 @@ from parties.dp import (
     worker_seeds,
 )
 from parties.dp import report as dp_report
-from parties.preflight import check_test_labels, load_configured_table, resolve_columns
+from parties.preflight import (check_test_labels, encode_features, load_configured_table,
+                               resolve_columns)
 from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost, PartnerStalled
 from parties.model import (
     ParameterServer,
@@ -285,7 +285,8 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
     n_val = len(val_idx)
     held = np.concatenate([val_idx, test_idx])  # encoded with the training rows' statistics
     mine = tuple(active if role == "active" else passive)
-    feats = encode_party_features(frame, mine, train_idx, held)
+    # DP on, passive party: public-schema encoding, nothing fitted on the rows
+    feats = encode_features(cfg, role, frame, mine, train_idx, held)
     x_val, x_test = feats.x_test[:n_val], feats.x_test[n_val:]
     y_train = y_test = y_val = None
     mean, std = 0.0, 1.0
@@ -1243,6 +1244,9 @@ class Party:
             "batches": self.c.batches,
             "samples": self.c.samples,
             "history": self.c.history,
+            # under DP the passive width is the public schema's (a function of it alone)
             "n_features": int(self.data.x_train.shape[1]),
+            "feature_encoding": ("public_schema" if self.role == "passive"
+                                 and self.cfg.dp_enabled else "fitted"),
             "columns": list(self.data.columns),
         }

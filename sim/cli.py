@@ -1,6 +1,6 @@
 """The ``psfl`` command: one console script with subcommands.
 
-``psfl demo`` · ``psfl vfl run|party|profile|plan|align`` · ``psfl synth run|add-workload`` · ``psfl broker run|stats``
+``psfl demo`` · ``psfl vfl run|party|profile|plan|align|schema`` · ``psfl synth run|add-workload`` · ``psfl broker run|stats``
 """
 
 from __future__ import annotations
@@ -602,6 +602,67 @@ def _add_align_parser(vsub: Any) -> None:
     al.set_defaults(func=_vfl_align)
 
 
+def _vfl_schema(args: argparse.Namespace) -> int:
+    """``psfl vfl schema``: draft a public feature schema FROM THE DATA, for review."""
+    from parties.cli import ExitCode, exit_code_for
+    from parties.config import load_vfl_config
+    from parties.preflight import load_configured_table, resolve_columns
+    import textwrap
+
+    from parties.schema import DRAFT_WARNING, draft_schema, save_schema
+
+    extra = {"dataset": args.dataset} if args.dataset else {}
+    cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: exit 2
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        print(f"error: {str(out)!r} exists (a reviewed schema?); use --force to overwrite",
+              file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    try:
+        frame, default_label = load_configured_table(cfg, args.role)
+        _label, active, passive = resolve_columns(cfg, frame, default_label)
+        columns = passive if args.role == "passive" else active
+        schema = draft_schema(frame, columns, min_count=args.min_count, dataset=cfg.dataset)
+    except Exception as exc:
+        code = exit_code_for(exc)  # bad data or schema: exit 2
+        if code is None:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return code
+    header = DRAFT_WARNING + "\n\n" + textwrap.fill(
+        f"Drafted by `psfl vfl schema` from {cfg.dataset!r}, the {args.role} party's "
+        f"columns ({len(columns)}), {len(frame):,} rows; categories seen fewer than "
+        f"{args.min_count} times were left out.", width=86)
+    try:
+        save_schema(schema, out, header=header)
+    except OSError as exc:
+        print(f"error: cannot write {str(out)!r}: {exc.strerror or exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    banner = "!" * 78
+    print(f"{banner}\n{DRAFT_WARNING}\n{banner}", file=sys.stderr)
+    print(f"draft schema of the {args.role} party's {len(columns)} columns ({schema.width} "
+          f"encoded features): {out}\nreview it, then run with --set dp_schema={out}")
+    return ExitCode.OK
+
+
+def _add_schema_parser(vsub: Any) -> None:
+    """``psfl vfl schema``."""
+    sch = vsub.add_parser("schema", help="DRAFT a public feature schema (declared ranges and "
+                          "categories, for DP runs) from a party's data; it reads the data, "
+                          "so the draft is NOT private: review it before use")
+    sch.add_argument("--dataset", help="dataset (as for vfl run)")
+    sch.add_argument("--role", choices=["active", "passive"], default="passive",
+                     help="whose columns (default passive, the party DP protects)")
+    sch.add_argument("--out", required=True, help="schema TOML file to write")
+    sch.add_argument("--config", help="TOML file with a [vfl] table")
+    sch.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key, e.g. --set label=y (repeatable)")
+    sch.add_argument("--min-count", type=int, default=10,
+                     help="leave out categories seen fewer times (default 10)")
+    sch.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    sch.set_defaults(func=_vfl_schema)
+
+
 def _add_vfl_run_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     if not demo:
         p.add_argument("--dataset", help="a named dataset (bank, adult, california, synthetic) "
@@ -698,6 +759,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.set_defaults(func=_vfl_profile)
     _add_plan_parser(vsub)
     _add_align_parser(vsub)
+    _add_schema_parser(vsub)
 
     syn = sub.add_parser("synth", help="FedForge: federated differentially private synthesis")
     ssub = syn.add_subparsers(dest="synth_command", required=True)

@@ -61,6 +61,11 @@ def test_dp_run_reports_spent_budget_within_the_target(
     assert dp["epsilon"] == pytest.approx(epsilon_for_delta(dp["mu"], 1e-5))
     assert dp["guarantee"]["neighbouring"].startswith("replace-one")
     assert min_auc < m["test_auc"] <= 1.0
+    # the passive party's features came from the public schema: its reported width is the
+    # schema's (contact 3+1, day, month 12+1, duration, campaign, pdays, previous, poutcome
+    # 4+1), not a count of categories seen in its rows
+    passive = m["parties"]["passive"]
+    assert passive["feature_encoding"] == "public_schema" and passive["n_features"] == 27
     # the log records the plan, never the secret seed
     events = (tmp_path / "events.jsonl").read_text()
     assert '"dp.plan"' in events and '"dp.spent"' in events
