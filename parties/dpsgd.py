@@ -143,6 +143,25 @@ def private_grads(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch
     Raises:
         ValueError: ``x``/``g`` row counts differ, or a bad clip/noise parameter.
     """
+    noise = {n: torch.randn(p.shape, generator=generator, dtype=torch.float32)
+             for n, p in params.items()}
+    return private_grads_with_noise(model, params, x, g, noise, embed_clip_norm=embed_clip_norm,
+                                    grad_clip_norm=grad_clip_norm,
+                                    noise_multiplier=noise_multiplier)
+
+
+def private_grads_with_noise(model: nn.Module, params: Mapping[str, torch.Tensor],
+                             x: torch.Tensor, g: torch.Tensor,
+                             noise: Mapping[str, torch.Tensor], *, embed_clip_norm: float,
+                             grad_clip_norm: float, noise_multiplier: float
+                             ) -> dict[str, torch.Tensor]:
+    """:func:`private_grads` with the standard normal draws given: ``noise[name]`` has the
+    parameter's shape, or ``(n, *shape)`` for n draws at once (the result then has the
+    same leading dimension; an auditor batches its draws this way).
+
+    Raises:
+        ValueError: ``x``/``g`` row counts differ, or a bad clip/noise parameter.
+    """
     if x.shape[0] != g.shape[0]:
         raise ValueError(f"{x.shape[0]} input rows but {g.shape[0]} gradient rows")
     if not (0.0 < noise_multiplier < math.inf):
@@ -152,11 +171,7 @@ def private_grads(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch
     per_ex = per_example_grads(model, detached, x, g * float(b), embed_clip_norm)
     sums, _ = clip_and_sum(per_ex, grad_clip_norm)
     std = noise_multiplier * grad_clip_norm
-    out = {}
-    for n, s in sums.items():
-        noise = torch.randn(s.shape, generator=generator, dtype=s.dtype)
-        out[n] = (s + noise.mul_(std)).div_(float(b))
-    return out
+    return {n: (s + noise[n] * std) / float(b) for n, s in sums.items()}
 
 
 class DpSgd:
@@ -193,4 +208,4 @@ class DpSgd:
 
 
 __all__ = ["DpIncompatibleModel", "DpSgd", "check_dp_compatible", "clip_and_sum", "per_example_grads",
-           "private_grads"]
+           "private_grads", "private_grads_with_noise"]

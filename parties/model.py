@@ -46,9 +46,22 @@ def mlp(d_in: int, hidden: Sequence[int], d_out: int, *, out_relu: bool) -> nn.S
     return nn.Sequential(*layers)
 
 
-def bottom_model(d_in: int, hidden: Sequence[int], embedding_dim: int) -> nn.Sequential:
-    """A party's bottom model: ``(B, d_in) float32 → (B, embedding_dim)`` embedding."""
-    return mlp(d_in, hidden, embedding_dim, out_relu=True)
+def bottom_model(d_in: int, hidden: Sequence[int], embedding_dim: int, *,
+                 out_relu: bool = True) -> nn.Sequential:
+    """A party's bottom model: ``(B, d_in) float32 → (B, embedding_dim)`` embedding (ReLU
+    after the last layer unless ``out_relu`` is false)."""
+    return mlp(d_in, hidden, embedding_dim, out_relu=out_relu)
+
+
+def party_bottom(cfg: VflConfig, role: str, d_in: int) -> nn.Sequential:
+    """``role``'s bottom model for ``cfg``: its own widths; the passive party's under DP
+    ends in the linear layer (no ReLU), since its output is clipped and noised anyway: a
+    ReLU output would spend half the clip ball on nothing and can die under DP-SGD's
+    noise. Measured on bank, µ = 8, 2 epochs, lr 2e-3, four noise seeds (in-process
+    sync VFL): test AUC 0.80-0.84 with the ReLU, 0.85-0.86 without."""
+    linear_out = role == "passive" and cfg.dp_enabled
+    return bottom_model(d_in, cfg.bottom_hidden_for(role), cfg.embedding_dim,
+                        out_relu=not linear_out)
 
 
 def top_model(embedding_dim: int, hidden: Sequence[int]) -> nn.Sequential:
@@ -65,7 +78,7 @@ def party_modules(cfg: VflConfig, role: str, d_in: int) -> list[nn.Module]:
     Raises:
         ValueError: ``role`` is neither ``"active"`` nor ``"passive"``.
     """
-    mods: list[nn.Module] = [bottom_model(d_in, cfg.bottom_hidden_for(role), cfg.embedding_dim)]
+    mods: list[nn.Module] = [party_bottom(cfg, role, d_in)]
     if role == "active":
         mods.append(top_model(cfg.embedding_dim, cfg.top_hidden))
     return mods

@@ -125,7 +125,7 @@ from parties.preflight import (check_test_labels, encode_features, load_configur
 from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost, PartnerStalled
 from parties.model import (
     ParameterServer,
-    bottom_model,
+    party_bottom,
     embed,
     flat_params,
     load_flat,
@@ -374,8 +374,7 @@ class Party:
         self.log = log.bind(party=role, run_id=run_id)
         torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
         d_in = data.x_train.shape[1]
-        hidden = cfg.bottom_hidden_for(role)
-        self._make_bottom = lambda: bottom_model(d_in, hidden, cfg.embedding_dim)
+        self._make_bottom = lambda: party_bottom(cfg, role, d_in)
         self._make_top = lambda: top_model(cfg.embedding_dim, cfg.top_hidden)
         self._bottom = self._make_bottom()
         self._top = self._make_top() if role == "active" else None

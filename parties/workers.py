@@ -49,7 +49,7 @@ from parties.config import VflConfig
 from parties.dp import EmbeddingPrivatizer, plan_from_config, sgd_seed
 from parties.dpsgd import DpSgd
 from parties.errors import WorkerFailed
-from parties.model import ActiveCompute, ParameterServer, PassiveCompute, bottom_model, top_model
+from parties.model import ActiveCompute, ParameterServer, PassiveCompute, party_bottom, top_model
 from parties.schedule import epoch_batches
 
 log = structlog.get_logger(__name__)
@@ -169,7 +169,7 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
         sync_mode = sync_mode_for(cfg.algo, cfg.workers_for(role))
 
     def make_bottom() -> torch.nn.Module:
-        return bottom_model(d_in, cfg.bottom_hidden_for(role), cfg.embedding_dim)
+        return party_bottom(cfg, role, d_in)
 
     if role == "active":
         assert y_train is not None
