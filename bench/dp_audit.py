@@ -237,6 +237,23 @@ def _unflatten_sub(params: dict[str, torch.Tensor], upd: torch.Tensor) -> dict[s
     return out
 
 
+def vfl_encode_features(frame: Any, columns: Sequence[str], train_idx: np.ndarray
+                        ) -> np.ndarray:
+    """ADAPTER (re-point at the fix's encoder fitted from public metadata): the passive
+    party's encoded training features. Today: ``parties.data.encode_party_features``,
+    whose scaler, imputer and category sets are fitted on the private training rows."""
+    from parties.data import encode_party_features
+    return encode_party_features(frame, columns, train_idx, np.zeros(0, dtype=np.int64)).x_train
+
+
+def vfl_report_fields(frame: Any, columns: Sequence[str], train_idx: np.ndarray
+                      ) -> dict[str, float]:
+    """ADAPTER (re-point at the fixed passive report): the value-derived fields of the
+    passive party's report. Today ``n_features`` is the encoded width
+    (``parties/runtime.py``: ``x_train.shape[1]``), which counts observed categories."""
+    return {"n_features": float(vfl_encode_features(frame, columns, train_idx).shape[1])}
+
+
 #: ADAPTER: the product's DP-SGD step (one line to re-point).
 VFL_STEP: Callable[..., dict[str, torch.Tensor]] = vfl_dpsgd_step
 #: The pre-fix step (positive control).
@@ -333,6 +350,177 @@ def _vfl_embedding_case(name: str, sigma: float, releases: int, fast: bool = Fal
 
 register(_vfl_embedding_case("vfl_embedding_1", sigma=1.0, releases=1, fast=True))
 register(_vfl_embedding_case("vfl_embedding_k4", sigma=2.0, releases=4))
+
+
+def _nan_case() -> Case:
+    sigma = 4.0
+
+    def sample(n: int, rng: np.random.Generator) -> Draws:
+        out = []
+        for bad in (False, True):
+            priv = EmbeddingPrivatizer(clip_norm=1.0, noise_multiplier=sigma, seed=_seed(rng))
+            h = torch.zeros(n, 4)
+            h[:, 0] = float("nan") if bad else 1.0
+            out.append(priv(h)[1].numpy())
+        return out[0], out[1]
+
+    def stat(y: np.ndarray) -> np.ndarray:
+        y = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
+        return np.where(np.isnan(y).any(axis=1), 1e6, np.nan_to_num(y[:, 0]))
+
+    return Case(
+        name="vfl_embedding_nan_row", group="vfl",
+        what="VFL embedding release of a row that is NaN under D' (C*e1 under D), sigma=4",
+        main=Side(claim=lambda: claim_vfl_embedding(sigma, 1), sample=sample, statistic=stat,
+                  what="EmbeddingPrivatizer on a NaN row vs the replace-one claim"),
+        control=Side(claim=lambda: claim_vfl_embedding_prefix(sigma, 1), sample=None,
+                     statistic=stat, what="the same draws vs the pre-fix claim"),
+        draws_quick=200_000, draws_full=1_000_000)
+
+
+register(_nan_case())
+
+
+# ---------------------------------------------------------------------------- VFL preprocessing
+def _audit_frame(rng_seed: int, rows: int = 200) -> Any:
+    """A small table (numeric a, b; categorical c) the auditor chooses."""
+    import pandas as pd
+    r = np.random.default_rng(rng_seed)
+    # the auditor picks the data: spread numeric values (±3) make the scaler's shift
+    # visible in every other record's encoding
+    return pd.DataFrame({"a": r.choice([-3.0, 3.0], size=rows),
+                         "b": r.choice([-3.0, 3.0], size=rows),
+                         "c": r.choice(["x", "y", "z"], size=rows)})
+
+
+def vfl_preprocess_sampler(*, sigma: float, change: dict[str, Any], others: int = 1024,
+                           dim: int = 8, encode: Callable[..., np.ndarray] | None = None
+                           ) -> Callable[[int, np.random.Generator], Draws]:
+    """Draws of OTHER records' published embeddings when the canary (row 0) changes
+    (``change``: column -> its value under D'), through the party's encoder
+    (:func:`vfl_encode_features`), a fixed ``parties.model.bottom_model`` and the
+    product's ``EmbeddingPrivatizer`` (C = 1).
+
+    The auditor knows both output distributions (Gaussians around the clipped
+    embeddings, computed with the product's ``clip_rows``), so each draw is reduced on
+    the fly to the optimal statistic, its projection onto the known mean difference
+    (the log-likelihood ratio up to an affine map): output ``(n, 1)``."""
+    from parties.dp import clip_rows
+
+    def sample(n: int, rng: np.random.Generator) -> Draws:
+        frame = _audit_frame(0, rows=others + 1)
+        cols = ["a", "b", "c"]
+        train = np.arange(len(frame))
+        alt = frame.copy()
+        for k, v in change.items():
+            alt.loc[0, k] = v
+        torch.manual_seed(0)  # the same bottom model for every side and control
+        enc = encode or vfl_encode_features
+        xs = [enc(f, cols, train) for f in (frame, alt)]
+        d_in = max(x.shape[1] for x in xs)
+        model = bottom_model(d_in, (16,), dim)
+        hs = []
+        for x in xs:
+            x = np.pad(x, ((0, 0), (0, d_in - x.shape[1])))
+            with torch.no_grad():
+                hs.append(model(torch.from_numpy(np.ascontiguousarray(x[1: 1 + others]))))
+        diff = (clip_rows(hs[1], 1.0) - clip_rows(hs[0], 1.0)).reshape(-1)
+        norm = float(diff.norm())
+        v = diff / norm if norm > 0 else diff
+        out = []
+        for h in hs:
+            priv = EmbeddingPrivatizer(clip_norm=1.0, noise_multiplier=sigma, seed=_seed(rng))
+            parts = []
+            with torch.no_grad():
+                for at in range(0, n, 1000):
+                    m = min(1000, n - at)
+                    pub = priv(h.repeat(m, 1))[1].reshape(m, others * dim)
+                    parts.append((pub @ v).numpy())
+            out.append(np.concatenate(parts)[:, None])
+        return out[0], out[1]
+    return sample
+
+
+def _prefix_encode(frame: Any, columns: Sequence[str], train_idx: np.ndarray) -> np.ndarray:
+    """The pre-fix encoder (fitted on the private rows): the positive control."""
+    from parties.data import encode_party_features
+    return encode_party_features(frame, columns, train_idx, np.zeros(0, dtype=np.int64)).x_train
+
+
+def _preprocess_case() -> Case:
+    sigma = 4.0
+    change = {"a": 1e4, "b": 1e4}
+    return Case(
+        name="vfl_preprocess_scaler", group="vfl",
+        what="VFL preprocessing: one outlier record (a = b = 1e4) moves the fitted scaler; "
+             "the audit sees only 1024 OTHER records' published embeddings, sigma=4",
+        main=Side(claim=lambda: claim_vfl_embedding(sigma, 1),
+                  sample=vfl_preprocess_sampler(sigma=sigma, change=change),
+                  statistic=lambda y: np.asarray(y)[:, 0],
+                  what="the party's encoder (vfl_encode_features) vs the record's claim"),
+        control=Side(claim=lambda: claim_vfl_embedding(sigma, 1),
+                     sample=vfl_preprocess_sampler(sigma=sigma, change=change,
+                                                   encode=_prefix_encode),
+                     statistic=lambda y: np.asarray(y)[:, 0],
+                     what="pre-fix encoder fitted on the private rows, same claim"),
+        draws_quick=20_000, draws_full=100_000)
+
+
+register(_preprocess_case())
+
+
+def _report_case() -> Case:
+    sigma = 4.0
+
+    def sample_with(fields: Callable[..., dict[str, float]]
+                    ) -> Callable[[int, np.random.Generator], Draws]:
+        def sample(n: int, rng: np.random.Generator) -> Draws:
+            frame = _audit_frame(int(rng.integers(0, 2**31 - 1)))
+            alt = frame.copy()
+            alt.loc[0, "c"] = "unique"
+            train = np.arange(len(frame))
+            out = []
+            for f in (frame, alt):
+                rep = fields(f, ["a", "b", "c"], train)
+                out.append(np.tile(np.array([rep[k] for k in sorted(rep)]), (n, 1)))
+            return out[0], out[1]
+        return sample
+
+    def exact_with(fields: Callable[..., dict[str, float]]) -> Callable[[], float]:
+        def exact() -> float:
+            frame = _audit_frame(0)
+            alt = frame.copy()
+            alt.loc[0, "c"] = "unique"
+            train = np.arange(len(frame))
+            a, b = fields(frame, ["a", "b", "c"], train), fields(alt, ["a", "b", "c"], train)
+            pairs = [(point_pmf(int(round(a[k] * 1000))), point_pmf(int(round(b[k] * 1000))))
+                     for k in sorted(a)]
+            return exact_epsilon_product(pairs, DELTA)
+        return exact
+
+    from parties.data import encode_party_features
+
+    def prefix_fields(f: Any, c: Sequence[str], t: np.ndarray) -> dict[str, float]:
+        x = encode_party_features(f, c, t, np.zeros(0, dtype=np.int64)).x_train
+        return {"n_features": float(x.shape[1])}
+
+    return Case(
+        name="vfl_report_n_features", group="vfl",
+        what="VFL passive report: n_features when the record has a unique category value",
+        main=Side(claim=lambda: claim_vfl_embedding(sigma, 1),
+                  sample=sample_with(vfl_report_fields),
+                  statistic=lambda y: np.asarray(y, dtype=np.float64).sum(axis=1),
+                  exact=exact_with(vfl_report_fields),
+                  what="the report's value-derived fields vs the record's claim"),
+        control=Side(claim=lambda: claim_vfl_embedding(sigma, 1),
+                     sample=sample_with(prefix_fields),
+                     statistic=lambda y: np.asarray(y, dtype=np.float64).sum(axis=1),
+                     exact=exact_with(prefix_fields),
+                     what="pre-fix report (n_features counts observed categories)"),
+        draws_quick=100_000, draws_full=100_000)
+
+
+register(_report_case())
 
 
 # ---------------------------------------------------------------------------- VFL end to end
@@ -580,8 +768,8 @@ def fedforge_side(cfg: FfConfig, relation: str, survivors: int, claim: Callable[
 
 
 def _ff_case(name: str, what: str, cfg: FfConfig, *, survivors: int | None = None,
-             control_cfg: FfConfig | None = None, draws_quick: int = 200_000,
-             draws_full: int = 1_000_000, fast: bool = False) -> Case:
+             control_cfg: FfConfig | None = None, draws_quick: int = 1_000_000,
+             draws_full: int = 2_000_000, fast: bool = False) -> Case:
     s = cfg.n_parties if survivors is None else survivors
     claim = lambda: claim_fedforge_cell(cfg.sigma2_central)  # noqa: E731
     ctl = control_cfg or cfg
@@ -597,23 +785,20 @@ def _ff_case(name: str, what: str, cfg: FfConfig, *, survivors: int | None = Non
 
 register(_ff_case("ff_central_s1", "FedForge reference: one party (K = 1), sigma^2 = 1",
                   FfConfig(n_parties=1, sigma2_central=1.0),
-                  control_cfg=FfConfig(n_parties=1, sigma2_central=0.25),
-                  draws_quick=400_000, fast=True))
+                  control_cfg=FfConfig(n_parties=1, sigma2_central=0.25), fast=True))
 register(_ff_case("ff_k10_s1", "FedForge cell, K = 10, sigma^2 = 1 (sigma^2/K = 0.1)",
-                  FfConfig(n_parties=10, sigma2_central=1.0), draws_quick=300_000, fast=True))
+                  FfConfig(n_parties=10, sigma2_central=1.0), fast=True))
 register(_ff_case("ff_k100_s1", "FedForge cell, K = 100, sigma^2 = 1",
-                  FfConfig(n_parties=100, sigma2_central=1.0), draws_quick=50_000,
+                  FfConfig(n_parties=100, sigma2_central=1.0), draws_quick=100_000,
                   draws_full=200_000))
 register(_ff_case("ff_k10_s10", "FedForge cell, K = 10, sigma^2 = 10 (sigma^2/K = 1)",
-                  FfConfig(n_parties=10, sigma2_central=10.0), draws_quick=300_000))
+                  FfConfig(n_parties=10, sigma2_central=10.0)))
 register(_ff_case("ff_bits6_s100", "FedForge cell, bits = 6, K = 10, sigma^2 = 100",
-                  FfConfig(n_parties=10, sigma2_central=100.0, bits=6), draws_quick=300_000))
+                  FfConfig(n_parties=10, sigma2_central=100.0, bits=6)))
 register(_ff_case("ff_dropout_4of10", "FedForge dropouts: 4 of 10 survive, sigma^2 = 16",
-                  FfConfig(n_parties=10, sigma2_central=16.0), survivors=4,
-                  draws_quick=300_000))
+                  FfConfig(n_parties=10, sigma2_central=16.0), survivors=4))
 register(_ff_case("ff_dropout_1of2", "FedForge dropouts: 1 of 2 survives, sigma^2 = 4",
-                  FfConfig(n_parties=2, sigma2_central=4.0), survivors=1,
-                  draws_quick=300_000))
+                  FfConfig(n_parties=2, sigma2_central=4.0), survivors=1))
 
 
 def _rowcount_case() -> Case:
@@ -646,7 +831,7 @@ def _replace_one_case() -> Case:
         control=fedforge_side(cfg, "replace_one", 10,
                               lambda: claim_fedforge_cell(cfg.sigma2_central, "add_remove"),
                               what="two cells vs the add/remove claim (sensitivity 1)"),
-        draws_quick=200_000, draws_full=1_000_000)
+        draws_quick=1_000_000, draws_full=2_000_000)
 
 
 register(_replace_one_case())

@@ -293,7 +293,8 @@ def test_fast_audit_subset() -> None:
     audit = _load_bench()
     names = [n for n, c in audit.REGISTRY.items() if c.fast]  # type: ignore[attr-defined]
     assert len(names) >= 3
-    doc = audit.run(names, quick=True, seed=0, log=lambda s: None)  # type: ignore[attr-defined]
+    doc = audit.run(names, quick=True, seed=0, draws=200_000,  # type: ignore[attr-defined]
+                    log=lambda s: None)
     rows = {r["name"]: r for r in doc["cases"]}
     for r in rows.values():
         assert r["control"]["detected"], r["name"]
