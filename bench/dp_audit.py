@@ -930,6 +930,23 @@ def _row(r: dict[str, Any]) -> str:
             f"{_fmt(c['exact']):>9s} {(c['detected_by'] or 'NO'):>9s} {r['seconds']:>6.1f}")
 
 
+def _strict(x: Any) -> Any:
+    """``x`` as strict JSON data: numpy scalars as Python numbers, ±inf as the strings
+    ``"inf"``/``"-inf"`` (an infinite exact ε: a deterministic disclosure), NaN as None."""
+    if isinstance(x, dict):
+        return {str(k): _strict(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_strict(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float):
+        if math.isnan(x):
+            return None
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+    return x
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -966,7 +983,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{s['max_lb_over_claim']:.3f}, exact violations {s['exact_violations']}, "
           f"controls detected {s['controls_detected']}/{s['controls']}")
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1, default=float))
+        Path(args.json).write_text(json.dumps(_strict(doc), indent=1, allow_nan=False))
     return 0
 
 

@@ -291,6 +291,7 @@ def test_fast_audit_subset() -> None:
     """The audit's fast subset (<= 60 s): sound cases stay below their claims, and every
     positive control is caught by the same test."""
     audit = _load_bench()
+    assert len(audit.REGISTRY) >= 15  # type: ignore[attr-defined]
     names = [n for n, c in audit.REGISTRY.items() if c.fast]  # type: ignore[attr-defined]
     assert len(names) >= 3
     doc = audit.run(names, quick=True, seed=0, draws=200_000,  # type: ignore[attr-defined]
