@@ -98,6 +98,22 @@ ALPHA = 0.05
 # ============================================================================ ADAPTERS
 # Everything the audit assumes about product functions that are being rewritten
 # elsewhere lives here. Each ADAPTER says what it stands for and how to re-point it.
+#
+# Re-pointing checklist (when the fixes merge):
+# * VFL accounting: claim_vfl_embedding / claim_vfl_dpsgd -> the fixed accountant's ε
+#   at DELTA for the same publications/steps (keep claim_vfl_embedding_prefix: control).
+# * VFL DP-SGD: VFL_STEP = <product step>, wrapped to the signature
+#   ``step(params, x_batch, g_batch, noise, *, model, clip, sigma, lr) -> params``;
+#   it must be vmap-able over ``noise`` (pass the noise in, draw none inside).
+# * VFL preprocessing / report: vfl_encode_features, vfl_report_fields -> the fixed
+#   encoder (public metadata) and the fixed report (the controls keep today's code).
+# * FedForge: FEDFORGE_RELATION = "replace_one"; claim_fedforge_cell -> the fixed synth
+#   accountant; fedforge_party_noise_pmf -> skellam_pmf(<per-party Skellam parameter for
+#   S_min survivors>); fedforge_party_message -> the fixed party's measurement;
+#   fedforge_encode -> identity (integer sums, no per-party rounding); fedforge_plan ->
+#   the fixed planner. Then point each _ff_case's ``control_cfg``/control side at the
+#   pre-fix functions, kept here under a ``prefix_`` name, and add S_min cases
+#   (survivors = S_min, and S_min - 1 must be refused by the product).
 
 def claim_vfl_embedding(sigma: float, releases: int) -> float:
     """ADAPTER (to be replaced by the product accountant): ε at δ of ``releases``
