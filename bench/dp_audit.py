@@ -111,8 +111,8 @@ ALPHA = 0.05
 #   accountant; fedforge_party_noise_pmf -> skellam_pmf(<per-party Skellam parameter for
 #   S_min survivors>); fedforge_party_message -> the fixed party's measurement;
 #   fedforge_encode -> identity (integer sums, no per-party rounding); fedforge_plan ->
-#   the fixed planner. Then point each _ff_case's ``control_cfg``/control side at the
-#   pre-fix functions, kept here under a ``prefix_`` name, and add S_min cases
+#   the fixed planner. The controls keep the pre-fix pipeline (FF_PREFIX, today's code
+#   under ``prefix_ff_*`` names), so nothing else changes; then add S_min cases
 #   (survivors = S_min, and S_min - 1 must be refused by the product).
 
 def claim_vfl_embedding(sigma: float, releases: int) -> float:
@@ -155,7 +155,7 @@ def fedforge_party_noise_pmf(sigma2_central: float, n_parties: int) -> IntPmf:
     party adds per cell. Today: N_Z(0, σ²/K) (``synth.mechanism.party_noise_variance``,
     distributed model). After the fix: the table of the product's per-party Skellam
     noise calibrated for the minimum survivor count (:func:`sim.audit.skellam_pmf`)."""
-    return discrete_gaussian_pmf(party_noise_variance(sigma2_central, n_parties, "distributed"))
+    return prefix_ff_noise_pmf(sigma2_central, n_parties)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,16 +176,7 @@ def fedforge_plan(cfg: FfConfig, n_cells: int) -> tuple[RoundPlan, np.ndarray]:
     """ADAPTER (today's plan arithmetic, re-point at the fixed planner): the RoundPlan
     the coordinator would send for ``n_cells`` cells of this configuration, and the
     cells' window starts (``lo``) for :func:`synth.protocol.decode_sum`."""
-    h_min, h_max = quant_range(cfg.max_party_rows, cfg.sigma2_party)
-    step = quant_step(h_min, h_max, cfg.sigma2_party, cfg.bits)
-    upper = np.full(n_cells, float(cfg.max_party_rows * cfg.n_parties))
-    lo, widths = cell_windows(upper, sigma_sum=math.sqrt(cfg.sigma2_central), step=step,
-                              n_parties=cfg.n_parties, uniform=True)
-    plan = RoundPlan(round=0, name="audit", cliques=(("cell",),), sizes=(n_cells,),
-                     sigma2_central=cfg.sigma2_central, noise_model="distributed",
-                     n_parties=cfg.n_parties, step=step, cell_bits=widths.tobytes(),
-                     timeout_s=1.0)
-    return plan, lo
+    return prefix_ff_plan(cfg, n_cells)
 
 
 def fedforge_party_message(counts: np.ndarray, plan: RoundPlan,
@@ -193,16 +184,13 @@ def fedforge_party_message(counts: np.ndarray, plan: RoundPlan,
     """ADAPTER (re-point at the fixed party's measurement): what one party sends for its
     cells, as ring words. Today: ``quantize_counts(measure_party(...))`` (the party's
     ``_measure``)."""
-    noisy = measure_party(counts, sigma2_central=plan.sigma2_central,
-                          n_parties=plan.n_parties, model=plan.noise_model, rng=rng)
-    return quantize_counts(np.asarray(noisy, dtype=np.float64), plan)
+    return prefix_ff_message(counts, plan, rng)
 
 
 def fedforge_encode(cfg: FfConfig) -> Callable[[np.ndarray], np.ndarray]:
     """ADAPTER: the per-party integer encoding of a noisy count in the tables. Today:
     ``rint(x/Δ)`` with the plan's Δ (identity after the fix: integer sums, no rounding)."""
-    plan, _ = fedforge_plan(cfg, 1)
-    return lambda v: np.rint(np.asarray(v, dtype=np.float64) / plan.step)
+    return prefix_ff_encode(cfg)
 
 
 def vfl_dpsgd_step(params: dict[str, torch.Tensor], x: torch.Tensor, g: torch.Tensor,
@@ -275,6 +263,61 @@ VFL_STEP: Callable[..., dict[str, torch.Tensor]] = vfl_dpsgd_step
 #: The pre-fix step (positive control).
 VFL_PREFIX_STEP: Callable[..., dict[str, torch.Tensor]] = vfl_plain_step
 # ============================================================================ end of ADAPTERS
+
+
+# ---------------------------------------------------------------------------- FedForge pipelines
+# The pre-fix FedForge pipeline, today's product code: the positive controls keep it
+# when the adapters above are re-pointed at the fix.
+def prefix_ff_noise_pmf(sigma2_central: float, n_parties: int) -> IntPmf:
+    """Pre-fix per-party noise table: N_Z(0, σ²/K)."""
+    return discrete_gaussian_pmf(party_noise_variance(sigma2_central, n_parties, "distributed"))
+
+
+def prefix_ff_plan(cfg: FfConfig, n_cells: int) -> tuple[RoundPlan, np.ndarray]:
+    """Pre-fix plan: ``synth.protocol.quant_range``/``quant_step``/``cell_windows``."""
+    h_min, h_max = quant_range(cfg.max_party_rows, cfg.sigma2_party)
+    step = quant_step(h_min, h_max, cfg.sigma2_party, cfg.bits)
+    upper = np.full(n_cells, float(cfg.max_party_rows * cfg.n_parties))
+    lo, widths = cell_windows(upper, sigma_sum=math.sqrt(cfg.sigma2_central), step=step,
+                              n_parties=cfg.n_parties, uniform=True)
+    plan = RoundPlan(round=0, name="audit", cliques=(("cell",),), sizes=(n_cells,),
+                     sigma2_central=cfg.sigma2_central, noise_model="distributed",
+                     n_parties=cfg.n_parties, step=step, cell_bits=widths.tobytes(),
+                     timeout_s=1.0)
+    return plan, lo
+
+
+def prefix_ff_message(counts: np.ndarray, plan: RoundPlan,
+                      rng: np.random.Generator) -> np.ndarray:
+    """Pre-fix party message: ``quantize_counts(measure_party(...))``."""
+    noisy = measure_party(counts, sigma2_central=plan.sigma2_central,
+                          n_parties=plan.n_parties, model=plan.noise_model, rng=rng)
+    return quantize_counts(np.asarray(noisy, dtype=np.float64), plan)
+
+
+def prefix_ff_encode(cfg: FfConfig) -> Callable[[np.ndarray], np.ndarray]:
+    """Pre-fix per-party encoding: ``rint(x/Δ)``."""
+    plan, _ = prefix_ff_plan(cfg, 1)
+    return lambda v: np.rint(np.asarray(v, dtype=np.float64) / plan.step)
+
+
+@dataclass(frozen=True, slots=True)
+class FfPipeline:
+    """The four pieces of a FedForge cell pipeline the audit needs."""
+
+    name: str
+    noise_pmf: Callable[[float, int], IntPmf]
+    plan: Callable[[FfConfig, int], tuple[RoundPlan, np.ndarray]]
+    message: Callable[[np.ndarray, RoundPlan, np.random.Generator], np.ndarray]
+    encode: Callable[[FfConfig], Callable[[np.ndarray], np.ndarray]]
+
+
+#: The product as shipped (through the adapters).
+FF_PRODUCT = FfPipeline("product", fedforge_party_noise_pmf, fedforge_plan,
+                        fedforge_party_message, fedforge_encode)
+#: The pre-fix pipeline (positive controls).
+FF_PREFIX = FfPipeline("prefix", prefix_ff_noise_pmf, prefix_ff_plan, prefix_ff_message,
+                       prefix_ff_encode)
 
 
 # ---------------------------------------------------------------------------- case registry
@@ -656,32 +699,33 @@ def cell_pair(cfg: FfConfig, relation: str, c: int, other: int) -> CellPair:
     return CellPair(counts_d=d, counts_dprime=dp, clear_d=100, clear_dprime=101)
 
 
-def cell_tables(cfg: FfConfig, counts: np.ndarray, survivors: int, *,
-                encode: Callable[[np.ndarray], np.ndarray] | None) -> list[IntPmf]:
+def cell_tables(pipe: FfPipeline, cfg: FfConfig, counts: np.ndarray, survivors: int
+                ) -> list[IntPmf]:
     """Exact pmfs of each released cell (decoded sum of the survivors' codes)."""
-    plan, lo = fedforge_plan(cfg, 1)
-    noise = [fedforge_party_noise_pmf(cfg.sigma2_central, cfg.n_parties)] * cfg.n_parties
+    plan, lo = pipe.plan(cfg, 1)
+    encode = pipe.encode(cfg)
+    noise = [pipe.noise_pmf(cfg.sigma2_central, cfg.n_parties)] * cfg.n_parties
     return [released_sum_pmf(noise, list(counts[:, c]), survivors=range(survivors),
                              encode=encode, ring=(int(lo[0]), int(plan.widths[0])))
             for c in range(counts.shape[1])]
 
 
-def exact_for_pair(cfg: FfConfig, pair: CellPair, survivors: int, *, clear: bool) -> float:
+def exact_for_pair(pipe: FfPipeline, cfg: FfConfig, pair: CellPair, survivors: int, *,
+                   clear: bool) -> float:
     """Exact ε at δ of the released cells (and the clear row count when ``clear``)."""
-    enc = fedforge_encode(cfg)
-    td = cell_tables(cfg, pair.counts_d, survivors, encode=enc)
-    tp = cell_tables(cfg, pair.counts_dprime, survivors, encode=enc)
+    td = cell_tables(pipe, cfg, pair.counts_d, survivors)
+    tp = cell_tables(pipe, cfg, pair.counts_dprime, survivors)
     pairs = list(zip(td, tp, strict=True))
     if clear and pair.clear_d is not None:
         pairs.append((point_pmf(pair.clear_d), point_pmf(pair.clear_dprime)))
     return exact_epsilon_product(pairs, DELTA)
 
 
-def search_counts(cfg: FfConfig) -> range:
+def search_counts(pipe: FfPipeline, cfg: FfConfig) -> range:
     """The record holder's counts the pair search tries: one period of the rounding
     pattern of ``rint(v/Δ)`` (about Δ for Δ ≥ 1, ``1/dist(1/Δ, Z)`` below), at most
     ``max_party_rows`` and 256 values; just {0, 1} without per-party rounding."""
-    plan, _ = fedforge_plan(cfg, 1)
+    plan, _ = pipe.plan(cfg, 1)
     inv = 1.0 / plan.step
     frac = abs(inv - round(inv))
     period = plan.step if plan.step >= 1 else (1.0 / frac if frac > 1e-9 else 1.0)
@@ -689,17 +733,17 @@ def search_counts(cfg: FfConfig) -> range:
 
 
 @functools.lru_cache(maxsize=None)
-def worst_pair(cfg: FfConfig, relation: str, survivors: int, *, clear: bool
-               ) -> tuple[float, CellPair]:
+def worst_pair(pipe: FfPipeline, cfg: FfConfig, relation: str, survivors: int, *,
+               clear: bool) -> tuple[float, CellPair]:
     """The neighbouring pair with the largest exact ε over a grid (the record holder's
     count ``c`` from :func:`search_counts`, the others' counts 0 or c): rounding residues
     make the pre-fix pipeline's leak depend on the counts. Replace-one pairs are
     searched by their first cell (add/remove tables, cheap) and then evaluated whole."""
     search_rel = "add_remove" if relation == "replace_one" else relation
     best: tuple[float, int, int] | None = None
-    for c in search_counts(cfg):
+    for c in search_counts(pipe, cfg):
         for other in sorted({0, c}):
-            e = exact_for_pair(cfg, cell_pair(cfg, search_rel, c, other), survivors,
+            e = exact_for_pair(pipe, cfg, cell_pair(cfg, search_rel, c, other), survivors,
                                clear=clear and search_rel == relation)
             if best is None or e > best[0]:
                 best = (e, c, other)
@@ -709,11 +753,11 @@ def worst_pair(cfg: FfConfig, relation: str, survivors: int, *, clear: bool
     pair = cell_pair(cfg, relation, best[1], best[2])
     if search_rel == relation:
         return best[0], pair
-    return exact_for_pair(cfg, pair, survivors, clear=clear), pair
+    return exact_for_pair(pipe, cfg, pair, survivors, clear=clear), pair
 
 
-def fedforge_sampler(cfg: FfConfig, pair: CellPair, survivors: int, *, clear: bool
-                     ) -> Callable[[int, np.random.Generator], Draws]:
+def fedforge_sampler(pipe: FfPipeline, cfg: FfConfig, pair: CellPair, survivors: int, *,
+                     clear: bool) -> Callable[[int, np.random.Generator], Draws]:
     """Draws of the released cells through the product's pipeline: each party's message
     (:func:`fedforge_party_message`), summed by the survivors in each cell's ring and
     decoded with ``synth.protocol.decode_sum``; the row count appended when ``clear``.
@@ -722,11 +766,11 @@ def fedforge_sampler(cfg: FfConfig, pair: CellPair, survivors: int, *, clear: bo
         out = []
         for counts, rows in ((pair.counts_d, pair.clear_d), (pair.counts_dprime, pair.clear_dprime)):
             cells = counts.shape[1]
-            plan, lo = fedforge_plan(cfg, n * cells)
+            plan, lo = pipe.plan(cfg, n * cells)
             mask = (np.uint64(1) << plan.widths.astype(np.uint64)) - np.uint64(1)
             total = np.zeros(n * cells, dtype=np.uint64)
             for j in range(survivors):
-                msg = fedforge_party_message(np.tile(counts[j], n), plan, rng)
+                msg = pipe.message(np.tile(counts[j], n), plan, rng)
                 total = (total + msg) & mask
             dec = decode_sum(total, lo, plan) / plan.step
             res = np.rint(dec).astype(np.int64).reshape(n, cells)
@@ -737,13 +781,12 @@ def fedforge_sampler(cfg: FfConfig, pair: CellPair, survivors: int, *, clear: bo
     return sample
 
 
-def llr_of_tables(cfg: FfConfig, pair: CellPair, survivors: int, *, clear: bool
-                  ) -> Callable[[np.ndarray], np.ndarray]:
+def llr_of_tables(pipe: FfPipeline, cfg: FfConfig, pair: CellPair, survivors: int, *,
+                  clear: bool) -> Callable[[np.ndarray], np.ndarray]:
     """The log-likelihood ratio log P_D'(y) − log P_D(y) of the released cells, from the
     tables (the optimal statistic; the auditor knows the distributions)."""
-    enc = fedforge_encode(cfg)
-    td = cell_tables(cfg, pair.counts_d, survivors, encode=enc)
-    tp = cell_tables(cfg, pair.counts_dprime, survivors, encode=enc)
+    td = cell_tables(pipe, cfg, pair.counts_d, survivors)
+    tp = cell_tables(pipe, cfg, pair.counts_dprime, survivors)
 
     def stat(y: np.ndarray) -> np.ndarray:
         y = np.asarray(y).reshape(len(y), -1)
@@ -761,22 +804,22 @@ def llr_of_tables(cfg: FfConfig, pair: CellPair, survivors: int, *, clear: bool
 
 
 def fedforge_side(cfg: FfConfig, relation: str, survivors: int, claim: Callable[[], float],
-                  *, clear: bool = False, what: str = "") -> Side:
-    """A side of a FedForge case: the worst pair from the tables, its exact ε, the
-    product's draws for that pair, and the table LLR as the statistic."""
+                  *, pipe: FfPipeline = FF_PRODUCT, clear: bool = False, what: str = "") -> Side:
+    """A side of a FedForge case: the worst pair from the tables of ``pipe``, its exact
+    ε, ``pipe``'s draws for that pair, and the table LLR as the statistic."""
     cache: dict[str, Any] = {}
 
     def pair() -> tuple[float, CellPair]:
         if "pair" not in cache:
-            cache["pair"] = worst_pair(cfg, relation, survivors, clear=clear)
+            cache["pair"] = worst_pair(pipe, cfg, relation, survivors, clear=clear)
         return cache["pair"]
 
     def sample(n: int, rng: np.random.Generator) -> Draws:
-        return fedforge_sampler(cfg, pair()[1], survivors, clear=clear)(n, rng)
+        return fedforge_sampler(pipe, cfg, pair()[1], survivors, clear=clear)(n, rng)
 
     def statistic(y: np.ndarray) -> np.ndarray:
         if "stat" not in cache:
-            cache["stat"] = llr_of_tables(cfg, pair()[1], survivors, clear=clear)
+            cache["stat"] = llr_of_tables(pipe, cfg, pair()[1], survivors, clear=clear)
         return cache["stat"](y)
 
     return Side(claim=claim, sample=sample, statistic=statistic, exact=lambda: pair()[0],
@@ -794,6 +837,7 @@ def _ff_case(name: str, what: str, cfg: FfConfig, *, survivors: int | None = Non
         main=fedforge_side(cfg, FEDFORGE_RELATION, s, claim,
                            what="the product's cell pipeline vs its claim"),
         control=fedforge_side(ctl, FEDFORGE_RELATION, s, claim,
+                              pipe=FF_PREFIX if control_cfg is None else FF_PRODUCT,
                               what="pre-fix pipeline (sigma^2/K per party, per-party rounding)"
                               if control_cfg is None else "sigma halved, same claim"),
         draws_quick=draws_quick, draws_full=draws_full, fast=fast)
