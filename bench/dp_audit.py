@@ -1,0 +1,1051 @@
+"""Empirical privacy audit: is every ε the product prints at least what its mechanisms leak?
+
+What is measured
+----------------
+For each *case* (one mechanism configuration the product ships) the audit draws the
+product's own outputs under two neighbouring inputs D and D' at the sensitivity bound
+of the stated relation, and reports
+
+* ``claim``: ε at the audit's δ = 1e-5 from the product's own accountant;
+* ``lb``: the black-box ε lower bound, valid at 95 % for the whole run (Bonferroni:
+  each of the k cases is tested at 0.05/k): the statistic is the log-likelihood ratio
+  of the two output distributions where the auditor knows them (discrete tables) or
+  the projection onto the mean-difference direction (Gaussian vector outputs), the
+  threshold is chosen on the first half of the draws and evaluated on the second half,
+  with Clopper–Pearson limits (:mod:`sim.audit`);
+* ``exact`` (discrete mechanisms): the exact ε at δ from the probability tables of the
+  released value, with every rounding, summation and modular step
+  (:func:`sim.audit.exact_epsilon`), maximised over a grid of neighbouring pairs;
+* a *positive control*: the pre-fix behaviour, the mechanism with σ halved, or the
+  pre-fix (too small) claim, which the same test must catch (``lb > claim`` or
+  ``exact > claim``), so that a weak test cannot pass.
+
+A sound product gives ``max_lb_over_claim ≤ 1``, ``exact_violations = 0`` and
+``controls_detected = controls``.
+
+Adapters
+--------
+Some of the product's fixes are being built in parallel (sound VFL accounting and
+DP-SGD, Skellam noise in FedForge). Every place where the audit stands in for a
+product function that does not exist yet is an *adapter* in the ADAPTERS section at
+the top of this file, named and marked ``ADAPTER``; re-pointing a case at the product
+is a one-line change there. Everything else calls the product's code:
+``parties.dp.EmbeddingPrivatizer``, ``parties.model.bottom_model``,
+``synth.mechanism.measure_party``, ``synth.protocol.{quant_range, quant_step,
+cell_windows, quantize_counts, decode_sum, RoundPlan}``, ``synth.accounting``.
+
+Usage::
+
+    python bench/dp_audit.py --quick --json /tmp/audit.json   # <= 10 min on 2 cores
+    python bench/dp_audit.py                                   # full: 10^5+ draws per case
+    python bench/dp_audit.py --only vfl_embedding_1            # a subset (comma-separated)
+
+JSON: ``summary`` has ``cases``, ``max_lb_over_claim``, ``exact_violations``,
+``controls`` and ``controls_detected``; ``cases`` holds one record per case (claim,
+lb and its test, exact, draws, control) and ``settings`` the run's parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import sys
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import torch  # noqa: E402
+
+from parties.dp import EmbeddingPrivatizer, composed_gaussian_mu  # noqa: E402
+from parties.model import bottom_model  # noqa: E402
+from sim.audit import (  # noqa: E402
+    IntPmf,
+    bonferroni,
+    discrete_gaussian_pmf,
+    eps_lower_bound,
+    exact_epsilon_product,
+    gdp_epsilon,
+    point_pmf,
+    projected_eps_lower_bound,
+    released_sum_pmf,
+)
+from synth.accounting import cdp_epsilon  # noqa: E402
+from synth.mechanism import measure_party, party_noise_variance  # noqa: E402
+from synth.protocol import (  # noqa: E402
+    RoundPlan,
+    cell_windows,
+    decode_sum,
+    quant_range,
+    quant_step,
+    quantize_counts,
+)
+
+DELTA = 1e-5
+ALPHA = 0.05
+
+
+# ============================================================================ ADAPTERS
+# Everything the audit assumes about product functions that are being rewritten
+# elsewhere lives here. Each ADAPTER says what it stands for and how to re-point it.
+#
+# Re-pointing checklist (when the fixes merge):
+# * VFL accounting: claim_vfl_embedding / claim_vfl_dpsgd -> the fixed accountant's ε
+#   at DELTA for the same publications/steps (keep claim_vfl_embedding_prefix: control).
+# * VFL DP-SGD: VFL_STEP = <product step>, wrapped to the signature
+#   ``step(params, x_batch, g_batch, noise, *, model, clip, sigma, lr) -> params``;
+#   it must be vmap-able over ``noise`` (pass the noise in, draw none inside).
+# * VFL preprocessing / report: vfl_encode_features, vfl_report_fields -> the fixed
+#   encoder (public metadata) and the fixed report (the controls keep today's code).
+# * FedForge: FEDFORGE_RELATION = "replace_one"; claim_fedforge_cell -> the fixed synth
+#   accountant; fedforge_party_noise_pmf -> skellam_pmf(<per-party Skellam parameter for
+#   S_min survivors>); fedforge_party_message -> the fixed party's measurement;
+#   fedforge_encode -> identity (integer sums, no per-party rounding); fedforge_plan ->
+#   the fixed planner. The controls keep the pre-fix pipeline (FF_PREFIX, today's code
+#   under ``prefix_ff_*`` names), so nothing else changes; then add S_min cases
+#   (survivors = S_min, and S_min - 1 must be refused by the product).
+
+def claim_vfl_embedding(sigma: float, releases: int) -> float:
+    """ADAPTER (to be replaced by the product accountant): ε at δ of ``releases``
+    publications of one record's clipped embedding under replace-one (rows C·e1 and
+    −C·e1: L2 sensitivity 2C), noise σC: µ = sqrt(k)·2/σ. Re-point at the fixed
+    ``parties.dp`` accountant (a ledger with ``releases`` publications, ``.epsilon(δ)``)."""
+    return gdp_epsilon(math.sqrt(releases) * 2.0 / sigma, DELTA)
+
+
+def claim_vfl_embedding_prefix(sigma: float, releases: int) -> float:
+    """The pre-fix claim (add/remove, sensitivity C): µ = sqrt(k)/σ, from today's product
+    function ``parties.dp.composed_gaussian_mu``. Kept as the positive control."""
+    return gdp_epsilon(composed_gaussian_mu(releases, sigma), DELTA)
+
+
+def claim_vfl_dpsgd(sigma_sgd: float, steps: int) -> float:
+    """ADAPTER (to be replaced by the product accountant of the VFL fix): ε at δ of
+    ``steps`` DP-SGD steps in which the record participates, replace-one, per-example
+    clip C_g, noise σ_g·C_g on the sum, no amplification: µ = sqrt(steps)·2/σ_g."""
+    return gdp_epsilon(math.sqrt(steps) * 2.0 / sigma_sgd, DELTA)
+
+
+#: ADAPTER: FedForge's neighbouring relation as the product states it today
+#: (add/remove, histogram L2 sensitivity 1). The fix states replace-one (sensitivity √2):
+#: set this to "replace_one" when it merges.
+FEDFORGE_RELATION = "add_remove"
+
+
+def claim_fedforge_cell(sigma2_central: float, relation: str = FEDFORGE_RELATION) -> float:
+    """ADAPTER (to be replaced by the fixed ``synth`` accountant): ε at δ of one clique
+    measurement with central variance σ²: ρ = Δ²/(2σ²), Δ² = 1 (add/remove) or 2
+    (replace-one), converted by the product's ``synth.accounting.cdp_epsilon``."""
+    d2 = 2.0 if relation == "replace_one" else 1.0
+    return cdp_epsilon(d2 / (2.0 * sigma2_central), DELTA)
+
+
+def fedforge_party_noise_pmf(sigma2_central: float, n_parties: int) -> IntPmf:
+    """ADAPTER (re-point when the Skellam fix merges): the table of the integer noise ONE
+    party adds per cell. Today: N_Z(0, σ²/K) (``synth.mechanism.party_noise_variance``,
+    distributed model). After the fix: the table of the product's per-party Skellam
+    noise calibrated for the minimum survivor count (:func:`sim.audit.skellam_pmf`)."""
+    return prefix_ff_noise_pmf(sigma2_central, n_parties)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FfConfig:
+    """One FedForge cell configuration (what a RoundPlan and the session fix)."""
+
+    n_parties: int
+    sigma2_central: float
+    bits: int = 0
+    max_party_rows: int = 1000
+
+    @property
+    def sigma2_party(self) -> float:
+        return party_noise_variance(self.sigma2_central, self.n_parties, "distributed")
+
+
+def fedforge_plan(cfg: FfConfig, n_cells: int) -> tuple[RoundPlan, np.ndarray]:
+    """ADAPTER (today's plan arithmetic, re-point at the fixed planner): the RoundPlan
+    the coordinator would send for ``n_cells`` cells of this configuration, and the
+    cells' window starts (``lo``) for :func:`synth.protocol.decode_sum`."""
+    return prefix_ff_plan(cfg, n_cells)
+
+
+def fedforge_party_message(counts: np.ndarray, plan: RoundPlan,
+                           rng: np.random.Generator) -> np.ndarray:
+    """ADAPTER (re-point at the fixed party's measurement): what one party sends for its
+    cells, as ring words. Today: ``quantize_counts(measure_party(...))`` (the party's
+    ``_measure``)."""
+    return prefix_ff_message(counts, plan, rng)
+
+
+def fedforge_encode(cfg: FfConfig) -> Callable[[np.ndarray], np.ndarray]:
+    """ADAPTER: the per-party integer encoding of a noisy count in the tables. Today:
+    ``rint(x/Δ)`` with the plan's Δ (identity after the fix: integer sums, no rounding)."""
+    return prefix_ff_encode(cfg)
+
+
+def vfl_dpsgd_step(params: dict[str, torch.Tensor], x: torch.Tensor, g: torch.Tensor,
+                   noise: torch.Tensor, *, model: torch.nn.Module, clip: float,
+                   sigma: float, lr: float) -> dict[str, torch.Tensor]:
+    """ADAPTER (stand-in for the VFL fix's DP-SGD step on the passive bottom model; point
+    :data:`VFL_STEP` at the product's function): per-example parameter gradients
+    J_iᵀ g_i (torch.func), each clipped to L2 norm ``clip`` over all parameters, summed,
+    Gaussian noise ``sigma·clip·noise`` added, divided by B, then one Adam step from a
+    fresh state (update ``lr·ĝ/(|ĝ| + 1e-8)``). ``noise`` is ``(P,)`` standard normal."""
+    names = list(params)
+
+    def contrib(p: dict[str, torch.Tensor], xi: torch.Tensor, gi: torch.Tensor) -> torch.Tensor:
+        h = torch.func.functional_call(model, p, (xi[None],))[0]
+        return (h * gi).sum()
+
+    per = torch.func.vmap(torch.func.grad(contrib), in_dims=(None, 0, 0))(params, x, g)
+    flat = torch.cat([per[n].reshape(x.shape[0], -1) for n in names], dim=1)
+    norms = torch.linalg.vector_norm(flat, dim=1, keepdim=True)
+    clipped = flat * (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
+    total = (clipped.sum(0) + sigma * clip * noise) / x.shape[0]
+    upd = lr * total / (total.abs() + 1e-8)
+    return _unflatten_sub(params, upd)
+
+
+def vfl_plain_step(params: dict[str, torch.Tensor], x: torch.Tensor, g: torch.Tensor,
+                   noise: torch.Tensor, *, model: torch.nn.Module, clip: float,
+                   sigma: float, lr: float) -> dict[str, torch.Tensor]:
+    """The pre-fix passive step (``parties.model.PassiveCompute.backward``: back-propagate
+    the cut-layer gradient, one Adam step from a fresh state; no clipping, no noise), as
+    a pure function: the positive control of the end-to-end VFL cases."""
+    del clip, sigma, noise
+    names = list(params)
+
+    def total(p: dict[str, torch.Tensor]) -> torch.Tensor:
+        return (torch.func.functional_call(model, p, (x,)) * g).sum()
+
+    grads = torch.func.grad(total)(params)
+    flat = torch.cat([grads[n].reshape(-1) for n in names]) / x.shape[0]
+    return _unflatten_sub(params, lr * flat / (flat.abs() + 1e-8))
+
+
+def _unflatten_sub(params: dict[str, torch.Tensor], upd: torch.Tensor) -> dict[str, torch.Tensor]:
+    out, at = {}, 0
+    for n, p in params.items():
+        out[n] = p - upd[at: at + p.numel()].reshape(p.shape)
+        at += p.numel()
+    return out
+
+
+def vfl_encode_features(frame: Any, columns: Sequence[str], train_idx: np.ndarray
+                        ) -> np.ndarray:
+    """ADAPTER (re-point at the fix's encoder fitted from public metadata): the passive
+    party's encoded training features. Today: ``parties.data.encode_party_features``,
+    whose scaler, imputer and category sets are fitted on the private training rows."""
+    from parties.data import encode_party_features
+    return encode_party_features(frame, columns, train_idx, np.zeros(0, dtype=np.int64)).x_train
+
+
+def vfl_report_fields(frame: Any, columns: Sequence[str], train_idx: np.ndarray
+                      ) -> dict[str, float]:
+    """ADAPTER (re-point at the fixed passive report): the value-derived fields of the
+    passive party's report. Today ``n_features`` is the encoded width
+    (``parties/runtime.py``: ``x_train.shape[1]``), which counts observed categories."""
+    return {"n_features": float(vfl_encode_features(frame, columns, train_idx).shape[1])}
+
+
+#: ADAPTER: the product's DP-SGD step (one line to re-point).
+VFL_STEP: Callable[..., dict[str, torch.Tensor]] = vfl_dpsgd_step
+#: The pre-fix step (positive control).
+VFL_PREFIX_STEP: Callable[..., dict[str, torch.Tensor]] = vfl_plain_step
+# ============================================================================ end of ADAPTERS
+
+
+# ---------------------------------------------------------------------------- FedForge pipelines
+# The pre-fix FedForge pipeline, today's product code: the positive controls keep it
+# when the adapters above are re-pointed at the fix.
+def prefix_ff_noise_pmf(sigma2_central: float, n_parties: int) -> IntPmf:
+    """Pre-fix per-party noise table: N_Z(0, σ²/K)."""
+    return discrete_gaussian_pmf(party_noise_variance(sigma2_central, n_parties, "distributed"))
+
+
+def prefix_ff_plan(cfg: FfConfig, n_cells: int) -> tuple[RoundPlan, np.ndarray]:
+    """Pre-fix plan: ``synth.protocol.quant_range``/``quant_step``/``cell_windows``."""
+    h_min, h_max = quant_range(cfg.max_party_rows, cfg.sigma2_party)
+    step = quant_step(h_min, h_max, cfg.sigma2_party, cfg.bits)
+    upper = np.full(n_cells, float(cfg.max_party_rows * cfg.n_parties))
+    lo, widths = cell_windows(upper, sigma_sum=math.sqrt(cfg.sigma2_central), step=step,
+                              n_parties=cfg.n_parties, uniform=True)
+    plan = RoundPlan(round=0, name="audit", cliques=(("cell",),), sizes=(n_cells,),
+                     sigma2_central=cfg.sigma2_central, noise_model="distributed",
+                     n_parties=cfg.n_parties, step=step, cell_bits=widths.tobytes(),
+                     timeout_s=1.0)
+    return plan, lo
+
+
+def prefix_ff_message(counts: np.ndarray, plan: RoundPlan,
+                      rng: np.random.Generator) -> np.ndarray:
+    """Pre-fix party message: ``quantize_counts(measure_party(...))``."""
+    noisy = measure_party(counts, sigma2_central=plan.sigma2_central,
+                          n_parties=plan.n_parties, model=plan.noise_model, rng=rng)
+    return quantize_counts(np.asarray(noisy, dtype=np.float64), plan)
+
+
+def prefix_ff_encode(cfg: FfConfig) -> Callable[[np.ndarray], np.ndarray]:
+    """Pre-fix per-party encoding: ``rint(x/Δ)``."""
+    plan, _ = prefix_ff_plan(cfg, 1)
+    return lambda v: np.rint(np.asarray(v, dtype=np.float64) / plan.step)
+
+
+@dataclass(frozen=True, slots=True)
+class FfPipeline:
+    """The four pieces of a FedForge cell pipeline the audit needs."""
+
+    name: str
+    noise_pmf: Callable[[float, int], IntPmf]
+    plan: Callable[[FfConfig, int], tuple[RoundPlan, np.ndarray]]
+    message: Callable[[np.ndarray, RoundPlan, np.random.Generator], np.ndarray]
+    encode: Callable[[FfConfig], Callable[[np.ndarray], np.ndarray]]
+
+
+#: The product as shipped (through the adapters).
+FF_PRODUCT = FfPipeline("product", fedforge_party_noise_pmf, fedforge_plan,
+                        fedforge_party_message, fedforge_encode)
+#: The pre-fix pipeline (positive controls).
+FF_PREFIX = FfPipeline("prefix", prefix_ff_noise_pmf, prefix_ff_plan, prefix_ff_message,
+                       prefix_ff_encode)
+
+
+# ---------------------------------------------------------------------------- case registry
+Draws = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Side:
+    """One audited mechanism: how to draw its outputs and what to compare them with.
+
+    Attributes:
+        claim: ε at δ the product claims (the accountant's figure), a thunk.
+        sample: ``(n, rng) -> (outputs under D, outputs under D')``, rows are draws;
+            None: reuse the main side's draws (a control that only changes the claim).
+        statistic: scalar statistic of the outputs (e.g. the LLR from the tables), or
+            None: project vector outputs onto the mean difference (first half).
+        exact: ``() -> ε`` from the probability tables, or None (not discrete).
+        what: one line saying what this side is.
+    """
+
+    claim: Callable[[], float]
+    sample: Callable[[int, np.random.Generator], Draws] | None
+    statistic: Callable[[np.ndarray], np.ndarray] | None = None
+    exact: Callable[[], float] | None = None
+    what: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Case:
+    """A case: the mechanism as shipped (``main``) and its positive control."""
+
+    name: str
+    group: str
+    what: str
+    main: Side
+    control: Side
+    draws_quick: int
+    draws_full: int
+    fast: bool = False  # in the test suite's fast subset
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+REGISTRY: dict[str, Case] = {}
+
+
+def register(case: Case) -> Case:
+    """Add ``case`` to :data:`REGISTRY` (names are unique)."""
+    if case.name in REGISTRY:
+        raise ValueError(f"duplicate case {case.name!r}")
+    REGISTRY[case.name] = case
+    return case
+
+
+# ---------------------------------------------------------------------------- VFL embeddings
+def _seed(rng: np.random.Generator) -> int:
+    return int(rng.integers(0, 2**63 - 1))
+
+
+def vfl_embedding_sampler(*, sigma: float, releases: int, clip: float = 1.0, dim: int = 4,
+                          scale: float = 3.0) -> Callable[[int, np.random.Generator], Draws]:
+    """Draws of ``releases`` publications of one record's embedding through the product's
+    :class:`parties.dp.EmbeddingPrivatizer`: the row is ``scale·C·e1`` under D and
+    ``−scale·C·e1`` under D' (clipped to ±C·e1 by the product: replace-one at the
+    sensitivity bound 2C). Output ``(n, releases·dim)``."""
+    def sample(n: int, rng: np.random.Generator) -> Draws:
+        out = []
+        for sign in (1.0, -1.0):
+            priv = EmbeddingPrivatizer(clip_norm=clip, noise_multiplier=sigma, seed=_seed(rng))
+            h = torch.zeros(n * releases, dim)
+            h[:, 0] = sign * scale * clip
+            _, pub = priv(h)
+            out.append(pub.numpy().reshape(n, releases * dim))
+        return out[0], out[1]
+    return sample
+
+
+def _vfl_embedding_case(name: str, sigma: float, releases: int, fast: bool = False) -> Case:
+    return Case(
+        name=name, group="vfl",
+        what=f"VFL embedding release, replace-one (±C·e1), sigma={sigma:g}, "
+             f"{releases} release(s) of the record",
+        main=Side(claim=lambda: claim_vfl_embedding(sigma, releases),
+                  sample=vfl_embedding_sampler(sigma=sigma, releases=releases),
+                  what="EmbeddingPrivatizer vs the replace-one claim mu = sqrt(k)*2/sigma"),
+        control=Side(claim=lambda: claim_vfl_embedding_prefix(sigma, releases), sample=None,
+                     what="the same draws vs the pre-fix claim mu = sqrt(k)/sigma"),
+        draws_quick=1_000_000, draws_full=2_000_000, fast=fast)
+
+
+register(_vfl_embedding_case("vfl_embedding_1", sigma=1.0, releases=1, fast=True))
+register(_vfl_embedding_case("vfl_embedding_k4", sigma=2.0, releases=4))
+
+
+def _nan_case() -> Case:
+    sigma = 4.0
+
+    def sample(n: int, rng: np.random.Generator) -> Draws:
+        out = []
+        for bad in (False, True):
+            priv = EmbeddingPrivatizer(clip_norm=1.0, noise_multiplier=sigma, seed=_seed(rng))
+            h = torch.zeros(n, 4)
+            h[:, 0] = float("nan") if bad else 1.0
+            out.append(priv(h)[1].numpy())
+        return out[0], out[1]
+
+    def stat(y: np.ndarray) -> np.ndarray:
+        y = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
+        return np.where(np.isnan(y).any(axis=1), 1e6, np.nan_to_num(y[:, 0]))
+
+    return Case(
+        name="vfl_embedding_nan_row", group="vfl",
+        what="VFL embedding release of a row that is NaN under D' (C*e1 under D), sigma=4",
+        main=Side(claim=lambda: claim_vfl_embedding(sigma, 1), sample=sample, statistic=stat,
+                  what="EmbeddingPrivatizer on a NaN row vs the replace-one claim"),
+        control=Side(claim=lambda: claim_vfl_embedding_prefix(sigma, 1), sample=None,
+                     statistic=stat, what="the same draws vs the pre-fix claim"),
+        draws_quick=200_000, draws_full=1_000_000)
+
+
+register(_nan_case())
+
+
+# ---------------------------------------------------------------------------- VFL preprocessing
+def _audit_frame(rng_seed: int, rows: int = 200) -> Any:
+    """A small table (numeric a, b; categorical c) the auditor chooses."""
+    import pandas as pd
+    r = np.random.default_rng(rng_seed)
+    # the auditor picks the data: spread numeric values (±3) make the scaler's shift
+    # visible in every other record's encoding
+    return pd.DataFrame({"a": r.choice([-3.0, 3.0], size=rows),
+                         "b": r.choice([-3.0, 3.0], size=rows),
+                         "c": r.choice(["x", "y", "z"], size=rows)})
+
+
+def vfl_preprocess_sampler(*, sigma: float, change: dict[str, Any], others: int = 1024,
+                           dim: int = 8, encode: Callable[..., np.ndarray] | None = None
+                           ) -> Callable[[int, np.random.Generator], Draws]:
+    """Draws of OTHER records' published embeddings when the canary (row 0) changes
+    (``change``: column -> its value under D'), through the party's encoder
+    (:func:`vfl_encode_features`), a fixed ``parties.model.bottom_model`` and the
+    product's ``EmbeddingPrivatizer`` (C = 1).
+
+    The auditor knows both output distributions (Gaussians around the clipped
+    embeddings, computed with the product's ``clip_rows``), so each draw is reduced on
+    the fly to the optimal statistic, its projection onto the known mean difference
+    (the log-likelihood ratio up to an affine map): output ``(n, 1)``."""
+    from parties.dp import clip_rows
+
+    def sample(n: int, rng: np.random.Generator) -> Draws:
+        frame = _audit_frame(0, rows=others + 1)
+        cols = ["a", "b", "c"]
+        train = np.arange(len(frame))
+        alt = frame.copy()
+        for k, v in change.items():
+            alt.loc[0, k] = v
+        torch.manual_seed(0)  # the same bottom model for every side and control
+        enc = encode or vfl_encode_features
+        xs = [enc(f, cols, train) for f in (frame, alt)]
+        d_in = max(x.shape[1] for x in xs)
+        model = bottom_model(d_in, (16,), dim)
+        hs = []
+        for x in xs:
+            x = np.pad(x, ((0, 0), (0, d_in - x.shape[1])))
+            with torch.no_grad():
+                hs.append(model(torch.from_numpy(np.ascontiguousarray(x[1: 1 + others]))))
+        diff = (clip_rows(hs[1], 1.0) - clip_rows(hs[0], 1.0)).reshape(-1)
+        norm = float(diff.norm())
+        v = diff / norm if norm > 0 else diff
+        out = []
+        for h in hs:
+            priv = EmbeddingPrivatizer(clip_norm=1.0, noise_multiplier=sigma, seed=_seed(rng))
+            parts = []
+            with torch.no_grad():
+                for at in range(0, n, 1000):
+                    m = min(1000, n - at)
+                    pub = priv(h.repeat(m, 1))[1].reshape(m, others * dim)
+                    parts.append((pub @ v).numpy())
+            out.append(np.concatenate(parts)[:, None])
+        return out[0], out[1]
+    return sample
+
+
+def _prefix_encode(frame: Any, columns: Sequence[str], train_idx: np.ndarray) -> np.ndarray:
+    """The pre-fix encoder (fitted on the private rows): the positive control."""
+    from parties.data import encode_party_features
+    return encode_party_features(frame, columns, train_idx, np.zeros(0, dtype=np.int64)).x_train
+
+
+def _preprocess_case() -> Case:
+    sigma = 4.0
+    change = {"a": 1e4, "b": 1e4}
+    return Case(
+        name="vfl_preprocess_scaler", group="vfl",
+        what="VFL preprocessing: one outlier record (a = b = 1e4) moves the fitted scaler; "
+             "the audit sees only 1024 OTHER records' published embeddings, sigma=4",
+        main=Side(claim=lambda: claim_vfl_embedding(sigma, 1),
+                  sample=vfl_preprocess_sampler(sigma=sigma, change=change),
+                  statistic=lambda y: np.asarray(y)[:, 0],
+                  what="the party's encoder (vfl_encode_features) vs the record's claim"),
+        control=Side(claim=lambda: claim_vfl_embedding(sigma, 1),
+                     sample=vfl_preprocess_sampler(sigma=sigma, change=change,
+                                                   encode=_prefix_encode),
+                     statistic=lambda y: np.asarray(y)[:, 0],
+                     what="pre-fix encoder fitted on the private rows, same claim"),
+        draws_quick=20_000, draws_full=100_000)
+
+
+register(_preprocess_case())
+
+
+def _report_case() -> Case:
+    sigma = 4.0
+
+    def sample_with(fields: Callable[..., dict[str, float]]
+                    ) -> Callable[[int, np.random.Generator], Draws]:
+        def sample(n: int, rng: np.random.Generator) -> Draws:
+            frame = _audit_frame(int(rng.integers(0, 2**31 - 1)))
+            alt = frame.copy()
+            alt.loc[0, "c"] = "unique"
+            train = np.arange(len(frame))
+            out = []
+            for f in (frame, alt):
+                rep = fields(f, ["a", "b", "c"], train)
+                out.append(np.tile(np.array([rep[k] for k in sorted(rep)]), (n, 1)))
+            return out[0], out[1]
+        return sample
+
+    def exact_with(fields: Callable[..., dict[str, float]]) -> Callable[[], float]:
+        def exact() -> float:
+            frame = _audit_frame(0)
+            alt = frame.copy()
+            alt.loc[0, "c"] = "unique"
+            train = np.arange(len(frame))
+            a, b = fields(frame, ["a", "b", "c"], train), fields(alt, ["a", "b", "c"], train)
+            pairs = [(point_pmf(int(round(a[k] * 1000))), point_pmf(int(round(b[k] * 1000))))
+                     for k in sorted(a)]
+            return exact_epsilon_product(pairs, DELTA)
+        return exact
+
+    from parties.data import encode_party_features
+
+    def prefix_fields(f: Any, c: Sequence[str], t: np.ndarray) -> dict[str, float]:
+        x = encode_party_features(f, c, t, np.zeros(0, dtype=np.int64)).x_train
+        return {"n_features": float(x.shape[1])}
+
+    return Case(
+        name="vfl_report_n_features", group="vfl",
+        what="VFL passive report: n_features when the record has a unique category value",
+        main=Side(claim=lambda: claim_vfl_embedding(sigma, 1),
+                  sample=sample_with(vfl_report_fields),
+                  statistic=lambda y: np.asarray(y, dtype=np.float64).sum(axis=1),
+                  exact=exact_with(vfl_report_fields),
+                  what="the report's value-derived fields vs the record's claim"),
+        control=Side(claim=lambda: claim_vfl_embedding(sigma, 1),
+                     sample=sample_with(prefix_fields),
+                     statistic=lambda y: np.asarray(y, dtype=np.float64).sum(axis=1),
+                     exact=exact_with(prefix_fields),
+                     what="pre-fix report (n_features counts observed categories)"),
+        draws_quick=100_000, draws_full=100_000)
+
+
+register(_report_case())
+
+
+# ---------------------------------------------------------------------------- VFL end to end
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VflE2e:
+    """The end-to-end VFL setting: one step on a batch that holds the canary, then the
+    publication of ``later`` batches of OTHER records' embeddings."""
+
+    d_in: int = 8
+    hidden: tuple[int, ...] = (16,)
+    dim: int = 8
+    batch: int = 16
+    later: int = 3
+    later_batch: int = 32
+    clip_grad: float = 1.0
+    sigma_sgd: float = 4.0
+    clip_emb: float = 1.0
+    sigma_emb: float = 0.5
+    lr: float = 0.05
+    canary_scale: float = 10.0
+    canary_grad: float = 100.0
+    chunk: int = 2000
+
+
+def vfl_e2e_sampler(cfg: VflE2e, step: Callable[..., dict[str, torch.Tensor]]
+                    ) -> Callable[[int, np.random.Generator], Draws]:
+    """Draws of OTHER records' published embeddings after one step of ``step`` on a batch
+    holding the canary (features ``+s·u`` under D, ``−s·u`` under D'; the adversarial
+    active party sends it a large cut-layer gradient). The draws are batched with
+    ``torch.func.vmap`` over ``step`` (noise batched, everything else shared), the
+    later embeddings through the product's ``bottom_model`` and
+    ``EmbeddingPrivatizer``. Output ``(n, later·later_batch·dim)``."""
+    def sample(n: int, rng: np.random.Generator) -> Draws:
+        torch.manual_seed(int(rng.integers(0, 2**31 - 1)))
+        model = bottom_model(cfg.d_in, cfg.hidden, cfg.dim)
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        n_params = sum(p.numel() for p in params.values())
+        gen = torch.Generator().manual_seed(_seed(rng))
+        x = torch.randn(cfg.batch, cfg.d_in, generator=gen)
+        g = torch.randn(cfg.batch, cfg.dim, generator=gen) * 0.1
+        u = torch.randn(cfg.d_in, generator=gen)
+        u = u / u.norm()
+        g[0] = cfg.canary_grad * torch.ones(cfg.dim) / math.sqrt(cfg.dim)
+        others = torch.randn(cfg.later * cfg.later_batch, cfg.d_in, generator=gen)
+        kw = dict(model=model, clip=cfg.clip_grad, sigma=cfg.sigma_sgd, lr=cfg.lr)
+
+        def one(noise: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
+            p = step(params, xb, g, noise, **kw)
+            return torch.func.functional_call(model, p, (others,))
+
+        out = []
+        for sign in (1.0, -1.0):
+            xb = x.clone()
+            xb[0] = sign * cfg.canary_scale * u
+            priv = EmbeddingPrivatizer(clip_norm=cfg.clip_emb, noise_multiplier=cfg.sigma_emb,
+                                       seed=_seed(rng))
+            parts = []
+            with torch.no_grad():
+                for at in range(0, n, cfg.chunk):
+                    m = min(cfg.chunk, n - at)
+                    noise = torch.randn(m, n_params, generator=gen)
+                    emb = torch.func.vmap(one, in_dims=(0, None))(noise, xb)
+                    _, pub = priv(emb.reshape(-1, cfg.dim))
+                    parts.append(pub.reshape(m, -1).numpy())
+            out.append(np.concatenate(parts))
+        return out[0], out[1]
+    return sample
+
+
+def _vfl_e2e_case(name: str, cfg: VflE2e) -> Case:
+    return Case(
+        name=name, group="vfl-e2e",
+        what=f"VFL end to end: one bottom-model step with the canary (replace-one), then "
+             f"{cfg.later} later batches of {cfg.later_batch} OTHER records' published "
+             f"embeddings; sigma_sgd={cfg.sigma_sgd:g}",
+        main=Side(claim=lambda: claim_vfl_dpsgd(cfg.sigma_sgd, 1),
+                  sample=vfl_e2e_sampler(cfg, VFL_STEP),
+                  what="DP-SGD step (VFL_STEP) vs mu = 2/sigma_sgd"),
+        control=Side(claim=lambda: claim_vfl_dpsgd(cfg.sigma_sgd, 1),
+                     sample=vfl_e2e_sampler(cfg, VFL_PREFIX_STEP),
+                     what="pre-fix step (no per-example clipping, no noise), same claim"),
+        draws_quick=20_000, draws_full=100_000)
+
+
+register(_vfl_e2e_case("vfl_e2e_step_3later", VflE2e()))
+register(_vfl_e2e_case("vfl_e2e_step_20later", VflE2e(later=20, later_batch=16)))
+
+
+# ---------------------------------------------------------------------------- FedForge cells
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellPair:
+    """A neighbouring pair of per-party cell counts: ``counts_d[j, c]`` and
+    ``counts_dprime[j, c]`` (party j, cell c), plus the counts released in clear (the
+    parties' row counts, or None when nothing travels in clear)."""
+
+    counts_d: np.ndarray
+    counts_dprime: np.ndarray
+    clear_d: int | None = None
+    clear_dprime: int | None = None
+
+
+def cell_pair(cfg: FfConfig, relation: str, c: int, other: int) -> CellPair:
+    """The pair the audit uses: party 0 holds the record; the other parties hold
+    ``other`` in each cell. Add/remove: one cell, ``c`` vs ``c + 1`` (and the row count
+    changes by one). Replace-one: two cells, ``(c + 1, c)`` vs ``(c, c + 1)``."""
+    k = cfg.n_parties
+    if relation == "replace_one":
+        d = np.full((k, 2), other, dtype=np.int64)
+        dp = d.copy()
+        d[0] = (c + 1, c)
+        dp[0] = (c, c + 1)
+        return CellPair(counts_d=d, counts_dprime=dp, clear_d=100, clear_dprime=100)
+    d = np.full((k, 1), other, dtype=np.int64)
+    dp = d.copy()
+    d[0, 0] = c
+    dp[0, 0] = c + 1
+    return CellPair(counts_d=d, counts_dprime=dp, clear_d=100, clear_dprime=101)
+
+
+def cell_tables(pipe: FfPipeline, cfg: FfConfig, counts: np.ndarray, survivors: int
+                ) -> list[IntPmf]:
+    """Exact pmfs of each released cell (decoded sum of the survivors' codes)."""
+    plan, lo = pipe.plan(cfg, 1)
+    encode = pipe.encode(cfg)
+    noise = [pipe.noise_pmf(cfg.sigma2_central, cfg.n_parties)] * cfg.n_parties
+    return [released_sum_pmf(noise, list(counts[:, c]), survivors=range(survivors),
+                             encode=encode, ring=(int(lo[0]), int(plan.widths[0])))
+            for c in range(counts.shape[1])]
+
+
+def exact_for_pair(pipe: FfPipeline, cfg: FfConfig, pair: CellPair, survivors: int, *,
+                   clear: bool) -> float:
+    """Exact ε at δ of the released cells (and the clear row count when ``clear``)."""
+    td = cell_tables(pipe, cfg, pair.counts_d, survivors)
+    tp = cell_tables(pipe, cfg, pair.counts_dprime, survivors)
+    pairs = list(zip(td, tp, strict=True))
+    if clear and pair.clear_d is not None:
+        pairs.append((point_pmf(pair.clear_d), point_pmf(pair.clear_dprime)))
+    return exact_epsilon_product(pairs, DELTA)
+
+
+def search_counts(pipe: FfPipeline, cfg: FfConfig) -> range:
+    """The record holder's counts the pair search tries: one period of the rounding
+    pattern of ``rint(v/Δ)`` (about Δ for Δ ≥ 1, ``1/dist(1/Δ, Z)`` below), at most
+    ``max_party_rows`` and 256 values; just {0, 1} without per-party rounding."""
+    plan, _ = pipe.plan(cfg, 1)
+    inv = 1.0 / plan.step
+    frac = abs(inv - round(inv))
+    period = plan.step if plan.step >= 1 else (1.0 / frac if frac > 1e-9 else 1.0)
+    return range(int(min(cfg.max_party_rows, 256, math.ceil(2 * period) + 3)))
+
+
+@functools.lru_cache(maxsize=None)
+def worst_pair(pipe: FfPipeline, cfg: FfConfig, relation: str, survivors: int, *,
+               clear: bool) -> tuple[float, CellPair]:
+    """The neighbouring pair with the largest exact ε over a grid (the record holder's
+    count ``c`` from :func:`search_counts`, the others' counts 0 or c): rounding residues
+    make the pre-fix pipeline's leak depend on the counts. Replace-one pairs are
+    searched by their first cell (add/remove tables, cheap) and then evaluated whole."""
+    search_rel = "add_remove" if relation == "replace_one" else relation
+    best: tuple[float, int, int] | None = None
+    for c in search_counts(pipe, cfg):
+        for other in sorted({0, c}):
+            e = exact_for_pair(pipe, cfg, cell_pair(cfg, search_rel, c, other), survivors,
+                               clear=clear and search_rel == relation)
+            if best is None or e > best[0]:
+                best = (e, c, other)
+            if math.isinf(e):
+                break
+    assert best is not None
+    pair = cell_pair(cfg, relation, best[1], best[2])
+    if search_rel == relation:
+        return best[0], pair
+    return exact_for_pair(pipe, cfg, pair, survivors, clear=clear), pair
+
+
+def fedforge_sampler(pipe: FfPipeline, cfg: FfConfig, pair: CellPair, survivors: int, *,
+                     clear: bool) -> Callable[[int, np.random.Generator], Draws]:
+    """Draws of the released cells through the product's pipeline: each party's message
+    (:func:`fedforge_party_message`), summed by the survivors in each cell's ring and
+    decoded with ``synth.protocol.decode_sum``; the row count appended when ``clear``.
+    Output ``(n, cells [+1])`` in code units."""
+    def sample(n: int, rng: np.random.Generator) -> Draws:
+        out = []
+        for counts, rows in ((pair.counts_d, pair.clear_d), (pair.counts_dprime, pair.clear_dprime)):
+            cells = counts.shape[1]
+            plan, lo = pipe.plan(cfg, n * cells)
+            mask = (np.uint64(1) << plan.widths.astype(np.uint64)) - np.uint64(1)
+            total = np.zeros(n * cells, dtype=np.uint64)
+            for j in range(survivors):
+                msg = pipe.message(np.tile(counts[j], n), plan, rng)
+                total = (total + msg) & mask
+            dec = decode_sum(total, lo, plan) / plan.step
+            res = np.rint(dec).astype(np.int64).reshape(n, cells)
+            if clear and rows is not None:
+                res = np.concatenate([res, np.full((n, 1), rows, dtype=np.int64)], axis=1)
+            out.append(res)
+        return out[0], out[1]
+    return sample
+
+
+def llr_of_tables(pipe: FfPipeline, cfg: FfConfig, pair: CellPair, survivors: int, *,
+                  clear: bool) -> Callable[[np.ndarray], np.ndarray]:
+    """The log-likelihood ratio log P_D'(y) − log P_D(y) of the released cells, from the
+    tables (the optimal statistic; the auditor knows the distributions)."""
+    td = cell_tables(pipe, cfg, pair.counts_d, survivors)
+    tp = cell_tables(pipe, cfg, pair.counts_dprime, survivors)
+
+    def stat(y: np.ndarray) -> np.ndarray:
+        y = np.asarray(y).reshape(len(y), -1)
+        s = np.zeros(len(y))
+        for c, (a, b) in enumerate(zip(td, tp, strict=True)):
+            lq, lp = b.log_prob(y[:, c]), a.log_prob(y[:, c])
+            with np.errstate(invalid="ignore"):
+                d = lq - lp
+            s += np.nan_to_num(d, nan=0.0, posinf=1e6, neginf=-1e6)
+        if (clear and pair.clear_d is not None and pair.clear_d != pair.clear_dprime
+                and y.shape[1] > len(td)):
+            s += np.where(y[:, -1] == pair.clear_dprime, 1e6, -1e6)
+        return s
+    return stat
+
+
+def fedforge_side(cfg: FfConfig, relation: str, survivors: int, claim: Callable[[], float],
+                  *, pipe: FfPipeline = FF_PRODUCT, clear: bool = False, what: str = "") -> Side:
+    """A side of a FedForge case: the worst pair from the tables of ``pipe``, its exact
+    ε, ``pipe``'s draws for that pair, and the table LLR as the statistic."""
+    cache: dict[str, Any] = {}
+
+    def pair() -> tuple[float, CellPair]:
+        if "pair" not in cache:
+            cache["pair"] = worst_pair(pipe, cfg, relation, survivors, clear=clear)
+        return cache["pair"]
+
+    def sample(n: int, rng: np.random.Generator) -> Draws:
+        return fedforge_sampler(pipe, cfg, pair()[1], survivors, clear=clear)(n, rng)
+
+    def statistic(y: np.ndarray) -> np.ndarray:
+        if "stat" not in cache:
+            cache["stat"] = llr_of_tables(pipe, cfg, pair()[1], survivors, clear=clear)
+        return cache["stat"](y)
+
+    return Side(claim=claim, sample=sample, statistic=statistic, exact=lambda: pair()[0],
+                what=what)
+
+
+def _ff_case(name: str, what: str, cfg: FfConfig, *, survivors: int | None = None,
+             control_cfg: FfConfig | None = None, draws_quick: int = 1_000_000,
+             draws_full: int = 2_000_000, fast: bool = False) -> Case:
+    s = cfg.n_parties if survivors is None else survivors
+    claim = lambda: claim_fedforge_cell(cfg.sigma2_central)  # noqa: E731
+    ctl = control_cfg or cfg
+    return Case(
+        name=name, group="fedforge", what=what,
+        main=fedforge_side(cfg, FEDFORGE_RELATION, s, claim,
+                           what="the product's cell pipeline vs its claim"),
+        control=fedforge_side(ctl, FEDFORGE_RELATION, s, claim,
+                              pipe=FF_PREFIX if control_cfg is None else FF_PRODUCT,
+                              what="pre-fix pipeline (sigma^2/K per party, per-party rounding)"
+                              if control_cfg is None else "sigma halved, same claim"),
+        draws_quick=draws_quick, draws_full=draws_full, fast=fast)
+
+
+register(_ff_case("ff_central_s1", "FedForge reference: one party (K = 1), sigma^2 = 1",
+                  FfConfig(n_parties=1, sigma2_central=1.0),
+                  control_cfg=FfConfig(n_parties=1, sigma2_central=0.25), fast=True))
+register(_ff_case("ff_k10_s1", "FedForge cell, K = 10, sigma^2 = 1 (sigma^2/K = 0.1)",
+                  FfConfig(n_parties=10, sigma2_central=1.0), fast=True))
+register(_ff_case("ff_k100_s1", "FedForge cell, K = 100, sigma^2 = 1",
+                  FfConfig(n_parties=100, sigma2_central=1.0), draws_quick=100_000,
+                  draws_full=200_000))
+register(_ff_case("ff_k10_s10", "FedForge cell, K = 10, sigma^2 = 10 (sigma^2/K = 1)",
+                  FfConfig(n_parties=10, sigma2_central=10.0)))
+register(_ff_case("ff_bits6_s100", "FedForge cell, bits = 6, K = 10, sigma^2 = 100",
+                  FfConfig(n_parties=10, sigma2_central=100.0, bits=6)))
+register(_ff_case("ff_dropout_4of10", "FedForge dropouts: 4 of 10 survive, sigma^2 = 16",
+                  FfConfig(n_parties=10, sigma2_central=16.0), survivors=4))
+register(_ff_case("ff_dropout_1of2", "FedForge dropouts: 1 of 2 survives, sigma^2 = 4",
+                  FfConfig(n_parties=2, sigma2_central=4.0), survivors=1))
+
+
+def _rowcount_case() -> Case:
+    cfg = FfConfig(n_parties=10, sigma2_central=10.0)
+    claim = lambda: claim_fedforge_cell(cfg.sigma2_central)  # noqa: E731
+    return Case(
+        name="ff_rowcount_clear", group="fedforge",
+        what="FedForge cell plus the party's row count in clear, K = 10, sigma^2 = 10, "
+             f"relation as stated ({FEDFORGE_RELATION})",
+        main=fedforge_side(cfg, FEDFORGE_RELATION, 10, claim, clear=True,
+                           what="cell + clear row count under the stated relation"),
+        control=fedforge_side(cfg, "add_remove", 10, claim, clear=True,
+                              what="add/remove: the clear row count is a deterministic "
+                                   "disclosure (eps = inf)"),
+        draws_quick=100_000, draws_full=300_000)
+
+
+register(_rowcount_case())
+
+
+def _replace_one_case() -> Case:
+    cfg = FfConfig(n_parties=10, sigma2_central=10.0)
+    return Case(
+        name="ff_replace_one_s10", group="fedforge",
+        what="FedForge, replace-one (one cell -1, another +1: L2 sensitivity sqrt 2), "
+             "K = 10, sigma^2 = 10, claim under replace-one",
+        main=fedforge_side(cfg, "replace_one", 10,
+                           lambda: claim_fedforge_cell(cfg.sigma2_central, "replace_one"),
+                           what="two cells vs the replace-one claim"),
+        control=fedforge_side(cfg, "replace_one", 10,
+                              lambda: claim_fedforge_cell(cfg.sigma2_central, "add_remove"),
+                              what="two cells vs the add/remove claim (sensitivity 1)"),
+        draws_quick=1_000_000, draws_full=2_000_000)
+
+
+register(_replace_one_case())
+
+
+# ---------------------------------------------------------------------------- running
+def _lb(side: Side, draws: Draws, alpha: float) -> dict[str, Any]:
+    a, b = draws
+    if side.statistic is not None:
+        res = eps_lower_bound(side.statistic(a), side.statistic(b), delta=DELTA, alpha=alpha)
+    else:
+        res = projected_eps_lower_bound(a, b, delta=DELTA, alpha=alpha)
+    return {"eps": res.eps, "fp": res.fp, "fn": res.fn, "n_eval": [res.n_d, res.n_dprime],
+            "fpr_hi": res.fpr_hi, "fnr_hi": res.fnr_hi, "direction": res.direction,
+            "threshold": res.threshold, "mu_hat": res.mu_hat, "alpha": alpha}
+
+
+def run_case(case: Case, *, n: int, alpha: float, seed: int) -> dict[str, Any]:
+    """Run one case: both sides, their bounds, exact ε and the verdicts."""
+    t0 = time.perf_counter()
+    rng = np.random.default_rng([seed, zlib.crc32(case.name.encode())])
+    main_claim = float(case.main.claim())
+    assert case.main.sample is not None
+    main_draws = case.main.sample(n, rng)
+    main_lb = _lb(case.main, main_draws, alpha)
+    main_exact = float(case.main.exact()) if case.main.exact is not None else None
+    ctl_claim = float(case.control.claim())
+    if case.control.sample is None:
+        ctl_lb = _lb(case.main if case.control.statistic is None else case.control, main_draws,
+                     alpha)
+    else:
+        ctl_lb = _lb(case.control, case.control.sample(n, rng), alpha)
+    del main_draws
+    ctl_exact = (float(case.control.exact()) if case.control.exact is not None
+                 else main_exact if case.control.sample is None else None)
+    by_lb = ctl_lb["eps"] > ctl_claim
+    by_exact = ctl_exact is not None and ctl_exact > ctl_claim * (1 + 1e-9)
+    return {
+        "name": case.name, "group": case.group, "what": case.what,
+        "claim": main_claim, "lb": main_lb["eps"], "lb_test": main_lb,
+        "lb_over_claim": main_lb["eps"] / main_claim if main_claim > 0 else math.inf,
+        "exact": main_exact,
+        "exact_violation": bool(main_exact is not None and main_exact > main_claim * (1 + 1e-9)),
+        "draws": n,
+        "control": {"what": case.control.what, "claim": ctl_claim, "lb": ctl_lb["eps"],
+                    "lb_test": ctl_lb, "exact": ctl_exact,
+                    "detected": bool(by_lb or by_exact),
+                    "detected_by": "+".join(k for k, v in (("lb", by_lb), ("exact", by_exact))
+                                            if v) or None},
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+
+
+def run(names: Sequence[str], *, quick: bool, seed: int = 0, draws: int | None = None,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the named cases; the Bonferroni level is over the cases of this run."""
+    alpha = bonferroni(ALPHA, len(names))
+    rows = []
+    for name in names:
+        case = REGISTRY[name]
+        n = draws or (case.draws_quick if quick else case.draws_full)
+        r = run_case(case, n=n, alpha=alpha, seed=seed)
+        rows.append(r)
+        log(_row(r))
+    finite = [r["lb_over_claim"] for r in rows]
+    summary = {
+        "cases": len(rows),
+        "max_lb_over_claim": max(finite) if finite else 0.0,
+        "exact_violations": sum(r["exact_violation"] for r in rows),
+        "controls": len(rows),
+        "controls_detected": sum(r["control"]["detected"] for r in rows),
+    }
+    return {"summary": summary, "cases": rows,
+            "settings": {"delta": DELTA, "alpha_family": ALPHA, "alpha_per_case": alpha,
+                         "quick": quick, "seed": seed,
+                         "fedforge_relation": FEDFORGE_RELATION,
+                         "vfl_step": VFL_STEP.__name__}}
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return "inf" if math.isinf(x) else f"{x:.3f}"
+
+
+HEADER = (f"{'case':24s} {'claim':>7s} {'lb(95%)':>8s} {'exact':>7s}  {'draws':>8s} "
+          f"{'ctl claim':>9s} {'ctl lb':>7s} {'ctl exact':>9s} {'detected':>9s} {'s':>6s}")
+
+
+def _row(r: dict[str, Any]) -> str:
+    c = r["control"]
+    f_lb = "!" if r["lb_over_claim"] > 1 else " "
+    f_ex = "!" if r["exact_violation"] else " "
+    return (f"{r['name']:24s} {_fmt(r['claim']):>7s} {_fmt(r['lb']):>8s}{f_lb}"
+            f"{_fmt(r['exact']):>7s}{f_ex} {r['draws']:>8d} {_fmt(c['claim']):>9s} {_fmt(c['lb']):>7s} "
+            f"{_fmt(c['exact']):>9s} {(c['detected_by'] or 'NO'):>9s} {r['seconds']:>6.1f}")
+
+
+def _strict(x: Any) -> Any:
+    """``x`` as strict JSON data: numpy scalars as Python numbers, ±inf as the strings
+    ``"inf"``/``"-inf"`` (an infinite exact ε: a deterministic disclosure), NaN as None."""
+    if isinstance(x, dict):
+        return {str(k): _strict(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_strict(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float):
+        if math.isnan(x):
+            return None
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+    return x
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer draws (<= 10 min on 2 cores)")
+    ap.add_argument("--json", metavar="PATH", help="write summary + per-case details")
+    ap.add_argument("--only", metavar="NAMES", help="comma-separated case names")
+    ap.add_argument("--fast", action="store_true", help="only the test suite's fast subset")
+    ap.add_argument("--draws", type=int, metavar="N", help="draws per side for every case")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    if args.list:
+        for c in REGISTRY.values():
+            print(f"{c.name:24s} {c.group:9s} {c.what}")
+        return 0
+    names = list(REGISTRY)
+    if args.only:
+        names = [s.strip() for s in args.only.split(",") if s.strip()]
+        unknown = [s for s in names if s not in REGISTRY]
+        if unknown:
+            print(f"unknown case(s): {', '.join(unknown)}", file=sys.stderr)
+            return 2
+    if args.fast:
+        names = [n for n in names if REGISTRY[n].fast]
+    t0 = time.perf_counter()
+    print(f"privacy audit at delta={DELTA:g}, {len(names)} case(s), 95 % family-wise "
+          f"(alpha {ALPHA}/{len(names)} per case); '!' marks a claim the audit refutes")
+    print(HEADER)
+    doc = run(names, quick=args.quick, seed=args.seed, draws=args.draws)
+    doc["settings"]["seconds"] = round(time.perf_counter() - t0, 1)
+    s = doc["summary"]
+    print(f"\n{s['cases']} cases in {doc['settings']['seconds']:.0f} s: max lb/claim "
+          f"{s['max_lb_over_claim']:.3f}, exact violations {s['exact_violations']}, "
+          f"controls detected {s['controls_detected']}/{s['controls']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(_strict(doc), indent=1, allow_nan=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""The privacy audit's statistics (sim/audit.py) and a fast subset of bench/dp_audit.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from sim.audit import (
+    IntPmf,
+    bonferroni,
+    compose_plds,
+    convolve_all,
+    cp_lower,
+    cp_upper,
+    discrete_gaussian_pmf,
+    eps_from_rates,
+    eps_lower_bound,
+    exact_epsilon,
+    exact_epsilon_product,
+    fitted_mu,
+    gdp_epsilon,
+    gdp_tradeoff,
+    hockey_stick,
+    pld_from_pmfs,
+    point_pmf,
+    power,
+    projected_eps_lower_bound,
+    released_sum_pmf,
+    skellam_pmf,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+DELTA = 1e-5
+
+
+def discrete_laplace_pmf(t: float, bound: int = 600) -> IntPmf:
+    y = np.arange(-bound, bound + 1)
+    w = np.exp(-np.abs(y) / t)
+    return IntPmf(-bound, w / w.sum())
+
+
+# ---------------------------------------------------------------------------- Clopper–Pearson
+@pytest.mark.parametrize("n", [1, 10, 1000])
+def test_cp_upper_at_zero_successes_is_the_closed_form(n: int) -> None:
+    # P(Bin(n, p) = 0) = (1 - p)^n = alpha
+    assert cp_upper(0, n, 0.05) == pytest.approx(1 - 0.05 ** (1 / n), rel=1e-10)
+    assert cp_lower(n, n, 0.05) == pytest.approx(0.05 ** (1 / n), rel=1e-10)
+
+
+@pytest.mark.parametrize(("k", "n"), [(1, 10), (5, 100), (37, 1000), (999, 1000)])
+def test_cp_limits_match_scipy_exact_one_sided_intervals(k: int, n: int) -> None:
+    hi = stats.binomtest(k, n, alternative="less").proportion_ci(0.95, method="exact").high
+    lo = stats.binomtest(k, n, alternative="greater").proportion_ci(0.95, method="exact").low
+    assert cp_upper(k, n, 0.05) == pytest.approx(hi, rel=1e-9)
+    assert cp_lower(k, n, 0.05) == pytest.approx(lo, rel=1e-9)
+
+
+def test_cp_limits_edges_and_arrays() -> None:
+    assert cp_upper(10, 10) == 1.0
+    assert cp_lower(0, 10) == 0.0
+    arr = cp_upper(np.array([0, 1, 2]), 50, 0.01)
+    assert arr.shape == (3,) and np.all(np.diff(arr) > 0)
+    with pytest.raises(ValueError):
+        cp_upper(11, 10)
+    with pytest.raises(ValueError):
+        cp_upper(1, 10, alpha=1.5)
+
+
+def test_cp_upper_covers_at_its_level() -> None:
+    rng = np.random.default_rng(0)
+    p, n = 0.02, 400
+    k = rng.binomial(n, p, size=4000)
+    cover = np.mean(cp_upper(k, n, 0.05) >= p)
+    assert cover >= 0.95
+
+
+def test_bonferroni() -> None:
+    assert bonferroni(0.05, 20) == pytest.approx(0.0025)
+    with pytest.raises(ValueError):
+        bonferroni(0.05, 0)
+
+
+# ---------------------------------------------------------------------------- black box
+def test_eps_from_rates() -> None:
+    assert eps_from_rates(0.01, 0.5, 0.0) == pytest.approx(math.log(50))
+    assert eps_from_rates(0.5, 0.01, 0.0) == pytest.approx(math.log(50))
+    assert eps_from_rates(0.6, 0.6, 0.0) == 0.0  # nothing significant
+
+
+@pytest.mark.parametrize("mu", [0.5, 1.0, 2.0])
+def test_gaussian_lower_bound_is_below_the_truth_and_close_for_large_n(mu: float) -> None:
+    rng = np.random.default_rng(7)
+    n = 400_000
+    res = eps_lower_bound(rng.normal(0, 1, n), rng.normal(mu, 1, n), delta=DELTA)
+    truth = gdp_epsilon(mu, DELTA)
+    assert res.eps <= truth
+    assert res.eps >= 0.55 * truth  # the split-half test recovers most of it
+    assert res.mu_hat == pytest.approx(mu, abs=0.4)
+
+
+def test_lower_bound_finds_either_direction_and_is_zero_without_signal() -> None:
+    rng = np.random.default_rng(3)
+    n = 100_000
+    up = eps_lower_bound(rng.normal(0, 1, n), rng.normal(2, 1, n), delta=DELTA)
+    down = eps_lower_bound(rng.normal(0, 1, n), rng.normal(-2, 1, n), delta=DELTA)
+    assert up.direction == 1 and down.direction == -1
+    assert up.eps > 3 and down.eps > 3
+    same = eps_lower_bound(rng.normal(0, 1, n), rng.normal(0, 1, n), delta=DELTA, alpha=0.01)
+    assert same.eps < 0.1
+
+
+def test_lower_bound_sound_at_the_family_level() -> None:
+    # many repetitions at a known mu: the fraction of bounds above the truth stays < alpha
+    rng = np.random.default_rng(11)
+    truth = gdp_epsilon(1.0, DELTA)
+    over = sum(eps_lower_bound(rng.normal(0, 1, 4000), rng.normal(1, 1, 4000),
+                               delta=DELTA, alpha=0.05).eps > truth for _ in range(100))
+    assert over <= 5
+
+
+def test_lower_bound_on_discrete_statistic_with_ties() -> None:
+    rng = np.random.default_rng(5)
+    n = 200_000
+    x = rng.binomial(1, 0.1, n)
+    y = rng.binomial(1, 0.5, n)
+    res = eps_lower_bound(x, y, delta=0.0)
+    # the best test is "y == 1": FPR 0.1, FNR 0.5 -> log(0.5/0.1) = log 5 at most
+    assert res.eps <= math.log(5) + 1e-9
+    assert res.eps > math.log(5) - 0.1
+
+
+def test_projected_lower_bound_on_vectors() -> None:
+    rng = np.random.default_rng(2)
+    n, d = 200_000, 16
+    shift = np.zeros(d)
+    shift[3] = 2.0  # mu = 2 along one unknown axis
+    a = rng.normal(size=(n, d))
+    b = rng.normal(size=(n, d)) + shift
+    res = projected_eps_lower_bound(a, b, delta=DELTA)
+    assert 0.5 * gdp_epsilon(2.0, DELTA) < res.eps <= gdp_epsilon(2.0, DELTA)
+
+
+def test_lower_bound_rejects_bad_input() -> None:
+    with pytest.raises(ValueError):
+        eps_lower_bound(np.zeros(2), np.zeros(10), delta=DELTA)
+    with pytest.raises(ValueError):
+        eps_lower_bound(np.array([0, 1, np.nan, 2]), np.zeros(10), delta=DELTA)
+
+
+# ---------------------------------------------------------------------------- exact
+@pytest.mark.parametrize("t", [1.0, 3.0, 7.5])
+def test_exact_epsilon_of_discrete_laplace_is_one_over_t(t: float) -> None:
+    p = discrete_laplace_pmf(t)
+    assert exact_epsilon(p, p.shift(1), 1e-12) == pytest.approx(1 / t, abs=1e-8)
+    assert hockey_stick(p, p.shift(1), 1 / t) == pytest.approx(0.0, abs=1e-12)
+    assert hockey_stick(p, p.shift(1), 0.0) > 0
+
+
+def test_exact_epsilon_of_a_fine_discrete_gaussian_matches_gdp_and_dp_accounting() -> None:
+    from dp_accounting.pld import privacy_loss_distribution as pldlib
+
+    g = discrete_gaussian_pmf(20.0 ** 2)  # shift 20 at sigma 20: mu = 1
+    ours = exact_epsilon(g, g.shift(20), DELTA)
+    lib = pldlib.from_gaussian_mechanism(standard_deviation=1.0, sensitivity=1.0,
+                                         value_discretization_interval=1e-4)
+    assert ours == pytest.approx(lib.get_epsilon_for_delta(DELTA), abs=2e-3)
+    assert ours == pytest.approx(gdp_epsilon(1.0, DELTA), abs=2e-3)
+    # the hockey stick at that eps is the GDP delta (closed form, Dong-Roth-Su Cor. 2.13)
+    from parties.dp import delta_for_epsilon
+    assert hockey_stick(g, g.shift(20), 3.0) == pytest.approx(delta_for_epsilon(3.0, 1.0),
+                                                              rel=1e-2)
+
+
+def test_product_of_coordinates_composes_like_gaussians() -> None:
+    from dp_accounting.pld import privacy_loss_distribution as pldlib
+
+    g = discrete_gaussian_pmf(10.0 ** 2)
+    two = exact_epsilon_product([(g, g.shift(10)), (g.shift(10), g)], DELTA)
+    lib = pldlib.from_gaussian_mechanism(standard_deviation=1.0, sensitivity=1.0,
+                                         value_discretization_interval=1e-4)
+    assert two == pytest.approx(lib.compose(lib).get_epsilon_for_delta(DELTA), abs=5e-3)
+    assert two == pytest.approx(gdp_epsilon(math.sqrt(2), DELTA), abs=5e-3)
+
+
+def test_composed_pld_overstates_by_at_most_the_grid() -> None:
+    p = discrete_laplace_pmf(2.0)
+    single = pld_from_pmfs(p, p.shift(1))
+    comp = compose_plds([single, single], grid=1e-3)
+    # pure DP composes: 2 * 1/t, rounded up by at most 2 grid steps
+    eps = exact_epsilon_product([(p, p.shift(1)), (p, p.shift(1))], 1e-12, grid=1e-3)
+    assert 1.0 - 1e-9 <= eps <= 1.0 + 2e-3
+    assert comp.delta(1.0 + 2e-3) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_deterministic_disclosure_is_infinite() -> None:
+    assert exact_epsilon(point_pmf(100), point_pmf(101), DELTA) == math.inf
+    g = discrete_gaussian_pmf(4.0)
+    assert exact_epsilon_product([(g, g.shift(1)), (point_pmf(5), point_pmf(6))], DELTA) == math.inf
+    assert exact_epsilon_product([(g, g.shift(1)), (point_pmf(5), point_pmf(5))], DELTA) == \
+        pytest.approx(exact_epsilon(g, g.shift(1), DELTA), abs=1e-3)
+
+
+# ---------------------------------------------------------------------------- tables
+def test_discrete_gaussian_table_matches_the_product_sampler() -> None:
+    from synth.mechanism import discrete_gaussian, discrete_gaussian_variance
+
+    rng = np.random.default_rng(0)
+    for s2 in (0.1, 2.0):
+        table = discrete_gaussian_pmf(s2)
+        assert float((table.probs * table.support ** 2).sum()) == pytest.approx(
+            discrete_gaussian_variance(s2), rel=1e-9)
+        draws = discrete_gaussian(s2, 200_000, rng)
+        vals, counts = np.unique(draws, return_counts=True)
+        expected = np.exp(table.log_prob(vals)) * draws.size
+        keep = expected > 20
+        chi2 = float(np.sum((counts[keep] - expected[keep]) ** 2 / expected[keep]))
+        assert stats.chi2.sf(chi2, keep.sum() - 1) > 1e-4
+
+
+def test_sum_of_discrete_gaussians_is_not_a_discrete_gaussian_but_skellam_is_closed() -> None:
+    k = 10
+    total = power(discrete_gaussian_pmf(0.1), k)
+    var = float((total.probs * total.support ** 2).sum())
+    assert var < 0.2  # K * Var(N_Z(0, 0.1)) ~ 0.13, far from 1
+    sk = power(skellam_pmf(0.5 / k), k)
+    ref = skellam_pmf(0.5)
+    a = sk.probs[ref.offset - sk.offset: ref.offset - sk.offset + ref.probs.size]
+    np.testing.assert_allclose(a, ref.probs, atol=1e-12)
+
+
+def test_power_equals_repeated_convolution() -> None:
+    p = IntPmf(-1, np.array([0.2, 0.5, 0.3]))
+    a, b = power(p, 7), convolve_all([p] * 7)
+    assert a.offset == b.offset
+    np.testing.assert_allclose(a.probs, b.probs, atol=1e-15)
+
+
+def test_released_sum_rounding_and_ring() -> None:
+    noise = [IntPmf(0, np.array([0.5, 0.5]))] * 2  # Bernoulli noise per party
+    plain = released_sum_pmf(noise, [3, 4])
+    assert plain.offset == 7
+    np.testing.assert_allclose(plain.probs, [0.25, 0.5, 0.25])
+    # a party's own rounding: codes rint(v / 2) (ties to even), then the sum
+    coded = released_sum_pmf(noise, [3, 4], encode=lambda v: np.rint(v / 2))
+    got_coded = {s: p for s, p in zip(coded.support.tolist(), coded.probs.tolist()) if p > 0}
+    assert got_coded == pytest.approx(_brute(noise, [3, 4]))
+    # survivors: only party 0's message
+    only = released_sum_pmf(noise, [3, 4], survivors=[0])
+    assert only.offset == 3
+    # ring (lo, w): S comes back as lo + ((S - lo) mod 2^w)
+    ring = released_sum_pmf(noise, [3, 4], ring=(0, 3))  # 7, 8, 9 -> 7, 0, 1
+    got = dict(zip(ring.support.tolist(), ring.probs.tolist()))
+    assert got[7] == pytest.approx(0.25) and got[0] == pytest.approx(0.5)
+    assert got[1] == pytest.approx(0.25)
+
+
+def _brute(noise: list[IntPmf], counts: list[int]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for z0, p0 in zip(noise[0].support, noise[0].probs, strict=True):
+        for z1, p1 in zip(noise[1].support, noise[1].probs, strict=True):
+            s = int(np.rint((counts[0] + z0) / 2) + np.rint((counts[1] + z1) / 2))
+            out[s] = out.get(s, 0.0) + p0 * p1
+    return out
+
+
+# ---------------------------------------------------------------------------- GDP
+def test_gdp_helpers() -> None:
+    assert gdp_tradeoff(0.05, 0.0) == pytest.approx(0.95)
+    assert gdp_tradeoff(0.5, 1.0) == pytest.approx(stats.norm.cdf(-1.0))
+    assert gdp_epsilon(1.0, DELTA) == pytest.approx(4.3771781, abs=1e-6)
+    assert fitted_mu(stats.norm.sf(1.0), stats.norm.cdf(-1.0)) == pytest.approx(2.0)
+
+
+# ---------------------------------------------------------------------------- fast audit subset
+def _load_bench() -> object:
+    spec = importlib.util.spec_from_file_location("dp_audit", REPO / "bench" / "dp_audit.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["dp_audit"] = mod  # dataclasses need the module registered
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fast_audit_subset() -> None:
+    """The audit's fast subset (<= 60 s): sound cases stay below their claims, and every
+    positive control is caught by the same test."""
+    audit = _load_bench()
+    assert len(audit.REGISTRY) >= 15  # type: ignore[attr-defined]
+    names = [n for n, c in audit.REGISTRY.items() if c.fast]  # type: ignore[attr-defined]
+    assert len(names) >= 3
+    doc = audit.run(names, quick=True, seed=0, draws=200_000,  # type: ignore[attr-defined]
+                    log=lambda s: None)
+    rows = {r["name"]: r for r in doc["cases"]}
+    for r in rows.values():
+        assert r["control"]["detected"], r["name"]
+    # sound today: the embedding release against the replace-one claim, and the central
+    # discrete Gaussian (K = 1)
+    for sound in ("vfl_embedding_1", "ff_central_s1"):
+        assert rows[sound]["lb"] <= rows[sound]["claim"], sound
+    assert rows["ff_central_s1"]["exact"] <= rows["ff_central_s1"]["claim"]
+    assert doc["summary"]["cases"] == len(names)
+    assert set(doc["summary"]) == {"cases", "max_lb_over_claim", "exact_violations",
+                                   "controls", "controls_detected"}
