@@ -28,9 +28,12 @@ computed numerically by :func:`skellam_rdp` on the orders of :data:`ALPHAS`.
 Budget unit: the project keeps a zCDP ρ budget (:mod:`synth.accounting`). A measurement
 is charged :func:`skellam_rho`, the smallest ρ with ``ε(α) ≤ α·ρ`` for EVERY α > 1:
 
-* for α on the grid ``1 < α_0 < α_1 < ... ≤ ALPHA_MAX`` (geometric, ratio 1.01), RDP is
-  non-decreasing in α, so for ``α ∈ (α_{j−1}, α_j]``: ``ε(α)/α ≤ ε(α_j)/α_{j−1}`` (with
-  ``α_{−1} = 1``);
+* for α up to ``ALPHA_MAX``: ε(α) is computed on the grid ``1 < α_0 < ... = ALPHA_MAX``
+  (α − 1 geometric from 1e-4, 160 orders); between two grid orders a < b we use that
+  ``E(α) = (α−1)·ε(α)`` is convex in α (it is a cumulant generating function of the
+  privacy loss), so ``E`` lies below its chord ``A + Bα`` and
+  ``ε(α)/α ≤ (A + Bα)/(α(α−1))``, maximised exactly over ``[a, b]`` (end points and the
+  root of ``Bα² + 2Aα − A = 0``); on ``(1, α_0]`` the chord starts at ``E(1) = 0``;
 * beyond ``ALPHA_MAX``: the closed-form bound of Agarwal, Kairouz & Liu (Thm 3.5, integer
   orders; used at ``⌈α⌉`` by monotonicity), :func:`akl_rdp_bound`.
 
@@ -53,9 +56,8 @@ import math
 import numpy as np
 
 #: orders of the numerical RDP grid: 1.01^j up to ALPHA_MAX
-ALPHA_RATIO = 1.01
 ALPHA_MAX = 1000.0
-ALPHAS: np.ndarray = ALPHA_RATIO ** np.arange(1, int(math.log(ALPHA_MAX) / math.log(ALPHA_RATIO)) + 1)
+ALPHAS: np.ndarray = 1.0 + np.geomspace(1e-4, ALPHA_MAX - 1.0, 160)
 #: the smallest total Skellam parameter Λ (released variance 2Λ) this module accounts
 MIN_TOTAL_MU = 0.5
 #: log-space margin below the peak at which a term counts as negligible at the range edge
@@ -182,9 +184,9 @@ def skellam_rho(mu_total: float) -> float:
         SkellamAccountingError: too little noise to account.
     """
     alphas, eps = skellam_rdp(mu_total)
-    below = np.concatenate([[1.0], alphas[:-1]])
-    grid = float(np.max(eps / below))
-    a = ALPHA_MAX
+    grid = _chord_sup(np.concatenate([[1.0], alphas]),
+                      np.concatenate([[0.0], (alphas - 1.0) * eps]))
+    a = float(alphas[-1])
     s2 = 2.0 * float(mu_total)
     # beyond the grid: AKL at ⌈α⌉ ≤ α + 1; both of its terms, divided by α, decrease in α
     tail = ((a + 1) * SENS_L2SQ / (2 * s2)
@@ -193,7 +195,33 @@ def skellam_rho(mu_total: float) -> float:
     return max(grid, tail)
 
 
-@functools.lru_cache(maxsize=256)
+def _chord_sup(alphas: np.ndarray, e: np.ndarray) -> float:
+    """sup over α in [alphas[0], alphas[-1]] of chord(α)/(α(α−1)), with chord the piecewise
+    linear interpolation of the convex ``E = (α−1)ε(α)`` at the grid (an upper bound on
+    ``E``, hence on ``ε(α)/α``)."""
+    best = 0.0
+    for i in range(len(alphas) - 1):
+        a, b = float(alphas[i]), float(alphas[i + 1])
+        bb = (float(e[i + 1]) - float(e[i])) / (b - a)
+        aa = float(e[i]) - bb * a
+        cands = [b]
+        if a > 1.0:
+            cands.append(a)
+        else:  # first piece, E(1) = 0: f(α) = B/α, largest as α → 1
+            cands.append(a)
+            best = max(best, bb)
+        if bb != 0.0:
+            disc = aa * aa + aa * bb
+            if disc >= 0.0:
+                for r in ((-aa + math.sqrt(disc)) / bb, (-aa - math.sqrt(disc)) / bb):
+                    if a < r < b:
+                        cands.append(r)
+        for x in cands:
+            if x > 1.0:
+                best = max(best, (aa + bb * x) / (x * (x - 1.0)))
+    return best
+
+
 def calibrate_total(rho: float) -> float:
     """The smallest total Skellam parameter Λ (released variance 2Λ per cell) whose charge
     :func:`skellam_rho` is at most ``rho`` (to a relative 1e-4 of the noise).
