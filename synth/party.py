@@ -330,14 +330,14 @@ class SynthParty:
                             "status": "skipped: round closed while this party was away"})
         return True
 
-    def _measure(self, plan: RoundPlan) -> np.ndarray:
-        """Noisy, quantised marginal codes of this party for ``plan`` (uint64)."""
+    def _measure(self, plan: RoundPlan, mu: float) -> np.ndarray:
+        """This party's integer noisy marginals for ``plan`` (its own Skellam ``mu``, from
+        :meth:`_verify`), mod 2^w per cell (uint64)."""
         assert self.codes is not None and self.schema is not None
         if self.ccodes is None or self.domain is None or self.maps_round != plan.maps_round:
             raise ParticipantError(self.id, f"round {plan.round} counts in the domain "
                                    f"compression of round {plan.maps_round}, which this "
                                    "party never received", code=1)
-        mu = self._verify(plan)
         counts = marginals(self.ccodes, self.domain, plan.cliques)
         parts = [measure_party(counts[tuple(clique)].ravel(), mu=mu, rng=self.rng)
                  for clique in plan.cliques]
@@ -426,7 +426,7 @@ class SynthParty:
         assert self.client is not None and self.tree is not None
         leaf = self.tree.parent[self.id]
         if replay is None:
-            await asyncio.to_thread(self._verify, plan)  # before any spend or release
+            mu = await asyncio.to_thread(self._verify, plan)  # before any spend or release
             if self.accountant is not None and plan.rho > 0:
                 rho = len(plan.cliques) * plan.rho
                 try:
@@ -434,7 +434,7 @@ class SynthParty:
                 except BudgetExceeded as exc:
                     raise ParticipantError(self.id, str(exc), code=1) from None
                 await asyncio.to_thread(self._write_ledger)  # before anything is released
-            codes = await asyncio.to_thread(self._measure, plan)
+            codes = await asyncio.to_thread(self._measure, plan, mu)
             masked = await asyncio.to_thread(self.client.masked, plan.spec(), codes)
             arr = words_to_array(masked, plan.widths)
             self.released[plan.round_id] = (self._plan_identity(plan), arr)

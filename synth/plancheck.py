@@ -104,7 +104,7 @@ def verify_plan(*, n_parties: int, min_survivors: int, noise_model: str, step: f
         raise PlanRefused("rho", rho, "> 0 and finite", "a private party never releases "
                           "without noise")
     total = rho * len(cl)
-    if total > remaining_rho * (1.0 + REL_TOL):
+    if total > remaining_rho * (1.0 + REL_TOL) + 1e-15:
         raise PlanRefused("rho", total, f"<= {remaining_rho!r} (the party's remaining budget)")
     mu = party_mu(rho, s_min, model=own_noise_model)
     own_s2 = 2.0 * mu * (1 if own_noise_model == "local" else s_min)
