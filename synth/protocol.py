@@ -581,6 +581,16 @@ def aggregate_sigma(plan: RoundPlan, n_summed: int) -> float:
     return math.sqrt(n_summed * party_sigma2(plan))
 
 
+def plans_epsilon(plans: Sequence[RoundPlan], delta: float) -> float:
+    """ε at δ claimed for a party that measured ``plans``: each round costs
+    ``len(cliques)·rho`` zCDP (the Skellam charge, :func:`synth.skellam.skellam_rho`,
+    of any sum over at least ``min_survivors`` parties), composed additively and
+    converted tightly (:func:`synth.accounting.cdp_epsilon`)."""
+    from synth.accounting import cdp_epsilon
+
+    return cdp_epsilon(math.fsum(len(p.cliques) * p.rho for p in plans), delta)
+
+
 def split_marginals(vector: np.ndarray, plan: RoundPlan) -> dict[tuple[str, ...], np.ndarray]:
     """The round's concatenated vector cut back into one flat array per clique."""
     out: dict[tuple[str, ...], np.ndarray] = {}
@@ -630,5 +640,5 @@ def unpack_blobs(meta: Mapping[str, Any], arr: np.ndarray) -> dict[str, bytes]:
 
 __all__ = ["ROOT", "SessionPlan", "round_id", "cell_modmask", "cell_upper_bounds",
            "cell_windows", "secagg_degree", "RoundPlan", "Topics", "Tree", "aggregate_sigma",
-           "build_tree", "pack_blobs", "unpack_blobs", "decode_sum", "party_sigma2",
+           "build_tree", "pack_blobs", "unpack_blobs", "decode_sum", "party_sigma2", "plans_epsilon",
            "quantize_counts", "split_marginals"]

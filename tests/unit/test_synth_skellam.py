@@ -99,17 +99,14 @@ def test_calibrate_then_reaccount(rho: float, s_min: int, extra: int) -> None:
     assert released_rho(local, 1) <= rho
 
 
-def test_exact_privacy_profile_is_within_the_claim() -> None:
-    """Exact hockey-stick divergence of the released pair of cells (replace-one: one cell
-    +1, another −1) at the claimed ε is at most δ: the printed figure is true."""
-    rho, s_min, delta = 0.05, 7, 1e-5
-    mu = party_mu(rho, s_min)
-    lam = mu * s_min
+def _exact_delta(lam: float, eps: float) -> float:
+    """Exact δ(ε) of the released pair of cells (replace-one: one cell +1, another −1)
+    with noise Sk(lam) per cell, from the probability tables."""
     sd = math.sqrt(2 * lam)
     k = np.arange(-int(60 * sd) - 60, int(60 * sd) + 61)
     lq = skellam_logpmf(k, lam)
     ok = np.isfinite(lq)
-    k, lq = k[ok], lq[ok]
+    lq = lq[ok]
     # one cell shifted by +1: P(k) = q(k−1); loss ℓ(k) = log q(k−1) − log q(k)
     lp = np.concatenate([[-np.inf], lq[:-1]])
     p = np.exp(lp)
@@ -119,13 +116,29 @@ def test_exact_privacy_profile_is_within_the_claim() -> None:
     # two independent cells with the same loss distribution (symmetry)
     tot_loss = (loss[:, None] + loss[None, :]).ravel()
     tot_p = (p[:, None] * p[None, :]).ravel()
+    return float(np.sum(tot_p * np.clip(1 - np.exp(eps - tot_loss), 0, None)))
+
+
+def test_exact_privacy_profile_is_within_the_claim() -> None:
+    """Exact hockey-stick divergence of the released sum at the claimed ε is at most δ for
+    every survivor count >= S_min: the printed figure is true. Controls: at half the ε,
+    and for a sum of fewer than S_min parties (what survivor refusal prevents), it is not."""
+    rho, s_min, delta = 0.05, 7, 1e-5
+    mu = party_mu(rho, s_min)
+    lam = mu * s_min
     eps = claimed_epsilon(rho, 1, delta)
-    exact_delta = float(np.sum(tot_p * np.clip(1 - np.exp(eps - tot_loss), 0, None)))
-    assert exact_delta <= delta
-    # and the claim is not vacuous: at half the claimed ε the exact δ exceeds δ
-    half = float(np.sum(tot_p * np.clip(1 - np.exp(eps / 2 - tot_loss), 0, None)))
-    assert half > delta
+    assert _exact_delta(lam, eps) <= delta
+    assert _exact_delta(mu * 10, eps) <= delta
+    assert _exact_delta(lam, eps / 2) > delta
+    assert _exact_delta(mu * 2, eps) > delta
     assert claimed_epsilon(rho, 3, delta) == pytest.approx(cdp_epsilon(3 * rho, delta))
+    from synth.protocol import plans_epsilon
+
+    plan = RoundPlan(round=0, name="t", cliques=(("a",), ("b",), ("c",)), sizes=(2, 2, 2),
+                     sigma2_central=2 * lam, noise_model="distributed", n_parties=10,
+                     step=1.0, cell_bits=bytes([8] * 6), timeout_s=1.0, rho=rho,
+                     min_survivors=s_min)
+    assert plans_epsilon([plan], delta) == pytest.approx(cdp_epsilon(3 * rho, delta))
 
 
 @settings(max_examples=25, deadline=None)
