@@ -15,7 +15,9 @@ and ``stage.done`` (with seconds) to the run's event log:
 * ``round:one_way``, ``round:select``: all 1-way marginals; MST's domain compression
   (``compress_domain``); all 2-way marginals. Each round is measured by the parties,
   masked, summed up the aggregation tree and unmasked here (``round_<name>.json`` and
-  ``.npz``).
+  ``.npz``). A plan carries each clique's ρ share and S_min (``min_survivors``); every
+  party checks it and computes its Skellam noise itself (:mod:`synth.plancheck`); a
+  round with fewer than S_min survivors is not released (the parties refuse to reveal).
 * MST: ``select_tree`` (the maximum spanning tree of the noisy 2-way answers, as
   post-processing) and ``round:tree`` (the tree's 2-way marginals); the engine also gets
   the best-scored further 2-way answers that keep the model within ``mst_extra_mb``.
@@ -40,7 +42,9 @@ seed stage (``ff/<run>/all/resume``).
 
 ``metrics.json`` in OUT holds the figures the issue asks for (``avg_tv``, ``max_tv``,
 ``workload_error``, ``bytes_wire``, ``bytes_naive``, ``rho_spent`` per party, ``epsilon``,
-``delta``, ``wall_s``, ``ml_utility``) and the per-round details, with the dropout
+``delta``, ``wall_s``, ``ml_utility``), the ``dp`` block (the guarantee: protected unit,
+replace-one relation, adversary, what is outside; :func:`synth.mechanism.dp_statement`)
+and the per-round details, with the dropout
 recovery (:mod:`synth.cache`): ``dropout_recovery`` (``cached``: cliques completed with
 the absent parties' row share of an earlier release, and how stale it was;
 ``survivors_only``: survivors' sums rescaled to all rows) and ``rounds[name].coverage_rows``

@@ -1,5 +1,5 @@
 """A FedForge data-holding party: a bus participant that never sends records or counts in
-the clear, only masked, quantised, noisy marginals (issue 6, items 2-5).
+the clear, only masked, exact integer noisy marginals (issue 6, items 2-5).
 
 Once per run it advertises its secure-aggregation keys (:class:`synth.secagg.SecAggClient`)
 and, per batch of rounds, Shamir-shares a fresh self-mask seed per round with its
