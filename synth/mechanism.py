@@ -44,7 +44,7 @@ from typing import Any, Literal
 import numpy as np
 
 from synth.accounting import allocate, cdp_epsilon, gaussian_sigma
-from synth.skellam import SkellamAccountingError, party_mu, skellam_noise, skellam_rho
+from synth.skellam import SkellamAccountingError, skellam_noise, skellam_rho
 
 NoiseModel = Literal["distributed", "local"]
 NOISE_MODELS: tuple[str, ...] = ("distributed", "local")
