@@ -4,10 +4,10 @@
 A repeated release: every party re-measures the same marginals R times with fresh
 noise (a continual release of an unchanged table, the simplest multi-round case), and
 sends its quantised noisy counts each time. Measured with FedForge's own codecs
-(:mod:`synth.compress`, :mod:`synth.mechanism`, :func:`synth.protocol.auto_bits`), on
+(:mod:`synth.compress`, :mod:`synth.mechanism`; a study of lossy codecs, not the release path), on
 Adult's rows split IID over K parties, the 2-way marginals of every pair with ``income``:
 
-* ``full``: each release sends the b-bit codes (b from :func:`synth.protocol.auto_bits`,
+* ``full``: each release sends the b-bit codes (b no coarser than a party's noise std,
   the runtime's rule); masked words cost m = b + ceil(log2 K) bits.
 * ``delta``: from the second release on, each party sends its codes minus its previous
   codes (signed, :func:`synth.compress.to_ring`); the masked sum of deltas needs
@@ -55,7 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     from synth.compress import ErrorFeedbackQuantizer, QuantSpec, dequantize, packed_size, quantize
     from synth.domain import encode, infer_schema, marginals
     from synth.mechanism import measure_party
-    from synth.protocol import auto_bits, quant_range
     from synth.split import party_split
 
     R = args.releases or (5 if args.quick else 10)
@@ -73,13 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     rho = cdp_rho(args.epsilon, 1e-9)
     sigma2 = len(cliques) / (2 * rho)  # central, per cell, per release
     sigma2_p = sigma2 / K
-    h_min, h_max = quant_range(max(len(p) for p in parts), sigma2_p)
-    b = auto_bits(h_min, h_max, sigma2_p)
+    # (a codec study of lossy per-party quantisation; FedForge's release path no longer
+    # rounds noisy values: it sums exact integers, synth.protocol)
+    pad = math.ceil(6 * math.sqrt(sigma2_p))
+    h_min, h_max = float(-pad), float(max(len(p) for p in parts) + pad)
+    b = int(min(24, max(4, math.ceil(math.log2((h_max - h_min) / math.sqrt(sigma2_p) + 1)))))
     spec = QuantSpec(bits=b, h_min=h_min, h_max=h_max)
     logk = math.ceil(math.log2(K)) if K > 1 else 0
     rng = np.random.default_rng(args.seed)
-    noisy = [[measure_party(c, sigma2_central=sigma2, n_parties=K, model="distributed",
-                            rng=rng).astype(np.float64) for c in counts] for _ in range(R)]
+    noisy = [[measure_party(c, mu=sigma2_p / 2.0, rng=rng).astype(np.float64)
+              for c in counts] for _ in range(R)]
     q = [[quantize(x, spec) for x in rel] for rel in noisy]
     # delta: the aggregate of signed deltas, and the ring width it needs
     widths = []

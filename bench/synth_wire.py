@@ -11,16 +11,17 @@ sums, ``pk``/``nk`` keys, ``sh``/``rs`` seed shares, ``rv`` reveals, ``plan``, `
 ...). The broker's own count (``bytes_wire`` in ``metrics.json``) is the headline figure;
 the tap's total must match it.
 
-Variants, each run with the same parties' noise seeds (``noise_seed`` = 11, 12, ...), so
-that within a seed only the quantisation differs:
+Variants, each run with the same parties' noise seeds (``noise_seed`` = 11, 12, ...).
+Parties send exact integer counts + integer Skellam noise (nothing is rounded), so the
+released aggregate is the same in every variant; only the ring widths differ:
 
-* ``compressed``: the default protocol: quantisation step no coarser than a party's noise
-  std (``bits = 0``), per-cell rings from public bounds (``ring = "cell"``), one key
-  exchange and one seed batch per run.
+* ``compressed``: the default protocol: per-cell rings from public bounds and 12 noise
+  std of tails (``ring = "cell"``), no ring cap (``bits = 0``), one key exchange and one
+  seed batch per run.
 * ``uniform_ring``: the same, but every cell of a round in the widest cell's ring.
-* ``fine``: ``bits = 24`` (quantisation far below the noise; the reference for the TV
-  cost of quantising) with per-cell rings. Without it (``--variants compressed``) the
-  TV-cost column stays empty.
+* ``fine``: ``bits = 24``, now a ring-width cap that the default rings stay under: the
+  same output as ``compressed`` (kept as the TV-cost reference, which is 0 by
+  construction).
 
 ``bytes_naive`` is each run's own naive figure: every noisy marginal as float32, sent by
 each party and forwarded by each aggregator, without masking, quantisation or keys.

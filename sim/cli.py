@@ -451,7 +451,9 @@ def _synth_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     print(f"FedForge: {cfg.dataset}, K={cfg.parties} parties, epsilon {cfg.epsilon:g} "
           f"(delta {cfg.delta:g}), {cfg.mechanism} + {cfg.resolved_engine()}, {cfg.noise_model} noise, "
-          f"{cfg.bits or 'auto'}-bit, fan-out {cfg.fanout}, out {args.out}", flush=True)
+          f"ring cap {cfg.bits or 'none'} bits, "
+          f"min_survivors {cfg.min_survivors or 'ceil(0.7 K)'}, fan-out {cfg.fanout}, "
+          f"out {args.out}", flush=True)
     res, code = _launch(lambda: run_synth(cfg, args.out, broker=args.broker,
                                           run_id=args.run_id, timeout_s=args.timeout_s,
                                           keys_dir=args.keys, insecure=args.insecure,

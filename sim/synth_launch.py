@@ -462,6 +462,21 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     metrics["ledger"] = ledger
     metrics["ledger_within_plan"] = all(v["rho_spent"] <= planned * (1 + 1e-9)
                                         for v in ledger.values())
+    if ledger:
+        # one truth: what each party's own ledger (written before each release) says it
+        # spent; the coordinator's count from its plans is kept as ``rho_planned``
+        from synth.accounting import cdp_epsilon
+
+        metrics["rho_planned"] = metrics.get("rho_spent")
+        delta = float(metrics.get("delta") or 1e-9)
+        spent = dict(metrics.get("rho_spent") or {})
+        spent.update({p: v["rho_spent"] for p, v in ledger.items()})
+        metrics["rho_spent"] = spent
+        metrics["epsilon_spent"] = {p: cdp_epsilon(v, delta) if 0 < v < math.inf else
+                                    (0.0 if v == 0 else math.inf) for p, v in spent.items()}
+        metrics["ledger_agrees"] = all(
+            abs(ledger[p]["rho_spent"] - float((metrics["rho_planned"] or {}).get(p, 0.0)))
+            <= 1e-9 * max(1.0, ledger[p]["rho_spent"]) for p in ledger)
     if pausers:
         metrics["pauses"] = [p.record for p in pausers]
     if reopen:  # a workload update: what the first run recorded stays

@@ -3,8 +3,11 @@
 Privacy notion
 --------------
 ρ-zCDP (Bun & Steinke, "Concentrated Differential Privacy: Simplifications,
-Extensions, and Lower Bounds", TCC 2016). Neighbouring datasets differ by adding
-or removing one record. zCDP composes additively: a run made of measurements that
+Extensions, and Lower Bounds", TCC 2016). FedForge's neighbouring relation is
+replace-one (one record's values change; row counts are public, see
+:mod:`synth.mechanism`), under which a clique histogram has L2 sensitivity √2. The
+measurements are Skellam mechanisms whose exact RDP is charged as ρ
+(:func:`synth.skellam.skellam_rho`). zCDP composes additively: a run made of measurements that
 are ρ_1-, ..., ρ_k-zCDP is (Σ ρ_j)-zCDP (BS16 Lemma 2.3), so a budget is a number
 ρ_total and every measurement spends a share of it.
 
@@ -28,7 +31,8 @@ At ε = 1, δ = 1e-9 this allows ρ ≈ 0.01497; the simple bound
 
 The Gaussian mechanism with L2 sensitivity Δ and noise N(0, σ²) is
 (Δ²/(2σ²))-zCDP (BS16 Prop. 1.6); the same holds for the discrete Gaussian
-(CKS20 Thm. 4).
+(CKS20 Thm. 4). These Gaussian helpers serve the central reference mechanisms and AIM's
+selection heuristics; the federated release is charged from the Skellam RDP.
 """
 
 from __future__ import annotations
@@ -225,7 +229,7 @@ def gaussian_sigma(rho: float, sensitivity: float = 1.0) -> float:
 
     Args:
         rho: ρ > 0.
-        sensitivity: Δ > 0, the L2 sensitivity (1 for a histogram under add/remove-one).
+        sensitivity: Δ > 0, the L2 sensitivity (√2 for a histogram under replace-one).
 
     Returns:
         σ (same units as the query).

@@ -61,12 +61,19 @@ class SynthConfig:
             ``pip install -e ".[mbi]"``), ``neural`` (a torch relaxed-dataset generator fit
             to the marginals) or ``auto`` (the default: ``mbi`` when it is installed, else
             ``neural``; ``metrics.json`` names the one used).
-        noise_model: ``distributed`` (each party adds 1/K of the noise variance; the
-            securely aggregated sum carries the central noise) or ``local`` (each party's
-            vector is DP on its own; the sum's noise std grows by √K).
-        bits: b, the quantisation width of each noisy count before masking; 0 (the
-            default) picks it per round so the step is no coarser than a party's noise
-            std (:func:`synth.protocol.auto_bits`).
+        noise_model: ``distributed`` (each party adds Skellam noise Sk(Λ/S_min): any
+            securely aggregated sum over at least S_min parties carries the charged noise
+            Sk(Λ) or more) or ``local`` (each party adds Sk(Λ): its vector is DP on its own;
+            the sum's noise std grows by √K). Λ is calibrated from the exact Skellam RDP
+            (:mod:`synth.skellam`).
+        min_survivors: S_min, the fewest parties whose sum may be released; each party
+            calibrates its noise for S_min and refuses to help unmask a round with fewer
+            survivors. 0 (the default) = ⌈0.7·K⌉ (tolerates 30 % dropouts); must be
+            <= K. Larger S_min = less noise per party, less dropout tolerance.
+        bits: a cap on the ring width (bits per masked cell); 0 (the default) = no cap.
+            Parties send exact integer counts + integer noise (never rounded), so the
+            ring must hold the whole sum (public count bound + 12 noise std); a round
+            whose cells need wider rings than ``bits`` is refused.
         ring: ``cell`` (the default: each cell is masked in a ring just wide enough for
             the window its sum lies in, from public bounds on its count; see
             :func:`synth.protocol.cell_windows`) or ``uniform`` (one ring width for all
@@ -154,6 +161,7 @@ class SynthConfig:
     aim_max_model_mb: float = 25.0
     engine: str = "auto"
     noise_model: str = "distributed"
+    min_survivors: int = 0
     bits: int = 0
     ring: str = "cell"
     secagg_degree: int = 0
@@ -215,8 +223,12 @@ class SynthConfig:
             raise bad("aim_batch", f"must be >= 0 (0 = auto), got {self.aim_batch}")
         if not (self.aim_max_model_mb > 0 and math.isfinite(self.aim_max_model_mb)):
             raise bad("aim_max_model_mb", f"must be finite and > 0, got {self.aim_max_model_mb}")
-        if not 0 <= self.bits <= 30:
-            raise bad("bits", f"must be 0 (auto) or in [1, 30], got {self.bits}")
+        if not 0 <= self.bits <= 62:
+            raise bad("bits", f"must be 0 (no cap) or a ring width cap in [1, 62], "
+                      f"got {self.bits}")
+        if not 0 <= self.min_survivors <= self.parties:
+            raise bad("min_survivors", f"must be 0 (default ceil(0.7 K)) or in [1, K = "
+                      f"{self.parties}], got {self.min_survivors}")
         if self.secagg_degree < 0:
             raise bad("secagg_degree", f"must be >= 0, got {self.secagg_degree}")
         if self.fanout < 2:

@@ -15,7 +15,9 @@ and ``stage.done`` (with seconds) to the run's event log:
 * ``round:one_way``, ``round:select``: all 1-way marginals; MST's domain compression
   (``compress_domain``); all 2-way marginals. Each round is measured by the parties,
   masked, summed up the aggregation tree and unmasked here (``round_<name>.json`` and
-  ``.npz``).
+  ``.npz``). A plan carries each clique's ρ share and S_min (``min_survivors``); every
+  party checks it and computes its Skellam noise itself (:mod:`synth.plancheck`); a
+  round with fewer than S_min survivors is not released (the parties refuse to reveal).
 * MST: ``select_tree`` (the maximum spanning tree of the noisy 2-way answers, as
   post-processing) and ``round:tree`` (the tree's 2-way marginals); the engine also gets
   the best-scored further 2-way answers that keep the model within ``mst_extra_mb``.
@@ -40,7 +42,9 @@ seed stage (``ff/<run>/all/resume``).
 
 ``metrics.json`` in OUT holds the figures the issue asks for (``avg_tv``, ``max_tv``,
 ``workload_error``, ``bytes_wire``, ``bytes_naive``, ``rho_spent`` per party, ``epsilon``,
-``delta``, ``wall_s``, ``ml_utility``) and the per-round details, with the dropout
+``delta``, ``wall_s``, ``ml_utility``), the ``dp`` block (the guarantee: protected unit,
+replace-one relation, adversary, what is outside; :func:`synth.mechanism.dp_statement`)
+and the per-round details, with the dropout
 recovery (:mod:`synth.cache`): ``dropout_recovery`` (``cached``: cliques completed with
 the absent parties' row share of an earlier release, and how stale it was;
 ``survivors_only``: survivors' sums rescaled to all rows) and ``rounds[name].coverage_rows``
@@ -80,7 +84,8 @@ from synth.checkpoint import (
 from synth.config import SynthConfig
 from synth.domain import Schema, decode, encode, marginals
 from synth.engine import NoisyMarginal, load_warm_start, make_engine, model_state
-from synth.mechanism import party_noise_variance
+from synth.mechanism import dp_statement, resolve_min_survivors
+from synth.skellam import SkellamAccountingError, party_mu
 from synth.netutil import array_to_words, bus_config, topic_limits
 from synth.protocol import (
     ROOT,
@@ -95,8 +100,6 @@ from synth.protocol import (
     pack_blobs,
     unpack_blobs,
     party_sigma2,
-    quant_range,
-    quant_step,
     round_id,
     secagg_degree,
     split_marginals,
@@ -763,7 +766,8 @@ class Coordinator:
         cfg, cd = self.cfg, self.cdomain
         batch = cfg.aim_batch or math.ceil(len(cd.attributes) / 2)
         rho_round = rho / cfg.aim_rounds
-        sigma_next = (math.sqrt(batch / (2.0 * rho_round)) if math.isfinite(rho_round)
+        # the Gaussian std of the next round's cliques under replace-one (Δ₂ = √2)
+        sigma_next = (math.sqrt(batch / rho_round) if math.isfinite(rho_round)
                       else 1.0)
         total = float(sum(self.rows.values()))
         fits = self._model_size_check(cfg.aim_max_model_mb)
@@ -922,23 +926,32 @@ class Coordinator:
                 return await self._run_round(bus, plan, lo, seeded, t0)
             dom = self.cdomain if r > 0 else self.domain
             sizes = tuple(dom.size(c) for c in cliques)
-            sigma2 = len(cliques) / (2.0 * rho) if math.isfinite(rho) else 0.0
-            per_party = party_noise_variance(sigma2, k, cfg.noise_model)
-            h_min, h_max = quant_range(max(self.rows.values()), per_party)
-            step = quant_step(h_min, h_max, per_party, cfg.bits)
+            k = len(self.session.party_ids)  # the parties of the session (all said hello)
+            try:
+                s_min = resolve_min_survivors(cfg.min_survivors, k)
+                rho_clique = rho / len(cliques) if math.isfinite(rho) else 0.0
+                # the noise each party will add by its own rules (synth.plancheck)
+                mu = party_mu(rho_clique, s_min, model=cfg.noise_model) if rho_clique else 0.0
+            except SkellamAccountingError as exc:
+                raise CoordinatorError(f"round {name}: {exc}", code=2) from None
+            sigma2 = 2.0 * mu * (1 if cfg.noise_model == "local" else s_min)
             shape = dict(zip(dom.attributes, dom.sizes, strict=True))
             upper = cell_upper_bounds(cliques, shape, self.known if r > 0 else [],
                                       float(sum(self.rows.values())))
-            lo, widths = cell_windows(upper, sigma_sum=math.sqrt(k * per_party), step=step,
-                                      n_parties=k, uniform=cfg.ring == "uniform")
+            try:
+                lo, widths = cell_windows(upper, sigma_sum=math.sqrt(2.0 * mu * k),
+                                          uniform=cfg.ring == "uniform", max_bits=cfg.bits)
+            except ValueError as exc:
+                raise CoordinatorError(f"round {name}: {exc}", code=2) from None
             plan = RoundPlan(round=r, name=name, cliques=tuple(cliques), sizes=sizes,
                              sigma2_central=sigma2, noise_model=cfg.noise_model, n_parties=k,
-                             step=step, cell_bits=widths.tobytes(),
+                             step=1.0, cell_bits=widths.tobytes(),
                              timeout_s=cfg.round_timeout_s,
-                             maps=self._maps_update(r), maps_round=self._maps_round)
+                             maps=self._maps_update(r), maps_round=self._maps_round,
+                             rho=rho_clique, min_survivors=s_min)
             seeded = server.seeded(plan.round_id)
-            for p in seeded:  # a party spends its budget when it measures the round
-                self.rho_party[p] += (len(cliques) / (2.0 * sigma2)) if sigma2 > 0 else 0.0
+            for p in seeded:  # a party spends len(cliques)·rho when it measures the round
+                self.rho_party[p] += len(cliques) * rho_clique
             self._save_pending(name, plan, lo)
             return await self._run_round(bus, plan, lo, seeded, t0)
 
@@ -947,7 +960,7 @@ class Coordinator:
         """Publish ``plan`` and aggregate its round (stages 3-4), then checkpoint it."""
         cfg, t, server, r = self.cfg, self.topics, self.server, plan.round
         name, cliques, sizes = plan.name, plan.cliques, plan.sizes
-        sigma2, step = plan.sigma2_central, plan.step
+        sigma2 = plan.sigma2_central
         spec = plan.spec()
         meta, arrays = plan.to_message()
         bus.publish_nowait(t.plan, arrays, meta)
@@ -963,6 +976,12 @@ class Coordinator:
             server.collect_masked_sum(spec, msg.meta.get("ids", []), array_to_words(
                 msg.arrays[0], plan.widths, plan.vector_len))
         survivors, dropped = server.unmask_request(plan.round_id)
+        if len(survivors) < plan.min_survivors:
+            # the parties refuse to reveal (synth.mechanism.check_survivors): a smaller sum
+            # would carry less noise than they were charged for
+            raise CoordinatorError(
+                f"round {name}: {len(survivors)} survivor(s) < min_survivors = "
+                f"{plan.min_survivors}; the round cannot be released", code=3)
         bus.publish_nowait(t.unmask(r), (), {"survivors": list(survivors),
                                              "dropped": list(dropped)})
         await self._crash_point(f"round:{name}@unmask")
@@ -989,7 +1008,8 @@ class Coordinator:
         self._write(f"round_{name}", {
             "round": r, "cliques": [list(c) for c in cliques], "sizes": list(sizes),
             "sigma2_central": sigma2, "sigma_party": math.sqrt(party_sigma2(plan)),
-            "aggregate_sigma": sigma, "quant_step": step,
+            "aggregate_sigma": sigma, "rho_per_clique": plan.rho,
+            "min_survivors": plan.min_survivors,
             "ring_bits_max": plan.ring_bits, "ring_bits_mean": float(plan.widths.mean()),
             "ring": cfg.ring, "degree": self.session.degree,
             "threshold": server.config.t,
@@ -1294,7 +1314,8 @@ class Coordinator:
         rounds = {name: {"cells": r.plan.vector_len, "cliques": len(r.plan.cliques),
                          "survivors": len(r.survivors), "dropped": list(r.dropped),
                          "never_advertised": list(r.missing), "aggregate_sigma": r.sigma,
-                         "quant_step": r.plan.step, "ring_bits_max": r.plan.ring_bits,
+                         "rho_per_clique": r.plan.rho, "min_survivors": r.plan.min_survivors,
+                         "ring_bits_max": r.plan.ring_bits,
                          "ring_bits_mean": float(r.plan.widths.mean()),
                          "coverage_rows": sum(self.rows[p] for p in r.survivors),
                          "seconds": r.seconds}
@@ -1315,7 +1336,9 @@ class Coordinator:
             "bytes_wire": wire, "bytes_naive": self.bytes_naive,
             "bytes_naive_direct": self.bytes_naive_direct,
             "wire_vs_naive": (wire / self.bytes_naive) if wire and self.bytes_naive else None,
-            "bits": cfg.bits or "auto", "ring": cfg.ring, "fanout": cfg.fanout, "tree_levels": len(self.tree.levels),
+            "bits": cfg.bits or "no cap", "ring": cfg.ring,
+            "min_survivors": resolve_min_survivors(cfg.min_survivors, len(self.parties)),
+            "dp": dp_statement(cfg), "fanout": cfg.fanout, "tree_levels": len(self.tree.levels),
             "compressed_domain": dict(zip(self.domain.attributes, self.cdomain.sizes,
                                           strict=True)),
             "rounds": rounds,

@@ -1,41 +1,37 @@
-"""The measurement mechanism: discrete Gaussian noise on integer marginal counts (pure logic).
+"""The measurement mechanism: Skellam noise on integer marginal counts (pure logic).
 
-Neighbouring notion and sensitivity
------------------------------------
-Datasets are neighbours if one is the other plus or minus one record (add/remove-one).
-A record falls into exactly one cell of a clique's histogram, so adding or removing
-it changes one cell by 1: the histogram of one clique has L2 sensitivity 1. Each
-clique is measured with its own noise and its own ρ share, and the shares compose
-additively under zCDP (Bun & Steinke, TCC 2016, Lemma 2.3), so a plan made by
-:func:`plan_measurements` spends exactly ``rho_total``.
+Neighbouring relation and sensitivity
+-------------------------------------
+Replace-one: two datasets are neighbours if one record's values differ. The set of
+records and every party's row count are public (row counts travel in the parties' hello
+messages, so add/remove-one would be meaningless: presence is not secret). A record
+falls into exactly one cell of a clique's histogram, so replacing it moves one count from
+one cell to another: L2 sensitivity √2, L1 sensitivity 2.
 
 Noise
 -----
-Noise is drawn from the discrete Gaussian N_Z(0, σ²) of Canonne, Kamath & Steinke,
-"The Discrete Gaussian for Differential Privacy", NeurIPS 2020: adding it to an
-integer query of L2 sensitivity Δ is (Δ²/(2σ²))-zCDP (CKS20 Thm. 4), exactly the
-continuous Gaussian's guarantee. Integer noise keeps the noisy counts integers, so
-they can be masked in Z_(2^m) for secure aggregation without a fixed-point step.
+Each party adds ``Sk(μ) = Poisson(μ) − Poisson(μ)`` to each of its integer counts
+(:func:`measure_party`). The family is closed under summation, so the exact sum that
+secure aggregation releases over S surviving parties carries exactly ``Sk(S·μ)`` per cell
+(:func:`synth.skellam.released_noise_pmf`). No value is rounded per party: counts and
+noise are integers and sum exactly in the ring (:mod:`synth.protocol`).
+
+Each party calibrates μ itself (:func:`synth.skellam.party_mu`) from the plan's ρ share
+per clique and its own minimum survivor count S_min, so that every sum released over at
+least S_min parties is charged at most that ρ, computed from the exact Rényi divergence of
+the summed Skellam noise (:func:`synth.skellam.skellam_rho`). Parties refuse to help
+unmask a round with fewer survivors (:func:`check_survivors`).
 
 Noise models (recorded with every run)
 --------------------------------------
-* ``"distributed"`` (default): each of the K parties adds N_Z(0, σ²/K). Under secure
-  aggregation the coordinator only sees the sum, whose noise has variance σ² (the
-  central level), so the aggregate is ρ-zCDP with respect to any one record (a
-  record belongs to one party). A party's own vector, seen alone, carries only 1/K
-  of the variance: this model relies on secure aggregation hiding it. (A sum of
-  discrete Gaussians is not exactly a discrete Gaussian; for σ²/K ≳ 1 the
-  difference is negligible; Kairouz, Liu & Steinke, "The Distributed Discrete
-  Gaussian Mechanism for Federated Learning with Secure Aggregation", ICML 2021,
-  bound it.)
-* ``"local"``: each party adds the full N_Z(0, σ²), so each party's vector is
-  ρ-zCDP on its own, with no trust in the aggregator. The sum then carries K·σ²,
-  i.e. its standard deviation grows by sqrt(K).
+* ``"distributed"`` (default): μ = Λ/S_min, Λ the total the charge needs. A party's own
+  vector carries only 1/S_min of it: this model relies on secure aggregation hiding the
+  individual vectors.
+* ``"local"``: μ = Λ, each party's vector is private on its own; the sum carries K·Λ.
 
-Limits: noise comes from NumPy's ``Generator`` (PCG64, not a CSPRNG), and the sampler
-uses floating-point Bernoulli trials (a uniform draw compared with exp(−x)) where
-CKS20 use exact rational arithmetic; the output distribution matches N_Z(0, σ²)
-up to double-precision rounding of those probabilities.
+Limits: noise comes from NumPy's ``Generator`` (PCG64, not a CSPRNG; ``rng.poisson`` uses
+floating point internally), timing is not constant; both are outside the guarantee.
+The discrete Gaussian sampler below is kept for the central reference mechanisms.
 """
 
 from __future__ import annotations
@@ -43,11 +39,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
-from synth.accounting import allocate, gaussian_sigma
+from synth.accounting import allocate, cdp_epsilon, gaussian_sigma
+from synth.skellam import SkellamAccountingError, skellam_noise, skellam_rho
 
 NoiseModel = Literal["distributed", "local"]
 NOISE_MODELS: tuple[str, ...] = ("distributed", "local")
@@ -138,51 +135,7 @@ def _check_model(model: str) -> str:
     return model
 
 
-def party_noise_variance(sigma2_central: float, n_parties: int, model: str) -> float:
-    """The discrete-Gaussian variance each party adds.
-
-    * ``"distributed"``: σ²/K, so the sum over K parties carries the central σ². Private
-      only if the aggregator sees the sum alone (secure aggregation).
-    * ``"local"``: σ² per party, so each party's vector is DP on its own; the sum's std
-      grows by sqrt(K).
-
-    Args:
-        sigma2_central: σ² of the central mechanism (``gaussian_sigma(rho_i) ** 2``).
-        n_parties: K ≥ 1.
-        model: ``"distributed"`` or ``"local"``.
-
-    Returns:
-        The per-party variance σ²_party.
-
-    Raises:
-        ValueError: unknown model, K < 1, or σ² negative / not finite.
-    """
-    _check_model(model)
-    if not (0.0 <= sigma2_central < math.inf):
-        raise ValueError(f"sigma2_central must be a finite number >= 0, got {sigma2_central!r}")
-    if isinstance(n_parties, bool) or not isinstance(n_parties, int | np.integer) or n_parties < 1:
-        raise ValueError(f"n_parties must be an integer >= 1, got {n_parties!r}")
-    return sigma2_central / n_parties if model == "distributed" else sigma2_central
-
-
-def measure_party(counts: np.ndarray, *, sigma2_central: float, n_parties: int, model: str,
-                  rng: np.random.Generator) -> np.ndarray:
-    """A party's noisy marginal: its integer counts plus discrete Gaussian noise.
-
-    Args:
-        counts: the party's marginal counts, any shape, integer-valued (int or float
-            dtype, e.g. from :func:`synth.domain.marginal`), non-negative.
-        sigma2_central: central σ² of this clique's measurement.
-        n_parties: K, the number of parties contributing to the sum.
-        model: ``"distributed"`` (σ²/K each) or ``"local"`` (σ² each).
-        rng: the party's generator (keep its seed private).
-
-    Returns:
-        int64 array of ``counts``' shape (entries may be negative).
-
-    Raises:
-        ValueError: non-integer, negative or non-finite counts, or a bad model / K / σ².
-    """
+def _int_counts(counts: np.ndarray) -> np.ndarray:
     arr = np.asarray(counts)
     if arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)):
@@ -194,8 +147,137 @@ def measure_party(counts: np.ndarray, *, sigma2_central: float, n_parties: int, 
     ints = arr.astype(np.int64)
     if np.any(ints < 0):
         raise ValueError("counts must be non-negative")
-    var = party_noise_variance(sigma2_central, n_parties, model)
-    return ints + discrete_gaussian(var, ints.shape, rng)
+    return ints
+
+
+def measure_party(counts: np.ndarray, *, mu: float, rng: np.random.Generator) -> np.ndarray:
+    """A party's noisy marginal: its integer counts plus ``Sk(mu)`` noise per cell. This is
+    the integer vector the party masks (:func:`synth.protocol.quantize_counts` only reduces
+    it mod 2^w; nothing is rounded).
+
+    Args:
+        counts: the party's marginal counts, any shape, integer-valued (int or float
+            dtype), non-negative.
+        mu: the Skellam parameter (variance 2μ per cell), from
+            :func:`synth.skellam.party_mu`; 0 = no noise (ε = ∞ runs only).
+        rng: the party's generator (keep its seed private).
+
+    Returns:
+        int64 array of ``counts``' shape (entries may be negative).
+
+    Raises:
+        ValueError: non-integer, negative or non-finite counts, or a negative / non-finite μ.
+    """
+    ints = _int_counts(counts)
+    if isinstance(mu, bool) or not (0.0 <= float(mu) < math.inf):
+        raise ValueError(f"mu must be a finite number >= 0, got {mu!r}")
+    if float(mu) == 0.0:
+        return ints
+    return ints + skellam_noise(float(mu), ints.shape, rng)
+
+
+class SurvivorRefusal(RuntimeError):
+    """A party refuses to help unmask a round with fewer survivors than its S_min: the sum
+    would carry less noise than was charged.
+
+    Attributes:
+        survivors: the survivor count asked for.
+        min_survivors: the party's S_min.
+    """
+
+    def __init__(self, survivors: int, min_survivors: int) -> None:
+        self.survivors = survivors
+        self.min_survivors = min_survivors
+        super().__init__(f"refusing to unmask: {survivors} survivor(s) < min_survivors = "
+                         f"{min_survivors} (the sum would carry less noise than charged)")
+
+
+def check_survivors(n_survivors: int, min_survivors: int) -> None:
+    """Raise :class:`SurvivorRefusal` if ``n_survivors < min_survivors``."""
+    if int(n_survivors) < int(min_survivors):
+        raise SurvivorRefusal(int(n_survivors), int(min_survivors))
+
+
+def default_min_survivors(n_parties: int) -> int:
+    """S_min = ⌈0.7·K⌉: a round survives up to 30 % dropouts."""
+    if isinstance(n_parties, bool) or int(n_parties) != n_parties or n_parties < 1:
+        raise ValueError(f"n_parties must be an integer >= 1, got {n_parties!r}")
+    return max(1, math.ceil(0.7 * int(n_parties) - 1e-9))
+
+
+def resolve_min_survivors(configured: int, n_parties: int) -> int:
+    """The S_min a party uses: ``configured`` (> 0) or the default for K, checked
+    ``1 <= S_min <= K``.
+
+    Raises:
+        SkellamAccountingError: S_min > K or < 1.
+    """
+    s = int(configured) if configured else default_min_survivors(n_parties)
+    if not 1 <= s <= int(n_parties):
+        raise SkellamAccountingError(f"min_survivors = {s} must be in [1, K = {n_parties}]")
+    return s
+
+
+def released_rho(mu_party: float, n_survivors: int, n_cliques: int = 1) -> float:
+    """The zCDP ρ actually carried by a released sum of ``n_survivors`` parties' ``Sk(mu)``
+    over ``n_cliques`` clique histograms (replace-one, exact Skellam RDP)."""
+    return n_cliques * skellam_rho(float(mu_party) * int(n_survivors))
+
+
+def claimed_epsilon(rho_per_clique: float, n_cliques: int, delta: float) -> float:
+    """ε at δ claimed for a round (or a whole plan) of ``n_cliques`` measurements, each
+    charged ``rho_per_clique`` zCDP (tight conversion, :func:`synth.accounting.cdp_epsilon`)."""
+    return cdp_epsilon(float(rho_per_clique) * int(n_cliques), delta)
+
+
+def dp_statement(cfg: Any) -> dict[str, Any]:
+    """The guarantee FedForge's released aggregates carry, as ``metrics.json``'s ``dp``
+    block (``cfg``: a :class:`synth.config.SynthConfig`)."""
+    k = int(cfg.parties)
+    s_min = resolve_min_survivors(int(getattr(cfg, "min_survivors", 0)), k)
+    return {
+        "protected_unit": "one record (row) of one party's table",
+        "neighbouring_relation": "replace-one: one record's values change; the set of "
+                                 "records and every party's row count are public",
+        "why": "each party's row count travels in its hello message and in metrics.json, "
+               "so the presence of a record is not secret; replace-one is the relation "
+               "that holds. A clique histogram then has L2 sensitivity sqrt(2), L1 2.",
+        "mechanism": "Skellam noise (Poisson(mu) - Poisson(mu)) per cell and party, "
+                     "integer counts + integer noise summed exactly in Z_2^w under secure "
+                     "aggregation; the released sum over S >= min_survivors parties "
+                     "carries Sk(S*mu), accounted from its exact Renyi divergence and "
+                     "charged as zCDP rho (synth.skellam)",
+        "noise_model": cfg.noise_model,
+        "min_survivors": s_min,
+        "parties": k,
+        "epsilon": cfg.epsilon, "delta": cfg.delta,
+        "accounting": "zCDP rho per clique = sup over alpha of RDP(alpha)/alpha of the "
+                      "released Skellam sum (replace-one, numerically exact on a grid of "
+                      "orders to 1000, Agarwal-Kairouz-Liu closed form beyond), composed "
+                      "additively; (eps, delta) by the tight CKS20 conversion",
+        "adversary": "the coordinator, the aggregators, the other parties, the broker and "
+                     "anyone on the wire; unbounded computation; sees every message",
+        "secure_aggregation": (
+            "masking (pairwise X25519/ChaCha20 masks + Shamir-shared self masks, SecAgg+) "
+            "hides each party's noisy vector from everyone unless at least the Shamir "
+            "threshold t of its neighbours collude with the coordinator (unmask = tree: "
+            "with a leaf aggregator); honest-but-curious aggregation is NOT assumed for "
+            "the sum: the released sum alone is DP, and each party's own vector carries "
+            "1/min_survivors of the noise (distributed model), so privacy of a single "
+            "vector relies on masking" if cfg.noise_model == "distributed" else
+            "local model: each party's vector is DP on its own; masking is not needed "
+            "for the guarantee"),
+        "dropouts": "each party refuses to help unmask a round with fewer than "
+                    "min_survivors survivors, so every released sum carries at least the "
+                    "charged noise",
+        "plan_checks": "each party checks every round plan against its session (K) and "
+                       "its own configuration (budget, min_survivors, noise model, domain) "
+                       "and computes its noise itself; a disagreeing plan is refused",
+        "outside": ["timing side channels", "floating-point effects in numpy's Poisson "
+                    "sampler (not a CSPRNG, not constant time)", "the public row counts "
+                    "and domain (schema)", "the coordinator's own code on the released "
+                    "sums (post-processing)"],
+    }
 
 
 # ---------------------------------------------------------------------------- planning
@@ -206,7 +288,9 @@ class PlannedMeasurement:
     Attributes:
         clique: the attributes of the marginal.
         rho: the ρ share (zCDP) spent on it.
-        sigma: central noise std ``1 / sqrt(2ρ)`` (L2 sensitivity 1, add/remove-one).
+        sigma: the Gaussian std of the same ρ, ``sqrt(2) / sqrt(2ρ)`` (L2 sensitivity √2,
+            replace-one); the Skellam noise actually used is calibrated by
+            :func:`synth.skellam.calibrate_total` and is a little larger.
     """
 
     clique: tuple[str, ...]
@@ -223,9 +307,9 @@ def plan_measurements(cliques: Sequence[Sequence[str]], rho_total: float,
                       weights: Sequence[float] | None = None) -> tuple[PlannedMeasurement, ...]:
     """Split ``rho_total`` over ``cliques`` and calibrate each one's noise.
 
-    Each clique's histogram has L2 sensitivity 1 under add/remove-one, so clique i gets
-    σ_i = ``gaussian_sigma(ρ_i)`` = 1/sqrt(2ρ_i) (Bun & Steinke 2016, Prop. 1.6) and the
-    plan is Σρ_i = ``rho_total``-zCDP.
+    Each clique's histogram has L2 sensitivity √2 under replace-one, so clique i gets
+    σ_i = ``gaussian_sigma(ρ_i, √2)`` = 1/sqrt(ρ_i) and the plan is Σρ_i =
+    ``rho_total``-zCDP.
 
     Args:
         cliques: the cliques to measure (each a non-empty sequence of distinct names).
@@ -253,5 +337,5 @@ def plan_measurements(cliques: Sequence[Sequence[str]], rho_total: float,
         if not (0.0 < w < math.inf):
             raise ValueError(f"weight of clique {c!r} must be positive and finite, got {w!r}")
     shares = allocate(rho_total, ws)
-    return tuple(PlannedMeasurement(clique=c, rho=r, sigma=gaussian_sigma(r))
+    return tuple(PlannedMeasurement(clique=c, rho=r, sigma=gaussian_sigma(r, math.sqrt(2.0)))
                  for c, r in zip(cl, shares, strict=True))

@@ -1,25 +1,27 @@
 """A FedForge data-holding party: a bus participant that never sends records or counts in
-the clear, only masked, quantised, noisy marginals (issue 6, items 2-5).
+the clear, only masked, exact integer noisy marginals (issue 6, items 2-5).
 
 Once per run it advertises its secure-aggregation keys (:class:`synth.secagg.SecAggClient`)
 and, per batch of rounds, Shamir-shares a fresh self-mask seed per round with its
 neighbours (see :mod:`synth.protocol`). Per measurement round it:
 
-1. checks the plan against its own zCDP accountant (:class:`synth.accounting.ZCdpAccountant`;
-   a plan that would pass its budget is refused with :class:`~synth.accounting.BudgetExceeded`
-   and reported to the coordinator);
-2. counts its marginals for the plan's cliques (:func:`synth.domain.marginals`), adds
-   discrete Gaussian noise of its share of the variance (:func:`synth.mechanism.measure_party`),
-   quantises the noisy counts with the plan's step Δ;
-3. masks each cell in its ring Z_(2^w), sends the packed words to its leaf aggregator,
-   and reveals seed shares (and round keys with dropped neighbours) for the unmasking.
+1. checks the plan against the session it joined and its OWN configuration
+   (:func:`synth.plancheck.verify_plan`: K, S_min, noise model, step, cliques, ρ within
+   its remaining budget) and computes its Skellam μ itself; a refused plan
+   (:class:`synth.plancheck.PlanRefused`) is logged and reported, nothing is released;
+2. writes the spend ``len(cliques)·rho`` to its zCDP ledger
+   (:class:`synth.accounting.ZCdpAccountant`) before anything leaves;
+3. counts its marginals for the plan's cliques (:func:`synth.domain.marginals`), adds
+   integer Skellam noise (:func:`synth.mechanism.measure_party`) and reduces the exact
+   integers mod 2^w per cell (nothing is rounded);
+4. masks each cell in its ring Z_(2^w), sends the packed words to its leaf aggregator,
+   and reveals seed shares (and round keys with dropped neighbours) for the unmasking,
+   unless fewer than its S_min parties survived (:func:`synth.mechanism.check_survivors`).
 
-Privacy accounting of one round: every clique's marginal changes by one count in one
-cell when one record is added or removed (L2 sensitivity 1), and the aggregate carries
-Gaussian noise of variance σ² per cell, so the round costs ``len(cliques) / (2σ²)`` zCDP
-(Bun & Steinke 2016, Prop. 1.6), whether the noise is distributed (it then relies on
-secure aggregation: the coordinator sees only the sum) or local (each party's vector is
-private on its own).
+Privacy accounting of one round (replace-one, row counts public): each clique's
+histogram has L2 sensitivity √2; a sum over S ≥ S_min parties carries Skellam noise
+Sk(S·μ) per cell, whose exact RDP is charged as ``rho`` zCDP per clique
+(:mod:`synth.skellam`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ from synth.accounting import BudgetExceeded, ZCdpAccountant
 from synth.checkpoint import CheckpointError, atomic_write_json, read_json
 from synth.config import SynthConfig
 from synth.domain import Domain, DomainError, Schema, encode, marginals
-from synth.mechanism import measure_party
+from synth.mechanism import SurvivorRefusal, check_survivors, measure_party, resolve_min_survivors
+from synth.plancheck import PlanRefused, verify_plan
+from synth.skellam import SkellamAccountingError
 from synth.netutil import (ParticipantError, bus_config, first_of, topic_limits,
                             words_to_array)
 from synth.protocol import (
@@ -326,24 +330,47 @@ class SynthParty:
                             "status": "skipped: round closed while this party was away"})
         return True
 
-    def _measure(self, plan: RoundPlan) -> np.ndarray:
-        """Noisy, quantised marginal codes of this party for ``plan`` (uint64)."""
+    def _measure(self, plan: RoundPlan, mu: float) -> np.ndarray:
+        """This party's integer noisy marginals for ``plan`` (its own Skellam ``mu``, from
+        :meth:`_verify`), mod 2^w per cell (uint64)."""
         assert self.codes is not None and self.schema is not None
         if self.ccodes is None or self.domain is None or self.maps_round != plan.maps_round:
             raise ParticipantError(self.id, f"round {plan.round} counts in the domain "
                                    f"compression of round {plan.maps_round}, which this "
                                    "party never received", code=1)
         counts = marginals(self.ccodes, self.domain, plan.cliques)
-        parts = []
-        for clique in plan.cliques:
-            c = counts[tuple(clique)].ravel()
-            if plan.sigma2_central > 0:
-                c = measure_party(c, sigma2_central=plan.sigma2_central,
-                                  n_parties=plan.n_parties, model=plan.noise_model,
-                                  rng=self.rng)
-            parts.append(np.asarray(c, dtype=np.float64))
-        noisy = np.concatenate(parts) if parts else np.zeros(0)
+        parts = [measure_party(counts[tuple(clique)].ravel(), mu=mu, rng=self.rng)
+                 for clique in plan.cliques]
+        noisy = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         return quantize_counts(noisy, plan)
+
+    def _verify(self, plan: RoundPlan) -> float:
+        """The plan checked against the session and this party's own configuration
+        (:func:`synth.plancheck.verify_plan`); returns the μ this party adds.
+
+        Raises:
+            ParticipantError: (code 2) the plan is refused; logged, nothing released.
+        """
+        assert self.session is not None
+        dom = self.domain if self.domain is not None else (
+            self.schema.domain if self.schema is not None else None)
+        shape = ({} if dom is None else
+                 dict(zip(dom.attributes, (int(n) for n in dom.sizes), strict=True)))
+        try:
+            return verify_plan(
+                n_parties=plan.n_parties, min_survivors=plan.min_survivors,
+                noise_model=plan.noise_model, step=plan.step, rho=plan.rho,
+                sigma2_central=plan.sigma2_central, cliques=plan.cliques, sizes=plan.sizes,
+                session_parties=self.session.party_ids, domain_shape=shape,
+                own_min_survivors=self.cfg.min_survivors,
+                own_noise_model=self.cfg.noise_model, private=self.cfg.private,
+                remaining_rho=(self.accountant.remaining if self.accountant is not None
+                               else math.inf))
+        except (PlanRefused, SkellamAccountingError) as exc:
+            self.log.error("synth.plan_refused", round=plan.round, error=str(exc),
+                           field=getattr(exc, "field", None))
+            raise ParticipantError(self.id, f"round {plan.round} ({plan.name}): {exc}",
+                                   code=2) from None
 
     def _wait_s(self) -> float:
         # each answer comes after a stage of the others
@@ -399,14 +426,15 @@ class SynthParty:
         assert self.client is not None and self.tree is not None
         leaf = self.tree.parent[self.id]
         if replay is None:
-            if self.accountant is not None and plan.sigma2_central > 0:
-                rho = len(plan.cliques) / (2.0 * plan.sigma2_central)
+            mu = await asyncio.to_thread(self._verify, plan)  # before any spend or release
+            if self.accountant is not None and plan.rho > 0:
+                rho = len(plan.cliques) * plan.rho
                 try:
                     self.accountant.spend(rho, what=f"round {r} ({plan.name})")
                 except BudgetExceeded as exc:
                     raise ParticipantError(self.id, str(exc), code=1) from None
                 await asyncio.to_thread(self._write_ledger)  # before anything is released
-            codes = await asyncio.to_thread(self._measure, plan)
+            codes = await asyncio.to_thread(self._measure, plan, mu)
             masked = await asyncio.to_thread(self.client.masked, plan.spec(), codes)
             arr = words_to_array(masked, plan.widths)
             self.released[plan.round_id] = (self._plan_identity(plan), arr)
@@ -444,6 +472,15 @@ class SynthParty:
             break
         survivors, dropped = msg.meta["survivors"], msg.meta["dropped"]
         if self.id in survivors:
+            try:
+                check_survivors(len(survivors), resolve_min_survivors(
+                    self.cfg.min_survivors, len(self.session.party_ids)))
+            except SurvivorRefusal as exc:  # the sum would carry less noise than charged
+                self.log.warning("synth.reveal_refused", round=r, error=str(exc),
+                                 survivors=len(survivors), min_survivors=exc.min_survivors)
+                self.rounds.append({"round": r, "name": plan.name,
+                                    "status": f"reveal refused: {exc}"})
+                return
             try:
                 shares = self.client.reveal_all(plan.round_id, survivors, dropped)
             except SecAggError as exc:  # e.g. a restarted coordinator's other dropout set

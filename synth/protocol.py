@@ -16,15 +16,19 @@ with stages bounded by ``round_timeout_s`` (a party that misses one is a dropout
 Then each measurement round ``r`` (a set of cliques):
 
 3. ``plan``: the coordinator publishes :class:`RoundPlan` on :attr:`Topics.plan`.
-4. ``masked``: each party measures its marginals (counts + discrete Gaussian noise of its
-   share of the variance), quantises them with step Δ (:func:`quantize_counts`), masks
-   each cell in its ring Z_(2^w) (:func:`cell_windows`) and sends the packed words to its
+4. ``masked``: each party checks the plan against its session and own configuration
+   (:func:`synth.plancheck.verify_plan`), measures its marginals (integer counts + integer
+   Skellam noise it calibrates itself, :func:`synth.mechanism.measure_party`), reduces
+   them mod 2^w per cell (:func:`quantize_counts`: exact, nothing is rounded), masks each
+   cell in its ring Z_(2^w) (:func:`cell_windows`) and sends the packed words to its
    leaf aggregator (:meth:`Topics.up`). Aggregators add what their children sent, cell by
    cell in its ring, and forward the sum and the list of parties in it to their parent,
    up to the coordinator.
 5. ``unmask``: the coordinator publishes who survived and who dropped (:meth:`Topics.unmask`);
-   survivors reveal the seed shares and round keys it needs (:meth:`Topics.rv`); the
-   coordinator removes the masks and decodes the sum (:func:`decode_sum`).
+   survivors reveal the seed shares and round keys it needs (:meth:`Topics.rv`), unless
+   fewer than their S_min survived (:func:`synth.mechanism.check_survivors`: they refuse,
+   and the round is not released); the coordinator removes the masks and decodes the
+   exact integer sum (:func:`decode_sum`).
 
 Topics live under ``ff/<run_id>/``. Sources: Bonawitz et al. CCS 2017 (stages), Bell et al.
 CCS 2020 (sparse neighbours), McKenna et al. 2021 (MST), and this project's issue 6.
@@ -41,7 +45,6 @@ from typing import Any
 
 import numpy as np
 
-from synth.mechanism import party_noise_variance
 from synth.secagg import RoundSpec, SecAggConfig, cell_modmask
 
 #: The coordinator's node id in the aggregation tree.
@@ -315,11 +318,16 @@ class RoundPlan:
         name: what the round measures (``one_way``, ``select``, ``tree``).
         cliques: the cliques, in the order their flattened marginals are concatenated.
         sizes: cells of each clique's marginal (same order).
-        sigma2_central: σ² of the Gaussian noise the aggregate of all K parties carries
-            per cell (0 = no noise).
+        sigma2_central: the noise variance per cell of a sum over exactly
+            ``min_survivors`` parties, ``2·S_min·μ`` (``2μ`` for local noise; 0 = no
+            noise); informational: each party computes its μ itself from ``rho``.
         noise_model: ``distributed`` or ``local`` (:mod:`synth.mechanism`).
-        n_parties: K, the parties the noise was split over.
-        step: Δ, the quantisation step: a party sends ``round(noisy count / Δ)``.
+        n_parties: K, the parties of the session.
+        step: always 1: parties send their exact integer noisy counts mod 2^w (kept in
+            the message so a party can refuse anything else).
+        rho: the zCDP ρ share of each clique (0 = no noise); the round costs
+            ``len(cliques)·rho``.
+        min_survivors: S_min, the fewest parties whose sum may be released.
         cell_bits: the ring width of each cell (one byte per cell, in the cliques'
             order): cell ``i`` is masked and summed in Z_(2^cell_bits[i]), just wide
             enough for the window the sum of codes lies in (:func:`cell_windows`).
@@ -343,6 +351,8 @@ class RoundPlan:
     timeout_s: float
     maps: Mapping[str, tuple[int, ...]] | None = None
     maps_round: int = 0
+    rho: float = 0.0
+    min_survivors: int = 1
 
     @property
     def vector_len(self) -> int:
@@ -380,7 +390,8 @@ class RoundPlan:
         meta = {"round": self.round, "name": self.name,
                 "sigma2_central": self.sigma2_central, "noise_model": self.noise_model,
                 "n_parties": self.n_parties, "step": self.step, "timeout_s": self.timeout_s,
-                "maps_round": self.maps_round, "cells": len(self.cell_bits)}
+                "maps_round": self.maps_round, "cells": len(self.cell_bits),
+                "rho": self.rho, "min_survivors": self.min_survivors}
         raw = self.cell_bits + json.dumps(body, separators=(",", ":")).encode()
         return meta, [np.frombuffer(zlib.compress(raw, 9), dtype=np.uint8)]
 
@@ -409,7 +420,8 @@ class RoundPlan:
                    timeout_s=float(d["timeout_s"]),
                    maps=None if maps is None else
                    {a: tuple(int(x) for x in v) for a, v in maps.items()},
-                   maps_round=int(d.get("maps_round", 0)))
+                   maps_round=int(d.get("maps_round", 0)), rho=float(d.get("rho", 0.0)),
+                   min_survivors=int(d.get("min_survivors", 1)))
 
 
 def secagg_degree(n_parties: int, configured: int = 0) -> int:
@@ -429,96 +441,58 @@ def secagg_degree(n_parties: int, configured: int = 0) -> int:
 
 
 def party_sigma2(plan: RoundPlan) -> float:
-    """σ² of the noise one party adds per cell: σ²/K (distributed) or σ² (local)
-    (:func:`synth.mechanism.party_noise_variance`)."""
-    return party_noise_variance(plan.sigma2_central, plan.n_parties, plan.noise_model)
+    """The noise variance one party adds per cell, as the plan states it:
+    ``sigma2_central / S_min`` (distributed) or ``sigma2_central`` (local)."""
+    if plan.noise_model == "local":
+        return plan.sigma2_central
+    return plan.sigma2_central / max(1, plan.min_survivors)
 
 
-def quant_range(max_party_rows: int, sigma2_party: float, *, tails: float = 6.0
-                ) -> tuple[float, float]:
-    """``(h_min, h_max)`` for a party's noisy counts: a count lies in [0, rows], and the
-    noise stays within ``tails`` standard deviations (clipped beyond; at 6σ that is about
-    one cell in 5·10⁸).
+def cell_windows(upper: np.ndarray, *, sigma_sum: float, tails: float = 12.0,
+                 uniform: bool = False, max_bits: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The window each cell's exact integer sum lies in, and the ring width that holds it.
 
-    ``max_party_rows`` (the largest party's row count) is treated as public: the parties
-    announce their row counts in their hello (not protected by DP; say so in reports).
-    """
-    pad = math.ceil(tails * math.sqrt(sigma2_party)) if sigma2_party > 0 else 0
-    return float(-pad), float(max_party_rows + pad)
-
-
-def auto_bits(h_min: float, h_max: float, sigma2_party: float, *, lo: int = 4,
-              hi: int = 24) -> int:
-    """The quantisation width that makes the step Δ no coarser than a party's noise std:
-    ``ceil(log2((h_max − h_min)/σ_party + 1))``, clipped to ``[lo, hi]`` (``hi`` without
-    noise). The quantisation error (variance Δ²/12 per party) then adds at most 1/12 of
-    the noise variance, whatever ε: at ε = 1 on Adult (K = 10) that is 8-9 bits, at ε = 10
-    about 12.
-    """
-    if sigma2_party <= 0:
-        return hi
-    levels = (h_max - h_min) / math.sqrt(sigma2_party) + 1.0
-    return int(min(hi, max(lo, math.ceil(math.log2(levels)))))
-
-
-def quant_step(h_min: float, h_max: float, sigma2_party: float, bits: int = 0) -> float:
-    """Δ, the quantisation step of a party's noisy counts.
-
-    ``bits`` > 0: the range ``[h_min, h_max]`` (:func:`quant_range`) in ``2^bits``
-    levels, ``(h_max − h_min) / (2^bits − 1)``. ``bits`` = 0 (auto): the step of
-    :func:`auto_bits`, no coarser than a party's noise std, so the quantisation error
-    (variance Δ²/12 per party) adds at most 1/12 of the noise variance.
-    """
-    b = bits or auto_bits(h_min, h_max, sigma2_party)
-    return (h_max - h_min) / float((1 << b) - 1)
-
-
-def cell_windows(upper: np.ndarray, *, sigma_sum: float, step: float, n_parties: int,
-                 tails: float = 6.0, uniform: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """The window each cell's sum of codes lies in, and the ring width that holds it.
-
-    A party sends ``q = round(x / Δ)`` for its noisy count ``x``; the sum over the
-    ``n ≤ K`` parties that survive is ``S = Σ q``, with ``Δ·S = C + Z + E``: ``C`` the true
-    count of the cell over those parties, ``0 ≤ C ≤ upper`` (a public bound: the rows, or a
-    bound from earlier noisy marginals, :func:`cell_upper_bounds`), ``Z`` their Gaussian
-    noise (std at most ``sigma_sum``) and ``|E| ≤ n·Δ/2`` the rounding. So
-    ``S ∈ [lo, hi]`` with ``lo = floor(−tails·σ/Δ − K/2)`` and
-    ``hi = ceil((upper + tails·σ)/Δ + K/2)`` (outside with probability about 2·10⁻⁹ per
-    cell at 6σ), and ``S mod 2^w`` with ``2^w ≥ hi − lo + 1`` determines ``S``
-    (:func:`decode_sum`). Masked words are uniformly random in Z_(2^w), so ``w`` is what
-    each cell costs on the wire: a cell bounded by a small count costs a few bits
-    where the whole range would cost ``log2(rows/Δ) + log2 K``. The bound only shrinks
-    when parties drop out, so dropouts never break the window.
+    Each party sends its integer noisy count ``c + z`` mod 2^w; the sum over the
+    ``S ≤ K`` parties that survive is ``T = C + Z``: ``C`` the true count over those
+    parties, ``0 ≤ C ≤ upper`` (a public bound: the rows, or a bound from earlier noisy
+    marginals, :func:`cell_upper_bounds`), ``Z`` their summed Skellam noise, whose std is
+    at most ``sigma_sum`` (all K parties surviving). So ``T ∈ [lo, hi]`` with
+    ``lo = floor(−tails·σ)`` and ``hi = ceil(upper + tails·σ)``, and ``T mod 2^w`` with
+    ``2^w ≥ hi − lo + 1`` determines ``T`` (:func:`decode_sum`). Tail bound: Skellam noise
+    is sub-exponential with P(|Z| > tσ) ≤ 2·exp(−t²/(2(1 + t/(3σ)))) (Bernstein, for the
+    difference of two Poissons); at the default 12σ with σ ≥ 1 that is below 1e-20 per cell.
+    Masked words are uniformly random in Z_(2^w), so ``w`` is what each cell costs on the
+    wire. Fewer survivors only shrink the window.
 
     Args:
         upper: float64 ``(n_cells,)``, public upper bounds on the cells' true counts.
-        sigma_sum: the std of the summed noise (σ_central for distributed noise, √K·σ for
-            local).
-        step: Δ.
-        n_parties: K.
-        tails: standard deviations of noise the window covers.
+        sigma_sum: the std of the summed noise when every party survives.
+        tails: standard deviations of noise the window covers (>= 12 recommended).
         uniform: one width for all cells (the widest), as a plain Z_(2^m) ring would use.
+        max_bits: ``bits`` of the config: a cap on the ring width (0 = none); a window
+            that needs more is refused.
 
     Returns:
-        ``(lo, widths)``: int64 ``(n_cells,)`` window starts (code units) and uint8
-        ``(n_cells,)`` ring widths in [1, 62].
+        ``(lo, widths)``: int64 ``(n_cells,)`` window starts and uint8 ``(n_cells,)`` ring
+        widths in [1, 62].
 
     Raises:
-        ValueError: ``step`` ≤ 0, a negative or non-finite bound, or a window wider
-            than 2^62.
+        ValueError: a negative or non-finite bound, a window wider than 2^62 or than
+            ``max_bits``.
     """
     u = np.asarray(upper, dtype=np.float64)
-    if not step > 0:
-        raise ValueError(f"step must be > 0, got {step}")
     if u.size and (not np.all(np.isfinite(u)) or u.min() < 0):
         raise ValueError("upper bounds must be finite and >= 0")
-    pad = tails * max(sigma_sum, 0.0) / step + n_parties / 2.0
+    pad = tails * max(sigma_sum, 0.0) + 1.0
     lo = np.full(u.shape, math.floor(-pad), dtype=np.int64)
-    hi = np.ceil(u / step + pad).astype(np.int64)
+    hi = np.ceil(u + pad).astype(np.int64)
     span = (hi - lo + 1).astype(np.float64)
     widths = np.maximum(1, np.ceil(np.log2(span))).astype(np.int64)
     if widths.size and int(widths.max()) > 62:
-        raise ValueError(f"a window of {span.max():.3g} codes exceeds 2^62")
+        raise ValueError(f"a window of {span.max():.3g} values exceeds 2^62")
+    if max_bits and widths.size and int(widths.max()) > max_bits:
+        raise ValueError(f"a cell needs a ring of {int(widths.max())} bits to hold its sum "
+                         f"with {tails:g} noise std of tails, more than bits = {max_bits}")
     if uniform and widths.size:
         widths[:] = widths.max()
     return lo, widths.astype(np.uint8)
@@ -562,24 +536,34 @@ def cell_upper_bounds(cliques: Sequence[tuple[str, ...]], shape: Mapping[str, in
 
 
 def quantize_counts(noisy: np.ndarray, plan: RoundPlan) -> np.ndarray:
-    """A party's noisy counts, shape ``(vector_len,)``, as ring elements (uint64): the
-    code ``round(x / Δ)`` mod 2^w of each cell (negative codes wrap around)."""
-    q = np.rint(np.asarray(noisy, dtype=np.float64) / plan.step).astype(np.int64)
+    """A party's integer noisy counts, shape ``(vector_len,)``, as ring elements (uint64):
+    each cell's value mod 2^w (negative values wrap around). Exact: no rounding.
+
+    Raises:
+        ValueError: a non-integer value, or a plan with ``step`` other than 1.
+    """
+    if plan.step != 1.0:
+        raise ValueError(f"step must be 1 (noisy values are never rounded), got {plan.step}")
+    arr = np.asarray(noisy)
+    if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
+            raise ValueError("noisy counts must be finite integers")
+    q = arr.astype(np.int64)
     return q.view(np.uint64) & cell_modmask(plan.widths)
 
 
 def decode_sum(total: np.ndarray, lo: np.ndarray, plan: RoundPlan) -> np.ndarray:
-    """The aggregate noisy counts from the unmasked sum of the parties' codes.
+    """The exact integer aggregate (counts + noise) from the unmasked sum mod 2^w.
 
-    ``S = lo + ((total − lo) mod 2^w)`` recovers the sum of codes from its residue (it
-    lies in ``[lo, lo + 2^w)``, :func:`cell_windows`), and the aggregate is ``Δ·S``.
+    ``T = lo + ((total − lo) mod 2^w)`` recovers the sum from its residue (it lies in
+    ``[lo, lo + 2^w)``, :func:`cell_windows`).
 
     Args:
         total: uint64 ``(vector_len,)``, the sum mod 2^w per cell.
         lo: int64 ``(vector_len,)``, the windows' starts.
 
     Returns:
-        float64 ``(vector_len,)``.
+        float64 ``(vector_len,)`` (integer values).
 
     Raises:
         ValueError: wrong lengths.
@@ -589,15 +573,22 @@ def decode_sum(total: np.ndarray, lo: np.ndarray, plan: RoundPlan) -> np.ndarray
                          f"expected ({plan.vector_len},)")
     lo_u = np.asarray(lo, dtype=np.int64).view(np.uint64)
     s = lo + ((total - lo_u) & cell_modmask(plan.widths)).astype(np.int64)
-    return plan.step * s.astype(np.float64)
+    return s.astype(np.float64)
 
 
 def aggregate_sigma(plan: RoundPlan, n_summed: int) -> float:
-    """The noise std per cell of the decoded aggregate of ``n_summed`` parties: their
-    Gaussian noise plus the uniform quantisation error (Δ²/12 per party)."""
-    noise = n_summed * party_sigma2(plan)
-    quant = n_summed * plan.step ** 2 / 12.0
-    return math.sqrt(noise + quant)
+    """The noise std per cell of the decoded sum of ``n_summed`` parties' Skellam noise."""
+    return math.sqrt(n_summed * party_sigma2(plan))
+
+
+def plans_epsilon(plans: Sequence[RoundPlan], delta: float) -> float:
+    """ε at δ claimed for a party that measured ``plans``: each round costs
+    ``len(cliques)·rho`` zCDP (the Skellam charge, :func:`synth.skellam.skellam_rho`,
+    of any sum over at least ``min_survivors`` parties), composed additively and
+    converted tightly (:func:`synth.accounting.cdp_epsilon`)."""
+    from synth.accounting import cdp_epsilon
+
+    return cdp_epsilon(math.fsum(len(p.cliques) * p.rho for p in plans), delta)
 
 
 def split_marginals(vector: np.ndarray, plan: RoundPlan) -> dict[tuple[str, ...], np.ndarray]:
@@ -647,6 +638,7 @@ def unpack_blobs(meta: Mapping[str, Any], arr: np.ndarray) -> dict[str, bytes]:
     return out
 
 
-__all__ = ["ROOT", "SessionPlan", "round_id", "auto_bits", "cell_modmask", "cell_upper_bounds", "cell_windows", "quant_step", "secagg_degree", "RoundPlan", "Topics", "Tree", "aggregate_sigma", "build_tree", "pack_blobs",
-           "unpack_blobs",
-           "decode_sum", "party_sigma2", "quant_range", "quantize_counts", "split_marginals"]
+__all__ = ["ROOT", "SessionPlan", "round_id", "cell_modmask", "cell_upper_bounds",
+           "cell_windows", "secagg_degree", "RoundPlan", "Topics", "Tree", "aggregate_sigma",
+           "build_tree", "pack_blobs", "unpack_blobs", "decode_sum", "party_sigma2", "plans_epsilon",
+           "quantize_counts", "split_marginals"]

@@ -51,6 +51,11 @@ def test_synth_run_k3_secure_aggregation_end_to_end(csv: Path, tmp_path: Path) -
     rho = cdp_rho(1.0, 1e-9)
     assert all(v <= rho * (1 + 1e-9) for v in m["rho_spent"].values())
     assert m["rho_spent"]["p000"] == pytest.approx(rho, rel=1e-6)
+    # one truth: the ledgers the parties wrote agree with the coordinator's plans
+    assert m["ledger_agrees"] is True
+    assert m["dp"]["neighbouring_relation"].startswith("replace-one")
+    assert m["dp"]["min_survivors"] == m["min_survivors"] == 3  # ceil(0.7 * 3)
+    assert all(r["min_survivors"] == 3 for r in m["rounds"].values())
     # communication: counted by the broker, below naive float32 despite keys and shares
     assert 0 < m["bytes_wire"] and m["bytes_naive"] > 0
     syn = pd.read_csv(res.out / "synthetic.csv")

@@ -1,4 +1,5 @@
-"""The discrete Gaussian sampler, per-party noise and the measurement plan."""
+"""The discrete Gaussian sampler (central references), per-party Skellam noise, survivor
+refusal and the measurement plan."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ from synth.mechanism import (
     PlannedMeasurement,
     discrete_gaussian,
     discrete_gaussian_variance,
+    SurvivorRefusal,
+    check_survivors,
+    default_min_survivors,
     measure_party,
-    party_noise_variance,
     plan_measurements,
+    resolve_min_survivors,
 )
+from synth.skellam import SkellamAccountingError
 
 N = 200_000
 
@@ -63,40 +68,49 @@ def test_discrete_gaussian_refuses_bad_variance(bad: float) -> None:
 
 
 # ---------------------------------------------------------------------------- party noise
-def test_party_noise_variance_by_model() -> None:
-    assert party_noise_variance(100.0, 10, "distributed") == pytest.approx(10.0)
-    assert party_noise_variance(100.0, 10, "local") == 100.0
-    assert party_noise_variance(100.0, 1, "distributed") == 100.0
-    with pytest.raises(ValueError, match="noise model"):
-        party_noise_variance(1.0, 2, "central")
-    with pytest.raises(ValueError, match="n_parties"):
-        party_noise_variance(1.0, 0, "local")
-
-
-def test_distributed_noise_sums_to_the_central_level_and_local_grows_by_k() -> None:
-    k, sigma2, cells = 10, 400.0, 20_000
+def test_skellam_party_noise_sums_exactly_to_the_survivors_total() -> None:
+    k, mu, cells = 10, 20.0, 20_000
     counts = np.arange(cells, dtype=np.float64).reshape(100, 200)
     rng = np.random.default_rng(3)
-    for model, expected in (("distributed", sigma2), ("local", k * sigma2)):
-        total = sum(measure_party(counts, sigma2_central=sigma2, n_parties=k, model=model,
-                                  rng=rng) for _ in range(k))
-        noise = total - k * counts.astype(np.int64)
-        assert total.dtype == np.int64 and total.shape == counts.shape
-        # variance estimate over 20k cells: 5 % relative is about 5 standard errors
-        assert noise.var() == pytest.approx(expected, rel=0.05)
+    total = sum(measure_party(counts, mu=mu, rng=rng) for _ in range(k))
+    noise = total - k * counts.astype(np.int64)
+    assert total.dtype == np.int64 and total.shape == counts.shape
+    # Sk(k·mu): variance 2·k·mu; 5 % relative is about 5 standard errors at 20k cells
+    assert noise.var() == pytest.approx(2 * k * mu, rel=0.05)
+    assert abs(noise.mean()) < 5 * math.sqrt(2 * k * mu / cells)
 
 
 def test_measure_party_refuses_non_integer_or_negative_counts() -> None:
-    rng = np.random.default_rng(0)
-    kw = {"sigma2_central": 1.0, "n_parties": 2, "model": "distributed", "rng": rng}
+    kw = {"mu": 1.0, "rng": np.random.default_rng(0)}
     with pytest.raises(ValueError, match="integer"):
         measure_party(np.array([1.5, 2.0]), **kw)
     with pytest.raises(ValueError, match="non-negative"):
         measure_party(np.array([-1, 2]), **kw)
     with pytest.raises(ValueError, match="finite"):
         measure_party(np.array([np.nan]), **kw)
+    with pytest.raises(ValueError, match="mu"):
+        measure_party(np.array([1]), mu=-1.0, rng=np.random.default_rng(0))
     out = measure_party(np.array([[3, 4]], dtype=np.int32), **kw)
     assert out.dtype == np.int64 and out.shape == (1, 2)
+    np.testing.assert_array_equal(measure_party(np.array([3, 4]), mu=0.0,
+                                                rng=np.random.default_rng(0)), [3, 4])
+
+
+def test_min_survivors_default_tolerates_30_percent_and_is_checked() -> None:
+    assert default_min_survivors(10) == 7
+    assert default_min_survivors(5) == 4
+    assert default_min_survivors(1) == 1
+    assert resolve_min_survivors(0, 10) == 7
+    assert resolve_min_survivors(10, 10) == 10
+    with pytest.raises(SkellamAccountingError, match="min_survivors"):
+        resolve_min_survivors(11, 10)
+
+
+def test_parties_refuse_to_unmask_with_too_few_survivors() -> None:
+    check_survivors(7, 7)
+    with pytest.raises(SurvivorRefusal, match="6 survivor") as e:
+        check_survivors(6, 7)
+    assert e.value.survivors == 6 and e.value.min_survivors == 7
 
 
 # ---------------------------------------------------------------------------- plan
@@ -107,11 +121,12 @@ def test_plan_splits_rho_and_calibrates_sigma() -> None:
     assert plan[2].rho == pytest.approx(0.02)
     for p in plan:
         assert isinstance(p, PlannedMeasurement)
-        assert p.sigma == pytest.approx(gaussian_sigma(p.rho))
-        assert p.sigma2 == pytest.approx(1 / (2 * p.rho))
+        # replace-one: L2 sensitivity sqrt(2)
+        assert p.sigma == pytest.approx(gaussian_sigma(p.rho, math.sqrt(2)))
+        assert p.sigma2 == pytest.approx(1 / p.rho)
     equal = plan_measurements([["x"], ["y"]], 1.0)
     assert [p.rho for p in equal] == [0.5, 0.5]
-    assert equal[0].sigma == pytest.approx(1.0)
+    assert equal[0].sigma == pytest.approx(math.sqrt(2))
 
 
 def test_plan_refuses_bad_input() -> None:

@@ -23,7 +23,6 @@ from synth.protocol import (
     cell_windows,
     decode_sum,
     party_sigma2,
-    quant_range,
     quantize_counts,
     split_marginals,
 )
@@ -58,8 +57,9 @@ def test_tree_rejects_bad_input() -> None:
 
 def _plan(**kw: object) -> RoundPlan:
     base = dict(round=1, name="select", cliques=(("a",), ("a", "b")), sizes=(3, 6),
-                sigma2_central=100.0, noise_model="distributed", n_parties=4, step=4.0,
-                cell_bits=bytes([12, 12, 12, 9, 9, 9, 9, 9, 9]), timeout_s=5.0)
+                sigma2_central=100.0, noise_model="distributed", n_parties=4, step=1.0,
+                cell_bits=bytes([12, 12, 12, 9, 9, 9, 9, 9, 9]), timeout_s=5.0,
+                rho=0.01, min_survivors=4)
     base.update(kw)
     return RoundPlan(**base)  # type: ignore[arg-type]
 
@@ -90,34 +90,39 @@ def test_round_plan_round_trips_through_bus_messages() -> None:
     assert session.secagg().t == 2
 
 
-def test_windows_decode_the_sum_of_codes_exactly_whatever_the_parties() -> None:
-    """Codes round(x / Δ) summed in per-cell rings decode to Δ·Σ codes whenever the true
-    counts respect the bounds, for every subset of parties (dropouts)."""
+def test_windows_decode_the_exact_integer_sum_whatever_the_parties() -> None:
+    """Integer counts + integer Skellam noise summed in per-cell rings decode to the exact
+    sum whenever the true counts respect the bounds, for every subset of parties."""
+    from synth.mechanism import measure_party
+
     rng = np.random.default_rng(3)
-    k, sigma_p, step = 6, 10.0, 10.0
+    k, mu = 6, 50.0
     upper = np.array([0.0, 3.0, 50.0, 400.0, 5000.0, 20.0, 20.0, 20.0, 20.0])
-    lo, widths = cell_windows(upper, sigma_sum=math.sqrt(k) * sigma_p, step=step, n_parties=k)
-    assert widths.dtype == np.uint8 and widths[0] < widths[3] < widths[4]
-    plan = _plan(n_parties=k, step=step, cell_bits=widths.tobytes())
+    lo, widths = cell_windows(upper, sigma_sum=math.sqrt(2 * mu * k))
+    assert widths.dtype == np.uint8 and widths[0] <= widths[3] < widths[4]
+    plan = _plan(n_parties=k, cell_bits=widths.tobytes())
     for trial in range(200):
-        # true counts below the bounds, split over the parties; Gaussian noise each
         true = np.floor(upper * rng.uniform(0, 1, upper.size))
         split = rng.multinomial(1, np.ones(k) / k, size=(upper.size, int(true.max()) + 1))
         counts = np.stack([[split[c, :int(true[c]), p].sum() for c in range(upper.size)]
-                           for p in range(k)]).astype(np.float64)
-        noisy = counts + rng.normal(0, sigma_p, counts.shape)
+                           for p in range(k)])
+        noisy = np.stack([measure_party(counts[p], mu=mu, rng=rng) for p in range(k)])
         alive = rng.permutation(k)[:rng.integers(1, k + 1)]
         codes = [quantize_counts(noisy[p], plan) for p in alive]
         total = sum(codes) & cell_modmask(widths)
         decoded = decode_sum(total, lo, plan)
-        exact = step * sum(np.rint(noisy[p] / step) for p in alive)
-        np.testing.assert_allclose(decoded, exact, err_msg=f"trial {trial}")
+        np.testing.assert_array_equal(decoded, sum(noisy[p] for p in alive),
+                                      err_msg=f"trial {trial}")
     with pytest.raises(ValueError, match="shape"):
         decode_sum(total[:3], lo, plan)
-    u_lo, u_w = cell_windows(upper, sigma_sum=24.5, step=step, n_parties=k, uniform=True)
-    assert set(u_w.tolist()) == {int(widths.max())}
+    u_lo, u_w = cell_windows(upper, sigma_sum=24.5, uniform=True)
+    assert set(u_w.tolist()) == {int(cell_windows(upper, sigma_sum=24.5)[1].max())}
+    with pytest.raises(ValueError, match="bits"):
+        cell_windows(upper, sigma_sum=24.5, max_bits=8)
     with pytest.raises(ValueError, match="step"):
-        cell_windows(upper, sigma_sum=1.0, step=0.0, n_parties=2)
+        quantize_counts(np.zeros(9), _plan(step=4.0))
+    with pytest.raises(ValueError, match="integers"):
+        quantize_counts(np.full(9, 0.5), plan)
 
 
 def test_upper_bounds_come_from_released_sub_cliques() -> None:
@@ -134,15 +139,11 @@ def test_upper_bounds_come_from_released_sub_cliques() -> None:
 
 
 def test_noise_shares_and_aggregate_sigma() -> None:
-    plan = _plan()
+    plan = _plan()  # sigma2_central is the variance of a sum of S_min = 4 parties
     assert party_sigma2(plan) == pytest.approx(25.0)
     assert party_sigma2(_plan(noise_model="local")) == pytest.approx(100.0)
-    # all four parties: the central variance plus four quantisation errors
-    step = plan.step
-    assert aggregate_sigma(plan, 4) == pytest.approx(math.sqrt(100.0 + 4 * step**2 / 12))
-    lo, hi = quant_range(1000, 25.0)
-    assert (lo, hi) == (-30.0, 1030.0)
-    assert quant_range(10, 0.0) == (0.0, 10.0)
+    assert aggregate_sigma(plan, 4) == pytest.approx(10.0)  # exact sums: no rounding error
+    assert aggregate_sigma(plan, 3) == pytest.approx(math.sqrt(75.0))
 
 
 def test_split_marginals_cuts_the_concatenated_vector() -> None:
@@ -165,7 +166,8 @@ def test_topics_put_each_participant_under_its_own_prefix() -> None:
 def test_config_rejects_bad_values_and_unknown_keys() -> None:
     assert SynthConfig().party_ids()[:2] == ("p000", "p001")
     assert not load_synth_config(None, ["epsilon=inf"]).private
-    for bad in ("epsilon=0", "epsilon=-1", "parties=0", "bits=-1", "bits=31", "fanout=1",
+    for bad in ("epsilon=0", "epsilon=-1", "parties=0", "bits=-1", "bits=63", "fanout=1",
+                "min_survivors=11", "min_survivors=-1",
                 "engine=gan", "noise_model=shouting", "delta=1"):
         with pytest.raises(ConfigError):
             load_synth_config(None, [bad])
@@ -208,14 +210,3 @@ def test_secagg_degree_is_logarithmic_even_and_capped() -> None:
     assert secagg_degree(1) == 0 and secagg_degree(2) == 1 and secagg_degree(4) == 3
     assert secagg_degree(10) == 6 and secagg_degree(100) == 8 and secagg_degree(1000) == 12
     assert secagg_degree(10, 3) == 4 and secagg_degree(5, 20) == 4
-
-
-def test_auto_bits_keeps_the_step_below_the_noise_std() -> None:
-    from synth.protocol import auto_bits
-
-    assert auto_bits(-100.0, 4000.0, 33.0**2) == 7  # 4100 / 33 + 1 = 125.2 levels
-    assert auto_bits(-20.0, 4000.0, 3.3**2) == 11  # 1219 levels
-    assert auto_bits(0.0, 10.0, 100.0) == 4 and auto_bits(0.0, 1e9, 0.0) == 24
-    for sigma in (0.5, 3.0, 30.0):
-        b = auto_bits(-6 * sigma, 3900 + 6 * sigma, sigma**2)
-        assert (3900 + 12 * sigma) / (2**b - 1) <= sigma
