@@ -15,6 +15,8 @@ literature: no budget is spent on it). It writes, under the run directory::
 
 from __future__ import annotations
 
+import numpy as np
+
 import contextlib
 import json
 import math
@@ -80,7 +82,13 @@ def prepare_data(cfg: SynthConfig, out: Path) -> tuple[SynthConfig, dict[str, An
     except ValueError as exc:
         raise ConfigError("synth.holdout_frac", str(exc)) from None
     train, holdout = frame.iloc[train_idx], frame.iloc[hold_idx]
-    schema = infer_schema(train, numeric_bins=cfg.numeric_bins, binning=cfg.binning)  # type: ignore[arg-type]
+    declared = declared_schema(cfg, list(train.columns))
+    if declared is not None:
+        schema, domain_source = declared, "declared"
+    else:
+        schema = infer_schema(train, numeric_bins=cfg.numeric_bins, binning=cfg.binning)  # type: ignore[arg-type]
+        domain_source = "inferred"
+    cfg = replace(cfg, domain=domain_source)  # the coordinator's dp block states it
     groups = None
     if cfg.split == "dirichlet":
         col = cfg.split_column or cfg.label
@@ -103,8 +111,77 @@ def prepare_data(cfg: SynthConfig, out: Path) -> tuple[SynthConfig, dict[str, An
     (out / "schema.json").write_text(json.dumps(schema.to_dict(), indent=1))
     info = {"rows": {p: int(len(r)) for p, r in zip(ids, parts, strict=True)},
             "holdout_rows": int(len(holdout)), "train_rows": int(len(train)),
-            "columns": list(schema.names), "domain_sizes": list(schema.domain.sizes)}
+            "columns": list(schema.names), "domain_sizes": list(schema.domain.sizes),
+            "domain_source": domain_source}
     return cfg, info
+
+
+#: The documented classes of the bundled datasets' labels (UCI), for a declared domain.
+DECLARED_LABELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "bank": ("y", ("no", "yes")), "adult": ("income", ("<=50K", ">50K"))}
+
+
+def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
+    """The public :class:`synth.domain.Schema` of ``columns`` from a declared schema file
+    (``schema_file``, or the bundled one of ``bank``/``adult``), or None when the domain is
+    to be inferred (``domain = inferred``, or ``auto`` without a declared schema).
+
+    Categorical columns: the declared categories plus :data:`synth.domain.OTHER_LEVEL`
+    (any other value, missing ones included). Numeric columns: ``numeric_bins``
+    equal-width bins over ``[lo, hi]`` (in ``sign(v)·log1p(|v|)`` space for ``log``
+    columns; integer edges for integer bounds), NaN encoded as the declared fill. The
+    label of a bundled dataset gets exactly its documented classes (:data:`DECLARED_LABELS`).
+
+    Raises:
+        pubsub.config.ConfigError: ``domain = declared`` without a schema, or a column the
+            schema does not declare.
+    """
+    from parties.schema import CategoricalColumn, bundled_schema, load_schema
+    from pubsub.config import ConfigError
+    from synth.domain import OTHER_LEVEL, ColumnSpec, Schema
+
+    if cfg.domain == "inferred":
+        return None
+    if cfg.schema_file:
+        public = load_schema(cfg.schema_file)
+    else:
+        public = bundled_schema(cfg.dataset) if cfg.dataset in DECLARED_LABELS else None
+    if public is None:
+        if cfg.domain == "declared":
+            raise ConfigError("synth.schema_file", f"domain = declared needs a public schema "
+                              f"for {cfg.dataset!r}; draft one with psfl vfl schema and "
+                              "review it")
+        return None
+    label = DECLARED_LABELS.get(cfg.dataset)
+    declared = {c.name: c for c in public.columns}
+    specs = []
+    for name in columns:
+        if label is not None and name == label[0] and name not in declared:
+            # the documented classes are exhaustive: no catch-all level
+            specs.append(ColumnSpec(name=name, kind="categorical", levels=label[1]))
+            continue
+        col = declared.get(name)
+        if col is None:
+            raise ConfigError("synth.schema_file", f"column {name!r} is not declared in the "
+                              "public schema; declare it or drop it (drop_columns)")
+        if isinstance(col, CategoricalColumn):
+            specs.append(ColumnSpec(name=name, kind="categorical",
+                                    levels=(*col.categories, OTHER_LEVEL)))
+            continue
+        integer = float(col.lo).is_integer() and float(col.hi).is_integer()
+        if col.log:
+            t = np.linspace(np.sign(col.lo) * np.log1p(abs(col.lo)),
+                            np.sign(col.hi) * np.log1p(abs(col.hi)), cfg.numeric_bins + 1)
+            edges = np.sign(t) * np.expm1(np.abs(t))
+        else:
+            edges = np.linspace(col.lo, col.hi, cfg.numeric_bins + 1)
+        if integer:
+            edges = np.unique(np.ceil(edges[:-1]))
+            edges = np.append(edges, col.hi + 1)
+        specs.append(ColumnSpec(name=name, kind="numeric", edges=tuple(float(e) for e in edges),
+                                integer=integer, dtype="int64" if integer else "float64",
+                                fill=float(col.fill)))
+    return Schema(columns=tuple(specs))
 
 
 def coordinator_stages(cfg: SynthConfig) -> list[str]:

@@ -56,6 +56,10 @@ import pandas as pd
 Clique = tuple[str, ...]
 
 MISSING_LEVEL = "<missing>"
+#: The catch-all level of a declared (public) categorical column: any value not among the
+#: declared levels, missing ones included, encodes to it, so the encoding of one record
+#: never depends on which values the other records hold.
+OTHER_LEVEL = "__other__"
 DEFAULT_MAX_CELLS = 5_000_000
 Binning = Literal["quantile", "uniform"]
 
@@ -210,6 +214,8 @@ class ColumnSpec:
         integer: numeric values (or numeric-valued levels) are integers; decoding keeps them so.
         dtype: the source column's dtype name, used to cast decoded values back
             (``"object"`` for text).
+        fill: numeric columns of a declared domain: the value a NaN encodes as (None: a
+            NaN is an error).
 
     Raises:
         DomainError: an inconsistent spec.
@@ -221,6 +227,7 @@ class ColumnSpec:
     edges: tuple[float, ...] = ()
     integer: bool = False
     dtype: str = "object"
+    fill: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "levels", tuple(str(v) for v in self.levels))
@@ -250,16 +257,21 @@ class ColumnSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form."""
-        return {"name": self.name, "kind": self.kind, "levels": list(self.levels),
-                "edges": list(self.edges), "integer": self.integer, "dtype": self.dtype}
+        out = {"name": self.name, "kind": self.kind, "levels": list(self.levels),
+               "edges": list(self.edges), "integer": self.integer, "dtype": self.dtype}
+        if self.fill is not None:
+            out["fill"] = self.fill
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ColumnSpec:
         """Inverse of :meth:`to_dict`."""
         try:
+            fill = d.get("fill")
             return cls(name=d["name"], kind=d["kind"], levels=tuple(d.get("levels", ())),
                        edges=tuple(d.get("edges", ())), integer=bool(d.get("integer", False)),
-                       dtype=str(d.get("dtype", "object")))
+                       dtype=str(d.get("dtype", "object")),
+                       fill=None if fill is None else float(fill))
         except (KeyError, TypeError) as e:
             raise DomainError(f"malformed column spec: {e!r}") from e
 
@@ -545,6 +557,9 @@ def encode(df: pd.DataFrame, schema: Schema) -> np.ndarray:
             lookup = {lv: i for i, lv in enumerate(spec.levels)}
             codes = strings.map(lookup)
             unseen = codes.isna().to_numpy()
+            if unseen.any() and OTHER_LEVEL in lookup:
+                codes = codes.fillna(lookup[OTHER_LEVEL])
+                unseen = np.zeros(n, dtype=bool)
             if unseen.any():
                 vals = sorted(set(strings[unseen]))
                 raise DomainError(f"{int(unseen.sum())} value(s) not among the schema's levels, "
@@ -556,6 +571,9 @@ def encode(df: pd.DataFrame, schema: Schema) -> np.ndarray:
             except (TypeError, ValueError) as e:
                 raise DomainError(f"values are not numeric: {e}", column=spec.name) from e
             nan = np.isnan(x)
+            if nan.any() and spec.fill is not None:
+                x = np.where(nan, spec.fill, x)
+                nan = np.zeros(n, dtype=bool)
             if nan.any():
                 raise DomainError(f"numeric column has {int(nan.sum())} NaN value(s) of {n} "
                                   f"rows", column=spec.name)

@@ -273,10 +273,15 @@ def dp_statement(cfg: Any) -> dict[str, Any]:
         "plan_checks": "each party checks every round plan against its session (K) and "
                        "its own configuration (budget, min_survivors, noise model, domain) "
                        "and computes its noise itself; a disagreeing plan is refused",
+        "domain": ("declared: levels and bins from the data owners' public schema, so no "
+                   "record changes them" if getattr(cfg, "domain", "") == "declared" else
+                   "inferred from the pooled rows by the launcher: its levels and bin edges "
+                   "depend on the records and are NOT covered by this guarantee; declare "
+                   "the domain (domain = declared, schema_file) for a guarantee that holds"),
         "outside": ["timing side channels", "floating-point effects in numpy's Poisson "
                     "sampler (not a CSPRNG, not constant time)", "the public row counts "
-                    "and domain (schema)", "the coordinator's own code on the released "
-                    "sums (post-processing)"],
+                    "and the declared domain (schema)", "the coordinator's own code on the "
+                    "released sums (post-processing)"],
     }
 
 
