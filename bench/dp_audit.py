@@ -165,9 +165,9 @@ def claim_vfl_train_publication(sigma_emb: float, sigma_sgd: float, publications
     return epsilon_for_delta(account(publications, sigma_emb, sigma_sgd, train=True), DELTA)
 
 
-#: FedForge's neighbouring relation as the product states it (``synth.mechanism``):
-#: replace-one, row counts public; one clique histogram changes by −1 in one cell and +1
-#: in another (L2 sensitivity √2, L1 2).
+#: ADAPTER: FedForge's neighbouring relation as the product states it today
+#: (re-pointed: ``synth.mechanism`` states replace-one, row counts public; one clique
+#: histogram changes by −1 in one cell and +1 in another: L2 sensitivity √2, L1 2).
 FEDFORGE_RELATION = "replace_one"
 
 
