@@ -1080,18 +1080,18 @@ register(_ff_case("ff_central_s1", "FedForge reference: one party (K = 1), rho =
                   "(sigma^2 = 1)", _FF_C1, control=_scaled_noise_control(_FF_C1, 1),
                   fast=True))
 register(_ff_case("ff_k10_s1", "FedForge cell, K = 10, rho = 1 (sigma^2 = 1; pre-fix "
-                  "sigma^2/K = 0.1)", FfConfig(n_parties=10, sigma2_central=1.0)))
+                  "sigma^2/K = 0.1)", FfConfig(n_parties=10, sigma2_central=1.0), fast=True))
 register(_ff_case("ff_k100_s1", "FedForge cell, K = 100, rho = 1 (sigma^2 = 1)",
                   FfConfig(n_parties=100, sigma2_central=1.0), draws_quick=200_000,
                   draws_full=1_000_000))
 register(_ff_case("ff_k10_s05_refused", "FedForge cell, K = 10, rho = 2 (sigma^2 = 0.5): "
                   "too little noise to account, must be refused",
-                  FfConfig(n_parties=10, sigma2_central=0.5), fast=True))
+                  FfConfig(n_parties=10, sigma2_central=0.5)))
 register(_ff_case("ff_k10_s10", "FedForge cell, K = 10, rho = 0.1 (sigma^2 = 10; pre-fix "
                   "sigma^2/K = 1)", FfConfig(n_parties=10, sigma2_central=10.0)))
 register(_ff_case("ff_bits6_s100", "FedForge cell, bits = 6 (ring cap), K = 10, rho = 0.01 "
                   "(sigma^2 = 100): the window needs more, must be refused",
-                  FfConfig(n_parties=10, sigma2_central=100.0, bits=6), fast=True))
+                  FfConfig(n_parties=10, sigma2_central=100.0, bits=6)))
 register(_ff_case("ff_bits10_s100_rows10", "FedForge cell, bits = 10 (ring cap holds the "
                   "window), 10 rows per party, K = 10, rho = 0.01 (sigma^2 = 100)",
                   FfConfig(n_parties=10, sigma2_central=100.0, bits=10, max_party_rows=10),
@@ -1100,7 +1100,7 @@ register(_ff_case("ff_bits10_s100_rows10", "FedForge cell, bits = 10 (ring cap h
 _FF_D4 = FfConfig(n_parties=10, sigma2_central=16.0)
 register(_ff_case("ff_dropout_4of10", "FedForge dropouts: 4 of 10 survive (S_min = 7), "
                   "rho = 1/16: must be refused", _FF_D4, survivors=4,
-                  control=_fewer_survivors_control(_FF_D4, 4), fast=True))
+                  control=_fewer_survivors_control(_FF_D4, 4)))
 register(_ff_case("ff_dropout_7of10", "FedForge dropouts: 7 of 10 survive (= S_min), "
                   "rho = 1/16 (sigma^2 = 16)", _FF_D4, survivors=7))
 _FF_D1 = FfConfig(n_parties=2, sigma2_central=4.0)
