@@ -67,8 +67,18 @@ sys.path.insert(0, str(HERE.parent))
 
 import torch  # noqa: E402
 
-from parties.dp import EmbeddingPrivatizer, composed_gaussian_mu  # noqa: E402
-from parties.model import bottom_model  # noqa: E402
+from parties.config import VflConfig  # noqa: E402
+from parties.dp import (  # noqa: E402
+    EmbeddingPrivatizer,
+    account,
+    compose_mu,
+    epsilon_for_delta,
+    gaussian_mu,
+    plan_from_config,
+    release_mu,
+)
+from parties.dpsgd import private_grads_with_noise  # noqa: E402
+from parties.model import bottom_model, make_adam, party_bottom  # noqa: E402
 from sim.audit import (  # noqa: E402
     IntPmf,
     bonferroni,
@@ -81,14 +91,27 @@ from sim.audit import (  # noqa: E402
     released_sum_pmf,
 )
 from synth.accounting import cdp_epsilon  # noqa: E402
-from synth.mechanism import measure_party, party_noise_variance  # noqa: E402
+from synth.mechanism import (  # noqa: E402
+    SurvivorRefusal,
+    check_survivors,
+    claimed_epsilon,
+    measure_party,
+    resolve_min_survivors,
+)
+from synth.plancheck import PlanRefused, verify_plan  # noqa: E402
 from synth.protocol import (  # noqa: E402
     RoundPlan,
+    cell_modmask,
     cell_windows,
     decode_sum,
-    quant_range,
-    quant_step,
+    plans_epsilon,
     quantize_counts,
+)
+from synth.skellam import (  # noqa: E402
+    SENS_L2SQ,
+    SkellamAccountingError,
+    party_mu,
+    released_noise_pmf,
 )
 
 DELTA = 1e-5
@@ -107,90 +130,169 @@ ALPHA = 0.05
 #   it must be vmap-able over ``noise`` (pass the noise in, draw none inside).
 # * VFL preprocessing / report: vfl_encode_features, vfl_report_fields -> the fixed
 #   encoder (public metadata) and the fixed report (the controls keep today's code).
-# * FedForge: FEDFORGE_RELATION = "replace_one"; claim_fedforge_cell -> the fixed synth
-#   accountant; fedforge_party_noise_pmf -> skellam_pmf(<per-party Skellam parameter for
-#   S_min survivors>); fedforge_party_message -> the fixed party's measurement;
-#   fedforge_encode -> identity (integer sums, no per-party rounding); fedforge_plan ->
-#   the fixed planner. The controls keep the pre-fix pipeline (FF_PREFIX, today's code
-#   under ``prefix_ff_*`` names), so nothing else changes; then add S_min cases
-#   (survivors = S_min, and S_min - 1 must be refused by the product).
+# * FedForge: DONE (re-pointed at the Skellam fix: synth.mechanism.measure_party /
+#   claimed_epsilon, synth.skellam, synth.plancheck.verify_plan, synth.protocol). The
+#   controls keep the pre-fix pipeline (FF_PREFIX, the removed product code reproduced
+#   under ``prefix_ff_*`` names).
 
 def claim_vfl_embedding(sigma: float, releases: int) -> float:
-    """ADAPTER (to be replaced by the product accountant): ε at δ of ``releases``
-    publications of one record's clipped embedding under replace-one (rows C·e1 and
-    −C·e1: L2 sensitivity 2C), noise σC: µ = sqrt(k)·2/σ. Re-point at the fixed
-    ``parties.dp`` accountant (a ledger with ``releases`` publications, ``.epsilon(δ)``)."""
-    return gdp_epsilon(math.sqrt(releases) * 2.0 / sigma, DELTA)
+    """ε at δ of ``releases`` publications of one record's clipped embedding at noise
+    multiplier σ_e, from the product's accountant: ``parties.dp.account(k, σ_e, σ_e,
+    train=False)`` (k releases of ``release_mu(σ_e) = 2/σ_e``, replace-one), converted by
+    ``parties.dp.epsilon_for_delta``."""
+    return epsilon_for_delta(account(releases, sigma, sigma, train=False), DELTA)
 
 
 def claim_vfl_embedding_prefix(sigma: float, releases: int) -> float:
-    """The pre-fix claim (add/remove, sensitivity C): µ = sqrt(k)/σ, from today's product
-    function ``parties.dp.composed_gaussian_mu``. Kept as the positive control."""
-    return gdp_epsilon(composed_gaussian_mu(releases, sigma), DELTA)
+    """The pre-fix claim (add/remove, sensitivity C): µ = sqrt(k)/σ
+    (``parties.dp.gaussian_mu``, the pre-fix accountant's per-release µ). Kept as the
+    positive control."""
+    return gdp_epsilon(math.sqrt(releases) * gaussian_mu(sigma), DELTA)
 
 
 def claim_vfl_dpsgd(sigma_sgd: float, steps: int) -> float:
-    """ADAPTER (to be replaced by the product accountant of the VFL fix): ε at δ of
-    ``steps`` DP-SGD steps in which the record participates, replace-one, per-example
-    clip C_g, noise σ_g·C_g on the sum, no amplification: µ = sqrt(steps)·2/σ_g."""
-    return gdp_epsilon(math.sqrt(steps) * 2.0 / sigma_sgd, DELTA)
+    """ε at δ of ``steps`` DP-SGD steps in which the record participates, from the
+    product's accountant: each step ``parties.dp.release_mu(σ_g)``-GDP, composed exactly
+    by ``parties.dp.compose_mu``, converted by ``epsilon_for_delta``."""
+    return epsilon_for_delta(compose_mu([release_mu(sigma_sgd)] * steps), DELTA)
+
+
+def claim_vfl_train_publication(sigma_emb: float, sigma_sgd: float, publications: int = 1
+                                ) -> float:
+    """ε at δ of ``publications`` training publications of a record (its embedding
+    release and its DP-SGD step each time): ``parties.dp.account(k, σ_e, σ_g,
+    train=True)``."""
+    return epsilon_for_delta(account(publications, sigma_emb, sigma_sgd, train=True), DELTA)
 
 
 #: ADAPTER: FedForge's neighbouring relation as the product states it today
-#: (add/remove, histogram L2 sensitivity 1). The fix states replace-one (sensitivity √2):
-#: set this to "replace_one" when it merges.
-FEDFORGE_RELATION = "add_remove"
+#: (re-pointed: ``synth.mechanism`` states replace-one, row counts public; one clique
+#: histogram changes by −1 in one cell and +1 in another: L2 sensitivity √2, L1 2).
+FEDFORGE_RELATION = "replace_one"
 
 
-def claim_fedforge_cell(sigma2_central: float, relation: str = FEDFORGE_RELATION) -> float:
-    """ADAPTER (to be replaced by the fixed ``synth`` accountant): ε at δ of one clique
-    measurement with central variance σ²: ρ = Δ²/(2σ²), Δ² = 1 (add/remove) or 2
-    (replace-one), converted by the product's ``synth.accounting.cdp_epsilon``."""
-    d2 = 2.0 if relation == "replace_one" else 1.0
-    return cdp_epsilon(d2 / (2.0 * sigma2_central), DELTA)
+def claim_fedforge_cell(rho: float, n_cliques: int = 1) -> float:
+    """The product's claim: ε at δ of ``n_cliques`` clique measurements each charged
+    ``rho`` zCDP (``synth.mechanism.claimed_epsilon``; equal to
+    ``synth.protocol.plans_epsilon`` of the plan, checked in :func:`fedforge_plan`)."""
+    return claimed_epsilon(rho, n_cliques, DELTA)
 
 
-def fedforge_party_noise_pmf(sigma2_central: float, n_parties: int) -> IntPmf:
-    """ADAPTER (re-point when the Skellam fix merges): the table of the integer noise ONE
-    party adds per cell. Today: N_Z(0, σ²/K) (``synth.mechanism.party_noise_variance``,
-    distributed model). After the fix: the table of the product's per-party Skellam
-    noise calibrated for the minimum survivor count (:func:`sim.audit.skellam_pmf`)."""
-    return prefix_ff_noise_pmf(sigma2_central, n_parties)
+def claim_fedforge_prefix(sigma2_central: float) -> float:
+    """The pre-fix claim (add/remove, L2 sensitivity 1, Gaussian ρ = 1/(2σ²)), converted by
+    the product's ``synth.accounting.cdp_epsilon``: kept for the positive controls."""
+    return cdp_epsilon(1.0 / (2.0 * sigma2_central), DELTA)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FfConfig:
-    """One FedForge cell configuration (what a RoundPlan and the session fix)."""
+    """One FedForge cell configuration (what a RoundPlan and the session fix).
+
+    ``sigma2_central`` names the configuration as the issue did: the product charges
+    ρ = Δ₂²/(2σ²) = 1/σ² per clique (replace-one, Δ₂² = 2), i.e. the ρ of a Gaussian of
+    central variance σ², and calibrates its Skellam noise for that ρ; the pre-fix
+    pipeline (controls) added N_Z(0, σ²/K) per party. ``min_survivors`` 0 = the product's
+    default ⌈0.7 K⌉. ``bits``: the ring-width cap (0 = none)."""
 
     n_parties: int
     sigma2_central: float
     bits: int = 0
     max_party_rows: int = 1000
+    min_survivors: int = 0
+
+    @property
+    def rho(self) -> float:
+        """The ρ per clique the product charges for this configuration."""
+        return SENS_L2SQ / (2.0 * self.sigma2_central)
+
+    @property
+    def s_min(self) -> int:
+        """S_min as the party resolves it (``synth.mechanism.resolve_min_survivors``)."""
+        return resolve_min_survivors(self.min_survivors, self.n_parties)
 
     @property
     def sigma2_party(self) -> float:
-        return party_noise_variance(self.sigma2_central, self.n_parties, "distributed")
+        """The pre-fix per-party variance σ²/K (distributed model): controls only."""
+        return self.sigma2_central / self.n_parties
+
+
+@functools.lru_cache(maxsize=None)
+def _ff_party_mu(rho: float, s_min: int) -> float:
+    return party_mu(rho, s_min, model="distributed")
+
+
+def fedforge_party_mu(plan: RoundPlan) -> float:
+    """The Skellam μ a party adds per cell for ``plan``, as the party computes it: it
+    verifies the plan against its session (K parties) and its own configuration
+    (S_min = the plan's, distributed noise, budget unlimited) with the product's
+    ``synth.plancheck.verify_plan``, which returns μ (``synth.skellam.party_mu``).
+
+    Raises:
+        PlanRefused, SkellamAccountingError: the product refuses the plan.
+    """
+    return _ff_verified_mu(plan.n_parties, plan.min_survivors, plan.noise_model, plan.step,
+                           plan.rho, plan.sigma2_central, plan.vector_len)
+
+
+@functools.lru_cache(maxsize=None)
+def _ff_verified_mu(k: int, s_min: int, model: str, step: float, rho: float, s2: float,
+                    cells: int) -> float:
+    return verify_plan(n_parties=k, min_survivors=s_min, noise_model=model, step=step,
+                       rho=rho, sigma2_central=s2, cliques=(("cell",),), sizes=(cells,),
+                       session_parties=tuple(f"p{j}" for j in range(k)),
+                       domain_shape={"cell": cells}, own_min_survivors=s_min,
+                       own_noise_model="distributed", private=True, remaining_rho=math.inf)
+
+
+def _skellam_table(mu: float) -> IntPmf:
+    b = int(math.ceil(40.0 * math.sqrt(2.0 * mu))) + 10
+    support = np.arange(-b, b + 1)
+    p = released_noise_pmf(mu, 1, support)
+    return IntPmf(-b, p / p.sum())
+
+
+def fedforge_party_noise_pmf(cfg: FfConfig) -> IntPmf:
+    """The table of the integer noise ONE party adds per cell: ``Sk(μ)`` with the μ the
+    party computes (:func:`fedforge_party_mu`), from the product's
+    ``synth.skellam.released_noise_pmf`` (= ``exp(skellam_logpmf)``), 40σ window."""
+    return _skellam_table(fedforge_party_mu(fedforge_plan(cfg, 1)[0]))
 
 
 def fedforge_plan(cfg: FfConfig, n_cells: int) -> tuple[RoundPlan, np.ndarray]:
-    """ADAPTER (today's plan arithmetic, re-point at the fixed planner): the RoundPlan
-    the coordinator would send for ``n_cells`` cells of this configuration, and the
-    cells' window starts (``lo``) for :func:`synth.protocol.decode_sum`."""
-    return prefix_ff_plan(cfg, n_cells)
+    """The RoundPlan the product's coordinator builds for ``n_cells`` cells of this
+    configuration (``synth/coordinator.py``: μ from ``party_mu``, windows from
+    ``cell_windows(sigma_sum = sqrt(2·μ·K), max_bits = bits)``, ``step = 1``,
+    ``sigma2_central = 2·S_min·μ``), and the cells' window starts for ``decode_sum``.
+
+    Raises:
+        SkellamAccountingError: ρ needs less noise than the product accounts.
+        ValueError: the window needs more than ``bits`` (``cell_windows``).
+    """
+    s_min = cfg.s_min
+    mu = _ff_party_mu(cfg.rho, s_min)
+    upper = np.full(n_cells, float(cfg.max_party_rows * cfg.n_parties))
+    lo, widths = cell_windows(upper, sigma_sum=math.sqrt(2.0 * mu * cfg.n_parties),
+                              uniform=True, max_bits=cfg.bits)
+    plan = RoundPlan(round=0, name="audit", cliques=(("cell",),), sizes=(n_cells,),
+                     sigma2_central=2.0 * mu * s_min, noise_model="distributed",
+                     n_parties=cfg.n_parties, step=1.0, cell_bits=widths.tobytes(),
+                     timeout_s=1.0, rho=cfg.rho, min_survivors=s_min)
+    assert plans_epsilon([plan], DELTA) == claim_fedforge_cell(cfg.rho)
+    return plan, lo
 
 
 def fedforge_party_message(counts: np.ndarray, plan: RoundPlan,
                            rng: np.random.Generator) -> np.ndarray:
-    """ADAPTER (re-point at the fixed party's measurement): what one party sends for its
-    cells, as ring words. Today: ``quantize_counts(measure_party(...))`` (the party's
-    ``_measure``)."""
-    return prefix_ff_message(counts, plan, rng)
+    """What one party sends for its cells, as ring words: the product's
+    ``quantize_counts(measure_party(counts, mu=μ))`` with μ from the verified plan."""
+    return quantize_counts(measure_party(counts, mu=fedforge_party_mu(plan), rng=rng), plan)
 
 
 def fedforge_encode(cfg: FfConfig) -> Callable[[np.ndarray], np.ndarray]:
-    """ADAPTER: the per-party integer encoding of a noisy count in the tables. Today:
-    ``rint(x/Δ)`` with the plan's Δ (identity after the fix: integer sums, no rounding)."""
-    return prefix_ff_encode(cfg)
+    """The per-party integer encoding of a noisy count: the identity (exact integer sums
+    in the ring, no per-party rounding)."""
+    del cfg
+    return lambda v: np.asarray(v, dtype=np.int64)
 
 
 def vfl_dpsgd_step(params: dict[str, torch.Tensor], x: torch.Tensor, g: torch.Tensor,
@@ -266,20 +368,36 @@ VFL_PREFIX_STEP: Callable[..., dict[str, torch.Tensor]] = vfl_plain_step
 
 
 # ---------------------------------------------------------------------------- FedForge pipelines
-# The pre-fix FedForge pipeline, today's product code: the positive controls keep it
-# when the adapters above are re-pointed at the fix.
-def prefix_ff_noise_pmf(sigma2_central: float, n_parties: int) -> IntPmf:
+# The pre-fix FedForge pipeline (the positive controls). Its product functions
+# (party_noise_variance, quant_range, quant_step, the step-aware cell_windows and the
+# rounding quantize_counts, measure_party(σ², K, model)) were removed by the fix, so the
+# few lines of each are reproduced here, verbatim in behaviour (git d7c0ba7^1).
+def prefix_ff_noise_pmf(cfg: FfConfig) -> IntPmf:
     """Pre-fix per-party noise table: N_Z(0, σ²/K)."""
-    return discrete_gaussian_pmf(party_noise_variance(sigma2_central, n_parties, "distributed"))
+    return discrete_gaussian_pmf(cfg.sigma2_party)
+
+
+def _prefix_step(cfg: FfConfig) -> float:
+    """Pre-fix ``quant_range`` + ``quant_step`` (``auto_bits`` when ``bits`` = 0)."""
+    s2 = cfg.sigma2_party
+    pad = math.ceil(6.0 * math.sqrt(s2)) if s2 > 0 else 0
+    h_min, h_max = float(-pad), float(cfg.max_party_rows + pad)
+    b = cfg.bits
+    if not b:
+        levels = (h_max - h_min) / math.sqrt(s2) + 1.0 if s2 > 0 else 0.0
+        b = int(min(24, max(4, math.ceil(math.log2(levels))))) if s2 > 0 else 24
+    return (h_max - h_min) / float((1 << b) - 1)
 
 
 def prefix_ff_plan(cfg: FfConfig, n_cells: int) -> tuple[RoundPlan, np.ndarray]:
-    """Pre-fix plan: ``synth.protocol.quant_range``/``quant_step``/``cell_windows``."""
-    h_min, h_max = quant_range(cfg.max_party_rows, cfg.sigma2_party)
-    step = quant_step(h_min, h_max, cfg.sigma2_party, cfg.bits)
+    """Pre-fix plan: windows in code units of Δ (6σ tails plus K/2 rounding)."""
+    step = _prefix_step(cfg)
     upper = np.full(n_cells, float(cfg.max_party_rows * cfg.n_parties))
-    lo, widths = cell_windows(upper, sigma_sum=math.sqrt(cfg.sigma2_central), step=step,
-                              n_parties=cfg.n_parties, uniform=True)
+    pad = 6.0 * math.sqrt(cfg.sigma2_central) / step + cfg.n_parties / 2.0
+    lo = np.full(upper.shape, math.floor(-pad), dtype=np.int64)
+    hi = np.ceil(upper / step + pad).astype(np.int64)
+    w = int(max(1, math.ceil(math.log2(float((hi - lo + 1).max())))))
+    widths = np.full(n_cells, w, dtype=np.uint8)
     plan = RoundPlan(round=0, name="audit", cliques=(("cell",),), sizes=(n_cells,),
                      sigma2_central=cfg.sigma2_central, noise_model="distributed",
                      n_parties=cfg.n_parties, step=step, cell_bits=widths.tobytes(),
@@ -289,16 +407,18 @@ def prefix_ff_plan(cfg: FfConfig, n_cells: int) -> tuple[RoundPlan, np.ndarray]:
 
 def prefix_ff_message(counts: np.ndarray, plan: RoundPlan,
                       rng: np.random.Generator) -> np.ndarray:
-    """Pre-fix party message: ``quantize_counts(measure_party(...))``."""
-    noisy = measure_party(counts, sigma2_central=plan.sigma2_central,
-                          n_parties=plan.n_parties, model=plan.noise_model, rng=rng)
-    return quantize_counts(np.asarray(noisy, dtype=np.float64), plan)
+    """Pre-fix party message: N_Z(0, σ²/K) noise, then the code ``rint(x/Δ)`` mod 2^w."""
+    from synth.mechanism import discrete_gaussian
+    ints = np.asarray(counts, dtype=np.int64)
+    noisy = ints + discrete_gaussian(plan.sigma2_central / plan.n_parties, ints.shape, rng)
+    q = np.rint(noisy.astype(np.float64) / plan.step).astype(np.int64)
+    return q.view(np.uint64) & cell_modmask(plan.widths)
 
 
 def prefix_ff_encode(cfg: FfConfig) -> Callable[[np.ndarray], np.ndarray]:
     """Pre-fix per-party encoding: ``rint(x/Δ)``."""
-    plan, _ = prefix_ff_plan(cfg, 1)
-    return lambda v: np.rint(np.asarray(v, dtype=np.float64) / plan.step)
+    step = _prefix_step(cfg)
+    return lambda v: np.rint(np.asarray(v, dtype=np.float64) / step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,18 +426,32 @@ class FfPipeline:
     """The four pieces of a FedForge cell pipeline the audit needs."""
 
     name: str
-    noise_pmf: Callable[[float, int], IntPmf]
+    noise_pmf: Callable[[FfConfig], IntPmf]
     plan: Callable[[FfConfig, int], tuple[RoundPlan, np.ndarray]]
     message: Callable[[np.ndarray, RoundPlan, np.random.Generator], np.ndarray]
     encode: Callable[[FfConfig], Callable[[np.ndarray], np.ndarray]]
 
 
-#: The product as shipped (through the adapters).
+#: The product as shipped.
 FF_PRODUCT = FfPipeline("product", fedforge_party_noise_pmf, fedforge_plan,
                         fedforge_party_message, fedforge_encode)
 #: The pre-fix pipeline (positive controls).
 FF_PREFIX = FfPipeline("prefix", prefix_ff_noise_pmf, prefix_ff_plan, prefix_ff_message,
                        prefix_ff_encode)
+
+
+def ff_scaled_noise_pipeline(scale: float) -> FfPipeline:
+    """The product's pipeline (same plan, same claim) with each party's μ multiplied by
+    ``scale`` (1/16: σ quartered): a positive control."""
+    def noise_pmf(cfg: FfConfig) -> IntPmf:
+        return _skellam_table(scale * fedforge_party_mu(fedforge_plan(cfg, 1)[0]))
+
+    def message(counts: np.ndarray, plan: RoundPlan, rng: np.random.Generator) -> np.ndarray:
+        return quantize_counts(measure_party(counts, mu=scale * fedforge_party_mu(plan),
+                                             rng=rng), plan)
+
+    return FfPipeline(f"product, mu x {scale:g}", noise_pmf, fedforge_plan, message,
+                      fedforge_encode)
 
 
 # ---------------------------------------------------------------------------- case registry
@@ -343,6 +477,8 @@ class Side:
     statistic: Callable[[np.ndarray], np.ndarray] | None = None
     exact: Callable[[], float] | None = None
     what: str = ""
+    #: FedForge: the product's outcome ("released" or "refused" with its typed error)
+    outcome: Callable[[], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -704,7 +840,7 @@ def cell_tables(pipe: FfPipeline, cfg: FfConfig, counts: np.ndarray, survivors: 
     """Exact pmfs of each released cell (decoded sum of the survivors' codes)."""
     plan, lo = pipe.plan(cfg, 1)
     encode = pipe.encode(cfg)
-    noise = [pipe.noise_pmf(cfg.sigma2_central, cfg.n_parties)] * cfg.n_parties
+    noise = [pipe.noise_pmf(cfg)] * cfg.n_parties
     return [released_sum_pmf(noise, list(counts[:, c]), survivors=range(survivors),
                              encode=encode, ring=(int(lo[0]), int(plan.widths[0])))
             for c in range(counts.shape[1])]
@@ -826,54 +962,169 @@ def fedforge_side(cfg: FfConfig, relation: str, survivors: int, claim: Callable[
                 what=what)
 
 
+#: The product's documented refusals: too little noise to account
+#: (``SkellamAccountingError``), a plan the party refuses (``PlanRefused``), a round with
+#: fewer survivors than S_min (``SurvivorRefusal``), a window wider than the ``bits`` cap
+#: (``ValueError`` from ``cell_windows``; the coordinator exits 2 with it).
+FF_REFUSALS: tuple[type[Exception], ...] = (SkellamAccountingError, PlanRefused,
+                                            SurvivorRefusal, ValueError)
+
+
+def fedforge_refusal(cfg: FfConfig, survivors: int) -> dict[str, Any] | None:
+    """Whether the product refuses to release this configuration: it plans the round
+    (:func:`fedforge_plan`), each party verifies the plan and computes its μ
+    (:func:`fedforge_party_mu`), and each survivor checks the survivor count
+    (``synth.mechanism.check_survivors``). None when it releases; else the refusal
+    (error type and message): nothing is released, so the outcome is sound (ε = 0)."""
+    try:
+        plan, _ = fedforge_plan(cfg, 1)
+        fedforge_party_mu(plan)
+        check_survivors(survivors, plan.min_survivors)
+    except FF_REFUSALS as exc:
+        return {"outcome": "refused", "error": type(exc).__name__, "message": str(exc),
+                "survivors": survivors, "n_parties": cfg.n_parties, "rho": cfg.rho}
+    return None
+
+
+def fedforge_product_side(cfg: FfConfig, survivors: int, *, relation: str = FEDFORGE_RELATION,
+                          clear: bool = False, what: str = "") -> Side:
+    """The product's side of a FedForge case: either a refusal (recorded as the case's
+    ``outcome``; nothing released: constant draws, exact ε = 0), or the product's
+    pipeline (:data:`FF_PRODUCT`) for the worst pair at ``survivors`` against the
+    product's claim for the configuration's ρ."""
+    cache: dict[str, Any] = {}
+
+    def refusal() -> dict[str, Any] | None:
+        if "r" not in cache:
+            cache["r"] = fedforge_refusal(cfg, survivors)
+        return cache["r"]
+
+    inner = fedforge_side(cfg, relation, survivors, lambda: claim_fedforge_cell(cfg.rho),
+                          pipe=FF_PRODUCT, clear=clear, what=what)
+
+    def sample(n: int, rng: np.random.Generator) -> Draws:
+        if refusal() is not None:
+            z = np.zeros((n, 1), dtype=np.int64)
+            return z, z.copy()
+        assert inner.sample is not None
+        return inner.sample(n, rng)
+
+    def statistic(y: np.ndarray) -> np.ndarray:
+        if refusal() is not None:
+            return np.zeros(len(y))
+        assert inner.statistic is not None
+        return inner.statistic(y)
+
+    def exact() -> float:
+        if refusal() is not None:
+            return 0.0
+        assert inner.exact is not None
+        return inner.exact()
+
+    def outcome() -> dict[str, Any]:
+        r = refusal()
+        if r is not None:
+            return r
+        plan, _ = fedforge_plan(cfg, 1)
+        return {"outcome": "released", "survivors": survivors, "n_parties": cfg.n_parties,
+                "min_survivors": plan.min_survivors, "rho": plan.rho,
+                "mu_party": fedforge_party_mu(plan), "ring_bits": plan.ring_bits,
+                "relation": relation}
+
+    return Side(claim=lambda: claim_fedforge_cell(cfg.rho), sample=sample,
+                statistic=statistic, exact=exact, what=what, outcome=outcome)
+
+
+def _prefix_control(cfg: FfConfig, survivors: int, what: str = "") -> Side:
+    """The pre-fix behaviour: pre-fix pipeline (N_Z(0, σ²/K) per party, per-party
+    rounding), pre-fix relation (add/remove) and pre-fix claim (ρ = 1/(2σ²))."""
+    return fedforge_side(cfg, "add_remove", survivors,
+                         lambda: claim_fedforge_prefix(cfg.sigma2_central), pipe=FF_PREFIX,
+                         what=what or "pre-fix pipeline (sigma^2/K per party, per-party "
+                                      "rounding), add/remove, pre-fix claim")
+
+
 def _ff_case(name: str, what: str, cfg: FfConfig, *, survivors: int | None = None,
-             control_cfg: FfConfig | None = None, draws_quick: int = 1_000_000,
+             control: Side | None = None, draws_quick: int = 1_000_000,
              draws_full: int = 2_000_000, fast: bool = False) -> Case:
     s = cfg.n_parties if survivors is None else survivors
-    claim = lambda: claim_fedforge_cell(cfg.sigma2_central)  # noqa: E731
-    ctl = control_cfg or cfg
     return Case(
         name=name, group="fedforge", what=what,
-        main=fedforge_side(cfg, FEDFORGE_RELATION, s, claim,
-                           what="the product's cell pipeline vs its claim"),
-        control=fedforge_side(ctl, FEDFORGE_RELATION, s, claim,
-                              pipe=FF_PREFIX if control_cfg is None else FF_PRODUCT,
-                              what="pre-fix pipeline (sigma^2/K per party, per-party rounding)"
-                              if control_cfg is None else "sigma halved, same claim"),
+        main=fedforge_product_side(cfg, s, what="the product's cell pipeline vs its claim "
+                                                "(or its refusal)"),
+        control=control if control is not None else _prefix_control(cfg, s),
         draws_quick=draws_quick, draws_full=draws_full, fast=fast)
 
 
-register(_ff_case("ff_central_s1", "FedForge reference: one party (K = 1), sigma^2 = 1",
-                  FfConfig(n_parties=1, sigma2_central=1.0),
-                  control_cfg=FfConfig(n_parties=1, sigma2_central=0.25), fast=True))
-register(_ff_case("ff_k10_s1", "FedForge cell, K = 10, sigma^2 = 1 (sigma^2/K = 0.1)",
-                  FfConfig(n_parties=10, sigma2_central=1.0), fast=True))
-register(_ff_case("ff_k100_s1", "FedForge cell, K = 100, sigma^2 = 1",
-                  FfConfig(n_parties=100, sigma2_central=1.0), draws_quick=100_000,
-                  draws_full=200_000))
-register(_ff_case("ff_k10_s10", "FedForge cell, K = 10, sigma^2 = 10 (sigma^2/K = 1)",
-                  FfConfig(n_parties=10, sigma2_central=10.0)))
-register(_ff_case("ff_bits6_s100", "FedForge cell, bits = 6, K = 10, sigma^2 = 100",
+#: The central reference's control: σ quartered (at ρ = 1 the tight exact ε of σ halved,
+#: 6.1, stays below the zCDP claim 7.08: the claim's conversion is not tight enough there).
+FF_SIXTEENTH_NOISE = ff_scaled_noise_pipeline(1.0 / 16.0)
+
+
+def _scaled_noise_control(cfg: FfConfig, survivors: int) -> Side:
+    return fedforge_side(cfg, FEDFORGE_RELATION, survivors,
+                         lambda: claim_fedforge_cell(cfg.rho), pipe=FF_SIXTEENTH_NOISE,
+                         what="the product's pipeline with mu/16 (sigma quartered), same claim")
+
+
+def _fewer_survivors_control(cfg: FfConfig, survivors: int) -> Side:
+    return fedforge_side(cfg, FEDFORGE_RELATION, survivors,
+                         lambda: claim_fedforge_cell(cfg.rho), pipe=FF_PRODUCT,
+                         what=f"pre-fix dropout behaviour: the product's noise released with "
+                              f"{survivors} survivor(s) < S_min (no survivor check) at the "
+                              f"charged rho")
+
+
+_FF_C1 = FfConfig(n_parties=1, sigma2_central=1.0)
+register(_ff_case("ff_central_s1", "FedForge reference: one party (K = 1), rho = 1 "
+                  "(sigma^2 = 1)", _FF_C1, control=_scaled_noise_control(_FF_C1, 1),
+                  fast=True))
+register(_ff_case("ff_k10_s1", "FedForge cell, K = 10, rho = 1 (sigma^2 = 1; pre-fix "
+                  "sigma^2/K = 0.1)", FfConfig(n_parties=10, sigma2_central=1.0), fast=True))
+register(_ff_case("ff_k100_s1", "FedForge cell, K = 100, rho = 1 (sigma^2 = 1)",
+                  FfConfig(n_parties=100, sigma2_central=1.0), draws_quick=200_000,
+                  draws_full=1_000_000))
+register(_ff_case("ff_k10_s05_refused", "FedForge cell, K = 10, rho = 2 (sigma^2 = 0.5): "
+                  "too little noise to account, must be refused",
+                  FfConfig(n_parties=10, sigma2_central=0.5)))
+register(_ff_case("ff_k10_s10", "FedForge cell, K = 10, rho = 0.1 (sigma^2 = 10; pre-fix "
+                  "sigma^2/K = 1)", FfConfig(n_parties=10, sigma2_central=10.0)))
+register(_ff_case("ff_bits6_s100", "FedForge cell, bits = 6 (ring cap), K = 10, rho = 0.01 "
+                  "(sigma^2 = 100): the window needs more, must be refused",
                   FfConfig(n_parties=10, sigma2_central=100.0, bits=6)))
-register(_ff_case("ff_dropout_4of10", "FedForge dropouts: 4 of 10 survive, sigma^2 = 16",
-                  FfConfig(n_parties=10, sigma2_central=16.0), survivors=4))
-register(_ff_case("ff_dropout_1of2", "FedForge dropouts: 1 of 2 survives, sigma^2 = 4",
-                  FfConfig(n_parties=2, sigma2_central=4.0), survivors=1))
+register(_ff_case("ff_bits10_s100_rows10", "FedForge cell, bits = 10 (ring cap holds the "
+                  "window), 10 rows per party, K = 10, rho = 0.01 (sigma^2 = 100)",
+                  FfConfig(n_parties=10, sigma2_central=100.0, bits=10, max_party_rows=10),
+                  control=_prefix_control(FfConfig(n_parties=10, sigma2_central=100.0,
+                                                   bits=6), 10)))
+_FF_D4 = FfConfig(n_parties=10, sigma2_central=16.0)
+register(_ff_case("ff_dropout_4of10", "FedForge dropouts: 4 of 10 survive (S_min = 7), "
+                  "rho = 1/16: must be refused", _FF_D4, survivors=4,
+                  control=_fewer_survivors_control(_FF_D4, 4)))
+register(_ff_case("ff_dropout_7of10", "FedForge dropouts: 7 of 10 survive (= S_min), "
+                  "rho = 1/16 (sigma^2 = 16)", _FF_D4, survivors=7))
+_FF_D1 = FfConfig(n_parties=2, sigma2_central=4.0)
+register(_ff_case("ff_dropout_1of2", "FedForge dropouts: 1 of 2 survives (S_min = 2), "
+                  "rho = 1/4: must be refused", _FF_D1, survivors=1,
+                  control=_fewer_survivors_control(_FF_D1, 1)))
+register(_ff_case("ff_dropout_2of2", "FedForge dropouts: 2 of 2 survive (= S_min), "
+                  "rho = 1/4 (sigma^2 = 4)", _FF_D1, survivors=2))
 
 
 def _rowcount_case() -> Case:
     cfg = FfConfig(n_parties=10, sigma2_central=10.0)
-    claim = lambda: claim_fedforge_cell(cfg.sigma2_central)  # noqa: E731
     return Case(
         name="ff_rowcount_clear", group="fedforge",
-        what="FedForge cell plus the party's row count in clear, K = 10, sigma^2 = 10, "
-             f"relation as stated ({FEDFORGE_RELATION})",
-        main=fedforge_side(cfg, FEDFORGE_RELATION, 10, claim, clear=True,
-                           what="cell + clear row count under the stated relation"),
-        control=fedforge_side(cfg, "add_remove", 10, claim, clear=True,
-                              what="add/remove: the clear row count is a deterministic "
-                                   "disclosure (eps = inf)"),
-        draws_quick=100_000, draws_full=300_000)
+        what="FedForge cell plus the party's row count in clear, K = 10, rho = 0.1, "
+             f"relation as stated ({FEDFORGE_RELATION}: row counts public, equal in D, D')",
+        main=fedforge_product_side(cfg, 10, clear=True,
+                                   what="cell + clear row count under the stated relation"),
+        control=fedforge_side(cfg, "add_remove", 10,
+                              lambda: claim_fedforge_prefix(cfg.sigma2_central),
+                              pipe=FF_PREFIX, clear=True,
+                              what="pre-fix add/remove claim: the clear row count is a "
+                                   "deterministic disclosure (eps = inf)"),
+        draws_quick=200_000, draws_full=1_000_000)
 
 
 register(_rowcount_case())
@@ -883,14 +1134,15 @@ def _replace_one_case() -> Case:
     cfg = FfConfig(n_parties=10, sigma2_central=10.0)
     return Case(
         name="ff_replace_one_s10", group="fedforge",
-        what="FedForge, replace-one (one cell -1, another +1: L2 sensitivity sqrt 2), "
-             "K = 10, sigma^2 = 10, claim under replace-one",
-        main=fedforge_side(cfg, "replace_one", 10,
-                           lambda: claim_fedforge_cell(cfg.sigma2_central, "replace_one"),
-                           what="two cells vs the replace-one claim"),
+        what="FedForge, replace-one at the sensitivity bound (one cell -1, another +1: L2 "
+             "sqrt 2, L1 2), K = 10, rho = 0.1, the product's claim",
+        main=fedforge_product_side(cfg, 10, relation="replace_one",
+                                   what="two cells vs the replace-one claim"),
         control=fedforge_side(cfg, "replace_one", 10,
-                              lambda: claim_fedforge_cell(cfg.sigma2_central, "add_remove"),
-                              what="two cells vs the add/remove claim (sensitivity 1)"),
+                              lambda: claim_fedforge_prefix(cfg.sigma2_central),
+                              pipe=FF_PRODUCT,
+                              what="the same draws' mechanism vs the pre-fix add/remove "
+                                   "claim (sensitivity 1)"),
         draws_quick=1_000_000, draws_full=2_000_000)
 
 
@@ -942,6 +1194,7 @@ def run_case(case: Case, *, n: int, alpha: float, seed: int) -> dict[str, Any]:
                     "detected_by": "+".join(k for k, v in (("lb", by_lb), ("exact", by_exact))
                                             if v) or None},
         "seconds": round(time.perf_counter() - t0, 2),
+        **({"outcome": case.main.outcome()} if case.main.outcome is not None else {}),
     }
 
 
