@@ -67,8 +67,18 @@ sys.path.insert(0, str(HERE.parent))
 
 import torch  # noqa: E402
 
-from parties.dp import EmbeddingPrivatizer, composed_gaussian_mu  # noqa: E402
-from parties.model import bottom_model  # noqa: E402
+from parties.config import VflConfig  # noqa: E402
+from parties.dp import (  # noqa: E402
+    EmbeddingPrivatizer,
+    account,
+    compose_mu,
+    epsilon_for_delta,
+    gaussian_mu,
+    plan_from_config,
+    release_mu,
+)
+from parties.dpsgd import private_grads_with_noise  # noqa: E402
+from parties.model import bottom_model, make_adam, party_bottom  # noqa: E402
 from sim.audit import (  # noqa: E402
     IntPmf,
     bonferroni,
@@ -116,24 +126,33 @@ ALPHA = 0.05
 #   (survivors = S_min, and S_min - 1 must be refused by the product).
 
 def claim_vfl_embedding(sigma: float, releases: int) -> float:
-    """ADAPTER (to be replaced by the product accountant): ε at δ of ``releases``
-    publications of one record's clipped embedding under replace-one (rows C·e1 and
-    −C·e1: L2 sensitivity 2C), noise σC: µ = sqrt(k)·2/σ. Re-point at the fixed
-    ``parties.dp`` accountant (a ledger with ``releases`` publications, ``.epsilon(δ)``)."""
-    return gdp_epsilon(math.sqrt(releases) * 2.0 / sigma, DELTA)
+    """ε at δ of ``releases`` publications of one record's clipped embedding at noise
+    multiplier σ_e, from the product's accountant: ``parties.dp.account(k, σ_e, σ_e,
+    train=False)`` (k releases of ``release_mu(σ_e) = 2/σ_e``, replace-one), converted by
+    ``parties.dp.epsilon_for_delta``."""
+    return epsilon_for_delta(account(releases, sigma, sigma, train=False), DELTA)
 
 
 def claim_vfl_embedding_prefix(sigma: float, releases: int) -> float:
-    """The pre-fix claim (add/remove, sensitivity C): µ = sqrt(k)/σ, from today's product
-    function ``parties.dp.composed_gaussian_mu``. Kept as the positive control."""
-    return gdp_epsilon(composed_gaussian_mu(releases, sigma), DELTA)
+    """The pre-fix claim (add/remove, sensitivity C): µ = sqrt(k)/σ
+    (``parties.dp.gaussian_mu``, the pre-fix accountant's per-release µ). Kept as the
+    positive control."""
+    return gdp_epsilon(math.sqrt(releases) * gaussian_mu(sigma), DELTA)
 
 
 def claim_vfl_dpsgd(sigma_sgd: float, steps: int) -> float:
-    """ADAPTER (to be replaced by the product accountant of the VFL fix): ε at δ of
-    ``steps`` DP-SGD steps in which the record participates, replace-one, per-example
-    clip C_g, noise σ_g·C_g on the sum, no amplification: µ = sqrt(steps)·2/σ_g."""
-    return gdp_epsilon(math.sqrt(steps) * 2.0 / sigma_sgd, DELTA)
+    """ε at δ of ``steps`` DP-SGD steps in which the record participates, from the
+    product's accountant: each step ``parties.dp.release_mu(σ_g)``-GDP, composed exactly
+    by ``parties.dp.compose_mu``, converted by ``epsilon_for_delta``."""
+    return epsilon_for_delta(compose_mu([release_mu(sigma_sgd)] * steps), DELTA)
+
+
+def claim_vfl_train_publication(sigma_emb: float, sigma_sgd: float, publications: int = 1
+                                ) -> float:
+    """ε at δ of ``publications`` training publications of a record (its embedding
+    release and its DP-SGD step each time): ``parties.dp.account(k, σ_e, σ_g,
+    train=True)``."""
+    return epsilon_for_delta(account(publications, sigma_emb, sigma_sgd, train=True), DELTA)
 
 
 #: ADAPTER: FedForge's neighbouring relation as the product states it today
@@ -193,72 +212,102 @@ def fedforge_encode(cfg: FfConfig) -> Callable[[np.ndarray], np.ndarray]:
     return prefix_ff_encode(cfg)
 
 
+#: Adam's defaults in the product (``parties.model.make_adam``: torch.optim.Adam, lr only).
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+def adam_first_step(grad: torch.Tensor, lr: float) -> torch.Tensor:
+    """The update of one Adam step from a fresh state (what ``torch.optim.Adam`` subtracts):
+    ``m̂ = g``, ``v̂ = g²``, ``lr·m̂/(sqrt(v̂) + eps)``, written as torch computes it, so
+    that it applies to a leading batch of draws at once. :func:`check_adam_first_step`
+    compares it with the product's optimizer (``parties.model.make_adam``)."""
+    b1, b2 = ADAM_BETAS
+    m = grad * (1.0 - b1)
+    v = grad * grad * (1.0 - b2)
+    denom = (v.sqrt() / math.sqrt(1.0 - b2)) + ADAM_EPS
+    return (lr / (1.0 - b1)) * m / denom
+
+
+def check_adam_first_step(params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
+                          lr: float) -> None:
+    """Assert that :func:`adam_first_step` is the product optimizer's first step (one draw)."""
+    ps = [torch.nn.Parameter(p.detach().clone()) for p in params.values()]
+    opt = make_adam(ps, lr)
+    for p, g in zip(ps, grads.values(), strict=True):
+        p.grad = g.detach().clone()
+    opt.step()
+    for p, (n, p0) in zip(ps, params.items(), strict=True):
+        ours = p0 - adam_first_step(grads[n], lr)
+        if not torch.allclose(p.detach(), ours, rtol=1e-5, atol=1e-7):
+            raise AssertionError(f"batched Adam step differs from make_adam on {n}")
+
+
 def vfl_dpsgd_step(params: dict[str, torch.Tensor], x: torch.Tensor, g: torch.Tensor,
-                   noise: torch.Tensor, *, model: torch.nn.Module, clip: float,
-                   sigma: float, lr: float) -> dict[str, torch.Tensor]:
-    """ADAPTER (stand-in for the VFL fix's DP-SGD step on the passive bottom model; point
-    :data:`VFL_STEP` at the product's function): per-example parameter gradients
-    J_iᵀ g_i (torch.func), each clipped to L2 norm ``clip`` over all parameters, summed,
-    Gaussian noise ``sigma·clip·noise`` added, divided by B, then one Adam step from a
-    fresh state (update ``lr·ĝ/(|ĝ| + 1e-8)``). ``noise`` is ``(P,)`` standard normal."""
-    names = list(params)
-
-    def contrib(p: dict[str, torch.Tensor], xi: torch.Tensor, gi: torch.Tensor) -> torch.Tensor:
-        h = torch.func.functional_call(model, p, (xi[None],))[0]
-        return (h * gi).sum()
-
-    per = torch.func.vmap(torch.func.grad(contrib), in_dims=(None, 0, 0))(params, x, g)
-    flat = torch.cat([per[n].reshape(x.shape[0], -1) for n in names], dim=1)
-    norms = torch.linalg.vector_norm(flat, dim=1, keepdim=True)
-    clipped = flat * (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
-    total = (clipped.sum(0) + sigma * clip * noise) / x.shape[0]
-    upd = lr * total / (total.abs() + 1e-8)
-    return _unflatten_sub(params, upd)
+                   noise: dict[str, torch.Tensor], *, model: torch.nn.Module,
+                   embed_clip: float, grad_clip: float, sigma: float, lr: float
+                   ) -> dict[str, torch.Tensor]:
+    """The product's passive step under DP, batched over draws: the DP-SGD gradient of
+    ``parties.dpsgd.private_grads_with_noise`` (the clipped per-example sum computed
+    once, ``noise[name]`` of shape ``(n, *param.shape)`` standard normal, noise std
+    σ_g·C_g on the sum), then one Adam step from a fresh state with the product's
+    hyper-parameters (:func:`adam_first_step`, checked against ``make_adam``). ``g`` is
+    the cut-layer gradient of a batch-mean loss. Returns name -> ``(n, *shape)``."""
+    grads = private_grads_with_noise(model, params, x, g, noise, embed_clip_norm=embed_clip,
+                                     grad_clip_norm=grad_clip, noise_multiplier=sigma)
+    return {n: params[n] - adam_first_step(grads[n], lr) for n in params}
 
 
 def vfl_plain_step(params: dict[str, torch.Tensor], x: torch.Tensor, g: torch.Tensor,
-                   noise: torch.Tensor, *, model: torch.nn.Module, clip: float,
-                   sigma: float, lr: float) -> dict[str, torch.Tensor]:
-    """The pre-fix passive step (``parties.model.PassiveCompute.backward``: back-propagate
-    the cut-layer gradient, one Adam step from a fresh state; no clipping, no noise), as
-    a pure function: the positive control of the end-to-end VFL cases."""
-    del clip, sigma, noise
-    names = list(params)
+                   noise: dict[str, torch.Tensor], *, model: torch.nn.Module,
+                   embed_clip: float, grad_clip: float, sigma: float, lr: float
+                   ) -> dict[str, torch.Tensor]:
+    """The pre-fix passive step (``PassiveCompute.backward`` before the fix: back-propagate
+    the cut-layer gradient, one Adam step from a fresh state; no per-example clipping, no
+    noise), as a pure function broadcast to the draws: the positive control."""
+    del grad_clip, sigma, embed_clip
+    n = next(iter(noise.values())).shape[0]
 
     def total(p: dict[str, torch.Tensor]) -> torch.Tensor:
         return (torch.func.functional_call(model, p, (x,)) * g).sum()
 
     grads = torch.func.grad(total)(params)
-    flat = torch.cat([grads[n].reshape(-1) for n in names]) / x.shape[0]
-    return _unflatten_sub(params, lr * flat / (flat.abs() + 1e-8))
+    return {k: (params[k] - adam_first_step(grads[k], lr)).expand(n, *params[k].shape)
+            for k in params}
 
 
-def _unflatten_sub(params: dict[str, torch.Tensor], upd: torch.Tensor) -> dict[str, torch.Tensor]:
-    out, at = {}, 0
-    for n, p in params.items():
-        out[n] = p - upd[at: at + p.numel()].reshape(p.shape)
-        at += p.numel()
-    return out
+#: The passive party's columns in the audit (bank's default passive split).
+VFL_COLUMNS = ("contact", "day", "month", "duration", "campaign", "pdays", "previous",
+               "poutcome")
+
+
+def vfl_dp_config(**kw: Any) -> VflConfig:
+    """A DP-on VflConfig of the bundled ``bank`` dataset (the audit's product settings)."""
+    base: dict[str, Any] = {"dataset": "bank", "dp_mu": 1.0, "epochs": 1, "max_reassign": 0}
+    base.update(kw)
+    return VflConfig(**base)
 
 
 def vfl_encode_features(frame: Any, columns: Sequence[str], train_idx: np.ndarray
                         ) -> np.ndarray:
-    """ADAPTER (re-point at the fix's encoder fitted from public metadata): the passive
-    party's encoded training features. Today: ``parties.data.encode_party_features``,
-    whose scaler, imputer and category sets are fitted on the private training rows."""
-    from parties.data import encode_party_features
-    return encode_party_features(frame, columns, train_idx, np.zeros(0, dtype=np.int64)).x_train
+    """The passive party's encoded training features with DP on, by the product's
+    ``parties.preflight.encode_features`` (a DP-on VflConfig of ``bank``: the bundled
+    public schema, :class:`parties.schema.SchemaEncoder`)."""
+    from parties.preflight import encode_features
+    feats = encode_features(vfl_dp_config(), "passive", frame, list(columns), train_idx,
+                            np.zeros(0, dtype=np.int64))
+    return np.asarray(feats.x_train, dtype=np.float32)
 
 
 def vfl_report_fields(frame: Any, columns: Sequence[str], train_idx: np.ndarray
                       ) -> dict[str, float]:
-    """ADAPTER (re-point at the fixed passive report): the value-derived fields of the
-    passive party's report. Today ``n_features`` is the encoded width
-    (``parties/runtime.py``: ``x_train.shape[1]``), which counts observed categories."""
+    """The value-derived fields of the passive party's report with DP on: ``n_features``
+    is ``x_train.shape[1]`` (``parties/runtime.py``) of the product's encoder, i.e. the
+    public schema's width."""
     return {"n_features": float(vfl_encode_features(frame, columns, train_idx).shape[1])}
 
 
-#: ADAPTER: the product's DP-SGD step (one line to re-point).
+#: The product's DP-SGD step, batched over draws.
 VFL_STEP: Callable[..., dict[str, torch.Tensor]] = vfl_dpsgd_step
 #: The pre-fix step (positive control).
 VFL_PREFIX_STEP: Callable[..., dict[str, torch.Tensor]] = vfl_plain_step
@@ -411,10 +460,53 @@ register(_vfl_embedding_case("vfl_embedding_1", sigma=1.0, releases=1, fast=True
 register(_vfl_embedding_case("vfl_embedding_k4", sigma=2.0, releases=4))
 
 
+def _vfl_model(d_in: int, *, dim: int = 8, hidden: tuple[int, ...] = (16,)) -> torch.nn.Module:
+    """The product's passive bottom model under DP (``parties.model.party_bottom``: linear
+    output layer), at a fixed torch seed (the same model for every side and control)."""
+    torch.manual_seed(0)
+    return party_bottom(vfl_dp_config(embedding_dim=dim, bottom_hidden=hidden), "passive", d_in)
+
+
+def _known_direction(h_d: torch.Tensor, h_dprime: torch.Tensor, clip: float) -> torch.Tensor:
+    """Unit vector along the difference of the two clipped (noiseless) releases (the
+    auditor knows both output distributions: Gaussians around these means), zero when
+    they are equal."""
+    from parties.dp import clip_rows
+    diff = (clip_rows(h_dprime, clip) - clip_rows(h_d, clip)).reshape(-1)
+    norm = float(diff.norm())
+    return diff / norm if norm > 0 else diff
+
+
 def _nan_case() -> Case:
     sigma = 4.0
+    cols = list(VFL_COLUMNS)
 
     def sample(n: int, rng: np.random.Generator) -> Draws:
+        """The product path: the canary's raw row (valid under D; NaN / Inf / missing in
+        every column under D') through the party's encoder, the DP bottom model and the
+        privatizer."""
+        frame = _audit_frame(0, rows=4)
+        alt = frame.copy()
+        for c, v in zip(cols, (None, math.nan, None, math.inf, -math.inf, math.nan, math.nan,
+                               None), strict=True):
+            alt[c] = alt[c].astype(object)
+            alt.at[0, c] = v
+        train = np.arange(len(frame))
+        xs = [vfl_encode_features(f, cols, train)[:1] for f in (frame, alt)]
+        model = _vfl_model(xs[0].shape[1], dim=4)
+        with torch.no_grad():
+            hs = [model(torch.from_numpy(x)) for x in xs]
+        v = _known_direction(hs[0], hs[1], 1.0)
+        out = []
+        for h in hs:
+            priv = EmbeddingPrivatizer(clip_norm=1.0, noise_multiplier=sigma, seed=_seed(rng))
+            pub = priv(h.repeat(n, 1))[1].numpy()
+            flag = ~np.isfinite(pub).all(axis=1)
+            out.append(np.where(flag, 1e6, np.nan_to_num(pub) @ v.numpy())[:, None])
+        return out[0], out[1]
+
+    def sample_prefix(n: int, rng: np.random.Generator) -> Draws:
+        """The pre-fix path: the encoded row reaches the privatizer as NaN."""
         out = []
         for bad in (False, True):
             priv = EmbeddingPrivatizer(clip_norm=1.0, noise_multiplier=sigma, seed=_seed(rng))
@@ -423,17 +515,21 @@ def _nan_case() -> Case:
             out.append(priv(h)[1].numpy())
         return out[0], out[1]
 
-    def stat(y: np.ndarray) -> np.ndarray:
+    def stat_prefix(y: np.ndarray) -> np.ndarray:
         y = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
         return np.where(np.isnan(y).any(axis=1), 1e6, np.nan_to_num(y[:, 0]))
 
     return Case(
         name="vfl_embedding_nan_row", group="vfl",
-        what="VFL embedding release of a row that is NaN under D' (C*e1 under D), sigma=4",
-        main=Side(claim=lambda: claim_vfl_embedding(sigma, 1), sample=sample, statistic=stat,
-                  what="EmbeddingPrivatizer on a NaN row vs the replace-one claim"),
-        control=Side(claim=lambda: claim_vfl_embedding_prefix(sigma, 1), sample=None,
-                     statistic=stat, what="the same draws vs the pre-fix claim"),
+        what="VFL embedding release of a record whose raw values are NaN/Inf/missing under D' "
+             "(valid under D), through the party's encoder, bottom model and privatizer, "
+             "sigma=4",
+        main=Side(claim=lambda: claim_vfl_embedding(sigma, 1), sample=sample,
+                  statistic=lambda y: np.asarray(y)[:, 0],
+                  what="encoder (declared fill) + DP bottom + EmbeddingPrivatizer vs the claim"),
+        control=Side(claim=lambda: claim_vfl_embedding(sigma, 1), sample=sample_prefix,
+                     statistic=stat_prefix,
+                     what="pre-fix: the NaN row reaches the privatizer (published as NaN)"),
         draws_quick=200_000, draws_full=1_000_000)
 
 
@@ -442,14 +538,21 @@ register(_nan_case())
 
 # ---------------------------------------------------------------------------- VFL preprocessing
 def _audit_frame(rng_seed: int, rows: int = 200) -> Any:
-    """A small table (numeric a, b; categorical c) the auditor chooses."""
+    """A small table of the passive party's bank columns that the auditor chooses."""
     import pandas as pd
     r = np.random.default_rng(rng_seed)
-    # the auditor picks the data: spread numeric values (±3) make the scaler's shift
+    # the auditor picks the data: spread numeric values make a fitted scaler's shift
     # visible in every other record's encoding
-    return pd.DataFrame({"a": r.choice([-3.0, 3.0], size=rows),
-                         "b": r.choice([-3.0, 3.0], size=rows),
-                         "c": r.choice(["x", "y", "z"], size=rows)})
+    return pd.DataFrame({
+        "contact": r.choice(["unknown", "telephone", "cellular"], size=rows),
+        "day": r.choice([1.0, 31.0], size=rows),
+        "month": r.choice(["jan", "may", "dec"], size=rows),
+        "duration": r.choice([0.0, 3000.0], size=rows),
+        "campaign": r.choice([1.0, 50.0], size=rows),
+        "pdays": r.choice([-1.0, 500.0], size=rows),
+        "previous": r.choice([0.0, 100.0], size=rows),
+        "poutcome": r.choice(["unknown", "failure", "success"], size=rows),
+    })
 
 
 def vfl_preprocess_sampler(*, sigma: float, change: dict[str, Any], others: int = 1024,
@@ -457,35 +560,30 @@ def vfl_preprocess_sampler(*, sigma: float, change: dict[str, Any], others: int 
                            ) -> Callable[[int, np.random.Generator], Draws]:
     """Draws of OTHER records' published embeddings when the canary (row 0) changes
     (``change``: column -> its value under D'), through the party's encoder
-    (:func:`vfl_encode_features`), a fixed ``parties.model.bottom_model`` and the
-    product's ``EmbeddingPrivatizer`` (C = 1).
+    (:func:`vfl_encode_features`), the product's DP bottom model (``party_bottom``) and
+    its ``EmbeddingPrivatizer`` (C = 1).
 
     The auditor knows both output distributions (Gaussians around the clipped
     embeddings, computed with the product's ``clip_rows``), so each draw is reduced on
     the fly to the optimal statistic, its projection onto the known mean difference
     (the log-likelihood ratio up to an affine map): output ``(n, 1)``."""
-    from parties.dp import clip_rows
-
     def sample(n: int, rng: np.random.Generator) -> Draws:
         frame = _audit_frame(0, rows=others + 1)
-        cols = ["a", "b", "c"]
+        cols = list(VFL_COLUMNS)
         train = np.arange(len(frame))
         alt = frame.copy()
         for k, v in change.items():
             alt.loc[0, k] = v
-        torch.manual_seed(0)  # the same bottom model for every side and control
         enc = encode or vfl_encode_features
         xs = [enc(f, cols, train) for f in (frame, alt)]
         d_in = max(x.shape[1] for x in xs)
-        model = bottom_model(d_in, (16,), dim)
+        model = _vfl_model(d_in, dim=dim)
         hs = []
         for x in xs:
-            x = np.pad(x, ((0, 0), (0, d_in - x.shape[1])))
+            x = np.pad(x, ((0, 0), (0, d_in - x.shape[1]))).astype(np.float32)
             with torch.no_grad():
                 hs.append(model(torch.from_numpy(np.ascontiguousarray(x[1: 1 + others]))))
-        diff = (clip_rows(hs[1], 1.0) - clip_rows(hs[0], 1.0)).reshape(-1)
-        norm = float(diff.norm())
-        v = diff / norm if norm > 0 else diff
+        v = _known_direction(hs[0], hs[1], 1.0)
         out = []
         for h in hs:
             priv = EmbeddingPrivatizer(clip_norm=1.0, noise_multiplier=sigma, seed=_seed(rng))
@@ -508,15 +606,16 @@ def _prefix_encode(frame: Any, columns: Sequence[str], train_idx: np.ndarray) ->
 
 def _preprocess_case() -> Case:
     sigma = 4.0
-    change = {"a": 1e4, "b": 1e4}
+    change = {"duration": 1e7, "campaign": 1e6, "previous": 1e6}
     return Case(
         name="vfl_preprocess_scaler", group="vfl",
-        what="VFL preprocessing: one outlier record (a = b = 1e4) moves the fitted scaler; "
-             "the audit sees only 1024 OTHER records' published embeddings, sigma=4",
+        what="VFL preprocessing: one outlier record (duration 1e7, campaign, previous 1e6) "
+             "would move a fitted scaler; the audit sees only 1024 OTHER records' published "
+             "embeddings, sigma=4",
         main=Side(claim=lambda: claim_vfl_embedding(sigma, 1),
                   sample=vfl_preprocess_sampler(sigma=sigma, change=change),
                   statistic=lambda y: np.asarray(y)[:, 0],
-                  what="the party's encoder (vfl_encode_features) vs the record's claim"),
+                  what="the party's encoder (public schema) vs the record's claim"),
         control=Side(claim=lambda: claim_vfl_embedding(sigma, 1),
                      sample=vfl_preprocess_sampler(sigma=sigma, change=change,
                                                    encode=_prefix_encode),
@@ -530,38 +629,36 @@ register(_preprocess_case())
 
 def _report_case() -> Case:
     sigma = 4.0
+    cols = list(VFL_COLUMNS)
+
+    def pair() -> tuple[Any, Any, np.ndarray]:
+        frame = _audit_frame(0)
+        alt = frame.copy()
+        alt.loc[0, "month"] = "unique"
+        return frame, alt, np.arange(len(frame))
 
     def sample_with(fields: Callable[..., dict[str, float]]
                     ) -> Callable[[int, np.random.Generator], Draws]:
         def sample(n: int, rng: np.random.Generator) -> Draws:
-            frame = _audit_frame(int(rng.integers(0, 2**31 - 1)))
-            alt = frame.copy()
-            alt.loc[0, "c"] = "unique"
-            train = np.arange(len(frame))
+            frame, alt, train = pair()
             out = []
             for f in (frame, alt):
-                rep = fields(f, ["a", "b", "c"], train)
+                rep = fields(f, cols, train)
                 out.append(np.tile(np.array([rep[k] for k in sorted(rep)]), (n, 1)))
             return out[0], out[1]
         return sample
 
     def exact_with(fields: Callable[..., dict[str, float]]) -> Callable[[], float]:
         def exact() -> float:
-            frame = _audit_frame(0)
-            alt = frame.copy()
-            alt.loc[0, "c"] = "unique"
-            train = np.arange(len(frame))
-            a, b = fields(frame, ["a", "b", "c"], train), fields(alt, ["a", "b", "c"], train)
+            frame, alt, train = pair()
+            a, b = fields(frame, cols, train), fields(alt, cols, train)
             pairs = [(point_pmf(int(round(a[k] * 1000))), point_pmf(int(round(b[k] * 1000))))
                      for k in sorted(a)]
             return exact_epsilon_product(pairs, DELTA)
         return exact
 
-    from parties.data import encode_party_features
-
     def prefix_fields(f: Any, c: Sequence[str], t: np.ndarray) -> dict[str, float]:
-        x = encode_party_features(f, c, t, np.zeros(0, dtype=np.int64)).x_train
-        return {"n_features": float(x.shape[1])}
+        return {"n_features": float(_prefix_encode(f, c, t).shape[1])}
 
     return Case(
         name="vfl_report_n_features", group="vfl",
