@@ -223,10 +223,9 @@ def adam_first_step(grad: torch.Tensor, lr: float) -> torch.Tensor:
     that it applies to a leading batch of draws at once. :func:`check_adam_first_step`
     compares it with the product's optimizer (``parties.model.make_adam``)."""
     b1, b2 = ADAM_BETAS
-    m = grad * (1.0 - b1)
-    v = grad * grad * (1.0 - b2)
-    denom = (v.sqrt() / math.sqrt(1.0 - b2)) + ADAM_EPS
-    return (lr / (1.0 - b1)) * m / denom
+    # m / (1 - b1) = g and sqrt(v / (1 - b2)) = |g|, up to float rounding (checked)
+    del b1, b2
+    return grad.abs().add_(ADAM_EPS).reciprocal_().mul_(grad).mul_(lr)
 
 
 def check_adam_first_step(params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
@@ -406,6 +405,7 @@ class Case:
     draws_quick: int
     draws_full: int
     fast: bool = False  # in the test suite's fast subset
+    extra_controls: tuple[Side, ...] = ()  # further positive controls, each must be caught
     tags: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -680,89 +680,275 @@ register(_report_case())
 
 
 # ---------------------------------------------------------------------------- VFL end to end
+#: The passive party's columns in the end-to-end cases: bank's seven numeric columns (a
+#: split the bundled schema covers), so that the canary's encoded row can be +1 in every
+#: feature under D and -1 under D' (schema ranges' two ends).
+E2E_COLUMNS = ("age", "balance", "day", "duration", "campaign", "pdays", "previous")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VflE2e:
-    """The end-to-end VFL setting: one step on a batch that holds the canary, then the
-    publication of ``later`` batches of OTHER records' embeddings."""
+    """The end-to-end VFL setting: one DP-SGD step of the passive bottom model on a batch
+    that holds the canary, then the publication of ``later`` batches of OTHER records'
+    embeddings.
 
-    d_in: int = 8
-    hidden: tuple[int, ...] = (16,)
-    dim: int = 8
+    The noise comes from the product's planner (``plan_from_config`` of a bank VflConfig
+    with ``dp_mu``, ``dp_embedding_share``, one epoch, no reassignment: one training
+    publication per record); ``sgd_scale`` multiplies σ_g (0.5: the σ-halved control)
+    while the claim stays the plan's.
+
+    ``grad_clip`` (C_g, the config's ``dp_grad_clip_norm``) is chosen so small that the
+    noisy gradient's coordinates are far below Adam's ε = 1e-8: the first Adam step
+    ``lr·g/(|g| + ε)`` is then linear in the gradient instead of ~``lr·sign(g)``, which
+    would discard ~20 % of the signal (sign quantisation: µ·sqrt(2/π)); ``lr`` (the
+    config's ``lr``) scales the step back up so that later embeddings show it. Both are
+    configurations a user may set; the step's guarantee holds for any of them.
+    """
+
+    dp_mu: float = 10.0
+    share: float = 0.99
+    grad_clip: float = 1e-9
+    lr: float = 0.5
+    sgd_scale: float = 1.0
     batch: int = 16
     later: int = 3
     later_batch: int = 32
-    clip_grad: float = 1.0
-    sigma_sgd: float = 4.0
-    clip_emb: float = 1.0
-    sigma_emb: float = 0.5
-    lr: float = 0.05
-    canary_scale: float = 10.0
-    canary_grad: float = 100.0
-    chunk: int = 2000
+    dim: int = 8
+    hidden: tuple[int, ...] = (16,)
+    own_release: bool = False
+    canary_grad: float = 1e3
+    #: crafted parameters (see :func:`crafted_params`): output-layer gain K, first-layer
+    #: scale, first-layer bias
+    gain: float = 10.0
+    w1_scale: float = 1e-3
+    b1: float = 1.0
+    chunk: int = 5000
+
+    def config(self) -> VflConfig:
+        return vfl_dp_config(dp_mu=self.dp_mu, dp_embedding_share=self.share,
+                             dp_grad_clip_norm=self.grad_clip, lr=self.lr,
+                             embedding_dim=self.dim, bottom_hidden=self.hidden)
+
+    def sigmas(self) -> tuple[float, float]:
+        """(σ_e, σ_g) the product's planner calibrates for this configuration."""
+        plan = plan_from_config(self.config())
+        assert plan is not None
+        return plan.noise_multiplier, plan.sgd_noise_multiplier
+
+    def claim(self) -> float:
+        """The product's ε at δ for the canary: its DP-SGD step (plus its own release when
+        the case publishes it: ``account(1, σ_e, σ_g, train=True)``)."""
+        se, sg = self.sigmas()
+        return claim_vfl_train_publication(se, sg) if self.own_release else claim_vfl_dpsgd(sg, 1)
+
+
+def crafted_params(model: torch.nn.Module, cfg: VflE2e) -> dict[str, torch.Tensor]:
+    """Parameters of the product's bottom model (Linear, ReLU, Linear) that the auditor
+    picks for the step (DP-SGD's guarantee holds at ANY current parameters, e.g. those
+    earlier training reached): ``W1 = ε·R`` (tiny), ``b1 = β`` (every hidden unit active
+    for every encoded row), ``W2 = K·Q``, ``b2 = −W2·b1`` (embeddings ``K·ε·Q·R·x`` well
+    inside the clip ball). The canary's per-example gradient is then dominated by its
+    first-layer part ``(W2ᵀ g0) x0ᵀ``, which flips sign between x0 and −x0: its clipped
+    gradients under D and D' are nearly opposite (distance ~sqrt(7/8)·2C_g, the shared
+    first-layer bias part limits it), and the update along it moves the later embeddings
+    by K."""
+    named = dict(model.named_parameters())
+    assert list(named) == ["0.weight", "0.bias", "2.weight", "2.bias"], list(named)
+    gen = torch.Generator().manual_seed(12345)
+    hidden, d_in = named["0.weight"].shape
+    dim = named["2.weight"].shape[0]
+    w1 = cfg.w1_scale * torch.randn(hidden, d_in, generator=gen) / math.sqrt(d_in)
+    b1 = torch.full((hidden,), cfg.b1)
+    w2 = cfg.gain * torch.randn(dim, hidden, generator=gen) / math.sqrt(hidden)
+    return {"0.weight": w1, "0.bias": b1, "2.weight": w2, "2.bias": -(w2 @ b1)}
+
+
+def _e2e_frame(n: int, seed: int) -> Any:
+    """Raw rows of the e2e columns, uniform inside each column's public range."""
+    import pandas as pd
+    from parties.schema import bundled_schema
+    schema = bundled_schema("bank")
+    assert schema is not None
+    r = np.random.default_rng(seed)
+    cols = {c.name: r.uniform(c.lo, c.hi, size=n)
+            for c in schema.select(E2E_COLUMNS).columns}
+    return pd.DataFrame(cols)
 
 
 def vfl_e2e_sampler(cfg: VflE2e, step: Callable[..., dict[str, torch.Tensor]]
                     ) -> Callable[[int, np.random.Generator], Draws]:
-    """Draws of OTHER records' published embeddings after one step of ``step`` on a batch
-    holding the canary (features ``+s·u`` under D, ``−s·u`` under D'; the adversarial
-    active party sends it a large cut-layer gradient). The draws are batched with
-    ``torch.func.vmap`` over ``step`` (noise batched, everything else shared), the
-    later embeddings through the product's ``bottom_model`` and
-    ``EmbeddingPrivatizer``. Output ``(n, later·later_batch·dim)``."""
+    """Draws of the statistic of OTHER records' published embeddings after one step of
+    ``step`` on a batch holding the canary.
+
+    * Preprocessing: raw rows through the product's encoder (:func:`vfl_encode_features`:
+      bundled public schema). The canary's raw row is at the top of every column's
+      public range under D (encoded +1) and at the bottom under D' (encoded -1).
+    * Training: the product's DP bottom model (``party_bottom``) at its initialisation;
+      the adversarial active party sends the canary a large cut-layer gradient and the
+      batch's other rows zero; ``step`` (the product's DP-SGD step then Adam,
+      :func:`vfl_dpsgd_step`) with the DP-SGD noise batched over the draws (the clipped
+      per-example sum is computed once).
+    * Publication: ``later`` batches of ``later_batch`` other records (half of them hold
+      the canary's D values, half its D' values, so the update along the canary's
+      gradient moves them most), forwarded at each draw's parameters
+      (``torch.func.vmap`` of ``functional_call``) and privatised by the product's
+      ``EmbeddingPrivatizer`` at the plan's σ_e; with ``own_release`` the canary's own
+      embedding (before the step) is published too.
+
+    Each draw is reduced on the fly to the auditor's linear statistic: the Gaussian
+    log-likelihood ratio of the linearised mechanism (later embeddings ≈ J·update +
+    noise: ``w = J (c² JᵀJ + s² I)⁻¹ ΔS``, J the Jacobian of the clipped later
+    embeddings in the parameters, ΔS the difference of the canary's clipped gradients,
+    c the update's noise scale, s = σ_e·C), plus the own release's ``⟨Δh, y⟩/s²``. It is
+    fixed before any draw (computed from the model and the pair, no draws), so the
+    lower bound stays valid whatever the mechanism really is. Output ``(n, 1)``."""
+    from parties.dp import clip_rows
+
     def sample(n: int, rng: np.random.Generator) -> Draws:
-        torch.manual_seed(int(rng.integers(0, 2**31 - 1)))
-        model = bottom_model(cfg.d_in, cfg.hidden, cfg.dim)
-        params = {k: v.detach() for k, v in model.named_parameters()}
-        n_params = sum(p.numel() for p in params.values())
-        gen = torch.Generator().manual_seed(_seed(rng))
-        x = torch.randn(cfg.batch, cfg.d_in, generator=gen)
-        g = torch.randn(cfg.batch, cfg.dim, generator=gen) * 0.1
-        u = torch.randn(cfg.d_in, generator=gen)
-        u = u / u.norm()
-        g[0] = cfg.canary_grad * torch.ones(cfg.dim) / math.sqrt(cfg.dim)
-        others = torch.randn(cfg.later * cfg.later_batch, cfg.d_in, generator=gen)
-        kw = dict(model=model, clip=cfg.clip_grad, sigma=cfg.sigma_sgd, lr=cfg.lr)
+        c = cfg.config()
+        plan = plan_from_config(c)
+        assert plan is not None
+        sig_e, sig_g = plan.noise_multiplier, plan.sgd_noise_multiplier * cfg.sgd_scale
+        clip, gclip, lr = plan.clip_norm, plan.grad_clip_norm, c.worker_lr("passive")
+        cols = list(E2E_COLUMNS)
+        n_later = cfg.later * cfg.later_batch
+        frame = _e2e_frame(cfg.batch + n_later, seed=1)
+        from parties.schema import bundled_schema
+        schema = bundled_schema("bank")
+        assert schema is not None
+        sel = schema.select(E2E_COLUMNS).columns
+        hi = {col.name: col.hi for col in sel}
+        lo = {col.name: col.lo for col in sel}
+        frames = []
+        for vals in (hi, lo):
+            f = frame.copy()
+            for k, v in vals.items():
+                f.loc[0, k] = v  # the canary
+            half = cfg.batch + n_later // 2  # later records: copies of both canary values
+            for k in cols:
+                f.loc[cfg.batch: half - 1, k] = hi[k]
+                f.loc[half:, k] = lo[k]
+            frames.append(f)
+        idx = np.arange(len(frame))
+        xs = [torch.from_numpy(vfl_encode_features(f, cols, idx)) for f in frames]
+        later_x = xs[0][cfg.batch:]
+        assert torch.equal(later_x, xs[1][cfg.batch:])
+        model = party_bottom(c, "passive", xs[0].shape[1])
+        params = crafted_params(model, cfg)
+        names = list(params)
+        g = torch.zeros(cfg.batch, cfg.dim)
+        g[0] = cfg.canary_grad / math.sqrt(cfg.dim)  # the canary's cut-layer gradient
 
-        def one(noise: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
-            p = step(params, xb, g, noise, **kw)
-            return torch.func.functional_call(model, p, (others,))
+        # the auditor's statistic, fixed before any draw: the Gaussian LLR of the
+        # linearised mechanism. Mean difference: the step without noise; covariance:
+        # the step's noise through the Jacobian of the later embeddings, plus σ_e·C.
+        flat0 = torch.cat([params[k].reshape(-1) for k in names])
 
+        def later_of(theta: torch.Tensor) -> torch.Tensor:
+            p, at = {}, 0
+            for k in names:
+                p[k] = theta[at: at + params[k].numel()].reshape(params[k].shape)
+                at += params[k].numel()
+            return clip_rows(torch.func.functional_call(model, p, (later_x,)), clip).reshape(-1)
+
+        zero = {nm: torch.zeros(1, *p.shape) for nm, p in params.items()}
+        with torch.no_grad():
+            means = [later_of(torch.cat([v[0].reshape(-1) for v in step(
+                params, x[:cfg.batch], g, zero, model=model, embed_clip=clip, grad_clip=gclip,
+                sigma=sig_g, lr=lr).values()])).double() for x in xs]
+        d_m = means[1] - means[0]
+        jac = torch.func.jacrev(later_of)(flat0).double()
+        # update std per parameter: Adam's first step is ~ (lr/eps)·gradient when the
+        # gradient is far below eps, the gradient's noise std is σ_g·C_g/B (0: plain step)
+        cc = (lr / ADAM_EPS) * sig_g * gclip / cfg.batch if step is not VFL_PREFIX_STEP else 0.0
+        ss = sig_e * clip
+        m = cc * cc * (jac.T @ jac) + ss * ss * torch.eye(jac.shape[1], dtype=torch.float64)
+        # Woodbury: (c²JJᵀ + s²I)⁻¹ Δm = (Δm − c² J (c²JᵀJ + s²I)⁻¹ Jᵀ Δm) / s²
+        w = ((d_m - cc * cc * (jac @ torch.linalg.solve(m, jac.T @ d_m))) / (ss * ss)).float()
+        with torch.no_grad():
+            own = [clip_rows(torch.func.functional_call(model, params, (x[:1],)), clip)
+                   for x in xs]
+        w_own = ((own[1] - own[0]).reshape(-1) / (ss * ss)).float()
+
+        # the later records hold two distinct rows: forward those, then index
+        uniq, inverse = torch.unique(later_x, dim=0, return_inverse=True)
+
+        def later_emb(p: dict[str, torch.Tensor]) -> torch.Tensor:
+            return torch.func.functional_call(model, p, (uniq,))[inverse]
+
+        check = True
         out = []
-        for sign in (1.0, -1.0):
-            xb = x.clone()
-            xb[0] = sign * cfg.canary_scale * u
-            priv = EmbeddingPrivatizer(clip_norm=cfg.clip_emb, noise_multiplier=cfg.sigma_emb,
-                                       seed=_seed(rng))
+        for x, h_own in zip(xs, own, strict=True):
+            priv = EmbeddingPrivatizer(clip_norm=clip, noise_multiplier=sig_e, seed=_seed(rng))
+            gen = torch.Generator().manual_seed(_seed(rng))
             parts = []
-            with torch.no_grad():
-                for at in range(0, n, cfg.chunk):
-                    m = min(cfg.chunk, n - at)
-                    noise = torch.randn(m, n_params, generator=gen)
-                    emb = torch.func.vmap(one, in_dims=(0, None))(noise, xb)
+            for at in range(0, n, cfg.chunk):
+                k = min(cfg.chunk, n - at)
+                noise = {nm: torch.randn(k, *p.shape, generator=gen) for nm, p in params.items()}
+                with torch.no_grad():
+                    new = step(params, x[:cfg.batch], g, noise, model=model, embed_clip=clip,
+                               grad_clip=gclip, sigma=sig_g, lr=lr)
+                    if check:  # the batched Adam step is the product optimizer's
+                        grads0 = private_grads_with_noise(
+                            model, params, x[:cfg.batch], g, {nm: t[0] for nm, t in noise.items()},
+                            embed_clip_norm=clip, grad_clip_norm=gclip, noise_multiplier=sig_g)
+                        if step is vfl_dpsgd_step:
+                            check_adam_first_step(params, grads0, lr)
+                        check = False
+                    emb = torch.func.vmap(later_emb)(new)
                     _, pub = priv(emb.reshape(-1, cfg.dim))
-                    parts.append(pub.reshape(m, -1).numpy())
-            out.append(np.concatenate(parts))
+                    stat = pub.reshape(k, -1) @ w
+                    if cfg.own_release:
+                        _, pub_own = priv(h_own.expand(k, -1).contiguous())
+                        stat = stat + pub_own @ w_own
+                parts.append(stat.numpy())
+            out.append(np.concatenate(parts)[:, None])
         return out[0], out[1]
     return sample
 
 
-def _vfl_e2e_case(name: str, cfg: VflE2e) -> Case:
+def _vfl_e2e_case(name: str, cfg: VflE2e, *, draws_quick: int, draws_full: int,
+                  halved: bool = True) -> Case:
+    se, sg = cfg.sigmas()
+    own = "the record's own release + " if cfg.own_release else ""
+    stat = lambda y: np.asarray(y)[:, 0]  # noqa: E731
+    extra = ()
+    if halved:
+        half = VflE2e(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__},
+                         "sgd_scale": 0.5})
+        extra = (Side(claim=cfg.claim, sample=vfl_e2e_sampler(half, VFL_STEP), statistic=stat,
+                      what="DP-SGD step at sigma_g/2, same claim"),)
     return Case(
         name=name, group="vfl-e2e",
-        what=f"VFL end to end: one bottom-model step with the canary (replace-one), then "
-             f"{cfg.later} later batches of {cfg.later_batch} OTHER records' published "
-             f"embeddings; sigma_sgd={cfg.sigma_sgd:g}",
-        main=Side(claim=lambda: claim_vfl_dpsgd(cfg.sigma_sgd, 1),
-                  sample=vfl_e2e_sampler(cfg, VFL_STEP),
-                  what="DP-SGD step (VFL_STEP) vs mu = 2/sigma_sgd"),
-        control=Side(claim=lambda: claim_vfl_dpsgd(cfg.sigma_sgd, 1),
-                     sample=vfl_e2e_sampler(cfg, VFL_PREFIX_STEP),
-                     what="pre-fix step (no per-example clipping, no noise), same claim"),
-        draws_quick=20_000, draws_full=100_000)
+        what=f"VFL end to end: {own}one DP-SGD step (sigma_g={sg:.3g}, plan dp_mu="
+             f"{cfg.dp_mu:g}, share {cfg.share:g}) with the canary (schema-encoded, "
+             f"replace-one), then Adam, then {cfg.later} later batches of {cfg.later_batch} "
+             f"OTHER records' published embeddings (sigma_e={se:.3g})",
+        main=Side(claim=cfg.claim, sample=vfl_e2e_sampler(cfg, VFL_STEP), statistic=stat,
+                  what="product DP-SGD step + Adam vs "
+                       + ("account(1, sigma_e, sigma_g, train=True)" if cfg.own_release
+                          else "release_mu(sigma_g)")),
+        control=Side(claim=cfg.claim, sample=vfl_e2e_sampler(cfg, VFL_PREFIX_STEP),
+                     statistic=stat,
+                     what="pre-fix step (plain Adam: no per-example clipping, no noise), "
+                          "same claim"),
+        extra_controls=extra, draws_quick=draws_quick, draws_full=draws_full)
 
 
-register(_vfl_e2e_case("vfl_e2e_step_3later", VflE2e()))
-register(_vfl_e2e_case("vfl_e2e_step_20later", VflE2e(later=20, later_batch=16)))
+# Power (worked out in the case docstrings' terms; sim: Gaussian pairs through
+# eps_lower_bound at alpha 0.05/20): a claim of mu_c = 1 (eps 4.38 at 1e-5) against a
+# sigma_g-halved step of true mu ~1.87 (2·sqrt(7/8), the crafted pair's gradient gap;
+# the readout through later embeddings loses ~1 %) gives a split-half 95 % bound of
+# ~4.8-5.0 at 2-4·10^5 draws per side, ~3.7 at 2·10^4 (a mere 2x in mu needs ~2.6x to
+# clear an eps at delta = 1e-5 with 10^4 evaluation draws), so the quick mode takes
+# 3-4·10^5 draws (batched: ~10 s per 10^5 on 2 cores). mu_c = 0.75 or 1.25 leave less
+# margin (the bound saturates near log(n/2) as mu grows and lags eps(mu) at small mu).
+register(_vfl_e2e_case("vfl_e2e_step_3later", VflE2e(later=3, later_batch=32),
+                       draws_quick=400_000, draws_full=1_000_000))
+register(_vfl_e2e_case("vfl_e2e_step_20later", VflE2e(later=20, later_batch=8),
+                       draws_quick=300_000, draws_full=1_000_000))
+register(_vfl_e2e_case("vfl_e2e_own_plus_step", VflE2e(dp_mu=1.0, share=0.5, own_release=True),
+                       draws_quick=20_000, draws_full=100_000, halved=False))
 
 
 # ---------------------------------------------------------------------------- FedForge cells
@@ -1006,6 +1192,24 @@ def _lb(side: Side, draws: Draws, alpha: float) -> dict[str, Any]:
             "threshold": res.threshold, "mu_hat": res.mu_hat, "alpha": alpha}
 
 
+def _control(side: Side, case: Case, main_draws: Draws, main_exact: float | None, *, n: int,
+             alpha: float, rng: np.random.Generator) -> dict[str, Any]:
+    """One positive control: its claim, bound, exact ε and whether it is caught."""
+    ctl_claim = float(side.claim())
+    if side.sample is None:
+        ctl_lb = _lb(case.main if side.statistic is None else side, main_draws, alpha)
+    else:
+        ctl_lb = _lb(side, side.sample(n, rng), alpha)
+    ctl_exact = (float(side.exact()) if side.exact is not None
+                 else main_exact if side.sample is None else None)
+    by_lb = ctl_lb["eps"] > ctl_claim
+    by_exact = ctl_exact is not None and ctl_exact > ctl_claim * (1 + 1e-9)
+    return {"what": side.what, "claim": ctl_claim, "lb": ctl_lb["eps"], "lb_test": ctl_lb,
+            "exact": ctl_exact, "detected": bool(by_lb or by_exact),
+            "detected_by": "+".join(k for k, v in (("lb", by_lb), ("exact", by_exact)) if v)
+            or None}
+
+
 def run_case(case: Case, *, n: int, alpha: float, seed: int) -> dict[str, Any]:
     """Run one case: both sides, their bounds, exact ε and the verdicts."""
     t0 = time.perf_counter()
@@ -1015,17 +1219,9 @@ def run_case(case: Case, *, n: int, alpha: float, seed: int) -> dict[str, Any]:
     main_draws = case.main.sample(n, rng)
     main_lb = _lb(case.main, main_draws, alpha)
     main_exact = float(case.main.exact()) if case.main.exact is not None else None
-    ctl_claim = float(case.control.claim())
-    if case.control.sample is None:
-        ctl_lb = _lb(case.main if case.control.statistic is None else case.control, main_draws,
-                     alpha)
-    else:
-        ctl_lb = _lb(case.control, case.control.sample(n, rng), alpha)
+    controls = [_control(side, case, main_draws, main_exact, n=n, alpha=alpha, rng=rng)
+                for side in (case.control, *case.extra_controls)]
     del main_draws
-    ctl_exact = (float(case.control.exact()) if case.control.exact is not None
-                 else main_exact if case.control.sample is None else None)
-    by_lb = ctl_lb["eps"] > ctl_claim
-    by_exact = ctl_exact is not None and ctl_exact > ctl_claim * (1 + 1e-9)
     return {
         "name": case.name, "group": case.group, "what": case.what,
         "claim": main_claim, "lb": main_lb["eps"], "lb_test": main_lb,
@@ -1033,11 +1229,8 @@ def run_case(case: Case, *, n: int, alpha: float, seed: int) -> dict[str, Any]:
         "exact": main_exact,
         "exact_violation": bool(main_exact is not None and main_exact > main_claim * (1 + 1e-9)),
         "draws": n,
-        "control": {"what": case.control.what, "claim": ctl_claim, "lb": ctl_lb["eps"],
-                    "lb_test": ctl_lb, "exact": ctl_exact,
-                    "detected": bool(by_lb or by_exact),
-                    "detected_by": "+".join(k for k, v in (("lb", by_lb), ("exact", by_exact))
-                                            if v) or None},
+        "control": controls[0],
+        "extra_controls": controls[1:],
         "seconds": round(time.perf_counter() - t0, 2),
     }
 
@@ -1058,8 +1251,9 @@ def run(names: Sequence[str], *, quick: bool, seed: int = 0, draws: int | None =
         "cases": len(rows),
         "max_lb_over_claim": max(finite) if finite else 0.0,
         "exact_violations": sum(r["exact_violation"] for r in rows),
-        "controls": len(rows),
-        "controls_detected": sum(r["control"]["detected"] for r in rows),
+        "controls": sum(1 + len(r["extra_controls"]) for r in rows),
+        "controls_detected": sum(c["detected"] for r in rows
+                                 for c in (r["control"], *r["extra_controls"])),
     }
     return {"summary": summary, "cases": rows,
             "settings": {"delta": DELTA, "alpha_family": ALPHA, "alpha_per_case": alpha,
@@ -1084,7 +1278,11 @@ def _row(r: dict[str, Any]) -> str:
     f_ex = "!" if r["exact_violation"] else " "
     return (f"{r['name']:24s} {_fmt(r['claim']):>7s} {_fmt(r['lb']):>8s}{f_lb}"
             f"{_fmt(r['exact']):>7s}{f_ex} {r['draws']:>8d} {_fmt(c['claim']):>9s} {_fmt(c['lb']):>7s} "
-            f"{_fmt(c['exact']):>9s} {(c['detected_by'] or 'NO'):>9s} {r['seconds']:>6.1f}")
+            f"{_fmt(c['exact']):>9s} {(c['detected_by'] or 'NO'):>9s} {r['seconds']:>6.1f}"
+            + "".join(f"\n{'  + control ' + str(i + 2):24s} {'':>7s} {'':>8s} {'':>7s}  {'':>8s} "
+                      f"{_fmt(e['claim']):>9s} {_fmt(e['lb']):>7s} {_fmt(e['exact']):>9s} "
+                      f"{(e['detected_by'] or 'NO'):>9s}"
+                      for i, e in enumerate(r["extra_controls"])))
 
 
 def _strict(x: Any) -> Any:
