@@ -530,7 +530,7 @@ def _nan_case() -> Case:
         control=Side(claim=lambda: claim_vfl_embedding(sigma, 1), sample=sample_prefix,
                      statistic=stat_prefix,
                      what="pre-fix: the NaN row reaches the privatizer (published as NaN)"),
-        draws_quick=200_000, draws_full=1_000_000)
+        draws_quick=200_000, draws_full=1_000_000, fast=True)
 
 
 register(_nan_case())
@@ -621,7 +621,7 @@ def _preprocess_case() -> Case:
                                                    encode=_prefix_encode),
                      statistic=lambda y: np.asarray(y)[:, 0],
                      what="pre-fix encoder fitted on the private rows, same claim"),
-        draws_quick=20_000, draws_full=100_000)
+        draws_quick=20_000, draws_full=100_000, fast=True)
 
 
 register(_preprocess_case())
@@ -673,7 +673,7 @@ def _report_case() -> Case:
                      statistic=lambda y: np.asarray(y, dtype=np.float64).sum(axis=1),
                      exact=exact_with(prefix_fields),
                      what="pre-fix report (n_features counts observed categories)"),
-        draws_quick=100_000, draws_full=100_000)
+        draws_quick=100_000, draws_full=100_000, fast=True)
 
 
 register(_report_case())
@@ -908,7 +908,7 @@ def vfl_e2e_sampler(cfg: VflE2e, step: Callable[..., dict[str, torch.Tensor]]
 
 
 def _vfl_e2e_case(name: str, cfg: VflE2e, *, draws_quick: int, draws_full: int,
-                  halved: bool = True) -> Case:
+                  halved: bool = True, fast: bool = False) -> Case:
     se, sg = cfg.sigmas()
     own = "the record's own release + " if cfg.own_release else ""
     stat = lambda y: np.asarray(y)[:, 0]  # noqa: E731
@@ -932,7 +932,7 @@ def _vfl_e2e_case(name: str, cfg: VflE2e, *, draws_quick: int, draws_full: int,
                      statistic=stat,
                      what="pre-fix step (plain Adam: no per-example clipping, no noise), "
                           "same claim"),
-        extra_controls=extra, draws_quick=draws_quick, draws_full=draws_full)
+        extra_controls=extra, draws_quick=draws_quick, draws_full=draws_full, fast=fast)
 
 
 # Power (worked out in the case docstrings' terms; sim: Gaussian pairs through
@@ -946,9 +946,9 @@ def _vfl_e2e_case(name: str, cfg: VflE2e, *, draws_quick: int, draws_full: int,
 register(_vfl_e2e_case("vfl_e2e_step_3later", VflE2e(later=3, later_batch=32),
                        draws_quick=400_000, draws_full=1_000_000))
 register(_vfl_e2e_case("vfl_e2e_step_20later", VflE2e(later=20, later_batch=8),
-                       draws_quick=300_000, draws_full=1_000_000))
+                       draws_quick=400_000, draws_full=1_000_000))
 register(_vfl_e2e_case("vfl_e2e_own_plus_step", VflE2e(dp_mu=1.0, share=0.5, own_release=True),
-                       draws_quick=20_000, draws_full=100_000, halved=False))
+                       draws_quick=20_000, draws_full=100_000, halved=False, fast=True))
 
 
 # ---------------------------------------------------------------------------- FedForge cells
