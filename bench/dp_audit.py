@@ -25,14 +25,20 @@ A sound product gives ``max_lb_over_claim ≤ 1``, ``exact_violations = 0`` and
 
 Adapters
 --------
-Some of the product's fixes are being built in parallel (sound VFL accounting and
-DP-SGD, Skellam noise in FedForge). Every place where the audit stands in for a
-product function that does not exist yet is an *adapter* in the ADAPTERS section at
-the top of this file, named and marked ``ADAPTER``; re-pointing a case at the product
-is a one-line change there. Everything else calls the product's code:
-``parties.dp.EmbeddingPrivatizer``, ``parties.model.bottom_model``,
-``synth.mechanism.measure_party``, ``synth.protocol.{quant_range, quant_step,
-cell_windows, quantize_counts, decode_sum, RoundPlan}``, ``synth.accounting``.
+Where the audit stood in for product functions that did not exist when it was written,
+an *adapter* in the ADAPTERS section names the product function it calls. The VFL
+adapters now call the fixed product: claims from ``parties.dp`` (``account``,
+``compose_mu``, ``release_mu``, ``epsilon_for_delta``), the DP-SGD step
+``parties.dpsgd.private_grads_with_noise`` (batched noise) followed by the first step of
+the product's Adam (``parties.model.make_adam``, applied batched and checked against it),
+the encoder ``parties.preflight.encode_features`` (public schema) and the report width.
+The FedForge adapters still point at today's synth code (to be re-pointed). Everything
+else calls the product's code: ``parties.dp.EmbeddingPrivatizer``,
+``parties.model.party_bottom``, ``synth.mechanism.measure_party``,
+``synth.protocol.{quant_range, quant_step, cell_windows, quantize_counts, decode_sum,
+RoundPlan}``, ``synth.accounting``. The pre-fix controls run the old behaviour through
+their own functions (``vfl_plain_step``, ``_prefix_encode``, ``claim_vfl_embedding_prefix``,
+``prefix_ff_*``).
 
 Usage::
 
@@ -78,7 +84,7 @@ from parties.dp import (  # noqa: E402
     release_mu,
 )
 from parties.dpsgd import private_grads_with_noise  # noqa: E402
-from parties.model import bottom_model, make_adam, party_bottom  # noqa: E402
+from parties.model import make_adam, party_bottom  # noqa: E402
 from sim.audit import (  # noqa: E402
     IntPmf,
     bonferroni,
@@ -109,15 +115,13 @@ ALPHA = 0.05
 # Everything the audit assumes about product functions that are being rewritten
 # elsewhere lives here. Each ADAPTER says what it stands for and how to re-point it.
 #
-# Re-pointing checklist (when the fixes merge):
-# * VFL accounting: claim_vfl_embedding / claim_vfl_dpsgd -> the fixed accountant's ε
-#   at DELTA for the same publications/steps (keep claim_vfl_embedding_prefix: control).
-# * VFL DP-SGD: VFL_STEP = <product step>, wrapped to the signature
-#   ``step(params, x_batch, g_batch, noise, *, model, clip, sigma, lr) -> params``;
-#   it must be vmap-able over ``noise`` (pass the noise in, draw none inside).
-# * VFL preprocessing / report: vfl_encode_features, vfl_report_fields -> the fixed
-#   encoder (public metadata) and the fixed report (the controls keep today's code).
-# * FedForge: FEDFORGE_RELATION = "replace_one"; claim_fedforge_cell -> the fixed synth
+# Re-pointing checklist:
+# * VFL (done): claim_vfl_embedding / claim_vfl_dpsgd / claim_vfl_train_publication call
+#   parties.dp's accountant; VFL_STEP = vfl_dpsgd_step (private_grads_with_noise + Adam's
+#   first step); vfl_encode_features / vfl_report_fields call parties.preflight.
+#   encode_features with a DP-on VflConfig. Controls: claim_vfl_embedding_prefix,
+#   VFL_PREFIX_STEP, _prefix_encode (pre-fix behaviour).
+# * FedForge (to do): FEDFORGE_RELATION = "replace_one"; claim_fedforge_cell -> the fixed synth
 #   accountant; fedforge_party_noise_pmf -> skellam_pmf(<per-party Skellam parameter for
 #   S_min survivors>); fedforge_party_message -> the fixed party's measurement;
 #   fedforge_encode -> identity (integer sums, no per-party rounding); fedforge_plan ->
@@ -894,6 +898,10 @@ def vfl_e2e_sampler(cfg: VflE2e, step: Callable[..., dict[str, torch.Tensor]]
                             embed_clip_norm=clip, grad_clip_norm=gclip, noise_multiplier=sig_g)
                         if step is vfl_dpsgd_step:
                             check_adam_first_step(params, grads0, lr)
+                            for nm in names:  # draw 0 of the batch is the one-draw step
+                                one = params[nm] - adam_first_step(grads0[nm].clone(), lr)
+                                if not torch.allclose(new[nm][0], one, rtol=1e-5, atol=1e-7):
+                                    raise AssertionError(f"batched DP-SGD step differs on {nm}")
                         check = False
                     emb = torch.func.vmap(later_emb)(new)
                     _, pub = priv(emb.reshape(-1, cfg.dim))

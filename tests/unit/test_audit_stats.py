@@ -248,14 +248,14 @@ def test_released_sum_rounding_and_ring() -> None:
     np.testing.assert_allclose(plain.probs, [0.25, 0.5, 0.25])
     # a party's own rounding: codes rint(v / 2) (ties to even), then the sum
     coded = released_sum_pmf(noise, [3, 4], encode=lambda v: np.rint(v / 2))
-    got_coded = {s: p for s, p in zip(coded.support.tolist(), coded.probs.tolist()) if p > 0}
+    got_coded = {s: p for s, p in zip(coded.support.tolist(), coded.probs.tolist(), strict=True) if p > 0}
     assert got_coded == pytest.approx(_brute(noise, [3, 4]))
     # survivors: only party 0's message
     only = released_sum_pmf(noise, [3, 4], survivors=[0])
     assert only.offset == 3
     # ring (lo, w): S comes back as lo + ((S - lo) mod 2^w)
     ring = released_sum_pmf(noise, [3, 4], ring=(0, 3))  # 7, 8, 9 -> 7, 0, 1
-    got = dict(zip(ring.support.tolist(), ring.probs.tolist()))
+    got = dict(zip(ring.support.tolist(), ring.probs.tolist(), strict=True))
     assert got[7] == pytest.approx(0.25) and got[0] == pytest.approx(0.5)
     assert got[1] == pytest.approx(0.25)
 
