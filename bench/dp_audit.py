@@ -25,14 +25,20 @@ A sound product gives ``max_lb_over_claim ≤ 1``, ``exact_violations = 0`` and
 
 Adapters
 --------
-Some of the product's fixes are being built in parallel (sound VFL accounting and
-DP-SGD, Skellam noise in FedForge). Every place where the audit stands in for a
-product function that does not exist yet is an *adapter* in the ADAPTERS section at
-the top of this file, named and marked ``ADAPTER``; re-pointing a case at the product
-is a one-line change there. Everything else calls the product's code:
-``parties.dp.EmbeddingPrivatizer``, ``parties.model.bottom_model``,
-``synth.mechanism.measure_party``, ``synth.protocol.{quant_range, quant_step,
-cell_windows, quantize_counts, decode_sum, RoundPlan}``, ``synth.accounting``.
+Where the audit stood in for product functions that did not exist when it was written,
+an *adapter* in the ADAPTERS section names the product function it calls. The VFL
+adapters now call the fixed product: claims from ``parties.dp`` (``account``,
+``compose_mu``, ``release_mu``, ``epsilon_for_delta``), the DP-SGD step
+``parties.dpsgd.private_grads_with_noise`` (batched noise) followed by the first step of
+the product's Adam (``parties.model.make_adam``, applied batched and checked against it),
+the encoder ``parties.preflight.encode_features`` (public schema) and the report width.
+The FedForge adapters still point at today's synth code (to be re-pointed). Everything
+else calls the product's code: ``parties.dp.EmbeddingPrivatizer``,
+``parties.model.party_bottom``, ``synth.mechanism.measure_party``,
+``synth.protocol.{quant_range, quant_step, cell_windows, quantize_counts, decode_sum,
+RoundPlan}``, ``synth.accounting``. The pre-fix controls run the old behaviour through
+their own functions (``vfl_plain_step``, ``_prefix_encode``, ``claim_vfl_embedding_prefix``,
+``prefix_ff_*``).
 
 Usage::
 
@@ -78,7 +84,7 @@ from parties.dp import (  # noqa: E402
     release_mu,
 )
 from parties.dpsgd import private_grads_with_noise  # noqa: E402
-from parties.model import bottom_model, make_adam, party_bottom  # noqa: E402
+from parties.model import make_adam, party_bottom  # noqa: E402
 from sim.audit import (  # noqa: E402
     IntPmf,
     bonferroni,
@@ -122,18 +128,15 @@ ALPHA = 0.05
 # Everything the audit assumes about product functions that are being rewritten
 # elsewhere lives here. Each ADAPTER says what it stands for and how to re-point it.
 #
-# Re-pointing checklist (when the fixes merge):
-# * VFL accounting: claim_vfl_embedding / claim_vfl_dpsgd -> the fixed accountant's ε
-#   at DELTA for the same publications/steps (keep claim_vfl_embedding_prefix: control).
-# * VFL DP-SGD: VFL_STEP = <product step>, wrapped to the signature
-#   ``step(params, x_batch, g_batch, noise, *, model, clip, sigma, lr) -> params``;
-#   it must be vmap-able over ``noise`` (pass the noise in, draw none inside).
-# * VFL preprocessing / report: vfl_encode_features, vfl_report_fields -> the fixed
-#   encoder (public metadata) and the fixed report (the controls keep today's code).
-# * FedForge: DONE (re-pointed at the Skellam fix: synth.mechanism.measure_party /
-#   claimed_epsilon, synth.skellam, synth.plancheck.verify_plan, synth.protocol). The
-#   controls keep the pre-fix pipeline (FF_PREFIX, the removed product code reproduced
-#   under ``prefix_ff_*`` names).
+# Re-pointing checklist (done for both systems):
+# * VFL: claim_vfl_embedding / claim_vfl_dpsgd / claim_vfl_train_publication call
+#   parties.dp's accountant; VFL_STEP = vfl_dpsgd_step (private_grads_with_noise + Adam's
+#   first step); vfl_encode_features / vfl_report_fields call parties.preflight.
+#   encode_features with a DP-on VflConfig. Controls: claim_vfl_embedding_prefix,
+#   VFL_PREFIX_STEP, _prefix_encode (pre-fix behaviour).
+# * FedForge: synth.mechanism.measure_party / claimed_epsilon, synth.skellam,
+#   synth.plancheck.verify_plan, synth.protocol. The controls keep the pre-fix pipeline
+#   (FF_PREFIX, the removed product code reproduced under ``prefix_ff_*`` names).
 
 def claim_vfl_embedding(sigma: float, releases: int) -> float:
     """ε at δ of ``releases`` publications of one record's clipped embedding at noise
@@ -295,72 +298,101 @@ def fedforge_encode(cfg: FfConfig) -> Callable[[np.ndarray], np.ndarray]:
     return lambda v: np.asarray(v, dtype=np.int64)
 
 
+#: Adam's defaults in the product (``parties.model.make_adam``: torch.optim.Adam, lr only).
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+def adam_first_step(grad: torch.Tensor, lr: float) -> torch.Tensor:
+    """The update of one Adam step from a fresh state (what ``torch.optim.Adam`` subtracts):
+    ``m̂ = g``, ``v̂ = g²``, ``lr·m̂/(sqrt(v̂) + eps)``, written as torch computes it, so
+    that it applies to a leading batch of draws at once. :func:`check_adam_first_step`
+    compares it with the product's optimizer (``parties.model.make_adam``)."""
+    b1, b2 = ADAM_BETAS
+    # m / (1 - b1) = g and sqrt(v / (1 - b2)) = |g|, up to float rounding (checked)
+    del b1, b2
+    return grad.abs().add_(ADAM_EPS).reciprocal_().mul_(grad).mul_(lr)
+
+
+def check_adam_first_step(params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
+                          lr: float) -> None:
+    """Assert that :func:`adam_first_step` is the product optimizer's first step (one draw)."""
+    ps = [torch.nn.Parameter(p.detach().clone()) for p in params.values()]
+    opt = make_adam(ps, lr)
+    for p, g in zip(ps, grads.values(), strict=True):
+        p.grad = g.detach().clone()
+    opt.step()
+    for p, (n, p0) in zip(ps, params.items(), strict=True):
+        ours = p0 - adam_first_step(grads[n], lr)
+        if not torch.allclose(p.detach(), ours, rtol=1e-5, atol=1e-7):
+            raise AssertionError(f"batched Adam step differs from make_adam on {n}")
+
+
 def vfl_dpsgd_step(params: dict[str, torch.Tensor], x: torch.Tensor, g: torch.Tensor,
-                   noise: torch.Tensor, *, model: torch.nn.Module, clip: float,
-                   sigma: float, lr: float) -> dict[str, torch.Tensor]:
-    """ADAPTER (stand-in for the VFL fix's DP-SGD step on the passive bottom model; point
-    :data:`VFL_STEP` at the product's function): per-example parameter gradients
-    J_iᵀ g_i (torch.func), each clipped to L2 norm ``clip`` over all parameters, summed,
-    Gaussian noise ``sigma·clip·noise`` added, divided by B, then one Adam step from a
-    fresh state (update ``lr·ĝ/(|ĝ| + 1e-8)``). ``noise`` is ``(P,)`` standard normal."""
-    names = list(params)
-
-    def contrib(p: dict[str, torch.Tensor], xi: torch.Tensor, gi: torch.Tensor) -> torch.Tensor:
-        h = torch.func.functional_call(model, p, (xi[None],))[0]
-        return (h * gi).sum()
-
-    per = torch.func.vmap(torch.func.grad(contrib), in_dims=(None, 0, 0))(params, x, g)
-    flat = torch.cat([per[n].reshape(x.shape[0], -1) for n in names], dim=1)
-    norms = torch.linalg.vector_norm(flat, dim=1, keepdim=True)
-    clipped = flat * (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
-    total = (clipped.sum(0) + sigma * clip * noise) / x.shape[0]
-    upd = lr * total / (total.abs() + 1e-8)
-    return _unflatten_sub(params, upd)
+                   noise: dict[str, torch.Tensor], *, model: torch.nn.Module,
+                   embed_clip: float, grad_clip: float, sigma: float, lr: float
+                   ) -> dict[str, torch.Tensor]:
+    """The product's passive step under DP, batched over draws: the DP-SGD gradient of
+    ``parties.dpsgd.private_grads_with_noise`` (the clipped per-example sum computed
+    once, ``noise[name]`` of shape ``(n, *param.shape)`` standard normal, noise std
+    σ_g·C_g on the sum), then one Adam step from a fresh state with the product's
+    hyper-parameters (:func:`adam_first_step`, checked against ``make_adam``). ``g`` is
+    the cut-layer gradient of a batch-mean loss. Returns name -> ``(n, *shape)``."""
+    grads = private_grads_with_noise(model, params, x, g, noise, embed_clip_norm=embed_clip,
+                                     grad_clip_norm=grad_clip, noise_multiplier=sigma)
+    return {n: params[n] - adam_first_step(grads[n], lr) for n in params}
 
 
 def vfl_plain_step(params: dict[str, torch.Tensor], x: torch.Tensor, g: torch.Tensor,
-                   noise: torch.Tensor, *, model: torch.nn.Module, clip: float,
-                   sigma: float, lr: float) -> dict[str, torch.Tensor]:
-    """The pre-fix passive step (``parties.model.PassiveCompute.backward``: back-propagate
-    the cut-layer gradient, one Adam step from a fresh state; no clipping, no noise), as
-    a pure function: the positive control of the end-to-end VFL cases."""
-    del clip, sigma, noise
-    names = list(params)
+                   noise: dict[str, torch.Tensor], *, model: torch.nn.Module,
+                   embed_clip: float, grad_clip: float, sigma: float, lr: float
+                   ) -> dict[str, torch.Tensor]:
+    """The pre-fix passive step (``PassiveCompute.backward`` before the fix: back-propagate
+    the cut-layer gradient, one Adam step from a fresh state; no per-example clipping, no
+    noise), as a pure function broadcast to the draws: the positive control."""
+    del grad_clip, sigma, embed_clip
+    n = next(iter(noise.values())).shape[0]
 
     def total(p: dict[str, torch.Tensor]) -> torch.Tensor:
         return (torch.func.functional_call(model, p, (x,)) * g).sum()
 
     grads = torch.func.grad(total)(params)
-    flat = torch.cat([grads[n].reshape(-1) for n in names]) / x.shape[0]
-    return _unflatten_sub(params, lr * flat / (flat.abs() + 1e-8))
+    return {k: (params[k] - adam_first_step(grads[k], lr)).expand(n, *params[k].shape)
+            for k in params}
 
 
-def _unflatten_sub(params: dict[str, torch.Tensor], upd: torch.Tensor) -> dict[str, torch.Tensor]:
-    out, at = {}, 0
-    for n, p in params.items():
-        out[n] = p - upd[at: at + p.numel()].reshape(p.shape)
-        at += p.numel()
-    return out
+#: The passive party's columns in the audit (bank's default passive split).
+VFL_COLUMNS = ("contact", "day", "month", "duration", "campaign", "pdays", "previous",
+               "poutcome")
+
+
+def vfl_dp_config(**kw: Any) -> VflConfig:
+    """A DP-on VflConfig of the bundled ``bank`` dataset (the audit's product settings)."""
+    base: dict[str, Any] = {"dataset": "bank", "dp_mu": 1.0, "epochs": 1, "max_reassign": 0}
+    base.update(kw)
+    return VflConfig(**base)
 
 
 def vfl_encode_features(frame: Any, columns: Sequence[str], train_idx: np.ndarray
                         ) -> np.ndarray:
-    """ADAPTER (re-point at the fix's encoder fitted from public metadata): the passive
-    party's encoded training features. Today: ``parties.data.encode_party_features``,
-    whose scaler, imputer and category sets are fitted on the private training rows."""
-    from parties.data import encode_party_features
-    return encode_party_features(frame, columns, train_idx, np.zeros(0, dtype=np.int64)).x_train
+    """The passive party's encoded training features with DP on, by the product's
+    ``parties.preflight.encode_features`` (a DP-on VflConfig of ``bank``: the bundled
+    public schema, :class:`parties.schema.SchemaEncoder`)."""
+    from parties.preflight import encode_features
+    feats = encode_features(vfl_dp_config(), "passive", frame, list(columns), train_idx,
+                            np.zeros(0, dtype=np.int64))
+    return np.asarray(feats.x_train, dtype=np.float32)
 
 
 def vfl_report_fields(frame: Any, columns: Sequence[str], train_idx: np.ndarray
                       ) -> dict[str, float]:
-    """ADAPTER (re-point at the fixed passive report): the value-derived fields of the
-    passive party's report. Today ``n_features`` is the encoded width
-    (``parties/runtime.py``: ``x_train.shape[1]``), which counts observed categories."""
+    """The value-derived fields of the passive party's report with DP on: ``n_features``
+    is ``x_train.shape[1]`` (``parties/runtime.py``) of the product's encoder, i.e. the
+    public schema's width."""
     return {"n_features": float(vfl_encode_features(frame, columns, train_idx).shape[1])}
 
 
-#: ADAPTER: the product's DP-SGD step (one line to re-point).
+#: The product's DP-SGD step, batched over draws.
 VFL_STEP: Callable[..., dict[str, torch.Tensor]] = vfl_dpsgd_step
 #: The pre-fix step (positive control).
 VFL_PREFIX_STEP: Callable[..., dict[str, torch.Tensor]] = vfl_plain_step
@@ -493,6 +525,7 @@ class Case:
     draws_quick: int
     draws_full: int
     fast: bool = False  # in the test suite's fast subset
+    extra_controls: tuple[Side, ...] = ()  # further positive controls, each must be caught
     tags: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -547,10 +580,53 @@ register(_vfl_embedding_case("vfl_embedding_1", sigma=1.0, releases=1, fast=True
 register(_vfl_embedding_case("vfl_embedding_k4", sigma=2.0, releases=4))
 
 
+def _vfl_model(d_in: int, *, dim: int = 8, hidden: tuple[int, ...] = (16,)) -> torch.nn.Module:
+    """The product's passive bottom model under DP (``parties.model.party_bottom``: linear
+    output layer), at a fixed torch seed (the same model for every side and control)."""
+    torch.manual_seed(0)
+    return party_bottom(vfl_dp_config(embedding_dim=dim, bottom_hidden=hidden), "passive", d_in)
+
+
+def _known_direction(h_d: torch.Tensor, h_dprime: torch.Tensor, clip: float) -> torch.Tensor:
+    """Unit vector along the difference of the two clipped (noiseless) releases (the
+    auditor knows both output distributions: Gaussians around these means), zero when
+    they are equal."""
+    from parties.dp import clip_rows
+    diff = (clip_rows(h_dprime, clip) - clip_rows(h_d, clip)).reshape(-1)
+    norm = float(diff.norm())
+    return diff / norm if norm > 0 else diff
+
+
 def _nan_case() -> Case:
     sigma = 4.0
+    cols = list(VFL_COLUMNS)
 
     def sample(n: int, rng: np.random.Generator) -> Draws:
+        """The product path: the canary's raw row (valid under D; NaN / Inf / missing in
+        every column under D') through the party's encoder, the DP bottom model and the
+        privatizer."""
+        frame = _audit_frame(0, rows=4)
+        alt = frame.copy()
+        for c, v in zip(cols, (None, math.nan, None, math.inf, -math.inf, math.nan, math.nan,
+                               None), strict=True):
+            alt[c] = alt[c].astype(object)
+            alt.at[0, c] = v
+        train = np.arange(len(frame))
+        xs = [vfl_encode_features(f, cols, train)[:1] for f in (frame, alt)]
+        model = _vfl_model(xs[0].shape[1], dim=4)
+        with torch.no_grad():
+            hs = [model(torch.from_numpy(x)) for x in xs]
+        v = _known_direction(hs[0], hs[1], 1.0)
+        out = []
+        for h in hs:
+            priv = EmbeddingPrivatizer(clip_norm=1.0, noise_multiplier=sigma, seed=_seed(rng))
+            pub = priv(h.repeat(n, 1))[1].numpy()
+            flag = ~np.isfinite(pub).all(axis=1)
+            out.append(np.where(flag, 1e6, np.nan_to_num(pub) @ v.numpy())[:, None])
+        return out[0], out[1]
+
+    def sample_prefix(n: int, rng: np.random.Generator) -> Draws:
+        """The pre-fix path: the encoded row reaches the privatizer as NaN."""
         out = []
         for bad in (False, True):
             priv = EmbeddingPrivatizer(clip_norm=1.0, noise_multiplier=sigma, seed=_seed(rng))
@@ -559,18 +635,22 @@ def _nan_case() -> Case:
             out.append(priv(h)[1].numpy())
         return out[0], out[1]
 
-    def stat(y: np.ndarray) -> np.ndarray:
+    def stat_prefix(y: np.ndarray) -> np.ndarray:
         y = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
         return np.where(np.isnan(y).any(axis=1), 1e6, np.nan_to_num(y[:, 0]))
 
     return Case(
         name="vfl_embedding_nan_row", group="vfl",
-        what="VFL embedding release of a row that is NaN under D' (C*e1 under D), sigma=4",
-        main=Side(claim=lambda: claim_vfl_embedding(sigma, 1), sample=sample, statistic=stat,
-                  what="EmbeddingPrivatizer on a NaN row vs the replace-one claim"),
-        control=Side(claim=lambda: claim_vfl_embedding_prefix(sigma, 1), sample=None,
-                     statistic=stat, what="the same draws vs the pre-fix claim"),
-        draws_quick=200_000, draws_full=1_000_000)
+        what="VFL embedding release of a record whose raw values are NaN/Inf/missing under D' "
+             "(valid under D), through the party's encoder, bottom model and privatizer, "
+             "sigma=4",
+        main=Side(claim=lambda: claim_vfl_embedding(sigma, 1), sample=sample,
+                  statistic=lambda y: np.asarray(y)[:, 0],
+                  what="encoder (declared fill) + DP bottom + EmbeddingPrivatizer vs the claim"),
+        control=Side(claim=lambda: claim_vfl_embedding(sigma, 1), sample=sample_prefix,
+                     statistic=stat_prefix,
+                     what="pre-fix: the NaN row reaches the privatizer (published as NaN)"),
+        draws_quick=200_000, draws_full=1_000_000, fast=True)
 
 
 register(_nan_case())
@@ -578,14 +658,21 @@ register(_nan_case())
 
 # ---------------------------------------------------------------------------- VFL preprocessing
 def _audit_frame(rng_seed: int, rows: int = 200) -> Any:
-    """A small table (numeric a, b; categorical c) the auditor chooses."""
+    """A small table of the passive party's bank columns that the auditor chooses."""
     import pandas as pd
     r = np.random.default_rng(rng_seed)
-    # the auditor picks the data: spread numeric values (±3) make the scaler's shift
+    # the auditor picks the data: spread numeric values make a fitted scaler's shift
     # visible in every other record's encoding
-    return pd.DataFrame({"a": r.choice([-3.0, 3.0], size=rows),
-                         "b": r.choice([-3.0, 3.0], size=rows),
-                         "c": r.choice(["x", "y", "z"], size=rows)})
+    return pd.DataFrame({
+        "contact": r.choice(["unknown", "telephone", "cellular"], size=rows),
+        "day": r.choice([1.0, 31.0], size=rows),
+        "month": r.choice(["jan", "may", "dec"], size=rows),
+        "duration": r.choice([0.0, 3000.0], size=rows),
+        "campaign": r.choice([1.0, 50.0], size=rows),
+        "pdays": r.choice([-1.0, 500.0], size=rows),
+        "previous": r.choice([0.0, 100.0], size=rows),
+        "poutcome": r.choice(["unknown", "failure", "success"], size=rows),
+    })
 
 
 def vfl_preprocess_sampler(*, sigma: float, change: dict[str, Any], others: int = 1024,
@@ -593,35 +680,30 @@ def vfl_preprocess_sampler(*, sigma: float, change: dict[str, Any], others: int 
                            ) -> Callable[[int, np.random.Generator], Draws]:
     """Draws of OTHER records' published embeddings when the canary (row 0) changes
     (``change``: column -> its value under D'), through the party's encoder
-    (:func:`vfl_encode_features`), a fixed ``parties.model.bottom_model`` and the
-    product's ``EmbeddingPrivatizer`` (C = 1).
+    (:func:`vfl_encode_features`), the product's DP bottom model (``party_bottom``) and
+    its ``EmbeddingPrivatizer`` (C = 1).
 
     The auditor knows both output distributions (Gaussians around the clipped
     embeddings, computed with the product's ``clip_rows``), so each draw is reduced on
     the fly to the optimal statistic, its projection onto the known mean difference
     (the log-likelihood ratio up to an affine map): output ``(n, 1)``."""
-    from parties.dp import clip_rows
-
     def sample(n: int, rng: np.random.Generator) -> Draws:
         frame = _audit_frame(0, rows=others + 1)
-        cols = ["a", "b", "c"]
+        cols = list(VFL_COLUMNS)
         train = np.arange(len(frame))
         alt = frame.copy()
         for k, v in change.items():
             alt.loc[0, k] = v
-        torch.manual_seed(0)  # the same bottom model for every side and control
         enc = encode or vfl_encode_features
         xs = [enc(f, cols, train) for f in (frame, alt)]
         d_in = max(x.shape[1] for x in xs)
-        model = bottom_model(d_in, (16,), dim)
+        model = _vfl_model(d_in, dim=dim)
         hs = []
         for x in xs:
-            x = np.pad(x, ((0, 0), (0, d_in - x.shape[1])))
+            x = np.pad(x, ((0, 0), (0, d_in - x.shape[1]))).astype(np.float32)
             with torch.no_grad():
                 hs.append(model(torch.from_numpy(np.ascontiguousarray(x[1: 1 + others]))))
-        diff = (clip_rows(hs[1], 1.0) - clip_rows(hs[0], 1.0)).reshape(-1)
-        norm = float(diff.norm())
-        v = diff / norm if norm > 0 else diff
+        v = _known_direction(hs[0], hs[1], 1.0)
         out = []
         for h in hs:
             priv = EmbeddingPrivatizer(clip_norm=1.0, noise_multiplier=sigma, seed=_seed(rng))
@@ -644,21 +726,22 @@ def _prefix_encode(frame: Any, columns: Sequence[str], train_idx: np.ndarray) ->
 
 def _preprocess_case() -> Case:
     sigma = 4.0
-    change = {"a": 1e4, "b": 1e4}
+    change = {"duration": 1e7, "campaign": 1e6, "previous": 1e6}
     return Case(
         name="vfl_preprocess_scaler", group="vfl",
-        what="VFL preprocessing: one outlier record (a = b = 1e4) moves the fitted scaler; "
-             "the audit sees only 1024 OTHER records' published embeddings, sigma=4",
+        what="VFL preprocessing: one outlier record (duration 1e7, campaign, previous 1e6) "
+             "would move a fitted scaler; the audit sees only 1024 OTHER records' published "
+             "embeddings, sigma=4",
         main=Side(claim=lambda: claim_vfl_embedding(sigma, 1),
                   sample=vfl_preprocess_sampler(sigma=sigma, change=change),
                   statistic=lambda y: np.asarray(y)[:, 0],
-                  what="the party's encoder (vfl_encode_features) vs the record's claim"),
+                  what="the party's encoder (public schema) vs the record's claim"),
         control=Side(claim=lambda: claim_vfl_embedding(sigma, 1),
                      sample=vfl_preprocess_sampler(sigma=sigma, change=change,
                                                    encode=_prefix_encode),
                      statistic=lambda y: np.asarray(y)[:, 0],
                      what="pre-fix encoder fitted on the private rows, same claim"),
-        draws_quick=20_000, draws_full=100_000)
+        draws_quick=20_000, draws_full=100_000, fast=True)
 
 
 register(_preprocess_case())
@@ -666,38 +749,36 @@ register(_preprocess_case())
 
 def _report_case() -> Case:
     sigma = 4.0
+    cols = list(VFL_COLUMNS)
+
+    def pair() -> tuple[Any, Any, np.ndarray]:
+        frame = _audit_frame(0)
+        alt = frame.copy()
+        alt.loc[0, "month"] = "unique"
+        return frame, alt, np.arange(len(frame))
 
     def sample_with(fields: Callable[..., dict[str, float]]
                     ) -> Callable[[int, np.random.Generator], Draws]:
         def sample(n: int, rng: np.random.Generator) -> Draws:
-            frame = _audit_frame(int(rng.integers(0, 2**31 - 1)))
-            alt = frame.copy()
-            alt.loc[0, "c"] = "unique"
-            train = np.arange(len(frame))
+            frame, alt, train = pair()
             out = []
             for f in (frame, alt):
-                rep = fields(f, ["a", "b", "c"], train)
+                rep = fields(f, cols, train)
                 out.append(np.tile(np.array([rep[k] for k in sorted(rep)]), (n, 1)))
             return out[0], out[1]
         return sample
 
     def exact_with(fields: Callable[..., dict[str, float]]) -> Callable[[], float]:
         def exact() -> float:
-            frame = _audit_frame(0)
-            alt = frame.copy()
-            alt.loc[0, "c"] = "unique"
-            train = np.arange(len(frame))
-            a, b = fields(frame, ["a", "b", "c"], train), fields(alt, ["a", "b", "c"], train)
+            frame, alt, train = pair()
+            a, b = fields(frame, cols, train), fields(alt, cols, train)
             pairs = [(point_pmf(int(round(a[k] * 1000))), point_pmf(int(round(b[k] * 1000))))
                      for k in sorted(a)]
             return exact_epsilon_product(pairs, DELTA)
         return exact
 
-    from parties.data import encode_party_features
-
     def prefix_fields(f: Any, c: Sequence[str], t: np.ndarray) -> dict[str, float]:
-        x = encode_party_features(f, c, t, np.zeros(0, dtype=np.int64)).x_train
-        return {"n_features": float(x.shape[1])}
+        return {"n_features": float(_prefix_encode(f, c, t).shape[1])}
 
     return Case(
         name="vfl_report_n_features", group="vfl",
@@ -712,96 +793,286 @@ def _report_case() -> Case:
                      statistic=lambda y: np.asarray(y, dtype=np.float64).sum(axis=1),
                      exact=exact_with(prefix_fields),
                      what="pre-fix report (n_features counts observed categories)"),
-        draws_quick=100_000, draws_full=100_000)
+        draws_quick=100_000, draws_full=100_000, fast=True)
 
 
 register(_report_case())
 
 
 # ---------------------------------------------------------------------------- VFL end to end
+#: The passive party's columns in the end-to-end cases: bank's seven numeric columns (a
+#: split the bundled schema covers), so that the canary's encoded row can be +1 in every
+#: feature under D and -1 under D' (schema ranges' two ends).
+E2E_COLUMNS = ("age", "balance", "day", "duration", "campaign", "pdays", "previous")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VflE2e:
-    """The end-to-end VFL setting: one step on a batch that holds the canary, then the
-    publication of ``later`` batches of OTHER records' embeddings."""
+    """The end-to-end VFL setting: one DP-SGD step of the passive bottom model on a batch
+    that holds the canary, then the publication of ``later`` batches of OTHER records'
+    embeddings.
 
-    d_in: int = 8
-    hidden: tuple[int, ...] = (16,)
-    dim: int = 8
+    The noise comes from the product's planner (``plan_from_config`` of a bank VflConfig
+    with ``dp_mu``, ``dp_embedding_share``, one epoch, no reassignment: one training
+    publication per record); ``sgd_scale`` multiplies σ_g (0.5: the σ-halved control)
+    while the claim stays the plan's.
+
+    ``grad_clip`` (C_g, the config's ``dp_grad_clip_norm``) is chosen so small that the
+    noisy gradient's coordinates are far below Adam's ε = 1e-8: the first Adam step
+    ``lr·g/(|g| + ε)`` is then linear in the gradient instead of ~``lr·sign(g)``, which
+    would discard ~20 % of the signal (sign quantisation: µ·sqrt(2/π)); ``lr`` (the
+    config's ``lr``) scales the step back up so that later embeddings show it. Both are
+    configurations a user may set; the step's guarantee holds for any of them.
+    """
+
+    dp_mu: float = 10.0
+    share: float = 0.99
+    grad_clip: float = 1e-9
+    lr: float = 0.5
+    sgd_scale: float = 1.0
     batch: int = 16
     later: int = 3
     later_batch: int = 32
-    clip_grad: float = 1.0
-    sigma_sgd: float = 4.0
-    clip_emb: float = 1.0
-    sigma_emb: float = 0.5
-    lr: float = 0.05
-    canary_scale: float = 10.0
-    canary_grad: float = 100.0
-    chunk: int = 2000
+    dim: int = 8
+    hidden: tuple[int, ...] = (16,)
+    own_release: bool = False
+    canary_grad: float = 1e3
+    #: crafted parameters (see :func:`crafted_params`): output-layer gain K, first-layer
+    #: scale, first-layer bias
+    gain: float = 10.0
+    w1_scale: float = 1e-3
+    b1: float = 1.0
+    chunk: int = 5000
+
+    def config(self) -> VflConfig:
+        return vfl_dp_config(dp_mu=self.dp_mu, dp_embedding_share=self.share,
+                             dp_grad_clip_norm=self.grad_clip, lr=self.lr,
+                             embedding_dim=self.dim, bottom_hidden=self.hidden)
+
+    def sigmas(self) -> tuple[float, float]:
+        """(σ_e, σ_g) the product's planner calibrates for this configuration."""
+        plan = plan_from_config(self.config())
+        assert plan is not None
+        return plan.noise_multiplier, plan.sgd_noise_multiplier
+
+    def claim(self) -> float:
+        """The product's ε at δ for the canary: its DP-SGD step (plus its own release when
+        the case publishes it: ``account(1, σ_e, σ_g, train=True)``)."""
+        se, sg = self.sigmas()
+        return claim_vfl_train_publication(se, sg) if self.own_release else claim_vfl_dpsgd(sg, 1)
+
+
+def crafted_params(model: torch.nn.Module, cfg: VflE2e) -> dict[str, torch.Tensor]:
+    """Parameters of the product's bottom model (Linear, ReLU, Linear) that the auditor
+    picks for the step (DP-SGD's guarantee holds at ANY current parameters, e.g. those
+    earlier training reached): ``W1 = ε·R`` (tiny), ``b1 = β`` (every hidden unit active
+    for every encoded row), ``W2 = K·Q``, ``b2 = −W2·b1`` (embeddings ``K·ε·Q·R·x`` well
+    inside the clip ball). The canary's per-example gradient is then dominated by its
+    first-layer part ``(W2ᵀ g0) x0ᵀ``, which flips sign between x0 and −x0: its clipped
+    gradients under D and D' are nearly opposite (distance ~sqrt(7/8)·2C_g, the shared
+    first-layer bias part limits it), and the update along it moves the later embeddings
+    by K."""
+    named = dict(model.named_parameters())
+    assert list(named) == ["0.weight", "0.bias", "2.weight", "2.bias"], list(named)
+    gen = torch.Generator().manual_seed(12345)
+    hidden, d_in = named["0.weight"].shape
+    dim = named["2.weight"].shape[0]
+    w1 = cfg.w1_scale * torch.randn(hidden, d_in, generator=gen) / math.sqrt(d_in)
+    b1 = torch.full((hidden,), cfg.b1)
+    w2 = cfg.gain * torch.randn(dim, hidden, generator=gen) / math.sqrt(hidden)
+    return {"0.weight": w1, "0.bias": b1, "2.weight": w2, "2.bias": -(w2 @ b1)}
+
+
+def _e2e_frame(n: int, seed: int) -> Any:
+    """Raw rows of the e2e columns, uniform inside each column's public range."""
+    import pandas as pd
+    from parties.schema import bundled_schema
+    schema = bundled_schema("bank")
+    assert schema is not None
+    r = np.random.default_rng(seed)
+    cols = {c.name: r.uniform(c.lo, c.hi, size=n)
+            for c in schema.select(E2E_COLUMNS).columns}
+    return pd.DataFrame(cols)
 
 
 def vfl_e2e_sampler(cfg: VflE2e, step: Callable[..., dict[str, torch.Tensor]]
                     ) -> Callable[[int, np.random.Generator], Draws]:
-    """Draws of OTHER records' published embeddings after one step of ``step`` on a batch
-    holding the canary (features ``+s·u`` under D, ``−s·u`` under D'; the adversarial
-    active party sends it a large cut-layer gradient). The draws are batched with
-    ``torch.func.vmap`` over ``step`` (noise batched, everything else shared), the
-    later embeddings through the product's ``bottom_model`` and
-    ``EmbeddingPrivatizer``. Output ``(n, later·later_batch·dim)``."""
+    """Draws of the statistic of OTHER records' published embeddings after one step of
+    ``step`` on a batch holding the canary.
+
+    * Preprocessing: raw rows through the product's encoder (:func:`vfl_encode_features`:
+      bundled public schema). The canary's raw row is at the top of every column's
+      public range under D (encoded +1) and at the bottom under D' (encoded -1).
+    * Training: the product's DP bottom model (``party_bottom``) at its initialisation;
+      the adversarial active party sends the canary a large cut-layer gradient and the
+      batch's other rows zero; ``step`` (the product's DP-SGD step then Adam,
+      :func:`vfl_dpsgd_step`) with the DP-SGD noise batched over the draws (the clipped
+      per-example sum is computed once).
+    * Publication: ``later`` batches of ``later_batch`` other records (half of them hold
+      the canary's D values, half its D' values, so the update along the canary's
+      gradient moves them most), forwarded at each draw's parameters
+      (``torch.func.vmap`` of ``functional_call``) and privatised by the product's
+      ``EmbeddingPrivatizer`` at the plan's σ_e; with ``own_release`` the canary's own
+      embedding (before the step) is published too.
+
+    Each draw is reduced on the fly to the auditor's linear statistic: the Gaussian
+    log-likelihood ratio of the linearised mechanism (later embeddings ≈ J·update +
+    noise: ``w = J (c² JᵀJ + s² I)⁻¹ ΔS``, J the Jacobian of the clipped later
+    embeddings in the parameters, ΔS the difference of the canary's clipped gradients,
+    c the update's noise scale, s = σ_e·C), plus the own release's ``⟨Δh, y⟩/s²``. It is
+    fixed before any draw (computed from the model and the pair, no draws), so the
+    lower bound stays valid whatever the mechanism really is. Output ``(n, 1)``."""
+    from parties.dp import clip_rows
+
     def sample(n: int, rng: np.random.Generator) -> Draws:
-        torch.manual_seed(int(rng.integers(0, 2**31 - 1)))
-        model = bottom_model(cfg.d_in, cfg.hidden, cfg.dim)
-        params = {k: v.detach() for k, v in model.named_parameters()}
-        n_params = sum(p.numel() for p in params.values())
-        gen = torch.Generator().manual_seed(_seed(rng))
-        x = torch.randn(cfg.batch, cfg.d_in, generator=gen)
-        g = torch.randn(cfg.batch, cfg.dim, generator=gen) * 0.1
-        u = torch.randn(cfg.d_in, generator=gen)
-        u = u / u.norm()
-        g[0] = cfg.canary_grad * torch.ones(cfg.dim) / math.sqrt(cfg.dim)
-        others = torch.randn(cfg.later * cfg.later_batch, cfg.d_in, generator=gen)
-        kw = dict(model=model, clip=cfg.clip_grad, sigma=cfg.sigma_sgd, lr=cfg.lr)
+        c = cfg.config()
+        plan = plan_from_config(c)
+        assert plan is not None
+        sig_e, sig_g = plan.noise_multiplier, plan.sgd_noise_multiplier * cfg.sgd_scale
+        clip, gclip, lr = plan.clip_norm, plan.grad_clip_norm, c.worker_lr("passive")
+        cols = list(E2E_COLUMNS)
+        n_later = cfg.later * cfg.later_batch
+        frame = _e2e_frame(cfg.batch + n_later, seed=1)
+        from parties.schema import bundled_schema
+        schema = bundled_schema("bank")
+        assert schema is not None
+        sel = schema.select(E2E_COLUMNS).columns
+        hi = {col.name: col.hi for col in sel}
+        lo = {col.name: col.lo for col in sel}
+        frames = []
+        for vals in (hi, lo):
+            f = frame.copy()
+            for k, v in vals.items():
+                f.loc[0, k] = v  # the canary
+            half = cfg.batch + n_later // 2  # later records: copies of both canary values
+            for k in cols:
+                f.loc[cfg.batch: half - 1, k] = hi[k]
+                f.loc[half:, k] = lo[k]
+            frames.append(f)
+        idx = np.arange(len(frame))
+        xs = [torch.from_numpy(vfl_encode_features(f, cols, idx)) for f in frames]
+        later_x = xs[0][cfg.batch:]
+        assert torch.equal(later_x, xs[1][cfg.batch:])
+        model = party_bottom(c, "passive", xs[0].shape[1])
+        params = crafted_params(model, cfg)
+        names = list(params)
+        g = torch.zeros(cfg.batch, cfg.dim)
+        g[0] = cfg.canary_grad / math.sqrt(cfg.dim)  # the canary's cut-layer gradient
 
-        def one(noise: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
-            p = step(params, xb, g, noise, **kw)
-            return torch.func.functional_call(model, p, (others,))
+        # the auditor's statistic, fixed before any draw: the Gaussian LLR of the
+        # linearised mechanism. Mean difference: the step without noise; covariance:
+        # the step's noise through the Jacobian of the later embeddings, plus σ_e·C.
+        flat0 = torch.cat([params[k].reshape(-1) for k in names])
 
+        def later_of(theta: torch.Tensor) -> torch.Tensor:
+            p, at = {}, 0
+            for k in names:
+                p[k] = theta[at: at + params[k].numel()].reshape(params[k].shape)
+                at += params[k].numel()
+            return clip_rows(torch.func.functional_call(model, p, (later_x,)), clip).reshape(-1)
+
+        zero = {nm: torch.zeros(1, *p.shape) for nm, p in params.items()}
+        with torch.no_grad():
+            means = [later_of(torch.cat([v[0].reshape(-1) for v in step(
+                params, x[:cfg.batch], g, zero, model=model, embed_clip=clip, grad_clip=gclip,
+                sigma=sig_g, lr=lr).values()])).double() for x in xs]
+        d_m = means[1] - means[0]
+        jac = torch.func.jacrev(later_of)(flat0).double()
+        # update std per parameter: Adam's first step is ~ (lr/eps)·gradient when the
+        # gradient is far below eps, the gradient's noise std is σ_g·C_g/B (0: plain step)
+        cc = (lr / ADAM_EPS) * sig_g * gclip / cfg.batch if step is not VFL_PREFIX_STEP else 0.0
+        ss = sig_e * clip
+        m = cc * cc * (jac.T @ jac) + ss * ss * torch.eye(jac.shape[1], dtype=torch.float64)
+        # Woodbury: (c²JJᵀ + s²I)⁻¹ Δm = (Δm − c² J (c²JᵀJ + s²I)⁻¹ Jᵀ Δm) / s²
+        w = ((d_m - cc * cc * (jac @ torch.linalg.solve(m, jac.T @ d_m))) / (ss * ss)).float()
+        with torch.no_grad():
+            own = [clip_rows(torch.func.functional_call(model, params, (x[:1],)), clip)
+                   for x in xs]
+        w_own = ((own[1] - own[0]).reshape(-1) / (ss * ss)).float()
+
+        # the later records hold two distinct rows: forward those, then index
+        uniq, inverse = torch.unique(later_x, dim=0, return_inverse=True)
+
+        def later_emb(p: dict[str, torch.Tensor]) -> torch.Tensor:
+            return torch.func.functional_call(model, p, (uniq,))[inverse]
+
+        check = True
         out = []
-        for sign in (1.0, -1.0):
-            xb = x.clone()
-            xb[0] = sign * cfg.canary_scale * u
-            priv = EmbeddingPrivatizer(clip_norm=cfg.clip_emb, noise_multiplier=cfg.sigma_emb,
-                                       seed=_seed(rng))
+        for x, h_own in zip(xs, own, strict=True):
+            priv = EmbeddingPrivatizer(clip_norm=clip, noise_multiplier=sig_e, seed=_seed(rng))
+            gen = torch.Generator().manual_seed(_seed(rng))
             parts = []
-            with torch.no_grad():
-                for at in range(0, n, cfg.chunk):
-                    m = min(cfg.chunk, n - at)
-                    noise = torch.randn(m, n_params, generator=gen)
-                    emb = torch.func.vmap(one, in_dims=(0, None))(noise, xb)
+            for at in range(0, n, cfg.chunk):
+                k = min(cfg.chunk, n - at)
+                noise = {nm: torch.randn(k, *p.shape, generator=gen) for nm, p in params.items()}
+                with torch.no_grad():
+                    new = step(params, x[:cfg.batch], g, noise, model=model, embed_clip=clip,
+                               grad_clip=gclip, sigma=sig_g, lr=lr)
+                    if check:  # the batched Adam step is the product optimizer's
+                        grads0 = private_grads_with_noise(
+                            model, params, x[:cfg.batch], g, {nm: t[0] for nm, t in noise.items()},
+                            embed_clip_norm=clip, grad_clip_norm=gclip, noise_multiplier=sig_g)
+                        if step is vfl_dpsgd_step:
+                            check_adam_first_step(params, grads0, lr)
+                            for nm in names:  # draw 0 of the batch is the one-draw step
+                                one = params[nm] - adam_first_step(grads0[nm].clone(), lr)
+                                if not torch.allclose(new[nm][0], one, rtol=1e-5, atol=1e-7):
+                                    raise AssertionError(f"batched DP-SGD step differs on {nm}")
+                        check = False
+                    emb = torch.func.vmap(later_emb)(new)
                     _, pub = priv(emb.reshape(-1, cfg.dim))
-                    parts.append(pub.reshape(m, -1).numpy())
-            out.append(np.concatenate(parts))
+                    stat = pub.reshape(k, -1) @ w
+                    if cfg.own_release:
+                        _, pub_own = priv(h_own.expand(k, -1).contiguous())
+                        stat = stat + pub_own @ w_own
+                parts.append(stat.numpy())
+            out.append(np.concatenate(parts)[:, None])
         return out[0], out[1]
     return sample
 
 
-def _vfl_e2e_case(name: str, cfg: VflE2e) -> Case:
+def _vfl_e2e_case(name: str, cfg: VflE2e, *, draws_quick: int, draws_full: int,
+                  halved: bool = True, fast: bool = False) -> Case:
+    se, sg = cfg.sigmas()
+    own = "the record's own release + " if cfg.own_release else ""
+    stat = lambda y: np.asarray(y)[:, 0]  # noqa: E731
+    extra = ()
+    if halved:
+        half = VflE2e(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__},
+                         "sgd_scale": 0.5})
+        extra = (Side(claim=cfg.claim, sample=vfl_e2e_sampler(half, VFL_STEP), statistic=stat,
+                      what="DP-SGD step at sigma_g/2, same claim"),)
     return Case(
         name=name, group="vfl-e2e",
-        what=f"VFL end to end: one bottom-model step with the canary (replace-one), then "
-             f"{cfg.later} later batches of {cfg.later_batch} OTHER records' published "
-             f"embeddings; sigma_sgd={cfg.sigma_sgd:g}",
-        main=Side(claim=lambda: claim_vfl_dpsgd(cfg.sigma_sgd, 1),
-                  sample=vfl_e2e_sampler(cfg, VFL_STEP),
-                  what="DP-SGD step (VFL_STEP) vs mu = 2/sigma_sgd"),
-        control=Side(claim=lambda: claim_vfl_dpsgd(cfg.sigma_sgd, 1),
-                     sample=vfl_e2e_sampler(cfg, VFL_PREFIX_STEP),
-                     what="pre-fix step (no per-example clipping, no noise), same claim"),
-        draws_quick=20_000, draws_full=100_000)
+        what=f"VFL end to end: {own}one DP-SGD step (sigma_g={sg:.3g}, plan dp_mu="
+             f"{cfg.dp_mu:g}, share {cfg.share:g}) with the canary (schema-encoded, "
+             f"replace-one), then Adam, then {cfg.later} later batches of {cfg.later_batch} "
+             f"OTHER records' published embeddings (sigma_e={se:.3g})",
+        main=Side(claim=cfg.claim, sample=vfl_e2e_sampler(cfg, VFL_STEP), statistic=stat,
+                  what="product DP-SGD step + Adam vs "
+                       + ("account(1, sigma_e, sigma_g, train=True)" if cfg.own_release
+                          else "release_mu(sigma_g)")),
+        control=Side(claim=cfg.claim, sample=vfl_e2e_sampler(cfg, VFL_PREFIX_STEP),
+                     statistic=stat,
+                     what="pre-fix step (plain Adam: no per-example clipping, no noise), "
+                          "same claim"),
+        extra_controls=extra, draws_quick=draws_quick, draws_full=draws_full, fast=fast)
 
 
-register(_vfl_e2e_case("vfl_e2e_step_3later", VflE2e()))
-register(_vfl_e2e_case("vfl_e2e_step_20later", VflE2e(later=20, later_batch=16)))
+# Power (worked out in the case docstrings' terms; sim: Gaussian pairs through
+# eps_lower_bound at alpha 0.05/20): a claim of mu_c = 1 (eps 4.38 at 1e-5) against a
+# sigma_g-halved step of true mu ~1.87 (2·sqrt(7/8), the crafted pair's gradient gap;
+# the readout through later embeddings loses ~1 %) gives a split-half 95 % bound of
+# ~4.8-5.0 at 2-4·10^5 draws per side, ~3.7 at 2·10^4 (a mere 2x in mu needs ~2.6x to
+# clear an eps at delta = 1e-5 with 10^4 evaluation draws), so the quick mode takes
+# 3-4·10^5 draws (batched: ~10 s per 10^5 on 2 cores). mu_c = 0.75 or 1.25 leave less
+# margin (the bound saturates near log(n/2) as mu grows and lags eps(mu) at small mu).
+register(_vfl_e2e_case("vfl_e2e_step_3later", VflE2e(later=3, later_batch=32),
+                       draws_quick=400_000, draws_full=1_000_000))
+register(_vfl_e2e_case("vfl_e2e_step_20later", VflE2e(later=20, later_batch=8),
+                       draws_quick=400_000, draws_full=1_000_000))
+register(_vfl_e2e_case("vfl_e2e_own_plus_step", VflE2e(dp_mu=1.0, share=0.5, own_release=True),
+                       draws_quick=20_000, draws_full=100_000, halved=False, fast=True))
 
 
 # ---------------------------------------------------------------------------- FedForge cells
@@ -1161,6 +1432,24 @@ def _lb(side: Side, draws: Draws, alpha: float) -> dict[str, Any]:
             "threshold": res.threshold, "mu_hat": res.mu_hat, "alpha": alpha}
 
 
+def _control(side: Side, case: Case, main_draws: Draws, main_exact: float | None, *, n: int,
+             alpha: float, rng: np.random.Generator) -> dict[str, Any]:
+    """One positive control: its claim, bound, exact ε and whether it is caught."""
+    ctl_claim = float(side.claim())
+    if side.sample is None:
+        ctl_lb = _lb(case.main if side.statistic is None else side, main_draws, alpha)
+    else:
+        ctl_lb = _lb(side, side.sample(n, rng), alpha)
+    ctl_exact = (float(side.exact()) if side.exact is not None
+                 else main_exact if side.sample is None else None)
+    by_lb = ctl_lb["eps"] > ctl_claim
+    by_exact = ctl_exact is not None and ctl_exact > ctl_claim * (1 + 1e-9)
+    return {"what": side.what, "claim": ctl_claim, "lb": ctl_lb["eps"], "lb_test": ctl_lb,
+            "exact": ctl_exact, "detected": bool(by_lb or by_exact),
+            "detected_by": "+".join(k for k, v in (("lb", by_lb), ("exact", by_exact)) if v)
+            or None}
+
+
 def run_case(case: Case, *, n: int, alpha: float, seed: int) -> dict[str, Any]:
     """Run one case: both sides, their bounds, exact ε and the verdicts."""
     t0 = time.perf_counter()
@@ -1170,17 +1459,9 @@ def run_case(case: Case, *, n: int, alpha: float, seed: int) -> dict[str, Any]:
     main_draws = case.main.sample(n, rng)
     main_lb = _lb(case.main, main_draws, alpha)
     main_exact = float(case.main.exact()) if case.main.exact is not None else None
-    ctl_claim = float(case.control.claim())
-    if case.control.sample is None:
-        ctl_lb = _lb(case.main if case.control.statistic is None else case.control, main_draws,
-                     alpha)
-    else:
-        ctl_lb = _lb(case.control, case.control.sample(n, rng), alpha)
+    controls = [_control(side, case, main_draws, main_exact, n=n, alpha=alpha, rng=rng)
+                for side in (case.control, *case.extra_controls)]
     del main_draws
-    ctl_exact = (float(case.control.exact()) if case.control.exact is not None
-                 else main_exact if case.control.sample is None else None)
-    by_lb = ctl_lb["eps"] > ctl_claim
-    by_exact = ctl_exact is not None and ctl_exact > ctl_claim * (1 + 1e-9)
     return {
         "name": case.name, "group": case.group, "what": case.what,
         "claim": main_claim, "lb": main_lb["eps"], "lb_test": main_lb,
@@ -1188,11 +1469,8 @@ def run_case(case: Case, *, n: int, alpha: float, seed: int) -> dict[str, Any]:
         "exact": main_exact,
         "exact_violation": bool(main_exact is not None and main_exact > main_claim * (1 + 1e-9)),
         "draws": n,
-        "control": {"what": case.control.what, "claim": ctl_claim, "lb": ctl_lb["eps"],
-                    "lb_test": ctl_lb, "exact": ctl_exact,
-                    "detected": bool(by_lb or by_exact),
-                    "detected_by": "+".join(k for k, v in (("lb", by_lb), ("exact", by_exact))
-                                            if v) or None},
+        "control": controls[0],
+        "extra_controls": controls[1:],
         "seconds": round(time.perf_counter() - t0, 2),
         **({"outcome": case.main.outcome()} if case.main.outcome is not None else {}),
     }
@@ -1214,8 +1492,9 @@ def run(names: Sequence[str], *, quick: bool, seed: int = 0, draws: int | None =
         "cases": len(rows),
         "max_lb_over_claim": max(finite) if finite else 0.0,
         "exact_violations": sum(r["exact_violation"] for r in rows),
-        "controls": len(rows),
-        "controls_detected": sum(r["control"]["detected"] for r in rows),
+        "controls": sum(1 + len(r["extra_controls"]) for r in rows),
+        "controls_detected": sum(c["detected"] for r in rows
+                                 for c in (r["control"], *r["extra_controls"])),
     }
     return {"summary": summary, "cases": rows,
             "settings": {"delta": DELTA, "alpha_family": ALPHA, "alpha_per_case": alpha,
@@ -1240,7 +1519,11 @@ def _row(r: dict[str, Any]) -> str:
     f_ex = "!" if r["exact_violation"] else " "
     return (f"{r['name']:24s} {_fmt(r['claim']):>7s} {_fmt(r['lb']):>8s}{f_lb}"
             f"{_fmt(r['exact']):>7s}{f_ex} {r['draws']:>8d} {_fmt(c['claim']):>9s} {_fmt(c['lb']):>7s} "
-            f"{_fmt(c['exact']):>9s} {(c['detected_by'] or 'NO'):>9s} {r['seconds']:>6.1f}")
+            f"{_fmt(c['exact']):>9s} {(c['detected_by'] or 'NO'):>9s} {r['seconds']:>6.1f}"
+            + "".join(f"\n{'  + control ' + str(i + 2):24s} {'':>7s} {'':>8s} {'':>7s}  {'':>8s} "
+                      f"{_fmt(e['claim']):>9s} {_fmt(e['lb']):>7s} {_fmt(e['exact']):>9s} "
+                      f"{(e['detected_by'] or 'NO'):>9s}"
+                      for i, e in enumerate(r["extra_controls"])))
 
 
 def _strict(x: Any) -> Any:

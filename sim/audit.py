@@ -650,7 +650,7 @@ def fitted_mu(fpr: float, fnr: float) -> float:
     ``Φ⁻¹(1 − fpr) − Φ⁻¹(fnr)`` (the larger of the two orderings; ``inf`` at 0 errors)."""
     fpr = min(max(fpr, 0.0), 1.0)
     fnr = min(max(fnr, 0.0), 1.0)
-    with np.errstate(invalid="ignore"):  # inf - inf (no errors at all): nan -> 0
+    with np.errstate(invalid="ignore"):  # inf - inf at fpr = fnr = 0 or 1: no fit
         mu = float(ndtri(1.0 - fpr) - ndtri(fnr))
     return mu if not math.isnan(mu) else 0.0
 
