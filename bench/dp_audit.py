@@ -846,7 +846,7 @@ class VflE2e:
 
     def config(self) -> VflConfig:
         return vfl_dp_config(dp_mu=self.dp_mu, dp_embedding_share=self.share,
-                             dp_grad_clip_norm=self.grad_clip, lr=self.lr,
+                             dp_grad_clip_norm=self.grad_clip, lr=self.lr, dp_lr=self.lr,
                              embedding_dim=self.dim, bottom_hidden=self.hidden)
 
     def sigmas(self) -> tuple[float, float]:
