@@ -170,3 +170,17 @@ def synth_table(n: int = 3000, seed: int = 0) -> Any:
     income = (rng.random(n) < np.where(b == "u", 0.7, 0.2)).astype(int)  # depends on b
     hours = np.round(rng.normal(40, 8, n), 1)
     return pd.DataFrame({"a": a, "b": b, "age": age, "hours": hours, "income": income})
+
+
+@pytest.fixture(scope="session")
+def dp_audit() -> Any:
+    """``bench/dp_audit.py`` loaded as a module (bench scripts are not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "dp_audit.py"
+    spec = importlib.util.spec_from_file_location("dp_audit", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["dp_audit"] = mod  # dataclasses need the module registered
+    spec.loader.exec_module(mod)
+    return mod

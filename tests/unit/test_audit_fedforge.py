@@ -4,9 +4,7 @@ caught, and the product's refusals are recorded as their own outcome."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +22,8 @@ REFUSED = {"ff_k10_s05_refused": "SkellamAccountingError",
 
 
 @pytest.fixture(scope="module")
-def audit() -> Any:
-    spec = importlib.util.spec_from_file_location("dp_audit", REPO / "bench" / "dp_audit.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["dp_audit"] = mod  # dataclasses need the module registered
-    spec.loader.exec_module(mod)
-    return mod
+def audit(dp_audit: Any) -> Any:
+    return dp_audit
 
 
 @pytest.fixture(scope="module")

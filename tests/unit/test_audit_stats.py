@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -278,13 +276,6 @@ def test_gdp_helpers() -> None:
 
 
 # ---------------------------------------------------------------------------- fast audit subset
-def _load_bench() -> object:
-    spec = importlib.util.spec_from_file_location("dp_audit", REPO / "bench" / "dp_audit.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["dp_audit"] = mod  # dataclasses need the module registered
-    spec.loader.exec_module(mod)
-    return mod
 
 
 #: Draws per side of the fast VFL cases in the test (default: the case's quick draws).
@@ -292,12 +283,12 @@ FAST_DRAWS = {"vfl_preprocess_scaler": 5_000, "vfl_embedding_nan_row": 20_000,
               "vfl_report_n_features": 20_000}
 
 
-def test_fast_audit_subset() -> None:
+def test_fast_audit_subset(dp_audit: object) -> None:
     """The audit's fast subset (<= 30 s): every VFL case in it is sound against the
     product's claim (lb <= claim, no exact violation) and every positive control is
     caught by the same test; the FedForge cells (re-pointed separately) keep their
     controls caught and the central reference sound."""
-    audit = _load_bench()
+    audit = dp_audit
     reg = audit.REGISTRY  # type: ignore[attr-defined]
     assert len(reg) >= 15
     vfl = [n for n, c in reg.items() if c.fast and c.group.startswith("vfl")]
@@ -327,10 +318,10 @@ def test_fast_audit_subset() -> None:
                                    "controls", "controls_detected"}
 
 
-def test_batched_adam_step_is_the_product_optimizer() -> None:
+def test_batched_adam_step_is_the_product_optimizer(dp_audit: object) -> None:
     """The audit's batched first Adam step equals ``parties.model.make_adam``'s."""
     import torch
-    audit = _load_bench()
+    audit = dp_audit
     gen = torch.Generator().manual_seed(0)
     params = {"w": torch.randn(3, 4, generator=gen), "b": torch.randn(4, generator=gen)}
     for scale in (1e-12, 1e-3, 10.0):  # linear regime, mixed, sign regime
