@@ -64,6 +64,10 @@ round_timeout_s = 3.0
 handshake_timeout_s = 60.0
 seed = 3
 stream_rho_frac = 0.2
+# three sites, one offline through a round: its noise is calibrated so that two
+# survivors' sum carries the charged noise (the default, ceil(0.7 * 3) = 3, would make
+# the survivors refuse to unmask that round)
+min_survivors = 2
 """
 
 
