@@ -222,6 +222,7 @@ def _chord_sup(alphas: np.ndarray, e: np.ndarray) -> float:
     return best
 
 
+@functools.lru_cache(maxsize=1024)
 def calibrate_total(rho: float) -> float:
     """The smallest total Skellam parameter Λ (released variance 2Λ per cell) whose charge
     :func:`skellam_rho` is at most ``rho`` (to a relative 1e-4 of the noise).
