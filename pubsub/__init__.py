@@ -8,6 +8,10 @@ Public API:
 
 * :class:`Bus` -- one client: a publisher socket, a subscriber socket with one
   reader task, and bounded per-topic buffers.
+* :class:`MemoryBroker` / :class:`MemoryBus` -- an in-process hub and its client with
+  the same surface and semantics (tests, single-process simulations).
+* :class:`Transport` -- the protocol both clients satisfy.
+* :mod:`pubsub.session` -- rendezvous, liveness and multi-topic waits over any Transport.
 * :class:`Message` -- a received envelope (topic, header metadata, arrays).
 * :mod:`pubsub.codec` -- the pure wire codec.
 * :mod:`pubsub.errors` -- typed errors.
@@ -19,6 +23,8 @@ from pubsub.address import BrokerAddress
 from pubsub.buffer import BufferLimits, TopicBuffer
 from pubsub.client import Bus, BusConfig, BusStats
 from pubsub.codec import Message, decode, encode
+from pubsub.memory import MemoryBroker, MemoryBrokerStats, MemoryBus
+from pubsub.transport import Transport
 from pubsub.errors import (
     BrokerUnreachable,
     BusClosed,
@@ -41,9 +47,13 @@ __all__ = [
     "DeadlineExceeded",
     "InvalidTopic",
     "MalformedFrame",
+    "MemoryBroker",
+    "MemoryBrokerStats",
+    "MemoryBus",
     "Message",
     "MessageTooLarge",
     "TopicBuffer",
+    "Transport",
     "decode",
     "encode",
 ]

@@ -1,0 +1,65 @@
+"""The surface every bus client offers: :class:`Transport`.
+
+Both :class:`pubsub.client.Bus` (ZeroMQ, through a broker) and
+:class:`pubsub.memory.MemoryBus` (in process) satisfy it, so code written against
+``Transport`` (e.g. :mod:`pubsub.session`) runs over either. Semantics are those
+documented on :class:`~pubsub.client.Bus`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from pubsub.buffer import BufferLimits
+from pubsub.codec import Message
+from pubsub.receiver import BusStats
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """A connected bus client (see :class:`pubsub.client.Bus` for each method's contract)."""
+
+    name: str
+    client_id: str
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` was called."""
+        ...
+
+    async def subscribe(self, topic: str, *, limits: BufferLimits | None = None) -> None: ...
+
+    async def subscribe_many(self, topics: Sequence[str], *,
+                             limits: BufferLimits | None = None) -> None: ...
+
+    async def subscribe_prefix(self, prefix: str, *,
+                               limits: BufferLimits | None = None) -> None: ...
+
+    async def unsubscribe(self, topic: str) -> None: ...
+
+    async def unsubscribe_prefix(self, prefix: str) -> None: ...
+
+    async def publish(self, topic: str, arrays: Sequence[Any] = (),
+                      meta: Mapping[str, Any] | None = None, *, copy: bool = True) -> int: ...
+
+    def publish_nowait(self, topic: str, arrays: Sequence[Any] = (),
+                       meta: Mapping[str, Any] | None = None, *, copy: bool = True) -> int: ...
+
+    def publish_threadsafe(self, topic: str, arrays: Sequence[Any] = (),
+                           meta: Mapping[str, Any] | None = None) -> None: ...
+
+    async def next(self, topic: str, timeout_s: float) -> Message: ...
+
+    def try_next(self, topic: str) -> Message | None: ...
+
+    def unget(self, msg: Message) -> None: ...
+
+    def pending(self, topic: str) -> int: ...
+
+    def stats(self) -> BusStats: ...
+
+    async def close(self) -> None: ...
+
+
+__all__ = ["Transport"]
