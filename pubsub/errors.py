@@ -204,3 +204,57 @@ class ForbiddenTopic(BusError, PermissionError):
         self.role = role
         self.action = action
         super().__init__(f"role {role!r} may not {action} {topic!r} (broker policy)")
+
+
+class SessionError(BusError):
+    """Root of the session primitives' errors (:mod:`pubsub.session`)."""
+
+
+class RendezvousTimeout(SessionError, TimeoutError):
+    """A peer did not complete the hello exchange in time.
+
+    Attributes:
+        peer: the first peer (in the order given) that had not completed it.
+        timeout_s: the deadline, seconds.
+        missing: every peer that had not completed it.
+    """
+
+    def __init__(self, peer: str, timeout_s: float, missing: tuple[str, ...] = ()) -> None:
+        self.peer = peer
+        self.timeout_s = timeout_s
+        self.missing = missing or (peer,)
+        super().__init__(f"peer {peer!r} did not complete the hello exchange within "
+                         f"{timeout_s:g} s" + (f" (missing: {list(self.missing)})"
+                                               if len(self.missing) > 1 else ""))
+
+
+class SettingsMismatch(SessionError, ValueError):
+    """A peer's settings digest differs from ours.
+
+    Attributes:
+        peer: the peer.
+        mine / theirs: the two digests (``theirs`` None if its hello carried none).
+        hello: the peer's whole hello metadata (its ``info`` fields too).
+    """
+
+    def __init__(self, peer: str, mine: str, theirs: object,
+                 hello: dict[str, object] | None = None) -> None:
+        self.peer = peer
+        self.mine = mine
+        self.theirs = theirs
+        self.hello = hello or {}
+        super().__init__(f"peer {peer!r} has settings digest {theirs!r}, ours is {mine!r}")
+
+
+class PeerLost(SessionError, ConnectionError):
+    """A peer's heartbeats stopped.
+
+    Attributes:
+        peer: the peer.
+        silent_s: how long nothing was heard from it, seconds.
+    """
+
+    def __init__(self, peer: str, silent_s: float) -> None:
+        self.peer = peer
+        self.silent_s = silent_s
+        super().__init__(f"peer {peer!r} sent no heartbeat for {silent_s:.1f} s")
