@@ -101,9 +101,10 @@ import torch
 from pubsub import Bus, BusConfig, DeadlineExceeded, Message
 from pubsub.buffer import BufferLimits
 from pubsub.control import request_stats
-from pubsub.errors import BusError
+from pubsub.errors import BusError, PeerLost, RendezvousTimeout, SettingsMismatch
 from pubsub.config import ConfigError
 from pubsub.security import CurveClient
+from pubsub.session import heartbeat, rendezvous, watch
 
 from parties.config import VflConfig
 from parties.data import (
@@ -536,57 +537,35 @@ class Party:
         await bus.subscribe(t.hello(self.role))
 
     async def _handshake(self, bus: Bus) -> None:
-        """Exchange hellos until each side has seen the other (PubSub slow-joiner guard)."""
+        """Exchange hellos until each side has seen the other (PubSub slow-joiner guard;
+        :func:`pubsub.session.rendezvous` over the shared-settings digest)."""
         cfg, t = self.cfg, self.topics
         rows_file = cfg.rows_file(self.role)
         mine = cfg.shared_settings(self.data.n_rows,
                                    aligned_ids_digest(rows_file) if rows_file else "")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + cfg.handshake_timeout_s
-        seen = False
-        while True:
-            bus.publish_nowait(t.hello(self.partner), (), {"role": self.role, "seen": seen,
-                                                             "shared": mine})
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise HandshakeTimeout(self.partner, cfg.handshake_timeout_s, self.run_id)
-            try:
-                msg = await bus.next(t.hello(self.role), min(0.1, remaining))
-            except DeadlineExceeded:
-                continue
-            theirs = msg.meta.get("shared", {})
-            if theirs.get("digest") != mine["digest"]:
-                # keep saying who we are for a moment, so the partner fails too instead of
-                # waiting for its handshake deadline
-                for _ in range(10):
-                    bus.publish_nowait(t.hello(self.partner), (),
-                                       {"role": self.role, "seen": True, "shared": mine})
-                    await asyncio.sleep(0.05)
-                raise ConfigMismatch(mine, theirs)
-            if not seen:
-                seen = True
-                self.log.info("vfl.partner_found", partner=self.partner)
-            if msg.meta.get("seen"):
-                break
-        # one final hello so the partner completes even if it never got a seen=True from us
-        bus.publish_nowait(t.hello(self.partner), (), {"role": self.role, "seen": True,
-                                                         "shared": mine})
+        try:
+            await rendezvous(
+                bus, me=self.role, peers=[self.partner], digest=str(mine["digest"]),
+                say=[t.hello(self.partner)], hear=[t.hello(self.role)],
+                timeout_s=cfg.handshake_timeout_s, interval_s=0.1,
+                info={"role": self.role, "shared": mine}, mismatch_linger_s=0.5,
+                on_found=lambda peer, _: self.log.info("vfl.partner_found", partner=peer))
+        except RendezvousTimeout:
+            raise HandshakeTimeout(self.partner, cfg.handshake_timeout_s, self.run_id) from None
+        except SettingsMismatch as exc:
+            raise ConfigMismatch(mine, dict(exc.hello.get("shared") or {})) from None
 
     async def _heartbeat(self, bus: Bus) -> None:
-        topic = self.topics.hb(self.role)
-        while True:
-            bus.publish_nowait(topic, (), {"t": time.time()})
-            await asyncio.sleep(self.cfg.heartbeat_interval_s)
+        await heartbeat(bus, self.topics.hb(self.role), me=self.role,
+                        interval_s=self.cfg.heartbeat_interval_s)
 
     async def _watchdog(self, bus: Bus) -> None:
-        topic = self.topics.hb(self.partner)
         timeout = self.cfg.liveness_timeout_s
-        while True:
-            try:
-                await bus.next(topic, timeout)
-            except DeadlineExceeded:
-                self.log.error("vfl.partner_lost", partner=self.partner, silent_s=timeout)
-                raise PartnerLost(self.partner, timeout) from None
+        try:
+            await watch(bus, {self.partner: self.topics.hb(self.partner)}, timeout_s=timeout)
+        except PeerLost:
+            self.log.error("vfl.partner_lost", partner=self.partner, silent_s=timeout)
+            raise PartnerLost(self.partner, timeout) from None
 
     async def _wait(self, bus: Bus, topic: str, deadline: float,
                     accept: Callable[[Message], int], *, worker: int = -1,
