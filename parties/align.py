@@ -35,6 +35,7 @@ import concurrent.futures
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,9 +43,10 @@ from typing import Any, TypeVar
 import numpy as np
 import structlog
 
-from pubsub import Bus, BusConfig
-from pubsub.errors import DeadlineExceeded
+from pubsub import Bus, BusConfig, Transport
+from pubsub.errors import DeadlineExceeded, RendezvousTimeout, SettingsMismatch
 from pubsub.security import CurveClient
+from pubsub.session import rendezvous
 
 from parties.psi import (
     DEFAULT_CHUNK,
@@ -254,37 +256,40 @@ async def _lag_monitor(box: list[float], period_s: float = 0.01) -> None:
         box[0] = max(box[0], loop.time() - t0 - period_s)
 
 
-async def _next(bus: Bus, topic: str, what: str, timeout_s: float) -> Any:
+async def _next(bus: Transport, topic: str, what: str, timeout_s: float) -> Any:
     try:
         return await bus.next(topic, timeout_s=timeout_s)
     except DeadlineExceeded:
         raise AlignTimeout(what, topic, timeout_s) from None
 
 
-async def _meet(bus: Bus, mine: dict[str, str], theirs: dict[str, str], partner: str,
-                hello: dict[str, Any], cfg: AlignConfig) -> dict[str, Any]:
-    """Exchange hellos until both sides know the other receives them; the partner's hello."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + cfg.join_timeout_s
-    got: dict[str, Any] | None = None
-    while True:
-        await bus.publish(mine["hello"], [], {**hello, "seen": got is not None})
-        left = deadline - loop.time()
-        if left <= 0:
-            raise AlignTimeout(f"{partner} hello", theirs["hello"], cfg.join_timeout_s)
-        try:
-            msg = await bus.next(theirs["hello"], timeout_s=min(cfg.hello_interval_s, left))
-        except DeadlineExceeded:
-            continue
-        got = dict(msg.meta)
-        if got.get("seen"):
-            await bus.publish(mine["hello"], [], {**hello, "seen": True})
-            return got
+async def _meet(bus: Transport, mine: dict[str, str], theirs: dict[str, str], role: str,
+                partner: str, hello: dict[str, Any], cfg: AlignConfig) -> dict[str, Any]:
+    """Exchange hellos until both sides know the other receives them
+    (:func:`pubsub.session.rendezvous`, the protocol version as the digest); the
+    partner's hello.
+
+    Raises:
+        AlignTimeout: the partner's hello did not come within ``join_timeout_s``.
+        AlignMismatch: the partner speaks another protocol version.
+    """
+    try:
+        got = await rendezvous(bus, me=role, peers=[partner], digest=f"psi/v{PROTOCOL_VERSION}",
+                               say=[mine["hello"]], hear=[theirs["hello"]],
+                               timeout_s=cfg.join_timeout_s, interval_s=cfg.hello_interval_s,
+                               info=hello)
+    except RendezvousTimeout:
+        raise AlignTimeout(f"{partner} hello", theirs["hello"], cfg.join_timeout_s) from None
+    except SettingsMismatch as exc:
+        raise AlignMismatch("protocol version", PROTOCOL_VERSION, exc.hello.get("v")) from None
+    return got[partner]
 
 
 async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: str,
                          config: AlignConfig | None = None,
-                         security: CurveClient | None = None
+                         security: CurveClient | None = None,
+                         connect: Callable[[str], AbstractAsyncContextManager[Transport]]
+                         | None = None,
                          ) -> tuple[AlignResult, AlignStats]:
     """Run one party's side of the mutual PSI over the broker at ``broker``.
 
@@ -295,6 +300,9 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
         run_id: the run's topic namespace, the same on both parties.
         config: :class:`AlignConfig`.
         security: CURVE keys for the bus (None: plaintext, loopback only).
+        connect: instead of a :class:`Bus` to ``broker``, the client this returns for a
+            name (e.g. :meth:`pubsub.MemoryBroker.connect` for an in-process run;
+            ``broker``, ``security`` and ``config.bus`` then do not apply).
 
     Returns:
         The result (shared IDs sorted, their own rows) and the cost.
@@ -321,11 +329,13 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
     t0 = time.perf_counter()
     blog = log.bind(role=role, run_id=run_id)
     try:
-        async with open_bus(broker, f"psi-{role}", cfg.bus, security) as bus:
+        client = (open_bus(broker, f"psi-{role}", cfg.bus, security) if connect is None
+                  else connect(f"psi-{role}"))
+        async with client as bus:
             await bus.subscribe_prefix(theirs["prefix"])
             hello = {"v": PROTOCOL_VERSION, "n": plan.n, "chunks": plan.n_chunks,
                      "chunk_size": plan.chunk_size}
-            other = await _meet(bus, mine, theirs, partner, hello, cfg)
+            other = await _meet(bus, mine, theirs, role, partner, hello, cfg)
             if other.get("v") != PROTOCOL_VERSION:
                 raise AlignMismatch("protocol version", PROTOCOL_VERSION, other.get("v"))
             try:
