@@ -29,16 +29,17 @@ vectors kept (the children's repeats are then duplicates and ignored).
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import numpy as np
 import structlog
 
-from pubsub import Bus, DeadlineExceeded
+from pubsub import Bus, DeadlineExceeded, Message
+from pubsub.errors import RendezvousTimeout
 from pubsub.security import CurveClient
+from pubsub.session import call_until, wait_any
 from synth.config import SynthConfig
-from synth.netutil import (ParticipantError, array_to_words, bus_config, first_of, topic_limits,
+from synth.netutil import (ParticipantError, array_to_words, bus_config, topic_limits,
                             words_to_array)
 from synth.protocol import RoundPlan, SessionPlan, Topics, Tree, cell_modmask
 from synth.secagg import SHARE_BYTES, SecAggConfig, SecAggError, self_mask_sum
@@ -87,25 +88,27 @@ class Aggregator:
             await bus.subscribe_prefix(t.to(self.id), limits=topic_limits(self.cfg))
             await bus.subscribe_prefix(t.all(), limits=topic_limits(self.cfg))
             hello = {"from": self.id, "role": "aggregator"}
-            deadline = time.monotonic() + self.cfg.handshake_timeout_s
-            while True:  # hello until the schema shows the coordinator is there
-                bus.publish_nowait(t.hello, (), hello)
-                try:
-                    schema = await first_of(bus, [t.schema, t.resume], 1.0)
-                    while schema.topic == t.resume:  # the coordinator's roll call
-                        if schema.meta.get("stage") == "schema":
-                            bus.publish_nowait(t.hello, (), hello)
-                        schema = await first_of(bus, [t.schema, t.resume], 1.0)
-                    break
-                except DeadlineExceeded:
-                    if time.monotonic() > deadline:
-                        raise ParticipantError(self.id, "no coordinator answered", code=4) from None
+
+            def answer(msg: Message) -> bool:
+                if msg.topic == t.resume:  # the coordinator's roll call
+                    if msg.meta.get("stage") == "schema":
+                        bus.publish_nowait(t.hello, (), hello)
+                    return False
+                return True
+
+            try:  # hello until the schema shows the coordinator is there
+                schema = await call_until(bus, say=lambda: bus.publish_nowait(t.hello, (), hello),
+                                          hear=[t.schema, t.resume], peer="coordinator",
+                                          timeout_s=self.cfg.handshake_timeout_s,
+                                          interval_s=1.0, accept=answer)
+            except RendezvousTimeout:
+                raise ParticipantError(self.id, "no coordinator answered", code=4) from None
             session = SessionPlan.from_meta(schema.meta["session"])
             tree = Tree.from_dict(session.tree)
             secagg = session.secagg()
             while True:
                 try:
-                    msg = await first_of(bus, [t.plan, t.done],
+                    msg = await wait_any(bus, [t.plan, t.done],
                                          self.cfg.handshake_timeout_s + 3600.0)
                 except DeadlineExceeded:
                     raise ParticipantError(self.id, "the coordinator went silent", code=4) from None
@@ -140,7 +143,7 @@ class Aggregator:
             if remaining <= 0:
                 break
             try:
-                msg = await first_of(bus, [topic, t.plan], remaining)
+                msg = await wait_any(bus, [topic, t.plan], remaining)
             except DeadlineExceeded:
                 break
             if msg.topic == t.plan:
@@ -194,7 +197,7 @@ class Aggregator:
         level = tree.level_of(self.id)
         loop = asyncio.get_running_loop()
         try:  # the root waits up to (1 + levels) x timeout + 10 s for the sums
-            msg = await first_of(bus, [t.unmask(r), t.done],
+            msg = await wait_any(bus, [t.unmask(r), t.done],
                                  (2 + len(tree.levels)) * plan.timeout_s + 15.0)
         except DeadlineExceeded:
             self.log.warning("synth.no_unmask_request", round=r)

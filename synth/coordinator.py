@@ -72,6 +72,7 @@ from pubsub import Bus, DeadlineExceeded, Message
 from pubsub.config import to_mapping
 from pubsub.control import control_request
 from pubsub.security import CurveClient
+from pubsub.session import wait_any
 from synth.accounting import allocate, cdp_epsilon, cdp_rho
 from synth.cache import MarginalCache, Release, recover_round
 from synth.checkpoint import (
@@ -384,17 +385,20 @@ class Coordinator:
             if resume_stage is not None and loop.time() >= next_resume:
                 self._announce_resume(bus, resume_stage)
                 next_resume = loop.time() + RESUME_EVERY_S
-            err = bus.try_next(t.error)
-            if err is not None:
-                raise CoordinatorError(f"{err.meta.get('from')}: {err.meta.get('reason')}",
-                                       code=int(err.meta.get("code", 1)))
             remaining = deadline - loop.time()
             if remaining <= 0:
-                break
-            try:
-                msg = await bus.next(topic, min(remaining, 0.25))
-            except DeadlineExceeded:
-                continue
+                err = bus.try_next(t.error)
+                if err is None:
+                    break
+                msg = err
+            else:
+                try:  # an error first when both are buffered
+                    msg = await wait_any(bus, [t.error, topic], min(remaining, 0.25))
+                except DeadlineExceeded:
+                    continue
+            if msg.topic == t.error:
+                raise CoordinatorError(f"{msg.meta.get('from')}: {msg.meta.get('reason')}",
+                                       code=int(msg.meta.get("code", 1)))
             sender = msg.meta.get("from")
             if sender in expect and sender not in got:
                 got[sender] = msg

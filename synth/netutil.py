@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
-
 import numpy as np
 
-from pubsub import BufferLimits, Bus, BusConfig, DeadlineExceeded, Message
+from pubsub import BufferLimits, BusConfig
 from synth.compress import pack_varbits, unpack_varbits
 from synth.config import SynthConfig
 
@@ -41,37 +38,6 @@ class ParticipantError(RuntimeError):
         super().__init__(f"{who}: {reason}")
 
 
-async def first_of(bus: Bus, topics: Sequence[str], timeout_s: float) -> Message:
-    """The first message on any of ``topics`` (all subscribed), waiting up to ``timeout_s``.
-
-    Messages that arrive on the other topics meanwhile stay buffered (a cancelled
-    :meth:`pubsub.Bus.next` never loses one).
-
-    Raises:
-        DeadlineExceeded: nothing arrived within ``timeout_s`` seconds.
-    """
-    for t in topics:
-        msg = bus.try_next(t)
-        if msg is not None:
-            return msg
-    tasks = [asyncio.create_task(bus.next(t, timeout_s)) for t in topics]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    got: list[Message] = [t.result() for t in tasks
-                          if t.done() and not t.cancelled() and t.exception() is None]
-    if not got:
-        first = next(iter(done))
-        exc = first.exception()
-        raise exc if exc is not None else DeadlineExceeded(topics[0], timeout_s)
-    for extra in got[1:]:
-        bus.unget(extra)
-    return got[0]
-
-
 def words_to_array(words: np.ndarray, widths: np.ndarray) -> np.ndarray:
     """Masked ring words (uint64) packed as uint8 bytes ready to publish, word ``i`` in
     ``widths[i]`` bits (per-cell rings, :func:`synth.compress.pack_varbits`)."""
@@ -89,8 +55,7 @@ def array_to_words(arr: np.ndarray, widths: np.ndarray, n: int) -> np.ndarray:
     return unpack_varbits(np.ascontiguousarray(arr, dtype=np.uint8).tobytes(), widths)
 
 
-__all__ = ["ParticipantError", "array_to_words", "first_of", "peak_rss_bytes",
-           "words_to_array"]
+__all__ = ["ParticipantError", "array_to_words", "peak_rss_bytes", "words_to_array"]
 
 
 def peak_rss_bytes() -> int | None:

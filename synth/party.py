@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-import time
 from typing import Any
 
 import numpy as np
@@ -37,7 +36,9 @@ import pandas as pd
 import structlog
 
 from pubsub import Bus, DeadlineExceeded, Message
+from pubsub.errors import RendezvousTimeout
 from pubsub.security import CurveClient
+from pubsub.session import call_until, wait_any
 from synth.accounting import BudgetExceeded, ZCdpAccountant
 from synth.checkpoint import CheckpointError, atomic_write_json, read_json
 from synth.config import SynthConfig
@@ -45,8 +46,7 @@ from synth.domain import Domain, DomainError, Schema, encode, marginals
 from synth.mechanism import SurvivorRefusal, check_survivors, measure_party, resolve_min_survivors
 from synth.plancheck import PlanRefused, verify_plan
 from synth.skellam import SkellamAccountingError
-from synth.netutil import (ParticipantError, bus_config, first_of, topic_limits,
-                            words_to_array)
+from synth.netutil import ParticipantError, bus_config, topic_limits, words_to_array
 from synth.protocol import (
     RoundPlan,
     SessionPlan,
@@ -134,7 +134,7 @@ class SynthParty:
                 await self._join(bus)
                 await self._keys(bus)
                 while True:
-                    msg = await first_of(bus, [t.seeds, t.plan, t.done, t.resume],
+                    msg = await wait_any(bus, [t.seeds, t.plan, t.done, t.resume],
                                          self._idle_timeout_s())
                     if msg.topic == t.done:
                         break
@@ -206,7 +206,7 @@ class SynthParty:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise DeadlineExceeded(topic, timeout_s)
-            msg = await first_of(bus, [topic, t.resume], remaining)
+            msg = await wait_any(bus, [topic, t.resume], remaining)
             if msg.topic != t.resume:
                 return msg
             self._on_resume(bus, msg)
@@ -267,20 +267,21 @@ class SynthParty:
         # (no column list: the party checks its columns against the schema itself and
         # reports a mismatch as an error, with the columns that differ)
         hello = {"from": self.id, "role": "party", "rows": int(len(self.frame))}
-        deadline = time.monotonic() + self.cfg.handshake_timeout_s
-        while True:
-            self._send(bus, "schema", t.hello, [], hello)
-            try:
-                msg = await first_of(bus, [t.schema, t.resume], 1.0)
-                while msg.topic == t.resume:  # the coordinator's roll call: hello again
-                    self._on_resume(bus, msg)
-                    msg = await first_of(bus, [t.schema, t.resume], 1.0)
-                break
-            except DeadlineExceeded:
-                if time.monotonic() > deadline:
-                    raise ParticipantError(self.id, "no coordinator answered within "
-                                           f"{self.cfg.handshake_timeout_s:.0f} s",
-                                           code=4) from None
+
+        def answer(msg: Message) -> bool:
+            if msg.topic == t.resume:  # the coordinator's roll call: hello again
+                self._on_resume(bus, msg)
+                return False
+            return True
+
+        try:
+            msg = await call_until(bus, say=lambda: self._send(bus, "schema", t.hello, [], hello),
+                                   hear=[t.schema, t.resume], peer="coordinator",
+                                   timeout_s=self.cfg.handshake_timeout_s, interval_s=1.0,
+                                   accept=answer)
+        except RendezvousTimeout:
+            raise ParticipantError(self.id, "no coordinator answered within "
+                                   f"{self.cfg.handshake_timeout_s:.0f} s", code=4) from None
         self.schema = Schema.from_dict(msg.meta["schema"])
         self.session = SessionPlan.from_meta(msg.meta["session"])
         self.tree = Tree.from_dict(self.session.tree)
@@ -446,7 +447,7 @@ class SynthParty:
         deadline = loop.time() + self._wait_s() * 2
         while True:
             try:
-                msg = await first_of(bus, [t.unmask(r), t.plan, t.resume],
+                msg = await wait_any(bus, [t.unmask(r), t.plan, t.resume],
                                      max(deadline - loop.time(), 0.0))
             except DeadlineExceeded as exc:
                 self.log.warning("synth.round_missed", round=r, waited=exc.topic)
