@@ -33,6 +33,10 @@ from pubsub.errors import (
     MalformedFrame,
     MessageTooLarge,
     InvalidTopic,
+    PeerLost,
+    RendezvousTimeout,
+    SessionError,
+    SettingsMismatch,
 )
 
 __all__ = [
@@ -52,6 +56,10 @@ __all__ = [
     "MemoryBus",
     "Message",
     "MessageTooLarge",
+    "PeerLost",
+    "RendezvousTimeout",
+    "SessionError",
+    "SettingsMismatch",
     "TopicBuffer",
     "Transport",
     "decode",
