@@ -114,7 +114,8 @@ async def rendezvous(
 
     Every round publishes this side's hello on each topic of ``say`` (``seen`` lists the
     peers heard so far), then waits up to ``interval_s`` for a hello on ``hear`` (which
-    the caller has subscribed). A peer is done once its hello lists ``me`` as seen. When
+    the caller has subscribed; a hello that finds the send queue full under the ``block``
+    policy waits for the next round). A peer is done once its hello lists ``me`` as seen. When
     all are, one final hello (all seen) goes out, so a peer that never got a complete
     hello from us completes too.
 
@@ -153,7 +154,8 @@ async def rendezvous(
     def hello() -> None:
         meta = {**extra, "from": me, "digest": digest, "seen": sorted(heard)}
         for topic in say:
-            bus.publish_nowait(topic, (), meta)
+            with contextlib.suppress(PublishWouldBlock):  # under block: the next round
+                bus.publish_nowait(topic, (), meta)
 
     while True:
         hello()

@@ -112,3 +112,33 @@ def _peek_all(sub, topic: str) -> list:  # type: ignore[no-untyped-def]
     for m in reversed(out):
         sub.unget(m)
     return out
+
+
+names = st.text(alphabet="ab/", min_size=1, max_size=5)
+
+
+@given(exact=st.sets(names, max_size=4), prefixes=st.sets(names, max_size=3),
+       published=st.lists(names, max_size=20))
+def test_memory_bus_routes_exactly_like_the_reference_matcher(
+        exact: set[str], prefixes: set[str], published: list[str]) -> None:
+    """A message reaches a subscriber iff its topic equals an exact subscription or starts
+    with a prefix subscription; per topic in publish order; nothing is unsolicited."""
+
+    async def run() -> dict[str, list[int]]:
+        async with MemoryBroker() as hub, hub.connect("p") as pub, hub.connect("s") as sub:
+            for t in exact:
+                await sub.subscribe(t, limits=BufferLimits(max_msgs=64, max_bytes=1 << 20))
+            for p in prefixes:
+                await sub.subscribe_prefix(p, limits=BufferLimits(max_msgs=64,
+                                                                  max_bytes=1 << 20))
+            for i, t in enumerate(published):
+                pub.publish_nowait(t, [], {"i": i})
+            await asyncio.sleep(0)
+            assert sub.stats().unsolicited == 0
+            return {t: [m.meta["i"] for m in _peek_all(sub, t)] for t in set(published)}
+
+    got = asyncio.run(run())
+    for t in set(published):
+        wanted = t in exact or any(t.startswith(p) for p in prefixes)
+        want = [i for i, x in enumerate(published) if x == t] if wanted else []
+        assert got[t] == want, (t, exact, prefixes)
