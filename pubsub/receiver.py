@@ -290,10 +290,6 @@ class Receiver:
                 self._log.warning("bus.frame_rejected", reason=exc.reason)
             return
         self._reject_episode = False
-        self._accept(msg)
-
-    def _accept(self, msg: Message) -> None:
-        """Check subscription and sequence, count, and deliver one decoded envelope."""
         topic = msg.topic
         if topic not in self._exact and not self._covered_by_prefix(topic):
             self._stats.unsolicited += 1
@@ -311,7 +307,6 @@ class Receiver:
         counts[0] += 1
         counts[1] += msg.nbytes
         self._deliver(msg)
-
 
     def _new_recv_state(self, key: tuple[str, str], topic: str) -> list[Any]:
         """Sequence state for a new (publisher, topic), bounded at ``_MAX_SEQ_KEYS``."""
