@@ -201,6 +201,7 @@ class MemoryBus(Receiver):
         self._drain_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pub_seq: dict[str, int] = {}
+        self._threadsafe_tail: asyncio.Future[None] | None = None
         self._connected = False
         self._log = log.bind(client=self.client_id)
 
@@ -350,7 +351,30 @@ class MemoryBus(Receiver):
             except Exception as exc:  # noqa: BLE001 - reported, loop must survive
                 self._log.warning("bus.publish_failed", topic=topic, error=repr(exc))
 
-        asyncio.run_coroutine_threadsafe(_go(), self._loop)
+        if self.config.overflow == "block":
+            # waits for room in order: the thread's messages are chained on one future
+            asyncio.run_coroutine_threadsafe(self._chain_threadsafe(_go), self._loop)
+            return
+
+        def _go_now() -> None:
+            try:
+                self.publish_nowait(topic, arrays, meta)
+            except Exception as exc:  # noqa: BLE001 - reported, loop must survive
+                self._log.warning("bus.publish_failed", topic=topic, error=repr(exc))
+
+        self._loop.call_soon_threadsafe(_go_now)
+
+    async def _chain_threadsafe(self, go: Any) -> None:
+        """Run thread-submitted publishes one after another (keeps their order under block)."""
+        prev = self._threadsafe_tail
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._threadsafe_tail = done
+        try:
+            if prev is not None:
+                await prev
+            await go()
+        finally:
+            done.set_result(None)
 
     def _encode(self, topic: str, arrays: Sequence[Any],
                 meta: Mapping[str, Any] | None) -> tuple[tuple[Any, ...], int]:

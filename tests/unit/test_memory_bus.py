@@ -249,6 +249,23 @@ async def test_publish_threadsafe_arrives_in_order() -> None:
         assert got == list(range(20))
 
 
+async def test_publish_threadsafe_under_block_waits_for_room_in_order() -> None:
+    cfg = BusConfig(overflow="block", topic_max_msgs=1, rcvhwm=2, publish_timeout_s=5.0)
+    async with MemoryBroker() as hub, hub.connect("p", config=cfg) as pub, \
+            hub.connect("s", config=cfg) as sub:
+        await sub.subscribe("t")
+
+        def worker() -> None:
+            for i in range(20):
+                pub.publish_threadsafe("t", [], {"i": i})
+
+        th = threading.Thread(target=worker)
+        th.start()
+        await asyncio.to_thread(th.join, 5.0)
+        got = [(await sub.next("t", 5.0)).meta["i"] for _ in range(20)]
+        assert got == list(range(20)) and sub.stats().evicted == 0
+
+
 def test_both_clients_satisfy_the_transport_protocol() -> None:
     hub = MemoryBroker()
     assert isinstance(MemoryBus(hub), Transport)
