@@ -180,7 +180,7 @@ class MemoryBus(Receiver):
         hub: the :class:`MemoryBroker`.
         name: client name (logs, publisher id prefix).
         config: :class:`BusConfig`; used: ``topic_max_msgs``, ``topic_max_bytes``,
-            ``total_max_bytes``, ``rcvhwm`` (inbox bound, messages), ``drain_burst``,
+            ``total_max_bytes``, ``rcvhwm`` (inbox bound, messages; 0: none), ``drain_burst``,
             ``overflow``, ``publish_timeout_s``. The socket and keepalive settings do
             not apply.
     """
