@@ -7,8 +7,10 @@ Topics (all under ``psi/<run_id>/``, published by ``<role>``; nothing else is se
 no side channel):
 
 =================================  =========================================================
-``psi/R/<role>/hello``             meta ``{v, n, chunks, chunk_size, seen}``: set size and
-                                   chunking (repeated until both sides have seen each other)
+``psi/R/<role>/hello``             meta ``{v, n, chunks, chunk_size}`` with the rendezvous
+                                   fields ``from, digest, seen`` (:mod:`pubsub.session`): set
+                                   size and chunking (repeated until both sides have seen
+                                   each other)
 ``psi/R/<role>/req/<i>``           ``uint8 (m, 33)``: ``H(x)^{k_role}`` for chunk ``i`` of
                                    the own IDs in a secret random order
 ``psi/R/<role>/resp/<i>``          ``uint8 (m, 33)``: the partner's request chunk ``i``
