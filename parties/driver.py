@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -46,8 +46,10 @@ from parties.actions import (
     WaitSchedule,
 )
 from parties.timeline import COMM, WAIT, Timeline
-from parties.workers import WorkerHandle
 from pubsub import DeadlineExceeded, Message
+
+if TYPE_CHECKING:  # (parties.workers pulls in torch; the driver itself needs none)
+    from parties.workers import WorkerHandle
 
 log = structlog.get_logger(__name__)
 
@@ -100,6 +102,7 @@ class ActionDriver:
         inline: the workers compute on the event loop (their compute time during a wait
             is not waiting time).
         logger: a structlog logger for the strategies' :class:`parties.actions.Log`.
+        on_action: called with every action before it is performed (tracing, tests).
 
     Attributes:
         wait_s: seconds spent waiting for partner messages so far (all workers).
@@ -107,7 +110,8 @@ class ActionDriver:
 
     def __init__(self, bus: Transport, *, topics: TopicMap, handles: Sequence[WorkerHandle],
                  timeline: Timeline, record_dp: Callable[[Any], None] | None = None,
-                 inline: bool = False, logger: Any = None) -> None:
+                 inline: bool = False, logger: Any = None,
+                 on_action: Callable[[Any], None] | None = None) -> None:
         self.bus = bus
         self.topics = topics
         self.handles = handles
@@ -116,6 +120,7 @@ class ActionDriver:
         self.inline = inline
         self.log = logger if logger is not None else log
         self.wait_s = 0.0
+        self.on_action = on_action
         self._prefetch: dict[int, asyncio.Task[None]] = {}
         self._cond = asyncio.Condition()
         self._sync: dict[type, Callable[[Any], Any]] = {
@@ -138,6 +143,8 @@ class ActionDriver:
                 return stop.value
             send, exc = None, None
             kind = type(action)
+            if self.on_action is not None:
+                self.on_action(action)
             try:
                 fn = self._sync.get(kind)
                 if fn is not None:
