@@ -222,3 +222,101 @@ def test_des_vfl_trace_of_one_batch() -> None:
     assert seq[("active", 0)] == [
         ("Prefetch", 0, 0, 16, None), ("Await", "emb", 0, 0), ("JoinPrefetch",),
         ("TopStep", 0, 0, 16, 0, (("b", 0), ("e", 0), ("u", "0.0.0")), None)]
+
+
+# ---------------------------------------------------------------------------- ActionDriver
+def drive(proc: Any, bus: MemBus | None = None, **kw: Any) -> tuple[Any, ActionDriver]:
+    async def main() -> tuple[Any, ActionDriver]:
+        d = ActionDriver(bus or MemBus(), topics=RunTopics(), handles=[InstantWorker()],
+                         timeline=Timeline("active"), **kw)
+        return await d.run(proc), d
+
+    return asyncio.run(main())
+
+
+def test_driver_await_skips_stale_puts_back_a_later_message_and_times_out() -> None:
+    def proc() -> Any:
+        accept = lambda m: 1 if m.meta["e"] == 2 else (0 if m.meta["e"] < 2 else -1)  # noqa: E731
+        r1 = yield Await(kind="emb", channel=0, timeout_s=1.0, accept=accept)
+        r2 = yield Await(kind="emb", channel=0, timeout_s=1.0, accept=accept)
+        r3 = yield Await(kind="emb", channel=1, timeout_s=0.02, accept=accept)
+        return r1, r2, r3
+
+    async def main() -> Any:
+        bus = MemBus()
+        for e in (1, 2, 3):
+            bus.publish_nowait("emb/t/0", (), {"e": e})
+        d = ActionDriver(bus, topics=RunTopics(), handles=[InstantWorker()],
+                         timeline=Timeline("active"))
+        return await d.run(proc()), d, bus
+
+    (r1, r2, r3), d, bus = asyncio.run(main())
+    assert r1.msg.meta == {"e": 2} and r1.stale == 1 and not r1.later
+    assert r2.msg is None and r2.later
+    assert bus.pending("emb/t/0") == 1  # the later message stays for its epoch
+    assert r3.msg is None and not r3.later and r3.stale == 0
+    assert d.wait_s > 0
+
+
+def test_driver_counts_dp_before_publishing_and_throws_its_refusal_into_the_strategy() -> None:
+    seen: list[Any] = []
+
+    def refuse(rows: Any) -> None:
+        seen.append(tuple(rows))
+        if len(seen) > 1:
+            raise RuntimeError("budget")
+
+    def proc() -> Any:
+        yield Publish(kind="emb", channel=3, meta={"b": 3}, arrays=(np.zeros(1),),
+                      rows=range(2), worker=0, batch=3)
+        try:
+            yield Publish(kind="emb", channel=3, meta={"b": 3}, rows=range(1))
+        except RuntimeError as exc:
+            return str(exc)
+        return "published"
+
+    bus = MemBus()
+    out, _ = drive(proc(), bus, record_dp=refuse)
+    assert out == "budget" and seen == [(0, 1), (0,)]
+    assert bus.pending("emb/t/3") == 1  # only the first
+
+
+def test_driver_joins_the_prefetch_before_a_transport_error_propagates() -> None:
+    class Broken(MemBus):
+        async def next(self, topic: str, timeout_s: float) -> Message:
+            raise RuntimeError("transport down")
+
+    trace: list[Any] = []
+    s = make_strategy(StrategyConfig(algo="vfl", role="active", workers=1, drops=False,
+                                     data_wait_s=5.0))
+    with pytest.raises(RuntimeError, match="transport down"):
+        drive(s.segment(0, [range(4)], range(1)), Broken(), on_action=trace.append)
+    names = [type(a).__name__ for a in trace]
+    assert names[-2:] == ["Await", "JoinPrefetch"]
+
+
+def test_driver_logs_a_strategy_log_action() -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    class Logger:
+        def warning(self, event: str, **kw: Any) -> None:
+            events.append((event, kw))
+
+    def proc() -> Any:
+        from parties.actions import Log
+        yield Log(event="vfl.batch_dropped", level="warning", fields={"batch": 1})
+
+    drive(proc(), logger=Logger())
+    assert events == [("vfl.batch_dropped", {"batch": 1})]
+
+
+def test_driver_runs_pubsub_with_several_workers_to_the_end_of_every_epoch() -> None:
+    inp = SimInput(algo="pubsub", n_rows=7 * 8, batch_size=8, cores_active=1.0,
+                   cores_passive=1.0, costs=costs(), w_active=3, w_passive=2, epochs=2,
+                   segments=2)
+    trace = run_driver(inp)
+    for role in ROLES:
+        done = [(a.epoch, a.key) for r, a in trace if r == role and isinstance(a, Backward)]
+        tops = [(a.epoch, a.batch) for r, a in trace if r == role and isinstance(a, TopStep)]
+        got = sorted(done if role == "passive" else tops)
+        assert got == [(e, b) for e in range(2) for b in range(7)], role
