@@ -761,8 +761,11 @@ class _Run:
                                                          a.batch)
 
     def do_notify(self, role: str, a: NotifySchedule) -> None:
+        """Wake the party's schedule waiters after the notifier's turn (as asyncio's
+        ``notify_all`` does): an immediate action never lets another worker run."""
         sig, self.sched_sig[role] = self.sched_sig[role], _Signal()
-        self.eng.fire(sig)
+        if sig.waiters:
+            self.eng.at(self.eng.now, lambda: self.eng.fire(sig))
 
     def do_forward(self, role: str, a: Forward) -> Gen:
         work = self.cost(self.inp.costs.passive_fwd_s, a.n_rows)
