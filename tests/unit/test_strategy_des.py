@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from parties.actions import (
     Await,
@@ -207,6 +209,25 @@ def test_des_and_driver_give_each_worker_the_same_action_sequence(algo: str, wa:
     trained = sorted((a.epoch, a.batch) for r, a in des_trace if isinstance(a, TopStep))
     pairs = min(wa, wp) if algo == "vfl-ps" else 1
     assert trained == sorted((e, b) for e in range(2) for b in range(n_b) for _ in range(pairs))
+
+
+@settings(max_examples=15, deadline=None)
+@given(algo=st.sampled_from(["vfl", "pubsub", "vfl-ps"]), wa=st.integers(1, 3),
+       wp=st.integers(1, 3), n_rows=st.integers(1, 60), batch=st.integers(1, 16),
+       segments=st.integers(1, 3), latency=st.sampled_from([0.0, 0.002]))
+def test_des_and_driver_agree_on_random_runs(algo: str, wa: int, wp: int, n_rows: int,
+                                             batch: int, segments: int,
+                                             latency: float) -> None:
+    """Property: per worker, the same action sequence (``pubsub`` with one worker per
+    party: with more, which worker takes which batch depends on timing)."""
+    if algo == "pubsub":
+        wa = wp = 1
+    inp = SimInput(algo=algo, n_rows=n_rows, batch_size=batch, cores_active=1.0,
+                   cores_passive=1.0, costs=costs(), w_active=wa, w_passive=wp,
+                   latency_s=latency, segments=segments)
+    des_trace: list[tuple[str, Any]] = []
+    simulate(inp, on_action=lambda role, a: des_trace.append((role, a)))
+    assert per_worker(des_trace) == per_worker(run_driver(inp))
 
 
 def test_des_vfl_trace_of_one_batch() -> None:
