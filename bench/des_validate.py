@@ -64,6 +64,13 @@ runs' own compute calls took 1.06-1.26 x the sweep's fitted CPU per batch (wall 
 under contention, four replicas' caches), which accounts for most of the gap; the
 per-message CPU estimate fell to 0 (see step 2).
 
+2026-12-01, when the simulator began to run the runs' own strategies
+(:mod:`parties.strategy`), three ``--quick`` runs on the shared machine (load 2-10): with
+the previous simulator and runtime 22.0 % (pubsub 1+4 B=128) / 20.8 % (avfl B=512); with
+the new ones 28.4 % / 0.1 % and 20.7 % / 10.1 %. The new simulator's predictions on the
+first run's fit are bit-identical to the old one's (validation and 64-core rows): the
+spread is the measurements' (the fits themselves moved by up to 2x with the load).
+
 JSON: ``{"fit", "calibration", "validation": [{setting, predicted_epoch_s,
 measured_epoch_s, rel_err, ...}], "max_rel_err", "within_15pct", "paper_64_core": [...],
 "settings"}``. Exit code 0 (whatever the errors; ``within_15pct`` says), 1 when a run

@@ -1,5 +1,10 @@
-"""The I/O driver of a two-party VFL party: bus, handshake, heartbeats, workers, evaluation,
-and the five coordination algorithms (``vfl.algo``).
+"""The I/O side of a two-party VFL party: bus, handshake, heartbeats, workers, evaluation,
+metrics, and the specification of the five coordination algorithms (``vfl.algo``).
+
+The algorithms themselves are sans-IO strategies (:mod:`parties.strategy`, one object per
+algorithm x role) that yield actions; :class:`Party` runs them through
+:class:`parties.driver.ActionDriver` over the bus and its workers, and :mod:`sim.des`
+runs the same strategies over a simulated clock.
 
 Protocol (all topics live under the run id, so runs can share a broker):
 
@@ -86,19 +91,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
-from collections.abc import Callable
 import shutil
 import tempfile
 from pathlib import Path
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import structlog
 import torch
 
-from pubsub import Bus, BusConfig, DeadlineExceeded, Message
+from pubsub import Bus, BusConfig, DeadlineExceeded
 from pubsub.buffer import BufferLimits
 from pubsub.control import request_stats
 from pubsub.errors import BusError, PeerLost, RendezvousTimeout, SettingsMismatch
@@ -107,6 +110,7 @@ from pubsub.security import CurveClient
 from pubsub.session import heartbeat, rendezvous, watch
 
 from parties.config import VflConfig
+from parties.driver import ActionDriver
 from parties.data import (
     aligned_ids_digest,
     encode_labels,
@@ -124,6 +128,7 @@ from parties.dp import report as dp_report
 from parties.preflight import (check_test_labels, encode_features, load_configured_table,
                                resolve_columns)
 from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost, PartnerStalled
+from parties.strategy import StrategyConfig, make_strategy
 from parties.model import (
     ParameterServer,
     party_bottom,
@@ -134,19 +139,14 @@ from parties.model import (
     top_model,
 )
 from parties.schedule import (
-    EpochSchedule,
-    StalenessWindow,
     epoch_batches,
     eval_segments,
     first_reaching,
     num_batches,
-    pack_ids,
-    split_batch_ids,
-    unpack_ids,
     validation_split,
 )
 from parties.sysinfo import CpuMeter, cores_allotted, run_delay_s
-from parties.timeline import COMM, SEGMENT, WAIT, Timeline, TimedWorker
+from parties.timeline import SEGMENT, Timeline, TimedWorker
 from parties.tasks import compute_metric, metric_name
 from parties.workers import (
     InlineWorker,
@@ -159,16 +159,6 @@ from parties.workers import (
 log = structlog.get_logger(__name__)
 
 ROLES = ("active", "passive")
-#: How often a long wait for partner data checks whether a reassigned batch's data has
-#: arrived meanwhile (seconds). Only waits longer than this pay for it.
-SWITCH_CHECK_S = 0.05
-
-
-class _Switch(Exception):
-    """An active worker gave up waiting for one batch to take a reassigned batch whose
-    embedding is already here (see :meth:`Party._active_step`)."""
-
-
 @dataclass(frozen=True, slots=True)
 class Topics:
     """Topic names of one run."""
@@ -210,31 +200,6 @@ class Topics:
     def scored(self) -> str:
         """The active party has scored a validation point: training may go on."""
         return f"ctl/{self.run_id}/scored"
-
-
-def _grad_acceptor(epoch: int, b: int, uid: str) -> Callable[[Message], int]:
-    """Accept the gradient of batch ``b`` of ``epoch``, or the active party's notice that
-    it skipped the batch; anything from an earlier epoch is stale.
-
-    A gradient of an earlier attempt at the same batch (its ``u`` is not ``uid``) is
-    accepted too: the active party trains each batch once, on whichever attempt's
-    embedding reached it first, so after a miss on either side that gradient is the only
-    one that will come. Applied to the newer attempt's forward graph (the same rows, the
-    parameters a few steps on), it is a stale gradient, as AVFL applies routinely;
-    waiting for the exact attempt instead made the two parties circle their reassigned
-    batches out of phase, each miss costing another T_ddl (a 5 s pause of the passive
-    party with T_ddl = 2 s then cost over 80 s).
-    """
-
-    def accept(m: Message) -> int:
-        e = m.meta.get("e", -1)
-        if e == epoch and m.meta.get("b") == b:
-            return 1
-        if m.meta.get("u") == uid:  # (gradients always carry e and b; kept for safety)
-            return 1
-        return 0 if e <= epoch else -1
-
-    return accept
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -310,22 +275,6 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
     )
 
 
-@dataclass(slots=True)
-class _Counters:
-    wait_s: float = 0.0
-    dropped: int = 0
-    reassigned: int = 0
-    skipped: int = 0
-    stale: int = 0
-    switched: int = 0  # waits given up for a reassigned batch whose data had arrived
-    batches: int = 0
-    samples: int = 0
-    loss_sum: float = 0.0
-    loss_n: int = 0
-    max_staleness: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)
-
-
 class Party:
     """One PubSub-VFL party process: ``await Party(...).run()``.
 
@@ -370,7 +319,11 @@ class Party:
         self.train_compute_cpu_s = 0.0  # of which in the workers' compute calls
         self.train_sync_cpu_s = 0.0  # of which in their parameter-server syncs
         self.t0 = time.perf_counter()
-        self.c = _Counters()
+        #: the algorithm x role (sans-IO); its counters are this party's training counters
+        self.strategy = make_strategy(StrategyConfig.from_vfl(cfg, role))
+        self.c = self.strategy.counters
+        self.history: list[dict[str, Any]] = []
+        self._driver: ActionDriver | None = None
         self.bus: Bus | None = None
         self.log = log.bind(party=role, run_id=run_id)
         torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
@@ -485,6 +438,10 @@ class Party:
                 await self._subscribe(bus)
                 await self._handshake(bus)
                 await starting
+                self._driver = ActionDriver(
+                    bus, topics=self.topics, handles=self._handles, timeline=self.timeline,
+                    record_dp=self._record_train if self.role == "passive" else None,
+                    inline=self.worker_mode == "inline", logger=self.log)
                 meter = CpuMeter()
                 meter.start()
                 self.t0 = time.perf_counter()
@@ -567,78 +524,7 @@ class Party:
             self.log.error("vfl.partner_lost", partner=self.partner, silent_s=timeout)
             raise PartnerLost(self.partner, timeout) from None
 
-    async def _wait(self, bus: Bus, topic: str, deadline: float,
-                    accept: Callable[[Message], int], *, worker: int = -1,
-                    batch: int = -1, later: list[bool] | None = None) -> Message | None:
-        """Wait on ``topic`` until ``deadline`` (loop time) for a message ``accept`` returns 1 for.
-
-        ``accept`` returns 1 (take), 0 (stale: discard, keep waiting) or -1 (from
-        the future: put back and give up; ``True`` is appended to ``later``, so a caller
-        can tell this from the deadline: timers may fire a fraction of a millisecond
-        before ``deadline`` by the loop's clock). Time spent is counted as waiting time,
-        except, with inline workers, the compute that ran on the loop meanwhile (e.g.
-        the active worker's own bottom forward, or another worker's step). The wait is
-        recorded as a ``wait`` span of ``worker`` / ``batch`` on the party's timeline.
-        """
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        p0 = time.perf_counter()
-        inline = self.worker_mode == "inline"
-        busy0 = sum(h.compute_s for h in self._handles) if inline else 0.0
-        try:
-            while True:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return None
-                try:
-                    msg = await bus.next(topic, remaining)
-                except DeadlineExceeded:
-                    return None
-                verdict = accept(msg)
-                if verdict == 1:
-                    return msg
-                if verdict < 0:
-                    bus.unget(msg)
-                    if later is not None:
-                        later.append(True)
-                    return None
-                self.c.stale += 1
-        finally:
-            busy = sum(h.compute_s for h in self._handles) - busy0 if inline else 0.0
-            self.c.wait_s += max(0.0, loop.time() - t0 - busy)
-            self.timeline.record(WAIT, worker, batch, p0, time.perf_counter())
-
     # ------------------------------------------------------------------ training
-    @property
-    def _drops(self) -> bool:
-        """True when a missed partner deadline drops the batch (``pubsub``, ``avfl``,
-        ``avfl-ps`` with ``t_ddl_s > 0``); otherwise the wait is bounded by the liveness
-        timeout and a miss fails the run (:class:`PartnerStalled`)."""
-        return self.cfg.t_ddl_s > 0 and self.cfg.algo not in ("vfl", "vfl-ps")
-
-    def _data_wait_s(self) -> float:
-        """How long a worker waits for its partner's data: T_ddl when batches may be
-        dropped, else the liveness timeout."""
-        return self.cfg.t_ddl_s if self._drops else self.cfg.liveness_timeout_s
-
-    def _stalled(self, what: str, b: int, epoch: int) -> PartnerStalled:
-        self.log.error("vfl.partner_stalled", partner=self.partner, missing=what, batch=b,
-                       epoch=epoch, waited_s=self._data_wait_s())
-        return PartnerStalled(self.partner, what, self._data_wait_s(),
-                              f"batch {b} of epoch {epoch}")
-
-    def _poll(self, bus: Bus, topic: str, accept: Callable[[Message], int]) -> Message | None:
-        """A buffered message on ``topic`` that ``accept`` takes, without waiting."""
-        while (msg := bus.try_next(topic)) is not None:
-            verdict = accept(msg)
-            if verdict == 1:
-                return msg
-            if verdict < 0:
-                bus.unget(msg)
-                return None
-            self.c.stale += 1
-        return None
-
     async def _train(self, bus: Bus) -> None:
         """All epochs: each epoch's segments (one, or four quarters on ``synthetic``) are
         trained by the configured algorithm, synced to the PS, then scored on the
@@ -653,7 +539,8 @@ class Party:
             evaluated = epoch in self._eval_epochs()
             for s, seg in enumerate(segs):
                 c = self.c
-                before = (c.loss_sum, c.loss_n, c.samples, c.wait_s, c.dropped, c.reassigned)
+                before = (c.loss_sum, c.loss_n, c.samples, self._wait_s(), c.dropped,
+                          c.reassigned)
                 seg_meter = CpuMeter()
                 seg_meter.start()
                 delay0 = run_delay_s()
@@ -662,11 +549,10 @@ class Party:
                 if go is not None:
                     bus.publish_nowait(self.topics.scored, (), {"point": go})
                     go = None
-                await self._run_segment(bus, epoch, batches, seg)
-                await self._flush()
+                await self._run_segment(epoch, batches, seg)
                 t1 = time.perf_counter()
                 dt = t1 - t0
-                self.timeline.record(SEGMENT, -1, len(c.history), t0, t1)
+                self.timeline.record(SEGMENT, -1, len(self.history), t0, t1)
                 delay1 = run_delay_s()
                 delay = (delay1 - delay0) if delay0 is not None and delay1 is not None else None
                 if delay is not None:
@@ -681,7 +567,7 @@ class Party:
                     "epochs_done": round(epoch + (s + 1) / len(segs), 6),
                     "train_s": dt, "train_wall_s": self.train_s,
                     "samples_per_s": (c.samples - before[2]) / dt if dt > 0 else 0.0,
-                    "wait_s": (c.wait_s - before[3]) / self.workers,
+                    "wait_s": (self._wait_s() - before[3]) / self.workers,
                     "cpu_util": util, "run_delay_s": delay,
                     "dropped": c.dropped - before[4], "reassigned": c.reassigned - before[5],
                 }
@@ -708,7 +594,7 @@ class Party:
                     point += 1
                     self.eval_s += time.perf_counter() - t_eval
                 entry["wall_s"] = time.perf_counter() - self.t0
-                c.history.append(entry)
+                self.history.append(entry)
                 self.log.info("vfl.epoch_done", **entry)
                 if self.progress and self.role == "active":
                     key = f"val_{self.metric}"
@@ -735,34 +621,13 @@ class Party:
             if int(msg.meta.get("point", -1)) >= point:
                 return
 
-    async def _run_segment(self, bus: Bus, epoch: int, batches: list[np.ndarray],
-                           seg: range) -> None:
-        """Train the batches ``seg`` of ``epoch`` with the configured algorithm."""
-        algo, k = self.cfg.algo, range(self.workers)
-        if algo in ("pubsub", "vfl"):
-            # vfl is this loop with one worker, no deadline drops and a PS sync per segment
-            sched = EpochSchedule(len(seg), self.cfg.max_reassign if self._drops else 0,
-                                  ids=seg)
-            cond = asyncio.Condition()
-            work = self._passive_worker if self.role == "passive" else self._active_worker
-            await asyncio.gather(*(work(bus, i, epoch, batches, sched, cond) for i in k))
-        elif algo == "vfl-ps":
-            if self.role == "passive":
-                await self._vflps_passive(bus, epoch, seg)
-            else:
-                await self._vflps_active(bus, epoch, batches, seg)
-        else:  # avfl, avfl-ps
-            if self.role == "passive":
-                queue = deque(seg)
-                await asyncio.gather(*(self._avfl_passive_worker(bus, i, epoch, batches, queue)
-                                       for i in k))
-            else:
-                # the active side of AVFL: no reassignment; a batch whose embedding misses
-                # T_ddl is skipped (and the passive told so)
-                sched = EpochSchedule(len(seg), 0, ids=seg)
-                cond = asyncio.Condition()
-                await asyncio.gather(*(self._active_worker(bus, i, epoch, batches, sched, cond)
-                                       for i in k))
+    async def _run_segment(self, epoch: int, batches: list[np.ndarray], seg: range) -> None:
+        """Train the batches ``seg`` of ``epoch`` with the configured algorithm (the
+        strategy's generators, interpreted over the bus and workers), then sync every
+        replica with the PS."""
+        assert self._driver is not None
+        await self._driver.run(self.strategy.segment(epoch, batches, seg))
+        await self._driver.run(self.strategy.end_segment(epoch))
 
     # ------------------------------------------------------------------ passive
     async def _train_passive(self, bus: Bus, meter: CpuMeter) -> dict[str, Any]:
@@ -795,6 +660,15 @@ class Party:
         self.dp_acct.record(split)
         bus.publish_nowait(topic, [emb], {"split": split}, copy=False)
 
+    def _record_train(self, rows: np.ndarray) -> None:
+        """Count one ``emb`` publication of ``rows`` in the DP ledger (before it happens).
+
+        Raises:
+            parties.errors.PrivacyBudgetExceeded: past the plan (nothing is published).
+        """
+        assert self.dp_acct is not None
+        self.dp_acct.record("train", rows)
+
     def _embeddings(self, x: torch.Tensor, split: str) -> np.ndarray:
         """Embeddings ``(n, d)`` float32 of ``x`` (the ``split`` rows) from the PS
         parameters: clipped and noised with the split's noise when DP is on (a thread's
@@ -803,193 +677,6 @@ class Party:
         if self._eval_privatize is None:
             return emb
         return self._eval_privatize[split](torch.from_numpy(emb))[1].numpy()
-
-    def _publish_emb(self, bus: Bus, topic: str, h_np: np.ndarray, rows: np.ndarray,
-                     meta: dict[str, Any], worker: int) -> None:
-        assert self.dp_acct is not None
-        self.dp_acct.record("train", rows)  # raises, publishing nothing, past the plan
-        t0 = time.perf_counter()
-        bus.publish_nowait(topic, [h_np], meta, copy=False)
-        self.timeline.record(COMM, worker, meta["b"], t0, time.perf_counter())
-
-    async def _passive_worker(self, bus: Bus, k: int, epoch: int, batches: list[np.ndarray],
-                              sched: EpochSchedule, cond: asyncio.Condition) -> None:
-        """PubSub-VFL (and, with one worker and no drops, VFL) passive worker: take a batch,
-        publish its embedding, wait for its gradient (T_ddl), back-propagate."""
-        worker = self._handles[k]
-        loop = asyncio.get_running_loop()
-        topics = self.topics
-
-        def buffered(b: int) -> bool:
-            return bus.pending(topics.grad(b)) > 0
-
-        while (task := await self._next_task(sched, cond, buffered)) is not None:
-            b, attempt = task
-            rows = batches[b]
-            h_np = await worker.forward(epoch, b)
-            uid = f"{epoch}.{b}.{attempt}"
-            self._publish_emb(bus, self.topics.emb(b), h_np, rows,
-                              {"e": epoch, "b": b, "a": attempt, "u": uid}, k)
-
-            msg = await self._wait(bus, self.topics.grad(b), loop.time() + self._data_wait_s(),
-                                   _grad_acceptor(epoch, b, uid), worker=k, batch=b)
-            outcome = await self._settle_grad(worker, epoch, b, msg, len(rows))
-            if outcome == "missed":
-                self._count_miss(sched.fail(b, attempt), b, epoch, "grad")
-            elif outcome == "skipped":
-                sched.drop(b)
-            else:
-                sched.complete(b)
-            async with cond:
-                cond.notify_all()
-
-    async def _avfl_passive_worker(self, bus: Bus, k: int, epoch: int,
-                                   batches: list[np.ndarray], queue: deque[int]) -> None:
-        """AVFL / AVFL-PS passive worker: publish embeddings without waiting for their
-        gradients, at most ``staleness_bound`` outstanding; apply the gradients in
-        publication order as they arrive (to the current parameters: a stale gradient);
-        at the bound, wait for the oldest (T_ddl; a miss gives the batch up)."""
-        worker = self._handles[k]
-        loop = asyncio.get_running_loop()
-        win = StalenessWindow(self.cfg.staleness_bound)
-        uids: dict[int, str] = {}
-
-        def acceptor(b: int) -> Callable[[Message], int]:
-            return _grad_acceptor(epoch, b, uids[b])
-
-        async def settle(b: int, msg: Message | None) -> None:
-            outcome = await self._settle_grad(worker, epoch, b, msg, len(batches[b]))
-            if outcome == "applied":
-                win.applied(b)
-            else:
-                win.given_up(b)
-                if outcome == "missed":
-                    self._count_miss(False, b, epoch, "grad")
-
-        async def wait_oldest() -> None:
-            b = win.oldest()
-            assert b is not None
-            msg = await self._wait(bus, self.topics.grad(b), loop.time() + self._data_wait_s(),
-                                   acceptor(b), worker=k, batch=b)
-            await settle(b, msg)
-
-        try:
-            while True:
-                # settle gradients that are already here, oldest first (FIFO keeps
-                # every gradient's staleness below the bound)
-                while (b_old := win.oldest()) is not None:
-                    msg = self._poll(bus, self.topics.grad(b_old), acceptor(b_old))
-                    if msg is None:
-                        break
-                    await settle(b_old, msg)
-                if win.full:
-                    await wait_oldest()
-                    continue
-                if not queue:
-                    break
-                b = queue.popleft()
-                h_np = await worker.forward(epoch, b, snapshot=True)
-                uids[b] = f"{epoch}.{b}.0"
-                self._publish_emb(bus, self.topics.emb(b), h_np, batches[b],
-                                  {"e": epoch, "b": b, "a": 0, "u": uids[b]}, k)
-                win.issue(b)
-            while win.outstanding:
-                await wait_oldest()
-        finally:
-            self.c.max_staleness = max(self.c.max_staleness, win.max_staleness)
-
-    async def _vflps_passive(self, bus: Bus, epoch: int, seg: range) -> None:
-        """VFL-PS passive parameter server: for each batch, receive the active PS's ID
-        subsets, let each paired worker embed its subset and back-propagate its gradient,
-        then aggregate (all workers push, then all pull)."""
-        loop = asyncio.get_running_loop()
-        for b in seg:
-            def accept(m: Message, b: int = b) -> int:
-                key = (m.meta.get("e", -1), m.meta.get("b", -1))
-                return 1 if key == (epoch, b) else (0 if key < (epoch, b) else -1)
-
-            msg = await self._wait(bus, self.topics.ids, loop.time() + self._data_wait_s(),
-                                   accept, batch=b)
-            if msg is None:
-                raise self._stalled("ids", b, epoch)
-            parts = unpack_ids(msg.arrays[0], msg.arrays[1])
-            if len(parts) != self.workers:
-                raise ConfigMismatch({"pairs": self.workers}, {"pairs": len(parts)})
-            await asyncio.gather(*(self._vflps_passive_pair(bus, k, epoch, b, parts[k])
-                                   for k in range(self.workers) if len(parts[k])))
-            await self._barrier_sync()
-
-    async def _vflps_passive_pair(self, bus: Bus, k: int, epoch: int, b: int,
-                                  rows: np.ndarray) -> None:
-        worker = self._handles[k]
-        loop = asyncio.get_running_loop()
-        h_np = await worker.forward(epoch, b, rows=rows, key=b)
-        uid = f"{epoch}.{b}.{k}"
-        self._publish_emb(bus, self.topics.emb(k), h_np, rows,
-                          {"e": epoch, "b": b, "k": k, "a": 0, "u": uid}, k)
-        msg = await self._wait(bus, self.topics.grad(k), loop.time() + self._data_wait_s(),
-                               lambda m: 1 if m.meta.get("u") == uid else 0, worker=k, batch=b)
-        if msg is None:
-            raise self._stalled("grad", b, epoch)
-        await worker.backward(epoch, b, msg.arrays[0])
-        self.c.samples += len(rows)
-        if k == 0:
-            self.c.batches += 1
-
-    async def _barrier_sync(self) -> None:
-        """Aggregate every worker's update: all push (θ ← θ + Δ_k/w), then all pull."""
-        await asyncio.gather(*(h.push() for h in self._handles))
-        await asyncio.gather(*(h.pull() for h in self._handles))
-
-    @staticmethod
-    async def _next_task(sched: EpochSchedule, cond: asyncio.Condition,
-                         prefer: Callable[[int], bool] | None = None
-                         ) -> tuple[int, int] | None:
-        """The next ``(batch_id, attempt)`` of the epoch, waiting while others are in flight
-        (they may fail and be reassigned); None when the epoch is over. ``prefer``: see
-        :meth:`EpochSchedule.take` (a reassigned batch whose partner data is buffered
-        goes first)."""
-        while True:
-            task = sched.take(prefer)
-            if task is not None or sched.done:
-                return task
-            async with cond:
-                await cond.wait_for(lambda: bool(sched.pending) or sched.done)
-
-    async def _settle_grad(self, worker: WorkerHandle, epoch: int, b: int,
-                           msg: Message | None, n_rows: int) -> str:
-        """The passive side's end of one batch, shared by every algorithm: back-propagate
-        its gradient (``"applied"``), or discard the batch's forward state because the
-        gradient missed its deadline (``"missed"``) or the active party skipped the batch
-        (``"skipped"``). The caller updates its own schedule from the outcome.
-
-        Raises:
-            PartnerStalled: a missed gradient where nothing may be dropped.
-        """
-        if msg is None:
-            if not self._drops:
-                raise self._stalled("grad", b, epoch)
-            await worker.discard(b)
-            return "missed"
-        if msg.meta.get("skip"):
-            await worker.discard(b)
-            self.c.skipped += 1
-            self.c.dropped += 1
-            return "skipped"
-        await worker.backward(epoch, b, msg.arrays[0])
-        self.c.batches += 1
-        self.c.samples += n_rows
-        return "applied"
-
-    def _count_miss(self, reassigned: bool, b: int, epoch: int, what: str) -> None:
-        self.c.dropped += 1
-        if reassigned:
-            self.c.reassigned += 1
-        self.log.warning("vfl.batch_dropped", batch=b, epoch=epoch, missing=what,
-                         reassigned=reassigned, t_ddl_s=self.cfg.t_ddl_s)
-
-    async def _flush(self) -> None:
-        await asyncio.gather(*(h.flush() for h in self._handles))
 
     # ------------------------------------------------------------------ active
     async def _train_active(self, bus: Bus, meter: CpuMeter) -> dict[str, Any]:
@@ -1002,7 +689,7 @@ class Party:
         self.eval_s += time.perf_counter() - t_eval
         metrics = self._party_metrics(meter)
         target = cfg.effective_target
-        points = [(h["train_wall_s"], h["metric"]) for h in self.c.history if "metric" in h]
+        points = [(h["train_wall_s"], h["metric"]) for h in self.history if "metric" in h]
         metrics.update({
             "task": self.data.task, key: value, "metric_name": name, "metric": value,
             "target_metric": target,
@@ -1023,130 +710,6 @@ class Party:
         bus.publish_nowait(self.topics.done, (), {"ok": True})
         await asyncio.sleep(0.05)
         return metrics
-
-    async def _active_step(self, bus: Bus, k: int, epoch: int, b: int, *, emb_topic: str,
-                           accept: Callable[[Message], int], grad_topic: str,
-                           grad_meta: Callable[[Message], dict[str, Any]],
-                           rows: np.ndarray | None = None,
-                           switch: Callable[[], bool] | None = None) -> Message | None:
-        """One active step: compute the own bottom forward while waiting for the passive
-        embedding, then the top step; the cut-layer gradient is published as soon as it
-        exists (the own bottom's backward runs meanwhile). Returns the embedding message,
-        or None if it missed the wait bound (nothing trained).
-
-        ``switch``: checked every :data:`SWITCH_CHECK_S` of a long wait; when it returns
-        True (the partner's data for a reassigned batch has arrived meanwhile) the wait
-        is given up early and :class:`_Switch` raised, so the worker takes that batch
-        instead (the caller puts ``b`` back, not counted as a miss)."""
-        worker = self._handles[k]
-        loop = asyncio.get_running_loop()
-        pre = asyncio.create_task(worker.prefetch(epoch, b, rows=rows))
-        deadline = loop.time() + self._data_wait_s()
-        switched = False
-        later: list[bool] = []
-        try:
-            while True:
-                end = deadline if switch is None else min(deadline, loop.time() + SWITCH_CHECK_S)
-                msg = await self._wait(bus, emb_topic, end, accept, worker=k, batch=b,
-                                       later=later)
-                # data, the deadline, or a message from a later epoch. (Not "returned
-                # before end": a timer may fire a fraction of a millisecond early by the
-                # loop's clock, and that once dropped a batch 50 ms into its wait.)
-                if msg is not None or later or loop.time() >= deadline:
-                    break
-                if switch is not None and switch():
-                    switched = True
-                    break
-        finally:
-            await pre
-        if msg is None:
-            await worker.discard(b)
-            if switched:
-                raise _Switch
-            return None
-        meta = grad_meta(msg)
-
-        def publish(grad: np.ndarray) -> None:
-            t0 = time.perf_counter()
-            bus.publish_nowait(grad_topic, [grad], meta, copy=False)
-            self.timeline.record(COMM, k, b, t0, time.perf_counter())
-
-        loss, _ = await worker.step(epoch, b, msg.arrays[0], rows=rows, on_grad=publish)
-        n = len(rows) if rows is not None else len(msg.arrays[0])
-        self.c.samples += n
-        self.c.loss_sum += loss * n
-        self.c.loss_n += n
-        return msg
-
-    async def _active_worker(self, bus: Bus, k: int, epoch: int, batches: list[np.ndarray],
-                             sched: EpochSchedule, cond: asyncio.Condition) -> None:
-        """PubSub-VFL / VFL / AVFL active worker: take a batch, wait for its embedding
-        (T_ddl), train, publish the gradient; a miss reassigns the batch (pubsub) or
-        skips it (after ``max_reassign`` misses, or at once under AVFL)."""
-        def accept(m: Message) -> int:
-            e = m.meta.get("e", -1)
-            return 1 if e == epoch else (0 if e < epoch else -1)
-
-        topics = self.topics
-
-        def buffered(b: int) -> bool:
-            return bus.pending(topics.emb(b)) > 0
-
-        def retry_ready() -> bool:
-            return sched.retry_ready(buffered)
-
-        while (task := await self._next_task(sched, cond, buffered)) is not None:
-            b, attempt = task
-            try:
-                msg = await self._active_step(
-                    bus, k, epoch, b, emb_topic=self.topics.emb(b), accept=accept,
-                    grad_topic=self.topics.grad(b),
-                    grad_meta=lambda m, b=b: {"e": epoch, "b": b, "u": m.meta.get("u")},
-                    switch=retry_ready if self._drops else None)
-            except _Switch:
-                sched.release(b, attempt)  # back to the front; not a miss
-                self.c.switched += 1
-                continue
-            if msg is None:
-                if not self._drops:
-                    raise self._stalled("emb", b, epoch)
-                again = sched.fail(b, attempt)
-                self._count_miss(again, b, epoch, "emb")
-                if not again:
-                    bus.publish_nowait(self.topics.grad(b), (),
-                                       {"e": epoch, "b": b, "skip": True})
-            else:
-                sched.complete(b)
-                self.c.batches += 1
-            async with cond:
-                cond.notify_all()
-
-    async def _vflps_active(self, bus: Bus, epoch: int, batches: list[np.ndarray],
-                            seg: range) -> None:
-        """VFL-PS active parameter server: split each batch's IDs into one subset per
-        worker pair and broadcast them; each worker trains its subset with its paired
-        passive worker; then aggregate (all push, then all pull)."""
-        for b in seg:
-            parts = split_batch_ids(batches[b], self.workers)
-            ids, offsets = pack_ids(parts)
-            bus.publish_nowait(self.topics.ids, [ids, offsets], {"e": epoch, "b": b})
-            await asyncio.gather(*(self._vflps_active_pair(bus, k, epoch, b, parts[k])
-                                   for k in range(self.workers) if len(parts[k])))
-            self.c.batches += 1
-            await self._barrier_sync()
-
-    async def _vflps_active_pair(self, bus: Bus, k: int, epoch: int, b: int,
-                                 rows: np.ndarray) -> None:
-        def accept(m: Message) -> int:
-            key = (m.meta.get("e", -1), m.meta.get("b", -1))
-            return 1 if key == (epoch, b) else (0 if key < (epoch, b) else -1)
-
-        msg = await self._active_step(
-            bus, k, epoch, b, emb_topic=self.topics.emb(k), accept=accept,
-            grad_topic=self.topics.grad(k),
-            grad_meta=lambda m: {"e": epoch, "b": b, "k": k, "u": m.meta.get("u")}, rows=rows)
-        if msg is None:
-            raise self._stalled("emb", b, epoch)
 
     async def _score(self, bus: Bus, topic: str, split: str) -> float:
         """The metric (AUC, or RMSE in the label's units) of the PS parameters on the
@@ -1169,6 +732,10 @@ class Party:
         return compute_metric(data.task, y, pred)
 
     # ------------------------------------------------------------------ metrics
+    def _wait_s(self) -> float:
+        """Seconds the workers have waited for partner messages so far."""
+        return self._driver.wait_s if self._driver is not None else 0.0
+
     def _compute_cpu_s(self) -> float:
         """CPU seconds the workers' compute calls have taken so far (thread CPU time of
         the thread, or worker process, that ran them)."""
@@ -1198,8 +765,8 @@ class Party:
                                if self.train_s > 0 else None),
             "security": self.security_info,
             "run_delay_s": self.run_delay_s,
-            "wait_s_total": self.c.wait_s,
-            "wait_s_per_epoch": self.c.wait_s / (self.workers * self.cfg.epochs),
+            "wait_s_total": self._wait_s(),
+            "wait_s_per_epoch": self._wait_s() / (self.workers * self.cfg.epochs),
             "bytes_sent": dict(st.sent_bytes),
             "msgs_sent": dict(st.sent_msgs),
             "bytes_recv": dict(st.recv_bytes),
@@ -1221,7 +788,7 @@ class Party:
                                    if wall > 0 else 0.0),
             "batches": self.c.batches,
             "samples": self.c.samples,
-            "history": self.c.history,
+            "history": self.history,
             # under DP the passive width is the public schema's (a function of it alone)
             "n_features": int(self.data.x_train.shape[1]),
             "feature_encoding": ("public_schema" if self.role == "passive"

@@ -143,6 +143,24 @@ class EpochSchedule:
                 break
         return False
 
+    @property
+    def retries(self) -> int:
+        """Reassigned batches waiting in the queue."""
+        return self._retries
+
+    def retry_ids(self) -> tuple[int, ...]:
+        """Ids of the reassigned pending batches, in the order :meth:`take` and
+        :meth:`retry_ready` scan them (back to front); empty when there are none."""
+        if not self._retries:
+            return ()
+        out: list[int] = []
+        for b, attempt in reversed(self.pending):
+            if attempt:
+                out.append(b)
+                if len(out) >= self._retries:
+                    break
+        return tuple(out)
+
     def release(self, batch_id: int, attempt: int) -> None:
         """Give an in-flight batch back unfinished, at the front of the queue, with its
         attempt count unchanged (not a miss: the worker left it for a batch whose data is

@@ -1,11 +1,11 @@
 """A discrete-event simulation of the five coordination algorithms' schedules.
 
-Pure and deterministic: no sockets, no threads, no clock; an event heap and one Python
-generator per simulated worker. Given each party's per-batch step costs (CPU seconds of
+Pure and deterministic: no sockets, no threads, no clock; an event heap that runs the
+algorithms' own sans-IO strategies (:mod:`parties.strategy`). Given each party's per-batch step costs (CPU seconds of
 one worker at batch size B, e.g. from :mod:`parties.profile` or a fitted cost model), its
 cores, the workers per party and the link, :func:`simulate` predicts the epoch wall time,
 each party's busy CPU seconds, core utilisation and waiting time, the way
-:mod:`parties.runtime` schedules the work.
+:mod:`parties.runtime` schedules the work (it runs the same strategies).
 
 Model
 -----
@@ -39,23 +39,23 @@ Model
   the compute call that triggers it. After every segment of an epoch (``segments``:
   1, or 4 quarters on ``synthetic``) every worker of both parties syncs (``_flush``).
 
-Algorithms (the semantics of :mod:`parties.runtime`; see its module docstring)
------------------------------------------------------------------------------
-``vfl`` / ``pubsub``: both run ``Party._passive_worker`` / ``Party._active_worker`` (``vfl``
-with one worker per party). Each party's workers take batch ids in order from a shared
-queue; a passive worker embeds its batch, publishes it on the batch's channel and waits
-for that batch's gradient before it takes the next; an active worker prefetches its own
-bottom forward, waits for the batch's embedding, runs the top step, publishes the
-gradient and back-propagates its bottom. ``avfl`` / ``avfl-ps``: the passive workers
-(``Party._avfl_passive_worker``) embed batches from a shared queue without waiting, at
-most ``staleness_bound`` outstanding each, settle gradients oldest-first (the ones that
-already arrived before each new forward; the oldest one, waited for, at the bound); the
-active side is the same worker loop as ``pubsub``. ``vfl-ps``: per batch the active PS
-publishes the ID subsets of P = min(w_a, w_p) pairs, each pair runs one VFL step on its
-subset (on channel k), then each party runs the push/pull barrier before the next batch.
+Algorithms
+----------
+The schedules are not written here: both parties run the strategies of
+:mod:`parties.strategy` (:func:`parties.strategy.make_strategy`, the same objects
+:class:`parties.runtime.Party` runs over the bus; semantics in :mod:`parties.runtime`),
+and this module only interprets their actions: a compute action (``Forward``,
+``Prefetch``, ``TopStep``, ``Backward``, ``Push`` / ``Pull`` / ``Flush``) becomes a CPU task
+of the model above, a ``Publish`` travels the link into the partner's buffer of that
+(kind, channel), an ``Await`` blocks until its buffer holds a message the strategy's
+acceptor takes, ``Poll`` / ``Pending`` look at the buffers, ``WaitSchedule`` blocks until
+the party's next ``NotifySchedule``, ``Gather`` runs generators as concurrent processes.
+Each epoch's segments run both parties' ``segment`` then both parties' ``end_segment``.
+An active worker's ``Await`` counts as waiting only past its own running prefetch.
 
 Simplifications (what the real runs have and this does not): no deadline misses
-(T_ddl is far above a step, so nothing is dropped or reassigned; for the same reason the
+(the strategies run with dropping off and an unbounded data wait: T_ddl is far above a
+step, so nothing is dropped or reassigned; for the same reason the
 per-batch buffers p and q never fill: each per-batch channel carries one message per
 epoch, and they are accepted but unused); no GIL (thread workers of a tiny model
 serialise on it in the runs); no broker CPU, event-loop, IPC or serialisation costs
@@ -82,7 +82,30 @@ from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from parties.actions import (
+    GRAD,
+    Await,
+    Backward,
+    Discard,
+    Flush,
+    Forward,
+    Gather,
+    JoinPrefetch,
+    Log,
+    NotifySchedule,
+    Now,
+    Pending,
+    Poll,
+    Prefetch,
+    Publish,
+    Pull,
+    Push,
+    Received,
+    TopStep,
+    WaitSchedule,
+)
 from parties.schedule import ALGOS, effective_workers, eval_segments, num_batches, sync_interval
+from parties.strategy import StrategyConfig, make_strategy
 
 #: Worker modes (``vfl.worker_mode``); ``inline`` serialises a party's compute calls.
 WORKER_MODES = ("thread", "process", "inline", "auto")
@@ -555,20 +578,46 @@ def _sync_mode(algo: str, workers: int) -> str:
     return {"pubsub": "schedule", "avfl-ps": "step"}.get(algo, "manual")
 
 
-def _split_sizes(n: int, parts: int) -> list[int]:
-    """Sizes of ``numpy.array_split(range(n), parts)`` (:func:`parties.schedule.split_batch_ids`)."""
-    q, r = divmod(n, parts)
-    return [q + 1 if i < r else q for i in range(parts)]
+Gen = Generator[tuple[str, Any], None, Any]
 
 
-Gen = Generator[tuple[str, Any], None, None]
+@dataclass(frozen=True, slots=True)
+class _SimMessage:
+    """A simulated message: what a strategy reads (``meta``, ``arrays``)."""
+
+    meta: dict[str, Any]
+    arrays: tuple[Any, ...]
+
+
+class _Blob:
+    """A simulated payload array: only its size (bytes on the link)."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+class _Box:
+    """One receiver's buffer of one (kind, channel): messages in arrival order, and the
+    signals of the processes waiting for the next arrival."""
+
+    __slots__ = ("msgs", "waiters")
+
+    def __init__(self) -> None:
+        self.msgs: deque[_SimMessage] = deque()
+        self.waiters: list[_Signal] = []
 
 
 class _Run:
-    """One simulation: the parties' worker processes over an :class:`_Engine`."""
+    """One simulation: both parties' strategies (:mod:`parties.strategy`, the same objects
+    the runs use) interpreted over an :class:`_Engine`: compute actions become CPU tasks,
+    publications travel the link model into the receiver's buffers, waits block on them."""
 
-    def __init__(self, inp: SimInput) -> None:
+    def __init__(self, inp: SimInput,
+                 on_action: Callable[[str, Any], None] | None = None) -> None:
         self.inp = inp
+        self.on_action = on_action
         self.eng = _Engine(inp.timeline_limit)
         self.cpu = {r: _Cpu(self.eng, r, inp.cores(r), inp.threads, inp.inline(r))
                     for r in ROLES}
@@ -576,25 +625,39 @@ class _Run:
         self.n_batches = num_batches(inp.n_rows, inp.batch_size)
         self.rows = [min(inp.batch_size, inp.n_rows - b * inp.batch_size)
                      for b in range(self.n_batches)]
+        # batch b's row positions (only their count and split matter here)
+        self.batches = [range(b * inp.batch_size, b * inp.batch_size + n)
+                        for b, n in enumerate(self.rows)]
         self.nw = {r: inp.workers(r) for r in ROLES}
         self.replicas = {r: [_Replica(_sync_mode(inp.algo, self.nw[r]), inp.delta_t0)
                              for _ in range(self.nw[r])] for r in ROLES}
         self.sync_s = {"active": inp.sync_s_active, "passive": inp.sync_s_passive}
-        self.signals: dict[tuple[Any, ...], _Signal] = {}
+        # no deadline misses (see the module docstring): waits are unbounded, nothing drops
+        self.strategies = {r: make_strategy(StrategyConfig(
+            algo=inp.algo, role=r, workers=self.nw[r], drops=False, data_wait_s=math.inf,
+            staleness_bound=inp.staleness_bound)) for r in ROLES}
+        self.boxes: dict[tuple[str, str, int | None], _Box] = {}  # (receiver, kind, channel)
+        self.prefetches: dict[tuple[str, int], _Signal] = {}
+        self.sched_sig = {r: _Signal() for r in ROLES}  # fired (and replaced) on a notify
         self.rng = random.Random(inp.seed)
         self.link_free = {r: 0.0 for r in ROLES}  # by sender
         self.wait = {r: 0.0 for r in ROLES}
         self.epoch_times: list[float] = []
         self.busy: list[dict[str, float]] = []
         self.waits: list[dict[str, float]] = []
+        self._epoch = inp.first_epoch  # the epoch being simulated (wait spans' tag)
+        self._now_fns: dict[type, Callable[[str, Any], Any]] = {
+            Publish: self.do_publish, Poll: self.do_poll, Pending: self.do_pending,
+            Now: lambda role, a: self.eng.now, Prefetch: self.do_prefetch,
+            Discard: lambda role, a: None, Log: lambda role, a: None,
+            NotifySchedule: self.do_notify}
+        self._gen_fns: dict[type, Callable[[str, Any], Gen]] = {
+            Forward: self.do_forward, Backward: self.do_backward, TopStep: self.do_top_step,
+            JoinPrefetch: self.do_join_prefetch, Await: self.do_await,
+            WaitSchedule: self.do_wait_schedule, Gather: self.do_gather, Push: self.do_sync,
+            Pull: self.do_sync, Flush: self.do_flush}
 
     # -------------------------------------------------------------- primitives
-    def sig(self, *key: Any) -> _Signal:
-        s = self.signals.get(key)
-        if s is None:
-            s = self.signals[key] = _Signal()
-        return s
-
     def cost(self, base: float, rows: int) -> float:
         b = self.inp.batch_size
         return base if rows == b else base * (rows / b) ** self.inp.cost_exponent
@@ -616,176 +679,180 @@ class _Run:
         extra = self.sync_s[role] if self.replicas[role][worker].after_step(epoch) else 0.0
         return self.cost(base, rows) + extra
 
-    def publish(self, role: str, worker: int, key: tuple[Any, ...], nbytes: int,
-                epoch: int, batch: int) -> None:
-        """Send a message; the signal ``key`` fires on delivery."""
+    def box(self, role: str, kind: str, channel: int | None) -> _Box:
+        key = (role, kind, channel)
+        b = self.boxes.get(key)
+        if b is None:
+            b = self.boxes[key] = _Box()
+        return b
+
+    def publish(self, role: str, worker: int, kind: str, channel: int | None,
+                msg: _SimMessage, epoch: int, batch: int) -> None:
+        """Send a message; it lands in the partner's buffer of (kind, channel)."""
         inp, eng = self.inp, self.eng
         other = "passive" if role == "active" else "active"
+        nbytes = sum(getattr(a, "nbytes", 0) for a in msg.arrays)
         start = max(eng.now, self.link_free[role])
         sent = start + (nbytes / inp.bandwidth_bps if math.isfinite(inp.bandwidth_bps) else 0.0)
         self.link_free[role] = sent
         arrive = sent + inp.latency_s
-        sig = self.sig(*key)
+        box = self.box(other, kind, channel)
         if inp.msg_cpu_s > 0:
             self.compute(role, -1, inp.msg_cpu_s, "send", epoch, batch)
 
         def deliver() -> None:
             if inp.msg_cpu_s > 0:
                 self.compute(other, -1, inp.msg_cpu_s, "recv", epoch, batch)
-            eng.fire(sig)
+            box.msgs.append(msg)
+            waiters, box.waiters = box.waiters, []
+            for sig in waiters:
+                eng.fire(sig)
 
         eng.span(party=role, worker=worker, start_s=eng.now, end_s=arrive, kind="comm",
-                 what=str(key[0]), epoch=epoch, batch=batch)
+                 what=kind, epoch=epoch, batch=batch)
         eng.at(arrive, deliver)
 
     def emb_bytes(self, rows: int) -> int:
         return rows * self.inp.embedding_dim * 4
 
-    def wait_msg(self, role: str, worker: int, sig: _Signal, epoch: int, batch: int,
-                 since: float | None = None) -> Gen:
-        """Wait for a partner's message; counts the wait from ``since`` (default now)."""
-        t0 = self.eng.now if since is None else since
-        yield ("wait", sig)
-        dt = max(0.0, sig.time - t0)
-        if dt > 0:
-            self.wait[role] += dt
-            self.eng.span(party=role, worker=worker, start_s=t0, end_s=sig.time, kind="wait",
-                          what="msg", epoch=epoch, batch=batch)
-
-    # -------------------------------------------------------------- pubsub / vfl / avfl
-    def passive_worker(self, k: int, epoch: int, queue: deque[int]) -> Gen:
-        """``Party._passive_worker``: embed, publish, wait for the gradient, backward."""
-        c = self.inp.costs
-        while queue:
-            b = queue.popleft()
-            rows = self.rows[b]
-            yield ("wait", self.compute("passive", k, self.cost(c.passive_fwd_s, rows), "fwd",
-                                        epoch, b))
-            self.publish("passive", k, ("emb", epoch, b), self.emb_bytes(rows), epoch, b)
-            yield from self.wait_msg("passive", k, self.sig("grad", epoch, b), epoch, b)
-            work = self.step_cost("passive", k, c.passive_bwd_s, rows, epoch)
-            yield ("wait", self.compute("passive", k, work, "bwd", epoch, b))
-
-    def active_step(self, k: int, epoch: int, b: int, rows: int, emb: _Signal,
-                    grad_key: tuple[Any, ...]) -> Gen:
-        """``Party._active_step``: own bottom forward while waiting for the embedding, top
-        step, publish the gradient, own bottom backward."""
-        c = self.inp.costs
-        pre = self.compute("active", k, self.cost(c.active_fwd_s, rows), "fwd", epoch, b)
-        yield ("wait", pre)
-        yield from self.wait_msg("active", k, emb, epoch, b)
-        yield ("wait", self.compute("active", k, self.cost(c.active_top_s, rows), "top",
-                                    epoch, b))
-        self.publish("active", k, grad_key, self.emb_bytes(rows), epoch, b)
-        work = self.step_cost("active", k, c.active_bwd_s, rows, epoch)
-        yield ("wait", self.compute("active", k, work, "bwd", epoch, b))
-
-    def active_worker(self, k: int, epoch: int, queue: deque[int]) -> Gen:
-        """``Party._active_worker``: take batch ids in order, one step each."""
-        while queue:
-            b = queue.popleft()
-            yield from self.active_step(k, epoch, b, self.rows[b], self.sig("emb", epoch, b),
-                                        ("grad", epoch, b))
-
-    def avfl_passive_worker(self, k: int, epoch: int, queue: deque[int]) -> Gen:
-        """``Party._avfl_passive_worker``: embed without waiting, at most
-        ``staleness_bound`` outstanding; settle gradients oldest first."""
-        c = self.inp.costs
-        out: deque[int] = deque()
-
-        def settle() -> Gen:
-            b = out[0]
-            work = self.step_cost("passive", k, c.passive_bwd_s, self.rows[b], epoch)
-            yield ("wait", self.compute("passive", k, work, "bwd", epoch, b))
-            out.popleft()
-
+    # -------------------------------------------------------------- interpreter
+    def interp(self, role: str, proc: Any) -> Gen:
+        """An engine process that runs the strategy generator ``proc`` of ``role``."""
+        send: Any = None
+        now_fns, gen_fns = self._now_fns, self._gen_fns
         while True:
-            while out and self.sig("grad", epoch, out[0]).fired:
-                yield from settle()
-            if len(out) >= self.inp.staleness_bound:
-                yield from self.wait_msg("passive", k, self.sig("grad", epoch, out[0]),
-                                         epoch, out[0])
-                yield from settle()
+            try:
+                action = proc.send(send)
+            except StopIteration as stop:
+                return stop.value
+            if self.on_action is not None:
+                self.on_action(role, action)
+            fn = now_fns.get(type(action))
+            if fn is not None:
+                send = fn(role, action)
                 continue
-            if not queue:
+            send = yield from gen_fns[type(action)](role, action)
+
+    def do_publish(self, role: str, a: Publish) -> None:
+        epoch = int(a.meta.get("e", -1))
+        batch = a.batch if a.batch >= 0 else int(a.meta.get("b", -1))
+        self.publish(role, a.worker, a.kind, a.channel, _SimMessage(dict(a.meta), a.arrays),
+                     epoch, batch)
+
+    def do_poll(self, role: str, a: Poll) -> Received:
+        box, stale = self.box(role, a.kind, a.channel), 0
+        while box.msgs:
+            m = box.msgs.popleft()
+            verdict = a.accept(m)
+            if verdict == 1:
+                return Received(msg=m, stale=stale)
+            if verdict < 0:
+                box.msgs.appendleft(m)
+                return Received(later=True, stale=stale)
+            stale += 1
+        return Received(stale=stale)
+
+    def do_pending(self, role: str, a: Pending) -> frozenset[int]:
+        return frozenset(c for c in a.channels if self.box(role, a.kind, c).msgs)
+
+    def do_prefetch(self, role: str, a: Prefetch) -> None:
+        work = self.cost(self.inp.costs.active_fwd_s, a.n_rows)
+        self.prefetches[(role, a.worker)] = self.compute(role, a.worker, work, "fwd", a.epoch,
+                                                         a.batch)
+
+    def do_notify(self, role: str, a: NotifySchedule) -> None:
+        """Wake the party's schedule waiters after the notifier's turn (as asyncio's
+        ``notify_all`` does): an immediate action never lets another worker run."""
+        sig, self.sched_sig[role] = self.sched_sig[role], _Signal()
+        if sig.waiters:
+            self.eng.at(self.eng.now, lambda: self.eng.fire(sig))
+
+    def do_forward(self, role: str, a: Forward) -> Gen:
+        work = self.cost(self.inp.costs.passive_fwd_s, a.n_rows)
+        yield ("wait", self.compute(role, a.worker, work, "fwd", a.epoch, a.batch))
+        return _Blob(self.emb_bytes(a.n_rows))
+
+    def do_backward(self, role: str, a: Backward) -> Gen:
+        work = self.step_cost(role, a.worker, self.inp.costs.passive_bwd_s, a.n_rows, a.epoch)
+        yield ("wait", self.compute(role, a.worker, work, "bwd", a.epoch, a.key))
+
+    def do_top_step(self, role: str, a: TopStep) -> Gen:
+        c, k = self.inp.costs, a.worker
+        yield ("wait", self.compute(role, k, self.cost(c.active_top_s, a.n_rows), "top",
+                                    a.epoch, a.batch))
+        self.publish(role, k, GRAD, a.grad_channel,
+                     _SimMessage(dict(a.grad_meta), (_Blob(self.emb_bytes(a.n_rows)),)),
+                     a.epoch, a.batch)
+        work = self.step_cost(role, k, c.active_bwd_s, a.n_rows, a.epoch)
+        yield ("wait", self.compute(role, k, work, "bwd", a.epoch, a.batch))
+        return 0.0
+
+    def do_join_prefetch(self, role: str, a: JoinPrefetch) -> Gen:
+        sig = self.prefetches.get((role, a.worker))
+        if sig is not None:
+            yield ("wait", sig)
+
+    def do_await(self, role: str, a: Await) -> Gen:
+        """Wait (no deadline: nothing misses here) for an accepted message. The wait is
+        counted from now, or from the end of the worker's running prefetch (an active
+        worker's wait counts only past its own bottom forward)."""
+        t0 = self.eng.now
+        box = self.box(role, a.kind, a.channel)
+        while True:
+            r = self.do_poll(role, Poll(kind=a.kind, channel=a.channel, accept=a.accept))
+            if r.msg is not None or r.later:
                 break
-            b = queue.popleft()
-            rows = self.rows[b]
-            yield ("wait", self.compute("passive", k, self.cost(c.passive_fwd_s, rows), "fwd",
-                                        epoch, b))
-            self.publish("passive", k, ("emb", epoch, b), self.emb_bytes(rows), epoch, b)
-            out.append(b)
-        while out:
-            yield from self.wait_msg("passive", k, self.sig("grad", epoch, out[0]), epoch, out[0])
-            yield from settle()
+            sig = _Signal()
+            box.waiters.append(sig)
+            yield ("wait", sig)
+        pre = self.prefetches.get((role, a.worker)) if a.worker >= 0 else None
+        start = t0 if pre is None else (max(t0, pre.time) if pre.fired else math.inf)
+        end = self.eng.now
+        if end - start > 0:
+            self.wait[role] += end - start
+            self.eng.span(party=role, worker=a.worker, start_s=start, end_s=end, kind="wait",
+                          what="msg", epoch=self._epoch, batch=a.batch)
+        return r
 
-    # -------------------------------------------------------------- vfl-ps
-    def barrier(self, role: str, epoch: int, b: int) -> Gen:
-        """``Party._barrier_sync``: every worker pushes, then every worker pulls."""
+    def do_wait_schedule(self, role: str, a: WaitSchedule) -> Gen:
+        while not a.ready():
+            yield ("wait", self.sched_sig[role])
+
+    def do_gather(self, role: str, a: Gather) -> Gen:
+        yield ("all", [self.eng.spawn(self.interp(role, p)) for p in a.procs])
+        return [None] * len(a.procs)
+
+    def do_sync(self, role: str, a: Push | Pull) -> Gen:
+        """Half of a replica's sync cost on every worker (a barrier's push or pull)."""
         half = self.sync_s[role] / 2
-        for what in ("push", "pull"):
-            yield ("all", [self.compute(role, k, half, what, epoch, b)
-                           for k in range(self.nw[role])])
+        what = "push" if isinstance(a, Push) else "pull"
+        yield ("all", [self.compute(role, k, half, what, a.epoch, a.batch)
+                       for k in range(self.nw[role])])
 
-    def vflps_active(self, epoch: int, seg: range) -> Gen:
-        pairs = self.nw["active"]
-        for b in seg:
-            sizes = _split_sizes(self.rows[b], pairs)
-            self.publish("active", -1, ("ids", epoch, b), self.rows[b] * 8 + (pairs + 1) * 8,
-                         epoch, b)
-            yield ("all", [self.eng.spawn(self.active_step(k, epoch, b, n,
-                                                           self.sig("emb", epoch, b, k),
-                                                           ("grad", epoch, b, k)))
-                           for k, n in enumerate(sizes) if n])
-            yield from self.barrier("active", epoch, b)
-
-    def vflps_passive_pair(self, k: int, epoch: int, b: int, rows: int) -> Gen:
-        c = self.inp.costs
-        yield ("wait", self.compute("passive", k, self.cost(c.passive_fwd_s, rows), "fwd",
-                                    epoch, b))
-        self.publish("passive", k, ("emb", epoch, b, k), self.emb_bytes(rows), epoch, b)
-        yield from self.wait_msg("passive", k, self.sig("grad", epoch, b, k), epoch, b)
-        yield ("wait", self.compute("passive", k, self.cost(c.passive_bwd_s, rows), "bwd",
-                                    epoch, b))
-
-    def vflps_passive(self, epoch: int, seg: range) -> Gen:
-        pairs = self.nw["passive"]
-        for b in seg:
-            yield from self.wait_msg("passive", -1, self.sig("ids", epoch, b), epoch, b)
-            sizes = _split_sizes(self.rows[b], pairs)
-            yield ("all", [self.eng.spawn(self.vflps_passive_pair(k, epoch, b, n))
-                           for k, n in enumerate(sizes) if n])
-            yield from self.barrier("passive", epoch, b)
+    def do_flush(self, role: str, a: Flush) -> Gen:
+        """Every replica syncs after a segment (its step count restarts)."""
+        out = []
+        for k, rep in enumerate(self.replicas[role]):
+            rep.steps = 0
+            out.append(self.compute(role, k, self.sync_s[role], "sync", a.epoch, -1))
+        yield ("all", out)
 
     # -------------------------------------------------------------- driver
-    def segment(self, epoch: int, seg: range) -> list[_Signal]:
-        algo, spawn = self.inp.algo, self.eng.spawn
-        if algo == "vfl-ps":
-            return [spawn(self.vflps_active(epoch, seg)), spawn(self.vflps_passive(epoch, seg))]
-        qa, qp = deque(seg), deque(seg)
-        passive = self.passive_worker if algo in ("pubsub", "vfl") else self.avfl_passive_worker
-        return ([spawn(self.active_worker(k, epoch, qa)) for k in range(self.nw["active"])]
-                + [spawn(passive(k, epoch, qp)) for k in range(self.nw["passive"])])
-
-    def flush(self, epoch: int) -> list[_Signal]:
-        """``Party._flush``: every replica syncs after a segment."""
-        out = []
-        for role in ROLES:
-            for k, rep in enumerate(self.replicas[role]):
-                rep.steps = 0
-                out.append(self.compute(role, k, self.sync_s[role], "sync", epoch, -1))
-        return out
-
     def driver(self) -> Gen:
-        inp = self.inp
+        """Every epoch's segments: both parties' :meth:`Strategy.segment`, then both
+        parties' :meth:`Strategy.end_segment` (segment ends are a barrier here)."""
+        inp, spawn = self.inp, self.eng.spawn
         segs = eval_segments(self.n_batches, inp.segments)
         for epoch in range(inp.first_epoch, inp.first_epoch + inp.epochs):
+            self._epoch = epoch
             t0 = self.eng.now
             busy0 = {r: self.cpu[r].busy for r in ROLES}
             wait0 = dict(self.wait)
             for seg in segs:
-                yield ("all", self.segment(epoch, seg))
-                yield ("all", self.flush(epoch))
+                yield ("all", [spawn(self.interp(r, self.strategies[r].segment(
+                    epoch, self.batches, seg))) for r in ROLES])
+                yield ("all", [spawn(self.interp(r, self.strategies[r].end_segment(epoch)))
+                               for r in ROLES])
             self.epoch_times.append(self.eng.now - t0)
             self.busy.append({r: self.cpu[r].busy - busy0[r] for r in ROLES})
             self.waits.append({r: (self.wait[r] - wait0[r]) / self.nw[r] for r in ROLES})
@@ -815,13 +882,17 @@ class _Run:
             timeline=spans)
 
 
-def simulate(inp: SimInput) -> SimResult:
+def simulate(inp: SimInput, *, on_action: Callable[[str, Any], None] | None = None
+             ) -> SimResult:
     """Simulate ``inp`` (deterministic: the same input gives the same result).
+
+    ``on_action(role, action)`` (optional) sees every strategy action as it is
+    interpreted, in simulated-time order (:mod:`parties.actions`).
 
     Raises:
         SimInputError: only through building ``inp``; a built input always simulates.
     """
-    return _Run(inp).result()
+    return _Run(inp, on_action).result()
 
 
 # ---------------------------------------------------------------------------- grid

@@ -178,3 +178,19 @@ def test_retry_ready_and_release():
     assert not s.retry_ready(lambda b: True)  # no retries left
     with pytest.raises(KeyError):
         s.release(3, 0)  # not in flight
+
+
+def test_retry_ids_lists_the_reassigned_pending_batches_back_to_front() -> None:
+    s = EpochSchedule(5, max_reassign=2)
+    assert s.retries == 0 and s.retry_ids() == ()
+    for _ in range(3):
+        s.take()  # 0, 1, 2 in flight
+    assert s.fail(1, 0) and s.fail(0, 0)  # pending 3, 4, (1, 1), (0, 1)
+    assert s.retries == 2 and s.retry_ids() == (0, 1)
+    # take(prefer) picks the first of retry_ids that prefer accepts
+    assert s.take(lambda b: b in {1, 0}) == (0, 1)
+    assert s.retries == 1 and s.retry_ids() == (1,)
+    s.release(0, 1)  # back to the front, still a retry
+    assert s.retries == 2 and s.retry_ids() == (1, 0)
+    s.complete(2)
+    assert s.retry_ids() == (1, 0)

@@ -1,0 +1,301 @@
+"""The asyncio interpreter of strategy actions (:mod:`parties.actions`) over a bus and
+the party's workers.
+
+:class:`ActionDriver` runs a strategy generator (:mod:`parties.strategy`): it performs
+each yielded action with real I/O (a compute call on a :class:`parties.workers.WorkerHandle`,
+a publication or a bounded wait on the transport) and sends the result back. It knows
+no algorithm. It uses only the small transport surface :class:`Transport` (what
+:class:`pubsub.Bus` offers), so any transport with that surface can carry a run.
+
+An error raised while performing an action (or a cancellation) is thrown into the
+generator at its ``yield``, so the strategy's ``try`` blocks see it where it happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from parties.actions import (
+    EMB,
+    GRAD,
+    IDS,
+    Await,
+    Backward,
+    Discard,
+    Flush,
+    Forward,
+    Gather,
+    JoinPrefetch,
+    Log,
+    NotifySchedule,
+    Now,
+    Pending,
+    Poll,
+    Prefetch,
+    Proc,
+    Publish,
+    Pull,
+    Push,
+    Received,
+    TopStep,
+    WaitSchedule,
+)
+from parties.timeline import COMM, WAIT, Timeline
+from pubsub import DeadlineExceeded, Message
+
+if TYPE_CHECKING:  # (parties.workers pulls in torch; the driver itself needs none)
+    from parties.workers import WorkerHandle
+
+log = structlog.get_logger(__name__)
+
+
+class Transport(Protocol):
+    """The bus surface a party needs (:class:`pubsub.Bus` has it)."""
+
+    async def subscribe(self, topic: str, *, limits: Any = None) -> None: ...
+
+    async def subscribe_many(self, topics: Sequence[str], *, limits: Any = None) -> None: ...
+
+    def publish_nowait(self, topic: str, arrays: Sequence[Any] = (),
+                       meta: dict[str, Any] | None = None, *, copy: bool = True) -> int: ...
+
+    async def next(self, topic: str, timeout_s: float) -> Message:
+        """The oldest buffered message on ``topic``; raises
+        :class:`pubsub.DeadlineExceeded` after ``timeout_s``."""
+        ...
+
+    def try_next(self, topic: str) -> Message | None: ...
+
+    def unget(self, msg: Message) -> None: ...
+
+    def pending(self, topic: str) -> int: ...
+
+    def stats(self) -> Any: ...
+
+
+class TopicMap(Protocol):
+    """Topic names of a run (:class:`parties.runtime.Topics`)."""
+
+    def emb(self, b: int) -> str: ...
+
+    def grad(self, b: int) -> str: ...
+
+    @property
+    def ids(self) -> str: ...
+
+
+class ActionDriver:
+    """Interpret strategy generators over ``bus`` and ``handles``.
+
+    Args:
+        bus: the transport (:class:`Transport`).
+        topics: the run's topic names.
+        handles: the party's workers, by index.
+        timeline: where waits and publications are recorded as spans.
+        record_dp: called with an ``emb`` publication's rows before it is published (the
+            DP ledger; raises, publishing nothing, past the plan); None: not recorded.
+        inline: the workers compute on the event loop (their compute time during a wait
+            is not waiting time).
+        logger: a structlog logger for the strategies' :class:`parties.actions.Log`.
+        on_action: called with every action before it is performed (tracing, tests).
+
+    Attributes:
+        wait_s: seconds spent waiting for partner messages so far (all workers).
+    """
+
+    def __init__(self, bus: Transport, *, topics: TopicMap, handles: Sequence[WorkerHandle],
+                 timeline: Timeline, record_dp: Callable[[Any], None] | None = None,
+                 inline: bool = False, logger: Any = None,
+                 on_action: Callable[[Any], None] | None = None) -> None:
+        self.bus = bus
+        self.topics = topics
+        self.handles = handles
+        self.timeline = timeline
+        self.record_dp = record_dp
+        self.inline = inline
+        self.log = logger if logger is not None else log
+        self.wait_s = 0.0
+        self.on_action = on_action
+        self._prefetch: dict[int, asyncio.Task[None]] = {}
+        self._cond = asyncio.Condition()
+        self._sync: dict[type, Callable[[Any], Any]] = {
+            Publish: self._publish, Poll: self._poll, Pending: self._pending, Now: self._now,
+            Prefetch: self._start_prefetch, Log: self._log}
+        self._async: dict[type, Callable[[Any], Any]] = {
+            Forward: self._forward, Backward: self._backward, Discard: self._discard,
+            JoinPrefetch: self._join_prefetch, TopStep: self._top_step, Await: self._await,
+            WaitSchedule: self._wait_schedule, NotifySchedule: self._notify,
+            Gather: self._gather, Push: self._push, Pull: self._pull, Flush: self._flush}
+
+    async def run(self, proc: Proc) -> Any:
+        """Run ``proc`` to its end; returns its return value (its exception propagates)."""
+        send: Any = None
+        exc: BaseException | None = None
+        while True:
+            try:
+                action = proc.send(send) if exc is None else proc.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            send, exc = None, None
+            kind = type(action)
+            if self.on_action is not None:
+                self.on_action(action)
+            try:
+                fn = self._sync.get(kind)
+                if fn is not None:
+                    send = fn(action)
+                    continue
+                afn = self._async.get(kind)
+                if afn is None:
+                    raise TypeError(f"not a strategy action: {action!r}")
+                send = await afn(action)
+            except BaseException as e:  # noqa: BLE001 - thrown into the generator
+                exc = e
+
+    # ------------------------------------------------------------------ topics
+    def _topic(self, kind: str, channel: int | None) -> str:
+        if kind == EMB:
+            assert channel is not None
+            return self.topics.emb(channel)
+        if kind == GRAD:
+            assert channel is not None
+            return self.topics.grad(channel)
+        if kind == IDS:
+            return self.topics.ids
+        raise ValueError(f"unknown message kind {kind!r}")
+
+    # ------------------------------------------------------------------ immediate
+    def _publish(self, a: Publish) -> None:
+        topic = self._topic(a.kind, a.channel)
+        if a.kind != EMB:
+            self.bus.publish_nowait(topic, list(a.arrays), a.meta)
+            return
+        if self.record_dp is not None:
+            self.record_dp(a.rows)
+        t0 = time.perf_counter()
+        self.bus.publish_nowait(topic, list(a.arrays), a.meta, copy=False)
+        self.timeline.record(COMM, a.worker, a.meta["b"], t0, time.perf_counter())
+
+    def _poll(self, a: Poll) -> Received:
+        """A buffered message that ``accept`` takes, without waiting."""
+        topic = self._topic(a.kind, a.channel)
+        stale = 0
+        while (msg := self.bus.try_next(topic)) is not None:
+            verdict = a.accept(msg)
+            if verdict == 1:
+                return Received(msg=msg, stale=stale)
+            if verdict < 0:
+                self.bus.unget(msg)
+                return Received(later=True, stale=stale)
+            stale += 1
+        return Received(stale=stale)
+
+    def _pending(self, a: Pending) -> frozenset[int]:
+        return frozenset(c for c in a.channels if self.bus.pending(self._topic(a.kind, c)) > 0)
+
+    @staticmethod
+    def _now(_: Now) -> float:
+        return asyncio.get_running_loop().time()
+
+    def _start_prefetch(self, a: Prefetch) -> None:
+        h = self.handles[a.worker]
+        self._prefetch[a.worker] = asyncio.create_task(h.prefetch(a.epoch, a.batch, rows=a.rows))
+
+    def _log(self, a: Log) -> None:
+        getattr(self.log, a.level)(a.event, **a.fields)
+
+    # ------------------------------------------------------------------ compute
+    async def _forward(self, a: Forward) -> Any:
+        kw: dict[str, Any] = {}
+        if a.rows is not None:
+            kw["rows"] = a.rows
+        if a.key is not None:
+            kw["key"] = a.key
+        if a.snapshot:
+            kw["snapshot"] = True
+        return await self.handles[a.worker].forward(a.epoch, a.batch, **kw)
+
+    async def _backward(self, a: Backward) -> None:
+        await self.handles[a.worker].backward(a.epoch, a.key, a.msg.arrays[0])
+
+    async def _discard(self, a: Discard) -> None:
+        await self.handles[a.worker].discard(a.key)
+
+    async def _join_prefetch(self, a: JoinPrefetch) -> None:
+        task = self._prefetch.pop(a.worker, None)
+        if task is not None:
+            await task
+
+    async def _top_step(self, a: TopStep) -> float:
+        bus, topic, meta = self.bus, self.topics.grad(a.grad_channel), a.grad_meta
+
+        def publish(grad: Any) -> None:
+            t0 = time.perf_counter()
+            bus.publish_nowait(topic, [grad], meta, copy=False)
+            self.timeline.record(COMM, a.worker, a.batch, t0, time.perf_counter())
+
+        loss, _ = await self.handles[a.worker].step(a.epoch, a.batch, a.emb.arrays[0],
+                                                    rows=a.rows, on_grad=publish)
+        return loss
+
+    async def _push(self, _: Push) -> None:
+        await asyncio.gather(*(h.push() for h in self.handles))
+
+    async def _pull(self, _: Pull) -> None:
+        await asyncio.gather(*(h.pull() for h in self.handles))
+
+    async def _flush(self, _: Flush) -> None:
+        await asyncio.gather(*(h.flush() for h in self.handles))
+
+    # ------------------------------------------------------------------ coordination
+    async def _await(self, a: Await) -> Received:
+        """Wait on the topic for ``a.timeout_s`` for a message ``accept`` returns 1 for
+        (0: stale, discarded; -1: from the future, put back, the wait ends ``later``).
+
+        Time spent is counted as waiting time, except, with inline workers, the compute
+        that ran on the loop meanwhile (e.g. the active worker's own bottom forward, or
+        another worker's step). The wait is recorded as a ``wait`` span of the action's
+        worker / batch on the party's timeline."""
+        loop = asyncio.get_running_loop()
+        topic = self._topic(a.kind, a.channel)
+        t0 = loop.time()
+        deadline = t0 + a.timeout_s
+        p0 = time.perf_counter()
+        busy0 = sum(h.compute_s for h in self.handles) if self.inline else 0.0
+        stale = 0
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return Received(stale=stale)
+                try:
+                    msg = await self.bus.next(topic, remaining)
+                except DeadlineExceeded:
+                    return Received(stale=stale)
+                verdict = a.accept(msg)
+                if verdict == 1:
+                    return Received(msg=msg, stale=stale)
+                if verdict < 0:
+                    self.bus.unget(msg)
+                    return Received(later=True, stale=stale)
+                stale += 1
+        finally:
+            busy = sum(h.compute_s for h in self.handles) - busy0 if self.inline else 0.0
+            self.wait_s += max(0.0, loop.time() - t0 - busy)
+            self.timeline.record(WAIT, a.worker, a.batch, p0, time.perf_counter())
+
+    async def _wait_schedule(self, a: WaitSchedule) -> None:
+        async with self._cond:
+            await self._cond.wait_for(a.ready)
+
+    async def _notify(self, _: NotifySchedule) -> None:
+        async with self._cond:
+            self._cond.notify_all()
+
+    async def _gather(self, a: Gather) -> list[Any]:
+        return list(await asyncio.gather(*(self.run(p) for p in a.procs)))

@@ -1,0 +1,536 @@
+"""Sans-IO coordination algorithms of a VFL party: one pure object per algorithm x role.
+
+No asyncio, no bus, no torch: each strategy's :meth:`Strategy.segment` returns a
+generator that yields :mod:`parties.actions` and receives their results. The asyncio
+interpreter (:class:`parties.driver.ActionDriver`, used by :class:`parties.runtime.Party`)
+and the discrete-event simulator (:mod:`sim.des`) both run these same generators, so
+the schedules exist once. The algorithms' semantics are specified in the module
+docstring of :mod:`parties.runtime`.
+
+A strategy object lives for the whole run and owns the party's scheduling state and
+counters (:class:`StrategyCounters`); per segment it builds the shared
+:class:`parties.schedule.EpochSchedule` (or queue) and one generator per worker.
+
+==============================  ============  ==========================================
+class                           algo          role
+==============================  ============  ==========================================
+:class:`ScheduledPassive`       pubsub, vfl   passive
+:class:`ScheduledActive`        pubsub, vfl,  active (``avfl*``: no reassignment)
+                                avfl, avfl-ps
+:class:`AvflPassive`            avfl, avfl-ps passive
+:class:`VflpsActive`            vfl-ps        active
+:class:`VflpsPassive`           vfl-ps        passive
+==============================  ============  ==========================================
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from parties.actions import (
+    EMB,
+    GRAD,
+    IDS,
+    Await,
+    Backward,
+    Discard,
+    Flush,
+    Forward,
+    Gather,
+    JoinPrefetch,
+    Log,
+    NotifySchedule,
+    Now,
+    Pending,
+    Poll,
+    Prefetch,
+    Proc,
+    Publish,
+    Pull,
+    Push,
+    Received,
+    TopStep,
+    WaitSchedule,
+)
+from parties.errors import ConfigMismatch, PartnerStalled
+from parties.schedule import (
+    ALGOS,
+    EpochSchedule,
+    StalenessWindow,
+    pack_ids,
+    split_batch_ids,
+    unpack_ids,
+)
+
+ROLES = ("active", "passive")
+#: How often a long wait for partner data checks whether a reassigned batch's data has
+#: arrived meanwhile (seconds). Only waits longer than this pay for it.
+SWITCH_CHECK_S = 0.05
+#: What :meth:`ScheduledActive._step` returns when it gave up a wait for a reassigned
+#: batch whose embedding is already here.
+SWITCHED = "switched"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StrategyConfig:
+    """What a strategy needs of the run config.
+
+    Attributes:
+        algo: one of :data:`parties.schedule.ALGOS`.
+        role: ``"active"`` or ``"passive"``.
+        workers: the workers this party runs (:func:`parties.schedule.effective_workers`).
+        drops: a missed partner deadline drops the batch (else it raises
+            :class:`PartnerStalled`).
+        data_wait_s: how long a worker waits for partner data (T_ddl when ``drops``,
+            else the liveness timeout), > 0.
+        max_reassign: reassignments per missed batch (``pubsub``).
+        staleness_bound: outstanding batches per AVFL passive worker, >= 1.
+        t_ddl_s: T_ddl as configured (only logged).
+    """
+
+    algo: str
+    role: str
+    workers: int
+    drops: bool
+    data_wait_s: float
+    max_reassign: int = 0
+    staleness_bound: int = 1
+    t_ddl_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.algo not in ALGOS:
+            raise ValueError(f"algo must be one of {ALGOS}, got {self.algo!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if self.workers < 1 or self.staleness_bound < 1 or self.max_reassign < 0:
+            raise ValueError(f"bad strategy config: workers={self.workers}, staleness_bound="
+                             f"{self.staleness_bound}, max_reassign={self.max_reassign}")
+        if not self.data_wait_s > 0:
+            raise ValueError(f"data_wait_s must be > 0, got {self.data_wait_s!r}")
+
+    @property
+    def partner(self) -> str:
+        return "passive" if self.role == "active" else "active"
+
+    @classmethod
+    def from_vfl(cls, cfg: Any, role: str) -> StrategyConfig:
+        """From a :class:`parties.config.VflConfig`: drops when ``t_ddl_s > 0`` and the
+        algorithm may drop (not ``vfl`` / ``vfl-ps``)."""
+        drops = cfg.t_ddl_s > 0 and cfg.algo not in ("vfl", "vfl-ps")
+        return cls(algo=cfg.algo, role=role, workers=cfg.workers_for(role), drops=drops,
+                   data_wait_s=cfg.t_ddl_s if drops else cfg.liveness_timeout_s,
+                   max_reassign=cfg.max_reassign, staleness_bound=cfg.staleness_bound,
+                   t_ddl_s=cfg.t_ddl_s)
+
+
+@dataclass(slots=True)
+class StrategyCounters:
+    """A party's training counters over the run (the metrics' ``*_batches`` etc.)."""
+
+    dropped: int = 0
+    reassigned: int = 0
+    skipped: int = 0
+    stale: int = 0
+    switched: int = 0  # waits given up for a reassigned batch whose data had arrived
+    batches: int = 0
+    samples: int = 0
+    loss_sum: float = 0.0
+    loss_n: int = 0
+    max_staleness: int = 0
+
+
+def grad_acceptor(epoch: int, b: int, uid: str) -> Callable[[Any], int]:
+    """Accept the gradient of batch ``b`` of ``epoch``, or the active party's notice that
+    it skipped the batch; anything from an earlier epoch is stale.
+
+    A gradient of an earlier attempt at the same batch (its ``u`` is not ``uid``) is
+    accepted too: the active party trains each batch once, on whichever attempt's
+    embedding reached it first, so after a miss on either side that gradient is the only
+    one that will come. Applied to the newer attempt's forward graph (the same rows, the
+    parameters a few steps on), it is a stale gradient, as AVFL applies routinely;
+    waiting for the exact attempt instead made the two parties circle their reassigned
+    batches out of phase, each miss costing another T_ddl (a 5 s pause of the passive
+    party with T_ddl = 2 s then cost over 80 s).
+    """
+
+    def accept(m: Any) -> int:
+        e = m.meta.get("e", -1)
+        if e == epoch and m.meta.get("b") == b:
+            return 1
+        if m.meta.get("u") == uid:  # (gradients always carry e and b; kept for safety)
+            return 1
+        return 0 if e <= epoch else -1
+
+    return accept
+
+
+def epoch_acceptor(epoch: int) -> Callable[[Any], int]:
+    """An embedding of ``epoch`` (on a batch's own channel); earlier ones are stale."""
+
+    def accept(m: Any) -> int:
+        e = m.meta.get("e", -1)
+        return 1 if e == epoch else (0 if e < epoch else -1)
+
+    return accept
+
+
+def batch_acceptor(epoch: int, b: int) -> Callable[[Any], int]:
+    """``vfl-ps``: the message of ``(epoch, b)``; earlier ones are stale."""
+
+    def accept(m: Any) -> int:
+        key = (m.meta.get("e", -1), m.meta.get("b", -1))
+        return 1 if key == (epoch, b) else (0 if key < (epoch, b) else -1)
+
+    return accept
+
+
+class Strategy:
+    """Base of the five algorithms' strategies (shared helpers and counters).
+
+    Subclasses implement :meth:`segment`. ``batches[b]`` is batch b's row positions
+    (anything with ``len``; ``vfl-ps`` splits it with
+    :func:`parties.schedule.split_batch_ids`).
+    """
+
+    def __init__(self, cfg: StrategyConfig) -> None:
+        self.cfg = cfg
+        self.counters = StrategyCounters()
+
+    def segment(self, epoch: int, batches: Sequence[Any], seg: range) -> Proc:
+        """Train the batches ``seg`` of ``epoch``: the top-level generator."""
+        raise NotImplementedError
+
+    def end_segment(self, epoch: int) -> Proc:
+        """After a segment: every replica syncs with the PS."""
+        yield Flush(epoch=epoch)
+
+    # ------------------------------------------------------------------ helpers
+    def _wait(self, kind: str, channel: int | None, timeout_s: float,
+              accept: Callable[[Any], int], *, worker: int = -1, batch: int = -1) -> Proc:
+        r: Received = yield Await(kind=kind, channel=channel, timeout_s=timeout_s,
+                                  accept=accept, worker=worker, batch=batch)
+        self.counters.stale += r.stale
+        return r
+
+    def _stalled(self, what: str, b: int, epoch: int) -> Proc:
+        """Log and return (for the caller to raise) :class:`PartnerStalled`."""
+        cfg = self.cfg
+        yield Log(event="vfl.partner_stalled", level="error",
+                  fields={"partner": cfg.partner, "missing": what, "batch": b, "epoch": epoch,
+                          "waited_s": cfg.data_wait_s})
+        return PartnerStalled(cfg.partner, what, cfg.data_wait_s, f"batch {b} of epoch {epoch}")
+
+    def _count_miss(self, reassigned: bool, b: int, epoch: int, what: str) -> Proc:
+        self.counters.dropped += 1
+        if reassigned:
+            self.counters.reassigned += 1
+        yield Log(event="vfl.batch_dropped", level="warning",
+                  fields={"batch": b, "epoch": epoch, "missing": what,
+                          "reassigned": reassigned, "t_ddl_s": self.cfg.t_ddl_s})
+
+    def _settle_grad(self, k: int, epoch: int, b: int, msg: Any, n_rows: int) -> Proc:
+        """The passive side's end of one batch, shared by every algorithm: back-propagate
+        its gradient (``"applied"``), or discard the batch's forward state because the
+        gradient missed its deadline (``"missed"``) or the active party skipped the batch
+        (``"skipped"``). The caller updates its own schedule from the outcome.
+
+        Raises:
+            PartnerStalled: a missed gradient where nothing may be dropped.
+        """
+        c = self.counters
+        if msg is None:
+            if not self.cfg.drops:
+                raise (yield from self._stalled("grad", b, epoch))
+            yield Discard(worker=k, key=b)
+            return "missed"
+        if msg.meta.get("skip"):
+            yield Discard(worker=k, key=b)
+            c.skipped += 1
+            c.dropped += 1
+            return "skipped"
+        yield Backward(worker=k, epoch=epoch, key=b, msg=msg, n_rows=n_rows)
+        c.batches += 1
+        c.samples += n_rows
+        return "applied"
+
+    @staticmethod
+    def _next_task(sched: EpochSchedule, kind: str) -> Proc:
+        """The next ``(batch_id, attempt)`` of the epoch, waiting while others are in
+        flight (they may fail and be reassigned); None when the epoch is over. A
+        reassigned batch whose partner data (``kind`` on its channel) is buffered goes
+        first (:meth:`EpochSchedule.take`)."""
+        while True:
+            prefer = None
+            if sched.retries:
+                ready = yield Pending(kind=kind, channels=sched.retry_ids())
+                prefer = ready.__contains__
+            task = sched.take(prefer)
+            if task is not None or sched.done:
+                return task
+            yield WaitSchedule(ready=lambda: bool(sched.pending) or sched.done)
+
+    def _active_step(self, k: int, epoch: int, b: int, *, channel: int,
+                     accept: Callable[[Any], int], grad_meta: Callable[[Any], dict[str, Any]],
+                     n_rows: int, rows: Any = None,
+                     switch: Callable[[], Proc] | None = None) -> Proc:
+        """One active step: compute the own bottom forward while waiting for the passive
+        embedding, then the top step; the cut-layer gradient is published (on
+        ``channel``) as soon as it exists. Returns the embedding message, None if it
+        missed the wait bound (nothing trained), or :data:`SWITCHED`.
+
+        ``switch``: a generator checked every :data:`SWITCH_CHECK_S` of a long wait; when
+        it returns True (the partner's data for a reassigned batch has arrived meanwhile)
+        the wait is given up early (the caller puts ``b`` back, not counted as a miss)."""
+        yield Prefetch(worker=k, epoch=epoch, batch=b, n_rows=n_rows, rows=rows)
+        deadline = (yield Now()) + self.cfg.data_wait_s
+        switched = False
+        msg = None
+        try:
+            while True:
+                now = yield Now()
+                end = deadline if switch is None else min(deadline, now + SWITCH_CHECK_S)
+                r = yield from self._wait(EMB, channel, end - now, accept, worker=k, batch=b)
+                msg = r.msg
+                # data, the deadline, or a message from a later epoch. (Not "returned
+                # before end": a timer may fire a fraction of a millisecond early by the
+                # clock, and that once dropped a batch 50 ms into its wait.)
+                if msg is not None or r.later or (yield Now()) >= deadline:
+                    break
+                if switch is not None and (yield from switch()):
+                    switched = True
+                    break
+        except GeneratorExit:  # closed unfinished: nothing may be yielded any more
+            raise
+        except BaseException:  # (an interpreter's error or cancellation, thrown in)
+            yield JoinPrefetch(worker=k)
+            raise
+        yield JoinPrefetch(worker=k)
+        if msg is None:
+            yield Discard(worker=k, key=b)
+            return SWITCHED if switched else None
+        loss = yield TopStep(worker=k, epoch=epoch, batch=b, emb=msg, n_rows=n_rows,
+                             grad_channel=channel, grad_meta=grad_meta(msg), rows=rows)
+        c = self.counters
+        c.samples += n_rows
+        c.loss_sum += loss * n_rows
+        c.loss_n += n_rows
+        return msg
+
+
+class ScheduledPassive(Strategy):
+    """``pubsub`` / ``vfl`` passive: ``w`` workers take batches from the party's
+    :class:`EpochSchedule`; each embeds, publishes, waits for the gradient (T_ddl), and
+    back-propagates; a miss reassigns the batch (``max_reassign`` times)."""
+
+    def segment(self, epoch: int, batches: Sequence[Any], seg: range) -> Proc:
+        cfg = self.cfg
+        sched = EpochSchedule(len(seg), cfg.max_reassign if cfg.drops else 0, ids=seg)
+        yield Gather(procs=tuple(self.worker(k, epoch, batches, sched)
+                                 for k in range(cfg.workers)))
+
+    def worker(self, k: int, epoch: int, batches: Sequence[Any], sched: EpochSchedule) -> Proc:
+        """Take a batch, publish its embedding, wait for its gradient, back-propagate."""
+        while (task := (yield from self._next_task(sched, GRAD))) is not None:
+            b, attempt = task
+            rows = batches[b]
+            h = yield Forward(worker=k, epoch=epoch, batch=b, n_rows=len(rows))
+            uid = f"{epoch}.{b}.{attempt}"
+            yield Publish(kind=EMB, channel=b, meta={"e": epoch, "b": b, "a": attempt, "u": uid},
+                          arrays=(h,), rows=rows, worker=k, batch=b)
+            r = yield from self._wait(GRAD, b, self.cfg.data_wait_s,
+                                      grad_acceptor(epoch, b, uid), worker=k, batch=b)
+            outcome = yield from self._settle_grad(k, epoch, b, r.msg, len(rows))
+            if outcome == "missed":
+                yield from self._count_miss(sched.fail(b, attempt), b, epoch, "grad")
+            elif outcome == "skipped":
+                sched.drop(b)
+            else:
+                sched.complete(b)
+            yield NotifySchedule()
+
+
+class ScheduledActive(Strategy):
+    """``pubsub`` / ``vfl`` / ``avfl`` / ``avfl-ps`` active: take a batch, wait for its
+    embedding (T_ddl), train, publish the gradient; a miss reassigns the batch
+    (``pubsub``) or skips it (after ``max_reassign`` misses, or at once under AVFL) and
+    tells the passive party so."""
+
+    def segment(self, epoch: int, batches: Sequence[Any], seg: range) -> Proc:
+        cfg = self.cfg
+        # the active side of AVFL: no reassignment; a batch whose embedding misses
+        # T_ddl is skipped (and the passive told so)
+        again = cfg.max_reassign if cfg.drops and cfg.algo in ("pubsub", "vfl") else 0
+        sched = EpochSchedule(len(seg), again, ids=seg)
+        yield Gather(procs=tuple(self.worker(k, epoch, batches, sched)
+                                 for k in range(cfg.workers)))
+
+    def worker(self, k: int, epoch: int, batches: Sequence[Any], sched: EpochSchedule) -> Proc:
+        accept = epoch_acceptor(epoch)
+        drops = self.cfg.drops
+        c = self.counters
+
+        def retry_ready() -> Proc:
+            ids = sched.retry_ids()
+            if not ids:
+                return False
+            ready = yield Pending(kind=EMB, channels=ids)
+            return sched.retry_ready(ready.__contains__)
+
+        while (task := (yield from self._next_task(sched, EMB))) is not None:
+            b, attempt = task
+            out = yield from self._active_step(
+                k, epoch, b, channel=b, accept=accept, n_rows=len(batches[b]),
+                grad_meta=lambda m, b=b: {"e": epoch, "b": b, "u": m.meta.get("u")},
+                switch=retry_ready if drops else None)
+            if out is SWITCHED:
+                sched.release(b, attempt)  # back to the front; not a miss
+                c.switched += 1
+                continue
+            if out is None:
+                if not drops:
+                    raise (yield from self._stalled("emb", b, epoch))
+                again = sched.fail(b, attempt)
+                yield from self._count_miss(again, b, epoch, "emb")
+                if not again:
+                    yield Publish(kind=GRAD, channel=b, meta={"e": epoch, "b": b, "skip": True})
+            else:
+                sched.complete(b)
+                c.batches += 1
+            yield NotifySchedule()
+
+
+class AvflPassive(Strategy):
+    """``avfl`` / ``avfl-ps`` passive: publish embeddings without waiting for their
+    gradients, at most ``staleness_bound`` outstanding per worker; apply the gradients in
+    publication order as they arrive (to the current parameters: a stale gradient); at
+    the bound, wait for the oldest (T_ddl; a miss gives the batch up)."""
+
+    def segment(self, epoch: int, batches: Sequence[Any], seg: range) -> Proc:
+        queue = deque(seg)
+        yield Gather(procs=tuple(self.worker(k, epoch, batches, queue)
+                                 for k in range(self.cfg.workers)))
+
+    def worker(self, k: int, epoch: int, batches: Sequence[Any], queue: deque[int]) -> Proc:
+        win = StalenessWindow(self.cfg.staleness_bound)
+        uids: dict[int, str] = {}
+        c = self.counters
+
+        def settle(b: int, msg: Any) -> Proc:
+            outcome = yield from self._settle_grad(k, epoch, b, msg, len(batches[b]))
+            if outcome == "applied":
+                win.applied(b)
+            else:
+                win.given_up(b)
+                if outcome == "missed":
+                    yield from self._count_miss(False, b, epoch, "grad")
+
+        def wait_oldest() -> Proc:
+            b = win.oldest()
+            assert b is not None
+            r = yield from self._wait(GRAD, b, self.cfg.data_wait_s,
+                                      grad_acceptor(epoch, b, uids[b]), worker=k, batch=b)
+            yield from settle(b, r.msg)
+
+        try:
+            while True:
+                # settle gradients that are already here, oldest first (FIFO keeps
+                # every gradient's staleness below the bound)
+                while (b_old := win.oldest()) is not None:
+                    r = yield Poll(kind=GRAD, channel=b_old,
+                                   accept=grad_acceptor(epoch, b_old, uids[b_old]))
+                    c.stale += r.stale
+                    if r.msg is None:
+                        break
+                    yield from settle(b_old, r.msg)
+                if win.full:
+                    yield from wait_oldest()
+                    continue
+                if not queue:
+                    break
+                b = queue.popleft()
+                rows = batches[b]
+                h = yield Forward(worker=k, epoch=epoch, batch=b, n_rows=len(rows),
+                                  snapshot=True)
+                uids[b] = f"{epoch}.{b}.0"
+                yield Publish(kind=EMB, channel=b,
+                              meta={"e": epoch, "b": b, "a": 0, "u": uids[b]},
+                              arrays=(h,), rows=rows, worker=k, batch=b)
+                win.issue(b)
+            while win.outstanding:
+                yield from wait_oldest()
+        finally:
+            c.max_staleness = max(c.max_staleness, win.max_staleness)
+
+
+class VflpsActive(Strategy):
+    """``vfl-ps`` active parameter server: split each batch's IDs into one subset per
+    worker pair and broadcast them; each worker trains its subset with its paired
+    passive worker (channel k); then aggregate (all push, then all pull)."""
+
+    def segment(self, epoch: int, batches: Sequence[Any], seg: range) -> Proc:
+        w = self.cfg.workers
+        for b in seg:
+            parts = split_batch_ids(batches[b], w)
+            ids, offsets = pack_ids(parts)
+            yield Publish(kind=IDS, channel=None, meta={"e": epoch, "b": b},
+                          arrays=(ids, offsets), batch=b)
+            yield Gather(procs=tuple(self.pair(k, epoch, b, parts[k])
+                                     for k in range(w) if len(parts[k])))
+            self.counters.batches += 1
+            yield Push(epoch=epoch, batch=b)
+            yield Pull(epoch=epoch, batch=b)
+
+    def pair(self, k: int, epoch: int, b: int, rows: Any) -> Proc:
+        msg = yield from self._active_step(
+            k, epoch, b, channel=k, accept=batch_acceptor(epoch, b), n_rows=len(rows),
+            grad_meta=lambda m: {"e": epoch, "b": b, "k": k, "u": m.meta.get("u")}, rows=rows)
+        if msg is None:
+            raise (yield from self._stalled("emb", b, epoch))
+
+
+class VflpsPassive(Strategy):
+    """``vfl-ps`` passive parameter server: for each batch, receive the active PS's ID
+    subsets, let each paired worker embed its subset and back-propagate its gradient,
+    then aggregate (all workers push, then all pull)."""
+
+    def segment(self, epoch: int, batches: Sequence[Any], seg: range) -> Proc:
+        w = self.cfg.workers
+        for b in seg:
+            r = yield from self._wait(IDS, None, self.cfg.data_wait_s,
+                                      batch_acceptor(epoch, b), batch=b)
+            if r.msg is None:
+                raise (yield from self._stalled("ids", b, epoch))
+            parts = unpack_ids(r.msg.arrays[0], r.msg.arrays[1])
+            if len(parts) != w:
+                raise ConfigMismatch({"pairs": w}, {"pairs": len(parts)})
+            yield Gather(procs=tuple(self.pair(k, epoch, b, parts[k])
+                                     for k in range(w) if len(parts[k])))
+            yield Push(epoch=epoch, batch=b)
+            yield Pull(epoch=epoch, batch=b)
+
+    def pair(self, k: int, epoch: int, b: int, rows: Any) -> Proc:
+        h = yield Forward(worker=k, epoch=epoch, batch=b, n_rows=len(rows), rows=rows, key=b)
+        uid = f"{epoch}.{b}.{k}"
+        yield Publish(kind=EMB, channel=k, meta={"e": epoch, "b": b, "k": k, "a": 0, "u": uid},
+                      arrays=(h,), rows=rows, worker=k, batch=b)
+        r = yield from self._wait(GRAD, k, self.cfg.data_wait_s,
+                                  lambda m: 1 if m.meta.get("u") == uid else 0,
+                                  worker=k, batch=b)
+        if r.msg is None:
+            raise (yield from self._stalled("grad", b, epoch))
+        yield Backward(worker=k, epoch=epoch, key=b, msg=r.msg, n_rows=len(rows))
+        self.counters.samples += len(rows)
+        if k == 0:
+            self.counters.batches += 1
+
+
+def make_strategy(cfg: StrategyConfig) -> Strategy:
+    """The strategy of ``cfg.algo`` x ``cfg.role``."""
+    if cfg.algo == "vfl-ps":
+        return VflpsActive(cfg) if cfg.role == "active" else VflpsPassive(cfg)
+    if cfg.role == "active":
+        return ScheduledActive(cfg)
+    return ScheduledPassive(cfg) if cfg.algo in ("pubsub", "vfl") else AvflPassive(cfg)
