@@ -125,13 +125,12 @@ from parties.preflight import (check_test_labels, encode_features, load_configur
 from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost, PartnerStalled
 from parties.model import (
     ParameterServer,
-    party_bottom,
     embed,
     flat_params,
     load_flat,
     predict,
-    top_model,
 )
+from parties.zoo import ModelFactory
 from parties.schedule import (
     EpochSchedule,
     StalenessWindow,
@@ -337,10 +336,13 @@ class Party:
         progress: print one line per epoch to stdout (active party).
         security: CURVE keys for the bus (:class:`pubsub.security.CurveClient`); None =
             plaintext (loopback brokers only).
+        models: the model factory (:class:`parties.zoo.ModelFactory`, e.g. with Python
+            callables); None = the config's ``vfl.model`` / ``vfl.top_model``.
     """
 
     def __init__(self, role: str, cfg: VflConfig, data: PartyData, *, broker: str, run_id: str,
-                 progress: bool = True, security: CurveClient | None = None) -> None:
+                 progress: bool = True, security: CurveClient | None = None,
+                 models: ModelFactory | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if role == "active" and data.y_train is None:
@@ -374,11 +376,12 @@ class Party:
         self.log = log.bind(party=role, run_id=run_id)
         torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
         d_in = data.x_train.shape[1]
-        self._make_bottom = lambda: party_bottom(cfg, role, d_in)
-        self._make_top = lambda: top_model(cfg.embedding_dim, cfg.top_hidden)
-        self._bottom = self._make_bottom()
-        self._top = self._make_top() if role == "active" else None
-        mods = [self._bottom] + ([self._top] if self._top is not None else [])
+        self.models = models if models is not None else ModelFactory(cfg)
+        mods = self.models.modules(role, d_in)
+        for m in mods:
+            m.eval()  # the party's copies only score (workers train their own replicas)
+        self._bottom = mods[0]
+        self._top = mods[1] if role == "active" else None
         self.ps = ParameterServer(flat_params(mods), workers=self.workers)
         self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
         self._x_val = torch.from_numpy(np.ascontiguousarray(data.x_val))
@@ -423,7 +426,7 @@ class Party:
         if mode in ("thread", "inline"):
             kind = ThreadWorker if mode == "thread" else InlineWorker
             self._handles = [kind(self.role, cfg, data.x_train, data.y_train, self.ps,
-                                  noise_seed=self._noise_seeds[k])
+                                  noise_seed=self._noise_seeds[k], models=self.models)
                              for k in range(self.workers)]
         else:
             self._data_dir = Path(tempfile.mkdtemp(prefix=f"psfl-{self.role}-"))
@@ -431,7 +434,8 @@ class Party:
             if data.y_train is not None:
                 np.save(self._data_dir / "y_train.npy", data.y_train)
             self._handles = [ProcessWorker(self.role, k, cfg, self._data_dir, self.ps,
-                                           noise_seed=self._noise_seeds[k])
+                                           noise_seed=self._noise_seeds[k],
+                                           models=self.models)
                              for k in range(self.workers)]
             await asyncio.to_thread(ensure_forkserver)
         self._handles = [TimedWorker(h, self.timeline, k) for k, h in enumerate(self._handles)]
