@@ -57,6 +57,9 @@ def exit_code_for(exc: BaseException) -> ExitCode | None:
     for types, code in _EXIT_CODES:
         if isinstance(exc, types):
             return code
+    dpsgd = sys.modules.get("parties.dpsgd")  # loaded whenever its error can exist
+    if dpsgd is not None and isinstance(exc, dpsgd.DpIncompatibleModel):
+        return ExitCode.BAD_INPUT  # a model DP-SGD cannot bound (BatchNorm): bad input
     return None
 
 
@@ -93,6 +96,12 @@ async def _serve(role: str, cfg: VflConfig, args: argparse.Namespace) -> dict[st
     data = await asyncio.to_thread(load_party_data, cfg, role)
     if fork_server is not None:
         await fork_server
+    from parties.preflight import default_models
+
+    if not default_models(cfg):  # a typed error naming the spec, before the bus
+        from parties.zoo import ModelFactory, check_models
+
+        check_models(ModelFactory(cfg), {role: int(data.x_train.shape[1])})
     party = Party(role, cfg, data, broker=args.broker, run_id=args.run_id,
                   progress=not args.quiet, security=args.security)
     try:
