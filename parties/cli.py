@@ -109,6 +109,12 @@ async def _serve(role: str, cfg: VflConfig, args: argparse.Namespace) -> dict[st
     finally:
         if args.out:  # the timeline also tells where a failed run stood
             party.timeline.write(Path(args.out) / f"timeline-{role}.json")
+    if args.out:  # this party's trained part: <out>/model/<role>/ (parties.saved)
+        from parties.saved import save_party_model
+
+        saved = await asyncio.to_thread(save_party_model, Path(args.out), party,
+                                        run_id=args.run_id)
+        metrics["model_dir"] = str(saved)
     metrics["timeline"] = {"file": f"timeline-{role}.json", "spans": party.timeline.n,
                            "overflow": party.timeline.overflow,
                            "totals_s": party.timeline.totals()}
@@ -169,7 +175,13 @@ def run_party(role: str, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m parties {active,passive} --broker tcp://HOST:PORT [...]``."""
+    """``python -m parties {active,passive} --broker tcp://HOST:PORT [...]``, or
+    ``python -m parties predict {active,passive} ...`` (:func:`parties.predict.main`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["predict"]:
+        from parties.predict import main as predict_main
+
+        return predict_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m parties",
                                      description="Run one PubSub-VFL party.")
     parser.add_argument("role", choices=["active", "passive"])

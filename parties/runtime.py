@@ -252,6 +252,10 @@ class PartyData:
         task: ``"binary"`` or ``"regression"``.
         label_mean / label_std: regression only: the training labels' mean and standard
             deviation, original units (standardised prediction p means ``p·std + mean``).
+        encoder: the fitted feature encoder (:class:`parties.encoders.FittedEncoder`), or
+            None when the features come from the public schema (passive party, DP on).
+        label / label_positive: active party only: the label column and (binary task)
+            its positive class as a string (saved with the model).
     """
 
     x_train: np.ndarray
@@ -266,6 +270,9 @@ class PartyData:
     task: str = "binary"
     label_mean: float = 0.0
     label_std: float = 1.0
+    encoder: Any = None
+    label: str = ""
+    label_positive: str = ""
 
 
 def load_party_data(cfg: VflConfig, role: str) -> PartyData:
@@ -289,12 +296,13 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
     x_val, x_test = feats.x_test[:n_val], feats.x_test[n_val:]
     y_train = y_test = y_val = None
     mean, std = 0.0, 1.0
+    pos = ""
     if role == "active":
         if task == "regression":
             reg = encode_regression_labels(frame, label, train_idx, held)
             y_train, y_held, mean, std = reg.y_train, reg.y_test, reg.mean, reg.std
         else:
-            y_train, y_held, _pos = encode_labels(frame, label, train_idx, held)
+            y_train, y_held, pos = encode_labels(frame, label, train_idx, held)
         y_val, y_test = y_held[:n_val], y_held[n_val:]
         check_test_labels(y_test, label, task=task)
     log.info("vfl.data_loaded", party=role, dataset=cfg.dataset, task=task, n_rows=len(frame),
@@ -304,7 +312,8 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
         x_train=feats.x_train, x_test=x_test, y_train=y_train, y_test=y_test,
         x_val=x_val, y_val=y_val,
         columns=mine, n_rows=len(frame), dataset=cfg.dataset, task=task,
-        label_mean=mean, label_std=std,
+        label_mean=mean, label_std=std, encoder=feats.encoder,
+        label=label if role == "active" else "", label_positive=pos,
     )
 
 
@@ -417,6 +426,16 @@ class Party:
                       grad_clip_norm=plan.grad_clip_norm, clip_norm=plan.clip_norm, target_mu=plan.target_mu, delta=plan.delta,
                       planned_publications=plan.planned_publications,
                       noise_seed="config" if cfg.dp_noise_seed is not None else "os_entropy")
+
+    def trained_modules(self) -> list[torch.nn.Module]:
+        """This party's models (bottom, then the top model for the active party) loaded with
+        the parameter server's current vector (parameters and buffers), in eval mode: after
+        :meth:`run`, the trained model (for :mod:`parties.saved`)."""
+        mods = [self._bottom] + ([self._top] if self._top is not None else [])
+        load_flat(mods, self.ps.pull())
+        for m in mods:
+            m.eval()
+        return mods
 
     # ------------------------------------------------------------------ helpers
     async def _start_workers(self) -> None:

@@ -274,6 +274,7 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         # results of an earlier run in this directory go, so it never mixes two runs
         for stale in ("metrics.json", "passive.json", "broker.addr"):
             (out / stale).unlink(missing_ok=True)
+        shutil.rmtree(out / "model", ignore_errors=True)  # saved parts of an earlier run
         (out / "config.toml").write_text(dump_vfl_config(cfg))
     except OSError as exc:
         raise OutDirError(f"cannot use {str(out)!r} as the run directory: "
