@@ -145,7 +145,7 @@ def labels_of(part: SavedPart, frame: pd.DataFrame) -> np.ndarray | None:
 
 
 # ---------------------------------------------------------------------------- DP
-def charge(part: SavedPart, n: int, source: str, rows: np.ndarray) -> tuple[Any, dict[str, Any]]:
+def charge(part: SavedPart, n: int, source: str) -> tuple[Any, dict[str, Any]]:
     """The passive party's DP for one prediction release of ``n`` rows: ``(privatize,
     report)``, after charging the release to the ledger (saved back to the part).
 
@@ -179,8 +179,7 @@ def charge(part: SavedPart, n: int, source: str, rows: np.ndarray) -> tuple[Any,
     acct = GdpAccountant(sizes, release_mu=state["release_mu"])
     acct.load_state_dict({**state, "max_publications": {}})
     if source == "test_split":
-        # positions of the test rows within the ledger's test group: the split's order
-        acct.record("test")
+        acct.record("test")  # every record of the test split, once more
         prediction_mu = acct.group_mu("test")
         new = {"continues": "test", "rows": n}
     else:
@@ -306,7 +305,7 @@ class PredictParty:
         bottom = self.part.modules[0]
         emb = await asyncio.to_thread(embed, bottom, self.x)
         privatize, dp = await asyncio.to_thread(charge, self.part, int(emb.shape[0]),
-                                                self.rows.source, self.rows.rows)
+                                                self.rows.source)
         if privatize is not None:
             emb = privatize(torch.from_numpy(emb))[1].numpy()
         bus.publish_nowait(self._t("emb"), [emb], {"dp": dp}, copy=False)
