@@ -147,3 +147,19 @@ def test_load_flat_roundtrip_of_a_model_with_buffers() -> None:
         a[0].blocks[0].f[1].running_mean.fill_(2.0)
     load_flat(b, flat_params(a))
     assert torch.equal(b[0].blocks[0].f[1].running_mean, torch.full((8,), 2.0))
+
+
+def test_feature_widths_match_the_encoded_widths(tmp_path: Path) -> None:
+    from parties.preflight import feature_widths
+    from parties.runtime import load_party_data
+
+    frame = _frame()
+    frame["y"] = np.arange(len(frame)) % 2
+    path = tmp_path / "t.csv"
+    frame.to_csv(path, index=False)
+    cfg = VflConfig(dataset=str(path), label="y", active_columns=("a", "b"),
+                    passive_columns=("c", "flag"))
+    widths = feature_widths(cfg)
+    for role in ("active", "passive"):
+        assert widths[role] == load_party_data(cfg, role).x_train.shape[1]
+    assert widths["active"] == 1 + 3  # a; b = x, y, __missing__
