@@ -57,6 +57,9 @@ def exit_code_for(exc: BaseException) -> ExitCode | None:
     for types, code in _EXIT_CODES:
         if isinstance(exc, types):
             return code
+    dpsgd = sys.modules.get("parties.dpsgd")  # loaded whenever its error can exist
+    if dpsgd is not None and isinstance(exc, dpsgd.DpIncompatibleModel):
+        return ExitCode.BAD_INPUT  # a model DP-SGD cannot bound (BatchNorm): bad input
     return None
 
 
@@ -93,6 +96,12 @@ async def _serve(role: str, cfg: VflConfig, args: argparse.Namespace) -> dict[st
     data = await asyncio.to_thread(load_party_data, cfg, role)
     if fork_server is not None:
         await fork_server
+    from parties.preflight import default_models
+
+    if not default_models(cfg):  # a typed error naming the spec, before the bus
+        from parties.zoo import ModelFactory, check_models
+
+        check_models(ModelFactory(cfg), {role: int(data.x_train.shape[1])})
     party = Party(role, cfg, data, broker=args.broker, run_id=args.run_id,
                   progress=not args.quiet, security=args.security)
     try:
@@ -100,6 +109,12 @@ async def _serve(role: str, cfg: VflConfig, args: argparse.Namespace) -> dict[st
     finally:
         if args.out:  # the timeline also tells where a failed run stood
             party.timeline.write(Path(args.out) / f"timeline-{role}.json")
+    if args.out:  # this party's trained part: <out>/model/<role>/ (parties.saved)
+        from parties.saved import save_party_model
+
+        saved = await asyncio.to_thread(save_party_model, Path(args.out), party,
+                                        run_id=args.run_id)
+        metrics["model_dir"] = str(saved)
     metrics["timeline"] = {"file": f"timeline-{role}.json", "spans": party.timeline.n,
                            "overflow": party.timeline.overflow,
                            "totals_s": party.timeline.totals()}
@@ -160,7 +175,13 @@ def run_party(role: str, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m parties {active,passive} --broker tcp://HOST:PORT [...]``."""
+    """``python -m parties {active,passive} --broker tcp://HOST:PORT [...]``, or
+    ``python -m parties predict {active,passive} ...`` (:func:`parties.predict.main`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["predict"]:
+        from parties.predict import main as predict_main
+
+        return predict_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m parties",
                                      description="Run one PubSub-VFL party.")
     parser.add_argument("role", choices=["active", "passive"])

@@ -78,7 +78,29 @@ class VflConfig:
             columns go to the active party and the rest to the passive party (0, the
             default: an even split); e.g. 50 on ``synthetic`` 500 gives 50:450.
         embedding_dim: cut-layer width (each party's embedding size).
-        top_hidden: hidden widths of the top model.
+        top_hidden: hidden widths of the top model (``top_model`` ``"mlp"``).
+        model: the bottom models: ``"mlp"`` (the default: ``bottom_hidden`` Linear/ReLU
+            stacks), ``"resnet"`` (the paper's large model, residual MLP blocks, see
+            ``resnet_*``) or ``"package.module:callable"`` called as
+            ``bottom(d_in, d_out) -> nn.Module`` (importable in every process). See
+            :mod:`parties.zoo` and docs/models.md.
+        top_model: the top model, same forms (called as ``top(d_in, d_out)`` with
+            ``d_in = 2·embedding_dim``, ``d_out = 1``); empty (the default): ``"resnet"``
+            when ``model = "resnet"``, else ``"mlp"`` (``top_hidden``).
+        resnet_depth: residual blocks of a ``resnet`` model (default 4; 0 = input and
+            output projections only).
+        resnet_width: hidden width of a ``resnet`` model (default 256).
+        resnet_norm: normalisation inside each residual block: ``"layer"`` (LayerNorm,
+            the default), ``"batch"`` (BatchNorm1d: running statistics live in the
+            parameter-server vector, see :mod:`parties.model`), ``"group"`` (GroupNorm,
+            at most 8 groups) or ``"none"``.
+        resnet_dropout: dropout probability inside each residual block, in [0, 1)
+            (default 0; refused in the passive bottom with DP on).
+        dp_batchnorm: with DP on, what to do with BatchNorm in the passive bottom model:
+            ``"refuse"`` (the default: the run is refused before it starts,
+            :class:`parties.dpsgd.DpIncompatibleModel`) or ``"groupnorm"`` (each
+            BatchNorm1d is replaced by a GroupNorm of the same width, whose statistics
+            are per row).
         torch_threads: intra-op threads per party process.
         eval_every: score the validation split every this many epochs (and after the
             last); on ``synthetic`` every quarter of such an epoch. The test split is
@@ -177,6 +199,13 @@ class VflConfig:
     active_features: int = 0
     embedding_dim: int = 32
     top_hidden: tuple[int, ...] = (32,)
+    model: str = "mlp"
+    top_model: str = ""
+    resnet_depth: int = 4
+    resnet_width: int = 256
+    resnet_norm: str = "layer"
+    resnet_dropout: float = 0.0
+    dp_batchnorm: str = "refuse"
     torch_threads: int = 1
     eval_every: int = 1
     target_metric: float | None = None
@@ -261,7 +290,23 @@ class VflConfig:
             raise bad("event_loop", "must be 'uvloop' or 'asyncio'")
         if self.worker_mode not in WORKER_MODES:
             raise bad("worker_mode", "must be 'auto', 'process', 'thread' or 'inline'")
+        self._check_models(bad)
         self._check_dp(bad)
+
+    def _check_models(self, bad: Callable[[str, str], ConfigError]) -> None:
+        from parties.modelspec import DP_BATCHNORM, check_resnet_settings, check_spec
+
+        check_spec("model", self.model)
+        check_spec("top_model", self.top_model, allow_empty=True)
+        wrong = check_resnet_settings(self.resnet_depth, self.resnet_width, self.resnet_norm,
+                                      self.resnet_dropout)
+        if wrong is not None:
+            raise bad(wrong, {"resnet_depth": "must be >= 0",
+                              "resnet_width": "must be >= 1",
+                              "resnet_norm": "must be 'layer', 'batch', 'group' or 'none'",
+                              "resnet_dropout": "must be in [0, 1)"}[wrong])
+        if self.dp_batchnorm not in DP_BATCHNORM:
+            raise bad("dp_batchnorm", f"must be one of {DP_BATCHNORM}")
 
     def _check_dp(self, bad: Callable[[str, str], ConfigError]) -> None:
         if self.dp_mu is not None and not self.dp_mu > 0:

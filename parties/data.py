@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -577,11 +578,15 @@ class PartyFeatures:
         feature_names: Length ``d``, after one-hot encoding: a numeric column
             keeps its name, a categorical column ``c`` with value ``v`` becomes
             ``"c=v"``.
+        encoder: the fitted encoder as plain data
+            (:class:`parties.encoders.FittedEncoder`, serialisable), or None (features
+            from a public schema, :class:`parties.schema.SchemaEncoder`).
     """
 
     x_train: np.ndarray
     x_test: np.ndarray
     feature_names: tuple[str, ...]
+    encoder: Any = None
 
     def __post_init__(self) -> None:
         d = len(self.feature_names)
@@ -684,10 +689,13 @@ def encode_party_features(
         x_test = encoder.transform(table.iloc[test_idx])
     else:
         x_test = np.empty((0, len(names)))
+    from parties.encoders import FittedEncoder
+
     return PartyFeatures(
         x_train=np.ascontiguousarray(x_train, dtype=np.float32),
         x_test=np.ascontiguousarray(x_test, dtype=np.float32),
         feature_names=names,
+        encoder=FittedEncoder.from_column_transformer(encoder, columns, _MISSING_CATEGORY),
     )
 
 

@@ -10,6 +10,19 @@
   model averaging, see :class:`ParameterServer`.
 * Replicas: each worker trains its own copy with its own Adam state and syncs
   with the PS every ΔT_t local steps (semi-async, PubSub-VFL Sec. 4.2).
+* Which models: :mod:`parties.zoo` (``vfl.model``: ``mlp``, the default and the two
+  MLPs above; ``resnet``, the paper's large model; or a user factory).
+
+Buffers and modes. The PS vector holds each module's parameters and then its
+floating-point buffers (BatchNorm running statistics; integer buffers such as
+``num_batches_tracked`` are left out), in :func:`state_tensors` order. A replica's
+buffers are views of its flat vector like its parameters, so a worker's Δ includes the
+change of its running statistics and the PS averages them by the same θ ← θ + Δ/w rule;
+:func:`load_flat` loads them with the parameters for scoring and saving. Workers train
+in ``model.train()`` mode (dropout on, batch statistics used and tracked); scoring,
+embedding and prediction (:func:`embed`, :func:`predict`) switch the modules to
+``model.eval()`` (dropout off, running statistics used). The default MLPs have no
+buffers and no mode-dependent layers, so their vector and results are unchanged.
 
 All compute methods are synchronous and meant to run in a worker thread;
 torch releases the GIL inside its kernels, so workers overlap on the party's cores.
@@ -71,17 +84,26 @@ def top_model(embedding_dim: int, hidden: Sequence[int]) -> nn.Sequential:
 
 
 def party_modules(cfg: VflConfig, role: str, d_in: int) -> list[nn.Module]:
-    """``role``'s models in parameter-server order: its bottom model, with its own widths
-    (``cfg.bottom_hidden_for(role)``), then, for the active party, the top model. Built
-    in that order from the current torch RNG state.
+    """``role``'s models in parameter-server order: its bottom model (``vfl.model``; the
+    MLP with its own widths ``cfg.bottom_hidden_for(role)`` by default), then, for the
+    active party, the top model. Built in that order from the current torch RNG state
+    (:meth:`parties.zoo.ModelFactory.modules`).
 
     Raises:
         ValueError: ``role`` is neither ``"active"`` nor ``"passive"``.
     """
-    mods: list[nn.Module] = [party_bottom(cfg, role, d_in)]
-    if role == "active":
-        mods.append(top_model(cfg.embedding_dim, cfg.top_hidden))
-    return mods
+    from parties.zoo import ModelFactory
+
+    if role not in ("active", "passive"):
+        raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
+    return ModelFactory(cfg).modules(role, d_in)
+
+
+def state_tensors(modules: Sequence[nn.Module]) -> list[torch.Tensor]:
+    """What the PS vector holds, in its order: every parameter of ``modules`` (in order),
+    then every floating-point buffer (see the module docstring)."""
+    params: list[torch.Tensor] = [p for m in modules for p in m.parameters()]
+    return params + [b for m in modules for b in m.buffers() if b.is_floating_point()]
 
 
 class ParameterServer:
@@ -218,7 +240,11 @@ class Replica:
         if sync_mode not in SYNC_MODES:
             raise ValueError(f"sync_mode must be one of {SYNC_MODES}, got {sync_mode!r}")
         self.modules = list(modules)
+        for m in self.modules:
+            m.train()
         self.params = [p for m in self.modules for p in m.parameters()]
+        #: parameters, then floating-point buffers: the PS vector's layout
+        self.tensors = state_tensors(self.modules)
         self.ps = ps
         self.delta_t0 = delta_t0
         self.sync_mode = sync_mode
@@ -227,7 +253,7 @@ class Replica:
         # a 250-column input (172,577 parameters), 0.70 ms per sync when the vector was
         # gathered, cloned and re-viewed each time (four 690 KB allocations).
         self.flat = ps.pull()
-        vector_to_parameters(self.flat, self.params)
+        vector_to_parameters(self.flat, self.tensors)
         self.opt = make_adam(self.params, lr)
         self._base = self.flat.clone()
         self._delta = torch.empty_like(self.flat)
@@ -467,20 +493,32 @@ class ActiveCompute:
 
 
 def load_flat(modules: Sequence[nn.Module], theta: torch.Tensor) -> None:
-    """Copy a flat parameter vector into ``modules`` (in parameter order)."""
+    """Copy a flat PS vector into ``modules`` (parameters, then floating-point buffers:
+    :func:`state_tensors`).
+
+    Raises:
+        ValueError: ``theta`` has the wrong length.
+    """
+    tensors = state_tensors(modules)
+    n = sum(t.numel() for t in tensors)
+    if theta.numel() != n:
+        raise ValueError(f"parameter vector of {theta.numel()} values != the modules' {n}")
     with torch.no_grad():
-        vector_to_parameters(theta.clone(), [p for m in modules for p in m.parameters()])
+        vector_to_parameters(theta.clone(), tensors)
 
 
 def flat_params(modules: Sequence[nn.Module]) -> torch.Tensor:
-    """The modules' parameters as one flat vector (copy)."""
+    """The modules' parameters and floating-point buffers as one flat vector (copy;
+    :func:`state_tensors` order)."""
     with torch.no_grad():
-        return parameters_to_vector([p for m in modules for p in m.parameters()]).clone()
+        return parameters_to_vector(state_tensors(modules)).clone()
 
 
 @torch.no_grad()
 def embed(bottom: nn.Module, x: torch.Tensor, *, chunk: int = 8192) -> np.ndarray:
-    """Embeddings of all rows of ``x`` ``(n, d_in)`` → ``(n, embedding_dim)`` float32, no grad."""
+    """Embeddings of all rows of ``x`` ``(n, d_in)`` → ``(n, embedding_dim)`` float32, no
+    grad, in eval mode (``bottom`` is left in eval mode)."""
+    bottom.eval()
     parts = [bottom(x[i : i + chunk]) for i in range(0, x.shape[0], chunk)]
     return torch.cat(parts).numpy()
 
@@ -491,12 +529,15 @@ def predict(bottom: nn.Module, top: nn.Module, x: torch.Tensor, emb: np.ndarray,
     """Predictions ``(n,)`` float32 from own features ``x`` ``(n, d_a)`` and passive
     embeddings ``emb`` ``(n, d)``: positive-class probabilities (``"binary"``) or
     standardised labels (``"regression"``; ``p * std + mean`` in the label's units).
+    Runs in eval mode (both modules are left in eval mode).
 
     Raises:
         ValueError: unknown ``task``.
     """
     if task not in ("binary", "regression"):
         raise ValueError(f"task must be 'binary' or 'regression', got {task!r}")
+    bottom.eval()
+    top.eval()
     h = bottom(x)
     out = top(torch.cat([h, torch.from_numpy(np.array(emb, dtype=np.float32))], dim=1)).squeeze(1)
     return (torch.sigmoid(out) if task == "binary" else out).numpy()

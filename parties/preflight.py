@@ -28,6 +28,7 @@ from parties.data import (
     train_test_indices,
     validate_split,
 )
+from parties.data import _MISSING_CATEGORY, _is_categorical
 from parties.schema import PublicSchema, SchemaEncoder, bundled_schema, load_schema
 
 
@@ -181,3 +182,69 @@ def encode_features(cfg: VflConfig, role: str, frame: pd.DataFrame, columns: Seq
     return PartyFeatures(x_train=enc.transform(frame.iloc[np.asarray(train_idx)]),
                          x_test=enc.transform(frame.iloc[np.asarray(held_idx)]),
                          feature_names=enc.feature_names)
+
+
+def default_models(cfg: VflConfig) -> bool:
+    """True when ``cfg`` builds the default MLPs (nothing to probe before the start)."""
+    return cfg.model == "mlp" and cfg.top_model in ("", "mlp")
+
+
+def feature_widths(cfg: VflConfig) -> dict[str, int]:
+    """Each party's encoded input width, without encoding the table: the public schema's
+    width (passive party, DP on), else one column per numeric feature and one per
+    category seen in the training rows (missing values are a category), as
+    :func:`parties.data.encode_party_features` fits them.
+
+    Raises:
+        parties.data.DataError, ConfigError, parties.schema.SchemaError: as
+            :func:`preflight`.
+    """
+    from parties.schedule import validation_split
+
+    if cfg.dataset == "synthetic" and cfg.label in ("", SYNTHETIC_LABEL):
+        frame = pd.DataFrame(columns=synthetic_columns(synthetic_spec(cfg)))
+        _, active, passive = resolve_columns(cfg, frame, SYNTHETIC_LABEL)
+        widths = {"active": len(active), "passive": len(passive)}
+        if cfg.dp_enabled:
+            widths["passive"] = dp_schema(cfg, passive).width
+        return widths
+    frame, default_label = load_configured_table(cfg, "active")
+    _, active, passive = resolve_columns(cfg, frame, default_label)
+    all_train, _ = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
+    fit, _ = validation_split(len(all_train), seed=cfg.seed)
+    rows = frame.iloc[all_train[fit]]
+
+    def width(cols: Sequence[str]) -> int:
+        n = 0
+        for c in cols:
+            series = rows[c]
+            if _is_categorical(series):
+                n += series.astype(object).where(series.notna(), _MISSING_CATEGORY) \
+                    .astype(str).nunique()
+            else:
+                n += 1
+        return n
+
+    return {"active": width(active),
+            "passive": dp_schema(cfg, passive).width if cfg.dp_enabled else width(passive)}
+
+
+def preflight_models(cfg: VflConfig, models: Any = None) -> None:
+    """Build and probe both parties' models before any process starts
+    (:func:`parties.zoo.check_models`); nothing to do for the default MLPs.
+
+    Args:
+        models: a :class:`parties.zoo.ModelFactory` (e.g. with Python callables); None:
+            the config's.
+
+    Raises:
+        parties.zoo.ModelSpecError: a factory cannot be imported or raises, or a width is
+            wrong (a ConfigError).
+        parties.dpsgd.DpIncompatibleModel: DP on and BatchNorm in the passive bottom.
+        ConfigError, parties.data.DataError: see :func:`feature_widths`.
+    """
+    if models is None and default_models(cfg):
+        return
+    from parties.zoo import ModelFactory, check_models
+
+    check_models(models if models is not None else ModelFactory(cfg), feature_widths(cfg))

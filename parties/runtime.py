@@ -131,13 +131,12 @@ from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost, Partne
 from parties.strategy import StrategyConfig, make_strategy
 from parties.model import (
     ParameterServer,
-    party_bottom,
     embed,
     flat_params,
     load_flat,
     predict,
-    top_model,
 )
+from parties.zoo import ModelFactory
 from parties.schedule import (
     epoch_batches,
     eval_segments,
@@ -219,6 +218,10 @@ class PartyData:
         task: ``"binary"`` or ``"regression"``.
         label_mean / label_std: regression only: the training labels' mean and standard
             deviation, original units (standardised prediction p means ``p·std + mean``).
+        encoder: the fitted feature encoder (:class:`parties.encoders.FittedEncoder`), or
+            None when the features come from the public schema (passive party, DP on).
+        label / label_positive: active party only: the label column and (binary task)
+            its positive class as a string (saved with the model).
     """
 
     x_train: np.ndarray
@@ -233,6 +236,9 @@ class PartyData:
     task: str = "binary"
     label_mean: float = 0.0
     label_std: float = 1.0
+    encoder: Any = None
+    label: str = ""
+    label_positive: str = ""
 
 
 def load_party_data(cfg: VflConfig, role: str) -> PartyData:
@@ -256,12 +262,13 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
     x_val, x_test = feats.x_test[:n_val], feats.x_test[n_val:]
     y_train = y_test = y_val = None
     mean, std = 0.0, 1.0
+    pos = ""
     if role == "active":
         if task == "regression":
             reg = encode_regression_labels(frame, label, train_idx, held)
             y_train, y_held, mean, std = reg.y_train, reg.y_test, reg.mean, reg.std
         else:
-            y_train, y_held, _pos = encode_labels(frame, label, train_idx, held)
+            y_train, y_held, pos = encode_labels(frame, label, train_idx, held)
         y_val, y_test = y_held[:n_val], y_held[n_val:]
         check_test_labels(y_test, label, task=task)
     log.info("vfl.data_loaded", party=role, dataset=cfg.dataset, task=task, n_rows=len(frame),
@@ -271,7 +278,8 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
         x_train=feats.x_train, x_test=x_test, y_train=y_train, y_test=y_test,
         x_val=x_val, y_val=y_val,
         columns=mine, n_rows=len(frame), dataset=cfg.dataset, task=task,
-        label_mean=mean, label_std=std,
+        label_mean=mean, label_std=std, encoder=feats.encoder,
+        label=label if role == "active" else "", label_positive=pos,
     )
 
 
@@ -287,10 +295,13 @@ class Party:
         progress: print one line per epoch to stdout (active party).
         security: CURVE keys for the bus (:class:`pubsub.security.CurveClient`); None =
             plaintext (loopback brokers only).
+        models: the model factory (:class:`parties.zoo.ModelFactory`, e.g. with Python
+            callables); None = the config's ``vfl.model`` / ``vfl.top_model``.
     """
 
     def __init__(self, role: str, cfg: VflConfig, data: PartyData, *, broker: str, run_id: str,
-                 progress: bool = True, security: CurveClient | None = None) -> None:
+                 progress: bool = True, security: CurveClient | None = None,
+                 models: ModelFactory | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if role == "active" and data.y_train is None:
@@ -328,11 +339,12 @@ class Party:
         self.log = log.bind(party=role, run_id=run_id)
         torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
         d_in = data.x_train.shape[1]
-        self._make_bottom = lambda: party_bottom(cfg, role, d_in)
-        self._make_top = lambda: top_model(cfg.embedding_dim, cfg.top_hidden)
-        self._bottom = self._make_bottom()
-        self._top = self._make_top() if role == "active" else None
-        mods = [self._bottom] + ([self._top] if self._top is not None else [])
+        self.models = models if models is not None else ModelFactory(cfg)
+        mods = self.models.modules(role, d_in)
+        for m in mods:
+            m.eval()  # the party's copies only score (workers train their own replicas)
+        self._bottom = mods[0]
+        self._top = mods[1] if role == "active" else None
         self.ps = ParameterServer(flat_params(mods), workers=self.workers)
         self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
         self._x_val = torch.from_numpy(np.ascontiguousarray(data.x_val))
@@ -369,6 +381,16 @@ class Party:
                       planned_publications=plan.planned_publications,
                       noise_seed="config" if cfg.dp_noise_seed is not None else "os_entropy")
 
+    def trained_modules(self) -> list[torch.nn.Module]:
+        """This party's models (bottom, then the top model for the active party) loaded with
+        the parameter server's current vector (parameters and buffers), in eval mode: after
+        :meth:`run`, the trained model (for :mod:`parties.saved`)."""
+        mods = [self._bottom] + ([self._top] if self._top is not None else [])
+        load_flat(mods, self.ps.pull())
+        for m in mods:
+            m.eval()
+        return mods
+
     # ------------------------------------------------------------------ helpers
     async def _start_workers(self) -> None:
         """Create the worker handles (and, in process mode, spawn and await the children)."""
@@ -377,7 +399,7 @@ class Party:
         if mode in ("thread", "inline"):
             kind = ThreadWorker if mode == "thread" else InlineWorker
             self._handles = [kind(self.role, cfg, data.x_train, data.y_train, self.ps,
-                                  noise_seed=self._noise_seeds[k])
+                                  noise_seed=self._noise_seeds[k], models=self.models)
                              for k in range(self.workers)]
         else:
             self._data_dir = Path(tempfile.mkdtemp(prefix=f"psfl-{self.role}-"))
@@ -385,7 +407,8 @@ class Party:
             if data.y_train is not None:
                 np.save(self._data_dir / "y_train.npy", data.y_train)
             self._handles = [ProcessWorker(self.role, k, cfg, self._data_dir, self.ps,
-                                           noise_seed=self._noise_seeds[k])
+                                           noise_seed=self._noise_seeds[k],
+                                           models=self.models)
                              for k in range(self.workers)]
             await asyncio.to_thread(ensure_forkserver)
         self._handles = [TimedWorker(h, self.timeline, k) for k, h in enumerate(self._handles)]

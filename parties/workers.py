@@ -49,7 +49,8 @@ from parties.config import VflConfig
 from parties.dp import EmbeddingPrivatizer, plan_from_config, sgd_seed
 from parties.dpsgd import DpSgd
 from parties.errors import WorkerFailed
-from parties.model import ActiveCompute, ParameterServer, PassiveCompute, party_bottom, top_model
+from parties.model import ActiveCompute, ParameterServer, PassiveCompute
+from parties.zoo import ModelFactory
 from parties.schedule import epoch_batches
 
 log = structlog.get_logger(__name__)
@@ -151,10 +152,13 @@ class _Rows:
 
 def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndarray | None,
                  ps: Any, *, noise_seed: int | None = None,
-                 sync_mode: str | None = None) -> PassiveCompute | ActiveCompute:
+                 sync_mode: str | None = None,
+                 models: ModelFactory | None = None) -> PassiveCompute | ActiveCompute:
     """Build a worker's compute object (its replica is initialised from ``ps.pull()``).
 
     Args:
+        models: the run's model factory (None: ``ModelFactory(cfg)``, the config's
+            ``vfl.model`` / ``vfl.top_model``).
         sync_mode: the replica's sync mode; None = the algorithm's
             (:func:`sync_mode_for`).
         noise_seed: the passive worker's secret noise seed; required when the config
@@ -168,15 +172,15 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
     if sync_mode is None:
         sync_mode = sync_mode_for(cfg.algo, cfg.workers_for(role))
 
+    factory = models if models is not None else ModelFactory(cfg)
+
     def make_bottom() -> torch.nn.Module:
-        return party_bottom(cfg, role, d_in)
+        return factory.bottom(role, d_in)
 
     if role == "active":
         assert y_train is not None
         y = torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.float32))
-        return ActiveCompute(x, y, make_bottom, lambda: top_model(cfg.embedding_dim,
-                                                                  cfg.top_hidden),
-                             ps, lr=cfg.worker_lr("active"), delta_t0=cfg.delta_t0,
+        return ActiveCompute(x, y, make_bottom, factory.top, ps, lr=cfg.worker_lr("active"), delta_t0=cfg.delta_t0,
                              task=cfg.effective_task, sync_mode=sync_mode)
     plan = plan_from_config(cfg)
     privatize = None
@@ -200,14 +204,15 @@ class ThreadWorker:
     """A worker whose compute runs on a thread of the party process.
 
     Args:
-        noise_seed: see :func:`make_compute`.
+        noise_seed, models: see :func:`make_compute`.
     """
 
     def __init__(self, role: str, cfg: VflConfig, x_train: np.ndarray,
                  y_train: np.ndarray | None, ps: ParameterServer, *,
-                 noise_seed: int | None = None) -> None:
+                 noise_seed: int | None = None, models: ModelFactory | None = None) -> None:
         self.role = role
-        self.compute = make_compute(role, cfg, x_train, y_train, ps, noise_seed=noise_seed)
+        self.compute = make_compute(role, cfg, x_train, y_train, ps, noise_seed=noise_seed,
+                                    models=models)
         self.rows = _Rows(x_train.shape[0], cfg)
         self._pool = self._new_pool(role)
         self._graphs: dict[int, Any] = {}
@@ -309,7 +314,7 @@ class InlineWorker(ThreadWorker):
     compute call late.
 
     Args:
-        noise_seed: see :func:`make_compute`.
+        noise_seed, models: see :func:`make_compute`.
     """
 
     @staticmethod
@@ -345,6 +350,9 @@ class ProcessWorker:
         ps: the party's parameter server (in this process).
         noise_seed: see :func:`make_compute` (handed to the child as an argument, never
             over the bus).
+        models: a model factory with Python callables (pickled to the child: they must
+            be module-level); None: the child rebuilds ``ModelFactory(cfg)`` from the
+            config mapping.
         start_timeout_s: deadline for the child to start and pull, seconds.
         reply_timeout_s: deadline for any reply, seconds (a child that dies is
             noticed within about a second regardless).
@@ -352,8 +360,10 @@ class ProcessWorker:
 
     def __init__(self, role: str, index: int, cfg: VflConfig, data_dir: Path,
                  ps: ParameterServer, *, noise_seed: int | None = None,
-                 start_timeout_s: float = 120.0, reply_timeout_s: float = 300.0) -> None:
+                 start_timeout_s: float = 120.0, reply_timeout_s: float = 300.0,
+                 models: ModelFactory | None = None) -> None:
         self.role = role
+        self.models = models
         self.index = index
         self.cfg = cfg
         self.data_dir = data_dir
@@ -382,7 +392,9 @@ class ProcessWorker:
         self._proc = ctx.Process(
             target=worker_main,
             args=(endpoint, self.role, self.index, to_mapping(self.cfg), str(self.data_dir),
-                  os.getpid(), self.noise_seed),
+                  os.getpid(), self.noise_seed,
+                  None if self.models is None else (self.models.bottom_fn,
+                                                    self.models.top_fn)),
             name=f"psfl-{self.role}-worker-{self.index}",
             daemon=True,
         )
@@ -555,18 +567,23 @@ class _RemotePS:
 
 
 def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], data_dir: str,
-                parent_pid: int, noise_seed: int | None = None) -> None:
-    """Body of a worker process: serve compute requests until ``stop`` or the parent is gone."""
+                parent_pid: int, noise_seed: int | None = None,
+                model_fns: tuple[Any, Any] | None = None) -> None:
+    """Body of a worker process: serve compute requests until ``stop`` or the parent is gone.
+
+    ``model_fns``: the ``(bottom, top)`` callables of a Python-level model factory (None:
+    the config's model specs)."""
     from pubsub.config import from_mapping
 
     cfg = from_mapping(VflConfig, cfg_map)
+    models = ModelFactory(cfg, *(model_fns or (None, None)))
     torch.set_num_threads(cfg.torch_threads)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PAIR)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     try:
-        _serve_worker(sock, role, cfg, data_dir, parent_pid, noise_seed)
+        _serve_worker(sock, role, cfg, data_dir, parent_pid, noise_seed, models)
     except _Stopped:
         pass
     except Exception as exc:  # noqa: BLE001 - reported to the parent instead of a traceback
@@ -579,11 +596,12 @@ def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], d
 
 
 def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
-                  parent_pid: int, noise_seed: int | None) -> None:
+                  parent_pid: int, noise_seed: int | None, models: ModelFactory) -> None:
     """Load data, build the compute, then answer requests until ``stop``."""
     x_train = np.load(Path(data_dir) / "x_train.npy")
     y_train = np.load(Path(data_dir) / "y_train.npy") if role == "active" else None
-    compute = make_compute(role, cfg, x_train, y_train, _RemotePS(sock), noise_seed=noise_seed)
+    compute = make_compute(role, cfg, x_train, y_train, _RemotePS(sock), noise_seed=noise_seed,
+                           models=models)
     rows = _Rows(x_train.shape[0], cfg)
     graphs: dict[int, Any] = {}
     compute_s = compute_cpu_s = 0.0

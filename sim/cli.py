@@ -1,6 +1,6 @@
 """The ``psfl`` command: one console script with subcommands.
 
-``psfl demo`` · ``psfl vfl run|party|profile|plan|align|schema`` · ``psfl synth run|add-workload`` · ``psfl broker run|stats``
+``psfl demo`` · ``psfl vfl run|predict|party|profile|plan|align|schema`` · ``psfl synth run|add-workload`` · ``psfl broker run|stats``
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ def _vfl_run(args: argparse.Namespace) -> int:
         extra["dataset"] = args.dataset
     if getattr(args, "algo", None):
         extra["algo"] = args.algo
+    if getattr(args, "model", None):
+        extra["model"] = args.model
     cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: run_guarded, exit 2
     if args.run_id:
         check_run_id(args.run_id)
@@ -508,6 +510,55 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vfl_predict(args: argparse.Namespace) -> int:
+    """``psfl vfl predict RUN_DIR --out OUT``: score rows with a run's saved model."""
+    from parties.config import check_run_id
+    from parties.report import format_metric
+
+    from sim.predict_launch import run_predict
+
+    if args.run_id:
+        check_run_id(args.run_id)
+    res, code = _launch(lambda: run_predict(args.run_dir, args.out, data=args.data,
+                                            id_column=args.id_column, broker=args.broker,
+                                            run_id=args.run_id, timeout_s=args.timeout_s,
+                                            wait_s=args.wait_s, keys_dir=args.keys,
+                                            insecure=args.insecure),
+                        what="the broker and both prediction parties")
+    if code is not None:
+        return code
+    s = res.summary
+    line = f"predicted {s['rows']} rows ({s['source']}): {res.predictions}"
+    if s.get("metric") is not None:
+        line += f"; {s['metric_name']} {format_metric(s['metric'])}"
+    print(line)
+    dp = s.get("dp") or {}
+    if dp.get("enabled"):
+        print(f"dp: this release mu {dp['release_mu']:.4g} per row; spent mu "
+              f"{format_metric(dp['mu'])}, epsilon {format_metric(dp['epsilon'])} at delta "
+              f"{dp['delta']:g} (ledger continued: {dp.get('continues') or 'new rows'})")
+    return 0
+
+
+def _add_predict_parser(vsub: Any) -> None:
+    """``psfl vfl predict``."""
+    pr = vsub.add_parser("predict", help="predict with a run's saved model (broker + both "
+                         "parties; each loads its own part): predictions.csv, predict.json")
+    pr.add_argument("run_dir", help="the training run's directory (psfl vfl run --out)")
+    pr.add_argument("--out", required=True, help="output directory")
+    pr.add_argument("--data", help="CSV/Parquet of new rows with an ID column (default: "
+                    "the run's test split, re-derived from its saved config)")
+    pr.add_argument("--id-column", default="id", help="ID column of --data (default id)")
+    pr.add_argument("--broker", help="use a running broker tcp://HOST:PORT")
+    pr.add_argument("--run-id", help="topic namespace of the prediction; default random")
+    pr.add_argument("--timeout-s", type=float, default=None,
+                    help="kill the job after this many seconds")
+    pr.add_argument("--wait-s", type=float, default=60.0,
+                    help="each party's deadline for each wait on its partner")
+    add_security_arguments(pr, kind="launcher")
+    pr.set_defaults(func=_vfl_predict)
+
+
 def _vfl_party(args: argparse.Namespace) -> int:
     from parties.cli import run_party
 
@@ -672,6 +723,9 @@ def _add_vfl_run_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                        "task=regression and active_columns/passive_columns)")
         p.add_argument("--algo", help="coordination algorithm: pubsub (default), vfl, vfl-ps, "
                        "avfl, avfl-ps (same as --set algo=...)")
+        p.add_argument("--model", help="bottom models: mlp (default), resnet (the paper's "
+                       "large model; resnet_* keys) or package.module:callable (same as "
+                       "--set model=...; see docs/models.md)")
     p.add_argument("--out", default=DEFAULT_DEMO_OUT if demo else None, required=not demo,
                    help="run directory (may exist; files are overwritten)")
     p.add_argument("--config", help="TOML file with a [vfl] table")
@@ -740,6 +794,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "and train with the planned w_active, w_passive and batch_size; or "
                      "the plan.json of psfl vfl plan (recorded in metrics.json)")
     run.set_defaults(func=_vfl_run)
+    _add_predict_parser(vsub)
     party = vsub.add_parser("party", help="run one party (for multi-host runs)")
     party.add_argument("--role", required=True, choices=["active", "passive"])
     add_party_arguments(party)

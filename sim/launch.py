@@ -25,7 +25,7 @@ import orjson
 
 from parties.cli import ExitCode, write_json
 from parties.config import VflConfig, dump_vfl_config
-from parties.preflight import preflight
+from parties.preflight import preflight, preflight_models
 from pubsub.cli import INSECURE_WARNING
 from pubsub.config import ConfigError, to_mapping
 from pubsub.control import control_request
@@ -258,11 +258,15 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         pubsub.BrokerUnreachable: ``broker`` was given and does not answer.
         parties.data.DataError: the data or column split is invalid (checked first).
         parties.dp.UnmeetableTarget: the DP target cannot be met (a ConfigError).
+        parties.zoo.ModelSpecError: a model factory cannot be imported, raises, or has the
+            wrong widths (a ConfigError; :func:`parties.preflight.preflight_models`).
+        parties.dpsgd.DpIncompatibleModel: DP on and BatchNorm in the passive bottom.
     """
     t0 = time.perf_counter()
     out = Path(out)
     from parties.dp import plan_from_config
     plan_from_config(cfg)  # an unmeetable DP target (a ConfigError) refuses before any start
+    preflight_models(cfg)  # a broken model factory or a DP-incompatible model, likewise
     try:
         out.mkdir(parents=True, exist_ok=True)
         events = out / "events.jsonl"
@@ -270,6 +274,7 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         # results of an earlier run in this directory go, so it never mixes two runs
         for stale in ("metrics.json", "passive.json", "broker.addr"):
             (out / stale).unlink(missing_ok=True)
+        shutil.rmtree(out / "model", ignore_errors=True)  # saved parts of an earlier run
         (out / "config.toml").write_text(dump_vfl_config(cfg))
     except OSError as exc:
         raise OutDirError(f"cannot use {str(out)!r} as the run directory: "

@@ -1,0 +1,405 @@
+"""Prediction with a saved VFL model: one party process of ``psfl vfl predict``.
+
+Each party loads only its own saved part (:func:`parties.saved.load_party_model`) and
+reads only its own columns of the rows to predict: by default the run's own test split,
+re-derived from the saved config and seed (the rows the run scored for ``test_auc`` /
+``test_rmse``), or the rows of a CSV/Parquet file of new records with an ID column (both
+parties read the same file, rows matched by position; their ID lists must agree).
+
+Protocol (topics of the prediction's own id ``P``, allowed by the broker's default
+policy for the ``active``/``passive`` identities):
+
+1. hellos on ``ctl/P/hello/<partner>`` carry each part's run id and config digest and
+   the rows' digest; parts of different runs refuse (:class:`SavedModelMismatch`, both
+   parties), as do different rows (:class:`parties.errors.ConfigMismatch`);
+2. the passive party publishes the rows' embeddings on ``eval/P/predict`` in eval mode;
+   with DP on they are clipped and noised exactly like the run's test-split release
+   (clip C, noise multiplier σ of the ``test`` group), and each release is charged to a
+   per-record ledger that continues the training ledger (``ledger.json`` of its part);
+   its DP report rides along in the message's metadata (public figures only);
+3. the active party predicts, writes ``predictions.csv`` (ID or row, prediction, label
+   when present) and ``predict.json`` (metric when labels are present, DP report) to
+   its output directory, and publishes ``ctl/P/done``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+import structlog
+import torch
+
+from pubsub import Bus, BusConfig, DeadlineExceeded
+from pubsub.buffer import BufferLimits
+from pubsub.config import ConfigError
+from pubsub.security import CurveClient
+
+from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerStalled
+from parties.saved import SavedModelMismatch, SavedPart, check_same_run, load_party_model
+
+log = structlog.get_logger(__name__)
+
+#: Default ID column of a file of new rows.
+DEFAULT_ID_COLUMN = "id"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PredictRows:
+    """The rows one party predicts, with its own columns only.
+
+    Attributes:
+        frame: this party's raw columns of the rows (and, active party, the label
+            column when present).
+        ids: the ID column's values as strings (a file), or None (the test split:
+            rows are named by their position in the table).
+        rows: ``(n,)`` positions of the rows in the table.
+        source: ``"test_split"`` or the file's path.
+        digest: the rows' digest (both parties must agree).
+    """
+
+    frame: pd.DataFrame
+    ids: np.ndarray | None
+    rows: np.ndarray
+    source: str
+    digest: str
+
+
+def _digest(items: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for s in items:
+        h.update(s.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def select_rows(part: SavedPart, data: str | None = None,
+                id_column: str = DEFAULT_ID_COLUMN) -> PredictRows:
+    """The rows to predict and this party's columns of them.
+
+    Args:
+        part: this party's saved part.
+        data: a CSV/Parquet file of new rows with ``id_column``; None = the run's test
+            split, re-derived from the saved config (dataset, rows file, seed, test_frac).
+
+    Raises:
+        parties.data.DataError: unreadable file, missing ID column or feature columns.
+    """
+    from parties.data import UnknownColumn, load_table, train_test_indices
+    from parties.preflight import load_configured_table
+
+    cfg, columns = part.cfg, list(part.manifest["columns"])
+    label = part.manifest.get("label", {}).get("column")
+    if data is None:
+        frame, _ = load_configured_table(cfg, part.role)
+        if len(frame) != part.manifest["n_rows"]:
+            from parties.data import DataError
+
+            raise DataError(f"the run's table now has {len(frame)} rows, the saved model "
+                            f"was trained on {part.manifest['n_rows']}: cannot re-derive "
+                            "its test split")
+        _, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
+        keep = columns + ([label] if label and label in frame.columns else [])
+        return PredictRows(frame=frame.iloc[test_idx][keep].reset_index(drop=True), ids=None,
+                           rows=np.asarray(test_idx, dtype=np.int64), source="test_split",
+                           digest=_digest(["test_split", str(len(frame)),
+                                           str(cfg.seed), repr(cfg.test_frac)]))
+    frame, _ = load_table(data)
+    if id_column not in frame.columns:
+        raise UnknownColumn([id_column], list(frame.columns))
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise UnknownColumn(missing, list(frame.columns))
+    ids = frame[id_column].astype(str).to_numpy()
+    keep = columns + ([label] if label and label in frame.columns else [])
+    return PredictRows(frame=frame[keep].reset_index(drop=True), ids=ids,
+                       rows=np.arange(len(frame), dtype=np.int64), source=str(data),
+                       digest=_digest(["file", *ids.tolist()]))
+
+
+def labels_of(part: SavedPart, frame: pd.DataFrame) -> np.ndarray | None:
+    """The active party's labels of ``frame`` encoded as in training (0/1 with the saved
+    positive class, or the label's original units), or None when the label column is
+    absent or has missing values."""
+    from parties.data import _class_name
+
+    info = part.manifest.get("label") or {}
+    col = info.get("column")
+    if not col or col not in frame.columns or frame[col].isna().any():
+        return None
+    if info.get("encoding") == "binary":
+        return np.array([_class_name(v) == info["positive"] for v in frame[col]],
+                        dtype=np.float32)
+    return frame[col].to_numpy(dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------- DP
+def charge(part: SavedPart, n: int, source: str) -> tuple[Any, dict[str, Any]]:
+    """The passive party's DP for one prediction release of ``n`` rows: ``(privatize,
+    report)``, after charging the release to the ledger (saved back to the part).
+
+    The test split's records continue the training ledger's ``test`` group (their one
+    scoring release and every earlier prediction count; the same noise multiplier, so a
+    record published k times in all is ``sqrt(k)·µ_test``-GDP); the run's cap on that
+    group (one release) is lifted, so the spent µ grows past the run's target and is
+    reported. Rows of a new file are records the ledger cannot link to training records
+    (their IDs are not the run's row positions): they form a group of their own for this
+    release (``µ_test`` each), reported separately. None (and DP off report) when the run
+    had DP off.
+    """
+    from parties.dp import (EmbeddingPrivatizer, GdpAccountant, epsilon_for_delta,
+                            plan_from_config, release_mu)
+
+    plan = plan_from_config(part.cfg)
+    if plan is None:
+        return None, {"enabled": False, "mu": None, "epsilon": None}
+    sigma = plan.eval_noise_multipliers["test"]
+    seed = (None if part.cfg.dp_noise_seed is None else
+            int(np.random.SeedSequence([part.cfg.dp_noise_seed, 0x9E, n])
+                .generate_state(1, dtype=np.uint64)[0]))
+    if seed is None:
+        seed = int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0])
+    privatize = EmbeddingPrivatizer(clip_norm=plan.clip_norm, noise_multiplier=sigma,
+                                    seed=seed)
+    mu_one = release_mu(sigma)
+    assert part.ledger is not None, "a DP run's passive part has a ledger"
+    state = dict(part.ledger)
+    sizes = {g: len(c) for g, c in state["counts"].items()}
+    acct = GdpAccountant(sizes, release_mu=state["release_mu"])
+    acct.load_state_dict({**state, "max_publications": {}})
+    if source == "test_split":
+        acct.record("test")  # every record of the test split, once more
+        prediction_mu = acct.group_mu("test")
+        new = {"continues": "test", "rows": n}
+    else:
+        prediction_mu = mu_one
+        new = {"continues": None, "rows": n,
+               "note": "new rows: records not linked to the training ledger"}
+    total = max(acct.mu, prediction_mu)
+    from parties.saved import ledger_to_json
+
+    led = ledger_to_json(acct.state_dict())
+    led["max_publications"] = state.get("max_publications", {})  # the run's plan, kept
+    led.setdefault("predictions", list(state.get("predictions", [])))
+    led["predictions"].append({"source": source, "rows": n, "release_mu": mu_one,
+                               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    path = part.path / part.manifest["dp"]["ledger"]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(led))
+    tmp.replace(path)
+    report = {"enabled": True, "noise_multiplier": sigma, "clip_norm": plan.clip_norm,
+              "release_mu": mu_one, "prediction_mu": prediction_mu,
+              "mu": total, "epsilon": epsilon_for_delta(total, plan.delta),
+              "delta": plan.delta, "target_mu": plan.target_mu,
+              "publications_max_test": acct.group_max("test"), **new}
+    return privatize, report
+
+
+# ---------------------------------------------------------------------------- party
+class PredictParty:
+    """One party of a prediction over the bus: ``await PredictParty(...).run()``.
+
+    Args:
+        role: ``"active"`` or ``"passive"``.
+        run_dir: the training run's directory (with ``model/<role>/``).
+        broker / run_id / security: as :class:`parties.runtime.Party` (``run_id`` is the
+            prediction's own topic namespace).
+        out: the active party's output directory (``predictions.csv``, ``predict.json``).
+        data / id_column: see :func:`select_rows`.
+        timeout_s: deadline of each wait for the partner (handshake, embeddings, done).
+    """
+
+    def __init__(self, role: str, run_dir: str | Path, *, broker: str, run_id: str,
+                 out: str | Path | None = None, data: str | None = None,
+                 id_column: str = DEFAULT_ID_COLUMN, security: CurveClient | None = None,
+                 timeout_s: float = 60.0) -> None:
+        if role not in ("active", "passive"):
+            raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
+        if role == "active" and out is None:
+            raise ConfigError("out", "the active party needs an output directory")
+        self.role = role
+        self.partner = "passive" if role == "active" else "active"
+        self.part = load_party_model(run_dir, role)
+        self.rows = select_rows(self.part, data, id_column)
+        self.x = torch.from_numpy(self.part.encoder.transform(self.rows.frame))
+        self.broker, self.run_id, self.security = broker, run_id, security
+        self.out = Path(out) if out is not None else None
+        self.timeout_s = timeout_s
+        self.log = log.bind(party=role, run_id=run_id)
+
+    def _t(self, what: str) -> str:
+        return {"hello_me": f"ctl/{self.run_id}/hello/{self.role}",
+                "hello_partner": f"ctl/{self.run_id}/hello/{self.partner}",
+                "emb": f"eval/{self.run_id}/predict",
+                "done": f"ctl/{self.run_id}/done"}[what]
+
+    async def run(self) -> dict[str, Any]:
+        """Handshake, exchange, write the outputs (active); return a summary.
+
+        Raises:
+            SavedModelMismatch: the partner's saved part is of another run.
+            ConfigMismatch: the partner predicts other rows.
+            HandshakeTimeout / PartnerStalled: the partner did not come or answer.
+        """
+        n = int(self.x.shape[0])
+        emb_bytes = n * int(self.part.manifest["embedding_dim"]) * 4 + (1 << 16)
+        cfg = BusConfig(topic_max_bytes=max(64 << 20, 2 * emb_bytes))
+        async with Bus(self.broker, name=f"predict-{self.role}", config=cfg,
+                       security=self.security) as bus:
+            if self.role == "active":
+                await bus.subscribe(self._t("emb"), limits=BufferLimits(
+                    max_msgs=2, max_bytes=2 * emb_bytes))
+            else:
+                await bus.subscribe(self._t("done"))
+            await bus.subscribe(self._t("hello_me"))
+            await self._handshake(bus)
+            if self.role == "passive":
+                return await self._passive(bus)
+            return await self._active(bus)
+
+    async def _handshake(self, bus: Bus) -> None:
+        mine = {**self.part.identity, "rows": self.rows.digest, "n": int(self.x.shape[0])}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        seen = False
+        while True:
+            bus.publish_nowait(self._t("hello_partner"), (), {"seen": seen, "who": mine})
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise HandshakeTimeout(self.partner, self.timeout_s, self.run_id)
+            try:
+                msg = await bus.next(self._t("hello_me"), min(0.1, remaining))
+            except DeadlineExceeded:
+                continue
+            theirs = dict(msg.meta.get("who", {}))
+            try:
+                check_same_run(mine, theirs)
+                if (theirs.get("rows"), theirs.get("n")) != (mine["rows"], mine["n"]):
+                    raise ConfigMismatch({"rows": mine["rows"], "n": mine["n"]},
+                                         {"rows": theirs.get("rows"), "n": theirs.get("n")})
+            except (SavedModelMismatch, ConfigMismatch):
+                for _ in range(10):  # so the partner fails too, without its deadline
+                    bus.publish_nowait(self._t("hello_partner"), (), {"seen": True,
+                                                                      "who": mine})
+                    await asyncio.sleep(0.05)
+                raise
+            seen = True
+            if msg.meta.get("seen"):
+                break
+        bus.publish_nowait(self._t("hello_partner"), (), {"seen": True, "who": mine})
+
+    async def _passive(self, bus: Bus) -> dict[str, Any]:
+        from parties.model import embed
+
+        bottom = self.part.modules[0]
+        emb = await asyncio.to_thread(embed, bottom, self.x)
+        privatize, dp = await asyncio.to_thread(charge, self.part, int(emb.shape[0]),
+                                                self.rows.source)
+        if privatize is not None:
+            emb = privatize(torch.from_numpy(emb))[1].numpy()
+        bus.publish_nowait(self._t("emb"), [emb], {"dp": dp}, copy=False)
+        self.log.info("predict.published", rows=int(emb.shape[0]), dp=dp["enabled"])
+        try:
+            await bus.next(self._t("done"), self.timeout_s)
+        except DeadlineExceeded:
+            self.log.warning("predict.no_done", waited_s=self.timeout_s)
+        return {"role": "passive", "rows": int(emb.shape[0]), "dp": dp}
+
+    async def _active(self, bus: Bus) -> dict[str, Any]:
+        from parties.model import predict
+        from parties.tasks import compute_metric, metric_name
+
+        try:
+            msg = await bus.next(self._t("emb"), self.timeout_s)
+        except DeadlineExceeded:
+            raise PartnerStalled(self.partner, "predict", self.timeout_s,
+                                 "embeddings of the rows to predict") from None
+        bottom, top = self.part.modules
+        task = self.part.manifest["task"]
+        pred = await asyncio.to_thread(predict, bottom, top, self.x, msg.arrays[0], task=task)
+        pred = pred.astype(np.float64)
+        label = self.part.manifest["label"]
+        if task == "regression":
+            pred = pred * label["std"] + label["mean"]
+        y = labels_of(self.part, self.rows.frame)
+        metric = None if y is None else compute_metric(task, y, pred)
+        assert self.out is not None
+        self.out.mkdir(parents=True, exist_ok=True)
+        table = pd.DataFrame({"id" if self.rows.ids is not None else "row":
+                              self.rows.ids if self.rows.ids is not None else self.rows.rows,
+                              "prediction": pred})
+        if y is not None:
+            table["label"] = y
+        table.to_csv(self.out / "predictions.csv", index=False)
+        name = metric_name(task)
+        summary = {"run_id": self.part.manifest["run_id"], "predict_id": self.run_id,
+                   "source": self.rows.source, "rows": int(len(pred)), "task": task,
+                   "metric_name": name, f"{'test' if self.rows.source == 'test_split' else 'data'}"
+                   f"_{name}": metric, "metric": metric,
+                   "dp": dict(msg.meta.get("dp", {})), "predictions": "predictions.csv"}
+        bus.publish_nowait(self._t("done"), (), {"ok": True})
+        await asyncio.sleep(0.05)
+        from parties.cli import write_json
+
+        write_json(self.out / "predict.json", summary)
+        return summary
+
+
+# ---------------------------------------------------------------------------- CLI
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m parties predict {active,passive} --run-dir DIR --broker ADDR [...]``."""
+    from pubsub.cli import add_security_arguments, security_from_args
+    from pubsub.logs import configure_logging
+    from pubsub.runner import run as run_loop
+
+    from parties.cli import ExitCode, exit_code_for
+    from parties.config import check_run_id
+
+    p = argparse.ArgumentParser(prog="python -m parties predict",
+                                description="One party of a prediction with a saved model.")
+    p.add_argument("role", choices=["active", "passive"])
+    p.add_argument("--run-dir", required=True, help="the training run's directory")
+    p.add_argument("--broker", required=True, help="broker base address tcp://HOST:PORT")
+    p.add_argument("--run-id", default="predict", help="the prediction's topic namespace")
+    p.add_argument("--out", help="output directory (active: predictions.csv, predict.json)")
+    p.add_argument("--data", help="CSV/Parquet of new rows (default: the run's test split)")
+    p.add_argument("--id-column", default=DEFAULT_ID_COLUMN, help="ID column of --data")
+    p.add_argument("--timeout-s", type=float, default=60.0, help="each wait's deadline")
+    p.add_argument("--events", help="append JSON log lines here")
+    add_security_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        check_run_id(args.run_id)
+        security = security_from_args(args, args.broker, identity=args.role)
+        configure_logging(events_path=args.events, party=args.role, run_id=args.run_id)
+        party = PredictParty(args.role, args.run_dir, broker=args.broker, run_id=args.run_id,
+                             out=args.out, data=args.data, id_column=args.id_column,
+                             security=security, timeout_s=args.timeout_s)
+        result = run_loop(party.run(), event_loop="asyncio")
+    except Exception as exc:
+        code = exit_code_for(exc)
+        if code is None:
+            raise
+        print(f"error ({args.role} party, predict): {exc}", file=sys.stderr)
+        return int(code)
+    if args.role == "active":
+        m = result.get("metric")
+        print(f"predicted {result['rows']} rows"
+              + ("" if m is None or not math.isfinite(m) else
+                 f", {result['metric_name']} {m:.6f}"), flush=True)
+    return int(ExitCode.OK)
+
+
+__all__ = ["DEFAULT_ID_COLUMN", "PredictParty", "PredictRows", "charge", "labels_of",
+           "main", "select_rows"]

@@ -1,0 +1,319 @@
+"""Model factories of a VFL party: which bottom and top models a run builds (torch, no I/O).
+
+One picklable :class:`ModelFactory` builds the models everywhere they are built: the
+party's parameter server and scoring copies (:class:`parties.runtime.Party`), thread and
+inline workers and worker processes (:func:`parties.workers.make_compute`; a worker
+process rebuilds the factory from the config mapping, or receives the pickled factory).
+
+Model specs (``vfl.model`` for the bottom models, ``vfl.top_model`` for the top model):
+
+* ``"mlp"`` (the default): today's Linear/ReLU stacks (:func:`parties.model.party_bottom`,
+  :func:`parties.model.top_model`), built with exactly the same initialisation order and
+  RNG use, so default runs are unchanged bit for bit.
+* ``"resnet"``: the paper's large model (PubSub-VFL, Table 7), :class:`ResidualMlp`: an
+  input projection ``Linear(d_in, width)``, ``depth`` residual blocks ``x + f(x)`` with
+  ``f = Linear → Norm → ReLU → (Dropout) → Linear → Norm``, a ReLU after each block, and
+  an output ``Linear(width, d_out)`` (no activation after it). Settings:
+  ``vfl.resnet_depth`` (blocks, default 4), ``vfl.resnet_width`` (default 256),
+  ``vfl.resnet_norm`` (``"layer"``, the default; ``"batch"``, ``"group"`` with
+  :data:`GROUPS` groups, or ``"none"``), ``vfl.resnet_dropout`` (default 0.0).
+* ``"pkg.module:callable"``: a user factory, importable in every process (worker
+  processes too: it must be on ``sys.path`` there, e.g. an installed package), called
+  as ``bottom(d_in: int, d_out: int) -> nn.Module`` (bottom: ``d_out = embedding_dim``)
+  or ``top(d_in: int, d_out: int) -> nn.Module`` (top: ``d_in = 2·embedding_dim``,
+  ``d_out = 1``).
+* The Python API also takes the callables themselves (``ModelFactory(cfg,
+  bottom=fn, top=fn)``); they must be picklable (module-level) for worker processes.
+
+``vfl.top_model = ""`` (the default) means: a ``resnet`` top when ``model = "resnet"``
+(same depth, width, norm, dropout), else the MLP top of ``vfl.top_hidden``.
+
+:func:`check_models` builds and probes both models with a dummy batch of two rows before
+any process starts and raises :class:`ModelSpecError` (a :class:`ConfigError`) naming the
+value for a factory that cannot be imported or raises, a bottom whose output width is not
+``embedding_dim``, or a top model that rejects the fused width ``2·embedding_dim``.
+
+DP (the passive party's bottom, DP on): BatchNorm mixes records (its batch statistics and
+running statistics), so DP-SGD refuses it (:class:`parties.dpsgd.DpIncompatibleModel`)
+unless ``vfl.dp_batchnorm = "groupnorm"``, which replaces every BatchNorm of that model
+with a GroupNorm of the same width (:func:`batchnorm_to_groupnorm`). Dropout is refused
+under DP too (per-example gradients are taken with ``torch.func.vmap``, which draws no
+per-example dropout masks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from parties.modelspec import (BUILTINS, DP_BATCHNORM, GROUPS, NORMS, ModelSpecError,
+                               check_spec, import_callable)
+from pubsub.config import ConfigError
+
+if TYPE_CHECKING:
+    from parties.config import VflConfig
+
+ModuleFn = Callable[[int, int], nn.Module]
+
+
+def _groups(width: int) -> int:
+    return max(g for g in range(1, min(GROUPS, width) + 1) if width % g == 0)
+
+
+def norm_layer(norm: str, width: int) -> nn.Module:
+    """The normalisation layer ``norm`` (one of :data:`NORMS`) over ``width`` features.
+
+    Raises:
+        ValueError: unknown ``norm``.
+    """
+    if norm == "layer":
+        return nn.LayerNorm(width)
+    if norm == "batch":
+        return nn.BatchNorm1d(width)
+    if norm == "group":
+        return nn.GroupNorm(_groups(width), width)
+    if norm == "none":
+        return nn.Identity()
+    raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+
+
+class ResidualBlock(nn.Module):
+    """``relu(x + f(x))``, ``f = Linear → Norm → ReLU → (Dropout) → Linear → Norm``."""
+
+    def __init__(self, width: int, *, norm: str, dropout: float) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Linear(width, width), norm_layer(norm, width), nn.ReLU()]
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
+        layers += [nn.Linear(width, width), norm_layer(norm, width)]
+        self.f = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.f(x))
+
+
+class ResidualMlp(nn.Module):
+    """The paper's large model (Table 7): ``(B, d_in) → (B, d_out)``.
+
+    Input projection ``Linear(d_in, width)`` + ReLU, ``depth`` :class:`ResidualBlock`
+    s, output ``Linear(width, d_out)``.
+
+    Args:
+        d_in / d_out: input and output widths.
+        depth: residual blocks (>= 0).
+        width: hidden width (>= 1).
+        norm: one of :data:`NORMS`.
+        dropout: dropout probability inside each block, in [0, 1).
+    """
+
+    def __init__(self, d_in: int, d_out: int, *, depth: int = 4, width: int = 256,
+                 norm: str = "layer", dropout: float = 0.0) -> None:
+        super().__init__()
+        self.inp = nn.Linear(d_in, width)
+        self.blocks = nn.Sequential(*(ResidualBlock(width, norm=norm, dropout=dropout)
+                                      for _ in range(depth)))
+        self.out = nn.Linear(width, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.blocks(torch.relu(self.inp(x))))
+
+
+def batchnorm_to_groupnorm(model: nn.Module) -> nn.Module:
+    """Replace every ``BatchNorm1d`` of ``model`` (in place) by a ``GroupNorm`` of the same
+    width (:data:`GROUPS` groups at most, affine), so its forward treats rows
+    independently; returns ``model`` (a root BatchNorm is returned replaced).
+
+    Raises:
+        parties.dpsgd.DpIncompatibleModel: a BatchNorm that is not 1-d (2-d/3-d
+            BatchNorm is left to the user's model).
+    """
+    from parties.dpsgd import DpIncompatibleModel
+
+    def convert(mod: nn.Module, name: str) -> nn.Module:
+        if isinstance(mod, nn.modules.batchnorm._BatchNorm):
+            if not isinstance(mod, nn.BatchNorm1d):
+                raise DpIncompatibleModel(name, type(mod).__name__)
+            return nn.GroupNorm(_groups(mod.num_features), mod.num_features,
+                                eps=mod.eps, affine=True)
+        for child_name, child in list(mod.named_children()):
+            new = convert(child, f"{name}.{child_name}" if name else child_name)
+            if new is not child:
+                setattr(mod, child_name, new)
+        return mod
+
+    return convert(model, "")
+
+
+def _qualname(fn: object) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFactory:
+    """Builds ``role``'s bottom model and the top model of a run (picklable).
+
+    Args:
+        cfg: the run config (``model``, ``top_model``, ``resnet_*``, widths).
+        bottom / top: callables ``(d_in, d_out) -> nn.Module`` that replace
+            ``cfg.model`` / ``cfg.top_model`` (Python API; picklable for worker
+            processes). None: the config's.
+    """
+
+    cfg: VflConfig
+    bottom_fn: ModuleFn | None = None
+    top_fn: ModuleFn | None = None
+
+    def _resnet(self, d_in: int, d_out: int) -> nn.Module:
+        c = self.cfg
+        return ResidualMlp(d_in, d_out, depth=c.resnet_depth, width=c.resnet_width,
+                           norm=c.resnet_norm, dropout=c.resnet_dropout)
+
+    def bottom_spec(self) -> str:
+        """The bottom spec as text (a callable as ``module:qualname``)."""
+        return self.cfg.model if self.bottom_fn is None else _qualname(self.bottom_fn)
+
+    def top_spec(self) -> str:
+        """The top spec as text, ``""`` resolved (``"mlp"`` or ``"resnet"``)."""
+        if self.top_fn is not None:
+            return _qualname(self.top_fn)
+        if self.cfg.top_model:
+            return self.cfg.top_model
+        return "resnet" if self.cfg.model == "resnet" and self.bottom_fn is None else "mlp"
+
+    def _raw_bottom(self, role: str, d_in: int) -> nn.Module:
+        from parties.model import party_bottom
+
+        cfg = self.cfg
+        if self.bottom_fn is not None:
+            return self.bottom_fn(d_in, cfg.embedding_dim)
+        if cfg.model == "mlp":
+            return party_bottom(cfg, role, d_in)
+        if cfg.model == "resnet":
+            return self._resnet(d_in, cfg.embedding_dim)
+        return import_callable("model", cfg.model)(d_in, cfg.embedding_dim)
+
+    def bottom(self, role: str, d_in: int) -> nn.Module:
+        """``role``'s bottom model ``(B, d_in) → (B, embedding_dim)``; for the passive party
+        under DP with ``dp_batchnorm = "groupnorm"``, its BatchNorms become GroupNorms."""
+        model = self._raw_bottom(role, d_in)
+        if role == "passive" and self.cfg.dp_enabled and self.cfg.dp_batchnorm == "groupnorm":
+            model = batchnorm_to_groupnorm(model)
+        return model
+
+    def top(self) -> nn.Module:
+        """The top model ``(B, 2·embedding_dim) → (B, 1)``."""
+        from parties.model import top_model
+
+        cfg = self.cfg
+        d_in = 2 * cfg.embedding_dim
+        if self.top_fn is not None:
+            return self.top_fn(d_in, 1)
+        spec = self.top_spec()
+        if spec == "mlp":
+            return top_model(cfg.embedding_dim, cfg.top_hidden)
+        if spec == "resnet":
+            return self._resnet(d_in, 1)
+        return import_callable("top_model", spec)(d_in, 1)
+
+    def modules(self, role: str, d_in: int) -> list[nn.Module]:
+        """``role``'s models in parameter-server order: bottom, then (active) top; built in
+        that order from the current torch RNG state."""
+        mods = [self.bottom(role, d_in)]
+        if role == "active":
+            mods.append(self.top())
+        return mods
+
+    def describe(self) -> dict[str, Any]:
+        """The spec as JSON-ready data (for manifests and reports)."""
+        c = self.cfg
+        out: dict[str, Any] = {"model": self.bottom_spec(), "top_model": self.top_spec()}
+        if "resnet" in (out["model"], out["top_model"]):
+            out["resnet"] = {"depth": c.resnet_depth, "width": c.resnet_width,
+                             "norm": c.resnet_norm, "dropout": c.resnet_dropout}
+        if c.dp_enabled:
+            out["dp_batchnorm"] = c.dp_batchnorm
+        return out
+
+
+def _build(key: str, spec: str, fn: Callable[[], nn.Module]) -> nn.Module:
+    try:
+        mod = fn()
+    except ModelSpecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a user factory may raise anything
+        raise ModelSpecError(key, spec, f"raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(mod, nn.Module):
+        raise ModelSpecError(key, spec, f"returned a {type(mod).__name__}, not a torch "
+                             "nn.Module")
+    return mod
+
+
+def _probe(key: str, spec: str, mod: nn.Module, d_in: int, d_out: int, what: str) -> None:
+    was = mod.training
+    mod.eval()
+    try:
+        with torch.no_grad():
+            out = mod(torch.zeros(2, d_in))
+    except Exception as exc:  # noqa: BLE001 - the model rejects the input width
+        raise ModelSpecError(key, spec, f"{what} rejects a (2, {d_in}) input "
+                             f"({type(exc).__name__}: {exc})") from None
+    finally:
+        mod.train(was)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, d_out):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ModelSpecError(key, spec, f"{what} maps a (2, {d_in}) input to {shape}, "
+                             f"expected (2, {d_out})"
+                             + (" (its output width must be vfl.embedding_dim)"
+                                if key == "model" else ""))
+
+
+def check_models(factory: ModelFactory, d_in: dict[str, int]) -> None:
+    """Build and probe each role's bottom (input width ``d_in[role]``) and the top model
+    with a dummy batch of two rows, in eval mode (no RNG state is kept: the torch RNG
+    is restored afterwards); with DP on, the passive bottom must pass DP-SGD's check.
+
+    Raises:
+        ModelSpecError: a factory cannot be imported, raises or returns no module; a
+            bottom's output width is not ``embedding_dim``; the top rejects
+            ``2·embedding_dim`` or its output is not one column.
+        parties.dpsgd.DpIncompatibleModel: DP on, and the passive bottom has BatchNorm
+            (with ``dp_batchnorm = "refuse"``).
+        ConfigError: key ``vfl.resnet_dropout``: dropout in the passive bottom under DP.
+    """
+    cfg = factory.cfg
+    rng = torch.get_rng_state()
+    try:
+        for role, width in d_in.items():
+            mod = _build("model", factory.bottom_spec(), lambda r=role, w=width:
+                         factory.bottom(r, w))
+            _probe("model", factory.bottom_spec(), mod, width, cfg.embedding_dim,
+                   f"the {role} bottom model")
+            if role == "passive" and cfg.dp_enabled:
+                from parties.dpsgd import check_dp_compatible
+
+                check_dp_compatible(mod)
+                if any(isinstance(m, nn.Dropout) and m.p > 0 for m in mod.modules()):
+                    raise ConfigError("vfl.resnet_dropout", "DP is on: the passive bottom "
+                                      "model must have no dropout (DP-SGD's per-example "
+                                      f"gradients draw no dropout masks), got {mod!r}"[:400])
+        if "active" in d_in:
+            top = _build("top_model", factory.top_spec(), factory.top)
+            _probe("top_model", factory.top_spec(), top, 2 * cfg.embedding_dim, 1,
+                   "the top model")
+    finally:
+        torch.set_rng_state(rng)
+
+
+def float_buffers(module: nn.Module) -> list[torch.Tensor]:
+    """``module``'s floating-point buffers (BatchNorm running statistics), in
+    ``named_buffers`` order; integer buffers (``num_batches_tracked``) are left out."""
+    return [b for b in module.buffers() if b.is_floating_point()]
+
+
+__all__ = ["BUILTINS", "DP_BATCHNORM", "GROUPS", "NORMS", "ModelFactory", "ModelSpecError",
+           "ResidualBlock", "ResidualMlp", "batchnorm_to_groupnorm", "check_models",
+           "check_spec", "float_buffers", "import_callable", "norm_layer"]

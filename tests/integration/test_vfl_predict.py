@@ -1,0 +1,164 @@
+"""Saved models and ``psfl vfl predict``: real runs (broker + two party processes) on a
+sample of bank, then prediction over the bus with each party's saved part."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pandas as pd
+import pytest
+
+from parties.data import load_table
+
+PSFL = [sys.executable, "-m", "sim.cli"]
+# a training run, or a prediction, starts a broker and two party processes (each imports
+# torch): about a minute each on two shared cores
+pytestmark = pytest.mark.timeout(600)
+
+
+def _psfl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PSFL, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    frame, _ = load_table("bank")
+    sample = frame.sample(n=4000, random_state=0).reset_index(drop=True)
+    sample.insert(0, "id", [f"c{i:05d}" for i in range(len(sample))])
+    path = tmp_path_factory.mktemp("data") / "bank_sample.csv"
+    sample.to_csv(path, index=False)
+    return path
+
+
+def _train(data: Path, out: Path, *sets: str) -> dict:  # type: ignore[type-arg]
+    args = ["vfl", "run", "--dataset", str(data), "--out", str(out), "--timeout-s", "280",
+            "--set", "label=y", "--set", "epochs=2", "--set", "batch_size=128",
+            "--set", "lr=3e-3", "--set", "embedding_dim=8",
+            # the ID column is no feature: each party's columns are listed
+            "--set", 'active_columns=["age","job","marital","education","default","balance"]',
+            "--set", 'passive_columns=["housing","loan","contact","day","month","duration",'
+                     '"campaign","pdays","previous","poutcome"]']
+    for s in sets:
+        args += ["--set", s]
+    res = _psfl(*args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return orjson.loads((out / "metrics.json").read_bytes())
+
+
+def _predict(run: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return _psfl("vfl", "predict", str(run), "--out", str(out), "--timeout-s", "200",
+                 "--wait-s", "60", *extra)
+
+
+@pytest.fixture(scope="module")
+def mlp_run(bank_sample: Path, tmp_path_factory: pytest.TempPathFactory
+            ) -> tuple[Path, dict]:  # type: ignore[type-arg]
+    run = tmp_path_factory.mktemp("mlp") / "run"
+    return run, _train(bank_sample, run)
+
+
+def test_saved_mlp_reproduces_the_runs_test_auc(mlp_run: tuple[Path, dict],  # type: ignore[type-arg]
+                                                tmp_path: Path) -> None:
+    run, m = mlp_run
+    for role in ("active", "passive"):
+        man = orjson.loads((run / "model" / role / "manifest.json").read_bytes())
+        assert man["run_id"] == m["run_id"] and man["model"]["model"] == "mlp"
+    res = _predict(run, tmp_path / "pred")
+    assert res.returncode == 0, res.stderr[-3000:]
+    s = orjson.loads((tmp_path / "pred" / "predict.json").read_bytes())
+    assert s["source"] == "test_split" and s["dp"]["enabled"] is False
+    assert s["test_auc"] == pytest.approx(m["test_auc"], abs=1e-6)
+    table = pd.read_csv(tmp_path / "pred" / "predictions.csv")
+    assert len(table) == s["rows"] == 1200 and set(table.columns) == {"row", "prediction",
+                                                                      "label"}
+    assert table["prediction"].between(0, 1).all()
+
+
+def test_saved_mlp_scores_new_rows_by_id(mlp_run: tuple[Path, dict],  # type: ignore[type-arg]
+                                         bank_sample: Path, tmp_path: Path) -> None:
+    run, _ = mlp_run
+    new = pd.read_csv(bank_sample).sample(n=300, random_state=1)
+    new_path = tmp_path / "new.csv"
+    new.to_csv(new_path, index=False)
+    res = _predict(run, tmp_path / "pred_new", "--data", str(new_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    t2 = pd.read_csv(tmp_path / "pred_new" / "predictions.csv")
+    assert t2["id"].tolist() == new["id"].tolist()
+    s2 = orjson.loads((tmp_path / "pred_new" / "predict.json").read_bytes())
+    assert s2["source"] == str(new_path) and 0.0 <= s2["data_auc"] <= 1.0
+
+
+def test_parts_of_different_runs_are_refused_naming_both_ids(
+        mlp_run: tuple[Path, dict], tmp_path: Path) -> None:  # type: ignore[type-arg]
+    run, m = mlp_run
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    mpath = other / "model" / "passive" / "manifest.json"
+    man = orjson.loads(mpath.read_bytes())
+    mpath.write_bytes(orjson.dumps({**man, "run_id": "someother"}))
+    res = _predict(other, tmp_path / "pred_bad")
+    assert res.returncode == 4, res.stderr[-2000:]
+    assert m["run_id"] in res.stderr and "someother" in res.stderr
+    assert not (tmp_path / "pred_bad").exists()  # refused before anything started
+
+
+def test_resnet_with_batchnorm_in_worker_processes_round_trips(bank_sample: Path,
+                                                               tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    m = _train(bank_sample, run, "model=resnet", "resnet_depth=1", "resnet_width=16",
+               "resnet_norm=batch", "worker_mode=process")
+    man = orjson.loads((run / "model" / "active" / "manifest.json").read_bytes())
+    assert man["model"] == {"model": "resnet", "top_model": "resnet",
+                            "resnet": {"depth": 1, "width": 16, "norm": "batch",
+                                       "dropout": 0.0}}
+    res = _predict(run, tmp_path / "pred")
+    assert res.returncode == 0, res.stderr[-3000:]
+    s = orjson.loads((tmp_path / "pred" / "predict.json").read_bytes())
+    assert s["test_auc"] == pytest.approx(m["test_auc"], abs=1e-6)
+
+
+def test_dp_batchnorm_and_broken_factories_are_refused_before_anything_starts(
+        bank_sample: Path, tmp_path: Path) -> None:
+    base = ["vfl", "run", "--dataset", "bank", "--set", "epochs=1", "--timeout-s", "60"]
+    out = tmp_path / "bn"
+    res = _psfl(*base, "--out", str(out), "--model", "resnet", "--set", "resnet_norm=batch",
+                "--set", "dp_mu=8", timeout=120)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "BatchNorm1d" in res.stderr and "Traceback" not in res.stderr
+    assert not out.exists()  # refused before the run directory, broker or parties
+    out = tmp_path / "width"
+    res = _psfl(*base, "--out", str(out), "--model",
+                "tests.unit.zoo_user_models:wrong_width", timeout=120)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "tests.unit.zoo_user_models:wrong_width" in res.stderr and "expected (2, 32)" \
+        in res.stderr
+    assert not out.exists()
+
+
+def test_dp_prediction_continues_the_training_ledger(bank_sample: Path,
+                                                     tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    schema = Path(__file__).parents[2] / "parties" / "datasets" / "bank.schema.toml"
+    m = _train(bank_sample, run, "dp_mu=8", "dp_noise_seed=3", f'dp_schema="{schema}"',
+               "model=resnet",
+               "resnet_depth=1", "resnet_width=16", "resnet_norm=batch",
+               "dp_batchnorm=groupnorm")
+    assert (run / "model" / "passive" / "schema.toml").exists()
+    assert m["dp"]["publications_max_test"] == 1
+    res = _predict(run, tmp_path / "pred")
+    assert res.returncode == 0, res.stderr[-3000:]
+    dp = orjson.loads((tmp_path / "pred" / "predict.json").read_bytes())["dp"]
+    assert dp["enabled"] and dp["continues"] == "test"
+    assert dp["publications_max_test"] == 2
+    assert dp["prediction_mu"] == pytest.approx(2 ** 0.5 * dp["release_mu"], rel=1e-9)
+    assert dp["mu"] >= m["dp"]["mu"] - 1e-9
+    led = orjson.loads((run / "model" / "passive" / "ledger.json").read_bytes())
+    assert len(led["predictions"]) == 1 and max(led["counts"]["test"]) == 2
+    res = _predict(run, tmp_path / "pred2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    dp2 = orjson.loads((tmp_path / "pred2" / "predict.json").read_bytes())["dp"]
+    assert dp2["publications_max_test"] == 3 and dp2["prediction_mu"] > dp["prediction_mu"]
