@@ -4,7 +4,7 @@ the party's workers.
 :class:`ActionDriver` runs a strategy generator (:mod:`parties.strategy`): it performs
 each yielded action with real I/O (a compute call on a :class:`parties.workers.WorkerHandle`,
 a publication or a bounded wait on the transport) and sends the result back. It knows
-no algorithm. It uses only the small transport surface :class:`Transport` (what
+no algorithm. It uses only the transport surface :class:`pubsub.transport.Transport` (what
 :class:`pubsub.Bus` offers), so any transport with that surface can carry a run.
 
 An error raised while performing an action (or a cancellation) is thrown into the
@@ -46,36 +46,13 @@ from parties.actions import (
     WaitSchedule,
 )
 from parties.timeline import COMM, WAIT, Timeline
-from pubsub import DeadlineExceeded, Message
+from pubsub import DeadlineExceeded
+from pubsub.transport import Transport
 
 if TYPE_CHECKING:  # (parties.workers pulls in torch; the driver itself needs none)
     from parties.workers import WorkerHandle
 
 log = structlog.get_logger(__name__)
-
-
-class Transport(Protocol):
-    """The bus surface a party needs (:class:`pubsub.Bus` has it)."""
-
-    async def subscribe(self, topic: str, *, limits: Any = None) -> None: ...
-
-    async def subscribe_many(self, topics: Sequence[str], *, limits: Any = None) -> None: ...
-
-    def publish_nowait(self, topic: str, arrays: Sequence[Any] = (),
-                       meta: dict[str, Any] | None = None, *, copy: bool = True) -> int: ...
-
-    async def next(self, topic: str, timeout_s: float) -> Message:
-        """The oldest buffered message on ``topic``; raises
-        :class:`pubsub.DeadlineExceeded` after ``timeout_s``."""
-        ...
-
-    def try_next(self, topic: str) -> Message | None: ...
-
-    def unget(self, msg: Message) -> None: ...
-
-    def pending(self, topic: str) -> int: ...
-
-    def stats(self) -> Any: ...
 
 
 class TopicMap(Protocol):

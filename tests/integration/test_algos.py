@@ -28,8 +28,12 @@ def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+# Every algorithm once with thread workers; inline compute (on the event loop) for one
+# scheduled and one asynchronous algorithm, process workers for the two PS baselines. The
+# algorithms themselves are covered without processes by tests/unit/test_strategy.py (the
+# sans-IO strategies) and test_strategy_des.py (the same strategies through the driver).
 @pytest.mark.parametrize(("algo", "worker_mode"), [(a, "thread") for a in ALGOS]
-                         + [(a, "inline") for a in ALGOS]
+                         + [("pubsub", "inline"), ("avfl", "inline")]
                          + [("vfl-ps", "process"), ("avfl-ps", "process")])
 def test_every_algorithm_trains_and_reports_the_same_fields(bank_sample: Path, tmp_path: Path,
                                                             algo: str, worker_mode: str) -> None:

@@ -302,7 +302,11 @@ def test_a_local_vfl_run_is_secure_by_default_and_its_artifacts_hold_no_secrets(
     assert set(Path("/tmp").glob("psfl-keys-*")) == before  # ephemeral keys deleted
     names = {p.name for p in out.iterdir()}
     assert names <= {"metrics.json", "passive.json", "config.toml", "events.jsonl",
-                     "timeline-active.json", "timeline-passive.json", "broker.addr"}, names
+                     "timeline-active.json", "timeline-passive.json", "broker.addr",
+                     "model"}, names
+    # the saved models (model/<role>/) hold no key material either
+    for f in (f for f in (out / "model").rglob("*") if f.is_file()):
+        assert "secret" not in f.name and b"secret-key" not in f.read_bytes(), f
     assert "insecure" not in res.stderr
     for line in (out / "events.jsonl").read_bytes().splitlines():
         rec = orjson.loads(line)
