@@ -52,7 +52,7 @@ def training_window_s(active_history: list[dict[str, Any]],
 
 def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
                      passive: dict[str, Any] | None) -> dict[str, Any]:
-    """The run's metrics (see README, "metrics.json").
+    """The run's metrics (see docs/vfl.md, "metrics.json").
 
     Args:
         cfg: effective config.

@@ -95,4 +95,4 @@ def test_shipped_vfl_scenario_loads_and_matches_the_readme() -> None:
     assert vfl["algo"] == "pubsub"
     body = "\n".join(line for line in path.read_text().splitlines()
                      if not line.startswith("#"))
-    assert body.strip() in (root / "README.md").read_text()
+    assert body.strip() in (root / "docs" / "vfl.md").read_text()
