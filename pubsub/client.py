@@ -47,6 +47,7 @@ from pubsub.address import BrokerAddress
 from pubsub.buffer import BufferLimits
 from pubsub.codec import encode, topic_frame, validate_topic
 from pubsub.control import Hello, hello
+from pubsub.threadsafe import ThreadsafePublisher
 from pubsub.receiver import _MAX_SEQ_KEYS, Receiver
 from pubsub.receiver import BusStats as BusStats  # re-exported: its home before receiver.py
 from pubsub.policy import RoleRules
@@ -138,7 +139,7 @@ class BusConfig:
 
 
 
-class Bus(Receiver):
+class Bus(Receiver, ThreadsafePublisher):
     """An asyncio bus client attached to one broker.
 
     Usage::
@@ -517,52 +518,13 @@ class Bus(Receiver):
         """
         return self._send(topic, arrays, meta, copy=copy)
 
-    def publish_threadsafe(
-        self,
-        topic: str,
-        arrays: Sequence[Any] = (),
-        meta: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Publish from another thread: arrays are copied now, sent on the loop thread.
+    async def _publish_waiting(self, topic: str, arrays: Sequence[Any],
+                               meta: dict[str, Any] | None) -> None:
+        await self.publish(topic, arrays, meta, copy=False)
 
-        Errors raised while sending are logged (``bus.publish_failed``), not raised.
-        """
-        if self._loop is None or self._closed:
-            raise BusClosed(self.client_id)
-        validate_topic(topic)
-        arrays = [np.array(a, copy=True) for a in arrays]
-        meta = dict(meta) if meta else None
-
-        async def _go() -> None:
-            try:
-                await self.publish(topic, arrays, meta, copy=False)
-            except Exception as exc:  # noqa: BLE001 - reported, loop must survive
-                self._log.warning("bus.publish_failed", topic=topic, error=repr(exc))
-
-        if self.config.overflow == "block":
-            # waits for room in order: the thread's messages are chained on one future
-            asyncio.run_coroutine_threadsafe(self._chain_threadsafe(_go), self._loop)
-            return
-
-        def _go_now() -> None:
-            try:
-                self._send(topic, arrays, meta, copy=False)
-            except Exception as exc:  # noqa: BLE001 - reported, loop must survive
-                self._log.warning("bus.publish_failed", topic=topic, error=repr(exc))
-
-        self._loop.call_soon_threadsafe(_go_now)
-
-    async def _chain_threadsafe(self, go: Any) -> None:
-        """Run thread-submitted publishes one after another (keeps their order under block)."""
-        prev = self._threadsafe_tail
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._threadsafe_tail = done
-        try:
-            if prev is not None:
-                await prev
-            await go()
-        finally:
-            done.set_result(None)
+    def _publish_at_once(self, topic: str, arrays: Sequence[Any],
+                         meta: dict[str, Any] | None) -> None:
+        self._send(topic, arrays, meta, copy=False)
 
     def _encode(self, topic: str, arrays: Sequence[Any], meta: Mapping[str, Any] | None, *,
                 copy: bool) -> tuple[list[Any], int]:

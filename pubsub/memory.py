@@ -43,7 +43,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import structlog
 
 from pubsub.buffer import BufferLimits
@@ -54,6 +53,7 @@ from pubsub.errors import (
     PublishTimeout,
     PublishWouldBlock,
 )
+from pubsub.threadsafe import ThreadsafePublisher
 from pubsub.receiver import _MAX_SEQ_KEYS, Receiver
 
 log = structlog.get_logger(__name__)
@@ -173,7 +173,7 @@ class MemoryBroker:
                 st.hwm_dropped += 1
 
 
-class MemoryBus(Receiver):
+class MemoryBus(Receiver, ThreadsafePublisher):
     """A client of a :class:`MemoryBroker` with the public surface of :class:`Bus`.
 
     Args:
@@ -333,48 +333,13 @@ class MemoryBus(Receiver):
         self.hub._route(topic, frames, nbytes)
         return self._account(topic, nbytes)
 
-    def publish_threadsafe(self, topic: str, arrays: Sequence[Any] = (),
-                           meta: Mapping[str, Any] | None = None) -> None:
-        """Publish from another thread: arrays are copied now, published on the loop thread.
+    async def _publish_waiting(self, topic: str, arrays: Sequence[Any],
+                               meta: dict[str, Any] | None) -> None:
+        await self.publish(topic, arrays, meta)
 
-        Errors raised while publishing are logged (``bus.publish_failed``), not raised.
-        """
-        if self._loop is None or self._closed:
-            raise BusClosed(self.client_id)
-        validate_topic(topic)
-        arrays = [np.array(a, copy=True) for a in arrays]
-        meta = dict(meta) if meta else None
-
-        async def _go() -> None:
-            try:
-                await self.publish(topic, arrays, meta)
-            except Exception as exc:  # noqa: BLE001 - reported, loop must survive
-                self._log.warning("bus.publish_failed", topic=topic, error=repr(exc))
-
-        if self.config.overflow == "block":
-            # waits for room in order: the thread's messages are chained on one future
-            asyncio.run_coroutine_threadsafe(self._chain_threadsafe(_go), self._loop)
-            return
-
-        def _go_now() -> None:
-            try:
-                self.publish_nowait(topic, arrays, meta)
-            except Exception as exc:  # noqa: BLE001 - reported, loop must survive
-                self._log.warning("bus.publish_failed", topic=topic, error=repr(exc))
-
-        self._loop.call_soon_threadsafe(_go_now)
-
-    async def _chain_threadsafe(self, go: Any) -> None:
-        """Run thread-submitted publishes one after another (keeps their order under block)."""
-        prev = self._threadsafe_tail
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._threadsafe_tail = done
-        try:
-            if prev is not None:
-                await prev
-            await go()
-        finally:
-            done.set_result(None)
+    def _publish_at_once(self, topic: str, arrays: Sequence[Any],
+                         meta: dict[str, Any] | None) -> None:
+        self.publish_nowait(topic, arrays, meta)
 
     def _encode(self, topic: str, arrays: Sequence[Any],
                 meta: Mapping[str, Any] | None) -> tuple[tuple[Any, ...], int]:
