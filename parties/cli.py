@@ -9,8 +9,6 @@ mismatched, lost), 5 job timeout (``psfl vfl run --timeout-s``).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -18,17 +16,16 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from pubsub.cli import BAD_INPUT_ERRORS, BROKER_ERRORS, add_security_arguments, security_from_args
 from pubsub.config import ConfigError
 from pubsub.logs import configure_logging
 from pubsub.runner import run as run_loop
 
-from parties.config import VflConfig, check_run_id, dump_vfl_config, load_vfl_config
+from parties.config import VflConfig, check_run_id, load_vfl_config
 from parties.data import DataError
 from parties.errors import PrivacyBudgetExceeded, VflError, WorkerFailed
 from parties.report import format_metric
+from parties.serve import finish_party, metrics_file, write_json  # noqa: F401 (re-exported)
 
 
 class ExitCode(IntEnum):
@@ -76,51 +73,12 @@ def add_party_arguments(p: argparse.ArgumentParser) -> None:
     add_security_arguments(p)
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file, then rename); overwrites."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-    os.replace(tmp, path)
-
-
 async def _serve(role: str, cfg: VflConfig, args: argparse.Namespace) -> dict[str, Any]:
-    from parties.report import assemble_metrics
-    from parties.runtime import Party, load_party_data
+    from parties.serve import serve_party
 
-    fork_server = None
-    if cfg.worker_mode == "process":
-        from parties.workers import ensure_forkserver
-
-        # start the workers' fork server (it imports torch) while the data loads
-        fork_server = asyncio.create_task(asyncio.to_thread(ensure_forkserver))
-    data = await asyncio.to_thread(load_party_data, cfg, role)
-    if fork_server is not None:
-        await fork_server
-    from parties.preflight import default_models
-
-    if not default_models(cfg):  # a typed error naming the spec, before the bus
-        from parties.zoo import ModelFactory, check_models
-
-        check_models(ModelFactory(cfg), {role: int(data.x_train.shape[1])})
-    party = Party(role, cfg, data, broker=args.broker, run_id=args.run_id,
-                  progress=not args.quiet, security=args.security)
-    try:
-        metrics = await party.run()
-    finally:
-        if args.out:  # the timeline also tells where a failed run stood
-            party.timeline.write(Path(args.out) / f"timeline-{role}.json")
-    if args.out:  # this party's trained part: <out>/model/<role>/ (parties.saved)
-        from parties.saved import save_party_model
-
-        saved = await asyncio.to_thread(save_party_model, Path(args.out), party,
-                                        run_id=args.run_id)
-        metrics["model_dir"] = str(saved)
-    metrics["timeline"] = {"file": f"timeline-{role}.json", "spans": party.timeline.n,
-                           "overflow": party.timeline.overflow,
-                           "totals_s": party.timeline.totals()}
-    if role == "active":
-        return assemble_metrics(cfg, args.run_id, metrics, party.partner_report)
-    return metrics
+    return await serve_party(role, cfg, run_id=args.run_id,
+                             out=Path(args.out) if args.out else None, broker=args.broker,
+                             security=args.security, progress=not args.quiet)
 
 
 def run_party(role: str, args: argparse.Namespace) -> int:
@@ -155,12 +113,8 @@ def run_party(role: str, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"{role} party interrupted", file=sys.stderr)
         return 130
-    result["process_wall_s"] = time.perf_counter() - t0
-    result["wall_s"] = result["process_wall_s"]  # `psfl vfl run` replaces it with the job's
-    if out is not None:
-        path = out / ("metrics.json" if role == "active" else "passive.json")
-        write_json(path, result)
-        (out / "config.toml").write_text(dump_vfl_config(cfg))
+    finish_party(role, cfg, result, out, t0)
+    path = metrics_file(out, role) if out is not None else None
     if not args.quiet:
         if role == "active":
             print(f"active party done: test_{result['metric_name']} "

@@ -230,13 +230,16 @@ class Replica:
         sync_mode: ``"schedule"`` (push and pull every ΔT_t local steps, ΔT_t from
             :func:`parties.schedule.sync_interval`), ``"step"`` (after every step) or
             ``"manual"`` (only through :meth:`sync`, :meth:`push` and :meth:`pull`).
+        make_optimizer: ``(parameters, lr) -> Optimizer``; None: :func:`make_adam`.
 
     Raises:
         ValueError: unknown ``sync_mode``.
     """
 
     def __init__(self, modules: Sequence[nn.Module], ps: ParameterServer, *, lr: float,
-                 delta_t0: int, sync_mode: str = "schedule") -> None:
+                 delta_t0: int, sync_mode: str = "schedule",
+                 make_optimizer: Callable[[list[nn.Parameter], float],
+                                          torch.optim.Optimizer] | None = None) -> None:
         if sync_mode not in SYNC_MODES:
             raise ValueError(f"sync_mode must be one of {SYNC_MODES}, got {sync_mode!r}")
         self.modules = list(modules)
@@ -254,7 +257,7 @@ class Replica:
         # gathered, cloned and re-viewed each time (four 690 KB allocations).
         self.flat = ps.pull()
         vector_to_parameters(self.flat, self.tensors)
-        self.opt = make_adam(self.params, lr)
+        self.opt = (make_optimizer or make_adam)(self.params, lr)
         self._base = self.flat.clone()
         self._delta = torch.empty_like(self.flat)
         self.steps_since_sync = 0
@@ -352,13 +355,15 @@ class PassiveCompute:
                  ps: ParameterServer, *, lr: float, delta_t0: int,
                  privatize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
                  | None = None, sync_mode: str = "schedule",
-                 make_dp_sgd: Callable[[nn.Module], Any] | None = None) -> None:
+                 make_dp_sgd: Callable[[nn.Module], Any] | None = None,
+                 make_optimizer: Callable[[list[nn.Parameter], float],
+                                          torch.optim.Optimizer] | None = None) -> None:
         if (privatize is None) != (make_dp_sgd is None):
             raise ValueError("DP needs both the embedding privatizer and DP-SGD, or neither")
         self.x = x_train
         self.bottom = make_bottom()
         self.replica = Replica([self.bottom], ps, lr=lr, delta_t0=delta_t0,
-                               sync_mode=sync_mode)
+                               sync_mode=sync_mode, make_optimizer=make_optimizer)
         self.privatize = privatize
         self.dp_sgd = None if make_dp_sgd is None else make_dp_sgd(self.bottom)
         self._names = [n for n, _ in self.bottom.named_parameters()]
@@ -426,8 +431,10 @@ class ActiveCompute:
             standardised labels (regression task).
         make_bottom / make_top: factories of fresh modules.
         ps: the party's parameter server over (bottom, top) parameters.
-        lr, delta_t0, sync_mode: see :class:`Replica`.
+        lr, delta_t0, sync_mode, make_optimizer: see :class:`Replica`.
         task: ``"binary"`` (BCE-with-logits loss) or ``"regression"`` (MSE loss).
+        loss_fn: the training loss ``(logits (B,), labels (B,)) -> scalar``; None: the
+            task's (:func:`loss_function`).
 
     Raises:
         ValueError: unknown ``task``.
@@ -436,14 +443,17 @@ class ActiveCompute:
     def __init__(self, x_train: torch.Tensor, y_train: torch.Tensor,
                  make_bottom: Callable[[], nn.Module], make_top: Callable[[], nn.Module],
                  ps: ParameterServer, *, lr: float, delta_t0: int,
-                 task: str = "binary", sync_mode: str = "schedule") -> None:
+                 task: str = "binary", sync_mode: str = "schedule",
+                 make_optimizer: Callable[[list[nn.Parameter], float],
+                                          torch.optim.Optimizer] | None = None,
+                 loss_fn: nn.Module | None = None) -> None:
         self.x = x_train
         self.y = y_train
         self.bottom = make_bottom()
         self.top = make_top()
         self.replica = Replica([self.bottom, self.top], ps, lr=lr, delta_t0=delta_t0,
-                               sync_mode=sync_mode)
-        self.loss_fn = loss_function(task)
+                               sync_mode=sync_mode, make_optimizer=make_optimizer)
+        self.loss_fn = loss_fn if loss_fn is not None else loss_function(task)
 
     def forward_own(self, rows: np.ndarray) -> torch.Tensor:
         """The active party's own bottom embedding of a batch, ``(B, d)`` with graph."""

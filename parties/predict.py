@@ -42,6 +42,7 @@ import structlog
 import torch
 
 from pubsub import Bus, BusConfig, DeadlineExceeded
+from pubsub.transport import Transport
 from pubsub.buffer import BufferLimits
 from pubsub.config import ConfigError
 from pubsub.security import CurveClient
@@ -218,22 +219,27 @@ class PredictParty:
         out: the active party's output directory (``predictions.csv``, ``predict.json``).
         data / id_column: see :func:`select_rows`.
         timeout_s: deadline of each wait for the partner (handshake, embeddings, done).
+        connect: how to join the bus instead of a :class:`pubsub.Bus` to ``broker``
+            (see :class:`parties.runtime.Party`), e.g. ``MemoryBroker.connect``.
+        models: the model factory that trained the run (see
+            :func:`parties.saved.load_party_model`); None: the recorded specs.
     """
 
-    def __init__(self, role: str, run_dir: str | Path, *, broker: str, run_id: str,
+    def __init__(self, role: str, run_dir: str | Path, *, broker: str = "", run_id: str,
                  out: str | Path | None = None, data: str | None = None,
                  id_column: str = DEFAULT_ID_COLUMN, security: CurveClient | None = None,
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0, connect: Any = None, models: Any = None) -> None:
         if role not in ("active", "passive"):
             raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
         if role == "active" and out is None:
             raise ConfigError("out", "the active party needs an output directory")
         self.role = role
         self.partner = "passive" if role == "active" else "active"
-        self.part = load_party_model(run_dir, role)
+        self.part = load_party_model(run_dir, role, models=models)
         self.rows = select_rows(self.part, data, id_column)
         self.x = torch.from_numpy(self.part.encoder.transform(self.rows.frame))
         self.broker, self.run_id, self.security = broker, run_id, security
+        self._connect = connect
         self.out = Path(out) if out is not None else None
         self.timeout_s = timeout_s
         self.log = log.bind(party=role, run_id=run_id)
@@ -255,8 +261,10 @@ class PredictParty:
         n = int(self.x.shape[0])
         emb_bytes = n * int(self.part.manifest["embedding_dim"]) * 4 + (1 << 16)
         cfg = BusConfig(topic_max_bytes=max(64 << 20, 2 * emb_bytes))
-        async with Bus(self.broker, name=f"predict-{self.role}", config=cfg,
-                       security=self.security) as bus:
+        name = f"predict-{self.role}"
+        joined = (self._connect(name, config=cfg) if self._connect is not None else
+                  Bus(self.broker, name=name, config=cfg, security=self.security))
+        async with joined as bus:
             if self.role == "active":
                 await bus.subscribe(self._t("emb"), limits=BufferLimits(
                     max_msgs=2, max_bytes=2 * emb_bytes))
@@ -268,7 +276,7 @@ class PredictParty:
                 return await self._passive(bus)
             return await self._active(bus)
 
-    async def _handshake(self, bus: Bus) -> None:
+    async def _handshake(self, bus: Transport) -> None:
         mine = {**self.part.identity, "rows": self.rows.digest, "n": int(self.x.shape[0])}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
@@ -299,7 +307,7 @@ class PredictParty:
                 break
         bus.publish_nowait(self._t("hello_partner"), (), {"seen": True, "who": mine})
 
-    async def _passive(self, bus: Bus) -> dict[str, Any]:
+    async def _passive(self, bus: Transport) -> dict[str, Any]:
         from parties.model import embed
 
         bottom = self.part.modules[0]
@@ -316,7 +324,7 @@ class PredictParty:
             self.log.warning("predict.no_done", waited_s=self.timeout_s)
         return {"role": "passive", "rows": int(emb.shape[0]), "dp": dp}
 
-    async def _active(self, bus: Bus) -> dict[str, Any]:
+    async def _active(self, bus: Transport) -> dict[str, Any]:
         from parties.model import predict
         from parties.tasks import compute_metric, metric_name
 

@@ -71,7 +71,8 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         validation and test scoring is excluded, and reported as ``eval_s``),
         ``target_metric`` and ``time_to_target_s`` (training seconds until the
         validation metric first reached the target; None if never, or no target),
-        ``history`` (one entry per validation point), per-party ``cpu_util`` (CPU
+        ``history`` (one entry per validation point), ``model`` (the model specs,
+        :meth:`parties.zoo.ModelFactory.describe`), per-party ``cpu_util`` (CPU
         seconds ÷ (wall seconds × allotted cores) from the handshake with the partner to the
         party's end, validation and test scoring included), ``cpu_util_train`` (the same over the
         party's own training segments only) and
@@ -91,7 +92,7 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
     name = active["metric_name"]
     key = f"test_{name}"
     top_level = ("broker", "task", key, "metric_name", "metric", "target_metric",
-                 "time_to_target_s", "history")
+                 "time_to_target_s", "history", "model")
     parties = {"active": {k: v for k, v in active.items() if k not in top_level}}
     if passive is not None:
         parties["passive"] = {k: v for k, v in passive.items() if k != "dp"}  # top-level dp
@@ -109,6 +110,7 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         "metric_name": name,
         "metric": active["metric"],
         "epochs": cfg.epochs,
+        "model": active.get("model"),
         "wall_s": train_wall,
         "train_wall_s": train_wall,
         "train_window_s": window,

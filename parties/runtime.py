@@ -94,6 +94,7 @@ import time
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +109,7 @@ from pubsub.errors import BusError, PeerLost, RendezvousTimeout, SettingsMismatc
 from pubsub.config import ConfigError
 from pubsub.security import CurveClient
 from pubsub.session import heartbeat, rendezvous, watch
+from pubsub.transport import Transport
 
 from parties.config import VflConfig
 from parties.driver import ActionDriver
@@ -297,11 +299,17 @@ class Party:
             plaintext (loopback brokers only).
         models: the model factory (:class:`parties.zoo.ModelFactory`, e.g. with Python
             callables); None = the config's ``vfl.model`` / ``vfl.top_model``.
+        connect: ``connect(name, config=BusConfig)`` returning an async context manager of
+            a :class:`pubsub.transport.Transport`: how this party joins the bus, e.g.
+            ``MemoryBroker.connect`` to run both parties in one process
+            (:mod:`pubsub.memory`); None = a :class:`pubsub.Bus` to ``broker``.
     """
 
-    def __init__(self, role: str, cfg: VflConfig, data: PartyData, *, broker: str, run_id: str,
-                 progress: bool = True, security: CurveClient | None = None,
-                 models: ModelFactory | None = None) -> None:
+    def __init__(self, role: str, cfg: VflConfig, data: PartyData, *, broker: str = "",
+                 run_id: str, progress: bool = True, security: CurveClient | None = None,
+                 models: ModelFactory | None = None,
+                 connect: Callable[..., contextlib.AbstractAsyncContextManager[Transport]]
+                 | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if role == "active" and data.y_train is None:
@@ -310,7 +318,10 @@ class Party:
         self.partner = "passive" if role == "active" else "active"
         self.cfg = cfg
         self.data = data
+        if connect is None and not broker:
+            raise ValueError("give the broker's address or a connect function")
         self.broker = broker
+        self._connect = connect
         self.security = security
         #: how this party's bus connection was secured (set once connected)
         self.security_info: dict[str, str] = {}
@@ -335,7 +346,7 @@ class Party:
         self.c = self.strategy.counters
         self.history: list[dict[str, Any]] = []
         self._driver: ActionDriver | None = None
-        self.bus: Bus | None = None
+        self.bus: Transport | None = None
         self.log = log.bind(party=role, run_id=run_id)
         torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
         d_in = data.x_train.shape[1]
@@ -446,8 +457,9 @@ class Party:
                             topic_max_bytes=max(64 << 20, self.data.x_test.shape[0] * 8 * 64))
         starting = asyncio.create_task(self._start_workers())
         try:
-            async with Bus(self.broker, name=self.role, config=bus_cfg,
-                           security=self.security) as bus:
+            joined = (self._connect(self.role, config=bus_cfg) if self._connect is not None else
+                      Bus(self.broker, name=self.role, config=bus_cfg, security=self.security))
+            async with joined as bus:
                 self.bus = bus
                 hello = bus.hello
                 if self.security is not None and hello is not None and hello.role != self.role:
@@ -488,7 +500,7 @@ class Party:
                 await starting
             await self._stop_workers()
 
-    async def _subscribe(self, bus: Bus) -> None:
+    async def _subscribe(self, bus: Transport) -> None:
         cfg, t = self.cfg, self.topics
         emb_bytes = cfg.batch_size * cfg.embedding_dim * 4 + 4096
         # per-batch channels; VFL-PS uses one channel per worker pair instead
@@ -516,7 +528,7 @@ class Party:
         # subscribed last: a hello from the partner proves all the above reached its publisher
         await bus.subscribe(t.hello(self.role))
 
-    async def _handshake(self, bus: Bus) -> None:
+    async def _handshake(self, bus: Transport) -> None:
         """Exchange hellos until each side has seen the other (PubSub slow-joiner guard;
         :func:`pubsub.session.rendezvous` over the shared-settings digest)."""
         cfg, t = self.cfg, self.topics
@@ -535,11 +547,11 @@ class Party:
         except SettingsMismatch as exc:
             raise ConfigMismatch(mine, dict(exc.hello.get("shared") or {})) from None
 
-    async def _heartbeat(self, bus: Bus) -> None:
+    async def _heartbeat(self, bus: Transport) -> None:
         await heartbeat(bus, self.topics.hb(self.role), me=self.role,
                         interval_s=self.cfg.heartbeat_interval_s)
 
-    async def _watchdog(self, bus: Bus) -> None:
+    async def _watchdog(self, bus: Transport) -> None:
         timeout = self.cfg.liveness_timeout_s
         try:
             await watch(bus, {self.partner: self.topics.hb(self.partner)}, timeout_s=timeout)
@@ -548,7 +560,7 @@ class Party:
             raise PartnerLost(self.partner, timeout) from None
 
     # ------------------------------------------------------------------ training
-    async def _train(self, bus: Bus) -> None:
+    async def _train(self, bus: Transport) -> None:
         """All epochs: each epoch's segments (one, or four quarters on ``synthetic``) are
         trained by the configured algorithm, synced to the PS, then scored on the
         validation split (active) or embedded for it (passive); scoring is not training
@@ -627,7 +639,7 @@ class Party:
                           f"{shown}  {entry['samples_per_s']:,.0f} samples/s  wait "
                           f"{entry['wait_s']:.2f} s  dropped {entry['dropped']}", flush=True)
 
-    async def _await_scored(self, bus: Bus, point: int) -> None:
+    async def _await_scored(self, bus: Transport, point: int) -> None:
         """Passive: wait until the active party has scored validation point ``point``.
 
         Raises:
@@ -653,7 +665,7 @@ class Party:
         await self._driver.run(self.strategy.end_segment(epoch))
 
     # ------------------------------------------------------------------ passive
-    async def _train_passive(self, bus: Bus, meter: CpuMeter) -> dict[str, Any]:
+    async def _train_passive(self, bus: Transport, meter: CpuMeter) -> dict[str, Any]:
         cfg = self.cfg
         await self._train(bus)
         t_eval = time.perf_counter()
@@ -673,7 +685,7 @@ class Party:
             self.log.warning("vfl.no_done", waited_s=cfg.liveness_timeout_s + cfg.t_ddl_s)
         return metrics
 
-    async def _publish_embeddings(self, bus: Bus, split: str, topic: str) -> None:
+    async def _publish_embeddings(self, bus: Transport, split: str, topic: str) -> None:
         """Publish the embeddings of the ``val`` (scored subsample) or ``test`` split from
         the PS parameters (counted in the DP ledger first)."""
         load_flat([self._bottom], self.ps.pull())
@@ -702,7 +714,7 @@ class Party:
         return self._eval_privatize[split](torch.from_numpy(emb))[1].numpy()
 
     # ------------------------------------------------------------------ active
-    async def _train_active(self, bus: Bus, meter: CpuMeter) -> dict[str, Any]:
+    async def _train_active(self, bus: Transport, meter: CpuMeter) -> dict[str, Any]:
         cfg = self.cfg
         name = self.metric
         key = f"test_{name}"
@@ -725,8 +737,9 @@ class Party:
         except DeadlineExceeded:
             self.log.warning("vfl.no_report", waited_s=cfg.liveness_timeout_s)
         try:
-            metrics["broker"] = await asyncio.to_thread(request_stats, self.broker, timeout_s=2.0,
-                                                        security=self.security)
+            # in-process (``connect`` given): the caller adds the hub's own statistics
+            metrics["broker"] = None if self._connect is not None else await asyncio.to_thread(
+                request_stats, self.broker, timeout_s=2.0, security=self.security)
         except BusError as exc:
             self.log.warning("vfl.broker_stats_failed", error=str(exc))
             metrics["broker"] = None
@@ -734,7 +747,7 @@ class Party:
         await asyncio.sleep(0.05)
         return metrics
 
-    async def _score(self, bus: Bus, topic: str, split: str) -> float:
+    async def _score(self, bus: Transport, topic: str, split: str) -> float:
         """The metric (AUC, or RMSE in the label's units) of the PS parameters on the
         ``val`` or ``test`` split, with the passive party's embeddings of it (waited for
         up to the liveness timeout)."""
@@ -802,6 +815,7 @@ class Party:
             "bus": {k: v for k, v in st.as_dict().items() if not isinstance(v, dict)},
             "ps_pushes": self.ps.pushes,
             "worker_mode": self.worker_mode,
+            "model": self.models.describe(),
             "compute_s": sum(h.compute_s for h in self._handles),
             "compute_cpu_s_train": self.train_compute_cpu_s,
             "sync_cpu_s_train": self.train_sync_cpu_s,

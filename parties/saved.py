@@ -22,6 +22,8 @@ Each party writes only its own part and reads only its own part back.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import os
 import time
@@ -39,7 +41,7 @@ from parties.config import VflConfig, dump_vfl_config, load_vfl_config
 from parties.data import DataError
 from parties.encoders import FittedEncoder
 from parties.errors import VflError
-from parties.modelspec import BUILTINS, import_callable
+from parties.modelspec import BUILTINS, ModelSpecError, import_callable
 from parties.zoo import ModelFactory
 
 if TYPE_CHECKING:
@@ -153,7 +155,7 @@ def save_party_model(run_dir: str | Path, party: Party, *, run_id: str) -> Path:
         "n_rows": data.n_rows,
         "columns": list(data.columns),
         "d_in": int(data.x_train.shape[1]),
-        "model": party.models.describe(),
+        "model": party.models.describe(party.role),
         "embedding_dim": cfg.embedding_dim,
         "task": data.task,
         "encoder": encoder,
@@ -211,15 +213,27 @@ def _factory(cfg: VflConfig, spec: Mapping[str, Any]) -> ModelFactory:
     """The factory that rebuilds the saved architecture (a Python callable is imported by
     its recorded ``module:qualname``)."""
     model, top = str(spec.get("model", cfg.model)), str(spec.get("top_model", "mlp"))
-    bottom_fn = None if model in BUILTINS else import_callable("model", model)
-    top_fn = None if top in BUILTINS else import_callable("top_model", top)
+    try:
+        bottom_fn = None if model in BUILTINS else import_callable("model", model)
+        top_fn = None if top in BUILTINS else import_callable("top_model", top)
+    except ModelSpecError as exc:
+        raise ModelSpecError(exc.key.removeprefix("vfl."), exc.value,
+                             str(exc).split(": ", 2)[-1] + "; a model that cannot be "
+                             "imported by its module:callable must be given again "
+                             "(load_party_model(..., models=), sim.api.predict(..., "
+                             "models=))") from None
     cfg = replace(cfg, model=model if model in BUILTINS else cfg.model,
                   top_model=top if top in BUILTINS else cfg.top_model)
     return ModelFactory(cfg, bottom_fn, top_fn)
 
 
-def load_party_model(run_dir: str | Path, role: str) -> SavedPart:
+def load_party_model(run_dir: str | Path, role: str, *, models: Any = None) -> SavedPart:
     """Load ``role``'s part of the run in ``run_dir`` (``<run_dir>/model/<role>``).
+
+    ``models``: the :class:`parties.zoo.ModelFactory` that trained it, to rebuild the
+    architecture with (needed when the recorded spec is not an importable
+    ``module:callable``: a lambda, a ``functools.partial``, a class defined in a script's
+    ``__main__`` read from another process); None: rebuilt from the recorded spec.
 
     Raises:
         SavedModelError: missing/unreadable files, another format version, a sha256
@@ -247,7 +261,8 @@ def load_party_model(run_dir: str | Path, role: str) -> SavedPart:
         raise SavedModelError(path, f"{wfile.name} has sha256 {digest}, the manifest says "
                               f"{manifest['weights']['sha256']}")
     cfg = load_vfl_config(path / "config.toml")
-    factory = _factory(cfg, manifest.get("model", {}))
+    factory = (_factory(cfg, manifest.get("model", {})) if models is None else
+               dataclasses.replace(models, cfg=cfg))
     with torch.random.fork_rng(devices=[]):  # initial values are overwritten below
         mods = factory.modules(role, int(manifest["d_in"]))
     state = torch.load(wfile, weights_only=True)

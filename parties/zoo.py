@@ -58,6 +58,12 @@ if TYPE_CHECKING:
     from parties.config import VflConfig
 
 ModuleFn = Callable[[int, int], nn.Module]
+#: ``(parameters, lr) -> torch.optim.Optimizer``: builds a worker's optimizer
+OptimizerFn = Callable[[list[nn.Parameter], float], torch.optim.Optimizer]
+#: ``(task) -> nn.Module``: builds the top model's training loss, called as
+#: ``loss(logits (B,), labels (B,))`` (labels 0/1 for ``"binary"``, standardised for
+#: ``"regression"``), returning a scalar
+LossFn = Callable[[str], nn.Module]
 
 
 def _groups(width: int) -> int:
@@ -158,23 +164,74 @@ class ModelFactory:
 
     Args:
         cfg: the run config (``model``, ``top_model``, ``resnet_*``, widths).
-        bottom / top: callables ``(d_in, d_out) -> nn.Module`` that replace
+        bottom_fn / top_fn: callables ``(d_in, d_out) -> nn.Module`` that replace
             ``cfg.model`` / ``cfg.top_model`` (Python API; picklable for worker
             processes). None: the config's.
+        passive_bottom_fn: the passive party's bottom, when it differs from
+            ``bottom_fn`` (which then builds the active party's).
+        optimizer_fn: ``(parameters, lr) -> torch.optim.Optimizer`` for every worker
+            replica (``lr`` is the worker's scaled learning rate,
+            :meth:`parties.config.VflConfig.worker_lr`). None: Adam
+            (:func:`parties.model.make_adam`). Under DP the passive optimizer only sees
+            DP-SGD's noised gradients (post-processing: the accounting is unchanged).
+        loss_fn: ``(task) -> nn.Module``, the top model's training loss. None: mean
+            BCE-with-logits (binary) or MSE (regression).
     """
 
     cfg: VflConfig
     bottom_fn: ModuleFn | None = None
     top_fn: ModuleFn | None = None
+    passive_bottom_fn: ModuleFn | None = None
+    optimizer_fn: OptimizerFn | None = None
+    loss_fn: LossFn | None = None
+
+    def _bottom_fn(self, role: str) -> ModuleFn | None:
+        if role == "passive" and self.passive_bottom_fn is not None:
+            return self.passive_bottom_fn
+        return self.bottom_fn
+
+    def optimizer(self, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+        """A worker's optimizer over ``params`` at learning rate ``lr``.
+
+        Raises:
+            ModelSpecError: key ``optimizer``: the factory raises or returns no optimizer.
+        """
+        from parties.model import make_adam
+
+        if self.optimizer_fn is None:
+            return make_adam(params, lr)
+        try:
+            opt = self.optimizer_fn(params, lr)
+        except Exception as exc:  # noqa: BLE001 - a user factory may raise anything
+            raise ModelSpecError("optimizer", _qualname(self.optimizer_fn),
+                                 f"raised {type(exc).__name__}: {exc}") from None
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise ModelSpecError("optimizer", _qualname(self.optimizer_fn),
+                                 f"returned a {type(opt).__name__}, not a "
+                                 "torch.optim.Optimizer")
+        return opt
+
+    def loss(self, task: str) -> nn.Module:
+        """The top model's training loss for ``task``.
+
+        Raises:
+            ModelSpecError: key ``loss``: the factory raises or returns no module.
+        """
+        from parties.model import loss_function
+
+        if self.loss_fn is None:
+            return loss_function(task)
+        return _build("loss", _qualname(self.loss_fn), lambda: self.loss_fn(task))
 
     def _resnet(self, d_in: int, d_out: int) -> nn.Module:
         c = self.cfg
         return ResidualMlp(d_in, d_out, depth=c.resnet_depth, width=c.resnet_width,
                            norm=c.resnet_norm, dropout=c.resnet_dropout)
 
-    def bottom_spec(self) -> str:
-        """The bottom spec as text (a callable as ``module:qualname``)."""
-        return self.cfg.model if self.bottom_fn is None else _qualname(self.bottom_fn)
+    def bottom_spec(self, role: str = "active") -> str:
+        """``role``'s bottom spec as text (a callable as ``module:qualname``)."""
+        fn = self._bottom_fn(role)
+        return self.cfg.model if fn is None else _qualname(fn)
 
     def top_spec(self) -> str:
         """The top spec as text, ``""`` resolved (``"mlp"`` or ``"resnet"``)."""
@@ -182,14 +239,16 @@ class ModelFactory:
             return _qualname(self.top_fn)
         if self.cfg.top_model:
             return self.cfg.top_model
-        return "resnet" if self.cfg.model == "resnet" and self.bottom_fn is None else "mlp"
+        return "resnet" if self.cfg.model == "resnet" and self.bottom_fn is None \
+            and self.passive_bottom_fn is None else "mlp"
 
     def _raw_bottom(self, role: str, d_in: int) -> nn.Module:
         from parties.model import party_bottom
 
         cfg = self.cfg
-        if self.bottom_fn is not None:
-            return self.bottom_fn(d_in, cfg.embedding_dim)
+        fn = self._bottom_fn(role)
+        if fn is not None:
+            return fn(d_in, cfg.embedding_dim)
         if cfg.model == "mlp":
             return party_bottom(cfg, role, d_in)
         if cfg.model == "resnet":
@@ -227,10 +286,19 @@ class ModelFactory:
             mods.append(self.top())
         return mods
 
-    def describe(self) -> dict[str, Any]:
-        """The spec as JSON-ready data (for manifests and reports)."""
+    def describe(self, role: str | None = None) -> dict[str, Any]:
+        """The spec as JSON-ready data (for manifests and reports): ``role``'s bottom as
+        ``model`` (None: the active party's, and ``passive_model`` when the passive
+        party's differs)."""
         c = self.cfg
-        out: dict[str, Any] = {"model": self.bottom_spec(), "top_model": self.top_spec()}
+        out: dict[str, Any] = {"model": self.bottom_spec(role or "active"),
+                               "top_model": self.top_spec()}
+        if role is None and self.passive_bottom_fn is not None:
+            out["passive_model"] = self.bottom_spec("passive")
+        if self.optimizer_fn is not None:
+            out["optimizer"] = _qualname(self.optimizer_fn)
+        if self.loss_fn is not None:
+            out["loss"] = _qualname(self.loss_fn)
         if "resnet" in (out["model"], out["top_model"]):
             out["resnet"] = {"depth": c.resnet_depth, "width": c.resnet_width,
                              "norm": c.resnet_norm, "dropout": c.resnet_dropout}
@@ -288,10 +356,9 @@ def check_models(factory: ModelFactory, d_in: dict[str, int]) -> None:
     rng = torch.get_rng_state()
     try:
         for role, width in d_in.items():
-            mod = _build("model", factory.bottom_spec(), lambda r=role, w=width:
-                         factory.bottom(r, w))
-            _probe("model", factory.bottom_spec(), mod, width, cfg.embedding_dim,
-                   f"the {role} bottom model")
+            spec = factory.bottom_spec(role)
+            mod = _build("model", spec, lambda r=role, w=width: factory.bottom(r, w))
+            _probe("model", spec, mod, width, cfg.embedding_dim, f"the {role} bottom model")
             if role == "passive" and cfg.dp_enabled:
                 from parties.dpsgd import check_dp_compatible
 
@@ -304,6 +371,8 @@ def check_models(factory: ModelFactory, d_in: dict[str, int]) -> None:
             top = _build("top_model", factory.top_spec(), factory.top)
             _probe("top_model", factory.top_spec(), top, 2 * cfg.embedding_dim, 1,
                    "the top model")
+            factory.optimizer([p for m in (mod, top) for p in m.parameters()], cfg.lr)
+            factory.loss(cfg.effective_task)
     finally:
         torch.set_rng_state(rng)
 

@@ -230,10 +230,97 @@ def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
             proc.wait(timeout_s)
 
 
+def prepare_run(cfg: VflConfig, out: Path, models: Any = None) -> Path:
+    """Refuse what can be refused before any party starts (an unmeetable DP target, a
+    broken model factory or a DP-incompatible model), then make ``out`` a clean run
+    directory holding the config; returns its (emptied) ``events.jsonl``.
+
+    Raises:
+        OutDirError: ``out`` cannot be created or written.
+        parties.dp.UnmeetableTarget, parties.zoo.ModelSpecError,
+            parties.dpsgd.DpIncompatibleModel: see :func:`run_vfl`.
+    """
+    from parties.dp import plan_from_config
+    plan_from_config(cfg)  # an unmeetable DP target (a ConfigError) refuses before any start
+    preflight_models(cfg, models)  # a broken model factory or a DP-incompatible model
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        events = out / "events.jsonl"
+        events.write_text("")
+        # results of an earlier run in this directory go, so it never mixes two runs
+        for stale in ("metrics.json", "passive.json", "broker.addr"):
+            (out / stale).unlink(missing_ok=True)
+        shutil.rmtree(out / "model", ignore_errors=True)  # saved parts of an earlier run
+        (out / "config.toml").write_text(dump_vfl_config(cfg))
+    except OSError as exc:
+        raise OutDirError(f"cannot use {str(out)!r} as the run directory: "
+                          f"{exc.strerror or exc}") from None
+    return events
+
+
+def finish_run(cfg: VflConfig, out: Path, t0: float,
+               security: Mapping[str, Any]) -> LaunchResult:
+    """Read the run's ``metrics.json``, add the job's wall time, config and security, and
+    write it back."""
+    metrics = orjson.loads((out / "metrics.json").read_bytes())
+    metrics["wall_s"] = time.perf_counter() - t0
+    metrics["config"] = to_mapping(cfg)
+    metrics["security"] = {**metrics.get("security", {}), **security}
+    write_json(out / "metrics.json", metrics)
+    return LaunchResult(metrics=metrics, out=out)
+
+
+class _MpChild:
+    """A ``multiprocessing`` process behind the part of ``subprocess.Popen``'s interface
+    the launcher uses (``poll``, ``send_signal``, ``kill``, ``wait``, ``returncode``)."""
+
+    def __init__(self, proc: Any) -> None:
+        self._proc = proc
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.exitcode
+
+    def poll(self) -> int | None:
+        return self._proc.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._proc.exitcode is None and self._proc.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._proc.pid, sig)
+
+    def kill(self) -> None:
+        self._proc.kill()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired("party", timeout or 0.0)
+        return self._proc.exitcode
+
+
+def _spawn_party(role: str, cfg: VflConfig, models: Any, *, broker: str, run_id: str,
+                 out: Path, events: Path, sec: RunSecurity, quiet: bool) -> Any:
+    """Start ``role`` as a ``multiprocessing`` (spawn) process that receives the pickled
+    model factory (:func:`parties.serve.party_process_main`)."""
+    import multiprocessing
+
+    from parties.serve import party_process_main
+
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=party_process_main, args=(role, cfg, models),
+                       kwargs={"broker": broker, "run_id": run_id, "out": str(out),
+                               "events": str(events),
+                               "keys_dir": sec.keys_dir or None, "quiet": quiet},
+                       name=f"psfl-{role}")
+    proc.start()
+    return _MpChild(proc)
+
+
 def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
             run_id: str | None = None, quiet: bool = False,
             timeout_s: float | None = None, keys_dir: str | None = None,
-            insecure: bool = False) -> LaunchResult:
+            insecure: bool = False, models: Any = None) -> LaunchResult:
     """Run a two-party VFL job as three processes and collect ``out/metrics.json``.
 
     Args:
@@ -247,6 +334,11 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         keys_dir: CURVE keys (``psfl keys generate broker active passive``); default:
             ephemeral keys made for this run (see :func:`run_security`).
         insecure: plaintext on loopback instead (prints a warning).
+        models: a :class:`parties.zoo.ModelFactory` with Python callables (the Python API,
+            :mod:`sim.api`): the parties then start as ``multiprocessing`` spawn
+            processes that receive it pickled (its callables must be module-level in an
+            importable module or in the main script, behind ``if __name__ ==
+            "__main__":``). None: ``python -m parties`` with the config's model specs.
 
     Returns:
         :class:`LaunchResult`.
@@ -264,21 +356,7 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
     """
     t0 = time.perf_counter()
     out = Path(out)
-    from parties.dp import plan_from_config
-    plan_from_config(cfg)  # an unmeetable DP target (a ConfigError) refuses before any start
-    preflight_models(cfg)  # a broken model factory or a DP-incompatible model, likewise
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        events = out / "events.jsonl"
-        events.write_text("")
-        # results of an earlier run in this directory go, so it never mixes two runs
-        for stale in ("metrics.json", "passive.json", "broker.addr"):
-            (out / stale).unlink(missing_ok=True)
-        shutil.rmtree(out / "model", ignore_errors=True)  # saved parts of an earlier run
-        (out / "config.toml").write_text(dump_vfl_config(cfg))
-    except OSError as exc:
-        raise OutDirError(f"cannot use {str(out)!r} as the run directory: "
-                          f"{exc.strerror or exc}") from None
+    events = prepare_run(cfg, out, models)
     run_id = run_id or uuid.uuid4().hex[:8]
     procs: dict[str, subprocess.Popen[bytes]] = {}
     previous = signal.getsignal(signal.SIGTERM)
@@ -302,7 +380,12 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
                   "--out", str(out), "--events", str(events), *sec.client_args]
         for role in ("passive", "active"):
             extra = ["--quiet"] if (quiet or role == "passive") else []
-            procs[role] = _spawn([sys.executable, "-m", "parties", role, *common, *extra])
+            if models is None:
+                procs[role] = _spawn([sys.executable, "-m", "parties", role, *common, *extra])
+            else:
+                procs[role] = _spawn_party(role, cfg, models, broker=broker, run_id=run_id,
+                                           out=out, events=events, sec=sec,
+                                           quiet=bool(extra))
         # Check the data here while the parties start (they import torch meanwhile):
         # a bad file or column is reported once, by us, and the children are stopped.
         preflight(cfg)
@@ -316,12 +399,7 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         stack.close()
         if threading_main():
             signal.signal(signal.SIGTERM, previous)
-    metrics = orjson.loads((out / "metrics.json").read_bytes())
-    metrics["wall_s"] = time.perf_counter() - t0
-    metrics["config"] = to_mapping(cfg)
-    metrics["security"] = {**metrics.get("security", {}), **sec.describe()}
-    write_json(out / "metrics.json", metrics)
-    return LaunchResult(metrics=metrics, out=out)
+    return finish_run(cfg, out, t0, sec.describe())
 
 
 def wait_children(procs: dict[str, subprocess.Popen[bytes]], *,
@@ -378,5 +456,5 @@ def exit_code_of(err: LaunchError) -> int:
 
 
 __all__ = ["JobTimeout", "LaunchError", "LaunchResult", "OutDirError", "RunSecurity",
-           "VFL_IDENTITIES", "exit_code_of", "run_security", "run_vfl", "start_broker",
-           "wait_children"]
+           "VFL_IDENTITIES", "exit_code_of", "finish_run", "prepare_run", "run_security",
+           "run_vfl", "start_broker", "wait_children"]

@@ -66,6 +66,24 @@ def check_parts(run_dir: str | Path) -> None:
     check_same_run(ids[0], ids[1])
 
 
+def prepare_out(out: Path) -> Path:
+    """Make ``out`` a clean prediction directory; returns its (emptied) ``events.jsonl``.
+
+    Raises:
+        OutDirError: ``out`` cannot be created or written.
+    """
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        events = out / "events.jsonl"
+        events.write_text("")
+        for stale in ("predict.json", "predictions.csv", "broker.addr"):
+            (out / stale).unlink(missing_ok=True)
+    except OSError as exc:
+        raise OutDirError(f"cannot use {str(out)!r} as the output directory: "
+                          f"{exc.strerror or exc}") from None
+    return events
+
+
 def run_predict(run_dir: str | Path, out: str | Path, *, data: str | None = None,
                 id_column: str = "id", broker: str | None = None, run_id: str | None = None,
                 timeout_s: float | None = None, wait_s: float = 60.0,
@@ -90,15 +108,7 @@ def run_predict(run_dir: str | Path, out: str | Path, *, data: str | None = None
     """
     check_parts(run_dir)
     out = Path(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        events = out / "events.jsonl"
-        events.write_text("")
-        for stale in ("predict.json", "predictions.csv", "broker.addr"):
-            (out / stale).unlink(missing_ok=True)
-    except OSError as exc:
-        raise OutDirError(f"cannot use {str(out)!r} as the output directory: "
-                          f"{exc.strerror or exc}") from None
+    events = prepare_out(out)
     run_id = run_id or f"p{uuid.uuid4().hex[:8]}"
     procs: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
@@ -126,4 +136,4 @@ def run_predict(run_dir: str | Path, out: str | Path, *, data: str | None = None
     return PredictResult(summary=summary, predictions=out / "predictions.csv", out=out)
 
 
-__all__ = ["PredictResult", "check_parts", "run_predict"]
+__all__ = ["PredictResult", "check_parts", "prepare_out", "run_predict"]

@@ -1,0 +1,162 @@
+"""Run a two-party VFL job in this process: both parties over an in-memory bus.
+
+The same :func:`parties.serve.serve_party` that a party process runs, twice, in one event
+loop, joined by a :class:`pubsub.memory.MemoryBroker` instead of a broker process and
+sockets: for notebooks, tests and quick experiments. Topics, bounded buffers, deadlines,
+the handshake, heartbeats and the algorithms are the real ones; what is not modelled is
+the network and the broker (no CURVE, no broker policy, no broker counters: ``broker``
+in ``metrics.json`` holds the hub's), and the two parties share one interpreter (thread
+workers share its GIL), so speed figures are not those of separate processes.
+
+The run directory is the same as :func:`sim.launch.run_vfl`'s: ``config.toml``,
+``metrics.json``, ``passive.json``, ``events.jsonl``, ``timeline-<role>.json`` and
+``model/<role>/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from parties.config import VflConfig
+from parties.preflight import preflight
+from pubsub.runner import run as run_loop
+
+from sim.launch import JobTimeout, LaunchResult, finish_run, prepare_run
+
+
+async def run_parties_in_memory(cfg: VflConfig, out: Path | None, *, run_id: str,
+                                models: Any = None, quiet: bool = True,
+                                timeout_s: float | None = None) -> dict[str, Any]:
+    """Both parties of one run over one :class:`pubsub.memory.MemoryBroker`, in the
+    running event loop; returns the active party's (the run's) metrics.
+
+    Each party writes its files into ``out`` as a party process does
+    (:func:`parties.serve.finish_party`). A party that fails cancels the other; its error
+    propagates.
+
+    Raises:
+        JobTimeout: ``timeout_s`` passed first.
+        whatever a party raises (:meth:`parties.runtime.Party.run`).
+    """
+    from parties.serve import finish_party, serve_party
+    from pubsub.memory import MemoryBroker
+
+    t0 = time.perf_counter()
+    results: dict[str, dict[str, Any]] = {}
+
+    async def one(role: str, hub: MemoryBroker) -> None:
+        res = await serve_party(role, cfg, run_id=run_id, out=out, connect=hub.connect,
+                                models=models, progress=not quiet and role == "active")
+        results[role] = finish_party(role, cfg, res, out, t0)
+
+    async with MemoryBroker() as hub:
+        try:
+            async with asyncio.timeout(timeout_s), asyncio.TaskGroup() as tg:
+                for role in ("passive", "active"):
+                    tg.create_task(one(role, hub))
+        except TimeoutError:
+            assert timeout_s is not None
+            raise JobTimeout(timeout_s) from None
+        except BaseExceptionGroup as eg:  # the first party's error, as a process would exit
+            raise eg.exceptions[0] from None
+        st = hub.stats()
+    metrics = results["active"]
+    metrics["broker"] = {"transport": "memory", "forwarded": st.forwarded,
+                         "rejected": st.rejected, "hwm_dropped": st.hwm_dropped}
+    if out is not None:
+        from parties.serve import write_json
+
+        write_json(out / "metrics.json", metrics)
+    return metrics
+
+
+def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = None,
+                       models: Any = None, quiet: bool = True,
+                       timeout_s: float | None = None) -> LaunchResult:
+    """:func:`sim.launch.run_vfl`, with both parties in this process over an in-memory bus.
+
+    Must be called outside a running event loop (it runs its own; from a notebook's loop
+    use :func:`run_parties_in_memory`).
+
+    Args:
+        cfg: the run config.
+        out: the run directory (created; files of an earlier run there are replaced).
+        run_id: topic namespace (default: random).
+        models: a :class:`parties.zoo.ModelFactory` (Python callables need not be
+            picklable here unless ``vfl.worker_mode = "process"``); None: the config's.
+        quiet: no per-epoch lines.
+        timeout_s: stop both parties after this long (None: only their own deadlines).
+
+    Raises:
+        the errors of :func:`sim.launch.run_vfl` that are about the data, the models and
+        the run directory, before training starts; a party's own error during the run
+        (:mod:`parties.errors`); :class:`sim.launch.JobTimeout`.
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    out = Path(out)
+    events = prepare_run(cfg, out, models)
+    preflight(cfg)
+    from pubsub.logs import configure_logging
+
+    run_id = run_id or uuid.uuid4().hex[:8]
+    configure_logging(events_path=events, run_id=run_id)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.torch_threads)
+    try:
+        run_loop(run_parties_in_memory(cfg, out, run_id=run_id, models=models, quiet=quiet,
+                                       timeout_s=timeout_s), event_loop=cfg.event_loop)
+    finally:
+        torch.set_num_threads(threads)
+    return finish_run(cfg, out, t0, {"transport": "memory", "keys": None})
+
+
+def predict_in_process(run_dir: str | Path, out: str | Path, *, data: str | None = None,
+                       id_column: str = "id", wait_s: float = 60.0,
+                       models: Any = None) -> Any:
+    """:func:`sim.predict_launch.run_predict` with both parties in this process over an
+    in-memory bus (a saved model whose factory lives in the calling script's ``__main__``
+    can be rebuilt here, but not in a ``python -m parties predict`` process; ``models``
+    gives the training factory for one that cannot be imported at all).
+
+    Raises:
+        the errors of :func:`sim.predict_launch.run_predict` about the saved parts, the
+        rows and the output directory; a party's own error (:mod:`parties.errors`).
+    """
+    from parties.predict import PredictParty
+    from pubsub.memory import MemoryBroker
+
+    from sim.predict_launch import PredictResult, check_parts, prepare_out
+
+    check_parts(run_dir)
+    out = Path(out)
+    events = prepare_out(out)
+    run_id = f"p{uuid.uuid4().hex[:8]}"
+    from pubsub.logs import configure_logging
+
+    configure_logging(events_path=events, run_id=run_id)
+
+    async def main() -> dict[str, Any]:
+        async with MemoryBroker() as hub:
+            parties = {role: PredictParty(role, run_dir, run_id=run_id, data=data,
+                                          id_column=id_column, timeout_s=wait_s,
+                                          out=out if role == "active" else None,
+                                          connect=hub.connect, models=models)
+                       for role in ("passive", "active")}
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tasks = {r: tg.create_task(p.run()) for r, p in parties.items()}
+            except BaseExceptionGroup as eg:
+                raise eg.exceptions[0] from None
+            return tasks["active"].result()
+
+    summary = run_loop(main(), event_loop="asyncio")
+    return PredictResult(summary=summary, predictions=out / "predictions.csv", out=out)
+
+
+__all__ = ["predict_in_process", "run_parties_in_memory", "run_vfl_in_process"]
