@@ -6,8 +6,10 @@ processes may share one run log) and human-readable warnings to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -85,3 +87,23 @@ def configure_logging(
     structlog.contextvars.clear_contextvars()
     if bind:
         structlog.contextvars.bind_contextvars(**bind)
+
+
+@contextlib.contextmanager
+def scoped_logging(**kwargs: Any) -> Iterator[None]:
+    """:func:`configure_logging` for the body of a ``with`` only: the previous structlog
+    configuration and context come back afterwards and the events file is closed (for
+    jobs run inside a host process: a notebook, a test, the Python API)."""
+    saved = structlog.get_config()
+    context = structlog.contextvars.get_contextvars()
+    configure_logging(**kwargs)
+    sinks = [p for p in structlog.get_config()["processors"] if isinstance(p, _JsonlSink)]
+    try:
+        yield
+    finally:
+        for sink in sinks:
+            sink.fh.close()
+        structlog.configure(**saved)
+        structlog.contextvars.clear_contextvars()
+        if context:
+            structlog.contextvars.bind_contextvars(**context)

@@ -102,15 +102,16 @@ def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = 
     out = Path(out)
     events = prepare_run(cfg, out, models)
     preflight(cfg)
-    from pubsub.logs import configure_logging
+    from pubsub.logs import scoped_logging
 
     run_id = run_id or uuid.uuid4().hex[:8]
-    configure_logging(events_path=events, run_id=run_id)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.torch_threads)
     try:
-        run_loop(run_parties_in_memory(cfg, out, run_id=run_id, models=models, quiet=quiet,
-                                       timeout_s=timeout_s), event_loop=cfg.event_loop)
+        with scoped_logging(events_path=events, run_id=run_id):
+            run_loop(run_parties_in_memory(cfg, out, run_id=run_id, models=models,
+                                           quiet=quiet, timeout_s=timeout_s),
+                     event_loop=cfg.event_loop)
     finally:
         torch.set_num_threads(threads)
     return finish_run(cfg, out, t0, {"transport": "memory", "keys": None})
@@ -137,9 +138,7 @@ def predict_in_process(run_dir: str | Path, out: str | Path, *, data: str | None
     out = Path(out)
     events = prepare_out(out)
     run_id = f"p{uuid.uuid4().hex[:8]}"
-    from pubsub.logs import configure_logging
-
-    configure_logging(events_path=events, run_id=run_id)
+    from pubsub.logs import scoped_logging
 
     async def main() -> dict[str, Any]:
         async with MemoryBroker() as hub:
@@ -155,7 +154,8 @@ def predict_in_process(run_dir: str | Path, out: str | Path, *, data: str | None
                 raise eg.exceptions[0] from None
             return tasks["active"].result()
 
-    summary = run_loop(main(), event_loop="asyncio")
+    with scoped_logging(events_path=events, run_id=run_id):
+        summary = run_loop(main(), event_loop="asyncio")
     return PredictResult(summary=summary, predictions=out / "predictions.csv", out=out)
 
 

@@ -15,7 +15,12 @@ from parties.dp import epsilon_for_delta
 PSFL = [sys.executable, "-m", "sim.cli"]
 
 
-def _run(out: Path, *sets: str) -> dict:  # type: ignore[type-arg]
+def _run(out: Path, *sets: str, transport: str = "broker") -> dict:  # type: ignore[type-arg]
+    if transport == "memory":  # both parties in this process (sim.local)
+        from parties.config import load_vfl_config
+        from sim.local import run_vfl_in_process
+
+        return run_vfl_in_process(load_vfl_config(None, ["dataset=bank", *sets]), out).metrics
     args = [*PSFL, "vfl", "run", "--dataset", "bank", "--out", str(out), "--timeout-s", "300"]
     for s in sets:
         args += ["--set", s]
@@ -25,17 +30,21 @@ def _run(out: Path, *sets: str) -> dict:  # type: ignore[type-arg]
     return orjson.loads((out / "metrics.json").read_bytes())
 
 
-@pytest.mark.parametrize(("worker_mode", "mu", "extra", "min_auc"), [
-    # large µ, default max_reassign = 3: σ covers 4 publications per epoch, 1 is used
-    ("thread", 8.0, (), 0.6),
-    # max_reassign = 0: σ covers exactly one publication per epoch, all are used
-    ("process", 1.0, ("max_reassign=0", "dp_clip_norm=0.5", "dp_noise_seed=5"), 0.5),
+@pytest.mark.parametrize(("transport", "worker_mode", "mu", "extra", "min_auc"), [
+    # large µ, default max_reassign = 3: σ covers 4 publications per epoch, 1 is used;
+    # both parties in this process over the in-memory bus
+    ("memory", "thread", 8.0, (), 0.6),
+    # max_reassign = 0: σ covers exactly one publication per epoch, all are used;
+    # broker and party processes
+    ("broker", "process", 1.0, ("max_reassign=0", "dp_clip_norm=0.5", "dp_noise_seed=5"),
+     0.5),
 ])
 def test_dp_run_reports_spent_budget_within_the_target(
-        tmp_path: Path, worker_mode: str, mu: float, extra: tuple[str, ...],
+        tmp_path: Path, transport: str, worker_mode: str, mu: float, extra: tuple[str, ...],
         min_auc: float) -> None:
     epochs = 3
-    m = _run(tmp_path, f"epochs={epochs}", f"dp_mu={mu}", f"worker_mode={worker_mode}", *extra)
+    m = _run(tmp_path, f"epochs={epochs}", f"dp_mu={mu}", f"worker_mode={worker_mode}", *extra,
+             transport=transport)
     cfg = m["config"]
     dp = m["dp"]
     assert dp["enabled"] is True and dp["target_mu"] == mu

@@ -12,11 +12,13 @@ import orjson
 import pandas as pd
 import pytest
 
+from parties.config import load_vfl_config
 from parties.data import load_table
+from sim.local import predict_in_process, run_vfl_in_process
 
 PSFL = [sys.executable, "-m", "sim.cli"]
-# a training run, or a prediction, starts a broker and two party processes (each imports
-# torch): about a minute each on two shared cores
+# a prediction through `psfl vfl predict` starts a broker and two party processes (each
+# imports torch): about a minute on two shared cores
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -35,18 +37,15 @@ def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _train(data: Path, out: Path, *sets: str) -> dict:  # type: ignore[type-arg]
-    args = ["vfl", "run", "--dataset", str(data), "--out", str(out), "--timeout-s", "280",
-            "--set", "label=y", "--set", "epochs=2", "--set", "batch_size=128",
-            "--set", "lr=3e-3", "--set", "embedding_dim=8",
+    """Train in this process over the in-memory bus (:mod:`sim.local`): what is tested here
+    is the saved model and prediction; training through the broker is tested elsewhere."""
+    base = [f"dataset={data}", "label=y", "epochs=2", "batch_size=128", "lr=3e-3",
+            "embedding_dim=8",
             # the ID column is no feature: each party's columns are listed
-            "--set", 'active_columns=["age","job","marital","education","default","balance"]',
-            "--set", 'passive_columns=["housing","loan","contact","day","month","duration",'
-                     '"campaign","pdays","previous","poutcome"]']
-    for s in sets:
-        args += ["--set", s]
-    res = _psfl(*args)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return orjson.loads((out / "metrics.json").read_bytes())
+            'active_columns=["age","job","marital","education","default","balance"]',
+            'passive_columns=["housing","loan","contact","day","month","duration",'
+            '"campaign","pdays","previous","poutcome"]']
+    return run_vfl_in_process(load_vfl_config(None, [*base, *sets]), out).metrics
 
 
 def _predict(run: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -84,8 +83,7 @@ def test_saved_mlp_scores_new_rows_by_id(mlp_run: tuple[Path, dict],  # type: ig
     new = pd.read_csv(bank_sample).sample(n=300, random_state=1)
     new_path = tmp_path / "new.csv"
     new.to_csv(new_path, index=False)
-    res = _predict(run, tmp_path / "pred_new", "--data", str(new_path))
-    assert res.returncode == 0, res.stderr[-3000:]
+    predict_in_process(run, tmp_path / "pred_new", data=str(new_path))
     t2 = pd.read_csv(tmp_path / "pred_new" / "predictions.csv")
     assert t2["id"].tolist() == new["id"].tolist()
     s2 = orjson.loads((tmp_path / "pred_new" / "predict.json").read_bytes())
@@ -115,27 +113,27 @@ def test_resnet_with_batchnorm_in_worker_processes_round_trips(bank_sample: Path
     assert man["model"] == {"model": "resnet", "top_model": "resnet",
                             "resnet": {"depth": 1, "width": 16, "norm": "batch",
                                        "dropout": 0.0}}
-    res = _predict(run, tmp_path / "pred")
-    assert res.returncode == 0, res.stderr[-3000:]
-    s = orjson.loads((tmp_path / "pred" / "predict.json").read_bytes())
+    s = predict_in_process(run, tmp_path / "pred").summary
     assert s["test_auc"] == pytest.approx(m["test_auc"], abs=1e-6)
 
 
 def test_dp_batchnorm_and_broken_factories_are_refused_before_anything_starts(
-        bank_sample: Path, tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.cli import main as psfl  # in process: the refusal comes before any child starts
+
     base = ["vfl", "run", "--dataset", "bank", "--set", "epochs=1", "--timeout-s", "60"]
     out = tmp_path / "bn"
-    res = _psfl(*base, "--out", str(out), "--model", "resnet", "--set", "resnet_norm=batch",
-                "--set", "dp_mu=8", timeout=120)
-    assert res.returncode == 2, res.stderr[-2000:]
-    assert "BatchNorm1d" in res.stderr and "Traceback" not in res.stderr
+    code = psfl([*base, "--out", str(out), "--model", "resnet", "--set", "resnet_norm=batch",
+                 "--set", "dp_mu=8"])
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert "BatchNorm1d" in err and "Traceback" not in err
     assert not out.exists()  # refused before the run directory, broker or parties
     out = tmp_path / "width"
-    res = _psfl(*base, "--out", str(out), "--model",
-                "tests.unit.zoo_user_models:wrong_width", timeout=120)
-    assert res.returncode == 2, res.stderr[-2000:]
-    assert "tests.unit.zoo_user_models:wrong_width" in res.stderr and "expected (2, 32)" \
-        in res.stderr
+    code = psfl([*base, "--out", str(out), "--model", "tests.unit.zoo_user_models:wrong_width"])
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert "tests.unit.zoo_user_models:wrong_width" in err and "expected (2, 32)" in err
     assert not out.exists()
 
 
@@ -149,16 +147,12 @@ def test_dp_prediction_continues_the_training_ledger(bank_sample: Path,
                "dp_batchnorm=groupnorm")
     assert (run / "model" / "passive" / "schema.toml").exists()
     assert m["dp"]["publications_max_test"] == 1
-    res = _predict(run, tmp_path / "pred")
-    assert res.returncode == 0, res.stderr[-3000:]
-    dp = orjson.loads((tmp_path / "pred" / "predict.json").read_bytes())["dp"]
+    dp = predict_in_process(run, tmp_path / "pred").summary["dp"]
     assert dp["enabled"] and dp["continues"] == "test"
     assert dp["publications_max_test"] == 2
     assert dp["prediction_mu"] == pytest.approx(2 ** 0.5 * dp["release_mu"], rel=1e-9)
     assert dp["mu"] >= m["dp"]["mu"] - 1e-9
     led = orjson.loads((run / "model" / "passive" / "ledger.json").read_bytes())
     assert len(led["predictions"]) == 1 and max(led["counts"]["test"]) == 2
-    res = _predict(run, tmp_path / "pred2")
-    assert res.returncode == 0, res.stderr[-3000:]
-    dp2 = orjson.loads((tmp_path / "pred2" / "predict.json").read_bytes())["dp"]
+    dp2 = predict_in_process(run, tmp_path / "pred2").summary["dp"]
     assert dp2["publications_max_test"] == 3 and dp2["prediction_mu"] > dp["prediction_mu"]
