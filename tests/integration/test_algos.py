@@ -74,13 +74,26 @@ def _wait_for_event(path: Path, event: str, timeout_s: float) -> None:
     raise AssertionError(f"no {event} in {path} within {timeout_s} s")
 
 
+@pytest.fixture(scope="module")
+def bank_small(bank_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """1,000 rows of the sample: the kill tests need training to start, not to converge
+    (an epoch is ~11 batches of 64, so the first epoch ends soon after the handshake)."""
+    import pandas as pd
+
+    path = tmp_path_factory.mktemp("data") / "bank_small.csv"
+    pd.read_csv(bank_sample).head(1000).to_csv(path, index=False)
+    return path
+
+
 @pytest.mark.parametrize(("algo", "extra"), [(a, ()) for a in ALGOS]
                          + [("pubsub", ("t_ddl_s=0",))])
 def test_a_dead_passive_party_ends_the_active_with_the_partner_code(
-        broker, bank_sample: Path, tmp_path: Path, algo: str, extra: tuple[str, ...]) -> None:
-    liveness = 3.0
-    sets = [f"dataset={bank_sample}", "label=y", f"algo={algo}", "epochs=1000",
-            "batch_size=64", f"liveness_timeout_s={liveness}", "heartbeat_interval_s=0.5",
+        broker, bank_small: Path, tmp_path: Path, algo: str, extra: tuple[str, ...]) -> None:
+    # liveness 2 s on 0.25 s heartbeats (eight missed beats; was 3 s on 0.5 s): a shorter
+    # wait after the kill, still far above one beat's gap
+    liveness = 2.0
+    sets = [f"dataset={bank_small}", "label=y", f"algo={algo}", "epochs=1000",
+            "batch_size=64", f"liveness_timeout_s={liveness}", "heartbeat_interval_s=0.25",
             "handshake_timeout_s=60", *extra]
     common = ["vfl", "party", "--broker", broker.address, "--run-id", f"kill-{algo}", "--insecure"]
     for s in sets:
@@ -91,6 +104,8 @@ def test_a_dead_passive_party_ends_the_active_with_the_partner_code(
              for role in ("passive", "active")}
     try:
         _wait_for_event(tmp_path / "active" / "events.jsonl", "vfl.epoch_done", 90)
+        # both still running: the active party's exit below is caused by this kill
+        assert procs["active"].poll() is None and procs["passive"].poll() is None
         os.kill(procs["passive"].pid, signal.SIGKILL)
         t_kill = time.monotonic()
         _, err = procs["active"].communicate(timeout=liveness + 30)

@@ -27,6 +27,20 @@ def _psfl(*args: str) -> subprocess.CompletedProcess[str]:
                           env=env, capture_output=True, text=True, timeout=150)
 
 
+def _report_in_process(capsys: pytest.CaptureFixture[str], *args: str
+                       ) -> subprocess.CompletedProcess[str]:
+    """``psfl report ARGS`` through :func:`sim.cli.main` in this process (the report is
+    pure file work; a child would spend seconds on imports). :func:`_psfl` keeps the
+    ``python -m sim.cli report`` wiring tested once, in :func:`test_report_bad_dirs`."""
+    from sim.cli import main
+
+    capsys.readouterr()
+    code = main(["report", *args])
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(["psfl", "report", *args], code, captured.out,
+                                       captured.err)
+
+
 def _history(n: int, dt: float, auc0: float, *, metric: bool) -> list[dict]:
     out = []
     for i in range(n):
@@ -84,10 +98,10 @@ def _assert_png(p: Path) -> None:
     assert img.std() > 0.01  # not blank
 
 
-def test_report_single_run(tmp_path):
+def test_report_single_run(tmp_path, capsys):
     run = tmp_path / "run"
     _fake_run(run, "pubsub", timelines=True)
-    res = _psfl(str(run))
+    res = _report_in_process(capsys, str(run))
     assert res.returncode == 0, res.stderr
     plots = run / "plots"
     names = {"metric_vs_time.png", "cpu_util.png", "gantt_run.png"}
@@ -96,18 +110,19 @@ def test_report_single_run(tmp_path):
         _assert_png(plots / n)
         assert str(plots / n) in res.stdout
     # an explicit time window
-    res = _psfl(str(run), "--out", str(tmp_path / "w"), "--window-s", "0.1:0.3")
+    res = _report_in_process(capsys, str(run), "--out", str(tmp_path / "w"),
+                             "--window-s", "0.1:0.3")
     assert res.returncode == 0, res.stderr
     _assert_png(tmp_path / "w" / "gantt_run.png")
 
 
-def test_report_benchmark_dir(tmp_path):
+def test_report_benchmark_dir(tmp_path, capsys):
     bench = tmp_path / "bench"
     _fake_run(bench / "bank" / "pubsub", "pubsub", timelines=True, dt=0.3)
     _fake_run(bench / "bank" / "vfl", "vfl", timelines=True, dt=0.6)
     _fake_run(bench / "bank-seed1" / "pubsub", "pubsub", timelines=False, dt=0.35)
     out = tmp_path / "out"
-    res = _psfl(str(bench), "--out", str(out), "--max-batches", "10")
+    res = _report_in_process(capsys, str(bench), "--out", str(out), "--max-batches", "10")
     assert res.returncode == 0, res.stderr
     names = {p.name for p in out.iterdir()}
     assert names == {"metric_vs_time.png", "cpu_util.png", "gantt_bank_pubsub.png",
@@ -117,15 +132,15 @@ def test_report_benchmark_dir(tmp_path):
     assert "no timelines" in res.stdout and "bank-seed1" in res.stdout
 
 
-def test_report_bad_dirs(tmp_path):
-    res = _psfl(str(tmp_path / "missing"))
+def test_report_bad_dirs(tmp_path, capsys):
+    res = _psfl(str(tmp_path / "missing"))  # a child process: the entry point's exit code
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "does not exist" in res.stderr
     (tmp_path / "empty" / "sub").mkdir(parents=True)
-    res = _psfl(str(tmp_path / "empty"))
+    res = _report_in_process(capsys, str(tmp_path / "empty"))
     assert res.returncode == 2 and "no metrics.json" in res.stderr
     assert "Traceback" not in res.stderr
     run = tmp_path / "run"
     _fake_run(run, "pubsub", timelines=False)
-    res = _psfl(str(run), "--window-s", "3:1")
+    res = _report_in_process(capsys, str(run), "--window-s", "3:1")
     assert res.returncode == 2 and "window-s" in res.stderr

@@ -37,10 +37,15 @@ def _run(seconds: float, tmp_path: Path) -> dict:  # type: ignore[type-arg]
 
 
 def test_broker_and_client_memory_stay_bounded_short(tmp_path: Path) -> None:
-    doc = _run(4, tmp_path)
+    # 2 s per scenario (was 4): the loopback flood passes the bounds within the first
+    # fraction of a second (about 2-4 GB in 2 s on the 2-core CI machine)
+    doc = _run(2, tmp_path)
     s = doc["summary"]
     assert s["within_bounds"], doc
-    assert all(r["broker_bytes_in"] > 100 * (1 << 20) for r in doc["runs"])  # a real flood
+    # a real flood: every scenario pushed more than twice the larger bound through the
+    # broker, so a buffer that kept everything could not have stayed within bounds
+    bound = max(s["broker_bound_bytes"], s["client_bound_bytes"])
+    assert all(r["broker_bytes_in"] > 2 * bound for r in doc["runs"]), doc["runs"]
 
 
 @pytest.mark.soak

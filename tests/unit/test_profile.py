@@ -164,14 +164,25 @@ def test_resolve_layout_follows_the_run_layout() -> None:
 
 
 @pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
-def test_concurrent_profile_times_both_parties_at_once_in_their_own_processes() -> None:
+def test_concurrent_profile_times_both_parties_at_once_in_their_own_processes(
+        tmp_path: Path) -> None:
     import os
+
+    import pandas as pd
 
     from parties.profile import profile_config
 
+    # a small table (each child loads it as its party would; the bundled bank table's
+    # 45,000 rows only made the children slower to start timing)
+    rng = np.random.default_rng(0)
+    n = 1500
+    table = tmp_path / "t.csv"
+    pd.DataFrame({"x1": rng.normal(size=n), "x2": rng.normal(size=n),
+                  "x3": rng.integers(0, 50, n), "job": rng.choice(["a", "b", "c"], n),
+                  "y": rng.choice(["no", "yes"], n)}).to_csv(table, index=False)
     a, p = sorted(os.sched_getaffinity(0))[:2]
-    cfg = VflConfig(dataset="bank", batch_size=128, epochs=2, bottom_hidden=(16,),
-                    top_hidden=(8,), active_cpus=(a,), passive_cpus=(p,))
+    cfg = VflConfig(dataset=str(table), label="y", batch_size=128, epochs=2,
+                    bottom_hidden=(16,), top_hidden=(8,), active_cpus=(a,), passive_cpus=(p,))
     before = os.sched_getaffinity(0)
     prof = profile_config(cfg, min_steps=20, min_time_s=0.05)
     assert os.sched_getaffinity(0) == before  # the children pinned themselves, not us

@@ -4,8 +4,6 @@ changes another record's encoding, nor the encoded width."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -294,27 +292,31 @@ def test_passive_encoding_under_dp_is_row_local_on_bank() -> None:
     assert fa.x_train.shape[1] != fb.x_train.shape[1]  # the unique month adds a column
 
 
-def test_cli_refuses_dp_without_schema_exit_2(tmp_path: Path) -> None:
+def test_cli_refuses_dp_without_schema_exit_2(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # sim.cli.main in this process: the message and exit code are the point (the
+    # python -m sim.cli wiring has its subprocess tests in tests/integration/test_vfl.py)
+    from sim.cli import main
+
     data = _csv(tmp_path)
-    p = subprocess.run([sys.executable, "-m", "sim.cli", "vfl", "run", "--dataset", str(data),
-                        "--set", "label=y", "--set", "dp_mu=1", "--out",
-                        str(tmp_path / "run")], capture_output=True, text=True, cwd=REPO,
-                       timeout=120)
-    assert p.returncode == 2, p.stderr
-    assert "vfl.dp_schema" in p.stderr
+    code = main(["vfl", "run", "--dataset", str(data), "--set", "label=y", "--set", "dp_mu=1",
+                 "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "vfl.dp_schema" in err
 
 
-def test_cli_drafts_a_schema(tmp_path: Path) -> None:
+def test_cli_drafts_a_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.cli import main
+
     out = tmp_path / "draft.toml"
-    p = subprocess.run([sys.executable, "-m", "sim.cli", "vfl", "schema", "--dataset",
-                        str(_csv(tmp_path)), "--set", "label=y", "--role", "passive",
-                        "--out", str(out)], capture_output=True, text=True, cwd=REPO,
-                       timeout=120)
-    assert p.returncode == 0, p.stderr
-    assert "NOT PRIVATE" in p.stderr and "REVIEW" in p.stderr
+    code = main(["vfl", "schema", "--dataset", str(_csv(tmp_path)), "--set", "label=y",
+                 "--role", "passive", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "NOT PRIVATE" in err and "REVIEW" in err
     assert out.read_text().startswith("# DRAFT SCHEMA")
     assert load_schema(out).names == ("c", "d")
-    p2 = subprocess.run([sys.executable, "-m", "sim.cli", "vfl", "schema", "--dataset", "bank",
-                         "--out", str(out)], capture_output=True, text=True, cwd=REPO,
-                        timeout=120)
-    assert p2.returncode == 2 and "--force" in p2.stderr
+    code = main(["vfl", "schema", "--dataset", "bank", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--force" in err
