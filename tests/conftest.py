@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -27,6 +28,42 @@ settings.register_profile("ci", derandomize=True, deadline=None, max_examples=10
 settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _share_the_machine(request: pytest.FixtureRequest,
+                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Under pytest-xdist, a test marked ``exclusive`` (it measures CPU time, CPU shares or
+    idleness) runs while no other worker runs a test; other tests share the machine.
+
+    A writer-preferring readers-writer lock over two ``flock`` files in the run's shared
+    temporary root: every test passes a turnstile, then holds the machine lock shared; an
+    exclusive test holds the turnstile (so no new test starts) while it waits for and holds
+    the machine lock exclusively. Without xdist it is a no-op."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        yield
+        return
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp().parent  # shared by this run's workers
+    exclusive = request.node.get_closest_marker("exclusive") is not None
+    with open(root / "psfl-turnstile.lock", "a") as gate, \
+            open(root / "psfl-machine.lock", "a") as machine:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        if exclusive:
+            fcntl.flock(machine, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(machine, fcntl.LOCK_UN)
+                fcntl.flock(gate, fcntl.LOCK_UN)
+            return
+        fcntl.flock(machine, fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(machine, fcntl.LOCK_UN)
 
 
 class BrokerProcess:
