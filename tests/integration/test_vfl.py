@@ -221,8 +221,9 @@ def test_more_bad_input_is_a_clear_error(args: list[str], tmp_path: Path,
 
 def test_regression_run_on_california_reports_rmse(tmp_path: Path) -> None:
     out = tmp_path / "run"
+    # both parties in the launcher's process (the task, not the processes, is tested here)
     res = _psfl("vfl", "run", "--dataset", "california", "--out", str(out),
-                "--set", "epochs=3")
+                "--set", "epochs=3", "--transport", "memory")
     assert res.returncode == 0, res.stderr[-3000:]
     m = orjson.loads((out / "metrics.json").read_bytes())
     assert (m["dataset"], m["task"], m["metric_name"]) == ("california", "regression", "rmse")
@@ -246,7 +247,8 @@ def test_regression_run_on_california_reports_rmse(tmp_path: Path) -> None:
 
 def test_adult_run_reaches_the_reference_auc(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    res = _psfl("vfl", "run", "--dataset", "adult", "--out", str(out), "--set", "epochs=2")
+    res = _psfl("vfl", "run", "--dataset", "adult", "--out", str(out), "--set", "epochs=2",
+                "--transport", "memory")
     assert res.returncode == 0, res.stderr[-3000:]
     m = orjson.loads((out / "metrics.json").read_bytes())
     assert (m["task"], m["metric_name"]) == ("binary", "auc")

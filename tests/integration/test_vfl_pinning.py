@@ -22,6 +22,9 @@ def test_pinned_parties_without_deadline(tmp_path: Path, worker_mode: str) -> No
     res = subprocess.run(
         [*PSFL, "vfl", "run", "--dataset", "bank", "--out", str(tmp_path),
          "--set", "epochs=1", "--set", "t_ddl_s=0", "--set", f"worker_mode={worker_mode}",
+         # each party shares its one pinned CPU with its workers: on a loaded machine its
+         # start can take longer than the default 10 s
+         "--set", "connect_timeout_s=60",
          "--set", f"active_cpus=[{a}]", "--set", f"passive_cpus=[{p}]"],
         capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]

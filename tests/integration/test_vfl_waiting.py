@@ -25,6 +25,9 @@ import pytest
 
 from tests.conftest import BrokerProcess
 
+# it measures idleness: under pytest-xdist no other test runs meanwhile (tests/conftest.py)
+pytestmark = pytest.mark.exclusive
+
 WINDOW_S = 3.0
 MAX_CORES = 0.05
 
