@@ -521,13 +521,17 @@ _MP_CTX: Any = None
 def mp_context() -> Any:
     """The multiprocessing context for worker processes: a fork server that has already
     imported torch and this module, so each worker starts in milliseconds, not seconds,
-    and no worker is forked from a process whose torch threads are running. It also
-    imports ``torch._dynamo``, which every ``torch.optim`` optimizer imports at its first
-    ``step`` (about 1,900 modules: 2.6 s of CPU here), once instead of once per worker."""
+    and no worker is forked from a process whose torch threads are running.
+
+    ``torch._dynamo`` (which every ``torch.optim`` optimizer imports at its first ``step``,
+    about 1,900 modules) is not preloaded: the first worker's start waits for the preload
+    and blocks the party's event loop meanwhile; with it preloaded, parties with process
+    workers missed the 10 s broker-hello deadline on a loaded machine (three times in
+    four suite runs; the likely cause, not proven)."""
     global _MP_CTX
     if _MP_CTX is None:
         _MP_CTX = mp.get_context("forkserver")
-        _MP_CTX.set_forkserver_preload(["parties.workers", "torch._dynamo"])
+        _MP_CTX.set_forkserver_preload(["parties.workers"])
     return _MP_CTX
 
 
