@@ -243,17 +243,33 @@ def prepare_run(cfg: VflConfig, out: Path, models: Any = None) -> Path:
     from parties.dp import plan_from_config
     plan_from_config(cfg)  # an unmeetable DP target (a ConfigError) refuses before any start
     preflight_models(cfg, models)  # a broken model factory or a DP-incompatible model
+    # results of an earlier run in this directory go, so it never mixes two runs
+    events = clean_out_dir(out, ("metrics.json", "passive.json", "broker.addr"),
+                           what="the run directory")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        events = out / "events.jsonl"
-        events.write_text("")
-        # results of an earlier run in this directory go, so it never mixes two runs
-        for stale in ("metrics.json", "passive.json", "broker.addr"):
-            (out / stale).unlink(missing_ok=True)
         shutil.rmtree(out / "model", ignore_errors=True)  # saved parts of an earlier run
         (out / "config.toml").write_text(dump_vfl_config(cfg))
     except OSError as exc:
         raise OutDirError(f"cannot use {str(out)!r} as the run directory: "
+                          f"{exc.strerror or exc}") from None
+    return events
+
+
+def clean_out_dir(out: Path, stale: tuple[str, ...], *, what: str) -> Path:
+    """Create ``out``, delete the ``stale`` files of an earlier job there and empty its
+    ``events.jsonl``, which is returned.
+
+    Raises:
+        OutDirError: ``out`` cannot be created or written (``what`` names it).
+    """
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        events = out / "events.jsonl"
+        events.write_text("")
+        for name in stale:
+            (out / name).unlink(missing_ok=True)
+    except OSError as exc:
+        raise OutDirError(f"cannot use {str(out)!r} as {what}: "
                           f"{exc.strerror or exc}") from None
     return events
 
@@ -456,5 +472,5 @@ def exit_code_of(err: LaunchError) -> int:
 
 
 __all__ = ["JobTimeout", "LaunchError", "LaunchResult", "OutDirError", "RunSecurity",
-           "VFL_IDENTITIES", "exit_code_of", "finish_run", "prepare_run", "run_security",
+           "VFL_IDENTITIES", "clean_out_dir", "exit_code_of", "finish_run", "prepare_run", "run_security",
            "run_vfl", "start_broker", "wait_children"]

@@ -20,7 +20,8 @@ import orjson
 
 from sim.launch import (
     VFL_IDENTITIES,
-    OutDirError,
+    OutDirError,  # noqa: F401 (raised by clean_out_dir; re-exported for callers)
+    clean_out_dir,
     _spawn,
     _stop,
     run_security,
@@ -72,16 +73,8 @@ def prepare_out(out: Path) -> Path:
     Raises:
         OutDirError: ``out`` cannot be created or written.
     """
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        events = out / "events.jsonl"
-        events.write_text("")
-        for stale in ("predict.json", "predictions.csv", "broker.addr"):
-            (out / stale).unlink(missing_ok=True)
-    except OSError as exc:
-        raise OutDirError(f"cannot use {str(out)!r} as the output directory: "
-                          f"{exc.strerror or exc}") from None
-    return events
+    return clean_out_dir(out, ("predict.json", "predictions.csv", "broker.addr"),
+                         what="the output directory")
 
 
 def run_predict(run_dir: str | Path, out: str | Path, *, data: str | None = None,
