@@ -166,16 +166,20 @@ def charge(part: SavedPart, n: int, source: str) -> tuple[Any, dict[str, Any]]:
     if plan is None:
         return None, {"enabled": False, "mu": None, "epsilon": None}
     sigma = plan.eval_noise_multipliers["test"]
+    assert part.ledger is not None, "a DP run's passive part has a ledger"
+    state = dict(part.ledger)
+    # a fixed dp_noise_seed (tests) still gives every release its own noise: the seed
+    # mixes in how many predictions came before, so two predictions of different rows
+    # never share a noise draw (their difference would reveal the rows exactly)
+    earlier = len(state.get("predictions", []))
     seed = (None if part.cfg.dp_noise_seed is None else
-            int(np.random.SeedSequence([part.cfg.dp_noise_seed, 0x9E, n])
+            int(np.random.SeedSequence([part.cfg.dp_noise_seed, 0x9E, n, earlier])
                 .generate_state(1, dtype=np.uint64)[0]))
     if seed is None:
         seed = int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0])
     privatize = EmbeddingPrivatizer(clip_norm=plan.clip_norm, noise_multiplier=sigma,
                                     seed=seed)
     mu_one = release_mu(sigma)
-    assert part.ledger is not None, "a DP run's passive part has a ledger"
-    state = dict(part.ledger)
     sizes = {g: len(c) for g, c in state["counts"].items()}
     acct = GdpAccountant(sizes, release_mu=state["release_mu"])
     acct.load_state_dict({**state, "max_publications": {}})

@@ -154,5 +154,9 @@ def test_dp_prediction_continues_the_training_ledger(bank_sample: Path,
     assert dp["mu"] >= m["dp"]["mu"] - 1e-9
     led = orjson.loads((run / "model" / "passive" / "ledger.json").read_bytes())
     assert len(led["predictions"]) == 1 and max(led["counts"]["test"]) == 2
-    dp2 = predict_in_process(run, tmp_path / "pred2").summary["dp"]
+    res2 = predict_in_process(run, tmp_path / "pred2")
+    dp2 = res2.summary["dp"]
     assert dp2["publications_max_test"] == 3 and dp2["prediction_mu"] > dp["prediction_mu"]
+    # each release draws its own noise, even under a fixed dp_noise_seed
+    first = (tmp_path / "pred" / "predictions.csv").read_text()
+    assert (tmp_path / "pred2" / "predictions.csv").read_text() != first
