@@ -39,11 +39,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sklearn.compose import ColumnTransformer
-from sklearn.datasets import make_classification
-from sklearn.impute import SimpleImputer
-from sklearn.pipeline import Pipeline
-from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
 from parties.datasets import DATASETS, DatasetInfo
 
@@ -279,6 +274,8 @@ def make_synthetic(spec: SyntheticSpec) -> pd.DataFrame:
         label ``y`` (about half the rows are 1). Memory: about
         ``rows * features * 12`` bytes at the peak (float64 generation, float32 copy).
     """
+    from sklearn.datasets import make_classification  # here: launchers need not import it
+
     x, y = make_classification(
         n_samples=spec.rows,
         n_features=spec.features,
@@ -650,6 +647,13 @@ def encode_party_features(
     test_idx = _check_indices("test_idx", test_idx, n_rows)
     if train_idx.size == 0:
         raise InvalidSplit("train_idx is empty; cannot fit the encoders")
+
+    # scikit-learn imported here, not at module level: launchers and CLIs that read tables
+    # without encoding them skip its ~2 s import (scipy.stats)
+    from sklearn.compose import ColumnTransformer
+    from sklearn.impute import SimpleImputer
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
     # Normalise dtypes so scikit-learn sees plain float64 or string columns.
     prepared: dict[str, pd.Series] = {}

@@ -30,40 +30,81 @@ settings.load_profile("ci")
 REPO = Path(__file__).resolve().parents[1]
 
 
+class _MachineLock:
+    """This xdist worker's side of a writer-preferring readers-writer lock over two
+    ``flock`` files in the run's shared temporary root: every test passes a turnstile,
+    then holds the machine lock shared; an exclusive test holds the turnstile (so no new
+    test starts) while it waits for and holds the machine lock exclusively. A worker keeps
+    the exclusive hold across consecutive exclusive tests (released before its next
+    shared test or after its last), so a block of them waits once for the other worker
+    to finish its test, not once per test."""
+
+    def __init__(self) -> None:
+        self.files: tuple[Any, Any] | None = None
+        self.exclusive = False
+
+    def _open(self, root: Path) -> tuple[Any, Any]:
+        if self.files is None:
+            self.files = (open(root / "psfl-turnstile.lock", "a"),  # noqa: SIM115
+                          open(root / "psfl-machine.lock", "a"))  # noqa: SIM115
+        return self.files
+
+    def acquire(self, root: Path, *, exclusive: bool) -> None:
+        import fcntl
+
+        gate, machine = self._open(root)
+        if exclusive:
+            if not self.exclusive:
+                fcntl.flock(gate, fcntl.LOCK_EX)
+                fcntl.flock(machine, fcntl.LOCK_EX)
+                self.exclusive = True
+            return
+        self.release_exclusive()
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(machine, fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+
+    def release_shared(self) -> None:
+        import fcntl
+
+        if self.files is not None and not self.exclusive:
+            fcntl.flock(self.files[1], fcntl.LOCK_UN)
+
+    def release_exclusive(self) -> None:
+        import fcntl
+
+        if self.files is not None and self.exclusive:
+            fcntl.flock(self.files[1], fcntl.LOCK_UN)
+            fcntl.flock(self.files[0], fcntl.LOCK_UN)
+            self.exclusive = False
+
+
+_MACHINE = _MachineLock()
+
+
 @pytest.fixture(autouse=True)
 def _share_the_machine(request: pytest.FixtureRequest,
                        tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Under pytest-xdist, a test marked ``exclusive`` (it measures CPU time, CPU shares or
-    idleness) runs while no other worker runs a test; other tests share the machine.
-
-    A writer-preferring readers-writer lock over two ``flock`` files in the run's shared
-    temporary root: every test passes a turnstile, then holds the machine lock shared; an
-    exclusive test holds the turnstile (so no new test starts) while it waits for and holds
-    the machine lock exclusively. Without xdist it is a no-op."""
+    idleness) runs while no other worker runs a test; other tests share the machine
+    (:class:`_MachineLock`). Without xdist it is a no-op."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         yield
         return
-    import fcntl
-
     root = tmp_path_factory.getbasetemp().parent  # shared by this run's workers
     exclusive = request.node.get_closest_marker("exclusive") is not None
-    with open(root / "psfl-turnstile.lock", "a") as gate, \
-            open(root / "psfl-machine.lock", "a") as machine:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        if exclusive:
-            fcntl.flock(machine, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(machine, fcntl.LOCK_UN)
-                fcntl.flock(gate, fcntl.LOCK_UN)
-            return
-        fcntl.flock(machine, fcntl.LOCK_SH)
-        fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(machine, fcntl.LOCK_UN)
+    _MACHINE.acquire(root, exclusive=exclusive)
+    try:
+        yield
+    finally:
+        _MACHINE.release_shared()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Give the machine back after a block of exclusive tests (see :class:`_MachineLock`)."""
+    if nextitem is None or nextitem.get_closest_marker("exclusive") is None:
+        _MACHINE.release_exclusive()
 
 
 class BrokerProcess:

@@ -28,17 +28,17 @@ def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-# Every algorithm once through the broker as real processes (thread, inline or process
-# workers), and four of them again with both parties in this process over the in-memory
-# bus (sim.local). The algorithms themselves are covered without processes by
+# Every algorithm trains with both parties in one process over the in-memory bus
+# (sim.local; thread, inline or process workers), and two of them again through the broker
+# as real processes (the kill test below runs every algorithm through the broker as real
+# processes too). The algorithms themselves are covered without processes by
 # tests/unit/test_strategy.py (the sans-IO strategies) and test_strategy_des.py (the same
 # strategies through the driver).
 @pytest.mark.parametrize(("algo", "worker_mode", "transport"), [
-    ("pubsub", "thread", "broker"), ("vfl", "thread", "broker"),
-    ("vfl-ps", "process", "broker"), ("avfl", "thread", "broker"),
-    ("avfl-ps", "process", "broker"),
-    ("pubsub", "inline", "memory"), ("avfl", "inline", "memory"),
-    ("vfl-ps", "thread", "memory"), ("avfl-ps", "thread", "memory")])
+    ("pubsub", "thread", "broker"), ("vfl-ps", "process", "broker"),
+    ("pubsub", "inline", "memory"), ("vfl", "thread", "memory"),
+    ("vfl-ps", "thread", "memory"), ("avfl", "thread", "memory"),
+    ("avfl-ps", "process", "memory")])
 def test_every_algorithm_trains_and_reports_the_same_fields(bank_sample: Path, tmp_path: Path,
                                                             algo: str, worker_mode: str,
                                                             transport: str) -> None:

@@ -44,7 +44,8 @@ BUSY1 = "while True: pass"
 # two busy processes: the child forks after preexec put it in the group, so both are in
 BUSY2 = "import os\nos.fork()\nwhile True: pass"
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.exclusive]
+# func_only: the wait for the machine (the exclusive lock, conftest.py) is not the test
+pytestmark = [pytest.mark.timeout(60, func_only=True), pytest.mark.exclusive]
 
 
 def _cgroup_v1_dirs() -> list[Path]:

@@ -22,7 +22,7 @@ timeout_s = 240
 [vfl]
 algo = "pubsub"
 dataset = "bank"
-epochs = 2
+epochs = 1
 """
 
 
