@@ -46,6 +46,8 @@ _CRC = struct.Struct(">I")
 _MAX_NAMESPACES = 4096
 _MAX_SEQ_KEYS = 1 << 17
 _MAX_ROUTES = 1 << 16
+#: largest control request accepted (bytes); a longer one closes the sender's connection
+CONTROL_MAX_BYTES = 64 * 1024
 #: the policy used with CURVE when ``policy_file`` is empty
 DEFAULT_POLICY_FILE = Path(__file__).with_name("default_policy.toml")
 #: ZAP domain of the control socket (any allow-listed key may use it)
@@ -411,6 +413,7 @@ class Broker:
     def _bind_at(self, host: str, port: int) -> None:
         cfg = self.config
         self._rep = self._socket(zmq.REP, CONTROL_DOMAIN)
+        self._rep.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_BYTES)
         roles = self.policy.names if self.policy is not None else ("",)
         for role in roles:
             self._ins.append(self._socket(zmq.XSUB, role))
@@ -706,20 +709,30 @@ class Broker:
         c[3] += nbytes
 
     def _serve_control(self, rep: zmq.Socket) -> None:
+        """Answer one control request. Any input gets a reply (a request of several frames,
+        not JSON, not an object, an unknown command: ``ok`` false with the reason); the
+        socket never raises out of the broker's loop."""
         try:
-            frame = rep.recv(zmq.NOBLOCK, copy=False)
+            frames = rep.recv_multipart(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return
-        raw = frame.bytes
+        except zmq.ZMQError as exc:  # pragma: no cover - REP state errors are not expected
+            self.stats.rejected += 1
+            log.warning("broker.control_error", error=str(exc))
+            return
+        raw = frames[0].bytes
         identity = ""
         if self.secure:
             with contextlib.suppress(zmq.ZMQError):
-                identity = frame.get("User-Id") or ""
-        try:
-            req = orjson.loads(raw)
-            cmd = req.get("cmd") if isinstance(req, dict) else None
-        except orjson.JSONDecodeError:
-            req, cmd = None, None
+                identity = frames[0].get("User-Id") or ""
+        req: Any = None
+        cmd = None
+        if len(frames) == 1:
+            try:
+                req = orjson.loads(raw)
+                cmd = req.get("cmd") if isinstance(req, dict) else None
+            except orjson.JSONDecodeError:
+                req = None
         if cmd == "stats":
             reply: dict[str, Any] = {"ok": True, "stats": self.stats.as_dict()}
         elif cmd == "ping":
@@ -727,9 +740,15 @@ class Broker:
         elif cmd == "hello":
             reply = self._hello(identity, req)
         else:
+            self.stats.rejected += 1
+            what = (f"{len(frames)} frames" if len(frames) != 1 else repr(raw[:64]))
             reply = {"ok": False,
-                     "error": f"unknown request {raw[:64]!r}; use cmd=stats|ping|hello"}
-        rep.send(orjson.dumps(reply))
+                     "error": f"unknown request {what}; send one JSON frame with "
+                              "cmd=stats|ping|hello"}
+        try:
+            rep.send(orjson.dumps(reply), zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # the requester left: its reply is dropped
+            log.warning("broker.control_reply_dropped", error=str(exc))
 
     def _hello(self, identity: str, req: Any) -> dict[str, Any]:
         """The caller's role, ports (offsets from the base port) and rules."""
@@ -741,7 +760,7 @@ class Broker:
             return {"ok": False, "error": f"unknown identity {identity!r}"}
         i = self.policy.index(cert.role)
         client_id = req.get("client_id") if isinstance(req, dict) else None
-        if isinstance(client_id, str) and client_id:
+        if isinstance(client_id, str) and 0 < len(client_id) <= 256:
             if len(self._publishers) >= _MAX_ROUTES:
                 self._publishers.clear()
             self._publishers[client_id.encode()] = identity

@@ -1,0 +1,95 @@
+"""The broker's control socket (PORT+2) survives any input: several frames, bytes that are
+not JSON, JSON that is not an object, unknown commands, oversize requests and requests
+without a REQ envelope. Every well-formed REQ request gets a reply; the broker keeps
+serving and exits cleanly."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import orjson
+import pytest
+import zmq
+
+from broker.proxy import CONTROL_MAX_BYTES
+from pubsub.address import BrokerAddress
+from tests.conftest import BrokerProcess
+
+
+def _req(ctx: zmq.Context, endpoint: str, kind: int = zmq.REQ) -> zmq.Socket:
+    s = ctx.socket(kind)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(endpoint)
+    return s
+
+
+def _reply(sock: zmq.Socket, timeout_ms: int = 5000) -> dict:  # type: ignore[type-arg]
+    assert sock.poll(timeout_ms, zmq.POLLIN), "no reply from the control socket"
+    return orjson.loads(sock.recv())
+
+
+def _garbage(rng: random.Random) -> list[bytes]:
+    kind = rng.randrange(6)
+    if kind == 0:  # several frames
+        return [rng.randbytes(rng.randrange(0, 40)) for _ in range(rng.randrange(2, 6))]
+    if kind == 1:  # not JSON (and not UTF-8)
+        return [rng.randbytes(rng.randrange(0, 200))]
+    if kind == 2:  # JSON, not an object
+        return [orjson.dumps(rng.choice([[1, 2], "stats", 3.5, None, True]))]
+    if kind == 3:  # an object with an unknown or mistyped command
+        return [orjson.dumps({"cmd": rng.choice(["nope", 7, None, ["stats"], {"a": 1}])})]
+    if kind == 4:  # deeply nested JSON
+        depth = rng.randrange(100, 2000)
+        return [b"[" * depth + b"]" * depth]
+    # hello with odd fields
+    return [orjson.dumps({"cmd": "hello", "client_id": rng.choice(["", "x" * 5000, 5, None])})]
+
+
+@pytest.mark.timeout(60)
+def test_control_socket_survives_any_input(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path)
+    try:
+        endpoint = BrokerAddress.parse(b.address).control_endpoint
+        ctx = zmq.Context()
+        try:
+            rng = random.Random(0)
+            sock = _req(ctx, endpoint)
+            bad = 0  # requests that are not a command (hello gets its own answer)
+            for i in range(300):
+                frames = _garbage(rng)
+                hello = len(frames) == 1 and frames[0].startswith(b'{"cmd":"hello"')
+                bad += not hello
+                sock.send_multipart(frames)
+                reply = _reply(sock)
+                # plaintext: hello answers with no role; everything else is refused
+                assert reply["ok"] is hello, (i, frames[:2], reply)
+                assert hello or reply["error"], reply
+            # the two-frame request of the report names what was wrong
+            sock.send_multipart([b'{"cmd":"stats"}', b"x"])
+            assert "2 frames" in _reply(sock)["error"]
+            bad += 1
+            # an oversize request closes that sender's connection, nothing else
+            big = _req(ctx, endpoint)
+            big.send(b"x" * (CONTROL_MAX_BYTES + 1))
+            assert not big.poll(500, zmq.POLLIN)
+            big.close()
+            # DEALER without the REQ envelope, and a DEALER that leaves before its reply
+            for _ in range(20):
+                d = _req(ctx, endpoint, zmq.DEALER)
+                d.send_multipart([rng.randbytes(8), b"", b'{"cmd":"ping"}'])
+                d.send(b'{"cmd":"ping"}')
+                d.close()
+            # still serving, counting what it rejected
+            sock.send(orjson.dumps({"cmd": "ping"}))
+            assert _reply(sock)["ok"] is True
+            sock.send(orjson.dumps({"cmd": "stats"}))
+            stats = _reply(sock)
+            assert stats["ok"] is True and stats["stats"]["rejected"] == bad
+            sock.close()
+        finally:
+            ctx.destroy(linger=0)
+        assert b.proc.poll() is None, "the broker died"
+    finally:
+        b.stop()
+    assert b.proc.returncode == 0, "broker did not exit cleanly on SIGTERM"
