@@ -281,7 +281,7 @@ def run_pair(cfg: Any, mode: str, steps: int, warmup: int = 30,
 
             lims = {r: CpuLimiter.create(f"bound-{r}", cores[r], period_us=period_us)
                     for r in ("passive", "active")}
-        for p, role in zip(procs, ("passive", "active")):
+        for p, role in zip(procs, ("passive", "active"), strict=True):
             p.start()
             if role in lims:
                 lims[role].add(p.pid)

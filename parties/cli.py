@@ -23,7 +23,7 @@ from pubsub.runner import run as run_loop
 
 from parties.config import VflConfig, check_run_id, load_vfl_config
 from parties.data import DataError
-from parties.errors import PrivacyBudgetExceeded, VflError, WorkerFailed
+from parties.errors import NonFiniteTraining, PrivacyBudgetExceeded, VflError, WorkerFailed
 from parties.report import format_metric
 from parties.serve import finish_party, metrics_file, write_json  # noqa: F401 (re-exported)
 
@@ -43,7 +43,7 @@ class ExitCode(IntEnum):
 _EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], ExitCode], ...] = (
     ((*BAD_INPUT_ERRORS, DataError), ExitCode.BAD_INPUT),
     (BROKER_ERRORS, ExitCode.BROKER_UNREACHABLE),
-    ((WorkerFailed, PrivacyBudgetExceeded), ExitCode.FAILED),
+    ((WorkerFailed, PrivacyBudgetExceeded, NonFiniteTraining), ExitCode.FAILED),
     ((VflError,), ExitCode.PARTNER),
 )
 

@@ -67,6 +67,9 @@ class VflConfig:
             ``avfl`` and ``avfl-ps``; ``vfl`` and ``vfl-ps`` never drop.
         max_reassign: how often a dropped batch is reassigned before it is skipped.
         liveness_timeout_s: partner heartbeats missing this long fail the run, seconds.
+        peer_max_bad_messages: malformed embeddings or gradients (wrong shape or dtype,
+            values that are not finite, bad metadata) from the partner that end the run
+            (exit 4); each is dropped and counted before (``parties.intake``).
         handshake_timeout_s: deadline for both parties to find each other, seconds.
         heartbeat_interval_s: heartbeat period, seconds.
         bottom_hidden: hidden widths of each bottom model.
@@ -191,6 +194,7 @@ class VflConfig:
     t_ddl_s: float = 10.0
     max_reassign: int = 3
     liveness_timeout_s: float = 30.0
+    peer_max_bad_messages: int = 16
     handshake_timeout_s: float = 60.0
     heartbeat_interval_s: float = 1.0
     bottom_hidden: tuple[int, ...] = (64,)
@@ -269,6 +273,8 @@ class VflConfig:
             raise bad("t_ddl_s", "must be >= 0 seconds (0: no deadline-based dropping)")
         if self.target_metric is not None and not math.isfinite(self.target_metric):
             raise bad("target_metric", "must be a finite number")
+        if self.peer_max_bad_messages < 1:
+            raise bad("peer_max_bad_messages", "must be >= 1")
         for key in ("liveness_timeout_s", "handshake_timeout_s",
                     "heartbeat_interval_s", "connect_timeout_s"):
             if not getattr(self, key) > 0:

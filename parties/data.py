@@ -695,12 +695,28 @@ def encode_party_features(
         x_test = np.empty((0, len(names)))
     from parties.encoders import FittedEncoder
 
+    with np.errstate(over="ignore", invalid="ignore"):
+        x_train = np.ascontiguousarray(x_train, dtype=np.float32)
+        x_test = np.ascontiguousarray(x_test, dtype=np.float32)
+    _check_encoded_finite(x_train, x_test, names)
     return PartyFeatures(
-        x_train=np.ascontiguousarray(x_train, dtype=np.float32),
-        x_test=np.ascontiguousarray(x_test, dtype=np.float32),
+        x_train=x_train,
+        x_test=x_test,
         feature_names=names,
         encoder=FittedEncoder.from_column_transformer(encoder, columns, _MISSING_CATEGORY),
     )
+
+
+def _check_encoded_finite(x_train: np.ndarray, x_test: np.ndarray,
+                          names: tuple[str, ...]) -> None:
+    """Raise :class:`DataError` naming the features whose encoded values are not finite
+    in float32 (values near float64's range, e.g. 1e308, overflow in the scaler)."""
+    bad = [names[j] for j in range(len(names))
+           if not (np.isfinite(x_train[:, j]).all() and np.isfinite(x_test[:, j]).all())]
+    if bad:
+        raise DataError(f"column(s) {bad[:5]} hold values too large to train on (after "
+                        "scaling they are not finite in float32); rescale them or drop the "
+                        "outliers")
 
 
 def _combine_name(feature: str, category: object) -> str:

@@ -14,6 +14,7 @@ generator at its ``yield``, so the strategy's ``try`` blocks see it where it hap
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -45,11 +46,13 @@ from parties.actions import (
     TopStep,
     WaitSchedule,
 )
+from parties.errors import NonFiniteTraining
 from parties.timeline import COMM, WAIT, Timeline
 from pubsub import DeadlineExceeded
 from pubsub.transport import Transport
 
 if TYPE_CHECKING:  # (parties.workers pulls in torch; the driver itself needs none)
+    from parties.intake import PeerIntake, TensorSpec
     from parties.workers import WorkerHandle
 
 log = structlog.get_logger(__name__)
@@ -88,8 +91,12 @@ class ActionDriver:
     def __init__(self, bus: Transport, *, topics: TopicMap, handles: Sequence[WorkerHandle],
                  timeline: Timeline, record_dp: Callable[[Any], None] | None = None,
                  inline: bool = False, logger: Any = None,
-                 on_action: Callable[[Any], None] | None = None) -> None:
+                 on_action: Callable[[Any], None] | None = None,
+                 intake: PeerIntake | None = None,
+                 specs: dict[str, TensorSpec] | None = None) -> None:
         self.bus = bus
+        self.intake = intake
+        self.specs = dict(specs or {})
         self.topics = topics
         self.handles = handles
         self.timeline = timeline
@@ -163,6 +170,8 @@ class ActionDriver:
         topic = self._topic(a.kind, a.channel)
         stale = 0
         while (msg := self.bus.try_next(topic)) is not None:
+            if not self._admit(a.kind, msg):
+                continue
             verdict = a.accept(msg)
             if verdict == 1:
                 return Received(msg=msg, stale=stale)
@@ -197,8 +206,24 @@ class ActionDriver:
             kw["snapshot"] = True
         return await self.handles[a.worker].forward(a.epoch, a.batch, **kw)
 
+    def _admit(self, kind: str, msg: Any) -> bool:
+        """The intake's verdict on a partner message (no intake: everything)."""
+        if self.intake is None:
+            return True
+        return self.intake.admit(msg, self.specs.get(kind))
+
+    def _check_rows(self, msg: Any, n_rows: int) -> Any:
+        """The message's array, if it has the batch's ``n_rows`` rows (it passed the
+        intake, so it came from the partner: a wrong count ends the run)."""
+        arr = msg.arrays[0]
+        if arr.shape[0] != n_rows and self.intake is not None:
+            self.intake.reject(msg.publisher, f"{arr.shape[0]} rows for a batch of {n_rows}",
+                               topic=msg.topic, fatal=True)
+        return arr
+
     async def _backward(self, a: Backward) -> None:
-        await self.handles[a.worker].backward(a.epoch, a.key, a.msg.arrays[0])
+        arr = self._check_rows(a.msg, a.n_rows)
+        await self.handles[a.worker].backward(a.epoch, a.key, arr)
 
     async def _discard(self, a: Discard) -> None:
         await self.handles[a.worker].discard(a.key)
@@ -216,8 +241,11 @@ class ActionDriver:
             bus.publish_nowait(topic, [grad], meta, copy=False)
             self.timeline.record(COMM, a.worker, a.batch, t0, time.perf_counter())
 
-        loss, _ = await self.handles[a.worker].step(a.epoch, a.batch, a.emb.arrays[0],
+        arr = self._check_rows(a.emb, a.n_rows)
+        loss, _ = await self.handles[a.worker].step(a.epoch, a.batch, arr,
                                                     rows=a.rows, on_grad=publish)
+        if not math.isfinite(loss):  # never train on, or report, a NaN model
+            raise NonFiniteTraining(f"loss of batch {a.batch} in epoch {a.epoch}")
         return loss
 
     async def _push(self, _: Push) -> None:
@@ -254,6 +282,8 @@ class ActionDriver:
                     msg = await self.bus.next(topic, remaining)
                 except DeadlineExceeded:
                     return Received(stale=stale)
+                if not self._admit(a.kind, msg):
+                    continue
                 verdict = a.accept(msg)
                 if verdict == 1:
                     return Received(msg=msg, stale=stale)

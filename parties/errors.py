@@ -108,3 +108,40 @@ class PartnerStalled(VflError, TimeoutError):
         super().__init__(f"no {what} data from the {partner} party within {waited_s:.1f} s"
                          + (f" ({detail})" if detail else "")
                          + "; it is stuck or gone")
+
+
+class PartnerMisbehaved(VflError, ValueError):
+    """The partner party sent ``count`` malformed messages (wrong shape or dtype, values
+    that are not finite, bad metadata): the run cannot trust it (exit code 4, as for a
+    lost partner). Malformed messages from other senders are dropped and counted, never
+    this error.
+
+    Attributes:
+        partner: ``"active"`` or ``"passive"``.
+        publisher: the partner's bus client id.
+        reason: what was wrong with the last one.
+        count: malformed messages from it so far.
+    """
+
+    def __init__(self, partner: str, publisher: str, reason: str, count: int) -> None:
+        self.partner = partner
+        self.publisher = publisher
+        self.reason = reason
+        self.count = count
+        super().__init__(f"the {partner} party (bus client {publisher!r}) sent {count} "
+                         f"malformed messages; the last: {reason}")
+
+
+class NonFiniteTraining(VflError, FloatingPointError):
+    """Training produced a loss or parameters that are not finite (NaN or infinite; e.g.
+    values in the data beyond float32's range): the run stops instead of reporting a
+    NaN model.
+
+    Attributes:
+        where: what was not finite (e.g. ``"loss of batch 3, epoch 0"``).
+    """
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        super().__init__(f"training diverged: the {where} is not finite (check the data "
+                         "for huge values; lower lr)")

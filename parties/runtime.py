@@ -129,7 +129,10 @@ from parties.dp import (
 from parties.dp import report as dp_report
 from parties.preflight import (check_test_labels, encode_features, load_configured_table,
                                resolve_columns)
-from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerLost, PartnerStalled
+from parties.actions import EMB, GRAD
+from parties.errors import (ConfigMismatch, HandshakeTimeout, PartnerLost, PartnerStalled,
+                            VflError)
+from parties.intake import PeerIntake, TensorSpec
 from parties.strategy import StrategyConfig, make_strategy
 from parties.model import (
     ParameterServer,
@@ -348,6 +351,8 @@ class Party:
         self._driver: ActionDriver | None = None
         self.bus: Transport | None = None
         self.log = log.bind(party=role, run_id=run_id)
+        self.intake = PeerIntake(partner=self.partner, max_bad=cfg.peer_max_bad_messages,
+                                 log=self.log)
         torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
         d_in = data.x_train.shape[1]
         self.models = models if models is not None else ModelFactory(cfg)
@@ -473,10 +478,12 @@ class Party:
                 await self._subscribe(bus)
                 await self._handshake(bus)
                 await starting
+                batch = TensorSpec(width=cfg.embedding_dim, max_rows=cfg.batch_size)
                 self._driver = ActionDriver(
                     bus, topics=self.topics, handles=self._handles, timeline=self.timeline,
                     record_dp=self._record_train if self.role == "passive" else None,
-                    inline=self.worker_mode == "inline", logger=self.log)
+                    inline=self.worker_mode == "inline", logger=self.log,
+                    intake=self.intake, specs={EMB: batch, GRAD: batch})
                 meter = CpuMeter()
                 meter.start()
                 self.t0 = time.perf_counter()
@@ -490,7 +497,7 @@ class Party:
                             result = await self._train_passive(bus, meter)
                         hb.cancel()
                         wd.cancel()
-                except* PartnerLost as eg:
+                except* VflError as eg:  # the party's own error, not a group (exit codes)
                     raise eg.exceptions[0] from None
                 return result
         finally:
@@ -536,7 +543,7 @@ class Party:
         mine = cfg.shared_settings(self.data.n_rows,
                                    aligned_ids_digest(rows_file) if rows_file else "")
         try:
-            await rendezvous(
+            heard = await rendezvous(
                 bus, me=self.role, peers=[self.partner], digest=str(mine["digest"]),
                 say=[t.hello(self.partner)], hear=[t.hello(self.role)],
                 timeout_s=cfg.handshake_timeout_s, interval_s=0.1,
@@ -546,6 +553,8 @@ class Party:
             raise HandshakeTimeout(self.partner, cfg.handshake_timeout_s, self.run_id) from None
         except SettingsMismatch as exc:
             raise ConfigMismatch(mine, dict(exc.hello.get("shared") or {})) from None
+        # from now on only the client the partner's handshake came from is the partner
+        self.intake.partner_id = str(heard[self.partner]["publisher"])
 
     async def _heartbeat(self, bus: Transport) -> None:
         await heartbeat(bus, self.topics.hb(self.role), me=self.role,
@@ -753,14 +762,22 @@ class Party:
         up to the liveness timeout)."""
         cfg, data = self.cfg, self.data
         assert self._top is not None
-        try:
-            msg = await bus.next(topic, cfg.liveness_timeout_s)
-        except DeadlineExceeded:
-            raise PartnerStalled(self.partner, split, cfg.liveness_timeout_s,
-                                 "embeddings for scoring") from None
-        load_flat([self._bottom, self._top], self.ps.pull())
         x, y = (self._x_val, data.y_val) if split == "val" else (self._x_test, data.y_test)
         assert y is not None
+        spec = TensorSpec(width=cfg.embedding_dim, max_rows=len(x), rows=len(x))
+        deadline = time.monotonic() + cfg.liveness_timeout_s
+        while True:  # the partner's embeddings of the split (others' are dropped)
+            try:
+                msg = await bus.next(topic, max(0.0, deadline - time.monotonic()))
+            except DeadlineExceeded:
+                raise PartnerStalled(self.partner, split, cfg.liveness_timeout_s,
+                                     "embeddings for scoring") from None
+            if self.intake.admit(msg, spec):
+                break
+            if msg.publisher == self.intake.partner_id:  # one release per split: no retry
+                self.intake.reject(msg.publisher, f"{split} embeddings refused", topic=topic,
+                                   fatal=True)
+        load_flat([self._bottom, self._top], self.ps.pull())
         pred = await asyncio.to_thread(predict, self._bottom, self._top, x,
                                        msg.arrays[0], task=data.task)
         if data.task == "regression":
@@ -810,6 +827,9 @@ class Party:
             "reassigned_batches": self.c.reassigned,
             "skipped_batches": self.c.skipped,
             "stale_messages": self.c.stale,
+            # malformed or foreign embeddings/gradients dropped, by sender (parties.intake)
+            "rejected_messages": sum(self.intake.bad.values()),
+            "rejected_by_sender": dict(list(self.intake.bad.items())[:64]),
             "switched_waits": self.c.switched,
             "max_staleness": self.c.max_staleness,
             "bus": {k: v for k, v in st.as_dict().items() if not isinstance(v, dict)},

@@ -132,7 +132,8 @@ async def rendezvous(
         on_found: called once per peer with its first hello (e.g. to log it).
 
     Returns:
-        Each peer's last hello metadata.
+        Each peer's last hello metadata, with ``publisher``: the client id of the bus
+        client it came from (what later messages of that peer carry).
 
     Raises:
         SettingsMismatch: a peer's digest differs (after the linger).
@@ -171,6 +172,7 @@ async def rendezvous(
         peer = meta.get("from")
         if peer not in want:
             continue
+        meta["publisher"] = msg.publisher  # the client id it came from (not the sender's say)
         if meta.get("digest") != digest:
             log.warning("session.settings_mismatch", peer=peer, mine=digest,
                         theirs=meta.get("digest"))

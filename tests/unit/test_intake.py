@@ -1,0 +1,126 @@
+"""parties.intake: what a party takes from the bus before any of it is used."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from parties.errors import PartnerMisbehaved
+from parties.intake import PeerIntake, TensorSpec, check_meta, check_tensor
+
+SPEC = TensorSpec(width=4, max_rows=8)
+
+
+@dataclass
+class Msg:
+    arrays: tuple[Any, ...]
+    meta: dict[str, Any] = field(default_factory=lambda: {"e": 0, "b": 1})
+    publisher: str = "partner"
+    topic: str = "emb/run/1"
+
+
+class Log:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def warning(self, event: str, **kw: Any) -> None:
+        self.events.append({"event": event, **kw})
+
+
+def ok() -> np.ndarray:
+    return np.zeros((3, 4), np.float32)
+
+
+@pytest.mark.parametrize(("arrays", "needle"), [
+    ((), "0 arrays"),
+    ((ok(), ok()), "2 arrays"),
+    ((np.zeros((3, 4), np.float64),), "dtype float64"),
+    ((np.zeros((3, 5), np.float32),), "shape (3, 5)"),
+    ((np.zeros(12, np.float32),), "shape (12,)"),
+    ((np.zeros((9, 4), np.float32),), "9 rows"),
+    ((np.zeros((0, 4), np.float32),), "0 rows"),
+    ((np.full((3, 4), np.nan, np.float32),), "not finite"),
+    ((np.array([[1, 2, np.inf, 4]], np.float32),), "not finite"),
+    ((b"raw",), "payload is bytes"),
+])
+def test_malformed_tensors_name_the_fault(arrays: tuple[Any, ...], needle: str) -> None:
+    reason = check_tensor(arrays, SPEC)
+    assert reason is not None and needle in reason
+
+
+def test_exact_rows() -> None:
+    assert check_tensor((ok(),), TensorSpec(width=4, max_rows=8, rows=3)) is None
+    assert "expected 5" in check_tensor((ok(),), TensorSpec(width=4, max_rows=8, rows=5))
+
+
+@pytest.mark.parametrize("meta", [{"e": "0"}, {"b": 1.5}, {"k": True}, {"point": [1]}])
+def test_non_integer_meta_is_refused(meta: dict[str, Any]) -> None:
+    assert "expected an integer" in check_meta(meta)
+
+
+def test_good_message_is_admitted_and_nothing_counted() -> None:
+    intake = PeerIntake(partner="passive", max_bad=3, log=Log())
+    intake.partner_id = "partner"
+    assert intake.admit(Msg((ok(),)), SPEC) and intake.rejected == 0
+
+
+def test_foreign_senders_are_dropped_and_never_end_the_run() -> None:
+    log = Log()
+    intake = PeerIntake(partner="passive", max_bad=3, log=log)
+    intake.partner_id = "partner"
+    for _ in range(250):  # well-formed, but not the partner's: never used
+        assert not intake.admit(Msg((ok(),), publisher="mallory"), SPEC)
+    assert not intake.admit(Msg((np.full((3, 4), np.nan, np.float32),), publisher="eve"), SPEC)
+    assert intake.bad == {"mallory": 250, "eve": 1}
+    # logged once per episode: the first, then every 100th
+    assert [e["count"] for e in log.events] == [1, 100, 200, 1]
+    assert all(e["partner"] is False for e in log.events)
+
+
+def test_the_partners_bad_messages_end_the_run_naming_it() -> None:
+    intake = PeerIntake(partner="passive", max_bad=3, log=Log())
+    intake.partner_id = "partner"
+    nan = (np.full((3, 4), np.nan, np.float32),)
+    assert not intake.admit(Msg(nan), SPEC)
+    assert not intake.admit(Msg(nan), SPEC)
+    with pytest.raises(PartnerMisbehaved) as err:
+        intake.admit(Msg(nan), SPEC)
+    assert err.value.publisher == "partner" and err.value.count == 3
+    assert "passive party" in str(err.value) and "not finite" in str(err.value)
+
+
+def test_a_fatal_fault_of_the_partner_ends_the_run_at_once() -> None:
+    intake = PeerIntake(partner="active", max_bad=16, log=Log())
+    intake.partner_id = "partner"
+    with pytest.raises(PartnerMisbehaved):
+        intake.reject("partner", "5 rows for a batch of 3", fatal=True)
+    intake.reject("mallory", "5 rows for a batch of 3", fatal=True)  # not the partner
+    assert intake.bad["mallory"] == 1
+
+
+def test_senders_beyond_the_cap_share_one_counter() -> None:
+    intake = PeerIntake(partner="active", max_bad=16, log=Log())
+    intake.partner_id = "partner"
+    for i in range(2000):
+        intake.admit(Msg((ok(),), publisher=f"s{i}"), SPEC)
+    assert len(intake.bad) == 1025 and intake.rejected == 2000
+
+
+def test_max_bad_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_bad"):
+        PeerIntake(partner="active", max_bad=0, log=Log())
+
+
+@given(hnp.arrays(dtype=st.sampled_from([np.float32, np.float64, np.int32, np.uint8]),
+                  shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=10)))
+def test_any_array_is_judged_without_error_and_admitted_only_if_usable(arr: np.ndarray) -> None:
+    reason = check_tensor((arr,), SPEC)
+    usable = (arr.dtype == np.float32 and arr.ndim == 2 and arr.shape[1] == 4
+              and 1 <= arr.shape[0] <= 8 and bool(np.isfinite(arr).all()))
+    assert (reason is None) == usable
