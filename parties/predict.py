@@ -332,11 +332,20 @@ class PredictParty:
         from parties.model import predict
         from parties.tasks import compute_metric, metric_name
 
+        from parties.errors import PartnerMisbehaved
+        from parties.intake import TensorSpec, check_tensor
+
+        n = len(self.x)
+        spec = TensorSpec(width=int(self.part.manifest["embedding_dim"]), max_rows=max(n, 1),
+                          rows=n)
         try:
             msg = await bus.next(self._t("emb"), self.timeout_s)
         except DeadlineExceeded:
             raise PartnerStalled(self.partner, "predict", self.timeout_s,
                                  "embeddings of the rows to predict") from None
+        reason = check_tensor(msg.arrays, spec)
+        if reason is not None:  # one release: nothing to wait for instead
+            raise PartnerMisbehaved(self.partner, msg.publisher, reason, 1)
         bottom, top = self.part.modules
         task = self.part.manifest["task"]
         pred = await asyncio.to_thread(predict, bottom, top, self.x, msg.arrays[0], task=task)
