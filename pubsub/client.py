@@ -58,6 +58,7 @@ from pubsub.errors import (
     BusClosed,
     DeadlineExceeded,
     ForbiddenTopic,
+    MessageTooLarge,
     PublishTimeout,
     PublishWouldBlock,
 )
@@ -102,6 +103,9 @@ class BusConfig:
             forwarding, and publishers' :meth:`Bus.publish` waits (up to
             ``publish_timeout_s``). Use the same policy on all clients and the broker.
         publish_timeout_s: under ``block``, the most :meth:`Bus.publish` waits, seconds.
+        max_message_bytes: a publication larger than this raises
+            :class:`pubsub.MessageTooLarge` before anything is sent (the broker's
+            ``max_message_bytes``, 64 MiB by default, would drop it).
     """
 
     connect_timeout_s: float = 5.0
@@ -117,8 +121,11 @@ class BusConfig:
     broker_timeout_s: float = 2.0
     overflow: str = "drop"
     publish_timeout_s: float = 30.0
+    max_message_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
+        if self.max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes must be >= 1, got {self.max_message_bytes!r}")
         for name in ("connect_timeout_s", "probe_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -485,6 +492,7 @@ class Bus(Receiver, ThreadsafePublisher):
 
         Raises:
             InvalidTopic, TypeError: bad topic, dtype or meta.
+            MessageTooLarge: over ``BusConfig.max_message_bytes`` (nothing was sent).
             ForbiddenTopic: with CURVE, the role may not publish ``topic``.
             BusClosed: closed client.
             PublishTimeout: under the ``block`` policy, no room within ``publish_timeout_s``.
@@ -536,12 +544,14 @@ class Bus(Receiver, ThreadsafePublisher):
         pub_seq = self._pub_seq
         seq = pub_seq.get(topic, 0) + 1
         frames = encode(topic, arrays, meta, seq=seq, publisher=self.client_id, copy=copy)
-        if seq == 1 and len(pub_seq) >= _MAX_SEQ_KEYS:
-            pub_seq.clear()  # bounded; a restarted count is not a gap (seq 1 resets)
-        pub_seq[topic] = seq  # a message that is never sent shows as a gap downstream
         nbytes = len(frames[0])
         for f in frames[1:]:
             nbytes += f.nbytes
+        if nbytes > self.config.max_message_bytes:  # nothing sent, the seq not used
+            raise MessageTooLarge(nbytes, self.config.max_message_bytes)
+        if seq == 1 and len(pub_seq) >= _MAX_SEQ_KEYS:
+            pub_seq.clear()  # bounded; a restarted count is not a gap (seq 1 resets)
+        pub_seq[topic] = seq  # a message that is never sent shows as a gap downstream
         return frames, nbytes
 
     def _may_publish(self, topic: str) -> bool:

@@ -50,6 +50,7 @@ from pubsub.client import BusConfig
 from pubsub.codec import encode, topic_frame, validate_topic
 from pubsub.errors import (
     BusClosed,
+    MessageTooLarge,
     PublishTimeout,
     PublishWouldBlock,
 )
@@ -348,11 +349,14 @@ class MemoryBus(Receiver, ThreadsafePublisher):
             raise BusClosed(self.client_id)
         seq = self._pub_seq.get(topic, 0) + 1
         raw = encode(topic, arrays, meta, seq=seq, publisher=self.client_id, copy=True)
+        nbytes = sum(memoryview(f).nbytes for f in raw)
+        if nbytes > self.config.max_message_bytes:  # nothing sent, the seq not used
+            raise MessageTooLarge(nbytes, self.config.max_message_bytes)
         frames = tuple(f if type(f) is bytes else bytes(memoryview(f)) for f in raw)
         if seq == 1 and len(self._pub_seq) >= _MAX_SEQ_KEYS:
             self._pub_seq.clear()
         self._pub_seq[topic] = seq
-        return frames, sum(len(f) for f in frames)
+        return frames, nbytes
 
     # ------------------------------------------------------------------ reader
     def _wants(self, topic: str) -> bool:

@@ -300,3 +300,23 @@ async def test_an_error_while_handling_a_message_never_stalls_the_reader(
         got = [(await sub.next("boom/1", timeout_s=2.0)).meta["i"] for _ in range(4)]
         assert got == [0, 2, 3, 4]  # 1 was lost to the injected error, and counted
         assert sub.stats().reader_errors == 1
+
+
+async def test_oversize_publish_raises_at_the_sender_and_sends_nothing(broker) -> None:
+    """80 MB against the 64 MiB default: MessageTooLarge before anything is sent, the
+    topic's sequence not advanced (the next message is no gap), the client usable."""
+    from pubsub import MessageTooLarge
+
+    async with Bus(broker.address, name="big-pub") as pub, \
+            Bus(broker.address, name="big-sub") as sub:
+        await sub.subscribe("big/t")
+        await wait_subscribed(pub, sub, "big/t")
+        huge = np.zeros(20_000_000, np.float32)  # 80 MB
+        with pytest.raises(MessageTooLarge) as err:
+            await pub.publish("big/t", [huge])
+        assert err.value.size > err.value.max_bytes == 64 << 20
+        with pytest.raises(MessageTooLarge):
+            pub.publish_nowait("big/t", [huge])
+        await pub.publish("big/t", [np.ones(4, np.float32)], {"n": 1})
+        msg = await sub.next("big/t", 5.0)
+        assert msg.meta == {"n": 1} and sub.stats().gaps == 0
