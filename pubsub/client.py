@@ -58,6 +58,7 @@ from pubsub.errors import (
     BusClosed,
     DeadlineExceeded,
     ForbiddenTopic,
+    ForkedClient,
     MessageTooLarge,
     PublishTimeout,
     PublishWouldBlock,
@@ -193,7 +194,8 @@ class Bus(Receiver, ThreadsafePublisher):
         self._pub_ok: dict[str, bool] = {}
         self.config = config or BusConfig()
         self.name = name
-        self.client_id = f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._pid = os.getpid()  # the owner: a forked child may not use the sockets
+        self.client_id = f"{name}-{self._pid}-{uuid.uuid4().hex[:8]}"
         self._init_receiver(
             BufferLimits(max_msgs=self.config.topic_max_msgs,
                          max_bytes=self.config.topic_max_bytes),
@@ -370,6 +372,10 @@ class Bus(Receiver, ThreadsafePublisher):
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._pid:  # a forked child: the sockets are the parent's
+            self._log.warning("bus.close_in_forked_child", owner_pid=self._pid,
+                              pid=os.getpid())
+            return
         if self._keepalive_task is not None:
             self._keepalive_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -467,7 +473,12 @@ class Bus(Receiver, ThreadsafePublisher):
                 if topic not in self._exact and not self._covered_by_prefix(topic):
                     self._drop_buffer(topic)
 
+    def _check_owner(self) -> None:
+        if os.getpid() != self._pid:
+            raise ForkedClient(self.client_id, self._pid, os.getpid())
+
     def _require_sub(self) -> zmq.Socket:
+        self._check_owner()
         if self._closed or self._sub is None:
             raise BusClosed(self.client_id)
         return self._sub
@@ -537,6 +548,7 @@ class Bus(Receiver, ThreadsafePublisher):
     def _encode(self, topic: str, arrays: Sequence[Any], meta: Mapping[str, Any] | None, *,
                 copy: bool) -> tuple[list[Any], int]:
         """Frames and their total size in bytes; advances the topic's sequence number."""
+        self._check_owner()
         if self._closed or self._pub is None:
             raise BusClosed(self.client_id)
         if self._rules is not None and not self._may_publish(topic):

@@ -94,6 +94,24 @@ class BusClosed(BusError, RuntimeError):
         super().__init__(f"{what} is closed")
 
 
+class ForkedClient(BusError, RuntimeError):
+    """A bus client was used in a process other than the one that created it (a forked
+    child): its sockets belong to the parent, so the child may not publish, receive or
+    close them. Create a fresh client in the child.
+
+    Attributes:
+        client_id: the client's id.
+        owner_pid / pid: the creating process and the calling one.
+    """
+
+    def __init__(self, client_id: str, owner_pid: int, pid: int) -> None:
+        self.client_id = client_id
+        self.owner_pid = owner_pid
+        self.pid = pid
+        super().__init__(f"bus client {client_id!r} belongs to process {owner_pid}, not to "
+                         f"this process {pid} (forked?): create a new Bus in this process")
+
+
 class PublishTimeout(BusError, TimeoutError):
     """Under the ``block`` overflow policy, a publish could not be queued in time.
 

@@ -157,6 +157,9 @@ class Receiver:
         st.sent_bytes[cls] = st.sent_bytes.get(cls, 0) + nbytes
         return nbytes
 
+    def _check_owner(self) -> None:
+        """Raise if this process may not use the client (see :class:`pubsub.Bus`)."""
+
     # ------------------------------------------------------------------ receive
     async def next(self, topic: str, timeout_s: float) -> Message:
         """Return the oldest buffered message on exactly ``topic``, waiting up to ``timeout_s``.
@@ -171,6 +174,7 @@ class Receiver:
             BusClosed: the client closed while waiting.
             ValueError: ``timeout_s`` is negative or not finite.
         """
+        self._check_owner()
         if not (timeout_s >= 0 and timeout_s != float("inf")):
             raise ValueError(f"timeout_s must be finite and >= 0, got {timeout_s!r}")
         if self._closed:
@@ -214,6 +218,7 @@ class Receiver:
 
     def try_next(self, topic: str) -> Message | None:
         """Pop the oldest buffered message on ``topic`` without waiting (None if empty)."""
+        self._check_owner()
         buf = self._buffers.get(topic)
         if buf is None or not len(buf):
             return None

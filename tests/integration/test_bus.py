@@ -320,3 +320,46 @@ async def test_oversize_publish_raises_at_the_sender_and_sends_nothing(broker) -
         await pub.publish("big/t", [np.ones(4, np.float32)], {"n": 1})
         msg = await sub.next("big/t", 5.0)
         assert msg.meta == {"n": 1} and sub.stats().gaps == 0
+
+
+async def test_a_forked_child_cannot_use_the_parents_bus_and_a_fresh_one_works(
+        broker) -> None:
+    """The child's use of the inherited client raises ForkedClient, its close() leaves the
+    parent's sockets alone, and a Bus the child creates itself works; the parent's
+    reader goes on receiving (it got the child's message)."""
+    import os
+
+    from pubsub import ForkedClient
+
+    async with Bus(broker.address, name="parent") as bus:
+        await bus.subscribe("fork/t")
+        await wait_subscribed(bus, bus, "fork/t")
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                refused = 0
+                for call in (lambda: bus.publish_nowait("fork/t", (), {"x": 1}),
+                             lambda: bus.try_next("fork/t")):
+                    try:
+                        call()
+                    except ForkedClient:
+                        refused += 1
+
+                async def child() -> None:
+                    await bus.close()  # only marks it closed here
+                    async with Bus(broker.address, name="child") as fresh:
+                        for _ in range(50):  # until the parent's subscription sees it
+                            fresh.publish_nowait("fork/t", (), {"from": "child"})
+                            await asyncio.sleep(0.05)
+
+                asyncio.events._set_running_loop(None)  # the fork was inside the loop
+                asyncio.run(child())
+                code = 0 if refused == 2 else 2
+            finally:
+                os._exit(code)
+        _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert not bus.closed
+        msg = await bus.next("fork/t", 10.0)
+        assert msg.meta == {"from": "child"}
