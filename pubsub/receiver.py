@@ -39,7 +39,12 @@ class BusStats:
             or because one message exceeded the per-topic byte bound.
         rejected: malformed frames received (counted, not delivered).
         unsolicited: messages for topics no longer subscribed (dropped).
-        gaps: messages missing according to per-(publisher, topic) sequence numbers.
+        gaps: messages missing according to per-(publisher, topic) sequence numbers
+            (a jump of more than :data:`MAX_GAP_JUMP` counts as a ``seq_anomaly``
+            instead: a forged or restarted number cannot inflate the count).
+        gaps_by_publisher: ``gaps`` by publisher id (at most :data:`MAX_GAP_SENDERS`
+            publishers; the rest under ``"*"``).
+        seq_anomalies: sequence jumps too large to be losses.
         broker_losses / broker_recoveries: keepalive outages seen and ended.
         slow_episodes: times a topic buffer filled up (evicting under ``drop``, pausing
             the reader under ``block``); logged once per episode.
@@ -56,6 +61,8 @@ class BusStats:
     rejected: int = 0
     unsolicited: int = 0
     gaps: int = 0
+    gaps_by_publisher: dict[str, int] = field(default_factory=dict)
+    seq_anomalies: int = 0
     broker_losses: int = 0
     broker_recoveries: int = 0
     slow_episodes: int = 0
@@ -73,6 +80,8 @@ class BusStats:
             rejected=self.rejected,
             unsolicited=self.unsolicited,
             gaps=self.gaps,
+            gaps_by_publisher=dict(self.gaps_by_publisher),
+            seq_anomalies=self.seq_anomalies,
             broker_losses=self.broker_losses,
             broker_recoveries=self.broker_recoveries,
             slow_episodes=self.slow_episodes,
@@ -91,6 +100,8 @@ class BusStats:
             "rejected": self.rejected,
             "unsolicited": self.unsolicited,
             "gaps": self.gaps,
+            "gaps_by_publisher": dict(self.gaps_by_publisher),
+            "seq_anomalies": self.seq_anomalies,
             "broker_losses": self.broker_losses,
             "broker_recoveries": self.broker_recoveries,
             "slow_episodes": self.slow_episodes,
@@ -99,6 +110,10 @@ class BusStats:
 
 
 _MAX_SEQ_KEYS = 1 << 16
+#: a sequence jump larger than this is not counted as lost messages (``seq_anomalies``)
+MAX_GAP_JUMP = 1 << 16
+#: publishers with their own entry in ``BusStats.gaps_by_publisher``
+MAX_GAP_SENDERS = 256
 
 
 def _expire(fut: asyncio.Future[Message], topic: str, timeout_s: float) -> None:
@@ -306,12 +321,22 @@ class Receiver:
         if state is None:
             state = self._new_recv_state(key, topic)
         elif seq > state[0] + 1:
-            self._stats.gaps += seq - state[0] - 1
+            self._count_gap(msg.publisher, seq - state[0] - 1)
         state[0] = seq
         counts = state[1]
         counts[0] += 1
         counts[1] += msg.nbytes
         self._deliver(msg)
+
+    def _count_gap(self, publisher: str, missing: int) -> None:
+        st = self._stats
+        if missing > MAX_GAP_JUMP:  # no buffer loses this many: forged or restarted
+            st.seq_anomalies += 1
+            return
+        st.gaps += missing
+        by = st.gaps_by_publisher
+        key = publisher if publisher in by or len(by) < MAX_GAP_SENDERS else "*"
+        by[key] = by.get(key, 0) + missing
 
     def _new_recv_state(self, key: tuple[str, str], topic: str) -> list[Any]:
         """Sequence state for a new (publisher, topic), bounded at ``_MAX_SEQ_KEYS``."""

@@ -275,3 +275,20 @@ def test_both_clients_satisfy_the_transport_protocol() -> None:
 def test_bad_hub_bound_is_refused() -> None:
     with pytest.raises(ValueError, match="max_message_bytes"):
         MemoryBroker(max_message_bytes=0)
+
+
+async def test_forged_sequence_numbers_cannot_inflate_the_gap_count() -> None:
+    """A message with seq 2**62 from a forger is a seq anomaly, not 2**62 lost messages;
+    real losses are counted per publisher."""
+    from pubsub.codec import encode
+    from pubsub.receiver import MAX_GAP_JUMP
+
+    async with MemoryBroker() as hub, hub.connect("s") as sub:
+        await sub.subscribe("t")
+        for seq, who in ((1, "alice"), (3, "alice"), (1, "mallory"), (2**62, "mallory"),
+                         (MAX_GAP_JUMP + 3, "bob"), (1, "bob")):
+            sub._on_frames(encode("t", (), {"seq": seq}, seq=seq, publisher=who))
+        st = sub.stats()
+        assert st.gaps == 1 and st.gaps_by_publisher == {"alice": 1}
+        assert st.seq_anomalies == 1  # mallory's jump; bob's first message starts his count
+        assert sub.pending("t") == 6  # every message is still delivered
