@@ -221,3 +221,39 @@ def dp_audit() -> Any:
     sys.modules["dp_audit"] = mod  # dataclasses need the module registered
     spec.loader.exec_module(mod)
     return mod
+
+
+#: JAX settings for FedForge's processes under :func:`jax_compile_cache` (JAX reads its
+#: flags from upper-case environment variables when it is imported). Every compiled
+#: program is stored, however quick its compile: mbi's many small ones add up.
+_JAX_CACHE_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+@pytest.fixture(scope="session")
+def jax_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A JAX persistent compilation cache for the FedForge processes this session starts
+    (the ``mbi`` engine compiles its junction tree's programs in every coordinator
+    process, about 8 s of a run on a small table; a later process fitting the same model
+    structure loads them instead). Compilation is deterministic, so the fitted models and
+    every figure a test checks are the same with or without the cache.
+
+    The directory is this run's (shared by its xdist workers, fresh for each run: no
+    state crosses runs); the environment is restored when the session ends. Processes
+    already running (and this one, if JAX is imported) are not affected."""
+    root = (tmp_path_factory.getbasetemp().parent
+            if os.environ.get("PYTEST_XDIST_WORKER") is not None
+            else tmp_path_factory.getbasetemp())
+    path = root / "jax-compile-cache"
+    path.mkdir(exist_ok=True)
+    env = {"JAX_COMPILATION_CACHE_DIR": str(path), **_JAX_CACHE_ENV}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield path
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -11,6 +11,9 @@ import pytest
 from conftest import synth_table
 from synth.config import SynthConfig
 
+#: the mbi runs' coordinators share compiled JAX programs (conftest.jax_compile_cache)
+pytestmark = pytest.mark.usefixtures("jax_compile_cache")
+
 
 
 
