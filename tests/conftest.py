@@ -210,6 +210,24 @@ def synth_table(n: int = 3000, seed: int = 0) -> Any:
 
 
 @pytest.fixture(scope="session")
+def synth_mst_run(tmp_path_factory: pytest.TempPathFactory,
+                  jax_compile_cache: Path) -> tuple[Any, Any]:
+    """One uninterrupted FedForge MST run as processes, K = 3 on :func:`synth_table`, with
+    fixed split and noise seeds: ``(SynthConfig, LaunchResult)``. Shared (read-only) by
+    the end-to-end test (tests/integration/test_synth.py) and the crash-recovery tests'
+    baseline (tests/integration/test_synth_recovery.py, which rerun this config)."""
+    from sim.synth_launch import run_synth
+    from synth.config import SynthConfig
+
+    d = tmp_path_factory.mktemp("synth_mst")
+    synth_table().to_csv(d / "table.csv", index=False)
+    cfg = SynthConfig(dataset=str(d / "table.csv"), label="income", parties=3, epsilon=1.0,
+                      fanout=2, engine="mbi", engine_iters=300, round_timeout_s=20.0,
+                      handshake_timeout_s=60.0, parties_per_process=2, seed=1, noise_seed=5)
+    return cfg, run_synth(cfg, d / "uninterrupted", timeout_s=200, quiet=True)
+
+
+@pytest.fixture(scope="session")
 def dp_audit() -> Any:
     """``bench/dp_audit.py`` loaded as a module (bench scripts are not a package)."""
     import importlib.util

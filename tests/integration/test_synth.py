@@ -29,13 +29,11 @@ def csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.timeout(240)
-def test_synth_run_k3_secure_aggregation_end_to_end(csv: Path, tmp_path: Path) -> None:
-    from sim.synth_launch import run_synth
-
-    cfg = SynthConfig(dataset=str(csv), label="income", parties=3, epsilon=1.0, fanout=2,
-                      engine="mbi", engine_iters=300, round_timeout_s=20.0,
-                      handshake_timeout_s=60.0, parties_per_process=2, seed=1)
-    res = run_synth(cfg, tmp_path / "run", timeout_s=200)
+def test_synth_run_k3_secure_aggregation_end_to_end(synth_mst_run: tuple) -> None:
+    # the run (conftest.synth_mst_run: K = 3, fan-out 2, mbi, ε = 1) is also the
+    # uninterrupted baseline of the crash-recovery tests
+    cfg, res = synth_mst_run
+    assert (cfg.parties, cfg.fanout, cfg.epsilon, cfg.label) == (3, 2, 1.0, "income")
     m = res.metrics
     # the engine got the 1-way answers, the tree's pairs twice, and further pairs' answers
     assert m["synthesis"]["measurements"] > 5 + 2 * 4
