@@ -120,18 +120,13 @@ def test_a_party_whose_columns_differ_fails_the_run_with_its_reason(
     assert "p001" in events and "missing ['hours']" in events
 
 
-@pytest.mark.timeout(120)
-def test_a_label_that_is_not_binary_skips_ml_utility_with_the_reason(tmp_path: Path) -> None:
-    from sim.synth_launch import run_synth
-
-    t = synth_table(1200)
-    path = tmp_path / "multi.csv"
-    t.to_csv(path, index=False)
-    # the quality stage is under test, not the engine: the neural one with a short fit
-    # (about 1 s; the default engine, mbi, compiled its model for 11 s)
-    cfg = SynthConfig(dataset=str(path), label="a", parties=2, fanout=2, engine="neural",
-                      engine_iters=50, round_timeout_s=10.0, handshake_timeout_s=30.0)
-    m = run_synth(cfg, tmp_path / "run", timeout_s=100, quiet=True).metrics
+@pytest.mark.timeout(240)
+def test_a_label_that_is_not_binary_skips_ml_utility_with_the_reason(aim_run: tuple) -> None:
+    # the AIM run's label is ``a``, with three classes (the run is shared with the AIM test)
+    cfg, res = aim_run
+    assert cfg.label == "a"
+    assert pd.read_parquet(res.out / "data" / "train.parquet")["a"].nunique() == 3
+    m = res.metrics
     assert m["ml_utility"] is None and "binary" in m["ml_utility_skipped"]
     assert m["avg_tv"] is not None
 
@@ -203,18 +198,28 @@ def test_a_party_that_drops_mid_round_is_unmasked_out_over_the_bus(csv: Path,
     assert (out / "synthetic.csv").stat().st_size > 0
 
 
-@pytest.mark.timeout(240)
-def test_synth_run_aim_adaptive_rounds_end_to_end(csv: Path, tmp_path: Path) -> None:
-    """``--mechanism aim``: the 1-way and all-pairs rounds, then two adaptive rounds of two
-    pairs each, picked from the noisy answers; the whole budget is spent, no more."""
+@pytest.fixture(scope="module")
+def aim_run(csv: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """One ``--mechanism aim`` run with a label of three classes (``a``): the AIM test and
+    the non-binary label test read it (label and mechanism do not interact)."""
     from sim.synth_launch import run_synth
-    from synth.accounting import cdp_rho
 
-    cfg = SynthConfig(dataset=str(csv), label="income", parties=3, epsilon=1.0, fanout=2,
+    cfg = SynthConfig(dataset=str(csv), label="a", parties=3, epsilon=1.0, fanout=2,
                       mechanism="aim", aim_rounds=2, aim_batch=2, engine="mbi",
                       engine_iters=300, round_timeout_s=20.0, handshake_timeout_s=60.0,
                       parties_per_process=3, seed=1)
-    res = run_synth(cfg, tmp_path / "run", timeout_s=200)
+    return cfg, run_synth(cfg, tmp_path_factory.mktemp("aim") / "run", timeout_s=200,
+                          quiet=True)
+
+
+@pytest.mark.timeout(240)
+def test_synth_run_aim_adaptive_rounds_end_to_end(aim_run: tuple) -> None:
+    """``--mechanism aim``: the 1-way and all-pairs rounds, then two adaptive rounds of two
+    pairs each, picked from the noisy answers; the whole budget is spent, no more."""
+    from synth.accounting import cdp_rho
+
+    cfg, res = aim_run
+    assert (cfg.mechanism, cfg.aim_rounds, cfg.aim_batch) == ("aim", 2, 2)
     m = res.metrics
     assert list(m["rounds"]) == ["one_way", "select", "aim0", "aim1"]
     assert m["rounds"]["aim0"]["cliques"] == m["rounds"]["aim1"]["cliques"] == 2
