@@ -243,9 +243,13 @@ def dp_audit() -> Any:
 
 #: JAX settings for FedForge's processes under :func:`jax_compile_cache` (JAX reads its
 #: flags from upper-case environment variables when it is imported). Every compiled
-#: program is stored, however quick its compile: mbi's many small ones add up.
+#: program is stored, however quick its compile: mbi's many small ones add up. A size
+#: cap turns on the cache's file lock around each read and write (xdist workers' processes
+#: share the directory; without it an entry is written in place, unlocked); this suite
+#: writes a few MB.
 _JAX_CACHE_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+                  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+                  "JAX_COMPILATION_CACHE_MAX_SIZE": str(1 << 30)}
 
 
 @pytest.fixture(scope="session")

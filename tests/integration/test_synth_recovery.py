@@ -4,6 +4,7 @@ quality of an uninterrupted run and no party spends any round's budget twice."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,9 @@ def test_kill_9_of_the_coordinator_then_resume(baseline: tuple[SynthConfig, dict
     from sim.synth_launch import run_synth
 
     cfg, base = baseline
+    # without the label: it feeds only the quality stage's ML-utility classifiers (not
+    # the split, the rounds or the synthesis), whose fits this test does not look at
+    cfg = replace(cfg, label="")
     m = run_synth(cfg, tmp_path / "run", timeout_s=240, quiet=True,
                   kill_coordinator_at=point).metrics
     fault = m["faults"][0]
