@@ -209,6 +209,26 @@ def synth_table(n: int = 3000, seed: int = 0) -> Any:
     return pd.DataFrame({"a": a, "b": b, "age": age, "hours": hours, "income": income})
 
 
+@pytest.fixture(scope="module")
+def torch_one_thread() -> Iterator[None]:
+    """torch's intra-op pool at one thread for the module's in-process fits (as FedForge's
+    coordinator runs them: ``SynthConfig.engine_threads`` = 1), restored afterwards. Its
+    small fits gain nothing from more threads, and OpenMP threads that spin for cores the
+    other xdist worker and its processes hold slowed them many times over. No-op without
+    torch."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def synth_mst_run(tmp_path_factory: pytest.TempPathFactory,
                   jax_compile_cache: Path) -> tuple[Any, Any]:

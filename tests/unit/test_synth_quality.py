@@ -87,14 +87,6 @@ def test_ml_utility_on_separable_problem() -> None:
     assert bad["auc_real"] == pytest.approx(r["auc_real"], rel=1e-12)  # same reference
 
 
-def test_ml_utility_threads_change_the_time_not_the_scores() -> None:
-    tr, te, syn = _frame(200, 1), _frame(100, 2), _frame(200, 3)
-    one = ml_utility(tr, syn, te, "y", threads=1)
-    two = ml_utility(tr, syn, te, "y", threads=2)
-    assert one == pytest.approx(two, rel=1e-12)
-    assert one["auc_real"] > 0.8  # a fitted classifier, not a constant
-
-
 def test_ml_utility_single_class_synthetic_gives_nan() -> None:
     tr, te = _frame(1000, 1), _frame(500, 2)
     syn = tr.assign(y="<=50K")
