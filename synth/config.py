@@ -136,10 +136,12 @@ class SynthConfig:
             refused before any memory is used.
         engine_iters: fitting iterations of the engine (0 = the engine's default).
         engine_threads: intra-op threads of torch in the coordinator process (the neural
-            engine). 1 by default: its matrices are small, and OpenMP threads that spin
+            engine), and the OpenMP threads of the ML-utility classifiers in its quality
+            stage. 1 by default: its matrices are small, and OpenMP threads that spin
             after each parallel region fought the party processes and scikit-learn's own
             OpenMP pool: bank, K = 3, the neural engine took 571 s with torch's default
-            threads on a loaded machine and 29 s with one.
+            threads on a loaded machine and 29 s with one (the ML utility of 2,400 rows
+            on 2 loaded cores: 2.7 to 8.2 s, against 0.7 s with one).
         parties_per_process: party tasks hosted by one OS process (each with its own bus
             connection); the launcher starts ceil(K / this) party processes.
         stream_rho_frac: fraction of the total ρ held back from the mechanism for

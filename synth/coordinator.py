@@ -1299,7 +1299,8 @@ class Coordinator:
                 elif cfg.label:
                     try:
                         out["ml_utility"] = ml_utility(ev.train, synthetic, ev.holdout,
-                                                       cfg.label, random_state=cfg.seed)
+                                                       cfg.label, random_state=cfg.seed,
+                                                       threads=cfg.engine_threads)
                     except ValueError as exc:  # e.g. a label that is not binary
                         out["ml_utility_skipped"] = str(exc)
                         self.log.warning("synth.ml_utility_skipped", error=str(exc))

@@ -250,6 +250,44 @@ def synth_table(n: int = 3000, seed: int = 0) -> Any:
     return pd.DataFrame({"a": a, "b": b, "age": age, "hours": hours, "income": income})
 
 
+@pytest.fixture(scope="module")
+def torch_one_thread() -> Iterator[None]:
+    """torch's intra-op pool at one thread for the module's in-process fits (as FedForge's
+    coordinator runs them: ``SynthConfig.engine_threads`` = 1), restored afterwards. Its
+    small fits gain nothing from more threads, and OpenMP threads that spin for cores the
+    other xdist worker and its processes hold slowed them many times over. No-op without
+    torch."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def synth_mst_run(tmp_path_factory: pytest.TempPathFactory,
+                  jax_compile_cache: Path) -> tuple[Any, Any]:
+    """One uninterrupted FedForge MST run as processes, K = 3 on :func:`synth_table`, with
+    fixed split and noise seeds: ``(SynthConfig, LaunchResult)``. Shared (read-only) by
+    the end-to-end test (tests/integration/test_synth.py) and the crash-recovery tests'
+    baseline (tests/integration/test_synth_recovery.py, which rerun this config)."""
+    from sim.synth_launch import run_synth
+    from synth.config import SynthConfig
+
+    d = tmp_path_factory.mktemp("synth_mst")
+    synth_table().to_csv(d / "table.csv", index=False)
+    cfg = SynthConfig(dataset=str(d / "table.csv"), label="income", parties=3, epsilon=1.0,
+                      fanout=2, engine="mbi", engine_iters=300, round_timeout_s=20.0,
+                      handshake_timeout_s=60.0, parties_per_process=2, seed=1, noise_seed=5)
+    return cfg, run_synth(cfg, d / "uninterrupted", timeout_s=200, quiet=True)
+
+
 @pytest.fixture(scope="session")
 def dp_audit() -> Any:
     """``bench/dp_audit.py`` loaded as a module (bench scripts are not a package)."""
@@ -262,3 +300,43 @@ def dp_audit() -> Any:
     sys.modules["dp_audit"] = mod  # dataclasses need the module registered
     spec.loader.exec_module(mod)
     return mod
+
+
+#: JAX settings for FedForge's processes under :func:`jax_compile_cache` (JAX reads its
+#: flags from upper-case environment variables when it is imported). Every compiled
+#: program is stored, however quick its compile: mbi's many small ones add up. A size
+#: cap turns on the cache's file lock around each read and write (xdist workers' processes
+#: share the directory; without it an entry is written in place, unlocked); this suite
+#: writes a few MB.
+_JAX_CACHE_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+                  "JAX_COMPILATION_CACHE_MAX_SIZE": str(1 << 30)}
+
+
+@pytest.fixture(scope="session")
+def jax_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A JAX persistent compilation cache for the FedForge processes this session starts
+    (the ``mbi`` engine compiles its junction tree's programs in every coordinator
+    process, about 8 s of a run on a small table; a later process fitting the same model
+    structure loads them instead). Compilation is deterministic, so the fitted models and
+    every figure a test checks are the same with or without the cache.
+
+    The directory is this run's (shared by its xdist workers, fresh for each run: no
+    state crosses runs); the environment is restored when the session ends. Processes
+    already running (and this one, if JAX is imported) are not affected."""
+    root = (tmp_path_factory.getbasetemp().parent
+            if os.environ.get("PYTEST_XDIST_WORKER") is not None
+            else tmp_path_factory.getbasetemp())
+    path = root / "jax-compile-cache"
+    path.mkdir(exist_ok=True)
+    env = {"JAX_COMPILATION_CACHE_DIR": str(path), **_JAX_CACHE_ENV}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield path
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

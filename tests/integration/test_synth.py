@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +12,9 @@ import pytest
 
 from conftest import synth_table
 from synth.config import SynthConfig
+
+#: the mbi runs' coordinators share compiled JAX programs (conftest.jax_compile_cache)
+pytestmark = pytest.mark.usefixtures("jax_compile_cache")
 
 
 
@@ -26,13 +27,11 @@ def csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.timeout(240)
-def test_synth_run_k3_secure_aggregation_end_to_end(csv: Path, tmp_path: Path) -> None:
-    from sim.synth_launch import run_synth
-
-    cfg = SynthConfig(dataset=str(csv), label="income", parties=3, epsilon=1.0, fanout=2,
-                      engine="mbi", engine_iters=300, round_timeout_s=20.0,
-                      handshake_timeout_s=60.0, parties_per_process=2, seed=1)
-    res = run_synth(cfg, tmp_path / "run", timeout_s=200)
+def test_synth_run_k3_secure_aggregation_end_to_end(synth_mst_run: tuple) -> None:
+    # the run (conftest.synth_mst_run: K = 3, fan-out 2, mbi, ε = 1) is also the
+    # uninterrupted baseline of the crash-recovery tests
+    cfg, res = synth_mst_run
+    assert (cfg.parties, cfg.fanout, cfg.epsilon, cfg.label) == (3, 2, 1.0, "income")
     m = res.metrics
     # the engine got the 1-way answers, the tree's pairs twice, and further pairs' answers
     assert m["synthesis"]["measurements"] > 5 + 2 * 4
@@ -68,23 +67,33 @@ def test_synth_run_k3_secure_aggregation_end_to_end(csv: Path, tmp_path: Path) -
         assert f'"stage": "{stage}"' in events or f'"stage":"{stage}"' in events
 
 
-def test_psfl_synth_run_rejects_a_column_with_one_value(tmp_path: Path) -> None:
+def test_psfl_synth_run_rejects_a_column_with_one_value(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # ``psfl`` in this process (``python -m sim.cli`` is ``SystemExit(main())``): the data
+    # are checked before any process starts, which this test also holds to: nothing of
+    # the run's processes is there
+    from sim.cli import main
+
     t = synth_table(300)
     t["const"] = "same"
     path = tmp_path / "bad.csv"
     t.to_csv(path, index=False)
-    proc = subprocess.run([sys.executable, "-m", "sim.cli", "synth", "run", "--dataset",
-                           str(path), "--parties", "2", "--out", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert "const" in proc.stderr
+    code = main(["synth", "run", "--dataset", str(path), "--parties", "2",
+                 "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "const" in err
+    events = tmp_path / "run" / "events.jsonl"  # no broker, nobody logged anything
+    assert not events.exists() or not events.read_text().strip()
 
 
-def test_psfl_synth_run_rejects_nonpositive_epsilon(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "sim.cli", "synth", "run", "--epsilon", "0",
-                           "--out", str(tmp_path / "run")], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 2 and "synth.epsilon" in proc.stderr
+def test_psfl_synth_run_rejects_nonpositive_epsilon(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.cli import main
+
+    code = main(["synth", "run", "--epsilon", "0", "--out", str(tmp_path / "run")])
+    assert code == 2 and "synth.epsilon" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before the run directory is made
 
 
 @pytest.mark.timeout(120)
@@ -111,16 +120,13 @@ def test_a_party_whose_columns_differ_fails_the_run_with_its_reason(
     assert "p001" in events and "missing ['hours']" in events
 
 
-@pytest.mark.timeout(120)
-def test_a_label_that_is_not_binary_skips_ml_utility_with_the_reason(tmp_path: Path) -> None:
-    from sim.synth_launch import run_synth
-
-    t = synth_table(1200)
-    path = tmp_path / "multi.csv"
-    t.to_csv(path, index=False)
-    cfg = SynthConfig(dataset=str(path), label="a", parties=2, fanout=2,
-                      round_timeout_s=10.0, handshake_timeout_s=30.0)
-    m = run_synth(cfg, tmp_path / "run", timeout_s=100, quiet=True).metrics
+@pytest.mark.timeout(240)
+def test_a_label_that_is_not_binary_skips_ml_utility_with_the_reason(aim_run: tuple) -> None:
+    # the AIM run's label is ``a``, with three classes (the run is shared with the AIM test)
+    cfg, res = aim_run
+    assert cfg.label == "a"
+    assert pd.read_parquet(res.out / "data" / "train.parquet")["a"].nunique() == 3
+    m = res.metrics
     assert m["ml_utility"] is None and "binary" in m["ml_utility_skipped"]
     assert m["avg_tv"] is not None
 
@@ -192,18 +198,28 @@ def test_a_party_that_drops_mid_round_is_unmasked_out_over_the_bus(csv: Path,
     assert (out / "synthetic.csv").stat().st_size > 0
 
 
-@pytest.mark.timeout(240)
-def test_synth_run_aim_adaptive_rounds_end_to_end(csv: Path, tmp_path: Path) -> None:
-    """``--mechanism aim``: the 1-way and all-pairs rounds, then two adaptive rounds of two
-    pairs each, picked from the noisy answers; the whole budget is spent, no more."""
+@pytest.fixture(scope="module")
+def aim_run(csv: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """One ``--mechanism aim`` run with a label of three classes (``a``): the AIM test and
+    the non-binary label test read it (label and mechanism do not interact)."""
     from sim.synth_launch import run_synth
-    from synth.accounting import cdp_rho
 
-    cfg = SynthConfig(dataset=str(csv), label="income", parties=3, epsilon=1.0, fanout=2,
+    cfg = SynthConfig(dataset=str(csv), label="a", parties=3, epsilon=1.0, fanout=2,
                       mechanism="aim", aim_rounds=2, aim_batch=2, engine="mbi",
                       engine_iters=300, round_timeout_s=20.0, handshake_timeout_s=60.0,
                       parties_per_process=3, seed=1)
-    res = run_synth(cfg, tmp_path / "run", timeout_s=200)
+    return cfg, run_synth(cfg, tmp_path_factory.mktemp("aim") / "run", timeout_s=200,
+                          quiet=True)
+
+
+@pytest.mark.timeout(240)
+def test_synth_run_aim_adaptive_rounds_end_to_end(aim_run: tuple) -> None:
+    """``--mechanism aim``: the 1-way and all-pairs rounds, then two adaptive rounds of two
+    pairs each, picked from the noisy answers; the whole budget is spent, no more."""
+    from synth.accounting import cdp_rho
+
+    cfg, res = aim_run
+    assert (cfg.mechanism, cfg.aim_rounds, cfg.aim_batch) == ("aim", 2, 2)
     m = res.metrics
     assert list(m["rounds"]) == ["one_way", "select", "aim0", "aim1"]
     assert m["rounds"]["aim0"]["cliques"] == m["rounds"]["aim1"]["cliques"] == 2

@@ -13,6 +13,9 @@ import pytest
 
 from synth.config import SynthConfig
 
+#: the mbi runs' coordinators share compiled JAX programs (conftest.jax_compile_cache)
+pytestmark = pytest.mark.usefixtures("jax_compile_cache")
+
 
 def _xor_table(n: int = 4000, seed: int = 0) -> pd.DataFrame:
     """z = x XOR y: every pair looks independent, only the 3-way marginal shows it (so

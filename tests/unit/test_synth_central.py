@@ -11,6 +11,9 @@ import pytest
 from synth.domain import Domain
 from synth.quality import all_k_way, workload_tv
 
+#: the neural fits on one torch thread, as the coordinator runs them (conftest)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -20,6 +20,9 @@ from synth.engine import (
 )
 from synth.quality import tv_distance
 
+#: the neural fits on one torch thread, as the coordinator runs them (conftest)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
 DOM = Domain(attributes=("a", "b", "c", "d"), sizes=(2, 3, 4, 3))
 MEASURED = [("a",), ("b",), ("c",), ("d",), ("a", "b"), ("d", "b")]
 N = 20_000

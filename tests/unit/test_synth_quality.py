@@ -76,21 +76,21 @@ def test_ml_utility_on_separable_problem() -> None:
     # synthetic set that keeps the label's relation from one that breaks it
     tr, te = _frame(600, 1), _frame(400, 2)
     syn = _frame(600, 3)
-    r = ml_utility(tr, syn, te, "y")
+    r = ml_utility(tr, syn, te, "y", threads=1)
     assert r["auc_real"] > 0.9 and r["auc_synthetic"] > 0.9
     assert 0.0 < r["f1_real"] <= 1.0 and r["positive_class"] == ">50K"
     assert r["warning"] is None and r["n_features"] == 3
     # control: the same synthetic rows with the label shuffled (no relation left)
     shuffled = syn.assign(y=np.random.default_rng(4).permutation(syn["y"].to_numpy()))
-    bad = ml_utility(tr, shuffled, te, "y")
+    bad = ml_utility(tr, shuffled, te, "y", threads=1)
     assert bad["auc_synthetic"] < 0.7
-    assert bad["auc_real"] == pytest.approx(r["auc_real"], abs=0.01)  # same real reference
+    assert bad["auc_real"] == pytest.approx(r["auc_real"], rel=1e-12)  # same reference
 
 
 def test_ml_utility_single_class_synthetic_gives_nan() -> None:
     tr, te = _frame(1000, 1), _frame(500, 2)
     syn = tr.assign(y="<=50K")
-    r = ml_utility(tr, syn, te, "y")
+    r = ml_utility(tr, syn, te, "y", threads=1)
     assert math.isnan(r["auc_synthetic"]) and math.isnan(r["f1_synthetic"])
     assert "single class" in r["warning"] and r["auc_real"] > 0.9
 
@@ -102,3 +102,5 @@ def test_ml_utility_rejects_non_binary_label() -> None:
         ml_utility(tr3, tr3, te, "y")
     with pytest.raises(ValueError, match="label 'z'"):
         ml_utility(tr, tr, te, "z")
+    with pytest.raises(ValueError, match="threads must be None or >= 1, got 0"):
+        ml_utility(tr, tr, te, "y", threads=0)

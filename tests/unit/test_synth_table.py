@@ -14,6 +14,9 @@ import pytest
 
 from synth.domain import decode, encode, infer_schema
 
+#: the neural fits on one torch thread, as the coordinator runs them (conftest)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
