@@ -350,6 +350,7 @@ class Party:
         self.history: list[dict[str, Any]] = []
         self._driver: ActionDriver | None = None
         self.bus: Transport | None = None
+        self._partner_topics: list[str] = []  # what only the partner may send us
         self.log = log.bind(party=role, run_id=run_id)
         self.intake = PeerIntake(partner=self.partner, max_bad=cfg.peer_max_bad_messages,
                                  log=self.log)
@@ -514,6 +515,9 @@ class Party:
         channels = range(max(self.n_batches, self.workers))
         if self.role == "active":
             lim = BufferLimits(max_msgs=cfg.p, max_bytes=cfg.p * emb_bytes)
+            self._partner_topics = [t.emb(b) for b in channels]
+            self._partner_topics += [t.val(i) for i in range(self._n_val_points())]
+            self._partner_topics += [t.test]
             await bus.subscribe_many([t.emb(b) for b in channels], limits=lim)
             for n, topics in ((self.data.x_val.shape[0], [t.val(i) for i in
                                                            range(self._n_val_points())]),
@@ -522,16 +526,21 @@ class Party:
                 await bus.subscribe_many(topics, limits=BufferLimits(
                     max_msgs=2, max_bytes=2 * eval_bytes))
             await bus.subscribe(t.report)
+            self._partner_topics.append(t.report)
         else:
             lim = BufferLimits(max_msgs=cfg.q, max_bytes=cfg.q * emb_bytes)
+            self._partner_topics = [t.grad(b) for b in channels]
             await bus.subscribe_many([t.grad(b) for b in channels], limits=lim)
             if cfg.algo == "vfl-ps":
+                self._partner_topics.append(t.ids)
                 ids_bytes = cfg.batch_size * 8 + (self.workers + 1) * 8 + 4096
                 await bus.subscribe(t.ids, limits=BufferLimits(max_msgs=16,
                                                                max_bytes=16 * ids_bytes))
             await bus.subscribe(t.done)
             await bus.subscribe(t.scored, limits=BufferLimits(max_msgs=4, max_bytes=1 << 14))
+            self._partner_topics += [t.done, t.scored]
         await bus.subscribe(t.hb(self.partner), limits=BufferLimits(max_msgs=4, max_bytes=1 << 16))
+        self._partner_topics.append(t.hb(self.partner))
         # subscribed last: a hello from the partner proves all the above reached its publisher
         await bus.subscribe(t.hello(self.role))
 
@@ -553,8 +562,11 @@ class Party:
             raise HandshakeTimeout(self.partner, cfg.handshake_timeout_s, self.run_id) from None
         except SettingsMismatch as exc:
             raise ConfigMismatch(mine, dict(exc.hello.get("shared") or {})) from None
-        # from now on only the client the partner's handshake came from is the partner
-        self.intake.partner_id = str(heard[self.partner]["publisher"])
+        # from now on only the client the partner's handshake came from is the partner:
+        # the bus drops others' messages on the partner's topics before they take room
+        partner_id = str(heard[self.partner]["publisher"])
+        self.intake.partner_id = partner_id
+        bus.accept_only(partner_id, self._partner_topics)
 
     async def _heartbeat(self, bus: Transport) -> None:
         await heartbeat(bus, self.topics.hb(self.role), me=self.role,
@@ -829,6 +841,8 @@ class Party:
             "stale_messages": self.c.stale,
             # malformed or foreign embeddings/gradients dropped, by sender (parties.intake)
             "rejected_messages": sum(self.intake.bad.values()),
+            # messages on the partner's topics from other bus clients, dropped on arrival
+            "foreign_messages": self.bus.stats().foreign if self.bus is not None else 0,
             "rejected_by_sender": dict(list(self.intake.bad.items())[:64]),
             "switched_waits": self.c.switched,
             "max_staleness": self.c.max_staleness,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,8 @@ class BusStats:
             or because one message exceeded the per-topic byte bound.
         rejected: malformed frames received (counted, not delivered).
         unsolicited: messages for topics no longer subscribed (dropped).
+        foreign: messages dropped on arrival because a publisher other than the one
+            :meth:`Receiver.accept_only` named for their topic sent them.
         gaps: messages missing according to per-(publisher, topic) sequence numbers
             (a jump of more than :data:`MAX_GAP_JUMP` counts as a ``seq_anomaly``
             instead: a forged or restarted number cannot inflate the count).
@@ -60,6 +62,7 @@ class BusStats:
     overflow_dropped: int = 0
     rejected: int = 0
     unsolicited: int = 0
+    foreign: int = 0
     gaps: int = 0
     gaps_by_publisher: dict[str, int] = field(default_factory=dict)
     seq_anomalies: int = 0
@@ -79,6 +82,7 @@ class BusStats:
             overflow_dropped=self.overflow_dropped,
             rejected=self.rejected,
             unsolicited=self.unsolicited,
+            foreign=self.foreign,
             gaps=self.gaps,
             gaps_by_publisher=dict(self.gaps_by_publisher),
             seq_anomalies=self.seq_anomalies,
@@ -99,6 +103,7 @@ class BusStats:
             "overflow_dropped": self.overflow_dropped,
             "rejected": self.rejected,
             "unsolicited": self.unsolicited,
+            "foreign": self.foreign,
             "gaps": self.gaps,
             "gaps_by_publisher": dict(self.gaps_by_publisher),
             "seq_anomalies": self.seq_anomalies,
@@ -143,6 +148,16 @@ class Receiver:
         self._reject_episode = False
         self._closed = False
         self._paused: Message | None = None  # block policy: the message the reader holds
+        self._only: dict[str, str] = {}  # topic -> the one publisher accepted on it
+
+    def accept_only(self, publisher: str, topics: Iterable[str]) -> None:
+        """From now on, keep messages on each of ``topics`` only from ``publisher`` (a
+        client id, e.g. a partner's, learned in a handshake); others are dropped on
+        arrival, before they take buffer room (counted as ``foreign``). The id is what
+        the envelope says: against a sender that forges it, only the broker's checks
+        help. Calling it again replaces a topic's publisher."""
+        for t in topics:
+            self._only[t] = publisher
 
     def _schedule_drain(self) -> None:  # pragma: no cover - provided by the client
         raise NotImplementedError
@@ -313,6 +328,9 @@ class Receiver:
         topic = msg.topic
         if topic not in self._exact and not self._covered_by_prefix(topic):
             self._stats.unsolicited += 1
+            return
+        if self._only and self._only.get(topic, msg.publisher) != msg.publisher:
+            self._stats.foreign += 1
             return
         # per-(publisher, topic) state: [last seq, the class's [msgs, bytes] counter]
         key = (msg.publisher, topic)

@@ -8,7 +8,7 @@ documented on :class:`~pubsub.client.Bus`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pubsub.buffer import BufferLimits
@@ -56,6 +56,8 @@ class Transport(Protocol):
     def unget(self, msg: Message) -> None: ...
 
     def pending(self, topic: str) -> int: ...
+
+    def accept_only(self, publisher: str, topics: Iterable[str]) -> None: ...
 
     def stats(self) -> BusStats: ...
 

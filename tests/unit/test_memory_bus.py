@@ -292,3 +292,21 @@ async def test_forged_sequence_numbers_cannot_inflate_the_gap_count() -> None:
         assert st.gaps == 1 and st.gaps_by_publisher == {"alice": 1}
         assert st.seq_anomalies == 1  # mallory's jump; bob's first message starts his count
         assert sub.pending("t") == 6  # every message is still delivered
+
+
+async def test_accept_only_drops_other_publishers_before_they_take_room() -> None:
+    cfg = BusConfig(topic_max_msgs=2)
+    async with MemoryBroker() as hub, hub.connect("partner") as partner, \
+            hub.connect("mallory") as mallory, hub.connect("s", config=cfg) as sub:
+        await sub.subscribe("emb/1")
+        await sub.subscribe("other")
+        sub.accept_only(partner.client_id, ["emb/1"])
+        for i in range(10):  # a flood that would evict the partner's message
+            mallory.publish_nowait("emb/1", (), {"i": i})
+        partner.publish_nowait("emb/1", (), {"from": "partner"})
+        mallory.publish_nowait("other", (), {"i": -1})  # other topics: anyone
+        await asyncio.sleep(0)
+        assert (await sub.next("emb/1", 1.0)).meta == {"from": "partner"}
+        assert sub.pending("emb/1") == 0 and sub.pending("other") == 1
+        st = sub.stats()
+        assert st.foreign == 10 and st.evicted == 0

@@ -1,0 +1,356 @@
+"""A campaign of broken and hostile peers against a live PubSub-VFL training run.
+
+    python bench/hostile.py [--quick] [--json OUT.json]
+
+The victim: bank, ``pubsub``, seed 0, DP off, both parties as processes through a
+plaintext broker this script owns (``python -m broker run``). Two undisturbed runs give
+the AUC spread; one attacked run is hit, from bus clients that are not the partner, for
+the whole of its training (at least ``--attack-s``) by:
+
+- malformed frames (random multipart messages on the broker's publisher port),
+- malformed embeddings and gradients on the run's channels: NaN, wrong width, float64,
+  two arrays, non-integer metadata, more rows than a batch,
+- well-formed embeddings and gradients of the right shape from a foreign client,
+- replays of the partner's own captured embeddings (old epochs, later),
+- control-socket garbage (requests of several frames, non-JSON),
+- a subscription flood (``--subscriptions`` topics from one client),
+- oversize messages (``--oversize-mb``, above the broker's 64 MiB bound).
+
+Then ``--restart-runs`` separate runs each have their broker killed (SIGKILL) and
+restarted on the same port mid-training.
+
+``summary``: ``broker_alive`` (the broker still answers ``ping`` after the campaign);
+``victim_completed`` (both parties exit 0); ``crashes`` (non-zero exits or tracebacks of
+victim or broker processes, attacked run); ``silent_corruptions`` (a metric that is not
+finite, or a party that rejected none of the attacker's messages: they were then either
+used or never seen); ``victim_auc_delta`` (median undisturbed minus attacked) against
+``auc_tolerance`` = max(0.005, 2 x the undisturbed spread); ``broker_rss_growth_mb``;
+``restart_runs`` / ``restart_runs_completed`` (exit 0 of both parties) with each run's
+exit codes and last stderr line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import psutil
+import zmq
+
+from pubsub import Bus, BusConfig
+from pubsub.address import BrokerAddress
+
+PSFL = [sys.executable, "-m", "sim.cli"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Broker:
+    """A plaintext broker process on 127.0.0.1 (restartable on the same port)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+        self.start()
+
+    def start(self) -> None:
+        ready = self.root / f"broker-{time.monotonic_ns()}.addr"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "broker", "run", "--insecure", "--bind",
+             f"tcp://127.0.0.1:{self.port}", "--ready-file", str(ready), "--log-level",
+             "error"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the broker did not start: "
+                                   + (self.proc.stderr.read().decode()[-500:]
+                                      if self.proc.stderr else ""))
+            time.sleep(0.02)
+        self.address = ready.read_text().strip()
+        self.port = BrokerAddress.parse(self.address).port
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def rss_mb(self) -> float:
+        assert self.proc is not None
+        return psutil.Process(self.proc.pid).memory_info().rss / 2**20
+
+    def ping(self) -> bool:
+        ctx = zmq.Context()
+        try:
+            s = ctx.socket(zmq.REQ)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(BrokerAddress.parse(self.address).control_endpoint)
+            s.send(b'{"cmd":"ping"}')
+            return bool(s.poll(5000, zmq.POLLIN)) and orjson.loads(s.recv()).get("ok") is True
+        finally:
+            ctx.destroy(linger=0)
+
+
+def _launch(broker: Broker, out: Path, run_id: str, epochs: int) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [*PSFL, "vfl", "run", "--dataset", "bank", "--algo", "pubsub", "--out", str(out),
+         "--broker", broker.address, "--insecure", "--run-id", run_id,
+         "--set", "seed=0", "--set", f"epochs={epochs}", "--set", "eval_every=1000",
+         "--set", "liveness_timeout_s=30"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_event(path: Path, event: str, proc: subprocess.Popen[str], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and f'"event":"{event}"' in path.read_text(errors="replace"):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _result(proc: subprocess.Popen[str], out: Path, timeout_s: float) -> dict[str, Any]:
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    metrics = {}
+    if (out / "metrics.json").exists():
+        metrics = orjson.loads((out / "metrics.json").read_bytes())
+    last = (stderr.strip().splitlines() or [""])[-1]
+    return {"code": proc.returncode, "traceback": "Traceback" in stderr + stdout,
+            "last_stderr": last[:300], "metrics": metrics}
+
+
+# --------------------------------------------------------------------------- attack
+async def _attack_bus(address: str, run_id: str, stop: threading.Event,
+                      counts: dict[str, int], n_channels: int, subs: int,
+                      oversize_mb: int) -> None:
+    rng = np.random.default_rng(1)
+    good = rng.normal(size=(256, 32)).astype(np.float32)
+    bad_payloads: list[tuple[list[Any], dict[str, Any]]] = [
+        ([np.full((256, 32), np.nan, np.float32)], {"e": 0}),
+        ([np.zeros((256, 7), np.float32)], {"e": 0}),
+        ([np.zeros((256, 32), np.float64)], {"e": 0}),
+        ([good, good], {"e": 0}),
+        ([good], {"e": "0"}),
+        ([np.zeros((5000, 32), np.float32)], {"e": 0}),
+        ([good], {"e": 0, "u": 1}),  # well-formed, foreign
+    ]
+    cfg = BusConfig(max_message_bytes=(oversize_mb + 8) << 20)
+    async with Bus(address, name="mallory", config=cfg) as bus, \
+            Bus(address, name="flooder") as flood, Bus(address, name="replayer") as rep:
+        seen = [f"emb/{run_id}/{b}" for b in range(n_channels)]
+        await rep.subscribe_many(seen)
+        topics = [f"flood/{i}" for i in range(subs)]
+        for i in range(0, subs, 500):
+            await flood.subscribe_many(topics[i:i + 500])
+        counts["subscriptions"] = subs
+        captured: list[Any] = []
+        i = 0
+        big_sent = False
+        while not stop.is_set():
+            for b in range(n_channels):
+                for kind in ("emb", "grad"):
+                    arrays, meta = bad_payloads[i % len(bad_payloads)]
+                    bus.publish_nowait(f"{kind}/{run_id}/{b}", arrays, {**meta, "b": b})
+                    counts["bad_messages"] += 1
+                    i += 1
+            for t in seen:  # the partner's real embeddings, to replay later
+                m = rep.try_next(t)
+                if m is not None and len(captured) < 64:
+                    captured.append(m)
+            for m in captured[: max(0, len(captured) - 8)][:4]:  # replay old ones
+                rep.publish_nowait(m.topic, list(m.arrays), dict(m.meta))
+                counts["replays"] += 1
+            if not big_sent:
+                try:
+                    bus.publish_nowait(f"emb/{run_id}/0",
+                                       [np.zeros((oversize_mb << 20) // 4, np.float32)])
+                    counts["oversize"] += 1
+                except Exception:  # noqa: BLE001 - the broker's bound is the point
+                    pass
+                big_sent = True
+            await asyncio.sleep(0.05)
+
+
+def _attack_raw(address: str, stop: threading.Event, counts: dict[str, int]) -> None:
+    """Malformed frames on the publisher port and garbage on the control socket."""
+    addr = BrokerAddress.parse(address)
+    ctx = zmq.Context()
+    rng = random.Random(2)
+    try:
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.connect(addr.endpoint(0))
+        while not stop.is_set():
+            for _ in range(20):
+                pub.send_multipart([rng.randbytes(rng.randrange(0, 64))
+                                    for _ in range(rng.randrange(1, 5))])
+                counts["malformed_frames"] += 1
+            req = ctx.socket(zmq.REQ)
+            req.setsockopt(zmq.LINGER, 0)
+            req.connect(addr.control_endpoint)
+            req.send_multipart([b'{"cmd":"stats"}', rng.randbytes(16)])
+            counts["control_garbage"] += 1
+            req.poll(1000, zmq.POLLIN)
+            req.close()
+            time.sleep(0.05)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def attacked_run(root: Path, epochs: int, attack_s: float, subs: int,
+                 oversize_mb: int) -> dict[str, Any]:
+    broker = Broker(root)
+    rss0 = broker.rss_mb()
+    out = root / "attacked"
+    victim = _launch(broker, out, "victim", epochs)
+    counts = {"bad_messages": 0, "replays": 0, "oversize": 0, "malformed_frames": 0,
+              "control_garbage": 0, "subscriptions": 0}
+    stop = threading.Event()
+    started = _wait_event(out / "events.jsonl", "vfl.partner_found", victim, 180)
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=_attack_raw, args=(broker.address, stop, counts)),
+               threading.Thread(target=lambda: asyncio.run(_attack_bus(
+                   broker.address, "victim", stop, counts, 16, subs, oversize_mb)))]
+    if started:
+        for t in threads:
+            t.start()
+    rss_max = rss0
+    while victim.poll() is None or time.monotonic() - t0 < min(attack_s, 5):
+        rss_max = max(rss_max, broker.rss_mb())
+        if victim.poll() is not None:
+            break
+        time.sleep(0.5)
+    attack_wall = time.monotonic() - t0
+    stop.set()
+    for t in threads:
+        if t.is_alive():
+            t.join(30)
+    res = _result(victim, out, 60)
+    alive = broker.proc is not None and broker.proc.poll() is None and broker.ping()
+    broker_code = broker.stop()
+    m = res["metrics"]
+    parties = m.get("parties", {})
+    rejected = {r: parties.get(r, {}).get("rejected_messages", 0)
+                + parties.get(r, {}).get("foreign_messages", 0) for r in ("active", "passive")}
+    auc = m.get("test_auc")
+    corruptions = int(auc is None or not np.isfinite(auc)) + sum(v == 0 for v in
+                                                                  rejected.values())
+    return {"started": started, "attack_s": attack_wall, "counts": counts,
+            "victim": {k: v for k, v in res.items() if k != "metrics"}, "test_auc": auc,
+            "train_wall_s": m.get("train_wall_s"), "rejected": rejected,
+            "rejected_by_sender": {r: parties.get(r, {}).get("rejected_by_sender", {})
+                                   for r in ("active", "passive")},
+            "broker_alive": alive, "broker_exit": broker_code,
+            "broker_rss_growth_mb": rss_max - rss0, "silent_corruptions": corruptions,
+            "crashes": int(res["code"] != 0) + int(res["traceback"])
+            + int(not alive)}
+
+
+def plain_run(root: Path, name: str, epochs: int) -> dict[str, Any]:
+    broker = Broker(root)
+    out = root / name
+    res = _result(_launch(broker, out, name, epochs), out, 600)
+    broker.stop()
+    return {"code": res["code"], "test_auc": res["metrics"].get("test_auc"),
+            "train_wall_s": res["metrics"].get("train_wall_s")}
+
+
+def restart_run(root: Path, k: int, epochs: int) -> dict[str, Any]:
+    broker = Broker(root)
+    out = root / f"restart-{k}"
+    victim = _launch(broker, out, f"restart{k}", epochs)
+    restarted = False
+    if _wait_event(out / "events.jsonl", "vfl.epoch_done", victim, 180):
+        time.sleep(0.5)
+        broker.kill()
+        time.sleep(1.0)
+        broker.start()  # the same port
+        restarted = True
+    res = _result(victim, out, 300)
+    broker.stop()
+    return {"restarted": restarted, "code": res["code"], "traceback": res["traceback"],
+            "last_stderr": res["last_stderr"], "test_auc": res["metrics"].get("test_auc")}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="at most about 10 minutes")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--epochs", type=int, default=None, help="victim epochs")
+    p.add_argument("--attack-s", type=float, default=60.0)
+    p.add_argument("--subscriptions", type=int, default=10_000)
+    p.add_argument("--oversize-mb", type=int, default=80)
+    p.add_argument("--restart-runs", type=int, default=5)
+    args = p.parse_args()
+    from pubsub.logs import configure_logging
+
+    configure_logging(stderr_level="error")  # the attacker's own clients stay quiet
+    epochs = args.epochs or (40 if args.quick else 60)
+    root = Path(tempfile.mkdtemp(prefix="psfl-hostile-"))
+    t0 = time.monotonic()
+    plain = [plain_run(root, f"plain{i}", epochs) for i in range(2)]
+    print(f"undisturbed: test_auc {[r['test_auc'] for r in plain]}, train "
+          f"{[r['train_wall_s'] for r in plain]} s", flush=True)
+    att = attacked_run(root, epochs, args.attack_s, args.subscriptions, args.oversize_mb)
+    print(f"attacked: test_auc {att['test_auc']}, attack {att['attack_s']:.0f} s, "
+          f"counts {att['counts']}, rejected {att['rejected']}, crashes {att['crashes']}",
+          flush=True)
+    restarts = [restart_run(root, k, max(10, epochs // 4)) for k in range(args.restart_runs)]
+    for k, r in enumerate(restarts):
+        print(f"restart run {k}: exit {r['code']} ({r['last_stderr']})", flush=True)
+    aucs = [r["test_auc"] for r in plain if r["test_auc"] is not None]
+    spread = (max(aucs) - min(aucs)) if len(aucs) == 2 else float("nan")
+    base = float(np.median(aucs)) if aucs else float("nan")
+    delta = base - att["test_auc"] if att["test_auc"] is not None else float("nan")
+    summary = {
+        "broker_alive": att["broker_alive"],
+        "victim_completed": att["victim"]["code"] == 0,
+        "crashes": att["crashes"],
+        "silent_corruptions": att["silent_corruptions"],
+        "victim_auc_delta": delta,
+        "auc_tolerance": max(0.005, 2 * spread),
+        "attack_s": att["attack_s"],
+        "broker_rss_growth_mb": att["broker_rss_growth_mb"],
+        "restart_runs": len(restarts),
+        "restart_runs_completed": sum(r["code"] == 0 for r in restarts),
+        "wall_s": time.monotonic() - t0,
+    }
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "undisturbed": plain,
+                                         "attacked": att, "restarts": restarts,
+                                         "epochs": epochs}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
