@@ -400,7 +400,9 @@ class ProcessWorker:
             name=f"psfl-{self.role}-worker-{self.index}",
             daemon=True,
         )
-        self._proc.start()
+        # off the event loop: the fork server round trip (and its preload, when it is
+        # still starting) must not stall the party's bus (heartbeats, broker probes)
+        await asyncio.to_thread(self._proc.start)
         msg = await self._recv(self.start_timeout_s)
         if msg.topic != "ready":
             raise WorkerFailed(self.index, f"unexpected first message {msg.topic!r}")

@@ -214,6 +214,8 @@ def test_loss_keeps_messages_intact_and_in_order(ctx: zmq.Context[Any]) -> None:
         pull.close(0)
 
 
+@pytest.mark.exclusive  # "nothing during the outage" is a timing claim: three full-suite
+# runs on 2 loaded cores saw the first message after the abort pass; alone it passes
 def test_disconnect_blocks_then_zeromq_reconnects(ctx: zmq.Context[Any]) -> None:
     """What is asserted:
 

@@ -38,8 +38,10 @@ def _run(out: Path, *sets: str, transport: str = "broker") -> dict:  # type: ign
     ("memory", "thread", 8.0, (), 0.6),
     # max_reassign = 0: σ covers exactly one publication per epoch, all are used;
     # broker and party processes
-    ("broker", "process", 1.0, ("max_reassign=0", "dp_clip_norm=0.5", "dp_noise_seed=5"),
-     0.5),
+    # (a loaded machine can take more than the default 10 s to start a party with worker
+    # processes and connect)
+    ("broker", "process", 1.0, ("max_reassign=0", "dp_clip_norm=0.5", "dp_noise_seed=5",
+                                "connect_timeout_s=60"), 0.5),
 ])
 def test_dp_run_reports_spent_budget_within_the_target(
         tmp_path: Path, transport: str, worker_mode: str, mu: float, extra: tuple[str, ...],
