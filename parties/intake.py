@@ -84,13 +84,15 @@ class PeerIntake:
         self.partner_id: str | None = None
         self.bad: dict[str, int] = {}
 
-    def admit(self, msg: Any, spec: TensorSpec | None) -> bool:
+    def admit(self, msg: Any, spec: TensorSpec | None, *, fatal: bool = False) -> bool:
         """True if ``msg`` may be used; False: dropped and counted. Once the partner's
         client id is known (:attr:`partner_id`), a message from any other sender is
         dropped whatever it holds; ``spec`` None: no array check (metadata only).
+        ``fatal``: see :meth:`reject`.
 
         Raises:
-            PartnerMisbehaved: the partner's ``max_bad``-th malformed message.
+            PartnerMisbehaved: the partner's ``max_bad``-th malformed message, or a
+                ``fatal`` one.
         """
         if self.partner_id is not None and msg.publisher != self.partner_id:
             reason: str | None = "not from the partner"
@@ -100,7 +102,7 @@ class PeerIntake:
                 reason = check_tensor(msg.arrays, spec)
         if reason is None:
             return True
-        self.reject(msg.publisher, reason, topic=msg.topic)
+        self.reject(msg.publisher, reason, topic=msg.topic, fatal=fatal)
         return False
 
     def reject(self, publisher: str, reason: str, *, topic: str = "",

@@ -515,22 +515,21 @@ class Party:
         channels = range(max(self.n_batches, self.workers))
         if self.role == "active":
             lim = BufferLimits(max_msgs=cfg.p, max_bytes=cfg.p * emb_bytes)
-            self._partner_topics = [t.emb(b) for b in channels]
-            self._partner_topics += [t.val(i) for i in range(self._n_val_points())]
-            self._partner_topics += [t.test]
-            await bus.subscribe_many([t.emb(b) for b in channels], limits=lim)
-            for n, topics in ((self.data.x_val.shape[0], [t.val(i) for i in
-                                                           range(self._n_val_points())]),
+            embs = [t.emb(b) for b in channels]
+            vals = [t.val(i) for i in range(self._n_val_points())]
+            self._partner_topics = [*embs, *vals, t.test, t.report]
+            await bus.subscribe_many(embs, limits=lim)
+            for n, topics in ((self.data.x_val.shape[0], vals),
                               (self.data.x_test.shape[0], [t.test])):
                 eval_bytes = n * cfg.embedding_dim * 4 + 4096
                 await bus.subscribe_many(topics, limits=BufferLimits(
                     max_msgs=2, max_bytes=2 * eval_bytes))
             await bus.subscribe(t.report)
-            self._partner_topics.append(t.report)
         else:
             lim = BufferLimits(max_msgs=cfg.q, max_bytes=cfg.q * emb_bytes)
-            self._partner_topics = [t.grad(b) for b in channels]
-            await bus.subscribe_many([t.grad(b) for b in channels], limits=lim)
+            grads = [t.grad(b) for b in channels]
+            self._partner_topics = [*grads, t.done, t.scored]
+            await bus.subscribe_many(grads, limits=lim)
             if cfg.algo == "vfl-ps":
                 self._partner_topics.append(t.ids)
                 ids_bytes = cfg.batch_size * 8 + (self.workers + 1) * 8 + 4096
@@ -538,7 +537,6 @@ class Party:
                                                                max_bytes=16 * ids_bytes))
             await bus.subscribe(t.done)
             await bus.subscribe(t.scored, limits=BufferLimits(max_msgs=4, max_bytes=1 << 14))
-            self._partner_topics += [t.done, t.scored]
         await bus.subscribe(t.hb(self.partner), limits=BufferLimits(max_msgs=4, max_bytes=1 << 16))
         self._partner_topics.append(t.hb(self.partner))
         # subscribed last: a hello from the partner proves all the above reached its publisher
@@ -784,11 +782,9 @@ class Party:
             except DeadlineExceeded:
                 raise PartnerStalled(self.partner, split, cfg.liveness_timeout_s,
                                      "embeddings for scoring") from None
-            if self.intake.admit(msg, spec):
+            # one release per split: a bad one from the partner cannot be waited out
+            if self.intake.admit(msg, spec, fatal=True):
                 break
-            if msg.publisher == self.intake.partner_id:  # one release per split: no retry
-                self.intake.reject(msg.publisher, f"{split} embeddings refused", topic=topic,
-                                   fatal=True)
         load_flat([self._bottom, self._top], self.ps.pull())
         pred = await asyncio.to_thread(predict, self._bottom, self._top, x,
                                        msg.arrays[0], task=data.task)
@@ -839,10 +835,10 @@ class Party:
             "reassigned_batches": self.c.reassigned,
             "skipped_batches": self.c.skipped,
             "stale_messages": self.c.stale,
-            # malformed or foreign embeddings/gradients dropped, by sender (parties.intake)
-            "rejected_messages": sum(self.intake.bad.values()),
+            # the partner's malformed embeddings/gradients dropped, by sender (parties.intake)
+            "rejected_messages": self.intake.rejected,
             # messages on the partner's topics from other bus clients, dropped on arrival
-            "foreign_messages": self.bus.stats().foreign if self.bus is not None else 0,
+            "foreign_messages": st.foreign,
             "rejected_by_sender": dict(list(self.intake.bad.items())[:64]),
             "switched_waits": self.c.switched,
             "max_staleness": self.c.max_staleness,

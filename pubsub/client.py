@@ -66,6 +66,19 @@ from pubsub.errors import (
 
 log = structlog.get_logger(__name__)
 
+#: bumped in every forked child (os.register_at_fork): a client compares it with the value
+#: at its creation, so the per-message ownership check needs no getpid() system call
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 PROBE_CLASS = "_bus"
 _NOBLOCK = int(zmq.NOBLOCK)
 _send = _Backend.send
@@ -195,6 +208,7 @@ class Bus(Receiver, ThreadsafePublisher):
         self.config = config or BusConfig()
         self.name = name
         self._pid = os.getpid()  # the owner: a forked child may not use the sockets
+        self._fork_generation = _fork_generation
         self.client_id = f"{name}-{self._pid}-{uuid.uuid4().hex[:8]}"
         self._init_receiver(
             BufferLimits(max_msgs=self.config.topic_max_msgs,
@@ -372,7 +386,7 @@ class Bus(Receiver, ThreadsafePublisher):
         if self._closed:
             return
         self._closed = True
-        if os.getpid() != self._pid:  # a forked child: the sockets are the parent's
+        if self._fork_generation != _fork_generation:  # a forked child: the parent's sockets
             self._log.warning("bus.close_in_forked_child", owner_pid=self._pid,
                               pid=os.getpid())
             return
@@ -474,7 +488,7 @@ class Bus(Receiver, ThreadsafePublisher):
                     self._drop_buffer(topic)
 
     def _check_owner(self) -> None:
-        if os.getpid() != self._pid:
+        if self._fork_generation != _fork_generation:
             raise ForkedClient(self.client_id, self._pid, os.getpid())
 
     def _require_sub(self) -> zmq.Socket:

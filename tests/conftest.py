@@ -203,6 +203,17 @@ def _no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
         f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in leaked)
 
 
+def wait_for_event(path: Path, event: str, timeout_s: float) -> None:
+    """Wait until the JSON-lines log ``path`` holds an ``event`` line (AssertionError after
+    ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and f'"event":"{event}"' in path.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {event} in {path} within {timeout_s} s")
+
+
 async def wait_subscribed(pub: Bus, sub: Bus, topic: str) -> None:
     """Publish on ``topic`` until ``sub`` receives one (the subscription has reached the
     publisher through the broker), then drain what the probing left in ``sub``'s buffer."""

@@ -16,6 +16,8 @@ import pytest
 
 from parties.data import load_table
 
+from tests.conftest import wait_for_event
+
 PSFL = [sys.executable, "-m", "sim.cli"]
 ALGOS = ["pubsub", "vfl", "vfl-ps", "avfl", "avfl-ps"]
 
@@ -75,15 +77,6 @@ def test_every_algorithm_trains_and_reports_the_same_fields(bank_sample: Path, t
         assert 0 <= m["parties"]["passive"]["max_staleness"] < 5  # staleness_bound = 5
 
 
-def _wait_for_event(path: Path, event: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and f'"event":"{event}"' in path.read_text():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no {event} in {path} within {timeout_s} s")
-
-
 @pytest.fixture(scope="module")
 def bank_small(bank_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """1,000 rows of the sample: the kill tests need training to start, not to converge
@@ -113,7 +106,7 @@ def test_a_dead_passive_party_ends_the_active_with_the_partner_code(
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for role in ("passive", "active")}
     try:
-        _wait_for_event(tmp_path / "active" / "events.jsonl", "vfl.epoch_done", 90)
+        wait_for_event(tmp_path / "active" / "events.jsonl", "vfl.epoch_done", 90)
         # both still running: the active party's exit below is caused by this kill
         assert procs["active"].poll() is None and procs["passive"].poll() is None
         os.kill(procs["passive"].pid, signal.SIGKILL)

@@ -21,6 +21,8 @@ import torch
 from parties.data import load_table
 from parties.errors import NonFiniteTraining, PartnerMisbehaved
 from pubsub import Bus
+
+from tests.conftest import wait_for_event
 from sim.api import VflJob, train
 
 PSFL = [sys.executable, "-m", "sim.cli"]
@@ -69,15 +71,6 @@ def test_a_diverging_model_stops_the_run_instead_of_reporting_nan(
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 
-def _wait_for_event(path: Path, event: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and f'"event":"{event}"' in path.read_text():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no {event} in {path} within {timeout_s} s")
-
-
 async def _attack(address: str, run: str, n_channels: int, seconds: float) -> int:
     """Publish every kind of malformed (and one well-formed but foreign) embedding and
     gradient on the run's channels for ``seconds``; returns how many were sent."""
@@ -124,7 +117,7 @@ def test_foreign_and_malformed_messages_are_dropped_and_the_run_completes(
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for role in ("passive", "active")}
     try:
-        _wait_for_event(tmp_path / "active" / "events.jsonl", "vfl.partner_found", 120)
+        wait_for_event(tmp_path / "active" / "events.jsonl", "vfl.partner_found", 120)
         sent = asyncio.run(_attack(broker.address, run, n_channels=8, seconds=3.0))
         outs = {role: p.communicate(timeout=150) for role, p in procs.items()}
     finally:
