@@ -31,6 +31,8 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
                      help="least level printed to stderr")
     run.add_argument("--policy", help="topic permissions per role (TOML; default: the packaged "
                      "broker/default_policy.toml)")
+    run.add_argument("--members", help="run membership (TOML: [runs.<id>] identities = [...]); "
+                     "only members publish in a run (default: any identity of the role)")
     add_security_arguments(run, kind="broker")
     run.set_defaults(func=cmd_run)
     st = sub.add_parser("stats", help="print a running broker's counters as JSON")
@@ -41,9 +43,10 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def load_broker_config(path: str | None, sets: Sequence[str], bind: str | None,
-                       keys: str | None = None, policy: str | None = None) -> BrokerConfig:
+                       keys: str | None = None, policy: str | None = None,
+                       members: str | None = None) -> BrokerConfig:
     """Effective :class:`BrokerConfig` from a TOML file, ``--set`` items, ``--bind``,
-    ``--keys`` and ``--policy``.
+    ``--keys``, ``--policy`` and ``--members``.
 
     Raises:
         ConfigError: unknown keys or bad values.
@@ -63,6 +66,8 @@ def load_broker_config(path: str | None, sets: Sequence[str], bind: str | None,
         table["keys_dir"] = keys
     if policy:
         table["policy_file"] = policy
+    if members:
+        table["members_file"] = members
     return from_mapping(BrokerConfig, table, section="broker")
 
 
@@ -71,7 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     configure_logging(events_path=args.events, stderr_level=args.log_level, party="broker")
     if args.keys and args.insecure:
         raise ConfigError("insecure", "give --keys DIR or --insecure, not both")
-    cfg = load_broker_config(args.config, args.set, args.bind, args.keys, args.policy)
+    cfg = load_broker_config(args.config, args.set, args.bind, args.keys, args.policy,
+                             args.members)
     if not cfg.keys_dir:
         if not args.insecure:
             raise ConfigError("keys", "transport security is on by default: give --keys DIR "

@@ -34,11 +34,15 @@ from zmq.utils import z85
 from pubsub.address import BrokerAddress
 from pubsub.codec import _small_bytes, encode, parse_head
 from pubsub.errors import KeyFileError, MalformedFrame
+from pubsub.config import ConfigError
+from pubsub.membership import load_membership
 from pubsub.policy import Policy, load_policy
-from pubsub.security import BROKER_KEY_NAME, Certificate, check_insecure_allowed
+from pubsub.security import BROKER_KEY_NAME, Certificate, check_insecure_allowed, publisher_id
 from pubsub.security import read_certificate, read_public_directory
 from pubsub.control import request_stats  # noqa: F401  (re-exported for callers of broker)
 from pubsub.wire import send_envelope
+
+from broker.identity import SPOOFED, SenderCheck
 
 log = structlog.get_logger(__name__)
 
@@ -89,6 +93,10 @@ class BrokerConfig:
             on ``PORT``/``PORT+1``, allowed on a loopback ``bind`` only.
         policy_file: topic permissions per role (:mod:`pubsub.policy`); "" = the
             packaged ``broker/default_policy.toml``. Used with ``keys_dir`` only.
+        members_file: run membership (:mod:`pubsub.membership`): which identities may
+            publish in which run; "" = none (any identity of a role may publish that
+            role's topics in any run). Used with ``keys_dir`` only. With CURVE every
+            message's publisher id must also be the sender's own (:mod:`broker.identity`).
         io_threads: libzmq I/O threads of the broker's context. They do the TCP work and,
             with CURVE, the decryption and re-encryption of every message, off the
             forwarding thread. On 2 cores, 2 threads with CURVE measured 287-397 MB/s at
@@ -108,6 +116,7 @@ class BrokerConfig:
     max_message_bytes: int = 64 << 20
     keys_dir: str = ""
     policy_file: str = ""
+    members_file: str = ""
     io_threads: int = 1
 
     def __post_init__(self) -> None:
@@ -150,6 +159,10 @@ class BrokerStats:
         started_at: Unix time the broker started.
         forbidden: with CURVE, messages dropped because the sender's role may not
             publish their topic, by role.
+        spoofed: with CURVE, messages dropped because their publisher id is not the
+            sender's (another identity's id), by sender identity.
+        not_member: with a run membership, messages dropped because the sender's
+            identity is not a member of the topic's run, by sender identity.
         refused_subscriptions: with CURVE, subscriptions not forwarded because the
             role may read no topic they cover, by role (such a role's endpoint never
             forwards those topics anyway).
@@ -159,7 +172,7 @@ class BrokerStats:
 
     __slots__ = ("keys", "subscriptions", "subscribe_events", "unsubscribe_events",
                  "rejected", "stalls", "stalled_s", "gaps", "started_at", "forbidden",
-                 "refused_subscriptions", "auth_denied")
+                 "refused_subscriptions", "auth_denied", "spoofed", "not_member")
 
     #: per-key counters: [msgs_in, bytes_in, msgs_out, bytes_out, gaps]
     keys: dict[bytes, list[int]]
@@ -177,6 +190,8 @@ class BrokerStats:
         self.forbidden: dict[str, int] = {}
         self.refused_subscriptions: dict[str, int] = {}
         self.auth_denied = 0
+        self.spoofed: dict[str, int] = {}
+        self.not_member: dict[str, int] = {}
 
     def counter(self, key: bytes) -> list[int]:
         """The counter list for ``key`` (created on first use; capped at 4,096 keys)."""
@@ -221,6 +236,8 @@ class BrokerStats:
             "forbidden": dict(self.forbidden),
             "refused_subscriptions": dict(self.refused_subscriptions),
             "auth_denied": self.auth_denied,
+            "spoofed": dict(self.spoofed),
+            "not_member": dict(self.not_member),
         }
 
 
@@ -327,6 +344,7 @@ class Broker:
         self._sub_routes: dict[tuple[int, bytes], tuple[bool, tuple[zmq.Socket, ...]]] = {}
         self._publishers: dict[bytes, str] = {}  # client id (from hello) -> identity
         self._forbidden_logged: set[tuple[int, bytes]] = set()
+        self._senders: SenderCheck | None = None  # with CURVE (see _load_security)
 
     @property
     def secure(self) -> bool:
@@ -354,6 +372,14 @@ class Broker:
                                    f"({', '.join(self.policy.names)}); regenerate with --role")
         self._certs = {c.public_key: c for c in certs}
         self._by_name = {c.name: c for c in certs}
+        members = load_membership(cfg.members_file) if cfg.members_file else None
+        if members is not None:
+            for run, ids in members.runs.items():
+                unknown = sorted(ids - set(self._by_name))
+                if unknown:
+                    raise ConfigError("members", f"run {run!r} lists {unknown}, not in the "
+                                      f"allow-list of {cfg.keys_dir}")
+        self._senders = SenderCheck(members)
         log.info("broker.security", mechanism="CURVE", identities=len(certs),
                  roles=list(self.policy.names), broker_key_prefix=own.public_key[:8].decode())
 
@@ -588,9 +614,15 @@ class Broker:
         bit = 1 << role
         noblock = _NOBLOCK
         recv, get, send = _recv, _get, _send
+        senders = self._senders if validate else None
+        fr: Any = None
         for _ in range(burst):
             try:
-                f = recv(xsub, noblock, True, False)
+                if senders is None:
+                    f = recv(xsub, noblock, True, False)
+                else:  # with CURVE: the frame carries the sender's identity (User-Id)
+                    fr = recv(xsub, noblock, False, False)
+                    f = fr.bytes
             except zmq.Again:
                 return
             nbytes = len(f)
@@ -633,6 +665,12 @@ class Broker:
             if not r[0] & bit:
                 self._forbidden(role, topic, f[ps:js] if validate else b"")
                 continue
+            if senders is not None:
+                uid = fr.get("User-Id")
+                why = senders.check(uid, f[ps:js], topic)
+                if why is not None:
+                    self._refused_sender(why, uid, topic, f[ps:js])
+                    continue
             if validate:
                 # sequence gaps per (publisher, topic)
                 sk = (f[ps:js], topic)
@@ -681,6 +719,16 @@ class Broker:
             log.warning("broker.publish_forbidden", role=name,
                         identity=ident if ident is not None else "unverified",
                         publisher=pub, topic=topic[:80].decode("utf-8", "replace"), forbidden=n)
+
+    def _refused_sender(self, why: str, identity: str, topic: bytes, publisher: bytes) -> None:
+        """Count (by sender identity) and log (once per identity and reason, then every
+        1000th) a message refused by :class:`broker.identity.SenderCheck`."""
+        counts = self.stats.spoofed if why == SPOOFED else self.stats.not_member
+        n = counts[identity] = counts.get(identity, 0) + 1
+        if n == 1 or n % 1000 == 0:
+            log.warning(f"broker.publish_{why}", identity=identity,
+                        publisher=publisher[:80].decode("utf-8", "replace"),
+                        topic=topic[:80].decode("utf-8", "replace"), refused=n)
 
     def _reject(self, reason: str) -> None:
         st = self.stats
@@ -763,7 +811,7 @@ class Broker:
         if isinstance(client_id, str) and 0 < len(client_id) <= 256:
             if len(self._publishers) >= _MAX_ROUTES:
                 self._publishers.clear()
-            self._publishers[client_id.encode()] = identity
+            self._publishers[publisher_id(identity, client_id).encode()] = identity
         log.info("broker.hello", identity=identity, role=cert.role)
         return {"ok": True, "secure": True, "role": cert.role, "identity": identity,
                 "pub_offset": 3 + 2 * i, "sub_offset": 4 + 2 * i,

@@ -51,7 +51,7 @@ from pubsub.threadsafe import ThreadsafePublisher
 from pubsub.receiver import _MAX_SEQ_KEYS, Receiver
 from pubsub.receiver import BusStats as BusStats  # re-exported: its home before receiver.py
 from pubsub.policy import RoleRules
-from pubsub.security import CurveClient, check_insecure_allowed
+from pubsub.security import CurveClient, check_insecure_allowed, publisher_id
 from pubsub.wire import recv_rest, send_envelope
 from pubsub.errors import (
     BrokerUnreachable,
@@ -210,6 +210,9 @@ class Bus(Receiver, ThreadsafePublisher):
         self._pid = os.getpid()  # the owner: a forked child may not use the sockets
         self._fork_generation = _fork_generation
         self.client_id = f"{name}-{self._pid}-{uuid.uuid4().hex[:8]}"
+        #: the id in this client's envelopes: ``client_id`` in plaintext, with CURVE
+        #: ``<identity>/<client_id>`` once connected (:func:`pubsub.security.publisher_id`)
+        self.publisher_id = self.client_id
         self._init_receiver(
             BufferLimits(max_msgs=self.config.topic_max_msgs,
                          max_bytes=self.config.topic_max_bytes),
@@ -265,6 +268,8 @@ class Bus(Receiver, ThreadsafePublisher):
         sub_ep = self.address.endpoint(self.hello.sub_offset)
         if self.security is not None:
             self._log = self._log.bind(identity=self.hello.identity, role=self.hello.role)
+            if self.hello.identity:
+                self.publisher_id = publisher_id(self.hello.identity, self.client_id)
         linger_ms = int(cfg.linger_s * 1000)
         pub = zmq.Socket(self._ctx, zmq.PUB)  # plain socket from the same context
         if self.security is not None:
@@ -569,7 +574,7 @@ class Bus(Receiver, ThreadsafePublisher):
             raise ForbiddenTopic(topic, self._rules.name, "publish")
         pub_seq = self._pub_seq
         seq = pub_seq.get(topic, 0) + 1
-        frames = encode(topic, arrays, meta, seq=seq, publisher=self.client_id, copy=copy)
+        frames = encode(topic, arrays, meta, seq=seq, publisher=self.publisher_id, copy=copy)
         nbytes = len(frames[0])
         for f in frames[1:]:
             nbytes += f.nbytes

@@ -192,6 +192,8 @@ class MemoryBus(Receiver, ThreadsafePublisher):
         self.config = config or BusConfig()
         self.name = name
         self.client_id = f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        #: the id in this client's envelopes (no identities in memory: the client id)
+        self.publisher_id = self.client_id
         #: always None: the memory hub has no CURVE hello
         self.hello = None
         self._init_receiver(BufferLimits(max_msgs=self.config.topic_max_msgs,
@@ -348,7 +350,7 @@ class MemoryBus(Receiver, ThreadsafePublisher):
         if self._closed or not self._connected:
             raise BusClosed(self.client_id)
         seq = self._pub_seq.get(topic, 0) + 1
-        raw = encode(topic, arrays, meta, seq=seq, publisher=self.client_id, copy=True)
+        raw = encode(topic, arrays, meta, seq=seq, publisher=self.publisher_id, copy=True)
         nbytes = sum(memoryview(f).nbytes for f in raw)
         if nbytes > self.config.max_message_bytes:  # nothing sent, the seq not used
             raise MessageTooLarge(nbytes, self.config.max_message_bytes)

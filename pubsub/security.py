@@ -72,6 +72,15 @@ def check_name(name: str) -> str:
     return name
 
 
+def publisher_id(identity: str, client_id: str) -> str:
+    """The publisher id a bus client with CURVE identity ``identity`` puts in its
+    envelopes: ``<identity>/<client id>``. The broker drops a message whose publisher id
+    does not start with its connection's identity (:mod:`broker.identity`), so a
+    subscriber that accepts one publisher id (:meth:`pubsub.client.Bus.accept_only`)
+    accepts only that identity's messages."""
+    return f"{identity}/{client_id}"
+
+
 def _write(path: Path, text: str, mode: int) -> None:
     """Write ``text`` to ``path`` created with ``mode`` (never widened by an old file)."""
     tmp = path.with_name(path.name + ".tmp")

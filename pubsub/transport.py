@@ -22,6 +22,8 @@ class Transport(Protocol):
 
     name: str
     client_id: str
+    #: the id in this client's envelopes (with CURVE ``<identity>/<client_id>``)
+    publisher_id: str
 
     @property
     def closed(self) -> bool:

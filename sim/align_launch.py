@@ -86,7 +86,8 @@ def run_align(*, active_ids: str, passive_ids: str, out: str | Path,
         sec = stack.enter_context(run_security(VFL_IDENTITIES, keys_dir=keys_dir,
                                                insecure=insecure, broker=broker))
         if broker is None:
-            broker_proc, broker = start_broker(d, events, security=sec)
+            broker_proc, broker = start_broker(d, events, security=sec,
+                                               members={run_id: list(VFL_IDENTITIES)})
         else:
             (d / "broker.addr").write_text(broker)
         for role, ids in (("passive", passive_ids), ("active", active_ids)):

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from parties.preflight import preflight, preflight_models
 from pubsub.cli import INSECURE_WARNING
 from pubsub.config import ConfigError, to_mapping
 from pubsub.control import control_request
+from pubsub.membership import membership
 from pubsub.policy import load_policy
 from pubsub.security import BROKER_KEY_NAME, CurveClient, check_insecure_allowed
 from pubsub.security import generate_certificate
@@ -192,21 +193,31 @@ def _spawn(args: list[str], *, quiet: bool = False,
 
 def start_broker(out: Path, events: Path, *, timeout_s: float = 20.0,
                  host: str = "127.0.0.1",
-                 security: RunSecurity | None = None) -> tuple[subprocess.Popen[bytes], str]:
+                 security: RunSecurity | None = None,
+                 members: Mapping[str, Sequence[str]] | None = None,
+                 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``python -m broker run`` on free ports; return the process and its address.
 
     ``security`` gives its ``--keys DIR`` or ``--insecure`` (None: ``--insecure``, for
-    callers that measure the plaintext bus).
+    callers that measure the plaintext bus). ``members`` (run id -> identities), with
+    CURVE: the broker lets only these identities publish in these runs
+    (``out/members.toml``, :mod:`pubsub.membership`).
 
     Raises:
         LaunchError: it exited or did not become ready within ``timeout_s``.
     """
     ready = out / "broker.addr"
     ready.unlink(missing_ok=True)
+    extra: list[str] = []
+    if members is not None and security is not None and security.mode == "curve":
+        path = out / "members.toml"
+        path.write_text(membership(members).as_toml())
+        extra = ["--members", str(path)]
     proc = _spawn([sys.executable, "-m", "broker", "run", "--bind", f"tcp://{host}:0",
                    "--ready-file", str(ready), "--events", str(events),
                    "--log-level", "warning",
-                   *(security.broker_args if security is not None else ("--insecure",))],
+                   *(security.broker_args if security is not None else ("--insecure",)),
+                   *extra],
                   quiet=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -387,7 +398,8 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         sec = stack.enter_context(run_security(VFL_IDENTITIES, keys_dir=keys_dir,
                                                insecure=insecure, broker=broker))
         if broker is None:
-            procs["broker"], broker = start_broker(out, events, security=sec)
+            procs["broker"], broker = start_broker(out, events, security=sec,
+                                                   members={run_id: list(VFL_IDENTITIES)})
         else:
             # fail fast, with one line, if nobody answers there
             control_request(broker, "ping", timeout_s=cfg.connect_timeout_s,

@@ -109,7 +109,8 @@ def run_predict(run_dir: str | Path, out: str | Path, *, data: str | None = None
                                                insecure=insecure, broker=broker))
         try:
             if broker is None:
-                procs["broker"], broker = start_broker(out, events, security=sec)
+                procs["broker"], broker = start_broker(
+                    out, events, security=sec, members={run_id: list(VFL_IDENTITIES)})
             common = ["--run-dir", str(run_dir), "--broker", broker, "--run-id", run_id,
                       "--events", str(events), "--timeout-s", str(wait_s),
                       "--id-column", id_column, *sec.client_args,

@@ -314,7 +314,8 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
                 mems[role] = MemoryLimit(role, scn.party(role).memory_mb)
         sec = stack.enter_context(run_security(VFL_IDENTITIES, insecure=insecure))
         sim["security"] = sec.describe()
-        procs["broker"], broker = start_broker(out, events, security=sec)
+        procs["broker"], broker = start_broker(out, events, security=sec,
+                                               members={run_id: list(VFL_IDENTITIES)})
         needs_relay = {f.party for f in scn.faults if f.kind == "disconnect"}
         for role in ROLES:
             if scn.party(role).link.shaped or role in needs_relay:

@@ -474,7 +474,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         sec = stack.enter_context(run_security(SYNTH_IDENTITIES, keys_dir=keys_dir,
                                                insecure=insecure, broker=broker))
         if broker is None:
-            procs["broker"], broker = start_broker(out, events, security=sec)
+            procs["broker"], broker = start_broker(
+                out, events, security=sec, members={run_id: list(SYNTH_IDENTITIES)})
         common = ["--config", str(out / "config.toml"), "--broker", broker,
                   "--run-id", run_id, "--events", str(events), *sec.client_args]
         py = [sys.executable, "-m", "synth"]

@@ -184,9 +184,9 @@ async def test_a_forbidden_publish_is_counted_logged_and_not_delivered(
             await asyncio.sleep(0.3)  # the PUB gets the broker's subscriptions
             for i in range(5):
                 pub.send_multipart(encode("grad/t2/0", [np.ones(4, np.float32)],
-                                          seq=i + 1, publisher=p.client_id))
+                                          seq=i + 1, publisher=p.publisher_id))
                 pub.send_multipart(encode("ctl/t2/hello/active", (), {"i": i},
-                                          seq=i + 1, publisher=p.client_id))
+                                          seq=i + 1, publisher=p.publisher_id))
             got = [await a.next("ctl/t2/hello/active", timeout_s=5) for _ in range(5)]
             assert [m.meta["i"] for m in got] == list(range(5))  # allowed: delivered
             seen = []
@@ -303,12 +303,14 @@ def test_a_local_vfl_run_is_secure_by_default_and_its_artifacts_hold_no_secrets(
                              "role": "active"}
     assert m["parties"]["passive"]["security"]["identity"] == "passive"
     assert m["broker"]["forbidden"] == {} and m["broker"]["auth_denied"] == 0
+    # the run's own membership (members.toml) and publisher ids pass every message
+    assert m["broker"]["spoofed"] == {} and m["broker"]["not_member"] == {}
     assert m["broker_bytes"]["ids"] > 0  # the ID subsets did cross the (encrypted) bus
     assert not list(tmp.glob("psfl-keys-*"))  # ephemeral keys deleted
     names = {p.name for p in out.iterdir()}
     assert names <= {"metrics.json", "passive.json", "config.toml", "events.jsonl",
                      "timeline-active.json", "timeline-passive.json", "broker.addr",
-                     "model"}, names
+                     "members.toml", "model"}, names
     # the saved models (model/<role>/) hold no key material either
     for f in (f for f in (out / "model").rglob("*") if f.is_file()):
         assert "secret" not in f.name and b"secret-key" not in f.read_bytes(), f

@@ -1,0 +1,68 @@
+"""Run membership and the broker's per-message sender check (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker.identity import NOT_MEMBER, SPOOFED, SenderCheck
+from pubsub.config import ConfigError
+from pubsub.membership import RunMembership, load_membership, membership, topic_run
+from pubsub.security import publisher_id
+
+NAMES = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True)
+RUNS = st.from_regex(r"[A-Za-z0-9_.-]{1,12}", fullmatch=True)
+
+
+def test_topic_run_is_the_second_segment_except_for_infrastructure() -> None:
+    assert topic_run("emb/r1/5") == "r1"
+    assert topic_run("ctl/r1/hello/active") == "r1"
+    assert topic_run("_bus/probe/x") is None
+    assert topic_run("_broker/stats") is None
+    assert topic_run("lonely") is None
+
+
+@given(st.dictionaries(RUNS, st.lists(NAMES, max_size=4), max_size=4))
+def test_membership_round_trips_through_its_toml(tmp_path_factory: pytest.TempPathFactory,
+                                                 runs: dict[str, list[str]]) -> None:
+    m = membership(runs)
+    p = tmp_path_factory.mktemp("m") / "members.toml"
+    p.write_text(m.as_toml())
+    assert load_membership(p) == m
+
+
+@pytest.mark.parametrize("text, what", [
+    ('[runs.r1]\nidentities = ["a"]\nextra = 1\n', "exactly"),
+    ('[runz.r1]\nidentities = ["a"]\n', "unknown keys"),
+    ('[runs.r1]\nidentities = ["-bad"]\n', "'-bad'"),
+    ('[runs.r1]\nidentities = "a"\n', "list"),
+    ('[runs.r1\n', "members.toml"),
+])
+def test_a_bad_membership_file_is_refused_naming_the_problem(tmp_path: Path, text: str,
+                                                            what: str) -> None:
+    p = tmp_path / "members.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=what):
+        load_membership(p)
+
+
+@given(NAMES, NAMES, st.text(max_size=20))
+def test_a_publisher_id_passes_only_for_its_own_identity(me: str, other: str,
+                                                         client: str) -> None:
+    check = SenderCheck()
+    pub = publisher_id(me, client).encode()
+    assert check.check(me, pub, b"emb/r/1") is None
+    if other != me and not me.startswith(other + "/"):
+        assert check.check(other, pub, b"emb/r/1") == SPOOFED
+
+
+def test_membership_is_never_first_come_first_served() -> None:
+    check = SenderCheck(RunMembership(runs={"r1": frozenset({"a", "p"})}))
+    assert check.check("a", b"a/c1", b"grad/r1/0") is None
+    assert check.check("m", b"m/c2", b"emb/r1/0") == NOT_MEMBER
+    # an unlisted run has no members, whoever publishes in it first
+    assert check.check("a", b"a/c1", b"grad/r2/0") == NOT_MEMBER
+    assert check.check("m", b"m/c2", b"_bus/probe/m") is None
