@@ -472,7 +472,8 @@ def _synth_run(args: argparse.Namespace) -> int:
     res, code = _launch(lambda: run_synth(cfg, args.out, broker=args.broker,
                                           run_id=args.run_id, timeout_s=args.timeout_s,
                                           keys_dir=args.keys, insecure=args.insecure,
-                                          kill_coordinator_at=args.kill_coordinator_at),
+                                          kill_coordinator_at=args.kill_coordinator_at,
+                                          kill_parties=args.kill_party),
                         what="every process", bad_input=(DomainError, ValueError))
     if code is not None:
         return code
@@ -856,6 +857,10 @@ def build_parser() -> argparse.ArgumentParser:
     srun.add_argument("--kill-coordinator-at", metavar="STAGE[@POINT]",
                       help="fault: kill -9 the coordinator at this stage (e.g. round:select, "
                       "or round:select@unmask for an exact point) and restart it with --resume")
+    srun.add_argument("--kill-party", action="append", default=[], metavar="ID@STAGE",
+                      help="fault: kill -9 party ID (p000, p001, ...) when the coordinator "
+                      "starts STAGE (e.g. p002@round:select); the run completes with the "
+                      "survivors, or fails (exit 1) below min_survivors (repeatable)")
     add_security_arguments(srun, kind="launcher")
     srun.set_defaults(func=_synth_run)
     swl = ssub.add_parser("add-workload", help="add queries (marginals, weights) to a run in "

@@ -30,11 +30,13 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from sim.launch import LaunchResult, OutDirError, _spawn, _stop, run_security, start_broker
+from sim.launch import LaunchError, LaunchResult, OutDirError, _spawn, _stop, run_security
+from sim.launch import start_broker
 from sim.launch import wait_children
+from sim.synth_faults import PartyKill, PartyKiller, process_layout
 
 from synth.checkpoint import CRASH_POINT_ENV, read_json
 from synth.workload import WorkloadError, mark_applied, submit_workload
@@ -278,6 +280,33 @@ class _CoordinatorKill:
         self._log("sim.coordinator_restarted")
 
 
+def _failure_reason(events: Path) -> str | None:
+    """The coordinator's last ``stage.failed`` reason in the run's event log, if any."""
+    reason = None
+    try:
+        lines = events.read_bytes().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if b"stage.failed" not in line:
+            continue
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if ev.get("event") == "stage.failed" and ev.get("party") == "coordinator":
+            reason = str(ev.get("error") or "") or None
+    return reason
+
+
+def _log_event(events: Path, event: str, fields: Mapping[str, Any]) -> None:
+    """Append one launcher event line to the run's event log."""
+    line = json.dumps({"event": event, "party": "sim", "level": "warning", **fields,
+                       "timestamp": _utc_now()})
+    with open(events, "a") as f:  # O_APPEND: whole lines beside the others
+        f.write(line + "\n")
+
+
 def _utc_now() -> str:
     from datetime import datetime, timezone
 
@@ -369,6 +398,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
               insecure: bool = False, kill_coordinator_at: str | None = None,
               kill_delay_s: float = 0.0, restart_after_s: float = 1.0,
               pauses: list[Pause] | None = None,
+              kill_parties: Sequence[str] = (),
               workload: Mapping[str, Any] | None = None,
               reopen: bool = False, rusage: bool = False,
               hooks: LaunchHooks | None = None) -> LaunchResult:
@@ -392,6 +422,11 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             point of the stage (:data:`synth.coordinator.CRASH_POINT_ENV`).
             ``metrics["faults"]`` records it.
         kill_delay_s / restart_after_s: see ``kill_coordinator_at``, seconds.
+        kill_parties: faults ``ID@STAGE`` (:class:`sim.synth_faults.PartyKill`): kill -9
+            party ID when the coordinator starts STAGE (a name from
+            :func:`coordinator_stages`); the party runs alone in its own process. The run
+            completes with the survivors, or fails as the coordinator does when fewer
+            than ``min_survivors`` remain. ``metrics["faults"]`` records each kill.
         pauses: faults for tests (:data:`Pause`): the process hosting that party is
             paused with SIGSTOP and resumed with SIGCONT (needs
             ``parties_per_process = 1``); ``metrics["pauses"]`` says when.
@@ -426,6 +461,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     out = Path(out)
     if pauses and cfg.parties_per_process != 1:
         raise ValueError("pauses need parties_per_process = 1 (one process per party)")
+    kills = [PartyKill.parse(k, cfg.party_ids(), coordinator_stages(cfg))
+             for k in kill_parties]
     if kill_coordinator_at is not None:
         stage, _, point = kill_coordinator_at.partition("@")
         if stage not in coordinator_stages(cfg):
@@ -497,9 +534,10 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         procs["aggregators"] = _spawn([*py, "aggregators", *common, "--ids",
                                        ",".join(tree.aggregators), *ru("aggregators")],
                                       quiet=quiet)
-        per = cfg.parties_per_process
-        for j in range(math.ceil(len(ids) / per)):
-            chunk = ids[j * per:(j + 1) * per]
+        process_of: dict[str, str] = {}
+        for j, chunk in enumerate(process_layout(ids, cfg.parties_per_process,
+                                                 [k.party for k in kills])):
+            process_of.update({p: f"parties{j}" for p in chunk})
             argv = [*py, "parties", *common, "--ids", ",".join(chunk)]
             if hooks is not None:
                 argv[argv.index("--broker") + 1] = hooks.party_broker(j, broker, sec.n_ports)
@@ -513,12 +551,31 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         if hooks is not None:
             hooks.started(procs, events)
         workers = {k: v for k, v in procs.items() if k != "broker"}
+        ticks: list[Callable[[], None]] = []
         if kill_coordinator_at is not None:
             kill = _CoordinatorKill(events, kill_coordinator_at, kill_delay_s, restart_after_s,
                                     [workers, procs], coord_argv, quiet, t0)
             faults.append(kill.record)
-        wait_children(workers, watch={"broker": procs["broker"]} if "broker" in procs else None,
-                      timeout_s=timeout_s, tick=kill if kill_coordinator_at is not None else None)
+            ticks.append(kill)
+        if kills:
+            killer = PartyKiller(events, kills, [workers, procs], process_of, t0,
+                                 lambda ev, kv: _log_event(events, ev, kv))
+            faults.extend(killer.records)
+            ticks.append(killer)
+
+        def tick() -> None:
+            for t in ticks:
+                t()
+
+        try:
+            wait_children(workers,
+                          watch={"broker": procs["broker"]} if "broker" in procs else None,
+                          timeout_s=timeout_s, tick=tick if ticks else None)
+        except LaunchError as exc:
+            reason = _failure_reason(events) if exc.role == "coordinator" else None
+            if reason is None:
+                raise
+            raise LaunchError(exc.role, exc.code, reason) from None
     finally:
         if hooks is not None:
             hooks.stopped()

@@ -985,7 +985,7 @@ class Coordinator:
             # would carry less noise than they were charged for
             raise CoordinatorError(
                 f"round {name}: {len(survivors)} survivor(s) < min_survivors = "
-                f"{plan.min_survivors}; the round cannot be released", code=3)
+                f"{plan.min_survivors}; the round cannot be released", code=1)
         bus.publish_nowait(t.unmask(r), (), {"survivors": list(survivors),
                                              "dropped": list(dropped)})
         await self._crash_point(f"round:{name}@unmask")
@@ -1022,6 +1022,12 @@ class Coordinator:
         if dropped or missing:
             self.log.warning("synth.round_dropouts", round=r, dropped=list(dropped),
                              missing=list(missing))
+        # a dropped party's masked sum never reached the aggregate: it measured nothing
+        # that was released (a party that dies mid-run), so the plan's charge is taken
+        # back and the count agrees with its own ledger (which records a release before
+        # it is sent; a release lost in transit shows as ledger > count: ledger_agrees)
+        for p in dropped:
+            self.rho_party[p] -= len(cliques) * plan.rho
         self._save_result(name, res)
         return res
 
