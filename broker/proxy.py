@@ -35,7 +35,7 @@ from pubsub.address import BrokerAddress
 from pubsub.codec import _small_bytes, encode, parse_head
 from pubsub.errors import KeyFileError, MalformedFrame
 from pubsub.config import ConfigError
-from pubsub.membership import load_membership
+from pubsub.membership import RunMembership, load_membership
 from pubsub.policy import Policy, load_policy
 from pubsub.security import BROKER_KEY_NAME, Certificate, check_insecure_allowed, publisher_id
 from pubsub.security import read_certificate, read_public_directory
@@ -43,6 +43,7 @@ from pubsub.control import request_stats  # noqa: F401  (re-exported for callers
 from pubsub.wire import send_envelope
 
 from broker.identity import SPOOFED, SenderCheck
+from broker.subscriptions import CAPPED, FIRST, LAST, UNKNOWN, SubscriptionBook
 
 log = structlog.get_logger(__name__)
 
@@ -97,6 +98,10 @@ class BrokerConfig:
             publish in which run; "" = none (any identity of a role may publish that
             role's topics in any run). Used with ``keys_dir`` only. With CURVE every
             message's publisher id must also be the sender's own (:mod:`broker.identity`).
+        max_subscriptions_per_identity: with CURVE, most subscriptions one identity (key)
+            may hold at once over all its connections; further ones are refused and
+            counted (``capped``); 0 = no cap. A VFL party holds one per batch of an
+            epoch (plus a few), so a run with more batches per epoch needs more.
         io_threads: libzmq I/O threads of the broker's context. They do the TCP work and,
             with CURVE, the decryption and re-encryption of every message, off the
             forwarding thread. On 2 cores, 2 threads with CURVE measured 287-397 MB/s at
@@ -117,6 +122,7 @@ class BrokerConfig:
     keys_dir: str = ""
     policy_file: str = ""
     members_file: str = ""
+    max_subscriptions_per_identity: int = 65_536
     io_threads: int = 1
 
     def __post_init__(self) -> None:
@@ -131,6 +137,9 @@ class BrokerConfig:
             raise ValueError(f"max_message_bytes must be >= 1, got {self.max_message_bytes!r}")
         if not 1 <= self.io_threads <= 16:
             raise ValueError(f"io_threads must be in 1..16, got {self.io_threads!r}")
+        if self.max_subscriptions_per_identity < 0:
+            raise ValueError("max_subscriptions_per_identity must be >= 0, got "
+                             f"{self.max_subscriptions_per_identity!r}")
         if self.drain_burst < 1:
             raise ValueError(f"drain_burst must be >= 1, got {self.drain_burst!r}")
 
@@ -163,6 +172,10 @@ class BrokerStats:
             sender's (another identity's id), by sender identity.
         not_member: with a run membership, messages dropped because the sender's
             identity is not a member of the topic's run, by sender identity.
+        not_member_reads: with a run membership, subscriptions refused because they
+            reach outside the runs the identity is a member of, by identity.
+        capped: with CURVE, subscriptions refused because the identity already held
+            ``max_subscriptions_per_identity``, by identity.
         refused_subscriptions: with CURVE, subscriptions not forwarded because the
             role may read no topic they cover, by role (such a role's endpoint never
             forwards those topics anyway).
@@ -172,7 +185,8 @@ class BrokerStats:
 
     __slots__ = ("keys", "subscriptions", "subscribe_events", "unsubscribe_events",
                  "rejected", "stalls", "stalled_s", "gaps", "started_at", "forbidden",
-                 "refused_subscriptions", "auth_denied", "spoofed", "not_member")
+                 "refused_subscriptions", "auth_denied", "spoofed", "not_member",
+                 "not_member_reads", "capped")
 
     #: per-key counters: [msgs_in, bytes_in, msgs_out, bytes_out, gaps]
     keys: dict[bytes, list[int]]
@@ -192,6 +206,8 @@ class BrokerStats:
         self.auth_denied = 0
         self.spoofed: dict[str, int] = {}
         self.not_member: dict[str, int] = {}
+        self.not_member_reads: dict[str, int] = {}
+        self.capped: dict[str, int] = {}
 
     def counter(self, key: bytes) -> list[int]:
         """The counter list for ``key`` (created on first use; capped at 4,096 keys)."""
@@ -238,6 +254,8 @@ class BrokerStats:
             "auth_denied": self.auth_denied,
             "spoofed": dict(self.spoofed),
             "not_member": dict(self.not_member),
+            "not_member_reads": dict(self.not_member_reads),
+            "capped": dict(self.capped),
         }
 
 
@@ -345,6 +363,8 @@ class Broker:
         self._publishers: dict[bytes, str] = {}  # client id (from hello) -> identity
         self._forbidden_logged: set[tuple[int, bytes]] = set()
         self._senders: SenderCheck | None = None  # with CURVE (see _load_security)
+        self._members: RunMembership | None = None
+        self._book: SubscriptionBook | None = None  # with CURVE: XPUB_MANUAL
 
     @property
     def secure(self) -> bool:
@@ -380,6 +400,8 @@ class Broker:
                     raise ConfigError("members", f"run {run!r} lists {unknown}, not in the "
                                       f"allow-list of {cfg.keys_dir}")
         self._senders = SenderCheck(members)
+        self._members = members
+        self._book = SubscriptionBook(cfg.max_subscriptions_per_identity)
         log.info("broker.security", mechanism="CURVE", identities=len(certs),
                  roles=list(self.policy.names), broker_key_prefix=own.public_key[:8].decode())
 
@@ -451,6 +473,8 @@ class Broker:
             xpub.setsockopt(zmq.RCVHWM, 0)  # subscriptions in: never capped
             if cfg.overflow == "block":
                 xpub.setsockopt(zmq.XPUB_NODROP, 1)
+            if self.secure:  # the broker applies each connection's subscriptions itself
+                xpub.setsockopt(zmq.XPUB_MANUAL, 1)
         addr = BrokerAddress(host=host, port=port)
         try:
             self._rep.bind(addr.control_endpoint)
@@ -495,7 +519,10 @@ class Broker:
                 events = dict(poller.poll(1 if self._held is not None else timeout_ms))
                 for s in outs:
                     if s in events:
-                        self._pump_subscriptions(s, out_index[s], burst)
+                        if self._book is not None:
+                            self._pump_subscriptions_manual(s, out_index[s], burst)
+                        else:
+                            self._pump_subscriptions(s, out_index[s], burst)
                 if self._held is not None:
                     self._retry_held()
                 if self._held is None and not ins_registered:
@@ -578,6 +605,83 @@ class Broker:
                 st.subscriptions = max(0, st.subscriptions - 1)
             for xsub in pubs:
                 xsub.send(frame)
+
+    def _pump_subscriptions_manual(self, xpub: zmq.Socket, role: int, burst: int) -> None:
+        """With CURVE (``XPUB_MANUAL``): every connection's (un)subscription arrives with
+        its identity; the broker applies an allowed one to that connection (role rules,
+        run membership, the per-identity cap) and forwards a topic upstream when its first
+        subscriber arrives and withdraws it when the last one leaves (the book)."""
+        st = self.stats
+        book = self._book
+        assert book is not None and self.policy is not None
+        members = self._members
+        for _ in range(burst):
+            try:
+                fr = xpub.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            data = fr.bytes
+            flag = data[:1]
+            if flag not in (b"\x01", b"\x00"):
+                st.rejected += 1
+                continue
+            body = data[1:]
+            try:
+                uid: str | None = fr.get("User-Id")
+            except zmq.ZMQError:  # libzmq's unsubscription for a closed connection
+                uid = None
+            ok, pubs = self._sub_route(role, body)
+            if flag == b"\x01":
+                st.subscribe_events += 1
+                if not ok:
+                    self._refused_subscription(role, body)
+                    continue
+                if uid is None:  # a subscription always comes from a connection
+                    st.rejected += 1
+                    continue
+                if members is not None:
+                    exact = body.endswith(b"\0")
+                    text = (body[:-1] if exact else body).decode("utf-8", "replace")
+                    if not members.may_read(uid, text, exact):
+                        self._refused_reader(st.not_member_reads, uid, body, "not_member")
+                        continue
+                verdict = book.subscribe(role, uid, body)
+                if verdict == CAPPED:
+                    self._refused_reader(st.capped, uid, body, "capped")
+                    continue
+                xpub.setsockopt(zmq.SUBSCRIBE, body)  # for the connection that asked
+                if verdict != FIRST:
+                    continue
+                st.subscriptions += 1
+            else:
+                st.unsubscribe_events += 1
+                verdict = book.unsubscribe(role, uid, body)
+                if verdict == UNKNOWN:
+                    continue
+                # a live connection's unsubscribe; after a disconnect libzmq has removed
+                # the connection itself and this applies to nobody
+                xpub.setsockopt(zmq.UNSUBSCRIBE, body)
+                if verdict != LAST:
+                    continue
+                st.subscriptions = max(0, st.subscriptions - 1)
+            for xsub in pubs:
+                xsub.send(data)
+
+    def _refused_subscription(self, role: int, body: bytes) -> None:
+        assert self.policy is not None
+        st = self.stats
+        name = self.policy.roles[role].name
+        n = st.refused_subscriptions[name] = st.refused_subscriptions.get(name, 0) + 1
+        if n == 1 or n % 1000 == 0:
+            log.warning("broker.subscription_refused", role=name,
+                        topic=body[:80].decode("utf-8", "replace").rstrip("\0"), refused=n)
+
+    def _refused_reader(self, counts: dict[str, int], identity: str, body: bytes,
+                        why: str) -> None:
+        n = counts[identity] = counts.get(identity, 0) + 1
+        if n == 1 or n % 1000 == 0:
+            log.warning(f"broker.subscription_{why}", identity=identity,
+                        topic=body[:80].decode("utf-8", "replace").rstrip("\0"), refused=n)
 
     def _route(self, topic: bytes) -> tuple[int, tuple[zmq.Socket, ...]]:
         """(publisher-role bitmask, reader XPUBs) for ``topic``; cached, bounded."""

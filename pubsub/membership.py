@@ -1,10 +1,11 @@
 """Run membership: which identities belong to which runs (pure).
 
-The role policy (:mod:`pubsub.policy`) says what a *role* may publish; a run membership
-says which *identities* (CURVE keys, by name) take part in which run. With a membership
-the broker forwards a message on a run's topic (the second topic segment,
-``emb/<run>/<batch>``) only if the sender's identity is a member of that run; a run the
-membership does not list has no members (never first come, first served: an identity
+The role policy (:mod:`pubsub.policy`) says what a *role* may publish and read; a run
+membership says which *identities* (CURVE keys, by name) take part in which run. With a
+membership the broker forwards a message on a run's topic (the second topic segment,
+``emb/<run>/<batch>``) only if the sender's identity is a member of that run, and accepts
+a subscription only within one run the subscriber is a member of (a prefix that spans
+runs, such as ``emb/``, is refused); a run the membership does not list has no members (never first come, first served: an identity
 cannot claim a run by publishing in it first). Infrastructure topics (a class starting
 with ``_``: ``_bus/...``, ``_probe/...``) belong to no run.
 
@@ -38,6 +39,21 @@ def topic_run(topic: str) -> str | None:
     return rest.partition("/")[0]
 
 
+def subscription_run(text: str, exact: bool) -> tuple[bool, str | None]:
+    """Which run a subscription can match: ``(scoped, run)``. ``scoped`` is False when a
+    prefix can match topics of several runs (``emb/``, ``emb/r``, the empty prefix);
+    ``run`` is None for infrastructure topics (class starting with ``_``)."""
+    if exact:
+        return True, topic_run(text)
+    cls, sep, rest = text.partition("/")
+    if cls.startswith("_"):
+        return True, None
+    if not sep:
+        return False, None
+    run, sep2, _ = rest.partition("/")
+    return (True, run) if sep2 else (False, None)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunMembership:
     """Members of each run.
@@ -52,6 +68,18 @@ class RunMembership:
         """May ``identity`` publish ``topic``? True for infrastructure topics; for a run's
         topic, only if the run lists ``identity``."""
         run = topic_run(topic)
+        if run is None:
+            return True
+        members = self.runs.get(run)
+        return members is not None and identity in members
+
+    def may_read(self, identity: str, text: str, exact: bool) -> bool:
+        """May ``identity`` hold this subscription (an exact topic, or a prefix)? Only
+        within one run it is a member of, or on infrastructure topics; a prefix that spans
+        runs is refused."""
+        scoped, run = subscription_run(text, exact)
+        if not scoped:
+            return False
         if run is None:
             return True
         members = self.runs.get(run)

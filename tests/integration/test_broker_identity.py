@@ -5,6 +5,7 @@ members publish on its topics."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,85 @@ async def test_only_a_runs_members_publish_in_it(setup: tuple[BrokerProcess, Pat
         after = request_stats(b.address, security=CurveClient.from_dir(keys, "active"))
         nm = {k: after["not_member"].get(k, 0) - before["not_member"].get(k, 0)
               for k in ("mallory", "active", "passive")}
-        assert nm == {"mallory": 3, "active": 1, "passive": 0}
+        # r9's gradients: nobody may read them (the subscription is refused), so the
+        # active party's publisher never even sends them
+        assert nm == {"mallory": 3, "active": 0, "passive": 0}
+        reads = after["not_member_reads"].get("passive", 0) - before["not_member_reads"].get(
+            "passive", 0)
+        assert reads == 1
+
+
+async def test_only_a_runs_members_read_it(setup: tuple[BrokerProcess, Path]) -> None:
+    """mallory (passive role, not a member of r1) asks for r1's gradients, exactly and by a
+    prefix that spans runs: both refused (``not_member_reads``), nothing delivered; the
+    passive party (a member) gets them."""
+    b, keys = setup
+    async with Bus(b.address, name="a", config=CFG,
+                   security=CurveClient.from_dir(keys, "active")) as a, \
+            Bus(b.address, name="p", config=CFG,
+                security=CurveClient.from_dir(keys, "passive")) as p, \
+            Bus(b.address, name="m", config=CFG,
+                security=CurveClient.from_dir(keys, "mallory")) as m:
+        before = request_stats(b.address, security=CurveClient.from_dir(keys, "active"))
+        await m.subscribe("grad/r1/3")
+        await m.subscribe_prefix("grad/")
+        await p.subscribe("grad/r1/3")
+        await asyncio.sleep(0.3)
+        for i in range(3):
+            await a.publish("grad/r1/3", [np.ones((1, 2), np.float32)], {"i": i})
+        assert [x.meta["i"] for x in await _drain(p, "grad/r1/3")] == [0, 1, 2]
+        assert await _drain(m, "grad/r1/3") == []
+        after = request_stats(b.address, security=CurveClient.from_dir(keys, "active"))
+        reads = after["not_member_reads"].get("mallory", 0) - before["not_member_reads"].get(
+            "mallory", 0)
+        assert reads == 2
+
+
+def test_subscriptions_per_identity_are_capped_and_freed_on_disconnect(
+        tmp_path: Path) -> None:
+    """With ``max_subscriptions_per_identity = 40``, a client asking for 70 topics holds 40
+    (30 counted as ``capped``); once it disconnects, its 40 are freed and a new
+    connection of the same identity gets 40 again."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    generate_certificate(keys, "broker")
+    generate_certificate(keys, "active", role="active")
+    generate_certificate(keys, "passive", role="passive")
+    b = BrokerProcess(tmp_path, "--set", "broker.max_subscriptions_per_identity=40",
+                      keys=keys)
+    try:
+        admin = CurveClient.from_dir(keys, "active")
+        ctx = zmq.Context()
+        ep = BrokerAddress.parse(b.address)
+
+        def flood(n: int) -> int:
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            CurveClient.from_dir(keys, "passive").apply(sub)
+            sub.connect(ep.endpoint(4 + 2 * 1))  # the passive role's read endpoint
+            for i in range(n):
+                sub.setsockopt(zmq.SUBSCRIBE, f"grad/r/{i}\0".encode())
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                st = request_stats(b.address, security=admin)
+                if st["subscribe_events"] >= n + seen[0]:
+                    break
+                time.sleep(0.05)
+            seen[0] = st["subscribe_events"]
+            sub.close(0)
+            return st["capped"].get("passive", 0)
+
+        seen = [0]
+        assert flood(70) == 30
+        deadline = time.monotonic() + 10
+        while request_stats(b.address, security=admin)["subscriptions"] > 0:
+            assert time.monotonic() < deadline, "the closed connection's subscriptions stay"
+            time.sleep(0.05)
+        assert flood(40) == 30  # all 40 accepted again: nothing capped this time
+        ctx.term()
+    finally:
+        b.stop()
+    assert b.proc.returncode == 0
 
 
 def test_a_membership_naming_an_unknown_identity_stops_the_broker(

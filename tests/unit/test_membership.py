@@ -66,3 +66,65 @@ def test_membership_is_never_first_come_first_served() -> None:
     # an unlisted run has no members, whoever publishes in it first
     assert check.check("a", b"a/c1", b"grad/r2/0") == NOT_MEMBER
     assert check.check("m", b"m/c2", b"_bus/probe/m") is None
+
+
+def test_subscription_scope_follows_the_run_segment() -> None:
+    from pubsub.membership import subscription_run
+
+    assert subscription_run("emb/r1/3", True) == (True, "r1")
+    assert subscription_run("ff/r1/all/", False) == (True, "r1")
+    assert subscription_run("_bus/", False) == (True, None)
+    for spans in ("", "emb/", "emb/r", "e"):
+        assert subscription_run(spans, False) == (False, None)
+    m = RunMembership(runs={"r1": frozenset({"a"})})
+    assert m.may_read("a", "grad/r1/", False) and not m.may_read("b", "grad/r1/", False)
+    assert not m.may_read("a", "grad/", False)  # spans runs
+    assert m.may_read("b", "_broker/stats", True)
+
+
+OPS = st.lists(st.tuples(st.booleans(), st.integers(0, 1), st.sampled_from(["a", "b", None]),
+                         st.sampled_from([b"t1", b"t2", b"t3"])), max_size=60)
+
+
+@given(OPS, st.integers(0, 4))
+def test_the_subscription_book_matches_a_reference_count_model(
+        ops: list[tuple[bool, int, str | None, bytes]], cap: int) -> None:
+    """Upstream sees a topic exactly while someone holds it; no identity holds more than
+    the cap; an unsubscription of something never accepted changes nothing."""
+    from broker.subscriptions import CAPPED, FIRST, LAST, LESS, MORE, UNKNOWN
+    from broker.subscriptions import SubscriptionBook
+
+    book = SubscriptionBook(cap)
+    held: dict[tuple[int, bytes], dict[str, int]] = {}
+    upstream: set[tuple[int, bytes]] = set()
+    for sub, ep, who, topic in ops:
+        key = (ep, topic)
+        if sub:
+            who = who or "a"
+            total = sum(h.get(who, 0) for h in held.values())
+            v = book.subscribe(ep, who, topic)
+            if cap and total >= cap:
+                assert v == CAPPED
+                continue
+            assert v == (FIRST if not held.get(key) else MORE)
+            held.setdefault(key, {})[who] = held.get(key, {}).get(who, 0) + 1
+            upstream.add(key)
+        else:
+            v = book.unsubscribe(ep, who, topic)
+            holders = held.get(key, {})
+            if not holders or (who is not None and not holders.get(who)):
+                assert v == UNKNOWN
+                continue
+            name = who if who is not None else next(iter(holders))
+            holders[name] -= 1
+            if not holders[name]:
+                del holders[name]
+            assert v == (LESS if holders else LAST)
+            if not holders:
+                del held[key]
+                upstream.discard(key)
+        assert book.topics == len(upstream)
+        for name in ("a", "b"):
+            assert book.held_by(name) == sum(h.get(name, 0) for h in held.values())
+            if cap:
+                assert book.held_by(name) <= cap
