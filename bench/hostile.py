@@ -2,15 +2,20 @@
 
     python bench/hostile.py [--quick] [--json OUT.json]
 
-The victim: bank, ``pubsub``, seed 0, DP off, both parties as processes through a
-plaintext broker this script owns (``python -m broker run``). Two undisturbed runs give
-the AUC spread; one attacked run is hit, from bus clients that are not the partner, for
-the whole of its training (at least ``--attack-s``) by:
+The victim: bank, ``pubsub``, seed 0, DP off, both parties as processes through a CURVE
+broker this script owns (``python -m broker run --keys DIR --members FILE``; keys for
+``active`` and ``passive``, the run's members, and for the attackers ``mallory``,
+``flooder`` (passive role) and ``replayer`` (active role): valid keys of the right roles
+that are not members of the victim's run). ``--insecure`` runs the same campaign against a
+plaintext broker (no identities: only the parties' own checks). Two undisturbed runs give
+the AUC spread; one attacked run is hit for the whole of its training (at least
+``--attack-s``) by:
 
 - malformed frames (random multipart messages on the broker's publisher port),
 - malformed embeddings and gradients on the run's channels: NaN, wrong width, float64,
   two arrays, non-integer metadata, more rows than a batch,
 - well-formed embeddings and gradients of the right shape from a foreign client,
+- embeddings under the passive identity's publisher id (``passive/...``; CURVE only),
 - replays of the partner's own captured embeddings (old epochs, later),
 - control-socket garbage (requests of several frames, non-JSON),
 - a subscription flood (``--subscriptions`` topics from one client),
@@ -25,6 +30,8 @@ victim or broker processes, attacked run); ``silent_corruptions`` (a metric that
 finite, or a party that rejected none of the attacker's messages: they were then either
 used or never seen); ``victim_auc_delta`` (median undisturbed minus attacked) against
 ``auc_tolerance`` = max(0.005, 2 x the undisturbed spread); ``broker_rss_growth_mb``;
+``broker_refused`` (the broker's own refusals during the attack: forbidden, spoofed,
+not_member, not_member_reads, capped, rejected);
 ``restart_runs`` / ``restart_runs_completed`` (exit 0 of both parties) with each run's
 exit codes and last stderr line.
 """
@@ -52,25 +59,54 @@ import zmq
 
 from pubsub import Bus, BusConfig
 from pubsub.address import BrokerAddress
+from pubsub.control import control_request
+from pubsub.membership import membership
+from pubsub.policy import load_policy
+from pubsub.security import CurveClient, generate_certificate
 
 PSFL = [sys.executable, "-m", "sim.cli"]
 REPO = Path(__file__).resolve().parents[1]
 
 
-class Broker:
-    """A plaintext broker process on 127.0.0.1 (restartable on the same port)."""
+#: identities of the campaign: name -> role (the first two are the victim run's members)
+IDENTITIES = {"active": "active", "passive": "passive", "mallory": "passive",
+              "flooder": "passive", "replayer": "active"}
+RUNS = ["victim", "plain0", "plain1", *(f"restart{k}" for k in range(16))]
 
-    def __init__(self, root: Path) -> None:
+
+def make_keys(root: Path) -> Path:
+    """Keys of the broker and every identity, and the membership of the victim's runs."""
+    keys = root / "keys"
+    keys.mkdir()
+    generate_certificate(keys, "broker")
+    for name, role in IDENTITIES.items():
+        generate_certificate(keys, name, role=role)
+    (root / "members.toml").write_text(
+        membership({r: ["active", "passive"] for r in RUNS}).as_toml())
+    return keys
+
+
+class Broker:
+    """A broker process on 127.0.0.1 (restartable on the same port): CURVE with the
+    campaign's keys and membership, or plaintext (``keys`` None)."""
+
+    def __init__(self, root: Path, keys: Path | None) -> None:
         self.root = root
+        self.keys = keys
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.address = ""
         self.start()
 
+    def sec(self, who: str) -> CurveClient | None:
+        return CurveClient.from_dir(self.keys, who) if self.keys is not None else None
+
     def start(self) -> None:
         ready = self.root / f"broker-{time.monotonic_ns()}.addr"
+        security = (["--keys", str(self.keys), "--members", str(self.root / "members.toml")]
+                    if self.keys is not None else ["--insecure"])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker", "run", "--insecure", "--bind",
+            [sys.executable, "-m", "broker", "run", *security, "--bind",
              f"tcp://127.0.0.1:{self.port}", "--ready-file", str(ready), "--log-level",
              "error"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 30
@@ -105,22 +141,28 @@ class Broker:
         return psutil.Process(self.proc.pid).memory_info().rss / 2**20
 
     def ping(self) -> bool:
-        ctx = zmq.Context()
         try:
-            s = ctx.socket(zmq.REQ)
-            s.setsockopt(zmq.LINGER, 0)
-            s.connect(BrokerAddress.parse(self.address).control_endpoint)
-            s.send(b'{"cmd":"ping"}')
-            return bool(s.poll(5000, zmq.POLLIN)) and orjson.loads(s.recv()).get("ok") is True
-        finally:
-            ctx.destroy(linger=0)
+            return control_request(self.address, "ping", timeout_s=5.0,
+                                   security=self.sec("active")).get("ok") is True
+        except Exception:  # noqa: BLE001 - no answer is the finding
+            return False
+
+    def refused(self) -> dict[str, int]:
+        """The broker's refusals so far, by kind (summed over roles and identities)."""
+        st = control_request(self.address, "stats", timeout_s=5.0,
+                             security=self.sec("active"))["stats"]
+        out = {"rejected": int(st.get("rejected", 0))}
+        for k in ("forbidden", "spoofed", "not_member", "not_member_reads", "capped"):
+            out[k] = int(sum((st.get(k) or {}).values()))
+        return out
 
 
 def _launch(broker: Broker, out: Path, run_id: str, epochs: int) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    security = ["--keys", str(broker.keys)] if broker.keys is not None else ["--insecure"]
     return subprocess.Popen(
         [*PSFL, "vfl", "run", "--dataset", "bank", "--algo", "pubsub", "--out", str(out),
-         "--broker", broker.address, "--insecure", "--run-id", run_id,
+         "--broker", broker.address, *security, "--run-id", run_id,
          "--set", "seed=0", "--set", f"epochs={epochs}", "--set", "eval_every=1000",
          "--set", "liveness_timeout_s=30"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -150,9 +192,10 @@ def _result(proc: subprocess.Popen[str], out: Path, timeout_s: float) -> dict[st
 
 
 # --------------------------------------------------------------------------- attack
-async def _attack_bus(address: str, run_id: str, stop: threading.Event,
+async def _attack_bus(broker: Broker, run_id: str, stop: threading.Event,
                       counts: dict[str, int], n_channels: int, subs: int,
                       oversize_mb: int) -> None:
+    address = broker.address
     rng = np.random.default_rng(1)
     good = rng.normal(size=(256, 32)).astype(np.float32)
     bad_payloads: list[tuple[list[Any], dict[str, Any]]] = [
@@ -165,11 +208,12 @@ async def _attack_bus(address: str, run_id: str, stop: threading.Event,
         ([good], {"e": 0, "u": 1}),  # well-formed, foreign
     ]
     cfg = BusConfig(max_message_bytes=(oversize_mb + 8) << 20)
-    async with Bus(address, name="mallory", config=cfg) as bus, \
-            Bus(address, name="flooder") as flood, Bus(address, name="replayer") as rep:
+    async with Bus(address, name="mallory", config=cfg, security=broker.sec("mallory")) as bus, \
+            Bus(address, name="flooder", security=broker.sec("flooder")) as flood, \
+            Bus(address, name="replayer", security=broker.sec("replayer")) as rep:
         seen = [f"emb/{run_id}/{b}" for b in range(n_channels)]
-        await rep.subscribe_many(seen)
-        topics = [f"flood/{i}" for i in range(subs)]
+        await rep.subscribe_many(seen)  # with CURVE the broker refuses a non-member these
+        topics = [f"grad/{run_id}/f{i}" for i in range(subs)]  # the run's own namespace
         for i in range(0, subs, 500):
             await flood.subscribe_many(topics[i:i + 500])
         counts["subscriptions"] = subs
@@ -190,6 +234,12 @@ async def _attack_bus(address: str, run_id: str, stop: threading.Event,
             for m in captured[: max(0, len(captured) - 8)][:4]:  # replay old ones
                 rep.publish_nowait(m.topic, list(m.arrays), dict(m.meta))
                 counts["replays"] += 1
+            if broker.keys is not None:  # claim the passive identity's publisher id
+                own = bus.publisher_id
+                bus.publisher_id = f"passive/forged-{i}"
+                bus.publish_nowait(f"emb/{run_id}/0", [good], {"e": 0, "b": 0})
+                bus.publisher_id = own
+                counts["spoofed"] += 1
             if not big_sent:
                 try:
                     bus.publish_nowait(f"emb/{run_id}/0",
@@ -201,15 +251,24 @@ async def _attack_bus(address: str, run_id: str, stop: threading.Event,
             await asyncio.sleep(0.05)
 
 
-def _attack_raw(address: str, stop: threading.Event, counts: dict[str, int]) -> None:
+def _attack_raw(broker: Broker, stop: threading.Event, counts: dict[str, int]) -> None:
     """Malformed frames on the publisher port and garbage on the control socket."""
-    addr = BrokerAddress.parse(address)
+    addr = BrokerAddress.parse(broker.address)
     ctx = zmq.Context()
     rng = random.Random(2)
+    sec = broker.sec("mallory")
+    if sec is not None:
+        from broker.proxy import DEFAULT_POLICY_FILE
+
+        pub_offset = 3 + 2 * load_policy(DEFAULT_POLICY_FILE).index("passive")
+    else:
+        pub_offset = 0
     try:
         pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
-        pub.connect(addr.endpoint(0))
+        if sec is not None:
+            sec.apply(pub)
+        pub.connect(addr.endpoint(pub_offset))
         while not stop.is_set():
             for _ in range(20):
                 pub.send_multipart([rng.randbytes(rng.randrange(0, 64))
@@ -217,6 +276,8 @@ def _attack_raw(address: str, stop: threading.Event, counts: dict[str, int]) -> 
                 counts["malformed_frames"] += 1
             req = ctx.socket(zmq.REQ)
             req.setsockopt(zmq.LINGER, 0)
+            if sec is not None:
+                sec.apply(req)
             req.connect(addr.control_endpoint)
             req.send_multipart([b'{"cmd":"stats"}', rng.randbytes(16)])
             counts["control_garbage"] += 1
@@ -227,20 +288,20 @@ def _attack_raw(address: str, stop: threading.Event, counts: dict[str, int]) -> 
         ctx.destroy(linger=0)
 
 
-def attacked_run(root: Path, epochs: int, attack_s: float, subs: int,
+def attacked_run(root: Path, keys: Path | None, epochs: int, attack_s: float, subs: int,
                  oversize_mb: int) -> dict[str, Any]:
-    broker = Broker(root)
+    broker = Broker(root, keys)
     rss0 = broker.rss_mb()
     out = root / "attacked"
     victim = _launch(broker, out, "victim", epochs)
     counts = {"bad_messages": 0, "replays": 0, "oversize": 0, "malformed_frames": 0,
-              "control_garbage": 0, "subscriptions": 0}
+              "control_garbage": 0, "subscriptions": 0, "spoofed": 0}
     stop = threading.Event()
     started = _wait_event(out / "events.jsonl", "vfl.partner_found", victim, 180)
     t0 = time.monotonic()
-    threads = [threading.Thread(target=_attack_raw, args=(broker.address, stop, counts)),
+    threads = [threading.Thread(target=_attack_raw, args=(broker, stop, counts)),
                threading.Thread(target=lambda: asyncio.run(_attack_bus(
-                   broker.address, "victim", stop, counts, 16, subs, oversize_mb)))]
+                   broker, "victim", stop, counts, 16, subs, oversize_mb)))]
     if started:
         for t in threads:
             t.start()
@@ -257,27 +318,31 @@ def attacked_run(root: Path, epochs: int, attack_s: float, subs: int,
             t.join(30)
     res = _result(victim, out, 60)
     alive = broker.proc is not None and broker.proc.poll() is None and broker.ping()
+    broker_refused = broker.refused() if alive else {}
     broker_code = broker.stop()
     m = res["metrics"]
     parties = m.get("parties", {})
     rejected = {r: parties.get(r, {}).get("rejected_messages", 0)
                 + parties.get(r, {}).get("foreign_messages", 0) for r in ("active", "passive")}
     auc = m.get("test_auc")
-    corruptions = int(auc is None or not np.isfinite(auc)) + sum(v == 0 for v in
-                                                                  rejected.values())
+    # an attack nobody refused (neither the broker nor a party) was used or never seen
+    refused_anywhere = sum(broker_refused.values()) + sum(rejected.values())
+    corruptions = int(auc is None or not np.isfinite(auc)) + int(
+        counts["bad_messages"] > 0 and refused_anywhere == 0)
     return {"started": started, "attack_s": attack_wall, "counts": counts,
             "victim": {k: v for k, v in res.items() if k != "metrics"}, "test_auc": auc,
             "train_wall_s": m.get("train_wall_s"), "rejected": rejected,
             "rejected_by_sender": {r: parties.get(r, {}).get("rejected_by_sender", {})
                                    for r in ("active", "passive")},
             "broker_alive": alive, "broker_exit": broker_code,
+            "broker_refused": broker_refused,
             "broker_rss_growth_mb": rss_max - rss0, "silent_corruptions": corruptions,
             "crashes": int(res["code"] != 0) + int(res["traceback"])
             + int(not alive)}
 
 
-def plain_run(root: Path, name: str, epochs: int) -> dict[str, Any]:
-    broker = Broker(root)
+def plain_run(root: Path, keys: Path | None, name: str, epochs: int) -> dict[str, Any]:
+    broker = Broker(root, keys)
     out = root / name
     res = _result(_launch(broker, out, name, epochs), out, 600)
     broker.stop()
@@ -285,8 +350,8 @@ def plain_run(root: Path, name: str, epochs: int) -> dict[str, Any]:
             "train_wall_s": res["metrics"].get("train_wall_s")}
 
 
-def restart_run(root: Path, k: int, epochs: int) -> dict[str, Any]:
-    broker = Broker(root)
+def restart_run(root: Path, keys: Path | None, k: int, epochs: int) -> dict[str, Any]:
+    broker = Broker(root, keys)
     out = root / f"restart-{k}"
     victim = _launch(broker, out, f"restart{k}", epochs)
     restarted = False
@@ -311,7 +376,11 @@ def main() -> None:
     p.add_argument("--subscriptions", type=int, default=10_000)
     p.add_argument("--oversize-mb", type=int, default=80)
     p.add_argument("--restart-runs", type=int, default=5)
+    p.add_argument("--insecure", action="store_true",
+                   help="a plaintext broker (no identities; the parties' checks only)")
     args = p.parse_args()
+    if args.restart_runs > 16:
+        p.error("--restart-runs: at most 16")
     from pubsub.logs import configure_logging
 
     configure_logging(stderr_level="error")  # the attacker's own clients stay quiet
@@ -319,15 +388,18 @@ def main() -> None:
     # going for at least a minute of training
     epochs = args.epochs or (100 if args.quick else 150)
     root = Path(tempfile.mkdtemp(prefix="psfl-hostile-"))
+    keys = None if args.insecure else make_keys(root)
     t0 = time.monotonic()
-    plain = [plain_run(root, f"plain{i}", epochs) for i in range(2)]
+    plain = [plain_run(root, keys, f"plain{i}", epochs) for i in range(2)]
     print(f"undisturbed: test_auc {[r['test_auc'] for r in plain]}, train "
           f"{[r['train_wall_s'] for r in plain]} s", flush=True)
-    att = attacked_run(root, epochs, args.attack_s, args.subscriptions, args.oversize_mb)
+    att = attacked_run(root, keys, epochs, args.attack_s, args.subscriptions,
+                       args.oversize_mb)
     print(f"attacked: test_auc {att['test_auc']}, attack {att['attack_s']:.0f} s, "
           f"counts {att['counts']}, rejected {att['rejected']}, crashes {att['crashes']}",
           flush=True)
-    restarts = [restart_run(root, k, max(10, epochs // 4)) for k in range(args.restart_runs)]
+    restarts = [restart_run(root, keys, k, max(10, epochs // 4))
+                for k in range(args.restart_runs)]
     for k, r in enumerate(restarts):
         print(f"restart run {k}: exit {r['code']} ({r['last_stderr']})", flush=True)
     aucs = [r["test_auc"] for r in plain if r["test_auc"] is not None]
@@ -343,6 +415,8 @@ def main() -> None:
         "auc_tolerance": max(0.005, 2 * spread),
         "attack_s": att["attack_s"],
         "broker_rss_growth_mb": att["broker_rss_growth_mb"],
+        "broker_refused": att["broker_refused"],
+        "transport": "plaintext" if args.insecure else "curve",
         "restart_runs": len(restarts),
         "restart_runs_completed": sum(r["code"] == 0 for r in restarts),
         "wall_s": time.monotonic() - t0,

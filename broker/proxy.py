@@ -634,15 +634,18 @@ class Broker:
             if flag == b"\x01":
                 st.subscribe_events += 1
                 if not ok:
+                    book.refuse(role, body)
                     self._refused_subscription(role, body)
                     continue
                 if uid is None:  # a subscription always comes from a connection
+                    book.refuse(role, body)
                     st.rejected += 1
                     continue
                 if members is not None:
                     exact = body.endswith(b"\0")
                     text = (body[:-1] if exact else body).decode("utf-8", "replace")
                     if not members.may_read(uid, text, exact):
+                        book.refuse(role, body)
                         self._refused_reader(st.not_member_reads, uid, body, "not_member")
                         continue
                 verdict = book.subscribe(role, uid, body)

@@ -9,8 +9,13 @@ first subscriber arrives and withdrawn when its last one leaves, as plain XPUB d
 publishers learn each topic once.
 
 The book counts, per endpoint (the role's XPUB), topic and identity, how many
-connections hold the subscription. Subscriptions released by a closed connection come
-from libzmq without the connection's identity; one holder of the topic is released.
+connections hold the subscription, and per endpoint and topic how many requests were
+refused. libzmq keeps every requested subscription of a live connection, refused ones
+too, and when the connection closes it hands the broker one unsubscription per request,
+without the connection's identity. Such an unsubscription releases a refused request of
+the topic first, else one accepted holder: so a refused subscriber that leaves never
+withdraws a topic another identity holds (each request is released exactly once, so the
+counts stay exact even where the order is a guess).
 """
 
 from __future__ import annotations
@@ -39,11 +44,19 @@ class SubscriptionBook:
         #: (endpoint, topic) -> identity -> connections holding it
         self._held: dict[tuple[int, bytes], dict[str, int]] = {}
         self._per_identity: dict[str, int] = {}
+        #: (endpoint, topic) -> requests refused and not yet released
+        self._refused: dict[tuple[int, bytes], int] = {}
+
+    def refuse(self, endpoint: int, topic: bytes) -> None:
+        """Record a request the broker refused (its release will come later)."""
+        key = (endpoint, topic)
+        self._refused[key] = self._refused.get(key, 0) + 1
 
     def subscribe(self, endpoint: int, identity: str, topic: bytes) -> str:
         """Record a subscription; :data:`FIRST`, :data:`MORE` or :data:`CAPPED`."""
         n = self._per_identity.get(identity, 0)
         if self.max_per_identity and n >= self.max_per_identity:
+            self.refuse(endpoint, topic)
             return CAPPED
         self._per_identity[identity] = n + 1
         holders = self._held.get((endpoint, topic))
@@ -57,16 +70,19 @@ class SubscriptionBook:
         """Record an unsubscription; :data:`LAST`, :data:`LESS` or :data:`UNKNOWN`.
 
         ``identity`` None: libzmq's own unsubscription for a connection that closed (it
-        carries no metadata); one holder of the topic is released (exact when a single
-        identity holds it, as a run's channels are)."""
-        holders = self._held.get((endpoint, topic))
-        if not holders:
-            return UNKNOWN
+        carries no metadata): a refused request of the topic is released if there is one,
+        else one holder of the topic."""
+        key = (endpoint, topic)
+        holders = self._held.get(key)
         if identity is None:
+            if self._release_refused(key) or not holders:
+                return UNKNOWN
             identity = next(iter(holders))
-        h = holders.get(identity, 0)
+        h = holders.get(identity, 0) if holders else 0
         if h == 0:
+            self._release_refused(key)
             return UNKNOWN
+        assert holders is not None
         if h == 1:
             del holders[identity]
         else:
@@ -80,6 +96,21 @@ class SubscriptionBook:
             return LESS
         del self._held[(endpoint, topic)]
         return LAST
+
+    def _release_refused(self, key: tuple[int, bytes]) -> bool:
+        r = self._refused.get(key, 0)
+        if r == 0:
+            return False
+        if r == 1:
+            del self._refused[key]
+        else:
+            self._refused[key] = r - 1
+        return True
+
+    @property
+    def refused(self) -> int:
+        """Refused requests not yet released (their connections are still open)."""
+        return sum(self._refused.values())
 
     def held_by(self, identity: str) -> int:
         """How many subscriptions ``identity`` holds."""

@@ -155,6 +155,12 @@ async def test_only_a_runs_members_read_it(setup: tuple[BrokerProcess, Path]) ->
         reads = after["not_member_reads"].get("mallory", 0) - before["not_member_reads"].get(
             "mallory", 0)
         assert reads == 2
+        # mallory leaves: libzmq releases its refused requests, which must not withdraw
+        # the passive party's subscription upstream
+        await m.close()
+        await asyncio.sleep(0.5)
+        await a.publish("grad/r1/3", [np.ones((1, 2), np.float32)], {"i": 3})
+        assert [x.meta["i"] for x in await _drain(p, "grad/r1/3")] == [3]
 
 
 def test_subscriptions_per_identity_are_capped_and_freed_on_disconnect(

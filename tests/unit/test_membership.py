@@ -82,37 +82,48 @@ def test_subscription_scope_follows_the_run_segment() -> None:
     assert m.may_read("b", "_broker/stats", True)
 
 
-OPS = st.lists(st.tuples(st.booleans(), st.integers(0, 1), st.sampled_from(["a", "b", None]),
-                         st.sampled_from([b"t1", b"t2", b"t3"])), max_size=60)
+OPS = st.lists(st.tuples(st.sampled_from(["sub", "unsub", "refuse"]), st.integers(0, 1),
+                         st.sampled_from(["a", "b", None]),
+                         st.sampled_from([b"t1", b"t2", b"t3"])), max_size=80)
 
 
 @given(OPS, st.integers(0, 4))
 def test_the_subscription_book_matches_a_reference_count_model(
-        ops: list[tuple[bool, int, str | None, bytes]], cap: int) -> None:
+        ops: list[tuple[str, int, str | None, bytes]], cap: int) -> None:
     """Upstream sees a topic exactly while someone holds it; no identity holds more than
-    the cap; an unsubscription of something never accepted changes nothing."""
+    the cap; a closed connection's release (no identity) takes a refused request first,
+    so a refused subscriber leaving never withdraws a topic another identity holds."""
     from broker.subscriptions import CAPPED, FIRST, LAST, LESS, MORE, UNKNOWN
     from broker.subscriptions import SubscriptionBook
 
     book = SubscriptionBook(cap)
     held: dict[tuple[int, bytes], dict[str, int]] = {}
-    upstream: set[tuple[int, bytes]] = set()
-    for sub, ep, who, topic in ops:
+    refused: dict[tuple[int, bytes], int] = {}
+    for op, ep, who, topic in ops:
         key = (ep, topic)
-        if sub:
+        if op == "refuse":
+            book.refuse(ep, topic)
+            refused[key] = refused.get(key, 0) + 1
+        elif op == "sub":
             who = who or "a"
             total = sum(h.get(who, 0) for h in held.values())
             v = book.subscribe(ep, who, topic)
             if cap and total >= cap:
                 assert v == CAPPED
+                refused[key] = refused.get(key, 0) + 1
                 continue
             assert v == (FIRST if not held.get(key) else MORE)
             held.setdefault(key, {})[who] = held.get(key, {}).get(who, 0) + 1
-            upstream.add(key)
         else:
             v = book.unsubscribe(ep, who, topic)
             holders = held.get(key, {})
+            if who is None and refused.get(key):
+                refused[key] -= 1
+                assert v == UNKNOWN
+                continue
             if not holders or (who is not None and not holders.get(who)):
+                if refused.get(key):
+                    refused[key] -= 1
                 assert v == UNKNOWN
                 continue
             name = who if who is not None else next(iter(holders))
@@ -122,9 +133,23 @@ def test_the_subscription_book_matches_a_reference_count_model(
             assert v == (LESS if holders else LAST)
             if not holders:
                 del held[key]
-                upstream.discard(key)
-        assert book.topics == len(upstream)
+        assert book.topics == len(held)
+        assert book.refused == sum(refused.values())
         for name in ("a", "b"):
             assert book.held_by(name) == sum(h.get(name, 0) for h in held.values())
             if cap:
                 assert book.held_by(name) <= cap
+
+
+def test_a_refused_subscriber_that_leaves_keeps_the_holders_topic() -> None:
+    """The failure this order prevents: a non-member asks for a member's channel (refused),
+    then disconnects; libzmq's release for it (no identity) must not withdraw the
+    member's subscription upstream."""
+    from broker.subscriptions import FIRST, LAST, UNKNOWN, SubscriptionBook
+
+    book = SubscriptionBook(0)
+    assert book.subscribe(0, "active", b"emb/r/1\0") == FIRST
+    book.refuse(0, b"emb/r/1\0")  # the replayer's request
+    assert book.unsubscribe(0, None, b"emb/r/1\0") == UNKNOWN  # the replayer left
+    assert book.topics == 1 and book.held_by("active") == 1
+    assert book.unsubscribe(0, None, b"emb/r/1\0") == LAST  # then the member left
