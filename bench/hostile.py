@@ -210,7 +210,8 @@ async def _attack_bus(broker: Broker, run_id: str, stop: threading.Event,
     cfg = BusConfig(max_message_bytes=(oversize_mb + 8) << 20)
     async with Bus(address, name="mallory", config=cfg, security=broker.sec("mallory")) as bus, \
             Bus(address, name="flooder", security=broker.sec("flooder")) as flood, \
-            Bus(address, name="replayer", security=broker.sec("replayer")) as rep:
+            Bus(address, name="replayer", config=cfg,
+                security=broker.sec("replayer")) as rep:
         seen = [f"emb/{run_id}/{b}" for b in range(n_channels)]
         await rep.subscribe_many(seen)  # with CURVE the broker refuses a non-member these
         topics = [f"grad/{run_id}/f{i}" for i in range(subs)]  # the run's own namespace
@@ -222,9 +223,10 @@ async def _attack_bus(broker: Broker, run_id: str, stop: threading.Event,
         big_sent = False
         while not stop.is_set():
             for b in range(n_channels):
-                for kind in ("emb", "grad"):
+                # embeddings from a passive-role key, gradients from an active-role key
+                for kind, client in (("emb", bus), ("grad", rep)):
                     arrays, meta = bad_payloads[i % len(bad_payloads)]
-                    bus.publish_nowait(f"{kind}/{run_id}/{b}", arrays, {**meta, "b": b})
+                    client.publish_nowait(f"{kind}/{run_id}/{b}", arrays, {**meta, "b": b})
                     counts["bad_messages"] += 1
                     i += 1
             for t in seen:  # the partner's real embeddings, to replay later
