@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from parties.data import load_table
 from tests.conftest import REPO, BrokerProcess
 
 PSFL = [sys.executable, "-m", "sim.cli"]
@@ -75,9 +76,13 @@ def test_profile_sweep_then_plan_on_bank(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_run_with_plan_auto_records_the_plan(tmp_path: Path) -> None:
+    # 6,000 rows of bank (3,780 training rows: every swept B fits): the
+    # sweep's children, the plan and the run are the same, on a shorter epoch
+    data = tmp_path / "bank_sample.csv"
+    load_table("bank")[0].sample(n=6000, random_state=0).to_csv(data, index=False)
     out = tmp_path / "run"
-    res = _psfl("vfl", "run", "--plan", "auto", "--dataset", "bank", "--set", "vfl.epochs=1",
-                "--out", str(out), timeout=200)
+    res = _psfl("vfl", "run", "--plan", "auto", "--dataset", str(data), "--set", "vfl.label=y",
+                "--set", "vfl.epochs=1", "--out", str(out), timeout=200)
     assert res.returncode == 0, res.stderr
     m = json.loads((out / "metrics.json").read_text())
     plan = m["plan"]
