@@ -5,6 +5,8 @@ and the security options every client command takes (``--keys``, ``--identity``,
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -29,6 +31,19 @@ BAD_INPUT_ERRORS: tuple[type[BaseException], ...] = (
     ConfigError, InvalidAddress, KeyFileError, InsecureTransport, ForbiddenTopic)
 #: errors that mean the broker cannot be used (exit 3)
 BROKER_ERRORS: tuple[type[BaseException], ...] = (BrokerUnreachable, AuthenticationFailed)
+
+def exit_now(code: object) -> None:
+    """End a ``python -m ...`` entry point whose ``main`` returned ``code``: flush logging
+    and the standard streams, then ``os._exit``, skipping the interpreter's teardown (with
+    torch, scikit-learn and pandas loaded: 1.5-3 s of CPU for a full garbage collection of
+    their module graphs and torch's destructors). Only for a ``__main__`` block, after
+    ``main`` has closed and written everything it owns; an exception out of ``main``
+    takes the normal path."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
+
 
 INSECURE_WARNING = ("warning: --insecure: plaintext transport without authentication or topic "
                     "permissions (loopback only); use --keys DIR for anything else")

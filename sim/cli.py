@@ -936,4 +936,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # ``python -m sim.cli``: every launcher has stopped its children and written its
+    # files when main returns; skip the interpreter's teardown (pubsub.cli.exit_now).
+    # The ``psfl`` console script keeps the normal exit.
+    from pubsub.cli import exit_now
+
+    exit_now(main())
