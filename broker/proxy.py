@@ -37,6 +37,7 @@ from pubsub.errors import KeyFileError, MalformedFrame
 from pubsub.config import ConfigError
 from pubsub.membership import RunMembership, load_membership
 from pubsub.policy import Policy, load_policy
+from pubsub.receiver import MAX_GAP_JUMP
 from pubsub.security import BROKER_KEY_NAME, Certificate, check_insecure_allowed, publisher_id
 from pubsub.security import read_certificate, read_public_directory
 from pubsub.control import request_stats  # noqa: F401  (re-exported for callers of broker)
@@ -165,6 +166,8 @@ class BrokerStats:
             slow subscriber.
         gaps / namespace_gaps: messages lost between publishers and the broker, from the
             per-(publisher, topic) sequence numbers in envelope heads; by namespace.
+        seq_anomalies: jumps of more than ``pubsub.receiver.MAX_GAP_JUMP`` in a
+            publisher's sequence (forged, not lost: they do not count as gaps).
         started_at: Unix time the broker started.
         forbidden: with CURVE, messages dropped because the sender's role may not
             publish their topic, by role.
@@ -186,7 +189,7 @@ class BrokerStats:
     __slots__ = ("keys", "subscriptions", "subscribe_events", "unsubscribe_events",
                  "rejected", "stalls", "stalled_s", "gaps", "started_at", "forbidden",
                  "refused_subscriptions", "auth_denied", "spoofed", "not_member",
-                 "not_member_reads", "capped")
+                 "not_member_reads", "capped", "seq_anomalies")
 
     #: per-key counters: [msgs_in, bytes_in, msgs_out, bytes_out, gaps]
     keys: dict[bytes, list[int]]
@@ -208,6 +211,7 @@ class BrokerStats:
         self.not_member: dict[str, int] = {}
         self.not_member_reads: dict[str, int] = {}
         self.capped: dict[str, int] = {}
+        self.seq_anomalies = 0
 
     def counter(self, key: bytes) -> list[int]:
         """The counter list for ``key`` (created on first use; capped at 4,096 keys)."""
@@ -256,6 +260,7 @@ class BrokerStats:
             "not_member": dict(self.not_member),
             "not_member_reads": dict(self.not_member_reads),
             "capped": dict(self.capped),
+            "seq_anomalies": self.seq_anomalies,
         }
 
 
@@ -784,8 +789,12 @@ class Broker:
                 last = seqs.get(sk)
                 if last is not None:
                     if seq > last + 1:
-                        st.gaps += seq - last - 1
-                        c[4] += seq - last - 1
+                        missing = seq - last - 1
+                        if missing > MAX_GAP_JUMP:  # no queue loses this many: forged
+                            st.seq_anomalies += 1
+                        else:
+                            st.gaps += missing
+                            c[4] += missing
                 elif len(seqs) >= _MAX_SEQ_KEYS:
                     seqs.clear()
                 seqs[sk] = seq
@@ -922,7 +931,8 @@ class Broker:
         log.info("broker.hello", identity=identity, role=cert.role)
         return {"ok": True, "secure": True, "role": cert.role, "identity": identity,
                 "pub_offset": 3 + 2 * i, "sub_offset": 4 + 2 * i,
-                "rules": self.policy.roles[i].as_dict()}
+                "rules": self.policy.roles[i].as_dict(),
+                "max_subscriptions": self.config.max_subscriptions_per_identity}
 
     def _publish_stats(self) -> None:
         frames = encode(STATS_TOPIC, (), self.stats.as_dict(), publisher="broker")

@@ -18,6 +18,7 @@ from pubsub.errors import (
     ForbiddenTopic,
     InsecureTransport,
     KeyFileError,
+    TooManySubscriptions,
 )
 from pubsub.security import CurveClient, check_insecure_allowed
 
@@ -28,7 +29,8 @@ EXIT_BROKER_UNREACHABLE = 3
 
 #: errors that mean bad input (exit 2)
 BAD_INPUT_ERRORS: tuple[type[BaseException], ...] = (
-    ConfigError, InvalidAddress, KeyFileError, InsecureTransport, ForbiddenTopic)
+    ConfigError, InvalidAddress, KeyFileError, InsecureTransport, ForbiddenTopic,
+    TooManySubscriptions)
 #: errors that mean the broker cannot be used (exit 3)
 BROKER_ERRORS: tuple[type[BaseException], ...] = (BrokerUnreachable, AuthenticationFailed)
 

@@ -62,6 +62,7 @@ from pubsub.errors import (
     MessageTooLarge,
     PublishTimeout,
     PublishWouldBlock,
+    TooManySubscriptions,
 )
 
 log = structlog.get_logger(__name__)
@@ -428,6 +429,8 @@ class Bus(Receiver, ThreadsafePublisher):
         Raises:
             InvalidTopic: bad topic.
             ForbiddenTopic: with CURVE, the role may not read ``topic``.
+            TooManySubscriptions: the broker's per-identity limit (from the hello) would
+                be exceeded.
             BusClosed: closed client.
         """
         frame = topic_frame(topic)
@@ -437,9 +440,16 @@ class Bus(Receiver, ThreadsafePublisher):
         if limits is not None:
             self._topic_limits[topic] = limits
         if topic not in self._exact:
+            self._check_subscription_limit(topic)
             self._exact.add(topic)
             sock.setsockopt(zmq.SUBSCRIBE, frame)
             self._schedule_drain()
+
+    def _check_subscription_limit(self, topic: str) -> None:
+        """Refuse, before the broker silently would, a subscription past its limit."""
+        limit = self.hello.max_subscriptions if self.hello is not None else 0
+        if limit and len(self._exact) + len(self._prefixes) >= limit:
+            raise TooManySubscriptions(topic, limit)
 
     async def subscribe_many(
         self, topics: Sequence[str], *, limits: BufferLimits | None = None
@@ -466,6 +476,7 @@ class Bus(Receiver, ThreadsafePublisher):
         if limits is not None:
             self._prefix_limits[prefix] = limits
         if prefix not in self._prefixes:
+            self._check_subscription_limit(prefix)
             self._prefixes[prefix] = len(raw)
             sock.setsockopt(zmq.SUBSCRIBE, raw)
             self._schedule_drain()

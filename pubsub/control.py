@@ -193,6 +193,8 @@ class Hello:
         pub_offset / sub_offset: the ports to publish to / read from, as offsets from
             the broker's base port (0 and 1 in plaintext).
         rules: the role's topic rules (None in plaintext).
+        max_subscriptions: most subscriptions the broker lets this identity hold (0: no
+            limit, or an older broker that does not say).
     """
 
     identity: str
@@ -200,6 +202,7 @@ class Hello:
     pub_offset: int
     sub_offset: int
     rules: RoleRules | None
+    max_subscriptions: int = 0
 
 
 def _monitor_events(mon: Any, events: list[tuple[int, int]]) -> None:
@@ -258,4 +261,5 @@ async def hello(ctx: zmq.Context[Any], address: BrokerAddress, security: CurveCl
         pub_offset=int(reply["pub_offset"]), sub_offset=int(reply["sub_offset"]),
         rules=None if not rules else RoleRules(
             name=str(reply.get("role", "")), publish=tuple(rules.get("publish", ())),
-            subscribe=tuple(rules.get("subscribe", ()))))
+            subscribe=tuple(rules.get("subscribe", ()))),
+        max_subscriptions=int(reply.get("max_subscriptions") or 0))

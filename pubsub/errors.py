@@ -224,6 +224,23 @@ class ForbiddenTopic(BusError, PermissionError):
         super().__init__(f"role {role!r} may not {action} {topic!r} (broker policy)")
 
 
+class TooManySubscriptions(BusError, ValueError):
+    """The broker lets one identity hold at most ``limit`` subscriptions (its
+    ``max_subscriptions_per_identity``, told in the hello); this client would need more.
+
+    Attributes:
+        topic: the subscription that would exceed the limit.
+        limit: the broker's limit.
+    """
+
+    def __init__(self, topic: str, limit: int) -> None:
+        self.topic = topic
+        self.limit = limit
+        super().__init__(f"subscribing {topic!r} would exceed the broker's "
+                         f"{limit} subscriptions per identity (broker setting "
+                         "max_subscriptions_per_identity)")
+
+
 class SessionError(BusError):
     """Root of the session primitives' errors (:mod:`pubsub.session`)."""
 

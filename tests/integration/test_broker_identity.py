@@ -19,6 +19,7 @@ from pubsub import Bus, BusConfig, DeadlineExceeded
 from pubsub.address import BrokerAddress
 from pubsub.codec import encode
 from pubsub.control import request_stats
+from pubsub.errors import TooManySubscriptions
 from pubsub.membership import membership
 from pubsub.security import CurveClient, generate_certificate
 
@@ -205,6 +206,17 @@ def test_subscriptions_per_identity_are_capped_and_freed_on_disconnect(
             time.sleep(0.05)
         assert flood(40) == 30  # all 40 accepted again: nothing capped this time
         ctx.term()
+
+        async def bus_client() -> None:  # our client knows the limit from the hello
+            async with Bus(b.address, name="p", config=CFG,
+                           security=CurveClient.from_dir(keys, "passive")) as p:
+                assert p.hello is not None and p.hello.max_subscriptions == 40
+                await p.subscribe_many([f"grad/r/{i}" for i in range(40)])
+                with pytest.raises(TooManySubscriptions) as err:
+                    await p.subscribe("grad/r/40")
+                assert err.value.limit == 40 and err.value.topic == "grad/r/40"
+
+        asyncio.run(bus_client())
     finally:
         b.stop()
     assert b.proc.returncode == 0

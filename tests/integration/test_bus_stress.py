@@ -205,3 +205,30 @@ def test_arbitrary_frames_never_crash_broker_or_subscriber(
         await asyncio.gather(one(broker), one(raw_broker))
 
     asyncio.run(scenario())
+
+
+async def test_forged_sequence_numbers_do_not_inflate_the_brokers_gaps(
+        tmp_path: Path) -> None:
+    """Issue 27, case 9: a publisher whose sequence jumps from 1 to 2**62 is one
+    ``seq_anomaly`` at the broker, not 4.6e18 lost messages; an ordinary gap still counts."""
+    from pubsub.codec import encode
+
+    b = BrokerProcess(tmp_path)
+    try:
+        async with Bus(b.address, name="sub") as sub:
+            await sub.subscribe("emb/fs/0")
+            with raw_publisher(b.address) as raw:
+                deadline = time.monotonic() + 10
+                while sub.try_next("emb/fs/0") is None:  # the subscription is upstream
+                    assert time.monotonic() < deadline
+                    raw.send_multipart(encode("emb/fs/0", (), {}, seq=1, publisher="forger"))
+                    await asyncio.sleep(0.05)
+                for n, seq in enumerate((2**62, 2**62 + 1, 2**62 + 4)):  # a jump, a gap of 2
+                    raw.send_multipart(encode("emb/fs/0", (), {"n": n}, seq=seq,
+                                              publisher="forger"))
+                while (await sub.next("emb/fs/0", timeout_s=5)).meta.get("n") != 2:
+                    pass  # the broker has handled all three
+            st = request_stats(b.address)
+            assert st["seq_anomalies"] == 1 and st["gaps"] == 2
+    finally:
+        b.stop()
