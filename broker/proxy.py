@@ -594,13 +594,7 @@ class Broker:
             if flag == b"\x01":
                 st.subscribe_events += 1
                 if not ok:
-                    assert self.policy is not None
-                    name = self.policy.roles[role].name
-                    n = st.refused_subscriptions[name] = st.refused_subscriptions.get(name, 0) + 1
-                    if n == 1 or n % 1000 == 0:
-                        log.warning("broker.subscription_refused", role=name,
-                                    topic=frame[1:80].decode("utf-8", "replace").rstrip("\0"),
-                                    refused=n)
+                    self._refused_subscription(role, frame[1:])
                     continue
                 st.subscriptions += 1
             else:

@@ -103,23 +103,17 @@ class ExpectedKill:
         return 0
 
 
-class PartyKiller:
-    """The launcher's tick (see :func:`sim.launch.wait_children`): watches the run's event
-    log for each kill's ``stage.started`` and kills the process hosting that party;
-    ``records`` says what it did (``metrics["faults"]``)."""
+class StageLog:
+    """Tails a run's event log for the coordinator's ``stage.started`` events, reading
+    only what was appended since the last :meth:`poll`."""
 
-    def __init__(self, events: Path, kills: Sequence[PartyKill],
-                 procs: Sequence[dict[str, Any]], process_of: dict[str, str], t0: float,
-                 log: Callable[[str, dict[str, Any]], None]) -> None:
-        self.events, self.kills, self.procs = events, list(kills), procs
-        self.process_of, self.t0, self._log = process_of, t0, log
+    def __init__(self, events: Path) -> None:
+        self.events = events
         self.offset = 0
         self.started: set[str] = set()
-        self.records: list[dict[str, Any]] = [
-            {"kind": "kill_party", "party": k.party, "stage": k.stage, "killed_at_s": None}
-            for k in kills]
 
-    def _read_stages(self) -> None:
+    def poll(self) -> set[str]:
+        """Every stage started so far."""
         with open(self.events, "rb") as f:
             f.seek(self.offset)
             chunk = f.read()
@@ -134,13 +128,30 @@ class PartyKiller:
                 continue
             if ev.get("event") == "stage.started" and isinstance(ev.get("stage"), str):
                 self.started.add(ev["stage"])
+        return self.started
+
+
+class PartyKiller:
+    """The launcher's tick (see :func:`sim.launch.wait_children`): watches the run's event
+    log for each kill's ``stage.started`` and kills the process hosting that party;
+    ``records`` says what it did (``metrics["faults"]``)."""
+
+    def __init__(self, events: Path, kills: Sequence[PartyKill],
+                 procs: Sequence[dict[str, Any]], process_of: dict[str, str], t0: float,
+                 log: Callable[[str, dict[str, Any]], None]) -> None:
+        self.events, self.kills, self.procs = events, list(kills), procs
+        self.process_of, self.t0, self._log = process_of, t0, log
+        self.stages = StageLog(events)
+        self.records: list[dict[str, Any]] = [
+            {"kind": "kill_party", "party": k.party, "stage": k.stage, "killed_at_s": None}
+            for k in kills]
 
     def __call__(self) -> None:
         if all(r["killed_at_s"] is not None for r in self.records):
             return
-        self._read_stages()
+        started = self.stages.poll()
         for k, rec in zip(self.kills, self.records, strict=True):
-            if rec["killed_at_s"] is not None or k.stage not in self.started:
+            if rec["killed_at_s"] is not None or k.stage not in started:
                 continue
             name = self.process_of[k.party]
             proc = self.procs[0][name]

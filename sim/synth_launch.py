@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from sim.launch import LaunchError, LaunchResult, OutDirError, _spawn, _stop, run_security
 from sim.launch import start_broker
 from sim.launch import wait_children
-from sim.synth_faults import PartyKill, PartyKiller, process_layout
+from sim.synth_faults import PartyKill, PartyKiller, StageLog, process_layout
 
 from synth.checkpoint import CRASH_POINT_ENV, read_json
 from synth.workload import WorkloadError, mark_applied, submit_workload
@@ -210,28 +210,14 @@ class _CoordinatorKill:
         self.events, self.stage, self.delay_s = events, stage, delay_s
         self.restart_after_s, self.procs, self.argv, self.quiet = restart_after_s, procs, argv, quiet
         self.t0 = t0
-        self.offset = 0
+        self._stages = StageLog(events)
         self.seen_at: float | None = None
         self.record: dict[str, Any] = {"kind": "kill_coordinator", "stage": stage,
                                        "delay_s": delay_s, "killed_at_s": None,
                                        "restarted_at_s": None}
 
     def _stage_started(self) -> bool:
-        with open(self.events, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        end = chunk.rfind(b"\n") + 1
-        self.offset += end
-        for line in chunk[:end].splitlines():
-            if b"stage.started" not in line:
-                continue
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev.get("event") == "stage.started" and ev.get("stage") == self.stage:
-                return True
-        return False
+        return self.stage in self._stages.poll()
 
     def __call__(self) -> None:
         if self.record["restarted_at_s"] is not None:
@@ -265,10 +251,7 @@ class _CoordinatorKill:
         self._restart()
 
     def _log(self, event: str) -> None:
-        line = json.dumps({"event": event, "party": "sim", "level": "warning",
-                           "stage": self.stage, "timestamp": _utc_now()})
-        with open(self.events, "a") as f:  # O_APPEND: whole lines beside the others
-            f.write(line + "\n")
+        _log_event(self.events, event, {"stage": self.stage})
 
     def _restart(self) -> None:
         self._log("sim.coordinator_killed")

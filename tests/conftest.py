@@ -245,6 +245,16 @@ def raw_publisher(address: str) -> Iterator[zmq.Socket]:
         ctx.term()
 
 
+def bank_sample_csv(tmp_path_factory: pytest.TempPathFactory, n: int) -> Path:
+    """``n`` rows of the bundled bank table, sampled with a fixed seed, as a CSV file."""
+    from parties.data import load_table
+
+    frame, _ = load_table("bank")
+    path = tmp_path_factory.mktemp("data") / f"bank_{n}.csv"
+    frame.sample(n=n, random_state=0).to_csv(path, index=False)
+    return path
+
+
 def synth_table(n: int = 3000, seed: int = 0) -> Any:
     """A small table with planted dependencies for FedForge runs: ``b`` depends on ``a``,
     ``income`` on ``b``; ``age`` and ``hours`` are independent (pandas DataFrame)."""

@@ -14,9 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from parties.data import load_table
 
-from tests.conftest import wait_for_event
+from tests.conftest import bank_sample_csv, wait_for_event
 
 PSFL = [sys.executable, "-m", "sim.cli"]
 ALGOS = ["pubsub", "vfl", "vfl-ps", "avfl", "avfl-ps"]
@@ -24,10 +23,7 @@ ALGOS = ["pubsub", "vfl", "vfl-ps", "avfl", "avfl-ps"]
 
 @pytest.fixture(scope="module")
 def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    frame, _ = load_table("bank")
-    path = tmp_path_factory.mktemp("data") / "bank_sample.csv"
-    frame.sample(n=4000, random_state=0).to_csv(path, index=False)
-    return path
+    return bank_sample_csv(tmp_path_factory, 4000)
 
 
 # Every algorithm trains with both parties in one process over the in-memory bus

@@ -5,8 +5,9 @@ members publish on its topics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,15 @@ def _pub(ctx: zmq.Context[Any], keys: Path, who: str, endpoint: str) -> zmq.Sock
     CurveClient.from_dir(keys, who).apply(s)
     s.connect(endpoint)
     return s
+
+
+@contextlib.asynccontextmanager
+async def _clients(address: str, keys: Path, *names: str) -> AsyncIterator[list[Bus]]:
+    """One connected bus client per identity in ``names``."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(
+            Bus(address, name=n[0], config=CFG, security=CurveClient.from_dir(keys, n)))
+            for n in names]
 
 
 async def _drain(bus: Bus, topic: str) -> list[Any]:
@@ -104,12 +114,7 @@ async def test_only_a_runs_members_publish_in_it(setup: tuple[BrokerProcess, Pat
     run the membership does not list (r9), not even the active party; the members'
     messages in r1 pass."""
     b, keys = setup
-    async with Bus(b.address, name="a", config=CFG,
-                   security=CurveClient.from_dir(keys, "active")) as a, \
-            Bus(b.address, name="p", config=CFG,
-                security=CurveClient.from_dir(keys, "passive")) as p, \
-            Bus(b.address, name="m", config=CFG,
-                security=CurveClient.from_dir(keys, "mallory")) as m:
+    async with _clients(b.address, keys, "active", "passive", "mallory") as (a, p, m):
         before = request_stats(b.address, security=CurveClient.from_dir(keys, "active"))
         await a.subscribe("emb/r1/7")
         await p.subscribe("grad/r9/7")
@@ -137,12 +142,7 @@ async def test_only_a_runs_members_read_it(setup: tuple[BrokerProcess, Path]) ->
     prefix that spans runs: both refused (``not_member_reads``), nothing delivered; the
     passive party (a member) gets them."""
     b, keys = setup
-    async with Bus(b.address, name="a", config=CFG,
-                   security=CurveClient.from_dir(keys, "active")) as a, \
-            Bus(b.address, name="p", config=CFG,
-                security=CurveClient.from_dir(keys, "passive")) as p, \
-            Bus(b.address, name="m", config=CFG,
-                security=CurveClient.from_dir(keys, "mallory")) as m:
+    async with _clients(b.address, keys, "active", "passive", "mallory") as (a, p, m):
         before = request_stats(b.address, security=CurveClient.from_dir(keys, "active"))
         await m.subscribe("grad/r1/3")
         await m.subscribe_prefix("grad/")

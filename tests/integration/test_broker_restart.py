@@ -14,18 +14,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from parties.data import load_table
-from tests.conftest import REPO, BrokerProcess
+from tests.conftest import REPO, BrokerProcess, bank_sample_csv
 
 PSFL = [sys.executable, "-m", "sim.cli"]
 
 
 @pytest.fixture(scope="module")
 def bank_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    frame, _ = load_table("bank")
-    path = tmp_path_factory.mktemp("data") / "bank_small.csv"
-    frame.sample(n=3000, random_state=0).to_csv(path, index=False)
-    return path
+    return bank_sample_csv(tmp_path_factory, 3000)
 
 
 def _launch(broker: BrokerProcess, data: Path, out: Path, run_id: str, epochs: int,
