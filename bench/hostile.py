@@ -207,7 +207,7 @@ async def _attack_bus(broker: Broker, run_id: str, stop: threading.Event,
         ([np.zeros((5000, 32), np.float32)], {"e": 0}),
         ([good], {"e": 0, "u": 1}),  # well-formed, foreign
     ]
-    cfg = BusConfig(max_message_bytes=(oversize_mb + 8) << 20)
+    cfg = BusConfig(max_message_bytes=(oversize_mb + 8) << 20)  # lowered by the hello
     async with Bus(address, name="mallory", config=cfg, security=broker.sec("mallory")) as bus, \
             Bus(address, name="flooder", security=broker.sec("flooder")) as flood, \
             Bus(address, name="replayer", config=cfg,
@@ -243,18 +243,22 @@ async def _attack_bus(broker: Broker, run_id: str, stop: threading.Event,
                 bus.publisher_id = own
                 counts["spoofed"] += 1
             if not big_sent:
+                # a bus client learns the broker's bound from its hello and refuses to
+                # send more (MessageTooLarge); the raw attacker below sends it anyway
                 try:
                     bus.publish_nowait(f"emb/{run_id}/0",
                                        [np.zeros((oversize_mb << 20) // 4, np.float32)])
-                    counts["oversize"] += 1
-                except Exception:  # noqa: BLE001 - the broker's bound is the point
+                    counts["oversize_sent_by_bus"] = 1
+                except Exception:  # noqa: BLE001 - the client's refusal is the point
                     pass
                 big_sent = True
             await asyncio.sleep(0.05)
 
 
-def _attack_raw(broker: Broker, stop: threading.Event, counts: dict[str, int]) -> None:
-    """Malformed frames on the publisher port and garbage on the control socket."""
+def _attack_raw(broker: Broker, stop: threading.Event, counts: dict[str, int],
+                oversize_mb: int) -> None:
+    """Malformed frames on the publisher port, one frame of ``oversize_mb`` MB there,
+    and garbage on the control socket."""
     addr = BrokerAddress.parse(broker.address)
     ctx = zmq.Context()
     rng = random.Random(2)
@@ -271,10 +275,19 @@ def _attack_raw(broker: Broker, stop: threading.Event, counts: dict[str, int]) -
         if sec is not None:
             sec.apply(pub)
         pub.connect(addr.endpoint(pub_offset))
+        big = False
         while not stop.is_set():
-            for _ in range(20):
-                pub.send_multipart([rng.randbytes(rng.randrange(0, 64))
-                                    for _ in range(rng.randrange(1, 5))])
+            if not big:
+                time.sleep(0.5)  # connected (and, with CURVE, handshaken) first
+                pub.send(b"emb/victim/0\0" + bytes(oversize_mb << 20))
+                counts["oversize"] += 1
+                big = True
+            for k in range(20):
+                # a subscribed topic first (a PUB socket sends only what someone reads:
+                # the victim's own channels), then garbage where the envelope should be
+                head = b"emb/victim/%d\0" % (k % 16) + rng.randbytes(rng.randrange(0, 64))
+                pub.send_multipart([head, *(rng.randbytes(rng.randrange(0, 64))
+                                            for _ in range(rng.randrange(0, 4)))])
                 counts["malformed_frames"] += 1
             req = ctx.socket(zmq.REQ)
             req.setsockopt(zmq.LINGER, 0)
@@ -301,7 +314,7 @@ def attacked_run(root: Path, keys: Path | None, epochs: int, attack_s: float, su
     stop = threading.Event()
     started = _wait_event(out / "events.jsonl", "vfl.partner_found", victim, 180)
     t0 = time.monotonic()
-    threads = [threading.Thread(target=_attack_raw, args=(broker, stop, counts)),
+    threads = [threading.Thread(target=_attack_raw, args=(broker, stop, counts, oversize_mb)),
                threading.Thread(target=lambda: asyncio.run(_attack_bus(
                    broker, "victim", stop, counts, 16, subs, oversize_mb)))]
     if started:

@@ -54,6 +54,12 @@ _MAX_SEQ_KEYS = 1 << 17
 _MAX_ROUTES = 1 << 16
 #: largest control request accepted (bytes); a longer one closes the sender's connection
 CONTROL_MAX_BYTES = 64 * 1024
+#: most bytes of one frame a subscriber may send the broker (a subscription is one byte
+#: and a topic of at most 255): libzmq closes a connection that sends more, unallocated
+SUBSCRIPTION_MAX_BYTES = 4 * 1024
+#: slack over ``max_message_bytes`` for one frame on a publisher port (framing; with CURVE
+#: the box's overhead), so a legitimate message of exactly the bound still passes
+FRAME_SLACK_BYTES = 4 * 1024
 #: the policy used with CURVE when ``policy_file`` is empty
 DEFAULT_POLICY_FILE = Path(__file__).with_name("default_policy.toml")
 #: ZAP domain of the control socket (any allow-listed key may use it)
@@ -84,8 +90,10 @@ class BrokerConfig:
             the broker holds the message and stops reading from publishers until every
             matching subscriber has room (XPUB_NODROP), so publishers feel backpressure.
             Subscriptions, control requests and pings are still served while blocked.
-        max_message_bytes: larger messages are rejected (counted). With the HWMs this
-            bounds the broker's queued bytes per peer: about ``(sndhwm + rcvhwm) ×
+        max_message_bytes: larger messages are rejected (counted); a single frame
+            larger than this closes its sender's connection before the broker allocates
+            it (libzmq's ``ZMQ_MAXMSGSIZE``; not counted). With the HWMs this bounds the
+            broker's queued bytes per peer: about ``(sndhwm + rcvhwm) ×
             max_message_bytes`` for one publisher and one subscriber.
         keys_dir: CURVE on: a directory holding the broker's ``broker.key_secret`` and
             the allow-list, one public ``NAME.key`` per client with its ``role``
@@ -474,8 +482,15 @@ class Broker:
         for xsub, xpub in zip(self._ins, self._outs, strict=True):
             xsub.setsockopt(zmq.RCVHWM, cfg.rcvhwm)
             xsub.setsockopt(zmq.SNDHWM, 0)  # subscriptions upstream: never capped
+            # a frame above the bound closes its sender's connection before libzmq
+            # allocates it (an 80 MB frame would otherwise sit in the broker's memory,
+            # twice with CURVE, before _pump_messages could reject it); a message whose
+            # frames are each within the bound but together above it is still received
+            # and rejected there (counted)
+            xsub.setsockopt(zmq.MAXMSGSIZE, cfg.max_message_bytes + FRAME_SLACK_BYTES)
             xpub.setsockopt(zmq.SNDHWM, cfg.sndhwm)
             xpub.setsockopt(zmq.RCVHWM, 0)  # subscriptions in: never capped
+            xpub.setsockopt(zmq.MAXMSGSIZE, SUBSCRIPTION_MAX_BYTES)
             if cfg.overflow == "block":
                 xpub.setsockopt(zmq.XPUB_NODROP, 1)
             if self.secure:  # the broker applies each connection's subscriptions itself
@@ -912,7 +927,8 @@ class Broker:
         """The caller's role, ports (offsets from the base port) and rules."""
         if self.policy is None:
             return {"ok": True, "secure": False, "role": "", "identity": "",
-                    "pub_offset": 0, "sub_offset": 1, "rules": None}
+                    "pub_offset": 0, "sub_offset": 1, "rules": None,
+                    "max_message_bytes": self.config.max_message_bytes}
         cert = self._by_name.get(identity)
         if cert is None:
             return {"ok": False, "error": f"unknown identity {identity!r}"}
@@ -926,7 +942,8 @@ class Broker:
         return {"ok": True, "secure": True, "role": cert.role, "identity": identity,
                 "pub_offset": 3 + 2 * i, "sub_offset": 4 + 2 * i,
                 "rules": self.policy.roles[i].as_dict(),
-                "max_subscriptions": self.config.max_subscriptions_per_identity}
+                "max_subscriptions": self.config.max_subscriptions_per_identity,
+                "max_message_bytes": self.config.max_message_bytes}
 
     def _publish_stats(self) -> None:
         frames = encode(STATS_TOPIC, (), self.stats.as_dict(), publisher="broker")

@@ -118,9 +118,9 @@ class BusConfig:
             forwarding, and publishers' :meth:`Bus.publish` waits (up to
             ``publish_timeout_s``). Use the same policy on all clients and the broker.
         publish_timeout_s: under ``block``, the most :meth:`Bus.publish` waits, seconds.
-        max_message_bytes: a publication larger than this raises
-            :class:`pubsub.MessageTooLarge` before anything is sent (the broker's
-            ``max_message_bytes``, 64 MiB by default, would drop it).
+        max_message_bytes: a publication larger than this, or than the broker's own
+            ``max_message_bytes`` (64 MiB by default; the hello says it), raises
+            :class:`pubsub.MessageTooLarge` before anything is sent.
     """
 
     connect_timeout_s: float = 5.0
@@ -207,6 +207,8 @@ class Bus(Receiver, ThreadsafePublisher):
         self._rules: RoleRules | None = None
         self._pub_ok: dict[str, bool] = {}
         self.config = config or BusConfig()
+        #: the bound this client enforces: its config's, lowered to the broker's (hello)
+        self._max_bytes = self.config.max_message_bytes
         self.name = name
         self._pid = os.getpid()  # the owner: a forked child may not use the sockets
         self._fork_generation = _fork_generation
@@ -265,6 +267,10 @@ class Bus(Receiver, ThreadsafePublisher):
             await self.close()
             raise
         self._rules = self.hello.rules
+        if 0 < self.hello.max_message_bytes < self._max_bytes:
+            # the broker's bound is lower: refuse here, by name, what it would refuse
+            # (one frame above it would close this client's connection)
+            self._max_bytes = self.hello.max_message_bytes
         pub_ep = self.address.endpoint(self.hello.pub_offset)
         sub_ep = self.address.endpoint(self.hello.sub_offset)
         if self.security is not None:
@@ -589,8 +595,8 @@ class Bus(Receiver, ThreadsafePublisher):
         nbytes = len(frames[0])
         for f in frames[1:]:
             nbytes += f.nbytes
-        if nbytes > self.config.max_message_bytes:  # nothing sent, the seq not used
-            raise MessageTooLarge(nbytes, self.config.max_message_bytes)
+        if nbytes > self._max_bytes:  # nothing sent, the seq not used
+            raise MessageTooLarge(nbytes, self._max_bytes)
         if seq == 1 and len(pub_seq) >= _MAX_SEQ_KEYS:
             pub_seq.clear()  # bounded; a restarted count is not a gap (seq 1 resets)
         pub_seq[topic] = seq  # a message that is never sent shows as a gap downstream

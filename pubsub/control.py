@@ -195,6 +195,8 @@ class Hello:
         rules: the role's topic rules (None in plaintext).
         max_subscriptions: most subscriptions the broker lets this identity hold (0: no
             limit, or an older broker that does not say).
+        max_message_bytes: the broker's bound on one message (0: an older broker that
+            does not say); a single frame above it closes the sender's connection.
     """
 
     identity: str
@@ -203,6 +205,7 @@ class Hello:
     sub_offset: int
     rules: RoleRules | None
     max_subscriptions: int = 0
+    max_message_bytes: int = 0
 
 
 def _monitor_events(mon: Any, events: list[tuple[int, int]]) -> None:
@@ -262,4 +265,5 @@ async def hello(ctx: zmq.Context[Any], address: BrokerAddress, security: CurveCl
         rules=None if not rules else RoleRules(
             name=str(reply.get("role", "")), publish=tuple(rules.get("publish", ())),
             subscribe=tuple(rules.get("subscribe", ()))),
-        max_subscriptions=int(reply.get("max_subscriptions") or 0))
+        max_subscriptions=int(reply.get("max_subscriptions") or 0),
+        max_message_bytes=int(reply.get("max_message_bytes") or 0))

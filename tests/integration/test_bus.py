@@ -13,7 +13,7 @@ from pubsub import Bus, BusConfig, DeadlineExceeded
 from pubsub.buffer import BufferLimits
 from pubsub.codec import encode
 from pubsub.control import request_stats
-from pubsub.errors import BrokerUnreachable, BusClosed
+from pubsub.errors import BrokerUnreachable, BusClosed, MessageTooLarge
 
 from tests.conftest import BrokerProcess, raw_publisher, wait_subscribed
 
@@ -240,16 +240,34 @@ async def test_broker_counts_sequence_gaps_per_namespace(broker: BrokerProcess) 
 
 
 async def test_broker_rejects_messages_over_its_size_bound(tmp_path: Path) -> None:
+    """The broker's bound (100,000 bytes here) holds three ways: a bus client learns it
+    from the hello and refuses a larger publication itself (MessageTooLarge, nothing
+    sent); a raw sender's single frame above it closes that connection before the broker
+    allocates it; a message whose frames are each within it but together above it is
+    received, rejected and counted. The broker forwards the rest throughout."""
     b = BrokerProcess(tmp_path, "--set", "max_message_bytes=100000")
     try:
         async with Bus(b.address, name="p") as pub, Bus(b.address, name="s") as sub:
             await sub.subscribe("big/x")
             await wait_subscribed(pub, sub, "big/x")
-            await pub.publish("big/x", [np.zeros(200_000, np.uint8)])
+            with pytest.raises(MessageTooLarge) as err:
+                await pub.publish("big/x", [np.zeros(200_000, np.uint8)])
+            assert err.value.max_bytes == 100_000 and err.value.size > 200_000
+            with raw_publisher(b.address) as raw:
+                time.sleep(0.3)  # connected before the sends below
+                raw.send(b"big/x\0" + bytes(200_000))  # one frame above the bound
+                frames = encode("big/x", [np.zeros(80_000, np.uint8)] * 2, {"raw": 1},
+                                seq=1, publisher="raw")
+                assert len(frames) == 3 and all(len(memoryview(f)) < 100_000 for f in frames)
+                raw.send_multipart(frames)  # 160 kB over three frames
+                deadline = time.monotonic() + 10
+                while request_stats(b.address)["rejected"] < 1:
+                    assert time.monotonic() < deadline, request_stats(b.address)
+                    time.sleep(0.05)
             await pub.publish("big/x", [np.zeros(10, np.uint8)], {"small": True})
             msg = await sub.next("big/x", timeout_s=2.0)
             while not msg.meta.get("small"):
-                assert msg.arrays == () or msg.arrays[0].size < 200_000
+                assert msg.arrays == () or msg.arrays[0].size < 80_000
                 msg = await sub.next("big/x", timeout_s=2.0)
             assert request_stats(b.address)["rejected"] == 1
     finally:
