@@ -80,7 +80,13 @@ def test_kill_9_during_writes_never_leaves_a_torn_checkpoint(tmp_path: Path) -> 
         proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(target)],
                                 stdout=subprocess.PIPE)
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-        time.sleep(0.05 + float(rng.random()) * 0.3)
+        # rewriting for sure (a second version is on disk, however slow this machine),
+        # then a random moment amid the rewrites
+        deadline = time.monotonic() + 30
+        while (read_json(target) or {}).get("i", 0) < 2:
+            assert time.monotonic() < deadline, "the writer never rewrote the file"
+            time.sleep(0.01)
+        time.sleep(float(rng.random()) * 0.1)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         doc = read_json(target)  # raises CheckpointError if torn
