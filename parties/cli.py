@@ -142,3 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_party_arguments(parser)
     args = parser.parse_args(argv)
     return int(run_party(args.role, args))
+
+
+def child_main(argv: Sequence[str]) -> None:
+    """``python -m parties ARGV`` in a process forked by a launcher (:mod:`parties.zygote`):
+    the same command line, exit code and output, without the interpreter start."""
+    from pubsub.cli import exit_now
+
+    exit_now(main(argv))

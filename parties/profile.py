@@ -543,7 +543,7 @@ def prepare_child(role: str, cfg: VflConfig, join: Sequence[str] = ()) -> Any:
 def _concurrent_child(role: str, cfg: VflConfig, timing: dict[str, Any],
                       barrier: Any, mine: Any, other: Any, results: Any,
                       join: Sequence[str] = ()) -> None:
-    """One party's side of a concurrent profile (a spawned child process)."""
+    """One party's side of a concurrent profile (a child process forked from the party fork server)."""
     try:
         data = prepare_child(role, cfg, join)
         busy_until = [0.0]
@@ -578,10 +578,11 @@ def _concurrent_child(role: str, cfg: VflConfig, timing: dict[str, Any],
 def _profile_concurrent(cfg: VflConfig, timing: dict[str, Any],
                         join_groups: dict[str, Sequence[str]] | None = None
                         ) -> dict[str, PartyProfile]:
-    import multiprocessing as mp
     import queue
 
-    ctx = mp.get_context("spawn")
+    from parties import zygote
+
+    ctx = zygote.context()  # forked from a server that has imported torch once
     barrier = ctx.Barrier(2)
     done = {"active": ctx.Event(), "passive": ctx.Event()}
     results = ctx.Queue()

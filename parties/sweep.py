@@ -388,8 +388,9 @@ def sweep_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndar
 # ----------------------------------------------------------------------- child processes
 def _sweep_child(role: str, cfg: VflConfig, batch_sizes: tuple[int, ...],
                  timing: dict[str, Any], results: Any) -> None:
-    """One party's sweep in a fresh (spawned) process: pinned, ``torch_threads`` set,
-    the party's data loaded as the party loads it."""
+    """One party's sweep in a fresh process (forked from the party fork server,
+    :mod:`parties.zygote`): pinned, ``torch_threads`` set, the party's data loaded as the
+    party loads it."""
     try:
         from parties.profile import prepare_child
         from pubsub.logs import configure_logging
@@ -410,7 +411,7 @@ def _sweep_child(role: str, cfg: VflConfig, batch_sizes: tuple[int, ...],
 
 def sweep_config(cfg: VflConfig, batch_sizes: Sequence[int] = DEFAULT_SWEEP_BATCH_SIZES,
                  **timing: Any) -> dict[str, PartySweep]:
-    """Sweep both parties of ``cfg``, one after the other, each in a fresh spawned child
+    """Sweep both parties of ``cfg``, one after the other, each in a fresh child forked from the party fork server
     process pinned to the party's CPUs (so its memory is a party process's own).
 
     Args:
@@ -427,11 +428,12 @@ def sweep_config(cfg: VflConfig, batch_sizes: Sequence[int] = DEFAULT_SWEEP_BATC
         pubsub.config.ConfigError: a configured CPU is not available.
         SweepError: a child died or took longer than :data:`SWEEP_TIMEOUT_S`.
     """
-    import multiprocessing as mp
     import queue
 
+    from parties import zygote
+
     bs = check_batch_sizes(batch_sizes)
-    ctx = mp.get_context("spawn")
+    ctx = zygote.context()  # forked from a server that has imported torch once
     out: dict[str, PartySweep] = {}
     for role in ("passive", "active"):
         results = ctx.Queue()

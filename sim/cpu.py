@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import errno
+import functools
 import itertools
 import math
 import os
@@ -326,18 +327,19 @@ def _write(path: Path, value: str) -> None:
         os.close(fd)
 
 
+def join_groups(procs_files: Sequence[str]) -> None:
+    """Write this process's own pid into each of ``procs_files`` (``cgroup.procs`` of
+    the groups it joins): plain syscalls only, as a forked child of a threaded parent
+    requires."""
+    me = str(os.getpid())
+    for f in procs_files:
+        _write(Path(f), me)
+
+
 def preexec_join(procs_files: Sequence[str]) -> Callable[[], None]:
-    """A ``preexec_fn`` that writes the forked child's own pid into each of
-    ``procs_files`` (``cgroup.procs`` of the groups it joins) before it execs: plain
-    syscalls only, as a forked child of a threaded parent requires."""
-    files = list(procs_files)
-
-    def _join() -> None:
-        me = str(os.getpid())
-        for f in files:
-            _write(Path(f), me)
-
-    return _join
+    """A ``preexec_fn`` (or a :func:`parties.zygote.start` ``setup`` step: it pickles)
+    that makes the child join ``procs_files`` (:func:`join_groups`) before it runs."""
+    return functools.partial(join_groups, list(procs_files))
 
 
 def _add_pid(procs_files: Sequence[str], pid: int) -> None:
@@ -395,6 +397,10 @@ class _Backend:
 
     def preexec(self) -> Callable[[], None]:
         raise NotImplementedError
+
+    def child_setup(self) -> list[Callable[[], None]]:
+        """Picklable steps for a child forked from a fork server (cgroups: join)."""
+        return [self.preexec()]
 
     def add(self, pid: int) -> None:
         raise NotImplementedError
@@ -790,6 +796,11 @@ class _ProcessBackend(_Backend):
         self._signal_all(procs, signal.SIGCONT)
 
     # -- API
+    def child_setup(self) -> list[Callable[[], None]]:
+        # the pid is reported by add() after the start; the affinity is set here
+        return [] if self._cpus is None else [functools.partial(os.sched_setaffinity, 0,
+                                                                self._cpus)]
+
     def preexec(self) -> Callable[[], None]:
         wfd = self._wfd
         cpus = self._cpus
@@ -946,6 +957,24 @@ class CpuLimiter:
         """
         self._check_open()
         return self._backend.preexec()
+
+    def child_setup(self) -> list[Callable[[], None]]:
+        """For a child forked from a fork server (:func:`parties.zygote.start`'s
+        ``setup``, which pickles them) instead of :meth:`preexec`: cgroups, the child joins
+        the group itself before it runs; duty cycle and ``none``, the child sets its
+        affinity and the caller must :meth:`add` its pid once it has started
+        (:meth:`tracks_pids`).
+
+        Raises:
+            RuntimeError: the limiter is closed.
+        """
+        self._check_open()
+        return self._backend.child_setup()
+
+    def tracks_pids(self) -> bool:
+        """True for the duty cycle and ``none``, which follow pids (:meth:`add`) rather
+        than a group the process joins itself."""
+        return not self.join_files()
 
     def join_files(self) -> list[str]:
         """The ``cgroup.procs`` files a process writes its own pid into to join the share

@@ -33,6 +33,7 @@ from pubsub.membership import membership
 from pubsub.policy import load_policy
 from pubsub.security import BROKER_KEY_NAME, CurveClient, check_insecure_allowed
 from pubsub.security import generate_certificate
+from parties import zygote
 
 
 class JobTimeout(RuntimeError):
@@ -251,8 +252,9 @@ def prepare_run(cfg: VflConfig, out: Path, models: Any = None) -> Path:
         parties.dp.UnmeetableTarget, parties.zoo.ModelSpecError,
             parties.dpsgd.DpIncompatibleModel: see :func:`run_vfl`.
     """
-    from parties.dp import plan_from_config
-    plan_from_config(cfg)  # an unmeetable DP target (a ConfigError) refuses before any start
+    if cfg.dp_enabled:  # parties.dp imports torch and SciPy: only when there is a plan
+        from parties.dp import plan_from_config
+        plan_from_config(cfg)  # an unmeetable DP target (a ConfigError) refuses before any start
     preflight_models(cfg, models)  # a broken model factory or a DP-incompatible model
     # results of an earlier run in this directory go, so it never mixes two runs
     events = clean_out_dir(out, ("metrics.json", "passive.json", "broker.addr"),
@@ -297,51 +299,28 @@ def finish_run(cfg: VflConfig, out: Path, t0: float,
     return LaunchResult(metrics=metrics, out=out)
 
 
-class _MpChild:
-    """A ``multiprocessing`` process behind the part of ``subprocess.Popen``'s interface
-    the launcher uses (``poll``, ``send_signal``, ``kill``, ``wait``, ``returncode``)."""
-
-    def __init__(self, proc: Any) -> None:
-        self._proc = proc
-
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.exitcode
-
-    def poll(self) -> int | None:
-        return self._proc.exitcode
-
-    def send_signal(self, sig: int) -> None:
-        if self._proc.exitcode is None and self._proc.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._proc.pid, sig)
-
-    def kill(self) -> None:
-        self._proc.kill()
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        self._proc.join(timeout)
-        if self._proc.exitcode is None:
-            raise subprocess.TimeoutExpired("party", timeout or 0.0)
-        return self._proc.exitcode
-
-
 def _spawn_party(role: str, cfg: VflConfig, models: Any, *, broker: str, run_id: str,
                  out: Path, events: Path, sec: RunSecurity, quiet: bool) -> Any:
-    """Start ``role`` as a ``multiprocessing`` (spawn) process that receives the pickled
-    model factory (:func:`parties.serve.party_process_main`)."""
-    import multiprocessing
-
+    """Fork ``role`` from the party fork server (:mod:`parties.zygote`) with the pickled model
+    factory (:func:`parties.serve.party_process_main`)."""
     from parties.serve import party_process_main
 
-    ctx = multiprocessing.get_context("spawn")
-    proc = ctx.Process(target=party_process_main, args=(role, cfg, models),
-                       kwargs={"broker": broker, "run_id": run_id, "out": str(out),
-                               "events": str(events),
-                               "keys_dir": sec.keys_dir or None, "quiet": quiet},
-                       name=f"psfl-{role}")
-    proc.start()
-    return _MpChild(proc)
+    return zygote.start(party_process_main, args=(role, cfg, models),
+                        kwargs={"broker": broker, "run_id": run_id, "out": str(out),
+                                "events": str(events),
+                                "keys_dir": sec.keys_dir or None, "quiet": quiet},
+                        name=f"psfl-{role}")
+
+
+def spawn_party_cli(argv: Sequence[str], *, name: str,
+                    setup: Sequence[Callable[[], Any]] = (),
+                    env: Mapping[str, str] | None = None) -> zygote.Child:
+    """``python -m parties ARGV`` as a process forked from the party fork server
+    (:mod:`parties.zygote`): same arguments, exit codes and output, without paying the
+    party's imports once per party (``setup`` and ``env``: :func:`parties.zygote.start`)."""
+    from parties.cli import child_main
+
+    return zygote.start(child_main, args=(list(argv),), name=name, setup=setup, env=env)
 
 
 def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
@@ -394,6 +373,7 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
     if threading_main():
         signal.signal(signal.SIGTERM, _on_term)
     stack = contextlib.ExitStack()
+    zygote.warm()
     try:
         sec = stack.enter_context(run_security(VFL_IDENTITIES, keys_dir=keys_dir,
                                                insecure=insecure, broker=broker))
@@ -404,19 +384,20 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
             # fail fast, with one line, if nobody answers there
             control_request(broker, "ping", timeout_s=cfg.connect_timeout_s,
                             security=sec.client("active"))
+        # Check the data here while the fork server imports what the parties need
+        # (zygote.warm above): a bad file or column is reported once, by us, before any
+        # party starts.
+        preflight(cfg)
         common = ["--config", str(out / "config.toml"), "--broker", broker, "--run-id", run_id,
                   "--out", str(out), "--events", str(events), *sec.client_args]
         for role in ("passive", "active"):
             extra = ["--quiet"] if (quiet or role == "passive") else []
             if models is None:
-                procs[role] = _spawn([sys.executable, "-m", "parties", role, *common, *extra])
+                procs[role] = spawn_party_cli([role, *common, *extra], name=f"psfl-{role}")
             else:
                 procs[role] = _spawn_party(role, cfg, models, broker=broker, run_id=run_id,
                                            out=out, events=events, sec=sec,
                                            quiet=bool(extra))
-        # Check the data here while the parties start (they import torch meanwhile):
-        # a bad file or column is reported once, by us, and the children are stopped.
-        preflight(cfg)
         wait_children({r: procs[r] for r in ("active", "passive")},
                       watch={"broker": procs["broker"]} if "broker" in procs else None,
                       timeout_s=timeout_s)

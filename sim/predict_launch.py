@@ -10,7 +10,6 @@ every wait has a deadline, a failed child stops the others.
 from __future__ import annotations
 
 import contextlib
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +17,14 @@ from typing import Any
 
 import orjson
 
+from parties import zygote
 from sim.launch import (
     VFL_IDENTITIES,
     OutDirError,  # noqa: F401 (raised by clean_out_dir; re-exported for callers)
     clean_out_dir,
-    _spawn,
     _stop,
     run_security,
+    spawn_party_cli,
     start_broker,
     wait_children,
 )
@@ -104,6 +104,7 @@ def run_predict(run_dir: str | Path, out: str | Path, *, data: str | None = None
     events = prepare_out(out)
     run_id = run_id or f"p{uuid.uuid4().hex[:8]}"
     procs: dict[str, Any] = {}
+    zygote.warm()
     with contextlib.ExitStack() as stack:
         sec = stack.enter_context(run_security(VFL_IDENTITIES, keys_dir=keys_dir,
                                                insecure=insecure, broker=broker))
@@ -117,8 +118,8 @@ def run_predict(run_dir: str | Path, out: str | Path, *, data: str | None = None
                       *(["--data", str(data)] if data is not None else [])]
             for role in ("passive", "active"):
                 extra = ["--out", str(out)] if role == "active" else []
-                procs[role] = _spawn([sys.executable, "-m", "parties", "predict", role,
-                                      *common, *extra])
+                procs[role] = spawn_party_cli(["predict", role, *common, *extra],
+                                              name=f"psfl-predict-{role}")
             wait_children({r: procs[r] for r in ("active", "passive")},
                           watch={"broker": procs["broker"]} if "broker" in procs else None,
                           timeout_s=timeout_s)

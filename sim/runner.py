@@ -35,7 +35,6 @@ party's last ``vfl.epoch_done``) and the ratio of the two.
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import signal
 import subprocess
@@ -59,7 +58,9 @@ from parties.sysinfo import CORES_ENV
 from pubsub.config import to_mapping
 
 from sim.cpu import CpuLimiter, machine_cores
-from sim.launch import VFL_IDENTITIES, OutDirError, _stop, run_security, start_broker
+from parties import zygote
+from sim.launch import (VFL_IDENTITIES, OutDirError, _stop, run_security, spawn_party_cli,
+                        start_broker)
 from sim.memory import MemoryLimit
 from sim.scenario import ROLES, LinkConfig, Scenario, describe, party_cores
 
@@ -294,6 +295,7 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
     except OSError as exc:
         raise OutDirError(f"cannot use {str(out)!r} as the run directory: "
                           f"{exc.strerror or exc}") from None
+    zygote.warm()  # the parties' fork server imports while the data is checked
     preflight(cfg)
     cores = party_cores(scn, machine_cores())
     run_id = uuid.uuid4().hex[:8]
@@ -322,25 +324,22 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
                 relays[role] = start_relay(broker, role, scn, out, ports=sec.n_ports)
         for role in ("passive", "active"):
             addr = relays[role].address if role in relays else broker
-            args = [sys.executable, "-P", "-m", "parties", role,
-                    "--config", str(out / "config.toml"), "--broker", addr,
+            args = [role, "--config", str(out / "config.toml"), "--broker", addr,
                     "--run-id", run_id, "--out", str(out), "--events", str(events),
                     *sec.client_args]
             if quiet or role == "passive":
                 args.append("--quiet")
-            join = [limiters[role].preexec()] + ([mems[role].preexec()] if role in mems else [])
-
-            def _preexec(fns: list[Any] = join) -> None:
-                for fn in fns:
-                    fn()
-
+            # the party forks from the party fork server (parties.zygote: imports paid
+            # once) and joins its CPU and memory groups itself before it runs
+            setup = [*limiters[role].child_setup(),
+                     *([mems[role].preexec()] if role in mems else [])]
             env = None
             if limiters[role].method == "duty-cycle":
                 # no cgroup quota for the party to read: it is told its share, or it
                 # would take its ⌈share⌉ pinned CPUs as its cores (cpu_util's denominator)
-                env = {**os.environ, CORES_ENV: repr(cores[role])}
-            procs[role] = subprocess.Popen(args, preexec_fn=_preexec, env=env)
-            if limiters[role].method == "duty-cycle":
+                env = {CORES_ENV: repr(cores[role])}
+            procs[role] = spawn_party_cli(args, name=f"psfl-{role}", setup=setup, env=env)
+            if limiters[role].tracks_pids():
                 limiters[role].add(procs[role].pid)
         end_state = _supervise(scn, cfg, procs, relays, limiters, events, sim, samples)
     finally:

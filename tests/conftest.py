@@ -156,6 +156,17 @@ def raw_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProce
     b.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _party_fork_server() -> None:
+    """Start this test process's party fork server (:mod:`parties.zygote`) at once: the
+    launches made in this process (``run_vfl``, ``sim.api``, ``sim.cli.main``) and the
+    process workers of in-memory runs then fork from one server that imported torch once,
+    instead of a server with a shorter preload that whichever came first would start."""
+    from parties import zygote
+
+    zygote.warm()
+
+
 @pytest.fixture(autouse=True)
 def _no_open_cpu_limiters() -> Iterator[None]:
     """Fail a test that leaves a CPU limiter open: a duty-cycle limiter's thread would
@@ -188,8 +199,9 @@ def _no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
                  if p.pid not in before and p.is_running()
                  and p.status() != psutil.STATUS_ZOMBIE
                  # multiprocessing's per-process singletons (fork server, resource
-                 # tracker) live as long as the test session, by design
-                 and "forkserver" not in " ".join(p.cmdline())
+                 # tracker) live as long as the test session, by design; what a fork
+                 # server forked (parties, workers: they carry its command line) does not
+                 and not (p.ppid() == me.pid and "forkserver" in " ".join(p.cmdline()))
                  and "resource_tracker" not in " ".join(p.cmdline())]
         if not extra or time.monotonic() > deadline:
             break

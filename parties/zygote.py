@@ -1,0 +1,117 @@
+"""Party processes forked from a fork server that has already imported what a party
+imports (:mod:`parties.preload`): the launchers' parties (:mod:`sim.launch`) and the
+profile and sweep children (:mod:`parties.profile`, :mod:`parties.sweep`).
+
+This module itself imports nothing heavy (launchers import it without torch).
+
+A launcher that starts parties as ``python -m parties`` pays each party's imports
+(torch, ``torch._dynamo``, pandas, scikit-learn: about 6 s of CPU) once per party; forked
+from this server it pays them once per launcher process, and the parties start in
+milliseconds. The server is ``multiprocessing``'s fork server: it is itself a fresh
+interpreter (never a fork of the launcher, whose threads and sockets it does not share)
+that imports :mod:`parties.preload` and then forks one child per request; each child is a
+real, separate process with its own pid, exit code and signals, so everything a launcher
+does with a party process (wait, SIGTERM, kill, exit codes) is unchanged.
+
+A child inherits the server's standard output and error, which are the launcher's at the
+moment the server started (:func:`warm`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+#: modules the fork server imports before it forks any party
+PRELOAD = ("parties.preload",)
+
+_CTX: Any = None
+
+
+def context() -> Any:
+    """The fork-server context whose server preloads :data:`PRELOAD`.
+
+    ``multiprocessing`` has one fork server per process: if another part of this
+    process (:func:`parties.workers.mp_context`) started it first with a shorter preload,
+    parties are still forked from it, and import what it lacks themselves."""
+    global _CTX
+    if _CTX is None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(PRELOAD))
+        _CTX = ctx
+    return _CTX
+
+
+def warm() -> None:
+    """Start the fork server now, if it is not running; returns at once (the server
+    imports in the background; the first :func:`start` waits for it)."""
+    context()
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
+class Child:
+    """A forked party behind the part of ``subprocess.Popen``'s interface the launchers
+    use (``pid``, ``poll``, ``send_signal``, ``kill``, ``wait``, ``returncode``)."""
+
+    def __init__(self, proc: Any) -> None:
+        self._proc = proc
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.exitcode
+
+    def poll(self) -> int | None:
+        return self._proc.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._proc.exitcode is None and self._proc.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._proc.pid, sig)
+
+    def kill(self) -> None:
+        self._proc.kill()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired(self._proc.name, timeout or 0.0)
+        return self._proc.exitcode
+
+
+def _child(target: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
+           env: Mapping[str, str] | None, setup: Sequence[Callable[[], Any]]) -> None:
+    for fn in setup:
+        fn()
+    if env:
+        os.environ.update(env)
+    target(*args, **kwargs)
+
+
+def start(target: Callable[..., Any], *, args: Sequence[Any] = (),
+          kwargs: Mapping[str, Any] | None = None, name: str,
+          env: Mapping[str, str] | None = None,
+          setup: Sequence[Callable[[], Any]] = ()) -> Child:
+    """Fork ``target(*args, **kwargs)`` from the fork server (started if needed; the
+    first call waits for its imports). ``target``, its arguments and ``setup`` are
+    pickled: they must be importable (module-level functions, ``functools.partial`` of
+    them), as for ``multiprocessing``'s spawn. In the child, each ``setup`` callable runs
+    first (joining a CPU or memory group, say), then ``env`` is added to the environment,
+    then ``target`` runs."""
+    proc = context().Process(target=_child, args=(target, tuple(args), dict(kwargs or {}),
+                                                  dict(env) if env else None, tuple(setup)),
+                             name=name)
+    proc.start()
+    return Child(proc)
+
+
+__all__ = ["Child", "PRELOAD", "context", "start", "warm"]
