@@ -45,6 +45,13 @@ def check_meta(meta: Mapping[str, Any]) -> str | None:
     return None
 
 
+def is_skip_notice(msg: Any) -> bool:
+    """The active party's notice that it gave a batch up (``skip`` true, no arrays, on the
+    batch's gradient channel, :class:`parties.strategy.PubSubActive`): no tensor to check.
+    A ``skip`` message that carries arrays is checked like any other."""
+    return msg.meta.get("skip") is True and len(msg.arrays) == 0
+
+
 def check_tensor(arrays: Any, spec: TensorSpec) -> str | None:
     """None if ``arrays`` is one array meeting ``spec``, else the reason."""
     if len(arrays) != 1:
@@ -98,7 +105,7 @@ class PeerIntake:
             reason: str | None = "not from the partner"
         else:
             reason = check_meta(msg.meta)
-            if reason is None and spec is not None:
+            if reason is None and spec is not None and not is_skip_notice(msg):
                 reason = check_tensor(msg.arrays, spec)
         if reason is None:
             return True

@@ -70,6 +70,22 @@ def test_good_message_is_admitted_and_nothing_counted() -> None:
     assert intake.admit(Msg((ok(),)), SPEC) and intake.rejected == 0
 
 
+def test_the_actives_skip_notice_carries_no_tensor_and_is_admitted() -> None:
+    # after a batch's last miss the active party publishes {"skip": true} and no array on
+    # its gradient channel: under load (many final misses) the passive party counted them
+    # as malformed and ended the run at the 16th
+    intake = PeerIntake(partner="active", max_bad=1, log=Log())
+    for _ in range(5):
+        assert intake.admit(Msg((), {"e": 0, "b": 1, "skip": True}), SPEC)
+    assert intake.rejected == 0
+    # only a true skip with no arrays: anything else is judged as a tensor
+    assert not PeerIntake(partner="active", max_bad=2, log=Log()).admit(
+        Msg((), {"e": 0, "b": 1, "skip": 1}), SPEC)
+    with pytest.raises(PartnerMisbehaved):
+        PeerIntake(partner="active", max_bad=1, log=Log()).admit(
+            Msg((np.full((3, 4), np.nan, np.float32),), {"e": 0, "b": 1, "skip": True}), SPEC)
+
+
 def test_foreign_senders_are_dropped_and_never_end_the_run() -> None:
     log = Log()
     intake = PeerIntake(partner="passive", max_bad=3, log=log)
