@@ -13,8 +13,8 @@ that imports :mod:`parties.preload` and then forks one child per request; each c
 real, separate process with its own pid, exit code and signals, so everything a launcher
 does with a party process (wait, SIGTERM, kill, exit codes) is unchanged.
 
-A child inherits the server's standard output and error, which are the launcher's at the
-moment the server started (:func:`warm`).
+A child writes to the launcher's standard output and error as they are when it starts
+(the descriptors are passed to it), like a child the launcher would exec.
 """
 
 from __future__ import annotations
@@ -88,8 +88,32 @@ class Child:
         return self._proc.exitcode
 
 
+class _ParentFd:
+    """The parent's file descriptor ``fd`` as the child receives it (pickled: the fork
+    server passes the descriptor itself, as ``multiprocessing`` passes sockets)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocessing import reduction
+
+        return (_detach, (reduction.DupFd(self.fd),))
+
+
+def _detach(dup: Any) -> int:
+    return int(dup.detach())
+
+
 def _child(target: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
-           env: Mapping[str, str] | None, setup: Sequence[Callable[[], Any]]) -> None:
+           env: Mapping[str, str] | None, setup: Sequence[Callable[[], Any]],
+           stdio: Sequence[int]) -> None:
+    # standard output and error: the launcher's at this start, as for a child it execs
+    # (not the server's, which are the launcher's when the server started)
+    for fd, target_fd in zip(stdio, (1, 2), strict=True):
+        if fd != target_fd:
+            os.dup2(fd, target_fd)
+            os.close(fd)
     for fn in setup:
         fn()
     if env:
@@ -104,11 +128,13 @@ def start(target: Callable[..., Any], *, args: Sequence[Any] = (),
     """Fork ``target(*args, **kwargs)`` from the fork server (started if needed; the
     first call waits for its imports). ``target``, its arguments and ``setup`` are
     pickled: they must be importable (module-level functions, ``functools.partial`` of
-    them), as for ``multiprocessing``'s spawn. In the child, each ``setup`` callable runs
-    first (joining a CPU or memory group, say), then ``env`` is added to the environment,
-    then ``target`` runs."""
+    them), as for ``multiprocessing``'s spawn. In the child, standard output and error
+    become the caller's current ones, each ``setup`` callable runs (joining a CPU or
+    memory group, say), ``env`` is added to the environment, then ``target`` runs."""
+    stdio = (_ParentFd(1), _ParentFd(2))
     proc = context().Process(target=_child, args=(target, tuple(args), dict(kwargs or {}),
-                                                  dict(env) if env else None, tuple(setup)),
+                                                  dict(env) if env else None, tuple(setup),
+                                                  stdio),
                              name=name)
     proc.start()
     return Child(proc)

@@ -257,6 +257,27 @@ def raw_publisher(address: str) -> Iterator[zmq.Socket]:
         ctx.term()
 
 
+def psfl_in_process(capfd: pytest.CaptureFixture[str], *args: str
+                    ) -> subprocess.CompletedProcess[str]:
+    """``psfl ARGS`` through :func:`sim.cli.main` in this process, as a
+    ``CompletedProcess`` (code, stdout, stderr). The launcher runs here; the broker and the
+    parties it starts are still real processes (the parties forked from this test
+    process's party fork server, :mod:`parties.zygote`, writing to this test's captured
+    output), so a job costs no interpreter start and no per-job import of torch. The
+    ``python -m sim.cli`` wiring keeps subprocess tests of its own. An uncaught exception
+    propagates and fails the test (a child process would print a traceback); argparse's
+    own exit is returned as a code."""
+    from sim.cli import main
+
+    capfd.readouterr()  # drop anything printed before
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse usage errors
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["psfl", *args], code, out, err)
+
+
 def bank_sample_csv(tmp_path_factory: pytest.TempPathFactory, n: int) -> Path:
     """``n`` rows of the bundled bank table, sampled with a fixed seed, as a CSV file."""
     from parties.data import load_table

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 
-from tests.conftest import bank_sample_csv, wait_for_event
+from tests.conftest import bank_sample_csv, psfl_in_process, wait_for_event
 
 PSFL = [sys.executable, "-m", "sim.cli"]
 ALGOS = ["pubsub", "vfl", "vfl-ps", "avfl", "avfl-ps"]
@@ -39,17 +39,20 @@ def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("avfl-ps", "process", "memory")])
 def test_every_algorithm_trains_and_reports_the_same_fields(bank_sample: Path, tmp_path: Path,
                                                             algo: str, worker_mode: str,
-                                                            transport: str) -> None:
+                                                            transport: str,
+                                                            capfd: pytest.CaptureFixture[str]
+                                                            ) -> None:
     out = tmp_path / "run"
-    res = subprocess.run([*PSFL, "vfl", "run", "--dataset", str(bank_sample), "--algo", algo,
+    # the launcher in this process: with the broker transport, broker and parties are
+    # processes; with memory, both parties run here (sim.local)
+    res = psfl_in_process(capfd, "vfl", "run", "--dataset", str(bank_sample), "--algo", algo,
                           "--out", str(out), "--set", "label=y", "--set", "epochs=3",
                           "--set", "batch_size=128", "--set", "lr=3e-3",
                           "--set", "target_metric=0.6", "--set", f"worker_mode={worker_mode}",
                           # a loaded machine (two pytest workers on 2 cores) can take more
                           # than the default 10 s to start a party and connect
                           "--set", "connect_timeout_s=60",
-                          "--transport", transport, "--timeout-s", "120"],
-                         capture_output=True, text=True, timeout=150)
+                          "--transport", transport, "--timeout-s", "120")
     assert res.returncode == 0, res.stderr[-3000:]
     m = orjson.loads((out / "metrics.json").read_bytes())
     assert m["algo"] == algo and m["dropped_batches"] == 0

@@ -9,13 +9,16 @@ from pathlib import Path
 
 import orjson
 import pandas as pd
+import pytest
 
 from parties.data import load_table
+from tests.conftest import psfl_in_process
 
 PSFL = [sys.executable, "-m", "sim.cli"]
 
 
-def test_align_then_train_on_the_shared_rows(tmp_path: Path) -> None:
+def test_align_then_train_on_the_shared_rows(tmp_path: Path,
+                                             capfd: pytest.CaptureFixture[str]) -> None:
     """Both parties hold the same 4,000-row table, but each knows only some customers: the
     active party rows 0..2999, the passive party rows 1000..3999 (the other rows carry
     IDs the partner does not have). PSI finds rows 1000..2999; both train on exactly
@@ -38,11 +41,12 @@ def test_align_then_train_on_the_shared_rows(tmp_path: Path) -> None:
     assert ra["id"].tolist() == rp["id"].tolist() == [f"c{i:05d}" for i in range(1000, 3000)]
     assert ra["row"].tolist() == rp["row"].tolist() == list(range(1000, 3000))
     out = tmp_path / "run"
-    res = subprocess.run([*PSFL, "vfl", "run", "--dataset", str(data), "--set", "label=y",
-                          "--set", "epochs=2", "--set", f"active_rows_file={al / 'aligned-active.csv'}",
+    # the training launcher in this process (broker and parties are processes)
+    res = psfl_in_process(capfd, "vfl", "run", "--dataset", str(data), "--set", "label=y",
+                          "--set", "epochs=2",
+                          "--set", f"active_rows_file={al / 'aligned-active.csv'}",
                           "--set", f"passive_rows_file={al / 'aligned-passive.csv'}",
-                          "--out", str(out), "--timeout-s", "120"],
-                         capture_output=True, text=True, timeout=150)
+                          "--out", str(out), "--timeout-s", "120")
     assert res.returncode == 0, res.stderr[-3000:]
     m = orjson.loads((out / "metrics.json").read_bytes())
     # each party loaded the shared rows only
@@ -58,10 +62,10 @@ def test_align_then_train_on_the_shared_rows(tmp_path: Path) -> None:
     # the same rows in another order on one side: the parties refuse to train (exit 4)
     shuffled = al / "shuffled-passive.csv"
     rp.sample(frac=1.0, random_state=0).to_csv(shuffled, index=False)
-    res = subprocess.run([*PSFL, "vfl", "run", "--dataset", str(data), "--set", "label=y",
-                          "--set", "epochs=1", "--set", f"active_rows_file={al / 'aligned-active.csv'}",
+    res = psfl_in_process(capfd, "vfl", "run", "--dataset", str(data), "--set", "label=y",
+                          "--set", "epochs=1",
+                          "--set", f"active_rows_file={al / 'aligned-active.csv'}",
                           "--set", f"passive_rows_file={shuffled}",
                           "--set", "handshake_timeout_s=20",
-                          "--out", str(tmp_path / "bad"), "--timeout-s", "120"],
-                         capture_output=True, text=True, timeout=150)
+                          "--out", str(tmp_path / "bad"), "--timeout-s", "120")
     assert res.returncode == 4 and "aligned_ids" in res.stderr, res.stderr[-2000:]

@@ -1,26 +1,16 @@
-"""``psfl vfl profile --sweep`` -> ``psfl vfl plan`` -> ``psfl vfl run --plan auto`` as
-real processes on bank, and the bus probe against a real broker."""
+"""``psfl vfl profile --sweep`` -> ``psfl vfl plan`` -> ``psfl vfl run --plan auto`` on
+bank (the launcher in the test's process, its children real processes), and the bus probe
+against a real broker."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from parties.data import load_table
-from tests.conftest import REPO, BrokerProcess
-
-PSFL = [sys.executable, "-m", "sim.cli"]
-
-
-def _psfl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}  # the party processes run -P
-    return subprocess.run([*PSFL, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env=env)
+from tests.conftest import BrokerProcess, psfl_in_process
 
 
 def test_measure_comm_through_a_real_broker(broker: BrokerProcess) -> None:
@@ -37,11 +27,14 @@ def test_measure_comm_through_a_real_broker(broker: BrokerProcess) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_profile_sweep_then_plan_on_bank(tmp_path: Path) -> None:
+def test_profile_sweep_then_plan_on_bank(tmp_path: Path,
+                                         capfd: pytest.CaptureFixture[str]) -> None:
     prof_dir, plan_dir = tmp_path / "prof", tmp_path / "plan"
-    res = _psfl("vfl", "profile", "--sweep", "--dataset", "bank", "--batch-sizes",
-                "16,64,256,1024", "--min-time-s", "0.05", "--sweep-min-time-s", "0.05",
-                "--out", str(prof_dir))
+    # the launcher in this process: the profile and sweep children, the broker of the
+    # communication probe are processes
+    res = psfl_in_process(capfd, "vfl", "profile", "--sweep", "--dataset", "bank",
+                          "--batch-sizes", "16,64,256,1024", "--min-time-s", "0.05",
+                          "--sweep-min-time-s", "0.05", "--out", str(prof_dir))
     assert res.returncode == 0, res.stderr
     assert "γ" in res.stdout and "held-out err" in res.stdout
     doc = json.loads((prof_dir / "profile.json").read_text())
@@ -60,8 +53,8 @@ def test_profile_sweep_then_plan_on_bank(tmp_path: Path) -> None:
     assert len(doc["sweep"]["comm"]["points"]) == 4
     assert doc["settings"]["config"]["dataset"] == "bank"
 
-    res = _psfl("vfl", "plan", "--profile", str(prof_dir / "profile.json"), "--w-max", "4",
-                "--out", str(plan_dir))
+    res = psfl_in_process(capfd, "vfl", "plan", "--profile", str(prof_dir / "profile.json"),
+                          "--w-max", "4", "--out", str(plan_dir))
     assert res.returncode == 0, res.stderr
     plan = json.loads((plan_dir / "plan.json").read_text())
     assert plan["batch_size"] in plan["inputs"]["batch_sizes"]
@@ -69,20 +62,21 @@ def test_profile_sweep_then_plan_on_bank(tmp_path: Path) -> None:
     assert plan["epoch_s"] > 0 and len(plan["table"]) == 7
     assert f"B {plan['batch_size']}" in res.stdout
 
-    res = _psfl("vfl", "plan", "--profile", str(prof_dir / "profile.json"),
-                "--mem-limit-mb", "1", "--out", str(plan_dir))
+    res = psfl_in_process(capfd, "vfl", "plan", "--profile", str(prof_dir / "profile.json"),
+                          "--mem-limit-mb", "1", "--out", str(plan_dir))
     assert res.returncode == 2 and "no batch size" in res.stderr
 
 
 @pytest.mark.timeout(240)
-def test_run_with_plan_auto_records_the_plan(tmp_path: Path) -> None:
+def test_run_with_plan_auto_records_the_plan(tmp_path: Path,
+                                             capfd: pytest.CaptureFixture[str]) -> None:
     # 6,000 rows of bank (3,780 training rows: every swept B fits): the
     # sweep's children, the plan and the run are the same, on a shorter epoch
     data = tmp_path / "bank_sample.csv"
     load_table("bank")[0].sample(n=6000, random_state=0).to_csv(data, index=False)
     out = tmp_path / "run"
-    res = _psfl("vfl", "run", "--plan", "auto", "--dataset", str(data), "--set", "vfl.label=y",
-                "--set", "vfl.epochs=1", "--out", str(out), timeout=200)
+    res = psfl_in_process(capfd, "vfl", "run", "--plan", "auto", "--dataset", str(data),
+                          "--set", "vfl.label=y", "--set", "vfl.epochs=1", "--out", str(out))
     assert res.returncode == 0, res.stderr
     m = json.loads((out / "metrics.json").read_text())
     plan = m["plan"]

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from parties.data import load_table
+from tests.conftest import psfl_in_process
 
 SCENARIO = """
 [scenario]
@@ -31,7 +30,8 @@ epochs = 1
 
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
-def test_duty_cycle_parties_know_their_share(tmp_path: Path) -> None:
+def test_duty_cycle_parties_know_their_share(tmp_path: Path,
+                                             capfd: pytest.CaptureFixture[str]) -> None:
     # 6,000 rows of bank: the shares are enforced from the parties' start (most of the
     # run is their start-up under the duty cycle), so full bank's epoch adds only time
     data = tmp_path / "bank_sample.csv"
@@ -39,9 +39,9 @@ def test_duty_cycle_parties_know_their_share(tmp_path: Path) -> None:
     scn = tmp_path / "s.toml"
     scn.write_text(SCENARIO.format(dataset=data))
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "sim.cli", "sim", "run", str(scn),
-                           "--out", str(out), "--quiet"], capture_output=True, text=True,
-                          timeout=280)
+    # the launcher in this process (its duty-cycle thread here); broker and parties are
+    # processes
+    proc = psfl_in_process(capfd, "sim", "run", str(scn), "--out", str(out), "--quiet")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     m = json.loads((out / "metrics.json").read_text())
     cores = len(os.sched_getaffinity(0))

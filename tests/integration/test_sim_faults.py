@@ -4,11 +4,11 @@ killed, and disconnected by its relay (issue 5's fault acceptance)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import psfl_in_process
 
 BASE = """
 [scenario]
@@ -43,22 +43,22 @@ bandwidth_mbps = 100
 """
 
 
-def _run(tmp_path: Path, kind: str, duration: float, liveness: float,
-         link: str = "") -> tuple[int, dict, str]:
+def _run(tmp_path: Path, capfd: pytest.CaptureFixture[str], kind: str, duration: float,
+         liveness: float, link: str = "") -> tuple[int, dict, str]:
+    """``psfl sim run`` with the launcher in this process (the broker, the relays and the
+    parties are processes; the parties' output is captured here too)."""
     scn = tmp_path / "s.toml"
     scn.write_text(BASE.format(name=f"{kind} test", kind=kind, duration=duration,
                                liveness=liveness, link=link))
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "sim.cli", "sim", "run", str(scn),
-                           "--out", str(out), "--quiet"], capture_output=True, text=True,
-                          timeout=300)
+    res = psfl_in_process(capfd, "sim", "run", str(scn), "--out", str(out), "--quiet")
     metrics = json.loads((out / "metrics.json").read_text())
-    return proc.returncode, metrics, proc.stdout + proc.stderr
+    return res.returncode, metrics, res.stdout + res.stderr
 
 
 @pytest.mark.timeout(300)
-def test_pause_past_t_ddl_is_survived_with_drops(tmp_path):
-    code, m, text = _run(tmp_path, "pause", 5.0, 30.0, link=LINK)  # behind a shaped link
+def test_pause_past_t_ddl_is_survived_with_drops(tmp_path, capfd):
+    code, m, text = _run(tmp_path, capfd, "pause", 5.0, 30.0, link=LINK)  # behind a shaped link
     assert code == 0, text[-3000:]
     # the disrupted segment: the pause plus a few T_ddl, not a stall (before the fix the
     # parties circled their reassigned batches out of phase: 19 s after a 3 s pause)
@@ -80,8 +80,8 @@ def test_pause_past_t_ddl_is_survived_with_drops(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_killed_passive_gives_a_clear_end_within_t_ddl_and_margin(tmp_path):
-    code, m, text = _run(tmp_path, "kill", 0.0, 2.0)
+def test_killed_passive_gives_a_clear_end_within_t_ddl_and_margin(tmp_path, capfd):
+    code, m, text = _run(tmp_path, capfd, "kill", 0.0, 2.0)
     assert code == 0, text[-3000:]  # the kill was scheduled: a clear failure is the result
     s = m["sim"]
     assert s["end_state"] == "failed"
@@ -92,8 +92,8 @@ def test_killed_passive_gives_a_clear_end_within_t_ddl_and_margin(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_disconnect_through_the_relay_is_survived(tmp_path):
-    code, m, text = _run(tmp_path, "disconnect", 4.0, 30.0)
+def test_disconnect_through_the_relay_is_survived(tmp_path, capfd):
+    code, m, text = _run(tmp_path, capfd, "disconnect", 4.0, 30.0)
     assert code == 0, text[-3000:]
     s = m["sim"]
     assert s["end_state"] == "completed"

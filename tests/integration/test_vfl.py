@@ -17,6 +17,7 @@ import pytest
 
 from parties.data import load_table, train_test_indices
 from parties.schedule import validation_split
+from tests.conftest import psfl_in_process
 
 PSFL = [sys.executable, "-m", "sim.cli"]
 
@@ -36,16 +37,20 @@ def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("worker_mode", ["thread", "process", "inline"])
 def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path,
-                                             worker_mode: str) -> None:
+                                             worker_mode: str,
+                                             capfd: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     out.mkdir()
     (out / "stale.txt").write_text("an existing, non-empty --out directory is fine")
     epochs, d = 3, 16
-    res = _psfl("vfl", "run", "--dataset", str(bank_sample), "--out", str(out),
-                "--set", "label=y", "--set", f"epochs={epochs}", "--set", f"embedding_dim={d}",
-                "--set", "batch_size=128", "--set", f"worker_mode={worker_mode}",
-                # two workers' updates are averaged (local SGD): a few more steps' worth
-                "--set", "lr=3e-3")
+    args = ("vfl", "run", "--dataset", str(bank_sample), "--out", str(out),
+            "--set", "label=y", "--set", f"epochs={epochs}", "--set", f"embedding_dim={d}",
+            "--set", "batch_size=128", "--set", f"worker_mode={worker_mode}",
+            # two workers' updates are averaged (local SGD): a few more steps' worth
+            "--set", "lr=3e-3")
+    # python -m sim.cli once (its wiring); the launcher in this process for the others
+    # (broker and parties still separate processes)
+    res = _psfl(*args) if worker_mode == "thread" else psfl_in_process(capfd, *args)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Traceback" not in res.stderr
     m = orjson.loads((out / "metrics.json").read_bytes())
@@ -219,11 +224,13 @@ def test_more_bad_input_is_a_clear_error(args: list[str], tmp_path: Path,
     assert res.stderr.startswith("error"), res.stderr[-2000:]
 
 
-def test_regression_run_on_california_reports_rmse(tmp_path: Path) -> None:
+def test_regression_run_on_california_reports_rmse(tmp_path: Path,
+                                                   capfd: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
-    # both parties in the launcher's process (the task, not the processes, is tested here)
-    res = _psfl("vfl", "run", "--dataset", "california", "--out", str(out),
-                "--set", "epochs=3", "--transport", "memory")
+    # both parties in the launcher's process, this one (the task, not the processes, is
+    # tested here)
+    res = psfl_in_process(capfd, "vfl", "run", "--dataset", "california", "--out", str(out),
+                          "--set", "epochs=3", "--transport", "memory")
     assert res.returncode == 0, res.stderr[-3000:]
     m = orjson.loads((out / "metrics.json").read_bytes())
     assert (m["dataset"], m["task"], m["metric_name"]) == ("california", "regression", "rmse")
@@ -245,10 +252,11 @@ def test_regression_run_on_california_reports_rmse(tmp_path: Path) -> None:
     assert f"test_rmse {rmse:.4f}" in res.stdout  # the launcher's and the party's summaries
 
 
-def test_adult_run_reaches_the_reference_auc(tmp_path: Path) -> None:
+def test_adult_run_reaches_the_reference_auc(tmp_path: Path,
+                                             capfd: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
-    res = _psfl("vfl", "run", "--dataset", "adult", "--out", str(out), "--set", "epochs=2",
-                "--transport", "memory")
+    res = psfl_in_process(capfd, "vfl", "run", "--dataset", "adult", "--out", str(out),
+                          "--set", "epochs=2", "--transport", "memory")
     assert res.returncode == 0, res.stderr[-3000:]
     m = orjson.loads((out / "metrics.json").read_bytes())
     assert (m["task"], m["metric_name"]) == ("binary", "auc")

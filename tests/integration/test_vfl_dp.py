@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -15,7 +13,6 @@ from parties.data import load_table
 from parties.dp import epsilon_for_delta
 from parties.schema import bundled_schema_name
 
-PSFL = [sys.executable, "-m", "sim.cli"]
 BANK_SCHEMA = Path(parties.datasets.__file__).parent / bundled_schema_name("bank")
 
 
@@ -27,12 +24,13 @@ def _run(out: Path, *sets: str, transport: str = "broker",
 
         return run_vfl_in_process(load_vfl_config(None, [f"dataset={dataset}", *sets]),
                                   out).metrics
-    args = [*PSFL, "vfl", "run", "--dataset", dataset, "--out", str(out), "--timeout-s", "300"]
-    for s in sets:
-        args += ["--set", s]
-    res = subprocess.run(args, capture_output=True, text=True, timeout=360)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "Traceback" not in res.stderr
+    # the launcher in this process (sim.launch.run_vfl, as psfl vfl run calls it); the
+    # broker and the parties are processes; a party that fails raises LaunchError here
+    from parties.config import load_vfl_config
+    from sim.launch import run_vfl
+
+    run_vfl(load_vfl_config(None, [f"dataset={dataset}", *sets]), out, timeout_s=300,
+            quiet=True)
     return orjson.loads((out / "metrics.json").read_bytes())
 
 

@@ -11,22 +11,23 @@ from pathlib import Path
 import orjson
 import pytest
 
-PSFL = [sys.executable, "-m", "sim.cli"]
+from tests.conftest import psfl_in_process
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
 @pytest.mark.parametrize("worker_mode", ["thread", "process"])
-def test_pinned_parties_without_deadline(tmp_path: Path, worker_mode: str) -> None:
+def test_pinned_parties_without_deadline(tmp_path: Path, worker_mode: str,
+                                         capfd: pytest.CaptureFixture[str]) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     a, p = cpus[0], cpus[-1]
-    res = subprocess.run(
-        [*PSFL, "vfl", "run", "--dataset", "bank", "--out", str(tmp_path),
-         "--set", "epochs=1", "--set", "t_ddl_s=0", "--set", f"worker_mode={worker_mode}",
-         # each party shares its one pinned CPU with its workers: on a loaded machine its
-         # start can take longer than the default 10 s
-         "--set", "connect_timeout_s=60",
-         "--set", f"active_cpus=[{a}]", "--set", f"passive_cpus=[{p}]"],
-        capture_output=True, text=True, timeout=120)
+    # the launcher in this process; the broker and both parties are processes
+    res = psfl_in_process(
+        capfd, "vfl", "run", "--dataset", "bank", "--out", str(tmp_path),
+        "--set", "epochs=1", "--set", "t_ddl_s=0", "--set", f"worker_mode={worker_mode}",
+        # each party shares its one pinned CPU with its workers: on a loaded machine its
+        # start can take longer than the default 10 s
+        "--set", "connect_timeout_s=60", "--timeout-s", "120",
+        "--set", f"active_cpus=[{a}]", "--set", f"passive_cpus=[{p}]")
     assert res.returncode == 0, res.stderr[-2000:]
     m = orjson.loads((tmp_path / "metrics.json").read_bytes())
     for role in ("active", "passive"):

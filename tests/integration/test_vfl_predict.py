@@ -15,6 +15,7 @@ import pytest
 from parties.config import load_vfl_config
 from parties.data import load_table
 from sim.local import predict_in_process, run_vfl_in_process
+from tests.conftest import psfl_in_process
 
 PSFL = [sys.executable, "-m", "sim.cli"]
 # a prediction through `psfl vfl predict` starts a broker and two party processes (each
@@ -61,12 +62,16 @@ def mlp_run(bank_sample: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 def test_saved_mlp_reproduces_the_runs_test_auc(mlp_run: tuple[Path, dict],  # type: ignore[type-arg]
-                                                tmp_path: Path) -> None:
+                                                tmp_path: Path,
+                                                capfd: pytest.CaptureFixture[str]) -> None:
     run, m = mlp_run
     for role in ("active", "passive"):
         man = orjson.loads((run / "model" / role / "manifest.json").read_bytes())
         assert man["run_id"] == m["run_id"] and man["model"]["model"] == "mlp"
-    res = _predict(run, tmp_path / "pred")
+    # the launcher in this process, the broker and both parties processes (the refusal
+    # below goes through python -m sim.cli)
+    res = psfl_in_process(capfd, "vfl", "predict", str(run), "--out", str(tmp_path / "pred"),
+                          "--timeout-s", "200", "--wait-s", "60")
     assert res.returncode == 0, res.stderr[-3000:]
     s = orjson.loads((tmp_path / "pred" / "predict.json").read_bytes())
     assert s["source"] == "test_split" and s["dp"]["enabled"] is False

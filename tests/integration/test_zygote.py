@@ -69,3 +69,18 @@ def test_python_m_parties_forked_keeps_its_exit_codes(tmp_path: Path) -> None:
                                "--broker", "tcp://127.0.0.1:1", "--insecure"],
                               name="t-config")
     assert missing.wait(60) == 2
+
+
+def _say(text: str) -> None:
+    print(f"out {text}", flush=True)
+    print(f"err {text}", file=sys.stderr, flush=True)
+
+
+def test_a_child_writes_to_the_callers_current_output(capfd: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    # the fork server started earlier, with other descriptors as its output (this
+    # session's first test's capture, or a terminal): the child writes to ours, now
+    capfd.readouterr()
+    assert zygote.start(_say, args=("hello",), name="t-say").wait(60) == 0
+    out, err = capfd.readouterr()
+    assert "out hello" in out and "err hello" in err
