@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,9 +13,9 @@ import orjson
 import pytest
 
 
+from sim.launch import spawn_party_cli
 from tests.conftest import bank_sample_csv, psfl_in_process, wait_for_event
 
-PSFL = [sys.executable, "-m", "sim.cli"]
 ALGOS = ["pubsub", "vfl", "vfl-ps", "avfl", "avfl-ps"]
 
 
@@ -90,19 +88,23 @@ def bank_small(bank_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 @pytest.mark.parametrize(("algo", "extra"), [(a, ()) for a in ALGOS]
                          + [("pubsub", ("t_ddl_s=0",))])
 def test_a_dead_passive_party_ends_the_active_with_the_partner_code(
-        broker, bank_small: Path, tmp_path: Path, algo: str, extra: tuple[str, ...]) -> None:
+        broker, bank_small: Path, tmp_path: Path, algo: str, extra: tuple[str, ...],
+        capfd: pytest.CaptureFixture[str]) -> None:
     # liveness 2 s on 0.25 s heartbeats (eight missed beats; was 3 s on 0.5 s): a shorter
     # wait after the kill, still far above one beat's gap
     liveness = 2.0
     sets = [f"dataset={bank_small}", "label=y", f"algo={algo}", "epochs=1000",
             "batch_size=64", f"liveness_timeout_s={liveness}", "heartbeat_interval_s=0.25",
             "handshake_timeout_s=60", *extra]
-    common = ["vfl", "party", "--broker", broker.address, "--run-id", f"kill-{algo}", "--insecure"]
+    common = ["--broker", broker.address, "--run-id", f"kill-{algo}", "--insecure"]
     for s in sets:
         common += ["--set", s]
-    procs = {role: subprocess.Popen([*PSFL, *common, "--role", role, "--out",
-                                     str(tmp_path / role), "--quiet"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # each party a real process running ``python -m parties ROLE`` (forked from this test
+    # process's party fork server, so neither imports torch again; the ``psfl vfl party``
+    # wiring has its subprocess tests in test_vfl.py), writing to this test's output
+    capfd.readouterr()
+    procs = {role: spawn_party_cli([role, *common, "--out", str(tmp_path / role), "--quiet"],
+                                   name=f"kill-{role}")
              for role in ("passive", "active")}
     try:
         wait_for_event(tmp_path / "active" / "events.jsonl", "vfl.epoch_done", 90)
@@ -110,16 +112,17 @@ def test_a_dead_passive_party_ends_the_active_with_the_partner_code(
         assert procs["active"].poll() is None and procs["passive"].poll() is None
         os.kill(procs["passive"].pid, signal.SIGKILL)
         t_kill = time.monotonic()
-        _, err = procs["active"].communicate(timeout=liveness + 30)
+        code = procs["active"].wait(liveness + 30)
         elapsed = time.monotonic() - t_kill
-        assert procs["active"].returncode == 4, err[-2000:]
+        err = capfd.readouterr().err
+        assert code == 4, err[-2000:]
         assert "Traceback" not in err and "passive party" in err, err[-2000:]
         # the liveness timeout plus the time to stop the workers and leave the bus, with
         # room for a loaded machine (another pytest worker, 2 cores): measured 1-3 s idle,
-        # up to 9 s at load 7; a hang would run into the communicate() deadline above
+        # up to 9 s at load 7; a hang would run into the wait() deadline above
         assert elapsed < liveness + 15, elapsed
     finally:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
-            p.communicate(timeout=10)
+            p.wait(10)
