@@ -15,14 +15,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
+from sim.launch import spawn_party_cli
 from tests.conftest import BrokerProcess
 
 # it measures idleness: under pytest-xdist no other test runs meanwhile (tests/conftest.py)
@@ -44,21 +44,20 @@ def _cpu_s(pid: int) -> float:
     return total
 
 
-def _party(role: str, broker: BrokerProcess, tmp: Path, run_id: str, *sets: str
-           ) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "parties", role, "--insecure", "--broker", broker.address,
-            "--run-id", run_id, "--out", str(tmp / role), "--events", str(tmp / f"{role}.jsonl"),
-            "--quiet", "--set", "dataset=bank", *[x for s in sets for x in ("--set", s)]]
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _party(role: str, broker: BrokerProcess, tmp: Path, run_id: str, *sets: str) -> Any:
+    """``python -m parties ROLE ...`` as a real process, forked from this test process's
+    party fork server (its start-up imports are not what is measured here)."""
+    args = [role, "--insecure", "--broker", broker.address, "--run-id", run_id,
+            "--out", str(tmp / role), "--events", str(tmp / f"{role}.jsonl"), "--quiet",
+            "--set", "dataset=bank", *[x for s in sets for x in ("--set", s)]]
+    return spawn_party_cli(args, name=f"idle-{role}")
 
 
-def _wait_for_event(path: Path, event: str, proc: subprocess.Popen[bytes],
-                    timeout_s: float = 60.0) -> None:
+def _wait_for_event(path: Path, event: str, proc: Any, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            raise AssertionError(f"party exited early ({proc.returncode}): {err[-500:]}")
+        if proc.poll() is not None:  # its error went to this test's captured stderr
+            raise AssertionError(f"party exited early ({proc.returncode})")
         if path.exists():
             for line in path.read_text().splitlines():
                 try:
@@ -82,14 +81,12 @@ def _idle_cores(pid: int, windows: int = 3) -> float:
     return min(_cores_used(pid, WINDOW_S / 2) for _ in range(windows))
 
 
-def _kill(*procs: subprocess.Popen[bytes]) -> None:
+def _kill(*procs: Any) -> None:
     for p in procs:
         if p.poll() is None:
             p.kill()
     for p in procs:
         p.wait(10)
-        if p.stderr:
-            p.stderr.close()
 
 
 def test_party_waiting_in_the_handshake_is_idle(broker: BrokerProcess, tmp_path: Path) -> None:
