@@ -6,9 +6,6 @@ run by another bus client are dropped and counted, and the run completes."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,11 +18,9 @@ import torch
 from parties.data import load_table
 from parties.errors import NonFiniteTraining, PartnerMisbehaved
 from pubsub import Bus
-
-from tests.conftest import wait_for_event
 from sim.api import VflJob, train
-
-PSFL = [sys.executable, "-m", "sim.cli"]
+from sim.launch import spawn_party_cli
+from tests.conftest import wait_for_event
 
 
 class NanBottom(torch.nn.Module):
@@ -101,33 +96,34 @@ async def _attack(address: str, run: str, n_channels: int, seconds: float) -> in
 
 @pytest.mark.timeout(240)
 def test_foreign_and_malformed_messages_are_dropped_and_the_run_completes(
-        broker, bank_frame: pd.DataFrame, tmp_path: Path) -> None:
+        broker, bank_frame: pd.DataFrame, tmp_path: Path,
+        capfd: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "bank.csv"
     bank_frame.to_csv(data, index=False)
     run = "victim"
     sets = [f"dataset={data}", "label=y", "epochs=3", "batch_size=64", "embedding_dim=32",
             "handshake_timeout_s=60", "connect_timeout_s=60"]
-    common = ["vfl", "party", "--broker", broker.address, "--run-id", run, "--insecure",
-              "--quiet"]
+    common = ["--broker", broker.address, "--run-id", run, "--insecure", "--quiet"]
     for s in sets:
         common += ["--set", s]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    procs = {role: subprocess.Popen([*PSFL, *common, "--role", role, "--out",
-                                     str(tmp_path / role)], env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # both parties real processes (python -m parties ROLE forked from this test process's
+    # party fork server), writing to this test's captured output
+    capfd.readouterr()
+    procs = {role: spawn_party_cli([role, *common, "--out", str(tmp_path / role)],
+                                   name=f"victim-{role}")
              for role in ("passive", "active")}
     try:
         wait_for_event(tmp_path / "active" / "events.jsonl", "vfl.partner_found", 120)
         sent = asyncio.run(_attack(broker.address, run, n_channels=8, seconds=3.0))
-        outs = {role: p.communicate(timeout=150) for role, p in procs.items()}
+        codes = {role: p.wait(150) for role, p in procs.items()}
     finally:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
-                p.communicate(timeout=10)
-    for role, p in procs.items():
-        assert p.returncode == 0, (role, outs[role][1][-3000:])
-        assert "Traceback" not in outs[role][1]
+                p.wait(10)
+    err = capfd.readouterr().err
+    assert codes == {"passive": 0, "active": 0}, (codes, err[-3000:])
+    assert "Traceback" not in err
     m = orjson.loads((tmp_path / "active" / "metrics.json").read_bytes())
     assert sent > 100 and m["test_auc"] > 0.8
     for role in ("active", "passive"):
