@@ -14,7 +14,8 @@ real, separate process with its own pid, exit code and signals, so everything a 
 does with a party process (wait, SIGTERM, kill, exit codes) is unchanged.
 
 A child writes to the launcher's standard output and error as they are when it starts
-(the descriptors are passed to it), like a child the launcher would exec.
+(the descriptors are passed to it) and gets the launcher's environment as it is then, like
+a child the launcher would exec.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def _child(target: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str,
             os.close(fd)
     for fn in setup:
         fn()
-    if env:
+    if env is not None:  # the launcher's environment now, not the server's at its start
+        os.environ.clear()
         os.environ.update(env)
     target(*args, **kwargs)
 
@@ -130,11 +132,12 @@ def start(target: Callable[..., Any], *, args: Sequence[Any] = (),
     pickled: they must be importable (module-level functions, ``functools.partial`` of
     them), as for ``multiprocessing``'s spawn. In the child, standard output and error
     become the caller's current ones, each ``setup`` callable runs (joining a CPU or
-    memory group, say), ``env`` is added to the environment, then ``target`` runs."""
+    memory group, say), the environment becomes the caller's current one plus ``env``,
+    then ``target`` runs."""
     stdio = (_ParentFd(1), _ParentFd(2))
+    child_env = {**os.environ, **(env or {})}
     proc = context().Process(target=_child, args=(target, tuple(args), dict(kwargs or {}),
-                                                  dict(env) if env else None, tuple(setup),
-                                                  stdio),
+                                                  child_env, tuple(setup), stdio),
                              name=name)
     proc.start()
     return Child(proc)

@@ -45,6 +45,21 @@ def test_a_forked_child_has_its_own_pid_exit_code_env_and_setup(tmp_path: Path) 
     assert "PSFL_ZYGOTE_TEST" not in os.environ  # the launcher's environment is untouched
 
 
+def _write_env(path: str, key: str) -> None:
+    Path(path).write_text(os.environ.get(key, "<unset>"))
+
+
+def test_a_child_gets_the_callers_environment_as_it_is_now(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    # set after the fork server started (conftest starts it at the session's start)
+    monkeypatch.setenv("PSFL_ZYGOTE_LATE", "late")
+    out = tmp_path / "env.txt"
+    assert zygote.start(_write_env, args=(str(out), "PSFL_ZYGOTE_LATE"),
+                        name="t-env").wait(60) == 0
+    assert out.read_text() == "late"
+
+
 def test_signals_reach_the_child_and_wait_has_a_deadline() -> None:
     child = zygote.start(_sleep_forever, name="t-sleep")
     try:
