@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import signal
@@ -399,13 +400,23 @@ def main() -> None:
     from pubsub.logs import configure_logging
 
     configure_logging(stderr_level="error")  # the attacker's own clients stay quiet
-    # bank at B = 256 trains about 0.6 s per epoch on 2 cores: 100 epochs keep the attack
-    # going for at least a minute of training
     epochs = args.epochs or (100 if args.quick else 150)
     root = Path(tempfile.mkdtemp(prefix="psfl-hostile-"))
     keys = None if args.insecure else make_keys(root)
     t0 = time.monotonic()
-    plain = [plain_run(root, keys, f"plain{i}", epochs) for i in range(2)]
+    plain = [plain_run(root, keys, "plain0", epochs)]
+    if args.epochs is None:
+        # the campaign lasts as long as the victim trains: enough epochs for --attack-s
+        # of training with a quarter to spare on this machine (bank at B = 256 trains
+        # 0.3-0.6 s per epoch on 2 cores), the same for every run that is compared
+        per_epoch = (plain[0]["train_wall_s"] or 0.0) / epochs
+        need = math.ceil(1.25 * args.attack_s / per_epoch) if per_epoch > 0 else epochs
+        if need > epochs:
+            print(f"{epochs} epochs trained in {per_epoch * epochs:.0f} s: {need} epochs "
+                  f"for an attack of {args.attack_s:.0f} s", flush=True)
+            epochs = need
+            plain = [plain_run(root, keys, "plain0", epochs)]
+    plain.append(plain_run(root, keys, "plain1", epochs))
     print(f"undisturbed: test_auc {[r['test_auc'] for r in plain]}, train "
           f"{[r['train_wall_s'] for r in plain]} s", flush=True)
     att = attacked_run(root, keys, epochs, args.attack_s, args.subscriptions,

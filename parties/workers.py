@@ -532,6 +532,9 @@ def mp_context() -> Any:
     four suite runs; the likely cause, not proven)."""
     global _MP_CTX
     if _MP_CTX is None:
+        from parties.zygote import short_socket_dir
+
+        short_socket_dir()  # a long TMPDIR would not bind the server's socket
         _MP_CTX = mp.get_context("forkserver")
         _MP_CTX.set_forkserver_preload(["parties.workers"])
     return _MP_CTX

@@ -33,6 +33,32 @@ PRELOAD = ("parties.preload",)
 _CTX: Any = None
 
 
+#: most bytes of a Unix socket path (Linux: 108 with the NUL); multiprocessing's fork
+#: server listens on ``<temp dir>/pymp-XXXXXXXX/listener-XXXXXXXX``
+_MAX_SOCKET_DIR = 60
+
+
+def short_socket_dir() -> None:
+    """Make ``multiprocessing`` keep its sockets in a short directory when the temporary
+    directory (``TMPDIR``) is long: a fork server's socket path past 108 bytes fails to
+    bind (``OSError: AF_UNIX path too long``). ``multiprocessing`` chooses its directory
+    once per process; this makes that choice under ``/tmp`` when needed and leaves
+    :mod:`tempfile`'s own default as it was."""
+    import tempfile
+    from multiprocessing import process, util
+
+    if "tempdir" in process.current_process()._config:  # chosen already
+        return
+    if len(tempfile.gettempdir()) <= _MAX_SOCKET_DIR or not os.access("/tmp", os.W_OK):
+        return
+    saved = tempfile.tempdir
+    tempfile.tempdir = "/tmp"
+    try:
+        util.get_temp_dir()
+    finally:
+        tempfile.tempdir = saved
+
+
 def context() -> Any:
     """The fork-server context whose server preloads :data:`PRELOAD`.
 
@@ -41,6 +67,7 @@ def context() -> Any:
     parties are still forked from it, and import what it lacks themselves."""
     global _CTX
     if _CTX is None:
+        short_socket_dir()
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(list(PRELOAD))
         _CTX = ctx

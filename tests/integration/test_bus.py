@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from pubsub import Bus, BusConfig, DeadlineExceeded
 from pubsub.buffer import BufferLimits
@@ -239,12 +241,30 @@ async def test_broker_counts_sequence_gaps_per_namespace(broker: BrokerProcess) 
             assert sub.stats().gaps == 4
 
 
+async def _until_received(raw: zmq.Socket, sub: Bus, topic: str, publisher: str) -> None:
+    """Send a small valid message on ``raw`` until ``sub`` receives one: the broker's
+    subscription has reached this raw socket (before, a PUB socket sends nothing)."""
+    probe = encode(topic, [np.zeros(10, np.uint8)], {"probe": publisher}, seq=1,
+                   publisher=publisher)
+    deadline = time.monotonic() + 20
+    while True:
+        raw.send_multipart(probe)
+        try:
+            msg = await sub.next(topic, timeout_s=0.1)
+            if msg.meta.get("probe") == publisher:
+                return
+        except DeadlineExceeded:
+            pass
+        assert time.monotonic() < deadline, "the raw publisher never got the subscription"
+
+
 async def test_broker_rejects_messages_over_its_size_bound(tmp_path: Path) -> None:
     """The broker's bound (100,000 bytes here) holds three ways: a bus client learns it
     from the hello and refuses a larger publication itself (MessageTooLarge, nothing
-    sent); a raw sender's single frame above it closes that connection before the broker
-    allocates it; a message whose frames are each within it but together above it is
-    received, rejected and counted. The broker forwards the rest throughout."""
+    sent); a raw sender's single frame above it closes that sender's connection (libzmq
+    reads the frame's size and disconnects before allocating it); a message whose frames
+    are each within it but together above it is received, rejected and counted. The
+    broker forwards the rest throughout."""
     b = BrokerProcess(tmp_path, "--set", "max_message_bytes=100000")
     try:
         async with Bus(b.address, name="p") as pub, Bus(b.address, name="s") as sub:
@@ -253,17 +273,26 @@ async def test_broker_rejects_messages_over_its_size_bound(tmp_path: Path) -> No
             with pytest.raises(MessageTooLarge) as err:
                 await pub.publish("big/x", [np.zeros(200_000, np.uint8)])
             assert err.value.max_bytes == 100_000 and err.value.size > 200_000
-            with raw_publisher(b.address) as raw:
-                time.sleep(0.3)  # connected before the sends below
-                raw.send(b"big/x\0" + bytes(200_000))  # one frame above the bound
-                frames = encode("big/x", [np.zeros(80_000, np.uint8)] * 2, {"raw": 1},
-                                seq=1, publisher="raw")
-                assert len(frames) == 3 and all(len(memoryview(f)) < 100_000 for f in frames)
-                raw.send_multipart(frames)  # 160 kB over three frames
+            with raw_publisher(b.address) as big:
+                await _until_received(big, sub, "big/x", "raw-big")
+                mon = big.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                try:
+                    big.send(b"big/x\0" + bytes(200_000))  # one frame above the bound
+                    assert mon.poll(10_000), "the broker kept the oversize sender connected"
+                    assert recv_monitor_message(mon)["event"] == zmq.EVENT_DISCONNECTED
+                finally:
+                    big.disable_monitor()
+                    mon.close(0)
+            frames = encode("big/x", [np.zeros(80_000, np.uint8)] * 2, {"raw": 1}, seq=1,
+                            publisher="raw-multi")
+            assert len(frames) == 3 and all(len(memoryview(f)) < 100_000 for f in frames)
+            with raw_publisher(b.address) as multi:
+                await _until_received(multi, sub, "big/x", "raw-multi")
                 deadline = time.monotonic() + 10
+                multi.send_multipart(frames)  # 160 kB over three frames
                 while request_stats(b.address)["rejected"] < 1:
                     assert time.monotonic() < deadline, request_stats(b.address)
-                    time.sleep(0.05)
+                    await asyncio.sleep(0.05)
             await pub.publish("big/x", [np.zeros(10, np.uint8)], {"small": True})
             msg = await sub.next("big/x", timeout_s=2.0)
             while not msg.meta.get("small"):

@@ -99,3 +99,16 @@ def test_a_child_writes_to_the_callers_current_output(capfd: pytest.CaptureFixtu
     assert zygote.start(_say, args=("hello",), name="t-say").wait(60) == 0
     out, err = capfd.readouterr()
     assert "out hello" in out and "err hello" in err
+
+
+def test_a_long_tmpdir_still_starts_the_fork_server(tmp_path: Path) -> None:
+    # a Unix socket path is at most 108 bytes; multiprocessing puts its fork server's in
+    # the temporary directory (a psfl run under a deep TMPDIR failed: "AF_UNIX path too
+    # long")
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    code = ("import tempfile, sys; from parties import zygote; zygote.warm(); "
+            "c = zygote.start(print, args=('forked',), name='t'); sys.exit(c.wait(60)); ")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "TMPDIR": str(deep)})
+    assert res.returncode == 0 and "forked" in res.stdout, res.stderr[-2000:]
