@@ -108,25 +108,6 @@ def _assert_clean_failure(res: subprocess.CompletedProcess[str], code: int, *nee
         assert n in res.stderr, (n, res.stderr[-2000:])
 
 
-def _psfl_in_process(capsys: pytest.CaptureFixture[str], *args: str
-                     ) -> subprocess.CompletedProcess[str]:
-    """``psfl ARGS`` through :func:`sim.cli.main` in this process, for the bad-input
-    tests whose point is the message and the exit code (a child process would spend
-    seconds importing torch first). An uncaught exception propagates and fails the test,
-    where a child would print a traceback; argparse's own exit is returned as a code.
-    The ``python -m sim.cli`` wiring keeps its subprocess tests (the smoke runs above and
-    :func:`test_unknown_config_key_is_a_clear_error`)."""
-    from sim.cli import main
-
-    capsys.readouterr()  # drop anything printed before
-    try:
-        code = main(list(args))
-    except SystemExit as exc:  # argparse usage errors
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess(["psfl", *args], code, captured.out, captured.err)
-
-
 def _csv(path: Path, frame: pd.DataFrame) -> Path:
     frame.to_csv(path, index=False)
     return path
@@ -144,7 +125,7 @@ def _small_table(n: int = 60, seed: int = 0) -> pd.DataFrame:
 
 def test_missing_data_file_is_a_clear_error(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    res = _psfl_in_process(capsys, "vfl", "run", "--dataset", str(tmp_path / "nope.csv"),
+    res = psfl_in_process(capsys, "vfl", "run", "--dataset", str(tmp_path / "nope.csv"),
                            "--out", str(tmp_path), "--set", "label=y")
     _assert_clean_failure(res, 2, "nope.csv")
 
@@ -152,7 +133,7 @@ def test_missing_data_file_is_a_clear_error(tmp_path: Path,
 def test_unknown_column_is_a_clear_error(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     table = _csv(tmp_path / "t.csv", _small_table())
-    res = _psfl_in_process(capsys, "vfl", "run", "--dataset", str(table),
+    res = psfl_in_process(capsys, "vfl", "run", "--dataset", str(table),
                            "--out", str(tmp_path / "r"),
                            "--set", "label=y", "--set", 'active_columns=["age","salary"]',
                            "--set", 'passive_columns=["job"]')
@@ -162,7 +143,7 @@ def test_unknown_column_is_a_clear_error(tmp_path: Path,
 def test_one_class_label_is_a_clear_error(tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     path = _csv(tmp_path / "oneclass.csv", _small_table().assign(y="no"))
-    res = _psfl_in_process(capsys, "vfl", "run", "--dataset", str(path),
+    res = psfl_in_process(capsys, "vfl", "run", "--dataset", str(path),
                            "--out", str(tmp_path / "r"), "--set", "label=y")
     _assert_clean_failure(res, 2, "single class")
 
@@ -190,7 +171,7 @@ def test_out_that_is_a_file_is_a_clear_error(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "afile"
     f.write_text("x")
-    res = _psfl_in_process(capsys, "vfl", "run", "--dataset", "bank", "--out", str(f))
+    res = psfl_in_process(capsys, "vfl", "run", "--dataset", "bank", "--out", str(f))
     _assert_clean_failure(res, 2, "run directory")
 
 
@@ -204,7 +185,7 @@ def test_test_split_with_one_class_is_a_clear_error(tmp_path: Path,
     y = np.full(n, "no", dtype=object)
     y[[0, 5]] = "yes"
     tiny = _csv(tmp_path / "tiny.csv", _small_table(n).assign(y=y))
-    res = _psfl_in_process(capsys, "vfl", "run", "--dataset", str(tiny), "--set", "label=y",
+    res = psfl_in_process(capsys, "vfl", "run", "--dataset", str(tiny), "--set", "label=y",
                            "--out", str(tmp_path / "r"))
     _assert_clean_failure(res, 2, "single class", "test split (4 rows)")
 
@@ -219,7 +200,7 @@ def test_more_bad_input_is_a_clear_error(args: list[str], tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str],
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    res = _psfl_in_process(capsys, *args)
+    res = psfl_in_process(capsys, *args)
     _assert_clean_failure(res, 2)
     assert res.stderr.startswith("error"), res.stderr[-2000:]
 
@@ -267,15 +248,15 @@ def test_adult_run_reaches_the_reference_auc(tmp_path: Path,
 
 def test_task_that_does_not_fit_the_label_is_a_clear_error(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    res = _psfl_in_process(capsys, "vfl", "run", "--dataset", "bank",
+    res = psfl_in_process(capsys, "vfl", "run", "--dataset", "bank",
                            "--out", str(tmp_path / "a"), "--set", "task=regression")
     _assert_clean_failure(res, 2, "vfl.task", "binary task")
     table = _csv(tmp_path / "t.csv", _small_table())
-    res = _psfl_in_process(capsys, "vfl", "run", "--dataset", str(table),
+    res = psfl_in_process(capsys, "vfl", "run", "--dataset", str(table),
                            "--out", str(tmp_path / "b"), "--set", "label=y",
                            "--set", "task=regression")
     _assert_clean_failure(res, 2, "'y'", "must be numeric")
-    res = _psfl_in_process(capsys, "vfl", "run", "--dataset", str(table),
+    res = psfl_in_process(capsys, "vfl", "run", "--dataset", str(table),
                            "--out", str(tmp_path / "c"), "--set", "label=balance")
     _assert_clean_failure(res, 2, "vfl.task=regression")
 
