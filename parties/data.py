@@ -31,7 +31,7 @@ import hashlib
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -57,6 +57,7 @@ __all__ = [
     "UnknownColumn",
     "clean_adult",
     "default_split",
+    "default_split_n",
     "encode_labels",
     "encode_party_features",
     "encode_regression_labels",
@@ -65,6 +66,7 @@ __all__ = [
     "synthetic_columns",
     "train_test_indices",
     "validate_split",
+    "validate_split_n",
 ]
 
 _DATASETS_PACKAGE = "parties.datasets"
@@ -442,20 +444,53 @@ def default_split(columns: Sequence[str], label: str, *,
         InvalidSplit: Fewer than two feature columns, so a party would be empty, or
             ``n_active`` leaves a party without columns.
     """
+    groups = default_split_n(columns, label, ("active", "passive"), n_active=n_active)
+    return groups["active"], groups["passive"]
+
+
+def default_split_n(columns: Sequence[str], label: str, parties: Sequence[str], *,
+                    n_active: int | None = None) -> dict[str, tuple[str, ...]]:
+    """Split the feature columns among ``parties`` (the active party first).
+
+    Features are all columns except ``label``, in table order, cut into contiguous
+    groups: the active party takes the first ``n_active`` (default: an equal share,
+    rounded up), and the rest are shared as evenly as possible among the other parties
+    in order (the earlier ones take the one extra column where it does not divide).
+    With two parties this is :func:`default_split`.
+
+    Raises:
+        UnknownColumn: ``label`` is not in ``columns``.
+        InvalidSplit: fewer parties than 2, a party named twice, fewer feature columns
+            than parties, or ``n_active`` leaving a party without columns.
+    """
     columns = list(columns)
+    parties = list(parties)
     if label not in columns:
         raise UnknownColumn([label], columns)
+    if len(parties) < 2:
+        raise InvalidSplit(f"need at least 2 parties to split columns among, got {parties!r}")
+    dupes = _duplicates(parties)
+    if dupes:
+        raise InvalidSplit(f"parties named more than once: {dupes!r}")
     features = [c for c in columns if c != label]
-    if len(features) < 2:
-        raise InvalidSplit(
-            f"need at least 2 feature columns to split between two parties, got {features!r}"
-        )
+    n = len(parties)
+    if len(features) < n:
+        raise InvalidSplit(f"need at least {n} feature columns to split among {n} parties "
+                           f"({', '.join(parties)}), got {features!r}")
     if n_active is None:
-        n_active = math.ceil(len(features) / 2)
-    elif not 1 <= n_active < len(features):
-        raise InvalidSplit(f"vfl.active_features = {n_active}: each party needs at least one "
-                           f"of the {len(features)} feature columns")
-    return tuple(features[:n_active]), tuple(features[n_active:])
+        n_active = math.ceil(len(features) / n)
+    elif not 1 <= n_active <= len(features) - (n - 1):
+        raise InvalidSplit(f"vfl.active_features = {n_active}: each of the {n} parties needs "
+                           f"at least one of the {len(features)} feature columns")
+    out = {parties[0]: tuple(features[:n_active])}
+    rest = features[n_active:]
+    q, r = divmod(len(rest), n - 1)
+    start = 0
+    for i, party in enumerate(parties[1:]):
+        size = q + (1 if i < r else 0)
+        out[party] = tuple(rest[start:start + size])
+        start += size
+    return out
 
 
 def validate_split(
@@ -477,26 +512,43 @@ def validate_split(
         InvalidSplit: A party has no columns, lists a column twice, uses the
             label as a feature, or the two parties share a column.
     """
+    validate_split_n(columns, label, {"active": active, "passive": passive})
+
+
+def validate_split_n(columns: Sequence[str], label: str,
+                     groups: Mapping[str, Sequence[str]]) -> None:
+    """Check a column assignment for any number of parties (party id -> its columns).
+
+    Raises:
+        UnknownColumn: ``label`` or any party column is not in ``columns``.
+        InvalidSplit: a party has no columns, lists a column twice or uses the label
+            as a feature, or two parties share a column (the message names both).
+    """
     available = list(columns)
     known = set(available)
-    active, passive = list(active), list(passive)
-    for party, cols in (("active", active), ("passive", passive)):
+    groups = {party: list(cols) for party, cols in groups.items()}
+    for party, cols in groups.items():
         if not cols:
             raise InvalidSplit(f"the {party} party has no feature columns")
-    unknown = [c for c in dict.fromkeys([label, *active, *passive]) if c not in known]
+    unknown = [c for c in dict.fromkeys([label, *(c for cols in groups.values() for c in cols)])
+               if c not in known]
     if unknown:
         raise UnknownColumn(unknown, available)
-    for party, cols in (("active", active), ("passive", passive)):
+    for party, cols in groups.items():
         if label in cols:
             raise InvalidSplit(f"label column {label!r} is used as a feature by the {party} party")
-    for party, cols in (("active", active), ("passive", passive)):
+    for party, cols in groups.items():
         dupes = _duplicates(cols)
         if dupes:
             raise InvalidSplit(f"the {party} party lists columns more than once: {dupes!r}")
-    passive_set = set(passive)
-    overlap = [c for c in active if c in passive_set]
-    if overlap:
-        raise InvalidSplit(f"columns assigned to both parties: {overlap!r}")
+    owner: dict[str, str] = {}
+    for party, cols in groups.items():
+        for c in cols:
+            first = owner.setdefault(c, party)
+            if first != party:
+                both = [x for x in cols if owner.get(x) == first]
+                raise InvalidSplit(f"columns assigned to both the {first} and the {party} "
+                                   f"party: {both!r}")
 
 
 def _duplicates(cols: Sequence[str]) -> list[str]:
