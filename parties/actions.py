@@ -11,7 +11,9 @@ Payloads are opaque to a strategy: what :class:`Forward` returns goes unchanged 
 ``vfl-ps`` ID subsets, its two int64 arrays). ``n_rows`` on a compute action is the
 number of rows it computes on (cost models and counters); ``rows`` an explicit row
 subset (``vfl-ps``; None: batch ``batch`` of ``epoch``'s plan); ``key`` names the
-worker's kept forward graph (None: ``batch``).
+worker's kept forward graph (None: ``batch``). ``party`` on a message action names the
+passive party whose ``emb``/``grad`` channel it is (an active party with several passive
+parties); ``""`` is the party's one partner (every two-party run, and a passive party).
 
 Blocking actions (the interpreter resumes the generator later): :class:`Forward`,
 :class:`Backward`, :class:`Discard`, :class:`JoinPrefetch`, :class:`TopStep`,
@@ -99,19 +101,31 @@ class JoinPrefetch:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TopStep:
-    """Active: top forward/backward with the passive embedding message ``emb``; the
-    interpreter publishes the cut-layer gradient on ``grad/<grad_channel>`` with
-    ``grad_meta`` as soon as it exists, then the own bottom's backward runs. Returns the
-    loss (float)."""
+    """Active: top forward/backward on the fused embeddings ``embs`` (one message per
+    passive party, in ``parties`` order); the interpreter publishes each party's
+    cut-layer gradient on its ``grad/<grad_channel>`` with that party's entry of
+    ``grad_metas`` as soon as it exists, then the own bottom's backward runs. Returns
+    the loss (float)."""
 
     worker: int
     epoch: int
     batch: int
-    emb: Any
+    embs: tuple[Any, ...]
     n_rows: int
     grad_channel: int
-    grad_meta: dict[str, Any]
+    grad_metas: tuple[dict[str, Any], ...]
+    parties: tuple[str, ...] = ("",)
     rows: Any = None
+
+    @property
+    def emb(self) -> Any:
+        """The first (in a two-party run, the only) passive party's message."""
+        return self.embs[0]
+
+    @property
+    def grad_meta(self) -> dict[str, Any]:
+        """The first (in a two-party run, the only) passive party's gradient meta."""
+        return self.grad_metas[0]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,6 +142,7 @@ class Publish:
     rows: Any = None
     worker: int = -1
     batch: int = -1
+    party: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,6 +157,7 @@ class Await:
     accept: Acceptor
     worker: int = -1
     batch: int = -1
+    party: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +168,7 @@ class Poll:
     kind: str
     channel: int | None
     accept: Acceptor
+    party: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +177,7 @@ class Pending:
 
     kind: str
     channels: tuple[int, ...]
+    party: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -59,11 +59,12 @@ log = structlog.get_logger(__name__)
 
 
 class TopicMap(Protocol):
-    """Topic names of a run (:class:`parties.runtime.Topics`)."""
+    """Topic names of a run (:class:`parties.runtime.Topics`); ``party`` names one of
+    several passive parties (``""``: the one partner)."""
 
-    def emb(self, b: int) -> str: ...
+    def emb(self, b: int, party: str = "") -> str: ...
 
-    def grad(self, b: int) -> str: ...
+    def grad(self, b: int, party: str = "") -> str: ...
 
     @property
     def ids(self) -> str: ...
@@ -142,20 +143,20 @@ class ActionDriver:
                 exc = e
 
     # ------------------------------------------------------------------ topics
-    def _topic(self, kind: str, channel: int | None) -> str:
+    def _topic(self, kind: str, channel: int | None, party: str = "") -> str:
         if kind == EMB:
             assert channel is not None
-            return self.topics.emb(channel)
+            return self.topics.emb(channel, party)
         if kind == GRAD:
             assert channel is not None
-            return self.topics.grad(channel)
+            return self.topics.grad(channel, party)
         if kind == IDS:
             return self.topics.ids
         raise ValueError(f"unknown message kind {kind!r}")
 
     # ------------------------------------------------------------------ immediate
     def _publish(self, a: Publish) -> None:
-        topic = self._topic(a.kind, a.channel)
+        topic = self._topic(a.kind, a.channel, a.party)
         if a.kind != EMB:
             self.bus.publish_nowait(topic, list(a.arrays), a.meta)
             return
@@ -167,7 +168,7 @@ class ActionDriver:
 
     def _poll(self, a: Poll) -> Received:
         """A buffered message that ``accept`` takes, without waiting."""
-        topic = self._topic(a.kind, a.channel)
+        topic = self._topic(a.kind, a.channel, a.party)
         stale = 0
         while (msg := self.bus.try_next(topic)) is not None:
             if not self._admit(a.kind, msg):
@@ -182,7 +183,8 @@ class ActionDriver:
         return Received(stale=stale)
 
     def _pending(self, a: Pending) -> frozenset[int]:
-        return frozenset(c for c in a.channels if self.bus.pending(self._topic(a.kind, c)) > 0)
+        return frozenset(c for c in a.channels
+                         if self.bus.pending(self._topic(a.kind, c, a.party)) > 0)
 
     @staticmethod
     def _now(_: Now) -> float:
@@ -234,16 +236,22 @@ class ActionDriver:
             await task
 
     async def _top_step(self, a: TopStep) -> float:
-        bus, topic, meta = self.bus, self.topics.grad(a.grad_channel), a.grad_meta
+        bus, timeline = self.bus, self.timeline
+        topics = [self.topics.grad(a.grad_channel, party) for party in a.parties]
 
-        def publish(grad: Any) -> None:
+        def publish(grads: Any) -> None:
+            # one gradient (one partner) or one per partner, in a.parties order
             t0 = time.perf_counter()
-            bus.publish_nowait(topic, [grad], meta, copy=False)
-            self.timeline.record(COMM, a.worker, a.batch, t0, time.perf_counter())
+            if len(topics) == 1:
+                bus.publish_nowait(topics[0], [grads], a.grad_metas[0], copy=False)
+            else:
+                for topic, grad, meta in zip(topics, grads, a.grad_metas, strict=True):
+                    bus.publish_nowait(topic, [grad], meta, copy=False)
+            timeline.record(COMM, a.worker, a.batch, t0, time.perf_counter())
 
-        arr = self._check_rows(a.emb, a.n_rows)
-        loss, _ = await self.handles[a.worker].step(a.epoch, a.batch, arr,
-                                                    rows=a.rows, on_grad=publish)
+        arrs = [self._check_rows(m, a.n_rows) for m in a.embs]
+        loss, _ = await self.handles[a.worker].step(
+            a.epoch, a.batch, arrs[0] if len(arrs) == 1 else arrs, rows=a.rows, on_grad=publish)
         if not math.isfinite(loss):  # never train on, or report, a NaN model
             raise NonFiniteTraining(f"loss of batch {a.batch} in epoch {a.epoch}")
         return loss
@@ -267,7 +275,7 @@ class ActionDriver:
         another worker's step). The wait is recorded as a ``wait`` span of the action's
         worker / batch on the party's timeline."""
         loop = asyncio.get_running_loop()
-        topic = self._topic(a.kind, a.channel)
+        topic = self._topic(a.kind, a.channel, a.party)
         t0 = loop.time()
         deadline = t0 + a.timeout_s
         p0 = time.perf_counter()

@@ -44,6 +44,7 @@ from parties.schedule import sync_interval
 
 if TYPE_CHECKING:
     from parties.config import VflConfig
+    from parties.fuse import Fuse
 
 
 def mlp(d_in: int, hidden: Sequence[int], d_out: int, *, out_relu: bool) -> nn.Sequential:
@@ -435,6 +436,9 @@ class ActiveCompute:
         task: ``"binary"`` (BCE-with-logits loss) or ``"regression"`` (MSE loss).
         loss_fn: the training loss ``(logits (B,), labels (B,)) -> scalar``; None: the
             task's (:func:`loss_function`).
+        fuse: how the own part and the passive parties' embeddings are fused
+            (:class:`parties.fuse.Fuse`); None: concatenated (the top model's input is
+            ``[h_own | e_1 | ...]``).
 
     Raises:
         ValueError: unknown ``task``.
@@ -446,9 +450,10 @@ class ActiveCompute:
                  task: str = "binary", sync_mode: str = "schedule",
                  make_optimizer: Callable[[list[nn.Parameter], float],
                                           torch.optim.Optimizer] | None = None,
-                 loss_fn: nn.Module | None = None) -> None:
+                 loss_fn: nn.Module | None = None, fuse: Fuse | None = None) -> None:
         self.x = x_train
         self.y = y_train
+        self.fuse = fuse
         self.bottom = make_bottom()
         self.top = make_top()
         self.replica = Replica([self.bottom, self.top], ps, lr=lr, delta_t0=delta_t0,
@@ -459,10 +464,10 @@ class ActiveCompute:
         """The active party's own bottom embedding of a batch, ``(B, d)`` with graph."""
         return self.bottom(self.x[_index(rows)])
 
-    def top_step(self, h_own: torch.Tensor, emb: np.ndarray, rows: np.ndarray,
-                 epoch: int, on_grad: Callable[[np.ndarray], None] | None = None
-                 ) -> tuple[float, np.ndarray]:
-        """Top forward/backward on ``[h_own, passive embedding]``, own bottom backward;
+    def top_step(self, h_own: torch.Tensor, emb: np.ndarray | Sequence[np.ndarray],
+                 rows: np.ndarray, epoch: int, on_grad: Callable[[Any], None] | None = None
+                 ) -> tuple[float, Any]:
+        """Top forward/backward on ``[h_own, passive embedding(s)]``, own bottom backward;
         one Adam step.
 
         The cut-layer gradient is complete once the top model's backward is done, before
@@ -472,28 +477,38 @@ class ActiveCompute:
 
         Args:
             h_own: ``(B, d)`` own embedding with graph.
-            emb: ``(B, d)`` float32 passive embedding.
+            emb: ``(B, d)`` float32 passive embedding, or a list of them, one per passive
+                party (fused with ``fuse``, by default concatenated after ``h_own``).
             rows: the batch's row positions (for labels).
             epoch: current epoch (for the sync schedule).
-            on_grad: called with ``dLoss/d emb`` as soon as it exists (on this thread).
+            on_grad: called with ``dLoss/d emb`` (a list for a list) as soon as it
+                exists (on this thread).
 
         Returns:
             ``(loss, grad)``: the batch's mean loss (BCE, or MSE of standardised labels) and
-            ``dLoss/d emb``, ``(B, d)`` float32.
+            ``dLoss/d emb``, ``(B, d)`` float32 (a list of them for a list).
 
         Raises:
-            ValueError: the embedding's shape does not match the batch.
+            ValueError: an embedding's shape does not match the batch.
         """
-        if emb.shape != tuple(h_own.shape):
-            raise ValueError(f"passive embedding shape {emb.shape} != own {tuple(h_own.shape)}")
-        e = torch.from_numpy(np.array(emb, dtype=np.float32)).requires_grad_(True)
+        many = isinstance(emb, (list, tuple))
+        embs = list(emb) if many else [emb]
+        for i, e_np in enumerate(embs):
+            if e_np.shape != tuple(h_own.shape):
+                which = f"passive embedding {i}" if many else "passive embedding"
+                raise ValueError(f"{which} shape {e_np.shape} != own {tuple(h_own.shape)}")
+        es = [torch.from_numpy(np.array(e_np, dtype=np.float32)).requires_grad_(True)
+              for e_np in embs]
         h_cut = h_own.detach().requires_grad_(True)
-        logits = self.top(torch.cat([h_cut, e], dim=1)).squeeze(1)
+        parts = [h_cut, *es]
+        fused = torch.cat(parts, dim=1) if self.fuse is None else self.fuse(parts)
+        logits = self.top(fused).squeeze(1)
         loss = self.loss_fn(logits, self.y[_index(rows)])
         self.replica.opt.zero_grad(set_to_none=True)
         loss.backward()
-        assert e.grad is not None and h_cut.grad is not None
-        grad = e.grad.numpy()
+        assert h_cut.grad is not None and all(e.grad is not None for e in es)
+        grads = [e.grad.numpy() for e in es]  # type: ignore[union-attr]
+        grad: Any = grads if many else grads[0]
         if on_grad is not None:
             on_grad(grad)
         h_own.backward(h_cut.grad)

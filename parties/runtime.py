@@ -165,15 +165,22 @@ log = structlog.get_logger(__name__)
 ROLES = ("active", "passive")
 @dataclass(frozen=True, slots=True)
 class Topics:
-    """Topic names of one run."""
+    """Topic names of one run.
+
+    ``party`` (per-batch channels of several passive parties, docs/dev/multiparty.md):
+    a passive party's own id, so that its ``""`` channels are its own; a two-party run
+    leaves it empty and its channels carry no party segment."""
 
     run_id: str
+    party: str = ""
 
-    def emb(self, b: int) -> str:
-        return f"emb/{self.run_id}/{b}"
+    def emb(self, b: int, party: str = "") -> str:
+        p = party or self.party
+        return f"emb/{self.run_id}/{p}/{b}" if p else f"emb/{self.run_id}/{b}"
 
-    def grad(self, b: int) -> str:
-        return f"grad/{self.run_id}/{b}"
+    def grad(self, b: int, party: str = "") -> str:
+        p = party or self.party
+        return f"grad/{self.run_id}/{p}/{b}" if p else f"grad/{self.run_id}/{b}"
 
     def val(self, point: int) -> str:
         return f"eval/{self.run_id}/val/{point}"

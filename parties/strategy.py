@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from parties.actions import (
@@ -69,9 +69,19 @@ ROLES = ("active", "passive")
 #: How often a long wait for partner data checks whether a reassigned batch's data has
 #: arrived meanwhile (seconds). Only waits longer than this pay for it.
 SWITCH_CHECK_S = 0.05
-#: What :meth:`ScheduledActive._step` returns when it gave up a wait for a reassigned
-#: batch whose embedding is already here.
-SWITCHED = "switched"
+
+
+@dataclass(frozen=True, slots=True)
+class Miss:
+    """What :meth:`Strategy._active_step` returns when a batch's wait for partner data
+    ended without all of it: the embeddings that did arrive (by party; kept for the
+    batch's next attempt when there are several partners), the parties still missing,
+    and whether the wait was given up for a reassigned batch whose data had arrived
+    meanwhile rather than missed."""
+
+    got: dict[str, Any]
+    missing: tuple[str, ...]
+    switched: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +99,9 @@ class StrategyConfig:
         max_reassign: reassignments per missed batch (``pubsub``).
         staleness_bound: outstanding batches per AVFL passive worker, >= 1.
         t_ddl_s: T_ddl as configured (only logged).
+        partners: the passive parties an active party trains with, by party id
+            (``("",)``: its one partner, every two-party run); a passive party's one
+            partner is the active party (``("",)``).
     """
 
     algo: str
@@ -99,6 +112,7 @@ class StrategyConfig:
     max_reassign: int = 0
     staleness_bound: int = 1
     t_ddl_s: float = 0.0
+    partners: tuple[str, ...] = ("",)
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -110,10 +124,20 @@ class StrategyConfig:
                              f"{self.staleness_bound}, max_reassign={self.max_reassign}")
         if not self.data_wait_s > 0:
             raise ValueError(f"data_wait_s must be > 0, got {self.data_wait_s!r}")
+        partners = tuple(self.partners)
+        if not partners or len(set(partners)) != len(partners):
+            raise ValueError(f"partners must be distinct party ids, got {partners!r}")
+        if len(partners) > 1 and ("" in partners or self.role != "active"):
+            raise ValueError(f"only an active party has several partners, each named; got "
+                             f"role {self.role!r}, partners {partners!r}")
 
     @property
     def partner(self) -> str:
         return "passive" if self.role == "active" else "active"
+
+    def partner_name(self, party: str) -> str:
+        """How errors and logs name ``party`` (``""``: the one partner, by role)."""
+        return party or self.partner
 
     @classmethod
     def from_vfl(cls, cfg: Any, role: str) -> StrategyConfig:
@@ -140,6 +164,8 @@ class StrategyCounters:
     loss_sum: float = 0.0
     loss_n: int = 0
     max_staleness: int = 0
+    #: the active party's missed embeddings by passive party id (several passive parties)
+    missed_by_party: dict[str, int] = field(default_factory=dict)
 
 
 def grad_acceptor(epoch: int, b: int, uid: str) -> Callable[[Any], int]:
@@ -198,6 +224,9 @@ class Strategy:
     def __init__(self, cfg: StrategyConfig) -> None:
         self.cfg = cfg
         self.counters = StrategyCounters()
+        #: (epoch, batch) -> the partner embeddings that arrived for a missed attempt (an
+        #: active party with several partners waits only for the rest next time)
+        self._held: dict[tuple[int, int], dict[str, Any]] = {}
 
     def segment(self, epoch: int, batches: Sequence[Any], seg: range) -> Proc:
         """Train the batches ``seg`` of ``epoch``: the top-level generator."""
@@ -209,27 +238,48 @@ class Strategy:
 
     # ------------------------------------------------------------------ helpers
     def _wait(self, kind: str, channel: int | None, timeout_s: float,
-              accept: Callable[[Any], int], *, worker: int = -1, batch: int = -1) -> Proc:
+              accept: Callable[[Any], int], *, worker: int = -1, batch: int = -1,
+              party: str = "") -> Proc:
         r: Received = yield Await(kind=kind, channel=channel, timeout_s=timeout_s,
-                                  accept=accept, worker=worker, batch=batch)
+                                  accept=accept, worker=worker, batch=batch, party=party)
         self.counters.stale += r.stale
         return r
 
-    def _stalled(self, what: str, b: int, epoch: int) -> Proc:
-        """Log and return (for the caller to raise) :class:`PartnerStalled`."""
+    def _stalled(self, what: str, b: int, epoch: int, party: str = "") -> Proc:
+        """Log and return (for the caller to raise) :class:`PartnerStalled` naming the
+        partner (``party``: one of several passive parties)."""
         cfg = self.cfg
+        name = cfg.partner_name(party)
         yield Log(event="vfl.partner_stalled", level="error",
-                  fields={"partner": cfg.partner, "missing": what, "batch": b, "epoch": epoch,
+                  fields={"partner": name, "missing": what, "batch": b, "epoch": epoch,
                           "waited_s": cfg.data_wait_s})
-        return PartnerStalled(cfg.partner, what, cfg.data_wait_s, f"batch {b} of epoch {epoch}")
+        return PartnerStalled(name, what, cfg.data_wait_s, f"batch {b} of epoch {epoch}")
 
-    def _count_miss(self, reassigned: bool, b: int, epoch: int, what: str) -> Proc:
-        self.counters.dropped += 1
+    def _count_miss(self, reassigned: bool, b: int, epoch: int, what: str,
+                    parties: tuple[str, ...] = ()) -> Proc:
+        c = self.counters
+        c.dropped += 1
         if reassigned:
-            self.counters.reassigned += 1
-        yield Log(event="vfl.batch_dropped", level="warning",
-                  fields={"batch": b, "epoch": epoch, "missing": what,
-                          "reassigned": reassigned, "t_ddl_s": self.cfg.t_ddl_s})
+            c.reassigned += 1
+        fields: dict[str, Any] = {"batch": b, "epoch": epoch, "missing": what,
+                                  "reassigned": reassigned, "t_ddl_s": self.cfg.t_ddl_s}
+        named = [p for p in parties if p]
+        if named:
+            for p in named:
+                c.missed_by_party[p] = c.missed_by_party.get(p, 0) + 1
+            fields["parties"] = named
+        yield Log(event="vfl.batch_dropped", level="warning", fields=fields)
+
+    def _ready(self, kind: str, ids: tuple[int, ...], epoch: int) -> Proc:
+        """Which of ``ids`` have every partner's ``kind`` message at hand (buffered, or
+        held from an earlier attempt): one :class:`Pending` per partner."""
+        ready: frozenset[int] | None = None
+        for party in self.cfg.partners:
+            have = yield Pending(kind=kind, channels=ids, party=party)
+            if self._held:
+                have = have | {b for b in ids if party in self._held.get((epoch, b), ())}
+            ready = have if ready is None else ready & have
+        return ready if ready is not None else frozenset()
 
     def _settle_grad(self, k: int, epoch: int, b: int, msg: Any, n_rows: int) -> Proc:
         """The passive side's end of one batch, shared by every algorithm: back-propagate
@@ -256,16 +306,15 @@ class Strategy:
         c.samples += n_rows
         return "applied"
 
-    @staticmethod
-    def _next_task(sched: EpochSchedule, kind: str) -> Proc:
+    def _next_task(self, sched: EpochSchedule, kind: str, epoch: int) -> Proc:
         """The next ``(batch_id, attempt)`` of the epoch, waiting while others are in
         flight (they may fail and be reassigned); None when the epoch is over. A
-        reassigned batch whose partner data (``kind`` on its channel) is buffered goes
-        first (:meth:`EpochSchedule.take`)."""
+        reassigned batch whose partner data (``kind`` on its channel, from every
+        partner) is at hand goes first (:meth:`EpochSchedule.take`)."""
         while True:
             prefer = None
             if sched.retries:
-                ready = yield Pending(kind=kind, channels=sched.retry_ids())
+                ready = yield from self._ready(kind, sched.retry_ids(), epoch)
                 prefer = ready.__contains__
             task = sched.take(prefer)
             if task is not None or sched.done:
@@ -276,48 +325,82 @@ class Strategy:
                      accept: Callable[[Any], int], grad_meta: Callable[[Any], dict[str, Any]],
                      n_rows: int, rows: Any = None,
                      switch: Callable[[], Proc] | None = None) -> Proc:
-        """One active step: compute the own bottom forward while waiting for the passive
-        embedding, then the top step; the cut-layer gradient is published (on
-        ``channel``) as soon as it exists. Returns the embedding message, None if it
-        missed the wait bound (nothing trained), or :data:`SWITCHED`.
+        """One active step: compute the own bottom forward while waiting for every
+        partner's embedding (one deadline for all), then the top step on their fusion;
+        each partner's cut-layer gradient is published (on ``channel``) as soon as it
+        exists. Returns the embedding messages (a tuple, in partner order), or a
+        :class:`Miss` (nothing trained).
 
         ``switch``: a generator checked every :data:`SWITCH_CHECK_S` of a long wait; when
-        it returns True (the partner's data for a reassigned batch has arrived meanwhile)
-        the wait is given up early (the caller puts ``b`` back, not counted as a miss)."""
+        it returns True (the partners' data for a reassigned batch has arrived meanwhile)
+        the wait is given up early (``Miss.switched``: the caller puts ``b`` back, not
+        counted as a miss). With several partners, embeddings held from an earlier
+        attempt at ``b`` count as arrived."""
+        partners = self.cfg.partners
         yield Prefetch(worker=k, epoch=epoch, batch=b, n_rows=n_rows, rows=rows)
         deadline = (yield Now()) + self.cfg.data_wait_s
+        got: dict[str, Any] = self._held.pop((epoch, b), {}) if self._held else {}
         switched = False
-        msg = None
         try:
-            while True:
-                now = yield Now()
-                end = deadline if switch is None else min(deadline, now + SWITCH_CHECK_S)
-                r = yield from self._wait(EMB, channel, end - now, accept, worker=k, batch=b)
-                msg = r.msg
-                # data, the deadline, or a message from a later epoch. (Not "returned
-                # before end": a timer may fire a fraction of a millisecond early by the
-                # clock, and that once dropped a batch 50 ms into its wait.)
-                if msg is not None or r.later or (yield Now()) >= deadline:
+            for party in partners:
+                if party in got:
+                    continue
+                while True:
+                    now = yield Now()
+                    end = deadline if switch is None else min(deadline, now + SWITCH_CHECK_S)
+                    r = yield from self._wait(EMB, channel, end - now, accept, worker=k,
+                                              batch=b, party=party)
+                    # data, the deadline, or a message from a later epoch. (Not "returned
+                    # before end": a timer may fire a fraction of a millisecond early by
+                    # the clock, and that once dropped a batch 50 ms into its wait.)
+                    if r.msg is not None:
+                        got[party] = r.msg
+                        break
+                    if r.later or (yield Now()) >= deadline:
+                        break
+                    if switch is not None and (yield from switch()):
+                        switched = True
+                        break
+                if party not in got:
                     break
-                if switch is not None and (yield from switch()):
-                    switched = True
-                    break
+            if len(partners) > 1 and len(got) < len(partners):
+                # the wait is over: take (and so hold) what the others have sent by now
+                for party in partners:
+                    if party not in got:
+                        r = yield Poll(kind=EMB, channel=channel, accept=accept, party=party)
+                        self.counters.stale += r.stale
+                        if r.msg is not None:
+                            got[party] = r.msg
         except GeneratorExit:  # closed unfinished: nothing may be yielded any more
             raise
         except BaseException:  # (an interpreter's error or cancellation, thrown in)
             yield JoinPrefetch(worker=k)
             raise
         yield JoinPrefetch(worker=k)
-        if msg is None:
+        if len(got) < len(partners):
             yield Discard(worker=k, key=b)
-            return SWITCHED if switched else None
-        loss = yield TopStep(worker=k, epoch=epoch, batch=b, emb=msg, n_rows=n_rows,
-                             grad_channel=channel, grad_meta=grad_meta(msg), rows=rows)
+            return Miss(got, tuple(p for p in partners if p not in got), switched)
+        msgs = tuple(got[p] for p in partners)
+        loss = yield TopStep(worker=k, epoch=epoch, batch=b, embs=msgs, n_rows=n_rows,
+                             grad_channel=channel, grad_metas=tuple(grad_meta(m) for m in msgs),
+                             parties=partners, rows=rows)
         c = self.counters
         c.samples += n_rows
         c.loss_sum += loss * n_rows
         c.loss_n += n_rows
-        return msg
+        return msgs
+
+    def _hold(self, epoch: int, b: int, got: dict[str, Any]) -> None:
+        """Keep the embeddings that arrived for batch ``b``'s missed attempt (several
+        partners only: with one, a miss has none)."""
+        if got:
+            self._held[(epoch, b)] = got
+
+    def _release_held(self, epoch: int) -> None:
+        """Forget what is held for ``epoch`` (its segment is over)."""
+        if self._held:
+            for key in [key for key in self._held if key[0] == epoch]:
+                del self._held[key]
 
 
 class ScheduledPassive(Strategy):
@@ -333,7 +416,7 @@ class ScheduledPassive(Strategy):
 
     def worker(self, k: int, epoch: int, batches: Sequence[Any], sched: EpochSchedule) -> Proc:
         """Take a batch, publish its embedding, wait for its gradient, back-propagate."""
-        while (task := (yield from self._next_task(sched, GRAD))) is not None:
+        while (task := (yield from self._next_task(sched, GRAD, epoch))) is not None:
             b, attempt = task
             rows = batches[b]
             h = yield Forward(worker=k, epoch=epoch, batch=b, n_rows=len(rows))
@@ -364,8 +447,11 @@ class ScheduledActive(Strategy):
         # T_ddl is skipped (and the passive told so)
         again = cfg.max_reassign if cfg.drops and cfg.algo in ("pubsub", "vfl") else 0
         sched = EpochSchedule(len(seg), again, ids=seg)
-        yield Gather(procs=tuple(self.worker(k, epoch, batches, sched)
-                                 for k in range(cfg.workers)))
+        try:
+            yield Gather(procs=tuple(self.worker(k, epoch, batches, sched)
+                                     for k in range(cfg.workers)))
+        finally:
+            self._release_held(epoch)
 
     def worker(self, k: int, epoch: int, batches: Sequence[Any], sched: EpochSchedule) -> Proc:
         accept = epoch_acceptor(epoch)
@@ -376,26 +462,31 @@ class ScheduledActive(Strategy):
             ids = sched.retry_ids()
             if not ids:
                 return False
-            ready = yield Pending(kind=EMB, channels=ids)
+            ready = yield from self._ready(EMB, ids, epoch)
             return sched.retry_ready(ready.__contains__)
 
-        while (task := (yield from self._next_task(sched, EMB))) is not None:
+        while (task := (yield from self._next_task(sched, EMB, epoch))) is not None:
             b, attempt = task
             out = yield from self._active_step(
                 k, epoch, b, channel=b, accept=accept, n_rows=len(batches[b]),
                 grad_meta=lambda m, b=b: {"e": epoch, "b": b, "u": m.meta.get("u")},
                 switch=retry_ready if drops else None)
-            if out is SWITCHED:
-                sched.release(b, attempt)  # back to the front; not a miss
-                c.switched += 1
-                continue
-            if out is None:
+            if isinstance(out, Miss):
+                if out.switched:
+                    self._hold(epoch, b, out.got)
+                    sched.release(b, attempt)  # back to the front; not a miss
+                    c.switched += 1
+                    continue
                 if not drops:
-                    raise (yield from self._stalled("emb", b, epoch))
+                    raise (yield from self._stalled("emb", b, epoch, out.missing[0]))
                 again = sched.fail(b, attempt)
-                yield from self._count_miss(again, b, epoch, "emb")
-                if not again:
-                    yield Publish(kind=GRAD, channel=b, meta={"e": epoch, "b": b, "skip": True})
+                yield from self._count_miss(again, b, epoch, "emb", out.missing)
+                if again:
+                    self._hold(epoch, b, out.got)
+                else:
+                    for party in self.cfg.partners:
+                        yield Publish(kind=GRAD, channel=b, party=party,
+                                      meta={"e": epoch, "b": b, "skip": True})
             else:
                 sched.complete(b)
                 c.batches += 1
@@ -484,11 +575,11 @@ class VflpsActive(Strategy):
             yield Pull(epoch=epoch, batch=b)
 
     def pair(self, k: int, epoch: int, b: int, rows: Any) -> Proc:
-        msg = yield from self._active_step(
+        out = yield from self._active_step(
             k, epoch, b, channel=k, accept=batch_acceptor(epoch, b), n_rows=len(rows),
             grad_meta=lambda m: {"e": epoch, "b": b, "k": k, "u": m.meta.get("u")}, rows=rows)
-        if msg is None:
-            raise (yield from self._stalled("emb", b, epoch))
+        if isinstance(out, Miss):
+            raise (yield from self._stalled("emb", b, epoch, out.missing[0]))
 
 
 class VflpsPassive(Strategy):

@@ -437,7 +437,8 @@ class ProcessWorker:
                 raise WorkerFailed(self.index, str(msg.meta.get("error")))
             if msg.topic == "early_grad":
                 if self._on_grad is not None:
-                    self._on_grad(np.array(msg.arrays[0]))
+                    grads = [np.array(a) for a in msg.arrays]
+                    self._on_grad(grads if msg.meta.get("n") else grads[0])
                 continue
             self.compute_s = float(msg.meta.get("cs", self.compute_s))
             self.compute_cpu_s = float(msg.meta.get("cc", self.compute_cpu_s))
@@ -481,12 +482,16 @@ class ProcessWorker:
                    ) -> tuple[float, np.ndarray]:
         arrays, meta = self._meta(epoch, b, key, rows)
         meta["g"] = on_grad is not None
+        embs = tuple(emb) if isinstance(emb, (list, tuple)) else (emb,)
+        if len(embs) > 1:
+            meta["n"] = len(embs)  # one embedding per passive party; the reply as many
         self._on_grad = on_grad
         try:
-            msg = await self._rpc("step", (emb, *arrays), meta)
+            msg = await self._rpc("step", (*embs, *arrays), meta)
         finally:
             self._on_grad = None
-        return float(msg.meta["loss"]), msg.arrays[0]
+        grads = msg.arrays
+        return float(msg.meta["loss"]), (list(grads) if len(embs) > 1 else grads[0])
 
     async def flush(self) -> None:
         await self._rpc("flush")
@@ -637,8 +642,9 @@ def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
         try:
             out: tuple[Any, ...] = ()
             reply: dict[str, Any] = {}
+            n_emb = int(meta.get("n", 1)) if cmd == "step" else 0
             if cmd in ("forward", "prefetch", "step"):
-                arrays = msg.arrays[1:] if cmd == "step" else msg.arrays
+                arrays = msg.arrays[n_emb:]
                 r = (np.array(arrays[0], dtype=np.int64) if meta.get("r")
                      else rows(meta["e"], meta["b"]))
             if cmd == "forward":
@@ -660,12 +666,16 @@ def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
                 if h_own is None:
                     h_own = compute.forward_own(r)
 
-                def early(g: np.ndarray) -> None:
-                    sock.send_multipart(encode("early_grad", (g,)))
+                many = "n" in meta
 
-                loss, grad = compute.top_step(h_own, msg.arrays[0], r, meta["e"],
+                def early(g: Any) -> None:
+                    sock.send_multipart(encode("early_grad", tuple(g) if many else (g,),
+                                               {"n": n_emb} if many else None))
+
+                emb = list(msg.arrays[:n_emb]) if many else msg.arrays[0]
+                loss, grad = compute.top_step(h_own, emb, r, meta["e"],
                                               on_grad=early if meta.get("g") else None)
-                out, reply = (grad,), {"loss": loss}
+                out, reply = (tuple(grad) if many else (grad,)), {"loss": loss}
             elif cmd == "flush":
                 compute.replica.sync()
             elif cmd == "sync_push":

@@ -150,3 +150,59 @@ def test_a_party_with_one_worker_does_not_sync_every_step() -> None:
     assert solo.replica.syncs == 0
     solo.replica.sync()
     torch.testing.assert_close(ps.pull(), flat_params([solo.bottom]))
+
+
+@pytest.mark.parametrize("mode", ["concat", "sum", "mean"])
+def test_active_step_with_several_passive_parties_returns_each_its_own_gradient(mode) -> None:
+    """Two passive embeddings fused with the own part: each party's gradient is the loss's
+    gradient with respect to its own embedding (checked against a direct autograd), given
+    to on_grad (as a list, in order) before the own backward."""
+    from parties.fuse import Fuse
+
+    torch.manual_seed(0)
+    d = 3
+    fuse = Fuse(mode=mode, widths=(d, d, d))
+    x, y = torch.randn(8, 4), (torch.rand(8) > 0.5).float()
+    top_in = fuse.out_width
+    make_top = (lambda: torch.nn.Sequential(torch.nn.Linear(top_in, 4), torch.nn.ReLU(),
+                                            torch.nn.Linear(4, 1)))
+    torch.manual_seed(1)
+    mods = [bottom_model(4, (8,), d), make_top()]
+    ps = ParameterServer(flat_params(mods))
+    a = ActiveCompute(x, y, lambda: bottom_model(4, (8,), d), make_top, ps, lr=1e-2,
+                      delta_t0=5, fuse=fuse)
+    rng = np.random.default_rng(0)
+    embs = [rng.normal(size=(8, d)).astype(np.float32) for _ in range(2)]
+    rows = np.arange(8)
+    # the expected gradients, from the replica's parameters before the step
+    h = a.forward_own(rows).detach()
+    es = [torch.from_numpy(e).requires_grad_(True) for e in embs]
+    loss_ref = a.loss_fn(a.top(fuse([h, *es])).squeeze(1), y)
+    expected = torch.autograd.grad(loss_ref, es)
+    seen: list[list[np.ndarray]] = []
+    before = flat_params([a.bottom])
+
+    def on_grad(g: list[np.ndarray]) -> None:
+        seen.append([x.copy() for x in g])
+        assert torch.equal(flat_params([a.bottom]), before)
+
+    loss, grads = a.top_step(a.forward_own(rows), embs, rows, epoch=0, on_grad=on_grad)
+    assert loss == pytest.approx(float(loss_ref), abs=1e-6)
+    assert isinstance(grads, list) and len(grads) == 2 and len(seen) == 1
+    for g, s, e in zip(grads, seen[0], expected, strict=True):
+        np.testing.assert_allclose(g, e.numpy(), atol=1e-6)
+        np.testing.assert_array_equal(g, s)
+    if mode == "sum":
+        np.testing.assert_array_equal(grads[0], grads[1])
+
+
+def test_active_step_names_the_passive_embedding_of_the_wrong_shape() -> None:
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 4), (torch.rand(8) > 0.5).float()
+    ps = ParameterServer(flat_params([bottom_model(4, (8,), 3), top_model(3, (4,))]))
+    a = ActiveCompute(x, y, lambda: bottom_model(4, (8,), 3), lambda: top_model(3, (4,)), ps,
+                      lr=1e-2, delta_t0=5)
+    rows = np.arange(8)
+    good, bad = np.zeros((8, 3), np.float32), np.zeros((8, 2), np.float32)
+    with pytest.raises(ValueError, match="passive embedding 1 shape \\(8, 2\\)"):
+        a.top_step(a.forward_own(rows), [good, bad], rows, epoch=0)

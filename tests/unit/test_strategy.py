@@ -59,24 +59,31 @@ class M:
     arrays: tuple[Any, ...] = ()
 
 
+def key(kind: str, channel: int | None, party: str = "") -> tuple[Any, ...]:
+    """An inbox key: (kind, channel), with the party where one is named."""
+    return (kind, channel, party) if party else (kind, channel)
+
+
 @dataclass
 class Fake:
     """A synchronous interpreter: Gather runs its generators one after another; Await
-    and Poll answer from ``inbox`` (per (kind, channel), in order) or time out (the clock
-    then advances by the timeout); Pending answers from the inbox."""
+    and Poll answer from ``inbox`` (per (kind, channel), and party where one is named, in
+    order) or time out (the clock then advances by the timeout); Pending answers from the
+    inbox."""
 
-    inbox: dict[tuple[str, int | None], list[M]] = field(default_factory=dict)
+    inbox: dict[tuple[Any, ...], list[M]] = field(default_factory=dict)
     t: float = 0.0
     actions: list[Any] = field(default_factory=list)
     #: called on each Publish (e.g. to script the partner's reply)
     on_publish: Callable[[Fake, Publish], None] | None = None
 
     def put(self, kind: str, channel: int | None, meta: dict[str, Any],
-            arrays: tuple[Any, ...] = ()) -> None:
-        self.inbox.setdefault((kind, channel), []).append(M(meta, arrays))
+            arrays: tuple[Any, ...] = (), party: str = "") -> None:
+        self.inbox.setdefault(key(kind, channel, party), []).append(M(meta, arrays))
 
-    def _take(self, kind: str, channel: int | None, accept: Callable[[Any], int]) -> Received:
-        box = self.inbox.get((kind, channel), [])
+    def _take(self, kind: str, channel: int | None, accept: Callable[[Any], int],
+              party: str = "") -> Received:
+        box = self.inbox.get(key(kind, channel, party), [])
         stale = 0
         while box:
             m = box[0]
@@ -107,14 +114,14 @@ class Fake:
         if isinstance(a, Now):
             return self.t
         if isinstance(a, Await):
-            r = self._take(a.kind, a.channel, a.accept)
+            r = self._take(a.kind, a.channel, a.accept, a.party)
             if r.msg is None and not r.later:
                 self.t += a.timeout_s
             return r
         if isinstance(a, Poll):
-            return self._take(a.kind, a.channel, a.accept)
+            return self._take(a.kind, a.channel, a.accept, a.party)
         if isinstance(a, Pending):
-            return frozenset(c for c in a.channels if self.inbox.get((a.kind, c)))
+            return frozenset(c for c in a.channels if self.inbox.get(key(a.kind, c, a.party)))
         if isinstance(a, Gather):
             return [self.run(p) for p in a.procs]
         if isinstance(a, WaitSchedule):
@@ -515,3 +522,101 @@ def test_end_segment_flushes() -> None:
     f = Fake()
     f.run(make_strategy(cfg("pubsub", "active")).end_segment(7))
     assert f.actions == [Flush(epoch=7)]
+
+
+# ---------------------------------------------------------------------------- several passive parties
+TWO = ("passive", "passive2")
+
+
+def test_active_with_two_partners_waits_for_both_and_fuses_them_in_party_order() -> None:
+    s = make_strategy(cfg("pubsub", "active", drops=False, data_wait_s=30.0, partners=TWO))
+    f = Fake()
+    for b in range(2):  # passive2's arrive first: the order of arrival does not matter
+        f.put(EMB, b, {**emb_meta(0, b), "u": f"q{b}"}, party="passive2")
+        f.put(EMB, b, emb_meta(0, b), party="passive")
+    f.run(s.segment(0, BATCHES, range(2)))
+    assert [(w.party, w.channel) for w in f.of(Await)] == [
+        ("passive", 0), ("passive2", 0), ("passive", 1), ("passive2", 1)]
+    tops = f.of(TopStep)
+    assert [t.parties for t in tops] == [TWO, TWO]
+    assert [[m.meta["u"] for m in t.embs] for t in tops] == [["0.0.0", "q0"], ["0.1.0", "q1"]]
+    assert [t.grad_metas for t in tops][0] == ({"e": 0, "b": 0, "u": "0.0.0"},
+                                               {"e": 0, "b": 0, "u": "q0"})
+    assert s.counters.batches == 2 and not s.counters.missed_by_party
+
+
+def test_a_partner_missing_its_deadline_drops_the_batch_and_the_retry_keeps_the_others() -> None:
+    s = make_strategy(cfg("pubsub", "active", max_reassign=1, data_wait_s=2.0, partners=TWO))
+    f = Fake()
+    f.put(EMB, 0, emb_meta(0, 0), party="passive")  # passive2's comes only for the retry
+    orig = f.handle
+
+    def handle(a: Any) -> Any:
+        if isinstance(a, Log) and a.event == "vfl.batch_dropped":
+            f.put(EMB, 0, emb_meta(0, 0, 1), party="passive2")
+        return orig(a)
+
+    f.handle = handle  # type: ignore[method-assign]
+    f.run(s.segment(0, BATCHES, range(1)))
+    # attempt 0 took passive's embedding and missed passive2's; attempt 1 waited for
+    # passive2's only and trained on passive's held one
+    at = next(i for i, x in enumerate(f.actions)
+              if isinstance(x, Log) and x.event == "vfl.batch_dropped")
+    assert [w.party for w in f.actions[:at] if isinstance(w, Await)][0] == "passive"
+    assert {w.party for w in f.actions[at:] if isinstance(w, Await)} == {"passive2"}
+    drop = [x for x in f.of(Log) if x.event == "vfl.batch_dropped"]
+    assert [x.fields["parties"] for x in drop] == [["passive2"]]
+    (top,) = f.of(TopStep)
+    assert [m.meta["u"] for m in top.embs] == ["0.0.0", "0.0.1"]
+    c = s.counters
+    assert (c.batches, c.dropped, c.reassigned) == (1, 1, 1)
+    assert c.missed_by_party == {"passive2": 1}
+    assert not s._held, "nothing is held once the segment is over"
+
+
+def test_a_skipped_batch_tells_every_partner() -> None:
+    s = make_strategy(cfg("avfl", "active", partners=TWO))  # AVFL: a miss skips the batch
+    f = Fake()
+    f.put(EMB, 0, emb_meta(0, 0), party="passive2")
+    f.run(s.segment(0, BATCHES, range(1)))
+    skips = [(p.party, p.channel, p.meta) for p in f.of(Publish) if p.kind == GRAD]
+    assert skips == [(p, 0, {"e": 0, "b": 0, "skip": True}) for p in TWO]
+    assert s.counters.missed_by_party == {"passive": 1}
+    assert not s._held
+
+
+def test_lockstep_names_the_silent_partner() -> None:
+    s = make_strategy(cfg("vfl", "active", drops=False, data_wait_s=10.0, partners=TWO))
+    f = Fake()
+    f.put(EMB, 0, emb_meta(0, 0), party="passive")
+    with pytest.raises(PartnerStalled) as ei:
+        f.run(s.segment(0, BATCHES, range(1)))
+    assert (ei.value.partner, ei.value.what) == ("passive2", "emb")
+
+
+def test_vflps_pairs_wait_for_every_partner_on_their_channel() -> None:
+    s = make_strategy(cfg("vfl-ps", "active", workers=2, drops=False, data_wait_s=5.0,
+                          partners=TWO))
+    f = Fake()
+    rows = BATCHES[0]
+    for k in range(2):
+        for p in TWO:
+            f.put(EMB, k, {"e": 0, "b": 0, "k": k, "u": f"{p}.{k}"}, party=p)
+    f.run(s.segment(0, BATCHES, range(1)))
+    tops = f.of(TopStep)
+    assert [(t.grad_channel, [m.meta["u"] for m in t.embs]) for t in tops] == [
+        (0, ["passive.0", "passive2.0"]), (1, ["passive.1", "passive2.1"])]
+    assert sum(t.n_rows for t in tops) == len(rows)
+
+
+@pytest.mark.parametrize("kw, bad", [
+    ({"role": "passive", "partners": TWO}, "only an active party"),
+    ({"partners": ("passive", "passive")}, "distinct"),
+    ({"partners": ()}, "distinct"),
+    ({"partners": ("", "passive2")}, "each named"),
+])
+def test_strategy_config_rejects_bad_partners(kw: dict[str, Any], bad: str) -> None:
+    base: dict[str, Any] = dict(algo="pubsub", role="active", workers=1, drops=True,
+                                data_wait_s=1.0)
+    with pytest.raises(ValueError, match=bad):
+        StrategyConfig(**{**base, **kw})

@@ -112,10 +112,10 @@ class InstantWorker:
 
 
 class RunTopics:
-    def emb(self, b: int) -> str:
+    def emb(self, b: int, party: str = "") -> str:
         return f"emb/t/{b}"
 
-    def grad(self, b: int) -> str:
+    def grad(self, b: int, party: str = "") -> str:
         return f"grad/t/{b}"
 
     @property
