@@ -1,4 +1,5 @@
-"""Entry point of one party process: ``python -m parties {active,passive} ...``.
+"""Entry point of one party process: ``python -m parties {active,passive,passive2,...} ...``
+(the party's id: its role, and with several passive parties which one it is).
 
 Exit codes: 0 success, 1 internal failure (a worker process died, or a publication would
 have passed the calibrated privacy budget), 2 bad config,
@@ -21,11 +22,16 @@ from pubsub.config import ConfigError
 from pubsub.logs import configure_logging
 from pubsub.runner import run as run_loop
 
-from parties.config import VflConfig, check_run_id, load_vfl_config
+from parties.config import (MAX_PASSIVE_PARTIES, VflConfig, check_run_id, load_vfl_config,
+                            passive_party_ids, role_of)
 from parties.data import DataError
 from parties.errors import NonFiniteTraining, PrivacyBudgetExceeded, VflError, WorkerFailed
 from parties.report import format_metric
 from parties.serve import finish_party, metrics_file, write_json  # noqa: F401 (re-exported)
+
+
+#: every party id ``python -m parties`` accepts
+PARTY_IDS = ("active", *passive_party_ids(MAX_PASSIVE_PARTIES))
 
 
 class ExitCode(IntEnum):
@@ -90,13 +96,18 @@ def run_party(role: str, args: argparse.Namespace) -> int:
         check_run_id(args.run_id)
         args.security = security_from_args(args, args.broker, identity=role)
         cfg = load_vfl_config(args.config, args.set)
-        if cfg.cpus(role):
+        if role not in cfg.party_ids:
+            raise ConfigError("party", f"{role!r} is not a party of this run (vfl."
+                              f"passive_parties = {cfg.passive_parties}: "
+                              f"{', '.join(cfg.party_ids)})")
+        kind = role_of(role)
+        if cfg.cpus(kind):
             from parties.sysinfo import pin_process
 
             try:
-                pin_process(cfg.cpus(role))
+                pin_process(cfg.cpus(kind))
             except (ValueError, OSError) as exc:
-                raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
+                raise ConfigError(f"vfl.{kind}_cpus", str(exc)) from None
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
         configure_logging(events_path=events, party=role, run_id=args.run_id)
@@ -123,7 +134,7 @@ def run_party(role: str, args: argparse.Namespace) -> int:
                   f"party process {result['wall_s']:.1f} s"
                   + (f"; metrics: {path}" if out is not None else ""), flush=True)
         else:
-            print(f"passive party done: {result['batches']} batches, cpu_util "
+            print(f"{role} party done: {result['batches']} batches, cpu_util "
                   f"{result['cpu_util']:.2f}, party process {result['wall_s']:.1f} s", flush=True)
     return ExitCode.OK
 
@@ -138,7 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return predict_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m parties",
                                      description="Run one PubSub-VFL party.")
-    parser.add_argument("role", choices=["active", "passive"])
+    parser.add_argument("role", choices=PARTY_IDS, metavar="PARTY",
+                        help="active, passive, or passive2 .. passive9 (several passive "
+                        "parties: vfl.passive_parties)")
     add_party_arguments(parser)
     args = parser.parse_args(argv)
     return int(run_party(args.role, args))

@@ -27,6 +27,8 @@ from pubsub.config import ConfigError, dump_toml, load_section, to_mapping
 DEFAULT_TARGETS: dict[str, float] = {"bank": 0.92, "adult": 0.90}
 #: Where a party's worker compute runs (``vfl.worker_mode``).
 WORKER_MODES = ("auto", "thread", "process", "inline")
+#: at most this many passive parties (the paper's Table 10: 2 to 10 parties in all)
+MAX_PASSIVE_PARTIES = 9
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -46,6 +48,15 @@ class VflConfig:
             dataset's own task, or ``"binary"`` for a file. See :mod:`parties.tasks`.
         active_columns / passive_columns: each party's feature columns (default:
             an even split of all non-label columns, active first).
+        passive_parties: how many passive parties train with the active party (1 to
+            9; docs/dev/multiparty.md). Their party ids are ``passive``, ``passive2``,
+            …; ``w_passive``, ``passive_bottom_hidden`` and ``passive_cpus`` apply to each.
+        passive_party_columns: with several passive parties, each one's feature
+            columns, in party order (with ``active_columns``; default: the feature
+            columns cut into contiguous groups, :func:`parties.data.default_split_n`).
+        fuse: how the active party fuses its own bottom output with the passive
+            embeddings: ``"concat"`` (the default), ``"sum"`` or ``"mean"``
+            (:mod:`parties.fuse`).
         synthetic_rows / synthetic_features / synthetic_informative / synthetic_seed:
             size, informative feature count and generator seed of the ``synthetic``
             dataset (ignored for other datasets); see :func:`parties.data.make_synthetic`.
@@ -176,6 +187,9 @@ class VflConfig:
     task: str = ""
     active_columns: tuple[str, ...] = ()
     passive_columns: tuple[str, ...] = ()
+    passive_parties: int = 1
+    passive_party_columns: tuple[tuple[str, ...], ...] = ()
+    fuse: str = "concat"
     synthetic_rows: int = 100_000
     synthetic_features: int = 100
     synthetic_informative: int = 20
@@ -292,12 +306,57 @@ class VflConfig:
         if self.active_features and (self.active_columns or self.passive_columns):
             raise bad("active_features", "give either a feature count or column lists, "
                       "not both")
+        self._check_parties(bad)
         if self.event_loop not in ("uvloop", "asyncio"):
             raise bad("event_loop", "must be 'uvloop' or 'asyncio'")
         if self.worker_mode not in WORKER_MODES:
             raise bad("worker_mode", "must be 'auto', 'process', 'thread' or 'inline'")
         self._check_models(bad)
         self._check_dp(bad)
+
+    def _check_parties(self, bad: Callable[[str, str], ConfigError]) -> None:
+        from parties.fuse import FUSES
+
+        if not 1 <= self.passive_parties <= MAX_PASSIVE_PARTIES:
+            raise bad("passive_parties", f"must be in 1 .. {MAX_PASSIVE_PARTIES}")
+        if self.fuse not in FUSES:
+            raise bad("fuse", f"must be one of {FUSES}")
+        if self.passive_party_columns:
+            if self.passive_parties == 1:
+                raise bad("passive_party_columns", "is for several passive parties "
+                          "(vfl.passive_parties > 1); with one, use vfl.passive_columns")
+            if len(self.passive_party_columns) != self.passive_parties:
+                raise bad("passive_party_columns", f"needs one column list per passive party "
+                          f"({self.passive_parties})")
+            if not self.active_columns:
+                raise bad("passive_party_columns", "needs vfl.active_columns too")
+            if self.active_features:
+                raise bad("active_features", "give either a feature count or column lists, "
+                          "not both")
+        if self.passive_parties > 1:
+            if self.passive_columns:
+                raise bad("passive_columns", "is for one passive party; with "
+                          f"vfl.passive_parties = {self.passive_parties}, list each one's "
+                          "columns in vfl.passive_party_columns")
+            if self.active_columns and not self.passive_party_columns:
+                raise bad("active_columns", "with several passive parties, give "
+                          "vfl.passive_party_columns too (or neither)")
+            if self.passive_rows_file or self.active_rows_file:
+                raise bad("passive_rows_file" if self.passive_rows_file else "active_rows_file",
+                          "aligned rows files are for two parties (N-way alignment: "
+                          "docs/dev/multiparty.md)")
+
+    @property
+    def party_ids(self) -> tuple[str, ...]:
+        """Every party's id: ``active``, then ``passive``, ``passive2``, …"""
+        return ("active", *passive_party_ids(self.passive_parties))
+
+    @property
+    def top_input_width(self) -> int:
+        """The top model's input width: the fused width of the active party's bottom
+        output and every passive embedding (``embedding_dim`` each)."""
+        parts = 1 + self.passive_parties
+        return parts * self.embedding_dim if self.fuse == "concat" else self.embedding_dim
 
     def _check_models(self, bad: Callable[[str, str], ConfigError]) -> None:
         from parties.modelspec import DP_BATCHNORM, check_resnet_settings, check_spec
@@ -444,6 +503,9 @@ class VflConfig:
         }
         if self.algo == "vfl-ps":
             shared["pairs"] = self.workers_for("active")
+        if self.passive_parties > 1 or self.fuse != "concat":
+            shared["passive_parties"] = self.passive_parties
+            shared["fuse"] = self.fuse
         if rows_digest:
             shared["aligned_ids"] = rows_digest
         if self.dataset == "synthetic":
@@ -456,6 +518,25 @@ class VflConfig:
         shared["digest"] = hashlib.sha256(
             orjson.dumps(shared, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
         return shared
+
+
+def passive_party_ids(n: int) -> tuple[str, ...]:
+    """The ids of ``n`` passive parties: ``passive``, ``passive2``, …, ``passive<n>``."""
+    return tuple("passive" if k == 1 else f"passive{k}" for k in range(1, n + 1))
+
+
+def role_of(party: str) -> str:
+    """A party id's role: ``"active"`` or ``"passive"``.
+
+    Raises:
+        ValueError: not a party id (``active``, ``passive``, ``passive2`` … ``passive9``).
+    """
+    if party == "active":
+        return "active"
+    if party in passive_party_ids(MAX_PASSIVE_PARTIES):
+        return "passive"
+    raise ValueError(f"not a party id: {party!r} (active, passive, passive2 .. "
+                     f"passive{MAX_PASSIVE_PARTIES})")
 
 
 def _version(package: str) -> str:
@@ -497,4 +578,4 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-__all__ = ["ALGOS", "DEFAULT_TARGETS", "WORKER_MODES", "VflConfig", "check_run_id", "dump_vfl_config", "load_vfl_config", "replace"]
+__all__ = ["ALGOS", "DEFAULT_TARGETS", "MAX_PASSIVE_PARTIES", "WORKER_MODES", "VflConfig", "check_run_id", "dump_vfl_config", "load_vfl_config", "passive_party_ids", "replace", "role_of"]

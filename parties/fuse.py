@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -82,3 +83,12 @@ class Fuse:
             return torch.cat(list(parts), dim=1)
         total = torch.stack(list(parts)).sum(dim=0)
         return total / len(parts) if self.mode == "mean" else total
+
+
+def fuse_of(cfg: Any) -> Fuse | None:
+    """The fuse of a run config (:class:`parties.config.VflConfig`: ``fuse``,
+    ``passive_parties``, ``embedding_dim``); None for a two-party concatenation (the
+    top model's input is then ``[h_active | e]`` without a fuse object)."""
+    if cfg.passive_parties == 1 and cfg.fuse == "concat":
+        return None
+    return Fuse(mode=cfg.fuse, widths=(cfg.embedding_dim,) * (1 + cfg.passive_parties))

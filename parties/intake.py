@@ -80,6 +80,11 @@ class PeerIntake:
         partner: the partner's role (for errors).
         max_bad: malformed messages from the partner that end the run.
         log: a structlog logger (``vfl.peer_message_rejected`` warnings).
+
+    Attributes:
+        partners: the partners' client ids (learned in the handshake) and how errors
+            name each (an active party has one per passive party); empty: not known yet,
+            every sender is judged as the partner.
     """
 
     def __init__(self, *, partner: str, max_bad: int, log: Any) -> None:
@@ -88,8 +93,17 @@ class PeerIntake:
         self.partner = partner
         self.max_bad = max_bad
         self.log = log
-        self.partner_id: str | None = None
+        self.partners: dict[str, str] = {}
         self.bad: dict[str, int] = {}
+
+    @property
+    def partner_id(self) -> str | None:
+        """The one partner's client id (None: not known yet, or several partners)."""
+        return next(iter(self.partners)) if len(self.partners) == 1 else None
+
+    @partner_id.setter
+    def partner_id(self, publisher: str | None) -> None:
+        self.partners = {} if publisher is None else {publisher: self.partner}
 
     def admit(self, msg: Any, spec: TensorSpec | None, *, fatal: bool = False) -> bool:
         """True if ``msg`` may be used; False: dropped and counted. Once the partner's
@@ -101,7 +115,7 @@ class PeerIntake:
             PartnerMisbehaved: the partner's ``max_bad``-th malformed message, or a
                 ``fatal`` one.
         """
-        if self.partner_id is not None and msg.publisher != self.partner_id:
+        if self.partners and msg.publisher not in self.partners:
             reason: str | None = "not from the partner"
         else:
             reason = check_meta(msg.meta)
@@ -124,12 +138,13 @@ class PeerIntake:
         """
         key = publisher if publisher in self.bad or len(self.bad) < MAX_SENDERS else "*"
         n = self.bad[key] = self.bad.get(key, 0) + 1
-        is_partner = self.partner_id is None or publisher == self.partner_id
+        is_partner = not self.partners or publisher in self.partners
         if n == 1 or n % 100 == 0 or fatal:
             self.log.warning("vfl.peer_message_rejected", publisher=publisher[:64],
                              partner=is_partner, topic=topic[:80], reason=reason, count=n)
         if is_partner and (n >= self.max_bad or fatal):
-            raise PartnerMisbehaved(self.partner, publisher, reason, n)
+            raise PartnerMisbehaved(self.partners.get(publisher, self.partner), publisher,
+                                    reason, n)
 
     @property
     def rejected(self) -> int:

@@ -78,10 +78,12 @@ def party_bottom(cfg: VflConfig, role: str, d_in: int) -> nn.Sequential:
                         out_relu=not linear_out)
 
 
-def top_model(embedding_dim: int, hidden: Sequence[int]) -> nn.Sequential:
-    """The active party's top model: ``(B, 2·embedding_dim) → (B, 1)`` logits (binary task)
+def top_model(embedding_dim: int, hidden: Sequence[int], *, d_in: int | None = None
+              ) -> nn.Sequential:
+    """The active party's top model: ``(B, d_in) → (B, 1)`` (``d_in`` default
+    ``2·embedding_dim``, two parties' concatenated embeddings) logits (binary task)
     or standardised predictions (regression task)."""
-    return mlp(2 * embedding_dim, hidden, 1, out_relu=False)
+    return mlp(2 * embedding_dim if d_in is None else d_in, hidden, 1, out_relu=False)
 
 
 def party_modules(cfg: VflConfig, role: str, d_in: int) -> list[nn.Module]:
@@ -549,10 +551,12 @@ def embed(bottom: nn.Module, x: torch.Tensor, *, chunk: int = 8192) -> np.ndarra
 
 
 @torch.no_grad()
-def predict(bottom: nn.Module, top: nn.Module, x: torch.Tensor, emb: np.ndarray, *,
-            task: str = "binary") -> np.ndarray:
+def predict(bottom: nn.Module, top: nn.Module, x: torch.Tensor,
+            emb: np.ndarray | Sequence[np.ndarray], *, task: str = "binary",
+            fuse: Fuse | None = None) -> np.ndarray:
     """Predictions ``(n,)`` float32 from own features ``x`` ``(n, d_a)`` and passive
-    embeddings ``emb`` ``(n, d)``: positive-class probabilities (``"binary"``) or
+    embeddings ``emb`` ``(n, d)`` (or a list, one per passive party, fused by ``fuse``;
+    None: concatenated): positive-class probabilities (``"binary"``) or
     standardised labels (``"regression"``; ``p * std + mean`` in the label's units).
     Runs in eval mode (both modules are left in eval mode).
 
@@ -564,5 +568,7 @@ def predict(bottom: nn.Module, top: nn.Module, x: torch.Tensor, emb: np.ndarray,
     bottom.eval()
     top.eval()
     h = bottom(x)
-    out = top(torch.cat([h, torch.from_numpy(np.array(emb, dtype=np.float32))], dim=1)).squeeze(1)
+    embs = list(emb) if isinstance(emb, (list, tuple)) else [emb]
+    parts = [h, *(torch.from_numpy(np.array(e, dtype=np.float32)) for e in embs)]
+    out = top(torch.cat(parts, dim=1) if fuse is None else fuse(parts)).squeeze(1)
     return (torch.sigmoid(out) if task == "binary" else out).numpy()

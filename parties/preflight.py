@@ -19,14 +19,14 @@ from parties.data import (
     PartyFeatures,
     SyntheticSpec,
     select_rows,
-    default_split,
+    default_split_n,
     encode_labels,
     encode_party_features,
     encode_regression_labels,
     load_table,
     synthetic_columns,
     train_test_indices,
-    validate_split,
+    validate_split_n,
 )
 from parties.data import _MISSING_CATEGORY, _is_categorical
 from parties.schema import PublicSchema, SchemaEncoder, bundled_schema, load_schema
@@ -67,9 +67,10 @@ def preflight(cfg: VflConfig) -> None:
     """
     if cfg.dataset == "synthetic" and cfg.label in ("", SYNTHETIC_LABEL):
         columns = synthetic_columns(synthetic_spec(cfg))
-        _, _, passive = resolve_columns(cfg, pd.DataFrame(columns=columns), SYNTHETIC_LABEL)
+        _, groups = resolve_party_columns(cfg, pd.DataFrame(columns=columns), SYNTHETIC_LABEL)
         if cfg.dp_enabled:
-            dp_schema(cfg, passive)
+            for party in cfg.party_ids[1:]:
+                dp_schema(cfg, groups[party])
         return
     if bool(cfg.active_rows_file) != bool(cfg.passive_rows_file):
         raise DataError("set both vfl.active_rows_file and vfl.passive_rows_file (each "
@@ -77,9 +78,10 @@ def preflight(cfg: VflConfig) -> None:
     frame, default_label = load_configured_table(cfg, "active")
     if cfg.passive_rows_file:
         load_configured_table(cfg, "passive")  # its rows file is checked here too
-    label, active, passive = resolve_columns(cfg, frame, default_label)
-    if cfg.dp_enabled:
-        dp_schema(cfg, passive)  # refuse before any process starts
+    label, groups = resolve_party_columns(cfg, frame, default_label)
+    if cfg.dp_enabled:  # refuse before any process starts
+        for party in cfg.party_ids[1:]:
+            dp_schema(cfg, groups[party])
     train_idx, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
     if cfg.effective_task == "regression":
         y_test = encode_regression_labels(frame[[label]], label, train_idx, test_idx).y_test
@@ -111,24 +113,46 @@ def check_test_labels(y_test: np.ndarray, label: str, *, task: str = "binary") -
 
 def resolve_columns(cfg: VflConfig, frame: Any,
                     default_label: str | None) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
-    """``(label, active_columns, passive_columns)`` from the config or the default even split.
+    """``(label, active_columns, passive_columns)`` from the config or the default even split
+    (a two-party run; :func:`resolve_party_columns` for any number of parties).
 
     Raises:
         parties.data.DataError: no label known, only one party's columns given, or an
             invalid split (unknown column, overlap, label used as a feature).
     """
+    label, groups = resolve_party_columns(cfg, frame, default_label)
+    if len(groups) != 2:
+        raise ValueError(f"resolve_columns is for two parties; this run has {len(groups)}")
+    return label, groups["active"], groups["passive"]
+
+
+def resolve_party_columns(cfg: VflConfig, frame: Any, default_label: str | None
+                          ) -> tuple[str, dict[str, tuple[str, ...]]]:
+    """``(label, {party id: its feature columns})`` from the config's column lists or the
+    default split (:func:`parties.data.default_split_n`), every party of
+    ``cfg.party_ids`` in order.
+
+    Raises:
+        parties.data.DataError: no label known, only one party's columns given, or an
+            invalid split (unknown column, a column of two parties (both named), the
+            label used as a feature).
+    """
     label = cfg.label or default_label
     if not label:
         raise DataError(f"dataset {cfg.dataset!r} needs a label column: set vfl.label")
-    if cfg.active_columns or cfg.passive_columns:
+    parties = cfg.party_ids
+    if cfg.passive_parties > 1 and cfg.passive_party_columns:
+        groups = {"active": tuple(cfg.active_columns)}
+        groups.update(zip(parties[1:], (tuple(c) for c in cfg.passive_party_columns)))
+    elif cfg.passive_parties == 1 and (cfg.active_columns or cfg.passive_columns):
         if not (cfg.active_columns and cfg.passive_columns):
             raise DataError("set both vfl.active_columns and vfl.passive_columns, or neither")
-        active, passive = tuple(cfg.active_columns), tuple(cfg.passive_columns)
+        groups = {"active": tuple(cfg.active_columns), "passive": tuple(cfg.passive_columns)}
     else:
-        active, passive = default_split(list(frame.columns), label,
-                                        n_active=cfg.active_features or None)
-    validate_split(list(frame.columns), label, active, passive)
-    return label, active, passive
+        groups = default_split_n(list(frame.columns), label, parties,
+                                 n_active=cfg.active_features or None)
+    validate_split_n(list(frame.columns), label, groups)
+    return label, groups
 
 
 def dp_schema(cfg: VflConfig, columns: Sequence[str]) -> PublicSchema:
@@ -190,7 +214,8 @@ def default_models(cfg: VflConfig) -> bool:
 
 
 def feature_widths(cfg: VflConfig) -> dict[str, int]:
-    """Each party's encoded input width, without encoding the table: the public schema's
+    """Each party's encoded input width (by party id), without encoding the table: the
+    public schema's
     width (passive party, DP on), else one column per numeric feature and one per
     category seen in the training rows (missing values are a category), as
     :func:`parties.data.encode_party_features` fits them.
@@ -201,15 +226,14 @@ def feature_widths(cfg: VflConfig) -> dict[str, int]:
     """
     from parties.schedule import validation_split
 
+    dp = cfg.dp_enabled
     if cfg.dataset == "synthetic" and cfg.label in ("", SYNTHETIC_LABEL):
         frame = pd.DataFrame(columns=synthetic_columns(synthetic_spec(cfg)))
-        _, active, passive = resolve_columns(cfg, frame, SYNTHETIC_LABEL)
-        widths = {"active": len(active), "passive": len(passive)}
-        if cfg.dp_enabled:
-            widths["passive"] = dp_schema(cfg, passive).width
-        return widths
+        _, groups = resolve_party_columns(cfg, frame, SYNTHETIC_LABEL)
+        return {p: (dp_schema(cfg, cols).width if dp and p != "active" else len(cols))
+                for p, cols in groups.items()}
     frame, default_label = load_configured_table(cfg, "active")
-    _, active, passive = resolve_columns(cfg, frame, default_label)
+    _, groups = resolve_party_columns(cfg, frame, default_label)
     all_train, _ = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
     fit, _ = validation_split(len(all_train), seed=cfg.seed)
     rows = frame.iloc[all_train[fit]]
@@ -225,8 +249,8 @@ def feature_widths(cfg: VflConfig) -> dict[str, int]:
                 n += 1
         return n
 
-    return {"active": width(active),
-            "passive": dp_schema(cfg, passive).width if cfg.dp_enabled else width(passive)}
+    return {p: (dp_schema(cfg, cols).width if dp and p != "active" else width(cols))
+            for p, cols in groups.items()}
 
 
 def preflight_models(cfg: VflConfig, models: Any = None) -> None:

@@ -23,7 +23,8 @@ def _sum_dicts(*ds: dict[str, int]) -> dict[str, int]:
 
 
 def training_window_s(active_history: list[dict[str, Any]],
-                      passive_history: list[dict[str, Any]] | None) -> float:
+                      passive_history: list[dict[str, Any]] | None,
+                      *more: list[dict[str, Any]] | None) -> float:
     """Seconds of training: per training segment, the longer of the two parties' own
     segment clocks (``train_s`` of each history entry, matched by position), summed.
 
@@ -41,17 +42,20 @@ def training_window_s(active_history: list[dict[str, Any]],
     Args:
         active_history / passive_history: the parties' ``history`` lists (entries with
             ``train_s``, seconds).
+        more: the other passive parties' histories (several passive parties: per segment
+            the longest of all the clocks).
 
     Returns:
         Seconds (float, >= 0).
     """
     a = [float(h["train_s"]) for h in active_history]
-    p = [float(h["train_s"]) for h in (passive_history or [])]
-    return sum(max(x, p[i]) if i < len(p) else x for i, x in enumerate(a))
+    others = [[float(h["train_s"]) for h in (hist or [])] for hist in (passive_history, *more)]
+    return sum(max([x, *(p[i] for p in others if i < len(p))]) for i, x in enumerate(a))
 
 
 def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
-                     passive: dict[str, Any] | None) -> dict[str, Any]:
+                     passive: dict[str, Any] | None, *,
+                     reports: dict[str, dict[str, Any] | None] | None = None) -> dict[str, Any]:
     """The run's metrics (see docs/vfl.md, "metrics.json").
 
     Args:
@@ -61,6 +65,11 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
             (``"auc"`` or ``"rmse"``), ``metric``, the same value as ``test_<metric_name>``,
             and ``broker``.
         passive: the passive party's report, or None if it never arrived.
+        reports: several passive parties: each one's report by party id (None: never
+            arrived); ``passive`` is then ignored. ``parties`` gets one entry per party,
+            the drop counts add up, the training window is the longest clock per
+            segment, ``dp`` is the first passive party's and ``dp_by_party`` each one's
+            own (each passive party keeps its own ledger).
 
     Returns:
         A JSON-ready dict with ``algo``, ``dataset``, ``task``, ``test_auc`` (binary)
@@ -94,12 +103,21 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
     top_level = ("broker", "task", key, "metric_name", "metric", "target_metric",
                  "time_to_target_s", "history", "model")
     parties = {"active": {k: v for k, v in active.items() if k not in top_level}}
-    if passive is not None:
-        parties["passive"] = {k: v for k, v in passive.items() if k != "dp"}  # top-level dp
+    got = dict(reports) if reports is not None else {"passive": passive}
+    present = {p: r for p, r in got.items() if r is not None}
+    for party, rep in present.items():
+        parties[party] = {k: v for k, v in rep.items() if k != "dp"}  # top-level dp
     bytes_sent = _sum_dicts(*(p.get("bytes_sent", {}) for p in parties.values()))
     train_wall = active["train_wall_s"]
-    window = (training_window_s(active.get("history", []), passive.get("history"))
-              if passive is not None and active.get("history") else train_wall)
+    window = (training_window_s(active.get("history", []),
+                                *(r.get("history") for r in present.values()))
+              if present and active.get("history") else train_wall)
+    first = got.get(next(iter(got))) if got else None
+    extra: dict[str, Any] = {}
+    if reports is not None:
+        extra["dp_by_party"] = {p: (r or {}).get("dp") or dp_report(plan_from_config(cfg), None)
+                                for p, r in got.items()}
+        extra["reports_missing"] = sorted(p for p, r in got.items() if r is None)
     return {
         "algo": cfg.algo,
         "dataset": cfg.dataset,
@@ -128,11 +146,12 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
             "ids": ns.get(f"ids/{run_id}", 0),
         },
         "dropped_batches": active["dropped_batches"]
-        + (passive or {}).get("dropped_batches", 0),
+        + sum(r.get("dropped_batches", 0) for r in present.values()),
         "reassigned_batches": active["reassigned_batches"]
-        + (passive or {}).get("reassigned_batches", 0),
+        + sum(r.get("reassigned_batches", 0) for r in present.values()),
         "history": active.get("history", []),
         "broker": broker or None,
-        "passive_report_missing": passive is None,
-        "dp": (passive or {}).get("dp") or dp_report(plan_from_config(cfg), None),
+        "passive_report_missing": len(present) < len(got),
+        "dp": (first or {}).get("dp") or dp_report(plan_from_config(cfg), None),
+        **extra,
     }

@@ -111,7 +111,7 @@ from pubsub.security import CurveClient
 from pubsub.session import heartbeat, rendezvous, watch
 from pubsub.transport import Transport
 
-from parties.config import VflConfig
+from parties.config import VflConfig, role_of
 from parties.driver import ActionDriver
 from parties.data import (
     aligned_ids_digest,
@@ -128,12 +128,13 @@ from parties.dp import (
 )
 from parties.dp import report as dp_report
 from parties.preflight import (check_test_labels, encode_features, load_configured_table,
-                               resolve_columns)
+                               resolve_party_columns)
 from parties.actions import EMB, GRAD
 from parties.errors import (ConfigMismatch, HandshakeTimeout, PartnerLost, PartnerStalled,
                             VflError)
 from parties.intake import PeerIntake, TensorSpec
 from parties.strategy import StrategyConfig, make_strategy
+from parties.fuse import fuse_of
 from parties.model import (
     ParameterServer,
     embed,
@@ -182,12 +183,19 @@ class Topics:
         p = party or self.party
         return f"grad/{self.run_id}/{p}/{b}" if p else f"grad/{self.run_id}/{b}"
 
-    def val(self, point: int) -> str:
-        return f"eval/{self.run_id}/val/{point}"
+    def val(self, point: int, party: str = "") -> str:
+        p = party or self.party
+        return f"eval/{self.run_id}/{p}/val/{point}" if p else f"eval/{self.run_id}/val/{point}"
 
     @property
     def test(self) -> str:
-        return f"eval/{self.run_id}/test"
+        return self.test_of("")
+
+    def test_of(self, party: str) -> str:
+        """The test split's embeddings of ``party`` (``""``: this party's, or the one
+        partner's)."""
+        p = party or self.party
+        return f"eval/{self.run_id}/{p}/test" if p else f"eval/{self.run_id}/test"
 
     @property
     def ids(self) -> str:
@@ -201,7 +209,13 @@ class Topics:
 
     @property
     def report(self) -> str:
-        return f"ctl/{self.run_id}/report"
+        return self.report_of("")
+
+    def report_of(self, party: str) -> str:
+        """A passive party's metrics at the end (``""``: this party's, or the one
+        partner's)."""
+        p = party or self.party
+        return f"ctl/{self.run_id}/report/{p}" if p else f"ctl/{self.run_id}/report"
 
     @property
     def done(self) -> str:
@@ -256,19 +270,28 @@ class PartyData:
 def load_party_data(cfg: VflConfig, role: str) -> PartyData:
     """Load and encode this party's columns (and labels, for the active party).
 
+    ``role``: the party's id (``active``, ``passive``, ``passive2`` …; in a two-party run
+    the ids are the roles).
+
     Raises:
         parties.data.DataError: missing file, unknown column, bad split, a label unfit for
             the task (one class; not numeric or constant for regression).
+        ValueError: ``role`` is not one of the run's party ids.
     """
+    party = role
+    if party not in cfg.party_ids:
+        raise ValueError(f"party {party!r} is not in this run (its parties: "
+                         f"{', '.join(cfg.party_ids)})")
+    role = role_of(party)
     task = cfg.effective_task
     frame, default_label = load_configured_table(cfg, role)
-    label, active, passive = resolve_columns(cfg, frame, default_label)
+    label, groups = resolve_party_columns(cfg, frame, default_label)
     all_train, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
     fit, val = validation_split(len(all_train), seed=cfg.seed)
     train_idx, val_idx = all_train[fit], all_train[val]
     n_val = len(val_idx)
     held = np.concatenate([val_idx, test_idx])  # encoded with the training rows' statistics
-    mine = tuple(active if role == "active" else passive)
+    mine = tuple(groups[party])
     # DP on, passive party: public-schema encoding, nothing fitted on the rows
     feats = encode_features(cfg, role, frame, mine, train_idx, held)
     x_val, x_test = feats.x_test[:n_val], feats.x_test[n_val:]
@@ -283,7 +306,7 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
             y_train, y_held, pos = encode_labels(frame, label, train_idx, held)
         y_val, y_test = y_held[:n_val], y_held[n_val:]
         check_test_labels(y_test, label, task=task)
-    log.info("vfl.data_loaded", party=role, dataset=cfg.dataset, task=task, n_rows=len(frame),
+    log.info("vfl.data_loaded", party=party, dataset=cfg.dataset, task=task, n_rows=len(frame),
              n_train=len(train_idx), n_val=n_val, n_test=len(test_idx), columns=len(mine),
              features=int(feats.x_train.shape[1]))
     return PartyData(
@@ -320,12 +343,20 @@ class Party:
                  models: ModelFactory | None = None,
                  connect: Callable[..., contextlib.AbstractAsyncContextManager[Transport]]
                  | None = None) -> None:
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        party = role
+        if party not in cfg.party_ids:
+            raise ValueError(f"party must be one of this run's {cfg.party_ids}, got {party!r}")
+        role = role_of(party)
         if role == "active" and data.y_train is None:
             raise ValueError("the active party needs labels")
+        #: this party's id (``active``, ``passive``, ``passive2`` …) and its role
+        self.party = party
         self.role = role
+        #: the parties this one trains with: every passive party (active), or the active
+        self.partners: tuple[str, ...] = cfg.party_ids[1:] if role == "active" else ("active",)
         self.partner = "passive" if role == "active" else "active"
+        #: several passive parties: topics name the passive party they belong to
+        self.multi = cfg.passive_parties > 1
         self.cfg = cfg
         self.data = data
         if connect is None and not broker:
@@ -336,7 +367,7 @@ class Party:
         #: how this party's bus connection was secured (set once connected)
         self.security_info: dict[str, str] = {}
         self.run_id = run_id
-        self.topics = Topics(run_id)
+        self.topics = Topics(run_id, party=party if self.multi and role == "passive" else "")
         self.progress = progress
         self.n_train = data.x_train.shape[0]
         self.n_batches = num_batches(self.n_train, cfg.batch_size)
@@ -357,11 +388,11 @@ class Party:
         self.history: list[dict[str, Any]] = []
         self._driver: ActionDriver | None = None
         self.bus: Transport | None = None
-        self._partner_topics: list[str] = []  # what only the partner may send us
-        self.log = log.bind(party=role, run_id=run_id)
+        self._topics_of: dict[str, list[str]] = {}  # what only each partner may send us
+        self.log = log.bind(party=party, run_id=run_id)
         self.intake = PeerIntake(partner=self.partner, max_bad=cfg.peer_max_bad_messages,
                                  log=self.log)
-        torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
+        torch.manual_seed(cfg.seed + cfg.party_ids.index(party))
         d_in = data.x_train.shape[1]
         self.models = models if models is not None else ModelFactory(cfg)
         mods = self.models.modules(role, d_in)
@@ -373,9 +404,12 @@ class Party:
         self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
         self._x_val = torch.from_numpy(np.ascontiguousarray(data.x_val))
         self._handles: list[WorkerHandle] = []
-        self.timeline = Timeline(role)
+        self.timeline = Timeline(party)
         self._data_dir: Path | None = None
         self.partner_report: dict[str, Any] | None = None
+        #: every passive party's report, by party id (active party, after the run)
+        self.partner_reports: dict[str, dict[str, Any]] = {}
+        self.fuse = fuse_of(cfg) if role == "active" else None
         self._init_dp()
 
     def _init_dp(self) -> None:
@@ -520,70 +554,82 @@ class Party:
         emb_bytes = cfg.batch_size * cfg.embedding_dim * 4 + 4096
         # per-batch channels; VFL-PS uses one channel per worker pair instead
         channels = range(max(self.n_batches, self.workers))
+        # each partner's topics, for accept_only once its client id is known
+        self._topics_of: dict[str, list[str]] = {}
         if self.role == "active":
             lim = BufferLimits(max_msgs=cfg.p, max_bytes=cfg.p * emb_bytes)
-            embs = [t.emb(b) for b in channels]
-            vals = [t.val(i) for i in range(self._n_val_points())]
-            self._partner_topics = [*embs, *vals, t.test, t.report]
-            await bus.subscribe_many(embs, limits=lim)
-            for n, topics in ((self.data.x_val.shape[0], vals),
-                              (self.data.x_test.shape[0], [t.test])):
-                eval_bytes = n * cfg.embedding_dim * 4 + 4096
-                await bus.subscribe_many(topics, limits=BufferLimits(
-                    max_msgs=2, max_bytes=2 * eval_bytes))
-            await bus.subscribe(t.report)
+            for party in self.partners:
+                q = party if self.multi else ""
+                embs = [t.emb(b, q) for b in channels]
+                vals = [t.val(i, q) for i in range(self._n_val_points())]
+                self._topics_of[party] = [*embs, *vals, t.test_of(q), t.report_of(q),
+                                          t.hb(party)]
+                await bus.subscribe_many(embs, limits=lim)
+                for n, topics in ((self.data.x_val.shape[0], vals),
+                                  (self.data.x_test.shape[0], [t.test_of(q)])):
+                    eval_bytes = n * cfg.embedding_dim * 4 + 4096
+                    await bus.subscribe_many(topics, limits=BufferLimits(
+                        max_msgs=2, max_bytes=2 * eval_bytes))
+                await bus.subscribe(t.report_of(q))
         else:
             lim = BufferLimits(max_msgs=cfg.q, max_bytes=cfg.q * emb_bytes)
             grads = [t.grad(b) for b in channels]
-            self._partner_topics = [*grads, t.done, t.scored]
+            mine = [*grads, t.done, t.scored, t.hb("active")]
             await bus.subscribe_many(grads, limits=lim)
             if cfg.algo == "vfl-ps":
-                self._partner_topics.append(t.ids)
+                mine.append(t.ids)
                 ids_bytes = cfg.batch_size * 8 + (self.workers + 1) * 8 + 4096
                 await bus.subscribe(t.ids, limits=BufferLimits(max_msgs=16,
                                                                max_bytes=16 * ids_bytes))
             await bus.subscribe(t.done)
             await bus.subscribe(t.scored, limits=BufferLimits(max_msgs=4, max_bytes=1 << 14))
-        await bus.subscribe(t.hb(self.partner), limits=BufferLimits(max_msgs=4, max_bytes=1 << 16))
-        self._partner_topics.append(t.hb(self.partner))
+            self._topics_of["active"] = mine
+        for party in self.partners:
+            await bus.subscribe(t.hb(party), limits=BufferLimits(max_msgs=4, max_bytes=1 << 16))
         # subscribed last: a hello from the partner proves all the above reached its publisher
-        await bus.subscribe(t.hello(self.role))
+        await bus.subscribe(t.hello(self.party))
 
     async def _handshake(self, bus: Transport) -> None:
         """Exchange hellos until each side has seen the other (PubSub slow-joiner guard;
-        :func:`pubsub.session.rendezvous` over the shared-settings digest)."""
+        :func:`pubsub.session.rendezvous` over the shared-settings digest): the active
+        party meets every passive party, a passive party the active party."""
         cfg, t = self.cfg, self.topics
         rows_file = cfg.rows_file(self.role)
         mine = cfg.shared_settings(self.data.n_rows,
                                    aligned_ids_digest(rows_file) if rows_file else "")
         try:
             heard = await rendezvous(
-                bus, me=self.role, peers=[self.partner], digest=str(mine["digest"]),
-                say=[t.hello(self.partner)], hear=[t.hello(self.role)],
+                bus, me=self.party, peers=list(self.partners), digest=str(mine["digest"]),
+                say=[t.hello(p) for p in self.partners], hear=[t.hello(self.party)],
                 timeout_s=cfg.handshake_timeout_s, interval_s=0.1,
                 info={"role": self.role, "shared": mine}, mismatch_linger_s=0.5,
                 on_found=lambda peer, _: self.log.info("vfl.partner_found", partner=peer))
-        except RendezvousTimeout:
-            raise HandshakeTimeout(self.partner, cfg.handshake_timeout_s, self.run_id) from None
+        except RendezvousTimeout as exc:
+            raise HandshakeTimeout(", ".join(exc.missing) if self.multi else self.partner,
+                                   cfg.handshake_timeout_s, self.run_id) from None
         except SettingsMismatch as exc:
             raise ConfigMismatch(mine, dict(exc.hello.get("shared") or {})) from None
-        # from now on only the client the partner's handshake came from is the partner:
-        # the bus drops others' messages on the partner's topics before they take room
-        partner_id = str(heard[self.partner]["publisher"])
-        self.intake.partner_id = partner_id
-        bus.accept_only(partner_id, self._partner_topics)
+        # from now on only the client each partner's handshake came from is that partner:
+        # the bus drops others' messages on its topics before they take room
+        partners = {str(heard[p]["publisher"]): (p if self.multi else self.partner)
+                    for p in self.partners}
+        self.intake.partners = partners
+        for pid, name in partners.items():
+            bus.accept_only(pid, self._topics_of["active" if self.role == "passive"
+                                                 else (name if self.multi else "passive")])
 
     async def _heartbeat(self, bus: Transport) -> None:
-        await heartbeat(bus, self.topics.hb(self.role), me=self.role,
+        await heartbeat(bus, self.topics.hb(self.party), me=self.party,
                         interval_s=self.cfg.heartbeat_interval_s)
 
     async def _watchdog(self, bus: Transport) -> None:
         timeout = self.cfg.liveness_timeout_s
         try:
-            await watch(bus, {self.partner: self.topics.hb(self.partner)}, timeout_s=timeout)
-        except PeerLost:
-            self.log.error("vfl.partner_lost", partner=self.partner, silent_s=timeout)
-            raise PartnerLost(self.partner, timeout) from None
+            await watch(bus, {p: self.topics.hb(p) for p in self.partners}, timeout_s=timeout)
+        except PeerLost as exc:
+            lost = str(exc.peer) if self.multi else self.partner
+            self.log.error("vfl.partner_lost", partner=lost, silent_s=timeout)
+            raise PartnerLost(lost, timeout) from None
 
     # ------------------------------------------------------------------ training
     async def _train(self, bus: Transport) -> None:
@@ -643,7 +689,7 @@ class Party:
                     t_eval = time.perf_counter()
                     last = epoch == cfg.epochs - 1 and s == len(segs) - 1
                     if self.role == "active":
-                        value = await self._score(bus, self.topics.val(point), "val")
+                        value = await self._score(bus, "val", point)
                         entry[f"val_{self.metric}"] = value
                         entry["metric"] = value
                         if not last:
@@ -677,7 +723,7 @@ class Party:
             try:
                 msg = await bus.next(self.topics.scored, max(0.0, deadline - time.monotonic()))
             except DeadlineExceeded:
-                raise PartnerStalled(self.partner, "val", bound,
+                raise PartnerStalled("active", "val", bound,
                                      f"validation point {point} never scored") from None
             if int(msg.meta.get("point", -1)) >= point:
                 return
@@ -746,7 +792,7 @@ class Party:
         key = f"test_{name}"
         await self._train(bus)
         t_eval = time.perf_counter()
-        value = await self._score(bus, self.topics.test, "test")
+        value = await self._score(bus, "test")
         self.eval_s += time.perf_counter() - t_eval
         metrics = self._party_metrics(meter)
         target = cfg.effective_target
@@ -757,11 +803,16 @@ class Party:
             "time_to_target_s": first_reaching(points, target, higher_is_better=name == "auc"),
             "n_val_scored": int(self._x_val.shape[0]),
         })
-        try:
-            rep = await bus.next(self.topics.report, cfg.liveness_timeout_s)
-            self.partner_report = dict(rep.meta)
-        except DeadlineExceeded:
-            self.log.warning("vfl.no_report", waited_s=cfg.liveness_timeout_s)
+        deadline = time.monotonic() + cfg.liveness_timeout_s
+        for party in self.partners:
+            try:
+                rep = await bus.next(self.topics.report_of(party if self.multi else ""),
+                                     max(0.0, deadline - time.monotonic()))
+                self.partner_reports[party] = dict(rep.meta)
+            except DeadlineExceeded:
+                self.log.warning("vfl.no_report", partner=party,
+                                 waited_s=cfg.liveness_timeout_s)
+        self.partner_report = self.partner_reports.get(self.partners[0])
         try:
             # in-process (``connect`` given): the caller adds the hub's own statistics
             metrics["broker"] = None if self._connect is not None else await asyncio.to_thread(
@@ -773,28 +824,35 @@ class Party:
         await asyncio.sleep(0.05)
         return metrics
 
-    async def _score(self, bus: Transport, topic: str, split: str) -> float:
+    async def _score(self, bus: Transport, split: str, point: int = 0) -> float:
         """The metric (AUC, or RMSE in the label's units) of the PS parameters on the
-        ``val`` or ``test`` split, with the passive party's embeddings of it (waited for
-        up to the liveness timeout)."""
-        cfg, data = self.cfg, self.data
+        ``val`` (validation point ``point``) or ``test`` split, with every passive
+        party's embeddings of it (waited for up to the liveness timeout in all)."""
+        cfg, data, t = self.cfg, self.data, self.topics
         assert self._top is not None
         x, y = (self._x_val, data.y_val) if split == "val" else (self._x_test, data.y_test)
         assert y is not None
         spec = TensorSpec(width=cfg.embedding_dim, max_rows=len(x), rows=len(x))
         deadline = time.monotonic() + cfg.liveness_timeout_s
-        while True:  # the partner's embeddings of the split (others' are dropped)
-            try:
-                msg = await bus.next(topic, max(0.0, deadline - time.monotonic()))
-            except DeadlineExceeded:
-                raise PartnerStalled(self.partner, split, cfg.liveness_timeout_s,
-                                     "embeddings for scoring") from None
-            # one release per split: a bad one from the partner cannot be waited out
-            if self.intake.admit(msg, spec, fatal=True):
-                break
+        embs = []
+        for party in self.partners:
+            q = party if self.multi else ""
+            topic = t.val(point, q) if split == "val" else t.test_of(q)
+            while True:  # the partner's embeddings of the split (others' are dropped)
+                try:
+                    msg = await bus.next(topic, max(0.0, deadline - time.monotonic()))
+                except DeadlineExceeded:
+                    raise PartnerStalled(party if self.multi else self.partner, split,
+                                         cfg.liveness_timeout_s,
+                                         "embeddings for scoring") from None
+                # one release per split: a bad one from the partner cannot be waited out
+                if self.intake.admit(msg, spec, fatal=True):
+                    break
+            embs.append(msg.arrays[0])
         load_flat([self._bottom, self._top], self.ps.pull())
         pred = await asyncio.to_thread(predict, self._bottom, self._top, x,
-                                       msg.arrays[0], task=data.task)
+                                       embs[0] if len(embs) == 1 else embs, task=data.task,
+                                       fuse=self.fuse)
         if data.task == "regression":
             pred = pred.astype(np.float64) * data.label_std + data.label_mean
         return compute_metric(data.task, y, pred)
@@ -818,8 +876,9 @@ class Party:
         wall, cpu, cores, util = meter.read()
         assert self.bus is not None
         st = self.bus.stats()
-        return {
+        out = {
             "role": self.role,
+            "party": self.party,
             "algo": self.cfg.algo,
             "workers": self.workers,
             "train_wall_s": self.train_s,
@@ -869,3 +928,6 @@ class Party:
                                  and self.cfg.dp_enabled else "fitted"),
             "columns": list(self.data.columns),
         }
+        if self.multi and self.role == "active":
+            out["missed_by_party"] = dict(self.c.missed_by_party)
+        return out

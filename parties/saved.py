@@ -84,13 +84,14 @@ class SavedModelMismatch(VflError, ValueError):
 
 
 def part_dir(run_dir: str | Path, role: str) -> Path:
-    """``<run_dir>/model/<role>``.
+    """``<run_dir>/model/<party id>`` (``active``, ``passive``, ``passive2`` …).
 
     Raises:
-        ValueError: unknown ``role``.
+        ValueError: not a party id.
     """
-    if role not in ("active", "passive"):
-        raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
+    from parties.config import role_of
+
+    role_of(role)
     return Path(run_dir) / "model" / role
 
 
@@ -130,7 +131,7 @@ def save_party_model(run_dir: str | Path, party: Party, *, run_id: str) -> Path:
     from parties.schema import dump_schema
 
     role, cfg, data = party.role, party.cfg, party.data
-    out = part_dir(run_dir, role)
+    out = part_dir(run_dir, party.party)
     out.mkdir(parents=True, exist_ok=True)
     mods = party.trained_modules()
     weights = {"bottom": mods[0].state_dict()}
@@ -151,6 +152,7 @@ def save_party_model(run_dir: str | Path, party: Party, *, run_id: str) -> Path:
         "format_version": FORMAT_VERSION,
         "run_id": run_id,
         "role": role,
+        "party": party.party,
         "config_digest": config_digest(cfg, data.n_rows),
         "n_rows": data.n_rows,
         "columns": list(data.columns),

@@ -45,7 +45,8 @@ async def serve_party(role: str, cfg: VflConfig, *, run_id: str, out: Path | Non
     :func:`parties.report.assemble_metrics`).
 
     Args:
-        role: ``"active"`` or ``"passive"``.
+        role: the party's id: ``"active"`` or ``"passive"`` (``passive2`` … with several
+            passive parties).
         cfg: the run config.
         run_id: topic namespace, the same on both parties.
         out: the run directory (this party's timeline and ``model/<role>/`` go there);
@@ -93,14 +94,18 @@ async def serve_party(role: str, cfg: VflConfig, *, run_id: str, out: Path | Non
                            "overflow": party.timeline.overflow,
                            "totals_s": party.timeline.totals()}
     if role == "active":
+        if cfg.passive_parties > 1:
+            return assemble_metrics(cfg, run_id, metrics, None, reports={
+                p: party.partner_reports.get(p) for p in party.partners})
         return assemble_metrics(cfg, run_id, metrics, party.partner_report)
     return metrics
 
 
 def metrics_file(out: Path, role: str) -> Path:
-    """Where ``role`` writes its metrics in the run directory: the active party's are the
-    run's ``metrics.json``, the passive party's ``passive.json``."""
-    return out / ("metrics.json" if role == "active" else "passive.json")
+    """Where party ``role`` writes its metrics in the run directory: the active party's
+    are the run's ``metrics.json``, a passive party's ``<party id>.json``
+    (``passive.json``, ``passive2.json``, …)."""
+    return out / ("metrics.json" if role == "active" else f"{role}.json")
 
 
 def finish_party(role: str, cfg: VflConfig, result: dict[str, Any], out: Path | None,

@@ -142,12 +142,15 @@ class StrategyConfig:
     @classmethod
     def from_vfl(cls, cfg: Any, role: str) -> StrategyConfig:
         """From a :class:`parties.config.VflConfig`: drops when ``t_ddl_s > 0`` and the
-        algorithm may drop (not ``vfl`` / ``vfl-ps``)."""
+        algorithm may drop (not ``vfl`` / ``vfl-ps``); an active party with several passive
+        parties has them as its partners, by party id."""
         drops = cfg.t_ddl_s > 0 and cfg.algo not in ("vfl", "vfl-ps")
+        several = role == "active" and getattr(cfg, "passive_parties", 1) > 1
         return cls(algo=cfg.algo, role=role, workers=cfg.workers_for(role), drops=drops,
                    data_wait_s=cfg.t_ddl_s if drops else cfg.liveness_timeout_s,
                    max_reassign=cfg.max_reassign, staleness_bound=cfg.staleness_bound,
-                   t_ddl_s=cfg.t_ddl_s)
+                   t_ddl_s=cfg.t_ddl_s,
+                   partners=tuple(cfg.party_ids[1:]) if several else ("",))
 
 
 @dataclass(slots=True)

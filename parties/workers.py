@@ -180,10 +180,12 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
     if role == "active":
         assert y_train is not None
         y = torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.float32))
+        from parties.fuse import fuse_of
+
         return ActiveCompute(x, y, make_bottom, factory.top, ps, lr=cfg.worker_lr("active"),
                              delta_t0=cfg.delta_t0, task=cfg.effective_task,
                              sync_mode=sync_mode, make_optimizer=factory.optimizer,
-                             loss_fn=factory.loss(cfg.effective_task))
+                             loss_fn=factory.loss(cfg.effective_task), fuse=fuse_of(cfg))
     plan = plan_from_config(cfg)
     privatize = None
     make_dp_sgd = None

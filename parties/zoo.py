@@ -264,16 +264,17 @@ class ModelFactory:
         return model
 
     def top(self) -> nn.Module:
-        """The top model ``(B, 2·embedding_dim) → (B, 1)``."""
+        """The top model ``(B, top_input_width) → (B, 1)`` (``2·embedding_dim`` in a
+        two-party run; :attr:`parties.config.VflConfig.top_input_width`)."""
         from parties.model import top_model
 
         cfg = self.cfg
-        d_in = 2 * cfg.embedding_dim
+        d_in = cfg.top_input_width
         if self.top_fn is not None:
             return self.top_fn(d_in, 1)
         spec = self.top_spec()
         if spec == "mlp":
-            return top_model(cfg.embedding_dim, cfg.top_hidden)
+            return top_model(cfg.embedding_dim, cfg.top_hidden, d_in=d_in)
         if spec == "resnet":
             return self._resnet(d_in, 1)
         return import_callable("top_model", spec)(d_in, 1)
@@ -352,13 +353,16 @@ def check_models(factory: ModelFactory, d_in: dict[str, int]) -> None:
             (with ``dp_batchnorm = "refuse"``).
         ConfigError: key ``vfl.resnet_dropout``: dropout in the passive bottom under DP.
     """
+    from parties.config import role_of
+
     cfg = factory.cfg
     rng = torch.get_rng_state()
     try:
-        for role, width in d_in.items():
+        for party, width in d_in.items():
+            role = role_of(party)
             spec = factory.bottom_spec(role)
             mod = _build("model", spec, lambda r=role, w=width: factory.bottom(r, w))
-            _probe("model", spec, mod, width, cfg.embedding_dim, f"the {role} bottom model")
+            _probe("model", spec, mod, width, cfg.embedding_dim, f"the {party} bottom model")
             if role == "passive" and cfg.dp_enabled:
                 from parties.dpsgd import check_dp_compatible
 
@@ -369,7 +373,7 @@ def check_models(factory: ModelFactory, d_in: dict[str, int]) -> None:
                                       f"gradients draw no dropout masks), got {mod!r}"[:400])
         if "active" in d_in:
             top = _build("top_model", factory.top_spec(), factory.top)
-            _probe("top_model", factory.top_spec(), top, 2 * cfg.embedding_dim, 1,
+            _probe("top_model", factory.top_spec(), top, cfg.top_input_width, 1,
                    "the top model")
             factory.optimizer([p for m in (mod, top) for p in m.parameters()], cfg.lr)
             factory.loss(cfg.effective_task)

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from parties.cli import ExitCode, write_json
-from parties.config import VflConfig, dump_vfl_config
+from parties.config import VflConfig, dump_vfl_config, role_of
 from parties.preflight import preflight, preflight_models
 from pubsub.cli import INSECURE_WARNING
 from pubsub.config import ConfigError, to_mapping
@@ -86,8 +86,13 @@ class LaunchResult:
     out: Path
 
 
-#: identities (and their roles) of a local VFL run's ephemeral keys
+#: identities (and their roles) of a local two-party VFL run's ephemeral keys
 VFL_IDENTITIES = {"active": "active", "passive": "passive"}
+
+
+def vfl_identities(cfg: VflConfig) -> dict[str, str]:
+    """Identity -> broker role of every party of ``cfg``'s run (the party ids)."""
+    return {party: role_of(party) for party in cfg.party_ids}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -327,7 +332,8 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
             run_id: str | None = None, quiet: bool = False,
             timeout_s: float | None = None, keys_dir: str | None = None,
             insecure: bool = False, models: Any = None) -> LaunchResult:
-    """Run a two-party VFL job as three processes and collect ``out/metrics.json``.
+    """Run a VFL job as processes (the broker, each passive party, the active party) and
+    collect ``out/metrics.json``.
 
     Args:
         cfg: effective config (written to ``out/config.toml``).
@@ -375,11 +381,12 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
     stack = contextlib.ExitStack()
     zygote.warm()
     try:
-        sec = stack.enter_context(run_security(VFL_IDENTITIES, keys_dir=keys_dir,
+        identities = vfl_identities(cfg)
+        sec = stack.enter_context(run_security(identities, keys_dir=keys_dir,
                                                insecure=insecure, broker=broker))
         if broker is None:
             procs["broker"], broker = start_broker(out, events, security=sec,
-                                                   members={run_id: list(VFL_IDENTITIES)})
+                                                   members={run_id: list(identities)})
         else:
             # fail fast, with one line, if nobody answers there
             control_request(broker, "ping", timeout_s=cfg.connect_timeout_s,
@@ -390,19 +397,19 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         preflight(cfg)
         common = ["--config", str(out / "config.toml"), "--broker", broker, "--run-id", run_id,
                   "--out", str(out), "--events", str(events), *sec.client_args]
-        for role in ("passive", "active"):
-            extra = ["--quiet"] if (quiet or role == "passive") else []
+        for role in (*cfg.party_ids[1:], "active"):
+            extra = ["--quiet"] if (quiet or role != "active") else []
             if models is None:
                 procs[role] = spawn_party_cli([role, *common, *extra], name=f"psfl-{role}")
             else:
                 procs[role] = _spawn_party(role, cfg, models, broker=broker, run_id=run_id,
                                            out=out, events=events, sec=sec,
                                            quiet=bool(extra))
-        wait_children({r: procs[r] for r in ("active", "passive")},
+        wait_children({r: procs[r] for r in cfg.party_ids},
                       watch={"broker": procs["broker"]} if "broker" in procs else None,
                       timeout_s=timeout_s)
     finally:
-        for role in ("active", "passive", "broker"):
+        for role in (*cfg.party_ids, "broker"):
             if role in procs:
                 _stop(procs[role])
         stack.close()

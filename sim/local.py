@@ -31,8 +31,9 @@ from sim.launch import JobTimeout, LaunchResult, finish_run, prepare_run
 async def run_parties_in_memory(cfg: VflConfig, out: Path | None, *, run_id: str,
                                 models: Any = None, quiet: bool = True,
                                 timeout_s: float | None = None) -> dict[str, Any]:
-    """Both parties of one run over one :class:`pubsub.memory.MemoryBroker`, in the
-    running event loop; returns the active party's (the run's) metrics.
+    """Every party of one run (the active party and each passive party) over one
+    :class:`pubsub.memory.MemoryBroker`, in the running event loop; returns the active
+    party's (the run's) metrics.
 
     Each party writes its files into ``out`` as a party process does
     (:func:`parties.serve.finish_party`). A party that fails cancels the other; its error
@@ -56,7 +57,7 @@ async def run_parties_in_memory(cfg: VflConfig, out: Path | None, *, run_id: str
     async with MemoryBroker() as hub:
         try:
             async with asyncio.timeout(timeout_s), asyncio.TaskGroup() as tg:
-                for role in ("passive", "active"):
+                for role in (*cfg.party_ids[1:], "active"):
                     tg.create_task(one(role, hub))
         except TimeoutError:
             assert timeout_s is not None

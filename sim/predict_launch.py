@@ -50,7 +50,8 @@ def check_parts(run_dir: str | Path) -> None:
     different runs, or a part is missing or unreadable (reads the manifests only).
 
     Raises:
-        parties.saved.SavedModelError: a manifest is missing or unreadable.
+        parties.saved.SavedModelError: a manifest is missing or unreadable, or the run
+            had several passive parties (not predicted yet).
         parties.saved.SavedModelMismatch: run id or config digest differ.
     """
     from parties.saved import MANIFEST_FILE, SavedModelError, check_same_run, part_dir
@@ -65,6 +66,10 @@ def check_parts(run_dir: str | Path) -> None:
                                   "made by a version that saves models?") from None
         ids.append({"run_id": m.get("run_id"), "config_digest": m.get("config_digest")})
     check_same_run(ids[0], ids[1])
+    if (part_dir(run_dir, "passive").parent / "passive2").is_dir():
+        raise SavedModelError(part_dir(run_dir, "passive").parent,
+                              "the run has several passive parties; prediction with more "
+                              "than one passive party is not built yet (docs/dev/multiparty.md)")
 
 
 def prepare_out(out: Path) -> Path:

@@ -82,7 +82,8 @@ def _fake_party(role: str, cfg: VflConfig, tmp: Path) -> SimpleNamespace:
             m.eval()
         return mods
 
-    return SimpleNamespace(role=role, cfg=cfg, data=data, models=factory, dp_acct=None,
+    return SimpleNamespace(role=role, party=role, cfg=cfg, data=data, models=factory,
+                           dp_acct=None,
                            trained_modules=trained_modules)
 
 

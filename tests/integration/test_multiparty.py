@@ -1,0 +1,155 @@
+"""PubSub-VFL with several passive parties (issue 23; docs/dev/multiparty.md): every
+algorithm trains in process over the in-memory bus; a three-party run through a CURVE
+broker as real processes; a passive party that dies or never comes is named in the
+active party's error; bad column lists are refused before anything starts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from parties.config import VflConfig
+from parties.errors import HandshakeTimeout
+from sim.launch import spawn_party_cli
+from tests.conftest import bank_sample_csv, psfl_in_process, wait_for_event
+
+
+@pytest.fixture(scope="module")
+def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return bank_sample_csv(tmp_path_factory, 4000)
+
+
+def _metrics(out: Path) -> dict:
+    return orjson.loads((out / "metrics.json").read_bytes())
+
+
+@pytest.mark.parametrize(("algo", "fuse"), [("pubsub", "concat"), ("vfl", "concat"),
+                                            ("vfl-ps", "mean"), ("avfl", "sum"),
+                                            ("avfl-ps", "concat")])
+def test_every_algorithm_trains_with_three_passive_parties_in_process(
+        bank_sample: Path, tmp_path: Path, algo: str, fuse: str) -> None:
+    from sim.local import run_vfl_in_process
+
+    cfg = VflConfig(dataset=str(bank_sample), label="y", algo=algo, epochs=3, batch_size=128,
+                    lr=3e-3, passive_parties=3, fuse=fuse, worker_mode="thread", seed=0)
+    run_vfl_in_process(cfg, tmp_path)
+    m = _metrics(tmp_path)
+    parties = ("active", "passive", "passive2", "passive3")
+    assert sorted(m["parties"]) == sorted(parties)
+    assert 0.7 < m["test_auc"] <= 1.0, m["test_auc"]
+    assert m["reports_missing"] == [] and not m["passive_report_missing"]
+    cols = [set(m["parties"][p]["columns"]) for p in parties]
+    assert all(cols) and sum(len(c) for c in cols) == len(set().union(*cols)) == 16
+    for p in parties:
+        assert m["parties"][p]["party"] == p
+        assert (tmp_path / "model" / p / "weights.pt").is_file()
+    assert "missed_by_party" in m["parties"]["active"]
+    # every passive party trained every batch the active party trained
+    active_batches = m["parties"]["active"]["batches"]
+    if algo != "vfl-ps":  # (vfl-ps counts a batch per party once, in its first pair)
+        assert all(m["parties"][p]["batches"] == active_batches for p in parties[1:])
+
+
+def test_a_missing_passive_party_is_named_by_the_handshake(bank_sample: Path,
+                                                          tmp_path: Path) -> None:
+    """Only the active party and the first passive party start: the active party's
+    handshake times out naming the absent one."""
+    import asyncio
+
+    from parties.serve import serve_party
+    from pubsub.memory import MemoryBroker
+
+    cfg = VflConfig(dataset=str(bank_sample), label="y", epochs=1, passive_parties=2,
+                    handshake_timeout_s=2.0, worker_mode="inline")
+
+    async def main() -> None:
+        async with MemoryBroker() as hub:
+            passive = asyncio.create_task(serve_party("passive", cfg, run_id="m", out=None,
+                                                      connect=hub.connect))
+            try:
+                await serve_party("active", cfg, run_id="m", out=None, connect=hub.connect)
+            finally:
+                passive.cancel()
+                with pytest.raises((asyncio.CancelledError, HandshakeTimeout)):
+                    await passive
+
+    with pytest.raises(HandshakeTimeout, match="passive2"):
+        asyncio.run(main())
+
+
+def test_three_parties_through_a_curve_broker_as_processes(
+        bank_sample: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    res = psfl_in_process(capfd, "vfl", "run", "--dataset", str(bank_sample), "--out",
+                          str(tmp_path), "--set", "label=y", "--set", "passive_parties=2",
+                          "--set", "epochs=3", "--set", "batch_size=128", "--set", "lr=3e-3",
+                          "--set", "connect_timeout_s=60")
+    assert res.returncode == 0, res.stderr[-2000:]
+    m = _metrics(tmp_path)
+    assert m["security"]["transport"] == "curve"
+    assert sorted(m["parties"]) == ["active", "passive", "passive2"]
+    assert 0.7 < m["test_auc"] <= 1.0
+    assert (tmp_path / "passive2.json").is_file() and (tmp_path / "timeline-passive2.json").is_file()
+    # each passive party published embeddings (bytes by topic namespace)
+    for p in ("passive", "passive2"):
+        assert m["parties"][p]["bytes_sent"]["emb"] > 0, m["parties"][p]["bytes_sent"]
+
+
+def test_a_dead_passive_party_is_named_in_the_active_partys_error(
+        broker, bank_sample: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    liveness = 2.0
+    sets = [f"dataset={bank_sample}", "label=y", "epochs=1000", "batch_size=64",
+            "passive_parties=2", f"liveness_timeout_s={liveness}",
+            "heartbeat_interval_s=0.25", "handshake_timeout_s=60"]
+    common = ["--broker", broker.address, "--run-id", "kill-mp", "--insecure"]
+    for s in sets:
+        common += ["--set", s]
+    capfd.readouterr()
+    procs = {p: spawn_party_cli([p, *common, "--out", str(tmp_path / p), "--quiet"],
+                                name=f"kill-{p}")
+             for p in ("passive", "passive2", "active")}
+    try:
+        wait_for_event(tmp_path / "active" / "events.jsonl", "vfl.epoch_done", 90)
+        assert all(p.poll() is None for p in procs.values())
+        os.kill(procs["passive2"].pid, signal.SIGKILL)
+        t_kill = time.monotonic()
+        code = procs["active"].wait(liveness + 30)
+        err = capfd.readouterr().err
+        assert code == 4, err[-2000:]
+        assert "Traceback" not in err and "passive2" in err, err[-2000:]
+        assert time.monotonic() - t_kill < liveness + 15
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+
+
+@pytest.mark.parametrize(("sets", "named"), [
+    (["passive_parties=2", "active_columns=age,job", "passive_party_columns=[]"],
+     "passive_party_columns"),
+    (["passive_parties=3", "passive_columns=age"], "passive_columns"),
+    (["passive_parties=2", "fuse=max"], "fuse"),
+])
+def test_bad_multiparty_settings_are_refused_before_anything_starts(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], sets: list[str], named: str) -> None:
+    args = ["vfl", "run", "--dataset", "bank", "--out", str(tmp_path)]
+    for s in sets:
+        args += ["--set", s]
+    res = psfl_in_process(capfd, *args)
+    assert res.returncode == 2, res.stderr[-1000:]
+    assert named in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_column_of_two_passive_parties_names_both(tmp_path: Path) -> None:
+    from parties.data import InvalidSplit
+    from parties.preflight import preflight
+
+    cfg = VflConfig(dataset="bank", passive_parties=2, active_columns=("age", "job"),
+                    passive_party_columns=(("balance", "day"), ("day", "month")))
+    with pytest.raises(InvalidSplit, match="both the passive and the passive2 party: \\['day'\\]"):
+        preflight(cfg)
