@@ -1,0 +1,227 @@
+"""PubSub-VFL and its baselines with 2 to 10 parties (the shape of the paper's Table 10).
+
+    python bench/vfl_multiparty.py --quick --json OUT.json      # N = 2, 4, 10
+    python bench/vfl_multiparty.py --json OUT.json              # N = 2, 4, 6, 8, 10
+
+For each dataset, number of parties N (one active party and N - 1 passive parties) and
+algorithm (``vfl, vfl-ps, avfl, avfl-ps, pubsub``), one run through a CURVE broker with
+every party its own process (:func:`sim.launch.run_vfl`), for a fixed number of epochs.
+
+Data (both generated here, seeded):
+
+- ``blog``: Blog-shaped regression: 280 numeric features and a numeric target, as the
+  BlogFeedback table the paper uses (52,397 rows; not its distribution):
+  :func:`sklearn.datasets.make_regression` with 280 features of which 40 informative,
+  Gaussian noise of standard deviation 20, ``random_state=0``; ``--rows`` rows (quick
+  20,000). Metric: test RMSE in the target's units.
+- ``synthetic``: the project's synthetic binary table (:func:`parties.data.make_synthetic`)
+  with 280 features of which 40 informative. Metric: test AUC.
+
+Split and models. The active party keeps the first 140 features at every N (the paper's
+fixed feature set: what grows is the number of holders), and the other 140 are cut into
+N - 1 contiguous groups (:func:`parties.data.default_split_n`). Every party's bottom is
+the paper's small model, a 10-layer MLP (9 hidden layers and the 32-d output); its hidden
+width is scaled so that the total bottom compute per sample stays constant across N:
+the hidden layers dominate (9 w^2 multiply-adds), so N bottoms of width w_N cost what two
+of width 128 cost when w_N = 128 * sqrt(2 / N) (:func:`bottom_width`: 128, 91, 74, 64,
+57 for N = 2, 4, 6, 8, 10). The top model is 64 wide on the concatenated embeddings.
+Workers: ``pubsub``, ``avfl-ps`` and ``vfl-ps`` 2 per party; ``vfl`` and ``avfl`` 1.
+
+Per ``summary[dataset][str(N)][algo]``: ``time_s`` (the training wall time of the fixed
+epochs, per-epoch validation included: ``train_wall_s``), ``time_to_target_s`` (the
+first validation point at the target; None if never), ``metric``, ``comm_mb`` (bytes
+every party published, MB), ``cpu_util`` (the mean over the parties of their CPU
+utilisation over their own training segments), ``wait_s_per_epoch`` (the active
+party's, per worker). Targets per dataset: 0.98 x (binary) or 1.02 x (regression) the
+best final metric ``vfl`` reaches with 2 parties in this invocation.
+``summary.pubsub_time_ratio_10_vs_2``: PubSub-VFL's ``time_s`` with 10 parties over its
+``time_s`` with 2, per dataset and their mean (the paper: 1.53 on Blog).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+ALGOS = ("vfl", "vfl-ps", "avfl", "avfl-ps", "pubsub")
+QUICK_NS = (2, 4, 10)
+FULL_NS = (2, 4, 6, 8, 10)
+DATASETS = ("blog", "synthetic")
+FEATURES = 280
+INFORMATIVE = 40
+ACTIVE_FEATURES = 140
+BASE_WIDTH = 128
+DEPTH = 9  # hidden layers: with the embedding layer the paper's 10-layer bottom
+EMBEDDING_DIM = 32
+TOP_HIDDEN = (64,)
+BATCH = 256
+REL_TARGET_AUC = 0.98
+REL_TARGET_RMSE = 1.02
+WORKERS = {"pubsub": (2, 2), "avfl-ps": (2, 2), "vfl-ps": (2, 2), "vfl": (1, 1),
+           "avfl": (1, 1)}
+
+
+def bottom_width(n_parties: int) -> int:
+    """Hidden width of every bottom at ``n_parties`` parties: the total bottom compute
+    per sample (N x 9 w^2) equal to two bottoms of width 128."""
+    return max(8, round(BASE_WIDTH * math.sqrt(2 / n_parties)))
+
+
+def make_blog(rows: int, path: Path) -> Path:
+    """The Blog-shaped regression table (module docstring) as Parquet."""
+    import numpy as np
+    import pandas as pd
+    from sklearn.datasets import make_regression
+
+    x, y = make_regression(n_samples=rows, n_features=FEATURES, n_informative=INFORMATIVE,
+                           noise=20.0, random_state=0)
+    frame = pd.DataFrame(x.astype(np.float32), columns=[f"f{i}" for i in range(FEATURES)])
+    frame["target"] = y
+    frame.to_parquet(path)
+    return path
+
+
+def make_config(dataset: str, data: Path | None, n: int, algo: str, *, rows: int,
+                epochs: int) -> Any:
+    from parties.config import VflConfig
+
+    w_a, w_p = WORKERS[algo]
+    kw: dict[str, Any] = dict(
+        algo=algo, epochs=epochs, batch_size=BATCH, seed=0, passive_parties=n - 1,
+        active_features=ACTIVE_FEATURES, bottom_hidden=(bottom_width(n),) * DEPTH,
+        embedding_dim=EMBEDDING_DIM, top_hidden=TOP_HIDDEN, w_active=w_a, w_passive=w_p,
+        connect_timeout_s=60.0, handshake_timeout_s=120.0)
+    if dataset == "blog":
+        assert data is not None
+        kw.update(dataset=str(data), label="target", task="regression")
+    else:
+        kw.update(dataset="synthetic", synthetic_rows=rows, synthetic_features=FEATURES,
+                  synthetic_informative=INFORMATIVE)
+    return VflConfig(**kw)
+
+
+def run_one(cfg: Any, timeout_s: float) -> dict[str, Any]:
+    from sim.launch import run_vfl
+
+    with tempfile.TemporaryDirectory(prefix=f"vfl_mp_{cfg.algo}_") as tmp:
+        t0 = time.perf_counter()
+        try:
+            m = run_vfl(cfg, out=tmp, quiet=True, timeout_s=timeout_s).metrics
+        except Exception as exc:  # noqa: BLE001 - one failed run must not end the table
+            return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        job_s = time.perf_counter() - t0
+    parties = m["parties"]
+    utils = [p.get("cpu_util_train") for p in parties.values()]
+    utils = [u for u in utils if u is not None]
+    return {
+        "status": "ok", "metric": m["metric"], "metric_name": m["metric_name"],
+        "time_s": m["train_wall_s"], "job_s": job_s,
+        "comm_mb": sum(sum(p.get("bytes_sent", {}).values()) for p in parties.values()) / 1e6,
+        "cpu_util": sum(utils) / len(utils) if utils else None,
+        "wait_s_per_epoch": parties["active"].get("wait_s_per_epoch"),
+        "dropped_batches": m["dropped_batches"],
+        "missed_by_party": parties["active"].get("missed_by_party", {}),
+        "history": [(h["train_wall_s"], h.get("metric")) for h in m["history"]],
+    }
+
+
+def time_to_target(history: list[tuple[float, float | None]], target: float,
+                   lower: bool) -> float | None:
+    for wall, metric in history:
+        if metric is not None and (metric <= target if lower else metric >= target):
+            return wall
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="N = 2, 4, 10; 20,000 rows; 3 epochs")
+    ap.add_argument("--json", metavar="PATH", help="write summary and runs (overwrites)")
+    ap.add_argument("--parties", metavar="N,N,...", help="numbers of parties (2 .. 10)")
+    ap.add_argument("--algo", action="append", metavar="NAME", help="only these (repeatable)")
+    ap.add_argument("--dataset", action="append", choices=DATASETS, help="only these")
+    ap.add_argument("--rows", type=int, help="rows of each table (default 50,000; quick 20,000)")
+    ap.add_argument("--epochs", type=int, help="epochs (default 5; quick 3)")
+    args = ap.parse_args(argv)
+    ns = (tuple(int(x) for x in args.parties.split(",")) if args.parties
+          else QUICK_NS if args.quick else FULL_NS)
+    if any(not 2 <= n <= 10 for n in ns):
+        ap.error(f"--parties: each N must be in 2 .. 10, got {ns}")
+    algos = tuple(args.algo or ALGOS)
+    datasets = tuple(args.dataset or DATASETS)
+    rows = args.rows or (20_000 if args.quick else 50_000)
+    epochs = args.epochs or (3 if args.quick else 5)
+    t_start = time.perf_counter()
+    runs: dict[str, dict[str, dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="vfl_mp_data_") as tmp:
+        blog = make_blog(rows, Path(tmp) / "blog.parquet") if "blog" in datasets else None
+        for ds in datasets:
+            runs[ds] = {}
+            for n in ns:
+                runs[ds][str(n)] = {}
+                for algo in algos:
+                    cfg = make_config(ds, blog, n, algo, rows=rows, epochs=epochs)
+                    r = run_one(cfg, timeout_s=900)
+                    runs[ds][str(n)][algo] = r
+                    shown = (f"{r['metric_name']} {r['metric']:.4f}  {r['time_s']:.1f} s  "
+                             f"comm {r['comm_mb']:.1f} MB  cpu {r['cpu_util'] or 0:.2f}"
+                             if r["status"] == "ok" else r["error"][:200])
+                    print(f"[{time.perf_counter() - t_start:7.0f} s] {ds:9} N={n:<2} "
+                          f"{algo:8} {shown}", flush=True)
+    summary: dict[str, Any] = {}
+    ratios = []
+    for ds, by_n in runs.items():
+        lower = ds == "blog"
+        base = [r["metric"] for r in by_n.get("2", {}).values() if r["status"] == "ok"]
+        vfl2 = by_n.get("2", {}).get("vfl", {})
+        ref = vfl2["metric"] if vfl2.get("status") == "ok" else (
+            (min(base) if lower else max(base)) if base else None)
+        target = None if ref is None else ref * (REL_TARGET_RMSE if lower else REL_TARGET_AUC)
+        summary[ds] = {"target": target, "target_basis": "vfl, 2 parties"}
+        for n, by_algo in by_n.items():
+            summary[ds][n] = {}
+            for algo, r in by_algo.items():
+                if r["status"] != "ok":
+                    summary[ds][n][algo] = {"status": r["status"], "error": r["error"]}
+                    continue
+                summary[ds][n][algo] = {
+                    "time_s": r["time_s"], "metric": r["metric"],
+                    "time_to_target_s": (time_to_target(r["history"], target, lower)
+                                         if target is not None else None),
+                    "comm_mb": r["comm_mb"], "cpu_util": r["cpu_util"],
+                    "wait_s_per_epoch": r["wait_s_per_epoch"],
+                    "bottom_width": bottom_width(int(n))}
+        p2 = summary[ds].get("2", {}).get("pubsub", {}).get("time_s")
+        p10 = summary[ds].get("10", {}).get("pubsub", {}).get("time_s")
+        if p2 and p10:
+            summary[ds]["pubsub_time_ratio_10_vs_2"] = p10 / p2
+            ratios.append(p10 / p2)
+    summary["pubsub_time_ratio_10_vs_2"] = sum(ratios) / len(ratios) if ratios else None
+    doc = {"summary": summary, "settings": {
+        "parties": ns, "algos": algos, "datasets": datasets, "rows": rows, "epochs": epochs,
+        "features": FEATURES, "active_features": ACTIVE_FEATURES, "batch_size": BATCH,
+        "bottom": {str(n): f"{DEPTH} x {bottom_width(n)} -> {EMBEDDING_DIM}" for n in ns},
+        "top_hidden": TOP_HIDDEN, "workers": WORKERS},
+        "runs": runs, "total_s": time.perf_counter() - t_start}
+    print(json.dumps(summary, indent=2, default=str))
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=2, default=str))
+    failed = [(ds, n, a) for ds, by_n in runs.items() for n, by_a in by_n.items()
+              for a, r in by_a.items() if r["status"] != "ok"]
+    if failed:
+        print(f"error: {len(failed)} run(s) failed: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
