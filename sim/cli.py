@@ -794,7 +794,7 @@ def _add_plan_parser(vsub: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The ``psfl`` argument parser."""
     from broker.cli import add_subcommands as add_broker
-    from parties.cli import add_party_arguments
+    from parties.cli import PARTY_IDS, add_party_arguments
 
     parser = argparse.ArgumentParser(prog="psfl", description="PubSub-VFL and FedForge on a "
                                      "ZeroMQ message bus.")
@@ -814,7 +814,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_vfl_run)
     _add_predict_parser(vsub)
     party = vsub.add_parser("party", help="run one party (for multi-host runs)")
-    party.add_argument("--role", required=True, choices=["active", "passive"])
+    party.add_argument("--role", required=True, choices=PARTY_IDS, metavar="PARTY",
+                       help="the party's id: active, passive, or passive2 .. passive9 "
+                       "(several passive parties: vfl.passive_parties)")
     add_party_arguments(party)
     party.set_defaults(func=_vfl_party)
     prof = vsub.add_parser("profile", help="single-worker compute profile of each party and "

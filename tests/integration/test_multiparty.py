@@ -153,3 +153,45 @@ def test_a_column_of_two_passive_parties_names_both(tmp_path: Path) -> None:
                     passive_party_columns=(("balance", "day"), ("day", "month")))
     with pytest.raises(InvalidSplit, match="both the passive and the passive2 party: \\['day'\\]"):
         preflight(cfg)
+
+
+def test_three_parties_by_hand_with_keys_and_a_run_membership(
+        bank_sample: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """As docs/vfl.md shows for several hosts: keys for each party id (passive2 with the
+    passive role), a broker with those keys and the run's membership, and each party
+    started by hand (``python -m parties PARTY_ID --keys DIR``)."""
+    from pubsub.membership import membership
+    from pubsub.security import generate_certificate
+    from tests.conftest import BrokerProcess
+
+    keys = tmp_path / "keys"
+    generate_certificate(keys, "broker")
+    for name, role in (("active", "active"), ("passive", "passive"),
+                       ("passive2", "passive")):
+        generate_certificate(keys, name, role=role)
+    members = tmp_path / "members.toml"
+    members.write_text(membership({"r3": ["active", "passive", "passive2"]}).as_toml())
+    b = BrokerProcess(tmp_path, "--members", str(members), keys=keys)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[vfl]\ndataset = "{bank_sample}"\nlabel = "y"\npassive_parties = 2\n'
+                   'epochs = 2\nbatch_size = 128\nlr = 3e-3\nconnect_timeout_s = 60.0\n')
+    capfd.readouterr()
+    procs = {p: spawn_party_cli([p, "--broker", b.address, "--keys", str(keys), "--run-id",
+                                 "r3", "--config", str(cfg), "--out", str(tmp_path / p),
+                                 "--quiet"], name=f"hand-{p}")
+             for p in ("passive2", "passive", "active")}
+    try:
+        codes = {p: proc.wait(240) for p, proc in procs.items()}
+        err = capfd.readouterr().err
+        assert codes == {"passive2": 0, "passive": 0, "active": 0}, err[-2000:]
+        m = _metrics(tmp_path / "active")
+        assert m["security"]["transport"] == "curve" and m["security"]["identity"] == "active"
+        assert sorted(m["parties"]) == ["active", "passive", "passive2"]
+        assert 0.7 < m["test_auc"] <= 1.0
+        assert (tmp_path / "passive2" / "passive2.json").is_file()
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+        b.stop()
