@@ -24,8 +24,8 @@ embeddings and gradients cross the bus. Parties on different hosts, each with it
 file, run ``psfl vfl party`` after ``psfl vfl align`` (docs/vfl.md).
 
 **Models.** ``bottom``, ``passive_bottom`` and ``top`` are callables ``(d_in, d_out) ->
-torch.nn.Module`` (bottom: ``d_out = embedding_dim``; top: ``d_in = 2·embedding_dim``,
-``d_out = 1``), or a built-in spec (``"mlp"``, ``"resnet"``, ``"pkg.module:callable"``).
+torch.nn.Module`` (bottom: ``d_out = embedding_dim``; top: ``d_in`` the fused width,
+``2·embedding_dim`` for two parties' concatenation, ``d_out = 1``), or a built-in spec (``"mlp"``, ``"resnet"``, ``"pkg.module:callable"``).
 ``optimizer`` is ``(parameters, lr) -> torch.optim.Optimizer`` (default Adam) and
 ``loss`` is ``(task) -> nn.Module`` called on ``(logits (B,), labels (B,))`` (default
 BCE-with-logits or MSE). Each worker trains its own replica built by the factory and
@@ -79,7 +79,8 @@ class JobError(ConfigError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VflJob:
-    """A two-party VFL job: the data, how it is split, the models and the settings.
+    """A VFL job: the data, how it is split among the parties, the models and the
+    settings.
 
     Attributes:
         data: a bundled dataset name (``"bank"``, ``"adult"``, ``"california"``,
@@ -89,6 +90,9 @@ class VflJob:
         label: the label column (default: the bundled dataset's).
         active_columns / passive_columns: each party's feature columns (both or neither;
             neither: the default even split, ``vfl.active_features``).
+        passive_party_columns: with several passive parties (``config``'s
+            ``passive_parties``), each one's feature columns in party order (with
+            ``active_columns``; docs/vfl.md, "Several passive parties").
         columns: the column names of an ndarray ``data``.
         bottom: the bottom models (both parties, unless ``passive_bottom``): a callable
             ``(d_in, d_out) -> nn.Module`` or a spec string; None: ``config``'s
@@ -106,6 +110,7 @@ class VflJob:
     label: str = ""
     active_columns: Sequence[str] = ()
     passive_columns: Sequence[str] = ()
+    passive_party_columns: Sequence[Sequence[str]] = ()
     columns: Sequence[str] = ()
     bottom: ModuleFn | str | None = None
     passive_bottom: ModuleFn | None = None
@@ -129,11 +134,26 @@ class VflJob:
         settings: dict[str, Any] = {}
         if self.label:
             settings["label"] = str(self.label)
-        if bool(self.active_columns) != bool(self.passive_columns):
+        if self.passive_party_columns:
+            if self.passive_columns:
+                raise JobError("job.passive_columns", "give passive_party_columns (several "
+                               "passive parties) or passive_columns (one), not both")
+            if not self.active_columns:
+                raise JobError("job.active_columns", "give active_columns with "
+                               "passive_party_columns")
+            if any(isinstance(cols, str) for cols in self.passive_party_columns):
+                raise JobError("job.passive_party_columns", "expected one list of column "
+                               "names per passive party, e.g. [['a', 'b'], ['c']]")
+            settings["active_columns"] = tuple(str(c) for c in self.active_columns)
+            settings["passive_party_columns"] = tuple(
+                tuple(str(c) for c in cols) for cols in self.passive_party_columns)
+            if base.passive_parties == 1:  # else the config's count (a mismatch: named)
+                settings["passive_parties"] = len(self.passive_party_columns)
+        elif bool(self.active_columns) != bool(self.passive_columns):
             raise JobError("job.passive_columns" if not self.passive_columns else
                            "job.active_columns",
                            "give both active_columns and passive_columns, or neither")
-        if self.active_columns:
+        elif self.active_columns:
             settings["active_columns"] = tuple(str(c) for c in self.active_columns)
             settings["passive_columns"] = tuple(str(c) for c in self.passive_columns)
         settings["dataset"] = self._dataset(Path(out), base)
@@ -194,7 +214,8 @@ class VflJob:
         label = self.label or base.label
         if not label:
             raise JobError("job.label", "name the label column of an in-memory table")
-        named = [label, *self.active_columns, *self.passive_columns]
+        named = [label, *self.active_columns, *self.passive_columns,
+                 *(c for cols in self.passive_party_columns for c in cols)]
         missing = [str(c) for c in named if str(c) not in frame.columns]
         if missing:
             raise UnknownColumn(missing, list(frame.columns))

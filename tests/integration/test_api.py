@@ -97,3 +97,33 @@ def test_a_numpy_array_with_its_own_models_and_loss(tmp_path: Path) -> None:
     # each party got its own bottom; the lambdas are rebuilt from the job's factory
     assert any(isinstance(m, nn.Tanh) for m in res.load("passive").modules[0].modules())
     assert isinstance(res.load("active").modules[0], nn.Linear)
+
+
+def test_three_parties_from_the_python_api_with_their_own_models(tmp_path: Path) -> None:
+    """Two passive parties, each with its own columns and the job's bottom; the top model
+    sees the concatenation of three embeddings; every party's part is saved."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1500, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 2] + x[:, 5] > 0).astype(np.float32)
+    widths: list[int] = []
+
+    def top(d_in: int, d_out: int) -> nn.Module:
+        widths.append(d_in)
+        return nn.Linear(d_in, d_out)
+
+    job = VflJob(data=np.column_stack([x, y]), columns=["a", "b", "c", "d", "e", "f", "y"],
+                 label="y", active_columns=["a", "b"],
+                 passive_party_columns=[["c", "d"], ["e", "f"]],
+                 bottom=lambda d_in, d_out: nn.Linear(d_in, d_out), top=top,
+                 config={"epochs": 3, "embedding_dim": 4, "batch_size": 64, "lr": 1e-2,
+                         "worker_mode": "inline"})
+    res = train(job, tmp_path / "run")
+    assert res.metric > 0.9  # one informative column per party
+    assert set(widths) == {12}  # 3 parties x embedding_dim 4
+    assert sorted(res.metrics["parties"]) == ["active", "passive", "passive2"]
+    for p in ("active", "passive", "passive2"):
+        assert (tmp_path / "run" / "model" / p / "weights.pt").is_file()
+    with pytest.raises(Exception, match="passive_party_columns"):
+        VflJob(data=np.column_stack([x, y]), columns=["a", "b", "c", "d", "e", "f", "y"],
+               label="y", active_columns=["a"], passive_party_columns=["c", "d"]
+               ).resolve(tmp_path / "bad")
