@@ -195,3 +195,21 @@ def test_three_parties_by_hand_with_keys_and_a_run_membership(
                 p.kill()
             p.wait(10)
         b.stop()
+
+
+def test_each_passive_party_keeps_its_own_privacy_ledger(tmp_path: Path) -> None:
+    """DP on: every passive party calibrates, clips and noises its own embeddings from its
+    own columns' public schema, and reports its own guarantee (dp_by_party)."""
+    from sim.local import run_vfl_in_process
+
+    cfg = VflConfig(dataset="bank", algo="pubsub", epochs=1, batch_size=256,
+                    passive_parties=2, dp_mu=8.0, dp_noise_seed=1, worker_mode="inline",
+                    eval_every=1)
+    run_vfl_in_process(cfg, tmp_path)
+    m = _metrics(tmp_path)
+    by = m["dp_by_party"]
+    assert sorted(by) == ["passive", "passive2"]
+    for p in ("passive", "passive2"):
+        assert by[p]["enabled"] and 0 < by[p]["mu"] <= 8.0 + 1e-9, by[p]
+        assert m["parties"][p]["feature_encoding"] == "public_schema"
+    assert m["dp"] == by["passive"]
