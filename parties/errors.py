@@ -110,6 +110,24 @@ class PartnerStalled(VflError, TimeoutError):
                          + "; it is stuck or gone")
 
 
+class RunAborted(VflError, ConnectionError):
+    """The active party ended the run because of another party (several passive parties:
+    one was lost, stalled or misbehaved), and said so on the run's ``abort`` topic, so
+    that the others stop now instead of after their own liveness timeout (exit code 4).
+
+    Attributes:
+        party: the party that ended the run (its id).
+        reason: the active party's error, one line.
+    """
+
+    def __init__(self, party: str, reason: str) -> None:
+        self.party = party
+        self.partner = party
+        self.reason = reason
+        super().__init__(f"the active party ended the run because of the {party} party: "
+                         f"{reason}")
+
+
 class PartnerMisbehaved(VflError, ValueError):
     """The partner party sent ``count`` malformed messages (wrong shape or dtype, values
     that are not finite, bad metadata): the run cannot trust it (exit code 4, as for a

@@ -131,6 +131,7 @@ from parties.preflight import (check_test_labels, encode_features, load_configur
                                resolve_party_columns)
 from parties.actions import EMB, GRAD
 from parties.errors import (ConfigMismatch, HandshakeTimeout, PartnerLost, PartnerStalled,
+                            RunAborted,
                             VflError)
 from parties.intake import PeerIntake, TensorSpec
 from parties.strategy import StrategyConfig, make_strategy
@@ -216,6 +217,11 @@ class Topics:
         partner's)."""
         p = party or self.party
         return f"ctl/{self.run_id}/report/{p}" if p else f"ctl/{self.run_id}/report"
+
+    @property
+    def abort(self) -> str:
+        """The active party ended the run because of one of several passive parties."""
+        return f"ctl/{self.run_id}/abort"
 
     @property
     def done(self) -> str:
@@ -533,14 +539,21 @@ class Party:
                     async with asyncio.TaskGroup() as tg:
                         hb = tg.create_task(self._heartbeat(bus))
                         wd = tg.create_task(self._watchdog(bus))
+                        ab = (tg.create_task(self._abort_watch(bus))
+                              if self.multi and self.role == "passive" else None)
                         if self.role == "active":
                             result = await self._train_active(bus, meter)
                         else:
                             result = await self._train_passive(bus, meter)
                         hb.cancel()
                         wd.cancel()
+                        if ab is not None:
+                            ab.cancel()
                 except* VflError as eg:  # the party's own error, not a group (exit codes)
-                    raise eg.exceptions[0] from None
+                    err = eg.exceptions[0]
+                    if self.multi and self.role == "active":
+                        await self._announce_abort(bus, err)
+                    raise err from None
                 return result
         finally:
             if not starting.done():
@@ -583,6 +596,10 @@ class Party:
                                                                max_bytes=16 * ids_bytes))
             await bus.subscribe(t.done)
             await bus.subscribe(t.scored, limits=BufferLimits(max_msgs=4, max_bytes=1 << 14))
+            if self.multi:
+                mine.append(t.abort)
+                await bus.subscribe(t.abort, limits=BufferLimits(max_msgs=4,
+                                                                 max_bytes=1 << 14))
             self._topics_of["active"] = mine
         for party in self.partners:
             await bus.subscribe(t.hb(party), limits=BufferLimits(max_msgs=4, max_bytes=1 << 16))
@@ -630,6 +647,28 @@ class Party:
             lost = str(exc.peer) if self.multi else self.partner
             self.log.error("vfl.partner_lost", partner=lost, silent_s=timeout)
             raise PartnerLost(lost, timeout) from None
+
+    async def _abort_watch(self, bus: Transport) -> None:
+        """Passive, several passive parties: end this party as soon as the active party
+        says it ended the run (:class:`RunAborted`, naming the party that caused it)."""
+        while True:
+            try:
+                msg = await bus.next(self.topics.abort, 3600.0)
+            except DeadlineExceeded:
+                continue
+            party = str(msg.meta.get("party", "?"))[:32]
+            reason = str(msg.meta.get("reason", ""))[:300]
+            self.log.error("vfl.run_aborted", by="active", party=party, reason=reason)
+            raise RunAborted(party, reason)
+
+    async def _announce_abort(self, bus: Transport, err: BaseException) -> None:
+        """Active, several passive parties: tell every passive party that the run is over
+        because of ``err``'s party (best effort: a lost party cannot hear it)."""
+        party = str(getattr(err, "partner", "") or "active")
+        with contextlib.suppress(Exception):
+            bus.publish_nowait(self.topics.abort, (),
+                               {"party": party, "reason": str(err)[:300]})
+            await asyncio.sleep(0.1)  # let the message leave before the bus closes
 
     # ------------------------------------------------------------------ training
     async def _train(self, bus: Transport) -> None:
