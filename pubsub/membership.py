@@ -12,7 +12,17 @@ with ``_``: ``_bus/...``, ``_probe/...``) belong to no run.
 The file is TOML, written by the keys' owner or by the launcher::
 
     [runs.r1]
-    identities = ["active", "passive"]
+    identities = ["active", "passive", "passive2"]
+    owned = ["passive", "passive2"]        # optional
+
+``owned`` (a subset of the run's identities) isolates those members from one another: a
+run's topic with a segment after the run naming an owned member (the first such
+segment; ``emb/r1/passive2/7``, ``grad/r1/passive2/7``, ``ctl/r1/hb/passive2``) belongs
+to that member, and no *other owned* member may publish or read it; members that are
+not owned (the active party of a VFL run) may, as the role policy allows. So each of
+several passive parties publishes only its own embeddings and reads only its own
+gradients. An owned member may hold a prefix subscription in the run only within its
+own topics (a prefix with its own name as a whole segment after the run).
 
 Unknown keys are refused (:class:`~pubsub.config.ConfigError`).
 """
@@ -21,7 +31,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,18 +70,42 @@ class RunMembership:
 
     Attributes:
         runs: run id -> identity names that may publish in it.
+        owned: run id -> its owned members (see the module docstring); absent: none.
     """
 
     runs: Mapping[str, frozenset[str]]
+    owned: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def owner(self, topic: str) -> str | None:
+        """The owned member a run's topic belongs to (the first segment after the run
+        that names one), or None."""
+        run = topic_run(topic)
+        owned = self.owned.get(run) if run is not None else None
+        if not owned:
+            return None
+        for seg in topic.split("/")[2:]:
+            if seg in owned:
+                return seg
+        return None
 
     def allows(self, identity: str, topic: str) -> bool:
         """May ``identity`` publish ``topic``? True for infrastructure topics; for a run's
-        topic, only if the run lists ``identity``."""
+        topic, only if the run lists ``identity`` and the topic belongs to no other
+        owned member when ``identity`` is owned."""
         run = topic_run(topic)
         if run is None:
             return True
         members = self.runs.get(run)
-        return members is not None and identity in members
+        if members is None or identity not in members:
+            return False
+        return self._not_anothers(identity, run, topic)
+
+    def _not_anothers(self, identity: str, run: str, topic: str) -> bool:
+        owned = self.owned.get(run)
+        if not owned or identity not in owned:
+            return True
+        owner = self.owner(topic)
+        return owner is None or owner == identity
 
     def may_read(self, identity: str, text: str, exact: bool) -> bool:
         """May ``identity`` hold this subscription (an exact topic, or a prefix)? Only
@@ -83,7 +117,17 @@ class RunMembership:
         if run is None:
             return True
         members = self.runs.get(run)
-        return members is not None and identity in members
+        if members is None or identity not in members:
+            return False
+        if exact:
+            return self._not_anothers(identity, run, text)
+        owned = self.owned.get(run)
+        if not owned or identity not in owned:
+            return True
+        # a prefix: only within the identity's own topics (its name a whole segment)
+        full = text.split("/")[2:-1]
+        first = next((seg for seg in full if seg in owned), None)
+        return first == identity
 
     def as_toml(self) -> str:
         """The TOML text :func:`load_membership` reads back."""
@@ -91,6 +135,9 @@ class RunMembership:
         for run, ids in sorted(self.runs.items()):
             lines.append(f"[runs.{_quote(run)}]")
             lines.append("identities = [" + ", ".join(_quote(i) for i in sorted(ids)) + "]")
+            if self.owned.get(run):
+                lines.append("owned = [" + ", ".join(_quote(i) for i in
+                                                     sorted(self.owned[run])) + "]")
             lines.append("")
         return "\n".join(lines)
 
@@ -99,9 +146,11 @@ def _quote(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def membership(runs: Mapping[str, Iterable[str]]) -> RunMembership:
+def membership(runs: Mapping[str, Iterable[str]],
+               owned: Mapping[str, Iterable[str]] | None = None) -> RunMembership:
     """Build and check a membership (run ids non-empty, without ``/``; identity names
-    as :func:`pubsub.security.check_name` requires).
+    as :func:`pubsub.security.check_name` requires; ``owned``: per run, members isolated
+    from one another, see the module docstring).
 
     Raises:
         ConfigError: naming the offending run or identity.
@@ -120,7 +169,21 @@ def membership(runs: Mapping[str, Iterable[str]]) -> RunMembership:
                 raise ConfigError("members", f"run {run!r}: identity {name!r} is not a "
                                   "key name (1-64 of A-Z a-z 0-9 _ . -)") from None
         out[run] = frozenset(names)
-    return RunMembership(runs=out)
+    iso: dict[str, frozenset[str]] = {}
+    for run, ids in (owned or {}).items():
+        if run not in out:
+            raise ConfigError("members", f"owned identities of run {run!r}, which is not "
+                              "a run of the membership")
+        if isinstance(ids, str) or not isinstance(ids, Iterable):
+            raise ConfigError("members", f"run {run!r}: owned must be a list of names")
+        names = list(ids)
+        stray = [n for n in names if n not in out[run]]
+        if stray:
+            raise ConfigError("members", f"run {run!r}: owned identity {stray[0]!r} is not "
+                              "one of its identities")
+        if names:
+            iso[run] = frozenset(names)
+    return RunMembership(runs=out, owned=iso)
 
 
 def load_membership(path: str | Path) -> RunMembership:
@@ -141,9 +204,13 @@ def load_membership(path: str | Path) -> RunMembership:
     if not isinstance(runs, dict):
         raise ConfigError("members", f"{p}: runs must be a table of [runs.<id>] tables")
     table: dict[str, Iterable[str]] = {}
+    owned: dict[str, Iterable[str]] = {}
     for run, body in runs.items():
-        if not isinstance(body, dict) or set(body) != {"identities"}:
-            raise ConfigError("members", f"{p}: [runs.{run}] must hold exactly "
-                              "identities = [...]")
+        if (not isinstance(body, dict) or "identities" not in body
+                or not set(body) <= {"identities", "owned"}):
+            raise ConfigError("members", f"{p}: [runs.{run}] must hold identities = [...] "
+                              "(and optionally owned = [...])")
         table[run] = body["identities"]
-    return membership(table)
+        if "owned" in body:
+            owned[run] = body["owned"]
+    return membership(table, owned)

@@ -201,13 +201,15 @@ def start_broker(out: Path, events: Path, *, timeout_s: float = 20.0,
                  host: str = "127.0.0.1",
                  security: RunSecurity | None = None,
                  members: Mapping[str, Sequence[str]] | None = None,
+                 owned: Mapping[str, Sequence[str]] | None = None,
                  ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``python -m broker run`` on free ports; return the process and its address.
 
     ``security`` gives its ``--keys DIR`` or ``--insecure`` (None: ``--insecure``, for
     callers that measure the plaintext bus). ``members`` (run id -> identities), with
     CURVE: the broker lets only these identities publish in these runs
-    (``out/members.toml``, :mod:`pubsub.membership`).
+    (``out/members.toml``, :mod:`pubsub.membership`); ``owned`` (run id -> members
+    isolated from one another: the passive parties of a run with several).
 
     Raises:
         LaunchError: it exited or did not become ready within ``timeout_s``.
@@ -217,7 +219,7 @@ def start_broker(out: Path, events: Path, *, timeout_s: float = 20.0,
     extra: list[str] = []
     if members is not None and security is not None and security.mode == "curve":
         path = out / "members.toml"
-        path.write_text(membership(members).as_toml())
+        path.write_text(membership(members, owned).as_toml())
         extra = ["--members", str(path)]
     proc = _spawn([sys.executable, "-m", "broker", "run", "--bind", f"tcp://{host}:0",
                    "--ready-file", str(ready), "--events", str(events),
@@ -385,8 +387,9 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         sec = stack.enter_context(run_security(identities, keys_dir=keys_dir,
                                                insecure=insecure, broker=broker))
         if broker is None:
-            procs["broker"], broker = start_broker(out, events, security=sec,
-                                                   members={run_id: list(identities)})
+            procs["broker"], broker = start_broker(
+                out, events, security=sec, members={run_id: list(identities)},
+                owned={run_id: list(cfg.party_ids[1:])} if cfg.passive_parties > 1 else None)
         else:
             # fail fast, with one line, if nobody answers there
             control_request(broker, "ping", timeout_s=cfg.connect_timeout_s,

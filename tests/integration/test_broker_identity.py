@@ -37,7 +37,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProc
         generate_certificate(keys, name, role=role)
     members = keys.parent / "members.toml"
     members.write_text(membership({"r1": ["active", "passive"],
-                                   "r2": ["active", "passive", "mallory"]}).as_toml())
+                                   "r2": ["active", "passive", "mallory"],
+                                   "r3": ["active", "passive", "mallory"]},
+                                  {"r3": ["passive", "mallory"]}).as_toml())
     b = BrokerProcess(tmp_path_factory.mktemp("idbroker"), "--members", str(members),
                       keys=keys)
     yield b, keys
@@ -135,6 +137,38 @@ async def test_only_a_runs_members_publish_in_it(setup: tuple[BrokerProcess, Pat
         reads = after["not_member_reads"].get("passive", 0) - before["not_member_reads"].get(
             "passive", 0)
         assert reads == 1
+
+
+async def test_owned_members_use_only_their_own_topics(setup: tuple[BrokerProcess, Path]
+                                                        ) -> None:
+    """Run r3 isolates its owned members (two passive parties, "passive" and "mallory"):
+    mallory's embeddings on the passive party's channel are dropped (``not_member``) and
+    its subscription to the passive party's gradients refused (``not_member_reads``); its
+    own channel and the active party's traffic to each work."""
+    b, keys = setup
+    async with _clients(b.address, keys, "active", "passive", "mallory") as (a, p, m):
+        before = request_stats(b.address, security=CurveClient.from_dir(keys, "active"))
+        await a.subscribe("emb/r3/passive/0")
+        await a.subscribe("emb/r3/mallory/0")
+        await m.subscribe("grad/r3/passive/0")  # another owned member's: refused
+        await p.subscribe("grad/r3/passive/0")
+        await m.subscribe("grad/r3/mallory/0")
+        await asyncio.sleep(0.3)
+        await m.publish("emb/r3/passive/0", [np.zeros((1, 2), np.float32)], {"forged": 1})
+        await m.publish("emb/r3/mallory/0", [np.zeros((1, 2), np.float32)], {"own": 1})
+        await p.publish("emb/r3/passive/0", [np.ones((1, 2), np.float32)], {"real": 1})
+        await a.publish("grad/r3/passive/0", [np.ones((1, 2), np.float32)], {"to": "p"})
+        await a.publish("grad/r3/mallory/0", [np.ones((1, 2), np.float32)], {"to": "m"})
+        assert [x.meta for x in await _drain(a, "emb/r3/passive/0")] == [{"real": 1}]
+        assert [x.meta for x in await _drain(a, "emb/r3/mallory/0")] == [{"own": 1}]
+        assert [x.meta for x in await _drain(p, "grad/r3/passive/0")] == [{"to": "p"}]
+        assert await _drain(m, "grad/r3/passive/0") == []
+        assert [x.meta for x in await _drain(m, "grad/r3/mallory/0")] == [{"to": "m"}]
+        after = request_stats(b.address, security=CurveClient.from_dir(keys, "active"))
+        assert after["not_member"].get("mallory", 0) - before["not_member"].get(
+            "mallory", 0) == 1
+        assert after["not_member_reads"].get("mallory", 0) - before[
+            "not_member_reads"].get("mallory", 0) == 1
 
 
 async def test_only_a_runs_members_read_it(setup: tuple[BrokerProcess, Path]) -> None:

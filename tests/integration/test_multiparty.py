@@ -176,7 +176,8 @@ def test_three_parties_by_hand_with_keys_and_a_run_membership(
                        ("passive2", "passive")):
         generate_certificate(keys, name, role=role)
     members = tmp_path / "members.toml"
-    members.write_text(membership({"r3": ["active", "passive", "passive2"]}).as_toml())
+    members.write_text(membership({"r3": ["active", "passive", "passive2"]},
+                                  {"r3": ["passive", "passive2"]}).as_toml())
     b = BrokerProcess(tmp_path, "--members", str(members), keys=keys)
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[vfl]\ndataset = "{bank_sample}"\nlabel = "y"\npassive_parties = 2\n'

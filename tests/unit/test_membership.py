@@ -35,7 +35,7 @@ def test_membership_round_trips_through_its_toml(tmp_path_factory: pytest.TempPa
 
 
 @pytest.mark.parametrize("text, what", [
-    ('[runs.r1]\nidentities = ["a"]\nextra = 1\n', "exactly"),
+    ('[runs.r1]\nidentities = ["a"]\nextra = 1\n', "must hold identities"),
     ('[runz.r1]\nidentities = ["a"]\n', "unknown keys"),
     ('[runs.r1]\nidentities = ["-bad"]\n', "'-bad'"),
     ('[runs.r1]\nidentities = "a"\n', "list"),
@@ -153,3 +153,42 @@ def test_a_refused_subscriber_that_leaves_keeps_the_holders_topic() -> None:
     assert book.unsubscribe(0, None, b"emb/r/1\0") == UNKNOWN  # the replayer left
     assert book.topics == 1 and book.held_by("active") == 1
     assert book.unsubscribe(0, None, b"emb/r/1\0") == LAST  # then the member left
+
+
+def test_owned_members_are_isolated_from_one_another() -> None:
+    from pubsub.membership import membership
+
+    m = membership({"r": ["active", "passive", "passive2"]}, {"r": ["passive", "passive2"]})
+    # each passive party publishes its own channels, reads its own gradients
+    assert m.allows("passive", "emb/r/passive/3") and not m.allows("passive", "emb/r/passive2/3")
+    assert m.may_read("passive2", "grad/r/passive2/3", True)
+    assert not m.may_read("passive", "grad/r/passive2/3", True)
+    # the active party (not owned) publishes to and reads from every one
+    assert m.allows("active", "grad/r/passive2/3") and m.may_read("active", "emb/r/passive2/3", True)
+    # topics naming no owned member: as before
+    assert m.allows("passive", "ctl/r/done") and m.allows("passive2", "emb/r/3")
+    # prefixes: only within the member's own topics
+    assert m.may_read("passive", "grad/r/passive/", False)
+    assert not m.may_read("passive", "grad/r/", False)
+    assert not m.may_read("passive", "grad/r/passive2/", False)
+    assert m.may_read("active", "emb/r/", False)
+    assert m.owner("ctl/r/hb/passive2") == "passive2" and m.owner("ctl/r/done") is None
+
+
+def test_owned_identities_must_be_members_and_survive_the_file(tmp_path) -> None:
+    import pytest
+
+    from pubsub.config import ConfigError
+    from pubsub.membership import load_membership, membership
+
+    with pytest.raises(ConfigError, match="'ghost' is not one of its identities"):
+        membership({"r": ["active"]}, {"r": ["ghost"]})
+    with pytest.raises(ConfigError, match="not a run"):
+        membership({"r": ["active"]}, {"q": ["active"]})
+    m = membership({"r": ["a", "p", "q"]}, {"r": ["p", "q"]})
+    path = tmp_path / "m.toml"
+    path.write_text(m.as_toml())
+    assert load_membership(path) == m
+    path.write_text('[runs.r]\nidentities = ["a"]\nextra = 1\n')
+    with pytest.raises(ConfigError, match="identities"):
+        load_membership(path)
