@@ -164,7 +164,7 @@ def load_run(run_dir: Path, root: Path) -> Run:
         except (OSError, ValueError) as exc:
             run.notes.append(f"passive.json unreadable ({exc})")
     missing: list[str] = []
-    for role in ROLES:
+    for role in party_order(metrics):
         tf = run_dir / f"timeline-{role}.json"
         if not tf.is_file():
             missing.append(tf.name)
@@ -173,9 +173,16 @@ def load_run(run_dir: Path, root: Path) -> Run:
             run.timelines[role] = load_timeline(tf)
         except (OSError, ValueError) as exc:
             run.notes.append(f"{tf.name} unreadable ({exc})")
-    if missing and len(missing) < len(ROLES):
+    if missing and len(missing) < len(party_order(metrics)):
         run.notes.append(f"no {' / '.join(missing)}")
     return run
+
+
+def party_order(metrics: dict[str, Any]) -> list[str]:
+    """The run's parties: ``active``, then the passive parties in id order (``passive``,
+    ``passive2`` …; a two-party run's are :data:`ROLES`)."""
+    named = [p for p in (metrics.get("parties") or {}) if p not in ROLES]
+    return [*ROLES, *sorted(named, key=lambda p: (len(p), p))]
 
 
 def run_labels(runs: Sequence[tuple[str, str]]) -> list[str]:
@@ -449,7 +456,7 @@ def gantt_rows(spans: Sequence[Span]) -> list[tuple[str, int]]:
     """The Gantt rows ``(role, worker)``: active workers first, then passive, by index."""
     order = {r: i for i, r in enumerate(ROLES)}
     return sorted({(s.role, s.worker) for s in spans},
-                  key=lambda rw: (order.get(rw[0], len(order)), rw[0], rw[1]))
+                  key=lambda rw: (order.get(rw[0], len(order)), len(rw[0]), rw[0], rw[1]))
 
 
 # --------------------------------------------------------------------------- drawing
@@ -665,9 +672,10 @@ def plot_gantt(run: Run, spans: Sequence[Span], window: Window, out: Path) -> Pa
     ax.set_xlabel(f"time after training start ({unit}; training starts at the first batch span)")
     ax.set_ylabel("party and worker")
     ax.grid(True, axis="x", alpha=0.3)
-    per_role = "+".join(str(sum(1 for r, _ in rows if r == role)) for role in ROLES)
+    parties = list(dict.fromkeys(r for r, _ in rows))
+    per_role = "+".join(str(sum(1 for r, _ in rows if r == role)) for role in parties)
     ax.set_title(f"Worker timeline: {run.label}, dataset {run.metrics.get('dataset', '?')}, "
-                 f"{per_role} workers (active+passive)\nwindow: {window.description}, "
+                 f"{per_role} workers ({'+'.join(parties)})\nwindow: {window.description}, "
                  f"{window.t0:.3f}-{window.t1:.3f} s after training start "
                  f"({len(shown)} spans)", fontsize=13)
     handles = [Patch(color=KIND_COLORS["compute"], label="compute"),
