@@ -104,9 +104,12 @@ def _vfl_run(args: argparse.Namespace) -> int:
         ttt = m.get("time_to_target_s")
         print(f"time to validation {m['metric_name']} {m['target_metric']:g}: "
               + (f"{ttt:.2f} s of training" if ttt is not None else "not reached"))
-    print(f"cpu_util active {pa['cpu_util']:.2f} passive {pp.get('cpu_util', float('nan')):.2f}  "
-          f"broker bytes emb {m['broker_bytes']['emb']:,} grad {m['broker_bytes']['grad']:,}  "
-          f"dropped {m['dropped_batches']}")
+    others = [p for p in m["parties"] if p not in ("active", "passive")]
+    utils = " ".join(f"{p} {m['parties'][p].get('cpu_util', float('nan')):.2f}"
+                     for p in others)
+    print(f"cpu_util active {pa['cpu_util']:.2f} passive {pp.get('cpu_util', float('nan')):.2f}"
+          f"{' ' + utils if utils else ''}  broker bytes emb {m['broker_bytes']['emb']:,} "
+          f"grad {m['broker_bytes']['grad']:,}  dropped {m['dropped_batches']}")
     dp = m.get("dp") or {}
     if dp.get("enabled"):
         target = "" if dp.get("target_mu") is None else f" (target {dp['target_mu']:g})"
