@@ -55,7 +55,7 @@ from parties.cli import write_json
 from parties.config import VflConfig, dump_vfl_config
 from parties.preflight import preflight
 from parties.sysinfo import CORES_ENV
-from pubsub.config import to_mapping
+from pubsub.config import ConfigError, to_mapping
 
 from sim.cpu import CpuLimiter, machine_cores
 from parties import zygote
@@ -276,13 +276,18 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
 
     Raises:
         OutDirError: ``out`` cannot be created or written.
-        sim.scenario / pubsub ConfigError: the cores do not fit on this machine.
+        sim.scenario / pubsub ConfigError: the cores do not fit on this machine; several
+            passive parties (``vfl.passive_parties`` > 1: not simulated here yet).
         ScenarioError: a relay did not start.
         parties.data.DataError: the data or column split is invalid (checked first).
         sim.cpu.CpuLimitUnavailable: a CPU method was requested explicitly and is not
             available here.
     """
     t0 = time.perf_counter()
+    if cfg.passive_parties > 1:
+        raise ConfigError("vfl.passive_parties", "psfl sim run shapes two parties (one "
+                          "relay, cores and faults per role); run several passive parties "
+                          f"with psfl vfl run, got {cfg.passive_parties}")
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
