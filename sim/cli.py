@@ -121,6 +121,20 @@ def _vfl_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _two_parties_only(cfg: Any, what: str) -> None:
+    """The profile, cost model and planner measure two parties (docs/dev/multiparty.md).
+
+    Raises:
+        ConfigError: ``vfl.passive_parties`` > 1 (exit 2).
+    """
+    from pubsub.config import ConfigError
+
+    if cfg.passive_parties > 1:
+        raise ConfigError("vfl.passive_parties", f"{what} profiles and plans two parties; "
+                          f"several passive parties are not planned yet, got "
+                          f"{cfg.passive_parties}")
+
+
 def _vfl_profile(args: argparse.Namespace) -> int:
     """``psfl vfl profile``: single-worker compute profile and throughput ceiling."""
     from pathlib import Path
@@ -130,6 +144,7 @@ def _vfl_profile(args: argparse.Namespace) -> int:
 
     extra = {"dataset": args.dataset} if args.dataset else {}
     cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: exit 2
+    _two_parties_only(cfg, "psfl vfl profile")
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -362,6 +377,8 @@ def _vfl_run_plan(args: argparse.Namespace, cfg: Any) -> tuple[Any, dict[str, An
     from pathlib import Path
 
     from sim.sysprofile import apply_plan, auto_plan
+
+    _two_parties_only(cfg, "psfl vfl run --plan")
 
     def run() -> Any:
         if args.plan == "auto":

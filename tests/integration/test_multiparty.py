@@ -220,3 +220,13 @@ def test_each_passive_party_keeps_its_own_privacy_ledger(tmp_path: Path) -> None
         assert by[p]["enabled"] and 0 < by[p]["mu"] <= 8.0 + 1e-9, by[p]
         assert m["parties"][p]["feature_encoding"] == "public_schema"
     assert m["dp"] == by["passive"]
+
+
+@pytest.mark.parametrize("args", [
+    ["vfl", "profile", "--dataset", "bank"],
+    ["vfl", "run", "--plan", "auto", "--dataset", "bank"],
+])
+def test_the_planner_refuses_several_passive_parties_for_now(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], args: list[str]) -> None:
+    res = psfl_in_process(capfd, *args, "--set", "passive_parties=2", "--out", str(tmp_path))
+    assert res.returncode == 2 and "vfl.passive_parties" in res.stderr, res.stderr[-500:]
