@@ -97,6 +97,10 @@ def test_three_parties_through_a_curve_broker_as_processes(
     # each passive party published embeddings (bytes by topic namespace)
     for p in ("passive", "passive2"):
         assert m["parties"][p]["bytes_sent"]["emb"] > 0, m["parties"][p]["bytes_sent"]
+    # prediction from several passive parties' parts is not built: refused, not wrong
+    res = psfl_in_process(capfd, "vfl", "predict", str(tmp_path), "--out",
+                          str(tmp_path / "pred"))
+    assert res.returncode == 2 and "several passive parties" in res.stderr, res.stderr[-500:]
 
 
 def test_a_dead_passive_party_is_named_in_the_active_partys_error(
