@@ -346,9 +346,12 @@ class PredictParty:
         reason = check_tensor(msg.arrays, spec)
         if reason is not None:  # one release: nothing to wait for instead
             raise PartnerMisbehaved(self.partner, msg.publisher, reason, 1)
+        from parties.fuse import fuse_of
+
         bottom, top = self.part.modules
         task = self.part.manifest["task"]
-        pred = await asyncio.to_thread(predict, bottom, top, self.x, msg.arrays[0], task=task)
+        pred = await asyncio.to_thread(predict, bottom, top, self.x, msg.arrays[0], task=task,
+                                       fuse=fuse_of(self.part.cfg))
         pred = pred.astype(np.float64)
         label = self.part.manifest["label"]
         if task == "regression":

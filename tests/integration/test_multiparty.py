@@ -234,3 +234,15 @@ def test_the_planner_refuses_several_passive_parties_for_now(
         tmp_path: Path, capfd: pytest.CaptureFixture[str], args: list[str]) -> None:
     res = psfl_in_process(capfd, *args, "--set", "passive_parties=2", "--out", str(tmp_path))
     assert res.returncode == 2 and "vfl.passive_parties" in res.stderr, res.stderr[-500:]
+
+
+def test_a_two_party_run_with_a_mean_fuse_predicts_its_own_test_auc(bank_sample: Path,
+                                                                    tmp_path: Path) -> None:
+    from sim.local import predict_in_process, run_vfl_in_process
+
+    cfg = VflConfig(dataset=str(bank_sample), label="y", epochs=2, batch_size=128,
+                    lr=3e-3, fuse="mean", worker_mode="inline")
+    run_vfl_in_process(cfg, tmp_path / "run")
+    m = _metrics(tmp_path / "run")
+    res = predict_in_process(tmp_path / "run", tmp_path / "pred")
+    assert res.summary["test_auc"] == pytest.approx(m["test_auc"], abs=1e-6)
