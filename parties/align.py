@@ -36,7 +36,7 @@ import asyncio
 import concurrent.futures
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +133,9 @@ class AlignConfig:
         join_timeout_s: how long to wait for the partner's hello.
         chunk_timeout_s: how long any single later wait may take (a partner request
             chunk, a response chunk, the partner's done).
+        final_timeout_s: N-way alignment: how long a passive party waits for the active
+            party's final mask once its own pair is done (the active party finishes
+            every other pair first).
         hello_interval_s: period of repeated hellos until both sides have met.
         bus: the bus client's settings.
     """
@@ -141,6 +144,7 @@ class AlignConfig:
     window: int = 4
     join_timeout_s: float = 60.0
     chunk_timeout_s: float = 120.0
+    final_timeout_s: float = 300.0
     hello_interval_s: float = 0.05
     bus: BusConfig = field(default_factory=BusConfig)
 
@@ -150,7 +154,8 @@ class AlignConfig:
                              f"the broker's 64 MiB message bound), got {self.chunk_size!r}")
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window!r}")
-        for name in ("join_timeout_s", "chunk_timeout_s", "hello_interval_s"):
+        for name in ("join_timeout_s", "chunk_timeout_s", "final_timeout_s",
+                     "hello_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
 
@@ -266,7 +271,8 @@ async def _next(bus: Transport, topic: str, what: str, timeout_s: float) -> Any:
 
 
 async def _meet(bus: Transport, mine: dict[str, str], theirs: dict[str, str], role: str,
-                partner: str, hello: dict[str, Any], cfg: AlignConfig) -> dict[str, Any]:
+                partner: str, hello: dict[str, Any], cfg: AlignConfig,
+                label: str) -> dict[str, Any]:
     """Exchange hellos until both sides know the other receives them
     (:func:`pubsub.session.rendezvous`, the protocol version as the digest); the
     partner's hello.
@@ -281,7 +287,7 @@ async def _meet(bus: Transport, mine: dict[str, str], theirs: dict[str, str], ro
                                timeout_s=cfg.join_timeout_s, interval_s=cfg.hello_interval_s,
                                info=hello)
     except RendezvousTimeout:
-        raise AlignTimeout(f"{partner} hello", theirs["hello"], cfg.join_timeout_s) from None
+        raise AlignTimeout(f"{label} hello", theirs["hello"], cfg.join_timeout_s) from None
     except SettingsMismatch as exc:
         raise AlignMismatch("protocol version", PROTOCOL_VERSION, exc.hello.get("v")) from None
     return got[partner]
@@ -291,6 +297,9 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
                          config: AlignConfig | None = None,
                          security: CurveClient | None = None,
                          connect: Callable[[str], AbstractAsyncContextManager[Transport]]
+                         | None = None,
+                         partner_name: str | None = None,
+                         after: Callable[[Transport, AlignResult], Awaitable[None]]
                          | None = None,
                          ) -> tuple[AlignResult, AlignStats]:
     """Run one party's side of the mutual PSI over the broker at ``broker``.
@@ -305,6 +314,11 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
         connect: instead of a :class:`Bus` to ``broker``, the client this returns for a
             name (e.g. :meth:`pubsub.MemoryBroker.connect` for an in-process run;
             ``broker``, ``security`` and ``config.bus`` then do not apply).
+        partner_name: names the partner in errors, logs and the bus client's name
+            (default: its role; N-way alignment: the passive party's id).
+        after: run on the same bus connection once the result is known, before it
+            closes (N-way alignment's final step, :mod:`parties.align_nway`); its errors
+            propagate and its bytes count in the stats.
 
     Returns:
         The result (shared IDs sorted, their own rows) and the cost.
@@ -319,6 +333,7 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
     """
     cfg = config or AlignConfig()
     partner = partner_of(role)
+    label = partner_name or partner
     own = check_ids(ids)
     perm = shuffle_order(len(own))  # the secret order the points are sent in
     sent = [own[i] for i in perm]
@@ -330,14 +345,15 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
     lag_task = asyncio.create_task(_lag_monitor(lag))
     t0 = time.perf_counter()
     blog = log.bind(role=role, run_id=run_id)
+    name = f"psi-{role}" if partner_name is None else f"psi-{role}-{label}"
     try:
-        client = (open_bus(broker, f"psi-{role}", cfg.bus, security) if connect is None
-                  else connect(f"psi-{role}"))
+        client = (open_bus(broker, name, cfg.bus, security) if connect is None
+                  else connect(name))
         async with client as bus:
             await bus.subscribe_prefix(theirs["prefix"])
             hello = {"v": PROTOCOL_VERSION, "n": plan.n, "chunks": plan.n_chunks,
                      "chunk_size": plan.chunk_size}
-            other = await _meet(bus, mine, theirs, role, partner, hello, cfg)
+            other = await _meet(bus, mine, theirs, role, partner, hello, cfg, label)
             if other.get("v") != PROTOCOL_VERSION:
                 raise AlignMismatch("protocol version", PROTOCOL_VERSION, other.get("v"))
             try:
@@ -345,7 +361,7 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
             except (KeyError, TypeError, ValueError) as exc:
                 raise AlignMismatch("hello fields", sorted(hello), repr(exc)) from None
             if other.get("chunks") != pplan.n_chunks:
-                raise AlignMismatch(f"the {partner} party's chunk count", pplan.n_chunks,
+                raise AlignMismatch(f"the {label} party's chunk count", pplan.n_chunks,
                                     other.get("chunks"))
             blog.info("psi.met", n_own=plan.n, n_partner=pplan.n, chunks=plan.n_chunks,
                       partner_chunks=pplan.n_chunks)
@@ -362,7 +378,7 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
 
             async def answer_partner() -> None:
                 for i in range(pplan.n_chunks):
-                    what = f"{partner} req chunk {i}"
+                    what = f"{label} req chunk {i}"
                     msg = await _next(bus, f"{theirs['req']}/{i}", what, cfg.chunk_timeout_s)
                     pts = _chunk_points(msg, pplan, i, what)
                     out = await crypto.run(session.reencrypt, pts, what)
@@ -372,7 +388,7 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
 
             async def collect_responses() -> None:
                 for i in range(plan.n_chunks):
-                    what = f"{partner} resp chunk {i}"
+                    what = f"{label} resp chunk {i}"
                     msg = await _next(bus, f"{theirs['resp']}/{i}", what, cfg.chunk_timeout_s)
                     pts = _chunk_points(msg, plan, i, what)
                     a, b = plan.bounds(i)
@@ -395,10 +411,12 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
             await bus.publish(mine["done"], [], {"n_shared": result.n_shared,
                                                  "req_chunks": plan.n_chunks,
                                                  "resp_chunks": pplan.n_chunks})
-            done = await _next(bus, theirs["done"], f"{partner} done", cfg.chunk_timeout_s)
+            done = await _next(bus, theirs["done"], f"{label} done", cfg.chunk_timeout_s)
             if done.meta.get("n_shared") != result.n_shared:
                 raise AlignMismatch("the number of shared IDs", result.n_shared,
                                     done.meta.get("n_shared"))
+            if after is not None:
+                await after(bus, result)
             st = bus.stats()
     finally:
         lag_task.cancel()
@@ -499,19 +517,39 @@ def write_result(out: str | Path, result: AlignResult, stats: AlignStats,
                  extra: dict[str, Any] | None = None) -> tuple[Path, Path]:
     """Write ``OUT/aligned-<role>.csv`` (``id,row``) and ``OUT/align-<role>.json`` (counts,
     times, bytes; never IDs). Returns both paths."""
-    import pandas as pd
-
     from parties.cli import write_json
 
     d = Path(out)
-    d.mkdir(parents=True, exist_ok=True)
-    csv = d / f"aligned-{stats.role}.csv"
-    tmp = csv.with_name(csv.name + ".tmp")
-    pd.DataFrame({"id": list(result.ids), "row": result.rows}).to_csv(tmp, index=False)
-    tmp.replace(csv)
+    csv = _write_aligned(d, stats.role, result)
     js = d / f"align-{stats.role}.json"
     write_json(js, {**stats.as_dict(), **(extra or {})})
     return csv, js
+
+
+def write_nway_result(out: str | Path, nway: Any,
+                      extra: dict[str, Any] | None = None) -> tuple[Path, Path]:
+    """N-way alignment (:class:`parties.align_nway.NwayResult`): write
+    ``OUT/aligned-<party>.csv`` (``id,row``, as :func:`write_result`, the final IDs) and
+    ``OUT/align-<party>.json`` (counts, times, bytes per pair; never IDs)."""
+    from parties.cli import write_json
+
+    d = Path(out)
+    csv = _write_aligned(d, nway.party, nway.result)
+    js = d / f"align-{nway.party}.json"
+    write_json(js, {**nway.summary(), **(extra or {})})
+    return csv, js
+
+
+def _write_aligned(d: Path, party: str, result: AlignResult) -> Path:
+    """``d/aligned-<party>.csv``: ``id,row``, written atomically."""
+    import pandas as pd
+
+    d.mkdir(parents=True, exist_ok=True)
+    csv = d / f"aligned-{party}.csv"
+    tmp = csv.with_name(csv.name + ".tmp")
+    pd.DataFrame({"id": list(result.ids), "row": result.rows}).to_csv(tmp, index=False)
+    tmp.replace(csv)
+    return csv
 
 
 def write_demo_ids(out: str | Path, n: int, overlap: float, seed: int) -> tuple[Path, Path]:
@@ -529,8 +567,8 @@ def write_demo_ids(out: str | Path, n: int, overlap: float, seed: int) -> tuple[
 
 
 __all__ = ["AlignConfig", "AlignMismatch", "AlignStats", "AlignTimeout", "IdFileError",
-           "align_over_bus", "load_ids", "open_bus", "partner_of", "topics", "write_demo_ids",
-           "write_result"]
+           "align_over_bus", "load_ids", "open_bus", "partner_of", "run_align_party", "topics",
+           "write_demo_ids", "write_nway_result", "write_result"]
 
 
 # ---------------------------------------------------------------------------- process
@@ -554,25 +592,32 @@ def peak_rss_mb() -> float | None:
 def run_align_party(*, role: str, broker: str, ids_path: str, out: str, run_id: str,
                     column: str | None = None, config: AlignConfig | None = None,
                     events: str | None = None, quiet: bool = False,
-                    security: CurveClient | None = None) -> int:
+                    security: CurveClient | None = None, passive_parties: int = 1) -> int:
     """One party process: read IDs, align over the broker, write the outputs.
 
-    ``security``: the party's CURVE keys (None: plaintext, loopback only).
+    ``role``: the party id (``active``, ``passive``, ``passive2`` ...; with one passive
+    party the ids are the roles). ``passive_parties``: how many passive parties align
+    (1: the two-party protocol; more: :mod:`parties.align_nway`, every party must be
+    given the same number). ``security``: the party's CURVE keys (None: plaintext,
+    loopback only).
 
     Returns:
         An exit code (:class:`parties.cli.ExitCode`): 0, 2 bad input (IDs, files, run
-        id), 3 broker unreachable, 4 partner problem (timeout, mismatch, bad chunk).
-        One ``error (ROLE party): ...`` line on stderr for the expected failures.
+        id, party id; with several passive parties also no ID in every party's set),
+        3 broker unreachable, 4 partner problem (timeout, mismatch, bad chunk or mask).
+        One ``error (PARTY party): ...`` line on stderr for the expected failures.
     """
     from parties.cli import ExitCode, exit_code_for
     from parties.config import check_run_id
+    from parties.align_nway import EmptyIntersection
     from parties.psi import DuplicateIds, EmptyId
     from pubsub.logs import configure_logging
     from pubsub.runner import run as run_loop
 
     t0 = time.perf_counter()
+    nway = passive_parties > 1
     try:
-        partner_of(role)
+        _check_party(role, passive_parties)
         check_run_id(run_id)
         d = Path(out)
         d.mkdir(parents=True, exist_ok=True)
@@ -582,16 +627,27 @@ def run_align_party(*, role: str, broker: str, ids_path: str, out: str, run_id: 
         if not ids:
             raise IdFileError(ids_path, "holds no IDs")
         t_load = time.perf_counter() - t0
-        result, stats = run_loop(align_over_bus(ids, role=role, broker=broker, run_id=run_id,
-                                                config=config, security=security))
-        rss_mb = peak_rss_mb()
-        csv, _ = write_result(d, result, stats, {"load_s": t_load, "max_rss_mb": rss_mb,
-                                                 "process_wall_s": time.perf_counter() - t0,
-                                                 "run_id": run_id})
+        if nway:
+            from parties.align_nway import align_active, align_passive
+            from parties.config import passive_party_ids
+
+            kw: dict[str, Any] = {"broker": broker, "run_id": run_id, "config": config,
+                                  "security": security}
+            coro = (align_active(ids, passive=passive_party_ids(passive_parties), **kw)
+                    if role == "active" else align_passive(ids, party=role, **kw))
+            outcome = run_loop(coro)
+        else:
+            result, stats = run_loop(align_over_bus(ids, role=role, broker=broker,
+                                                    run_id=run_id, config=config,
+                                                    security=security))
+        extra = {"load_s": t_load, "max_rss_mb": peak_rss_mb(),
+                 "process_wall_s": time.perf_counter() - t0, "run_id": run_id}
+        csv, _ = (write_nway_result(d, outcome, extra) if nway
+                  else write_result(d, result, stats, extra))
     except AlignTimeout as exc:  # a TimeoutError (an OSError): the partner, not the input
         print(f"error ({role} party): {exc}", file=sys.stderr)
         return int(ExitCode.PARTNER)
-    except (IdFileError, DuplicateIds, EmptyId, OSError) as exc:
+    except (IdFileError, DuplicateIds, EmptyId, EmptyIntersection, OSError) as exc:
         print(f"error ({role} party): {exc}", file=sys.stderr)
         return int(ExitCode.BAD_INPUT)
     except Exception as exc:
@@ -600,8 +656,37 @@ def run_align_party(*, role: str, broker: str, ids_path: str, out: str, run_id: 
             raise
         print(f"error ({role} party): {exc}", file=sys.stderr)
         return int(code)
-    if not quiet:
+    if not quiet and nway:
+        pairs = ", ".join(f"{p} {n:,}" for p, n in outcome.n_pair_shared.items())
+        print(f"{role} party: {outcome.result.n_shared:,} IDs in every party's set, of "
+              f"{outcome.result.n_own:,} own IDs (shared with {pairs}) in "
+              f"{outcome.seconds:.2f} s; {csv}", flush=True)
+    elif not quiet:
         print(f"{role} party: {stats.n_shared:,} shared of {stats.n_own:,} own IDs "
               f"(partner {stats.n_partner:,}) in {stats.seconds:.2f} s; sent "
               f"{stats.bytes_sent:,} B, received {stats.bytes_received:,} B; {csv}", flush=True)
     return int(ExitCode.OK)
+
+
+def _check_party(party: str, passive_parties: int) -> None:
+    """A party id of an alignment with ``passive_parties`` passive parties.
+
+    Raises:
+        pubsub.config.ConfigError: ``passive_parties`` outside 1 .. 9, or ``party`` not
+            one of its ids.
+    """
+    from parties.config import MAX_PASSIVE_PARTIES, passive_party_ids
+    from pubsub.config import ConfigError
+
+    if not 1 <= passive_parties <= MAX_PASSIVE_PARTIES:
+        raise ConfigError("passive_parties", f"must be in 1 .. {MAX_PASSIVE_PARTIES}, got "
+                          f"{passive_parties!r}")
+    ids = ("active", *passive_party_ids(passive_parties))
+    if party not in ids:
+        hint = (" (a party id after 'passive' needs --passive-parties, as many passive "
+                "parties as align)" if passive_parties == 1 and party.startswith("passive")
+                else "")
+        raise ConfigError("role", f"party {party!r} is not in an alignment of "
+                          f"{passive_parties} passive part"
+                          f"{'ies' if passive_parties > 1 else 'y'} (its parties: "
+                          f"{', '.join(ids)}){hint}")

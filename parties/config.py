@@ -179,6 +179,10 @@ class VflConfig:
             party's table): the party trains on those rows of ``dataset``, in that
             order, so both parties list the same records in the same order. "" = every
             row, matched by position. Not a shared setting (the row count is).
+            ``passive_rows_file`` is for one passive party.
+        passive_party_rows_files: with several passive parties, each one's
+            ``aligned-<party>.csv`` of an N-way ``psfl vfl align``, in party order (with
+            ``active_rows_file``; set all or none). () = every row.
     """
 
     algo: str = "pubsub"
@@ -247,6 +251,7 @@ class VflConfig:
     passive_cpus: tuple[int, ...] = ()
     active_rows_file: str = ""
     passive_rows_file: str = ""
+    passive_party_rows_files: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> ConfigError:
@@ -341,10 +346,19 @@ class VflConfig:
             if self.active_columns and not self.passive_party_columns:
                 raise bad("active_columns", "with several passive parties, give "
                           "vfl.passive_party_columns too (or neither)")
-            if self.passive_rows_file or self.active_rows_file:
-                raise bad("passive_rows_file" if self.passive_rows_file else "active_rows_file",
-                          "aligned rows files are for two parties (N-way alignment: "
-                          "docs/dev/multiparty.md)")
+            if self.passive_rows_file:
+                raise bad("passive_rows_file", "is for one passive party; with "
+                          f"vfl.passive_parties = {self.passive_parties}, list each one's "
+                          "aligned-<party>.csv in vfl.passive_party_rows_files")
+            if (self.passive_party_rows_files
+                    and len(self.passive_party_rows_files) != self.passive_parties):
+                raise bad("passive_party_rows_files", "needs one rows file per passive party "
+                          f"({self.passive_parties}), in party order")
+            if any(not f for f in self.passive_party_rows_files):
+                raise bad("passive_party_rows_files", "has an empty file name")
+        elif self.passive_party_rows_files:
+            raise bad("passive_party_rows_files", "is for several passive parties "
+                      "(vfl.passive_parties > 1); with one, use vfl.passive_rows_file")
 
     @property
     def party_ids(self) -> tuple[str, ...]:
@@ -462,11 +476,30 @@ class VflConfig:
             raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
         return own or self.bottom_hidden
 
-    def rows_file(self, role: str) -> str:
-        """``role``'s aligned-rows file (``psfl vfl align`` output); "" = all rows."""
-        if role not in ("active", "passive"):
-            raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
-        return self.active_rows_file if role == "active" else self.passive_rows_file
+    def rows_file(self, party: str) -> str:
+        """``party``'s aligned-rows file (``psfl vfl align`` output); "" = all rows.
+
+        ``party``: a party id of this run (``active``, ``passive``, ``passive2`` …; with
+        one passive party the ids are the roles).
+
+        Raises:
+            ValueError: not a party id of this run.
+        """
+        if party not in self.party_ids:
+            raise ValueError(f"party {party!r} is not in this run (its parties: "
+                             f"{', '.join(self.party_ids)})")
+        if party == "active":
+            return self.active_rows_file
+        if self.passive_parties == 1:
+            return self.passive_rows_file
+        if not self.passive_party_rows_files:
+            return ""
+        return self.passive_party_rows_files[self.party_ids.index(party) - 1]
+
+    @property
+    def rows_files(self) -> dict[str, str]:
+        """Every party's aligned-rows file by party id ("" = all rows)."""
+        return {p: self.rows_file(p) for p in self.party_ids}
 
     def cpus(self, role: str) -> tuple[int, ...]:
         """The CPU ids ``role`` (``"active"``/``"passive"``) is pinned to; empty: not pinned."""
@@ -486,7 +519,8 @@ class VflConfig:
         """The settings both parties must agree on, plus the table's row count, and their
         ``digest``. Two parties whose digests differ refuse to train together.
 
-        ``rows_digest``: with aligned rows (``active_rows_file``/``passive_rows_file``), a
+        ``rows_digest``: with aligned rows (``active_rows_file`` and the passive
+        parties' files), a
         keyed hash of the ordered shared IDs (:func:`parties.data.aligned_ids_digest`):
         both parties know those IDs, so it reveals nothing new, and two parties whose
         rows files list different records, or the same in another order, refuse to train.

@@ -39,17 +39,18 @@ def synthetic_spec(cfg: VflConfig) -> SyntheticSpec:
 
 
 def load_configured_table(cfg: VflConfig,
-                          role: str | None = None) -> tuple[pd.DataFrame, str | None]:
+                          party: str | None = None) -> tuple[pd.DataFrame, str | None]:
     """:func:`parties.data.load_table` of ``cfg.dataset`` (with the synthetic parameters),
-    restricted to ``role``'s aligned rows when its ``rows_file`` is set
-    (:func:`parties.data.select_rows`).
+    restricted to ``party``'s aligned rows when its rows file is set
+    (:meth:`VflConfig.rows_file`, :func:`parties.data.select_rows`). ``party``: a party
+    id of the run (``active``, ``passive``, ``passive2`` …).
 
     Raises:
         parties.data.DataError: missing or unreadable file, or a bad aligned-rows file.
     """
     frame, label = load_table(cfg.dataset, synthetic=synthetic_spec(cfg))
-    if role is not None and cfg.rows_file(role):
-        frame = select_rows(frame, cfg.rows_file(role))
+    if party is not None and cfg.rows_file(party):
+        frame = select_rows(frame, cfg.rows_file(party))
     return frame, label
 
 
@@ -72,12 +73,17 @@ def preflight(cfg: VflConfig) -> None:
             for party in cfg.party_ids[1:]:
                 dp_schema(cfg, groups[party])
         return
-    if bool(cfg.active_rows_file) != bool(cfg.passive_rows_file):
-        raise DataError("set both vfl.active_rows_file and vfl.passive_rows_file (each "
-                        "party's aligned-<role>.csv from psfl vfl align), or neither")
+    files = cfg.rows_files
+    if any(files.values()) and not all(files.values()):
+        if cfg.passive_parties == 1:
+            raise DataError("set both vfl.active_rows_file and vfl.passive_rows_file (each "
+                            "party's aligned-<role>.csv from psfl vfl align), or neither")
+        raise DataError("set vfl.active_rows_file and vfl.passive_party_rows_files (each "
+                        "party's aligned-<party>.csv from psfl vfl align), or neither")
     frame, default_label = load_configured_table(cfg, "active")
-    if cfg.passive_rows_file:
-        load_configured_table(cfg, "passive")  # its rows file is checked here too
+    for party in cfg.party_ids[1:]:
+        if files[party]:
+            load_configured_table(cfg, party)  # its rows file is checked here too
     label, groups = resolve_party_columns(cfg, frame, default_label)
     if cfg.dp_enabled:  # refuse before any process starts
         for party in cfg.party_ids[1:]:

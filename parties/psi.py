@@ -48,7 +48,7 @@ one :class:`PsiSession` must be driven from one thread at a time
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -355,6 +355,103 @@ def aligned(ids: Sequence[str], mask: np.ndarray, *, n_partner: int) -> AlignRes
                        n_own=len(ids), n_partner=n_partner)
 
 
+class MalformedMask(AlignError, ValueError):
+    """The active party's final mask for a passive party does not fit that party's
+    pairwise result (N-way alignment).
+
+    Attributes:
+        party: the passive party the mask is for.
+        reason: what was wrong.
+    """
+
+    def __init__(self, party: str, reason: str) -> None:
+        self.party = party
+        self.reason = reason
+        super().__init__(f"malformed final mask for the {party} party: {reason}")
+
+
+def final_masks(pairwise: Mapping[str, Sequence[str]]
+                ) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
+    """The active party's side of N-way alignment, after one PSI per passive party.
+
+    Args:
+        pairwise: passive party id -> the IDs the active party shares with it, sorted
+            (:attr:`AlignResult.ids` of that pair's session; the passive party holds the
+            same list).
+
+    Returns:
+        ``(final, masks)``: the IDs in every pairwise list, sorted (Python ``str``
+        order), and for each party a ``uint8`` array over its list, 1 where the ID is in
+        ``final``. A passive party that applies its mask to its own list
+        (:func:`apply_mask`) gets ``final`` in the same order.
+
+    Raises:
+        ValueError: no party, or a list that is not sorted and unique.
+    """
+    if not pairwise:
+        raise ValueError("final_masks needs at least one passive party")
+    for party, ids in pairwise.items():
+        if any(ids[j] >= ids[j + 1] for j in range(len(ids) - 1)):
+            raise ValueError(f"the IDs shared with {party!r} are not sorted and unique")
+    lists = sorted(pairwise.values(), key=len)
+    common = set(lists[0])
+    for ids in lists[1:]:
+        common.intersection_update(ids)
+    final = tuple(x for x in lists[0] if x in common)  # sorted: a sorted list's subsequence
+    masks = {party: np.fromiter((x in common for x in ids), np.uint8, len(ids))
+             for party, ids in pairwise.items()}
+    return final, masks
+
+
+def apply_mask(result: AlignResult, mask: np.ndarray, *, party: str,
+               n_final: int) -> AlignResult:
+    """A passive party's final result: its pairwise result restricted to the mask.
+
+    Args:
+        result: the party's pairwise result (shared IDs sorted, its rows).
+        mask: ``uint8`` ``(result.n_shared,)`` of 0 and 1, from :func:`final_masks`.
+        party: the party (names it in errors).
+        n_final: the final intersection's size as the active party announced it.
+
+    Returns:
+        The final IDs (sorted) and their rows in this party's input; ``n_own`` and
+        ``n_partner`` as in ``result``.
+
+    Raises:
+        MalformedMask: wrong dtype, length or values, or a count other than ``n_final``.
+    """
+    if not isinstance(mask, np.ndarray) or mask.dtype != np.uint8 or mask.ndim != 1:
+        raise MalformedMask(party, "expected a 1-d uint8 array, got "
+                            f"{getattr(mask, 'dtype', type(mask).__name__)} "
+                            f"{getattr(mask, 'shape', '')}")
+    if len(mask) != result.n_shared:
+        raise MalformedMask(party, f"{len(mask)} entries for {result.n_shared} "
+                            "pairwise shared IDs")
+    if len(mask) and int(mask.max()) > 1:
+        raise MalformedMask(party, "entries must be 0 or 1")
+    keep = mask.astype(bool)
+    if int(keep.sum()) != n_final:
+        raise MalformedMask(party, f"{int(keep.sum())} IDs kept, announced {n_final}")
+    idx = np.flatnonzero(keep)
+    return AlignResult(ids=tuple(result.ids[j] for j in idx),
+                       rows=result.rows[idx].astype(np.int64),
+                       n_own=result.n_own, n_partner=result.n_partner)
+
+
+def select_ids(ids: Sequence[str], final: Sequence[str], *, n_partner: int) -> AlignResult:
+    """The active party's final result: ``final`` (sorted) and each one's row in its own
+    input ``ids``.
+
+    Raises:
+        ValueError: an ID of ``final`` is not among ``ids``.
+    """
+    keep = set(final)
+    mask = np.fromiter((x in keep for x in ids), bool, len(ids))
+    if int(mask.sum()) != len(keep):
+        raise ValueError("an ID of the final intersection is not among the own IDs")
+    return aligned(ids, mask, n_partner=n_partner)
+
+
 def encrypt_chunked(session: PsiSession, ids: Sequence[str], chunk_size: int) -> np.ndarray:
     """All of ``ids`` encrypted, chunk by chunk: ``uint8`` ``(n, 33)`` (in-process helper)."""
     plan = ChunkPlan(n=len(ids), chunk_size=chunk_size)
@@ -440,6 +537,7 @@ def demo_ids(n: int, overlap: float, seed: int) -> tuple[list[str], list[str]]:
 
 
 __all__ = ["AlignError", "AlignResult", "ChunkPlan", "DEFAULT_CHUNK", "DuplicateIds",
-           "EmptyId", "KEY_BYTES", "MalformedPoints", "POINT_BYTES", "PsiSession", "aligned",
-           "check_ids", "check_points", "compare_keys", "demo_ids", "mutual_psi_local",
-           "shared_mask", "shuffle_order", "unshuffle"]
+           "EmptyId", "KEY_BYTES", "MalformedMask", "MalformedPoints", "POINT_BYTES",
+           "PsiSession", "aligned", "apply_mask", "check_ids", "check_points", "compare_keys",
+           "demo_ids", "final_masks", "mutual_psi_local", "select_ids", "shared_mask",
+           "shuffle_order", "unshuffle"]

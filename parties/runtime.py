@@ -290,7 +290,7 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
                          f"{', '.join(cfg.party_ids)})")
     role = role_of(party)
     task = cfg.effective_task
-    frame, default_label = load_configured_table(cfg, role)
+    frame, default_label = load_configured_table(cfg, party)  # the party's own rows file
     label, groups = resolve_party_columns(cfg, frame, default_label)
     all_train, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
     fit, val = validation_split(len(all_train), seed=cfg.seed)
@@ -611,7 +611,7 @@ class Party:
         :func:`pubsub.session.rendezvous` over the shared-settings digest): the active
         party meets every passive party, a passive party the active party."""
         cfg, t = self.cfg, self.topics
-        rows_file = cfg.rows_file(self.role)
+        rows_file = cfg.rows_file(self.party)
         mine = cfg.shared_settings(self.data.n_rows,
                                    aligned_ids_digest(rows_file) if rows_file else "")
         try:

@@ -601,8 +601,9 @@ def _vfl_party(args: argparse.Namespace) -> int:
 
 def _vfl_align(args: argparse.Namespace) -> int:
     """``psfl vfl align``: private ID alignment (mutual ECDH PSI over the bus). With
-    ``--role``: one party against ``--broker``; without: broker and both parties as
-    processes on this machine (``--active-ids``, ``--passive-ids``)."""
+    ``--role PARTY``: one party against ``--broker`` (``--passive-parties N`` for N-way
+    alignment); without: broker and every party as processes on this machine
+    (``--active-ids``, ``--passive-ids`` once per passive party)."""
     from parties.align import AlignConfig, run_align_party, write_demo_ids
     from parties.cli import ExitCode
 
@@ -617,7 +618,7 @@ def _vfl_align(args: argparse.Namespace) -> int:
         return ExitCode.OK
     kw = {k: getattr(args, k) for k in ("chunk_size", "window") if getattr(args, k)}
     if args.timeout_s is not None:
-        kw["chunk_timeout_s"] = kw["join_timeout_s"] = args.timeout_s
+        kw["chunk_timeout_s"] = kw["join_timeout_s"] = kw["final_timeout_s"] = args.timeout_s
     try:
         cfg = AlignConfig(**kw)
     except ValueError as exc:
@@ -633,26 +634,44 @@ def _vfl_align(args: argparse.Namespace) -> int:
         return run_align_party(role=args.role, broker=args.broker, ids_path=args.ids,
                                out=args.out, run_id=args.run_id or "align",
                                column=args.column, config=cfg, events=args.events,
-                               quiet=args.quiet, security=security)
+                               quiet=args.quiet, security=security,
+                               passive_parties=args.passive_parties or 1)
     if not args.active_ids or not args.passive_ids:
-        print("error: give --role (one party) or both --active-ids and --passive-ids "
-              "(local launcher), or --make-ids N", file=sys.stderr)
+        print("error: give --role (one party) or --active-ids and --passive-ids (local "
+              "launcher; --passive-ids once per passive party), or --make-ids N",
+              file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    from parties.config import MAX_PASSIVE_PARTIES
+
+    passive_ids = args.passive_ids
+    if len(passive_ids) > MAX_PASSIVE_PARTIES:
+        print(f"error: at most {MAX_PASSIVE_PARTIES} --passive-ids, got {len(passive_ids)}",
+              file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    if args.passive_parties not in (None, len(passive_ids)):
+        print(f"error: --passive-parties {args.passive_parties} but {len(passive_ids)} "
+              "--passive-ids", file=sys.stderr)
         return ExitCode.BAD_INPUT
     from sim.align_launch import run_align
 
     res, code = _launch(lambda: run_align(
-        active_ids=args.active_ids, passive_ids=args.passive_ids, out=args.out,
+        active_ids=args.active_ids,
+        passive_ids=passive_ids[0] if len(passive_ids) == 1 else passive_ids, out=args.out,
         column=args.column, broker=args.broker, run_id=args.run_id,
         chunk_size=args.chunk_size, window=args.window, timeout_s=args.job_timeout_s,
         quiet=args.quiet, keys_dir=args.keys, insecure=args.insecure),
-        what="the broker and both alignment parties")
+        what="the broker and every alignment party")
     if code is not None:
         return code
-    a, p = res["active"], res["passive"]
-    print(f"aligned: {a['n_shared']:,} shared IDs (active {a['n_own']:,}, passive "
-          f"{p['n_own']:,}); alignment {max(a['seconds'], p['seconds']):.2f} s, job "
-          f"{res['wall_s']:.2f} s; bus bytes {a['bytes_sent'] + p['bytes_sent']:,}; "
-          f"out {args.out}")
+    from parties.config import passive_party_ids
+
+    a = res["active"]
+    each = [res[p] for p in ("active", *passive_party_ids(len(passive_ids)))]
+    owns = ", ".join(f"{p} {res[p]['n_own']:,}"
+                     for p in ("active", *passive_party_ids(len(passive_ids))))
+    print(f"aligned: {a['n_shared']:,} shared IDs ({owns}); alignment "
+          f"{max(r['seconds'] for r in each):.2f} s, job {res['wall_s']:.2f} s; bus bytes "
+          f"{sum(r['bytes_sent'] for r in each):,}; out {args.out}")
     return ExitCode.OK
 
 
@@ -660,12 +679,22 @@ def _add_align_parser(vsub: Any) -> None:
     """``psfl vfl align``."""
     al = vsub.add_parser("align", help="private ID alignment (PSI): find the shared record "
                          "IDs without revealing the others; writes OUT/aligned-ROLE.csv")
-    al.add_argument("--role", choices=["active", "passive"], help="run one party (with "
-                    "--broker and --ids); without it, start a broker and both parties here")
+    # the party ids of parties.config (not imported here: it is slow to import)
+    al.add_argument("--role", choices=["active", "passive",
+                                       *(f"passive{k}" for k in range(2, 10))],
+                    metavar="PARTY",
+                    help="run one party, by party id: active, passive, passive2 .. passive9 "
+                    "(with --broker and --ids); without it, start a broker and every party "
+                    "here")
     al.add_argument("--ids", help="this party's ID file (CSV/Parquet column, or text, one "
                     "ID per line)")
     al.add_argument("--active-ids", help="launcher: the active party's ID file")
-    al.add_argument("--passive-ids", help="launcher: the passive party's ID file")
+    al.add_argument("--passive-ids", action="append", metavar="FILE",
+                    help="launcher: a passive party's ID file; repeat for several passive "
+                    "parties (the k-th is party passive, passive2, ...: N-way alignment)")
+    al.add_argument("--passive-parties", type=int, metavar="N",
+                    help="how many passive parties align (default 1; with --role, every "
+                    "party of an N-way alignment must be given the same N)")
     al.add_argument("--column", help="ID column of CSV/Parquet files (default id)")
     al.add_argument("--out", required=True, help="output directory")
     al.add_argument("--broker", help="broker tcp://HOST:PORT (launcher default: start one)")

@@ -88,3 +88,43 @@ def test_one_rows_file_without_the_other_is_refused_before_launch(tmp_path: Path
     pd.DataFrame({"id": ["a"], "row": [0]}).to_csv(f, index=False)
     with pytest.raises(DataError, match="set both vfl.active_rows_file and vfl.passive_rows_file"):
         preflight(VflConfig(dataset="bank", active_rows_file=str(f)))
+
+
+def test_several_passive_parties_each_load_their_own_rows_file(tmp_path: Path) -> None:
+    from parties.runtime import load_party_data
+
+    data = tmp_path / "t.csv"
+    pd.DataFrame({"x": range(40), "z": range(40), "w": range(40),
+                  "y": [0, 1] * 20}).to_csv(data, index=False)
+    files = []
+    for name, rows in (("active", range(0, 20)), ("passive", range(20, 40)),
+                       ("passive2", range(39, 19, -1))):
+        f = tmp_path / f"aligned-{name}.csv"
+        pd.DataFrame({"id": [f"i{k:02d}" for k in range(20)], "row": list(rows)}).to_csv(
+            f, index=False)
+        files.append(str(f))
+    cfg = VflConfig(dataset=str(data), label="y", passive_parties=2, active_rows_file=files[0],
+                    passive_party_rows_files=tuple(files[1:]))
+    assert cfg.rows_files == dict(zip(("active", "passive", "passive2"), files, strict=True))
+    assert load_configured_table(cfg, "passive2")[0]["x"].tolist() == list(range(39, 19, -1))
+    assert load_configured_table(cfg, "passive")[0]["x"].tolist() == list(range(20, 40))
+    assert load_party_data(cfg, "passive2").n_rows == 20
+    with pytest.raises(ValueError, match="'passive3' is not in this run"):
+        cfg.rows_file("passive3")
+
+
+def test_rows_files_for_several_passive_parties_are_checked(tmp_path: Path) -> None:
+    from parties.data import DataError
+    from parties.preflight import preflight
+    from pubsub.config import ConfigError
+
+    with pytest.raises(ConfigError, match="vfl.passive_rows_file.*passive_party_rows_files"):
+        VflConfig(passive_parties=2, passive_rows_file="p.csv")
+    with pytest.raises(ConfigError, match="one rows file per passive party \\(3\\)"):
+        VflConfig(passive_parties=3, passive_party_rows_files=("a", "b"))
+    with pytest.raises(ConfigError, match="for several passive parties"):
+        VflConfig(passive_party_rows_files=("a",))
+    f = tmp_path / "a.csv"
+    pd.DataFrame({"id": ["a"], "row": [0]}).to_csv(f, index=False)
+    with pytest.raises(DataError, match="vfl.passive_party_rows_files"):
+        preflight(VflConfig(dataset="bank", passive_parties=2, active_rows_file=str(f)))
