@@ -406,17 +406,21 @@ def main() -> None:
     from pubsub.logs import configure_logging
 
     configure_logging(stderr_level="error")  # the attacker's own clients stay quiet
-    epochs = args.epochs or (100 if args.quick else 150)
+    # without --epochs a short first run sizes the victim (see below)
+    epochs = args.epochs or (30 if args.quick else 150)
     root = Path(tempfile.mkdtemp(prefix="psfl-hostile-"))
     keys = None if args.insecure else make_keys(root)
     t0 = time.monotonic()
     plain = [plain_run(root, keys, "plain0", epochs)]
     if args.epochs is None:
         # the campaign lasts as long as the victim trains: enough epochs for --attack-s
-        # of training with a quarter to spare on this machine (bank at B = 256 trains
-        # 0.3-0.6 s per epoch on 2 cores), the same for every run that is compared
+        # of undisturbed training with a tenth to spare on this machine (bank at B = 256
+        # trains 0.3-0.6 s per epoch on 2 cores; the attacked victim trains slower, and
+        # the campaign also spans its start and its test scoring), the same for every
+        # run that is compared. (With a quarter to spare and a 100-epoch first run,
+        # --quick took 648 s on a slow hour of this VM, over its 10 minutes.)
         per_epoch = (plain[0]["train_wall_s"] or 0.0) / epochs
-        need = math.ceil(1.25 * args.attack_s / per_epoch) if per_epoch > 0 else epochs
+        need = math.ceil(1.1 * args.attack_s / per_epoch) if per_epoch > 0 else epochs
         if need > epochs:
             print(f"{epochs} epochs trained in {per_epoch * epochs:.0f} s: {need} epochs "
                   f"for an attack of {args.attack_s:.0f} s", flush=True)
@@ -430,7 +434,7 @@ def main() -> None:
     print(f"attacked: test_auc {att['test_auc']}, attack {att['attack_s']:.0f} s, "
           f"counts {att['counts']}, rejected {att['rejected']}, crashes {att['crashes']}",
           flush=True)
-    restarts = [restart_run(root, keys, k, max(10, epochs // 4))
+    restarts = [restart_run(root, keys, k, max(10, epochs // 6))
                 for k in range(args.restart_runs)]
     for k, r in enumerate(restarts):
         print(f"restart run {k}: exit {r['code']} ({r['last_stderr']})", flush=True)
