@@ -628,12 +628,10 @@ class Party:
             raise ConfigMismatch(mine, dict(exc.hello.get("shared") or {})) from None
         # from now on only the client each partner's handshake came from is that partner:
         # the bus drops others' messages on its topics before they take room
-        partners = {str(heard[p]["publisher"]): (p if self.multi else self.partner)
-                    for p in self.partners}
-        self.intake.partners = partners
-        for pid, name in partners.items():
-            bus.accept_only(pid, self._topics_of["active" if self.role == "passive"
-                                                 else (name if self.multi else "passive")])
+        ids = {p: str(heard[p]["publisher"]) for p in self.partners}
+        self.intake.partners = {pid: p for p, pid in ids.items()}
+        for p, pid in ids.items():
+            bus.accept_only(pid, self._topics_of[p])
 
     async def _heartbeat(self, bus: Transport) -> None:
         await heartbeat(bus, self.topics.hb(self.party), me=self.party,
