@@ -46,14 +46,18 @@ class ConfigMismatch(VflError, ValueError):
 
     Attributes:
         mine / theirs: the two parties' shared-setting digests.
+        party: the party id of ``theirs`` (None: not known).
     """
 
-    def __init__(self, mine: dict[str, object], theirs: dict[str, object]) -> None:
+    def __init__(self, mine: dict[str, object], theirs: dict[str, object], *,
+                 party: str | None = None) -> None:
         self.mine = mine
         self.theirs = theirs
+        self.party = party
         diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         detail = ", ".join(f"{k}: ours {mine.get(k)!r} vs theirs {theirs.get(k)!r}" for k in diff)
-        super().__init__(f"the parties disagree on shared settings ({detail})")
+        who = "the parties disagree" if party is None else f"the {party} party disagrees with us"
+        super().__init__(f"{who} on shared settings ({detail})")
 
 
 class WorkerFailed(VflError, RuntimeError):

@@ -1,6 +1,7 @@
 """Saved models: each party's trained part of a VFL run, written into the run directory.
 
-Layout (``<run_dir>/model/<role>/``; the format is documented in docs/models.md):
+Layout (``<run_dir>/model/<party id>/``: ``active``, ``passive``, ``passive2`` …; the
+format is documented in docs/models.md):
 
 * ``weights.pt``: ``torch.save`` of ``{"bottom": state_dict}`` (passive) or
   ``{"bottom": ..., "top": ...}`` (active): tensors only, read back with
@@ -68,19 +69,25 @@ class SavedModelError(DataError):
 
 
 class SavedModelMismatch(VflError, ValueError):
-    """The two parties' saved parts come from different runs (run id or config digest).
+    """Two parties' saved parts come from different runs (run id or config digest).
 
     Attributes:
         mine / theirs: ``{"run_id": ..., "config_digest": ...}`` of each party's part.
+        party: the party id whose part is ``theirs`` (None: not known).
     """
 
-    def __init__(self, mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> None:
+    def __init__(self, mine: Mapping[str, Any], theirs: Mapping[str, Any], *,
+                 party: str | None = None) -> None:
         self.mine = dict(mine)
         self.theirs = dict(theirs)
+        self.party = party
+        who = "theirs" if party is None else f"the {party} party's"
+        head = ("the parties' saved models come from different runs" if party is None else
+                f"the {party} party's saved model comes from another run")
         super().__init__(
-            f"the parties' saved models come from different runs: ours is run "
-            f"{mine.get('run_id')!r} (config digest {mine.get('config_digest')!r}), theirs "
-            f"run {theirs.get('run_id')!r} (config digest {theirs.get('config_digest')!r})")
+            f"{head}: ours is run {mine.get('run_id')!r} (config digest "
+            f"{mine.get('config_digest')!r}), {who} run {theirs.get('run_id')!r} (config "
+            f"digest {theirs.get('config_digest')!r})")
 
 
 def part_dir(run_dir: str | Path, role: str) -> Path:
@@ -188,6 +195,7 @@ class SavedPart:
     Attributes:
         path: its directory.
         role: ``"active"`` or ``"passive"``.
+        party: its party id (``active``, ``passive``, ``passive2`` …).
         manifest: ``manifest.json``.
         cfg: the run's config.
         modules: bottom (and top, active) in eval mode with the saved weights.
@@ -198,6 +206,7 @@ class SavedPart:
 
     path: Path
     role: str
+    party: str
     manifest: dict[str, Any]
     cfg: VflConfig
     modules: Sequence[nn.Module]
@@ -229,8 +238,9 @@ def _factory(cfg: VflConfig, spec: Mapping[str, Any]) -> ModelFactory:
     return ModelFactory(cfg, bottom_fn, top_fn)
 
 
-def load_party_model(run_dir: str | Path, role: str, *, models: Any = None) -> SavedPart:
-    """Load ``role``'s part of the run in ``run_dir`` (``<run_dir>/model/<role>``).
+def load_party_model(run_dir: str | Path, party: str, *, models: Any = None) -> SavedPart:
+    """Load party ``party``'s part of the run in ``run_dir`` (``<run_dir>/model/<party>``;
+    a party id: ``active``, ``passive``, ``passive2`` …).
 
     ``models``: the :class:`parties.zoo.ModelFactory` that trained it, to rebuild the
     architecture with (needed when the recorded spec is not an importable
@@ -242,9 +252,11 @@ def load_party_model(run_dir: str | Path, role: str, *, models: Any = None) -> S
             mismatch, or weights that do not fit the recorded model.
         parties.zoo.ModelSpecError: a recorded user factory cannot be imported.
     """
+    from parties.config import role_of
     from parties.schema import SchemaEncoder, load_schema
 
-    path = part_dir(run_dir, role)
+    path = part_dir(run_dir, party)
+    role = role_of(party)
     try:
         manifest = orjson.loads((path / MANIFEST_FILE).read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:
@@ -254,6 +266,8 @@ def load_party_model(run_dir: str | Path, role: str, *, models: Any = None) -> S
                               f"this version reads {FORMAT_VERSION}")
     if manifest.get("role") != role:
         raise SavedModelError(path, f"manifest role {manifest.get('role')!r} != {role!r}")
+    if manifest.get("party", party) != party:
+        raise SavedModelError(path, f"manifest party {manifest.get('party')!r} != {party!r}")
     wfile = path / manifest["weights"]["file"]
     try:
         digest = _sha256(wfile)
@@ -286,19 +300,21 @@ def load_party_model(run_dir: str | Path, role: str, *, models: Any = None) -> S
     ledger = None
     if manifest.get("dp", {}).get("ledger"):
         ledger = orjson.loads((path / manifest["dp"]["ledger"]).read_bytes())
-    return SavedPart(path=path, role=role, manifest=manifest, cfg=cfg, modules=mods,
-                     encoder=encoder, ledger=ledger)
+    return SavedPart(path=path, role=role, party=party, manifest=manifest, cfg=cfg,
+                     modules=mods, encoder=encoder, ledger=ledger)
 
 
-def check_same_run(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> None:
-    """Refuse two parts of different runs.
+def check_same_run(mine: Mapping[str, Any], theirs: Mapping[str, Any], *,
+                   party: str | None = None) -> None:
+    """Refuse two parts of different runs (``party``: the id of the party whose part is
+    ``theirs``, named in the error).
 
     Raises:
         SavedModelMismatch: ``run_id`` or ``config_digest`` differ (naming both ids).
     """
     if (mine.get("run_id"), mine.get("config_digest")) != (theirs.get("run_id"),
                                                            theirs.get("config_digest")):
-        raise SavedModelMismatch(mine, theirs)
+        raise SavedModelMismatch(mine, theirs, party=party)
 
 
 __all__ = ["FORMAT_VERSION", "SavedModelError", "SavedModelMismatch", "SavedPart",
