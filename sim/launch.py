@@ -90,9 +90,20 @@ class LaunchResult:
 VFL_IDENTITIES = {"active": "active", "passive": "passive"}
 
 
-def vfl_identities(cfg: VflConfig) -> dict[str, str]:
-    """Identity -> broker role of every party of ``cfg``'s run (the party ids)."""
-    return {party: role_of(party) for party in cfg.party_ids}
+def vfl_identities(cfg: VflConfig | Sequence[str]) -> dict[str, str]:
+    """Identity -> broker role of every party of ``cfg``'s run (or of these party ids):
+    the party ids, each with its role."""
+    ids = cfg.party_ids if isinstance(cfg, VflConfig) else tuple(cfg)
+    return {party: role_of(party) for party in ids}
+
+
+def run_members(run_id: str, party_ids: Sequence[str]) -> dict[str, Any]:
+    """:func:`start_broker`'s ``members`` and ``owned`` for a run (training or
+    prediction) of these parties (``active`` first): every party is a member; with
+    several passive parties they are owned, so none may read another's topics."""
+    passive = [p for p in party_ids if p != "active"]
+    return {"members": {run_id: list(party_ids)},
+            "owned": {run_id: passive} if len(passive) > 1 else None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -387,9 +398,8 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         sec = stack.enter_context(run_security(identities, keys_dir=keys_dir,
                                                insecure=insecure, broker=broker))
         if broker is None:
-            procs["broker"], broker = start_broker(
-                out, events, security=sec, members={run_id: list(identities)},
-                owned={run_id: list(cfg.party_ids[1:])} if cfg.passive_parties > 1 else None)
+            procs["broker"], broker = start_broker(out, events, security=sec,
+                                                   **run_members(run_id, cfg.party_ids))
         else:
             # fail fast, with one line, if nobody answers there
             control_request(broker, "ping", timeout_s=cfg.connect_timeout_s,
@@ -475,5 +485,6 @@ def exit_code_of(err: LaunchError) -> int:
 
 
 __all__ = ["JobTimeout", "LaunchError", "LaunchResult", "OutDirError", "RunSecurity",
-           "VFL_IDENTITIES", "clean_out_dir", "exit_code_of", "finish_run", "prepare_run", "run_security",
-           "run_vfl", "start_broker", "wait_children"]
+           "VFL_IDENTITIES", "clean_out_dir", "exit_code_of", "finish_run", "prepare_run",
+           "run_members", "run_security", "run_vfl", "start_broker", "vfl_identities",
+           "wait_children"]
