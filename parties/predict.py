@@ -1,25 +1,34 @@
 """Prediction with a saved VFL model: one party process of ``psfl vfl predict``.
 
-Each party loads only its own saved part (:func:`parties.saved.load_party_model`) and
-reads only its own columns of the rows to predict: by default the run's own test split,
-re-derived from the saved config and seed (the rows the run scored for ``test_auc`` /
-``test_rmse``), or the rows of a CSV/Parquet file of new records with an ID column (both
-parties read the same file, rows matched by position; their ID lists must agree).
+Each party (the active party and every passive party of the run: ``passive``,
+``passive2`` …) loads only its own saved part (:func:`parties.saved.load_party_model`)
+and reads only its own columns of the rows to predict: by default the run's own test
+split, re-derived from the saved config and seed (the rows the run scored for
+``test_auc`` / ``test_rmse``), or the rows of a CSV/Parquet file of new records with an
+ID column (every party reads the same file, rows matched by position; their ID lists
+must agree).
 
 Protocol (topics of the prediction's own id ``P``, allowed by the broker's default
-policy for the ``active``/``passive`` identities):
+policy for the ``active``/``passive`` roles; with several passive parties the launcher's
+run membership makes them ``owned``, so none reads another's topics):
 
-1. hellos on ``ctl/P/hello/<partner>`` carry each part's run id and config digest and
-   the rows' digest; parts of different runs refuse (:class:`SavedModelMismatch`, both
-   parties), as do different rows (:class:`parties.errors.ConfigMismatch`);
-2. the passive party publishes the rows' embeddings on ``eval/P/predict`` in eval mode;
-   with DP on they are clipped and noised exactly like the run's test-split release
-   (clip C, noise multiplier σ of the ``test`` group), and each release is charged to a
-   per-record ledger that continues the training ledger (``ledger.json`` of its part);
-   its DP report rides along in the message's metadata (public figures only);
-3. the active party predicts, writes ``predictions.csv`` (ID or row, prediction, label
-   when present) and ``predict.json`` (metric when labels are present, DP report) to
-   its output directory, and publishes ``ctl/P/done``.
+1. hellos (:func:`pubsub.session.rendezvous`) on ``ctl/P/hello/<addressee>`` carry each
+   part's run id and config digest and the rows' digest: the active party meets every
+   passive party, a passive party the active party. A part of another run refuses
+   (:class:`parties.saved.SavedModelMismatch`), as do other rows
+   (:class:`parties.errors.ConfigMismatch`), on both sides, naming the party;
+2. each passive party publishes its rows' embeddings on ``eval/P/<party id>/predict`` in
+   eval mode; with DP on they are clipped and noised exactly like the run's test-split
+   release (clip C, noise multiplier σ of the ``test`` group), and each release is
+   charged to a per-record ledger that continues that party's training ledger
+   (``ledger.json`` of its part); its DP report rides along in the message's metadata
+   (public figures only);
+3. the active party waits for every passive party's embeddings under one deadline
+   (:class:`parties.errors.PartnerStalled` naming the missing ones), checks each, fuses
+   them with its own bottom output as the run did (``vfl.fuse``), writes
+   ``predictions.csv`` (ID or row, prediction, label when present) and ``predict.json``
+   (metric when labels are present; ``dp``: the first passive party's DP report,
+   ``dp_by_party``: each one's) to its output directory, and publishes ``ctl/P/done``.
 """
 
 from __future__ import annotations
@@ -42,13 +51,15 @@ import structlog
 import torch
 
 from pubsub import Bus, BusConfig, DeadlineExceeded
-from pubsub.transport import Transport
 from pubsub.buffer import BufferLimits
 from pubsub.config import ConfigError
+from pubsub.errors import RendezvousTimeout, SettingsMismatch
 from pubsub.security import CurveClient
+from pubsub.session import rendezvous, wait_any
+from pubsub.transport import Transport
 
 from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerStalled
-from parties.saved import SavedModelMismatch, SavedPart, check_same_run, load_party_model
+from parties.saved import SavedModelError, SavedPart, check_same_run, load_party_model
 
 log = structlog.get_logger(__name__)
 
@@ -67,7 +78,7 @@ class PredictRows:
             rows are named by their position in the table).
         rows: ``(n,)`` positions of the rows in the table.
         source: ``"test_split"`` or the file's path.
-        digest: the rows' digest (both parties must agree).
+        digest: the rows' digest (every party must agree).
     """
 
     frame: pd.DataFrame
@@ -103,7 +114,7 @@ def select_rows(part: SavedPart, data: str | None = None,
     cfg, columns = part.cfg, list(part.manifest["columns"])
     label = part.manifest.get("label", {}).get("column")
     if data is None:
-        frame, _ = load_configured_table(cfg, part.role)
+        frame, _ = load_configured_table(cfg, part.party)
         if len(frame) != part.manifest["n_rows"]:
             from parties.data import DataError
 
@@ -147,8 +158,8 @@ def labels_of(part: SavedPart, frame: pd.DataFrame) -> np.ndarray | None:
 
 # ---------------------------------------------------------------------------- DP
 def charge(part: SavedPart, n: int, source: str) -> tuple[Any, dict[str, Any]]:
-    """The passive party's DP for one prediction release of ``n`` rows: ``(privatize,
-    report)``, after charging the release to the ledger (saved back to the part).
+    """A passive party's DP for one prediction release of ``n`` rows: ``(privatize,
+    report)``, after charging the release to its own ledger (saved back to its part).
 
     The test split's records continue the training ledger's ``test`` group (their one
     scoring release and every earlier prediction count; the same noise multiplier, so a
@@ -171,9 +182,11 @@ def charge(part: SavedPart, n: int, source: str) -> tuple[Any, dict[str, Any]]:
     # a fixed dp_noise_seed (tests) still gives every release its own noise: the seed
     # mixes in how many predictions came before, so two predictions of different rows
     # never share a noise draw (their difference would reveal the rows exactly)
+    # (and the party: several passive parties never share a draw either)
     earlier = len(state.get("predictions", []))
+    mix = [] if part.party == "passive" else [int(part.party.removeprefix("passive"))]
     seed = (None if part.cfg.dp_noise_seed is None else
-            int(np.random.SeedSequence([part.cfg.dp_noise_seed, 0x9E, n, earlier])
+            int(np.random.SeedSequence([part.cfg.dp_noise_seed, 0x9E, n, earlier, *mix])
                 .generate_state(1, dtype=np.uint64)[0]))
     if seed is None:
         seed = int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0])
@@ -216,100 +229,124 @@ class PredictParty:
     """One party of a prediction over the bus: ``await PredictParty(...).run()``.
 
     Args:
-        role: ``"active"`` or ``"passive"``.
-        run_dir: the training run's directory (with ``model/<role>/``).
+        party: its party id: ``"active"``, ``"passive"``, ``"passive2"`` … (one of the
+            run's: the active part's saved ``passive_parties`` says how many).
+        run_dir: the training run's directory (with ``model/<party id>/``).
         broker / run_id / security: as :class:`parties.runtime.Party` (``run_id`` is the
             prediction's own topic namespace).
         out: the active party's output directory (``predictions.csv``, ``predict.json``).
         data / id_column: see :func:`select_rows`.
-        timeout_s: deadline of each wait for the partner (handshake, embeddings, done).
+        timeout_s: deadline of each wait for the partners (handshake, embeddings, done).
         connect: how to join the bus instead of a :class:`pubsub.Bus` to ``broker``
             (see :class:`parties.runtime.Party`), e.g. ``MemoryBroker.connect``.
         models: the model factory that trained the run (see
             :func:`parties.saved.load_party_model`); None: the recorded specs.
+
+    Raises:
+        ValueError: ``party`` is not a party id.
+        parties.saved.SavedModelError: its part is missing or unusable, or the run had no
+            such party.
     """
 
-    def __init__(self, role: str, run_dir: str | Path, *, broker: str = "", run_id: str,
+    def __init__(self, party: str, run_dir: str | Path, *, broker: str = "", run_id: str,
                  out: str | Path | None = None, data: str | None = None,
                  id_column: str = DEFAULT_ID_COLUMN, security: CurveClient | None = None,
                  timeout_s: float = 60.0, connect: Any = None, models: Any = None) -> None:
-        if role not in ("active", "passive"):
-            raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
+        from parties.config import role_of
+
+        role = role_of(party)
         if role == "active" and out is None:
             raise ConfigError("out", "the active party needs an output directory")
-        self.role = role
-        self.partner = "passive" if role == "active" else "active"
-        self.part = load_party_model(run_dir, role, models=models)
+        self.party, self.role = party, role
+        self.part = load_party_model(run_dir, party, models=models)
+        ids = self.part.cfg.party_ids
+        if party not in ids:
+            raise SavedModelError(self.part.path, f"party {party!r} is not a party of this "
+                                  f"run (its parties: {', '.join(ids)})")
+        #: whom this party meets: every passive party (active), the active party (passive)
+        self.partners: tuple[str, ...] = ids[1:] if role == "active" else ("active",)
         self.rows = select_rows(self.part, data, id_column)
         self.x = torch.from_numpy(self.part.encoder.transform(self.rows.frame))
         self.broker, self.run_id, self.security = broker, run_id, security
         self._connect = connect
         self.out = Path(out) if out is not None else None
         self.timeout_s = timeout_s
-        self.log = log.bind(party=role, run_id=run_id)
+        self.log = log.bind(party=party, run_id=run_id)
 
-    def _t(self, what: str) -> str:
-        return {"hello_me": f"ctl/{self.run_id}/hello/{self.role}",
-                "hello_partner": f"ctl/{self.run_id}/hello/{self.partner}",
-                "emb": f"eval/{self.run_id}/predict",
-                "done": f"ctl/{self.run_id}/done"}[what]
+    # topics of the prediction P: a hello goes to its addressee's topic; each passive
+    # party's embeddings have its own (owned by it in a run membership with `owned`)
+    def _hello(self, party: str) -> str:
+        return f"ctl/{self.run_id}/hello/{party}"
+
+    def _emb(self, party: str) -> str:
+        return f"eval/{self.run_id}/{party}/predict"
+
+    @property
+    def _done(self) -> str:
+        return f"ctl/{self.run_id}/done"
 
     async def run(self) -> dict[str, Any]:
         """Handshake, exchange, write the outputs (active); return a summary.
 
         Raises:
-            SavedModelMismatch: the partner's saved part is of another run.
-            ConfigMismatch: the partner predicts other rows.
-            HandshakeTimeout / PartnerStalled: the partner did not come or answer.
+            SavedModelMismatch: a partner's saved part is of another run (naming it).
+            ConfigMismatch: a partner predicts other rows (naming it).
+            HandshakeTimeout / PartnerStalled: a partner did not come or answer (naming it).
+            PartnerMisbehaved: a passive party's embeddings are malformed (naming it).
         """
         n = int(self.x.shape[0])
         emb_bytes = n * int(self.part.manifest["embedding_dim"]) * 4 + (1 << 16)
         cfg = BusConfig(topic_max_bytes=max(64 << 20, 2 * emb_bytes))
-        name = f"predict-{self.role}"
+        name = f"predict-{self.party}"
         joined = (self._connect(name, config=cfg) if self._connect is not None else
                   Bus(self.broker, name=name, config=cfg, security=self.security))
         async with joined as bus:
             if self.role == "active":
-                await bus.subscribe(self._t("emb"), limits=BufferLimits(
-                    max_msgs=2, max_bytes=2 * emb_bytes))
+                await bus.subscribe_many([self._emb(p) for p in self.partners],
+                                         limits=BufferLimits(max_msgs=2,
+                                                             max_bytes=2 * emb_bytes))
             else:
-                await bus.subscribe(self._t("done"))
-            await bus.subscribe(self._t("hello_me"))
-            await self._handshake(bus)
+                await bus.subscribe(self._done)
+            # subscribed last: a partner's hello proves the above reached its publisher
+            await bus.subscribe(self._hello(self.party))
+            heard = await self._handshake(bus)
             if self.role == "passive":
+                bus.accept_only(heard["active"], [self._done])
                 return await self._passive(bus)
+            for p in self.partners:  # only the client each handshake came from
+                bus.accept_only(heard[p], [self._emb(p)])
             return await self._active(bus)
 
-    async def _handshake(self, bus: Transport) -> None:
+    async def _handshake(self, bus: Transport) -> dict[str, str]:
+        """Meet the partners (:func:`pubsub.session.rendezvous`) over a digest of the
+        part's run id, config digest and the rows; returns each partner's bus client id.
+
+        Raises:
+            SavedModelMismatch / ConfigMismatch: a partner's part is of another run / it
+                predicts other rows (both sides fail: the mismatch lingers).
+            HandshakeTimeout: naming the partners that did not come.
+        """
         mine = {**self.part.identity, "rows": self.rows.digest, "n": int(self.x.shape[0])}
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s
-        seen = False
-        while True:
-            bus.publish_nowait(self._t("hello_partner"), (), {"seen": seen, "who": mine})
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise HandshakeTimeout(self.partner, self.timeout_s, self.run_id)
-            try:
-                msg = await bus.next(self._t("hello_me"), min(0.1, remaining))
-            except DeadlineExceeded:
-                continue
-            theirs = dict(msg.meta.get("who", {}))
-            try:
-                check_same_run(mine, theirs)
-                if (theirs.get("rows"), theirs.get("n")) != (mine["rows"], mine["n"]):
-                    raise ConfigMismatch({"rows": mine["rows"], "n": mine["n"]},
-                                         {"rows": theirs.get("rows"), "n": theirs.get("n")})
-            except (SavedModelMismatch, ConfigMismatch):
-                for _ in range(10):  # so the partner fails too, without its deadline
-                    bus.publish_nowait(self._t("hello_partner"), (), {"seen": True,
-                                                                      "who": mine})
-                    await asyncio.sleep(0.05)
-                raise
-            seen = True
-            if msg.meta.get("seen"):
-                break
-        bus.publish_nowait(self._t("hello_partner"), (), {"seen": True, "who": mine})
+        digest = _digest([str(mine[k]) for k in ("run_id", "config_digest", "rows", "n")])
+        try:
+            heard = await rendezvous(
+                bus, me=self.party, peers=list(self.partners), digest=digest,
+                say=[self._hello(p) for p in self.partners], hear=[self._hello(self.party)],
+                timeout_s=self.timeout_s, interval_s=0.1, info={"who": mine},
+                mismatch_linger_s=0.5,
+                on_found=lambda peer, _: self.log.info("predict.partner_found", partner=peer))
+        except RendezvousTimeout as exc:
+            raise HandshakeTimeout(", ".join(exc.missing), self.timeout_s,
+                                   self.run_id) from None
+        except SettingsMismatch as exc:
+            who = exc.hello.get("who")
+            theirs: dict[str, Any] = dict(who) if isinstance(who, dict) else {}
+            self.log.error("predict.partner_mismatch", partner=exc.peer)
+            check_same_run(mine, theirs, party=exc.peer)
+            raise ConfigMismatch({"rows": mine["rows"], "n": mine["n"]},
+                                 {"rows": theirs.get("rows"), "n": theirs.get("n")},
+                                 party=exc.peer) from None
+        return {p: str(heard[p]["publisher"]) for p in self.partners}
 
     async def _passive(self, bus: Transport) -> dict[str, Any]:
         from parties.model import embed
@@ -320,37 +357,59 @@ class PredictParty:
                                                 self.rows.source)
         if privatize is not None:
             emb = privatize(torch.from_numpy(emb))[1].numpy()
-        bus.publish_nowait(self._t("emb"), [emb], {"dp": dp}, copy=False)
+        bus.publish_nowait(self._emb(self.party), [emb], {"dp": dp}, copy=False)
         self.log.info("predict.published", rows=int(emb.shape[0]), dp=dp["enabled"])
         try:
-            await bus.next(self._t("done"), self.timeout_s)
+            await bus.next(self._done, self.timeout_s)
         except DeadlineExceeded:
             self.log.warning("predict.no_done", waited_s=self.timeout_s)
-        return {"role": "passive", "rows": int(emb.shape[0]), "dp": dp}
+        return {"role": "passive", "party": self.party, "rows": int(emb.shape[0]), "dp": dp}
 
-    async def _active(self, bus: Transport) -> dict[str, Any]:
-        from parties.model import predict
-        from parties.tasks import compute_metric, metric_name
+    async def _embeddings(self, bus: Transport) -> dict[str, Any]:
+        """Every passive party's embeddings of the rows (its message), under one deadline,
+        each checked (:func:`parties.intake.check_tensor`).
 
+        Raises:
+            PartnerStalled: naming the passive parties whose embeddings did not come.
+            PartnerMisbehaved: naming the one whose embeddings are malformed.
+        """
         from parties.errors import PartnerMisbehaved
         from parties.intake import TensorSpec, check_tensor
 
         n = len(self.x)
         spec = TensorSpec(width=int(self.part.manifest["embedding_dim"]), max_rows=max(n, 1),
                           rows=n)
-        try:
-            msg = await bus.next(self._t("emb"), self.timeout_s)
-        except DeadlineExceeded:
-            raise PartnerStalled(self.partner, "predict", self.timeout_s,
-                                 "embeddings of the rows to predict") from None
-        reason = check_tensor(msg.arrays, spec)
-        if reason is not None:  # one release: nothing to wait for instead
-            raise PartnerMisbehaved(self.partner, msg.publisher, reason, 1)
-        from parties.fuse import fuse_of
+        of = {self._emb(p): p for p in self.partners}
+        got: dict[str, Any] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        while len(got) < len(of):
+            waiting = [t for t, p in of.items() if p not in got]
+            try:
+                msg = await wait_any(bus, waiting, max(0.0, deadline - loop.time()))
+            except DeadlineExceeded:
+                missing = ", ".join(of[t] for t in waiting)
+                self.log.error("predict.partner_stalled", partner=missing,
+                               waited_s=self.timeout_s)
+                raise PartnerStalled(missing, "predict", self.timeout_s,
+                                     "embeddings of the rows to predict") from None
+            party = of[msg.topic]
+            reason = check_tensor(msg.arrays, spec)
+            if reason is not None:  # one release: nothing to wait for instead
+                raise PartnerMisbehaved(party, msg.publisher, reason, 1)
+            got[party] = msg
+        return got
 
+    async def _active(self, bus: Transport) -> dict[str, Any]:
+        from parties.fuse import fuse_of
+        from parties.model import predict
+        from parties.tasks import compute_metric, metric_name
+
+        got = await self._embeddings(bus)
         bottom, top = self.part.modules
         task = self.part.manifest["task"]
-        pred = await asyncio.to_thread(predict, bottom, top, self.x, msg.arrays[0], task=task,
+        embs = [got[p].arrays[0] for p in self.partners]  # the run's party order
+        pred = await asyncio.to_thread(predict, bottom, top, self.x, embs, task=task,
                                        fuse=fuse_of(self.part.cfg))
         pred = pred.astype(np.float64)
         label = self.part.manifest["label"]
@@ -367,32 +426,38 @@ class PredictParty:
             table["label"] = y
         table.to_csv(self.out / "predictions.csv", index=False)
         name = metric_name(task)
+        dp_by_party = {p: dict(got[p].meta.get("dp", {})) for p in self.partners}
         summary = {"run_id": self.part.manifest["run_id"], "predict_id": self.run_id,
                    "source": self.rows.source, "rows": int(len(pred)), "task": task,
                    "metric_name": name, f"{'test' if self.rows.source == 'test_split' else 'data'}"
                    f"_{name}": metric, "metric": metric,
-                   "dp": dict(msg.meta.get("dp", {})), "predictions": "predictions.csv"}
-        bus.publish_nowait(self._t("done"), (), {"ok": True})
+                   "parties": list(self.part.cfg.party_ids),
+                   "dp": dp_by_party[self.partners[0]], "dp_by_party": dp_by_party,
+                   "predictions": "predictions.csv"}
+        bus.publish_nowait(self._done, (), {"ok": True})
         await asyncio.sleep(0.05)
         from parties.cli import write_json
 
         write_json(self.out / "predict.json", summary)
+        self.log.info("predict.done", rows=int(len(pred)), parties=len(self.partners) + 1)
         return summary
 
 
 # ---------------------------------------------------------------------------- CLI
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m parties predict {active,passive} --run-dir DIR --broker ADDR [...]``."""
+    """``python -m parties predict PARTY_ID --run-dir DIR --broker ADDR [...]`` (party ids
+    ``active``, ``passive``, ``passive2`` …)."""
     from pubsub.cli import add_security_arguments, security_from_args
     from pubsub.logs import configure_logging
     from pubsub.runner import run as run_loop
 
     from parties.cli import ExitCode, exit_code_for
-    from parties.config import check_run_id
+    from parties.config import MAX_PASSIVE_PARTIES, check_run_id, passive_party_ids
 
     p = argparse.ArgumentParser(prog="python -m parties predict",
                                 description="One party of a prediction with a saved model.")
-    p.add_argument("role", choices=["active", "passive"])
+    p.add_argument("party", choices=["active", *passive_party_ids(MAX_PASSIVE_PARTIES)],
+                   metavar="PARTY_ID", help="active, passive, passive2 .. passive9")
     p.add_argument("--run-dir", required=True, help="the training run's directory")
     p.add_argument("--broker", required=True, help="broker base address tcp://HOST:PORT")
     p.add_argument("--run-id", default="predict", help="the prediction's topic namespace")
@@ -405,9 +470,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         check_run_id(args.run_id)
-        security = security_from_args(args, args.broker, identity=args.role)
-        configure_logging(events_path=args.events, party=args.role, run_id=args.run_id)
-        party = PredictParty(args.role, args.run_dir, broker=args.broker, run_id=args.run_id,
+        security = security_from_args(args, args.broker, identity=args.party)
+        configure_logging(events_path=args.events, party=args.party, run_id=args.run_id)
+        party = PredictParty(args.party, args.run_dir, broker=args.broker, run_id=args.run_id,
                              out=args.out, data=args.data, id_column=args.id_column,
                              security=security, timeout_s=args.timeout_s)
         result = run_loop(party.run(), event_loop="asyncio")
@@ -415,9 +480,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = exit_code_for(exc)
         if code is None:
             raise
-        print(f"error ({args.role} party, predict): {exc}", file=sys.stderr)
+        print(f"error ({args.party} party, predict): {exc}", file=sys.stderr)
         return int(code)
-    if args.role == "active":
+    if args.party == "active":
         m = result.get("metric")
         print(f"predicted {result['rows']} rows"
               + ("" if m is None or not math.isfinite(m) else

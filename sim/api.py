@@ -279,8 +279,9 @@ class TrainResult:
         return self.out / "model"
 
     def load(self, role: str) -> SavedPart:
-        """``role``'s trained part (:func:`parties.saved.load_party_model`): its modules in
-        eval mode, its encoder, manifest and (passive, DP on) privacy ledger."""
+        """Party ``role``'s trained part (a party id: ``active``, ``passive``,
+        ``passive2`` …; :func:`parties.saved.load_party_model`): its modules in eval mode,
+        its encoder, manifest and (passive, DP on) privacy ledger."""
         from parties.saved import load_party_model
 
         return load_party_model(self.out, role, models=self.models)
@@ -327,9 +328,10 @@ def train(job: VflJob, out: str | Path, *, transport: Transport = "memory",
 def predict(run_dir: str | Path, out: str | Path, *, data: str | Path | None = None,
             id_column: str = "id", transport: Transport = "memory",
             timeout_s: float | None = None, models: Any = None) -> PredictResult:
-    """Score rows jointly with the model saved in ``run_dir``; each party reads only its own
-    columns of ``data`` and the passive party's embeddings cross the bus (with DP on,
-    noised and charged to the run's ledger, as in training).
+    """Score rows jointly with the model saved in ``run_dir``; every party of the run (the
+    active party and each passive party) reads only its own columns of ``data``, and each
+    passive party's embeddings cross the bus (with DP on, noised and charged to its own
+    ledger, as in training; ``summary["dp_by_party"]``).
 
     Args:
         run_dir: a training run directory (:func:`train`'s ``out``).
@@ -349,7 +351,7 @@ def predict(run_dir: str | Path, out: str | Path, *, data: str | Path | None = N
 
     Raises:
         parties.saved.SavedModelError / SavedModelMismatch: missing parts, or parts of
-            different runs (both run ids named).
+            different runs (the party and both run ids named).
         parties.data.DataError: ``data`` lacks a party's column or the ID column.
     """
     src = None if data is None else os.fspath(data)

@@ -558,7 +558,7 @@ def _vfl_predict(args: argparse.Namespace) -> int:
                                             run_id=args.run_id, timeout_s=args.timeout_s,
                                             wait_s=args.wait_s, keys_dir=args.keys,
                                             insecure=args.insecure),
-                        what="the broker and both prediction parties")
+                        what="the broker and the prediction parties")
     if code is not None:
         return code
     s = res.summary
@@ -566,18 +566,21 @@ def _vfl_predict(args: argparse.Namespace) -> int:
     if s.get("metric") is not None:
         line += f"; {s['metric_name']} {format_metric(s['metric'])}"
     print(line)
-    dp = s.get("dp") or {}
-    if dp.get("enabled"):
-        print(f"dp: this release mu {dp['release_mu']:.4g} per row; spent mu "
-              f"{format_metric(dp['mu'])}, epsilon {format_metric(dp['epsilon'])} at delta "
-              f"{dp['delta']:g} (ledger continued: {dp.get('continues') or 'new rows'})")
+    by_party = s.get("dp_by_party") or {"passive": s.get("dp") or {}}
+    for party, dp in by_party.items():
+        if dp.get("enabled"):
+            who = "" if len(by_party) == 1 else f" ({party})"
+            print(f"dp{who}: this release mu {dp['release_mu']:.4g} per row; spent mu "
+                  f"{format_metric(dp['mu'])}, epsilon {format_metric(dp['epsilon'])} at "
+                  f"delta {dp['delta']:g} (ledger continued: "
+                  f"{dp.get('continues') or 'new rows'})")
     return 0
 
 
 def _add_predict_parser(vsub: Any) -> None:
     """``psfl vfl predict``."""
-    pr = vsub.add_parser("predict", help="predict with a run's saved model (broker + both "
-                         "parties; each loads its own part): predictions.csv, predict.json")
+    pr = vsub.add_parser("predict", help="predict with a run's saved model (broker + every "
+                         "party; each loads its own part): predictions.csv, predict.json")
     pr.add_argument("run_dir", help="the training run's directory (psfl vfl run --out)")
     pr.add_argument("--out", required=True, help="output directory")
     pr.add_argument("--data", help="CSV/Parquet of new rows with an ID column (default: "
@@ -588,7 +591,7 @@ def _add_predict_parser(vsub: Any) -> None:
     pr.add_argument("--timeout-s", type=float, default=None,
                     help="kill the job after this many seconds")
     pr.add_argument("--wait-s", type=float, default=60.0,
-                    help="each party's deadline for each wait on its partner")
+                    help="each party's deadline for each wait on its partners")
     add_security_arguments(pr, kind="launcher")
     pr.set_defaults(func=_vfl_predict)
 

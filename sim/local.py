@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -118,10 +119,40 @@ def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = 
     return finish_run(cfg, out, t0, {"transport": "memory", "keys": None})
 
 
+async def run_predict_parties(parties: Mapping[str, Any], *,
+                              grace_s: float = 2.0) -> dict[str, Any]:
+    """Run the :class:`parties.predict.PredictParty` objects of one prediction (party id
+    -> party, all joined to one bus) to the end, in the running event loop; returns the
+    active party's summary.
+
+    When a party fails, the active party gets up to ``grace_s`` more to fail too (it meets
+    every passive party, so its error names the one at fault, where a passive party's
+    names only the active party), then the others are cancelled and the active party's
+    error, else the first one, propagates.
+    """
+    tasks = {p: asyncio.create_task(party.run(), name=f"predict-{p}")
+             for p, party in parties.items()}
+    active = tasks["active"]
+    try:
+        done, _ = await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+        if failed and not active.done():
+            await asyncio.wait([active], timeout=grace_s)
+        if active.done() and not active.cancelled() and active.exception() is not None:
+            failed.insert(0, active)
+        if failed:
+            raise failed[0].exception() from None  # type: ignore[misc]
+        return active.result()
+    finally:
+        for t in tasks.values():
+            t.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
 def predict_in_process(run_dir: str | Path, out: str | Path, *, data: str | None = None,
                        id_column: str = "id", wait_s: float = 60.0,
                        models: Any = None) -> Any:
-    """:func:`sim.predict_launch.run_predict` with both parties in this process over an
+    """:func:`sim.predict_launch.run_predict` with every party in this process over an
     in-memory bus (a saved model whose factory lives in the calling script's ``__main__``
     can be rebuilt here, but not in a ``python -m parties predict`` process; ``models``
     gives the training factory for one that cannot be imported at all).
@@ -135,7 +166,7 @@ def predict_in_process(run_dir: str | Path, out: str | Path, *, data: str | None
 
     from sim.predict_launch import PredictResult, check_parts, prepare_out
 
-    check_parts(run_dir)
+    party_ids = check_parts(run_dir)
     out = Path(out)
     events = prepare_out(out)
     run_id = f"p{uuid.uuid4().hex[:8]}"
@@ -143,21 +174,17 @@ def predict_in_process(run_dir: str | Path, out: str | Path, *, data: str | None
 
     async def main() -> dict[str, Any]:
         async with MemoryBroker() as hub:
-            parties = {role: PredictParty(role, run_dir, run_id=run_id, data=data,
-                                          id_column=id_column, timeout_s=wait_s,
-                                          out=out if role == "active" else None,
-                                          connect=hub.connect, models=models)
-                       for role in ("passive", "active")}
-            try:
-                async with asyncio.TaskGroup() as tg:
-                    tasks = {r: tg.create_task(p.run()) for r, p in parties.items()}
-            except BaseExceptionGroup as eg:
-                raise eg.exceptions[0] from None
-            return tasks["active"].result()
+            parties = {p: PredictParty(p, run_dir, run_id=run_id, data=data,
+                                       id_column=id_column, timeout_s=wait_s,
+                                       out=out if p == "active" else None,
+                                       connect=hub.connect, models=models)
+                       for p in (*party_ids[1:], "active")}
+            return await run_predict_parties(parties)
 
     with scoped_logging(events_path=events, run_id=run_id):
         summary = run_loop(main(), event_loop="asyncio")
     return PredictResult(summary=summary, predictions=out / "predictions.csv", out=out)
 
 
-__all__ = ["predict_in_process", "run_parties_in_memory", "run_vfl_in_process"]
+__all__ = ["predict_in_process", "run_parties_in_memory", "run_predict_parties",
+           "run_vfl_in_process"]

@@ -5,12 +5,15 @@ active party's error; bad column lists are refused before anything starts."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
 
 import orjson
+import pandas as pd
 import pytest
 
 from parties.config import VflConfig
@@ -59,8 +62,6 @@ def test_a_missing_passive_party_is_named_by_the_handshake(bank_sample: Path,
                                                           tmp_path: Path) -> None:
     """Only the active party and the first passive party start: the active party's
     handshake times out naming the absent one."""
-    import asyncio
-
     from parties.serve import serve_party
     from pubsub.memory import MemoryBroker
 
@@ -97,10 +98,25 @@ def test_three_parties_through_a_curve_broker_as_processes(
     # each passive party published embeddings (bytes by topic namespace)
     for p in ("passive", "passive2"):
         assert m["parties"][p]["bytes_sent"]["emb"] > 0, m["parties"][p]["bytes_sent"]
-    # prediction from several passive parties' parts is not built: refused, not wrong
-    res = psfl_in_process(capfd, "vfl", "predict", str(tmp_path), "--out",
-                          str(tmp_path / "pred"))
-    assert res.returncode == 2 and "several passive parties" in res.stderr, res.stderr[-500:]
+    # prediction: one process per party (each its own key; the broker's run membership
+    # keeps each passive party's topics its own) reproduces the run's test AUC
+    pred = tmp_path / "pred"
+    res = psfl_in_process(capfd, "vfl", "predict", str(tmp_path), "--out", str(pred),
+                          "--timeout-s", "200")
+    assert res.returncode == 0, res.stderr[-2000:]
+    s = orjson.loads((pred / "predict.json").read_bytes())
+    assert s["test_auc"] == pytest.approx(m["test_auc"], abs=1e-6)
+    assert s["parties"] == ["active", "passive", "passive2"]
+    assert sorted(s["dp_by_party"]) == ["passive", "passive2"] and not s["dp"]["enabled"]
+    assert 'owned = ["passive", "passive2"]' in (pred / "members.toml").read_text()
+    # and in process (sim.api.predict over the in-memory bus): the same predictions
+    from sim.api import predict
+
+    mem = predict(tmp_path, tmp_path / "pred_mem", transport="memory")
+    assert mem.summary["test_auc"] == pytest.approx(m["test_auc"], abs=1e-6)
+    a, b = (pd.read_csv(d / "predictions.csv") for d in (pred, tmp_path / "pred_mem"))
+    assert a["row"].tolist() == b["row"].tolist() and len(a) == s["rows"]
+    assert (a["prediction"] - b["prediction"]).abs().max() < 1e-6
 
 
 def test_a_dead_passive_party_is_named_in_the_active_partys_error(
@@ -224,6 +240,18 @@ def test_each_passive_party_keeps_its_own_privacy_ledger(tmp_path: Path) -> None
         assert by[p]["enabled"] and 0 < by[p]["mu"] <= 8.0 + 1e-9, by[p]
         assert m["parties"][p]["feature_encoding"] == "public_schema"
     assert m["dp"] == by["passive"]
+    # prediction: each passive party noises its own release and charges its own ledger
+    from sim.local import predict_in_process
+
+    s = predict_in_process(tmp_path, tmp_path / "pred").summary
+    assert sorted(s["dp_by_party"]) == ["passive", "passive2"]
+    assert s["dp"] == s["dp_by_party"]["passive"]
+    for p in ("passive", "passive2"):
+        dp = s["dp_by_party"][p]
+        assert dp["enabled"] and dp["continues"] == "test" and dp["publications_max_test"] == 2
+        assert dp["mu"] >= by[p]["mu"] - 1e-9
+        led = orjson.loads((tmp_path / "model" / p / "ledger.json").read_bytes())
+        assert len(led["predictions"]) == 1 and max(led["counts"]["test"]) == 2
 
 
 @pytest.mark.parametrize("args", [
@@ -246,3 +274,70 @@ def test_a_two_party_run_with_a_mean_fuse_predicts_its_own_test_auc(bank_sample:
     m = _metrics(tmp_path / "run")
     res = predict_in_process(tmp_path / "run", tmp_path / "pred")
     assert res.summary["test_auc"] == pytest.approx(m["test_auc"], abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def three_party_run(bank_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small run with two passive parties, trained in process (its saved parts)."""
+    from sim.local import run_vfl_in_process
+
+    run = tmp_path_factory.mktemp("mp") / "run"
+    cfg = VflConfig(dataset=str(bank_sample), label="y", epochs=1, batch_size=128, lr=3e-3,
+                    passive_parties=2, fuse="sum", worker_mode="inline")
+    run_vfl_in_process(cfg, run)
+    return run
+
+
+def _predict_by_hand(dirs: dict[str, Path], out: Path, timeout_s: float,
+                     stall: str | None = None) -> dict:  # type: ignore[type-arg]
+    """The prediction's parties in this process, each loading its part from its own run
+    directory (as parties started by hand on their own hosts); ``stall``: a passive
+    party that meets the active party but never publishes its embeddings."""
+    from parties.predict import PredictParty
+    from pubsub.memory import MemoryBroker
+    from sim.local import run_predict_parties
+
+    class Stalled(PredictParty):
+        async def _passive(self, bus):  # type: ignore[no-untyped-def]
+            await asyncio.sleep(3 * timeout_s)
+
+    async def main() -> dict:  # type: ignore[type-arg]
+        async with MemoryBroker() as hub:
+            parties = {p: (Stalled if p == stall else PredictParty)(
+                p, d, run_id="byhand", out=out if p == "active" else None,
+                timeout_s=timeout_s, connect=hub.connect) for p, d in dirs.items()}
+            return await run_predict_parties(parties)
+
+    return asyncio.run(main())
+
+
+def test_a_part_of_another_run_among_the_passive_parties_is_refused_naming_it(
+        three_party_run: Path, tmp_path: Path) -> None:
+    from parties.errors import PartnerStalled
+    from parties.saved import SavedModelMismatch
+    from sim.api import predict
+
+    run = three_party_run
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    mpath = other / "model" / "passive2" / "manifest.json"
+    mpath.write_bytes(orjson.dumps({**orjson.loads(mpath.read_bytes()), "run_id": "someother"}))
+    # before anything starts: the launcher checks every party's manifest
+    with pytest.raises(SavedModelMismatch, match="passive2 party.*someother") as ei:
+        predict(other, tmp_path / "refused")
+    assert ei.value.party == "passive2"
+    assert not (tmp_path / "refused").exists()
+    # parties started by hand: the active party's handshake refuses it, naming it
+    dirs = {"passive": run, "passive2": other, "active": run}
+    with pytest.raises(SavedModelMismatch, match="passive2 party.*someother") as ei:
+        _predict_by_hand(dirs, tmp_path / "byhand", timeout_s=10.0)
+    assert ei.value.party == "passive2"
+    assert not (tmp_path / "byhand" / "predictions.csv").exists()
+    # one that never comes, or meets the active party but sends nothing: named at the
+    # deadline
+    with pytest.raises(HandshakeTimeout, match="passive2"):
+        _predict_by_hand({"passive": run, "active": run}, tmp_path / "byhand", timeout_s=1.0)
+    with pytest.raises(PartnerStalled, match="passive2") as es:
+        _predict_by_hand({"passive": run, "passive2": run, "active": run},
+                         tmp_path / "byhand", timeout_s=1.0, stall="passive2")
+    assert es.value.partner == "passive2"

@@ -130,3 +130,25 @@ def test_parts_of_two_runs_are_refused(tmp_path: Path) -> None:
         (d / "manifest.json").write_text(f'{{"run_id": "{run}", "config_digest": "x"}}')
     with pytest.raises(SavedModelMismatch, match="r1.*r2|r2.*r1"):
         check_parts(tmp_path)
+
+
+def test_every_passive_partys_part_is_checked_naming_it(tmp_path: Path) -> None:
+    from parties.saved import SavedModelError
+    from sim.predict_launch import check_parts
+
+    def part(party: str, run: str) -> Path:
+        d = tmp_path / "model" / party
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "manifest.json").write_text(f'{{"run_id": "{run}", "config_digest": "x"}}')
+        return d
+
+    part("active", "r1").joinpath("config.toml").write_text("[vfl]\npassive_parties = 3\n")
+    part("passive", "r1")
+    part("passive3", "r1")
+    with pytest.raises(SavedModelError, match="passive2"):  # missing
+        check_parts(tmp_path)
+    part("passive2", "r1")
+    assert check_parts(tmp_path) == ("active", "passive", "passive2", "passive3")
+    part("passive3", "r9")
+    with pytest.raises(SavedModelMismatch, match="the passive3 party's saved model.*'r9'"):
+        check_parts(tmp_path)

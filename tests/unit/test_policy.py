@@ -86,6 +86,31 @@ def test_default_policy_separates_the_vfl_parties() -> None:
     assert pol.read_mask("emb/r/1") == 1 << pol.index("active")
 
 
+def test_a_predictions_topics_are_each_passive_partys_own() -> None:
+    """``psfl vfl predict`` with several passive parties: the role policy lets each one
+    publish its embeddings and hellos; the launcher's membership keeps them its own."""
+    from pubsub.membership import membership
+    from sim.launch import run_members
+
+    pol = load_policy(DEFAULT_POLICY_FILE)
+    act, pas = pol.rules("active"), pol.rules("passive")
+    parties = ("passive", "passive2", "passive3")
+    mk = run_members("p1", ("active", *parties))
+    m = membership(mk["members"], mk["owned"])
+    assert run_members("p1", ("active", "passive"))["owned"] is None  # two parties: as before
+    for p in parties:
+        emb, hello = f"eval/p1/{p}/predict", f"ctl/p1/hello/{p}"
+        assert pas.may_publish(emb) and m.allows(p, emb)
+        assert act.may_read(emb) and m.may_read("active", emb, True)
+        assert act.may_publish(hello) and m.allows("active", hello) and m.may_read(p, hello, True)
+        assert pas.may_publish("ctl/p1/hello/active") and m.allows(p, "ctl/p1/hello/active")
+        assert pas.may_read("ctl/p1/done") and m.may_read(p, "ctl/p1/done", True)
+        for other in parties:
+            if other != p:
+                assert not m.allows(other, emb) and not m.may_read(other, emb, True)
+                assert not m.may_read(other, hello, True)
+
+
 def test_policy_rejects_bad_input_with_the_key_named() -> None:
     with pytest.raises(ConfigError, match="nosuch"):
         Policy.from_mapping({"roles": {"a": {"publish": [], "nosuch": []}}})
