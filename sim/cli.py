@@ -371,7 +371,7 @@ def _vfl_run_plan(args: argparse.Namespace, cfg: Any) -> tuple[Any, dict[str, An
             where = Path(args.out) / "plan"
             where.mkdir(parents=True, exist_ok=True)
             configure_logging(events_path=where / "events.jsonl", role="plan")
-            print(f"planning: profiling both parties and the bus (files in {where}) ...",
+            print(f"planning: profiling every party and the bus (files in {where}) ...",
                   flush=True)
             new, pdoc = auto_plan(cfg, where, broker=args.broker)
         else:
