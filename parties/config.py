@@ -50,7 +50,8 @@ class VflConfig:
             an even split of all non-label columns, active first).
         passive_parties: how many passive parties train with the active party (1 to
             9; docs/dev/multiparty.md). Their party ids are ``passive``, ``passive2``,
-            …; ``w_passive``, ``passive_bottom_hidden`` and ``passive_cpus`` apply to each.
+            …; ``w_passive`` (unless ``passive_party_workers``), ``passive_bottom_hidden``
+            and ``passive_cpus`` apply to each.
         passive_party_columns: with several passive parties, each one's feature
             columns, in party order (with ``active_columns``; default: the feature
             columns cut into contiguous groups, :func:`parties.data.default_split_n`).
@@ -70,6 +71,10 @@ class VflConfig:
             ``"linear"`` (lr·w, the default), ``"sqrt"`` (lr·√w) or ``"none"``
             (:func:`parties.schedule.worker_lr`).
         w_active / w_passive: workers per party.
+        passive_party_workers: with several passive parties, each one's worker count, in
+            party-id order (each >= 1); () (the default): every passive party runs
+            ``w_passive``. ``vfl-ps`` pairs workers across all parties, so it takes equal
+            counts only. See :meth:`workers_for_party`.
         delta_t0: ΔT0 of the semi-async schedule (local steps between PS syncs grow to it).
         p / q: per-batch buffer capacity for embeddings / gradients (messages, FIFO eviction).
         t_ddl_s: T_ddl, how long a worker waits for its partner's data before the
@@ -206,6 +211,7 @@ class VflConfig:
     lr_scaling: str = "linear"
     w_active: int = 2
     w_passive: int = 2
+    passive_party_workers: tuple[int, ...] = ()
     delta_t0: int = 5
     p: int = 5
     q: int = 5
@@ -359,6 +365,24 @@ class VflConfig:
         elif self.passive_party_rows_files:
             raise bad("passive_party_rows_files", "is for several passive parties "
                       "(vfl.passive_parties > 1); with one, use vfl.passive_rows_file")
+        self._check_party_workers(bad)
+
+    def _check_party_workers(self, bad: Callable[[str, str], ConfigError]) -> None:
+        counts = self.passive_party_workers
+        if not counts:
+            return
+        if self.passive_parties == 1:
+            raise bad("passive_party_workers", "is for several passive parties "
+                      "(vfl.passive_parties > 1); with one, use vfl.w_passive")
+        if len(counts) != self.passive_parties:
+            raise bad("passive_party_workers", "needs one worker count per passive party "
+                      f"({self.passive_parties}), in party order")
+        if any(c < 1 for c in counts):
+            raise bad("passive_party_workers", "worker counts must be >= 1")
+        if self.algo == "vfl-ps" and len(set(counts)) > 1:
+            raise bad("passive_party_workers", "vfl-ps pairs each active worker with one "
+                      "worker of every passive party, so every passive party needs the "
+                      "same count (or set vfl.w_passive)")
 
     @property
     def party_ids(self) -> tuple[str, ...]:
@@ -456,17 +480,52 @@ class VflConfig:
             return self.worker_mode
         return "inline" if cores <= 1 else "thread"
 
-    def workers_for(self, role: str) -> int:
-        """The workers ``role`` runs under ``algo`` (see
-        :func:`parties.schedule.effective_workers`)."""
-        return effective_workers(self.algo, role, self.w_active, self.w_passive)
+    def workers_for_party(self, party: str) -> int:
+        """The worker count ``party`` is configured with (before the algorithm's rule of
+        :meth:`workers_for`): ``w_active`` for the active party; for a passive party its
+        entry of ``passive_party_workers``, else ``w_passive``.
 
-    def worker_lr(self, role: str) -> float:
-        """The Adam learning rate of one of ``role``'s workers (``lr`` scaled by
-        ``lr_scaling``; see :func:`parties.schedule.worker_lr`)."""
+        ``party``: a party id of this run (``active``, ``passive``, ``passive2`` …; the
+        role ``passive`` is the first passive party's id).
+
+        Raises:
+            ValueError: not a party id of this run.
+        """
+        if party not in self.party_ids:
+            raise ValueError(f"party {party!r} is not in this run (its parties: "
+                             f"{', '.join(self.party_ids)})")
+        if party == "active":
+            return self.w_active
+        if not self.passive_party_workers:
+            return self.w_passive
+        return self.passive_party_workers[self.party_ids.index(party) - 1]
+
+    @property
+    def passive_workers(self) -> tuple[int, ...]:
+        """Every passive party's configured worker count, in party order."""
+        return tuple(self.workers_for_party(p) for p in self.party_ids[1:])
+
+    def workers_for(self, party: str) -> int:
+        """The workers ``party`` (a party id, or a role: ``passive`` is the first
+        passive party) runs under ``algo``: its :meth:`workers_for_party` count through
+        :func:`parties.schedule.effective_workers` (``vfl``/``avfl``: 1; ``vfl-ps``: the
+        pairs, the same on every party)."""
+        return effective_workers(self.algo, role_of(party), *self._pair(party))
+
+    def worker_lr(self, party: str) -> float:
+        """The Adam learning rate of one of ``party``'s workers (a party id or role, as
+        :meth:`workers_for`; ``lr`` scaled by ``lr_scaling`` for the party's own worker
+        count; see :func:`parties.schedule.worker_lr`)."""
         base = self.dp_lr if self.dp_enabled else self.lr
-        return worker_lr(self.algo, role, base, self.w_active, self.w_passive,
+        return worker_lr(self.algo, role_of(party), base, *self._pair(party),
                          self.lr_scaling)
+
+    def _pair(self, party: str) -> tuple[int, int]:
+        """``(w_active, w_passive)`` as :mod:`parties.schedule` sees them for ``party``:
+        a passive party's own count, or for the active party the first passive party's
+        (all equal under ``vfl-ps``, the one algorithm that pairs them)."""
+        passive = party if party != "active" else self.party_ids[1]
+        return self.w_active, self.workers_for_party(passive)
 
     def bottom_hidden_for(self, role: str) -> tuple[int, ...]:
         """Hidden widths of ``role``'s bottom model: its own setting, else
@@ -540,6 +599,8 @@ class VflConfig:
         if self.passive_parties > 1 or self.fuse != "concat":
             shared["passive_parties"] = self.passive_parties
             shared["fuse"] = self.fuse
+        if self.passive_party_workers:
+            shared["passive_party_workers"] = list(self.passive_party_workers)
         if rows_digest:
             shared["aligned_ids"] = rows_digest
         if self.dataset == "synthetic":

@@ -2,8 +2,10 @@
 ``(w_a, w_p, B)`` (PubSub-VFL, arXiv 2510.12494, Sec. 4: system profiling and the
 dynamic-programming choice of workers and batch size).
 
-Pure logic: no sockets, no processes. Inputs are the two parties'
-:class:`parties.costmodel.CostModel` fits.
+Pure logic: no sockets, no processes. Inputs are the parties'
+:class:`parties.costmodel.CostModel` fits: the active party's and one per passive party
+(1 to 9 of them; with several, each passive party gets its own worker count, see
+"Several passive parties" below).
 
 Why not the bare formula
 ------------------------
@@ -73,6 +75,20 @@ Constraints
   ``w·M(B) <= M̄`` (process workers, each with its own baseline). Either way
   ``B <= B_max = min_p b_max(M̄_p)`` with w = 1, the paper's bound.
 
+Several passive parties
+-----------------------
+With passive parties ``P_1 … P_K`` (party ids ``passive``, ``passive2``, …; each its own
+cost model: its own columns, so its own input width and step) every party is a stage of
+the same pipeline: the active party's step needs every passive embedding of its batch,
+and each passive party's needs the active party's gradient. Each passive party's round
+trip is ``r_k(B) = comm_A(4·d·B) + comm_k(4·d·B)`` (its embedding out, its gradient
+back); the active party's is ``r_A(B) = comm_A(K·4·d·B) + max_k comm_k(4·d·B)`` (its K
+gradients leave one after another over its own link: one latency, K times the bytes;
+the K embeddings come in parallel over the passive parties' links). For K = 1 both are
+the two-party ``r(B)``. The epoch is the slowest stage:
+
+    epoch(w_A, w_1, …, w_K, B) = max( T_A(w_A, B), T_1(w_1, B), …, T_K(w_K, B) ).
+
 Dynamic programme (exact)
 -------------------------
 T_A depends only on ``(w_a, B)`` and T_P only on ``(w_p, B)`` (r(B) uses both parties'
@@ -84,7 +100,10 @@ and B: ``T*_p(B) = min`` over memory-feasible w of ``T_p(w, B)``. Stage 2:
 workers are, separately per party, the smallest w with ``T_p(w, B) <= E`` (the faster
 party gets no more workers than it needs to keep up). :func:`brute_force` enumerates all
 triples with the same key, so it returns the same plan. Cost: ``O(|B|·W_max)`` against
-``O(|B|·W_max²)``.
+``O(|B|·W_max²)``. With K passive parties the same argument holds for the max of K + 1
+separable terms: ``E(B) = max(T*_A(B), T*_1(B), …, T*_K(B))``, each party's fewest workers
+reaching it chosen independently (``O(|B|·(K+1)·W_max)``; brute force
+``O(|B|·W_max^(K+1))``; the key is ``(epoch, Σ w, B)``).
 
 The sync interval: ΔT_t grows over epochs (:func:`parties.schedule.sync_interval`); the
 per-party times are linear in ``1/ΔT``, so :func:`mean_sync_interval` (the harmonic mean
@@ -95,11 +114,13 @@ epochs.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from parties.config import passive_party_ids
 from parties.costmodel import MEMORY_RULES, CostModel, MemoryLimitTooSmall
 from parties.schedule import sync_interval
 
@@ -189,10 +210,21 @@ class PartyTerms:
     memory_bytes: float
 
 
-def party_terms(cost: CostModel, partner: CostModel, *, b: int, w: int, n_rows: int,
+Partners = CostModel | Sequence[CostModel]
+
+
+def _partners(partner: Partners) -> tuple[CostModel, ...]:
+    return (partner,) if isinstance(partner, CostModel) else tuple(partner)
+
+
+def party_terms(cost: CostModel, partner: Partners, *, b: int, w: int, n_rows: int,
                 embedding_dim: int, threads: int = 1, delta_t: float = 1.0,
                 memory_rule: str = "shared") -> PartyTerms:
-    """Every term of ``T_p(w, B)`` for party ``cost`` (partner ``partner``).
+    """Every term of ``T_p(w, B)`` for party ``cost``.
+
+    ``partner``: the party it exchanges messages with: for a passive party the active
+    party's model; for the active party every passive party's (one model, or a sequence
+    of them; see "Several passive parties" in the module docstring).
 
     Raises:
         PlannerError: bad arguments (see :func:`plan`).
@@ -201,10 +233,13 @@ def party_terms(cost: CostModel, partner: CostModel, *, b: int, w: int, n_rows: 
                   delta_t=delta_t, memory_rule=memory_rule)
     if b < 1 or w < 1:
         raise PlannerError(f"need b >= 1 and w >= 1, got {b!r}, {w!r}")
+    partners = _partners(partner)
+    if not partners:
+        raise PlannerError("a party needs at least one partner")
     n_b = -(-n_rows // b)
     work = cost.work(b)
     step = work / min(float(threads), cost.cores)
-    rtt = _round_trip(cost, partner, b, embedding_dim)
+    rtt = _round_trip(cost, partners, b, embedding_dim)
     sync = cost.sync_time() / delta_t if w >= 2 else 0.0
     lat = n_b * (step + rtt + sync) / w
     core = n_b * work / cost.cores
@@ -214,18 +249,24 @@ def party_terms(cost: CostModel, partner: CostModel, *, b: int, w: int, n_rows: 
                       memory_bytes=cost.memory.party_bytes(b, w, memory_rule))
 
 
-def _round_trip(cost: CostModel, partner: CostModel, b: int, embedding_dim: int) -> float:
+def _round_trip(cost: CostModel, partners: tuple[CostModel, ...], b: int,
+                embedding_dim: int) -> float:
+    """r(B): the party's messages out (one per partner, back to back over its own link:
+    one latency, the bytes of all) and the slowest partner's message in."""
     nbytes = FLOAT_BYTES * embedding_dim * b
-    return cost.comm.time(nbytes) + partner.comm.time(nbytes)
+    if len(partners) == 1:  # the two-party fast path (the planner's inner loop)
+        return cost.comm.time(nbytes) + partners[0].comm.time(nbytes)
+    return (cost.comm.time(len(partners) * nbytes)
+            + max(p.comm.time(nbytes) for p in partners))
 
 
-def party_epoch_time(cost: CostModel, partner: CostModel, *, b: int, w: int, n_rows: int,
+def party_epoch_time(cost: CostModel, partner: Partners, *, b: int, w: int, n_rows: int,
                      embedding_dim: int, threads: int = 1, delta_t: float = 1.0) -> float:
     """``T_p(w, B)``, seconds per epoch (the fast path of :func:`party_terms`; no checks)."""
     n_b = -(-n_rows // b)
     work = cost.work(b)
     step = work / min(float(threads), cost.cores)
-    rtt = _round_trip(cost, partner, b, embedding_dim)
+    rtt = _round_trip(cost, _partners(partner), b, embedding_dim)
     sync = cost.sync_time() / delta_t if w >= 2 else 0.0
     return max(n_b * (step + rtt + sync) / w, n_b * work / cost.cores)
 
@@ -238,10 +279,12 @@ class PlanRow:
         batch_size: B.
         feasible: some w of each party fits the memory budgets.
         w_active / w_passive: the fewest workers reaching the row's epoch (0 if
-            infeasible).
+            infeasible); ``w_passive`` is the first passive party's.
         t_active_s / t_passive_s: each party's best ``T*_p(B)``, seconds (inf if no w
-            fits).
-        epoch_s: ``max`` of the two, seconds (inf if infeasible).
+            fits); ``t_passive_s`` the first passive party's.
+        epoch_s: ``max`` over the parties, seconds (inf if infeasible).
+        passive_party_workers / t_passive_party_s: every passive party's, in party order
+            (one entry with one passive party).
     """
 
     batch_size: int
@@ -251,6 +294,29 @@ class PlanRow:
     t_active_s: float
     t_passive_s: float
     epoch_s: float
+    passive_party_workers: tuple[int, ...] = ()
+    t_passive_party_s: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartyPlan:
+    """One party's share of a :class:`Plan`.
+
+    Attributes:
+        party: its party id (``active``, ``passive``, ``passive2`` …).
+        workers: its planned w.
+        epoch_s: its ``T_p`` at that w, seconds.
+        idle: ``1 − T_p / epoch``, the share of the epoch it waits for the others.
+        util: ``n_b · W_p / (C_p · epoch)``, the share of its cores kept busy.
+        cores: C_p.
+    """
+
+    party: str
+    workers: int
+    epoch_s: float
+    idle: float
+    util: float
+    cores: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,19 +324,27 @@ class Plan:
     """The planner's choice and its predicted timing.
 
     Attributes:
-        w_active / w_passive / batch_size: the plan.
-        epoch_s: predicted epoch wall time, seconds: ``max(t_active_s, t_passive_s)``.
-        t_active_s / t_passive_s: each party's ``T_p`` at its chosen w, seconds.
+        w_active / w_passive / batch_size: the plan (``w_passive``: the first passive
+            party's; every passive party's in ``passive_party_workers``).
+        epoch_s: predicted epoch wall time, seconds: the max over the parties' ``T_p``.
+        t_active_s / t_passive_s: each party's ``T_p`` at its chosen w, seconds (the
+            first passive party's).
         idle_active / idle_passive: ``1 − T_p / epoch_s``, the share of the epoch the
             party waits for its partner.
         util_active / util_passive: ``n_b · W_p / (C_p · epoch_s)``, the share of the
             party's cores kept busy.
-        bound_by: ``"active"``, ``"passive"`` or ``"both"`` (the slower party).
+        bound_by: the slowest party: ``"active"``, ``"passive"`` or ``"both"`` with one
+            passive party; with several, the slowest party's id (ids joined by ``+``
+            when several tie).
         b_max: B_max = min over parties of ``b_max(M̄_p)`` with one worker (inf: no
             limits).
         w_max: W_max.
-        active / passive: :class:`PartyTerms` at the plan.
+        active / passive: :class:`PartyTerms` at the plan (``passive``: the first
+            passive party's).
         table: one :class:`PlanRow` per candidate B, in the given order.
+        passive_party_workers: every passive party's w, in party order.
+        parties: every party's :class:`PartyPlan`, active first.
+        passive_terms: every passive party's :class:`PartyTerms`, in party order.
     """
 
     w_active: int
@@ -289,6 +363,9 @@ class Plan:
     active: PartyTerms
     passive: PartyTerms
     table: tuple[PlanRow, ...]
+    passive_party_workers: tuple[int, ...] = ()
+    parties: tuple[PartyPlan, ...] = ()
+    passive_terms: tuple[PartyTerms, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (infinities as None)."""
@@ -318,11 +395,13 @@ def _check_common(*, n_rows: int, embedding_dim: int, threads: int, delta_t: flo
         raise PlannerError(f"memory_rule must be one of {MEMORY_RULES}, got {memory_rule!r}")
 
 
-def _check(active: CostModel, passive: CostModel, batch_sizes: Sequence[int], w_max: int,
-           **common: Any) -> tuple[int, ...]:
-    if active.role != "active" or passive.role != "passive":
-        raise PlannerError(f"expected the active then the passive cost model, got roles "
-                           f"{active.role!r}, {passive.role!r}")
+def _check(active: CostModel, passives: tuple[CostModel, ...], batch_sizes: Sequence[int],
+           w_max: int, **common: Any) -> tuple[int, ...]:
+    if not passives:
+        raise PlannerError("give at least one passive party's cost model")
+    if active.role != "active" or any(p.role != "passive" for p in passives):
+        raise PlannerError(f"expected the active then the passive cost models, got roles "
+                           f"{active.role!r}, {', '.join(repr(p.role) for p in passives)}")
     _check_common(**common)
     if w_max < 1:
         raise PlannerError(f"w_max must be >= 1, got {w_max!r}")
@@ -332,11 +411,11 @@ def _check(active: CostModel, passive: CostModel, batch_sizes: Sequence[int], w_
     return bs
 
 
-def b_max_of(active: CostModel, passive: CostModel, memory_rule: str = "shared") -> float:
+def b_max_of(active: CostModel, *passives: CostModel, memory_rule: str = "shared") -> float:
     """B_max = min over parties of ``b_max(M̄_p)`` with one worker (inf without limits,
     0 when a budget is below its party's M_0)."""
     out = math.inf
-    for cost in (active, passive):
+    for cost in (active, *passives):
         if cost.mem_limit_bytes is None:
             continue
         try:
@@ -346,34 +425,55 @@ def b_max_of(active: CostModel, passive: CostModel, memory_rule: str = "shared")
     return out
 
 
-def _finish(active: CostModel, passive: CostModel, *, b: int, w_a: int, w_p: int,
-            table: tuple[PlanRow, ...], w_max: int, n_rows: int, embedding_dim: int,
-            threads: int, delta_t: float, memory_rule: str) -> Plan:
+def _stages(active: CostModel, passives: tuple[CostModel, ...]
+            ) -> list[tuple[CostModel, Partners]]:
+    """Each party with the partner(s) its round trip involves: active first."""
+    return [(active, passives), *((p, active) for p in passives)]
+
+
+def _bound_by(ids: Sequence[str], times: Sequence[float]) -> str:
+    slowest = [i for i, t in zip(ids, times, strict=True) if t == max(times)]
+    if len(ids) == 2:
+        return "both" if len(slowest) == 2 else slowest[0]
+    return "+".join(slowest)
+
+
+def _finish(active: CostModel, passives: tuple[CostModel, ...], *, b: int,
+            workers: Sequence[int], table: tuple[PlanRow, ...], w_max: int, n_rows: int,
+            embedding_dim: int, threads: int, delta_t: float, memory_rule: str) -> Plan:
     kw = {"n_rows": n_rows, "embedding_dim": embedding_dim, "threads": threads,
           "delta_t": delta_t, "memory_rule": memory_rule}
-    ta = party_terms(active, passive, b=b, w=w_a, **kw)
-    tp = party_terms(passive, active, b=b, w=w_p, **kw)
-    epoch = max(ta.epoch_s, tp.epoch_s)
-    bound = "both" if ta.epoch_s == tp.epoch_s else (
-        "active" if ta.epoch_s > tp.epoch_s else "passive")
-    return Plan(w_active=w_a, w_passive=w_p, batch_size=b, epoch_s=epoch,
-                t_active_s=ta.epoch_s, t_passive_s=tp.epoch_s,
-                idle_active=1.0 - ta.epoch_s / epoch, idle_passive=1.0 - tp.epoch_s / epoch,
-                util_active=ta.batches * ta.work_core_s / (active.cores * epoch),
-                util_passive=tp.batches * tp.work_core_s / (passive.cores * epoch),
-                bound_by=bound, b_max=b_max_of(active, passive, memory_rule), w_max=w_max,
-                active=ta, passive=tp, table=table)
+    stages = _stages(active, passives)
+    terms = [party_terms(cost, partner, b=b, w=w, **kw)
+             for (cost, partner), w in zip(stages, workers, strict=True)]
+    epoch = max(t.epoch_s for t in terms)
+    ids = ("active", *passive_party_ids(len(passives)))
+    shares = [PartyPlan(party=i, workers=t.workers, epoch_s=t.epoch_s,
+                        idle=1.0 - t.epoch_s / epoch,
+                        util=t.batches * t.work_core_s / (cost.cores * epoch), cores=cost.cores)
+              for i, t, (cost, _) in zip(ids, terms, stages, strict=True)]
+    a, p = shares[0], shares[1]
+    return Plan(w_active=a.workers, w_passive=p.workers, batch_size=b, epoch_s=epoch,
+                t_active_s=a.epoch_s, t_passive_s=p.epoch_s, idle_active=a.idle,
+                idle_passive=p.idle, util_active=a.util, util_passive=p.util,
+                bound_by=_bound_by(ids, [t.epoch_s for t in terms]),
+                b_max=b_max_of(active, *passives, memory_rule=memory_rule), w_max=w_max,
+                active=terms[0], passive=terms[1], table=table,
+                passive_party_workers=tuple(workers[1:]), parties=tuple(shares),
+                passive_terms=tuple(terms[1:]))
 
 
-def plan(active: CostModel, passive: CostModel, *, n_rows: int, embedding_dim: int,
+def plan(active: CostModel, *passives: CostModel, n_rows: int, embedding_dim: int,
          threads: int = 1, w_max: int = DEFAULT_W_MAX,
          batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, delta_t: float = 1.0,
          memory_rule: str = "shared") -> Plan:
-    """The plan minimising ``(epoch, w_a + w_p, B)`` by the exact two-stage DP
-    (module docstring).
+    """The plan minimising ``(epoch, Σ w, B)`` by the exact two-stage DP (module
+    docstring).
 
     Args:
-        active / passive: the parties' cost models (roles ``"active"``/``"passive"``).
+        active: the active party's cost model (role ``"active"``).
+        passives: each passive party's (role ``"passive"``), in party order: one for a
+            two-party run, several for several passive parties.
         n_rows: N, training rows per epoch (>= 1).
         embedding_dim: d, the cut-layer width (>= 1).
         threads: torch intra-op threads per worker (``vfl.torch_threads``, >= 1).
@@ -392,86 +492,88 @@ def plan(active: CostModel, passive: CostModel, *, n_rows: int, embedding_dim: i
     """
     common = {"n_rows": n_rows, "embedding_dim": embedding_dim, "threads": threads,
               "delta_t": delta_t, "memory_rule": memory_rule}
-    bs = _check(active, passive, batch_sizes, w_max, **common)
+    bs = _check(active, passives, batch_sizes, w_max, **common)
     ekw = {"n_rows": n_rows, "embedding_dim": embedding_dim, "threads": threads,
            "delta_t": delta_t}
+    stages = _stages(active, passives)
     rows: list[PlanRow] = []
     best: tuple[tuple[float, int, int], PlanRow] | None = None
     for b in bs:
         # Stage 1: each party's times over its feasible worker counts.
-        times: list[dict[int, float]] = []
-        for cost, partner in ((active, passive), (passive, active)):
-            times.append({w: party_epoch_time(cost, partner, b=b, w=w, **ekw)
-                          for w in range(1, w_max + 1)
-                          if cost.memory.fits(b, w, cost.mem_limit_bytes, memory_rule)})
-        if not times[0] or not times[1]:
-            t_a = min(times[0].values(), default=math.inf)
-            t_p = min(times[1].values(), default=math.inf)
+        times = [{w: party_epoch_time(cost, partner, b=b, w=w, **ekw)
+                  for w in range(1, w_max + 1)
+                  if cost.memory.fits(b, w, cost.mem_limit_bytes, memory_rule)}
+                 for cost, partner in stages]
+        bests = [min(t.values(), default=math.inf) for t in times]
+        if not all(times):
             rows.append(PlanRow(batch_size=b, feasible=False, w_active=0, w_passive=0,
-                                t_active_s=t_a, t_passive_s=t_p, epoch_s=math.inf))
+                                t_active_s=bests[0], t_passive_s=bests[1], epoch_s=math.inf,
+                                passive_party_workers=(0,) * len(passives),
+                                t_passive_party_s=tuple(bests[1:])))
             continue
-        # Stage 2: the row's epoch and the fewest workers reaching it.
-        t_a, t_p = min(times[0].values()), min(times[1].values())
-        epoch = max(t_a, t_p)
-        w_a = min(w for w, t in times[0].items() if t <= epoch)
-        w_p = min(w for w, t in times[1].items() if t <= epoch)
-        row = PlanRow(batch_size=b, feasible=True, w_active=w_a, w_passive=w_p,
-                      t_active_s=t_a, t_passive_s=t_p, epoch_s=epoch)
+        # Stage 2: the row's epoch and, per party, the fewest workers reaching it.
+        epoch = max(bests)
+        ws = [min(w for w, t in party.items() if t <= epoch) for party in times]
+        row = PlanRow(batch_size=b, feasible=True, w_active=ws[0], w_passive=ws[1],
+                      t_active_s=bests[0], t_passive_s=bests[1], epoch_s=epoch,
+                      passive_party_workers=tuple(ws[1:]), t_passive_party_s=tuple(bests[1:]))
         rows.append(row)
-        key = (epoch, w_a + w_p, b)
+        key = (epoch, sum(ws), b)
         if best is None or key < best[0]:
             best = (key, row)
     if best is None:
-        raise NoFeasiblePlan(b_max_of(active, passive, memory_rule), bs)
+        raise NoFeasiblePlan(b_max_of(active, *passives, memory_rule=memory_rule), bs)
     row = best[1]
-    return _finish(active, passive, b=row.batch_size, w_a=row.w_active, w_p=row.w_passive,
-                   table=tuple(rows), w_max=w_max, **common)
+    return _finish(active, passives, b=row.batch_size,
+                   workers=(row.w_active, *row.passive_party_workers), table=tuple(rows),
+                   w_max=w_max, **common)
 
 
-def brute_force(active: CostModel, passive: CostModel, *, n_rows: int, embedding_dim: int,
+def brute_force(active: CostModel, *passives: CostModel, n_rows: int, embedding_dim: int,
                 threads: int = 1, w_max: int = DEFAULT_W_MAX,
                 batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, delta_t: float = 1.0,
                 memory_rule: str = "shared") -> Plan:
-    """Reference for tests: enumerate every ``(w_a, w_p, B)``, evaluate
-    ``max(T_A, T_P)`` afresh and keep the lexicographic minimum of
-    ``(epoch, w_a + w_p, B)``. Same arguments, result and errors as :func:`plan`; its
-    ``table`` is empty."""
+    """Reference for tests: enumerate every ``(w_a, w_1, …, w_K, B)``, take the max of
+    the parties' times (each ``T_p(w, B)`` computed once per B) and keep the
+    lexicographic minimum of ``(epoch, Σ w, B)``. Same arguments, result and errors as
+    :func:`plan`; its ``table`` is empty. Exponential in the number of parties
+    (``W_max^(K+1)`` combinations per B): small grids only."""
     common = {"n_rows": n_rows, "embedding_dim": embedding_dim, "threads": threads,
               "delta_t": delta_t, "memory_rule": memory_rule}
-    bs = _check(active, passive, batch_sizes, w_max, **common)
+    bs = _check(active, passives, batch_sizes, w_max, **common)
     ekw = {"n_rows": n_rows, "embedding_dim": embedding_dim, "threads": threads,
            "delta_t": delta_t}
-    best: tuple[float, int, int, int, int] | None = None
+    stages = _stages(active, passives)
+    best: tuple[float, int, int, tuple[int, ...]] | None = None
     for b in bs:
-        for w_a in range(1, w_max + 1):
-            if not active.memory.fits(b, w_a, active.mem_limit_bytes, memory_rule):
-                continue
-            for w_p in range(1, w_max + 1):
-                if not passive.memory.fits(b, w_p, passive.mem_limit_bytes, memory_rule):
-                    continue
-                epoch = max(party_epoch_time(active, passive, b=b, w=w_a, **ekw),
-                            party_epoch_time(passive, active, b=b, w=w_p, **ekw))
-                key = (epoch, w_a + w_p, b, w_a, w_p)
-                if best is None or key < best:
-                    best = key
+        times = [{w: party_epoch_time(cost, partner, b=b, w=w, **ekw)
+                  for w in range(1, w_max + 1)
+                  if cost.memory.fits(b, w, cost.mem_limit_bytes, memory_rule)}
+                 for cost, partner in stages]
+        for ws in itertools.product(*times):
+            epoch = max(t[w] for t, w in zip(times, ws, strict=True))
+            key = (epoch, sum(ws), b, ws)
+            if best is None or key < best:
+                best = key
     if best is None:
-        raise NoFeasiblePlan(b_max_of(active, passive, memory_rule), bs)
-    _, _, b, w_a, w_p = best
-    return _finish(active, passive, b=b, w_a=w_a, w_p=w_p, table=(), w_max=w_max, **common)
+        raise NoFeasiblePlan(b_max_of(active, *passives, memory_rule=memory_rule), bs)
+    _, _, b, ws = best
+    return _finish(active, passives, b=b, workers=ws, table=(), w_max=w_max, **common)
 
 
-def plan_for_config(active: CostModel, passive: CostModel, cfg: Any, n_rows: int, *,
+def plan_for_config(active: CostModel, passive: Partners, cfg: Any, n_rows: int, *,
                     w_max: int = DEFAULT_W_MAX,
                     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
                     memory_rule: str = "shared") -> Plan:
     """:func:`plan` with d, threads and ΔT from a :class:`parties.config.VflConfig`
     (``embedding_dim``, ``torch_threads``, and the harmonic mean of ΔT_t over
-    ``epochs`` with ``delta_t0``).
+    ``epochs`` with ``delta_t0``). ``passive``: the passive party's model, or every
+    passive party's in party order.
 
     Raises:
         NoFeasiblePlan / PlannerError: as :func:`plan`.
     """
-    return plan(active, passive, n_rows=n_rows, embedding_dim=cfg.embedding_dim,
+    return plan(active, *_partners(passive), n_rows=n_rows, embedding_dim=cfg.embedding_dim,
                 threads=cfg.torch_threads, w_max=w_max, batch_sizes=batch_sizes,
                 delta_t=mean_sync_interval(cfg.epochs, cfg.delta_t0), memory_rule=memory_rule)
 

@@ -61,6 +61,13 @@ whose spread (``cpu_block_spread``) shows how much the machine drifted meanwhile
 Source of the definition: the PubSub-VFL evaluation issue of this project (efficiency
 = training samples/s ÷ ceiling; above 1.05 means the profile is wrong).
 
+Several passive parties (``vfl.passive_parties`` > 1): each passive party is profiled
+with its own data (its own columns, so its own input width) and model, under its party
+id (``parties.passive2`` … of ``profile.json``, beside ``active`` and ``passive``); in
+the concurrent layout all parties run at once, the passive parties on the CPUs they
+share in a run (``passive_cpus``). The ceiling is the minimum over every party, and the
+shared-cores cap applies to each group of parties whose CPU sets overlap.
+
 The profile loads each party's whole training table, ``synthetic`` included: the table's
 size matters once both parties run. Beside the passive party's compute, the active
 step of the issue's synthetic setting took 4.18 ms CPU with 20,000 rows generated and
@@ -83,7 +90,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from parties.config import VflConfig
+from parties.config import MAX_PASSIVE_PARTIES, VflConfig, passive_party_ids, role_of
 from pubsub.config import ConfigError
 
 log = structlog.get_logger(__name__)
@@ -135,6 +142,7 @@ class PartyProfile:
             ÷ smallest: how much the machine drifted during the measurement.
         cpu_s_per_step_mean: mean CPU seconds per step (all timed CPU ÷ steps); None in
             profiles written before it existed.
+        party: the party id when it is not the role (``passive2`` …); "" otherwise.
     """
 
     role: str
@@ -151,6 +159,12 @@ class PartyProfile:
     cpu_iqr_rel: float
     cpu_block_spread: float = 0.0
     cpu_s_per_step_mean: float | None = None
+    party: str = ""
+
+    @property
+    def party_id(self) -> str:
+        """The party's id: ``party``, else its role."""
+        return self.party or self.role
 
     @property
     def samples_per_s(self) -> float:
@@ -160,14 +174,17 @@ class PartyProfile:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ComputeProfile:
-    """Both parties' profiles and the throughput ceiling.
+    """Every party's profile and the throughput ceiling.
 
     Attributes:
-        active / passive: :class:`PartyProfile` of each party.
+        active / passive: :class:`PartyProfile` of each party (``passive``: the first
+            passive party's).
         ceiling_samples_per_s: training samples/s the allotted cores allow at most.
         bound_by: ``"active"``, ``"passive"`` or ``"shared"`` (the shared-cores cap).
         basis: ``"cpu"``: the ceiling uses CPU seconds (wall is reported too).
         settings: the config values the profile depends on.
+        more_passive: with several passive parties, the others' profiles (``passive2``
+            …, in party order).
     """
 
     active: PartyProfile
@@ -176,6 +193,12 @@ class ComputeProfile:
     bound_by: str
     basis: str
     settings: dict[str, Any]
+    more_passive: tuple[PartyProfile, ...] = ()
+
+    @property
+    def parties(self) -> tuple[PartyProfile, ...]:
+        """Every party's profile: active, then the passive parties in party order."""
+        return (self.active, self.passive, *self.more_passive)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``profile.json``)."""
@@ -186,11 +209,13 @@ class ComputeProfile:
             "parties": {},
             "settings": self.settings,
         }
-        for p in (self.active, self.passive):
+        for p in self.parties:
             d = asdict(p)
+            if not p.party:
+                del d["party"]
             d["cpus"] = list(p.cpus)
             d["samples_per_s"] = p.samples_per_s
-            out["parties"][p.role] = d
+            out["parties"][p.party_id] = d
         return out
 
 
@@ -200,7 +225,7 @@ def party_from_dict(d: Mapping[str, Any]) -> PartyProfile:
     Raises:
         KeyError: a field is missing.
     """
-    optional = {"cpu_block_spread", "cpu_s_per_step_mean"}  # absent from older profiles
+    optional = {"cpu_block_spread", "cpu_s_per_step_mean", "party"}  # absent from older ones
     kw = {f.name: d[f.name] for f in fields(PartyProfile)
           if f.name in d or f.name not in optional}
     kw["cpus"] = tuple(kw["cpus"])
@@ -217,9 +242,12 @@ def mean_profile(profiles: Sequence[ComputeProfile]) -> ComputeProfile:
     """
     if not profiles:
         raise ValueError("mean_profile needs at least one profile")
+    ids = [p.party_id for p in profiles[0].parties]
+    if any([p.party_id for p in prof.parties] != ids for prof in profiles):
+        raise ValueError("mean_profile needs profiles of the same parties")
     parties: dict[str, PartyProfile] = {}
-    for role in ("active", "passive"):
-        ps = [getattr(p, role) for p in profiles]
+    for k, role in enumerate(ids):
+        ps = [prof.parties[k] for prof in profiles]
         if len({(p.cpus, p.batch_size) for p in ps}) != 1:
             raise ValueError(f"{role} profiles differ in CPUs or batch size: "
                              f"{[(p.cpus, p.batch_size) for p in ps]}")
@@ -232,9 +260,10 @@ def mean_profile(profiles: Sequence[ComputeProfile]) -> ComputeProfile:
             cpu_s_per_step_mean=(statistics.fmean(means) if None not in means else None),
             cpu_iqr_rel=max(p.cpu_iqr_rel for p in ps),
             cpu_block_spread=max(p.cpu_block_spread for p in ps))
-    value, bound = ceiling(parties["active"], parties["passive"])
-    return replace(profiles[0], active=parties["active"], passive=parties["passive"],
-                   ceiling_samples_per_s=value, bound_by=bound,
+    every = [parties[i] for i in ids]
+    value, bound = ceiling(*every)
+    return replace(profiles[0], active=every[0], passive=every[1],
+                   more_passive=tuple(every[2:]), ceiling_samples_per_s=value, bound_by=bound,
                    settings={**profiles[0].settings, "profiles_averaged": len(profiles)})
 
 
@@ -244,23 +273,47 @@ def compute_profile_from_dict(d: Mapping[str, Any]) -> ComputeProfile:
     Raises:
         KeyError: a field is missing.
     """
-    return ComputeProfile(active=party_from_dict(d["parties"]["active"]),
-                          passive=party_from_dict(d["parties"]["passive"]),
+    parties = d["parties"]
+    more = []
+    for party in passive_party_ids(MAX_PASSIVE_PARTIES)[1:]:
+        if party not in parties:
+            break
+        more.append(party_from_dict(parties[party]))
+    return ComputeProfile(active=party_from_dict(parties["active"]),
+                          passive=party_from_dict(parties["passive"]),
                           ceiling_samples_per_s=d["ceiling_samples_per_s"],
-                          bound_by=d["bound_by"], basis=d["basis"], settings=d["settings"])
+                          bound_by=d["bound_by"], basis=d["basis"], settings=d["settings"],
+                          more_passive=tuple(more))
 
 
-def ceiling(active: PartyProfile, passive: PartyProfile) -> tuple[float, str]:
-    """The throughput ceiling (samples/s) and what binds it (see the module docstring)."""
-    per_party = {p.role: p.samples_per_s for p in (active, passive)}
+def ceiling(active: PartyProfile, *passives: PartyProfile) -> tuple[float, str]:
+    """The throughput ceiling (samples/s) and what binds it (see the module docstring):
+    the party id of the slowest party, or ``"shared"`` when a group of parties whose CPU
+    sets overlap cannot all run at their own bound on the union of their CPUs."""
+    every = (active, *passives)
+    per_party = {p.party_id: p.samples_per_s for p in every}
     role = min(per_party, key=lambda r: per_party[r])
     bound = per_party[role]
-    if set(active.cpus) & set(passive.cpus):
-        union = len(set(active.cpus) | set(passive.cpus))
-        shared = union / (active.cpu_s_per_sample + passive.cpu_s_per_sample)
+    for group in _overlapping(every):
+        union = len(set().union(*(p.cpus for p in group)))
+        shared = union / sum(p.cpu_s_per_sample for p in group)
         if shared < bound:
-            return shared, "shared"
+            bound, role = shared, "shared"
     return bound, role
+
+
+def _overlapping(parties: Sequence[PartyProfile]) -> list[list[PartyProfile]]:
+    """The groups (two or more parties) whose CPU sets overlap, directly or through
+    another party of the group."""
+    groups: list[tuple[set[int], list[PartyProfile]]] = []
+    for p in parties:
+        cpus, members = set(p.cpus), [p]
+        for g in [g for g in groups if g[0] & cpus]:
+            groups.remove(g)
+            cpus |= g[0]
+            members = g[1] + members
+        groups.append((cpus, members))
+    return [m for _, m in groups if len(m) > 1]
 
 
 def efficiency(train_samples_per_s: float, ceiling_samples_per_s: float, *,
@@ -287,7 +340,8 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
     """Time one worker's compute for ``role`` in this process (no pinning done here).
 
     Args:
-        role: ``"active"`` or ``"passive"``.
+        role: ``"active"``, ``"passive"`` or another passive party's id (``"passive2"``
+            …; its shape is ``x_train``'s).
         cfg: the run's config (B, model, DP, epochs, seed).
         x_train: ``(n_train, d_in)`` float32 features of the party, ``n_train >= B``.
         y_train: ``(n_train,)`` float32 labels (active party only).
@@ -313,6 +367,8 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
     from parties.schedule import epoch_batches
     from parties.workers import make_compute
 
+    party = role
+    role = role_of(party)
     n_train, d_in = x_train.shape
     B = cfg.batch_size
     if n_train < B:
@@ -321,9 +377,11 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
     mods = party_modules(cfg, role, d_in)
     ps = ParameterServer(flat_params(mods))
     compute = make_compute(role, cfg, x_train, y_train, ps, sync_mode="manual",
-                           noise_seed=12345 if cfg.dp_enabled else None)
+                           noise_seed=12345 if cfg.dp_enabled else None, party=party)
     gen = np.random.default_rng(cfg.seed)
     partner = gen.standard_normal((B, cfg.embedding_dim)).astype(np.float32) * 0.01
+    # the active party fuses one embedding per passive party
+    embs = partner if cfg.passive_parties == 1 else [partner] * cfg.passive_parties
 
     batches: list[np.ndarray] = []
     epoch = 0
@@ -338,7 +396,7 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
             h, _pub = compute.forward(rows)
             compute.backward(h, partner, 0)
         else:
-            compute.top_step(compute.forward_own(rows), partner, rows, 0)
+            compute.top_step(compute.forward_own(rows), embs, rows, 0)
 
     c0 = time.process_time()
     warmed = 0
@@ -378,7 +436,7 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
         cpu_iqr_rel=(q[2] - q[0]) / cpu_med if cpu_med > 0 else math.nan,
         cpu_block_spread=((max(cpu_meds) - min(cpu_meds)) / min(cpu_meds)
                           if min(cpu_meds) > 0 else math.nan),
-        cpu_s_per_step_mean=statistics.fmean(cpu),
+        cpu_s_per_step_mean=statistics.fmean(cpu), party="" if party == role else party,
     )
 
 
@@ -436,13 +494,14 @@ def _settings(cfg: VflConfig, layout: str) -> dict[str, Any]:
         "python": platform.python_version(), "machine": platform.machine(),
         "rows_profiled": cfg.synthetic_rows if cfg.dataset == "synthetic" else None,
         "layout": layout,
+        **({"passive_parties": cfg.passive_parties} if cfg.passive_parties > 1 else {}),
     }
 
 
 def profile_config(cfg: VflConfig, *, layout: str = "auto",
                    join_groups: Mapping[str, Sequence[str]] | None = None,
                    **timing: Any) -> ComputeProfile:
-    """Profile both parties of ``cfg`` and compute the ceiling.
+    """Profile every party of ``cfg`` and compute the ceiling.
 
     ``join_groups`` (role -> ``cgroup.procs`` files): each party's profile process writes
     its pid into its files first, so it runs under the party's CPU share (a cgroup
@@ -481,8 +540,9 @@ def profile_config(cfg: VflConfig, *, layout: str = "auto",
     for role, prof in out.items():
         log.info("vfl.profile_party", role=role, cpu_s_per_sample=prof.cpu_s_per_sample,
                  wall_s_per_sample=prof.wall_s_per_sample, cpus=prof.cpus, layout=layout)
-    value, bound = ceiling(out["active"], out["passive"])
-    return ComputeProfile(active=out["active"], passive=out["passive"],
+    every = [out[p] for p in cfg.party_ids]
+    value, bound = ceiling(*every)
+    return ComputeProfile(active=every[0], passive=every[1], more_passive=tuple(every[2:]),
                           ceiling_samples_per_s=value, bound_by=bound, basis="cpu",
                           settings=_settings(cfg, layout))
 
@@ -498,14 +558,15 @@ def _profile_alone(cfg: VflConfig, timing: dict[str, Any]
     out: dict[str, PartyProfile] = {}
     try:
         torch.set_num_threads(cfg.torch_threads)
-        for role in ("passive", "active"):
-            data = load_party_data(cfg, role)
+        for party in (*cfg.party_ids[1:], "active"):
+            data = load_party_data(cfg, party)
+            role = role_of(party)
             try:
                 before = pin_process(cfg.cpus(role)) if cfg.cpus(role) else None
             except (ValueError, OSError) as exc:
                 raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
             try:
-                out[role] = profile_party(role, cfg, data.x_train, data.y_train, **timing)
+                out[party] = profile_party(party, cfg, data.x_train, data.y_train, **timing)
             finally:
                 if before is not None:
                     pin_process(before)
@@ -518,7 +579,8 @@ def prepare_child(role: str, cfg: VflConfig, join: Sequence[str] = ()) -> Any:
     """Set up a profiling child process as the party's own process would be: join the
     party's CPU-share group(s) (``join``: ``cgroup.procs`` files), pin to its CPUs, set
     ``torch_threads``, and load its data; returns the
-    :class:`parties.runtime.PartyData`.
+    :class:`parties.runtime.PartyData`. ``role``: the party id (``passive2`` … for
+    another passive party: its own columns, pinned to ``passive_cpus``).
 
     Raises:
         pubsub.config.ConfigError: a configured CPU is not available to this process.
@@ -529,6 +591,7 @@ def prepare_child(role: str, cfg: VflConfig, join: Sequence[str] = ()) -> Any:
     from parties.runtime import load_party_data
     from parties.sysinfo import pin_process
 
+    party, role = role, role_of(role)
     for f in join:
         Path(f).write_text(str(os.getpid()))
     if cfg.cpus(role):
@@ -537,11 +600,11 @@ def prepare_child(role: str, cfg: VflConfig, join: Sequence[str] = ()) -> Any:
         except (ValueError, OSError) as exc:
             raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
     torch.set_num_threads(cfg.torch_threads)
-    return load_party_data(cfg, role)
+    return load_party_data(cfg, party)
 
 
 def _concurrent_child(role: str, cfg: VflConfig, timing: dict[str, Any],
-                      barrier: Any, mine: Any, other: Any, results: Any,
+                      barrier: Any, mine: Any, others: Sequence[Any], results: Any,
                       join: Sequence[str] = ()) -> None:
     """One party's side of a concurrent profile (a child process forked from the party fork server)."""
     try:
@@ -555,7 +618,8 @@ def _concurrent_child(role: str, cfg: VflConfig, timing: dict[str, Any],
             if not mine.is_set():
                 mine.set()
                 busy_until[0] = time.monotonic() + CONCURRENT_TIMEOUT_S
-            return not other.is_set() and time.monotonic() < busy_until[0]
+            return (not all(o.is_set() for o in others)
+                    and time.monotonic() < busy_until[0])
 
         prof = profile_party(role, cfg, data.x_train, data.y_train, before_timing=before,
                              keep_busy=keep_busy, **timing)
@@ -583,21 +647,22 @@ def _profile_concurrent(cfg: VflConfig, timing: dict[str, Any],
     from parties import zygote
 
     ctx = zygote.context()  # forked from a server that has imported torch once
-    barrier = ctx.Barrier(2)
-    done = {"active": ctx.Event(), "passive": ctx.Event()}
+    ids = (*cfg.party_ids[1:], "active")  # every party, at once
+    barrier = ctx.Barrier(len(ids))
+    done = {party: ctx.Event() for party in ids}
     results = ctx.Queue()
     procs = {role: ctx.Process(target=_concurrent_child, name=f"profile-{role}", daemon=True,
                                args=(role, cfg, timing, barrier, done[role],
-                                     done["passive" if role == "active" else "active"],
+                                     [done[p] for p in ids if p != role],
                                      results, tuple((join_groups or {}).get(role, ()))))
-             for role in ("passive", "active")}
+             for role in ids}
     deadline = time.monotonic() + CONCURRENT_TIMEOUT_S
     out: dict[str, PartyProfile] = {}
     errors: dict[str, BaseException] = {}
     try:
         for p in procs.values():
             p.start()
-        while len(out) + len(errors) < 2:
+        while len(out) + len(errors) < len(ids):
             try:
                 role, prof, exc = results.get(timeout=1.0)
             except queue.Empty:

@@ -377,7 +377,7 @@ class Party:
         self.progress = progress
         self.n_train = data.x_train.shape[0]
         self.n_batches = num_batches(self.n_train, cfg.batch_size)
-        self.workers = cfg.workers_for(role)
+        self.workers = cfg.workers_for(party)  # a passive party's own count
         # "auto": inline compute on a one-core party (call after pinning, as the CLI does)
         self.worker_mode = cfg.resolved_worker_mode(cores_allotted())
         self.metric = metric_name(data.task)
@@ -389,7 +389,7 @@ class Party:
         self.train_sync_cpu_s = 0.0  # of which in their parameter-server syncs
         self.t0 = time.perf_counter()
         #: the algorithm x role (sans-IO); its counters are this party's training counters
-        self.strategy = make_strategy(StrategyConfig.from_vfl(cfg, role))
+        self.strategy = make_strategy(StrategyConfig.from_vfl(cfg, role, party))
         self.c = self.strategy.counters
         self.history: list[dict[str, Any]] = []
         self._driver: ActionDriver | None = None
@@ -463,7 +463,8 @@ class Party:
         if mode in ("thread", "inline"):
             kind = ThreadWorker if mode == "thread" else InlineWorker
             self._handles = [kind(self.role, cfg, data.x_train, data.y_train, self.ps,
-                                  noise_seed=self._noise_seeds[k], models=self.models)
+                                  noise_seed=self._noise_seeds[k], models=self.models,
+                                  party=self.party)
                              for k in range(self.workers)]
         else:
             self._data_dir = Path(tempfile.mkdtemp(prefix=f"psfl-{self.role}-"))
@@ -472,7 +473,7 @@ class Party:
                 np.save(self._data_dir / "y_train.npy", data.y_train)
             self._handles = [ProcessWorker(self.role, k, cfg, self._data_dir, self.ps,
                                            noise_seed=self._noise_seeds[k],
-                                           models=self.models)
+                                           models=self.models, party=self.party)
                              for k in range(self.workers)]
             await asyncio.to_thread(ensure_forkserver)
         self._handles = [TimedWorker(h, self.timeline, k) for k, h in enumerate(self._handles)]

@@ -140,13 +140,15 @@ class StrategyConfig:
         return party or self.partner
 
     @classmethod
-    def from_vfl(cls, cfg: Any, role: str) -> StrategyConfig:
+    def from_vfl(cls, cfg: Any, role: str, party: str = "") -> StrategyConfig:
         """From a :class:`parties.config.VflConfig`: drops when ``t_ddl_s > 0`` and the
         algorithm may drop (not ``vfl`` / ``vfl-ps``); an active party with several passive
-        parties has them as its partners, by party id."""
+        parties has them as its partners, by party id. ``party``: the party's id (its own
+        worker count, ``vfl.passive_party_workers``); "" = ``role``."""
         drops = cfg.t_ddl_s > 0 and cfg.algo not in ("vfl", "vfl-ps")
         several = role == "active" and getattr(cfg, "passive_parties", 1) > 1
-        return cls(algo=cfg.algo, role=role, workers=cfg.workers_for(role), drops=drops,
+        return cls(algo=cfg.algo, role=role, workers=cfg.workers_for(party or role),
+                   drops=drops,
                    data_wait_s=cfg.t_ddl_s if drops else cfg.liveness_timeout_s,
                    max_reassign=cfg.max_reassign, staleness_bound=cfg.staleness_bound,
                    t_ddl_s=cfg.t_ddl_s,

@@ -11,7 +11,8 @@ the party's **memory**, then fits the paper's cost model with
 
 What "forward" and "backward" are (the compute of :func:`parties.workers.make_compute`,
 exactly what a worker runs, on the run's real training batches of the run's seed;
-the partner's ``(B, d)`` float32 embedding or gradient is random):
+the partner's ``(B, d)`` float32 embedding (one per passive party for the active
+party) or gradient is random):
 
 * passive: T_f = ``compute.forward(rows)`` (bottom forward; DP clip + noise when on),
   T_b = ``compute.backward(graph, grad, 0)`` (bottom backward from the cut-layer
@@ -51,9 +52,16 @@ parameters, the cost a thread or inline worker pays per sync (process workers pa
 IPC hop more, not measured here).
 
 Cores, "the party's actual CPU share" (:func:`party_cores`): a pinned party has
-``len(vfl.<role>_cpus)`` cores; an unpinned party has the process's
-:func:`parties.sysinfo.cores_allotted`, halved when the partner is unpinned too (both
-parties then share those cores in a run).
+``len(vfl.<role>_cpus)`` cores (several passive parties are all pinned to
+``passive_cpus``, so each has its share of them); an unpinned party has the process's
+:func:`parties.sysinfo.cores_allotted`, shared by every unpinned party (halved when both
+parties of a two-party run are unpinned: they then share those cores in a run).
+
+Several passive parties (``vfl.passive_parties`` > 1): every passive party is swept
+with its own data (its own columns, so its own input width) and its own model
+(:func:`sweep_config` keys the sweeps by party id); its cost model is
+``cost_model.<party id>`` of ``profile.json`` (``passive``, ``passive2``, …), beside the
+two-party keys ``active`` and ``passive``.
 
 Errors: :class:`BadBatchSizes` (a :class:`SweepError`, itself a
 :class:`parties.profile.ProfileError`): batch sizes not distinct positive integers, or
@@ -74,7 +82,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from parties.config import VflConfig
+from parties.config import MAX_PASSIVE_PARTIES, VflConfig, passive_party_ids, role_of
 from parties.costmodel import CommFit, CostModel, MemoryFit, PowerFit, fit_memory, fit_power
 from parties.profile import ProfileError
 
@@ -173,10 +181,11 @@ class SweepPoint:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PartySweep:
-    """A party's sweep over batch sizes (``profile.json``'s ``sweep.<role>``).
+    """A party's sweep over batch sizes (``profile.json``'s ``sweep.<party id>``).
 
     Attributes:
-        role: ``"active"`` or ``"passive"``.
+        role: ``"active"`` or ``"passive"`` (the party's role; several passive parties'
+            sweeps are told apart by the key they are stored under).
         cpus: CPU ids the sweep ran on.
         cores: C, the party's cores in a run (:func:`party_cores`; may be fractional).
         n_features: the party's encoded feature width ``d_in``.
@@ -222,20 +231,23 @@ class PartySweep:
         return cls(**kw)
 
 
-def party_cores(cfg: VflConfig, role: str) -> float:
+def party_cores(cfg: VflConfig, party: str) -> float:
     """The party's actual CPU share in a run, cores (module docstring).
 
+    ``party``: a party id (``active``, ``passive``, ``passive2`` …) or role.
+
     Raises:
-        ValueError: unknown role.
+        ValueError: not a party id.
     """
     from parties.sysinfo import cores_allotted
 
+    role = role_of(party)
     mine = cfg.cpus(role)
-    if mine:
-        return float(len(mine))
-    other = cfg.cpus("passive" if role == "active" else "active")
+    if mine:  # every passive party is pinned to passive_cpus: they share them
+        return len(mine) / (cfg.passive_parties if role == "passive" else 1)
+    unpinned = (0 if cfg.active_cpus else 1) + (0 if cfg.passive_cpus else cfg.passive_parties)
     total = cores_allotted()
-    return total if other else max(total / 2.0, 1e-3)
+    return total if unpinned <= 1 else max(total / unpinned, 1e-3)
 
 
 def _rss_bytes() -> int | None:
@@ -270,7 +282,8 @@ def sweep_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndar
     pinning done here; see the module docstring for what is timed and how).
 
     Args:
-        role: ``"active"`` or ``"passive"``.
+        role: the party: ``"active"``, ``"passive"`` or another passive party's id
+            (``"passive2"`` …: its own worker learning rate; its shape is ``x_train``'s).
         cfg: the run's config (model, DP, seed, threads); ``cfg.batch_size`` is ignored.
         x_train: ``(n_train, d_in)`` float32 features of the party.
         y_train: ``(n_train,)`` float32 labels (active party only).
@@ -296,8 +309,8 @@ def sweep_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndar
     from parties.schedule import epoch_batches
     from parties.workers import make_compute
 
-    if role not in ("active", "passive"):
-        raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
+    party = role
+    role = role_of(party)  # ValueError: not a party id
     if role == "active" and y_train is None:
         raise ValueError("the active party's sweep needs y_train")
     n_train, d_in = x_train.shape
@@ -307,7 +320,7 @@ def sweep_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndar
     flat = flat_params(mods)
     ps = ParameterServer(flat)
     compute = make_compute(role, cfg, x_train, y_train, ps, sync_mode="manual",
-                           noise_seed=12345 if cfg.dp_enabled else None)
+                           noise_seed=12345 if cfg.dp_enabled else None, party=party)
     passive = isinstance(compute, PassiveCompute)
     gen = np.random.default_rng(cfg.seed)
     _malloc_trim()
@@ -321,7 +334,9 @@ def sweep_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndar
         if passive:
             compute.backward(h, partner, 0)
         else:
-            compute.top_step(h, partner, rows, 0)
+            # one embedding per passive party (the active party fuses them all)
+            compute.top_step(h, partner if cfg.passive_parties == 1
+                             else [partner] * cfg.passive_parties, rows, 0)
 
     for b in bs:
         partner = gen.standard_normal((b, cfg.embedding_dim)).astype(np.float32) * 0.01
@@ -378,7 +393,7 @@ def sweep_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndar
     cpus = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(
         range(os.cpu_count() or 1))
     return PartySweep(role=role, cpus=cpus,
-                      cores=party_cores(cfg, role) if cores is None else float(cores),
+                      cores=party_cores(cfg, party) if cores is None else float(cores),
                       n_features=int(d_in), n_train=int(n_train),
                       torch_threads=int(torch.get_num_threads()),
                       param_bytes=int(flat.numel()) * 4, sync_s=statistics.median(sync),
@@ -411,8 +426,10 @@ def _sweep_child(role: str, cfg: VflConfig, batch_sizes: tuple[int, ...],
 
 def sweep_config(cfg: VflConfig, batch_sizes: Sequence[int] = DEFAULT_SWEEP_BATCH_SIZES,
                  **timing: Any) -> dict[str, PartySweep]:
-    """Sweep both parties of ``cfg``, one after the other, each in a fresh child forked from the party fork server
-    process pinned to the party's CPUs (so its memory is a party process's own).
+    """Sweep every party of ``cfg`` (the passive parties, then the active party), one
+    after the other, each in a fresh child forked from the party fork server, pinned to
+    the party's CPUs (so its memory is a party process's own) and loading the party's
+    own data (with several passive parties, each its own columns).
 
     Args:
         cfg: the run's config.
@@ -420,7 +437,7 @@ def sweep_config(cfg: VflConfig, batch_sizes: Sequence[int] = DEFAULT_SWEEP_BATC
         timing: keyword arguments of :func:`sweep_party`.
 
     Returns:
-        ``{"passive": PartySweep, "active": PartySweep}``.
+        ``{party id: PartySweep}``: ``passive`` (``passive2`` …) and ``active``.
 
     Raises:
         BadBatchSizes: invalid B values.
@@ -435,7 +452,7 @@ def sweep_config(cfg: VflConfig, batch_sizes: Sequence[int] = DEFAULT_SWEEP_BATC
     bs = check_batch_sizes(batch_sizes)
     ctx = zygote.context()  # forked from a server that has imported torch once
     out: dict[str, PartySweep] = {}
-    for role in ("passive", "active"):
+    for role in (*cfg.party_ids[1:], "active"):  # party ids
         results = ctx.Queue()
         proc = ctx.Process(target=_sweep_child, name=f"sweep-{role}", daemon=True,
                            args=(role, cfg, bs, timing, results))
@@ -467,14 +484,17 @@ def sweep_config(cfg: VflConfig, batch_sizes: Sequence[int] = DEFAULT_SWEEP_BATC
 # ---------------------------------------------------------------------------- the fits
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CostModels:
-    """Both parties' fitted cost models (``profile.json``'s ``cost_model``).
+    """The parties' fitted cost models (``profile.json``'s ``cost_model``).
 
     Attributes:
-        active / passive: each party's :class:`parties.costmodel.CostModel`.
-        comm: the one-way message-time fit both use (the same bus).
+        active / passive: each party's :class:`parties.costmodel.CostModel` (``passive``:
+            the first passive party's).
+        comm: the one-way message-time fit all use (the same bus).
         n_train: N, training rows per epoch (the active party's).
         embedding_dim: d of the profiled model.
         batch_sizes: the swept B values.
+        more_passive: with several passive parties, the others' models (``passive2``,
+            …, in party order); () for a two-party run.
     """
 
     active: CostModel
@@ -483,26 +503,41 @@ class CostModels:
     n_train: int
     embedding_dim: int
     batch_sizes: tuple[int, ...]
+    more_passive: tuple[CostModel, ...] = ()
+
+    @property
+    def passives(self) -> tuple[CostModel, ...]:
+        """Every passive party's model, in party order."""
+        return (self.passive, *self.more_passive)
+
+    @property
+    def by_party(self) -> dict[str, CostModel]:
+        """Every party's model by party id: ``active``, ``passive``, ``passive2`` …"""
+        ids = ("active", *passive_party_ids(len(self.passives)))
+        return dict(zip(ids, (self.active, *self.passives), strict=True))
 
     def fit_error(self) -> dict[str, dict[str, float | None]]:
         """``{"active.forward": {"r2": .., "rel_err_holdout": ..}, ...}`` (None: none held
-        out). R² of the power fits is on log data, of memory and comm on the values."""
+        out; keys by party id). R² of the power fits is on log data, of memory and comm on
+        the values."""
         out: dict[str, dict[str, float | None]] = {}
-        for cm in (self.active, self.passive):
+        for party, cm in self.by_party.items():
             for name in ("forward", "backward", "memory"):
                 f = getattr(cm, name)
-                out[f"{cm.role}.{name}"] = _err(f.r2, f.rel_err_holdout)
+                out[f"{party}.{name}"] = _err(f.r2, f.rel_err_holdout)
         out["comm"] = _err(self.comm.r2, self.comm.rel_err_holdout)
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return {"active": self.active.to_dict(), "passive": self.passive.to_dict(),
-                "comm": self.comm.to_dict(), "fit_error": self.fit_error(),
-                "n_train": self.n_train, "embedding_dim": self.embedding_dim,
-                "batch_sizes": list(self.batch_sizes),
-                "source": "PubSub-VFL (arXiv 2510.12494) Sec. 4 cost model; "
-                          "parties/sweep.py"}
+        """JSON-ready dict: ``active``, ``passive`` (and ``passive2`` … with several
+        passive parties), ``comm``, ``fit_error``, ..."""
+        out: dict[str, Any] = {party: cm.to_dict() for party, cm in self.by_party.items()}
+        out.update({"comm": self.comm.to_dict(), "fit_error": self.fit_error(),
+                    "n_train": self.n_train, "embedding_dim": self.embedding_dim,
+                    "batch_sizes": list(self.batch_sizes),
+                    "source": "PubSub-VFL (arXiv 2510.12494) Sec. 4 cost model; "
+                              "parties/sweep.py"})
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CostModels:
@@ -512,11 +547,17 @@ class CostModels:
             KeyError: a field is missing.
             parties.costmodel.CostModelError: invalid values.
         """
+        more = []
+        for party in passive_party_ids(MAX_PASSIVE_PARTIES)[1:]:
+            if party not in d:
+                break
+            more.append(CostModel.from_dict(d[party]))
         return cls(active=CostModel.from_dict(d["active"]),
                    passive=CostModel.from_dict(d["passive"]),
                    comm=CommFit.from_dict(d["comm"]), n_train=int(d["n_train"]),
                    embedding_dim=int(d["embedding_dim"]),
-                   batch_sizes=tuple(int(b) for b in d["batch_sizes"]))
+                   batch_sizes=tuple(int(b) for b in d["batch_sizes"]),
+                   more_passive=tuple(more))
 
 
 def _err(r2: float, rel: float) -> dict[str, float | None]:
@@ -551,9 +592,11 @@ def fit_party(sweep: PartySweep, comm: CommFit, *, holdout: str | Sequence[float
 
 
 def fit_cost_models(active: PartySweep, passive: PartySweep, comm: CommFit, *,
-                    embedding_dim: int, holdout: str | Sequence[float] = "alternate"
-                    ) -> CostModels:
-    """Both parties' cost models (:func:`fit_party`).
+                    embedding_dim: int, holdout: str | Sequence[float] = "alternate",
+                    more_passive: Sequence[PartySweep] = ()) -> CostModels:
+    """Every party's cost model (:func:`fit_party`): the active party, the (first)
+    passive party and, with several passive parties, the others' sweeps in party order
+    (``more_passive``), each with the bus's ``comm`` fit.
 
     Raises:
         parties.costmodel.CostModelError: as :func:`fit_party`.
@@ -561,7 +604,9 @@ def fit_cost_models(active: PartySweep, passive: PartySweep, comm: CommFit, *,
     models = CostModels(active=fit_party(active, comm, holdout=holdout),
                         passive=fit_party(passive, comm, holdout=holdout), comm=comm,
                         n_train=active.n_train, embedding_dim=embedding_dim,
-                        batch_sizes=active.batch_sizes)
+                        batch_sizes=active.batch_sizes,
+                        more_passive=tuple(fit_party(s, comm, holdout=holdout)
+                                           for s in more_passive))
     for role, err in models.fit_error().items():
         log.info("vfl.sweep.fit", fit=role, **err)
     return models
@@ -573,13 +618,15 @@ def format_fits(models: CostModels) -> list[str]:
         return "  n/a" if math.isnan(v) else f"{100 * v:4.1f}%"
 
     lines = []
-    for cm in (models.passive, models.active):
+    parties = models.by_party
+    for party in (*list(parties)[1:], "active"):
+        cm = parties[party]
         for name in ("forward", "backward"):
             f: PowerFit = getattr(cm, name)
-            lines.append(f"{cm.role:<8} {name:<8} λ {f.lam:10.4g} core-s  γ {f.gamma:+7.4f}  "
+            lines.append(f"{party:<8} {name:<8} λ {f.lam:10.4g} core-s  γ {f.gamma:+7.4f}  "
                          f"R² {f.r2:6.4f}  held-out err {pct(f.rel_err_holdout)}")
         m = cm.memory
-        lines.append(f"{cm.role:<8} memory   M0 {m.m0 / 2**20:8.1f} MiB  ρ {m.rho:10.4g} B  "
+        lines.append(f"{party:<8} memory   M0 {m.m0 / 2**20:8.1f} MiB  ρ {m.rho:10.4g} B  "
                      f"χ {m.chi:+7.4f}  R² {m.r2:6.4f}  held-out err {pct(m.rel_err_holdout)}"
                      f"  (C = {cm.cores:g} cores, sync {cm.sync_overhead_s * 1e6:.0f} µs)")
     c = models.comm

@@ -153,10 +153,13 @@ class _Rows:
 def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndarray | None,
                  ps: Any, *, noise_seed: int | None = None,
                  sync_mode: str | None = None,
-                 models: ModelFactory | None = None) -> PassiveCompute | ActiveCompute:
+                 models: ModelFactory | None = None,
+                 party: str | None = None) -> PassiveCompute | ActiveCompute:
     """Build a worker's compute object (its replica is initialised from ``ps.pull()``).
 
     Args:
+        party: the worker's party id (its worker count and learning rate:
+            ``vfl.passive_party_workers``); None = ``role``.
         models: the run's model factory (None: ``ModelFactory(cfg)``, the config's
             ``vfl.model`` / ``vfl.top_model``).
         sync_mode: the replica's sync mode; None = the algorithm's
@@ -169,8 +172,9 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
     """
     d_in = x_train.shape[1]
     x = torch.from_numpy(np.ascontiguousarray(x_train, dtype=np.float32))
+    party = party or role
     if sync_mode is None:
-        sync_mode = sync_mode_for(cfg.algo, cfg.workers_for(role))
+        sync_mode = sync_mode_for(cfg.algo, cfg.workers_for(party))
 
     factory = models if models is not None else ModelFactory(cfg)
 
@@ -199,7 +203,7 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
             return DpSgd(model, embed_clip_norm=plan.clip_norm,
                          grad_clip_norm=plan.grad_clip_norm,
                          noise_multiplier=plan.sgd_noise_multiplier, seed=sgd_seed(noise_seed))
-    return PassiveCompute(x, make_bottom, ps, lr=cfg.worker_lr("passive"), delta_t0=cfg.delta_t0,
+    return PassiveCompute(x, make_bottom, ps, lr=cfg.worker_lr(party), delta_t0=cfg.delta_t0,
                           privatize=privatize, sync_mode=sync_mode, make_dp_sgd=make_dp_sgd,
                           make_optimizer=factory.optimizer)
 
@@ -209,15 +213,16 @@ class ThreadWorker:
     """A worker whose compute runs on a thread of the party process.
 
     Args:
-        noise_seed, models: see :func:`make_compute`.
+        noise_seed, models, party: see :func:`make_compute`.
     """
 
     def __init__(self, role: str, cfg: VflConfig, x_train: np.ndarray,
                  y_train: np.ndarray | None, ps: ParameterServer, *,
-                 noise_seed: int | None = None, models: ModelFactory | None = None) -> None:
+                 noise_seed: int | None = None, models: ModelFactory | None = None,
+                 party: str | None = None) -> None:
         self.role = role
         self.compute = make_compute(role, cfg, x_train, y_train, ps, noise_seed=noise_seed,
-                                    models=models)
+                                    models=models, party=party)
         self.rows = _Rows(x_train.shape[0], cfg)
         self._pool = self._new_pool(role)
         self._graphs: dict[int, Any] = {}
@@ -358,6 +363,7 @@ class ProcessWorker:
         models: a model factory with Python callables (pickled to the child: they must
             be module-level); None: the child rebuilds ``ModelFactory(cfg)`` from the
             config mapping.
+        party: the party id (see :func:`make_compute`); None = ``role``.
         start_timeout_s: deadline for the child to start and pull, seconds.
         reply_timeout_s: deadline for any reply, seconds (a child that dies is
             noticed within about a second regardless).
@@ -366,8 +372,9 @@ class ProcessWorker:
     def __init__(self, role: str, index: int, cfg: VflConfig, data_dir: Path,
                  ps: ParameterServer, *, noise_seed: int | None = None,
                  start_timeout_s: float = 120.0, reply_timeout_s: float = 300.0,
-                 models: ModelFactory | None = None) -> None:
+                 models: ModelFactory | None = None, party: str | None = None) -> None:
         self.role = role
+        self.party = party or role
         self.models = models
         self.index = index
         self.cfg = cfg
@@ -398,7 +405,7 @@ class ProcessWorker:
             target=worker_main,
             args=(endpoint, self.role, self.index, to_mapping(self.cfg), str(self.data_dir),
                   os.getpid(), self.noise_seed,
-                  self.models),
+                  self.models, self.party),
             name=f"psfl-{self.role}-worker-{self.index}",
             daemon=True,
         )
@@ -588,11 +595,11 @@ class _RemotePS:
 
 def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], data_dir: str,
                 parent_pid: int, noise_seed: int | None = None,
-                models: ModelFactory | None = None) -> None:
+                models: ModelFactory | None = None, party: str | None = None) -> None:
     """Body of a worker process: serve compute requests until ``stop`` or the parent is gone.
 
     ``models``: the party's model factory, pickled (its Python callables must be importable
-    here); None: the config's model specs."""
+    here); None: the config's model specs. ``party``: the party id (None: ``role``)."""
     import dataclasses
 
     from pubsub.config import from_mapping
@@ -605,7 +612,7 @@ def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], d
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     try:
-        _serve_worker(sock, role, cfg, data_dir, parent_pid, noise_seed, models)
+        _serve_worker(sock, role, cfg, data_dir, parent_pid, noise_seed, models, party)
     except _Stopped:
         pass
     except Exception as exc:  # noqa: BLE001 - reported to the parent instead of a traceback
@@ -618,12 +625,13 @@ def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], d
 
 
 def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
-                  parent_pid: int, noise_seed: int | None, models: ModelFactory) -> None:
+                  parent_pid: int, noise_seed: int | None, models: ModelFactory,
+                  party: str | None = None) -> None:
     """Load data, build the compute, then answer requests until ``stop``."""
     x_train = np.load(Path(data_dir) / "x_train.npy")
     y_train = np.load(Path(data_dir) / "y_train.npy") if role == "active" else None
     compute = make_compute(role, cfg, x_train, y_train, _RemotePS(sock), noise_seed=noise_seed,
-                           models=models)
+                           models=models, party=party)
     rows = _Rows(x_train.shape[0], cfg)
     graphs: dict[int, Any] = {}
     compute_s = compute_cpu_s = 0.0

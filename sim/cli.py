@@ -71,7 +71,8 @@ def _vfl_run(args: argparse.Namespace) -> int:
     name = "PubSub-VFL" if cfg.algo == "pubsub" else f"VFL baseline {cfg.algo}"
     print(f"{name}: {cfg.dataset} ({cfg.effective_task}), "
           f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}, B={cfg.batch_size}, "
-          f"workers {cfg.workers_for('active')}+{cfg.workers_for('passive')}, out {args.out}",
+          f"workers {'+'.join(str(cfg.workers_for(p)) for p in cfg.party_ids)}, "
+          f"out {args.out}",
           flush=True)
     if getattr(args, "transport", "broker") == "memory":
         from pubsub.config import ConfigError
@@ -121,20 +122,6 @@ def _vfl_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _two_parties_only(cfg: Any, what: str) -> None:
-    """The profile, cost model and planner measure two parties (docs/dev/multiparty.md).
-
-    Raises:
-        ConfigError: ``vfl.passive_parties`` > 1 (exit 2).
-    """
-    from pubsub.config import ConfigError
-
-    if cfg.passive_parties > 1:
-        raise ConfigError("vfl.passive_parties", f"{what} profiles and plans two parties; "
-                          f"several passive parties are not planned yet, got "
-                          f"{cfg.passive_parties}")
-
-
 def _vfl_profile(args: argparse.Namespace) -> int:
     """``psfl vfl profile``: single-worker compute profile and throughput ceiling."""
     from pathlib import Path
@@ -144,7 +131,6 @@ def _vfl_profile(args: argparse.Namespace) -> int:
 
     extra = {"dataset": args.dataset} if args.dataset else {}
     cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: exit 2
-    _two_parties_only(cfg, "psfl vfl profile")
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -169,8 +155,8 @@ def _vfl_profile(args: argparse.Namespace) -> int:
         return code
     doc = prof.to_dict()
     write_json(out / "profile.json", doc)
-    for p in (prof.passive, prof.active):
-        print(f"{p.role:<8} d_in {p.n_features:>5}  cpus {list(p.cpus)}  "
+    for p in (*prof.parties[1:], prof.active):
+        print(f"{p.party_id:<8} d_in {p.n_features:>5}  cpus {list(p.cpus)}  "
               f"{p.cpu_s_per_sample * 1e6:8.2f} us/sample CPU ({p.wall_s_per_sample * 1e6:.2f} "
               f"wall)  {p.steps} steps of B={p.batch_size}  -> {p.samples_per_s:,.0f} samples/s")
     print(f"ceiling {prof.ceiling_samples_per_s:,.0f} samples/s (bound by {prof.bound_by}, "
@@ -378,8 +364,6 @@ def _vfl_run_plan(args: argparse.Namespace, cfg: Any) -> tuple[Any, dict[str, An
 
     from sim.sysprofile import apply_plan, auto_plan
 
-    _two_parties_only(cfg, "psfl vfl run --plan")
-
     def run() -> Any:
         if args.plan == "auto":
             from pubsub.logs import configure_logging
@@ -387,7 +371,7 @@ def _vfl_run_plan(args: argparse.Namespace, cfg: Any) -> tuple[Any, dict[str, An
             where = Path(args.out) / "plan"
             where.mkdir(parents=True, exist_ok=True)
             configure_logging(events_path=where / "events.jsonl", role="plan")
-            print(f"planning: profiling both parties and the bus (files in {where}) ...",
+            print(f"planning: profiling every party and the bus (files in {where}) ...",
                   flush=True)
             new, pdoc = auto_plan(cfg, where, broker=args.broker)
         else:
@@ -410,7 +394,10 @@ def _vfl_run_plan(args: argparse.Namespace, cfg: Any) -> tuple[Any, dict[str, An
 
 def format_plan_doc(pdoc: dict[str, Any]) -> list[str]:
     """One line about a plan document (``plan.json``)."""
-    return [f"plan: w_active {pdoc['w_active']}, w_passive {pdoc['w_passive']}, "
+    per_party = pdoc.get("passive_party_workers") or []
+    workers = (f"passive_party_workers {list(per_party)}" if len(per_party) > 1
+               else f"w_passive {pdoc['w_passive']}")
+    return [f"plan: w_active {pdoc['w_active']}, {workers}, "
             f"B {pdoc['batch_size']}: predicted epoch {pdoc['epoch_s']:.3f} s "
             f"(profile {pdoc.get('profile')})"]
 
@@ -823,7 +810,7 @@ def _add_sweep_args(prof: argparse.ArgumentParser) -> None:
 
 def _add_plan_parser(vsub: Any) -> None:
     """``psfl vfl plan``."""
-    plan = vsub.add_parser("plan", help="choose (w_active, w_passive, B) minimising the "
+    plan = vsub.add_parser("plan", help="choose each party's workers and B minimising the "
                            "predicted epoch time from a profile's cost model "
                            "(writes OUT/plan.json)")
     plan.add_argument("--profile", required=True, help="profile.json of psfl vfl profile "
@@ -861,7 +848,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = vsub.add_parser("run", help="start broker + both parties as processes and train")
     _add_vfl_run_args(run, demo=False)
     run.add_argument("--plan", metavar="auto|PLAN.json", help="auto: profile (sweep), plan "
-                     "and train with the planned w_active, w_passive and batch_size; or "
+                     "and train with the planned workers per party and batch_size; or "
                      "the plan.json of psfl vfl plan (recorded in metrics.json)")
     run.set_defaults(func=_vfl_run)
     _add_predict_parser(vsub)

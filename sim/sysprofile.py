@@ -1,7 +1,8 @@
 """System profiling and planning for the ``psfl`` commands (PubSub-VFL, arXiv
-2510.12494, Sec. 4): the batch-size sweep of both parties, the communication probe
+2510.12494, Sec. 4): the batch-size sweep of every party, the communication probe
 through a real broker, the cost-model fits, and the planner's choice of
-``(w_active, w_passive, B)``.
+``(w_active, w_passive, B)`` (with several passive parties, one worker count per passive
+party: ``passive_party_workers``).
 
 ``psfl vfl profile --sweep`` calls :func:`sweep_profile`; ``psfl vfl plan`` calls
 :func:`plan_from_profile`; ``psfl vfl run --plan auto`` calls :func:`auto_plan` and
@@ -34,7 +35,7 @@ def sweep_profile(cfg: VflConfig, out: Path, *,
                   batch_sizes: Sequence[int] = DEFAULT_SWEEP_BATCH_SIZES,
                   min_time_s: float = DEFAULT_SWEEP_MIN_TIME_S, broker: str | None = None,
                   comm_reps: int = DEFAULT_COMM_REPS) -> tuple[dict[str, Any], CostModels]:
-    """Sweep both parties, probe the bus, fit the cost models.
+    """Sweep every party, probe the bus, fit the cost models.
 
     Args:
         cfg: the run's config (model, data, CPUs, threads).
@@ -74,10 +75,11 @@ def sweep_profile(cfg: VflConfig, out: Path, *,
             _stop(proc)
             (out / "broker.addr").unlink(missing_ok=True)
     models = fit_cost_models(sweeps["active"], sweeps["passive"], comm.fit(),
-                             embedding_dim=cfg.embedding_dim)
-    doc = {"sweep": {"active": sweeps["active"].to_dict(),
-                     "passive": sweeps["passive"].to_dict(), "comm": comm.to_dict(),
-                     "min_time_s": min_time_s, "comm_reps": comm_reps},
+                             embedding_dim=cfg.embedding_dim,
+                             more_passive=[sweeps[p] for p in cfg.party_ids[2:]])
+    doc = {"sweep": {**{p: sweeps[p].to_dict() for p in cfg.party_ids},
+                     "comm": comm.to_dict(), "min_time_s": min_time_s,
+                     "comm_reps": comm_reps},
            "cost_model": models.to_dict()}
     return doc, models
 
@@ -85,7 +87,7 @@ def sweep_profile(cfg: VflConfig, out: Path, *,
 def default_memory_rule(cfg: VflConfig, models: CostModels) -> str:
     """``"per_worker"`` when the parties' workers are processes (each its own baseline),
     else ``"shared"`` (see :mod:`parties.planner`)."""
-    modes = {cfg.resolved_worker_mode(m.cores) for m in (models.active, models.passive)}
+    modes = {cfg.resolved_worker_mode(m.cores) for m in (models.active, *models.passives)}
     return "per_worker" if "process" in modes else "shared"
 
 
@@ -96,15 +98,25 @@ def plan_from_models(models: CostModels, cfg: VflConfig, *, w_max: int = DEFAULT
     """:func:`parties.planner.plan_for_config` on fitted models.
 
     B values above the training rows are dropped. ``mem_limit_bytes`` is each party's
-    budget M̄ (None: unlimited).
+    budget M̄ (None: unlimited; one budget, so every passive party gets it). The models
+    must be of ``cfg``'s parties: one passive party, or ``vfl.passive_parties`` of them.
 
     Returns:
         ``(plan, inputs)``: the plan and the planner's inputs (for ``plan.json``).
 
     Raises:
         parties.planner.NoFeasiblePlan / PlannerError: as the planner.
+        pubsub.config.ConfigError: the profile's passive parties are not ``cfg``'s.
     """
     from parties.planner import PlannerError, mean_sync_interval
+    from pubsub.config import ConfigError
+
+    if len(models.passives) != cfg.passive_parties:
+        raise ConfigError("vfl.passive_parties", f"the profile has cost models of "
+                          f"{len(models.passives)} passive part"
+                          f"{'ies' if len(models.passives) > 1 else 'y'}; profile the "
+                          f"planned parties (psfl vfl profile --sweep), got "
+                          f"{cfg.passive_parties}")
 
     bs = tuple(sorted({int(b) for b in batch_sizes if int(b) <= models.n_train}))
     if not bs:
@@ -112,18 +124,21 @@ def plan_from_models(models: CostModels, cfg: VflConfig, *, w_max: int = DEFAULT
                            f"{models.n_train} training rows")
     rule = memory_rule or default_memory_rule(cfg, models)
     active = dataclasses.replace(models.active, mem_limit_bytes=mem_limit_bytes)
-    passive = dataclasses.replace(models.passive, mem_limit_bytes=mem_limit_bytes)
-    plan = plan_for_config(active, passive, cfg, models.n_train, w_max=w_max,
+    passives = [dataclasses.replace(m, mem_limit_bytes=mem_limit_bytes)
+                for m in models.passives]
+    plan = plan_for_config(active, passives, cfg, models.n_train, w_max=w_max,
                            batch_sizes=bs, memory_rule=rule)
     swept = models.batch_sizes
     inputs = {"n_rows": models.n_train, "embedding_dim": cfg.embedding_dim,
               "threads": cfg.torch_threads, "w_max": w_max, "batch_sizes": list(bs),
               "delta_t": mean_sync_interval(cfg.epochs, cfg.delta_t0),
               "memory_rule": rule, "mem_limit_bytes": mem_limit_bytes,
-              "cores": {"active": active.cores, "passive": passive.cores},
+              "cores": {party: m.cores for party, m in
+                        zip(cfg.party_ids, (active, *passives), strict=True)},
               "extrapolated_batch_sizes": [b for b in bs
                                            if b < min(swept) or b > max(swept)]}
     log.info("vfl.plan", w_active=plan.w_active, w_passive=plan.w_passive,
+             passive_party_workers=plan.passive_party_workers,
              batch_size=plan.batch_size, epoch_s=plan.epoch_s)
     return plan, inputs
 
@@ -139,6 +154,8 @@ def format_plan(plan: Plan) -> list[str]:
     def s(v: float) -> str:
         return "      inf" if not math.isfinite(v) else f"{v:9.3f}"
 
+    if len(plan.passive_party_workers) > 1:
+        return _format_plan_parties(plan)
     lines = ["     B  w_a  w_p  T_active s  T_passive s    epoch s"]
     for r in plan.table:
         mark = "  <- plan" if r.batch_size == plan.batch_size else ""
@@ -152,12 +169,32 @@ def format_plan(plan: Plan) -> list[str]:
     return lines
 
 
+def _format_plan_parties(plan: Plan) -> list[str]:
+    """:func:`format_plan` with several passive parties: workers and times per party."""
+    def s(v: float) -> str:
+        return "inf" if not math.isfinite(v) else f"{v:.3f}"
+
+    lines = ["     B  workers (active, passive, passive2, ...)  T_p s (same order)  epoch s"]
+    for r in plan.table:
+        mark = "  <- plan" if r.batch_size == plan.batch_size else ""
+        ws = ",".join(str(w) for w in (r.w_active, *r.passive_party_workers))
+        ts = ",".join(s(t) for t in (r.t_active_s, *r.t_passive_party_s))
+        lines.append(f"{r.batch_size:>6}  {ws:<40} {ts:<19} {s(r.epoch_s):>8}"
+                     + ("  (memory)" if not r.feasible else "") + mark)
+    idle = ", ".join(f"{p.party} {p.idle:.0%}" for p in plan.parties)
+    lines.append(f"plan: w_active {plan.w_active}, passive_party_workers "
+                 f"{list(plan.passive_party_workers)}, B {plan.batch_size}: predicted epoch "
+                 f"{plan.epoch_s:.3f} s (bound by {plan.bound_by}; idle {idle})")
+    return lines
+
+
 def auto_plan(cfg: VflConfig, out: Path, *, broker: str | None = None,
               min_time_s: float = DEFAULT_SWEEP_MIN_TIME_S,
               sweep_batch_sizes: Sequence[int] = DEFAULT_SWEEP_BATCH_SIZES,
               w_max: int = DEFAULT_W_MAX) -> tuple[VflConfig, dict[str, Any]]:
     """Profile (sweep with ``cfg``'s model and data), plan, and return ``cfg`` with the
-    planned ``w_active``, ``w_passive`` and ``batch_size``, and the plan's document.
+    planned ``w_active``, ``w_passive`` (``passive_party_workers`` with several passive
+    parties) and ``batch_size`` (:func:`apply_plan`), and the plan's document.
 
     Writes ``out/profile.json`` and ``out/plan.json`` (``out`` is created).
 
@@ -178,9 +215,33 @@ def auto_plan(cfg: VflConfig, out: Path, *, broker: str | None = None,
 
 
 def apply_plan(cfg: VflConfig, plan: Plan | Mapping[str, Any]) -> VflConfig:
-    """``cfg`` with the plan's ``w_active``, ``w_passive`` and ``batch_size``."""
+    """``cfg`` with the plan's ``w_active``, ``w_passive`` and ``batch_size``, and with
+    several passive parties each one's count (``passive_party_workers``; ``w_passive``
+    is then the first's). ``vfl-ps`` pairs every active worker with one worker of every
+    passive party, so it runs the fewest planned passive workers on every passive party
+    (as it runs ``min(w_active, w_passive)`` pairs with two parties).
+
+    A plan without ``passive_party_workers`` (a two-party plan.json written before it
+    existed) plans one passive party.
+
+    Raises:
+        pubsub.config.ConfigError: the plan's passive parties are not ``cfg``'s (key
+            ``vfl.passive_parties``), or the planned values are invalid.
+    """
+    from pubsub.config import ConfigError
+
     d = plan.to_dict() if isinstance(plan, Plan) else plan
-    return dataclasses.replace(cfg, w_active=int(d["w_active"]), w_passive=int(d["w_passive"]),
+    w_p = int(d["w_passive"])
+    per_party = tuple(int(w) for w in d.get("passive_party_workers") or (w_p,))
+    if len(per_party) != cfg.passive_parties:
+        raise ConfigError("vfl.passive_parties", f"the plan is for {len(per_party)} "
+                          f"passive part{'ies' if len(per_party) > 1 else 'y'} "
+                          f"(passive_party_workers {list(per_party)}), got "
+                          f"{cfg.passive_parties}")
+    if cfg.algo == "vfl-ps":
+        per_party = (min(per_party),) * len(per_party)
+    return dataclasses.replace(cfg, w_active=int(d["w_active"]), w_passive=per_party[0],
+                               passive_party_workers=per_party if len(per_party) > 1 else (),
                                batch_size=int(d["batch_size"]))
 
 

@@ -254,13 +254,27 @@ def test_each_passive_party_keeps_its_own_privacy_ledger(tmp_path: Path) -> None
         assert len(led["predictions"]) == 1 and max(led["counts"]["test"]) == 2
 
 
-@pytest.mark.parametrize("args", [
-    ["vfl", "profile", "--dataset", "bank"],
-    ["vfl", "run", "--plan", "auto", "--dataset", "bank"],
-])
-def test_the_planner_refuses_several_passive_parties_for_now(
-        tmp_path: Path, capfd: pytest.CaptureFixture[str], args: list[str]) -> None:
-    res = psfl_in_process(capfd, *args, "--set", "passive_parties=2", "--out", str(tmp_path))
+def test_a_plan_gives_each_passive_party_its_own_workers(
+        bank_sample: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """``psfl vfl run --plan PLAN.json`` with two passive parties: each runs its planned
+    count, and metrics.json records the plan; a plan for another number of passive
+    parties is refused naming vfl.passive_parties."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(orjson.dumps({"w_active": 2, "w_passive": 1,
+                                  "passive_party_workers": [1, 3], "batch_size": 256,
+                                  "epoch_s": 0.5, "profile": "hand-made"}).decode())
+    common = ["vfl", "run", "--transport", "memory", "--dataset", str(bank_sample),
+              "--set", "label=y", "--set", "passive_parties=2", "--set", "epochs=1",
+              "--set", "worker_mode=inline", "--plan", str(plan)]
+    res = psfl_in_process(capfd, *common, "--out", str(tmp_path / "run"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "passive_party_workers [1, 3]" in res.stdout and "workers 2+1+3" in res.stdout
+    m = _metrics(tmp_path / "run")
+    assert m["config"]["passive_party_workers"] == [1, 3] and m["config"]["batch_size"] == 256
+    assert [m["parties"][p]["workers"] for p in ("active", "passive", "passive2")] == [2, 1, 3]
+    assert m["plan"]["passive_party_workers"] == [1, 3]
+    res = psfl_in_process(capfd, *common[:-4], "--set", "passive_parties=3",
+                          "--plan", str(plan), "--out", str(tmp_path / "bad"))
     assert res.returncode == 2 and "vfl.passive_parties" in res.stderr, res.stderr[-500:]
 
 

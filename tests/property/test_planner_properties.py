@@ -1,4 +1,5 @@
-"""The DP planner against brute force on random cost models (PubSub-VFL Sec. 4 planner)."""
+"""The DP planner against brute force on random cost models (PubSub-VFL Sec. 4 planner),
+two-party and with two or three passive parties."""
 
 from __future__ import annotations
 
@@ -59,9 +60,10 @@ def problems(draw: st.DrawFn) -> tuple[CostModel, CostModel, dict[str, Any]]:
     return draw(cost_models("active")), draw(cost_models("passive")), kw
 
 
-def _solve(fn: Any, a: CostModel, p: CostModel, kw: dict[str, Any]) -> Any:
+def _solve(fn: Any, a: CostModel, p: CostModel | tuple[CostModel, ...],
+           kw: dict[str, Any]) -> Any:
     try:
-        return fn(a, p, **kw)
+        return fn(a, *(p if isinstance(p, tuple) else (p,)), **kw)
     except NoFeasiblePlan:
         return None
 
@@ -125,3 +127,42 @@ def test_twice_the_cores_never_makes_a_party_slower(
     # At the old plan's own (w, B) the doubled party is no slower either.
     old = brute_force(a2, p2, **{**kw, "batch_sizes": (before.batch_size,)})
     assert old.epoch_s <= before.epoch_s * (1 + 1e-12)
+
+
+@st.composite
+def several_passive_problems(draw: st.DrawFn
+                             ) -> tuple[CostModel, tuple[CostModel, ...], dict[str, Any]]:
+    """Two or three passive parties on small grids (brute force is W_max^(K+1) per B)."""
+    k = draw(st.sampled_from([2, 3]))
+    kw = {"n_rows": draw(st.integers(1, 200_000)), "embedding_dim": draw(st.integers(1, 256)),
+          "threads": draw(st.integers(1, 8)), "w_max": draw(st.integers(1, 5 if k == 2 else 4)),
+          "batch_sizes": tuple(draw(st.lists(st.sampled_from(range(16, 1025, 16)),
+                                             min_size=1, max_size=4, unique=True))),
+          "delta_t": draw(st.floats(1.0, 5.0)),
+          "memory_rule": draw(st.sampled_from(["shared", "per_worker"]))}
+    passives = tuple(draw(cost_models("passive")) for _ in range(k))
+    if draw(st.booleans()):  # K + 1 budgets: keep the feasible share near the two-party one
+        passives = tuple(replace(p, mem_limit_bytes=None) for p in passives)
+    return draw(cost_models("active")), passives, kw
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(several_passive_problems())
+def test_dp_equals_brute_force_with_several_passive_parties(
+        prob: tuple[CostModel, tuple[CostModel, ...], dict[str, Any]]) -> None:
+    a, ps, kw = prob
+    dp, bf = _solve(plan, a, ps, kw), _solve(brute_force, a, ps, kw)
+    event("feasible" if dp is not None else "infeasible")
+    assert (dp is None) == (bf is None)
+    if dp is None:
+        return
+    assert math.isclose(dp.epoch_s, bf.epoch_s, rel_tol=1e-9)
+    # the same key (epoch, Σ w, B): the same workers for every party
+    assert (dp.w_active, dp.passive_party_workers, dp.batch_size) == \
+        (bf.w_active, bf.passive_party_workers, bf.batch_size)
+    assert dp.w_passive == dp.passive_party_workers[0] and len(dp.passive_party_workers) == len(ps)
+    assert dp.epoch_s == max(s.epoch_s for s in dp.parties) == min(r.epoch_s for r in dp.table)
+    assert min(s.idle for s in dp.parties) == 0.0
+    for cost, w in zip((a, *ps), (dp.w_active, *dp.passive_party_workers), strict=True):
+        assert 1 <= w <= kw["w_max"]
+        assert cost.memory.fits(dp.batch_size, w, cost.mem_limit_bytes, kw["memory_rule"])

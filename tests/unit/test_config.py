@@ -200,3 +200,70 @@ def test_per_party_bottom_widths_and_feature_count():
         VflConfig(active_features=-1)
     with pytest.raises(ConfigError, match="either a feature count or column lists"):
         VflConfig(active_features=2, active_columns=("a",), passive_columns=("b",))
+
+
+def test_per_passive_party_workers_from_toml_and_set(tmp_path: Path) -> None:
+    """``passive_party_workers``: one count per passive party, each party's own workers
+    and learning-rate scaling; part of the handshake digest."""
+    f = tmp_path / "c.toml"
+    f.write_text("[vfl]\npassive_parties = 3\npassive_party_workers = [1, 2, 4]\n")
+    c = load_vfl_config(f, ["w_passive=7"])
+    assert c.passive_party_workers == (1, 2, 4) and c.passive_workers == (1, 2, 4)
+    assert [c.workers_for(p) for p in c.party_ids] == [2, 1, 2, 4]
+    assert c.workers_for("passive") == c.workers_for_party("passive") == 1
+    assert c.worker_lr("passive3") == pytest.approx(4e-3)  # linear: lr x its own 4
+    assert c.worker_lr("passive") == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="passive4"):
+        c.workers_for("passive4")
+    g = tmp_path / "d.toml"
+    g.write_text(dump_vfl_config(c))
+    assert load_vfl_config(g) == c
+    s = load_vfl_config(None, ["passive_parties=2", "passive_party_workers=[2,3]"])
+    assert s.passive_party_workers == (2, 3)
+    assert load_vfl_config(None, ["passive_parties=2", "w_passive=3"]).passive_workers == (3, 3)
+    # the digest the parties compare in their handshake includes the counts
+    d1 = s.shared_settings(100)
+    d2 = load_vfl_config(None, ["passive_parties=2", "passive_party_workers=[3,2]"]
+                         ).shared_settings(100)
+    assert d1["passive_party_workers"] == [2, 3] and d1["digest"] != d2["digest"]
+    # vfl / avfl: one worker whatever the count; vfl-ps: equal counts, paired
+    assert load_vfl_config(None, ["algo=avfl", "passive_parties=2",
+                                  "passive_party_workers=[2,3]"]).workers_for("passive2") == 1
+    ps = load_vfl_config(None, ["algo=vfl-ps", "passive_parties=2", "w_active=4",
+                                "passive_party_workers=[3,3]"])
+    assert [ps.workers_for(p) for p in ps.party_ids] == [3, 3, 3]
+
+
+@pytest.mark.parametrize(("sets", "why"), [
+    (["passive_party_workers=[2]"], "several passive parties"),
+    (["passive_parties=2", "passive_party_workers=[2]"], "one worker count per passive party"),
+    (["passive_parties=2", "passive_party_workers=[2,3,4]"], "one worker count"),
+    (["passive_parties=2", "passive_party_workers=[0,3]"], ">= 1"),
+    (["passive_parties=2", "passive_party_workers=[2,3]", "algo=vfl-ps"], "same count"),
+    (["passive_parties=2", "passive_party_workers=[2,x]"], None),
+])
+def test_bad_per_party_workers_name_the_key(sets: list[str], why: str | None) -> None:
+    with pytest.raises(ConfigError, match=why) as ei:
+        load_vfl_config(None, sets)
+    assert ei.value.key == "vfl.passive_party_workers"
+
+
+def test_a_passive_partys_workers_and_rate_follow_its_own_count() -> None:
+    """The worker compute and the strategy of ``passive2`` take its own count."""
+    import numpy as np
+
+    from parties.model import ParameterServer, flat_params, party_modules
+    from parties.strategy import StrategyConfig
+    from parties.workers import make_compute
+
+    cfg = VflConfig(passive_parties=2, passive_party_workers=(1, 3), bottom_hidden=(4,),
+                    embedding_dim=2)
+    x = np.zeros((8, 3), dtype=np.float32)
+    ps = ParameterServer(flat_params(party_modules(cfg, "passive", 3)))
+    got = {}
+    for party in ("passive", "passive2"):
+        c = make_compute("passive", cfg, x, None, ps, party=party)
+        got[party] = (c.replica.sync_mode, c.replica.opt.param_groups[0]["lr"],
+                      StrategyConfig.from_vfl(cfg, "passive", party).workers)
+    assert got == {"passive": ("manual", pytest.approx(1e-3), 1),
+                   "passive2": ("schedule", pytest.approx(3e-3), 3)}

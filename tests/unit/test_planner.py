@@ -147,3 +147,74 @@ def test_plan_for_config_takes_d_threads_and_mean_sync_interval() -> None:
     want = plan(a, p, n_rows=20_000, embedding_dim=16, threads=2,
                 delta_t=mean_sync_interval(8, 5))
     assert got == want
+
+
+# ------------------------------------------------------------ several passive parties
+def test_several_passive_parties_get_their_own_workers() -> None:
+    """Three passive parties: the one with twice the work per step needs twice the
+    workers to keep up with the others; the epoch is the slowest party's."""
+    a = _cost("active", cores=8.0)
+    p1, p2, p3 = _cost("passive", cores=8.0), _cost("passive", lam=2e-5, cores=8.0), \
+        _cost("passive", cores=8.0)
+    pl = plan(a, p1, p2, p3, n_rows=10_000, embedding_dim=8, threads=1, w_max=8,
+              batch_sizes=(100,))
+    # p2's work 4e-3 core-s per step: 8 workers reach n_b·W/8 = 0.05 s; the others, with
+    # 2e-3, reach it with 4 workers
+    assert pl.epoch_s == pytest.approx(100 * 4e-3 / 8)
+    assert pl.passive_party_workers == (4, 8, 4) and pl.w_passive == 4 and pl.w_active == 4
+    assert pl.bound_by == "active+passive+passive2+passive3"  # each at its epoch exactly
+    assert [s.party for s in pl.parties] == ["active", "passive", "passive2", "passive3"]
+    assert [s.workers for s in pl.parties] == [4, 4, 8, 4]
+    assert pl.parties[2].idle == 0.0 and pl.parties[1].idle == pytest.approx(0.0)
+    assert [t.workers for t in pl.passive_terms] == [4, 8, 4]
+    row = pl.table[0]
+    assert row.passive_party_workers == (4, 8, 4) and len(row.t_passive_party_s) == 3
+    d = json.loads(json.dumps(pl.to_dict(), allow_nan=False))
+    assert d["passive_party_workers"] == [4, 8, 4] and d["w_passive"] == 4
+    assert [p["party"] for p in d["parties"]] == ["active", "passive", "passive2", "passive3"]
+    bf = brute_force(a, p1, p2, p3, n_rows=10_000, embedding_dim=8, w_max=8,
+                     batch_sizes=(100,))
+    assert (bf.w_active, bf.passive_party_workers, bf.epoch_s) == (4, (4, 8, 4), pl.epoch_s)
+
+
+def test_the_active_round_trip_sends_one_gradient_per_passive_party() -> None:
+    """r_A = comm_A(K·n) + max_k comm_k(n); each passive party's r_k = comm_A(n) +
+    comm_k(n); one passive party: the two-party r(B)."""
+    ca = CommFit(latency_s=1e-3, s_per_byte=1e-8)
+    fast, slow = CommFit(latency_s=1e-4, s_per_byte=1e-9), CommFit(latency_s=2e-3,
+                                                                   s_per_byte=1e-9)
+    a = _cost("active", comm=ca)
+    p1, p2 = _cost("passive", comm=fast), _cost("passive", comm=slow)
+    n = 4 * 16 * 100
+    kw = {"b": 100, "w": 1, "n_rows": 1000, "embedding_dim": 16}
+    assert party_terms(a, (p1, p2), **kw).round_trip_s == pytest.approx(
+        1e-3 + 2 * n * 1e-8 + 2e-3 + n * 1e-9)
+    assert party_terms(p2, a, **kw).round_trip_s == pytest.approx(
+        1e-3 + n * 1e-8 + 2e-3 + n * 1e-9)
+    assert party_terms(a, (p1,), **kw) == party_terms(a, p1, **kw)
+    # bound_by with ties, and the two-party names kept for one passive party
+    pl = plan(a, p1, p1, n_rows=1000, embedding_dim=16, w_max=1, batch_sizes=(100,))
+    assert pl.bound_by == "active"
+    heavy = _cost("passive", lam=1e-3)
+    assert plan(a, heavy, heavy, n_rows=1000, embedding_dim=16, w_max=1,
+                batch_sizes=(100,)).bound_by == "passive+passive2"
+    even = _cost("passive")
+    assert plan(_cost("active"), even, n_rows=1000, embedding_dim=16, w_max=1,
+                batch_sizes=(100,)).bound_by == "both"
+
+
+def test_memory_and_errors_with_several_passive_parties() -> None:
+    a = _cost("active")
+    tight = _cost("passive", limit=1e8 + 3e7)  # b_max 300
+    pl = plan(a, _cost("passive"), tight, n_rows=100_000, embedding_dim=8)
+    assert pl.b_max == pytest.approx(300.0) and pl.batch_size <= 300
+    rows = {r.batch_size: r for r in pl.table}
+    assert not rows[512].feasible and rows[512].passive_party_workers == (0, 0)
+    assert rows[512].t_passive_party_s[1] == math.inf
+    with pytest.raises(NoFeasiblePlan):
+        plan(a, _cost("passive"), tight, n_rows=100_000, embedding_dim=8,
+             batch_sizes=(512,))
+    with pytest.raises(PlannerError, match="roles"):
+        plan(a, _cost("passive"), _cost("active"), n_rows=100, embedding_dim=8)
+    with pytest.raises(PlannerError, match="at least one passive"):
+        plan(a, n_rows=100, embedding_dim=8)

@@ -45,6 +45,33 @@ def test_ceiling_of_parties_sharing_cores_counts_both_shares() -> None:
     assert (value, bound) == (pytest.approx(1e4), "shared")
 
 
+def test_ceiling_and_profile_json_with_several_passive_parties() -> None:
+    """Every party bounds the ceiling; passive parties on the same CPU (all are pinned to
+    passive_cpus in a run) share it; profile.json keys each by its party id."""
+    import dataclasses
+
+    a = _pp("active", (0,), 1e-4)
+    p1 = _pp("passive", (1,), 6e-5)
+    p2 = dataclasses.replace(_pp("passive", (2,), 5e-5), party="passive2")
+    assert ceiling(a, p1, p2) == (pytest.approx(1e4), "active")
+    slow = dataclasses.replace(p2, cpu_s_per_sample=2e-4)
+    assert ceiling(a, p1, slow) == (pytest.approx(5e3), "passive2")
+    on_one = dataclasses.replace(p2, cpus=(1,))  # 1 / (6e-5 + 5e-5) < 1e4
+    assert ceiling(a, p1, on_one) == (pytest.approx(1 / 1.1e-4), "shared")
+    value, bound = ceiling(a, p1, p2)
+    prof = ComputeProfile(active=a, passive=p1, more_passive=(p2,),
+                          ceiling_samples_per_s=value, bound_by=bound, basis="cpu",
+                          settings={})
+    doc = json.loads(json.dumps(prof.to_dict()))
+    assert list(doc["parties"]) == ["active", "passive", "passive2"]
+    assert doc["parties"]["passive2"]["party"] == "passive2"
+    assert "party" not in doc["parties"]["passive"]  # the two-party entries as before
+    assert compute_profile_from_dict(doc) == prof
+    assert mean_profile([prof, prof]).more_passive[0].party_id == "passive2"
+    with pytest.raises(ValueError, match="same parties"):
+        mean_profile([prof, dataclasses.replace(prof, more_passive=())])
+
+
 def test_efficiency_above_limit_is_an_error() -> None:
     assert efficiency(900.0, 1000.0) == pytest.approx(0.9)
     assert efficiency(1040.0, 1000.0) == pytest.approx(1.04)
@@ -164,8 +191,9 @@ def test_resolve_layout_follows_the_run_layout() -> None:
 
 
 @pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+@pytest.mark.parametrize("passive_parties", [1, 2])
 def test_concurrent_profile_times_both_parties_at_once_in_their_own_processes(
-        tmp_path: Path) -> None:
+        tmp_path: Path, passive_parties: int) -> None:
     import os
 
     import pandas as pd
@@ -182,15 +210,25 @@ def test_concurrent_profile_times_both_parties_at_once_in_their_own_processes(
                   "y": rng.choice(["no", "yes"], n)}).to_csv(table, index=False)
     a, p = sorted(os.sched_getaffinity(0))[:2]
     cfg = VflConfig(dataset=str(table), label="y", batch_size=128, epochs=2,
-                    bottom_hidden=(16,), top_hidden=(8,), active_cpus=(a,), passive_cpus=(p,))
+                    bottom_hidden=(16,), top_hidden=(8,), active_cpus=(a,), passive_cpus=(p,),
+                    passive_parties=passive_parties)
     before = os.sched_getaffinity(0)
     prof = profile_config(cfg, min_steps=20, min_time_s=0.05)
     assert os.sched_getaffinity(0) == before  # the children pinned themselves, not us
     assert prof.settings["layout"] == "concurrent"
     assert prof.active.cpus == (a,) and prof.passive.cpus == (p,)
     assert prof.active.steps >= 20 and prof.passive.steps >= 20
-    assert prof.ceiling_samples_per_s == pytest.approx(
-        min(prof.active.samples_per_s, prof.passive.samples_per_s))
+    if passive_parties == 1:
+        assert prof.ceiling_samples_per_s == pytest.approx(
+            min(prof.active.samples_per_s, prof.passive.samples_per_s))
+        return
+    # passive2: its own columns (x3 and job: a wider encoding than passive's x2), on the
+    # passive CPU it shares with passive in a run
+    (p2,) = prof.more_passive
+    assert p2.party_id == "passive2" and p2.cpus == (p,) and p2.steps >= 20
+    assert p2.n_features != prof.passive.n_features
+    assert prof.ceiling_samples_per_s == pytest.approx(min(
+        prof.active.samples_per_s, 1 / (prof.passive.cpu_s_per_sample + p2.cpu_s_per_sample)))
 
 
 def test_concurrent_profile_reports_a_child_failure() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -193,3 +194,107 @@ def test_psfl_vfl_plan_on_a_profile_and_its_errors(sweeps: dict[str, PartySweep]
         assert main(["vfl", "plan", *extra, "--out", str(tmp_path / "e")]) == 2, extra
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1, (extra, err)
+
+
+# ------------------------------------------------------------ several passive parties
+MULTI = VflConfig(bottom_hidden=(16,), top_hidden=(8,), embedding_dim=8, epochs=2,
+                  passive_parties=2)
+
+
+@pytest.fixture(scope="module")
+def passive2_sweep() -> PartySweep:
+    """``passive2`` swept with its own (narrower) columns."""
+    x, _ = _data(d=3)
+    return sweep_party("passive2", MULTI, x, None, BS, warmup_steps=1, min_steps=3,
+                       min_time_s=0.0, sync_reps=3)
+
+
+def _multi_models(sweeps: dict[str, PartySweep], passive2: PartySweep) -> CostModels:
+    return fit_cost_models(sweeps["active"], sweeps["passive"],
+                           CommFit(latency_s=1e-4, s_per_byte=1e-9), embedding_dim=8,
+                           more_passive=[passive2])
+
+
+def test_cost_models_of_several_passive_parties(sweeps: dict[str, PartySweep],
+                                                passive2_sweep: PartySweep) -> None:
+    s2 = passive2_sweep
+    assert s2.role == "passive" and s2.n_features == 3 and s2.batch_sizes == BS
+    assert s2.param_bytes < sweeps["passive"].param_bytes  # its own input width
+    models = _multi_models(sweeps, s2)
+    assert [m.role for m in models.passives] == ["passive", "passive"]
+    assert list(models.by_party) == ["active", "passive", "passive2"]
+    doc = json.loads(json.dumps(models.to_dict()))
+    assert {"active", "passive", "passive2"} <= set(doc)
+    assert "passive2.forward" in doc["fit_error"]
+    assert CostModels.from_dict(doc) == models
+    lines = format_fits(models)
+    assert len(lines) == 10 and lines[0].startswith("passive ") and \
+        lines[3].startswith("passive2")
+    # the two-party form is as before: no key of a second passive party
+    two = _models(sweeps).to_dict()
+    assert set(two) == {"active", "passive", "comm", "fit_error", "n_train",
+                        "embedding_dim", "batch_sizes", "source"}
+    assert CostModels.from_dict(two).more_passive == ()
+
+
+def test_party_cores_with_several_passive_parties() -> None:
+    from parties.sysinfo import cores_allotted
+
+    pinned = VflConfig(passive_parties=3, active_cpus=(0,), passive_cpus=(1, 2, 3))
+    assert party_cores(pinned, "active") == 1.0
+    assert party_cores(pinned, "passive3") == pytest.approx(1.0)  # 3 share 3 CPUs
+    assert party_cores(VflConfig(passive_parties=3), "passive2") == pytest.approx(
+        max(cores_allotted() / 4, 1e-3))
+    assert party_cores(VflConfig(passive_parties=2, active_cpus=(0,)), "passive") == \
+        pytest.approx(max(cores_allotted() / 2, 1e-3))
+
+
+def test_plans_of_several_passive_parties_apply_per_party(
+        sweeps: dict[str, PartySweep], passive2_sweep: PartySweep) -> None:
+    from pubsub.config import ConfigError
+
+    from sim.sysprofile import apply_plan, plan_from_models
+
+    models = _multi_models(sweeps, passive2_sweep)
+    plan, inputs = plan_from_models(models, MULTI, w_max=3, batch_sizes=(8, 16, 32, 64))
+    assert len(plan.passive_party_workers) == 2 and set(inputs["cores"]) == {
+        "active", "passive", "passive2"}
+    new = apply_plan(MULTI, plan)
+    assert new.passive_workers == plan.passive_party_workers
+    assert new.w_passive == plan.w_passive and new.batch_size == plan.batch_size
+    d = {"w_active": 2, "w_passive": 1, "passive_party_workers": [1, 3], "batch_size": 32}
+    assert apply_plan(MULTI, d).passive_party_workers == (1, 3)
+    ps = apply_plan(replace(MULTI, algo="vfl-ps"), d)  # pairs: the fewest, on every party
+    assert ps.passive_workers == (1, 1)
+    with pytest.raises(ConfigError, match="2 passive parties") as ei:
+        apply_plan(CFG, d)
+    assert ei.value.key == "vfl.passive_parties"
+    legacy = {"w_active": 2, "w_passive": 3, "batch_size": 32}  # a two-party plan.json
+    assert (apply_plan(CFG, legacy).w_passive, apply_plan(CFG, legacy).passive_workers) == \
+        (3, (3,))
+    with pytest.raises(ConfigError, match="vfl.passive_parties"):
+        apply_plan(MULTI, legacy)
+    with pytest.raises(ConfigError, match="cost models of 2 passive parties"):
+        plan_from_models(models, CFG)
+
+
+def test_psfl_vfl_plan_with_several_passive_parties(
+        sweeps: dict[str, PartySweep], passive2_sweep: PartySweep, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.cli import main
+
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({
+        "cost_model": _multi_models(sweeps, passive2_sweep).to_dict(),
+        "settings": {"config": {"embedding_dim": 8, "passive_parties": 2}}}))
+    assert main(["vfl", "plan", "--profile", str(prof), "--w-max", "3",
+                 "--out", str(tmp_path / "p")]) == 0
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert len(doc["passive_party_workers"]) == 2
+    assert doc["w_passive"] == doc["passive_party_workers"][0]
+    assert [p["party"] for p in doc["parties"]] == ["active", "passive", "passive2"]
+    out = capsys.readouterr().out
+    assert "passive_party_workers" in out and "<- plan" in out
+    assert main(["vfl", "plan", "--profile", str(prof), "--set", "passive_parties=3",
+                 "--out", str(tmp_path / "e")]) == 2
+    assert "vfl.passive_parties" in capsys.readouterr().err
