@@ -68,14 +68,14 @@ TOP_HIDDEN = (64,)
 BATCH = 256
 REL_TARGET_AUC = 0.98
 REL_TARGET_RMSE = 1.02
-WORKERS = {"pubsub": (2, 2), "avfl-ps": (2, 2), "vfl-ps": (2, 2), "vfl": (1, 1),
+WORKERS = {"pubsub": (1, 2), "avfl-ps": (1, 2), "vfl-ps": (2, 2), "vfl": (1, 1),
            "avfl": (1, 1)}
 
 
-def bottom_width(n_parties: int) -> int:
+def bottom_width(n_parties: int, base: int = BASE_WIDTH) -> int:
     """Hidden width of every bottom at ``n_parties`` parties: the total bottom compute
-    per sample (N x 9 w^2) equal to two bottoms of width 128."""
-    return max(8, round(BASE_WIDTH * math.sqrt(2 / n_parties)))
+    per sample (N x 9 w^2) equal to two bottoms of width ``base``."""
+    return max(8, round(base * math.sqrt(2 / n_parties)))
 
 
 def make_blog(rows: int, path: Path) -> Path:
@@ -93,13 +93,13 @@ def make_blog(rows: int, path: Path) -> Path:
 
 
 def make_config(dataset: str, data: Path | None, n: int, algo: str, *, rows: int,
-                epochs: int) -> Any:
+                epochs: int, base_width: int = BASE_WIDTH) -> Any:
     from parties.config import VflConfig
 
     w_a, w_p = WORKERS[algo]
     kw: dict[str, Any] = dict(
         algo=algo, epochs=epochs, batch_size=BATCH, seed=0, passive_parties=n - 1,
-        active_features=ACTIVE_FEATURES, bottom_hidden=(bottom_width(n),) * DEPTH,
+        active_features=ACTIVE_FEATURES, bottom_hidden=(bottom_width(n, base_width),) * DEPTH,
         embedding_dim=EMBEDDING_DIM, top_hidden=TOP_HIDDEN, w_active=w_a, w_passive=w_p,
         connect_timeout_s=60.0, handshake_timeout_s=120.0)
     if dataset == "blog":
@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", action="append", choices=DATASETS, help="only these")
     ap.add_argument("--rows", type=int, help="rows of each table (default 50,000; quick 20,000)")
     ap.add_argument("--epochs", type=int, help="epochs (default 5; quick 3)")
+    ap.add_argument("--base-width", type=int, default=BASE_WIDTH,
+                    help=f"bottom width with 2 parties (default {BASE_WIDTH})")
     args = ap.parse_args(argv)
     ns = (tuple(int(x) for x in args.parties.split(",")) if args.parties
           else QUICK_NS if args.quick else FULL_NS)
@@ -171,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             for n in ns:
                 runs[ds][str(n)] = {}
                 for algo in algos:
-                    cfg = make_config(ds, blog, n, algo, rows=rows, epochs=epochs)
+                    cfg = make_config(ds, blog, n, algo, rows=rows, epochs=epochs,
+                                      base_width=args.base_width)
                     r = run_one(cfg, timeout_s=900)
                     runs[ds][str(n)][algo] = r
                     shown = (f"{r['metric_name']} {r['metric']:.4f}  {r['time_s']:.1f} s  "
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                                          if target is not None else None),
                     "comm_mb": r["comm_mb"], "cpu_util": r["cpu_util"],
                     "wait_s_per_epoch": r["wait_s_per_epoch"],
-                    "bottom_width": bottom_width(int(n))}
+                    "bottom_width": bottom_width(int(n), args.base_width)}
         p2 = summary[ds].get("2", {}).get("pubsub", {}).get("time_s")
         p10 = summary[ds].get("10", {}).get("pubsub", {}).get("time_s")
         if p2 and p10:
@@ -218,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"summary": summary, "settings": {
         "parties": ns, "algos": algos, "datasets": datasets, "rows": rows, "epochs": epochs,
         "features": FEATURES, "active_features": ACTIVE_FEATURES, "batch_size": BATCH,
-        "bottom": {str(n): f"{DEPTH} x {bottom_width(n)} -> {EMBEDDING_DIM}" for n in ns},
+        "bottom": {str(n): f"{DEPTH} x {bottom_width(n, args.base_width)} -> {EMBEDDING_DIM}" for n in ns},
         "top_hidden": TOP_HIDDEN, "workers": WORKERS},
         "runs": runs, "total_s": time.perf_counter() - t_start}
     print(json.dumps(summary, indent=2, default=str))

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from parties.datasets import DATASETS
-from parties.schedule import ALGOS, LR_SCALINGS, effective_workers, worker_lr
+from parties.schedule import ALGOS, LR_SCALINGS, PS_UPDATES, effective_workers, worker_lr
 from parties.tasks import TASKS
 from pubsub.config import ConfigError, dump_toml, load_section, to_mapping
 
@@ -70,6 +70,14 @@ class VflConfig:
             ``avfl-ps``, whose averaged workers form an effective batch of w·B:
             ``"linear"`` (lr·w, the default), ``"sqrt"`` (lr·√w) or ``"none"``
             (:func:`parties.schedule.worker_lr`).
+        ps_update: how a party's parameter server combines its workers under ``pubsub``
+            and ``avfl-ps`` (with two or more workers; the other algorithms average):
+            ``"average"`` (each worker trains its own replica with its own optimizer and
+            pushes its change, θ ← θ + Δ/w, every ΔT_t steps: local-SGD averaging) or
+            ``"gradient"`` (each worker pushes every step's gradient, which the server's
+            one optimizer applies at the unscaled ``lr``, and pulls the new parameters:
+            asynchronous SGD; ``lr_scaling`` and ΔT_t do not apply);
+            :class:`parties.model.ParameterServer`.
         w_active / w_passive: workers per party.
         passive_party_workers: with several passive parties, each one's worker count, in
             party-id order (each >= 1); () (the default): every passive party runs
@@ -209,6 +217,7 @@ class VflConfig:
     batch_size: int = 256
     lr: float = 1e-3
     lr_scaling: str = "linear"
+    ps_update: str = "average"
     w_active: int = 2
     w_passive: int = 2
     passive_party_workers: tuple[int, ...] = ()
@@ -294,6 +303,8 @@ class VflConfig:
             raise bad("lr", "must be > 0")
         if self.lr_scaling not in LR_SCALINGS:
             raise bad("lr_scaling", f"must be one of {LR_SCALINGS}")
+        if self.ps_update not in PS_UPDATES:
+            raise bad("ps_update", f"must be one of {PS_UPDATES}")
         if not 0.0 <= self.t_ddl_s < math.inf:
             raise bad("t_ddl_s", "must be >= 0 seconds (0: no deadline-based dropping)")
         if self.target_metric is not None and not math.isfinite(self.target_metric):
@@ -512,11 +523,23 @@ class VflConfig:
         pairs, the same on every party)."""
         return effective_workers(self.algo, role_of(party), *self._pair(party))
 
+    def ps_update_for(self, party: str) -> str:
+        """How ``party``'s parameter server (a party id or role, as :meth:`workers_for`)
+        combines its workers: ``ps_update`` under ``pubsub`` and ``avfl-ps`` with two or
+        more workers, else ``"average"`` (one worker needs no combining; ``vfl-ps``
+        aggregates every batch)."""
+        if self.algo in ("pubsub", "avfl-ps") and self.workers_for(party) > 1:
+            return self.ps_update
+        return "average"
+
     def worker_lr(self, party: str) -> float:
         """The Adam learning rate of one of ``party``'s workers (a party id or role, as
         :meth:`workers_for`; ``lr`` scaled by ``lr_scaling`` for the party's own worker
-        count; see :func:`parties.schedule.worker_lr`)."""
+        count; see :func:`parties.schedule.worker_lr`; unscaled with gradient push, where
+        the server applies every batch's step)."""
         base = self.dp_lr if self.dp_enabled else self.lr
+        if self.ps_update_for(party) == "gradient":
+            return base
         return worker_lr(self.algo, role_of(party), base, *self._pair(party),
                          self.lr_scaling)
 

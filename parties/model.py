@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from parties.schedule import sync_interval
+from parties.schedule import PS_UPDATES, sync_interval
 
 if TYPE_CHECKING:
     from parties.config import VflConfig
@@ -131,22 +131,54 @@ class ParameterServer:
 
     Thread-safe: workers call :meth:`pull` and :meth:`push` from their threads.
 
+    With ``update="gradient"`` the server instead holds the party's one optimizer: a
+    worker pushes the gradient of each step and pulls the new θ (Downpour SGD with one
+    step per push, Dean et al., NIPS 2012; the staleness of a gradient is the number of
+    the party's other steps applied between the worker's pull and its push, at most
+    w − 1 when each worker has one batch in flight). Every batch then moves θ by one
+    optimizer step at the configured rate, as in sequential training, where averaging
+    moves it by 1/w of a worker's step.
+
     Args:
         init: the initial flat parameter vector (copied), shape ``(P,)``.
         workers: w >= 1, the workers that push to this server.
+        update: one of :data:`PS_UPDATES`.
+        n_params / lr / make_optimizer: ``update="gradient"``: how many leading values of
+            the vector are parameters (the rest are buffers), the optimizer's rate and
+            factory (``(parameters, lr) -> Optimizer``; None: :func:`make_adam`).
 
     Raises:
-        ValueError: ``workers < 1``.
+        ValueError: ``workers < 1``, an unknown ``update``, or ``"gradient"`` without
+            ``n_params`` and ``lr``.
     """
 
-    def __init__(self, init: torch.Tensor, *, workers: int = 1) -> None:
+    def __init__(self, init: torch.Tensor, *, workers: int = 1, update: str = "average",
+                 n_params: int | None = None, lr: float | None = None,
+                 make_optimizer: Callable[[list[nn.Parameter], float],
+                                          torch.optim.Optimizer] | None = None) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers!r}")
-        self._theta = init.detach().clone()
+        if update not in PS_UPDATES:
+            raise ValueError(f"update must be one of {PS_UPDATES}, got {update!r}")
         self._lock = threading.Lock()
         self.workers = workers
+        self.update = update
         self.version = 0
         self.pushes = 0
+        flat = init.detach()
+        self.size = int(flat.numel())
+        if update == "average":
+            self._theta = flat.clone()
+            return
+        if n_params is None or not 0 <= n_params <= self.size or lr is None:
+            raise ValueError("update='gradient' needs n_params (0..size) and lr")
+        self.n_params = int(n_params)
+        # θ's parameters are the optimizer's one flat parameter (Adam is elementwise, so
+        # one flat tensor is the same rule as per-tensor, fused into one kernel); the
+        # floating-point buffers after them follow the average rule
+        self._p = nn.Parameter(flat[: self.n_params].clone())
+        self._b = flat[self.n_params:].clone()
+        self._opt = (make_optimizer or make_adam)([self._p], lr)
 
     def pull(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The current global parameters, shape ``(P,)``: copied into ``out`` when given
@@ -159,17 +191,29 @@ class ParameterServer:
             return self._copy_out(out)
 
     def push(self, delta: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Apply a worker's update θ ← θ + Δ/w; return the new θ, copied into ``out``
-        when given (no allocation), else a new copy. ``out`` may be ``delta`` itself:
-        the change is applied before ``out`` is written.
+        """Apply a worker's update; return the new θ, copied into ``out`` when given (no
+        allocation), else a new copy. ``out`` may be ``delta`` itself: the update is
+        applied before ``out`` is written.
+
+        ``update="average"``: ``delta`` is Δ, the change of the worker's replica since
+        its last pull; θ ← θ + Δ/w. ``update="gradient"``: ``delta`` holds the gradient of
+        one step for the parameters (the first ``n_params`` values), applied by the
+        server's own optimizer, then Δ of the buffers (θ_buffers ← θ_buffers + Δ/w).
 
         Raises:
             ValueError: ``delta`` or ``out`` has the wrong shape.
         """
-        if delta.shape != self._theta.shape:
-            raise ValueError(f"delta shape {tuple(delta.shape)} != {tuple(self._theta.shape)}")
+        if tuple(delta.shape) != (self.size,):
+            raise ValueError(f"delta shape {tuple(delta.shape)} != ({self.size},)")
         with self._lock:
-            if self.workers == 1:
+            if self.update == "gradient":
+                n = self.n_params
+                self._p.grad = delta[:n]
+                self._opt.step()
+                self._p.grad = None
+                if n < self.size:
+                    self._b.add_(delta[n:], alpha=1.0 / self.workers)
+            elif self.workers == 1:
                 self._theta += delta
             else:
                 self._theta.add_(delta, alpha=1.0 / self.workers)
@@ -178,11 +222,16 @@ class ParameterServer:
             return self._copy_out(out)
 
     def _copy_out(self, out: torch.Tensor | None) -> torch.Tensor:
+        if out is not None and tuple(out.shape) != (self.size,):
+            raise ValueError(f"out shape {tuple(out.shape)} != ({self.size},)")
+        if self.update == "average":
+            return self._theta.clone() if out is None else out.copy_(self._theta)
         if out is None:
-            return self._theta.clone()
-        if out.shape != self._theta.shape:
-            raise ValueError(f"out shape {tuple(out.shape)} != {tuple(self._theta.shape)}")
-        return out.copy_(self._theta)
+            out = torch.empty(self.size, dtype=self._p.dtype)
+        with torch.no_grad():
+            out[: self.n_params].copy_(self._p)
+            out[self.n_params:].copy_(self._b)
+        return out
 
 
 def _index(rows: np.ndarray) -> torch.Tensor:
@@ -234,17 +283,24 @@ class Replica:
             :func:`parties.schedule.sync_interval`), ``"step"`` (after every step) or
             ``"manual"`` (only through :meth:`sync`, :meth:`push` and :meth:`pull`).
         make_optimizer: ``(parameters, lr) -> Optimizer``; None: :func:`make_adam`.
+        ps_update: the server's rule (:data:`PS_UPDATES`). ``"gradient"``: the replica
+            has no optimizer of its own; :meth:`step` pushes the step's gradient and
+            pulls the server's new parameters (``sync_mode`` and ΔT_t do not apply).
 
     Raises:
-        ValueError: unknown ``sync_mode``.
+        ValueError: unknown ``sync_mode`` or ``ps_update``.
     """
 
     def __init__(self, modules: Sequence[nn.Module], ps: ParameterServer, *, lr: float,
                  delta_t0: int, sync_mode: str = "schedule",
                  make_optimizer: Callable[[list[nn.Parameter], float],
-                                          torch.optim.Optimizer] | None = None) -> None:
+                                          torch.optim.Optimizer] | None = None,
+                 ps_update: str = "average") -> None:
         if sync_mode not in SYNC_MODES:
             raise ValueError(f"sync_mode must be one of {SYNC_MODES}, got {sync_mode!r}")
+        if ps_update not in PS_UPDATES:
+            raise ValueError(f"ps_update must be one of {PS_UPDATES}, got {ps_update!r}")
+        self.gradient_push = ps_update == "gradient"
         self.modules = list(modules)
         for m in self.modules:
             m.train()
@@ -260,17 +316,58 @@ class Replica:
         # gathered, cloned and re-viewed each time (four 690 KB allocations).
         self.flat = ps.pull()
         vector_to_parameters(self.flat, self.tensors)
-        self.opt = (make_optimizer or make_adam)(self.params, lr)
+        self.opt: torch.optim.Optimizer | None = (
+            None if self.gradient_push else (make_optimizer or make_adam)(self.params, lr))
         self._base = self.flat.clone()
         self._delta = torch.empty_like(self.flat)
+        #: views of the pushed vector, one per parameter (gradient push)
+        self._grad_views: list[torch.Tensor] = []
+        off = 0
+        for p in self.params:
+            self._grad_views.append(self._delta[off: off + p.numel()].view_as(p))
+            off += p.numel()
+        self.n_params = off
         self.steps_since_sync = 0
         self.syncs = 0
         #: CPU seconds (thread time) spent in :meth:`sync`, :meth:`push` and :meth:`pull`
         self.sync_cpu_s = 0.0
 
+    def zero_grad(self) -> None:
+        """Forget the parameters' gradients (before a step's backward)."""
+        if self.opt is not None:
+            self.opt.zero_grad(set_to_none=True)
+        else:
+            for p in self.params:
+                p.grad = None
+
+    def step(self) -> None:
+        """Apply the step's gradients (in the parameters' ``.grad``): the replica's own
+        optimizer step, or, with gradient push, push them to the server and load the
+        server's new parameters."""
+        if self.opt is not None:
+            self.opt.step()
+            return
+        c0 = time.thread_time()
+        with torch.no_grad():
+            for p, view in zip(self.params, self._grad_views, strict=True):
+                if p.grad is None:
+                    view.zero_()
+                else:
+                    view.copy_(p.grad)
+            n = self.n_params
+            if n < self.flat.numel():  # buffers: their change since the last pull
+                torch.sub(self.flat[n:], self._base[n:], out=self._delta[n:])
+            self.flat.copy_(self.ps.push(self._delta, out=self._base))
+        self.syncs += 1
+        self.sync_cpu_s += time.thread_time() - c0
+
     def after_step(self, epoch: int) -> None:
-        """Count one local step; sync with the PS when the sync mode says so."""
+        """Count one local step; sync with the PS when the sync mode says so (with gradient
+        push every step has synced already)."""
         self.steps_since_sync += 1
+        if self.gradient_push:
+            self.steps_since_sync = 0
+            return
         if self.sync_mode == "manual":
             return
         if self.sync_mode == "step" or \
@@ -281,7 +378,11 @@ class Replica:
         """Push the local change since the last pull, then pull the new global parameters.
 
         Overwrites the parameters in place: no autograd graph may still hold them (every
-        caller syncs after its optimizer step, which is in place too)."""
+        caller syncs after its optimizer step, which is in place too). With gradient push
+        every step was pushed already: only the pull remains."""
+        if self.gradient_push:
+            self.pull()
+            return
         c0 = time.thread_time()
         with torch.no_grad():
             # the change is computed into the base buffer, which the server's reply then
@@ -297,7 +398,10 @@ class Replica:
 
     def push(self) -> None:
         """Push the local change since the last pull, without pulling (the first half of a
-        barrier sync: every worker pushes, then every worker :meth:`pull` s)."""
+        barrier sync: every worker pushes, then every worker :meth:`pull` s). With gradient
+        push there is no local change: nothing to push."""
+        if self.gradient_push:
+            return
         c0 = time.thread_time()
         with torch.no_grad():
             torch.sub(self.flat, self._base, out=self._delta)
@@ -340,7 +444,7 @@ class PassiveCompute:
         x_train: ``(n_train, d_p)`` float32 tensor of the party's features.
         make_bottom: factory of a fresh bottom model.
         ps: the party's parameter server.
-        lr, delta_t0, sync_mode: see :class:`Replica`.
+        lr, delta_t0, sync_mode, make_optimizer, ps_update: see :class:`Replica`.
         privatize: with DP on, maps the ``(B, d)`` embedding to ``(clipped with graph,
             clipped + noise)`` (:class:`parties.dp.EmbeddingPrivatizer`); None: publish
             the embedding as is.
@@ -360,13 +464,15 @@ class PassiveCompute:
                  | None = None, sync_mode: str = "schedule",
                  make_dp_sgd: Callable[[nn.Module], Any] | None = None,
                  make_optimizer: Callable[[list[nn.Parameter], float],
-                                          torch.optim.Optimizer] | None = None) -> None:
+                                          torch.optim.Optimizer] | None = None,
+                 ps_update: str = "average") -> None:
         if (privatize is None) != (make_dp_sgd is None):
             raise ValueError("DP needs both the embedding privatizer and DP-SGD, or neither")
         self.x = x_train
         self.bottom = make_bottom()
         self.replica = Replica([self.bottom], ps, lr=lr, delta_t0=delta_t0,
-                               sync_mode=sync_mode, make_optimizer=make_optimizer)
+                               sync_mode=sync_mode, make_optimizer=make_optimizer,
+                               ps_update=ps_update)
         self.privatize = privatize
         self.dp_sgd = None if make_dp_sgd is None else make_dp_sgd(self.bottom)
         self._names = [n for n, _ in self.bottom.named_parameters()]
@@ -403,7 +509,7 @@ class PassiveCompute:
         """Back-propagate the cut-layer gradient ``(B, d)`` and take an Adam step (with DP
         on: a DP-SGD step, per-example clipped and noised, at the parameters the forward
         ran on)."""
-        self.replica.opt.zero_grad(set_to_none=True)
+        self.replica.zero_grad()
         g = torch.from_numpy(np.array(grad, dtype=np.float32))
         if self.dp_sgd is not None:
             if g.shape != tuple(graph.h.shape):
@@ -421,7 +527,7 @@ class PassiveCompute:
             grads = torch.autograd.grad(graph.h, graph.snapshot, g, allow_unused=True)
             for p, gp in zip(self.replica.params, grads, strict=True):
                 p.grad = None if gp is None else gp
-        self.replica.opt.step()
+        self.replica.step()
         self.replica.after_step(epoch)
 
 
@@ -434,7 +540,7 @@ class ActiveCompute:
             standardised labels (regression task).
         make_bottom / make_top: factories of fresh modules.
         ps: the party's parameter server over (bottom, top) parameters.
-        lr, delta_t0, sync_mode, make_optimizer: see :class:`Replica`.
+        lr, delta_t0, sync_mode, make_optimizer, ps_update: see :class:`Replica`.
         task: ``"binary"`` (BCE-with-logits loss) or ``"regression"`` (MSE loss).
         loss_fn: the training loss ``(logits (B,), labels (B,)) -> scalar``; None: the
             task's (:func:`loss_function`).
@@ -452,14 +558,16 @@ class ActiveCompute:
                  task: str = "binary", sync_mode: str = "schedule",
                  make_optimizer: Callable[[list[nn.Parameter], float],
                                           torch.optim.Optimizer] | None = None,
-                 loss_fn: nn.Module | None = None, fuse: Fuse | None = None) -> None:
+                 loss_fn: nn.Module | None = None, fuse: Fuse | None = None,
+                 ps_update: str = "average") -> None:
         self.x = x_train
         self.y = y_train
         self.fuse = fuse
         self.bottom = make_bottom()
         self.top = make_top()
         self.replica = Replica([self.bottom, self.top], ps, lr=lr, delta_t0=delta_t0,
-                               sync_mode=sync_mode, make_optimizer=make_optimizer)
+                               sync_mode=sync_mode, make_optimizer=make_optimizer,
+                               ps_update=ps_update)
         self.loss_fn = loss_fn if loss_fn is not None else loss_function(task)
 
     def forward_own(self, rows: np.ndarray) -> torch.Tensor:
@@ -506,7 +614,7 @@ class ActiveCompute:
         fused = torch.cat(parts, dim=1) if self.fuse is None else self.fuse(parts)
         logits = self.top(fused).squeeze(1)
         loss = self.loss_fn(logits, self.y[_index(rows)])
-        self.replica.opt.zero_grad(set_to_none=True)
+        self.replica.zero_grad()
         loss.backward()
         assert h_cut.grad is not None and all(e.grad is not None for e in es)
         grads = [e.grad.numpy() for e in es]  # type: ignore[union-attr]
@@ -514,7 +622,7 @@ class ActiveCompute:
         if on_grad is not None:
             on_grad(grad)
         h_own.backward(h_cut.grad)
-        self.replica.opt.step()
+        self.replica.step()
         self.replica.after_step(epoch)
         return float(loss.detach()), grad
 

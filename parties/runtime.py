@@ -406,7 +406,12 @@ class Party:
             m.eval()  # the party's copies only score (workers train their own replicas)
         self._bottom = mods[0]
         self._top = mods[1] if role == "active" else None
-        self.ps = ParameterServer(flat_params(mods), workers=self.workers)
+        update = cfg.ps_update_for(party)
+        self.ps = ParameterServer(
+            flat_params(mods), workers=self.workers, update=update,
+            **({} if update == "average" else dict(
+                n_params=sum(p.numel() for m in mods for p in m.parameters()),
+                lr=cfg.worker_lr(party), make_optimizer=self.models.optimizer)))
         self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
         self._x_val = torch.from_numpy(np.ascontiguousarray(data.x_val))
         self._handles: list[WorkerHandle] = []

@@ -237,6 +237,13 @@ def effective_workers(algo: str, role: str, w_active: int, w_passive: int) -> in
     return w_active if role == "active" else w_passive
 
 
+#: How a party's parameter server combines its workers (``vfl.ps_update``; :class:`parties.model.ParameterServer`): ``"average"``
+#: (each worker trains its replica with its own optimizer and pushes its change, θ ← θ +
+#: Δ/w: local-SGD averaging) or ``"gradient"`` (each worker pushes every step's gradient and
+#: the server applies it with its one optimizer, then the worker pulls: asynchronous SGD
+#: with a staleness of at most w − 1 of the party's steps).
+PS_UPDATES = ("average", "gradient")
+
 #: How a worker's learning rate follows the number of workers (``vfl.lr_scaling``).
 LR_SCALINGS = ("linear", "sqrt", "none")
 

@@ -189,7 +189,8 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
         return ActiveCompute(x, y, make_bottom, factory.top, ps, lr=cfg.worker_lr("active"),
                              delta_t0=cfg.delta_t0, task=cfg.effective_task,
                              sync_mode=sync_mode, make_optimizer=factory.optimizer,
-                             loss_fn=factory.loss(cfg.effective_task), fuse=fuse_of(cfg))
+                             loss_fn=factory.loss(cfg.effective_task), fuse=fuse_of(cfg),
+                             ps_update=cfg.ps_update_for("active"))
     plan = plan_from_config(cfg)
     privatize = None
     make_dp_sgd = None
@@ -205,7 +206,7 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
                          noise_multiplier=plan.sgd_noise_multiplier, seed=sgd_seed(noise_seed))
     return PassiveCompute(x, make_bottom, ps, lr=cfg.worker_lr(party), delta_t0=cfg.delta_t0,
                           privatize=privatize, sync_mode=sync_mode, make_dp_sgd=make_dp_sgd,
-                          make_optimizer=factory.optimizer)
+                          make_optimizer=factory.optimizer, ps_update=cfg.ps_update_for(party))
 
 
 # ---------------------------------------------------------------------------- threads

@@ -267,3 +267,16 @@ def test_a_passive_partys_workers_and_rate_follow_its_own_count() -> None:
                       StrategyConfig.from_vfl(cfg, "passive", party).workers)
     assert got == {"passive": ("manual", pytest.approx(1e-3), 1),
                    "passive2": ("schedule", pytest.approx(3e-3), 3)}
+
+
+def test_ps_update_applies_to_averaging_algorithms_with_several_workers() -> None:
+    c = VflConfig(algo="pubsub", ps_update="gradient", w_active=1, w_passive=2)
+    assert c.ps_update_for("passive") == "gradient"
+    assert c.ps_update_for("active") == "average"  # one worker: nothing to combine
+    assert c.worker_lr("passive") == pytest.approx(c.lr)  # the server steps every batch
+    assert VflConfig(algo="pubsub", w_passive=2).worker_lr("passive") == pytest.approx(2e-3)
+    for algo in ("vfl", "vfl-ps", "avfl"):
+        assert VflConfig(algo=algo, ps_update="gradient").ps_update_for("passive") == "average"
+    with pytest.raises(ConfigError) as err:
+        VflConfig(ps_update="sum")
+    assert err.value.key == "vfl.ps_update"

@@ -206,3 +206,56 @@ def test_active_step_names_the_passive_embedding_of_the_wrong_shape() -> None:
     good, bad = np.zeros((8, 3), np.float32), np.zeros((8, 2), np.float32)
     with pytest.raises(ValueError, match="passive embedding 1 shape \\(8, 2\\)"):
         a.top_step(a.forward_own(rows), [good, bad], rows, epoch=0)
+
+
+# ---------------------------------------------------------------------------- gradient push
+def test_gradient_push_applies_every_workers_gradient_with_one_optimizer() -> None:
+    """``update="gradient"``: the server's one Adam applies each pushed gradient in turn,
+    exactly as one sequential Adam over the same gradients would; buffers (after the
+    ``n_params`` parameters) are averaged as Δ/w."""
+    init = torch.tensor([1.0, -2.0, 0.5, 3.0])  # 3 parameters, then 1 buffer value
+    ps = ParameterServer(init, workers=2, update="gradient", n_params=3, lr=0.1)
+    ref = torch.nn.Parameter(init[:3].clone())
+    opt = torch.optim.Adam([ref], lr=0.1)
+    for g in ([0.5, -1.0, 2.0], [1.5, 0.25, -0.5], [-1.0, 1.0, 1.0]):
+        theta = ps.push(torch.tensor([*g, 2.0]))
+        ref.grad = torch.tensor(g)
+        opt.step()
+        torch.testing.assert_close(theta[:3], ref.detach(), rtol=1e-6, atol=1e-7)
+    assert theta[3].item() == pytest.approx(3.0 + 3 * 2.0 / 2)  # buffer: +Δ/w per push
+    assert ps.pushes == 3
+    with pytest.raises(ValueError, match="n_params"):
+        ParameterServer(init, workers=2, update="gradient")
+    with pytest.raises(ValueError, match="update"):
+        ParameterServer(init, update="sum")
+
+
+def test_gradient_push_replicas_follow_the_server_after_each_step() -> None:
+    """Two passive workers with gradient push: each step is one server step (the same as
+    one replica stepping alone on the same batches when nothing is in flight), and a
+    worker's parameters are the server's right after its step."""
+    torch.manual_seed(0)
+    x = torch.randn(48, 4)
+    init = flat_params([bottom_model(4, (8,), 3)])
+    n = init.numel()
+    ps = ParameterServer(init, workers=2, update="gradient", n_params=n, lr=1e-2)
+    a = PassiveCompute(x, lambda: bottom_model(4, (8,), 3), ps, lr=1e-2, delta_t0=5,
+                       ps_update="gradient")
+    b = PassiveCompute(x, lambda: bottom_model(4, (8,), 3), ps, lr=1e-2, delta_t0=5,
+                       ps_update="gradient")
+    solo_ps = ParameterServer(init, workers=1)
+    solo = PassiveCompute(x, lambda: bottom_model(4, (8,), 3), solo_ps, lr=1e-2,
+                          delta_t0=5, sync_mode="manual")
+    assert a.replica.opt is None and solo.replica.opt is not None
+    g = np.ones((8, 3), np.float32)
+    for step in range(4):
+        w = (a, b)[step % 2]
+        w.replica.pull()  # (nothing in flight: it has missed the other's step)
+        rows = np.arange(step * 8, step * 8 + 8)
+        graph, _ = w.forward(rows)
+        w.backward(graph, g, epoch=0)
+        torch.testing.assert_close(flat_params([w.bottom]), ps.pull(), rtol=0, atol=0)
+        sg, _ = solo.forward(rows)
+        solo.backward(sg, g, epoch=0)
+    # each batch moved θ by one Adam step at the unscaled rate, as sequential training
+    torch.testing.assert_close(ps.pull(), flat_params([solo.bottom]), rtol=1e-5, atol=1e-6)
