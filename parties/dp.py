@@ -503,6 +503,19 @@ def worker_seeds(secret: int | None, n: int) -> list[int]:
     return [int(c.generate_state(1, dtype=np.uint64)[0]) for c in children]
 
 
+def party_noise_secret(secret: int | None, party: str) -> int | None:
+    """The noise secret of passive party ``party`` from the run's ``dp_noise_seed``: the
+    seed itself for the first passive party (``passive``), an independent child of it for
+    ``passive2`` … (None stays None: fresh OS entropy). Several passive parties with one
+    configured seed would otherwise draw the same noise, and under ``fuse = sum`` the
+    active party could cancel it between two parties' embeddings."""
+    if secret is None or party == "passive":
+        return secret
+    index = int(party.removeprefix("passive"))
+    child = np.random.SeedSequence([secret, 0x9A, index])
+    return int(child.generate_state(1, dtype=np.uint64)[0] >> 1)  # < 2**63, as configured
+
+
 def sgd_seed(noise_seed: int) -> int:
     """The DP-SGD generator's seed of a worker, derived from its embedding noise seed
     (independent streams of one secret)."""

@@ -171,7 +171,7 @@ def charge(part: SavedPart, n: int, source: str) -> tuple[Any, dict[str, Any]]:
     had DP off.
     """
     from parties.dp import (EmbeddingPrivatizer, GdpAccountant, epsilon_for_delta,
-                            plan_from_config, release_mu)
+                            party_noise_secret, plan_from_config, release_mu)
 
     plan = plan_from_config(part.cfg)
     if plan is None:
@@ -182,11 +182,11 @@ def charge(part: SavedPart, n: int, source: str) -> tuple[Any, dict[str, Any]]:
     # a fixed dp_noise_seed (tests) still gives every release its own noise: the seed
     # mixes in how many predictions came before, so two predictions of different rows
     # never share a noise draw (their difference would reveal the rows exactly)
-    # (and the party: several passive parties never share a draw either)
+    # (and each passive party has its own secret: parties.dp.party_noise_secret)
     earlier = len(state.get("predictions", []))
-    mix = [] if part.party == "passive" else [int(part.party.removeprefix("passive"))]
-    seed = (None if part.cfg.dp_noise_seed is None else
-            int(np.random.SeedSequence([part.cfg.dp_noise_seed, 0x9E, n, earlier, *mix])
+    secret = party_noise_secret(part.cfg.dp_noise_seed, part.party)
+    seed = (None if secret is None else
+            int(np.random.SeedSequence([secret, 0x9E, n, earlier])
                 .generate_state(1, dtype=np.uint64)[0]))
     if seed is None:
         seed = int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0])

@@ -124,6 +124,7 @@ from parties.dp import (
     GdpAccountant,
     accountant_for,
     plan_from_config,
+    party_noise_secret,
     worker_seeds,
 )
 from parties.dp import report as dp_report
@@ -438,7 +439,8 @@ class Party:
                    "test": int(self.data.x_test.shape[0])})
         if plan is None:
             return
-        *seeds, eval_seed = worker_seeds(cfg.dp_noise_seed, self.workers + 1)
+        *seeds, eval_seed = worker_seeds(party_noise_secret(cfg.dp_noise_seed, self.party),
+                                         self.workers + 1)
         self._noise_seeds = list(seeds)
         self._eval_privatize = {
             g: EmbeddingPrivatizer(clip_norm=plan.clip_norm, noise_multiplier=sigma, seed=seed)

@@ -296,3 +296,13 @@ def test_report_with_dp_off_is_explicit() -> None:
     assert acct.mu == pytest.approx(1.0) and acct.mu <= 1.0
     with pytest.raises(PrivacyBudgetExceeded):
         acct.record("train", np.arange(1))
+
+
+def test_each_passive_party_gets_its_own_noise_secret_from_one_seed() -> None:
+    from parties.dp import party_noise_secret
+
+    assert party_noise_secret(None, "passive3") is None
+    assert party_noise_secret(7, "passive") == 7  # the first party: as in two-party runs
+    secrets = {party_noise_secret(7, p) for p in ("passive", "passive2", "passive3")}
+    assert len(secrets) == 3 and all(0 <= s < 2**63 for s in secrets)
+    assert party_noise_secret(7, "passive2") == party_noise_secret(7, "passive2")
