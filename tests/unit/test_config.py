@@ -280,3 +280,14 @@ def test_ps_update_applies_to_averaging_algorithms_with_several_workers() -> Non
     with pytest.raises(ConfigError) as err:
         VflConfig(ps_update="sum")
     assert err.value.key == "vfl.ps_update"
+
+
+def test_val_per_epoch_sets_the_scorings_per_epoch_and_enters_the_digest() -> None:
+    assert VflConfig(dataset="synthetic").evals_per_epoch == 4
+    assert VflConfig(dataset="bank").evals_per_epoch == 1
+    c = VflConfig(dataset="bank", val_per_epoch=3)
+    assert c.evals_per_epoch == 3
+    assert c.shared_settings(100)["digest"] != VflConfig(dataset="bank").shared_settings(100)["digest"]
+    with pytest.raises(ConfigError) as err:
+        VflConfig(val_per_epoch=-1)
+    assert err.value.key == "vfl.val_per_epoch"
