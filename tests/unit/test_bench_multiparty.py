@@ -25,10 +25,10 @@ def mp():
 
 def test_total_bottom_compute_is_constant_across_parties(mp) -> None:
     widths = {n: mp.bottom_width(n) for n in (2, 4, 6, 8, 10)}
-    assert widths == {2: 128, 4: 91, 6: 74, 8: 64, 10: 57}
-    base = 2 * 9 * 128**2
+    assert widths == {2: 256, 4: 148, 6: 114, 8: 97, 10: 85}
+    base = 2 * 9 * 256**2  # the active bottom (always 9 x 256) and one passive bottom
     for n, w in widths.items():  # the hidden layers' multiply-adds, within rounding
-        assert abs(n * 9 * w**2 / base - 1) < 0.03, (n, w)
+        assert abs((9 * 256**2 + (n - 1) * 9 * w**2) / base - 1) < 0.03, (n, w)
 
 
 @pytest.mark.parametrize("n", [2, 4, 10])
@@ -36,7 +36,9 @@ def test_the_active_party_keeps_its_features_and_the_rest_are_cut_among_the_pass
     from parties.preflight import resolve_party_columns
 
     cfg = mp.make_config("synthetic", None, n, "pubsub", rows=1000, epochs=1)
-    assert cfg.passive_parties == n - 1 and cfg.bottom_hidden == (mp.bottom_width(n),) * 9
+    assert cfg.passive_parties == n - 1
+    assert cfg.passive_bottom_hidden == (mp.bottom_width(n),) * 9
+    assert cfg.active_bottom_hidden == (mp.BASE_WIDTH,) * 9
     columns = [f"x{i}" for i in range(mp.FEATURES)] + ["y"]
     _, groups = resolve_party_columns(cfg, pd.DataFrame(columns=columns), "y")
     assert len(groups["active"]) == mp.ACTIVE_FEATURES
