@@ -49,11 +49,23 @@ and :data:`PASSIVE_WORKERS` (8) passive; ``pubsub_planned`` is PubSub-VFL with
 (w_active, w_passive, B) from the planner (``psfl vfl plan``: the batch-size sweep and
 cost-model fits, with each party's quota as its cores; B from :data:`PLAN_BATCH_SIZES`,
 and the ceiling of a planned run is profiled at its own B). Time to target: the first
-validation point at or above 0.98 × the best final AUC of ``vfl`` in the same split.
+validation point at or above 0.98 × the final test AUC of ``vfl`` in the same split (and
+repeat); :data:`VAL_PER_EPOCH` (16) validation points per epoch, so that time to target
+is read finely (``val_points_before_vfl_target`` counts them).
+
+Repeats (``--repeats N``): every algorithm runs N times per split, interleaved (repeat k
+of every algorithm before repeat k + 1, so the machine's drift falls on all alike; the
+plan is made once). Each repeat's target comes from its own ``vfl`` run; per algorithm
+every numeric field is the median over the repeats, ``time_to_target_s`` the median with
+a missed target (or a failed run) counted as infinite time, and ``speedup_vs_vfl`` =
+median(vfl's time to target) / median(this algorithm's), 0.0 when this one's median is
+infinite (:func:`aggregate_repeats`; ``time_to_target_repeats_s``, ``metric_repeats``,
+``missed`` beside them).
 
 Usage::
 
     python bench/hetero.py --quick --json /tmp/hetero.json       # < 10 minutes
+    python bench/hetero.py --quick --repeats 3 --json OUT.json   # about 30 minutes
     python bench/hetero.py --even --out runs/hetero               # full, with the even split
     psfl report runs/hetero                                       # plots of the runs
 
@@ -114,6 +126,9 @@ BALANCED = {"50:14": (128, 288), "40:24": (128, 160)}
 #: 50:14 with 9x288 (--quick, 2026-11-30, before that scoring fix): 4 workers
 #: 0.84/0.85 of the quotas, 6 0.86/0.85, 8 0.88/0.89. Inline workers cost a model replica each, nothing more.
 PASSIVE_WORKERS = 8
+#: Validation points per epoch: time to target is read off them, so they must be fine
+#: enough (issue 28: at least 20 before sync VFL reaches the target).
+VAL_PER_EPOCH = 16
 
 
 def _table() -> Any:
@@ -125,9 +140,10 @@ def _table() -> Any:
     return mod
 
 
-def base_config(rows: int, epochs: int, batch_size: int | None = None, **kw: Any) -> Any:
+def base_config(rows: int, epochs: int, batch_size: int | None = None,
+                val_per_epoch: int = 0, **kw: Any) -> Any:
     """The benchmark's config: synthetic, the paper's small model, B = 256 (or
-    ``batch_size``)."""
+    ``batch_size``), ``val_per_epoch`` validation points per epoch (0: the default, 4)."""
     from parties.config import VflConfig
 
     t = _table()
@@ -135,7 +151,7 @@ def base_config(rows: int, epochs: int, batch_size: int | None = None, **kw: Any
                      synthetic_features=FEATURES, epochs=epochs,
                      batch_size=batch_size or t.BATCH,
                      bottom_hidden=t.BOTTOM_HIDDEN, embedding_dim=t.EMBEDDING_DIM,
-                     top_hidden=t.TOP_HIDDEN, **kw)
+                     top_hidden=t.TOP_HIDDEN, val_per_epoch=val_per_epoch, **kw)
 
 
 def balance(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str, Any]:
@@ -423,12 +439,81 @@ def summarize(runs: dict[str, dict[str, Any]], ceiling: float | None,
                 "profiled_step": 1e3 * prof["cpu_s_per_step"] if prof else None,
             }
     base = out.get("vfl", {}).get("time_to_target_s")
-    for row in out.values():
+    for algo, row in out.items():
         if "metric" not in row:
             continue
         ttt = row.get("time_to_target_s")
         row["speedup_vs_vfl"] = (base / ttt) if base and ttt else None
+        # the time-to-target resolution: this run's validation points up to the moment
+        # sync VFL reached the target (None without a vfl run that reached it)
+        row["val_points_before_vfl_target"] = (
+            sum(1 for h in runs[algo]["history"] if h.get("metric") is not None
+                and float(h["wall_s"]) <= base) if base else None)
     return {"target_auc": target, "algos": out}
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
+
+
+def aggregate_repeats(summs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several repeats of one split (each a :func:`summarize` result, its target from its
+    own vfl run) as one: per algorithm the median of every numeric field over the
+    repeats that completed; ``time_to_target_s`` the median with a repeat that missed the
+    target (or failed) counted as infinite time (None when the median is infinite), and
+    ``time_to_target_repeats_s`` every repeat's (None: missed); ``speedup_vs_vfl`` =
+    median(vfl's time to target) / median(this algorithm's): 0.0 when this algorithm's
+    median is infinite, None when vfl's is; ``val_points_before_vfl_target`` the fewest
+    over the repeats; ``metric_repeats``, ``repeats``, ``repeats_ok``, ``missed``."""
+    if not summs:
+        raise ValueError("no repeats to aggregate")
+    algos: list[str] = []
+    for s in summs:
+        algos += [a for a in s["algos"] if a not in algos]
+    targets = [s["target_auc"] for s in summs]
+    out: dict[str, Any] = {}
+    for algo in algos:
+        rows = [s["algos"].get(algo, {"status": "missing"}) for s in summs]
+        ok = [r for r in rows if "metric" in r]
+        if not ok:
+            first = rows[0]
+            out[algo] = {"status": first.get("status"), "error": first.get("error"),
+                         "repeats": len(rows), "repeats_ok": 0}
+            continue
+        agg: dict[str, Any] = {}
+        for key, val in ok[0].items():
+            vals = [r.get(key) for r in ok]
+            if all(v == val for v in vals):
+                agg[key] = val  # the same in every repeat (B, worker counts): as it is
+            elif isinstance(val, (int, float)) and not isinstance(val, bool) \
+                    and all(isinstance(v, (int, float)) for v in vals):
+                agg[key] = _median([float(v) for v in vals])
+            else:
+                agg[key] = val  # lists and dicts (workers, cpu_ms_per_batch): the first's
+        ttts = [r.get("time_to_target_s") if "metric" in r else None for r in rows]
+        med = _median([math.inf if t is None else float(t) for t in ttts])
+        agg["time_to_target_s"] = None if math.isinf(med) else med
+        agg["time_to_target_repeats_s"] = ttts
+        agg["metric_repeats"] = [r.get("metric") for r in rows]
+        pts = [r.get("val_points_before_vfl_target") for r in ok]
+        agg["val_points_before_vfl_target"] = (min(pts) if pts and None not in pts
+                                               else None)
+        agg["repeats"], agg["repeats_ok"] = len(rows), len(ok)
+        agg["missed"] = sum(1 for t in ttts if t is None)
+        out[algo] = agg
+    vfl_ttts = [s["algos"].get("vfl", {}).get("time_to_target_s") for s in summs]
+    vfl_med = _median([math.inf if t is None else float(t) for t in vfl_ttts])
+    for row in out.values():
+        if "metric" not in row:
+            continue
+        ttt = row["time_to_target_s"]
+        row["speedup_vs_vfl"] = (None if math.isinf(vfl_med) else
+                                 0.0 if ttt is None else vfl_med / ttt)
+    finite = [t for t in targets if t is not None]
+    return {"target_auc": _median(finite) if finite else None, "targets": targets,
+            "algos": out}
 
 
 def _breakdown(ms: dict[str, Any]) -> str:
@@ -446,7 +531,10 @@ def render(split: str, info: dict[str, Any], summ: dict[str, Any]) -> str:
     lines = [f"### {split} of {RATIO_OF:g} cores: active {cores['active']:.4g} cores, passive "
              f"{cores['passive']:.4g} cores ({info['model']}); ceiling "
              f"{_fmt(info['ceiling'], ',.0f')} samples/s; target AUC "
-             f"{_fmt(summ['target_auc'], '.4f')}", "",
+             f"{_fmt(summ['target_auc'], '.4f')}"
+             + (f" (median of {len(summ['targets'])} repeats' own targets; medians, a missed"
+                " target counting as infinite time)" if len(summ.get("targets", [])) > 1
+                else ""), "",
              "| algo | w_a+w_p, B | time to target, s | speedup vs vfl | final AUC | CPU util "
              "active (training; run) | CPU util passive (training; run) | efficiency | "
              "efficiency (in-run ceiling) | wait/epoch active, s | passive CPU ms/batch: "
@@ -496,6 +584,13 @@ def main(argv: list[str] | None = None) -> int:
                     "cores (default: BALANCED's for 50:14 and 40:24, else "
                     f"{WIDTHS[0]}; widen it instead of narrowing the other, so that the small "
                     "party's per-batch messaging is a smaller share)")
+    ap.add_argument("--repeats", type=_positive, default=1,
+                    help="runs of every algorithm per split, interleaved (repeat k of every "
+                         "algorithm before repeat k+1); medians, a missed target counting "
+                         "as infinite time (default 1)")
+    ap.add_argument("--val-per-epoch", type=_positive, default=VAL_PER_EPOCH,
+                    help="validation points per epoch (default %(default)s: at least 20 "
+                         "before sync VFL reaches the target)")
     ap.add_argument("--out", type=Path, help="keep the run directories here")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--plaintext", action="store_true",
@@ -534,7 +629,9 @@ def main(argv: list[str] | None = None) -> int:
         keep = Path(tmp.name)
     doc: dict[str, Any] = {"settings": {"rows": rows, "epochs": epochs, "features": FEATURES,
                                         "ratio_of": RATIO_OF, "machine_cores": machine_cores(),
-                                        "quick": args.quick, "plaintext": args.plaintext},
+                                        "quick": args.quick, "plaintext": args.plaintext,
+                                        "repeats": args.repeats,
+                                        "val_per_epoch": args.val_per_epoch},
                            "splits": {}, "summary": {}, "summary_even": {}}
     report: list[str] = []
 
@@ -545,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for split in splits:
             cores = party_cores(Scenario(cpu_ratio=split, ratio_of=RATIO_OF), machine_cores())
-            base = base_config(rows, epochs, args.batch_size)
+            base = base_config(rows, epochs, args.batch_size, args.val_per_epoch)
             cfg, bal, model = split_config(base, split, cores, small_width=args.small_width,
                                            big_width=args.big_width)
             progress(f"{split}: cores {cores}, {model}")
@@ -553,41 +650,52 @@ def main(argv: list[str] | None = None) -> int:
             ceiling = prof_before.ceiling_samples_per_s
             progress(f"{split}: ceiling before the runs {ceiling:,.0f} samples/s (bound by "
                      f"{prof_before.bound_by})")
-            runs: dict[str, dict[str, Any]] = {}
             plan_doc = None
-            for algo in algos:
+            configs: dict[str, Any] = {}
+            plan_error: dict[str, Any] | None = None
+            for algo in algos:  # each algorithm's config, the plan once per split
                 if algo == "pubsub_planned":
                     try:
-                        rcfg, plan_doc = planned_config(
+                        configs[algo], plan_doc = planned_config(
                             dataclasses.replace(cfg, algo="pubsub"), cores,
                             keep / split.replace(":", "-") / "plan",
                             sweep_batch_sizes=(64, 256, 1024) if args.quick
                             else (32, 64, 128, 256, 512, 1024))
                     except Exception as exc:  # noqa: BLE001 - reported in the table
-                        runs[algo] = {"status": "failed", "error": f"plan: {exc}"}
+                        plan_error = {"status": "failed", "error": f"plan: {exc}"}
+                    continue
+                wa, wp = workers_for(algo, cores)
+                if algo in ("pubsub", "avfl-ps") and args.workers:
+                    wa, wp = args.workers
+                configs[algo] = dataclasses.replace(cfg, algo=algo, w_active=wa, w_passive=wp)
+            reps: list[dict[str, dict[str, Any]]] = []
+            for rep in range(args.repeats):
+                runs: dict[str, dict[str, Any]] = {}
+                for algo in algos:
+                    if algo not in configs:
+                        runs[algo] = dict(plan_error or {"status": "failed", "error": "?"})
                         continue
-                else:
-                    wa, wp = workers_for(algo, cores)
-                    if algo in ("pubsub", "avfl-ps") and args.workers:
-                        wa, wp = args.workers
-                    rcfg = dataclasses.replace(cfg, algo=algo, w_active=wa, w_passive=wp)
-                out = keep / split.replace(":", "-") / algo
-                runs[algo] = run_algo(rcfg, split, out, timeout, plaintext=args.plaintext)
-                r = runs[algo]
-                r_ceiling = ceiling
-                if r["status"] == "ok" and rcfg.batch_size != cfg.batch_size:
-                    # the ceiling is the run's: its B changes the compute per sample
-                    r["profile"] = quota_ceiling(rcfg, cores, min_time_s=1.5)
-                    r_ceiling = r["ceiling"] = r["profile"]["ceiling_samples_per_s"]
-                progress(f"{split} {algo}: " + (
-                    f"AUC {r['metric']:.4f}, {r['train_samples_per_s']:,.0f} samples/s "
-                    f"({r['train_samples_per_s'] / r_ceiling:.3f} of the "
-                    f"{'run' if 'ceiling' in r else 'first'} profile), cpu util in training "
-                    f"{_fmt(r['cpu_util_train']['active'], '.2f')}/"
-                    f"{_fmt(r['cpu_util_train']['passive'], '.2f')} (whole run "
-                    f"{r['cpu_util']['active']:.2f}/{r['cpu_util']['passive']:.2f}); "
-                    f"{_fmt(_inrun_eff(r), '.3f')} of its in-run ceiling"
-                    if r["status"] == "ok" else f"{r['status']}: {r.get('error')}"))
+                    rcfg = configs[algo]
+                    name = algo if args.repeats == 1 else f"{algo}-r{rep + 1}"
+                    out = keep / split.replace(":", "-") / name
+                    runs[algo] = run_algo(rcfg, split, out, timeout, plaintext=args.plaintext)
+                    r = runs[algo]
+                    r_ceiling = ceiling
+                    if r["status"] == "ok" and rcfg.batch_size != cfg.batch_size:
+                        # the ceiling is the run's: its B changes the compute per sample
+                        r["profile"] = quota_ceiling(rcfg, cores, min_time_s=1.5)
+                        r_ceiling = r["ceiling"] = r["profile"]["ceiling_samples_per_s"]
+                    tag = "" if args.repeats == 1 else f" (repeat {rep + 1})"
+                    progress(f"{split} {algo}{tag}: " + (
+                        f"AUC {r['metric']:.4f}, {r['train_samples_per_s']:,.0f} samples/s "
+                        f"({r['train_samples_per_s'] / r_ceiling:.3f} of the "
+                        f"{'run' if 'ceiling' in r else 'first'} profile), cpu util in "
+                        f"training {_fmt(r['cpu_util_train']['active'], '.2f')}/"
+                        f"{_fmt(r['cpu_util_train']['passive'], '.2f')} (whole run "
+                        f"{r['cpu_util']['active']:.2f}/{r['cpu_util']['passive']:.2f}); "
+                        f"{_fmt(_inrun_eff(r), '.3f')} of its in-run ceiling"
+                        if r["status"] == "ok" else f"{r['status']}: {r.get('error')}"))
+                reps.append(runs)
             # this machine's speed drifts by 10-20 % over minutes: the ceiling is the mean
             # of profiles taken before and after the split's runs (mean_profile)
             prof_after = quota_profile(cfg, cores, min_time_s=1.5)
@@ -597,10 +705,14 @@ def main(argv: list[str] | None = None) -> int:
             ceiling = prof_obj.ceiling_samples_per_s
             progress(f"{split}: ceiling after the runs {prof_after.ceiling_samples_per_s:,.0f}"
                      f" samples/s; mean {ceiling:,.0f} (bound by {prof_obj.bound_by})")
-            summ = summarize(runs, ceiling, prof, args.target_auc)
+            # each repeat's target from its own vfl run, then medians over the repeats
+            summ = aggregate_repeats([summarize(runs, ceiling, prof, args.target_auc)
+                                      for runs in reps])
             info = {"cores": cores, "balance": bal, "model": model, "ceiling": ceiling,
                     "profile": prof, "plan": plan_doc}
-            doc["splits"][split] = {**info, "target_auc": summ["target_auc"], "runs": runs}
+            doc["splits"][split] = {**info, "target_auc": summ["target_auc"],
+                                    "targets": summ["targets"],
+                                    "runs": reps[0] if args.repeats == 1 else reps}
             doc["summary"][split] = summ["algos"]
             report.append(render(split, info, summ))
             if args.even and (bal["width"], bal["big_width"]) != (WIDTHS[0], WIDTHS[0]):

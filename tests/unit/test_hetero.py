@@ -131,3 +131,64 @@ def test_no_inrun_ceiling_without_the_step_figures(hetero):
     row = hetero.summarize({"pubsub": r}, 20_000.0)["algos"]["pubsub"]
     assert row["efficiency_inrun"] is None
     assert row["cpu_ms_per_batch"]["passive"]["step"] is None
+
+
+def _summ(hetero, vfl_hist, ps_hist, ps_metric=0.91):
+    runs = {"vfl": _run(0.90, 30_000.0, vfl_hist),
+            "pubsub": _run(ps_metric, 45_000.0, ps_hist)}
+    return hetero.summarize(runs, 50_000.0)
+
+
+def test_validation_points_before_vfl_reaches_the_target(hetero):
+    # target 0.882: vfl reaches it at 3.0 s; pubsub has 2 points by then
+    s = _summ(hetero, [(0.80, 1.0), (0.85, 2.0), (0.89, 3.0)],
+              [(0.85, 1.5), (0.86, 3.0), (0.90, 4.0)])
+    a = s["algos"]
+    assert a["vfl"]["val_points_before_vfl_target"] == 3
+    assert a["pubsub"]["val_points_before_vfl_target"] == 2
+
+
+def test_repeats_take_medians_and_count_a_miss_as_infinite_time(hetero):
+    reps = [
+        _summ(hetero, [(0.89, 2.0)], [(0.89, 1.0)]),              # pubsub 1.0, vfl 2.0
+        _summ(hetero, [(0.89, 4.0)], [(0.80, 1.0)], 0.80),        # pubsub missed, vfl 4.0
+        _summ(hetero, [(0.89, 3.0)], [(0.89, 2.0)]),              # pubsub 2.0, vfl 3.0
+    ]
+    agg = hetero.aggregate_repeats(reps)
+    a = agg["algos"]
+    assert a["vfl"]["time_to_target_s"] == 3.0
+    # pubsub: 1.0, inf, 2.0 -> median 2.0; speedup 3.0 / 2.0
+    assert a["pubsub"]["time_to_target_s"] == 2.0
+    assert a["pubsub"]["time_to_target_repeats_s"] == [1.0, None, 2.0]
+    assert a["pubsub"]["missed"] == 1 and a["pubsub"]["repeats_ok"] == 3
+    assert a["pubsub"]["speedup_vs_vfl"] == pytest.approx(1.5)
+    assert a["pubsub"]["metric"] == pytest.approx(0.91)  # median of 0.91, 0.80, 0.91
+    assert a["pubsub"]["metric_repeats"] == [0.91, 0.80, 0.91]
+    assert agg["targets"] == [pytest.approx(0.882)] * 3
+    # two misses of three: the median is infinite, the speedup 0
+    reps[2] = _summ(hetero, [(0.89, 3.0)], [(0.80, 2.0)], 0.80)
+    a = hetero.aggregate_repeats(reps)["algos"]
+    assert a["pubsub"]["time_to_target_s"] is None
+    assert a["pubsub"]["speedup_vs_vfl"] == 0.0
+
+
+def test_one_repeat_aggregates_to_itself(hetero):
+    s = _summ(hetero, [(0.80, 1.0), (0.89, 2.0)], [(0.885, 1.0), (0.90, 2.0)])
+    a = hetero.aggregate_repeats([s])["algos"]
+    for key in ("time_to_target_s", "metric", "efficiency", "speedup_vs_vfl",
+                "cpu_util_active", "wait_s_per_epoch"):
+        assert a["pubsub"][key] == pytest.approx(s["algos"]["pubsub"][key]), key
+    assert a["pubsub"]["workers"] == [1, 1]
+    with pytest.raises(ValueError):
+        hetero.aggregate_repeats([])
+
+
+def test_a_failed_repeat_counts_as_a_miss(hetero):
+    ok = _summ(hetero, [(0.89, 2.0)], [(0.89, 1.0)])
+    failed = hetero.summarize({"vfl": _run(0.90, 30_000.0, [(0.89, 2.0)]),
+                               "pubsub": {"status": "failed", "error": "boom"}}, 50_000.0)
+    a = hetero.aggregate_repeats([ok, failed, failed])["algos"]
+    assert a["pubsub"]["repeats_ok"] == 1 and a["pubsub"]["missed"] == 2
+    assert a["pubsub"]["time_to_target_s"] is None
+    only_failed = hetero.aggregate_repeats([failed])["algos"]["pubsub"]
+    assert only_failed["status"] == "failed" and only_failed["repeats_ok"] == 0
