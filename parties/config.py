@@ -511,14 +511,18 @@ class VflConfig:
         Raises:
             ValueError: not a party id of this run.
         """
-        if party not in self.party_ids:
-            raise ValueError(f"party {party!r} is not in this run (its parties: "
-                             f"{', '.join(self.party_ids)})")
+        self.check_party(party)
         if party == "active":
             return self.w_active
         if not self.passive_party_workers:
             return self.w_passive
         return self.passive_party_workers[self.party_ids.index(party) - 1]
+
+    def check_party(self, party: str) -> None:
+        """Raise ValueError naming ``party`` and this run's party ids unless it is one."""
+        if party not in self.party_ids:
+            raise ValueError(f"party {party!r} is not in this run (its parties: "
+                             f"{', '.join(self.party_ids)})")
 
     @property
     def passive_workers(self) -> tuple[int, ...]:
@@ -576,9 +580,7 @@ class VflConfig:
         Raises:
             ValueError: not a party id of this run.
         """
-        if party not in self.party_ids:
-            raise ValueError(f"party {party!r} is not in this run (its parties: "
-                             f"{', '.join(self.party_ids)})")
+        self.check_party(party)
         if party == "active":
             return self.active_rows_file
         if self.passive_parties == 1:

@@ -286,9 +286,7 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
         ValueError: ``role`` is not one of the run's party ids.
     """
     party = role
-    if party not in cfg.party_ids:
-        raise ValueError(f"party {party!r} is not in this run (its parties: "
-                         f"{', '.join(cfg.party_ids)})")
+    cfg.check_party(party)
     role = role_of(party)
     task = cfg.effective_task
     frame, default_label = load_configured_table(cfg, party)  # the party's own rows file
