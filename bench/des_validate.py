@@ -394,7 +394,7 @@ def run_setting(table: Any, algo: str, w_a: int, w_p: int, b: int, *, rows: int,
             # under contention it makes compute_s (wall) exceed the compute's CPU
             "run_delay_s": {r: parties[r].get("run_delay_s") for r in ("active", "passive")},
             "delta_t0": cfg.delta_t0, "staleness_bound": cfg.staleness_bound,
-            "segments": cfg.evals_per_epoch}
+            "segments": cfg.segments_per_epoch}
 
 
 def n_train_of(fit: Mapping[str, Any]) -> int:

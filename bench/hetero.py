@@ -141,7 +141,7 @@ def _table() -> Any:
 
 
 def base_config(rows: int, epochs: int, batch_size: int | None = None,
-                val_per_epoch: int = 0, **kw: Any) -> Any:
+                val_per_epoch: int = 0, sync_per_epoch: int = 0, **kw: Any) -> Any:
     """The benchmark's config: synthetic, the paper's small model, B = 256 (or
     ``batch_size``), ``val_per_epoch`` validation points per epoch (0: the default, 4)."""
     from parties.config import VflConfig
@@ -151,7 +151,8 @@ def base_config(rows: int, epochs: int, batch_size: int | None = None,
                      synthetic_features=FEATURES, epochs=epochs,
                      batch_size=batch_size or t.BATCH,
                      bottom_hidden=t.BOTTOM_HIDDEN, embedding_dim=t.EMBEDDING_DIM,
-                     top_hidden=t.TOP_HIDDEN, val_per_epoch=val_per_epoch, **kw)
+                     top_hidden=t.TOP_HIDDEN, val_per_epoch=val_per_epoch,
+                     sync_per_epoch=sync_per_epoch, **kw)
 
 
 def balance(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str, Any]:
@@ -591,6 +592,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--val-per-epoch", type=_positive, default=VAL_PER_EPOCH,
                     help="validation points per epoch (default %(default)s: at least 20 "
                          "before sync VFL reaches the target)")
+    ap.add_argument("--sync-per-epoch", type=int, default=0,
+                    help="training segments per epoch, each a drain and PS sync, for every "
+                         "algorithm (vfl.sync_per_epoch; a multiple of --val-per-epoch; "
+                         "default 0: one per scoring)")
     ap.add_argument("--out", type=Path, help="keep the run directories here")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--plaintext", action="store_true",
@@ -631,7 +636,8 @@ def main(argv: list[str] | None = None) -> int:
                                         "ratio_of": RATIO_OF, "machine_cores": machine_cores(),
                                         "quick": args.quick, "plaintext": args.plaintext,
                                         "repeats": args.repeats,
-                                        "val_per_epoch": args.val_per_epoch},
+                                        "val_per_epoch": args.val_per_epoch,
+                                        "sync_per_epoch": args.sync_per_epoch},
                            "splits": {}, "summary": {}, "summary_even": {}}
     report: list[str] = []
 
@@ -642,7 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for split in splits:
             cores = party_cores(Scenario(cpu_ratio=split, ratio_of=RATIO_OF), machine_cores())
-            base = base_config(rows, epochs, args.batch_size, args.val_per_epoch)
+            base = base_config(rows, epochs, args.batch_size, args.val_per_epoch,
+                               args.sync_per_epoch)
             cfg, bal, model = split_config(base, split, cores, small_width=args.small_width,
                                            big_width=args.big_width)
             progress(f"{split}: cores {cores}, {model}")

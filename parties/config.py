@@ -135,6 +135,11 @@ class VflConfig:
         val_per_epoch: validation scorings per evaluated epoch, each after its share of
             the epoch's batches (finer time-to-target readings; with DP on each is a
             release, planned and charged); 0 (default): 4 on ``synthetic``, else 1.
+        sync_per_epoch: training segments per epoch; each ends with the batches in
+            flight finished and every worker synced to its PS (a barrier that bounds the
+            replicas' drift), and the validation scorings fall on the ends of some of
+            them; 0 (default): one segment per scoring. Else a multiple of
+            :attr:`evals_per_epoch` (every epoch is segmented, evaluated or not).
         target_metric: the validation metric that ``time_to_target_s`` waits for (AUC
             reached from below, RMSE from above, in the label's units); None = the
             dataset's default (bank 0.92, adult 0.90; none for other data).
@@ -249,6 +254,7 @@ class VflConfig:
     torch_threads: int = 1
     eval_every: int = 1
     val_per_epoch: int = 0
+    sync_per_epoch: int = 0
     target_metric: float | None = None
     staleness_bound: int = 5
     event_loop: str = "uvloop"
@@ -299,6 +305,11 @@ class VflConfig:
                 raise bad(key, "must be >= 1")
         if not 0 <= self.val_per_epoch <= 1000:
             raise bad("val_per_epoch", "must be in 0 .. 1000 (0: the dataset's default)")
+        if not 0 <= self.sync_per_epoch <= 10_000:
+            raise bad("sync_per_epoch", "must be in 0 .. 10000 (0: one per scoring)")
+        if self.sync_per_epoch and self.sync_per_epoch % self.evals_per_epoch:
+            raise bad("sync_per_epoch", f"must be a multiple of the scorings per epoch "
+                      f"({self.evals_per_epoch}: val_per_epoch, or the dataset's default)")
         if not 0 <= self.seed < 2**31:
             raise bad("seed", "must be in 0 .. 2**31-1")
         if self.max_reassign < 0:
@@ -482,6 +493,12 @@ class VflConfig:
         return DEFAULT_TARGETS.get(self.dataset)
 
     @property
+    def segments_per_epoch(self) -> int:
+        """Training segments per epoch (each ends in a drain and PS sync):
+        ``sync_per_epoch``, or by default :attr:`evals_per_epoch`."""
+        return self.sync_per_epoch or self.evals_per_epoch
+
+    @property
     def evals_per_epoch(self) -> int:
         """Validation scorings per evaluated epoch: ``val_per_epoch``, or by default 4
         (quarter epochs) on ``synthetic``, else 1."""
@@ -630,6 +647,8 @@ class VflConfig:
         }
         if self.val_per_epoch:
             shared["val_per_epoch"] = self.val_per_epoch
+        if self.sync_per_epoch:
+            shared["sync_per_epoch"] = self.sync_per_epoch
         if self.algo == "vfl-ps":
             shared["pairs"] = self.workers_for("active")
         if self.passive_parties > 1 or self.fuse != "concat":

@@ -676,12 +676,15 @@ class Party:
 
     # ------------------------------------------------------------------ training
     async def _train(self, bus: Transport) -> None:
-        """All epochs: each epoch's segments (one, or four quarters on ``synthetic``) are
-        trained by the configured algorithm, synced to the PS, then scored on the
-        validation split (active) or embedded for it (passive); scoring is not training
-        time."""
+        """All epochs: each epoch's segments (``segments_per_epoch``: one per scoring, or
+        ``sync_per_epoch``) are trained by the configured algorithm and synced to the PS;
+        at a scoring segment's end the validation split is scored (active) or embedded
+        for it (passive); scoring is not training time."""
         cfg = self.cfg
-        segs = eval_segments(self.n_batches, cfg.evals_per_epoch)
+        segs = eval_segments(self.n_batches, cfg.segments_per_epoch)
+        # the scorings fall on the ends of the scoring segments (sync_per_epoch is a
+        # multiple of evals_per_epoch, so these ends are segment ends too)
+        score_ends = {r.stop for r in eval_segments(self.n_batches, cfg.evals_per_epoch)}
         point = 0
         go: int | None = None  # active: the scored point the passive party waits for
         for epoch in range(cfg.epochs):
@@ -723,7 +726,7 @@ class Party:
                 }
                 if self.role == "active":
                     entry["loss"] = (c.loss_sum - before[0]) / max(1, c.loss_n - before[1])
-                if evaluated:
+                if evaluated and seg.stop in score_ends:
                     # Scoring is not training time on either side: the passive party waits
                     # for the active party's "scored", sent when the active party's next
                     # segment has started, so that it does not train while the active

@@ -291,3 +291,17 @@ def test_val_per_epoch_sets_the_scorings_per_epoch_and_enters_the_digest() -> No
     with pytest.raises(ConfigError) as err:
         VflConfig(val_per_epoch=-1)
     assert err.value.key == "vfl.val_per_epoch"
+
+
+def test_sync_per_epoch_segments_the_epochs_in_multiples_of_the_scorings() -> None:
+    assert VflConfig(dataset="synthetic").segments_per_epoch == 4
+    c = VflConfig(dataset="synthetic", sync_per_epoch=16)
+    assert (c.segments_per_epoch, c.evals_per_epoch) == (16, 4)
+    assert c.shared_settings(100)["digest"] != \
+        VflConfig(dataset="synthetic").shared_settings(100)["digest"]
+    assert VflConfig(dataset="bank", val_per_epoch=2, sync_per_epoch=6).segments_per_epoch == 6
+    for bad in (-1, 6):  # 6 is not a multiple of synthetic's 4 scorings per epoch
+        with pytest.raises(ConfigError) as err:
+            VflConfig(dataset="synthetic", sync_per_epoch=bad)
+        assert err.value.key == "vfl.sync_per_epoch"
+        assert str(bad) in str(err.value) or "multiple" in str(err.value)
