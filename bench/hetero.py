@@ -87,6 +87,7 @@ import importlib.util
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -453,12 +454,6 @@ def summarize(runs: dict[str, dict[str, Any]], ceiling: float | None,
     return {"target_auc": target, "algos": out}
 
 
-def _median(xs: list[float]) -> float:
-    ys = sorted(xs)
-    n = len(ys)
-    return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
-
-
 def aggregate_repeats(summs: list[dict[str, Any]]) -> dict[str, Any]:
     """Several repeats of one split (each a :func:`summarize` result, its target from its
     own vfl run) as one: per algorithm the median of every numeric field over the
@@ -490,11 +485,11 @@ def aggregate_repeats(summs: list[dict[str, Any]]) -> dict[str, Any]:
                 agg[key] = val  # the same in every repeat (B, worker counts): as it is
             elif isinstance(val, (int, float)) and not isinstance(val, bool) \
                     and all(isinstance(v, (int, float)) for v in vals):
-                agg[key] = _median([float(v) for v in vals])
+                agg[key] = statistics.median([float(v) for v in vals])
             else:
                 agg[key] = val  # lists and dicts (workers, cpu_ms_per_batch): the first's
         ttts = [r.get("time_to_target_s") if "metric" in r else None for r in rows]
-        med = _median([math.inf if t is None else float(t) for t in ttts])
+        med = statistics.median([math.inf if t is None else float(t) for t in ttts])
         agg["time_to_target_s"] = None if math.isinf(med) else med
         agg["time_to_target_repeats_s"] = ttts
         agg["metric_repeats"] = [r.get("metric") for r in rows]
@@ -505,7 +500,7 @@ def aggregate_repeats(summs: list[dict[str, Any]]) -> dict[str, Any]:
         agg["missed"] = sum(1 for t in ttts if t is None)
         out[algo] = agg
     vfl_ttts = [s["algos"].get("vfl", {}).get("time_to_target_s") for s in summs]
-    vfl_med = _median([math.inf if t is None else float(t) for t in vfl_ttts])
+    vfl_med = statistics.median([math.inf if t is None else float(t) for t in vfl_ttts])
     for row in out.values():
         if "metric" not in row:
             continue
@@ -513,7 +508,7 @@ def aggregate_repeats(summs: list[dict[str, Any]]) -> dict[str, Any]:
         row["speedup_vs_vfl"] = (None if math.isinf(vfl_med) else
                                  0.0 if ttt is None else vfl_med / ttt)
     finite = [t for t in targets if t is not None]
-    return {"target_auc": _median(finite) if finite else None, "targets": targets,
+    return {"target_auc": statistics.median(finite) if finite else None, "targets": targets,
             "algos": out}
 
 

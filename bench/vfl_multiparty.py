@@ -244,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"summary": summary, "settings": {
         "parties": ns, "algos": algos, "datasets": datasets, "rows": rows, "epochs": epochs,
         "features": FEATURES, "active_features": ACTIVE_FEATURES, "batch_size": BATCH,
-        "bottom": {str(n): f"{DEPTH} x {bottom_width(n, args.base_width)} -> {EMBEDDING_DIM}" for n in ns},
+        "bottom": {str(n): {"active": f"{DEPTH} x {args.base_width} -> {EMBEDDING_DIM}",
+                            "passive": f"{DEPTH} x {bottom_width(n, args.base_width)} -> "
+                                       f"{EMBEDDING_DIM}"} for n in ns},
         "top_hidden": TOP_HIDDEN, "workers": WORKERS},
         "runs": runs, "total_s": time.perf_counter() - t_start}
     print(json.dumps(summary, indent=2, default=str))
