@@ -80,6 +80,7 @@ or the fit failed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import math
@@ -117,6 +118,11 @@ PAPER_TABLE_ROWS = 200_000
 #: The paper's figures at 50:14 that we have (CPU utilisation, fraction); w not stated.
 PAPER_UTIL = {"pubsub": 0.8742, "avfl-ps": 0.4212}
 RUN_TIMEOUT_S = 120.0
+#: The paper's core splits of 64 cores (active, passive) for the split table.
+PAPER_SPLITS = ((50.0, 14.0), (48.0, 16.0), (40.0, 24.0), (36.0, 28.0))
+#: Algorithms of the split table and their workers per party: one per core for the
+#: worker-parallel ones (process workers), 1 + 1 for vfl and avfl by definition.
+SPLIT_ALGOS = ("vfl", "vfl-ps", "avfl", "avfl-ps", "pubsub")
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -454,6 +460,111 @@ def paper_predictions(fit: Mapping[str, Any], *, epochs: int = 1) -> list[dict[s
     return out
 
 
+def balanced_costs(costs: StepCosts, cores: tuple[float, float]) -> StepCosts:
+    """``costs`` with the passive party's compute scaled so that the parties' step costs
+    are in the ratio of their cores (the feature split balanced to the cores: the passive
+    party holds ``cores_p / cores_a`` of the active party's per-sample compute)."""
+    ca, cp = cores
+    k = (cp / ca) * costs.active_step_s / costs.passive_step_s
+    return StepCosts(passive_fwd_s=costs.passive_fwd_s * k, passive_bwd_s=costs.passive_bwd_s * k,
+                     active_fwd_s=costs.active_fwd_s, active_top_s=costs.active_top_s,
+                     active_bwd_s=costs.active_bwd_s)
+
+
+def samples_ratios(hetero_doc: Mapping[str, Any] | None) -> dict[str, dict[str, float]]:
+    """Per split of a ``bench/hetero.py`` JSON, per algorithm: median over the repeats of
+    (vfl's samples to target) ÷ (the algorithm's), samples to target = the repeat's
+    training time to target × its training samples/s (measured on this machine; a
+    missed target gives ratio 0; a repeat whose vfl missed is left out). Empty without a
+    document."""
+    out: dict[str, dict[str, float]] = {}
+    for split, sp in ((hetero_doc or {}).get("splits") or {}).items():
+        per: dict[str, list[float]] = {}
+        targets = sp.get("targets") or []
+        for i, rep in enumerate(sp.get("runs") or []):
+            target = targets[i] if i < len(targets) else None
+            s_v = _samples_to_target(rep.get("vfl") or {}, target)
+            if not s_v:
+                continue
+            for algo, r in rep.items():
+                s = _samples_to_target(r, target)
+                per.setdefault(algo, []).append(s_v / s if s else 0.0)
+        out[split] = {a: statistics.median(v) for a, v in per.items() if v}
+    return out
+
+
+def _samples_to_target(r: Mapping[str, Any], target: float | None) -> float | None:
+    """A hetero run's training samples to ``target``: its training seconds to the first
+    validation point at or above it (the segments' ``window_s``) × its training
+    samples/s; None: missed, failed or no target."""
+    if target is None or r.get("status") != "ok" or not r.get("history"):
+        return None
+    acc = 0.0
+    for h in r["history"]:
+        acc += float(h.get("window_s", h["train_s"]))
+        if h.get("metric") is not None and h["metric"] >= target:
+            return acc * float(r["train_samples_per_s"])
+    return None
+
+
+def split_predictions(fit: Mapping[str, Any], ratios: Mapping[str, Mapping[str, float]]
+                      | None = None, *, epochs: int = 1) -> list[dict[str, Any]]:
+    """The paper's core splits (:data:`PAPER_SPLITS`), the feature split balanced to the
+    cores (:func:`balanced_costs`), every algorithm of :data:`SPLIT_ALGOS` with one process
+    worker per core (vfl, avfl: 1 + 1): simulated throughput, CPU use and the throughput
+    speedup over sync ``vfl`` and over ``vfl-ps`` (same workers); with ``ratios``
+    (:func:`samples_ratios`, keyed "A:P") the time-to-target speedup = throughput
+    speedup × the samples ratio measured at that split on this machine (a model: the
+    ratio was measured with this machine's worker counts, not one per core)."""
+    n_rows = round(n_train_of(fit) * PAPER_TABLE_ROWS / int(fit["rows"]))
+    out: list[dict[str, Any]] = []
+    for ca, cp in PAPER_SPLITS:
+        key = f"{ca:g}:{cp:g}"
+        res: dict[str, Any] = {}
+        for algo in SPLIT_ALGOS:
+            wa, wp = (1, 1) if algo in ("vfl", "avfl") else (int(ca), int(cp))
+            inp = sim_base(fit, algo=algo, b=PAPER_B, n_rows=n_rows, epochs=epochs,
+                           w_active=wa, w_passive=wp, cores=(ca, cp),
+                           worker_mode="process", segments=4)
+            inp = dataclasses.replace(inp, costs=balanced_costs(inp.costs, (ca, cp)))
+            res[algo] = (wa, wp, simulate(inp))
+        base, base_ps = res["vfl"][2].samples_per_s, res["vfl-ps"][2].samples_per_s
+        for algo, (wa, wp, r) in res.items():
+            sp = r.samples_per_s / base if base > 0 else None
+            ratio = (ratios or {}).get(key, {}).get(algo)
+            out.append({"split": key, "algo": algo, "w_active": wa, "w_passive": wp,
+                        "samples_per_s": r.samples_per_s, "epoch_s": r.epoch_s,
+                        "util_active": r.util_active, "util_passive": r.util_passive,
+                        "util_total": (r.busy_s_active + r.busy_s_passive)
+                        / ((ca + cp) * r.epoch_s) if r.epoch_s > 0 else 0.0,
+                        "throughput_speedup_vs_vfl": sp,
+                        "throughput_speedup_vs_vfl_ps": (r.samples_per_s / base_ps
+                                                         if base_ps > 0 else None),
+                        "samples_ratio_measured": ratio,
+                        "time_to_target_speedup_vs_vfl": (sp * ratio if sp is not None
+                                                          and ratio is not None else None),
+                        "paper_cpu_util": PAPER_UTIL.get(algo) if key == "50:14" else None})
+    return out
+
+
+def print_splits(rows: Sequence[Mapping[str, Any]]) -> None:
+    print("\nthe paper's core splits of 64 cores, feature split balanced to the cores, "
+          "one process worker per core (vfl, avfl 1+1), predicted for THIS implementation "
+          "(throughput: simulated; time to target: simulated throughput x the samples "
+          "ratio measured on this machine, where given):")
+    print(f"  {'split':<6} {'algo':<8} {'w':>7} {'samples/s':>11} {'util all':>9} "
+          f"{'x vfl':>7} {'x vfl-ps':>9} {'samples':>8} {'ttt x vfl':>10} {'paper util':>11}")
+    for r in rows:
+        p = r["paper_cpu_util"]
+        print(f"  {r['split']:<6} {r['algo']:<8} {r['w_active']:>3}+{r['w_passive']:<3} "
+              f"{r['samples_per_s']:>11,.0f} {100 * r['util_total']:>8.1f}% "
+              f"{_f(r['throughput_speedup_vs_vfl']):>7} "
+              f"{_f(r['throughput_speedup_vs_vfl_ps']):>9} "
+              f"{_f(r['samples_ratio_measured']):>8} "
+              f"{_f(r['time_to_target_speedup_vs_vfl']):>10} "
+              f"{'n/a' if p is None else f'{100 * p:.2f}%':>11}")
+
+
 # --------------------------------------------------------------------------- output
 def print_fit(fit: Mapping[str, Any]) -> None:
     cm = fit["cost_model"]
@@ -530,6 +641,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", metavar="OUT", help="write the results (overwrites)")
     ap.add_argument("--rows", type=int, default=ROWS, help=f"synthetic rows (default {ROWS})")
     ap.add_argument("--epochs", type=int, default=EPOCHS, help=f"epochs per run ({EPOCHS})")
+    ap.add_argument("--samples-from", metavar="HETERO_JSON", type=Path,
+                    help="a bench/hetero.py --json output: its measured samples-to-target "
+                         "ratios turn the split table's throughput into time to target")
     args = ap.parse_args(argv)
     if args.rows < 1000 or args.epochs < 1:
         ap.error("--rows must be >= 1000 and --epochs >= 1")
@@ -597,8 +711,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress("simulating the paper's 64-core settings")
     paper = paper_predictions(fit)
     print_paper(paper)
+    ratios = None
+    if args.samples_from is not None:
+        try:
+            ratios = samples_ratios(json.loads(args.samples_from.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            errors.append(f"--samples-from {args.samples_from}: {type(exc).__name__}: {exc}")
+    splits = split_predictions(fit, ratios)
+    print_splits(splits)
     doc = {"fit": fit, "calibration": calib, "validation": rows, **summary,
-           "paper_64_core": paper,
+           "paper_64_core": paper, "paper_splits": splits,
+           "samples_ratios": ratios,
            "settings": {"quick": args.quick, "rows": args.rows, "epochs": args.epochs,
                         "fit_batch_sizes": list(fit_bs), "tolerance": TOLERANCE,
                         "jitter": JITTER, "seed": SEED,

@@ -48,10 +48,15 @@ Workers: ``vfl`` and ``avfl`` 1 + 1 (by definition); ``vfl-ps`` 2 pairs; ``pubsu
 and :data:`PASSIVE_WORKERS` (8) passive; ``pubsub_planned`` is PubSub-VFL with
 (w_active, w_passive, B) from the planner (``psfl vfl plan``: the batch-size sweep and
 cost-model fits, with each party's quota as its cores; B from :data:`PLAN_BATCH_SIZES`,
-and the ceiling of a planned run is profiled at its own B). Time to target: the first
+and the ceiling of a planned run is profiled at its own B). Time to target: training
+seconds (per segment the longer of the two parties' clocks, the throughput's window;
+validation scoring excluded, as the runtime's own ``time_to_target_s``) until the first
 validation point at or above 0.98 × the final test AUC of ``vfl`` in the same split (and
-repeat); :data:`VAL_PER_EPOCH` (16) validation points per epoch, so that time to target
-is read finely (``val_points_before_vfl_target`` counts them).
+repeat); ``time_to_target_wall_s`` beside it counts the scorings too, which at
+:data:`VAL_PER_EPOCH` (16) points per epoch take about as long as the training and are
+the same for every algorithm, so on that clock every ratio is pulled towards 1. Sixteen
+points per epoch so that time to target is read finely (``val_points_before_vfl_target``
+counts them).
 
 Repeats (``--repeats N``): every algorithm runs N times per split, interleaved (repeat k
 of every algorithm before repeat k + 1, so the machine's drift falls on all alike; the
@@ -127,6 +132,11 @@ BALANCED = {"50:14": (128, 288), "40:24": (128, 160)}
 #: 50:14 with 9x288 (--quick, 2026-11-30, before that scoring fix): 4 workers
 #: 0.84/0.85 of the quotas, 6 0.86/0.85, 8 0.88/0.89. Inline workers cost a model replica each, nothing more.
 PASSIVE_WORKERS = 8
+#: Hand-set pubsub workers per split where the default (⌈active cores⌉ + 8) is not the
+#: faster to target. 40:24, training seconds to target (--quick, --repeats 2, 16 scorings
+#: per epoch, 2026-12-03): 2 + 8 0.92 x vfl (3 repeats), 2 + 4 missed 1 of 2, 1 + 4 1.03;
+#: at 50:14 2 + 8 1.18 (3 repeats), 2 + 4 0.90, 1 + 4 0.93 (2 repeats each).
+PUBSUB_WORKERS = {"40:24": (1, 4)}
 #: Validation points per epoch: time to target is read off them, so they must be fine
 #: enough (issue 28: at least 20 before sync VFL reaches the target).
 VAL_PER_EPOCH = 16
@@ -202,6 +212,26 @@ def balance(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str
             "candidates": {str(w): r for w, r in ratios.items()}}
 
 
+def set_overrides(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as VflConfig keyword overrides, checked by building a
+    config with them (``vfl.`` prefixes allowed).
+
+    Raises:
+        ValueError: a malformed item, an unknown key or a bad value (the config's message).
+    """
+    from parties.config import VflConfig
+    from pubsub.config import ConfigError, from_mapping, parse_overrides, to_mapping
+
+    try:
+        tree = parse_overrides(items)
+        flat = tree.pop("vfl", {})
+        flat = {**tree, **flat}
+        cfg = from_mapping(VflConfig, {**to_mapping(base_config(1000, 1)), **flat})
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return {k: getattr(cfg, k) for k in flat}
+
+
 def quota_profile(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> Any:
     """The compute profile under the split's quotas (both parties profiled at once, each
     in its own CPU-share group): a :class:`parties.profile.ComputeProfile` whose
@@ -228,12 +258,16 @@ def quota_ceiling(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> di
     return quota_profile(cfg, cores, min_time_s=min_time_s).to_dict()
 
 
-def workers_for(algo: str, cores: dict[str, float]) -> tuple[int, int]:
-    """(w_active, w_passive) of ``algo`` (module docstring)."""
+def workers_for(algo: str, cores: dict[str, float], split: str | None = None
+                ) -> tuple[int, int]:
+    """(w_active, w_passive) of ``algo`` (module docstring); ``pubsub`` at a split of
+    :data:`PUBSUB_WORKERS` takes that split's hand-set counts."""
     if algo in ("vfl", "avfl"):
         return 1, 1
     if algo == "vfl-ps":
         return 2, 2
+    if algo == "pubsub" and split in PUBSUB_WORKERS:
+        return PUBSUB_WORKERS[split]
     return max(1, math.ceil(cores["active"] - 1e-9)), PASSIVE_WORKERS
 
 
@@ -406,9 +440,12 @@ def summarize(runs: dict[str, dict[str, Any]], ceiling: float | None,
         if r.get("status") != "ok":
             out[algo] = {"status": r.get("status"), "error": r.get("error")}
             continue
-        ttt = t.time_to_target(r["history"], target, False) if target is not None else None
+        ttt = (t.training_time_to_target(r["history"], target, False)
+               if target is not None else None)
         out[algo] = {
             "time_to_target_s": ttt, "metric": r["metric"],
+            "time_to_target_wall_s": (t.time_to_target(r["history"], target, False)
+                                      if target is not None else None),
             "cpu_util_active": r["cpu_util_train"]["active"],
             "cpu_util_passive": r["cpu_util_train"]["passive"],
             "cpu_util_run_active": r["cpu_util"]["active"],
@@ -449,9 +486,20 @@ def summarize(runs: dict[str, dict[str, Any]], ceiling: float | None,
         # the time-to-target resolution: this run's validation points up to the moment
         # sync VFL reached the target (None without a vfl run that reached it)
         row["val_points_before_vfl_target"] = (
-            sum(1 for h in runs[algo]["history"] if h.get("metric") is not None
-                and float(h["wall_s"]) <= base) if base else None)
+            _points_within(runs[algo]["history"], base) if base else None)
     return {"target_auc": target, "algos": out}
+
+
+def _points_within(history: list[dict[str, Any]], train_s: float) -> int:
+    """Validation points of ``history`` within its first ``train_s`` training seconds
+    (the segments' ``window_s``, as time to target counts them)."""
+    acc, n = 0.0, 0
+    for h in history:
+        acc += float(h.get("window_s", h["train_s"]))
+        if acc > train_s + 1e-9:
+            break
+        n += h.get("metric") is not None
+    return n
 
 
 def aggregate_repeats(summs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -591,12 +639,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="training segments per epoch, each a drain and PS sync, for every "
                          "algorithm (vfl.sync_per_epoch; a multiple of --val-per-epoch; "
                          "default 0: one per scoring)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a vfl config key for every algorithm alike (baselines included), "
+                         "e.g. --set active_torch_threads=2; repeatable")
     ap.add_argument("--out", type=Path, help="keep the run directories here")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--plaintext", action="store_true",
                     help="run the bus without CURVE (default: CURVE, as psfl sim run), to "
                          "see what the encryption costs")
     args = ap.parse_args(argv)
+    try:
+        overrides = set_overrides(args.set)
+    except ValueError as exc:
+        ap.error(f"--set: {exc}")
     rows = args.rows or (30_000 if args.quick else 60_000)
     epochs = args.epochs or (4 if args.quick else 6)
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
@@ -632,7 +687,8 @@ def main(argv: list[str] | None = None) -> int:
                                         "quick": args.quick, "plaintext": args.plaintext,
                                         "repeats": args.repeats,
                                         "val_per_epoch": args.val_per_epoch,
-                                        "sync_per_epoch": args.sync_per_epoch},
+                                        "sync_per_epoch": args.sync_per_epoch,
+                                        "set": overrides},
                            "splits": {}, "summary": {}, "summary_even": {}}
     report: list[str] = []
 
@@ -644,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
         for split in splits:
             cores = party_cores(Scenario(cpu_ratio=split, ratio_of=RATIO_OF), machine_cores())
             base = base_config(rows, epochs, args.batch_size, args.val_per_epoch,
-                               args.sync_per_epoch)
+                               args.sync_per_epoch, **overrides)
             cfg, bal, model = split_config(base, split, cores, small_width=args.small_width,
                                            big_width=args.big_width)
             progress(f"{split}: cores {cores}, {model}")
@@ -666,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
                     except Exception as exc:  # noqa: BLE001 - reported in the table
                         plan_error = {"status": "failed", "error": f"plan: {exc}"}
                     continue
-                wa, wp = workers_for(algo, cores)
+                wa, wp = workers_for(algo, cores, split)
                 if algo in ("pubsub", "avfl-ps") and args.workers:
                     wa, wp = args.workers
                 configs[algo] = dataclasses.replace(cfg, algo=algo, w_active=wa, w_passive=wp)

@@ -339,7 +339,7 @@ def run_split(split: str, *, rows: int, epochs: int, reps: int) -> dict[str, Any
     cfg, _bal, model = het.split_config(het.base_config(rows, epochs), split, cores)
     n_train = int(rows * (1 - cfg.test_frac) * 0.9)  # 10 % of the rest is validation
     steps = max(200, epochs * n_train // cfg.batch_size)
-    wa, wp = het.workers_for("pubsub", cores)
+    wa, wp = het.workers_for("pubsub", cores, split)
     print(f"{split}: cores {cores}, {model}, synthetic {rows:,} rows, B={cfg.batch_size}, "
           f"{steps} timed steps of the bare loops, pubsub {wa}+{wp} workers, "
           f"{reps} repeat(s)", flush=True)
@@ -398,12 +398,19 @@ def run_split(split: str, *, rows: int, epochs: int, reps: int) -> dict[str, Any
     summary["inrun"] = {m: statistics.median(r["efficiency_inrun"][m] for r in reps_out)
                         for m in SPLIT_MODES
                         if all(r["efficiency_inrun"][m] is not None for r in reps_out)}
+    # the real system over the bare loop through a broker, per repeat (the same
+    # invocation, the same quotas), median over the repeats
+    pairs = [(r["efficiency_inrun"]["pubsub"], r["efficiency_inrun"]["bare_broker"])
+             for r in reps_out]
+    if all(a is not None and b for a, b in pairs):
+        summary["inrun"]["pubsub_vs_bare_broker"] = statistics.median(a / b for a, b in pairs)
     summary["passive_cpu_util"] = {
         m: statistics.median(r["detail"][m]["passive"]["cpu_util"] for r in reps_out)
         for m in SPLIT_MODES if all(r["detail"][m]["passive"].get("cpu_util") is not None
                                     for r in reps_out)}
     print("median efficiency: " + ", ".join(
-        f"{m} {summary[m]:.3f} (in-run {_f3(summary['inrun'].get(m))})" for m in SPLIT_MODES),
+        f"{m} {summary[m]:.3f} (in-run {_f3(summary['inrun'].get(m))})" for m in SPLIT_MODES)
+        + f"; pubsub / bare_broker in-run {_f3(summary['inrun'].get('pubsub_vs_bare_broker'))}",
         flush=True)
     widths = {r: cfg.bottom_hidden_for(r)[0] for r in ("active", "passive")}
     return {"settings": {"split": split, "cores": cores, "widths": widths, "rows": rows,

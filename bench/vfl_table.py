@@ -244,9 +244,36 @@ def summarize_run(m: dict[str, Any]) -> dict[str, Any]:
         "bytes_per_epoch": bytes_total / epochs,
         "bytes_sent": m["bytes_sent"],
         "dropped_batches": m["dropped_batches"],
+        # window_s: the segment's training seconds over both parties' clocks (the
+        # longer), as train_s_sum sums them
         "history": [{"epoch": h["epoch"], "wall_s": h["wall_s"], "train_s": h["train_s"],
-                     "metric": h.get("metric"), "loss": h["loss"]} for h in m["history"]],
+                     "window_s": training_window_s([h], [ph] if ph else None),
+                     "metric": h.get("metric"), "loss": h["loss"]}
+                    for h, ph in zip(m["history"], _padded(pas.get("history"),
+                                                           len(m["history"])))],
     }
+
+
+def _padded(hist: list[dict[str, Any]] | None, n: int) -> list[dict[str, Any] | None]:
+    """``hist`` cut or padded with None to ``n`` entries (a passive history that never
+    reported, or is shorter, adds nothing to a segment's window)."""
+    hist = list(hist or [])[:n]
+    return hist + [None] * (n - len(hist))
+
+
+def training_time_to_target(history: list[dict[str, Any]], target: float,
+                            lower_is_better: bool) -> float | None:
+    """Training seconds (the segments' ``window_s``, scoring excluded) until the first
+    evaluation that reaches ``target``; None if none does."""
+    acc = 0.0
+    for h in history:
+        acc += float(h.get("window_s", h["train_s"]))
+        m = h.get("metric")
+        if m is None or (isinstance(m, float) and math.isnan(m)):
+            continue
+        if (m <= target) if lower_is_better else (m >= target):
+            return acc
+    return None
 
 
 def run_one(cfg: Any, timeout_s: float) -> dict[str, Any]:

@@ -113,7 +113,7 @@ def run_party(role: str, args: argparse.Namespace) -> int:
         configure_logging(events_path=events, party=role, run_id=args.run_id)
         import torch
 
-        torch.set_num_threads(cfg.torch_threads)
+        torch.set_num_threads(cfg.threads_for(role))
         result = run_loop(_serve(role, cfg, args), event_loop=cfg.event_loop)
     except Exception as exc:
         code = exit_code_for(exc)

@@ -129,6 +129,9 @@ class VflConfig:
             BatchNorm1d is replaced by a GroupNorm of the same width, whose statistics
             are per row).
         torch_threads: intra-op threads per party process.
+        active_torch_threads / passive_torch_threads: that role's own intra-op threads
+            (0, the default: ``torch_threads``); party processes only (the in-memory
+            transport runs both parties in one process, with ``torch_threads``).
         eval_every: score the validation split every this many epochs (and after the
             last); on ``synthetic`` every quarter of such an epoch. The test split is
             scored once, at the end.
@@ -252,6 +255,8 @@ class VflConfig:
     resnet_dropout: float = 0.0
     dp_batchnorm: str = "refuse"
     torch_threads: int = 1
+    active_torch_threads: int = 0
+    passive_torch_threads: int = 0
     eval_every: int = 1
     val_per_epoch: int = 0
     sync_per_epoch: int = 0
@@ -303,6 +308,9 @@ class VflConfig:
                     "embedding_dim", "torch_threads", "eval_every", "staleness_bound"):
             if getattr(self, key) < 1:
                 raise bad(key, "must be >= 1")
+        for key in ("active_torch_threads", "passive_torch_threads"):
+            if getattr(self, key) < 0:
+                raise bad(key, "must be >= 0 (0: torch_threads)")
         if not 0 <= self.val_per_epoch <= 1000:
             raise bad("val_per_epoch", "must be in 0 .. 1000 (0: the dataset's default)")
         if not 0 <= self.sync_per_epoch <= 10_000:
@@ -610,6 +618,13 @@ class VflConfig:
     def rows_files(self) -> dict[str, str]:
         """Every party's aligned-rows file by party id ("" = all rows)."""
         return {p: self.rows_file(p) for p in self.party_ids}
+
+    def threads_for(self, role: str) -> int:
+        """Intra-op threads of ``role``'s process (a role or a party id): its own
+        setting, else ``torch_threads``."""
+        own = (self.active_torch_threads if role_of(role) == "active"
+               else self.passive_torch_threads)
+        return own or self.torch_threads
 
     def cpus(self, role: str) -> tuple[int, ...]:
         """The CPU ids ``role`` (``"active"``/``"passive"``) is pinned to; empty: not pinned."""

@@ -557,10 +557,10 @@ def _profile_alone(cfg: VflConfig, timing: dict[str, Any]
     threads0 = torch.get_num_threads()
     out: dict[str, PartyProfile] = {}
     try:
-        torch.set_num_threads(cfg.torch_threads)
         for party in (*cfg.party_ids[1:], "active"):
             data = load_party_data(cfg, party)
             role = role_of(party)
+            torch.set_num_threads(cfg.threads_for(role))
             try:
                 before = pin_process(cfg.cpus(role)) if cfg.cpus(role) else None
             except (ValueError, OSError) as exc:
@@ -599,7 +599,7 @@ def prepare_child(role: str, cfg: VflConfig, join: Sequence[str] = ()) -> Any:
             pin_process(cfg.cpus(role))
         except (ValueError, OSError) as exc:
             raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
-    torch.set_num_threads(cfg.torch_threads)
+    torch.set_num_threads(cfg.threads_for(role))
     return load_party_data(cfg, party)
 
 

@@ -137,7 +137,7 @@ def party_process_main(role: str, cfg: VflConfig, models: Any, *, broker: str, r
         configure_logging(events_path=events, party=role, run_id=run_id)
         import torch
 
-        torch.set_num_threads(cfg.torch_threads)
+        torch.set_num_threads(cfg.threads_for(role))
         result = run_loop(serve_party(role, cfg, run_id=run_id, out=out_dir, broker=broker,
                                       security=security, models=models,
                                       progress=not quiet and role == "active"),

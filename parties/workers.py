@@ -607,7 +607,7 @@ def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], d
 
     cfg = from_mapping(VflConfig, cfg_map)
     models = ModelFactory(cfg) if models is None else dataclasses.replace(models, cfg=cfg)
-    torch.set_num_threads(cfg.torch_threads)
+    torch.set_num_threads(cfg.threads_for(role))
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PAIR)
     sock.setsockopt(zmq.LINGER, 0)

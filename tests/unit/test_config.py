@@ -305,3 +305,16 @@ def test_sync_per_epoch_segments_the_epochs_in_multiples_of_the_scorings() -> No
             VflConfig(dataset="synthetic", sync_per_epoch=bad)
         assert err.value.key == "vfl.sync_per_epoch"
         assert str(bad) in str(err.value) or "multiple" in str(err.value)
+
+
+def test_per_role_torch_threads_default_to_torch_threads():
+    from parties.config import VflConfig
+    from pubsub.config import ConfigError
+
+    cfg = VflConfig(torch_threads=3)
+    assert cfg.threads_for("active") == 3 and cfg.threads_for("passive2") == 3
+    cfg = VflConfig(torch_threads=3, active_torch_threads=2, passive_torch_threads=1)
+    assert cfg.threads_for("active") == 2
+    assert cfg.threads_for("passive") == 1 and cfg.threads_for("passive3") == 1
+    with pytest.raises(ConfigError, match="passive_torch_threads"):
+        VflConfig(passive_torch_threads=-1)

@@ -127,3 +127,49 @@ def test_sim_base_and_paper_grid(dv: Any) -> None:
     assert {r["algo"] for r in rows} == set(dv.ALGOS)
     assert all(0 <= r["util_total"] <= 1 + 1e-9 for r in rows)
     assert [r["paper_cpu_util"] for r in rows if r["algo"] == "pubsub"][0] == 0.8742
+
+
+def test_balanced_costs_put_the_steps_in_the_ratio_of_the_cores(dv: Any) -> None:
+    costs = dv.StepCosts(passive_fwd_s=1e-3, passive_bwd_s=2e-3, active_fwd_s=2e-3,
+                         active_top_s=1e-3, active_bwd_s=4e-3)
+    b = dv.balanced_costs(costs, (50.0, 14.0))
+    assert b.passive_step_s / b.active_step_s == pytest.approx(14 / 50)
+    assert b.passive_fwd_s / b.passive_bwd_s == pytest.approx(0.5)  # the shape is kept
+    assert b.active_step_s == costs.active_step_s
+
+
+def _hrun(sps: float, points: list[tuple[float, float]]) -> dict[str, Any]:
+    return {"status": "ok", "train_samples_per_s": sps,
+            "history": [{"window_s": dt, "train_s": dt, "metric": m} for dt, m in points]}
+
+
+def test_samples_ratios_from_a_hetero_document(dv: Any) -> None:
+    # vfl: 1000 samples/s, target at 3 s (3000 samples); pubsub 2000/s at 2 s (4000):
+    # ratio 0.75; a missed target 0; a repeat whose vfl missed is left out
+    doc = {"splits": {"50:14": {"targets": [0.9, 0.9, 0.9], "runs": [
+        {"vfl": _hrun(1000.0, [(1.0, 0.8), (2.0, 0.91)]),
+         "pubsub": _hrun(2000.0, [(1.0, 0.85), (1.0, 0.92)])},
+        {"vfl": _hrun(1000.0, [(1.0, 0.8), (2.0, 0.91)]),
+         "pubsub": _hrun(2000.0, [(1.0, 0.85), (1.0, 0.89)])},
+        {"vfl": _hrun(1000.0, [(3.0, 0.8)]), "pubsub": _hrun(2000.0, [(1.0, 0.95)])},
+    ]}}}
+    r = dv.samples_ratios(doc)["50:14"]
+    assert r["vfl"] == 1.0
+    assert r["pubsub"] == pytest.approx((0.75 + 0.0) / 2)
+    assert dv.samples_ratios(None) == {}
+
+
+def test_split_table_speedups(dv: Any) -> None:
+    fit = {"cost_model": {**COST_MODEL, "n_train": 500}, "top_fit": _pf(2e-6, 1.0),
+           "msg_cpu_s": 5e-5, "rows": 100_000}
+    rows = dv.split_predictions(fit, {"50:14": {"pubsub": 0.5}}, epochs=1)
+    assert len(rows) == len(dv.PAPER_SPLITS) * len(dv.SPLIT_ALGOS)
+    by = {(r["split"], r["algo"]): r for r in rows}
+    assert by[("50:14", "vfl")]["throughput_speedup_vs_vfl"] == pytest.approx(1.0)
+    assert (by[("40:24", "pubsub")]["w_active"], by[("40:24", "pubsub")]["w_passive"]) \
+        == (40, 24)
+    p = by[("50:14", "pubsub")]
+    assert p["time_to_target_speedup_vs_vfl"] == pytest.approx(
+        0.5 * p["throughput_speedup_vs_vfl"])
+    assert by[("48:16", "pubsub")]["time_to_target_speedup_vs_vfl"] is None
+    assert all(0 <= r["util_total"] <= 1 + 1e-9 for r in rows)

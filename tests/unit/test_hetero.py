@@ -20,13 +20,42 @@ def hetero():
     return mod
 
 
-def _run(metric, sps, hist, **kw):
+def _history(hist, scoring_s=0.0):
+    """(metric, training seconds so far) pairs as a run's history: each segment's
+    window_s the training between two points, wall_s adding ``scoring_s`` per point."""
+    out, prev = [], 0.0
+    for i, (m, t) in enumerate(hist):
+        out.append({"metric": m, "window_s": t - prev, "train_s": t - prev,
+                    "wall_s": t + (i + 1) * scoring_s})
+        prev = t
+    return out
+
+
+def _run(metric, sps, hist, scoring_s=0.0, **kw):
     return {"status": "ok", "metric": metric, "train_samples_per_s": sps,
             "cpu_util": {"active": 0.7, "passive": 0.8},
             "cpu_util_train": {"active": 0.9, "passive": 0.85},
             "wait_s_per_epoch": {"active": 0.01, "passive": 0.2},
-            "history": [{"metric": m, "wall_s": t} for m, t in hist],
+            "history": _history(hist, scoring_s),
             "workers": [1, 1], "batch_size": 256, **kw}
+
+
+def test_time_to_target_is_training_time_scoring_excluded(hetero):
+    # the same training trajectories, each scoring 1 s: on the wall clock the ratio is
+    # pulled towards 1 (5/4), on the training clock it is the algorithms' own (3/2)
+    runs = {"vfl": _run(0.90, 30_000.0, [(0.80, 1.0), (0.85, 2.0), (0.89, 3.0)], 1.0),
+            "pubsub": _run(0.91, 45_000.0, [(0.85, 1.0), (0.89, 2.0)], 1.0)}
+    a = hetero.summarize(runs, 50_000.0)["algos"]
+    assert a["vfl"]["time_to_target_s"] == pytest.approx(3.0)
+    assert a["pubsub"]["time_to_target_s"] == pytest.approx(2.0)
+    assert a["pubsub"]["speedup_vs_vfl"] == pytest.approx(1.5)
+    assert a["vfl"]["time_to_target_wall_s"] == pytest.approx(6.0)
+    assert a["pubsub"]["time_to_target_wall_s"] == pytest.approx(4.0)
+    # a segment without a scoring (sync_per_epoch) still counts its training
+    runs["pubsub"]["history"].insert(0, {"metric": None, "window_s": 0.5, "train_s": 0.4,
+                                         "wall_s": 0.5})
+    a = hetero.summarize(runs, 50_000.0)["algos"]
+    assert a["pubsub"]["time_to_target_s"] == pytest.approx(2.5)
 
 
 def test_workers(hetero):
@@ -37,6 +66,11 @@ def test_workers(hetero):
     assert hetero.workers_for("pubsub", cores) == (2, hetero.PASSIVE_WORKERS)
     assert hetero.workers_for("avfl-ps", {"active": 1.0, "passive": 1.0}) \
         == (1, hetero.PASSIVE_WORKERS)
+    # hand-set pubsub counts per split; the baselines keep theirs
+    cores = {"active": 1.25, "passive": 0.75}
+    assert hetero.workers_for("pubsub", cores, "40:24") == hetero.PUBSUB_WORKERS["40:24"]
+    assert hetero.workers_for("avfl-ps", cores, "40:24") == (2, hetero.PASSIVE_WORKERS)
+    assert hetero.workers_for("pubsub", cores, "32:32") == (2, hetero.PASSIVE_WORKERS)
 
 
 def test_balanced_widths(hetero):
@@ -192,3 +226,14 @@ def test_a_failed_repeat_counts_as_a_miss(hetero):
     assert a["pubsub"]["time_to_target_s"] is None
     only_failed = hetero.aggregate_repeats([failed])["algos"]["pubsub"]
     assert only_failed["status"] == "failed" and only_failed["repeats_ok"] == 0
+
+
+def test_set_overrides_apply_to_every_algorithm_and_are_checked(hetero):
+    assert hetero.set_overrides(["vfl.active_torch_threads=2", "lr=2e-3"]) \
+        == {"active_torch_threads": 2, "lr": 0.002}
+    with pytest.raises(ValueError, match="nope"):
+        hetero.set_overrides(["nope=1"])
+    with pytest.raises(ValueError, match="active_torch_threads"):
+        hetero.set_overrides(["active_torch_threads=-1"])
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        hetero.set_overrides(["lr"])
