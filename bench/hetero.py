@@ -135,7 +135,8 @@ PASSIVE_WORKERS = 8
 #: Hand-set pubsub workers per split where the default (⌈active cores⌉ + 8) is not the
 #: faster to target. 40:24, training seconds to target (--quick, --repeats 2, 16 scorings
 #: per epoch, 2026-12-03): 2 + 8 0.92 x vfl (3 repeats), 2 + 4 missed 1 of 2, 1 + 4 1.03;
-#: at 50:14 2 + 8 1.18 (3 repeats), 2 + 4 0.90, 1 + 4 0.93 (2 repeats each).
+#: at 50:14 2 + 8 1.18 (3 repeats), 2 + 4 0.90, 1 + 4 0.93 (2 repeats each); the full
+#: --repeats 3 run after it: 50:14 2 + 8 missed 2 of 3, 40:24 1 + 4 0.92 (CHANGELOG).
 PUBSUB_WORKERS = {"40:24": (1, 4)}
 #: Validation points per epoch: time to target is read off them, so they must be fine
 #: enough (issue 28: at least 20 before sync VFL reaches the target).
