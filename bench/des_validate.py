@@ -478,33 +478,31 @@ def samples_ratios(hetero_doc: Mapping[str, Any] | None) -> dict[str, dict[str, 
     missed target gives ratio 0; a repeat whose vfl missed is left out). Empty without a
     document."""
     out: dict[str, dict[str, float]] = {}
+    table = load_table_module() if hetero_doc else None
     for split, sp in ((hetero_doc or {}).get("splits") or {}).items():
         per: dict[str, list[float]] = {}
         targets = sp.get("targets") or []
         for i, rep in enumerate(sp.get("runs") or []):
             target = targets[i] if i < len(targets) else None
-            s_v = _samples_to_target(rep.get("vfl") or {}, target)
+            s_v = _samples_to_target(table, rep.get("vfl") or {}, target)
             if not s_v:
                 continue
             for algo, r in rep.items():
-                s = _samples_to_target(r, target)
+                s = _samples_to_target(table, r, target)
                 per.setdefault(algo, []).append(s_v / s if s else 0.0)
         out[split] = {a: statistics.median(v) for a, v in per.items() if v}
     return out
 
 
-def _samples_to_target(r: Mapping[str, Any], target: float | None) -> float | None:
+def _samples_to_target(table: Any, r: Mapping[str, Any], target: float | None
+                       ) -> float | None:
     """A hetero run's training samples to ``target``: its training seconds to the first
-    validation point at or above it (the segments' ``window_s``) × its training
-    samples/s; None: missed, failed or no target."""
+    validation point at or above it (``vfl_table.training_time_to_target``, as hetero
+    reads them) × its training samples/s; None: missed, failed or no target."""
     if target is None or r.get("status") != "ok" or not r.get("history"):
         return None
-    acc = 0.0
-    for h in r["history"]:
-        acc += float(h.get("window_s", h["train_s"]))
-        if h.get("metric") is not None and h["metric"] >= target:
-            return acc * float(r["train_samples_per_s"])
-    return None
+    t = table.training_time_to_target(r["history"], target, False)
+    return None if t is None else t * float(r["train_samples_per_s"])
 
 
 def split_predictions(fit: Mapping[str, Any], ratios: Mapping[str, Mapping[str, float]]
