@@ -713,7 +713,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.samples_from is not None:
         try:
             ratios = samples_ratios(json.loads(args.samples_from.read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             errors.append(f"--samples-from {args.samples_from}: {type(exc).__name__}: {exc}")
     splits = split_predictions(fit, ratios)
     print_splits(splits)
