@@ -26,6 +26,8 @@ from pubsub.config import ConfigError, dump_toml, load_section, to_mapping
 #: Default ``target_metric`` per named dataset (validation AUC); others have none.
 DEFAULT_TARGETS: dict[str, float] = {"bank": 0.92, "adult": 0.90}
 #: Where a party's worker compute runs (``vfl.worker_mode``).
+#: How the active party's workers hold the top model under ``pubsub`` (``top_update``).
+TOP_UPDATES = ("replica", "shared")
 WORKER_MODES = ("auto", "thread", "process", "inline")
 #: at most this many passive parties (the paper's Table 10: 2 to 10 parties in all)
 MAX_PASSIVE_PARTIES = 9
@@ -78,6 +80,13 @@ class VflConfig:
             one optimizer applies at the unscaled ``lr``, and pulls the new parameters:
             asynchronous SGD; ``lr_scaling`` and ΔT_t do not apply);
             :class:`parties.model.ParameterServer`.
+        top_update: how the active party's workers hold the top model under ``pubsub``
+            with two or more active workers averaged by their PS: ``"shared"`` (the
+            default: one top at the PS, stepped in batch order at the unscaled ``lr``
+            under its lock, so no top step is stale; the workers' bottom replicas are
+            averaged as before; :meth:`parties.model.ParameterServer.share_top`) or
+            ``"replica"`` (each worker's replica holds its own top, averaged with the
+            bottom). ``avfl-ps`` and ``ps_update = "gradient"`` always use replicas.
         w_active / w_passive: workers per party.
         passive_party_workers: with several passive parties, each one's worker count, in
             party-id order (each >= 1); () (the default): every passive party runs
@@ -229,6 +238,7 @@ class VflConfig:
     lr: float = 1e-3
     lr_scaling: str = "linear"
     ps_update: str = "average"
+    top_update: str = "shared"
     w_active: int = 2
     w_passive: int = 2
     passive_party_workers: tuple[int, ...] = ()
@@ -330,6 +340,8 @@ class VflConfig:
             raise bad("lr_scaling", f"must be one of {LR_SCALINGS}")
         if self.ps_update not in PS_UPDATES:
             raise bad("ps_update", f"must be one of {PS_UPDATES}")
+        if self.top_update not in TOP_UPDATES:
+            raise bad("top_update", f"must be one of {TOP_UPDATES}")
         if not 0.0 <= self.t_ddl_s < math.inf:
             raise bad("t_ddl_s", "must be >= 0 seconds (0: no deadline-based dropping)")
         if self.target_metric is not None and not math.isfinite(self.target_metric):
@@ -569,6 +581,14 @@ class VflConfig:
         if self.algo in ("pubsub", "avfl-ps") and self.workers_for(party) > 1:
             return self.ps_update
         return "average"
+
+    def shares_top(self) -> bool:
+        """Whether the active party's workers share one top model at its PS
+        (``top_update = "shared"``): under ``pubsub`` with two or more active workers
+        averaged by their PS (``ps_update = "average"``); otherwise each worker's replica
+        holds its own top."""
+        return (self.top_update == "shared" and self.algo == "pubsub"
+                and self.workers_for("active") > 1 and self.ps_update_for("active") == "average")
 
     def worker_lr(self, party: str) -> float:
         """The Adam learning rate of one of ``party``'s workers (a party id or role, as

@@ -221,6 +221,71 @@ class ParameterServer:
             self.pushes += 1
             return self._copy_out(out)
 
+    def share_top(self, top: nn.Module, *, offset: int, lr: float,
+                  make_optimizer: Callable[[list[nn.Parameter], float],
+                                           torch.optim.Optimizer] | None = None) -> None:
+        """Hold the top model here, one copy for all workers (``vfl.top_update =
+        "shared"``): ``top``'s parameters become views of θ from ``offset`` on (where the
+        flat layout puts them, after the bottom's), updated by this server's own optimizer
+        in :meth:`top_step`, one step per batch in the order the workers call it. The
+        workers keep their bottom replicas (averaged as before) and never change their
+        copy of the top, so their pushes carry Δ = 0 there.
+
+        Raises:
+            ValueError: not ``update="average"``, ``top`` has floating-point buffers (they
+                would be shared without a rule), or its parameters do not fit θ at
+                ``offset``.
+        """
+        if self.update != "average":
+            raise ValueError("a shared top needs update='average' (gradient push already "
+                             "applies every step with one optimizer)")
+        if any(b.is_floating_point() for b in top.buffers()):
+            raise ValueError("a shared top cannot have floating-point buffers")
+        params = list(top.parameters())
+        n = sum(p.numel() for p in params)
+        if not 0 <= offset <= self.size - n:
+            raise ValueError(f"top of {n} parameters does not fit θ ({self.size}) at {offset}")
+        with self._lock:
+            vector_to_parameters(self._theta[offset: offset + n].clone(), params)
+            off = offset
+            for prm in params:  # views of θ: a top step writes θ in place
+                prm.data = self._theta[off: off + prm.numel()].view_as(prm)
+                off += prm.numel()
+            top.train()
+            self._top = top
+            self._top_opt = (make_optimizer or make_adam)(params, lr)
+            self.top_steps = 0
+
+    @property
+    def shares_top(self) -> bool:
+        """Whether this server holds the shared top model (:meth:`share_top`)."""
+        return getattr(self, "_top", None) is not None
+
+    def top_step(self, fused: torch.Tensor, labels: torch.Tensor, loss_fn: nn.Module
+                 ) -> tuple[float, torch.Tensor]:
+        """One step of the shared top on a batch: forward on ``fused`` (``(B, k)``, the
+        fused cut-layer input), ``loss_fn`` against ``labels``, backward, one optimizer
+        step, all under the server's lock (so no top step is stale). Returns the loss and
+        ``dLoss/d fused``, ``(B, k)``.
+
+        Raises:
+            RuntimeError: no shared top (:meth:`share_top` not called).
+        """
+        top = getattr(self, "_top", None)
+        if top is None:
+            raise RuntimeError("this parameter server holds no shared top")
+        x = fused.detach().requires_grad_(True)
+        with self._lock:
+            logits = top(x).squeeze(1)
+            loss = loss_fn(logits, labels)
+            self._top_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self._top_opt.step()
+            self.top_steps += 1
+            self.version += 1
+        assert x.grad is not None
+        return float(loss.detach()), x.grad
+
     def _copy_out(self, out: torch.Tensor | None) -> torch.Tensor:
         if out is not None and tuple(out.shape) != (self.size,):
             raise ValueError(f"out shape {tuple(out.shape)} != ({self.size},)")
@@ -612,10 +677,16 @@ class ActiveCompute:
         h_cut = h_own.detach().requires_grad_(True)
         parts = [h_cut, *es]
         fused = torch.cat(parts, dim=1) if self.fuse is None else self.fuse(parts)
-        logits = self.top(fused).squeeze(1)
-        loss = self.loss_fn(logits, self.y[_index(rows)])
         self.replica.zero_grad()
-        loss.backward()
+        ps = self.replica.ps
+        if getattr(ps, "shares_top", False):  # one top for every worker, at the PS
+            loss_v, g_fused = ps.top_step(fused, self.y[_index(rows)], self.loss_fn)
+            fused.backward(g_fused)
+            loss = torch.tensor(loss_v)
+        else:
+            logits = self.top(fused).squeeze(1)
+            loss = self.loss_fn(logits, self.y[_index(rows)])
+            loss.backward()
         assert h_cut.grad is not None and all(e.grad is not None for e in es)
         grads = [e.grad.numpy() for e in es]  # type: ignore[union-attr]
         grad: Any = grads if many else grads[0]

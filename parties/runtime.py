@@ -411,6 +411,12 @@ class Party:
             **({} if update == "average" else dict(
                 n_params=sum(p.numel() for m in mods for p in m.parameters()),
                 lr=cfg.worker_lr(party), make_optimizer=self.models.optimizer)))
+        if role == "active" and cfg.shares_top():
+            # one top at the PS, stepped in batch order at the unscaled rate
+            base_lr = cfg.dp_lr if cfg.dp_enabled else cfg.lr
+            self.ps.share_top(self.models.top(), offset=sum(
+                p.numel() for p in self._bottom.parameters()), lr=base_lr,
+                make_optimizer=self.models.optimizer)
         self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
         self._x_val = torch.from_numpy(np.ascontiguousarray(data.x_val))
         self._handles: list[WorkerHandle] = []

@@ -392,6 +392,7 @@ class ProcessWorker:
         self._proc: Any = None
         self._closed = False
         self._on_grad: Callable[[np.ndarray], None] | None = None
+        self._loss: Any = None
 
     async def start(self) -> None:
         endpoint = f"ipc://{self.data_dir}/worker-{self.role}-{self.index}.sock"
@@ -443,6 +444,12 @@ class ProcessWorker:
                 theta = self.ps.push(torch.from_numpy(np.array(msg.arrays[0])))
                 await self._send("params", (theta.numpy(),))
                 continue
+            if msg.topic == "top":  # a step of the shared top (vfl.top_update = "shared")
+                fused, labels = (torch.from_numpy(np.array(a)) for a in msg.arrays[:2])
+                loss, g = await asyncio.to_thread(self.ps.top_step, fused, labels,
+                                                  self._loss_fn())
+                await self._send("topgrad", (g.numpy(),), {"loss": loss})
+                continue
             if msg.topic == "error":
                 raise WorkerFailed(self.index, str(msg.meta.get("error")))
             if msg.topic == "early_grad":
@@ -454,6 +461,13 @@ class ProcessWorker:
             self.compute_cpu_s = float(msg.meta.get("cc", self.compute_cpu_s))
             self.sync_cpu_s = float(msg.meta.get("sc", self.sync_cpu_s))
             return msg
+
+    def _loss_fn(self) -> Any:
+        """The training loss the shared top steps with (the run's model factory's)."""
+        if self._loss is None:
+            models = self.models if self.models is not None else ModelFactory(self.cfg)
+            self._loss = models.loss(self.cfg.effective_task)
+        return self._loss
 
     async def _rpc(self, cmd: str, arrays: tuple[Any, ...] = (),
                    meta: dict[str, Any] | None = None) -> Message:
@@ -570,8 +584,10 @@ class _Stopped(Exception):
 class _RemotePS:
     """The child's view of the parent's parameter server (blocking, over the PAIR socket)."""
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, *, shares_top: bool = False) -> None:
         self.sock = sock
+        #: the parent's PS holds the shared top: :meth:`top_step` asks it
+        self.shares_top = shares_top
 
     def _params(self, out: torch.Tensor | None) -> torch.Tensor:
         msg = decode(self.sock.recv_multipart(copy=False))
@@ -592,6 +608,21 @@ class _RemotePS:
         """As :meth:`parties.model.ParameterServer.push`."""
         self.sock.send_multipart(encode("push", (delta.numpy(),)))
         return self._params(out)
+
+    def top_step(self, fused: torch.Tensor, labels: torch.Tensor, loss_fn: Any
+                 ) -> tuple[float, torch.Tensor]:
+        """As :meth:`parties.model.ParameterServer.top_step`, in the parent (which uses
+        the run's own loss; ``loss_fn`` is this process's copy of it)."""
+        del loss_fn
+        self.sock.send_multipart(encode("top", (fused.detach().numpy(),
+                                                np.ascontiguousarray(labels.numpy()))))
+        msg = decode(self.sock.recv_multipart(copy=False))
+        if msg.topic == "stop":
+            raise _Stopped
+        if msg.topic != "topgrad":
+            raise RuntimeError(f"expected the top step's gradient, got {msg.topic!r}")
+        return float(msg.meta["loss"]), torch.from_numpy(np.array(msg.arrays[0],
+                                                                  dtype=np.float32))
 
 
 def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], data_dir: str,
@@ -631,7 +662,8 @@ def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
     """Load data, build the compute, then answer requests until ``stop``."""
     x_train = np.load(Path(data_dir) / "x_train.npy")
     y_train = np.load(Path(data_dir) / "y_train.npy") if role == "active" else None
-    compute = make_compute(role, cfg, x_train, y_train, _RemotePS(sock), noise_seed=noise_seed,
+    compute = make_compute(role, cfg, x_train, y_train, _RemotePS(sock, shares_top=role == "active" and cfg.shares_top()),
+                           noise_seed=noise_seed,
                            models=models, party=party)
     rows = _Rows(x_train.shape[0], cfg)
     graphs: dict[int, Any] = {}

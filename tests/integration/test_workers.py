@@ -151,3 +151,35 @@ async def test_a_process_worker_idle_for_seconds_still_answers(tmp_path: Path) -
         assert emb.shape == (32, 8)
     finally:
         await w.close()
+
+
+async def test_a_process_worker_steps_the_shared_top_at_the_party_ps(tmp_path: Path) -> None:
+    """``top_update = "shared"``: an active process worker's top step is done by the
+    parent's PS (an RPC over the worker socket), as a thread worker's is in process."""
+    x, _ = _setup(tmp_path)
+    y = (x[:, 0] > 0).astype(np.float32)
+    np.save(tmp_path / "y_train.npy", y)
+    cfg = VflConfig(batch_size=32, embedding_dim=8, bottom_hidden=(16,), seed=1,
+                    algo="pubsub", w_active=2, top_update="shared", top_hidden=(32,))
+    assert cfg.shares_top()
+    emb = np.random.default_rng(5).normal(size=(32, 8)).astype(np.float32)
+    out = {}
+    for name in ("thread", "process"):
+        torch.manual_seed(3)
+        mods = [bottom_model(5, (16,), 8), top_model(8, (32,))]
+        ps = ParameterServer(flat_params(mods), workers=2)
+        ps.share_top(top_model(8, (32,)), offset=sum(p.numel() for p in mods[0].parameters()),
+                     lr=cfg.lr)
+        worker = (ThreadWorker("active", cfg, x, y, ps) if name == "thread"
+                  else ProcessWorker("active", 0, cfg, tmp_path, ps))
+        await worker.start()
+        try:
+            await worker.prefetch(0, 1)
+            loss, grad = await worker.step(0, 1, emb)
+            out[name] = (loss, np.array(grad), ps.pull().numpy(), ps.top_steps)
+        finally:
+            await worker.close()
+    assert out["process"][3] == out["thread"][3] == 1
+    assert out["process"][0] == pytest.approx(out["thread"][0], abs=1e-6)
+    np.testing.assert_allclose(out["process"][1], out["thread"][1], atol=1e-6)
+    np.testing.assert_allclose(out["process"][2], out["thread"][2], atol=1e-6)
