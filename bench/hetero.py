@@ -21,8 +21,8 @@ compute: each candidate width (9 hidden layers of 128, 96, 64, 48, 32) is timed 
 worker step (CPU seconds per sample, :func:`parties.profile.profile_party`) and the
 width whose cost ratio to the other party's is closest to the CPU ratio is used.
 ``--even`` also runs the even split (the same 9x128 model for both parties, ``even``
-in the JSON). ``--workers WA+WP`` and ``--batch-size B`` override the pubsub/avfl-ps
-workers and B.
+in the JSON). ``--workers WA+WP`` overrides the pubsub/avfl-ps workers, ``--batch-size
+B`` the B of every algorithm but ``pubsub_planned``.
 
 Ceiling and efficiency. The ceiling is measured as ``bench/vfl_table.py`` measures it,
 under the run's layout: both parties' single-worker compute profiled at the same time,
@@ -46,9 +46,10 @@ life's figure, which adds the validation and test scoring, is kept beside it).
 Workers: ``vfl`` and ``avfl`` 1 + 1 (by definition); ``vfl-ps`` 2 pairs; ``pubsub`` and
 ``avfl-ps`` ⌈active cores⌉ active workers (threads, so a 1.5625-core quota can be used)
 and :data:`PASSIVE_WORKERS` (8) passive; ``pubsub_planned`` is PubSub-VFL with
-(w_active, w_passive, B) from the planner (``psfl vfl plan``: the batch-size sweep and
-cost-model fits, with each party's quota as its cores; B from :data:`PLAN_BATCH_SIZES`,
-and the ceiling of a planned run is profiled at its own B). Time to target: training
+(w_active, w_passive, B) from the planner for time to target (``psfl vfl plan``: the
+batch-size sweep and cost-model fits, with each party's quota as its cores, times the
+samples-to-target model of four pilot runs in one process, :mod:`sim.pilot`; B from
+:data:`PLAN_BATCH_SIZES`, and the ceiling of a planned run is profiled at its own B). Time to target: training
 seconds (per segment the longer of the two parties' clocks, the throughput's window;
 validation scoring excluded, as the runtime's own ``time_to_target_s``) until the first
 validation point at or above 0.98 × the final test AUC of ``vfl`` in the same split (and
@@ -110,11 +111,14 @@ DEPTH = 9
 FEATURES = 500
 EFFICIENCY_LIMIT = 1.05
 PERIOD_US = 10_000  # the quotas' period (see sim.scenario.Scenario.cpu_period_us)
-#: B values the planner may choose here. It minimises time per epoch, and B = 1024 won
-#: that everywhere, but with Adam at lr 1e-3 four epochs at B = 1024 reached test AUC
-#: 0.79 against 0.84-0.90 at B = 256 (--quick, 2026-11-30): a plan that reaches the
-#: target later is no plan for time to target.
-PLAN_BATCH_SIZES = (64, 128, 256)
+#: B values the planner may choose here (issue 28: 16 to 1024). It plans for time to
+#: target with the samples-to-target model of pilot runs (:mod:`sim.pilot`); planning
+#: for time per epoch alone, B = 1024 won everywhere, and with Adam at lr 1e-3 four
+#: epochs at B = 1024 reached test AUC 0.79 against 0.84-0.90 at B = 256 (--quick,
+#: 2026-11-30), which is why the grid was 64-256 until the samples model.
+PLAN_BATCH_SIZES = (16, 32, 64, 128, 256, 512, 1024)
+#: W_max of the plan (per party)
+PLAN_W_MAX = 8
 #: Hand-balanced bottom widths per split: (party with fewer cores, party with more), 9
 #: hidden layers each. Balanced on the CPU the parties use per sample *in a run*: the
 #: active party's event loop, messaging and GIL hand-offs cost it more per sample than
@@ -322,14 +326,19 @@ def planned_config(cfg: Any, cores: dict[str, float], out: Path, *,
 
     from sim.sysprofile import apply_plan, plan_doc, plan_from_models, sweep_profile
 
+    from sim.pilot import pilot_samples_model
+
     out.mkdir(parents=True, exist_ok=True)
     doc, models = sweep_profile(cfg, out, batch_sizes=sweep_batch_sizes, min_time_s=0.3)
     models = dataclasses.replace(
         models, active=dataclasses.replace(models.active, cores=cores["active"]),
         passive=dataclasses.replace(models.passive, cores=cores["passive"]))
     write_json(out / "profile.json", doc)
-    plan, inputs = plan_from_models(models, cfg, w_max=4, batch_sizes=PLAN_BATCH_SIZES)
+    samples, pilots = pilot_samples_model(cfg, out / "pilots")
+    plan, inputs = plan_from_models(models, cfg, w_max=PLAN_W_MAX,
+                                    batch_sizes=PLAN_BATCH_SIZES, samples=samples)
     pdoc = plan_doc(plan, inputs, out / "profile.json")
+    pdoc["pilots"] = pilots
     write_json(out / "plan.json", pdoc)
     return apply_plan(cfg, plan), pdoc
 

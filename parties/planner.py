@@ -114,6 +114,7 @@ epochs.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -122,6 +123,7 @@ from typing import Any
 
 from parties.config import passive_party_ids
 from parties.costmodel import MEMORY_RULES, CostModel, MemoryLimitTooSmall
+from parties.samples import SamplesModel
 from parties.schedule import sync_interval
 
 #: Default candidate batch sizes: powers of two from 16 to 1024.
@@ -345,6 +347,11 @@ class Plan:
         passive_party_workers: every passive party's w, in party order.
         parties: every party's :class:`PartyPlan`, active first.
         passive_terms: every passive party's :class:`PartyTerms`, in party order.
+        samples_ratio: with a samples model (:func:`plan` ``samples``), its predicted
+            samples to target at the plan over 1 + 1 workers at its reference B; the plan
+            then minimises ``epoch_s · samples_ratio`` (time to target, up to the
+            reference's epochs to target). 1.0 without one.
+        samples_model: that model (:meth:`parties.samples.SamplesModel.to_dict`), or None.
     """
 
     w_active: int
@@ -366,6 +373,8 @@ class Plan:
     passive_party_workers: tuple[int, ...] = ()
     parties: tuple[PartyPlan, ...] = ()
     passive_terms: tuple[PartyTerms, ...] = ()
+    samples_ratio: float = 1.0
+    samples_model: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (infinities as None)."""
@@ -466,9 +475,10 @@ def _finish(active: CostModel, passives: tuple[CostModel, ...], *, b: int,
 def plan(active: CostModel, *passives: CostModel, n_rows: int, embedding_dim: int,
          threads: int = 1, w_max: int = DEFAULT_W_MAX,
          batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, delta_t: float = 1.0,
-         memory_rule: str = "shared") -> Plan:
+         memory_rule: str = "shared", samples: SamplesModel | None = None) -> Plan:
     """The plan minimising ``(epoch, Σ w, B)`` by the exact two-stage DP (module
-    docstring).
+    docstring); with ``samples``, the plan minimising predicted time to target,
+    ``(epoch · samples.ratio(w, B), Σ w, B)`` (:func:`_plan_to_target`).
 
     Args:
         active: the active party's cost model (role ``"active"``).
@@ -482,6 +492,8 @@ def plan(active: CostModel, *passives: CostModel, n_rows: int, embedding_dim: in
         delta_t: steps between a worker's PS syncs (>= 1; e.g. ``vfl.delta_t0`` for the
             steady state, or :func:`mean_sync_interval`).
         memory_rule: ``"shared"`` or ``"per_worker"`` (module docstring).
+        samples: a measured samples-to-target model (:class:`parties.samples.SamplesModel`);
+            None: plan for throughput (epoch time) alone.
 
     Returns:
         :class:`Plan`.
@@ -493,6 +505,8 @@ def plan(active: CostModel, *passives: CostModel, n_rows: int, embedding_dim: in
     common = {"n_rows": n_rows, "embedding_dim": embedding_dim, "threads": threads,
               "delta_t": delta_t, "memory_rule": memory_rule}
     bs = _check(active, passives, batch_sizes, w_max, **common)
+    if samples is not None:
+        return _plan_to_target(active, passives, bs, w_max=w_max, samples=samples, **common)
     ekw = {"n_rows": n_rows, "embedding_dim": embedding_dim, "threads": threads,
            "delta_t": delta_t}
     stages = _stages(active, passives)
@@ -527,6 +541,65 @@ def plan(active: CostModel, *passives: CostModel, n_rows: int, embedding_dim: in
     return _finish(active, passives, b=row.batch_size,
                    workers=(row.w_active, *row.passive_party_workers), table=tuple(rows),
                    w_max=w_max, **common)
+
+
+def _plan_to_target(active: CostModel, passives: tuple[CostModel, ...], bs: tuple[int, ...],
+                    *, w_max: int, samples: SamplesModel, **common: Any) -> Plan:
+    """The plan minimising predicted time to target ``epoch(w, B) · samples.ratio(w, B)``.
+
+    The samples factor couples the parties' worker counts (κ_p sums over the passive
+    parties), so the two-stage DP does not apply; but for a fixed B, w_a and epoch level
+    E every passive party is best off with the fewest workers reaching E (fewer workers
+    never raise the samples factor), so it suffices to try each w_a and each E among the
+    passive parties' own times: ``O(|B|·W·(K·W)·K·W)``, exact.
+    """
+    ekw = {k: common[k] for k in ("n_rows", "embedding_dim", "threads", "delta_t")}
+    rule = common["memory_rule"]
+    stages = _stages(active, passives)
+    rows: list[PlanRow] = []
+    best: tuple[tuple[float, int, int], PlanRow, float] | None = None
+    for b in bs:
+        times = [{w: party_epoch_time(cost, partner, b=b, w=w, **ekw)
+                  for w in range(1, w_max + 1)
+                  if cost.memory.fits(b, w, cost.mem_limit_bytes, rule)}
+                 for cost, partner in stages]
+        if not all(times):
+            bests = [min(t.values(), default=math.inf) for t in times]
+            rows.append(PlanRow(batch_size=b, feasible=False, w_active=0, w_passive=0,
+                                t_active_s=bests[0], t_passive_s=bests[1], epoch_s=math.inf,
+                                passive_party_workers=(0,) * len(passives),
+                                t_passive_party_s=tuple(bests[1:])))
+            continue
+        levels = sorted({t for party in times[1:] for t in party.values()})
+        row_best: tuple[tuple[float, int, int], PlanRow, float] | None = None
+        for wa, ta in times[0].items():
+            for level in levels:
+                ws = [min((w for w, t in party.items() if t <= level), default=None)
+                      for party in times[1:]]
+                if None in ws:
+                    continue
+                wps = tuple(int(w) for w in ws)  # type: ignore[arg-type]
+                epoch = max(ta, *(party[w] for party, w in zip(times[1:], wps, strict=True)))
+                ratio = samples.ratio(wa, wps, b)
+                key = (epoch * ratio, wa + sum(wps), b)
+                if row_best is None or key < row_best[0]:
+                    row = PlanRow(batch_size=b, feasible=True, w_active=wa, w_passive=wps[0],
+                                  t_active_s=ta, t_passive_s=times[1][wps[0]], epoch_s=epoch,
+                                  passive_party_workers=wps,
+                                  t_passive_party_s=tuple(p[w] for p, w in
+                                                          zip(times[1:], wps, strict=True)))
+                    row_best = (key, row, ratio)
+        assert row_best is not None
+        rows.append(row_best[1])
+        if best is None or row_best[0] < best[0]:
+            best = row_best
+    if best is None:
+        raise NoFeasiblePlan(b_max_of(active, *passives, memory_rule=rule), bs)
+    _, row, ratio = best
+    plan_ = _finish(active, passives, b=row.batch_size,
+                    workers=(row.w_active, *row.passive_party_workers), table=tuple(rows),
+                    w_max=w_max, **common)
+    return dataclasses.replace(plan_, samples_ratio=ratio, samples_model=samples.to_dict())
 
 
 def brute_force(active: CostModel, *passives: CostModel, n_rows: int, embedding_dim: int,
@@ -564,18 +637,19 @@ def brute_force(active: CostModel, *passives: CostModel, n_rows: int, embedding_
 def plan_for_config(active: CostModel, passive: Partners, cfg: Any, n_rows: int, *,
                     w_max: int = DEFAULT_W_MAX,
                     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-                    memory_rule: str = "shared") -> Plan:
+                    memory_rule: str = "shared", samples: SamplesModel | None = None) -> Plan:
     """:func:`plan` with d, threads and ΔT from a :class:`parties.config.VflConfig`
     (``embedding_dim``, ``torch_threads``, and the harmonic mean of ΔT_t over
     ``epochs`` with ``delta_t0``). ``passive``: the passive party's model, or every
-    passive party's in party order.
+    passive party's in party order. ``samples``: as :func:`plan`.
 
     Raises:
         NoFeasiblePlan / PlannerError: as :func:`plan`.
     """
     return plan(active, *_partners(passive), n_rows=n_rows, embedding_dim=cfg.embedding_dim,
                 threads=cfg.torch_threads, w_max=w_max, batch_sizes=batch_sizes,
-                delta_t=mean_sync_interval(cfg.epochs, cfg.delta_t0), memory_rule=memory_rule)
+                delta_t=mean_sync_interval(cfg.epochs, cfg.delta_t0), memory_rule=memory_rule,
+                samples=samples)
 
 
 #: µ per epoch of the DP epoch rule (:func:`dp_epochs`).

@@ -64,6 +64,12 @@ def _vfl_run(args: argparse.Namespace) -> int:
     if args.run_id:
         check_run_id(args.run_id)
     plan = None
+    if getattr(args, "plan_pilots", False) and getattr(args, "plan", None) != "auto":
+        from parties.cli import ExitCode
+
+        print("error: --plan-pilots needs --plan auto (a plan.json was planned already)",
+              file=sys.stderr)
+        return ExitCode.BAD_INPUT
     if getattr(args, "plan", None):
         cfg, plan, code = _vfl_run_plan(args, cfg)
         if code is not None:
@@ -305,7 +311,8 @@ def _vfl_plan(args: argparse.Namespace) -> int:
     from parties.planner import batch_grid
     from parties.sweep import CostModels, parse_batch_sizes
 
-    from sim.sysprofile import format_plan, load_plan_config, plan_doc, plan_from_models
+    from sim.sysprofile import (format_plan, load_plan_config, load_samples_model, plan_doc,
+                                plan_from_models)
 
     from pubsub.logs import configure_logging
 
@@ -331,8 +338,12 @@ def _vfl_plan(args: argparse.Namespace) -> int:
         cfg = load_plan_config(base, args.config, args.set)
         bs = parse_batch_sizes(args.batch_sizes) if args.batch_sizes else batch_grid(16, 1024)
         limit = None if args.mem_limit_mb is None else args.mem_limit_mb * 2**20
+        samples = None
+        if args.samples_model:
+            samples = load_samples_model(args.samples_model)
         plan, inputs = plan_from_models(models, cfg, w_max=args.w_max, batch_sizes=bs,
-                                        mem_limit_bytes=limit, memory_rule=args.memory_rule)
+                                        mem_limit_bytes=limit, memory_rule=args.memory_rule,
+                                        samples=samples)
         out = Path(args.out)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -373,7 +384,12 @@ def _vfl_run_plan(args: argparse.Namespace, cfg: Any) -> tuple[Any, dict[str, An
             configure_logging(events_path=where / "events.jsonl", role="plan")
             print(f"planning: profiling every party and the bus (files in {where}) ...",
                   flush=True)
-            new, pdoc = auto_plan(cfg, where, broker=args.broker)
+            pilot = getattr(args, "plan_pilots", False)
+            if pilot:
+                print("planning for time to target: four pilot runs in this process "
+                      "measure the samples-to-target model ...", flush=True)
+            new, pdoc = auto_plan(cfg, where, broker=args.broker,
+                                  samples="pilot" if pilot else None)
         else:
             try:
                 pdoc = json.loads(Path(args.plan).read_text())
@@ -826,6 +842,9 @@ def _add_plan_parser(vsub: Any) -> None:
     plan.add_argument("--memory-rule", choices=["shared", "per_worker"],
                       help="memory of w workers (default: per_worker for process workers, "
                       "else shared)")
+    plan.add_argument("--samples-model", metavar="FILE.json", help="plan for time to target "
+                      "with this samples-to-target model (a plan.json with pilots from "
+                      "psfl vfl run --plan auto --plan-pilots, or the model's own JSON)")
     plan.add_argument("--out", required=True, help="output directory (plan.json)")
     plan.set_defaults(func=_vfl_plan)
 
@@ -850,6 +869,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plan", metavar="auto|PLAN.json", help="auto: profile (sweep), plan "
                      "and train with the planned workers per party and batch_size; or "
                      "the plan.json of psfl vfl plan (recorded in metrics.json)")
+    run.add_argument("--plan-pilots", action="store_true", help="with --plan auto: plan "
+                     "for time to target, measuring the samples-to-target model with four "
+                     "short pilot trainings in this process first (docs/vfl.md, the planner)")
     run.set_defaults(func=_vfl_run)
     _add_predict_parser(vsub)
     party = vsub.add_parser("party", help="run one party (for multi-host runs)")

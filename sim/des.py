@@ -53,7 +53,9 @@ the party's next ``NotifySchedule``, ``Gather`` runs generators as concurrent pr
 Each epoch's segments run both parties' ``segment`` then both parties' ``end_segment``.
 An active worker's ``Await`` counts as waiting only past its own running prefetch.
 
-Simplifications (what the real runs have and this does not): no deadline misses
+Simplifications (what the real runs have and this does not): no shared-top lock (under
+``vfl.top_update = "shared"`` the active workers' top steps take turns at the PS, a small
+part of the active step here, which the model runs in parallel); no deadline misses
 (the strategies run with dropping off and an unbounded data wait: T_ddl is far above a
 step, so nothing is dropped or reassigned; for the same reason the
 per-batch buffers p and q never fill: each per-batch channel carries one message per

@@ -21,6 +21,7 @@ import structlog
 
 from parties.config import VflConfig
 from parties.planner import DEFAULT_BATCH_SIZES, DEFAULT_W_MAX, Plan, plan_for_config
+from parties.samples import SamplesModel
 from parties.sweep import DEFAULT_SWEEP_BATCH_SIZES, CostModels
 
 log = structlog.get_logger(__name__)
@@ -94,12 +95,15 @@ def default_memory_rule(cfg: VflConfig, models: CostModels) -> str:
 def plan_from_models(models: CostModels, cfg: VflConfig, *, w_max: int = DEFAULT_W_MAX,
                      batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
                      mem_limit_bytes: float | None = None,
-                     memory_rule: str | None = None) -> tuple[Plan, dict[str, Any]]:
+                     memory_rule: str | None = None,
+                     samples: SamplesModel | None = None) -> tuple[Plan, dict[str, Any]]:
     """:func:`parties.planner.plan_for_config` on fitted models.
 
     B values above the training rows are dropped. ``mem_limit_bytes`` is each party's
     budget M̄ (None: unlimited; one budget, so every passive party gets it). The models
     must be of ``cfg``'s parties: one passive party, or ``vfl.passive_parties`` of them.
+    ``samples``: a measured samples-to-target model: plan for time to target
+    (:func:`parties.planner.plan`).
 
     Returns:
         ``(plan, inputs)``: the plan and the planner's inputs (for ``plan.json``).
@@ -127,12 +131,13 @@ def plan_from_models(models: CostModels, cfg: VflConfig, *, w_max: int = DEFAULT
     passives = [dataclasses.replace(m, mem_limit_bytes=mem_limit_bytes)
                 for m in models.passives]
     plan = plan_for_config(active, passives, cfg, models.n_train, w_max=w_max,
-                           batch_sizes=bs, memory_rule=rule)
+                           batch_sizes=bs, memory_rule=rule, samples=samples)
     swept = models.batch_sizes
     inputs = {"n_rows": models.n_train, "embedding_dim": cfg.embedding_dim,
               "threads": cfg.torch_threads, "w_max": w_max, "batch_sizes": list(bs),
               "delta_t": mean_sync_interval(cfg.epochs, cfg.delta_t0),
               "memory_rule": rule, "mem_limit_bytes": mem_limit_bytes,
+              "samples_model": None if samples is None else samples.to_dict(),
               "cores": {party: m.cores for party, m in
                         zip(cfg.party_ids, (active, *passives), strict=True)},
               "extrapolated_batch_sizes": [b for b in bs
@@ -166,6 +171,11 @@ def format_plan(plan: Plan) -> list[str]:
                  f"B {plan.batch_size}: predicted epoch {plan.epoch_s:.3f} s "
                  f"(bound by {plan.bound_by}; idle active {plan.idle_active:.0%}, passive "
                  f"{plan.idle_passive:.0%})")
+    if plan.samples_model is not None:
+        lines.append(f"planned for time to target: predicted samples to target x"
+                     f"{plan.samples_ratio:.2f} of 1 + 1 workers at B "
+                     f"{plan.samples_model['batch_size_ref']}, so the table's rows are each "
+                     "B's fastest to target")
     return lines
 
 
@@ -191,10 +201,15 @@ def _format_plan_parties(plan: Plan) -> list[str]:
 def auto_plan(cfg: VflConfig, out: Path, *, broker: str | None = None,
               min_time_s: float = DEFAULT_SWEEP_MIN_TIME_S,
               sweep_batch_sizes: Sequence[int] = DEFAULT_SWEEP_BATCH_SIZES,
-              w_max: int = DEFAULT_W_MAX) -> tuple[VflConfig, dict[str, Any]]:
+              w_max: int = DEFAULT_W_MAX, samples: SamplesModel | str | None = None
+              ) -> tuple[VflConfig, dict[str, Any]]:
     """Profile (sweep with ``cfg``'s model and data), plan, and return ``cfg`` with the
     planned ``w_active``, ``w_passive`` (``passive_party_workers`` with several passive
     parties) and ``batch_size`` (:func:`apply_plan`), and the plan's document.
+
+    ``samples``: None plans for throughput; a samples-to-target model, or ``"pilot"`` to
+    measure one first (:func:`sim.pilot.pilot_samples_model`, four training runs on
+    ``cfg`` in this process, files in ``out/pilots``), plans for time to target.
 
     Writes ``out/profile.json`` and ``out/plan.json`` (``out`` is created).
 
@@ -208,10 +223,55 @@ def auto_plan(cfg: VflConfig, out: Path, *, broker: str | None = None,
                                 min_time_s=min_time_s, broker=broker)
     doc["settings"] = {"config": _config_mapping(cfg)}
     write_json(out / "profile.json", doc)
-    plan, inputs = plan_from_models(models, cfg, w_max=w_max)
+    pilots = None
+    if samples == "pilot":
+        from sim.pilot import pilot_samples_model
+
+        samples, pilots = pilot_samples_model(cfg, out / "pilots")
+    elif isinstance(samples, str):
+        raise ValueError(f"samples must be a SamplesModel, 'pilot' or None, got {samples!r}")
+    plan, inputs = plan_from_models(models, cfg, w_max=w_max, samples=samples)
     pdoc = plan_doc(plan, inputs, out / "profile.json")
+    if pilots is not None:
+        pdoc["pilots"] = pilots
     write_json(out / "plan.json", pdoc)
     return apply_plan(cfg, plan), pdoc
+
+
+def load_samples_model(path: str | Path) -> SamplesModel:
+    """A samples-to-target model from a JSON file: the model itself
+    (:meth:`parties.samples.SamplesModel.to_dict`), or a plan.json or pilot document that
+    holds one (``samples_model``, or ``pilots.model``).
+
+    Raises:
+        OSError: the file cannot be read (naming it).
+        ValueError: not JSON, or no valid model in it (naming the file).
+    """
+    import json
+
+    from parties.samples import SamplesModelError
+
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except OSError as exc:
+        raise OSError(f"cannot read the samples model {str(p)!r}: "
+                      f"{exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"{str(p)!r} is not JSON: {exc}") from None
+    if isinstance(doc, dict):
+        for key in ("samples_model", "model"):
+            if isinstance(doc.get(key), dict):
+                doc = doc[key]
+                break
+        else:
+            if isinstance(doc.get("pilots"), dict) and isinstance(doc["pilots"].get("model"),
+                                                                  dict):
+                doc = doc["pilots"]["model"]
+    try:
+        return SamplesModel.from_dict(doc)
+    except SamplesModelError as exc:
+        raise ValueError(f"{str(p)!r}: no samples model ({exc})") from None
 
 
 def apply_plan(cfg: VflConfig, plan: Plan | Mapping[str, Any]) -> VflConfig:

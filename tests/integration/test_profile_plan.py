@@ -86,3 +86,42 @@ def test_run_with_plan_auto_records_the_plan(tmp_path: Path,
     assert (cfg["w_active"], cfg["w_passive"], cfg["batch_size"]) == (
         plan["w_active"], plan["w_passive"], plan["batch_size"])
     assert m["metric"] is not None
+
+
+@pytest.mark.timeout(300)
+def test_plan_auto_with_pilots_plans_for_time_to_target(tmp_path: Path,
+                                                        capfd: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "bank_sample.csv"
+    load_table("bank")[0].sample(n=6000, random_state=0).to_csv(data, index=False)
+    out = tmp_path / "run"
+    common = ["--dataset", str(data), "--set", "vfl.label=y", "--set", "vfl.epochs=2",
+              "--set", "vfl.val_per_epoch=4"]
+    res = psfl_in_process(capfd, "vfl", "run", "--plan-pilots", *common, "--out", str(out))
+    assert res.returncode == 2 and "--plan auto" in res.stderr
+    res = psfl_in_process(capfd, "vfl", "run", "--plan", "auto", "--plan-pilots", *common,
+                          "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    m = json.loads((out / "metrics.json").read_text())
+    plan = m["plan"]
+    pilots = plan["pilots"]
+    assert [(p["w_active"], p["w_passive"]) for p in pilots["pilots"]] == \
+        [(1, 1), (2, 1), (1, 4), (1, 1)]
+    assert pilots["pilots"][0]["epochs_to_target"] is not None  # the reference reached it
+    model = plan["samples_model"]
+    assert model == pilots["model"] and model["active_worker_cost"] >= 0
+    assert plan["samples_ratio"] >= 1.0 or model["batch_noise"] is not None
+    cfg = m["config"]
+    assert (cfg["w_active"], cfg["w_passive"], cfg["batch_size"]) == (
+        plan["w_active"], plan["w_passive"], plan["batch_size"])
+    # the model reused from the plan.json, planned again
+    res = psfl_in_process(capfd, "vfl", "plan", "--profile", str(out / "plan" / "profile.json"),
+                          "--samples-model", str(out / "plan" / "plan.json"),
+                          "--out", str(tmp_path / "again"))
+    assert res.returncode == 0, res.stderr
+    again = json.loads((tmp_path / "again" / "plan.json").read_text())
+    assert again["samples_model"] == model and "time to target" in res.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"kappa": 1}')
+    res = psfl_in_process(capfd, "vfl", "plan", "--profile", str(out / "plan" / "profile.json"),
+                          "--samples-model", str(bad), "--out", str(tmp_path / "bad"))
+    assert res.returncode == 2 and "bad.json" in res.stderr
