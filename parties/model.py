@@ -222,6 +222,7 @@ class ParameterServer:
             return self._copy_out(out)
 
     def share_top(self, top: nn.Module, *, offset: int, lr: float,
+                  buffer_offset: int | None = None,
                   make_optimizer: Callable[[list[nn.Parameter], float],
                                            torch.optim.Optimizer] | None = None) -> None:
         """Hold the top model here, one copy for all workers (``vfl.top_update =
@@ -231,26 +232,41 @@ class ParameterServer:
         workers keep their bottom replicas (averaged as before) and never change their
         copy of the top, so their pushes carry Δ = 0 there.
 
+        The top's floating-point buffers (batch norm's running statistics) become views of
+        θ from ``buffer_offset`` on in the same way: the one top's forward passes update
+        them in batch order, and the workers, which never run their copy of the top, push
+        Δ = 0 there.
+
         Raises:
-            ValueError: not ``update="average"``, ``top`` has floating-point buffers (they
-                would be shared without a rule), or its parameters do not fit θ at
-                ``offset``.
+            ValueError: not ``update="average"``, ``top`` has floating-point buffers and no
+                ``buffer_offset``, or its parameters or buffers do not fit θ.
         """
         if self.update != "average":
             raise ValueError("a shared top needs update='average' (gradient push already "
                              "applies every step with one optimizer)")
-        if any(b.is_floating_point() for b in top.buffers()):
-            raise ValueError("a shared top cannot have floating-point buffers")
         params = list(top.parameters())
         n = sum(p.numel() for p in params)
         if not 0 <= offset <= self.size - n:
             raise ValueError(f"top of {n} parameters does not fit θ ({self.size}) at {offset}")
+        bufs = [b for b in top.buffers() if b.is_floating_point()]
+        nb = sum(b.numel() for b in bufs)
+        if bufs and buffer_offset is None:
+            raise ValueError("a shared top with floating-point buffers needs buffer_offset")
+        if bufs and not (0 <= buffer_offset <= self.size - nb  # type: ignore[operator]
+                         and (buffer_offset >= offset + n  # type: ignore[operator]
+                              or buffer_offset + nb <= offset)):  # type: ignore[operator]
+            raise ValueError(f"top buffers of {nb} values do not fit θ ({self.size}) at "
+                             f"{buffer_offset} beside its parameters at {offset}")
         with self._lock:
             vector_to_parameters(self._theta[offset: offset + n].clone(), params)
             off = offset
             for prm in params:  # views of θ: a top step writes θ in place
                 prm.data = self._theta[off: off + prm.numel()].view_as(prm)
                 off += prm.numel()
+            off = buffer_offset or 0
+            for buf in bufs:  # running statistics: in place in θ as well
+                buf.data = self._theta[off: off + buf.numel()].view_as(buf)
+                off += buf.numel()
             top.train()
             self._top = top
             self._top_opt = (make_optimizer or make_adam)(params, lr)

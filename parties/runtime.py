@@ -414,8 +414,11 @@ class Party:
         if role == "active" and cfg.shares_top():
             # one top at the PS, stepped in batch order at the unscaled rate
             base_lr = cfg.dp_lr if cfg.dp_enabled else cfg.lr
+            n_all = sum(p.numel() for m in mods for p in m.parameters())
             self.ps.share_top(self.models.top(), offset=sum(
                 p.numel() for p in self._bottom.parameters()), lr=base_lr,
+                buffer_offset=n_all + sum(  # θ: all parameters, then all float buffers
+                    b.numel() for b in self._bottom.buffers() if b.is_floating_point()),
                 make_optimizer=self.models.optimizer)
         self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
         self._x_val = torch.from_numpy(np.ascontiguousarray(data.x_val))

@@ -111,13 +111,55 @@ def test_share_top_refuses_gradient_push_and_buffers() -> None:
     with pytest.raises(ValueError, match="average"):
         grad_ps.share_top(top_model(E, (6,), d_in=2 * E), offset=0, lr=1e-3)
     ps = ParameterServer(flat_params(mods), workers=2)
-    with pytest.raises(ValueError, match="buffers"):
+    with pytest.raises(ValueError, match="buffer_offset"):
         ps.share_top(nn.Sequential(nn.BatchNorm1d(2 * E), nn.Linear(2 * E, 1)), offset=0,
                      lr=1e-3)
+    with pytest.raises(ValueError, match="do not fit"):  # buffers over the parameters
+        ps.share_top(nn.Sequential(nn.BatchNorm1d(2 * E), nn.Linear(2 * E, 1)), offset=0,
+                     buffer_offset=0, lr=1e-3)
     with pytest.raises(ValueError, match="does not fit"):
         ps.share_top(top_model(E, (6,), d_in=2 * E), offset=ps.size, lr=1e-3)
     with pytest.raises(RuntimeError, match="no shared top"):
         ps.top_step(torch.zeros(2, 2 * E), torch.zeros(2), nn.BCEWithLogitsLoss())
+
+
+def _bn_top() -> nn.Module:
+    return nn.Sequential(nn.Linear(2 * E, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 1))
+
+
+def test_a_batch_norm_top_keeps_its_running_statistics_in_theta() -> None:
+    """A top with batch norm (``model = "resnet"``, ``resnet_norm = "batch"``) is shared
+    too: its running statistics are θ's, updated by the one top's forward passes in batch
+    order, as sequential training of one top would, and a worker's push (Δ = 0 there)
+    leaves them alone."""
+    torch.manual_seed(0)
+    mods = [bottom_model(D, (8,), E), _bn_top()]
+    ps = ParameterServer(flat_params(mods), workers=2)
+    n_bottom = sum(p.numel() for p in mods[0].parameters())
+    n_all = sum(p.numel() for m in mods for p in m.parameters())
+    top = _bn_top()
+    ps.share_top(top, offset=n_bottom, buffer_offset=n_all, lr=1e-2)
+    ref = _bn_top()
+    ref.load_state_dict(mods[1].state_dict())
+    ref.train()
+    opt = make_adam(list(ref.parameters()), 1e-2)
+    loss_fn = nn.BCEWithLogitsLoss()
+    rng = np.random.default_rng(2)
+    for _ in range(4):
+        x = torch.from_numpy(rng.normal(size=(16, 2 * E)).astype(np.float32))
+        y = torch.from_numpy((rng.random(16) > 0.5).astype(np.float32))
+        ps.top_step(x, y, loss_fn)
+        opt.zero_grad()
+        loss_fn(ref(x).squeeze(1), y).backward()
+        opt.step()
+    ps.push(torch.zeros(ps.size))  # a worker's push: Δ = 0 on the top
+    theta = ps.pull()
+    want = flat_params([ref])  # the reference top's parameters, then its running stats
+    n_top = n_all - n_bottom
+    np.testing.assert_allclose(theta[n_bottom:n_all].numpy(), want[:n_top].numpy(),
+                               atol=1e-6)
+    np.testing.assert_allclose(theta[n_all:].numpy(), want[n_top:].numpy(), atol=1e-6)
+    assert float(theta[n_all:].abs().sum()) > 0  # the statistics did move
 
 
 @pytest.mark.parametrize(("kw", "shares"), [
