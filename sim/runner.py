@@ -14,7 +14,8 @@ What it launches and enforces (every child is a separate OS process):
   processes and threads they start later are inside the share too.
 
 Faults fire at ``at_s`` seconds after both parties logged ``vfl.partner_found`` (training
-starts then): ``kill`` (SIGKILL to the party and its children), ``pause`` (SIGSTOP, then
+starts then), or, with ``after_epochs = k``, ``at_s`` seconds after the active party logged
+its k-th ``vfl.epoch_done`` (tied to progress, so a faster run cannot end first): ``kill`` (SIGKILL to the party and its children), ``pause`` (SIGSTOP, then
 SIGCONT ``duration_s`` later) and ``disconnect`` (the relay aborts the party's
 connections and refuses new ones for ``duration_s``). Every fault and its outcome is
 written to ``events.jsonl`` (``party = "sim"``, events ``sim.fault.*``) beside the
@@ -194,6 +195,8 @@ class _EventTail:
     trained_unix: dict[str, float] = field(default_factory=dict)
     epochs: int = 0
     first_found_unix: float | None = None
+    #: epochs the active party has logged as done (``vfl.epoch_done``'s ``epochs_done``)
+    active_epochs_done: float = 0.0
 
     def poll(self) -> None:
         try:
@@ -216,6 +219,8 @@ class _EventTail:
             elif name == "vfl.epoch_done" and party in ROLES:
                 self.last_epoch_unix[party] = _unix(ev.get("timestamp"))
                 done = ev.get("epochs_done")
+                if party == "active" and isinstance(done, (int, float)):
+                    self.active_epochs_done = max(self.active_epochs_done, float(done))
                 if self.epochs and isinstance(done, (int, float)) \
                         and done >= self.epochs - 1e-6:
                     self.trained_unix[party] = self.last_epoch_unix[party]
@@ -368,10 +373,11 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
         if role in procs:
             sim["exit_codes"][role] = procs[role].returncode
     sim["end_state"] = end_state
-    fired = {(f["at_s"], f["party"], f["kind"]) for f in sim["faults"]}
+    fired = {(f["at_s"], f["after_epochs"], f["party"], f["kind"]) for f in sim["faults"]}
     sim["faults_not_fired"] = [
-        {"at_s": f.at_s, "party": f.party, "kind": f.kind, "duration_s": f.duration_s}
-        for f in scn.faults if (f.at_s, f.party, f.kind) not in fired]
+        {"at_s": f.at_s, "after_epochs": f.after_epochs, "party": f.party, "kind": f.kind,
+         "duration_s": f.duration_s}
+        for f in scn.faults if (f.at_s, f.after_epochs, f.party, f.kind) not in fired]
     if sim["faults_not_fired"]:
         log.warning("sim.faults_not_fired", faults=sim["faults_not_fired"],
                     reason="the run ended before their time")
@@ -398,6 +404,7 @@ def _supervise(scn: Scenario, cfg: VflConfig, procs: dict[str, subprocess.Popen[
     sim["last_epoch_unix"] = tail.last_epoch_unix  # filled as the run goes
     sim["trained_unix"] = tail.trained_unix
     start_mono: float | None = None
+    epoch_mono: list[float] = []
     pending = list(scn.faults)
     resume: list[tuple[float, str, dict[str, Any]]] = []  # (mono time, role, fault record)
     killed_at: float | None = None
@@ -410,6 +417,7 @@ def _supervise(scn: Scenario, cfg: VflConfig, procs: dict[str, subprocess.Popen[
         if start_mono is None and tail.started:
             start_mono = now
             sim["training_started_unix"] = time.time()
+            epoch_mono = [now]
             _emit(events, "sim.training_started")
         if now >= next_sample:
             next_sample = now + CPU_SAMPLE_S
@@ -419,8 +427,11 @@ def _supervise(scn: Scenario, cfg: VflConfig, procs: dict[str, subprocess.Popen[
                 except OSError:
                     pass
         if start_mono is not None:
-            while pending and now >= start_mono + pending[0].at_s:
-                f = pending.pop(0)
+            while tail.active_epochs_done >= len(epoch_mono) - 1e-6:
+                epoch_mono.append(now)  # epoch_mono[k]: when k epochs were seen done
+            for f in [f for f in pending if f.after_epochs < len(epoch_mono)
+                      and now >= epoch_mono[f.after_epochs] + f.at_s]:
+                pending.remove(f)
                 rec = _fire(f, procs, relays, events)
                 sim["faults"].append(rec)
                 if f.kind == "pause":
@@ -474,8 +485,9 @@ def _failed(sim: dict[str, Any], events: Path, role: str, code: int,
 
 def _fire(f: Any, procs: dict[str, subprocess.Popen[bytes]], relays: dict[str, _Relay],
           events: Path) -> dict[str, Any]:
-    rec: dict[str, Any] = {"at_s": f.at_s, "party": f.party, "kind": f.kind,
-                           "duration_s": f.duration_s, "fired_unix": time.time()}
+    rec: dict[str, Any] = {"at_s": f.at_s, "after_epochs": f.after_epochs, "party": f.party,
+                           "kind": f.kind, "duration_s": f.duration_s,
+                           "fired_unix": time.time()}
     pid = procs[f.party].pid
     if f.kind == "kill":
         rec["processes"] = _signal_family(pid, signal.SIGKILL)
@@ -538,6 +550,7 @@ def format_summary(m: dict[str, Any]) -> str:
                         if meas is not None else "n/a"))
     for f in s["faults"]:
         lines.append(f"  fault {f['kind']} {f['party']} at {f['at_s']:g} s"
+                     + (f" after epoch {f['after_epochs']}" if f.get("after_epochs") else "")
                      + (f" for {f['duration_s']:g} s" if f["kind"] != "kill" else "")
                      + (" AFTER TRAINING ENDED (it hit scoring or shutdown, not training: "
                         "give it more epochs or an earlier at_s)"

@@ -17,6 +17,7 @@ Example (``psfl sim run SCENARIO.toml --out RUN_DIR``)::
 
     [[scenario.faults]]
     at_s = 8.0               # seconds after both parties found each other
+    # after_epochs = 1       # or: at_s after the active party's first epoch
     party = "passive"
     kind = "pause"           # kill | pause | disconnect
     duration_s = 5.0
@@ -106,7 +107,12 @@ class FaultSpec:
     """A fault injected at a time.
 
     Attributes:
-        at_s: seconds after both parties found each other (training starts then).
+        at_s: seconds after the reference point: both parties found each other
+            (training starts then), or with ``after_epochs`` the active party's end of
+            that epoch.
+        after_epochs: 0, or fire ``at_s`` after the active party logged this many
+            completed epochs (a fault tied to training progress, not to wall time: a
+            faster machine or code cannot finish the run before it fires).
         party: ``"active"`` or ``"passive"``.
         kind: ``"kill"`` (SIGKILL), ``"pause"`` (SIGSTOP, SIGCONT after ``duration_s``)
             or ``"disconnect"`` (the party's relay drops its connections and refuses new
@@ -118,10 +124,15 @@ class FaultSpec:
     party: str
     kind: str
     duration_s: float = 0.0
+    after_epochs: int = 0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.at_s) and self.at_s >= 0):
             raise ConfigError("faults.at_s", f"must be >= 0 seconds, got {self.at_s}")
+        if isinstance(self.after_epochs, bool) or not isinstance(self.after_epochs, int) \
+                or self.after_epochs < 0:
+            raise ConfigError("faults.after_epochs",
+                              f"must be a whole number of epochs >= 0, got {self.after_epochs!r}")
         if self.party not in ROLES:
             raise ConfigError("faults.party", f"must be 'active' or 'passive', got {self.party!r}")
         if self.kind not in FAULT_KINDS:
@@ -270,7 +281,7 @@ def load_scenario(path: str | Path, sets: Sequence[str] = ()) -> tuple[Scenario,
                    for i, f in enumerate(faults))
     import dataclasses
 
-    scn = dataclasses.replace(scn, faults=tuple(sorted(parsed, key=lambda f: f.at_s)))
+    scn = dataclasses.replace(scn, faults=tuple(sorted(parsed, key=lambda f: (f.after_epochs, f.at_s))))
     vfl = deep_merge(dict(data.get("vfl", {})), over.get("vfl", {}))
     return scn, vfl
 
@@ -285,6 +296,6 @@ def describe(scn: Scenario, cores: Mapping[str, float]) -> dict[str, Any]:
                       "bandwidth_mbps": scn.party(r).link.bandwidth_mbps,
                       "loss": scn.party(r).link.loss} for r in ROLES},
         "memory_mb": {r: scn.party(r).memory_mb for r in ROLES},
-        "faults": [{"at_s": f.at_s, "party": f.party, "kind": f.kind,
-                    "duration_s": f.duration_s} for f in scn.faults],
+        "faults": [{"at_s": f.at_s, "after_epochs": f.after_epochs, "party": f.party,
+                    "kind": f.kind, "duration_s": f.duration_s} for f in scn.faults],
     }

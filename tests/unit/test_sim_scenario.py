@@ -65,6 +65,10 @@ def test_ratio_without_ratio_of_uses_its_sum():
      "faults.party"),
     ("[scenario]\ncpu_ratio = '1:1'\n[[scenario.faults]]\nat_s = 1\nparty = 'active'\n"
      "kind = 'pause'\n", "faults.duration_s"),
+    ("[scenario]\ncpu_ratio = '1:1'\n[[scenario.faults]]\nat_s = 1\nparty = 'active'\n"
+     "kind = 'kill'\nafter_epochs = -1\n", "faults.after_epochs"),
+    ("[scenario]\ncpu_ratio = '1:1'\n[[scenario.faults]]\nat_s = 1\nparty = 'active'\n"
+     "kind = 'kill'\nafter_epochs = 1.5\n", "after_epochs"),
     ("[scenario]\ncpu_ratio = '1:1'\n[scenario.active.link]\nloss = 1.5\n", "link.loss"),
     ("[scenario]\n", "cpu_ratio"),
     ("[other]\n", "other"),
