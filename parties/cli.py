@@ -131,7 +131,9 @@ def run_party(role: str, args: argparse.Namespace) -> int:
             print(f"active party done: test_{result['metric_name']} "
                   f"{format_metric(result.get('metric'))}, "
                   f"{result['train_samples_per_s']:,.0f} samples/s, "
-                  f"party process {result['wall_s']:.1f} s"
+                  + (f"positive class {result['label_positive']!r}, "
+                     if result.get("label_positive") else "")
+                  + f"party process {result['wall_s']:.1f} s"
                   + (f"; metrics: {path}" if out is not None else ""), flush=True)
         else:
             print(f"{role} party done: {result['batches']} batches, cpu_util "

@@ -46,6 +46,9 @@ class VflConfig:
             ``"synthetic"``; see :data:`parties.datasets.DATASETS`) or a path to a
             CSV/Parquet file.
         label: label column (default: the named dataset's, required for files).
+        positive_class: binary task: the label value counted as positive (its string
+            form, e.g. ``"high"``); empty (the default): ``yes`` / ``true`` / ``1``, else
+            the larger value. The run logs and records the one it used.
         task: ``"binary"`` or ``"regression"``; empty (the default) means the named
             dataset's own task, or ``"binary"`` for a file. See :mod:`parties.tasks`.
         active_columns / passive_columns: each party's feature columns (default:
@@ -137,6 +140,16 @@ class VflConfig:
             :class:`parties.dpsgd.DpIncompatibleModel`) or ``"groupnorm"`` (each
             BatchNorm1d is replaced by a GroupNorm of the same width, whose statistics
             are per row).
+        onehot_max_levels: a categorical column with at most this many levels in the
+            training rows is one-hot encoded; one with more is hashed into an embedding
+            table inside the bottom model (default 64; :mod:`parties.treatments`).
+        hash_buckets: the most buckets (embedding rows) a hashed column gets (default
+            4096; a column gets the power of two >= 2 x its levels, capped here).
+        hash_embedding_dim: the width of a hashed column's embedding (default 8).
+        id_columns: an ID-like column (almost every value distinct): ``"drop"`` (the
+            default, with a warning naming it), ``"refuse"`` (an error) or ``"keep"``.
+        categorical_columns: columns treated as categorical although numeric (codes such
+            as an industry or occupation code).
         torch_threads: intra-op threads per party process.
         active_torch_threads / passive_torch_threads: that role's own intra-op threads
             (0, the default: ``torch_threads``); party processes only (the in-memory
@@ -221,6 +234,7 @@ class VflConfig:
     algo: str = "pubsub"
     dataset: str = "bank"
     label: str = ""
+    positive_class: str = ""
     task: str = ""
     active_columns: tuple[str, ...] = ()
     passive_columns: tuple[str, ...] = ()
@@ -264,6 +278,11 @@ class VflConfig:
     resnet_norm: str = "layer"
     resnet_dropout: float = 0.0
     dp_batchnorm: str = "refuse"
+    onehot_max_levels: int = 64
+    hash_buckets: int = 4096
+    hash_embedding_dim: int = 8
+    id_columns: str = "drop"
+    categorical_columns: tuple[str, ...] = ()
     torch_threads: int = 1
     active_torch_threads: int = 0
     passive_torch_threads: int = 0
@@ -458,6 +477,24 @@ class VflConfig:
                               "resnet_dropout": "must be in [0, 1)"}[wrong])
         if self.dp_batchnorm not in DP_BATCHNORM:
             raise bad("dp_batchnorm", f"must be one of {DP_BATCHNORM}")
+        from parties.treatments import ID_COLUMN_MODES
+
+        for key in ("onehot_max_levels", "hash_buckets"):
+            if getattr(self, key) < 2:
+                raise bad(key, "must be >= 2")
+        if self.hash_embedding_dim < 1:
+            raise bad("hash_embedding_dim", "must be >= 1")
+        if self.id_columns not in ID_COLUMN_MODES:
+            raise bad("id_columns", f"must be one of {ID_COLUMN_MODES}")
+
+    def treatment_policy(self) -> Any:
+        """The column-treatment rules of this config
+        (:class:`parties.treatments.TreatmentPolicy`)."""
+        from parties.treatments import TreatmentPolicy
+
+        return TreatmentPolicy(onehot_max_levels=self.onehot_max_levels,
+                               hash_buckets=self.hash_buckets, id_columns=self.id_columns,
+                               categorical_columns=tuple(self.categorical_columns))
 
     def _check_dp(self, bad: Callable[[str, str], ConfigError]) -> None:
         if self.dp_mu is not None and not self.dp_mu > 0:

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import structlog
 
 from parties.datasets import DATASETS, DatasetInfo
 
@@ -71,6 +72,7 @@ __all__ = [
 
 _DATASETS_PACKAGE = "parties.datasets"
 _MISSING_CATEGORY = "__missing__"
+_log = structlog.get_logger(__name__)
 _SUPPORTED_SUFFIXES = (".csv", ".csv.gz", ".parquet")
 _MAX_LISTED = 50  # cap on how many available columns an error message lists
 
@@ -656,17 +658,25 @@ def encode_party_features(
     columns: Sequence[str],
     train_idx: np.ndarray,
     test_idx: np.ndarray,
+    *,
+    policy: Any = None,
 ) -> PartyFeatures:
     """Encode one party's feature columns, fitted on the training rows only.
 
-    Categorical columns (object, string, category, bool; anything non-numeric)
-    are one-hot encoded with ``handle_unknown="ignore"``, so a category first
-    seen in the test rows encodes as all zeros; missing values form their own
-    ``"__missing__"`` category. Numeric columns are standardised with the
-    train mean/std after filling missing values with the train median (a
-    column with no observed train values is filled with 0). Output columns
-    follow the order of ``columns``, each categorical expanded in sorted
-    category order.
+    Each column's treatment is decided on the training rows
+    (:func:`parties.treatments.classify`, rules in :mod:`parties.treatments`): date/time
+    columns become numeric parts; ID-like columns are dropped with a warning naming them
+    (or refused); categorical columns (object, string, category, bool; anything
+    non-numeric, or named in the policy's ``categorical_columns``) with at most
+    ``onehot_max_levels`` levels are one-hot encoded with ``handle_unknown="ignore"``, so
+    a category first seen in the test rows encodes as all zeros, missing values forming
+    their own ``"__missing__"`` category; those with more levels are hashed into buckets
+    (one float32 output holding the bucket, looked up in an embedding table inside the
+    bottom model); numeric columns and datetime parts are standardised with the train
+    mean/std after filling missing values with the train median (a column with no
+    observed train values is filled with 0). Dense outputs follow the order of
+    ``columns`` (each categorical expanded in sorted category order), the hashed columns
+    come last.
 
     Args:
         frame: The full table, ``n_rows`` rows; rows are addressed by position.
@@ -674,6 +684,7 @@ def encode_party_features(
         train_idx: 1-D integer positions of training rows, shape ``(n_train,)``,
             non-empty.
         test_idx: 1-D integer positions of test rows, shape ``(n_test,)``.
+        policy: a :class:`parties.treatments.TreatmentPolicy`; None: the defaults.
 
     Returns:
         A :class:`PartyFeatures` with ``float32`` matrices of shapes
@@ -682,9 +693,12 @@ def encode_party_features(
     Raises:
         UnknownColumn: A column is not in ``frame``.
         InvalidSplit: ``columns`` is empty or has duplicates, ``train_idx`` is
-            empty, or an index is out of range / not integer.
-        DataError: A numeric column contains infinite values.
+            empty, an index is out of range / not integer, or every column was dropped.
+        DataError: A numeric column contains infinite values, or an ID-like column was
+            refused (``id_columns = "refuse"``).
     """
+    from parties.treatments import IdColumnRefused, TreatmentPolicy, classify
+
     columns = list(columns)
     if not columns:
         raise InvalidSplit("a party needs at least one feature column")
@@ -699,6 +713,56 @@ def encode_party_features(
     test_idx = _check_indices("test_idx", test_idx, n_rows)
     if train_idx.size == 0:
         raise InvalidSplit("train_idx is empty; cannot fit the encoders")
+    policy = policy if policy is not None else TreatmentPolicy()
+    train_rows = frame.iloc[train_idx]
+    try:
+        treatments = tuple(classify(c, train_rows[c], policy) for c in columns)
+    except IdColumnRefused as exc:
+        raise DataError(str(exc)) from None
+    for t in treatments:
+        if t.kind == "dropped":
+            _log.warning("vfl.column_dropped", column=t.column, reason=t.reason)
+    if all(t.kind == "dropped" for t in treatments):
+        raise InvalidSplit(f"every feature column was dropped as ID-like: {columns!r}; set "
+                           "vfl.id_columns = \"keep\" to keep them")
+
+    _check_encoded_size(treatments, n_rows)
+    try:
+        return _encode(frame, treatments, train_idx, test_idx)
+    except MemoryError as exc:
+        raise DataError(f"encoding {len(columns)} columns of {n_rows:,} rows ran out of "
+                        f"memory ({exc}); {_widest(treatments)}") from None
+
+
+def _widest(treatments: Sequence[Any]) -> str:
+    wide = sorted((t for t in treatments if t.kind == "onehot"), key=lambda t: -t.levels)[:3]
+    if not wide:
+        return "use fewer rows or columns"
+    return ("the widest one-hot columns are " + ", ".join(f"{t.column!r} ({t.levels:,} "
+            "levels)" for t in wide) + ": lower vfl.onehot_max_levels to hash them")
+
+
+def _check_encoded_size(treatments: Sequence[Any], n_rows: int) -> None:
+    """Refuse (DataError) an encoding whose dense float32 matrices alone would not fit in
+    the memory available now (the encoder's float64 intermediates need about 3x that)."""
+    from parties.treatments import encoded_width
+
+    need = 3 * 4 * n_rows * encoded_width(treatments)
+    try:
+        import psutil
+
+        avail = psutil.virtual_memory().available
+    except Exception:  # noqa: BLE001 - no reading: no check, MemoryError still caught
+        return
+    if need > avail:
+        raise DataError(f"the encoded features would take about {need / 2**30:.1f} GiB "
+                        f"({n_rows:,} rows x {encoded_width(treatments):,} columns), "
+                        f"{avail / 2**30:.1f} GiB is available; {_widest(treatments)}")
+
+
+def _encode(frame: pd.DataFrame, treatments: Sequence[Any], train_idx: np.ndarray,
+            test_idx: np.ndarray) -> PartyFeatures:
+    from parties.treatments import datetime_part, hash_buckets, parse_datetime
 
     # scikit-learn imported here, not at module level: launchers and CLIs that read tables
     # without encoding them skip its ~2 s import (scipy.stats)
@@ -707,56 +771,73 @@ def encode_party_features(
     from sklearn.pipeline import Pipeline
     from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
+    def scaled() -> Pipeline:
+        return Pipeline([("impute", SimpleImputer(strategy="median", keep_empty_features=True)),
+                         ("scale", StandardScaler())])
+
     # Normalise dtypes so scikit-learn sees plain float64 or string columns.
     prepared: dict[str, pd.Series] = {}
     transformers = []
-    for i, col in enumerate(columns):
+    parts: dict[str, tuple[str, str]] = {}
+    hashed: list[tuple[str, int]] = []
+    for t in treatments:
+        col = t.column
         series = frame[col]
-        if _is_categorical(series):
+        if t.kind == "dropped":
+            continue
+        if t.kind == "hashed":
+            hashed.append((col, t.buckets))
+        elif t.kind == "datetime":
+            stamps = parse_datetime(series)
+            for part in t.parts:
+                name = f"{col}.{part}"
+                parts[name] = (col, part)
+                prepared[name] = pd.Series(datetime_part(stamps, part), index=series.index)
+                transformers.append((f"c{len(transformers)}", scaled(), [name]))
+        elif t.kind == "onehot":
             values = series.astype(object)
-            values = values.where(values.notna(), _MISSING_CATEGORY).astype(str)
-            prepared[col] = values
-            step = OneHotEncoder(
-                handle_unknown="ignore",
-                sparse_output=False,
-                dtype=np.float32,
-                feature_name_combiner=_combine_name,
-            )
+            prepared[col] = values.where(values.notna(), _MISSING_CATEGORY).astype(str)
+            transformers.append((f"c{len(transformers)}", OneHotEncoder(
+                handle_unknown="ignore", sparse_output=False, dtype=np.float32,
+                feature_name_combiner=_combine_name), [col]))
         else:
             numbers = series.to_numpy(dtype=np.float64, na_value=np.nan)
             if np.isinf(numbers).any():
                 raise DataError(f"numeric column {col!r} contains infinite values")
             prepared[col] = pd.Series(numbers, index=series.index, name=col)
-            step = Pipeline(
-                [
-                    ("impute", SimpleImputer(strategy="median", keep_empty_features=True)),
-                    ("scale", StandardScaler()),
-                ]
-            )
-        transformers.append((f"c{i}", step, [col]))
-    table = pd.DataFrame(prepared, index=frame.index)
+            transformers.append((f"c{len(transformers)}", scaled(), [col]))
+    from parties.encoders import ColumnCode, FittedEncoder
 
-    encoder = ColumnTransformer(
-        transformers, remainder="drop", sparse_threshold=0.0, verbose_feature_names_out=False
-    )
-    x_train = encoder.fit_transform(table.iloc[train_idx])
-    names = tuple(str(n) for n in encoder.get_feature_names_out())
-    if test_idx.size:
-        x_test = encoder.transform(table.iloc[test_idx])
-    else:
-        x_test = np.empty((0, len(names)))
-    from parties.encoders import FittedEncoder
+    dense_cols = [cols[0] for _, _, cols in transformers]
+    blocks_train: list[np.ndarray] = []
+    blocks_test: list[np.ndarray] = []
+    names: tuple[str, ...] = ()
+    encoder = None
+    if transformers:
+        table = pd.DataFrame(prepared, index=frame.index)
+        encoder = ColumnTransformer(
+            transformers, remainder="drop", sparse_threshold=0.0, verbose_feature_names_out=False
+        )
+        blocks_train.append(encoder.fit_transform(table.iloc[train_idx]))
+        names = tuple(str(n) for n in encoder.get_feature_names_out())
+        blocks_test.append(encoder.transform(table.iloc[test_idx]) if test_idx.size
+                           else np.empty((0, len(names))))
+    codes = []
+    for col, buckets in hashed:
+        ids = hash_buckets(frame[col], buckets).astype(np.float64)
+        blocks_train.append(ids[train_idx, None])
+        blocks_test.append(ids[test_idx, None])
+        codes.append(ColumnCode(name=col, kind="hashed", buckets=buckets))
+        names += (f"{col}#hash{buckets}",)
 
     with np.errstate(over="ignore", invalid="ignore"):
-        x_train = np.ascontiguousarray(x_train, dtype=np.float32)
-        x_test = np.ascontiguousarray(x_test, dtype=np.float32)
+        x_train = np.ascontiguousarray(np.hstack(blocks_train), dtype=np.float32)
+        x_test = np.ascontiguousarray(np.hstack(blocks_test), dtype=np.float32)
     _check_encoded_finite(x_train, x_test, names)
-    return PartyFeatures(
-        x_train=x_train,
-        x_test=x_test,
-        feature_names=names,
-        encoder=FittedEncoder.from_column_transformer(encoder, columns, _MISSING_CATEGORY),
-    )
+    fitted = FittedEncoder.from_column_transformer(
+        encoder, dense_cols, _MISSING_CATEGORY, parts=parts, hashed=codes,
+        treatments=treatments)
+    return PartyFeatures(x_train=x_train, x_test=x_test, feature_names=names, encoder=fitted)
 
 
 def _check_encoded_finite(x_train: np.ndarray, x_test: np.ndarray,
@@ -806,14 +887,16 @@ def _class_name(value: object) -> str:
 
 
 def encode_labels(
-    frame: pd.DataFrame, label: str, train_idx: np.ndarray, test_idx: np.ndarray
+    frame: pd.DataFrame, label: str, train_idx: np.ndarray, test_idx: np.ndarray,
+    *, positive: str = "",
 ) -> tuple[np.ndarray, np.ndarray, str]:
     """Encode a binary label column as 0/1 targets.
 
     The positive class is ``"yes"`` for yes/no labels (case-insensitive),
     ``1`` for 0/1 labels, ``True`` / ``"true"`` for booleans, otherwise the
     larger of the two classes (numeric order for numeric labels, lexicographic
-    order of their string form otherwise).
+    order of their string form otherwise); ``positive`` (a class's string form) chooses
+    it instead.
 
     Args:
         frame: The full table; rows are addressed by position.
@@ -867,7 +950,15 @@ def encode_labels(
     numeric = pd.api.types.is_numeric_dtype(series.dtype) and not pd.api.types.is_bool_dtype(
         series.dtype
     )
-    positive = _positive_class(classes, numeric)
+    if positive:
+        named = [c for c in classes if _class_name(c) == positive]
+        if not named:
+            raise InvalidLabel(f"vfl.positive_class {positive!r} is not a class of label "
+                               f"column {label!r}: its classes are "
+                               f"{sorted(map(_class_name, classes))}")
+        positive = named[0]
+    else:
+        positive = _positive_class(classes, numeric)
     y_train = np.ascontiguousarray((y_train_raw == positive).to_numpy(), dtype=np.float32)
     y_test = np.ascontiguousarray((y_test_raw == positive).to_numpy(), dtype=np.float32)
     return y_train, y_test, _class_name(positive)

@@ -28,7 +28,6 @@ from parties.data import (
     train_test_indices,
     validate_split_n,
 )
-from parties.data import _MISSING_CATEGORY, _is_categorical
 from parties.schema import PublicSchema, SchemaEncoder, bundled_schema, load_schema
 
 
@@ -92,7 +91,8 @@ def preflight(cfg: VflConfig) -> None:
     if cfg.effective_task == "regression":
         y_test = encode_regression_labels(frame[[label]], label, train_idx, test_idx).y_test
     else:
-        _, y_test, _ = encode_labels(frame[[label]], label, train_idx, test_idx)
+        _, y_test, _ = encode_labels(frame[[label]], label, train_idx, test_idx,
+                                     positive=cfg.positive_class)
     check_test_labels(y_test, label, task=cfg.effective_task)
 
 
@@ -207,7 +207,8 @@ def encode_features(cfg: VflConfig, role: str, frame: pd.DataFrame, columns: Seq
         parties.data.DataError: see :func:`parties.data.encode_party_features`.
     """
     if role != "passive" or not cfg.dp_enabled:
-        return encode_party_features(frame, columns, train_idx, held_idx)
+        return encode_party_features(frame, columns, train_idx, held_idx,
+                                     policy=cfg.treatment_policy())
     enc = SchemaEncoder(dp_schema(cfg, columns))
     return PartyFeatures(x_train=enc.transform(frame.iloc[np.asarray(train_idx)]),
                          x_test=enc.transform(frame.iloc[np.asarray(held_idx)]),
@@ -244,16 +245,15 @@ def feature_widths(cfg: VflConfig) -> dict[str, int]:
     fit, _ = validation_split(len(all_train), seed=cfg.seed)
     rows = frame.iloc[all_train[fit]]
 
+    policy = cfg.treatment_policy()
+
     def width(cols: Sequence[str]) -> int:
-        n = 0
-        for c in cols:
-            series = rows[c]
-            if _is_categorical(series):
-                n += series.astype(object).where(series.notna(), _MISSING_CATEGORY) \
-                    .astype(str).nunique()
-            else:
-                n += 1
-        return n
+        from parties.treatments import IdColumnRefused, classify_columns, encoded_width
+
+        try:
+            return encoded_width(classify_columns(rows, cols, policy))
+        except IdColumnRefused as exc:
+            raise DataError(str(exc)) from None
 
     return {p: (dp_schema(cfg, cols).width if dp and p != "active" else width(cols))
             for p, cols in groups.items()}

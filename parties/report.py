@@ -127,6 +127,8 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         key: active[key],
         "metric_name": name,
         "metric": active["metric"],
+        # binary task: the label value counted as positive (what the AUC ranks)
+        "label_positive": active.get("label_positive"),
         "epochs": cfg.epochs,
         "model": active.get("model"),
         "wall_s": train_wall,

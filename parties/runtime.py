@@ -308,12 +308,17 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
             reg = encode_regression_labels(frame, label, train_idx, held)
             y_train, y_held, mean, std = reg.y_train, reg.y_test, reg.mean, reg.std
         else:
-            y_train, y_held, pos = encode_labels(frame, label, train_idx, held)
+            y_train, y_held, pos = encode_labels(frame, label, train_idx, held,
+                                                 positive=cfg.positive_class)
         y_val, y_test = y_held[:n_val], y_held[n_val:]
         check_test_labels(y_test, label, task=task)
     log.info("vfl.data_loaded", party=party, dataset=cfg.dataset, task=task, n_rows=len(frame),
              n_train=len(train_idx), n_val=n_val, n_test=len(test_idx), columns=len(mine),
-             features=int(feats.x_train.shape[1]))
+             features=int(feats.x_train.shape[1]),
+             hashed=len(getattr(feats.encoder, "hashed_buckets", ())),
+             dropped=list(getattr(feats.encoder, "dropped", ())))
+    if pos:
+        log.info("vfl.label_positive", party=party, label=label, positive=pos)
     return PartyData(
         x_train=feats.x_train, x_test=x_test, y_train=y_train, y_test=y_test,
         x_val=x_val, y_val=y_val,
@@ -321,6 +326,14 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
         label_mean=mean, label_std=std, encoder=feats.encoder,
         label=label if role == "active" else "", label_positive=pos,
     )
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+             resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    return round(kb / 1024.0, 1)
 
 
 class Party:
@@ -400,6 +413,9 @@ class Party:
         torch.manual_seed(cfg.seed + cfg.party_ids.index(party))
         d_in = data.x_train.shape[1]
         self.models = models if models is not None else ModelFactory(cfg)
+        hashed = getattr(data.encoder, "hashed_buckets", ())
+        if hashed:  # the encoder's hashed columns: embedding tables inside the bottom
+            self.models = self.models.with_hashed(hashed)
         mods = self.models.modules(role, d_in)
         for m in mods:
             m.eval()  # the party's copies only score (workers train their own replicas)
@@ -982,7 +998,16 @@ class Party:
             "feature_encoding": ("public_schema" if self.role == "passive"
                                  and self.cfg.dp_enabled else "fitted"),
             "columns": list(self.data.columns),
+            # each raw column's treatment (numeric, onehot, hashed, datetime, dropped)
+            # lifetime peak resident set of this party process (loading included) and
+            # of its largest finished worker process, MiB (ru_maxrss)
+            "peak_rss_mb": _peak_rss_mb(),
+            "treatments": (self.data.encoder.treatments_dict()
+                           if hasattr(self.data.encoder, "treatments_dict") else []),
         }
+        if self.role == "active" and self.data.task == "binary":
+            out["label"] = self.data.label
+            out["label_positive"] = self.data.label_positive
         if self.multi and self.role == "active":
             out["missed_by_party"] = dict(self.c.missed_by_party)
         return out

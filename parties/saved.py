@@ -40,7 +40,7 @@ from torch import nn
 
 from parties.config import VflConfig, dump_vfl_config, load_vfl_config
 from parties.data import DataError
-from parties.encoders import FittedEncoder
+from parties.encoders import EncoderFormatError, FittedEncoder
 from parties.errors import VflError
 from parties.modelspec import BUILTINS, ModelSpecError, import_callable
 from parties.zoo import ModelFactory
@@ -279,6 +279,19 @@ def load_party_model(run_dir: str | Path, party: str, *, models: Any = None) -> 
     cfg = load_vfl_config(path / "config.toml")
     factory = (_factory(cfg, manifest.get("model", {})) if models is None else
                dataclasses.replace(models, cfg=cfg))
+    enc_info = manifest["encoder"]
+    encoder: Any
+    try:
+        if enc_info["kind"] == "fitted":
+            encoder = FittedEncoder.from_dict(
+                orjson.loads((path / enc_info["file"]).read_bytes()))
+        else:
+            encoder = SchemaEncoder(load_schema(path / enc_info["file"]))
+    except (OSError, orjson.JSONDecodeError, EncoderFormatError) as exc:
+        raise SavedModelError(path, f"cannot read the encoder ({exc})") from None
+    hashed = getattr(encoder, "hashed_buckets", ())
+    if hashed:  # the bottom holds the hashed columns' embedding tables
+        factory = factory.with_hashed(hashed)
     with torch.random.fork_rng(devices=[]):  # initial values are overwritten below
         mods = factory.modules(role, int(manifest["d_in"]))
     state = torch.load(wfile, weights_only=True)
@@ -291,12 +304,6 @@ def load_party_model(run_dir: str | Path, party: str, *, models: Any = None) -> 
                               ) from None
     for m in mods:
         m.eval()
-    enc_info = manifest["encoder"]
-    encoder: Any
-    if enc_info["kind"] == "fitted":
-        encoder = FittedEncoder.from_dict(orjson.loads((path / enc_info["file"]).read_bytes()))
-    else:
-        encoder = SchemaEncoder(load_schema(path / enc_info["file"]))
     ledger = None
     if manifest.get("dp", {}).get("ledger"):
         ledger = orjson.loads((path / manifest["dp"]["ledger"]).read_bytes())

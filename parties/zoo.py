@@ -25,6 +25,18 @@ Model specs (``vfl.model`` for the bottom models, ``vfl.top_model`` for the top 
 * The Python API also takes the callables themselves (``ModelFactory(cfg,
   bottom=fn, top=fn)``); they must be picklable (module-level) for worker processes.
 
+Hashed columns (:mod:`parties.treatments`: a categorical column with more than
+``vfl.onehot_max_levels`` levels): the encoder puts each one's bucket, as an exact integer,
+in the last columns of the party's matrix; the factory then wraps the bottom in
+:class:`HashedBottom`, which looks each bucket up in one embedding table (``nn.Embedding``,
+one row per bucket of every hashed column, ``vfl.hash_embedding_dim`` wide) and feeds the
+dense columns and the embeddings, concatenated, to the bottom model (whose ``d_in`` is
+then ``dense + hashed x hash_embedding_dim``). The table is ordinary parameters: every
+worker replica holds a copy and the parameter server averages or steps it with the rest
+(dense gradients). DP never meets a hashed column: with DP on the passive party's
+features come from its public schema (one-hot only), and a factory asked for a hashed
+passive bottom under DP refuses (:class:`pubsub.config.ConfigError`).
+
 ``vfl.top_model = ""`` (the default) means: a ``resnet`` top when ``model = "resnet"``
 (same depth, width, norm, dropout), else the MLP top of ``vfl.top_hidden``.
 
@@ -158,6 +170,36 @@ def _qualname(fn: object) -> str:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
 
+class HashedBottom(nn.Module):
+    """``body`` over the dense columns of ``x`` and the embeddings of its hashed ones.
+
+    ``x``: ``(B, dense + len(buckets))``; its last ``len(buckets)`` columns hold bucket
+    ids (``0 <= id < buckets[j]``, exact in float32). Output: ``body(cat(x_dense,
+    emb_0, ..., emb_k))``.
+    """
+
+    def __init__(self, dense: int, buckets: tuple[int, ...], dim: int, body: nn.Module) -> None:
+        super().__init__()
+        if dense < 0 or not buckets or min(buckets) < 1 or dim < 1:
+            raise ValueError(f"bad hashed layout: dense={dense}, buckets={buckets}, "
+                             f"dim={dim}")
+        self.dense = dense
+        self.buckets = tuple(int(b) for b in buckets)
+        self.table = nn.Embedding(sum(self.buckets), dim)
+        starts = [0]
+        for b in self.buckets[:-1]:
+            starts.append(starts[-1] + b)
+        self._starts = torch.tensor(starts, dtype=torch.long)  # not a buffer: not in θ
+        self._top = torch.tensor(self.buckets, dtype=torch.long) - 1
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = x[:, self.dense:].long()
+        ids = torch.minimum(ids.clamp_(min=0), self._top) + self._starts
+        emb = self.table(ids).flatten(1)
+        return self.body(torch.cat([x[:, :self.dense], emb], dim=1))
+
+
 @dataclass(frozen=True, slots=True)
 class ModelFactory:
     """Builds ``role``'s bottom model and the top model of a run (picklable).
@@ -176,6 +218,9 @@ class ModelFactory:
             DP-SGD's noised gradients (post-processing: the accounting is unchanged).
         loss_fn: ``(task) -> nn.Module``, the top model's training loss. None: mean
             BCE-with-logits (binary) or MSE (regression).
+        hashed: the buckets of each hashed input column (the last ``len(hashed)`` input
+            columns; :class:`HashedBottom`), set by :meth:`with_hashed` from the party's
+            encoder; () for none.
     """
 
     cfg: VflConfig
@@ -184,6 +229,13 @@ class ModelFactory:
     passive_bottom_fn: ModuleFn | None = None
     optimizer_fn: OptimizerFn | None = None
     loss_fn: LossFn | None = None
+    hashed: tuple[int, ...] = ()
+
+    def with_hashed(self, buckets: tuple[int, ...] | list[int]) -> ModelFactory:
+        """This factory for a party whose last ``len(buckets)`` input columns are hashed."""
+        from dataclasses import replace
+
+        return replace(self, hashed=tuple(int(b) for b in buckets))
 
     def _bottom_fn(self, role: str) -> ModuleFn | None:
         if role == "passive" and self.passive_bottom_fn is not None:
@@ -257,7 +309,22 @@ class ModelFactory:
 
     def bottom(self, role: str, d_in: int) -> nn.Module:
         """``role``'s bottom model ``(B, d_in) → (B, embedding_dim)``; for the passive party
-        under DP with ``dp_batchnorm = "groupnorm"``, its BatchNorms become GroupNorms."""
+        under DP with ``dp_batchnorm = "groupnorm"``, its BatchNorms become GroupNorms;
+        with hashed columns, the bottom inside a :class:`HashedBottom`.
+
+        Raises:
+            ConfigError: hashed columns in the passive bottom with DP on.
+        """
+        if self.hashed:
+            cfg = self.cfg
+            if role == "passive" and cfg.dp_enabled:
+                raise ConfigError("vfl.hash_buckets", "DP is on: the passive bottom cannot "
+                                  "hold hashed embedding tables (DP-SGD would materialise "
+                                  "their per-example gradients densely); its features come "
+                                  f"from the public schema, got hashed columns {self.hashed}")
+            dense = d_in - len(self.hashed)
+            body = self._raw_bottom(role, dense + len(self.hashed) * cfg.hash_embedding_dim)
+            return HashedBottom(dense, self.hashed, cfg.hash_embedding_dim, body)
         model = self._raw_bottom(role, d_in)
         if role == "passive" and self.cfg.dp_enabled and self.cfg.dp_batchnorm == "groupnorm":
             model = batchnorm_to_groupnorm(model)
@@ -305,6 +372,9 @@ class ModelFactory:
                              "norm": c.resnet_norm, "dropout": c.resnet_dropout}
         if c.dp_enabled:
             out["dp_batchnorm"] = c.dp_batchnorm
+        if self.hashed:
+            out["hashed"] = {"buckets": list(self.hashed), "dim": c.hash_embedding_dim,
+                             "table": "nn.Embedding, one per bottom replica (dense updates)"}
         return out
 
 
@@ -387,6 +457,6 @@ def float_buffers(module: nn.Module) -> list[torch.Tensor]:
     return [b for b in module.buffers() if b.is_floating_point()]
 
 
-__all__ = ["BUILTINS", "DP_BATCHNORM", "GROUPS", "NORMS", "ModelFactory", "ModelSpecError",
+__all__ = ["BUILTINS", "DP_BATCHNORM", "GROUPS", "NORMS", "HashedBottom", "ModelFactory", "ModelSpecError",
            "ResidualBlock", "ResidualMlp", "batchnorm_to_groupnorm", "check_models",
            "check_spec", "float_buffers", "import_callable", "norm_layer"]

@@ -106,7 +106,12 @@ def _vfl_run(args: argparse.Namespace) -> int:
     pp = m["parties"].get("passive", {})
     print(f"test_{m['metric_name']} {format_metric(m['metric'])}  "
           f"job {m['wall_s']:.1f} s (launch to exit), training {m['train_window_s']:.1f} s, "
-          f"{m['train_samples_per_s']:,.0f} samples/s of training")
+          f"{m['train_samples_per_s']:,.0f} samples/s of training"
+          + (f" (positive class {m['label_positive']!r})" if m.get("label_positive") else ""))
+    dropped = [t["column"] for p in m["parties"].values() for t in p.get("treatments", [])
+               if t.get("treatment") == "dropped"]
+    if dropped:
+        print(f"dropped as ID-like: {', '.join(dropped)} (vfl.id_columns)")
     if m.get("target_metric") is not None:
         ttt = m.get("time_to_target_s")
         print(f"time to validation {m['metric_name']} {m['target_metric']:g}: "
