@@ -150,6 +150,34 @@ class VflConfig:
             default, with a warning naming it), ``"refuse"`` (an error) or ``"keep"``.
         categorical_columns: columns treated as categorical although numeric (codes such
             as an industry or occupation code).
+        stream: read each party's Parquet (or CSV) file in chunks and train from an
+            encoded on-disk cache instead of holding the table in memory
+            (:mod:`parties.stream`; the row split is then per-row hashed,
+            :func:`parties.stream.hash_split`).
+        party_datasets: each party's own file, in party order (active, passive,
+            passive2 …; a Parquet file or a directory of shards); () = ``dataset`` for
+            every party. The files are aligned by row order (row i is the same record in
+            every file), each holds that party's columns (and the active party's the
+            label).
+        shuffle: the epoch's batch order: ``"full"`` (a permutation of every row),
+            ``"block"`` (:class:`parties.schedule.BlockBatches`: permuted row blocks, rows
+            shuffled within a window) or ``""`` (the default: block when streaming).
+        shuffle_block_rows / shuffle_window_rows: the block and window of ``"block"``
+            (defaults 4096 and 65536 rows).
+        stream_chunk_rows: rows per chunk read from the file (default 65536).
+        stream_eval_max_rows: streaming: the most test rows scored (a seeded, hashed
+            subset; default 100,000; 0 = all; validation has its own cap).
+        stream_clip_quantile: streaming: a numeric column's values are clipped to its
+            ``[q, 1 - q]`` quantiles of a training sample before standardising (default
+            0.001; 0 = no clipping).
+        stream_cache_dir: where the encoded cache goes ("" = a temporary directory,
+            removed at the end).
+        row_split: how rows are split into training, validation and test rows:
+            ``"permutation"`` (a seeded permutation, :func:`parties.data.train_test_indices`),
+            ``"hash"`` (per row, from its position and the seed:
+            :class:`parties.stream.HashSplit`) or ``""`` (the default: hash when
+            streaming, else permutation; streaming needs hash). An in-memory run with
+            ``"hash"`` trains and tests on the same rows as a streamed one.
         torch_threads: intra-op threads per party process.
         active_torch_threads / passive_torch_threads: that role's own intra-op threads
             (0, the default: ``torch_threads``); party processes only (the in-memory
@@ -283,6 +311,16 @@ class VflConfig:
     hash_embedding_dim: int = 8
     id_columns: str = "drop"
     categorical_columns: tuple[str, ...] = ()
+    stream: bool = False
+    party_datasets: tuple[str, ...] = ()
+    shuffle: str = ""
+    shuffle_block_rows: int = 4096
+    shuffle_window_rows: int = 65536
+    stream_chunk_rows: int = 65536
+    stream_eval_max_rows: int = 100_000
+    stream_clip_quantile: float = 0.001
+    stream_cache_dir: str = ""
+    row_split: str = ""
     torch_threads: int = 1
     active_torch_threads: int = 0
     passive_torch_threads: int = 0
@@ -486,6 +524,55 @@ class VflConfig:
             raise bad("hash_embedding_dim", "must be >= 1")
         if self.id_columns not in ID_COLUMN_MODES:
             raise bad("id_columns", f"must be one of {ID_COLUMN_MODES}")
+        if self.row_split not in ("", "permutation", "hash"):
+            raise bad("row_split", "must be 'permutation', 'hash' or '' (hash when streaming)")
+        if self.stream and self.row_split == "permutation":
+            raise bad("row_split", "streaming splits rows by hash ('hash' or '')")
+        if self.shuffle not in ("", "full", "block"):
+            raise bad("shuffle", "must be 'full', 'block' or '' (block when streaming)")
+        for key in ("shuffle_block_rows", "shuffle_window_rows", "stream_chunk_rows"):
+            if getattr(self, key) < 1:
+                raise bad(key, "must be >= 1")
+        if self.stream_eval_max_rows < 0:
+            raise bad("stream_eval_max_rows", "must be >= 0 (0 = every test row)")
+        if not 0.0 <= self.stream_clip_quantile < 0.5:
+            raise bad("stream_clip_quantile", "must be in [0, 0.5)")
+        if self.party_datasets and len(self.party_datasets) != 1 + self.passive_parties:
+            raise bad("party_datasets", f"needs one file per party "
+                      f"({1 + self.passive_parties}: active first, then each passive party)")
+        if any(not f for f in self.party_datasets):
+            raise bad("party_datasets", "has an empty file name")
+        if self.stream and any(self.rows_files.values()):
+            raise bad("stream", "reads files aligned by row order; the rows files of psfl vfl "
+                      "align select rows at random: write aligned files first (psfl data "
+                      "convert --rows aligned-<party>.csv)")
+
+    @property
+    def effective_row_split(self) -> str:
+        """``row_split``, or hash when streaming, else permutation."""
+        return self.row_split or ("hash" if self.stream else "permutation")
+
+    @property
+    def effective_shuffle(self) -> str:
+        """The batch order: ``shuffle``, or block when streaming."""
+        return self.shuffle or ("block" if self.stream else "full")
+
+    def batch_order(self, n_train: int, epoch: int) -> Any:
+        """One epoch's batches (:func:`parties.schedule.batch_order`), the same on every
+        party."""
+        from parties.schedule import batch_order
+
+        return batch_order(n_train, self.batch_size, seed=self.seed, epoch=epoch,
+                           shuffle=self.effective_shuffle,
+                           block_rows=self.shuffle_block_rows,
+                           window_rows=self.shuffle_window_rows)
+
+    def dataset_for(self, party: str) -> str:
+        """``party``'s own file (``party_datasets``), else ``dataset``."""
+        self.check_party(party)
+        if not self.party_datasets:
+            return self.dataset
+        return self.party_datasets[self.party_ids.index(party)]
 
     def treatment_policy(self) -> Any:
         """The column-treatment rules of this config
@@ -719,6 +806,11 @@ class VflConfig:
         }
         if self.val_per_epoch:
             shared["val_per_epoch"] = self.val_per_epoch
+        if self.effective_shuffle != "full":
+            shared["shuffle"] = [self.effective_shuffle, self.shuffle_block_rows,
+                                 self.shuffle_window_rows]
+        if self.effective_row_split == "hash":  # and the scored test subset
+            shared["row_split"] = {"split": "hash", "eval_max_rows": self.stream_eval_max_rows}
         if self.sync_per_epoch:
             shared["sync_per_epoch"] = self.sync_per_epoch
         if self.algo == "vfl-ps":

@@ -402,6 +402,15 @@ def load_table(
     if not path.exists():
         raise DatasetNotFound(path, f"named datasets: {names}")
     name = path.name.lower()
+    if path.is_dir():  # a directory of Parquet shards: one schema, read in path order
+        from parties.stream import inspect
+
+        info = inspect(path)
+        try:
+            frame = pd.concat([pd.read_parquet(f) for f in info.files], ignore_index=True)
+        except (OSError, ValueError) as exc:
+            raise DataError(f"cannot read {str(path)!r}: {exc}") from exc
+        return frame, None
     try:
         if name.endswith(".csv") or name.endswith(".csv.gz"):
             frame = pd.read_csv(path)

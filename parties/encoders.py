@@ -12,6 +12,7 @@ With DP on, the passive party's encoder is its public schema instead
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,9 @@ class ColumnCode:
         source / part: a datetime part: the raw column and the part
             (:data:`parties.treatments.DATETIME_PARTS`); empty otherwise.
         buckets: hashed only: the embedding table's rows.
+        lo / hi: numeric only: the range a filled value is clipped to before
+            standardising (infinite: no clipping; a streamed encoder's sample quantiles,
+            :mod:`parties.stream`).
     """
 
     name: str
@@ -65,6 +69,8 @@ class ColumnCode:
     source: str = ""
     part: str = ""
     buckets: int = 0
+    lo: float = -math.inf
+    hi: float = math.inf
 
     @property
     def column(self) -> str:
@@ -180,6 +186,8 @@ class FittedEncoder:
                 if np.isinf(x).any():
                     raise DataError(f"numeric column {c.name!r} contains infinite values")
                 x[np.isnan(x)] = c.fill
+                if c.lo > -math.inf or c.hi < math.inf:
+                    np.clip(x, c.lo, c.hi, out=x)
                 x -= c.mean
                 x /= c.scale
                 parts.append(x[:, None])
@@ -202,6 +210,10 @@ class FittedEncoder:
                                      "mean": c.mean, "scale": c.scale}
                 if c.part:
                     d.update(source=c.source, part=c.part)
+                if c.lo > -math.inf:
+                    d["lo"] = c.lo
+                if c.hi < math.inf:
+                    d["hi"] = c.hi
                 cols.append(d)
             elif c.kind == "hashed":
                 cols.append({"name": c.name, "kind": "hashed", "buckets": c.buckets})
@@ -233,7 +245,9 @@ class FittedEncoder:
                     codes.append(ColumnCode(name=str(c["name"]), kind="numeric",
                                             fill=float(c["fill"]), mean=float(c["mean"]),
                                             scale=float(c["scale"]),
-                                            source=str(c.get("source", "")), part=part))
+                                            source=str(c.get("source", "")), part=part,
+                                            lo=float(c.get("lo", -math.inf)),
+                                            hi=float(c.get("hi", math.inf))))
                 elif c["kind"] == "categorical":
                     codes.append(ColumnCode(name=str(c["name"]), kind="categorical",
                                             categories=tuple(str(v) for v in c["categories"])))

@@ -47,7 +47,8 @@ def load_configured_table(cfg: VflConfig,
     Raises:
         parties.data.DataError: missing or unreadable file, or a bad aligned-rows file.
     """
-    frame, label = load_table(cfg.dataset, synthetic=synthetic_spec(cfg))
+    frame, label = load_table(cfg.dataset_for(party) if party is not None else cfg.dataset,
+                              synthetic=synthetic_spec(cfg))
     if party is not None and cfg.rows_file(party):
         frame = select_rows(frame, cfg.rows_file(party))
     return frame, label
@@ -65,6 +66,11 @@ def preflight(cfg: VflConfig) -> None:
             with one class in the training split or in the test split, a regression label
             that is not numeric or constant, an empty test split.
     """
+    if cfg.stream or cfg.party_datasets:  # footers only: each party's file, its columns,
+        from parties.stream import preflight_streamed  # aligned row counts
+
+        preflight_streamed(cfg)
+        return
     if cfg.dataset == "synthetic" and cfg.label in ("", SYNTHETIC_LABEL):
         columns = synthetic_columns(synthetic_spec(cfg))
         _, groups = resolve_party_columns(cfg, pd.DataFrame(columns=columns), SYNTHETIC_LABEL)
@@ -234,6 +240,10 @@ def feature_widths(cfg: VflConfig) -> dict[str, int]:
     from parties.schedule import validation_split
 
     dp = cfg.dp_enabled
+    if cfg.stream or cfg.party_datasets:
+        from parties.stream import stream_feature_widths
+
+        return stream_feature_widths(cfg)
     if cfg.dataset == "synthetic" and cfg.label in ("", SYNTHETIC_LABEL):
         frame = pd.DataFrame(columns=synthetic_columns(synthetic_spec(cfg)))
         _, groups = resolve_party_columns(cfg, frame, SYNTHETIC_LABEL)

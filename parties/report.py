@@ -120,7 +120,8 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         extra["reports_missing"] = sorted(p for p, r in got.items() if r is None)
     return {
         "algo": cfg.algo,
-        "dataset": cfg.dataset,
+        "dataset": cfg.dataset if not cfg.party_datasets else ", ".join(cfg.party_datasets),
+        "streamed": bool(cfg.stream),
         "run_id": run_id,
         "security": active.get("security", {}),
         "task": active["task"],

@@ -112,6 +112,7 @@ from pubsub.session import heartbeat, rendezvous, watch
 from pubsub.transport import Transport
 
 from parties.config import VflConfig, role_of
+from parties.rowstore import DiskRows
 from parties.driver import ActionDriver
 from parties.data import (
     aligned_ids_digest,
@@ -146,7 +147,6 @@ from parties.model import (
 )
 from parties.zoo import ModelFactory
 from parties.schedule import (
-    epoch_batches,
     eval_segments,
     first_reaching,
     num_batches,
@@ -255,6 +255,8 @@ class PartyData:
             None when the features come from the public schema (passive party, DP on).
         label / label_positive: active party only: the label column and (binary task)
             its positive class as a string (saved with the model).
+        cache_dir: streaming (``vfl.stream``): the encoded cache; ``x_train`` and
+            ``y_train`` are then :class:`parties.rowstore.DiskRows` reading it.
     """
 
     x_train: np.ndarray
@@ -272,6 +274,7 @@ class PartyData:
     encoder: Any = None
     label: str = ""
     label_positive: str = ""
+    cache_dir: str = ""
 
 
 def load_party_data(cfg: VflConfig, role: str) -> PartyData:
@@ -289,11 +292,24 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
     cfg.check_party(party)
     role = role_of(party)
     task = cfg.effective_task
+    if cfg.stream:
+        return _load_streamed(cfg, party)
     frame, default_label = load_configured_table(cfg, party)  # the party's own rows file
-    label, groups = resolve_party_columns(cfg, frame, default_label)
-    all_train, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
-    fit, val = validation_split(len(all_train), seed=cfg.seed)
-    train_idx, val_idx = all_train[fit], all_train[val]
+    if cfg.party_datasets:  # the party's own file: its columns (and the active's label)
+        from parties.stream import own_columns
+
+        label, groups = cfg.label, {party: own_columns(cfg, party, list(frame.columns))}
+    else:
+        label, groups = resolve_party_columns(cfg, frame, default_label)
+    if cfg.effective_row_split == "hash":  # the rows a streamed run would use
+        from parties.stream import stream_split
+
+        train_idx, val_idx, test_idx = stream_split(cfg, len(frame))
+    else:
+        all_train, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac,
+                                                 seed=cfg.seed)
+        fit, val = validation_split(len(all_train), seed=cfg.seed)
+        train_idx, val_idx = all_train[fit], all_train[val]
     n_val = len(val_idx)
     held = np.concatenate([val_idx, test_idx])  # encoded with the training rows' statistics
     mine = tuple(groups[party])
@@ -326,6 +342,29 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
         label_mean=mean, label_std=std, encoder=feats.encoder,
         label=label if role == "active" else "", label_positive=pos,
     )
+
+
+def _load_streamed(cfg: VflConfig, party: str) -> PartyData:
+    """:func:`load_party_data` with ``vfl.stream``: :func:`parties.stream.load_streamed`
+    (the training rows stay on disk, :class:`parties.rowstore.DiskRows`)."""
+    from parties.stream import load_streamed
+
+    got = load_streamed(cfg, party, log=log)
+    rows, enc = got.rows, got.encoder
+    log.info("vfl.data_loaded", party=party, dataset=cfg.dataset_for(party), task="binary",
+             n_rows=rows.n_rows, n_train=rows.x_train.n, n_val=len(rows.x_val),
+             n_test=len(rows.x_test), columns=len(got.columns), features=int(enc.width),
+             hashed=len(getattr(enc, "hashed_buckets", ())),
+             dropped=list(getattr(enc, "dropped", ())), streamed=True,
+             cache=str(rows.cache_dir))
+    if got.positive:
+        log.info("vfl.label_positive", party=party, label=got.label, positive=got.positive)
+        check_test_labels(rows.y_test, got.label, task="binary")
+    return PartyData(
+        x_train=rows.x_train, x_test=rows.x_test, y_train=rows.y_train, y_test=rows.y_test,
+        x_val=rows.x_val, y_val=rows.y_val, columns=got.columns, n_rows=rows.n_rows,
+        dataset=cfg.dataset_for(party), task="binary", encoder=enc, label=got.label,
+        label_positive=got.positive, cache_dir=str(rows.cache_dir))
 
 
 def _peak_rss_mb() -> float:
@@ -498,9 +537,11 @@ class Party:
                              for k in range(self.workers)]
         else:
             self._data_dir = Path(tempfile.mkdtemp(prefix=f"psfl-{self.role}-"))
-            np.save(self._data_dir / "x_train.npy", data.x_train)
-            if data.y_train is not None:
-                np.save(self._data_dir / "y_train.npy", data.y_train)
+            for name, arr in (("x_train", data.x_train), ("y_train", data.y_train)):
+                if isinstance(arr, DiskRows):  # streamed: the workers read the cache
+                    arr.save_descriptor(self._data_dir / f"{name}.rows.json")
+                elif arr is not None:
+                    np.save(self._data_dir / f"{name}.npy", arr)
             self._handles = [ProcessWorker(self.role, k, cfg, self._data_dir, self.ps,
                                            noise_seed=self._noise_seeds[k],
                                            models=self.models, party=self.party)
@@ -516,6 +557,11 @@ class Party:
                 await h.close()
         if self._data_dir is not None:
             shutil.rmtree(self._data_dir, ignore_errors=True)
+        if self.data.cache_dir and not self.cfg.stream_cache_dir:  # our temporary cache
+            for arr in (self.data.x_train, self.data.y_train):
+                if isinstance(arr, DiskRows):
+                    arr.close()
+            shutil.rmtree(self.data.cache_dir, ignore_errors=True)
 
     def _n_val_points(self) -> int:
         segs = len(eval_segments(self.n_batches, self.cfg.evals_per_epoch))
@@ -713,7 +759,7 @@ class Party:
         point = 0
         go: int | None = None  # active: the scored point the passive party waits for
         for epoch in range(cfg.epochs):
-            batches = epoch_batches(self.n_train, cfg.batch_size, seed=cfg.seed, epoch=epoch)
+            batches = cfg.batch_order(self.n_train, epoch)
             evaluated = epoch in self._eval_epochs()
             for s, seg in enumerate(segs):
                 c = self.c

@@ -60,6 +60,82 @@ def epoch_batches(n_rows: int, batch_size: int, *, seed: int, epoch: int) -> lis
     return [perm[i : i + batch_size] for i in range(0, n_rows, batch_size)]
 
 
+class BlockBatches(Sequence[np.ndarray]):
+    """One epoch's batches in a block-shuffled order that an out-of-core reader can follow.
+
+    The training rows ``0 .. n−1`` (positions in each party's aligned file) are cut into
+    blocks of ``block_rows``; the full blocks are permuted (seeded by ``seed`` and
+    ``epoch``), the short tail block (``n mod block_rows`` rows) goes last. The permuted
+    row sequence is cut into windows of ``window_rows`` rows (rounded down to a multiple
+    of the batch size ``B``); the rows of a window are shuffled (seeded) and cut into
+    batches of ``B``. Every row appears once per epoch, every batch but the last has
+    ``B`` rows, there are ⌈n/B⌉ batches as with :func:`epoch_batches`, and a batch reads
+    at most ``window_rows / block_rows + 2`` blocks of its party's file. Batch ``b`` is
+    computed on demand (one window cached): memory is O(n / block_rows + window_rows),
+    not O(n).
+
+    Both parties build it from the same arguments and get the same batches.
+    """
+
+    __slots__ = ("n", "batch_size", "block_rows", "window_rows", "_seed", "_blocks",
+                 "_per_window", "_window", "_window_rows")
+
+    def __init__(self, n_rows: int, batch_size: int, *, seed: int, epoch: int,
+                 block_rows: int, window_rows: int) -> None:
+        if n_rows < 1 or batch_size < 1 or block_rows < 1 or window_rows < 1:
+            raise ValueError(f"need n_rows, batch_size, block_rows, window_rows >= 1, got "
+                             f"{n_rows}, {batch_size}, {block_rows}, {window_rows}")
+        # the window: whole batches
+        window_rows = max(batch_size, window_rows // batch_size * batch_size)
+        self.n, self.batch_size = n_rows, batch_size
+        self.block_rows, self.window_rows = block_rows, window_rows
+        self._seed = (seed, epoch)
+        rng = np.random.default_rng([seed, epoch, 0xB10C])
+        self._blocks = rng.permutation(n_rows // block_rows).astype(np.int64)
+        self._per_window = window_rows // batch_size
+        self._window = -1
+        self._window_rows = np.empty(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
+
+    def _rows_of_window(self, w: int) -> np.ndarray:
+        k = self.block_rows
+        pos = np.arange(w * self.window_rows, min(self.n, (w + 1) * self.window_rows),
+                        dtype=np.int64)
+        full = len(self._blocks) * k  # positions past the full blocks: the tail, in order
+        inner = pos < full
+        rows = pos.copy()
+        rows[inner] = self._blocks[pos[inner] // k] * k + pos[inner] % k
+        rng = np.random.default_rng([self._seed[0], self._seed[1], w, 0x5EED])
+        return rows[rng.permutation(len(rows))]
+
+    def __getitem__(self, b: int) -> np.ndarray:  # type: ignore[override]
+        b = int(b)
+        if b < 0:
+            b += len(self)
+        if not 0 <= b < len(self):
+            raise IndexError(f"batch {b} of {len(self)}")
+        w, i = divmod(b, self._per_window)
+        if w != self._window:
+            self._window_rows = self._rows_of_window(w)
+            self._window = w
+        return self._window_rows[i * self.batch_size:(i + 1) * self.batch_size]
+
+
+def batch_order(n_rows: int, batch_size: int, *, seed: int, epoch: int, shuffle: str = "full",
+                block_rows: int = 4096, window_rows: int = 65536) -> Sequence[np.ndarray]:
+    """One epoch's batches: ``shuffle = "full"``: :func:`epoch_batches` (a permutation of
+    every row); ``"block"``: :class:`BlockBatches` (for a party that streams its rows
+    from disk)."""
+    if shuffle == "full":
+        return epoch_batches(n_rows, batch_size, seed=seed, epoch=epoch)
+    if shuffle == "block":
+        return BlockBatches(n_rows, batch_size, seed=seed, epoch=epoch,
+                            block_rows=block_rows, window_rows=window_rows)
+    raise ValueError(f"shuffle must be 'full' or 'block', got {shuffle!r}")
+
+
 @dataclass(slots=True)
 class EpochSchedule:
     """Assignment of one epoch's batches to a party's workers.

@@ -20,7 +20,7 @@ compute itself runs behind a :class:`WorkerHandle`:
   and Adam state), their waits overlap the other workers' compute.
 
 Both take batches by ``(epoch, batch_id)``; the row positions come from
-:func:`parties.schedule.epoch_batches`, identical on both parties.
+:meth:`parties.config.VflConfig.batch_order`, identical on both parties.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from parties.dpsgd import DpSgd
 from parties.errors import WorkerFailed
 from parties.model import ActiveCompute, ParameterServer, PassiveCompute
 from parties.zoo import ModelFactory
-from parties.schedule import epoch_batches
+from parties.rowstore import DiskRows
 
 log = structlog.get_logger(__name__)
 
@@ -140,12 +140,11 @@ class _Rows:
         self.n_train = n_train
         self.cfg = cfg
         self._epoch = -1
-        self._batches: list[np.ndarray] = []
+        self._batches: Any = []
 
     def __call__(self, epoch: int, b: int) -> np.ndarray:
         if epoch != self._epoch:
-            self._batches = epoch_batches(self.n_train, self.cfg.batch_size, seed=self.cfg.seed,
-                                          epoch=epoch)
+            self._batches = self.cfg.batch_order(self.n_train, epoch)
             self._epoch = epoch
         return self._batches[b]
 
@@ -171,7 +170,9 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
         ValueError: DP is on and a passive worker got no ``noise_seed``.
     """
     d_in = x_train.shape[1]
-    x = torch.from_numpy(np.ascontiguousarray(x_train, dtype=np.float32))
+    # streamed rows (parties.rowstore.DiskRows) are indexed like the tensor, read from disk
+    x = x_train if isinstance(x_train, DiskRows) else torch.from_numpy(
+        np.ascontiguousarray(x_train, dtype=np.float32))
     party = party or role
     if sync_mode is None:
         sync_mode = sync_mode_for(cfg.algo, cfg.workers_for(party))
@@ -183,7 +184,8 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
 
     if role == "active":
         assert y_train is not None
-        y = torch.from_numpy(np.ascontiguousarray(y_train, dtype=np.float32))
+        y = y_train if isinstance(y_train, DiskRows) else torch.from_numpy(
+            np.ascontiguousarray(y_train, dtype=np.float32))
         from parties.fuse import fuse_of
 
         return ActiveCompute(x, y, make_bottom, factory.top, ps, lr=cfg.worker_lr("active"),
@@ -656,12 +658,20 @@ def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], d
         ctx.term()
 
 
+def _load_rows(data_dir: Path, name: str) -> Any:
+    """A worker's rows: the party's saved array, or its streamed cache's descriptor."""
+    desc = data_dir / f"{name}.rows.json"
+    if desc.exists():
+        return DiskRows.load_descriptor(desc)
+    return np.load(data_dir / f"{name}.npy")
+
+
 def _serve_worker(sock: zmq.Socket, role: str, cfg: VflConfig, data_dir: str,
                   parent_pid: int, noise_seed: int | None, models: ModelFactory,
                   party: str | None = None) -> None:
     """Load data, build the compute, then answer requests until ``stop``."""
-    x_train = np.load(Path(data_dir) / "x_train.npy")
-    y_train = np.load(Path(data_dir) / "y_train.npy") if role == "active" else None
+    x_train = _load_rows(Path(data_dir), "x_train")
+    y_train = _load_rows(Path(data_dir), "y_train") if role == "active" else None
     compute = make_compute(role, cfg, x_train, y_train, _RemotePS(sock, shares_top=role == "active" and cfg.shares_top()),
                            noise_seed=noise_seed,
                            models=models, party=party)

@@ -75,7 +75,9 @@ def _vfl_run(args: argparse.Namespace) -> int:
         if code is not None:
             return code
     name = "PubSub-VFL" if cfg.algo == "pubsub" else f"VFL baseline {cfg.algo}"
-    print(f"{name}: {cfg.dataset} ({cfg.effective_task}), "
+    data = (", ".join(cfg.party_datasets) if cfg.party_datasets else cfg.dataset) + (
+        ", streamed" if cfg.stream else "")
+    print(f"{name}: {data} ({cfg.effective_task}), "
           f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}, B={cfg.batch_size}, "
           f"workers {'+'.join(str(cfg.workers_for(p)) for p in cfg.party_ids)}, "
           f"out {args.out}",
@@ -854,6 +856,31 @@ def _add_plan_parser(vsub: Any) -> None:
     plan.set_defaults(func=_vfl_plan)
 
 
+def _data_convert(args: argparse.Namespace) -> int:
+    from parties.cli import ExitCode
+    from parties.convert import convert_csv
+    from parties.data import DataError
+
+    parties: dict[str, list[str]] = {}
+    for spec in args.party:
+        name, sep, cols = spec.partition("=")
+        if not sep or not name or not cols:
+            print(f"error: --party {spec!r}: expected NAME=COL,COL,...", file=sys.stderr)
+            return ExitCode.BAD_INPUT
+        parties[name] = [c for c in cols.split(",") if c]
+    delim = "\t" if args.delimiter in ("\\t", "tab") else args.delimiter
+    names = [n for n in args.names.split(",") if n]
+    try:
+        got = convert_csv(args.src, args.out, parties=parties or None,
+                          shard_rows=args.shard_rows, delimiter=delim, names=names)
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    print(f"{got['rows']:,} rows in {got['shards']} shard(s): "
+          + ", ".join(f"{p} {d}" for p, d in got["dirs"].items()))
+    return ExitCode.OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``psfl`` argument parser."""
     from broker.cli import add_subcommands as add_broker
@@ -945,6 +972,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="kill the reopened job after this many seconds")
     add_security_arguments(swl, kind="launcher")
     swl.set_defaults(func=_synth_add_workload)
+
+    dat = sub.add_parser("data", help="data files: convert a CSV to Parquet shards")
+    dsub = dat.add_subparsers(dest="data_command", required=True)
+    conv = dsub.add_parser("convert", help="CSV/TSV (gzip or not) to Parquet shards, "
+                           "streamed; --party NAME=COL,COL... writes one directory per party "
+                           "(aligned by row order, for vfl.party_datasets)")
+    conv.add_argument("src", help="the CSV file")
+    conv.add_argument("out", help="the output directory (empty)")
+    conv.add_argument("--party", action="append", default=[], metavar="NAME=COL,COL",
+                      help="a party's directory and its columns (repeat per party)")
+    conv.add_argument("--shard-rows", type=int, default=1_000_000)
+    conv.add_argument("--delimiter", default=",", help="field separator (\\t for TSV)")
+    conv.add_argument("--names", default="", help="comma-separated column names for a file "
+                      "without a header row")
+    conv.set_defaults(func=_data_convert)
 
     simp = sub.add_parser("sim", help="heterogeneous clusters on one machine")
     simsub = simp.add_subparsers(dest="sim_command", required=True)
