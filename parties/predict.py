@@ -121,12 +121,21 @@ def select_rows(part: SavedPart, data: str | None = None,
             raise DataError(f"the run's table now has {len(frame)} rows, the saved model "
                             f"was trained on {part.manifest['n_rows']}: cannot re-derive "
                             "its test split")
-        _, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
+        split = cfg.effective_row_split
+        if split == "hash":  # the scored test subset of a streamed (or hash-split) run
+            from parties.stream import stream_split
+
+            test_idx = stream_split(cfg, len(frame))[2]
+        else:
+            _, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac,
+                                             seed=cfg.seed)
         keep = columns + ([label] if label and label in frame.columns else [])
         return PredictRows(frame=frame.iloc[test_idx][keep].reset_index(drop=True), ids=None,
                            rows=np.asarray(test_idx, dtype=np.int64), source="test_split",
-                           digest=_digest(["test_split", str(len(frame)),
-                                           str(cfg.seed), repr(cfg.test_frac)]))
+                           digest=_digest(["test_split", str(len(frame)), str(cfg.seed),
+                                           repr(cfg.test_frac),
+                                           *([split, str(cfg.stream_eval_max_rows)]
+                                             if split == "hash" else [])]))
     frame, _ = load_table(data)
     if id_column not in frame.columns:
         raise UnknownColumn([id_column], list(frame.columns))

@@ -416,6 +416,8 @@ async def test_bus_publisher_through_broker_relay(broker: Any) -> None:
                 t0 = time.perf_counter()
                 await pub.publish("emb/relay", [arr], {"i": i})
                 msg = await sub.next("emb/relay", timeout_s=5.0)
+                while msg.meta == {}:  # a probe of wait_subscribed, late through the link
+                    msg = await sub.next("emb/relay", timeout_s=5.0)
                 times.append(time.perf_counter() - t0)
                 assert msg.meta == {"i": i}
                 assert np.array_equal(msg.arrays[0], arr)

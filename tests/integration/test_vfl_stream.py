@@ -12,7 +12,7 @@ import pytest
 
 from parties.config import load_vfl_config
 from parties.criteo import CriteoSpec, write_criteo
-from sim.local import run_vfl_in_process
+from sim.local import predict_in_process, run_vfl_in_process
 from tests.conftest import psfl_in_process
 
 pytestmark = pytest.mark.timeout(600)
@@ -21,13 +21,13 @@ pytestmark = pytest.mark.timeout(600)
 @pytest.fixture(scope="module")
 def criteo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return write_criteo(tmp_path_factory.mktemp("criteo"),
-                        CriteoSpec(rows=24_000, shard_rows=8_000, row_group_rows=4096,
+                        CriteoSpec(rows=15_000, shard_rows=5_000, row_group_rows=4096,
                                    max_levels=20_000, seed=3))
 
 
 def _sets(dirs: dict[str, Path], *extra: str) -> list[str]:
     files = ", ".join(f'"{d}"' for d in dirs.values())
-    return ["label=label", "epochs=2", "batch_size=128", "embedding_dim=8",
+    return ["label=label", "epochs=1", "batch_size=128", "embedding_dim=8",
             f"party_datasets=[{files}]", "row_split=hash", "shuffle_block_rows=1024",
             "shuffle_window_rows=8192", *extra]
 
@@ -36,11 +36,14 @@ def test_streamed_run_matches_the_in_memory_run(criteo: dict[str, Path],
                                                 tmp_path: Path) -> None:
     stream = run_vfl_in_process(load_vfl_config(None, _sets(
         criteo, "stream=true", "worker_mode=process")), tmp_path / "s").metrics
+    # the saved model scores the same test rows (read in memory) to the same AUC
+    pred = predict_in_process(tmp_path / "s", tmp_path / "pred").summary
+    assert pred["test_auc"] == pytest.approx(stream["test_auc"], abs=1e-6)
     memory = run_vfl_in_process(load_vfl_config(None, _sets(
         criteo, "stream=false", "shuffle=full")), tmp_path / "m").metrics
     assert stream["label_positive"] == memory["label_positive"] == "1"
     for m in (stream, memory):
-        assert m["test_auc"] > 0.6
+        assert m["test_auc"] > 0.55  # 1 epoch of 10,000 rows: learning, far from converged
     # same rows, same split; only the batch order (blocks vs a full permutation) and the
     # encoder's statistics (streamed, clipped) differ
     assert abs(stream["test_auc"] - memory["test_auc"]) < 0.03
@@ -80,6 +83,6 @@ def test_a_party_with_fewer_rows_is_named(criteo: dict[str, Path], tmp_path: Pat
     res = _run_cli(capfd, {"active": criteo["active"], "passive": short}, tmp_path / "run")
     text = res.stdout + res.stderr
     assert res.returncode != 0
-    assert str(short) in text and "16,000 rows" in text and "24,000" in text
+    assert str(short) in text and "10,000 rows" in text and "15,000" in text
     assert "Traceback" not in text
     assert not (tmp_path / "run" / "metrics.json").exists()
