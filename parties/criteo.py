@@ -81,10 +81,7 @@ class _Truth:
 
     def __init__(self, spec: CriteoSpec) -> None:
         rng = np.random.default_rng([spec.seed, 0xC417E0])
-        self.levels = np.unique(np.round(np.geomspace(4, spec.max_levels, N_CAT))
-                                ).astype(np.int64)
-        if len(self.levels) < N_CAT:
-            self.levels = np.round(np.geomspace(4, spec.max_levels, N_CAT)).astype(np.int64)
+        self.levels = np.round(np.geomspace(4, spec.max_levels, N_CAT)).astype(np.int64)
         rng.shuffle(self.levels)
         self.int_mu = rng.uniform(0.0, 3.0, N_INT)
         self.int_sigma = rng.uniform(0.5, 1.5, N_INT)

@@ -71,7 +71,7 @@ __all__ = [
 ]
 
 _DATASETS_PACKAGE = "parties.datasets"
-_MISSING_CATEGORY = "__missing__"
+_MISSING_CATEGORY = "__missing__"  # parties.treatments.MISSING
 _log = structlog.get_logger(__name__)
 _SUPPORTED_SUFFIXES = (".csv", ".csv.gz", ".parquet")
 _MAX_LISTED = 50  # cap on how many available columns an error message lists
@@ -656,12 +656,6 @@ class PartyFeatures:
                 raise ValueError(f"{name} has shape {arr.shape}, expected (n, {d})")
 
 
-def _is_categorical(series: pd.Series) -> bool:
-    return pd.api.types.is_bool_dtype(series.dtype) or not pd.api.types.is_numeric_dtype(
-        series.dtype
-    )
-
-
 def encode_party_features(
     frame: pd.DataFrame,
     columns: Sequence[str],
@@ -756,7 +750,8 @@ def _check_encoded_size(treatments: Sequence[Any], n_rows: int) -> None:
     the memory available now (the encoder's float64 intermediates need about 3x that)."""
     from parties.treatments import encoded_width
 
-    need = 3 * 4 * n_rows * encoded_width(treatments)
+    width = encoded_width(treatments)
+    need = 3 * 4 * n_rows * width
     try:
         import psutil
 
@@ -765,13 +760,13 @@ def _check_encoded_size(treatments: Sequence[Any], n_rows: int) -> None:
         return
     if need > avail:
         raise DataError(f"the encoded features would take about {need / 2**30:.1f} GiB "
-                        f"({n_rows:,} rows x {encoded_width(treatments):,} columns), "
+                        f"({n_rows:,} rows x {width:,} columns), "
                         f"{avail / 2**30:.1f} GiB is available; {_widest(treatments)}")
 
 
 def _encode(frame: pd.DataFrame, treatments: Sequence[Any], train_idx: np.ndarray,
             test_idx: np.ndarray) -> PartyFeatures:
-    from parties.treatments import datetime_part, hash_buckets, parse_datetime
+    from parties.treatments import as_strings, datetime_part, hash_buckets, parse_datetime
 
     # scikit-learn imported here, not at module level: launchers and CLIs that read tables
     # without encoding them skip its ~2 s import (scipy.stats)
@@ -804,8 +799,7 @@ def _encode(frame: pd.DataFrame, treatments: Sequence[Any], train_idx: np.ndarra
                 prepared[name] = pd.Series(datetime_part(stamps, part), index=series.index)
                 transformers.append((f"c{len(transformers)}", scaled(), [name]))
         elif t.kind == "onehot":
-            values = series.astype(object)
-            prepared[col] = values.where(values.notna(), _MISSING_CATEGORY).astype(str)
+            prepared[col] = as_strings(series)
             transformers.append((f"c{len(transformers)}", OneHotEncoder(
                 handle_unknown="ignore", sparse_output=False, dtype=np.float32,
                 feature_name_combiner=_combine_name), [col]))

@@ -167,7 +167,8 @@ class FittedEncoder:
         """
         from parties.data import DataError, UnknownColumn
 
-        from parties.treatments import datetime_part, hash_buckets, parse_datetime
+        from parties.treatments import (MISSING, as_strings, datetime_part, hash_buckets,
+                                        parse_datetime)
 
         absent = sorted({c.column for c in self.columns if c.column not in frame.columns})
         if absent:
@@ -194,8 +195,9 @@ class FittedEncoder:
             elif c.kind == "hashed":
                 parts.append(hash_buckets(series, c.buckets).astype(np.float64)[:, None])
             else:
-                values = series.astype(object)
-                values = values.where(values.notna(), self.missing).astype(str).to_numpy()
+                values = (as_strings(series) if self.missing == MISSING else
+                          series.astype(object).where(series.notna(), self.missing)
+                          .astype(str)).to_numpy()
                 cats = np.asarray(c.categories, dtype=object)
                 parts.append((values[:, None] == cats[None, :]).astype(np.float64))
         out = np.hstack(parts) if parts else np.empty((len(frame), 0))

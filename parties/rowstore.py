@@ -120,11 +120,9 @@ class DiskRows:
                 "cache_blocks": self.cache_blocks}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        other = DiskRows.from_descriptor(state["desc"], block_rows=state["block_rows"],
-                                         cache_blocks=state["cache_blocks"])
-        for k in ("path", "n", "width", "vector", "block_rows", "cache_blocks", "_row_bytes",
-                  "_local", "blocks_read"):
-            object.__setattr__(self, k, getattr(other, k))
+        d = state["desc"]
+        self.__init__(d["path"], d["rows"], d["width"], vector=d["vector"],  # type: ignore[misc]
+                      block_rows=state["block_rows"], cache_blocks=state["cache_blocks"])
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -93,7 +93,7 @@ class DatasetInfo:
     files: tuple[Path, ...]
     columns: tuple[str, ...]
     rows_per_file: tuple[int, ...]
-    row_groups: tuple[int, ...]
+    group_rows: tuple[tuple[int, ...], ...]  # per file, the rows of each row group
 
     @property
     def rows(self) -> int:
@@ -128,9 +128,9 @@ def inspect(path: str | Path) -> DatasetInfo:
             raise ShardError(f, f"schema differs from {first[0].name}'s in column(s) "
                                 f"{diff[:5]} ({', '.join(f'{k}: {a.get(k)} vs {b.get(k)}' for k in diff[:3])})")
         rows.append(int(meta.num_rows))
-        groups.append(int(meta.num_row_groups))
+        groups.append(tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups)))
     return DatasetInfo(files=tuple(files), columns=tuple(first[1].names),
-                       rows_per_file=tuple(rows), row_groups=tuple(groups))
+                       rows_per_file=tuple(rows), group_rows=tuple(groups))
 
 
 def iter_chunks(info: DatasetInfo, columns: Sequence[str], chunk_rows: int
@@ -168,17 +168,14 @@ def sample_rows(info: DatasetInfo, columns: Sequence[str], keep: Any, max_rows: 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    spots = [(fi, g) for fi, n in enumerate(info.row_groups) for g in range(n)]
+    spots: list[tuple[int, int]] = []
     starts: dict[tuple[int, int], int] = {}
     offset = 0
-    for fi, f in enumerate(info.files):
-        try:
-            meta = pq.ParquetFile(f).metadata
-        except (pa.ArrowException, OSError) as exc:
-            raise ShardError(f, f"not a readable Parquet file ({exc})") from None
-        for g in range(meta.num_row_groups):
+    for fi, sizes in enumerate(info.group_rows):
+        for g, n in enumerate(sizes):
+            spots.append((fi, g))
             starts[(fi, g)] = offset
-            offset += meta.row_group(g).num_rows
+            offset += n
     avg = max(1, min(chunk_rows, info.rows // max(1, len(spots))))
     need = max(1, math.ceil(max_rows / avg))
     step = max(1, len(spots) // need)
@@ -285,8 +282,10 @@ def hash_split(pos: np.ndarray, *, seed: int, test_frac: float, val_frac: float 
 
 
 def fit_encoder(info: DatasetInfo, columns: Sequence[str], split: HashSplit, *, policy: Any,
-                chunk_rows: int, clip_quantile: float, log: Any = None) -> Any:
-    """Passes 1 and 2: the :class:`parties.encoders.FittedEncoder` of ``columns``.
+                chunk_rows: int, clip_quantile: float, log: Any = None,
+                sample: pd.DataFrame | None = None) -> Any:
+    """Passes 1 and 2: the :class:`parties.encoders.FittedEncoder` of ``columns``
+    (``sample``: the training sample of pass 1 when the caller read it already).
 
     Raises:
         DataError: an ID-like column refused, every column dropped, a numeric column
@@ -302,8 +301,9 @@ def fit_encoder(info: DatasetInfo, columns: Sequence[str], split: HashSplit, *, 
         parse_datetime,
     )
 
-    sample = sample_rows(info, columns, lambda p: split(p) == _TRAIN, SAMPLE_ROWS,
-                         chunk_rows=chunk_rows)
+    if sample is None:
+        sample = sample_rows(info, columns, lambda p: split(p) == _TRAIN, SAMPLE_ROWS,
+                             chunk_rows=chunk_rows)
     if sample.empty:
         raise InvalidSplit("no training rows: the dataset is empty")
     try:
@@ -476,14 +476,11 @@ class StreamedParty:
     positive: str
 
 
-def _label_encoder(info: DatasetInfo, label: str, split: HashSplit, positive: str,
-                   chunk_rows: int) -> tuple[Any, str]:
-    """The binary label's encoder (classes and the positive class from a training
-    sample) for :func:`write_cache`."""
+def _label_encoder(sample: pd.DataFrame, label: str, positive: str) -> tuple[Any, str]:
+    """The binary label's encoder (classes and the positive class from the training
+    ``sample``) for :func:`write_cache`."""
     from parties.data import InvalidLabel, _class_name, encode_labels
 
-    sample = sample_rows(info, [label], lambda p: split(p) == _TRAIN, SAMPLE_ROWS,
-                         chunk_rows=chunk_rows)
     idx = np.arange(len(sample))
     _, _, pos = encode_labels(sample, label, idx, idx[:0], positive=positive)
     classes = list(pd.unique(sample[label]))
@@ -524,14 +521,18 @@ def load_streamed(cfg: Any, party: str, *, log: Any = None) -> StreamedParty:
     label = cfg.label if role == "active" else ""
     if role == "active" and not label:
         raise DataError(f"{path!r}: name the label column (vfl.label) to stream it")
-    columns = party_columns_of(cfg, party, info)
+    columns = own_columns(cfg, party, info.columns)
     unknown = [c for c in (*columns, *([label] if label else [])) if c not in info.columns]
     if unknown:
         raise UnknownColumn(unknown, list(info.columns))
     if label and label in columns:
         raise InvalidSplit(f"label {label!r} is also a feature column of {party}")
     split = split_for(cfg, info.rows)
-    if role == "passive" and cfg.dp_enabled:
+    schema_only = role == "passive" and cfg.dp_enabled  # nothing fitted on its rows
+    sample = None if schema_only else sample_rows(
+        info, [*columns, *([label] if label else [])], lambda p: split(p) == _TRAIN,
+        SAMPLE_ROWS, chunk_rows=cfg.stream_chunk_rows)  # one read for features and label
+    if schema_only:
         from parties.preflight import dp_schema
         from parties.schema import SchemaEncoder
 
@@ -539,11 +540,10 @@ def load_streamed(cfg: Any, party: str, *, log: Any = None) -> StreamedParty:
     else:
         encoder = fit_encoder(info, columns, split, policy=cfg.treatment_policy(),
                               chunk_rows=cfg.stream_chunk_rows,
-                              clip_quantile=cfg.stream_clip_quantile, log=log)
+                              clip_quantile=cfg.stream_clip_quantile, log=log, sample=sample)
     encode_label, pos = (None, "")
     if label:
-        encode_label, pos = _label_encoder(info, label, split, cfg.positive_class,
-                                           cfg.stream_chunk_rows)
+        encode_label, pos = _label_encoder(sample, label, cfg.positive_class)
     rows = write_cache(info, [c for c in columns], split, encoder, label=label,
                        encode_label=encode_label, chunk_rows=cfg.stream_chunk_rows,
                        cache_dir=cfg.stream_cache_dir)
@@ -551,12 +551,6 @@ def load_streamed(cfg: Any, party: str, *, log: Any = None) -> StreamedParty:
         raise InvalidSplit(f"{path!r}: no training rows")
     return StreamedParty(rows=rows, encoder=encoder, columns=columns, label=label,
                          positive=pos)
-
-
-def party_columns_of(cfg: Any, party: str, info: DatasetInfo) -> tuple[str, ...]:
-    """``party``'s feature columns: the configured ones, else every column of its file
-    but the label."""
-    return own_columns(cfg, party, info.columns)
 
 
 def own_columns(cfg: Any, party: str, available: Sequence[str]) -> tuple[str, ...]:
@@ -587,7 +581,7 @@ def preflight_streamed(cfg: Any) -> dict[str, DatasetInfo]:
                         "to stream it")
     seen: dict[str, str] = {}
     for p, info in infos.items():
-        cols = party_columns_of(cfg, p, info)
+        cols = own_columns(cfg, p, info.columns)
         need = [*cols, *([cfg.label] if p == "active" else [])]
         unknown = [c for c in need if c not in info.columns]
         if unknown:
@@ -616,7 +610,7 @@ def stream_feature_widths(cfg: Any) -> dict[str, int]:
 
     out = {}
     for p, info in preflight_streamed(cfg).items():
-        cols = party_columns_of(cfg, p, info)
+        cols = own_columns(cfg, p, info.columns)
         if p != "active" and cfg.dp_enabled:
             from parties.preflight import dp_schema
 
@@ -632,7 +626,7 @@ def stream_feature_widths(cfg: Any) -> dict[str, int]:
     return out
 
 
-__all__ = ["SAMPLE_ROWS", "StreamedParty", "load_streamed", "party_columns_of",
+__all__ = ["SAMPLE_ROWS", "StreamedParty", "load_streamed", "own_columns",
            "preflight_streamed", "stream_feature_widths", "load_streamed", "DatasetInfo", "HashSplit", "ShardError", "StreamedRows",
            "fit_encoder", "hash_split", "inspect", "iter_chunks", "parquet_files",
            "sample_rows", "write_cache"]
