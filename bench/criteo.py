@@ -21,7 +21,9 @@ Both scored subsets are capped (``--eval-max-rows``, default 50,000 test rows), 
 1x and 10x runs score the same number of rows.
 
 ``--full`` streams 45,000,000 rows (the Kaggle set's size) through one epoch of
-PubSub-VFL (generation is resumable: rerun the same command after an interruption).
+PubSub-VFL (generation is resumable: rerun the same command after an interruption) and
+reports the generation time, the table's and the encoded caches' disk use (the caches'
+largest size during the run) and the run's figures.
 
 Usage: ``python bench/criteo.py --quick --json OUT.json`` (about 8 minutes on 2 cores).
 """
@@ -30,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -90,6 +94,36 @@ def _run(dirs: dict[str, Path], out: Path, *, algo: str, epochs: int, stream: bo
     return rec
 
 
+def _size_gb(root: Path) -> float:
+    return round(sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) / 1e9, 2)
+
+
+class _DiskWatch:
+    """The largest size a directory reached while the block ran (sampled every 10 s)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.peak_gb = root, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            if self.root.exists():
+                self.peak_gb = max(self.peak_gb, _size_gb(self.root))
+            if self._stop.wait(10.0):
+                return
+
+    def __enter__(self) -> _DiskWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.root.exists():
+            self.peak_gb = max(self.peak_gb, _size_gb(self.root))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = ap.add_mutually_exclusive_group()
@@ -114,13 +148,22 @@ def main(argv: list[str] | None = None) -> int:
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if args.full:
         rows = args.rows or 45_000_000
+        t_gen = time.perf_counter()
         dirs = _table(data, rows, args.seed)
-        rec = _run(dirs, runs / "full", algo="pubsub", epochs=1, stream=True,
-                   eval_max_rows=args.eval_max_rows, timeout_s=4 * 3600)
+        gen_s = time.perf_counter() - t_gen
+        cache = runs / "cache"  # kept until measured: the disk a run needs beside its table
+        watch = _DiskWatch(cache)
+        with watch:
+            rec = _run(dirs, runs / "full", algo="pubsub", epochs=1, stream=True,
+                       eval_max_rows=args.eval_max_rows, timeout_s=4 * 3600,
+                       extra=("--set", f"stream_cache_dir={cache}",
+                              "--set", "handshake_timeout_s=7200"))
+        table_gb = _size_gb(data / f"criteo-{rows}")
         res["summary"] = {"rows": rows, "pubsub": rec, "peak_rss_mb": rec.get("peak_rss_mb"),
-                          "disk_gb": round(sum(f.stat().st_size for f in
-                                               (data / f"criteo-{rows}").rglob("*")
-                                               if f.is_file()) / 1e9, 2)}
+                          "generate_s": round(gen_s, 1),
+                          "table_gb": table_gb, "cache_gb": watch.peak_gb,
+                          "disk_gb": round(table_gb + watch.peak_gb, 2)}
+        shutil.rmtree(cache, ignore_errors=True)
     else:
         rows = args.rows or 200_000
         one = _table(data, rows, args.seed)

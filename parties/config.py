@@ -170,8 +170,8 @@ class VflConfig:
         stream_clip_quantile: streaming: a numeric column's values are clipped to its
             ``[q, 1 - q]`` quantiles of a training sample before standardising (default
             0.001; 0 = no clipping).
-        stream_cache_dir: where the encoded cache goes ("" = a temporary directory,
-            removed at the end).
+        stream_cache_dir: where the encoded cache goes, in a subdirectory per party
+            (``<dir>/<party>``; "" = a temporary directory, removed at the end).
         row_split: how rows are split into training, validation and test rows:
             ``"permutation"`` (a seeded permutation, :func:`parties.data.train_test_indices`),
             ``"hash"`` (per row, from its position and the seed:

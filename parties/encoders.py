@@ -158,8 +158,26 @@ class FittedEncoder:
         """Each raw column's treatment, JSON-ready (``metrics.json``)."""
         return [t.to_dict() for t in self.treatments]
 
-    def transform(self, frame: pd.DataFrame) -> np.ndarray:
+    def packing(self) -> Any:
+        """How :meth:`transform` ``(packed=True)`` rows expand to the dense rows
+        (:class:`parties.rowstore.Unpack`; one slot per output column)."""
+        from parties.rowstore import Unpack
+
+        plain, onehot, pos = [], [], 0
+        for slot, c in enumerate(self.columns):
+            if c.kind == "categorical":
+                onehot.append((slot, pos, len(c.categories)))
+            else:
+                plain.append((slot, pos))
+            pos += c.width
+        return Unpack(width=pos, plain=tuple(plain), onehot=tuple(onehot))
+
+    def transform(self, frame: pd.DataFrame, *, packed: bool = False) -> np.ndarray:
         """Encode ``frame``'s columns: ``(len(frame), width)`` float32, C-contiguous.
+
+        ``packed``: one output per column instead, a one-hot column's being the index of
+        the row's category (``-1`` for an unknown one); :meth:`packing` expands them to
+        exactly the dense rows.
 
         Raises:
             parties.data.UnknownColumn: a column is missing from ``frame``.
@@ -198,8 +216,12 @@ class FittedEncoder:
                 values = (as_strings(series) if self.missing == MISSING else
                           series.astype(object).where(series.notna(), self.missing)
                           .astype(str)).to_numpy()
-                cats = np.asarray(c.categories, dtype=object)
-                parts.append((values[:, None] == cats[None, :]).astype(np.float64))
+                if packed:
+                    parts.append(pd.Index(c.categories).get_indexer(values)
+                                 .astype(np.float64)[:, None])  # -1: not a category
+                else:
+                    cats = np.asarray(c.categories, dtype=object)
+                    parts.append((values[:, None] == cats[None, :]).astype(np.float64))
         out = np.hstack(parts) if parts else np.empty((len(frame), 0))
         return np.ascontiguousarray(out, dtype=np.float32)
 

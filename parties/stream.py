@@ -414,17 +414,21 @@ def write_cache(info: DatasetInfo, columns: Sequence[str], split: HashSplit, enc
     root = Path(cache_dir) if cache_dir else Path(tempfile.mkdtemp(prefix="psfl-stream-"))
     root.mkdir(parents=True, exist_ok=True)
     width = int(encoder.width)
+    unpack = encoder.packing() if hasattr(encoder, "packing") else None
+    if unpack is not None and not unpack.onehot:
+        unpack = None  # nothing to pack: the file holds the dense rows
     read = list(columns) + ([label] if label else [])
     missing = [c for c in read if c not in info.columns]
     if missing:
         raise UnknownColumn(missing, list(info.columns))
     held: dict[int, list[np.ndarray]] = {_VAL: [], _TEST: []}
     held_y: dict[int, list[np.ndarray]] = {_VAL: [], _TEST: []}
-    with RowWriter(root / "x_train.f32", width) as xw, \
+    with RowWriter(root / "x_train.f32", unpack.slots if unpack else width) as xw, \
             RowWriter(root / "y_train.f32", 1) as yw:
         for start, frame in iter_chunks(info, read, chunk_rows):
             where = split(start + np.arange(len(frame), dtype=np.int64))
-            x = encoder.transform(frame[list(columns)])
+            x = (encoder.transform(frame[list(columns)], packed=True) if unpack else
+                 encoder.transform(frame[list(columns)]))
             y = None
             if label:
                 y = np.asarray(encode_label(frame[label]), dtype=np.float32)
@@ -434,15 +438,16 @@ def write_cache(info: DatasetInfo, columns: Sequence[str], split: HashSplit, enc
                                     f"usable value ({frame[label].iloc[int(bad[0])]!r})")
             if not np.isfinite(x).all():
                 j = int(np.flatnonzero(~np.isfinite(x).all(axis=0))[0])
-                raise DataError(f"feature {encoder.feature_names[j]!r} is not finite after "
-                                f"encoding near row {start}")
+                name = encoder.columns[j].name if unpack else encoder.feature_names[j]
+                raise DataError(f"feature {name!r} is not finite after encoding near row "
+                                f"{start}")
             tr = where == _TRAIN
             xw.append(x[tr])
             if y is not None:
                 yw.append(y[tr])
             for k in (_VAL, _TEST):
                 sel = where == k
-                held[k].append(x[sel])
+                held[k].append(unpack.apply(x[sel]) if unpack else x[sel])  # held dense
                 if y is not None:
                     held_y[k].append(y[sel])
         n_train = xw.rows
@@ -452,7 +457,7 @@ def write_cache(info: DatasetInfo, columns: Sequence[str], split: HashSplit, enc
             return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
         return np.empty((0, w) if w is not None else (0,), dtype=np.float32)
 
-    x_train = DiskRows(root / "x_train.f32", n_train, width)
+    x_train = DiskRows(root / "x_train.f32", n_train, width, unpack=unpack)
     y_train = DiskRows(root / "y_train.f32", n_train, 1, vector=True) if label else None
     return StreamedRows(
         x_train=x_train, y_train=y_train, x_val=cat(held[_VAL], width),
@@ -546,7 +551,8 @@ def load_streamed(cfg: Any, party: str, *, log: Any = None) -> StreamedParty:
         encode_label, pos = _label_encoder(sample, label, cfg.positive_class)
     rows = write_cache(info, [c for c in columns], split, encoder, label=label,
                        encode_label=encode_label, chunk_rows=cfg.stream_chunk_rows,
-                       cache_dir=cfg.stream_cache_dir)
+                       cache_dir=Path(cfg.stream_cache_dir) / party if cfg.stream_cache_dir
+                       else "")  # one directory per party: parties may share a config
     if rows.x_train.n == 0:
         raise InvalidSplit(f"{path!r}: no training rows")
     return StreamedParty(rows=rows, encoder=encoder, columns=columns, label=label,

@@ -86,6 +86,26 @@ def test_disk_rows_read_what_was_written(tmp_path: Path) -> None:
         DiskRows(tmp_path / "absent.f32", 1, 1)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "c", "zz", None]), min_size=0, max_size=60),
+       st.lists(st.one_of(st.floats(-1e6, 1e6), st.just(float("nan"))), min_size=60,
+                max_size=60))
+def test_packed_rows_expand_to_the_dense_encoding(cats: list, nums: list) -> None:
+    from parties.encoders import ColumnCode, FittedEncoder
+
+    enc = FittedEncoder(columns=(
+        ColumnCode(name="n", kind="numeric", fill=1.5, mean=0.5, scale=2.0, lo=-10, hi=10),
+        ColumnCode(name="c", kind="categorical", categories=("__missing__", "a", "b")),
+        ColumnCode(name="d", kind="categorical", categories=("b", "c")),
+        ColumnCode(name="h", kind="hashed", buckets=64)))
+    frame = pd.DataFrame({"n": nums[:len(cats)], "c": cats, "d": cats[::-1], "h": cats})
+    packed = enc.transform(frame, packed=True)
+    assert packed.shape == (len(cats), 4)  # "zz" and None in "d" are unknown: index -1
+    assert np.array_equal(enc.packing().apply(packed), enc.transform(frame))
+    with pytest.raises(ValueError, match="slot 1"):
+        enc.packing().apply(np.array([[0.0, 3.0, 0.0, 0.0]], dtype=np.float32))
+
+
 @pytest.fixture(scope="module")
 def criteo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return write_criteo(tmp_path_factory.mktemp("criteo"),
@@ -149,6 +169,15 @@ def test_streamed_encoder_and_cache(criteo: dict[str, Path], tmp_path: Path) -> 
     frame = pd.concat([f for _, f in iter_chunks(info, cols, 10_000)], ignore_index=True)
     want = enc.transform(frame.iloc[np.flatnonzero(where == 0)[:50]])
     assert np.array_equal(rows.x_train[np.arange(50)].numpy(), want)
+    # one-hot columns are stored packed: one float per raw column on disk
+    assert "onehot" in set(kinds.values()) and rows.x_train.stored_width < enc.width
+    assert (rows.x_train.path and Path(rows.x_train.path).stat().st_size
+            == rows.x_train.n * len(enc.columns) * 4)
+    again = pickle.loads(pickle.dumps(rows.x_train))
+    assert again.unpack == rows.x_train.unpack
+    assert np.array_equal(again[np.arange(50)].numpy(), want)
+    assert np.array_equal(rows.x_test[:50], enc.transform(
+        frame.iloc[np.flatnonzero(where == 2)[:50]]))
     # standardised numeric outputs of the training rows: mean 0, sd 1 (after clipping)
     first = rows.x_train.read(np.arange(rows.x_train.n))[:, 0]
     assert abs(first.mean()) < 1e-3 and abs(first.std() - 1) < 1e-3
