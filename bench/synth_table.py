@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="directory of the federated run directories")
     ap.add_argument("--datasets", default=",".join(DATASETS_QUICK))
     ap.add_argument("--epsilons", default=",".join(eps_key(e) for e in EPSILONS))
-    ap.add_argument("--engine", default=None, choices=("mbi", "neural"))
+    ap.add_argument("--engine", default=None, choices=("mbi", "neural", "diffusion"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=None,
                     help="runs of every system (fresh noise each; the table shows means); "

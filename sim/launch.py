@@ -208,11 +208,29 @@ def _spawn(args: list[str], *, quiet: bool = False,
     )
 
 
+#: The broker's default ``max_subscriptions_per_identity`` (broker.proxy.BrokerConfig).
+BROKER_SUBSCRIPTIONS = 65_536
+
+
+def subscriptions_needed(cfg: VflConfig) -> int:
+    """The subscriptions per identity a run's own broker should allow: a party holds one
+    per batch of an epoch plus a few, so a streamed run of ``n`` rows needs about
+    ``n / batch_size`` (``n`` from the Parquet footers; an upper bound, every row
+    counted as a training row), never fewer than the broker's default."""
+    if not cfg.stream:
+        return BROKER_SUBSCRIPTIONS
+    from parties.stream import inspect
+
+    rows = inspect(cfg.dataset_for(cfg.party_ids[0])).rows
+    return max(BROKER_SUBSCRIPTIONS, -(-rows // cfg.batch_size) + 4096)
+
+
 def start_broker(out: Path, events: Path, *, timeout_s: float = 20.0,
                  host: str = "127.0.0.1",
                  security: RunSecurity | None = None,
                  members: Mapping[str, Sequence[str]] | None = None,
                  owned: Mapping[str, Sequence[str]] | None = None,
+                 max_subscriptions: int = BROKER_SUBSCRIPTIONS,
                  ) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``python -m broker run`` on free ports; return the process and its address.
 
@@ -220,7 +238,8 @@ def start_broker(out: Path, events: Path, *, timeout_s: float = 20.0,
     callers that measure the plaintext bus). ``members`` (run id -> identities), with
     CURVE: the broker lets only these identities publish in these runs
     (``out/members.toml``, :mod:`pubsub.membership`); ``owned`` (run id -> members
-    isolated from one another: the passive parties of a run with several).
+    isolated from one another: the passive parties of a run with several);
+    ``max_subscriptions``: the broker's ``max_subscriptions_per_identity``.
 
     Raises:
         LaunchError: it exited or did not become ready within ``timeout_s``.
@@ -232,6 +251,8 @@ def start_broker(out: Path, events: Path, *, timeout_s: float = 20.0,
         path = out / "members.toml"
         path.write_text(membership(members, owned).as_toml())
         extra = ["--members", str(path)]
+    if max_subscriptions != BROKER_SUBSCRIPTIONS:
+        extra += ["--set", f"max_subscriptions_per_identity={int(max_subscriptions)}"]
     proc = _spawn([sys.executable, "-m", "broker", "run", "--bind", f"tcp://{host}:0",
                    "--ready-file", str(ready), "--events", str(events),
                    "--log-level", "warning",
@@ -399,6 +420,7 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
                                                insecure=insecure, broker=broker))
         if broker is None:
             procs["broker"], broker = start_broker(out, events, security=sec,
+                                                   max_subscriptions=subscriptions_needed(cfg),
                                                    **run_members(run_id, cfg.party_ids))
         else:
             # fail fast, with one line, if nobody answers there

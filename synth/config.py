@@ -17,7 +17,7 @@ from pubsub.config import ConfigError, dump_toml, load_section, to_mapping
 #: Columns a named dataset leaves out of synthesis unless ``drop_columns`` is set.
 DEFAULT_DROP: dict[str, tuple[str, ...]] = {"adult": ("education",)}
 MECHANISMS = ("mst", "aim")
-ENGINES = ("auto", "mbi", "neural")
+ENGINES = ("auto", "mbi", "neural", "diffusion")
 NOISE_MODELS = ("distributed", "local")
 SPLITS = ("iid", "dirichlet", "sizes")
 
@@ -59,7 +59,9 @@ class SynthConfig:
             splits in thirds.
         engine: ``mbi`` (Private-PGM graphical model; the optional extra
             ``pip install -e ".[mbi]"``), ``neural`` (a torch relaxed-dataset generator fit
-            to the marginals) or ``auto`` (the default: ``mbi`` when it is installed, else
+            to the marginals), ``diffusion`` (multinomial diffusion trained through its
+            reverse chain by the same marginal loss, :mod:`synth.diffusion`) or ``auto``
+            (the default: ``mbi`` when it is installed, else
             ``neural``; ``metrics.json`` names the one used).
         noise_model: ``distributed`` (each party adds Skellam noise Sk(Λ/S_min): any
             securely aggregated sum over at least S_min parties carries the charged noise

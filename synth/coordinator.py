@@ -702,7 +702,7 @@ class Coordinator:
         kw: dict[str, Any] = {}
         if iters:
             kw["iters" if self.engine == "mbi" else "steps"] = iters
-        if self.engine == "neural":
+        if self.engine in ("neural", "diffusion"):
             import torch
 
             torch.set_num_threads(self.cfg.engine_threads)

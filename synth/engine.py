@@ -10,6 +10,8 @@ One small interface, interchangeable implementations (Flower/mbi style):
   2.0.0: a Markov random field fitted by mirror descent to the Gaussian likelihood
   of the measurements. ``mbi`` (and jax) is an optional dependency, imported lazily;
   a missing install raises :class:`EngineUnavailable` with the install hint.
+* :class:`synth.diffusion.DiffusionEngine`: multinomial diffusion (TabDDPM's categorical
+  model) trained by the same workload-guided marginal loss through its reverse chain.
 * :class:`NeuralEngine`: a torch generator in the RAP/GEM line (Aydore et al.,
   "Differentially Private Query Release Through Adaptive Projection", ICML 2021;
   Liu, Vietri & Wu, "Iterative Methods for Private Synthetic Data: Unifying
@@ -37,7 +39,7 @@ from synth.domain import Domain, DomainError
 Clique = tuple[str, ...]
 
 MBI_INSTALL_HINT = 'pip install -e ".[mbi]"'
-ENGINES: tuple[str, ...] = ("mbi", "neural")
+ENGINES: tuple[str, ...] = ("mbi", "neural", "diffusion")
 
 
 # ---------------------------------------------------------------------------- errors
@@ -484,6 +486,12 @@ def model_state(model: MbiFittedModel | NeuralFittedModel) -> tuple[dict[str, An
     """``(meta, arrays)`` that :func:`load_warm_start` turns back into a warm start: mbi's
     potentials per clique, or the neural model's per-row distributions. For checkpoints
     (``.npz`` arrays beside JSON meta)."""
+    from synth.diffusion import DiffusionFittedModel
+
+    if isinstance(model, DiffusionFittedModel):
+        return ({"engine": "diffusion", "total": model.total, "hidden": model.hidden,
+                 "layers": model.layers, "steps": model.steps, "names": list(model.state)},
+                {f"w{i}": v for i, v in enumerate(model.state.values())})
     if isinstance(model, NeuralFittedModel):
         return ({"engine": "neural", "total": model.total, "n": len(model.probs)},
                 {f"p{j}": np.asarray(p) for j, p in enumerate(model.probs)})
@@ -502,6 +510,17 @@ def load_warm_start(domain: Domain, meta: Mapping[str, Any],
         EngineInputError: the state does not fit ``domain``.
         EngineUnavailable: an mbi state without mbi installed.
     """
+    if meta.get("engine") == "diffusion":
+        from synth.diffusion import DiffusionFittedModel
+
+        try:
+            state = {str(k): np.asarray(arrays[f"w{i}"], dtype=np.float32)
+                     for i, k in enumerate(meta["names"])}
+            return DiffusionFittedModel(domain=domain, total=float(meta["total"]), state=state,
+                                        hidden=int(meta["hidden"]), layers=int(meta["layers"]),
+                                        steps=int(meta["steps"]))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise EngineInputError(f"saved diffusion model is malformed: {exc!r}") from None
     if meta.get("engine") == "neural":
         probs = tuple(np.asarray(arrays[f"p{j}"], dtype=np.float64) for j in range(int(meta["n"])))
         if [p.shape[1] for p in probs] != list(domain.sizes):
@@ -521,8 +540,9 @@ def load_warm_start(domain: Domain, meta: Mapping[str, Any],
 
 
 # ---------------------------------------------------------------------------- factory
-def make_engine(name: str, **kw: Any) -> MbiEngine | NeuralEngine:
-    """The engine for ``--engine NAME``: ``"mbi"`` or ``"neural"``, built with ``kw``.
+def make_engine(name: str, **kw: Any) -> Any:
+    """The engine for ``--engine NAME``: ``"mbi"``, ``"neural"`` or ``"diffusion"``,
+    built with ``kw``.
 
     ``make_engine("mbi")`` checks that mbi is importable, so a missing extra fails
     before any budget is spent.
@@ -537,4 +557,8 @@ def make_engine(name: str, **kw: Any) -> MbiEngine | NeuralEngine:
         return MbiEngine(**kw)
     if name == "neural":
         return NeuralEngine(**kw)
+    if name == "diffusion":
+        from synth.diffusion import DiffusionEngine
+
+        return DiffusionEngine(**kw)
     raise EngineInputError(f"unknown engine {name!r}; choose one of {ENGINES}")

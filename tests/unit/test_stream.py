@@ -212,3 +212,23 @@ def test_convert_csv_to_party_shards(tmp_path: Path) -> None:
     bad.write_text("a,b\n1,2\n3,4,5\n")
     with pytest.raises(DataError, match="bad.csv"):
         convert_csv(bad, tmp_path / "o3")
+
+
+def test_a_streamed_run_sizes_its_broker_subscriptions(criteo: dict[str, Path],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A party subscribes one topic per batch of an epoch: the launcher's own broker
+    allows that many for a streamed run (45 million rows at B = 256 are 175,782 batches,
+    past the broker's default 65,536: the full Criteo run failed on it)."""
+    from types import SimpleNamespace
+
+    import parties.stream as stream
+    from parties.config import VflConfig
+    from sim.launch import BROKER_SUBSCRIPTIONS, subscriptions_needed
+
+    cfg = VflConfig(label="label", row_split="hash", stream=True, batch_size=256,
+                    party_datasets=(str(criteo["active"]), str(criteo["passive"])))
+    assert subscriptions_needed(cfg) == BROKER_SUBSCRIPTIONS  # 30,000 rows: 118 batches
+    monkeypatch.setattr(stream, "inspect", lambda path: SimpleNamespace(rows=45_000_000))
+    assert subscriptions_needed(cfg) == 175_782 + 4096
+    assert subscriptions_needed(VflConfig(label="label", stream=False)) == \
+        BROKER_SUBSCRIPTIONS

@@ -1,0 +1,263 @@
+"""Engine ``diffusion``: a multinomial diffusion model fitted to the noisy aggregate only.
+
+The model is the categorical half of TabDDPM (Kotelnikov et al., "TabDDPM: Modelling
+Tabular Data with Diffusion Models", ICML 2023), multinomial diffusion (Hoogeboom et al.,
+"Argmax Flows and Multinomial Diffusion", NeurIPS 2021) over the domain codes:
+
+* forward process per attribute with ``K`` levels: ``q(x_t | x_0) = Cat(ᾱ_t·x_0 +
+  (1 − ᾱ_t)/K)``, cosine schedule, ``T`` steps (``x_T`` is uniform);
+* denoiser: an MLP ``f(x_t, t)`` over the concatenated one-hot codes and a sinusoidal
+  time embedding, giving per-attribute logits of ``x̂_0``; the reverse step is the
+  posterior ``q(x_{t−1} | x_t, x̂_0) ∝ (α_t·x_t + (1 − α_t)/K) ⊙ (ᾱ_{t−1}·x̂_0 +
+  (1 − ᾱ_{t−1})/K)``, and the last step's ``x̂_0`` distribution is the sample's.
+
+No record reaches it, so it cannot learn from a denoising loss on data. It learns from
+the measurements: each step runs the reverse chain for a batch of ``batch`` rows from
+uniform noise (straight-through Gumbel-softmax draws, so the forward pass is the sampler
+and the gradients flow through the chain), takes the differentiable marginals of the
+batch's final distributions, and minimises the workload-guided loss of
+:class:`synth.engine.NeuralEngine`: ``Σ_c w_c ||p_c(θ) − y_c / N||²`` with ``w_c ∝ 1/σ_c²``
+(the Gaussian likelihood of each measurement), times ``off_workload_weight`` off the
+workload. A fresh batch each step makes it a generator of a distribution, not a fixed
+relaxed dataset. Fitting and sampling are post-processing of DP measurements.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from synth.domain import Domain
+from synth.engine import (Clique, NoisyMarginal, _check_n, _relaxed_marginal, _resolve_total,
+                          check_marginals)
+
+#: Rows whose final distributions give :meth:`DiffusionFittedModel.marginal`.
+MARGINAL_ROWS = 8192
+
+
+def cosine_alphas(steps: int, s: float = 0.008) -> np.ndarray:
+    """``ᾱ_0 .. ᾱ_T`` of the cosine schedule (Nichol & Dhariwal 2021), ``ᾱ_0 = 1``,
+    ``ᾱ_T`` ≈ 0, decreasing."""
+    t = np.arange(steps + 1) / steps
+    f = np.cos((t + s) / (1 + s) * math.pi / 2) ** 2
+    return np.clip(f / f[0], 0.0, 1.0)
+
+
+def _build(sizes: Sequence[int], hidden: int, layers: int, seed: int) -> Any:
+    import torch
+
+    torch.manual_seed(int(seed))
+    width = int(sum(sizes))
+    mods: list[Any] = []
+    d = width + 16
+    for _ in range(layers):
+        mods += [torch.nn.Linear(d, hidden), torch.nn.SiLU()]
+        d = hidden
+    mods.append(torch.nn.Linear(d, width))
+    return torch.nn.Sequential(*mods)
+
+
+class _Chain:
+    """The reverse chain of one denoiser (torch, CPU)."""
+
+    def __init__(self, net: Any, sizes: Sequence[int], steps: int) -> None:
+        import torch
+
+        self.net, self.sizes, self.steps = net, list(sizes), int(steps)
+        abar = cosine_alphas(self.steps)
+        self.abar = torch.as_tensor(abar, dtype=torch.float32)
+        alpha = np.ones_like(abar)
+        alpha[1:] = abar[1:] / np.maximum(abar[:-1], 1e-12)
+        self.alpha = torch.as_tensor(alpha, dtype=torch.float32)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).tolist()
+        half = 8
+        self.freqs = torch.exp(-math.log(1000.0) * torch.arange(half) / half)
+
+    def _time(self, t: int, n: int) -> Any:
+        import torch
+
+        arg = (t / self.steps * 1000.0) * self.freqs
+        return torch.cat([torch.sin(arg), torch.cos(arg)]).expand(n, -1)
+
+    def _split(self, z: Any) -> list[Any]:
+        return [z[:, self.offsets[j]:self.offsets[j + 1]] for j in range(len(self.sizes))]
+
+    def run(self, n: int, gen: Any, *, hard_sample: bool, tau: float = 1.0) -> list[Any]:
+        """``n`` chains from uniform noise; returns the final per-attribute ``x̂_0``
+        distributions ``(n, K_j)``. ``hard_sample``: plain categorical draws (sampling,
+        no gradient); else straight-through Gumbel-softmax draws (training)."""
+        import torch
+
+        xs = [torch.nn.functional.one_hot(torch.randint(k, (n,), generator=gen), k).float()
+              for k in self.sizes]
+        for t in range(self.steps, 0, -1):
+            logits = self._split(self.net(torch.cat([*xs, self._time(t, n)], dim=1)))
+            x0 = [torch.softmax(lg, dim=1) for lg in logits]
+            if t == 1:
+                return x0
+            a, ab = self.alpha[t], self.abar[t - 1]
+            nxt = []
+            for x, p, k in zip(xs, x0, self.sizes, strict=True):
+                post = (a * x + (1 - a) / k) * (ab * p + (1 - ab) / k)
+                logp = torch.log(post.clamp_min(1e-30))
+                if hard_sample:
+                    g = -torch.log(-torch.log(torch.rand(logp.shape, generator=gen)
+                                              .clamp(1e-20, 1.0)))
+                    nxt.append(torch.nn.functional.one_hot((logp + g).argmax(1), k).float())
+                else:
+                    u = torch.rand(logp.shape, generator=gen).clamp(1e-20, 1.0)
+                    soft = torch.softmax((logp - torch.log(-torch.log(u))) / tau, dim=1)
+                    hard = torch.nn.functional.one_hot(soft.argmax(1), k).float()
+                    nxt.append(hard + soft - soft.detach())
+            xs = nxt
+        raise AssertionError("unreachable: steps >= 1")
+
+
+@dataclass(slots=True, kw_only=True)
+class DiffusionFittedModel:
+    """A fitted multinomial diffusion model.
+
+    Attributes:
+        domain: the domain.
+        total: the record count the marginals are scaled to.
+        state: the denoiser's weights (name -> float32 array).
+        hidden / layers / steps: its shape and the chain's length.
+        probs: final distributions of :data:`MARGINAL_ROWS` chains (float64, per
+            attribute), from which :meth:`marginal` is computed.
+        losses: the training loss every 50 steps.
+        fit_seconds: wall time of the fit.
+    """
+
+    domain: Domain
+    total: float
+    state: dict[str, np.ndarray]
+    hidden: int
+    layers: int
+    steps: int
+    probs: tuple[np.ndarray, ...] = ()
+    losses: tuple[float, ...] = ()
+    fit_seconds: float = 0.0
+
+    def _chain(self) -> _Chain:
+        import torch
+
+        net = _build(self.domain.sizes, self.hidden, self.layers, 0)
+        net.load_state_dict({k: torch.as_tensor(v) for k, v in self.state.items()})
+        return _Chain(net, self.domain.sizes, self.steps)
+
+    def marginal(self, clique: Sequence[str]) -> np.ndarray:
+        """The model's marginal over ``clique`` (float64 counts summing to ``total``):
+        the mean outer product of the final distributions of :data:`MARGINAL_ROWS` chains
+        (a Monte Carlo estimate of the sampler's expected marginal)."""
+        c = tuple(clique)
+        idx = [self.domain.index(a) for a in c]
+        return (_relaxed_marginal(self.probs, idx, np) * self.total).reshape(
+            self.domain.shape(c))
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``n`` rows, each from its own reverse chain: ``(n, d)`` int32 codes."""
+        import torch
+
+        n = _check_n(n)
+        out = np.empty((n, len(self.domain)), dtype=np.int32)
+        if not n:
+            return out
+        gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        chain = self._chain()
+        with torch.no_grad():
+            for s in range(0, n, 8192):
+                m = min(8192, n - s)
+                for j, p in enumerate(chain.run(m, gen, hard_sample=True)):
+                    out[s:s + m, j] = torch.multinomial(p.clamp_min(0), 1, generator=gen)[:, 0]
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiffusionEngine:
+    """Multinomial diffusion trained on the noisy marginals (module docstring).
+
+    Attributes:
+        steps: Adam steps (one batch of chains each).
+        batch: chains per step (the rows whose marginals are matched).
+        diffusion_steps: ``T``, the chain's length.
+        hidden / layers: the denoiser MLP.
+        lr: Adam learning rate (cosine-annealed to a twentieth of it).
+        tau: the Gumbel-softmax temperature of the training draws.
+        off_workload_weight: weight factor of marginals outside the workload.
+        name: ``"diffusion"``.
+    """
+
+    steps: int = 1500
+    batch: int = 1024
+    diffusion_steps: int = 4
+    hidden: int = 256
+    layers: int = 2
+    lr: float = 1e-2
+    tau: float = 1.0
+    off_workload_weight: float = 0.5
+    name: str = field(default="diffusion", init=False)
+
+    def fit(self, domain: Domain, marginals: Sequence[NoisyMarginal], *,
+            total: float | None = None, workload: Sequence[Clique] | None = None,
+            seed: int = 0, warm_start: Any = None) -> DiffusionFittedModel:
+        """Train the denoiser (deterministic for a given ``seed`` on CPU, one thread).
+
+        ``warm_start``: an earlier :class:`DiffusionFittedModel` of the same shape: its
+        weights initialise the denoiser.
+
+        Raises:
+            EngineInputError: bad marginals or total.
+            ValueError: bad hyper-parameters.
+        """
+        import torch
+
+        if (self.steps < 0 or self.batch < 1 or self.diffusion_steps < 1 or self.hidden < 1
+                or self.layers < 1 or not self.lr > 0 or not self.tau > 0):
+            raise ValueError(f"bad DiffusionEngine parameters {self!r}")
+        check_marginals(domain, marginals)
+        tot = _resolve_total(total, marginals)
+        wl = [frozenset(c) for c in workload] if workload else None
+        raw = [(1.0 / m.sigma ** 2) * (self.off_workload_weight if wl is not None and not any(
+            frozenset(m.clique) <= c for c in wl) else 1.0) for m in marginals]
+        wts = [float(w) for w in np.asarray(raw) / np.mean(raw)]
+        t0 = time.perf_counter()
+        net = _build(domain.sizes, self.hidden, self.layers, seed)
+        if (isinstance(warm_start, DiffusionFittedModel) and warm_start.hidden == self.hidden
+                and warm_start.layers == self.layers
+                and warm_start.steps == self.diffusion_steps
+                and tuple(warm_start.domain.sizes) == tuple(domain.sizes)):
+            net.load_state_dict({k: torch.as_tensor(v) for k, v in warm_start.state.items()})
+        chain = _Chain(net, domain.sizes, self.diffusion_steps)
+        gen = torch.Generator().manual_seed(int(seed) + 1)
+        targets = [torch.as_tensor(m.values / tot, dtype=torch.float32) for m in marginals]
+        idxs = [[domain.index(a) for a in m.clique] for m in marginals]
+        opt = torch.optim.Adam(net.parameters(), lr=self.lr)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, self.steps),
+                                                           eta_min=self.lr / 20)
+        losses: list[float] = []
+        for step in range(self.steps):
+            opt.zero_grad(set_to_none=True)
+            probs = chain.run(self.batch, gen, hard_sample=False, tau=self.tau)
+            loss = torch.zeros(())
+            for idx, y, w in zip(idxs, targets, wts, strict=True):
+                loss = loss + w * torch.sum((_relaxed_marginal(probs, idx, torch) - y) ** 2)
+            loss.backward()
+            opt.step()
+            sched.step()
+            if step % 50 == 0 or step == self.steps - 1:
+                losses.append(float(loss.detach()))
+        with torch.no_grad():
+            final = chain.run(MARGINAL_ROWS, gen, hard_sample=True)
+        state = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+        return DiffusionFittedModel(
+            domain=domain, total=tot, state=state, hidden=self.hidden, layers=self.layers,
+            steps=self.diffusion_steps, probs=tuple(p.double().numpy() for p in final),
+            losses=tuple(losses), fit_seconds=time.perf_counter() - t0)
+
+
+__all__ = ["DiffusionEngine", "DiffusionFittedModel", "MARGINAL_ROWS", "cosine_alphas"]
