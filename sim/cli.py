@@ -940,7 +940,7 @@ def build_parser() -> argparse.ArgumentParser:
     srun.add_argument("--epsilon", type=float, help="epsilon of the release (default 1)")
     srun.add_argument("--mechanism", help="clique selection: mst (default) or aim (adaptive rounds)")
     srun.add_argument("--engine", help="synthesis engine: auto (default: mbi if installed, "
-                      "else neural), mbi or neural")
+                      "else neural), mbi, neural or diffusion")
     srun.add_argument("--out", required=True, help="run directory (may exist; overwritten)")
     srun.add_argument("--config", help="TOML file with a [synth] table")
     srun.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
