@@ -34,7 +34,7 @@ import numpy as np
 
 from synth.domain import Domain
 from synth.engine import (Clique, NoisyMarginal, _check_n, _relaxed_marginal, _resolve_total,
-                          check_marginals)
+                          check_marginals, marginal_loss, marginal_loss_terms)
 
 #: Rows whose final distributions give :meth:`DiffusionFittedModel.marginal`.
 MARGINAL_ROWS = 8192
@@ -221,10 +221,8 @@ class DiffusionEngine:
             raise ValueError(f"bad DiffusionEngine parameters {self!r}")
         check_marginals(domain, marginals)
         tot = _resolve_total(total, marginals)
-        wl = [frozenset(c) for c in workload] if workload else None
-        raw = [(1.0 / m.sigma ** 2) * (self.off_workload_weight if wl is not None and not any(
-            frozenset(m.clique) <= c for c in wl) else 1.0) for m in marginals]
-        wts = [float(w) for w in np.asarray(raw) / np.mean(raw)]
+        targets, idxs, wts = marginal_loss_terms(marginals, tot, workload,
+                                                 self.off_workload_weight, domain)
         t0 = time.perf_counter()
         net = _build(domain.sizes, self.hidden, self.layers, seed)
         if (isinstance(warm_start, DiffusionFittedModel) and warm_start.hidden == self.hidden
@@ -234,18 +232,14 @@ class DiffusionEngine:
             net.load_state_dict({k: torch.as_tensor(v) for k, v in warm_start.state.items()})
         chain = _Chain(net, domain.sizes, self.diffusion_steps)
         gen = torch.Generator().manual_seed(int(seed) + 1)
-        targets = [torch.as_tensor(m.values / tot, dtype=torch.float32) for m in marginals]
-        idxs = [[domain.index(a) for a in m.clique] for m in marginals]
         opt = torch.optim.Adam(net.parameters(), lr=self.lr)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, self.steps),
                                                            eta_min=self.lr / 20)
         losses: list[float] = []
         for step in range(self.steps):
             opt.zero_grad(set_to_none=True)
-            probs = chain.run(self.batch, gen, hard_sample=False, tau=self.tau)
-            loss = torch.zeros(())
-            for idx, y, w in zip(idxs, targets, wts, strict=True):
-                loss = loss + w * torch.sum((_relaxed_marginal(probs, idx, torch) - y) ** 2)
+            loss = marginal_loss(chain.run(self.batch, gen, hard_sample=False, tau=self.tau),
+                                 targets, idxs, wts)
             loss.backward()
             opt.step()
             sched.step()

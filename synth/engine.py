@@ -332,6 +332,34 @@ def _relaxed_marginal(probs: Sequence[Any], idx: Sequence[int], xp: Any) -> Any:
     return p.mean(0)
 
 
+def marginal_loss_terms(marginals: Sequence[NoisyMarginal], total: float,
+                        workload: Sequence[Clique] | None, off_workload_weight: float,
+                        domain: Domain) -> tuple[list[Any], list[list[int]], list[float]]:
+    """The workload-guided loss's terms, per marginal: the target ``y_c / N`` (a float32
+    torch tensor), the clique's attribute indices and its weight ``w_c ∝ 1/σ_c²``
+    (times ``off_workload_weight`` when no workload clique contains it), normalised to
+    mean 1 (which leaves Adam's step scale unchanged)."""
+    import torch
+
+    wl = [frozenset(c) for c in workload] if workload else None
+    raw = [(1.0 / m.sigma ** 2) * (off_workload_weight if wl is not None and not any(
+        frozenset(m.clique) <= c for c in wl) else 1.0) for m in marginals]
+    wts = [float(w) for w in np.asarray(raw) / np.mean(raw)]
+    targets = [torch.as_tensor(m.values / total, dtype=torch.float32) for m in marginals]
+    return targets, [[domain.index(a) for a in m.clique] for m in marginals], wts
+
+
+def marginal_loss(probs: Sequence[Any], targets: Sequence[Any], idxs: Sequence[Sequence[int]],
+                  wts: Sequence[float]) -> Any:
+    """``Σ_c w_c ||p_c − y_c / N||²`` of per-row distributions ``probs`` (torch)."""
+    import torch
+
+    loss = torch.zeros(())
+    for idx, y, w in zip(idxs, targets, wts, strict=True):
+        loss = loss + w * torch.sum((_relaxed_marginal(probs, idx, torch) - y) ** 2)
+    return loss
+
+
 @dataclass(slots=True, kw_only=True)
 class NeuralFittedModel:
     """A relaxed synthetic dataset: M rows of per-attribute categorical distributions.
@@ -434,15 +462,8 @@ class NeuralEngine:
                              f"steps={self.steps}, lr={self.lr}")
         check_marginals(domain, marginals)
         tot = _resolve_total(total, marginals)
-        wl = [frozenset(c) for c in workload] if workload else None
-        raw_w = []
-        for m in marginals:
-            w = 1.0 / m.sigma ** 2
-            if wl is not None and not any(frozenset(m.clique) <= c for c in wl):
-                w *= self.off_workload_weight
-            raw_w.append(w)
-        wts = np.asarray(raw_w) / np.mean(raw_w)
-
+        targets, idxs, wt = marginal_loss_terms(marginals, tot, workload,
+                                                self.off_workload_weight, domain)
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(int(seed))
         dt = torch.float32
@@ -454,17 +475,12 @@ class NeuralEngine:
         else:
             logits = [torch.nn.Parameter(torch.randn(self.rows, k, generator=gen, dtype=dt)
                                          * self.init_scale) for k in domain.sizes]
-        targets = [torch.as_tensor(m.values / tot, dtype=dt) for m in marginals]
-        idxs = [[domain.index(a) for a in m.clique] for m in marginals]
-        wt = [float(w) for w in wts]
         opt = torch.optim.Adam(logits, lr=self.lr)
         losses: list[float] = []
         for step in range(self.steps):
             opt.zero_grad(set_to_none=True)
-            probs = [torch.softmax(lg, dim=1) for lg in logits]
-            loss = torch.zeros((), dtype=dt)
-            for idx, y, w in zip(idxs, targets, wt, strict=True):
-                loss = loss + w * torch.sum((_relaxed_marginal(probs, idx, torch) - y) ** 2)
+            loss = marginal_loss([torch.softmax(lg, dim=1) for lg in logits], targets, idxs,
+                                 wt)
             loss.backward()
             opt.step()
             if step % 50 == 0 or step == self.steps - 1:
