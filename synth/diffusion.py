@@ -51,14 +51,15 @@ def cosine_alphas(steps: int, s: float = 0.008) -> np.ndarray:
 def _build(sizes: Sequence[int], hidden: int, layers: int, seed: int) -> Any:
     import torch
 
-    torch.manual_seed(int(seed))
     width = int(sum(sizes))
     mods: list[Any] = []
     d = width + 16
-    for _ in range(layers):
-        mods += [torch.nn.Linear(d, hidden), torch.nn.SiLU()]
-        d = hidden
-    mods.append(torch.nn.Linear(d, width))
+    with torch.random.fork_rng(devices=[]):  # seeded init, the caller's torch RNG untouched
+        torch.manual_seed(int(seed))
+        for _ in range(layers):
+            mods += [torch.nn.Linear(d, hidden), torch.nn.SiLU()]
+            d = hidden
+        mods.append(torch.nn.Linear(d, width))
     return torch.nn.Sequential(*mods)
 
 
