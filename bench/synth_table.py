@@ -129,13 +129,17 @@ def _read_synthetic(path: Path, schema: Schema) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- systems
 def run_fedforge(dataset: str, eps: float, k: int, *, seed: int, engine: str, out: Path,
-                 timeout_s: float, mechanism: str = "mst") -> dict[str, Any]:
+                 timeout_s: float, mechanism: str = "mst", split: str = "iid",
+                 alpha: float = 1.0) -> dict[str, Any]:
     """One federated run; scored on its own pooled rows. Returns the system's row."""
     from sim.synth_launch import run_synth
     from synth.config import SynthConfig
 
+    extra: dict[str, Any] = {}
+    if split != "iid":
+        extra = {"split": split, "dirichlet_alpha": alpha}
     cfg = SynthConfig(dataset=dataset, parties=k, epsilon=eps, delta=DELTA, seed=seed,
-                      engine=engine, mechanism=mechanism)
+                      engine=engine, mechanism=mechanism, **extra)
     t0 = time.perf_counter()
     res = run_synth(cfg, out, timeout_s=timeout_s, quiet=True)
     launch_s = time.perf_counter() - t0
@@ -145,6 +149,7 @@ def run_fedforge(dataset: str, eps: float, k: int, *, seed: int, engine: str, ou
     row: dict[str, Any] = {"bytes_wire": m.get("bytes_wire"), "bytes_naive": m.get("bytes_naive"),
                            "wall_s": m.get("wall_s", launch_s), "avg_tv_run": m.get("avg_tv"),
                            "max_tv_run": m.get("max_tv"), "ml_utility": m.get("ml_utility"),
+                           "ml_auc": (m.get("ml_utility") or {}).get("auc_synthetic"),
                            "run_dir": str(out)}
     try:
         row.update(score(real, _read_synthetic(out / "synthetic.csv", schema), schema))
@@ -204,6 +209,36 @@ def run_independent(run_dir: Path, eps: float, *, seed: int, engine: str,
     return row
 
 
+def run_dp_baseline(run_dir: Path, eps: float, kind: str, *, seed: int, cap_s: float,
+                    dataset: str) -> dict[str, Any]:
+    """A DP-SGD baseline of :mod:`synth.baselines` on a federated run's party files,
+    scored as the federated systems are (TV on the pooled rows, ML AUC on the holdout)."""
+    from sim.synth_launch import DECLARED_LABELS
+    from synth.baselines import run_baseline
+    from synth.domain import decode
+    from synth.quality import ml_utility
+
+    schema, train = load_run_data(run_dir)
+    real = encode(train, schema)
+    files = sorted((run_dir / "data" / "parties").glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no party files under {run_dir / 'data' / 'parties'}")
+    parts = [encode(pd.read_parquet(f), schema) for f in files]
+    res = run_baseline(kind, parts, schema.domain.sizes, epsilon=eps, delta=DELTA,
+                       cap_s=cap_s, n_out=len(real), seed=seed)
+    row: dict[str, Any] = {"bytes_wire": None, "bytes_naive": None, "wall_s": res.wall_s,
+                           "parties": len(parts), "source_run": str(run_dir), **res.summary()}
+    row.update(score(real, res.codes, schema))
+    label = DECLARED_LABELS.get(dataset, ("",))[0]
+    if label:
+        syn = decode(res.codes, schema, np.random.default_rng(seed))
+        hold = pd.read_parquet(run_dir / "data" / "holdout.parquet")
+        u = ml_utility(train, syn, hold, label, threads=1)
+        row["ml_auc"] = u["auc_synthetic"]
+        row["ml_utility"] = u
+    return row
+
+
 # ---------------------------------------------------------------------------- table
 def _null_row() -> dict[str, Any]:
     return {"avg_tv": None, "max_tv": None, "bytes_wire": None, "bytes_naive": None,
@@ -245,6 +280,26 @@ def markdown(summary: dict[str, Any], systems: tuple[str, ...]) -> str:
                 lines.append(f"| {ds} | {e} | **tv_ratio_aim_k10_vs_central_aim** | "
                              f"{fmt(row.get('tv_ratio_aim_k10_vs_central_aim'), '.3f')} "
                              "| | | | | |")
+    paper = [(ds, e, row) for ds, by_eps in summary.items() for e, row in by_eps.items()
+             if "noniid" in row]
+    if paper:
+        lines += ["", "The FedForge paper's Table 2 shape (K = 10):", "",
+                  "| dataset | ε | system | avg TV (IID) | ML AUC | avg TV (Dirichlet) | "
+                  "non-IID / IID | avg TV at ε = ∞ | ε spent | wall s |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for ds, e, row in paper:
+            for name in ("fedforge_k10", "fedforge_diffusion_k10",
+                         *(f"{k}_k10" for k in PAPER_BASELINES)):
+                r = row.get(name) or {}
+                lines.append(
+                    f"| {ds} | {e} | {name} | {fmt(r.get('avg_tv'), '.4f')} | "
+                    f"{fmt(r.get('ml_auc'), '.3f')} | "
+                    f"{fmt((row['noniid'].get(name) or {}).get('avg_tv'), '.4f')} | "
+                    f"{fmt(row['noniid_over_iid'].get(name), '.3f')} | "
+                    f"{fmt((row['eps_inf'].get(name) or {}).get('avg_tv'), '.4f')} | "
+                    f"{fmt(r.get('epsilon_spent'), '.3f')} | {fmt(r.get('wall_s'), '.1f')} |")
+            lines.append(f"| {ds} | {e} | **diffusion_over_mbi** | "
+                         f"{fmt(row.get('diffusion_over_mbi'), '.3f')} | | | | | | |")
     lines.append("")
     lines.append("Means over the repeats (fresh noise each). Central systems (central_mst, "
                  "central_aim, independent_k10) send nothing: bytes are 0 by definition. "
@@ -261,6 +316,52 @@ def _mean_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[x] = float(np.mean(vals)) if vals else None
     out["avg_tv_each"] = [r.get("avg_tv") for r in rows]
     return out
+
+
+PAPER_BASELINES = ("indep_ctgan", "dpfedavg_gan", "dpfedavg_diffusion")
+
+
+def paper_block(args: argparse.Namespace, ds: str, eps: float, row: dict[str, Any],
+                record: Any, runs_root: Path, status: dict[str, Any]) -> None:
+    """The FedForge paper's Table 2 systems at (``ds``, ``eps``), K = 10, into ``row``:
+    ``fedforge_diffusion_k10`` and the three DP-SGD baselines (``<kind>_k10``) on the
+    IID run's parties, the same on a Dirichlet(α) split (``noniid``), the baselines at
+    ε = ∞ (``eps_inf``), and ``noniid_over_iid[system]``."""
+    ek = eps_key(eps)
+    iid_src = runs_root / f"{ds}_eps{ek}_k10"
+    non_src = runs_root / f"{ds}_eps{ek}_k10_dirichlet"
+    noniid: dict[str, Any] = {}
+    non_fed = {
+        "fedforge_k10": dict(engine=args.engine),
+        "fedforge_diffusion_k10": dict(engine="diffusion")}
+    row["fedforge_diffusion_k10"] = record(
+        f"{ds}/{ek}/fedforge_diffusion_k10", run_fedforge, ds, eps, 10, seed=args.seed,
+        engine="diffusion", out=runs_root / f"{ds}_eps{ek}_k10_diffusion",
+        timeout_s=args.timeout_s)
+    for name, kw in non_fed.items():
+        out = non_src if name == "fedforge_k10" else runs_root / f"{ds}_eps{ek}_k10_diffusion_dirichlet"
+        noniid[name] = record(f"{ds}/{ek}/noniid/{name}", run_fedforge, ds, eps, 10,
+                              seed=args.seed, out=out, timeout_s=args.timeout_s,
+                              split="dirichlet", alpha=args.alpha, **kw)
+    eps_inf: dict[str, Any] = {}
+    for kind in PAPER_BASELINES:
+        name = f"{kind}_k10"
+        for target, src, e, cap in ((row, iid_src, eps, args.baseline_cap_s),
+                                    (noniid, non_src, eps, args.baseline_cap_s),
+                                    (eps_inf, iid_src, math.inf, args.baseline_inf_cap_s)):
+            tag = {id(row): "", id(noniid): "noniid/", id(eps_inf): "eps_inf/"}[id(target)]
+            key = f"{ds}/{ek}/{tag}{name}"
+            if not (src / "schema.json").exists():
+                target[name], status[key] = _null_row(), "skipped: no federated run's data"
+                continue
+            target[name] = record(key, run_dp_baseline, src, e, kind, seed=args.seed,
+                                  cap_s=cap, dataset=ds)
+    row["noniid"] = noniid
+    row["eps_inf"] = eps_inf
+    row["noniid_over_iid"] = {name: ratio(noniid[name].get("avg_tv"), row[name].get("avg_tv"))
+                              for name in noniid if name in row}
+    row["diffusion_over_mbi"] = ratio(row["fedforge_diffusion_k10"].get("avg_tv"),
+                                      row["fedforge_k10"].get("avg_tv"))
 
 
 def build(args: argparse.Namespace) -> dict[str, Any]:
@@ -330,6 +431,8 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
                 row["tv_ratio_aim_k10_vs_central_aim"] = ratio(
                     row["fedforge_aim_k10"]["avg_tv"], row["central_aim"]["avg_tv"])
             summary[ds][ek] = row
+            if not args.quick or (ds == "adult" and eps == 1.0):
+                paper_block(args, ds, eps, row, record, runs_root, status)
     return {"settings": {"quick": args.quick, "datasets": list(args.datasets),
                          "epsilons": [eps_key(e) for e in args.epsilons], "delta": DELTA,
                          "parties": list(FED_K), "engine": args.engine, "seed": args.seed,
@@ -360,12 +463,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aim-rounds", type=int, default=None, help="AIM's T (default 16 d)")
     ap.add_argument("--aim-iters", type=int, default=250, help="AIM mirror-descent iterations")
     ap.add_argument("--aim-max-mb", type=float, default=10.0, help="AIM model cap, MB")
+    ap.add_argument("--alpha", type=float, default=0.3,
+                    help="Dirichlet alpha of the non-IID split (paper systems)")
+    ap.add_argument("--baseline-cap-s", type=float, default=150.0,
+                    help="training cap of each DP-SGD baseline run (all K parties)")
+    ap.add_argument("--baseline-inf-cap-s", type=float, default=None,
+                    help="the same at epsilon = inf (default: 40 with --quick, else the cap)")
     args = ap.parse_args(argv)
     args.datasets = [d for d in str(args.datasets).split(",") if d]
     args.epsilons = [float(e) for e in str(args.epsilons).split(",") if e]
     args.engine = args.engine or default_engine()
     if args.repeats is None:
         args.repeats = 1 if args.quick else 2
+    if args.baseline_inf_cap_s is None:
+        args.baseline_inf_cap_s = 40.0 if args.quick else args.baseline_cap_s
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     t0 = time.perf_counter()
