@@ -10,24 +10,19 @@ party process that the Python API spawns with the user's model factories
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from pubsub.security import CurveClient
-from pubsub.transport import Transport
+from pubsub.transport import Connect
 
 from parties.config import VflConfig, dump_vfl_config
 
-#: ``connect(name, config=BusConfig)`` -> an async context manager of a Transport
-#: (e.g. :meth:`pubsub.memory.MemoryBroker.connect`)
-Connect = Callable[..., contextlib.AbstractAsyncContextManager[Transport]]
 
 
 def write_json(path: Path, data: Any) -> None:

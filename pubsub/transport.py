@@ -8,7 +8,8 @@ documented on :class:`~pubsub.client.Bus`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pubsub.buffer import BufferLimits
@@ -66,4 +67,9 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
-__all__ = ["Transport"]
+#: ``connect(name, config=BusConfig)`` -> an async context manager of a connected
+#: :class:`Transport` (e.g. :meth:`pubsub.memory.MemoryBroker.connect`): how code that can
+#: run over either bus is handed its connection instead of a broker address.
+Connect = Callable[..., contextlib.AbstractAsyncContextManager[Transport]]
+
+__all__ = ["Connect", "Transport"]

@@ -129,7 +129,8 @@ def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
     to be inferred (``domain = inferred``, or ``auto`` without a declared schema).
 
     Categorical columns: the declared categories plus :data:`synth.domain.OTHER_LEVEL`
-    (any other value, missing ones included). Numeric columns: ``numeric_bins``
+    (any other value, missing ones included); the label (``cfg.label``) gets exactly its
+    declared categories (exhaustive: another value is refused). Numeric columns: ``numeric_bins``
     equal-width bins over ``[lo, hi]`` (in ``sign(v)·log1p(|v|)`` space for ``log``
     columns; integer edges for integer bounds), NaN encoded as the declared fill. The
     label of a bundled dataset gets exactly its documented classes (:data:`DECLARED_LABELS`).
@@ -167,8 +168,11 @@ def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
             raise ConfigError("synth.schema_file", f"column {name!r} is not declared in the "
                               "public schema; declare it or drop it (drop_columns)")
         if isinstance(col, CategoricalColumn):
+            # the label's declared classes are exhaustive (a party holding another value
+            # is refused), so no synthetic record gets a class the real data cannot have
+            other = () if name == cfg.label else (OTHER_LEVEL,)
             specs.append(ColumnSpec(name=name, kind="categorical",
-                                    levels=(*col.categories, OTHER_LEVEL)))
+                                    levels=(*col.categories, *other)))
             continue
         integer = float(col.lo).is_integer() and float(col.hi).is_integer()
         if col.log:
@@ -178,8 +182,13 @@ def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
         else:
             edges = np.linspace(col.lo, col.hi, cfg.numeric_bins + 1)
         if integer:
+            # integer starts; the last bin is closed at hi (the decoder draws up to and
+            # including the last edge: hi + 1 there made it emit hi + 1); a start at hi
+            # itself moves to hi - 0.5 so that hi keeps a bin of its own
             edges = np.unique(np.ceil(edges[:-1]))
-            edges = np.append(edges, col.hi + 1)
+            if len(edges) > 1 and edges[-1] >= col.hi:
+                edges[-1] = col.hi - 0.5
+            edges = np.append(edges, col.hi)
         specs.append(ColumnSpec(name=name, kind="numeric", edges=tuple(float(e) for e in edges),
                                 integer=integer, dtype="int64" if integer else "float64",
                                 fill=float(col.fill)))
@@ -384,7 +393,8 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
               kill_parties: Sequence[str] = (),
               workload: Mapping[str, Any] | None = None,
               reopen: bool = False, rusage: bool = False,
-              hooks: LaunchHooks | None = None) -> LaunchResult:
+              hooks: LaunchHooks | None = None,
+              prepared: Mapping[str, Any] | None = None) -> LaunchResult:
     """Run a FedForge job as processes and collect ``out/metrics.json``.
 
     Args:
@@ -422,6 +432,10 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         reopen: start the processes again for the finished run in ``out`` (its data,
             config, run id, checkpoint and the parties' ledgers) to apply queued
             workload updates; used by :func:`add_workload`.
+        prepared: the data is already in ``out`` (``data/parties/<id>.parquet``,
+            ``schema.json``, optionally ``data/train.parquet`` and ``data/holdout.parquet``
+            for the quality stage; :func:`sim.fedforge.write_parties`), and this is its
+            ``info``; None: :func:`prepare_data` splits ``cfg.dataset``.
         rusage: each coordinator, aggregators and parties process writes its CPU
             seconds and peak RSS to ``out/rusage/<process>.json`` when it ends; they are
             copied into ``metrics["process_rusage"]`` (benchmarks).
@@ -477,7 +491,10 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         run_id = str(ckpt.get("run_id") or run_id)
         (out / "config.toml").write_text(dump_synth_config(cfg))
     else:
-        cfg, info = prepare_data(cfg, out)
+        if prepared is None:
+            cfg, info = prepare_data(cfg, out)
+        else:
+            info = dict(prepared)
         (out / "config.toml").write_text(dump_synth_config(cfg))
         if workload is not None:
             submit_workload(out, workload)
@@ -508,7 +525,9 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             return ["--rusage-out", str(ru_dir / f"{name}.json")] if rusage else []
 
         coord_argv = [*py, "coordinator", *common, "--schema", str(out / "schema.json"),
-                      "--out", str(out), "--eval-dir", str(out / "data"),
+                      "--out", str(out),
+                      *(["--eval-dir", str(out / "data")]
+                        if (out / "data" / "holdout.parquet").is_file() else []),
                       *(["--resume"] if reopen else []), *ru("coordinator")]
         procs["coordinator"] = _spawn(
             coord_argv, quiet=quiet,
@@ -575,7 +594,23 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     metrics["wall_s"] = time.perf_counter() - t0
     metrics["data"] = info
     metrics["faults"] = faults
-    ledger = read_ledgers(out / "state")
+    add_ledgers(metrics, out / "state")
+    if pausers:
+        metrics["pauses"] = [p.record for p in pausers]
+    if reopen:  # a workload update: what the first run recorded stays
+        metrics = _merge_reopened(before, metrics)
+    if rusage:
+        metrics["process_rusage"] = {f.stem: json.loads(f.read_text())
+                                     for f in sorted((out / "rusage").glob("*.json"))}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
+    return LaunchResult(metrics=metrics, out=out)
+
+
+def add_ledgers(metrics: dict[str, Any], state_dir: Path) -> None:
+    """Put each party's own ledger (``state_dir/<id>.ledger.json``) into ``metrics``:
+    ``ledger``, ``ledger_within_plan``, and ``rho_spent``/``epsilon_spent`` from the
+    ledgers (the coordinator's count from its plans kept as ``rho_planned``)."""
+    ledger = read_ledgers(state_dir)
     planned = float(metrics.get("rho") or math.inf)
     metrics["ledger"] = ledger
     metrics["ledger_within_plan"] = all(v["rho_spent"] <= planned * (1 + 1e-9)
@@ -595,15 +630,6 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         metrics["ledger_agrees"] = all(
             abs(ledger[p]["rho_spent"] - float((metrics["rho_planned"] or {}).get(p, 0.0)))
             <= 1e-9 * max(1.0, ledger[p]["rho_spent"]) for p in ledger)
-    if pausers:
-        metrics["pauses"] = [p.record for p in pausers]
-    if reopen:  # a workload update: what the first run recorded stays
-        metrics = _merge_reopened(before, metrics)
-    if rusage:
-        metrics["process_rusage"] = {f.stem: json.loads(f.read_text())
-                                     for f in sorted((out / "rusage").glob("*.json"))}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
-    return LaunchResult(metrics=metrics, out=out)
 
 
 #: Crash points within a stage (``STAGE@POINT``; see synth.checkpoint.CRASH_POINT_ENV).
@@ -723,5 +749,5 @@ def add_workload(run_dir: str | Path, queries: Mapping[str, Any], *,
             "metrics": json.loads((run_dir / "metrics.json").read_text())}
 
 
-__all__ = ["LaunchHooks", "RUN_LOCK", "add_workload", "coordinator_stages", "prepare_data",
+__all__ = ["LaunchHooks", "RUN_LOCK", "add_ledgers", "add_workload", "coordinator_stages", "prepare_data",
            "read_ledgers", "run_in_progress", "run_synth"]

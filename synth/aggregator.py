@@ -34,13 +34,14 @@ from typing import Any
 import numpy as np
 import structlog
 
-from pubsub import Bus, DeadlineExceeded, Message
+from pubsub import DeadlineExceeded, Message
 from pubsub.errors import RendezvousTimeout
 from pubsub.security import CurveClient
+from pubsub.transport import Connect, Transport
 from pubsub.session import call_until, wait_any
 from synth.config import SynthConfig
-from synth.netutil import (ParticipantError, array_to_words, bus_config, topic_limits,
-                            words_to_array)
+from synth.netutil import (ParticipantError, array_to_words, bus_config, open_bus,
+                            topic_limits, words_to_array)
 from synth.protocol import RoundPlan, SessionPlan, Topics, Tree, cell_modmask
 from synth.secagg import SHARE_BYTES, SecAggConfig, SecAggError, self_mask_sum
 
@@ -65,8 +66,9 @@ class Aggregator:
     """
 
     def __init__(self, node_id: str, *, cfg: SynthConfig, broker: str, run_id: str,
-                 security: CurveClient | None = None) -> None:
+                 security: CurveClient | None = None, connect: Connect | None = None) -> None:
         self.id = node_id
+        self.connect = connect
         self.cfg = cfg
         self.broker = broker
         self.security = security
@@ -83,8 +85,8 @@ class Aggregator:
             ParticipantError: no coordinator.
         """
         t = self.topics
-        async with Bus(self.broker, name=self.id, config=bus_config(self.cfg),
-                       security=self.security) as bus:
+        async with open_bus(self.cfg, self.id, broker=self.broker,
+                            security=self.security, connect=self.connect) as bus:
             await bus.subscribe_prefix(t.to(self.id), limits=topic_limits(self.cfg))
             await bus.subscribe_prefix(t.all(), limits=topic_limits(self.cfg))
             hello = {"from": self.id, "role": "aggregator"}
@@ -124,7 +126,7 @@ class Aggregator:
         return {"aggregator": self.id, "rounds": self.rounds,
                 "bytes_sent": int(sum(stats.sent_bytes.values()))}
 
-    async def _round(self, bus: Bus, plan: RoundPlan, tree: Tree) -> None:
+    async def _round(self, bus: Transport, plan: RoundPlan, tree: Tree) -> None:
         t, r, n = self.topics, plan.round, plan.vector_len
         widths = plan.widths
         kids = set(tree.children[self.id])
@@ -180,7 +182,7 @@ class Aggregator:
         self.rounds.append({"round": r, "children": len(kids), "heard": len(heard),
                             "parties": len(ids)})
 
-    async def _unmask(self, bus: Bus, plan: RoundPlan, tree: Tree, secagg: SecAggConfig) -> bool:
+    async def _unmask(self, bus: Transport, plan: RoundPlan, tree: Tree, secagg: SecAggConfig) -> bool:
         """Hierarchical unmasking of round ``plan.round``: after the coordinator's unmask
         request (survivors, dropped), a leaf recovers each surviving child's self-mask seed
         from the survivors' shares and sends the sum of their self masks up; an inner node

@@ -68,10 +68,11 @@ import numpy as np
 import pandas as pd
 import structlog
 
-from pubsub import Bus, DeadlineExceeded, Message
+from pubsub import DeadlineExceeded, Message
 from pubsub.config import to_mapping
 from pubsub.control import control_request
 from pubsub.security import CurveClient
+from pubsub.transport import Connect, Transport
 from pubsub.session import wait_any
 from synth.accounting import allocate, cdp_epsilon, cdp_rho
 from synth.cache import MarginalCache, Release, recover_round
@@ -87,7 +88,7 @@ from synth.domain import Schema, decode, encode, marginals
 from synth.engine import NoisyMarginal, load_warm_start, make_engine, model_state
 from synth.mechanism import dp_statement, resolve_min_survivors
 from synth.skellam import SkellamAccountingError, party_mu
-from synth.netutil import array_to_words, bus_config, topic_limits
+from synth.netutil import array_to_words, bus_config, open_bus, topic_limits
 from synth.protocol import (
     ROOT,
     RoundPlan,
@@ -150,6 +151,10 @@ def _fingerprint(cfg: SynthConfig, schema: Schema) -> str:
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
+#: The sigma given to the engine for an exact (epsilon = inf) measurement, in counts.
+NOISELESS_SIGMA = 1e-3
+
+
 class CoordinatorError(RuntimeError):
     """The run cannot complete.
 
@@ -206,6 +211,8 @@ class Coordinator:
             checkpoint had committed nothing, so the run starts afresh, asking the
             participants to say hello again); False starts afresh and replaces any
             checkpoint there.
+        connect: the bus connection to use instead of ``broker`` (in process:
+            :meth:`pubsub.memory.MemoryBroker.connect`, :mod:`sim.synth_local`).
 
     Raises:
         CoordinatorError: (code 2) ``resume`` in a directory without a run, or a
@@ -214,8 +221,10 @@ class Coordinator:
 
     def __init__(self, cfg: SynthConfig, schema: Schema, *, broker: str, run_id: str,
                  out: Path, eval_data: EvalData | None = None,
-                 security: CurveClient | None = None, resume: bool = False) -> None:
+                 security: CurveClient | None = None, resume: bool = False,
+                 connect: Connect | None = None) -> None:
         self.cfg = cfg
+        self.connect = connect
         self.schema = schema
         self.domain = schema.domain
         self.broker = broker
@@ -353,7 +362,7 @@ class Coordinator:
             await asyncio.sleep(0.1)  # what was published before the point leaves
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def _announce_resume(self, bus: Bus, stage: str) -> None:
+    def _announce_resume(self, bus: Transport, stage: str) -> None:
         """Ask the participants to repeat their last message of ``stage`` (a resumed
         coordinator lost what arrived before it died)."""
         if self.resumed_from or self.ckpt["restarts"] or stage == "schema":
@@ -369,7 +378,7 @@ class Coordinator:
         self.stages_dir.mkdir(parents=True, exist_ok=True)
         (self.stages_dir / f"{name}.json").write_text(json.dumps(doc, indent=1, default=str))
 
-    async def _collect(self, bus: Bus, topic: str, expect: set[str], timeout_s: float,
+    async def _collect(self, bus: Transport, topic: str, expect: set[str], timeout_s: float,
                        *, resume_stage: str | None = None) -> dict[str, Message]:
         """Messages on ``topic`` from each sender in ``expect`` (meta ``from``), until all
         came or ``timeout_s`` passed; a participant's error message ends the run.
@@ -415,8 +424,8 @@ class Coordinator:
         """
         t0 = time.perf_counter()
         t = self.topics
-        async with Bus(self.broker, name="coordinator", config=bus_config(self.cfg),
-                       security=self.security) as bus:
+        async with open_bus(self.cfg, "coordinator", broker=self.broker,
+                            security=self.security, connect=self.connect) as bus:
             await bus.subscribe_prefix(t.to(ROOT), limits=topic_limits(self.cfg))
             if self.resumed_from:
                 self._save()  # the restart count
@@ -445,7 +454,7 @@ class Coordinator:
     def _schema_message(self) -> dict[str, Any]:
         return {"schema": self.schema.to_dict(), "session": self.session.to_meta()}
 
-    async def _schema_stage(self, bus: Bus) -> None:
+    async def _schema_stage(self, bus: Transport) -> None:
         t = self.topics
         if self._done(self._sk("schema")):
             # participants still saying hello when the last coordinator died get it now
@@ -499,13 +508,13 @@ class Coordinator:
                                    "conversion": "Canonne-Kamath-Steinke 2020 (tight)"})
             return rho, split
 
-    async def _measure(self, bus: Bus, split: dict[str, float]) -> dict[str, _RoundResult]:
+    async def _measure(self, bus: Transport, split: dict[str, float]) -> dict[str, _RoundResult]:
         """The mechanism's rounds, then any queued workload updates' rounds."""
         results = await self._measure_plan(bus, split)
         await self._workload_stage(bus, results)
         return results
 
-    async def _workload_stage(self, bus: Bus, results: dict[str, _RoundResult]) -> None:
+    async def _workload_stage(self, bus: Transport, results: dict[str, _RoundResult]) -> None:
         """Apply queued workload updates (:mod:`synth.workload`): measure each update's
         marginals that no round measured yet, in a round of their own, with its share of
         the remaining stream reserve of ρ; weights apply to the fit. Each update is noted
@@ -580,7 +589,7 @@ class Coordinator:
             rec["missing"] = []
         return rec
 
-    async def _measure_plan(self, bus: Bus, split: dict[str, float]
+    async def _measure_plan(self, bus: Transport, split: dict[str, float]
                             ) -> dict[str, _RoundResult]:
         d = self.domain
         results: dict[str, _RoundResult] = {}
@@ -626,7 +635,7 @@ class Coordinator:
                                             split["tree"])
         return results
 
-    async def _keys_stage(self, bus: Bus) -> None:
+    async def _keys_stage(self, bus: Transport) -> None:
         """Once per session: collect the parties' public keys, send each its neighbours'."""
         t, server, s = self.topics, self.server, self.s
         if self._done(self._sk("keys")):  # the answers may not have left before the crash
@@ -657,7 +666,7 @@ class Coordinator:
             if self.never_keyed:
                 self.log.warning("synth.never_keyed", parties=list(self.never_keyed))
 
-    async def _seed_batch(self, bus: Bus, b: int, rounds: list[int]) -> None:
+    async def _seed_batch(self, bus: Transport, b: int, rounds: list[int]) -> None:
         """Once per batch of rounds: every keyed party Shamir-shares a fresh self-mask seed
         per round of the batch with its neighbours, through the coordinator."""
         t, server = self.topics, self.server
@@ -761,7 +770,7 @@ class Coordinator:
                 out.append(answers[c])
         return out
 
-    async def _aim_rounds(self, bus: Bus, results: dict[str, _RoundResult],
+    async def _aim_rounds(self, bus: Transport, results: dict[str, _RoundResult],
                           answers: dict[tuple[str, ...], NoisyMarginal], rho: float) -> None:
         """``aim``: adaptive rounds. Before each, fit the model to everything measured so
         far and pick the ``aim_batch`` pairs it explains worst, scored from the noisy
@@ -856,7 +865,10 @@ class Coordinator:
                                      for e in rec.cached],
                              survivors_only=[e["clique"] for e in rec.survivors_only],
                              coverage_rows=rec.coverage_rows, rows=rec.rows)
-        return {c: NoisyMarginal(clique=c, values=e.values, sigma=float(e.sigma.max()))
+        # a noiseless run (epsilon = inf) measures exactly (sigma 0); the engines weight
+        # measurements by 1/sigma, so exact ones get a tiny common sigma: equal weights
+        return {c: NoisyMarginal(clique=c, values=e.values,
+                                 sigma=max(float(e.sigma.max()), NOISELESS_SIGMA))
                 for c, e in rec.estimates.items()}
 
     def _compressed(self, rel: Release) -> Release:
@@ -911,7 +923,7 @@ class Coordinator:
                             dropped=tuple(doc["dropped"]), missing=tuple(doc["missing"]),
                             seconds=float(doc["seconds"]))
 
-    async def _round(self, bus: Bus, r: int, name: str, cliques: list[tuple[str, ...]],
+    async def _round(self, bus: Transport, r: int, name: str, cliques: list[tuple[str, ...]],
                      rho: float) -> _RoundResult:
         stage = f"round:{name}"
         if name in self.ckpt["results"]:  # finished before a restart
@@ -959,7 +971,7 @@ class Coordinator:
             self._save_pending(name, plan, lo)
             return await self._run_round(bus, plan, lo, seeded, t0)
 
-    async def _run_round(self, bus: Bus, plan: RoundPlan, lo: np.ndarray,
+    async def _run_round(self, bus: Transport, plan: RoundPlan, lo: np.ndarray,
                          seeded: tuple[str, ...], t0: float) -> _RoundResult:
         """Publish ``plan`` and aggregate its round (stages 3-4), then checkpoint it."""
         cfg, t, server, r = self.cfg, self.topics, self.server, plan.round
@@ -1031,7 +1043,7 @@ class Coordinator:
         self._save_result(name, res)
         return res
 
-    async def _unmask_root(self, bus: Bus, plan: RoundPlan, survivors: tuple[str, ...],
+    async def _unmask_root(self, bus: Transport, plan: RoundPlan, survivors: tuple[str, ...],
                            dropped: tuple[str, ...]) -> np.ndarray:
         """Stage 4 at the root (``unmask = "root"``, SecAgg+ as published): every survivor
         sends the coordinator its seed shares of surviving owners and its round keys with
@@ -1058,7 +1070,7 @@ class Coordinator:
             shares[holder] = got
         return server.unmask(plan.round_id, survivors, dropped, shares)
 
-    async def _unmask_tree(self, bus: Bus, plan: RoundPlan, survivors: tuple[str, ...],
+    async def _unmask_tree(self, bus: Transport, plan: RoundPlan, survivors: tuple[str, ...],
                            dropped: tuple[str, ...]) -> np.ndarray:
         """Stage 4 at the root: the self-mask sums of the tree's top level (the leaf
         aggregators recovered their children's seeds) and the round keys of the dropped
@@ -1088,7 +1100,10 @@ class Coordinator:
         return server.unmask_tree(plan.round_id, survivors, dropped, self_masks, keys)
 
     def _wire_bytes(self) -> int | None:
-        """Bytes the broker forwarded for this run (every hop, every message), or None."""
+        """Bytes the broker forwarded for this run (every hop, every message), or None (in
+        process: no broker counts them)."""
+        if self.connect is not None:
+            return None
         try:
             st = control_request(self.broker, "stats", timeout_s=2.0, security=self.security)
         except Exception as exc:  # noqa: BLE001 - a missing figure, not a failed run
@@ -1144,7 +1159,9 @@ class Coordinator:
             np.save(self.stages_dir / "synthetic_codes.npy", codes)
             meta, arrays = model_state(model)
             atomic_save_npz(self.ckpt_dir / "model.npz", **arrays)
-            self.ckpt["model"] = {"file": "model.npz", "meta": meta}
+            # the compression the model was fitted on: what synth.saved needs to sample
+            self.ckpt["model"] = {"file": "model.npz", "meta": meta,
+                                  "maps": {a: [int(x) for x in v] for a, v in self.maps.items()}}
             self._mark("synthesis")
             fitted = list(dict.fromkeys(m.clique for m in ms if len(m.clique) > 1))
             fit = {"engine": self.engine, "fit_s": fit_s, "rows": n, "total": total,

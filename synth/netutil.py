@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 import numpy as np
 
-from pubsub import BufferLimits, BusConfig
+from pubsub import BufferLimits, Bus, BusConfig
+from pubsub.security import CurveClient
+from pubsub.transport import Connect, Transport
 from synth.compress import pack_varbits, unpack_varbits
 from synth.config import SynthConfig
 
@@ -20,6 +25,19 @@ def bus_config(cfg: SynthConfig) -> BusConfig:
     """The bus settings of every FedForge participant."""
     return BusConfig(connect_timeout_s=cfg.connect_timeout_s, total_max_bytes=1 << 30,
                      topic_max_bytes=256 << 20)
+
+
+def open_bus(cfg: SynthConfig, name: str, *, broker: str | None,
+             security: CurveClient | None, connect: Connect | None
+             ) -> contextlib.AbstractAsyncContextManager[Transport] | Any:
+    """A participant's bus connection (an async context manager): ``connect(name)`` when
+    the participant was handed one (in process, :class:`pubsub.memory.MemoryBroker`), else
+    a :class:`pubsub.Bus` to ``broker``."""
+    if connect is not None:
+        return connect(name, config=bus_config(cfg))
+    if not broker:
+        raise ValueError(f"{name}: give the broker's address or a connect function")
+    return Bus(broker, name=name, config=bus_config(cfg), security=security)
 
 
 class ParticipantError(RuntimeError):

@@ -35,9 +35,10 @@ import numpy as np
 import pandas as pd
 import structlog
 
-from pubsub import Bus, DeadlineExceeded, Message
+from pubsub import DeadlineExceeded, Message
 from pubsub.errors import RendezvousTimeout
 from pubsub.security import CurveClient
+from pubsub.transport import Connect, Transport
 from pubsub.session import call_until, wait_any
 from synth.accounting import BudgetExceeded, ZCdpAccountant
 from synth.checkpoint import CheckpointError, atomic_write_json, read_json
@@ -46,7 +47,8 @@ from synth.domain import Domain, DomainError, Schema, encode, marginals
 from synth.mechanism import SurvivorRefusal, check_survivors, measure_party, resolve_min_survivors
 from synth.plancheck import PlanRefused, verify_plan
 from synth.skellam import SkellamAccountingError
-from synth.netutil import ParticipantError, bus_config, topic_limits, words_to_array
+from synth.netutil import (ParticipantError, bus_config, open_bus, topic_limits,
+                            words_to_array)
 from synth.protocol import (
     RoundPlan,
     SessionPlan,
@@ -87,8 +89,9 @@ class SynthParty:
     def __init__(self, party_id: str, frame: pd.DataFrame, *, cfg: SynthConfig, broker: str,
                  run_id: str, noise_seed: int | None = None,
                  security: CurveClient | None = None,
-                 ledger_file: str | None = None) -> None:
+                 ledger_file: str | None = None, connect: Connect | None = None) -> None:
         self.id = party_id
+        self.connect = connect
         self.frame = frame
         self.cfg = cfg
         self.broker = broker
@@ -126,8 +129,8 @@ class SynthParty:
             ParticipantError: bad data, a refused budget, or no coordinator.
         """
         t = self.topics
-        async with Bus(self.broker, name=self.id, config=bus_config(self.cfg),
-                       security=self.security) as bus:
+        async with open_bus(self.cfg, self.id, broker=self.broker,
+                            security=self.security, connect=self.connect) as bus:
             await bus.subscribe_prefix(t.to(self.id), limits=topic_limits(self.cfg))
             await bus.subscribe_prefix(t.all(), limits=topic_limits(self.cfg))
             try:
@@ -176,24 +179,24 @@ class SynthParty:
                 "rho_budget": self.accountant.rho_budget if self.accountant else math.inf,
                 "bytes_sent": int(sum(stats.sent_bytes.values()))}
 
-    def _send(self, bus: Bus, stage: str, topic: str, arrays: list[np.ndarray],
+    def _send(self, bus: Transport, stage: str, topic: str, arrays: list[np.ndarray],
               meta: dict[str, Any]) -> None:
         """Publish a stage's message and keep it, to repeat when a restarted coordinator
         asks (:meth:`_on_resume`)."""
         self.sent[stage] = (topic, arrays, meta)
         bus.publish_nowait(topic, arrays, meta)
 
-    def _on_resume(self, bus: Bus, msg: Message) -> None:
+    def _on_resume(self, bus: Transport, msg: Message) -> None:
         """A restarted coordinator lost the messages of ``stage``: send ours again."""
         self._resend(bus, str(msg.meta.get("stage", "")))
 
-    def _resend(self, bus: Bus, stage: str) -> None:
+    def _resend(self, bus: Transport, stage: str) -> None:
         kept = self.sent.get(stage)
         if kept is not None:
             self.log.info("synth.resume_answered", stage=stage)
             bus.publish_nowait(kept[0], kept[1], kept[2])
 
-    async def _await(self, bus: Bus, topic: str, timeout_s: float) -> Message:
+    async def _await(self, bus: Transport, topic: str, timeout_s: float) -> Message:
         """The next message on ``topic``, answering resume requests meanwhile.
 
         Raises:
@@ -245,7 +248,7 @@ class SynthParty:
             h.update(np.ascontiguousarray(a).tobytes())
         return h.digest()
 
-    async def _replay(self, bus: Bus, plan: RoundPlan) -> None:
+    async def _replay(self, bus: Transport, plan: RoundPlan) -> None:
         """A plan for a round already released: the same masked vector again (no budget),
         then the round's unmask stage as usual."""
         ident, arr = self.released[plan.round_id]
@@ -261,7 +264,7 @@ class SynthParty:
         # the coordinator fits the engine and scores quality between rounds and done
         return self.cfg.handshake_timeout_s + 3600.0
 
-    async def _join(self, bus: Bus) -> None:
+    async def _join(self, bus: Transport) -> None:
         """Say hello (repeated until the schema comes back), then encode the rows."""
         t = self.topics
         # (no column list: the party checks its columns against the schema itself and
@@ -314,7 +317,7 @@ class SynthParty:
         self.maps_round = plan.round
 
     # ------------------------------------------------------------------ one round
-    async def _closed_while_away(self, bus: Bus, plan: RoundPlan) -> bool:
+    async def _closed_while_away(self, bus: Transport, plan: RoundPlan) -> bool:
         """A plan found queued after an outage (e.g. the process was paused) whose round
         is already closed: its ``unmask`` is buffered, or a later plan is. The party
         skips it WITHOUT measuring (no budget spent: the coordinator unmasked the round
@@ -378,7 +381,7 @@ class SynthParty:
         assert self.session is not None
         return self.session.timeout_s * 3 + 5.0
 
-    async def _keys(self, bus: Bus) -> None:
+    async def _keys(self, bus: Transport) -> None:
         """Once per session: advertise keys, receive the neighbours' keys. A party that
         misses the stage sits the session out (the run goes on without it)."""
         assert self.session is not None
@@ -400,7 +403,7 @@ class SynthParty:
             return
         self.client = client
 
-    async def _seeds(self, bus: Bus, b: int, rounds: list[str]) -> None:
+    async def _seeds(self, bus: Transport, b: int, rounds: list[str]) -> None:
         """Once per seed batch: share a fresh self-mask seed per round with the neighbours."""
         t = self.topics
         if self.client is None:
@@ -419,7 +422,7 @@ class SynthParty:
             return
         self.seeded.update(rounds)
 
-    async def _round(self, bus: Bus, plan: RoundPlan, *,
+    async def _round(self, bus: Transport, plan: RoundPlan, *,
                      replay: np.ndarray | None = None) -> None:
         """Measure, mask and send the round's vector (or, with ``replay``, send the one
         released before again), then reveal what the unmask stage asks for."""

@@ -53,3 +53,13 @@ def test_predict_saved_reproduces_the_test_auc() -> None:
     again = float(re.search(r"test split: test_auc (\d\.\d+)", out).group(1))  # type: ignore[union-attr]
     assert again == pytest.approx(trained, abs=1e-6)
     assert "scored 500 new rows" in out
+
+
+def test_fedforge_parties_quick(tmp_path: Path) -> None:
+    out = _run("fedforge_parties.py", "--quick", "--out", str(tmp_path / "run"))
+    spent = [float(v) for v in re.findall(r"p\d+=(\d\.\d+)", out)]
+    assert len(spent) == 3 and all(0.9 <= e <= 1.0 + 1e-6 for e in spent), out
+    tv = float(re.search(r"avg_tv (\d\.\d+)", out).group(1))  # type: ignore[union-attr]
+    assert 0.0 < tv < 0.3
+    assert "reloaded: same rows True" in out
+    assert (tmp_path / "run" / "stages" / "ckpt" / "model.npz").is_file()
