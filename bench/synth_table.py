@@ -311,7 +311,7 @@ def _mean_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The summary row of a system over repeats: the mean of each figure over the repeats
     that produced it, and the per-repeat ``avg_tv`` values."""
     out: dict[str, Any] = {}
-    for x in ("avg_tv", "max_tv", "bytes_wire", "bytes_naive", "wall_s"):
+    for x in ("avg_tv", "max_tv", "ml_auc", "bytes_wire", "bytes_naive", "wall_s"):
         vals = [r[x] for r in rows if r.get(x) is not None]
         out[x] = float(np.mean(vals)) if vals else None
     out["avg_tv_each"] = [r.get("avg_tv") for r in rows]

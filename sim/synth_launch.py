@@ -38,7 +38,8 @@ from sim.launch import start_broker
 from sim.launch import wait_children
 from sim.synth_faults import PartyKill, PartyKiller, StageLog, process_layout
 
-from synth.checkpoint import CRASH_POINT_ENV, read_json
+from sim.synth_crash import CRASH_POINT_ENV
+from synth.checkpoint import read_json
 from synth.workload import WorkloadError, mark_applied, submit_workload
 from synth.config import SynthConfig, dump_synth_config
 from synth.protocol import build_tree
@@ -210,7 +211,8 @@ class _CoordinatorKill:
     after ``restart_after_s``; records what it did.
 
     ``stage@point`` instead has the coordinator kill itself at that exact point
-    (:data:`synth.coordinator.CRASH_POINT_ENV`, set for the first process only); this then
+    (:data:`sim.synth_crash.CRASH_POINT_ENV` read by ``python -m sim.synth_crash``, for
+    the first process only); this then
     waits for its SIGKILL exit and restarts it the same way."""
 
     def __init__(self, events: Path, stage: str, delay_s: float, restart_after_s: float,
@@ -412,7 +414,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             from :func:`coordinator_stages`) plus ``kill_delay_s``, and start it again with
             ``--resume`` after ``restart_after_s`` seconds (issue 7: crash recovery);
             ``STAGE@POINT`` (e.g. ``round:select@unmask``) has it kill itself at that exact
-            point of the stage (:data:`synth.coordinator.CRASH_POINT_ENV`).
+            point of the stage (``python -m sim.synth_crash``).
             ``metrics["faults"]`` records it.
         kill_delay_s / restart_after_s: see ``kill_coordinator_at``, seconds.
         kill_parties: faults ``ID@STAGE`` (:class:`sim.synth_faults.PartyKill`): kill -9
@@ -524,15 +526,16 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         def ru(name: str) -> list[str]:
             return ["--rusage-out", str(ru_dir / f"{name}.json")] if rusage else []
 
-        coord_argv = [*py, "coordinator", *common, "--schema", str(out / "schema.json"),
+        crash_here = bool(kill_coordinator_at and "@" in kill_coordinator_at)
+        coord_py = [sys.executable, "-m", "sim.synth_crash"] if crash_here else py
+        coord_argv = [*coord_py, "coordinator", *common, "--schema", str(out / "schema.json"),
                       "--out", str(out),
                       *(["--eval-dir", str(out / "data")]
                         if (out / "data" / "holdout.parquet").is_file() else []),
                       *(["--resume"] if reopen else []), *ru("coordinator")]
         procs["coordinator"] = _spawn(
             coord_argv, quiet=quiet,
-            env={CRASH_POINT_ENV: kill_coordinator_at} if kill_coordinator_at
-            and "@" in kill_coordinator_at else None)
+            env={CRASH_POINT_ENV: str(kill_coordinator_at)} if crash_here else None)
         procs["aggregators"] = _spawn([*py, "aggregators", *common, "--ids",
                                        ",".join(tree.aggregators), *ru("aggregators")],
                                       quiet=quiet)
@@ -632,7 +635,7 @@ def add_ledgers(metrics: dict[str, Any], state_dir: Path) -> None:
             <= 1e-9 * max(1.0, ledger[p]["rho_spent"]) for p in ledger)
 
 
-#: Crash points within a stage (``STAGE@POINT``; see synth.checkpoint.CRASH_POINT_ENV).
+#: Crash points within a stage (``STAGE@POINT``; see sim.synth_crash).
 CRASH_POINTS_ROUND = ("planned", "collected", "unmask", "revealed")
 CRASH_POINTS = {"schema": ("collected",), "keys": ("collected", "marked"),
                 "seeds": ("collected", "marked")}

@@ -21,11 +21,6 @@ from typing import Any
 import numpy as np
 
 
-#: Environment variable naming a crash point (see :meth:`synth.coordinator.Coordinator._crash_point`):
-#: ``schema@collected``, ``keys@collected``, ``keys@marked``, ``seeds:0@collected``,
-#: ``seeds:0@marked``, ``round:<name>@planned``, ``round:<name>@collected``,
-#: ``round:<name>@unmask``, ``round:<name>@revealed``.
-CRASH_POINT_ENV = "FEDFORGE_CRASH_POINT"
 
 
 class CheckpointError(RuntimeError):
@@ -119,5 +114,5 @@ def load_npz(path: str | Path) -> dict[str, np.ndarray]:
         raise CheckpointError(path, f"cannot read arrays ({exc})") from None
 
 
-__all__ = ["CRASH_POINT_ENV", "CheckpointError", "atomic_save_npz", "atomic_write_bytes", "atomic_write_json",
+__all__ = ["CheckpointError", "atomic_save_npz", "atomic_write_bytes", "atomic_write_json",
            "load_npz", "read_json"]

@@ -16,7 +16,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,9 @@ def _prefetch_engine(cfg: SynthConfig) -> None:
     threading.Thread(target=load, name="engine-prefetch", daemon=True).start()
 
 
-async def _coordinator(cfg: SynthConfig, args: argparse.Namespace) -> dict[str, Any]:
+async def _coordinator(cfg: SynthConfig, args: argparse.Namespace,
+                       on_point: Callable[[str], Awaitable[None]] | None = None
+                       ) -> dict[str, Any]:
     from synth.coordinator import Coordinator, EvalData
     from synth.domain import Schema
 
@@ -141,7 +143,7 @@ async def _coordinator(cfg: SynthConfig, args: argparse.Namespace) -> dict[str, 
                       holdout=read_table(d / "holdout.parquet"))
     coord = Coordinator(cfg, schema, broker=args.broker, run_id=args.run_id,
                         out=Path(args.out), eval_data=ev, security=args.security,
-                        resume=args.resume)
+                        resume=args.resume, on_point=on_point)
     return await coord.run()
 
 
@@ -168,8 +170,13 @@ def _message(exc: BaseException) -> str:
     return str(exc)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m synth ROLE --broker tcp://HOST:PORT --run-id ID [...]``."""
+def main(argv: Sequence[str] | None = None, *,
+         on_point: Callable[[str], Awaitable[None]] | None = None) -> int:
+    """``python -m synth ROLE --broker tcp://HOST:PORT --run-id ID [...]``.
+
+    ``on_point``: the coordinator's observer of its named points (see
+    :meth:`synth.coordinator.Coordinator._crash_point`); :mod:`sim.synth_faults` uses it
+    to kill the process there."""
     ap = argparse.ArgumentParser(prog="python -m synth", description="Run FedForge processes.")
     sub = ap.add_subparsers(dest="role", required=True)
     c = sub.add_parser("coordinator", help="the coordinator (one per run)")
@@ -199,7 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "parties": _parties}[args.role]
         startup_cpu_s = time.process_time()
         try:
-            result = run_loop(role(cfg, args), event_loop="uvloop")
+            coro = (_coordinator(cfg, args, on_point) if args.role == "coordinator"
+                    else role(cfg, args))
+            result = run_loop(coro, event_loop="uvloop")
         finally:
             if args.rusage_out:
                 write_rusage(args.rusage_out, startup_cpu_s=startup_cpu_s)

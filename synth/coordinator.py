@@ -57,11 +57,10 @@ import asyncio
 import hashlib
 import json
 import math
-import os
-import signal
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -77,7 +76,6 @@ from pubsub.session import wait_any
 from synth.accounting import allocate, cdp_epsilon, cdp_rho
 from synth.cache import MarginalCache, Release, recover_round
 from synth.checkpoint import (
-    CRASH_POINT_ENV,
     atomic_save_npz,
     atomic_write_json,
     load_npz,
@@ -222,9 +220,11 @@ class Coordinator:
     def __init__(self, cfg: SynthConfig, schema: Schema, *, broker: str, run_id: str,
                  out: Path, eval_data: EvalData | None = None,
                  security: CurveClient | None = None, resume: bool = False,
-                 connect: Connect | None = None) -> None:
+                 connect: Connect | None = None,
+                 on_point: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.cfg = cfg
         self.connect = connect
+        self.on_point = on_point
         self.schema = schema
         self.domain = schema.domain
         self.broker = broker
@@ -242,6 +242,7 @@ class Coordinator:
         self.rho_party: dict[str, float] = dict.fromkeys(self.parties, 0.0)
         self.bytes_naive = 0
         self.bytes_naive_direct = 0
+        self.wire_marks: list[tuple[str, int | None]] = []
         self.engine = cfg.resolved_engine()
         self.maps: dict[str, np.ndarray] = {}  # MST's domain compression (after round 1)
         self.cdomain = self.domain
@@ -354,13 +355,14 @@ class Coordinator:
         self._save()
 
     async def _crash_point(self, point: str) -> None:
-        """Fault injection for crash-recovery tests: if the environment variable
-        :data:`CRASH_POINT_ENV` names ``point`` (``<stage>@<where>``), the process kills
-        itself with SIGKILL there (no cleanup, like ``kill -9``)."""
-        if os.environ.get(CRASH_POINT_ENV) == point:
-            self.log.warning("coordinator.crash_injected", point=point)
-            await asyncio.sleep(0.1)  # what was published before the point leaves
-            os.kill(os.getpid(), signal.SIGKILL)
+        """A named point of the run reached (``schema@collected``, ``keys@collected``,
+        ``keys@marked``, ``seeds:0@collected``, ``seeds:0@marked``,
+        ``round:<name>@{planned,collected,unmask,revealed}``: the checkpoint boundaries):
+        awaits the ``on_point`` observer, if any.
+        The simulator's crash-recovery tests kill the process there
+        (:mod:`sim.synth_faults`); the coordinator itself injects nothing."""
+        if self.on_point is not None:
+            await self.on_point(point)
 
     def _announce_resume(self, bus: Transport, stage: str) -> None:
         """Ask the participants to repeat their last message of ``stage`` (a resumed
@@ -536,6 +538,7 @@ class Coordinator:
                 with self._stage(f"workload:{rec['name']}"):
                     t0 = time.perf_counter()
                     await self._seed_batch(bus, rec["batch"], [rec["round"]])
+                    await self._wire_mark(f"seeds:{rec['batch']}")
                     results[rec["name"]] = await self._round(
                         bus, rec["round"], rec["name"], [tuple(c) for c in rec["missing"]],
                         rec["rho"])
@@ -593,9 +596,12 @@ class Coordinator:
                             ) -> dict[str, _RoundResult]:
         d = self.domain
         results: dict[str, _RoundResult] = {}
+        await self._wire_mark("schema")
         await self._keys_stage(bus)
+        await self._wire_mark(self._sk("keys"))
         n_rounds = 3 if self.cfg.mechanism == "mst" else 2 + self.cfg.aim_rounds
         await self._seed_batch(bus, 0, list(range(n_rounds)))  # every round of the run
+        await self._wire_mark("seeds:0")
         one_way = [(a,) for a in d.attributes]
         results["one_way"] = await self._round(bus, 0, "one_way", one_way, split["one_way"])
         with self._stage("compress_domain"):
@@ -925,6 +931,12 @@ class Coordinator:
 
     async def _round(self, bus: Transport, r: int, name: str, cliques: list[tuple[str, ...]],
                      rho: float) -> _RoundResult:
+        res = await self._round_stage(bus, r, name, cliques, rho)
+        await self._wire_mark(f"round:{name}")
+        return res
+
+    async def _round_stage(self, bus: Transport, r: int, name: str,
+                           cliques: list[tuple[str, ...]], rho: float) -> _RoundResult:
         stage = f"round:{name}"
         if name in self.ckpt["results"]:  # finished before a restart
             return self._load_result(name)
@@ -1098,6 +1110,34 @@ class Coordinator:
                                              y=int.from_bytes(raw[32 * j:32 * j + 32], "big"))
                             for j, o in enumerate(owners)}
         return server.unmask_tree(plan.round_id, survivors, dropped, self_masks, keys)
+
+    async def _wire_mark(self, stage: str) -> None:
+        """Note the broker's byte count for this run after ``stage`` (the split of the
+        wire bytes into fixed and per-round traffic; nothing in process)."""
+        if self.connect is None:
+            self.wire_marks.append((stage, await asyncio.to_thread(self._wire_bytes)))
+
+    def _wire_split(self, wire: int | None) -> dict[str, Any]:
+        """``bytes_wire_by_stage`` (bytes forwarded between the previous mark and the end
+        of each stage), ``bytes_wire_fixed`` (schema and hellos, keys, seed shares: paid
+        once per run or batch of rounds), ``bytes_wire_rounds`` (the rounds: plans, masked
+        sums, unmasking) and ``bytes_wire_other`` (the rest: the end of the run); Nones
+        in process or after a restart (the counts before it are another process's)."""
+        none = {"bytes_wire_by_stage": None, "bytes_wire_fixed": None,
+                "bytes_wire_rounds": None, "bytes_wire_other": None}
+        marks = self.wire_marks
+        if (wire is None or not marks or any(b is None for _, b in marks)
+                or self.resumed_from or self.ckpt["restarts"]):
+            return none
+        by: dict[str, int] = {}
+        prev = 0
+        for stage, b in marks:
+            by[stage] = by.get(stage, 0) + int(b) - prev
+            prev = int(b)
+        rounds = sum(v for k, v in by.items() if k.startswith("round:"))
+        fixed = sum(by.values()) - rounds
+        return {"bytes_wire_by_stage": by, "bytes_wire_fixed": fixed,
+                "bytes_wire_rounds": rounds, "bytes_wire_other": int(wire) - prev}
 
     def _wire_bytes(self) -> int | None:
         """Bytes the broker forwarded for this run (every hop, every message), or None (in
@@ -1362,7 +1402,7 @@ class Coordinator:
             "ml_utility": quality.get("ml_utility"),
             "ml_utility_skipped": quality.get("ml_utility_skipped"),
             "bytes_wire": wire, "bytes_naive": self.bytes_naive,
-            "bytes_naive_direct": self.bytes_naive_direct,
+            "bytes_naive_direct": self.bytes_naive_direct, **self._wire_split(wire),
             "wire_vs_naive": (wire / self.bytes_naive) if wire and self.bytes_naive else None,
             "bits": cfg.bits or "no cap", "ring": cfg.ring,
             "min_survivors": resolve_min_survivors(cfg.min_survivors, len(self.parties)),

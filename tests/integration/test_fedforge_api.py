@@ -78,6 +78,7 @@ def test_fit_sample_reload(transport: str, schema_file: str, tmp_path: pytest.Te
     assert m["data"]["domain_source"] == "declared"
     assert m["security"]["transport"] == ("memory" if transport == "memory" else "curve")
     assert (m["bytes_wire"] is None) == (transport == "memory")
+    assert (m["bytes_wire_fixed"] is None) == (transport == "memory")
     assert 0.0 <= m["avg_tv"] < 0.5
     rows = ff.sample(2_000, seed=3)
     assert list(rows.columns) == ["age", "job", "city", "y"]

@@ -57,6 +57,16 @@ def test_synth_run_k3_secure_aggregation_end_to_end(synth_mst_run: tuple) -> Non
     assert all(r["min_survivors"] == 3 for r in m["rounds"].values())
     # communication: counted by the broker, below naive float32 despite keys and shares
     assert 0 < m["bytes_wire"] and m["bytes_naive"] > 0
+    # ... split into the fixed traffic (schema, keys, seed shares) and the rounds'
+    by = m["bytes_wire_by_stage"]
+    assert list(by) == ["schema", "keys", "seeds:0", "round:one_way", "round:select",
+                        "round:tree"]
+    assert all(v > 0 for v in by.values())
+    assert m["bytes_wire_fixed"] == by["schema"] + by["keys"] + by["seeds:0"]
+    assert m["bytes_wire_rounds"] == sum(v for k, v in by.items() if k.startswith("round:"))
+    assert m["bytes_wire_other"] >= 0
+    assert (m["bytes_wire_fixed"] + m["bytes_wire_rounds"] + m["bytes_wire_other"]
+            == m["bytes_wire"])
     syn = pd.read_csv(res.out / "synthetic.csv")
     assert list(syn.columns) == ["a", "b", "age", "hours", "income"]
     assert len(syn) == m["data"]["train_rows"] and syn.notna().all().all()

@@ -150,3 +150,12 @@ def test_failed_run_is_recorded_and_exit_code_is_one(table_mod, tmp_path: Path,
     assert "launcher exploded" in doc["status"]["tiny/1/fedforge_k10"]
     assert doc["summary"]["tiny"]["1"]["tv_ratio_k10_vs_central"] is None
     assert doc["status"]["tiny/1/central_mst"].startswith("skipped")
+
+
+def test_mean_row_averages_ml_auc_over_the_repeats_that_have_it(table_mod) -> None:
+    rows = [{"avg_tv": 0.1, "ml_auc": 0.8}, {"avg_tv": 0.3, "ml_auc": None},
+            {"avg_tv": 0.2, "ml_auc": 0.9}]
+    row = table_mod._mean_row(rows)
+    assert row["ml_auc"] == pytest.approx(0.85)
+    assert row["avg_tv"] == pytest.approx(0.2)
+    assert table_mod._mean_row([{"avg_tv": 0.1}])["ml_auc"] is None
