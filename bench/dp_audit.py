@@ -263,7 +263,7 @@ def fedforge_party_noise_pmf(cfg: FfConfig) -> IntPmf:
 
 def fedforge_plan(cfg: FfConfig, n_cells: int) -> tuple[RoundPlan, np.ndarray]:
     """The RoundPlan the product's coordinator builds for ``n_cells`` cells of this
-    configuration (``synth/coordinator.py``: μ from ``party_mu``, windows from
+    configuration (``synth/coord/rounds.py``: μ from ``party_mu``, windows from
     ``cell_windows(sigma_sum = sqrt(2·μ·K), max_bits = bits)``, ``step = 1``,
     ``sigma2_central = 2·S_min·μ``), and the cells' window starts for ``decode_sum``.
 

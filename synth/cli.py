@@ -109,7 +109,8 @@ def _prefetch_engine(cfg: SynthConfig) -> None:
     """Import the synthesis engine's package (torch about 1.1 s, mbi/jax 0.7 s here) in a
     daemon thread while the protocol stages run, so the synthesis stage does not wait for
     it. An import of the same module elsewhere waits on the module's import lock meanwhile;
-    torch's intra-op threads are set again before the fit (:meth:`Coordinator._fit`)."""
+    torch's intra-op threads are set again before the fit
+    (:func:`synth.coord.synthesis.fit_engine`)."""
 
     def load() -> None:
         try:
