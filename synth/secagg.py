@@ -954,54 +954,16 @@ class SecAggServer:
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """JSON-safe session state (public keys, the ciphertexts of seed shares routed per
-        batch, which stages closed), for the coordinator's checkpoint. Everything in it is
-        public or encrypted to its receiver; rounds in progress are not kept (a resumed
-        coordinator re-runs them). Bytes as hex."""
-        return {
-            "session_id": self.config.session_id,
-            "keys": {p: [k.mask_public.hex(), k.enc_public.hex()] for p, k in self._keys.items()},
-            "keys_closed": self._keys_closed,
-            "batches": [{"rounds": list(b), "closed": b in self._batch_closed,
-                         "shares": {s: {r: blob.hex() for r, blob in msgs.items()}
-                                    for s, msgs in self._shares.get(b, {}).items()}}
-                        for b in sorted({*self._shares, *self._batch_closed})],
-        }
+        """JSON-safe session state (:func:`synth.secagg_state.server_state`)."""
+        from synth.secagg_state import server_state
+
+        return server_state(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` into a fresh server of the same session.
+        """Restore :meth:`state_dict` (:func:`synth.secagg_state.restore_server`)."""
+        from synth.secagg_state import restore_server
 
-        Raises:
-            ProtocolError: another session's state, or this server already has state.
-            ValueError: malformed state.
-        """
-        if state.get("session_id") != self.config.session_id:
-            raise ProtocolError("", f"checkpoint of session {state.get('session_id')!r}, "
-                                f"not {self.config.session_id!r}")
-        if self._keys or self._shares or self._rounds:
-            raise ProtocolError("", "load_state_dict into a server that already has state")
-        try:
-            keys = {str(p): PartyKeys(party=str(p), mask_public=bytes.fromhex(m),
-                                      enc_public=bytes.fromhex(e))
-                    for p, (m, e) in state["keys"].items()}
-            batches = [(tuple(str(r) for r in b["rounds"]), bool(b["closed"]),
-                        {str(s): {str(r): bytes.fromhex(x) for r, x in msgs.items()}
-                         for s, msgs in b["shares"].items()})
-                       for b in state["batches"]]
-            keys_closed = bool(state["keys_closed"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"malformed secure-aggregation state: {exc!r}") from None
-        unknown = sorted(p for p in keys if p not in self.config.index)
-        if unknown:
-            raise ValueError(f"secure-aggregation state names unknown parties {unknown[:5]}")
-        self._keys, self._keys_closed = keys, keys_closed
-        for batch, closed, shares in batches:
-            if shares:
-                self._shares[batch] = shares
-            if closed:
-                self._batch_closed.add(batch)
-            for r in batch:
-                self._batch_of[r] = batch
+        restore_server(self, state)
 
     # ---------------------------------------------------------------- keys
     def register_keys(self, keys: PartyKeys) -> None:
