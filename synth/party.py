@@ -1,5 +1,5 @@
 """A FedForge data-holding party: a bus participant that never sends records or counts in
-the clear, only masked, exact integer noisy marginals (issue 6, items 2-5).
+the clear, only masked, exact integer noisy marginals.
 
 Once per run it advertises its secure-aggregation keys (:class:`synth.secagg.SecAggClient`)
 and, per batch of rounds, Shamir-shares a fresh self-mask seed per round with its
@@ -27,7 +27,6 @@ Sk(S·μ) per cell, whose exact RDP is charged as ``rho`` zCDP per clique
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
 from typing import Any
 
@@ -41,10 +40,9 @@ from pubsub.security import CurveClient
 from pubsub.transport import Connect, Transport
 from pubsub.session import call_until, wait_any
 from synth.accounting import BudgetExceeded, ZCdpAccountant
-from synth.checkpoint import CheckpointError, atomic_write_json, read_json
 from synth.config import SynthConfig
-from synth.domain import Domain, DomainError, Schema, encode, marginals
-from synth.mechanism import SurvivorRefusal, check_survivors, measure_party, resolve_min_survivors
+from synth.domain import Domain, DomainError, Schema, encode
+from synth.mechanism import SurvivorRefusal, check_survivors, resolve_min_survivors
 from synth.plancheck import PlanRefused, verify_plan
 from synth.skellam import SkellamAccountingError
 from synth.netutil import (ParticipantError, bus_config, open_bus, topic_limits,
@@ -55,10 +53,11 @@ from synth.protocol import (
     Topics,
     Tree,
     pack_blobs,
-    quantize_counts,
     unpack_blobs,
 )
-from synth.secagg import SHARE_BYTES, PartyKeys, SecAggClient, SecAggError
+from synth.party_ledger import LedgerFile
+from synth.party_release import ReleaseCache, noisy_counts, reveal_messages
+from synth.secagg import PartyKeys, SecAggClient, SecAggError
 from synth.select import compress_codes
 
 
@@ -79,11 +78,9 @@ class SynthParty:
         ledger_file: where the party keeps its privacy ledger (the accountant's
             ``state_dict``, rewritten atomically before each release); None = memory only.
 
-    A plan for a round this party already released (a coordinator that restarted
-    re-publishes the plan of the round it died in) is answered with the same masked vector
-    again, without spending budget: the release cache holds each round's masked vector
-    and the plan it answered. The same round id with another plan is refused (measuring
-    one round twice under the same masks would leak the difference).
+    A plan for a round this party already released (a restarted coordinator re-publishes
+    it) is answered with the same masked vector, without spending budget; the same round
+    id with another plan is refused (:class:`synth.party_release.ReleaseCache`).
     """
 
     def __init__(self, party_id: str, frame: pd.DataFrame, *, cfg: SynthConfig, broker: str,
@@ -111,15 +108,19 @@ class SynthParty:
         self.seeded: set[str] = set()  # round ids this party shared seeds for
         self.rounds: list[dict[str, Any]] = []
         self.ledger_file = ledger_file
+        self.ledger = (None if ledger_file is None
+                       else LedgerFile(ledger_file, party=party_id, run_id=run_id))
         self.run_id = run_id
         # stage ("schema", "keys", "seeds:<b>") -> (topic, arrays, meta) last sent in it
         self.sent: dict[str, tuple[str, list[np.ndarray], dict[str, Any]]] = {}
-        # round id -> (the plan's identity, the masked vector sent for it)
-        self.released: dict[str, tuple[bytes, np.ndarray]] = {}
+        # each round's masked vector and the identity of the plan it answered
+        self.released = ReleaseCache()
         self.replays = 0
         self.log = log.bind(party=party_id, run_id=run_id)
-        if ledger_file is not None and self.accountant is not None:
-            self._restore_ledger()
+        if self.ledger is not None and self.accountant is not None:
+            # a process started again for the same run continues its ledger
+            if self.ledger.restore(self.accountant):
+                self.log.info("synth.ledger_restored", rho_spent=self.accountant.spent)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> dict[str, Any]:
@@ -214,51 +215,16 @@ class SynthParty:
                 return msg
             self._on_resume(bus, msg)
 
-    def _write_ledger(self) -> None:
-        if self.ledger_file is not None and self.accountant is not None:
-            atomic_write_json(self.ledger_file, {"party": self.id, "run_id": self.run_id,
-                                                 **self.accountant.state_dict()})
-
-    def _restore_ledger(self) -> None:
-        """A party process started again for the same run (a workload update after the
-        run finished) continues its ledger: what it spent stays spent.
-
-        Raises:
-            ParticipantError: the ledger file is unreadable or belongs to another run.
-        """
-        assert self.ledger_file is not None and self.accountant is not None
-        try:
-            doc = read_json(self.ledger_file)
-            if doc is None:
-                return
-            if doc.get("run_id") != self.run_id or doc.get("party") != self.id:
-                raise ValueError(f"it is the ledger of {doc.get('party')!r} in run "
-                                 f"{doc.get('run_id')!r}")
-            self.accountant.load_state_dict(doc)
-        except (CheckpointError, ValueError) as exc:
-            raise ParticipantError(self.id, f"cannot continue the privacy ledger "
-                                   f"{self.ledger_file}: {exc}", code=2) from None
-        self.log.info("synth.ledger_restored", rho_spent=self.accountant.spent)
-
-    @staticmethod
-    def _plan_identity(plan: RoundPlan) -> bytes:
-        meta, arrays = plan.to_message()
-        h = hashlib.sha256(repr(sorted(meta.items())).encode())
-        for a in arrays:
-            h.update(np.ascontiguousarray(a).tobytes())
-        return h.digest()
-
     async def _replay(self, bus: Transport, plan: RoundPlan) -> None:
         """A plan for a round already released: the same masked vector again (no budget),
         then the round's unmask stage as usual."""
-        ident, arr = self.released[plan.round_id]
-        if ident != self._plan_identity(plan):
+        if not self.released.matches(plan):
             raise ParticipantError(self.id, f"round {plan.round} ({plan.name}) was planned "
                                    "again with other parameters; measuring it twice under "
                                    "the same masks would reveal the difference", code=1)
         self.replays += 1
         self.log.info("synth.round_replayed", round=plan.round)
-        await self._round(bus, plan, replay=arr)
+        await self._round(bus, plan, replay=self.released.vector(plan.round_id))
 
     def _idle_timeout_s(self) -> float:
         # the coordinator fits the engine and scores quality between rounds and done
@@ -342,11 +308,7 @@ class SynthParty:
             raise ParticipantError(self.id, f"round {plan.round} counts in the domain "
                                    f"compression of round {plan.maps_round}, which this "
                                    "party never received", code=1)
-        counts = marginals(self.ccodes, self.domain, plan.cliques)
-        parts = [measure_party(counts[tuple(clique)].ravel(), mu=mu, rng=self.rng)
-                 for clique in plan.cliques]
-        noisy = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        return quantize_counts(noisy, plan)
+        return noisy_counts(self.ccodes, self.domain, plan, mu=mu, rng=self.rng)
 
     def _verify(self, plan: RoundPlan) -> float:
         """The plan checked against the session and this party's own configuration
@@ -437,11 +399,12 @@ class SynthParty:
                     self.accountant.spend(rho, what=f"round {r} ({plan.name})")
                 except BudgetExceeded as exc:
                     raise ParticipantError(self.id, str(exc), code=1) from None
-                await asyncio.to_thread(self._write_ledger)  # before anything is released
+                if self.ledger is not None:  # before anything is released
+                    await asyncio.to_thread(self.ledger.write, self.accountant)
             codes = await asyncio.to_thread(self._measure, plan, mu)
             masked = await asyncio.to_thread(self.client.masked, plan.spec(), codes)
             arr = words_to_array(masked, plan.widths)
-            self.released[plan.round_id] = (self._plan_identity(plan), arr)
+            self.released.keep(plan, arr)
         else:
             arr = replay
         up = {"from": self.id, "ids": [self.id]}
@@ -466,7 +429,7 @@ class SynthParty:
                     self.rounds.append({"round": r, "name": plan.name, "status": "missed"})
                     return
                 # the coordinator restarted during this round: the same vector again
-                if self.released[plan.round_id][0] != self._plan_identity(again):
+                if not self.released.matches(again):
                     raise ParticipantError(self.id, f"round {r} ({plan.name}) was planned "
                                            "again with other parameters", code=1)
                 self.replays += 1
@@ -492,32 +455,10 @@ class SynthParty:
                 self.rounds.append({"round": r, "name": plan.name,
                                     "status": f"reveal refused: {exc}"})
                 return
-            if self.cfg.unmask == "tree":
-                # hierarchical unmasking: the seed shares of each surviving owner go to the
-                # owner's leaf aggregator, which removes its children's self masks; round
-                # keys with dropped partners go to the coordinator. Bare bytes in owner order:
-                # a seed share is a field element (SHARE_BYTES), a round key 32 bytes
-                by_leaf: dict[str, list[tuple[str, int]]] = {}
-                pair = b""
-                for owner, s in shares.items():
-                    if s.kind == "seed":
-                        by_leaf.setdefault(self.tree.parent[owner], []).append((owner, s.y))
-                    else:
-                        pair += s.y.to_bytes(32, "big")
-                for leaf, items in by_leaf.items():
-                    raw = b"".join(y.to_bytes(SHARE_BYTES, "big") for _, y in items)
-                    bus.publish_nowait(t.rvs(r, leaf), [np.frombuffer(raw, np.uint8)],
-                                       {"from": self.id, "owners": [o for o, _ in items]})
-                if pair:  # the coordinator knows the owners (SecAggServer.reveal_layout)
-                    bus.publish_nowait(t.rv(r), [np.frombuffer(pair, np.uint8)], {"from": self.id})
-            else:
-                # bare bytes in owner order: a seed share is a field element
-                # (SHARE_BYTES), a round key with a dropped partner 32 bytes; the
-                # coordinator knows the owners, kinds and abscissa (reveal_layout)
-                raw = b"".join(s.y.to_bytes(SHARE_BYTES if s.kind == "seed" else 32, "big")
-                               for s in shares.values())
-                bus.publish_nowait(t.rv(r), [np.frombuffer(raw, np.uint8)],
-                                   {"from": self.id})
+            for topic, arrays, meta in reveal_messages(
+                    shares, party=self.id, round=r, tree=self.tree, topics=t,
+                    unmask=self.cfg.unmask):
+                bus.publish_nowait(topic, arrays, meta)
         self.rounds.append({"round": r, "name": plan.name, "cells": plan.vector_len,
                             "status": "counted" if self.id in survivors else "dropped",
                             **({"replayed": True} if replay is not None else {})})
