@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -105,27 +104,25 @@ async def _aggregators(cfg: SynthConfig, args: argparse.Namespace) -> list[dict[
     return [t.result() for t in tasks]
 
 
-def _prefetch_engine(cfg: SynthConfig) -> None:
-    """Import the synthesis engine's package (torch about 1.1 s, mbi/jax 0.7 s here) in a
-    daemon thread while the protocol stages run, so the synthesis stage does not wait for
-    it. An import of the same module elsewhere waits on the module's import lock meanwhile;
-    torch's intra-op threads are set again before the fit
-    (:func:`synth.coord.synthesis.fit_engine`)."""
+def _load_engine(cfg: SynthConfig) -> None:
+    """Import the synthesis engine's package (torch about 1.1 s, mbi/jax 0.7 s here).
 
-    def load() -> None:
-        try:
-            if cfg.resolved_engine() == "mbi":
-                from synth.engine import _import_mbi
+    The coordinator awaits this in a worker thread before its first stage, while the
+    parties start, and never while a stage runs: scipy's array-namespace checks look a
+    module up in ``sys.modules`` at call time, and a half-imported jax there (an import
+    running on another thread while the coordinator plans a round) made them fail with
+    ``partially initialized module 'jax' has no attribute 'Array'``."""
+    try:
+        if cfg.resolved_engine() == "mbi":
+            from synth.engine import _import_mbi
 
-                _import_mbi()
-            else:
-                import torch
+            _import_mbi()
+        else:
+            import torch
 
-                torch.set_num_threads(cfg.engine_threads)
-        except ImportError:
-            pass  # the fit reports the missing engine with its install hint
-
-    threading.Thread(target=load, name="engine-prefetch", daemon=True).start()
+            torch.set_num_threads(cfg.engine_threads)
+    except ImportError:
+        pass  # the fit reports the missing engine with its install hint
 
 
 async def _coordinator(cfg: SynthConfig, args: argparse.Namespace,
@@ -134,7 +131,7 @@ async def _coordinator(cfg: SynthConfig, args: argparse.Namespace,
     from synth.coordinator import Coordinator, EvalData
     from synth.domain import Schema
 
-    _prefetch_engine(cfg)
+    await asyncio.to_thread(_load_engine, cfg)
 
     schema = Schema.from_dict(json.loads(Path(args.schema).read_text()))
     ev = None
