@@ -48,12 +48,13 @@ def cosine_alphas(steps: int, s: float = 0.008) -> np.ndarray:
     return np.clip(f / f[0], 0.0, 1.0)
 
 
-def _build(sizes: Sequence[int], hidden: int, layers: int, seed: int) -> Any:
+def _build(sizes: Sequence[int], hidden: int, layers: int, seed: int,
+           self_condition: bool = False) -> Any:
     import torch
 
     width = int(sum(sizes))
     mods: list[Any] = []
-    d = width + 16
+    d = width * (2 if self_condition else 1) + 16
     with torch.random.fork_rng(devices=[]):  # seeded init, the caller's torch RNG untouched
         torch.manual_seed(int(seed))
         for _ in range(layers):
@@ -66,10 +67,12 @@ def _build(sizes: Sequence[int], hidden: int, layers: int, seed: int) -> Any:
 class _Chain:
     """The reverse chain of one denoiser (torch, CPU)."""
 
-    def __init__(self, net: Any, sizes: Sequence[int], steps: int) -> None:
+    def __init__(self, net: Any, sizes: Sequence[int], steps: int,
+                 self_condition: bool = False) -> None:
         import torch
 
         self.net, self.sizes, self.steps = net, list(sizes), int(steps)
+        self.self_condition = bool(self_condition)
         abar = cosine_alphas(self.steps)
         self.abar = torch.as_tensor(abar, dtype=torch.float32)
         alpha = np.ones_like(abar)
@@ -96,9 +99,13 @@ class _Chain:
 
         xs = [torch.nn.functional.one_hot(torch.randint(k, (n,), generator=gen), k).float()
               for k in self.sizes]
+        # self-conditioning: the previous step's x̂_0 estimate (zeros at t = T) is an input
+        prev = [torch.zeros(n, sum(self.sizes))] if self.self_condition else []
         for t in range(self.steps, 0, -1):
-            logits = self._split(self.net(torch.cat([*xs, self._time(t, n)], dim=1)))
+            logits = self._split(self.net(torch.cat([*xs, *prev, self._time(t, n)], dim=1)))
             x0 = [torch.softmax(lg, dim=1) for lg in logits]
+            if self.self_condition:
+                prev = [torch.cat(x0, dim=1)]
             if t == 1:
                 return x0
             a, ab = self.alpha[t], self.abar[t - 1]
@@ -128,6 +135,7 @@ class DiffusionFittedModel:
         total: the record count the marginals are scaled to.
         state: the denoiser's weights (name -> float32 array).
         hidden / layers / steps: its shape and the chain's length.
+        self_condition: whether the denoiser also takes the previous step's x̂_0.
         probs: final distributions of :data:`MARGINAL_ROWS` chains (float64, per
             attribute), from which :meth:`marginal` is computed.
         losses: the training loss every 50 steps.
@@ -140,6 +148,7 @@ class DiffusionFittedModel:
     hidden: int
     layers: int
     steps: int
+    self_condition: bool = False
     probs: tuple[np.ndarray, ...] = ()
     losses: tuple[float, ...] = ()
     fit_seconds: float = 0.0
@@ -147,9 +156,9 @@ class DiffusionFittedModel:
     def _chain(self) -> _Chain:
         import torch
 
-        net = _build(self.domain.sizes, self.hidden, self.layers, 0)
+        net = _build(self.domain.sizes, self.hidden, self.layers, 0, self.self_condition)
         net.load_state_dict({k: torch.as_tensor(v) for k, v in self.state.items()})
-        return _Chain(net, self.domain.sizes, self.steps)
+        return _Chain(net, self.domain.sizes, self.steps, self.self_condition)
 
     def marginal(self, clique: Sequence[str]) -> np.ndarray:
         """The model's marginal over ``clique`` (float64 counts summing to ``total``):
@@ -189,6 +198,11 @@ class DiffusionEngine:
         hidden / layers: the denoiser MLP.
         lr: Adam learning rate (cosine-annealed to a twentieth of it).
         tau: the Gumbel-softmax temperature of the training draws.
+        self_condition: feed each reverse step the previous step's x̂_0 estimate as well
+            as ``x_t`` (self-conditioning, Chen et al., "Analog Bits", ICLR 2023), so
+            what the chain has decided passes from step to step without the posterior's
+            per-attribute noise; the sampler's joint structure no longer has to survive
+            the factorised posterior draws alone.
         off_workload_weight: weight factor of marginals outside the workload.
         name: ``"diffusion"``.
     """
@@ -201,6 +215,7 @@ class DiffusionEngine:
     lr: float = 1e-2
     tau: float = 1.0
     off_workload_weight: float = 0.5
+    self_condition: bool = True
     name: str = field(default="diffusion", init=False)
 
     def fit(self, domain: Domain, marginals: Sequence[NoisyMarginal], *,
@@ -225,13 +240,14 @@ class DiffusionEngine:
         targets, idxs, wts = marginal_loss_terms(marginals, tot, workload,
                                                  self.off_workload_weight, domain)
         t0 = time.perf_counter()
-        net = _build(domain.sizes, self.hidden, self.layers, seed)
+        net = _build(domain.sizes, self.hidden, self.layers, seed, self.self_condition)
         if (isinstance(warm_start, DiffusionFittedModel) and warm_start.hidden == self.hidden
                 and warm_start.layers == self.layers
                 and warm_start.steps == self.diffusion_steps
+                and warm_start.self_condition == self.self_condition
                 and tuple(warm_start.domain.sizes) == tuple(domain.sizes)):
             net.load_state_dict({k: torch.as_tensor(v) for k, v in warm_start.state.items()})
-        chain = _Chain(net, domain.sizes, self.diffusion_steps)
+        chain = _Chain(net, domain.sizes, self.diffusion_steps, self.self_condition)
         gen = torch.Generator().manual_seed(int(seed) + 1)
         opt = torch.optim.Adam(net.parameters(), lr=self.lr)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, self.steps),
@@ -251,7 +267,7 @@ class DiffusionEngine:
         state = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
         return DiffusionFittedModel(
             domain=domain, total=tot, state=state, hidden=self.hidden, layers=self.layers,
-            steps=self.diffusion_steps, probs=tuple(p.double().numpy() for p in final),
+            steps=self.diffusion_steps, self_condition=self.self_condition, probs=tuple(p.double().numpy() for p in final),
             losses=tuple(losses), fit_seconds=time.perf_counter() - t0)
 
 

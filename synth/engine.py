@@ -506,7 +506,8 @@ def model_state(model: MbiFittedModel | NeuralFittedModel) -> tuple[dict[str, An
 
     if isinstance(model, DiffusionFittedModel):
         return ({"engine": "diffusion", "total": model.total, "hidden": model.hidden,
-                 "layers": model.layers, "steps": model.steps, "names": list(model.state)},
+                 "layers": model.layers, "steps": model.steps,
+                 "self_condition": model.self_condition, "names": list(model.state)},
                 {f"w{i}": v for i, v in enumerate(model.state.values())})
     if isinstance(model, NeuralFittedModel):
         return ({"engine": "neural", "total": model.total, "n": len(model.probs)},
@@ -534,7 +535,8 @@ def load_warm_start(domain: Domain, meta: Mapping[str, Any],
                      for i, k in enumerate(meta["names"])}
             return DiffusionFittedModel(domain=domain, total=float(meta["total"]), state=state,
                                         hidden=int(meta["hidden"]), layers=int(meta["layers"]),
-                                        steps=int(meta["steps"]))
+                                        steps=int(meta["steps"]),
+                                        self_condition=bool(meta.get("self_condition", False)))
         except (KeyError, ValueError, TypeError) as exc:
             raise EngineInputError(f"saved diffusion model is malformed: {exc!r}") from None
     if meta.get("engine") == "neural":
