@@ -34,7 +34,7 @@ import numpy as np
 
 from synth.domain import Domain
 from synth.engine import (Clique, NoisyMarginal, _check_n, _relaxed_marginal, _resolve_total,
-                          check_marginals, marginal_loss, marginal_loss_terms)
+                          check_marginals, marginal_loss_terms)
 
 #: Rows whose final distributions give :meth:`DiffusionFittedModel.marginal`.
 MARGINAL_ROWS = 8192
@@ -124,6 +124,61 @@ class _Chain:
                     nxt.append(hard + soft - soft.detach())
             xs = nxt
         raise AssertionError("unreachable: steps >= 1")
+
+
+class _GramLoss:
+    """The workload-guided loss of :func:`synth.engine.marginal_loss` for 1- and 2-way
+    marginals from one matrix product: with ``P`` the ``(n, width)`` concatenated row
+    distributions, every 2-way relaxed marginal is a block of ``PᵀP / n`` and every 1-way
+    one a segment of ``P``'s column means. A clique measured more than once enters once,
+    at its measurements' weighted mean target with their summed weight (the same
+    gradient: ``Σ_k w_k||p − y_k||²`` and ``(Σ_k w_k)||p − ȳ||²`` differ by a constant).
+    Larger cliques keep the generic term."""
+
+    def __init__(self, sizes: Sequence[int], targets: Sequence[Any],
+                 idxs: Sequence[Sequence[int]], wts: Sequence[float]) -> None:
+        import torch
+
+        off = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+        width = int(off[-1])
+        w2 = np.zeros((width, width)); y2 = np.zeros((width, width))
+        w1 = np.zeros(width); y1 = np.zeros(width)
+        self.rest: list[tuple[list[int], Any, float]] = []
+        for idx, y, w in zip(idxs, targets, wts, strict=True):
+            yv = np.asarray(y, dtype=np.float64).ravel()
+            if len(idx) == 1:
+                sl = slice(off[idx[0]], off[idx[0] + 1])
+                y1[sl] += w * yv
+                w1[sl] += w
+            elif len(idx) == 2:
+                i, j = idx
+                if i > j:  # one orientation: the block of the lower attribute's rows
+                    i, j = j, i
+                    yv = yv.reshape(sizes[j], sizes[i]).T.ravel()
+                blk = (slice(off[i], off[i + 1]), slice(off[j], off[j + 1]))
+                y2[blk] += w * yv.reshape(sizes[i], sizes[j])
+                w2[blk] += w
+            else:
+                self.rest.append((list(idx), y, w))
+        y1 = np.divide(y1, w1, out=np.zeros_like(y1), where=w1 > 0)
+        y2 = np.divide(y2, w2, out=np.zeros_like(y2), where=w2 > 0)
+        self.w1 = torch.as_tensor(w1, dtype=torch.float32)
+        self.y1 = torch.as_tensor(y1, dtype=torch.float32)
+        self.w2 = torch.as_tensor(w2, dtype=torch.float32)
+        self.y2 = torch.as_tensor(y2, dtype=torch.float32)
+        self.off = off.tolist()
+
+    def __call__(self, flat: Any) -> Any:
+        import torch
+
+        n = flat.shape[0]
+        loss = torch.sum(self.w1 * (flat.mean(0) - self.y1) ** 2)
+        loss = loss + torch.sum(self.w2 * (flat.T @ flat / n - self.y2) ** 2)
+        if self.rest:
+            probs = [flat[:, self.off[j]:self.off[j + 1]] for j in range(len(self.off) - 1)]
+            for idx, y, w in self.rest:
+                loss = loss + w * torch.sum((_relaxed_marginal(probs, idx, torch) - y) ** 2)
+        return loss
 
 
 @dataclass(slots=True, kw_only=True)
@@ -248,6 +303,7 @@ class DiffusionEngine:
                 and tuple(warm_start.domain.sizes) == tuple(domain.sizes)):
             net.load_state_dict({k: torch.as_tensor(v) for k, v in warm_start.state.items()})
         chain = _Chain(net, domain.sizes, self.diffusion_steps, self.self_condition)
+        gram = _GramLoss(domain.sizes, targets, idxs, wts)
         gen = torch.Generator().manual_seed(int(seed) + 1)
         opt = torch.optim.Adam(net.parameters(), lr=self.lr)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, self.steps),
@@ -255,8 +311,8 @@ class DiffusionEngine:
         losses: list[float] = []
         for step in range(self.steps):
             opt.zero_grad(set_to_none=True)
-            loss = marginal_loss(chain.run(self.batch, gen, hard_sample=False, tau=self.tau),
-                                 targets, idxs, wts)
+            probs = chain.run(self.batch, gen, hard_sample=False, tau=self.tau)
+            loss = gram(torch.cat(probs, dim=1))
             loss.backward()
             opt.step()
             sched.step()
