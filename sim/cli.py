@@ -894,9 +894,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_vfl_run_args(demo, demo=True)
     demo.set_defaults(func=_vfl_run, dataset="bank", algo=None)
 
-    vfl = sub.add_parser("vfl", help="two-party vertical federated learning")
+    vfl = sub.add_parser("vfl", help="vertical federated learning (the active party and 1-9 passive parties)")
     vsub = vfl.add_subparsers(dest="vfl_command", required=True)
-    run = vsub.add_parser("run", help="start broker + both parties as processes and train")
+    run = vsub.add_parser("run", help="start the broker and every party as processes and train")
     _add_vfl_run_args(run, demo=False)
     run.add_argument("--plan", metavar="auto|PLAN.json", help="auto: profile (sweep), plan "
                      "and train with the planned workers per party and batch_size; or "

@@ -1,5 +1,5 @@
-"""``psfl sim run SCENARIO.toml --out RUN_DIR``: a two-party VFL run on a simulated
-heterogeneous cluster (one machine).
+"""``psfl sim run SCENARIO.toml --out RUN_DIR``: a VFL run (the active party and one to
+nine passive parties) on a simulated heterogeneous cluster (one machine).
 
 What it launches and enforces (every child is a separate OS process):
 
@@ -7,13 +7,13 @@ What it launches and enforces (every child is a separate OS process):
 * per party with a shaped link or a ``disconnect`` fault, a relay process
   (``python -m sim.relay --broker ...``) between the party and the broker; the party is
   simply given the relay's address (parties never import ``sim/``);
-* the passive and the active party (``python -m parties ROLE``), each placed in its own
+* every passive party and the active party (``python -m parties PARTY_ID``), each in its own
   CPU-share group (:class:`sim.cpu.CpuLimiter`: cgroup quota, or an honest fallback
   recorded in the metadata) and, when configured, memory cgroup
   (:class:`sim.memory.MemoryLimit`), from the very start (``preexec_fn``), so worker
   processes and threads they start later are inside the share too.
 
-Faults fire at ``at_s`` seconds after both parties logged ``vfl.partner_found`` (training
+Faults fire at ``at_s`` seconds after every party logged ``vfl.partner_found`` (training
 starts then), or, with ``after_epochs = k``, ``at_s`` seconds after the active party logged
 its k-th ``vfl.epoch_done`` (tied to progress, so a faster run cannot end first): ``kill`` (SIGKILL to the party and its children), ``pause`` (SIGSTOP, then
 SIGCONT ``duration_s`` later) and ``disconnect`` (the relay aborts the party's
@@ -60,10 +60,10 @@ from pubsub.config import ConfigError, to_mapping
 
 from sim.cpu import CpuLimiter, machine_cores
 from parties import zygote
-from sim.launch import (VFL_IDENTITIES, OutDirError, _stop, run_security, spawn_party_cli,
-                        start_broker)
+from sim.launch import (OutDirError, _stop, run_members, run_security, spawn_party_cli,
+                        start_broker, vfl_identities)
 from sim.memory import MemoryLimit
-from sim.scenario import ROLES, LinkConfig, Scenario, describe, party_cores
+from sim.scenario import LinkConfig, Scenario, describe, party_cores
 
 log = structlog.get_logger(__name__)
 
@@ -197,6 +197,8 @@ class _EventTail:
     first_found_unix: float | None = None
     #: epochs the active party has logged as done (``vfl.epoch_done``'s ``epochs_done``)
     active_epochs_done: float = 0.0
+    #: the run's party ids (``active`` first)
+    parties: tuple[str, ...] = ("active", "passive")
 
     def poll(self) -> None:
         try:
@@ -214,9 +216,9 @@ class _EventTail:
             except orjson.JSONDecodeError:
                 continue
             name, party = ev.get("event"), ev.get("party")
-            if name == "vfl.partner_found" and party in ROLES:
+            if name == "vfl.partner_found" and party in self.parties:
                 self.found.add(party)
-            elif name == "vfl.epoch_done" and party in ROLES:
+            elif name == "vfl.epoch_done" and party in self.parties:
                 self.last_epoch_unix[party] = _unix(ev.get("timestamp"))
                 done = ev.get("epochs_done")
                 if party == "active" and isinstance(done, (int, float)):
@@ -227,7 +229,7 @@ class _EventTail:
 
     @property
     def started(self) -> bool:
-        return self.found >= set(ROLES)
+        return self.found >= set(self.parties)
 
 
 def _unix(ts: Any) -> float:
@@ -281,25 +283,27 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
 
     Raises:
         OutDirError: ``out`` cannot be created or written.
-        sim.scenario / pubsub ConfigError: the cores do not fit on this machine; several
-            passive parties (``vfl.passive_parties`` > 1: not simulated here yet).
+        sim.scenario / pubsub ConfigError: the cores do not fit on this machine; a fault
+            names a party the run does not have.
         ScenarioError: a relay did not start.
         parties.data.DataError: the data or column split is invalid (checked first).
         sim.cpu.CpuLimitUnavailable: a CPU method was requested explicitly and is not
             available here.
     """
     t0 = time.perf_counter()
-    if cfg.passive_parties > 1:
-        raise ConfigError("vfl.passive_parties", "psfl sim run shapes two parties (one "
-                          "relay, cores and faults per role); run several passive parties "
-                          f"with psfl vfl run, got {cfg.passive_parties}")
+    ids = cfg.party_ids
+    for f in scn.faults:
+        if f.party not in ids:
+            raise ConfigError("scenario.faults.party",
+                              f"{f.party!r} is not a party of this run ({', '.join(ids)}; "
+                              f"vfl.passive_parties = {cfg.passive_parties})")
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         events = out / "events.jsonl"
         events.write_text("")
-        for stale in ("metrics.json", "passive.json", "broker.addr", "timeline-active.json",
-                      "timeline-passive.json"):
+        for stale in ("metrics.json", "broker.addr", *(f"{p}.json" for p in ids[1:]),
+                      *(f"timeline-{p}.json" for p in ids)):
             (out / stale).unlink(missing_ok=True)
         (out / "config.toml").write_text(dump_vfl_config(cfg))
     except OSError as exc:
@@ -307,7 +311,7 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
                           f"{exc.strerror or exc}") from None
     zygote.warm()  # the parties' fork server imports while the data is checked
     preflight(cfg)
-    cores = party_cores(scn, machine_cores())
+    cores = party_cores(scn, machine_cores(), ids)
     run_id = uuid.uuid4().hex[:8]
     procs: dict[str, subprocess.Popen[bytes]] = {}
     relays: dict[str, _Relay] = {}
@@ -316,28 +320,28 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
     mems: dict[str, MemoryLimit] = {}
     sim: dict[str, Any] = {"scenario": describe(scn, cores), "run_id": run_id,
                            "faults": [], "exit_codes": {}}
-    samples: dict[str, list[tuple[float, float]]] = {r: [] for r in ROLES}
+    samples: dict[str, list[tuple[float, float]]] = {r: [] for r in ids}
     end_state = "completed"
     try:
-        for role in ROLES:
+        for role in ids:
             limiters[role] = CpuLimiter.create(role, cores[role], method=scn.cpu_method,
                                                period_us=scn.cpu_period_us)
             if scn.party(role).memory_mb > 0:
                 mems[role] = MemoryLimit(role, scn.party(role).memory_mb)
-        sec = stack.enter_context(run_security(VFL_IDENTITIES, insecure=insecure))
+        sec = stack.enter_context(run_security(vfl_identities(cfg), insecure=insecure))
         sim["security"] = sec.describe()
         procs["broker"], broker = start_broker(out, events, security=sec,
-                                               members={run_id: list(VFL_IDENTITIES)})
+                                               **run_members(run_id, ids))
         needs_relay = {f.party for f in scn.faults if f.kind == "disconnect"}
-        for role in ROLES:
+        for role in ids:
             if scn.party(role).link.shaped or role in needs_relay:
                 relays[role] = start_relay(broker, role, scn, out, ports=sec.n_ports)
-        for role in ("passive", "active"):
+        for role in (*ids[1:], "active"):
             addr = relays[role].address if role in relays else broker
             args = [role, "--config", str(out / "config.toml"), "--broker", addr,
                     "--run-id", run_id, "--out", str(out), "--events", str(events),
                     *sec.client_args]
-            if quiet or role == "passive":
+            if quiet or role != "active":
                 args.append("--quiet")
             # the party forks from the party fork server (parties.zygote: imports paid
             # once) and joins its CPU and memory groups itself before it runs
@@ -353,7 +357,7 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
                 limiters[role].add(procs[role].pid)
         end_state = _supervise(scn, cfg, procs, relays, limiters, events, sim, samples)
     finally:
-        for role in ("active", "passive"):
+        for role in ids:
             if role in procs and procs[role].poll() is None:
                 _signal_family(procs[role].pid, signal.SIGCONT)  # never leave it stopped
                 _stop(procs[role])
@@ -369,7 +373,7 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
         for m in mems.values():
             m.close()
         stack.close()
-    for role in ROLES:
+    for role in ids:
         if role in procs:
             sim["exit_codes"][role] = procs[role].returncode
     sim["end_state"] = end_state
@@ -400,7 +404,7 @@ def _supervise(scn: Scenario, cfg: VflConfig, procs: dict[str, subprocess.Popen[
                relays: dict[str, _Relay], limiters: dict[str, CpuLimiter], events: Path,
                sim: dict[str, Any], samples: dict[str, list[tuple[float, float]]]) -> str:
     """Fire the faults, sample CPU use, and wait for a clear end state."""
-    tail = _EventTail(events, epochs=cfg.epochs)
+    tail = _EventTail(events, epochs=cfg.epochs, parties=cfg.party_ids)
     sim["last_epoch_unix"] = tail.last_epoch_unix  # filled as the run goes
     sim["trained_unix"] = tail.trained_unix
     start_mono: float | None = None
@@ -445,15 +449,17 @@ def _supervise(scn: Scenario, cfg: VflConfig, procs: dict[str, subprocess.Popen[
                 _emit(events, "sim.fault.resumed", target=role, kind="pause", processes=n)
                 resume.remove((when, role, rec))
         active = procs["active"].poll()
-        passive = procs["passive"].poll()
+        passive = {p: procs[p].poll() for p in cfg.party_ids[1:]}
         if active is not None:
             if active == 0:
-                if passive is None:  # the passive party exits right after "done"
-                    _wait_exit(procs["passive"], 10.0)
+                for p, code in passive.items():
+                    if code is None:  # a passive party exits right after "done"
+                        _wait_exit(procs[p], 10.0)
                 return "completed"
             return _failed(sim, events, "active", active, killed_at)
-        if passive is not None and passive != 0 and killed_at is None:
-            return _failed(sim, events, "passive", passive, killed_at)
+        for p, code in passive.items():
+            if code is not None and code != 0 and killed_at is None:
+                return _failed(sim, events, p, code, killed_at)
         if procs["broker"].poll() is not None:
             _emit(events, "sim.broker_died", code=procs["broker"].returncode)
             return "failed"
@@ -541,8 +547,7 @@ def format_summary(m: dict[str, Any]) -> str:
     """A few human-readable lines about a scenario run."""
     s = m["sim"]
     lines = [f"scenario {s['scenario']['name']}: end state {s['end_state']}"]
-    for role in ROLES:
-        c = s["cpu"].get(role, {})
+    for role, c in s["cpu"].items():
         meas = c.get("measured_cores")
         lines.append(f"  {role:<8} quota {c.get('quota_cores', 0):.4g} cores "
                      f"({c.get('method')}), measured "

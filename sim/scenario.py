@@ -31,11 +31,18 @@ The paper's setting is two parties on 64 cores split 50:14, 48:16, 40:24 or 36:2
 (PubSub-VFL, arXiv 2510.12494, Sec. 5). A ratio scales to this machine as fractions of
 its cores (:func:`party_cores`): "50:14" of 64 on 2 cores is 1.5625 : 0.4375 cores.
 
+Several passive parties (``vfl.passive_parties`` = N - 1): the further parties
+(``passive2`` ... ``passive9``) get their own tables, ``[scenario.passive2]``,
+``[scenario.passive2.link]`` and so on, and faults may name them. ``cpu_ratio`` is then
+either ``"A:P"`` (the passive share split equally among the passive parties) or one
+share per party in order (``"40:8:8:8"`` for the active party and three passive ones).
+
 Pure: parsing and validation only; :mod:`sim.runner` does the I/O.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -46,6 +53,8 @@ from typing import Any
 from pubsub.config import ConfigError, deep_merge, from_mapping, parse_overrides
 
 ROLES = ("active", "passive")
+#: every party id a scenario may name: the active party, then ``passive``, ``passive2``, …
+PARTY_IDS = ("active", "passive", *(f"passive{i}" for i in range(2, 10)))
 FAULT_KINDS = ("kill", "pause", "disconnect")
 CPU_METHODS = ("auto", "cgroup-v2", "cgroup-v1", "duty-cycle", "none")
 
@@ -113,7 +122,8 @@ class FaultSpec:
         after_epochs: 0, or fire ``at_s`` after the active party logged this many
             completed epochs (a fault tied to training progress, not to wall time: a
             faster machine or code cannot finish the run before it fires).
-        party: ``"active"`` or ``"passive"``.
+        party: a party id: ``"active"``, ``"passive"``, ``"passive2"`` … ``"passive9"``
+            (the run must have that party).
         kind: ``"kill"`` (SIGKILL), ``"pause"`` (SIGSTOP, SIGCONT after ``duration_s``)
             or ``"disconnect"`` (the party's relay drops its connections and refuses new
             ones for ``duration_s``).
@@ -133,8 +143,9 @@ class FaultSpec:
                 or self.after_epochs < 0:
             raise ConfigError("faults.after_epochs",
                               f"must be a whole number of epochs >= 0, got {self.after_epochs!r}")
-        if self.party not in ROLES:
-            raise ConfigError("faults.party", f"must be 'active' or 'passive', got {self.party!r}")
+        if self.party not in PARTY_IDS:
+            raise ConfigError("faults.party", f"must be 'active', 'passive' or 'passive2' … "
+                                              f"'passive9', got {self.party!r}")
         if self.kind not in FAULT_KINDS:
             raise ConfigError("faults.kind", f"must be one of {FAULT_KINDS}, got {self.kind!r}")
         if self.kind != "kill" and not (math.isfinite(self.duration_s) and self.duration_s > 0):
@@ -144,12 +155,13 @@ class FaultSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
-    """A heterogeneous two-party cluster on one machine.
+    """A heterogeneous cluster of VFL parties on one machine.
 
     Attributes:
         name: label (reports, plots).
-        cpu_ratio: ``"A:P"`` active:passive CPU shares, e.g. ``"50:14"``; empty = both
-            parties give ``cores`` themselves.
+        cpu_ratio: ``"A:P"`` active:passive CPU shares, e.g. ``"50:14"`` (with several
+            passive parties, P is split equally among them), or one share per party in
+            party order; empty = every party gives ``cores`` itself.
         ratio_of: the ratio is a share of this many cores (0: the sum of its parts), e.g.
             64 for the paper's "50:14 of 64 cores".
         machine_cores: cores the shares are fractions of (0: this machine's usable CPUs).
@@ -163,6 +175,9 @@ class Scenario:
         end_margin_s: after a fatal fault (a kill), how long the survivors may take to
             reach a clear end state beyond ``max(T_ddl, liveness timeout)``, seconds.
         active / passive: the parties' resources.
+        more: the further passive parties' resources, ``(party id, spec)`` pairs (TOML:
+            ``[scenario.passive2]`` …); a party of the run not named here gets the
+            defaults (no limit but its CPU share, an unshaped link).
         faults: the fault schedule.
     """
 
@@ -176,6 +191,7 @@ class Scenario:
     end_margin_s: float = 10.0
     active: PartySpec = field(default_factory=PartySpec)
     passive: PartySpec = field(default_factory=PartySpec)
+    more: tuple[tuple[str, PartySpec], ...] = ()
     faults: tuple[FaultSpec, ...] = ()
 
     def __post_init__(self) -> None:
@@ -189,56 +205,91 @@ class Scenario:
             raise ConfigError("scenario.timeout_s", f"must be > 0 seconds, got {self.timeout_s}")
         if self.cpu_ratio:
             parse_ratio(self.cpu_ratio)  # raises ConfigError
-        elif not (self.active.cores > 0 and self.passive.cores > 0):
+        elif not (self.active.cores > 0 and self.passive.cores > 0
+                  and all(spec.cores > 0 for _, spec in self.more)):
             raise ConfigError("scenario.cpu_ratio",
-                              "give cpu_ratio, or cores for both parties")
+                              "give cpu_ratio, or cores for every party")
+        for pid, _ in self.more:
+            if pid not in PARTY_IDS[2:]:
+                raise ConfigError(f"scenario.{pid}", "not a further passive party's id "
+                                                     "(passive2 … passive9)")
         if self.ratio_of < 0 or self.machine_cores < 0:
             raise ConfigError("scenario.ratio_of", "ratio_of and machine_cores must be >= 0")
 
-    def party(self, role: str) -> PartySpec:
-        """The :class:`PartySpec` of ``role``."""
-        if role not in ROLES:
-            raise ValueError(f"role must be 'active' or 'passive', got {role!r}")
-        return self.active if role == "active" else self.passive
+    def party(self, party: str) -> PartySpec:
+        """The :class:`PartySpec` of a party id (defaults for a further passive party the
+        scenario does not name)."""
+        if party not in PARTY_IDS:
+            raise ValueError(f"party must be 'active', 'passive' or 'passive2' … 'passive9', "
+                             f"got {party!r}")
+        if party in ROLES:
+            return self.active if party == "active" else self.passive
+        return dict(self.more).get(party, PartySpec())
 
 
-def parse_ratio(text: str) -> tuple[float, float]:
-    """``"50:14"`` -> ``(50.0, 14.0)``.
+def parse_ratio(text: str) -> tuple[float, ...]:
+    """``"50:14"`` -> ``(50.0, 14.0)``; ``"40:8:8:8"`` -> four shares.
 
     Raises:
-        ConfigError: not two positive finite numbers separated by ``:``.
+        ConfigError: not 2 to 10 positive finite numbers separated by ``:``.
     """
     parts = text.split(":")
     try:
         vals = tuple(float(p) for p in parts)
     except ValueError:
         vals = ()
-    if len(vals) != 2 or not all(math.isfinite(v) and v > 0 for v in vals):
+    if not 2 <= len(vals) <= len(PARTY_IDS) or not all(math.isfinite(v) and v > 0
+                                                       for v in vals):
         raise ConfigError("scenario.cpu_ratio",
-                          f"expected 'A:P' with two positive numbers, got {text!r}")
-    return vals[0], vals[1]
+                          f"expected 'A:P' (or one share per party, up to {len(PARTY_IDS)}) "
+                          f"with positive numbers, got {text!r}")
+    return vals
 
 
-def party_cores(scn: Scenario, machine_cores: float) -> dict[str, float]:
-    """Cores of each party on a machine with ``machine_cores`` usable cores.
-
-    A party's own ``cores`` wins; otherwise its share of ``cpu_ratio``: share ÷
-    ``ratio_of`` (default the ratio's sum) × the machine's cores.
+def party_shares(ratio: Sequence[float], party_ids: Sequence[str]) -> list[float]:
+    """One share per party (``party_ids``: ``active`` first) from a parsed ``cpu_ratio``:
+    the ratio's own shares when it has one per party; from ``"A:P"``, P split equally
+    among the passive parties.
 
     Raises:
-        ConfigError: the parties together ask for more than the machine has.
+        ConfigError: the ratio has neither 2 shares nor one per party.
+    """
+    n = len(party_ids)
+    if len(ratio) == n:
+        return list(ratio)
+    if len(ratio) == 2:
+        return [ratio[0], *([ratio[1] / (n - 1)] * (n - 1))]
+    raise ConfigError("scenario.cpu_ratio", f"{len(ratio)} shares for {n} parties "
+                                            f"({', '.join(party_ids)}): give 'A:P' or {n}")
+
+
+def party_cores(scn: Scenario, machine_cores: float,
+                party_ids: Sequence[str] = ROLES) -> dict[str, float]:
+    """Cores of each party (``party_ids``, ``active`` first) on a machine with
+    ``machine_cores`` usable cores.
+
+    A party's own ``cores`` wins; otherwise its share of ``cpu_ratio``
+    (:func:`party_shares`): share ÷ ``ratio_of`` (default the ratio's sum) × the
+    machine's cores.
+
+    Raises:
+        ConfigError: the parties together ask for more than the machine has; a party
+            without cores and no ``cpu_ratio``; a ratio that fits neither form.
     """
     total = scn.machine_cores or machine_cores
     out: dict[str, float] = {}
     ratio = parse_ratio(scn.cpu_ratio) if scn.cpu_ratio else None
+    shares = party_shares(ratio, party_ids) if ratio else None
     of = scn.ratio_of or (sum(ratio) if ratio else 0.0)
-    for i, role in enumerate(ROLES):
-        own = scn.party(role).cores
+    for i, party in enumerate(party_ids):
+        own = scn.party(party).cores
         if own > 0:
-            out[role] = own
+            out[party] = own
+        elif shares is None:
+            raise ConfigError(f"scenario.{party}.cores",
+                              "give cpu_ratio, or cores for every party")
         else:
-            assert ratio is not None
-            out[role] = ratio[i] / of * total
+            out[party] = shares[i] / of * total
     if sum(out.values()) > total * (1 + 1e-9):
         raise ConfigError("scenario.cpu_ratio",
                           f"the parties ask for {sum(out.values()):g} cores; the machine has "
@@ -273,14 +324,23 @@ def load_scenario(path: str | Path, sets: Sequence[str] = ()) -> tuple[Scenario,
     if bad:
         raise ConfigError(bad[0], "--set keys must start with 'scenario.' or 'vfl.'")
     table = deep_merge(dict(data.get("scenario", {})), over.get("scenario", {}))
+    more = []
+    for pid in PARTY_IDS[2:]:
+        if pid in table:
+            raw = table.pop(pid)
+            if not isinstance(raw, dict):
+                raise ConfigError(f"scenario.{pid}", "expected a table")
+            more.append((pid, from_mapping(PartySpec, raw, section=f"scenario.{pid}")))
     faults = table.pop("faults", [])
     if not isinstance(faults, list):
         raise ConfigError("scenario.faults", "expected an array of tables ([[scenario.faults]])")
+    if "more" in table:
+        raise ConfigError("scenario.more", "unknown key (name a further passive party's "
+                                           "table [scenario.passive2] … instead)")
     scn = from_mapping(Scenario, table, section="scenario")
+    scn = dataclasses.replace(scn, more=tuple(more)) if more else scn
     parsed = tuple(from_mapping(FaultSpec, f, section=f"scenario.faults[{i}]")
                    for i, f in enumerate(faults))
-    import dataclasses
-
     scn = dataclasses.replace(scn, faults=tuple(sorted(parsed, key=lambda f: (f.after_epochs, f.at_s))))
     vfl = deep_merge(dict(data.get("vfl", {})), over.get("vfl", {}))
     return scn, vfl
@@ -294,8 +354,8 @@ def describe(scn: Scenario, cores: Mapping[str, float]) -> dict[str, Any]:
         "cpu_period_us": scn.cpu_period_us,
         "links": {r: {"latency_s": scn.party(r).link.latency_s,
                       "bandwidth_mbps": scn.party(r).link.bandwidth_mbps,
-                      "loss": scn.party(r).link.loss} for r in ROLES},
-        "memory_mb": {r: scn.party(r).memory_mb for r in ROLES},
+                      "loss": scn.party(r).link.loss} for r in cores},
+        "memory_mb": {r: scn.party(r).memory_mb for r in cores},
         "faults": [{"at_s": f.at_s, "after_epochs": f.after_epochs, "party": f.party,
                     "kind": f.kind, "duration_s": f.duration_s} for f in scn.faults],
     }

@@ -24,7 +24,8 @@ def test_marks_only_faults_after_the_partys_last_epoch() -> None:
 def test_summary_says_after_training() -> None:
     faults = _faults()[:2]
     mark_after_training(faults, {"passive": 106.0})
-    m = {"sim": {"scenario": {"name": "t"}, "end_state": "completed", "cpu": {},
+    cpu = {r: {"quota_cores": 1.0, "method": "none"} for r in ("active", "passive")}
+    m = {"sim": {"scenario": {"name": "t"}, "end_state": "completed", "cpu": cpu,
                  "faults": faults, "faults_not_fired": []}}
     lines = format_summary(m).splitlines()
     assert "AFTER TRAINING" not in lines[3] and "at 1 s" in lines[3]

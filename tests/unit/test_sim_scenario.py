@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pubsub.config import ConfigError
-from sim.scenario import Scenario, load_scenario, parse_ratio, party_cores
+from sim.scenario import (FaultSpec, PartySpec, Scenario, load_scenario, parse_ratio,
+                          party_cores)
 
 GOOD = """
 [scenario]
@@ -100,3 +101,83 @@ def test_shipped_vfl_scenario_loads_and_matches_the_readme() -> None:
     body = "\n".join(line for line in path.read_text().splitlines()
                      if not line.startswith("#"))
     assert body.strip() in (root / "docs" / "vfl.md").read_text()
+
+
+MULTI = """
+[scenario]
+cpu_ratio = "40:24"
+ratio_of = 64
+
+[scenario.passive2]
+memory_mb = 256
+
+[scenario.passive2.link]
+latency_s = 0.01
+
+[[scenario.faults]]
+at_s = 1.0
+party = "passive2"
+kind = "pause"
+duration_s = 2.0
+
+[vfl]
+passive_parties = 2
+"""
+
+PARTIES3 = ("active", "passive", "passive2")
+
+
+def test_several_passive_parties_get_tables_shares_and_faults(tmp_path):
+    p = tmp_path / "m.toml"
+    p.write_text(MULTI)
+    scn, vfl = load_scenario(p)
+    assert vfl == {"passive_parties": 2}
+    assert scn.party("passive2").link.latency_s == 0.01 and scn.party("passive2").link.shaped
+    assert scn.party("passive2").memory_mb == 256
+    assert scn.party("passive3").link.shaped is False  # not named: the defaults
+    assert [f.party for f in scn.faults] == ["passive2"]
+    # "A:P" splits P equally among the passive parties
+    assert party_cores(scn, 2, PARTIES3) == pytest.approx(
+        {"active": 1.25, "passive": 0.375, "passive2": 0.375})
+    # one share per party
+    scn4 = Scenario(cpu_ratio="40:8:8:8", ratio_of=64)
+    assert party_cores(scn4, 64, ("active", "passive", "passive2", "passive3")) == \
+        pytest.approx({"active": 40, "passive": 8, "passive2": 8, "passive3": 8})
+    assert party_cores(Scenario(cpu_ratio="50:14", ratio_of=64), 2) == pytest.approx(
+        {"active": 1.5625, "passive": 0.4375})  # two parties: as before
+
+
+@pytest.mark.parametrize("text, key", [
+    ('[scenario]\ncpu_ratio = "1:1"\n[scenario.passive12]\ncores = 1\n', "passive12"),
+    ('[scenario]\ncpu_ratio = "1:1"\n[scenario.passive2]\nspeed = 1\n', "speed"),
+    ('[scenario]\ncpu_ratio = "1:1"\n[[scenario.faults]]\nat_s = 1\nparty = "passive10"\n'
+     'kind = "kill"\n', "faults.party"),
+    ('[scenario]\ncpu_ratio = "1:1"\nmore = []\n', "scenario.more"),
+])
+def test_bad_multiparty_scenarios_name_the_key(tmp_path, text, key):
+    p = tmp_path / "b.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=key):
+        load_scenario(p)
+
+
+def test_a_ratio_that_fits_no_party_count_or_a_party_without_cores_is_refused():
+    with pytest.raises(ConfigError, match="3 shares for 4 parties"):
+        party_cores(Scenario(cpu_ratio="4:2:2"), 2,
+                    ("active", "passive", "passive2", "passive3"))
+    with pytest.raises(ConfigError, match="passive2"):
+        party_cores(Scenario(active=PartySpec(cores=0.5), passive=PartySpec(cores=0.5)), 2,
+                    PARTIES3)
+    with pytest.raises(ConfigError, match="asks for|ask for"):
+        party_cores(Scenario(cpu_ratio="1:1:1", machine_cores=1.0, ratio_of=1.0), 2, PARTIES3)
+
+
+def test_a_fault_on_a_party_the_run_lacks_is_refused_before_anything_starts(tmp_path):
+    from parties.config import VflConfig
+    from sim.runner import run_scenario
+
+    scn = Scenario(cpu_ratio="1:1", faults=(FaultSpec(at_s=1.0, party="passive3",
+                                                      kind="kill"),))
+    with pytest.raises(ConfigError, match="'passive3' is not a party of this run"):
+        run_scenario(scn, VflConfig(dataset="bank", passive_parties=2), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
