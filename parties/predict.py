@@ -475,6 +475,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--id-column", default=DEFAULT_ID_COLUMN, help="ID column of --data")
     p.add_argument("--timeout-s", type=float, default=60.0, help="each wait's deadline")
     p.add_argument("--events", help="append JSON log lines here")
+    p.add_argument("--quiet", action="store_true",
+                   help="no result line (the launcher of psfl vfl predict prints its own)")
     add_security_arguments(p)
     args = p.parse_args(argv)
     try:
@@ -491,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error ({args.party} party, predict): {exc}", file=sys.stderr)
         return int(code)
-    if args.party == "active":
+    if args.party == "active" and not args.quiet:
         m = result.get("metric")
         print(f"predicted {result['rows']} rows"
               + ("" if m is None or not math.isfinite(m) else

@@ -143,7 +143,7 @@ def run_predict(run_dir: str | Path, out: str | Path, *, data: str | None = None
                       "--id-column", id_column, *sec.client_args,
                       *(["--data", str(data)] if data is not None else [])]
             for party in (*party_ids[1:], "active"):
-                extra = ["--out", str(out)] if party == "active" else []
+                extra = ["--out", str(out), "--quiet"] if party == "active" else []
                 procs[party] = spawn_party_cli(["predict", party, *common, *extra],
                                                name=f"psfl-predict-{party}")
             wait_children({p: procs[p] for p in party_ids},

@@ -165,6 +165,11 @@ def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
             specs.append(ColumnSpec(name=name, kind="categorical", levels=label[1]))
             continue
         col = declared.get(name)
+        if col is None and name == cfg.label:
+            raise ConfigError("synth.schema_file", f"the label column {name!r} is not declared "
+                              "in the public schema; declare it with its classes, e.g. "
+                              f'[columns.{name}] kind = "categorical" categories = '
+                              '["no", "yes"]')
         if col is None:
             raise ConfigError("synth.schema_file", f"column {name!r} is not declared in the "
                               "public schema; declare it or drop it (drop_columns)")
