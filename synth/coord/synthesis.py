@@ -52,8 +52,16 @@ def fit_engine(ctx: RunContext, ms: list[NoisyMarginal], total: float, iters: in
 
 
 def default_iters(ctx: RunContext) -> int:
-    """The engine's iterations when ``engine_iters`` is 0."""
-    return ctx.cfg.engine_iters or (1000 if ctx.engine == "mbi" else 1500)
+    """The engine's iterations: ``engine_iters``, or when it is 0 the engine's own default
+    (mbi's ``iters``, the neural and diffusion engines' ``steps``)."""
+    if ctx.cfg.engine_iters:
+        return ctx.cfg.engine_iters
+    from synth.diffusion import DiffusionEngine
+    from synth.engine import MbiEngine, NeuralEngine
+
+    if ctx.engine == "mbi":
+        return MbiEngine().iters
+    return DiffusionEngine().steps if ctx.engine == "diffusion" else NeuralEngine().steps
 
 
 class SynthesisStage:

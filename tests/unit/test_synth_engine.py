@@ -174,7 +174,7 @@ def test_diffusion_engine_learns_the_measured_marginals_and_reloads() -> None:
     from synth.engine import load_warm_start, model_state
 
     x = _data()
-    eng = DiffusionEngine(steps=300, batch=512, hidden=64)
+    eng = DiffusionEngine(steps=300, batch=512, hidden=64, lr=1e-2)
     untrained = DiffusionEngine(steps=0, batch=512, hidden=64).fit(DOM, _exact(x), total=N)
     fm = eng.fit(DOM, _exact(x), total=N, seed=0)
     for c in (("a", "b"), ("d", "b")):
