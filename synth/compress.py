@@ -18,10 +18,10 @@ the range is ``Δ / 2`` (values outside are clipped first). Error feedback (Seid
 decoded values converges to ``x`` at rate ``Δ / (2T)`` after ``T`` rounds instead of
 staying biased by up to ``Δ / 2``.
 
-Delta encoding and ring helpers follow the secure-aggregation blueprint of
-``shared/reference/fedforge.md``: the masked sum of deltas mod ``2^m`` added to the
-previous aggregate mod ``2^m`` is the new aggregate, as long as ``m`` leaves room for
-the signed sum (see :func:`synth.secagg.ring_bits`).
+Delta encoding and ring helpers are built for additive secure aggregation: the masked
+sum of deltas mod ``2^m`` added to the previous aggregate mod ``2^m`` is the new
+aggregate, as long as ``m`` leaves room for the signed sum (see
+:func:`synth.secagg.ring_bits`; what deltas save is measured in docs/fedforge.md).
 """
 
 from __future__ import annotations
