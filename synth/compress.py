@@ -1,7 +1,7 @@
 """Adaptive communication for marginal vectors: quantisation, error feedback, deltas, packing.
 
 Pure functions and small stateful codecs, no sockets. A party's noisy marginal vector
-(float64 or int, length ``n``) travels as follows (FedForge issue 6, item 4)::
+(float64 or int, length ``n``) travels as follows::
 
     x  --ErrorFeedbackQuantizer-->  q in {0..2^b-1}^n            (b-bit quantisation)
        --DeltaEncoder------------>  d = q_t - q_base (signed)     (delta vs the last ack)
