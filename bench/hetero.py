@@ -1,4 +1,4 @@
-"""The heterogeneity benchmark: the five algorithms under unequal CPU shares (issue 5).
+"""The heterogeneity benchmark: the five algorithms under unequal CPU shares.
 
 For each CPU split of the paper's 64 cores ("50:14", "40:24", "32:32"; active:passive,
 scaled to this machine's cores as fractions: 50:14 on 2 cores is 1.5625 : 0.4375), every
@@ -111,7 +111,7 @@ DEPTH = 9
 FEATURES = 500
 EFFICIENCY_LIMIT = 1.05
 PERIOD_US = 10_000  # the quotas' period (see sim.scenario.Scenario.cpu_period_us)
-#: B values the planner may choose here (issue 28: 16 to 1024). It plans for time to
+#: B values the planner may choose here (16 to 1024). It plans for time to
 #: target with the samples-to-target model of pilot runs (:mod:`sim.pilot`); planning
 #: for time per epoch alone, B = 1024 won everywhere, and with Adam at lr 1e-3 four
 #: epochs at B = 1024 reached test AUC 0.79 against 0.84-0.90 at B = 256 (--quick,
@@ -143,7 +143,7 @@ PASSIVE_WORKERS = 8
 #: --repeats 3 run after it: 50:14 2 + 8 missed 2 of 3, 40:24 1 + 4 0.92 (CHANGELOG).
 PUBSUB_WORKERS = {"40:24": (1, 4)}
 #: Validation points per epoch: time to target is read off them, so they must be fine
-#: enough (issue 28: at least 20 before sync VFL reaches the target).
+#: enough (the aim: at least 20 before sync VFL reaches the target).
 VAL_PER_EPOCH = 16
 
 

@@ -1,5 +1,5 @@
-"""What delta encoding and error feedback save over repeated releases (FedForge issue 6,
-"Adaptive communication": they only act across rounds).
+"""What delta encoding and error feedback save over repeated releases (they
+only act across rounds).
 
 A repeated release: every party re-measures the same marginals R times with fresh
 noise (a continual release of an unchanged table, the simplest multi-round case), and

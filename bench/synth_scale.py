@@ -1,5 +1,4 @@
-"""FedForge at scale: K parties over the real bus, coordinator cost against K (issue 7,
-item 4).
+"""FedForge at scale: K parties over the real bus, coordinator cost against K.
 
 What is measured
 ----------------

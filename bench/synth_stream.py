@@ -1,4 +1,4 @@
-"""FedForge streaming workload updates against a full re-run (issue 7, item 3).
+"""FedForge streaming workload updates against a full re-run.
 
 What is measured
 ----------------

@@ -30,7 +30,7 @@ the ceiling (the mean of a profile taken before and one after each repeat), so
 ``bare_zmq`` is the best efficiency a design on this bus can expect here and the gap
 from it to ``pubsub`` is our own overhead (broker hop, asyncio, codec, schedules).
 
-``--split A:P`` (e.g. ``50:14``, issue 5) asks the same question under
+``--split A:P`` (e.g. ``50:14``, the paper's split) asks the same question under
 ``bench/hetero.py``'s CPU quotas instead of one pinned core per party: each child joins
 a CPU-share group of its split's cores, the models are hetero's balanced widths, and the
 ceiling is hetero's quota profile (mean of one before and one after each repeat). The

@@ -1,5 +1,5 @@
 """Column treatments on a traffic-shaped table: a 40,000-level date-time column and an ID
-column cost no more memory than the table without them (issue 24's generator check).
+column cost no more memory than the table without them (a check of the table generator).
 
 What runs: :func:`parties.tables.make_traffic` writes two CSV files with the same rows and
 values, one with the ``date_time`` (about 40,600 distinct values in 48,204 rows) and

@@ -30,7 +30,7 @@ the hidden layers dominate (9 w^2 multiply-adds), so N - 1 bottoms of width w_N 
 what one of width 256 costs when w_N = 256 / sqrt(N - 1) (:func:`bottom_width`: 256,
 148, 114, 97, 85 for N = 2, 4, 6, 8, 10). (Width 256 rather than the 128 of the paper's
 small model: a torch step has a fixed cost of about 3 ms per party on this machine, which
-at width 128 and ten parties is most of the compute; see issue 23's note.) The top model
+at width 128 and ten parties is most of the compute.) The top model
 is 64 wide on the concatenated embeddings. Workers, inline in each party's process
 (``worker_mode = "inline"``; thread workers cost 5-10 % on 2 cores): ``pubsub`` and
 ``avfl-ps`` one active and two passive workers per party, ``vfl-ps`` two and two,

@@ -2,8 +2,8 @@
 
 The data path is one thread polling three sockets (XSUB, XPUB, REP); each
 readable socket is drained in bursts with non-blocking receives, which is
-what keeps a Python broker near ``zmq.proxy`` speed (see
-``shared/reference/zeromq.md``). No socket is touched by any other thread.
+what keeps a Python broker near ``zmq.proxy`` speed (``bench/bus.py`` measures it;
+figures in docs/benchmarks.md). No socket is touched by any other thread.
 
 Per message the broker checks the envelope's structure (at least two frames,
 NUL-terminated topic, header version byte, header CRC) and counts it by channel

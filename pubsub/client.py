@@ -1,6 +1,7 @@
 """The bus client: one publisher socket, one subscriber socket, bounded per-topic buffers.
 
-Design (see ``shared/reference/zeromq.md`` for the measurements behind it):
+Design (its throughput against raw pyzmq and ``zmq.proxy``: ``bench/bus.py``,
+docs/benchmarks.md):
 
 * **One reader callback per subscriber socket.** The SUB socket's ZMQ_FD is
   watched with ``loop.add_reader``; on each wake-up the callback drains the

@@ -1,4 +1,4 @@
-"""The consortium scenario (issue 7, item 5): a FedForge synthesis over K sites of unequal
+"""The consortium scenario: a FedForge synthesis over K sites of unequal
 size, one site on a slow link, one offline for a while, a workload update half way and,
 optionally, a coordinator crash; read from one TOML file beside the run's ``[synth]``
 table.

@@ -417,7 +417,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         insecure: plaintext on loopback instead (prints a warning).
         kill_coordinator_at: kill -9 the coordinator when it starts this stage (a name
             from :func:`coordinator_stages`) plus ``kill_delay_s``, and start it again with
-            ``--resume`` after ``restart_after_s`` seconds (issue 7: crash recovery);
+            ``--resume`` after ``restart_after_s`` seconds (crash recovery);
             ``STAGE@POINT`` (e.g. ``round:select@unmask``) has it kill itself at that exact
             point of the stage (``python -m sim.synth_crash``).
             ``metrics["faults"]`` records it.

@@ -1,4 +1,4 @@
-"""A FedForge aggregator: a node of the aggregation tree (issue 6, item 6).
+"""A FedForge aggregator: a node of the aggregation tree.
 
 It adds the masked vectors (or masked sums) its children send for a round, each cell in
 its ring Z_(2^w) (the plan's width of the cell), and forwards the sum with the list of

@@ -1,4 +1,4 @@
-"""Dropout recovery for FedForge's aggregate marginals (issue 7, item 1, coordinator side).
+"""Dropout recovery for FedForge's aggregate marginals (coordinator side).
 
 A party that misses an aggregation round's deadline is dropped for that round: secure
 aggregation's dropout recovery (:mod:`synth.secagg`) unmasks the SUM over the round's

@@ -1,4 +1,4 @@
-"""Atomic files for the coordinator's checkpoints and the parties' ledgers (issue 7, item 2).
+"""Atomic files for the coordinator's checkpoints and the parties' ledgers.
 
 Every file is written to a temporary name in the same directory, flushed and fsynced,
 then renamed over the target (``os.replace``, atomic on POSIX), and the directory is

@@ -1,7 +1,7 @@
 """Adaptive communication for marginal vectors: quantisation, error feedback, deltas, packing.
 
 Pure functions and small stateful codecs, no sockets. A party's noisy marginal vector
-(float64 or int, length ``n``) travels as follows (FedForge issue 6, item 4)::
+(float64 or int, length ``n``) travels as follows::
 
     x  --ErrorFeedbackQuantizer-->  q in {0..2^b-1}^n            (b-bit quantisation)
        --DeltaEncoder------------>  d = q_t - q_base (signed)     (delta vs the last ack)
@@ -18,10 +18,10 @@ the range is ``Δ / 2`` (values outside are clipped first). Error feedback (Seid
 decoded values converges to ``x`` at rate ``Δ / (2T)`` after ``T`` rounds instead of
 staying biased by up to ``Δ / 2``.
 
-Delta encoding and ring helpers follow the secure-aggregation blueprint of
-``shared/reference/fedforge.md``: the masked sum of deltas mod ``2^m`` added to the
-previous aggregate mod ``2^m`` is the new aggregate, as long as ``m`` leaves room for
-the signed sum (see :func:`synth.secagg.ring_bits`).
+Delta encoding and ring helpers are built for additive secure aggregation: the masked
+sum of deltas mod ``2^m`` added to the previous aggregate mod ``2^m`` is the new
+aggregate, as long as ``m`` leaves room for the signed sum (see
+:func:`synth.secagg.ring_bits`; what deltas save is measured in docs/fedforge.md).
 """
 
 from __future__ import annotations

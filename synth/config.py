@@ -147,7 +147,7 @@ class SynthConfig:
         parties_per_process: party tasks hosted by one OS process (each with its own bus
             connection); the launcher starts ceil(K / this) party processes.
         stream_rho_frac: fraction of the total ρ held back from the mechanism for
-            streaming workload updates (``psfl synth add-workload``; issue 7): the
+            streaming workload updates (``psfl synth add-workload``): the
             mechanism's rounds spend ``(1 - this) ρ``, updates the rest. 0: none.
         stream_refit: how a finished run is refitted after a workload update: ``warm``
             (default: the engine continues from the saved model; with mbi about the time

@@ -298,7 +298,7 @@ class MbiEngine:
 
         ``warm_start``: an earlier :class:`MbiFittedModel` or potentials from
         :func:`load_warm_start`; mbi expands its potentials to any new cliques and starts
-        the mirror descent there (issue 7: incremental refits after a workload update)."""
+        the mirror descent there (incremental refits after a workload update)."""
         mbi = _import_mbi()
         check_marginals(domain, marginals)
         tot = _resolve_total(total, marginals)
@@ -449,7 +449,7 @@ class NeuralEngine:
 
         ``warm_start``: an earlier :class:`NeuralFittedModel` with the same rows: its
         per-row distributions initialise the logits (their logs), so training continues
-        from it (issue 7: incremental refits after a workload update).
+        from it (incremental refits after a workload update).
 
         Raises:
             EngineInputError: bad marginals or total.

@@ -1,4 +1,4 @@
-"""Incremental refit by updating the synthetic records (issue 7, item 3).
+"""Incremental refit by updating the synthetic records.
 
 After a workload update, refitting a graphical model costs as much as the first fit:
 mbi's time is JAX compiling the new junction tree, not the iterations (measured here: a

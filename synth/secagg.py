@@ -49,9 +49,9 @@ stop a server from claiming different dropout sets to different parties.
 
 Masks are a ChaCha20 keystream under an HKDF-SHA256 key (8 bytes per word, reduced mod
 ``2^w``); never a non-cryptographic PRNG (Flower's SecAgg+ folds seeds to 32 bits into
-NumPy's RandomState; see ``shared/reference/fedforge.md``). Masked words are uniformly
-random and cannot be compressed, so a cell's ring ``w`` should be just wide enough for its
-sum (:func:`ring_bits`, :func:`synth.protocol.cell_windows`).
+NumPy's RandomState). Masked words are uniformly random and cannot be compressed, so a
+cell's ring ``w`` should be just wide enough for its sum (:func:`ring_bits`,
+:func:`synth.protocol.cell_windows`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """How a table's rows are spread over FedForge's K parties, and the real holdout kept out
-of every party (pure; issue 6, "Datasets").
+of every party (pure).
 
 * ``iid``: a seeded permutation cut into K near-equal parts.
 * ``dirichlet``: non-IID label (or column) skew, as in Hsu et al. 2019 ("Measuring the

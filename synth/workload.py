@@ -1,4 +1,4 @@
-"""Streaming workload updates (issue 7, item 3): new queries for a run in progress or
+"""Streaming workload updates: new queries for a run in progress or
 finished, handed to its coordinator through the run directory.
 
 A workload update is a JSON document::

@@ -1,4 +1,4 @@
-"""Identity-scoped publishing at a real CURVE broker process (issue 27, case 4): a
+"""Identity-scoped publishing at a real CURVE broker process: a
 message's publisher id must be its sender's own, and with a run membership only a run's
 members publish on its topics."""
 

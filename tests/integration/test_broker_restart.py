@@ -1,4 +1,4 @@
-"""A broker killed (SIGKILL) mid-run (issue 27, case 5), with real broker and party
+"""A broker killed (SIGKILL) mid-run, with real broker and party
 processes: restarted on the same port, the run completes; left dead past the liveness
 timeout, the run ends with the partner code (4) and one line, never a traceback."""
 

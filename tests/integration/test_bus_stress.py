@@ -209,7 +209,7 @@ def test_arbitrary_frames_never_crash_broker_or_subscriber(
 
 async def test_forged_sequence_numbers_do_not_inflate_the_brokers_gaps(
         tmp_path: Path) -> None:
-    """Issue 27, case 9: a publisher whose sequence jumps from 1 to 2**62 is one
+    """A forged sequence number: a publisher whose sequence jumps from 1 to 2**62 is one
     ``seq_anomaly`` at the broker, not 4.6e18 lost messages; an ordinary gap still counts."""
     from pubsub.codec import encode
 

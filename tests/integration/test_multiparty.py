@@ -1,4 +1,4 @@
-"""PubSub-VFL with several passive parties (issue 23; docs/dev/multiparty.md): every
+"""PubSub-VFL with several passive parties (docs/dev/multiparty.md): every
 algorithm trains in process over the in-memory bus; a three-party run through a CURVE
 broker as real processes; a passive party that dies or never comes is named in the
 active party's error; bad column lists are refused before anything starts."""

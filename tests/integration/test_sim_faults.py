@@ -1,5 +1,5 @@
 """`psfl sim run` with real processes: CPU shares, a passive party paused past T_ddl,
-killed, and disconnected by its relay (issue 5's fault acceptance)."""
+killed, and disconnected by its relay (the simulator's fault acceptance checks)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedForge dropout recovery over the bus (issue 7, item 1): a party that misses rounds is
+"""FedForge dropout recovery over the bus: a party that misses rounds is
 unmasked out, and the engine gets estimates of the all-rows marginals: the cached row
 share of the party's earlier aggregate where there is one, else the survivors' sum
 rescaled to all rows."""

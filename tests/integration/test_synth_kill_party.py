@@ -1,4 +1,4 @@
-"""``psfl synth run --kill-party ID@STAGE`` (issue 27, case 10): a party process killed
+"""``psfl synth run --kill-party ID@STAGE``: a party process killed
 (SIGKILL) mid-run; the run completes with the survivors and every ledger agrees with
 the coordinator, or, below ``min_survivors``, fails with the documented exit code."""
 

@@ -1,4 +1,4 @@
-"""FedForge crash recovery end to end (issue 7, item 2): the coordinator is killed with
+"""FedForge crash recovery end to end: the coordinator is killed with
 SIGKILL mid-pipeline and restarted on the same run directory; the run finishes with the
 quality of an uninterrupted run and no party spends any round's budget twice."""
 

@@ -1,4 +1,4 @@
-"""Streaming workload updates end to end (issue 7, item 3): after a FedForge run finished,
+"""Streaming workload updates end to end: after a FedForge run finished,
 ``add_workload`` reopens it, measures only the missing marginals with the stream reserve
 of ρ and refits from the saved model; the parties' ledgers continue across the reopening."""
 
