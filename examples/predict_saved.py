@@ -3,7 +3,7 @@ split again (the same AUC), then score new rows by their ID.
 
     python examples/predict_saved.py --quick
 
-Each party saved its own part in ``RUN_DIR/model/<role>/`` (docs/models.md): the passive
+Each party saved its own part in ``RUN_DIR/model/<role>/`` (docs/reference/saved-models.md): the passive
 party its bottom model and encoders, the active party its bottom, the top model and its
 encoders. Prediction is joint: each party reads only its own columns of the new rows and
 the passive party's embeddings cross the bus, as in training.

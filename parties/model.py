@@ -127,7 +127,7 @@ class ParameterServer:
     all w workers' full trajectories, which overshoots by a factor of about w near a
     minimum (each Δ_k already points all the way to its worker's local optimum). Measured
     here on ``california``, 2 workers per party, ΔT0 = 5: the test RMSE rose from 0.62
-    (epoch 5) to 0.75-0.89 once ΔT_t ≥ 3; see docs/vfl.md and docs/benchmarks.md.
+    (epoch 5) to 0.75-0.89 once ΔT_t ≥ 3; see docs/explanation/algorithms.md and docs/benchmarks.md.
 
     Thread-safe: workers call :meth:`pull` and :meth:`push` from their threads.
 

@@ -56,7 +56,7 @@ def training_window_s(active_history: list[dict[str, Any]],
 def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
                      passive: dict[str, Any] | None, *,
                      reports: dict[str, dict[str, Any] | None] | None = None) -> dict[str, Any]:
-    """The run's metrics (see docs/vfl.md, "metrics.json").
+    """The run's metrics (see docs/reference/metrics.md).
 
     Args:
         cfg: effective config.

@@ -1,7 +1,7 @@
 """Saved models: each party's trained part of a VFL run, written into the run directory.
 
 Layout (``<run_dir>/model/<party id>/``: ``active``, ``passive``, ``passive2`` …; the
-format is documented in docs/models.md):
+format is documented in docs/reference/saved-models.md):
 
 * ``weights.pt``: ``torch.save`` of ``{"bottom": state_dict}`` (passive) or
   ``{"bottom": ..., "top": ...}`` (active): tensors only, read back with

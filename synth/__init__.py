@@ -3,7 +3,8 @@
 Parties measure noisy marginals of their own rows, secure aggregation sums them through an
 aggregation tree, and the coordinator fits a synthesis model to the noisy aggregate only.
 The user-facing entry points are :class:`sim.fedforge.FedForge` and ``psfl synth run``;
-docs/fedforge.md describes the protocol and its measurements. Main modules:
+docs/explanation/fedforge-protocol.md describes the protocol, docs/results/fedforge.md its
+measurements. Main modules:
 
 * :mod:`synth.party`: a data-holding party (with ``party_release``, ``party_ledger``).
 * :mod:`synth.aggregator`: a node of the aggregation tree.

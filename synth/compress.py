@@ -21,7 +21,7 @@ staying biased by up to ``Δ / 2``.
 Delta encoding and ring helpers are built for additive secure aggregation: the masked
 sum of deltas mod ``2^m`` added to the previous aggregate mod ``2^m`` is the new
 aggregate, as long as ``m`` leaves room for the signed sum (see
-:func:`synth.secagg.ring_bits`; what deltas save is measured in docs/fedforge.md).
+:func:`synth.secagg.ring_bits`; what deltas save is measured in docs/results/fedforge.md).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ Then each measurement round ``r`` (a set of cliques):
    exact integer sum (:func:`decode_sum`).
 
 Topics live under ``ff/<run_id>/``. Sources: Bonawitz et al. CCS 2017 (stages), Bell et al.
-CCS 2020 (sparse neighbours), McKenna et al. 2021 (MST); the protocol as a whole: docs/fedforge.md.
+CCS 2020 (sparse neighbours), McKenna et al. 2021 (MST); the protocol as a whole: docs/explanation/fedforge-protocol.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Broken and hostile peers (the full list: docs/architecture.md): a partner's NaN
+"""Broken and hostile peers (the full list: docs/explanation/architecture.md): a partner's NaN
 embeddings end the run with exit code 4 naming the partner; a diverging model stops the
 run instead of reporting a NaN model; malformed and foreign embeddings and gradients
 published into a run by another bus client are dropped and counted, and the run completes."""

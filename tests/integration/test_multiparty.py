@@ -183,7 +183,7 @@ def test_a_column_of_two_passive_parties_names_both(tmp_path: Path) -> None:
 
 def test_three_parties_by_hand_with_keys_and_a_run_membership(
         bank_sample: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    """As docs/vfl.md shows for several hosts: keys for each party id (passive2 with the
+    """As docs/tutorials/several-parties.md shows for several hosts: keys for each party id (passive2 with the
     passive role), a broker with those keys and the run's membership, and each party
     started by hand (``python -m parties PARTY_ID --keys DIR``)."""
     from pubsub.membership import membership

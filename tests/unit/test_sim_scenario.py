@@ -100,7 +100,7 @@ def test_shipped_vfl_scenario_loads_and_matches_the_readme() -> None:
     assert vfl["algo"] == "pubsub"
     body = "\n".join(line for line in path.read_text().splitlines()
                      if not line.startswith("#"))
-    assert body.strip() in (root / "docs" / "vfl.md").read_text()
+    assert body.strip() in (root / "docs" / "how-to" / "scenarios-and-faults.md").read_text()
 
 
 MULTI = """
