@@ -20,7 +20,9 @@ from broker.proxy import Broker, BrokerConfig, request_stats
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``run`` and ``stats`` on an argparse sub-parser group."""
-    run = sub.add_parser("run", help="run a broker (XSUB on PORT, XPUB on PORT+1, control on PORT+2)")
+    run = sub.add_parser("run", help="run a broker (control on PORT+2; with --keys one publish "
+                         "and one read port per role from PORT+3; --insecure: XSUB on PORT, "
+                         "XPUB on PORT+1)")
     run.add_argument("--bind", help="base address tcp://HOST:PORT (PORT 0 = pick free ports)")
     run.add_argument("--config", help="TOML file with a [broker] table")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

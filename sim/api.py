@@ -21,7 +21,7 @@ processes, keep the trained model, predict with it.
 columns, the active party's columns and the label. This simulates vertical partitioning
 on one machine: each party encodes and trains on its own columns only, and only
 embeddings and gradients cross the bus. Parties on different hosts, each with its own
-file, run ``psfl vfl party`` after ``psfl vfl align`` (docs/vfl.md).
+file, run ``psfl vfl party`` after ``psfl vfl align`` (docs/tutorials/across-hosts.md).
 
 **Models.** ``bottom``, ``passive_bottom`` and ``top`` are callables ``(d_in, d_out) ->
 torch.nn.Module`` (bottom: ``d_out = embedding_dim``; top: ``d_in`` the fused width,
@@ -31,7 +31,7 @@ torch.nn.Module`` (bottom: ``d_out = embedding_dim``; top: ``d_in`` the fused wi
 BCE-with-logits or MSE). Each worker trains its own replica built by the factory and
 syncs parameters and floating-point buffers (BatchNorm running statistics) with the
 party's parameter server as a flat vector; the server's copy scores in eval mode
-(docs/models.md). For worker or party processes (``vfl.worker_mode = "process"``,
+(docs/tutorials/your-own-model.md). For worker or party processes (``vfl.worker_mode = "process"``,
 ``transport="broker"``) the callables must be picklable: module-level in an importable
 module or in the main script, which then needs the ``if __name__ == "__main__":`` guard
 (Python's ``multiprocessing`` re-imports it).
@@ -92,7 +92,7 @@ class VflJob:
             neither: the default even split, ``vfl.active_features``).
         passive_party_columns: with several passive parties (``config``'s
             ``passive_parties``), each one's feature columns in party order (with
-            ``active_columns``; docs/vfl.md, "Several passive parties").
+            ``active_columns``; docs/tutorials/several-parties.md).
         columns: the column names of an ndarray ``data``.
         bottom: the bottom models (both parties, unless ``passive_bottom``): a callable
             ``(d_in, d_out) -> nn.Module`` or a spec string; None: ``config``'s
@@ -103,7 +103,7 @@ class VflJob:
         loss: ``(task) -> nn.Module``; None: BCE-with-logits (binary), MSE (regression).
         config: every other setting (a :class:`parties.config.VflConfig` or a mapping of
             its keys, e.g. ``{"epochs": 3, "algo": "vfl-ps", "dp_epsilon": 8}``;
-            docs/vfl.md lists them).
+            docs/reference/config.md lists them).
     """
 
     data: Any = "bank"
@@ -187,7 +187,7 @@ class VflJob:
             unknown = sorted(set(self.config) - known)
             if unknown:
                 raise JobError("job.config", f"unknown setting(s) {unknown}; known: "
-                               "docs/vfl.md (VflConfig)")
+                               "docs/reference/config.md (VflConfig)")
             return from_mapping(VflConfig, dict(self.config))
         raise JobError("job.config", "expected a VflConfig or a mapping of its keys, got "
                        f"{type(self.config).__name__}")
@@ -247,7 +247,7 @@ class TrainResult:
     """What :func:`train` returns.
 
     Attributes:
-        metrics: the run's ``metrics.json`` (docs/vfl.md, "metrics.json").
+        metrics: the run's ``metrics.json`` (docs/reference/metrics.md).
         out: the run directory; the trained parts are in ``out/model/<role>/``.
         models: the job's model factory (rebuilds user models that cannot be imported
             by name, e.g. lambdas, for :meth:`load` and :func:`predict`).
@@ -300,12 +300,19 @@ def train(job: VflJob, out: str | Path, *, transport: Transport = "memory",
             over TCP, CURVE-secured with ephemeral keys by default (:mod:`sim.launch`).
         timeout_s: stop the job after this long (None: only the parties' own deadlines).
         quiet: no per-epoch progress lines.
-        keys_dir / insecure: ``"broker"`` only: see :func:`sim.launch.run_security`.
+        keys_dir: ``"broker"`` only: your CURVE keys (see :func:`sim.launch.run_security`;
+            default: ephemeral keys made for the run).
+        insecure: ``"broker"`` only: plaintext on loopback (see
+            :func:`sim.launch.run_security`).
 
     Raises:
-        JobError, parties.data.DataError, parties.zoo.ModelSpecError,
-        pubsub.config.ConfigError, parties.dpsgd.DpIncompatibleModel: bad input, before
-            anything starts.
+        JobError: a field of the job is invalid (bad input, before anything starts).
+        parties.data.DataError: bad data, e.g. an unknown column (before anything starts).
+        parties.zoo.ModelSpecError: a model factory fails its probe (before anything
+            starts).
+        pubsub.config.ConfigError: an invalid setting (before anything starts).
+        parties.dpsgd.DpIncompatibleModel: DP on and BatchNorm in the passive bottom
+            (before anything starts).
         sim.launch.LaunchError (``"broker"``): a party process failed (its exit code).
         parties.errors.VflError (``"memory"``): a party failed (partner lost, ...).
         sim.launch.JobTimeout: ``timeout_s`` passed.

@@ -801,7 +801,7 @@ def _add_vfl_run_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                        "avfl, avfl-ps (same as --set algo=...)")
         p.add_argument("--model", help="bottom models: mlp (default), resnet (the paper's "
                        "large model; resnet_* keys) or package.module:callable (same as "
-                       "--set model=...; see docs/models.md)")
+                       "--set model=...; see docs/tutorials/your-own-model.md)")
     p.add_argument("--out", default=DEFAULT_DEMO_OUT if demo else None, required=not demo,
                    help="run directory (may exist; files are overwritten)")
     p.add_argument("--config", help="TOML file with a [vfl] table")
@@ -903,7 +903,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "the plan.json of psfl vfl plan (recorded in metrics.json)")
     run.add_argument("--plan-pilots", action="store_true", help="with --plan auto: plan "
                      "for time to target, measuring the samples-to-target model with four "
-                     "short pilot trainings in this process first (docs/vfl.md, the planner)")
+                     "short pilot trainings in this process first (docs/how-to/profiling-and-planner.md)")
     run.set_defaults(func=_vfl_run)
     _add_predict_parser(vsub)
     party = vsub.add_parser("party", help="run one party (for multi-host runs)")
@@ -1007,8 +1007,8 @@ def build_parser() -> argparse.ArgumentParser:
     srun2.set_defaults(func=_sim_run)
 
     bench = sub.add_parser("bench", help="run bench/NAME.py (e.g. psfl bench bus --quick)")
-    bench.add_argument("name", help="benchmark name: bus, vfl_overhead, vfl_dp, vfl_table, "
-                       "soak_memory, psi")
+    bench.add_argument("name", help="benchmark name: bench/NAME.py of this checkout, e.g. "
+                       "bus, vfl_table, synth_table (an unknown name lists them all)")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=_bench)
 

@@ -18,7 +18,7 @@ engine and samples. ``transport="memory"`` (the default) runs every participant 
 of this process over an in-memory bus (:mod:`sim.synth_local`); ``transport="broker"``
 starts a broker and the coordinator, aggregators and parties as processes with CURVE keys
 (:func:`sim.synth_launch.run_synth`): the same classes, the same messages. Parties on
-different hosts run ``python -m synth parties`` against a shared broker (docs/fedforge.md).
+different hosts run ``python -m synth parties`` against a shared broker (docs/tutorials/across-hosts.md).
 
 **The domain is public.** With a ``schema`` (a reviewed public schema TOML, as
 ``psfl vfl schema`` drafts it, or a :class:`synth.domain.Schema`) no record decides a
@@ -72,8 +72,9 @@ class FedForge:
     """Federated DP synthesis of one table held in row slices by several parties.
 
     Args:
-        epsilon / delta: each party's (ε, δ) budget for this run (converted to zCDP ρ;
+        epsilon: each party's ε budget for this run (with ``delta`` converted to zCDP ρ;
             ``float("inf")`` = no noise).
+        delta: each party's δ budget for this run.
         mechanism: ``"mst"`` or ``"aim"`` (:data:`synth.config.MECHANISMS`).
         engine: ``"mbi"``, ``"neural"``, ``"diffusion"`` or ``"auto"``.
         schema: the public schema: a TOML file path (:mod:`parties.schema`), a
@@ -85,7 +86,8 @@ class FedForge:
         seed: the seed of the run's public randomness (split of the budget, sampling).
 
     Raises:
-        FedForgeError, pubsub.config.ConfigError: a bad argument (named).
+        FedForgeError: a bad argument (named).
+        pubsub.config.ConfigError: a bad setting in ``config`` (named).
     """
 
     def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-9, mechanism: str = "mst",
@@ -134,7 +136,9 @@ class FedForge:
             FedForgeError: no parties, a party that is not a table, an empty party, or a
                 party whose columns differ (naming the party and the columns).
             synth.engine.EngineUnavailable: the engine is not installed.
-            the run's own errors (see the module docstring).
+            synth.coordinator.CoordinatorError: the coordinator failed, e.g. a budget the
+                ledgers refuse (the run's own errors: see the module docstring).
+            synth.netutil.ParticipantError: a participant failed.
         """
         from sim.synth_launch import declared_schema
 

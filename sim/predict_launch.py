@@ -117,10 +117,13 @@ def run_predict(run_dir: str | Path, out: str | Path, *, data: str | None = None
         run_id: the prediction's topic namespace (default random).
         timeout_s: stop everything after this long (None: no job-level limit).
         wait_s: each party's deadline for each wait on its partners.
-        keys_dir / insecure: see :func:`sim.launch.run_security`.
+        keys_dir: your CURVE keys (see :func:`sim.launch.run_security`; default:
+            ephemeral keys made for the run).
+        insecure: plaintext on loopback (see :func:`sim.launch.run_security`).
 
     Raises:
-        parties.saved.SavedModelError / SavedModelMismatch: see :func:`check_parts`.
+        parties.saved.SavedModelError: see :func:`check_parts`.
+        parties.saved.SavedModelMismatch: see :func:`check_parts`.
         sim.launch.LaunchError: a child failed (its exit code is carried).
         sim.launch.JobTimeout: ``timeout_s`` passed.
         OutDirError: ``out`` cannot be created.
