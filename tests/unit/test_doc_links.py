@@ -1,9 +1,14 @@
 """Every relative link in README.md and docs/ points to a file of the repository, and
-every #anchor to a heading of its target (GitHub's heading slugs)."""
+every #anchor to a heading of its target (GitHub's heading slugs, which the site's
+mkdocs.yml uses too). A page with generated parts (``<!-- generated: NAME -->``,
+docs/gen_ref.py) is checked as the site builds it."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -33,10 +38,28 @@ def slug(heading: str) -> str:
     return h.replace(" ", "-")
 
 
+@cache
+def _gen_ref():
+    """docs/gen_ref.py, the mkdocs hook that expands generated parts."""
+    spec = importlib.util.spec_from_file_location("docs_gen_ref", ROOT / "docs" / "gen_ref.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their module
+    spec.loader.exec_module(module)
+    return module
+
+
+def page_text(path: Path) -> str:
+    """The page as the site renders it: generated parts expanded."""
+    text = path.read_text()
+    if path.suffix == ".md" and "<!-- generated: " in text:
+        text = _gen_ref().expand(text)
+    return text
+
+
 def anchors(path: Path) -> set[str]:
     seen: dict[str, int] = {}
     out = set()
-    for line in path.read_text().splitlines():
+    for line in page_text(path).splitlines():
         m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
         if not m:
             continue
