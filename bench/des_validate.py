@@ -505,22 +505,40 @@ def _samples_to_target(table: Any, r: Mapping[str, Any], target: float | None
     return None if t is None else t * float(r["train_samples_per_s"])
 
 
+def scaled_splits(total_cores: float) -> tuple[tuple[float, float], ...]:
+    """:data:`PAPER_SPLITS` scaled from the paper's 64 cores to ``total_cores`` (50:14 of
+    16 cores is 12.5 : 3.5).
+
+    Raises:
+        ValueError: ``total_cores`` is not > 0.
+    """
+    if not total_cores > 0:
+        raise ValueError(f"total_cores must be > 0, got {total_cores!r}")
+    k = total_cores / sum(PAPER_SPLITS[0])
+    return tuple((ca * k, cp * k) for ca, cp in PAPER_SPLITS)
+
+
 def split_predictions(fit: Mapping[str, Any], ratios: Mapping[str, Mapping[str, float]]
-                      | None = None, *, epochs: int = 1) -> list[dict[str, Any]]:
+                      | None = None, *, epochs: int = 1, total_cores: float = 64.0
+                      ) -> list[dict[str, Any]]:
     """The paper's core splits (:data:`PAPER_SPLITS`), the feature split balanced to the
     cores (:func:`balanced_costs`), every algorithm of :data:`SPLIT_ALGOS` with one process
     worker per core (vfl, avfl: 1 + 1): simulated throughput, CPU use and the throughput
     speedup over sync ``vfl`` and over ``vfl-ps`` (same workers); with ``ratios``
     (:func:`samples_ratios`, keyed "A:P") the time-to-target speedup = throughput
     speedup × the samples ratio measured at that split on this machine (a model: the
-    ratio was measured with this machine's worker counts, not one per core)."""
+    ratio was measured with this machine's worker counts, not one per core).
+    ``total_cores`` other than 64 scales the splits (:func:`scaled_splits`; one worker
+    per started core, ⌈cores⌉); each row's ``split`` stays the paper's "A:P" and
+    ``cores`` gives the scaled shares."""
     n_rows = round(n_train_of(fit) * PAPER_TABLE_ROWS / int(fit["rows"]))
     out: list[dict[str, Any]] = []
-    for ca, cp in PAPER_SPLITS:
-        key = f"{ca:g}:{cp:g}"
+    for (pa, pp), (ca, cp) in zip(PAPER_SPLITS, scaled_splits(total_cores)):
+        key = f"{pa:g}:{pp:g}"
         res: dict[str, Any] = {}
         for algo in SPLIT_ALGOS:
-            wa, wp = (1, 1) if algo in ("vfl", "avfl") else (int(ca), int(cp))
+            wa, wp = ((1, 1) if algo in ("vfl", "avfl")
+                      else (math.ceil(ca - 1e-9), math.ceil(cp - 1e-9)))
             inp = sim_base(fit, algo=algo, b=PAPER_B, n_rows=n_rows, epochs=epochs,
                            w_active=wa, w_passive=wp, cores=(ca, cp),
                            worker_mode="process", segments=4)
@@ -530,7 +548,8 @@ def split_predictions(fit: Mapping[str, Any], ratios: Mapping[str, Mapping[str, 
         for algo, (wa, wp, r) in res.items():
             sp = r.samples_per_s / base if base > 0 else None
             ratio = (ratios or {}).get(key, {}).get(algo)
-            out.append({"split": key, "algo": algo, "w_active": wa, "w_passive": wp,
+            out.append({"split": key, "cores": [ca, cp], "algo": algo,
+                        "w_active": wa, "w_passive": wp,
                         "samples_per_s": r.samples_per_s, "epoch_s": r.epoch_s,
                         "util_active": r.util_active, "util_passive": r.util_passive,
                         "util_total": (r.busy_s_active + r.busy_s_passive)
@@ -546,8 +565,10 @@ def split_predictions(fit: Mapping[str, Any], ratios: Mapping[str, Mapping[str, 
 
 
 def print_splits(rows: Sequence[Mapping[str, Any]]) -> None:
-    print("\nthe paper's core splits of 64 cores, feature split balanced to the cores, "
-          "one process worker per core (vfl, avfl 1+1), predicted for THIS implementation "
+    total = sum(rows[0]["cores"]) if rows else 64
+    print(f"\nthe paper's core splits of 64 cores scaled to {total:g}, feature split balanced "
+          "to the cores, one process worker per core (vfl, avfl 1+1), predicted for THIS "
+          "implementation "
           "(throughput: simulated; time to target: simulated throughput x the samples "
           "ratio measured on this machine, where given):")
     print(f"  {'split':<6} {'algo':<8} {'w':>7} {'samples/s':>11} {'util all':>9} "
@@ -642,7 +663,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--samples-from", metavar="HETERO_JSON", type=Path,
                     help="a bench/hetero.py --json output: its measured samples-to-target "
                          "ratios turn the split table's throughput into time to target")
+    ap.add_argument("--split-cores", type=float, default=64.0, metavar="N",
+                    help="scale the split table's core splits from 64 to N cores (e.g. 16: "
+                         "50:14 becomes 12.5:3.5; bench/many_core.py compares it with runs)")
     args = ap.parse_args(argv)
+    if not args.split_cores > 0:
+        ap.error(f"--split-cores must be > 0, got {args.split_cores!r}")
     if args.rows < 1000 or args.epochs < 1:
         ap.error("--rows must be >= 1000 and --epochs >= 1")
     table = load_table_module()
@@ -715,12 +741,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             ratios = samples_ratios(json.loads(args.samples_from.read_text()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             errors.append(f"--samples-from {args.samples_from}: {type(exc).__name__}: {exc}")
-    splits = split_predictions(fit, ratios)
+    splits = split_predictions(fit, ratios, total_cores=args.split_cores)
     print_splits(splits)
     doc = {"fit": fit, "calibration": calib, "validation": rows, **summary,
            "paper_64_core": paper, "paper_splits": splits,
            "samples_ratios": ratios,
            "settings": {"quick": args.quick, "rows": args.rows, "epochs": args.epochs,
+                        "split_cores": args.split_cores,
                         "fit_batch_sizes": list(fit_bs), "tolerance": TOLERANCE,
                         "jitter": JITTER, "seed": SEED,
                         "measured_epoch": "median segment train_s x segments per epoch"},

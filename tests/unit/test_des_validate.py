@@ -173,3 +173,20 @@ def test_split_table_speedups(dv: Any) -> None:
         0.5 * p["throughput_speedup_vs_vfl"])
     assert by[("48:16", "pubsub")]["time_to_target_speedup_vs_vfl"] is None
     assert all(0 <= r["util_total"] <= 1 + 1e-9 for r in rows)
+
+
+def test_split_table_scaled_to_fewer_cores(dv: Any) -> None:
+    # 16 cores: 50:14 is 12.5 : 3.5, one worker per started core (13 + 4); keys stay the
+    # paper's splits, the scaled shares are in "cores"
+    assert dv.scaled_splits(16)[0] == pytest.approx((12.5, 3.5))
+    with pytest.raises(ValueError, match="total_cores"):
+        dv.scaled_splits(0)
+    fit = {"cost_model": {**COST_MODEL, "n_train": 500}, "top_fit": _pf(2e-6, 1.0),
+           "msg_cpu_s": 5e-5, "rows": 100_000}
+    rows = dv.split_predictions(fit, None, epochs=1, total_cores=16)
+    by = {(r["split"], r["algo"]): r for r in rows}
+    p = by[("50:14", "pubsub")]
+    assert (p["w_active"], p["w_passive"]) == (13, 4)
+    assert p["cores"] == pytest.approx([12.5, 3.5])
+    assert by[("50:14", "vfl")]["throughput_speedup_vs_vfl"] == pytest.approx(1.0)
+    assert all(0 <= r["util_total"] <= 1 + 1e-9 for r in rows)
