@@ -542,7 +542,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    """``psfl report RUN_DIR``: PNG plots of the VFL runs below RUN_DIR (sim/report.py)."""
+    """``psfl report RUN_DIR``: PNG plots of the VFL and FedForge runs below RUN_DIR
+    (sim/report.py, sim/report_synth*.py)."""
     from sim.report import ReportError, make_report
 
     try:
@@ -1012,8 +1013,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=_bench)
 
-    rep = sub.add_parser("report", help="PNG plots (metric vs time, CPU use, worker Gantt) "
-                         "of the VFL runs in or below RUN_DIR")
+    rep = sub.add_parser("report", help="PNG plots of the runs in or below RUN_DIR: VFL "
+                         "(metric vs time, CPU use, worker Gantt), FedForge (stage "
+                         "timeline, TV per marginal, privacy budget per party)")
     rep.add_argument("run_dir", metavar="RUN_DIR", help="a run directory or a benchmark "
                      "directory of runs (every metrics.json below it)")
     rep.add_argument("--out", help="output directory (default RUN_DIR/plots)")

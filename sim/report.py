@@ -1,5 +1,9 @@
 """``psfl report RUN_DIR``: PNG plots of one VFL run or a benchmark's runs.
 
+FedForge runs (a ``metrics.json`` with ``stage_s`` and ``rho_spent``) found below the
+directory get their own plots (stage timeline, TV per marginal, privacy budget per
+party): :mod:`sim.report_synth` (series) and :mod:`sim.report_synth_plot` (drawing).
+
 A run directory (written by ``psfl vfl run --out RUN_DIR``) holds ``metrics.json`` (the
 active party's metrics, the passive's under ``parties.passive``), ``passive.json`` and,
 when the run recorded them, ``timeline-active.json`` / ``timeline-passive.json`` (see
@@ -220,24 +224,30 @@ def run_file_stem(run: Run) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "run"
 
 
+def _outside_skip(root: Path, dirs: Sequence[Path], skip: Path | None) -> list[Path]:
+    """``dirs`` less those inside ``skip`` (the output directory), when ``skip`` lies
+    strictly inside ``root`` (an output directory equal to the root hides nothing)."""
+    skip_r = skip.resolve() if skip is not None else None
+    if skip_r is None or skip_r == root.resolve() or not skip_r.is_relative_to(root.resolve()):
+        return list(dirs)
+    return [d for d in dirs if not d.resolve().is_relative_to(skip_r)]
+
+
 def load_runs(root: str | Path, *, skip: Path | None = None,
-              say: Callable[[str], None] = print) -> list[Run]:
+              say: Callable[[str], None] = print,
+              dirs: Sequence[Path] | None = None) -> list[Run]:
     """Load every run below ``root`` and label them (:func:`run_labels`).
 
     Runs whose ``metrics.json`` is unreadable or not a VFL run's are skipped with a
     message through ``say``; so are runs inside ``skip`` (the output directory).
+    ``dirs``: the run directories to load (default: :func:`find_run_dirs`).
 
     Raises:
         ReportError: ``root`` missing, no ``metrics.json`` below it, or no loadable run.
     """
     root = Path(root)
     runs = []
-    skip_r = skip.resolve() if skip is not None else None
-    if skip_r is not None and (skip_r == root.resolve() or not skip_r.is_relative_to(root.resolve())):
-        skip_r = None  # only an output directory strictly inside root hides runs
-    for d in find_run_dirs(root):
-        if skip_r is not None and d.resolve().is_relative_to(skip_r):
-            continue
+    for d in _outside_skip(root, find_run_dirs(root) if dirs is None else dirs, skip):
         try:
             runs.append(load_run(d, root))
         except ReportError as exc:
@@ -694,6 +704,9 @@ def make_report(root: str | Path, out: str | Path | None = None, *,
                 say: Callable[[str], None] = print) -> list[Path]:
     """Write every plot for the runs below ``root``; return the written paths.
 
+    VFL runs get the plots above, FedForge runs those of
+    :func:`sim.report_synth_plot.make_synth_report`; a directory may hold both kinds.
+
     Args:
         root: a run directory or a directory of run directories.
         out: output directory (default ``root/plots``), created when missing.
@@ -710,9 +723,26 @@ def make_report(root: str | Path, out: str | Path | None = None, *,
     if max_batches < 1:
         raise ReportError(f"--max-batches must be >= 1, got {max_batches}")
     fixed = parse_window_s(window_s) if window_s is not None else None
-    runs = load_runs(root, skip=out_dir, say=say)
-    written = [plot_metric_vs_time(runs, out_dir), plot_cpu_util(runs, out_dir)]
-    for p in written:
+    from sim.report_synth import classify_run_dirs
+
+    synth_dirs, vfl_dirs, skipped = classify_run_dirs(
+        _outside_skip(root, find_run_dirs(root), out_dir))
+    for line in skipped:
+        say(line)
+    written: list[Path] = []
+    if synth_dirs:
+        from sim.report_synth_plot import make_synth_report
+
+        written += make_synth_report(root, synth_dirs, out_dir, say=say)
+        if not vfl_dirs:
+            return written
+    if not vfl_dirs:
+        raise ReportError(f"no VFL or FedForge run found below {root} (every "
+                          "metrics.json was skipped)")
+    runs = load_runs(root, skip=out_dir, say=say, dirs=vfl_dirs)
+    vfl_written = [plot_metric_vs_time(runs, out_dir), plot_cpu_util(runs, out_dir)]
+    written += vfl_written
+    for p in vfl_written:
         say(str(p))
     for run in runs:
         for note in run.notes:

@@ -1,9 +1,10 @@
 """The ``quality`` stage: the synthetic rows scored against real ones (``quality.json``).
 
-Workload TV distance (all ``workload_k``-way marginals) against the pooled real rows and
-ML utility against the real holdout, when the evaluation data is given (simulation; a
-deployed coordinator never sees records). A finished run reopened for a workload update
-keeps the last full synthesis's ML utility (the classifiers are not trained again).
+Workload TV distance (all ``workload_k``-way marginals; each marginal's own TV under
+``tv_per_marginal``) against the pooled real rows and ML utility against the real
+holdout, when the evaluation data is given (simulation; a deployed coordinator never
+sees records). A finished run reopened for a workload update keeps the last full
+synthesis's ML utility (the classifiers are not trained again).
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ class QualityStage:
                 out: dict[str, Any] = {"avg_tv": tv["avg_tv"], "max_tv": tv["max_tv"],
                                        "avg_l1": tv["avg_l1"], "workload_error": tv["avg_l1"],
                                        "n_workload": tv["n_marginals"],
-                                       "workload": f"all {cfg.workload_k}-way marginals"}
+                                       "workload": f"all {cfg.workload_k}-way marginals",
+                                       # "a,b,c" -> that marginal's TV (psfl report's bars)
+                                       "tv_per_marginal": tv["per_clique"]}
                 if cfg.label and ctx.reopened:
                     # a workload update adds marginal queries; the classifiers are not
                     # trained again: the figure is the last full synthesis's

@@ -144,3 +144,99 @@ def test_report_bad_dirs(tmp_path, capsys):
     _fake_run(run, "pubsub", timelines=False)
     res = _report_in_process(capsys, str(run), "--window-s", "3:1")
     assert res.returncode == 2 and "window-s" in res.stderr
+
+
+# ---------------------------------------------------------------- FedForge runs
+
+SYNTH_PNGS = ("stage_timeline", "tv_per_marginal", "privacy_budget")
+
+
+def _fake_synth_run(d: Path, *, marginals: int, kill: bool = False) -> None:
+    """A FedForge run directory as ``psfl synth run`` leaves it (the files the report
+    reads): metrics.json, events.jsonl, stages/quality.json."""
+    d.mkdir(parents=True)
+    rho = 0.014973
+    parties = [f"p{i:03d}" for i in range(4)]
+    stages = [("schema", 0.01), ("budget", 0.3), ("keys", 0.005), ("seeds:0", 0.007),
+              ("round:one_way", 0.4), ("compress_domain", 0.001), ("round:select", 0.4),
+              ("select_tree", 0.001), ("round:tree", 0.2), ("synthesis", 5.0),
+              ("quality", 1.0)]
+    events, t = [], 0.0
+
+    def ev(name: str, at: float, **kw: object) -> None:
+        s = 8.0 + at
+        events.append({"event": name, "party": "coordinator",
+                       "timestamp": f"2026-12-06T06:55:{s:09.6f}Z", **kw})
+
+    for stage, secs in stages:
+        ev("stage.started", t, stage=stage)
+        if kill and stage == "round:tree":
+            ev("sim.coordinator_killed", t + 0.05)
+            ev("sim.coordinator_restarted", t + 1.05)
+            t += 1.5
+            ev("stage.started", t, stage=stage)
+        t += secs
+        ev("stage.done", t, stage=stage, seconds=secs)
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    tv = {f"c{i},c{i + 1},c{i + 2}": 0.02 + 0.3 * ((i * 37) % marginals) / marginals
+          for i in range(marginals)}
+    spent = {p: rho if p != "p003" else rho / 3 for p in parties}
+    metrics = {"dataset": "adult", "parties": 4, "mechanism": "mst", "engine": "mbi",
+               "epsilon": 1.0, "delta": 1e-9, "rho": rho, "rho_spent": spent,
+               "rho_planned": spent, "epsilon_spent": {p: 1.0 if v == rho else 0.56
+                                                       for p, v in spent.items()},
+               "avg_tv": sum(tv.values()) / len(tv), "max_tv": max(tv.values()),
+               "workload": "all 3-way marginals", "stage_s": dict(stages), "wall_s": t + 5,
+               "ledger_agrees": True}
+    (d / "metrics.json").write_text(json.dumps(metrics))
+    (d / "stages").mkdir()
+    (d / "stages" / "quality.json").write_text(json.dumps({"tv_per_marginal": tv}))
+
+
+def test_report_fedforge_bench_dir_with_a_vfl_run(tmp_path, capsys):
+    bench = tmp_path / "bench"
+    _fake_synth_run(bench / "adult" / "k4", marginals=60, kill=True)  # two TV panels
+    _fake_synth_run(bench / "small", marginals=8)
+    _fake_run(bench / "vfl" / "pubsub", "pubsub", timelines=False)
+    out = tmp_path / "out"
+    res = _report_in_process(capsys, str(bench), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    names = {p.name for p in out.iterdir()}
+    assert names == {"metric_vs_time.png", "cpu_util.png",
+                     *(f"{n}_{run}.png" for n in SYNTH_PNGS for run in ("adult_k4", "small"))}
+    for n in names:
+        _assert_png(out / n)
+        assert str(out / n) in res.stdout
+    # one FedForge run: the plain names
+    res = _report_in_process(capsys, str(bench / "small"))
+    assert res.returncode == 0, res.stderr
+    assert {p.name for p in (bench / "small" / "plots").iterdir()} == {
+        f"{n}.png" for n in SYNTH_PNGS}
+
+
+def test_report_refuses_a_dir_without_a_readable_run(tmp_path, capsys):
+    d = tmp_path / "runs" / "broken"
+    d.mkdir(parents=True)
+    (d / "metrics.json").write_text('{"stage_s": ')  # a FedForge run cut short
+    res = _report_in_process(capsys, str(tmp_path / "runs"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"no VFL or FedForge run found below {tmp_path / 'runs'}" in res.stderr
+    assert str(d / "metrics.json") in res.stdout and "unreadable" in res.stdout
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.usefixtures("jax_compile_cache")
+def test_report_a_real_fedforge_run(synth_mst_run, tmp_path, capsys):
+    # conftest.synth_mst_run: K = 3 on a 5-column table, mbi, epsilon 1 (shared, read-only)
+    _, launch = synth_mst_run
+    q = json.loads((launch.out / "stages" / "quality.json").read_text())
+    per = q["tv_per_marginal"]
+    assert len(per) == launch.metrics["n_workload"] == 10
+    assert sum(per.values()) / len(per) == pytest.approx(launch.metrics["avg_tv"])
+    out = tmp_path / "plots"
+    res = _report_in_process(capsys, str(launch.out), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert {p.name for p in out.iterdir()} == {f"{n}.png" for n in SYNTH_PNGS}
+    for n in SYNTH_PNGS:
+        _assert_png(out / f"{n}.png")
+    assert "note:" not in res.stdout  # events and per-marginal TV were both there
