@@ -85,7 +85,7 @@ class Directive:
 
 @dataclass(frozen=True)
 class Block:
-    where: str  # docs/tutorials/x.md:LINE (the fence's line)
+    where: str  # PAGE:LINE, the page under the repository and the line of its fence
     lang: str
     text: str
     directive: Directive | None
@@ -384,8 +384,8 @@ def _shell_block(block: Block, text: str, cwd: Path) -> Iterator[Step]:
 
 
 def run_tutorial(name: str, cwd: Path) -> Iterator[Step]:
-    """Run the blocks of ``docs/tutorials/NAME.md`` in order in ``cwd``, yielding each step
-    that ran (every one exited 0; a failure fails the test)."""
+    """Run the blocks of the tutorial ``name`` (its page in TUTORIALS) in order in ``cwd``,
+    yielding each step that ran (every one exited 0; a failure fails the test)."""
     for n, block in enumerate(page_blocks(TUTORIALS / f"{name}.md")):
         d = block.directive
         if d is None or d.action == "skip":
