@@ -507,7 +507,8 @@ def model_state(model: MbiFittedModel | NeuralFittedModel) -> tuple[dict[str, An
     if isinstance(model, DiffusionFittedModel):
         return ({"engine": "diffusion", "total": model.total, "hidden": model.hidden,
                  "layers": model.layers, "steps": model.steps,
-                 "self_condition": model.self_condition, "names": list(model.state)},
+                 "self_condition": model.self_condition, "noise": model.noise,
+                 "names": list(model.state)},
                 {f"w{i}": v for i, v in enumerate(model.state.values())})
     if isinstance(model, NeuralFittedModel):
         return ({"engine": "neural", "total": model.total, "n": len(model.probs)},
@@ -536,7 +537,8 @@ def load_warm_start(domain: Domain, meta: Mapping[str, Any],
             return DiffusionFittedModel(domain=domain, total=float(meta["total"]), state=state,
                                         hidden=int(meta["hidden"]), layers=int(meta["layers"]),
                                         steps=int(meta["steps"]),
-                                        self_condition=bool(meta.get("self_condition", False)))
+                                        self_condition=bool(meta.get("self_condition", False)),
+                                        noise=str(meta.get("noise", "uniform")))
         except (KeyError, ValueError, TypeError) as exc:
             raise EngineInputError(f"saved diffusion model is malformed: {exc!r}") from None
     if meta.get("engine") == "neural":
