@@ -103,8 +103,10 @@ class VflConfig:
             :meth:`parties.model.ParameterServer.share_top`) or
             ``"replica"`` (each worker's replica holds its own top, averaged with the
             bottom). ``avfl-ps`` and ``ps_update = "gradient"`` always use replicas.
-        w_active / w_passive: workers per party (``vfl``, ``avfl``: always 1;
-            ``vfl-ps``: min of the two, paired).
+        w_active: the active party's workers (``vfl``, ``avfl``: always 1; ``vfl-ps``:
+            min of ``w_active`` and ``w_passive``, paired).
+        w_passive: each passive party's workers (``vfl``, ``avfl``: always 1; ``vfl-ps``:
+            as ``w_active``; several passive parties: ``passive_party_workers``).
         passive_party_workers: with several passive parties, each one's worker count, in
             party-id order (each >= 1); () (the default): every passive party runs
             ``w_passive``. Each party's learning-rate scaling (``lr_scaling``) follows its
