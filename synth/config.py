@@ -59,8 +59,9 @@ class SynthConfig:
             splits in thirds.
         engine: ``mbi`` (Private-PGM graphical model; the optional extra
             ``pip install -e ".[mbi]"``), ``neural`` (a torch relaxed-dataset generator fit
-            to the marginals), ``diffusion`` (multinomial diffusion trained through its
-            reverse chain by the same marginal loss, :mod:`synth.diffusion`) or ``auto``
+            to the marginals), ``diffusion`` (discrete diffusion with an absorbing kernel,
+            trained through its reverse chain by the same marginal loss,
+            :mod:`synth.diffusion`) or ``auto``
             (the default: ``mbi`` when it is installed, else
             ``neural``; ``metrics.json`` names the one used).
         noise_model: ``distributed`` (each party adds Skellam noise Sk(Λ/S_min): any

@@ -10,8 +10,9 @@ One small interface, interchangeable implementations (Flower/mbi style):
   2.0.0: a Markov random field fitted by mirror descent to the Gaussian likelihood
   of the measurements. ``mbi`` (and jax) is an optional dependency, imported lazily;
   a missing install raises :class:`EngineUnavailable` with the install hint.
-* :class:`synth.diffusion.DiffusionEngine`: multinomial diffusion (TabDDPM's categorical
-  model) trained by the same workload-guided marginal loss through its reverse chain.
+* :class:`synth.diffusion.DiffusionEngine`: discrete diffusion (absorbing kernel by
+  default, or TabDDPM's multinomial one) trained by the same workload-guided marginal
+  loss through its reverse chain.
 * :class:`NeuralEngine`: a torch generator in the RAP/GEM line (Aydore et al.,
   "Differentially Private Query Release Through Adaptive Projection", ICML 2021;
   Liu, Vietri & Wu, "Iterative Methods for Private Synthetic Data: Unifying
