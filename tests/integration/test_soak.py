@@ -1,5 +1,5 @@
-"""Bounded memory under a flood of 1 MiB messages (short variant always runs; the 60 s
-soak is marked ``soak``)."""
+"""Bounded memory under a flood of 1 MiB messages: a 2 s variant of ``bench/soak_memory.py``
+(the 60 s soak is the bench itself: ``python bench/soak_memory.py --seconds 60``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "soak_memory.py"
 
@@ -46,9 +45,3 @@ def test_broker_and_client_memory_stay_bounded_short(tmp_path: Path) -> None:
     # broker, so a buffer that kept everything could not have stayed within bounds
     bound = max(s["broker_bound_bytes"], s["client_bound_bytes"])
     assert all(r["broker_bytes_in"] > 2 * bound for r in doc["runs"]), doc["runs"]
-
-
-@pytest.mark.soak
-@pytest.mark.timeout(600)  # two 60 s scenarios plus start-up: about 130 s here
-def test_broker_and_client_memory_stay_bounded_60s(tmp_path: Path) -> None:
-    assert _run(60, tmp_path)["summary"]["within_bounds"]
