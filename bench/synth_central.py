@@ -39,8 +39,8 @@ Deviations from the reference (documented):
   of the one-way measurements alone (a product distribution): each attribute's noisy
   counts projected onto ``{x ≥ 0, Σx = N̂}`` (N̂ the inverse-variance total). The
   reference gets it from ``FactoredInference(iters=1000)``, whose optimum this is.
-* mbi 2.0's ``MirrorDescent`` with ``iters`` (default 1000, as
-  ``bench/synth_central_probe.py`` measured) replaces mbi 1.x's
+* mbi 2.0's ``MirrorDescent`` with ``iters`` (default 1000, as a one-off probe script,
+  not kept, measured) replaces mbi 1.x's
   ``FactoredInference(iters=5000)``.
 * Noise is the continuous Gaussian, as in the reference (the federated parties use the
   discrete Gaussian; both are ρ-zCDP for the same σ).

@@ -354,6 +354,13 @@ def _tracked(*patterns: str) -> list[Path]:
     return [ROOT / n for n in out.decode().split("\0") if n and (ROOT / n).is_file()]
 
 
+#: A repository path as files cite it: a top-level directory, then a file name with an
+#: extension (a placeholder segment such as ``NAME`` or ``<name>`` is not a path).
+CITED_PATH = re.compile(
+    r"(?<![\w/.-])((?:pubsub|broker|parties|synth|sim|tests|bench|docs|examples|\.ci)"
+    r"/[\w./-]*\w\.(?:py|md|toml|json|csv|gz|parquet|yml|yaml|sh|txt))(?![\w*<])")
+
+
 def test_docs_paths_cited_in_the_repository_exist() -> None:
     cited = re.compile(r"(?<![\w/.-])docs/\w[\w/.-]*?\.md\b")
     missing = []
@@ -365,6 +372,21 @@ def test_docs_paths_cited_in_the_repository_exist() -> None:
                 if not (ROOT / ref).is_file():
                     missing.append(f"{path.relative_to(ROOT)}:{lineno}: {ref}")
     assert not missing, "cited docs pages that do not exist:\n" + "\n".join(missing)
+
+
+def test_every_repository_path_cited_exists() -> None:
+    """Docstrings, comments, docs and configs cite only files the repository has (tests
+    are left out: their fixtures name files they create)."""
+    missing = []
+    for path in _tracked("*.py", "*.md", "*.toml", "*.yml", "*.cfg", "*.txt"):
+        rel = path.relative_to(ROOT).as_posix()
+        if path.name == "CHANGELOG.md" or rel.startswith(("tests/", "docs/benchmarks/data/")):
+            continue  # history as written; fixtures; recorded bench commands
+        for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for ref in CITED_PATH.findall(line):
+                if "/NAME." not in ref and not (ROOT / ref).exists():
+                    missing.append(f"{rel}:{lineno}: {ref}")
+    assert not missing, "cited paths that do not exist:\n" + "\n".join(missing)
 
 
 def test_readme_stays_short() -> None:
