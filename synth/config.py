@@ -45,7 +45,9 @@ class SynthConfig:
             the noisy answers; :func:`synth.select.aim_select_batch`).
         mst_extra_mb: MST hands the engine, beyond the tree, the selection round's answers
             of further pairs (best scored first) while the graphical model stays within
-            this many MB (``mbi`` engine; 0 = the tree only). They are paid for already:
+            this many MB (``mbi`` engine; the ``diffusion`` engine gets every further
+            answer whatever the size, the ``neural`` engine none; 0 = the tree only for
+            every engine). They are paid for already:
             post-processing. Adult, K = 10, ε = 1, 3 noise draws: avg TV 0.0755 → 0.0495
             at 1 MB; bank 0.0452 → 0.0347 (8 MB: 0.0337, twice the fit time).
         aim_rounds / aim_batch: ``aim``'s adaptive rounds, and the cliques each measures

@@ -318,11 +318,15 @@ class MstPlanner(MeasurementPlanner):
               ) -> list[NoisyMarginal]:
         """The selection round's answers of further pairs, best scored first
         (:func:`synth.select.pair_scores`), as long as the graphical model stays within
-        ``extra_mb``. Paid for already, so post-processing; the neural and diffusion
-        engines get none (their fit time grows with every marginal), and never all
-        pairs: a model over all of them is one clique of every attribute."""
-        if self.extra_mb <= 0 or self.engine != "mbi":
+        ``extra_mb``. Paid for already, so post-processing. The diffusion engine gets
+        every further answer (its loss takes all 2-way terms from one matrix product, so
+        its fit time does not grow with them); the neural engine none (its fit time grows
+        with every marginal); mbi never all pairs: a model over all of them is one clique
+        of every attribute."""
+        if self.extra_mb <= 0 or self.engine not in ("mbi", "diffusion"):
             return []
+        if self.engine == "diffusion":
+            return [m for c, m in answers.items() if c not in chosen]
         fits = model_size_check(cdomain, engine=self.engine, limit_mb=self.extra_mb)
         scores = pair_scores(cdomain, {c[0]: m for c, m in one_way.items()},
                              {(c[0], c[1]): m for c, m in answers.items()})

@@ -232,6 +232,16 @@ def test_mst_extra_answers_fill_the_model_size_in_score_order(x: np.ndarray) -> 
     neural = MstPlanner(domain=DOM, shares=_shares("mst"), max_cells=1_000_000,
                         engine="neural", extra_mb=100.0)
     assert neural.extra(comp.domain, comp.one_way, answers, chosen) == []
+    # the diffusion engine gets every further answer, whatever the model-size limit (its
+    # loss costs one matrix product however many pairs); mst_extra_mb = 0 still turns
+    # the extra answers off
+    diff = MstPlanner(domain=DOM, shares=_shares("mst"), max_cells=1_000_000,
+                      engine="diffusion", extra_mb=1e-9)
+    got = diff.extra(comp.domain, comp.one_way, answers, chosen)
+    assert [m.clique for m in got] == [c for c in answers if c not in chosen]
+    off = MstPlanner(domain=DOM, shares=_shares("mst"), max_cells=1_000_000,
+                     engine="diffusion", extra_mb=0.0)
+    assert off.extra(comp.domain, comp.one_way, answers, chosen) == []
 
 
 # --------------------------------------------------------------------------- AIM
