@@ -13,7 +13,8 @@ provenance::
 
 and ``docs/benchmarks/tables.md`` is rendered from every such file: one section per
 file (date, machine, command, commit) with a table built from the result's summary by
-the bench's renderer (:data:`RENDERERS`: ``bus``, ``des_validate``, ``synth_wire``);
+the bench's renderer (:data:`RENDERERS`: ``bus``, ``des_validate``, ``synth_wire``,
+``synth_table``);
 another bench's summary is flattened into ``key | value`` rows of its numbers. Nothing
 in the page is typed by hand: edit the data, then render.
 
@@ -324,10 +325,42 @@ def render_synth_wire(result: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def render_synth_table(result: dict[str, Any]) -> str:
+    """``bench/synth_table.py``: per dataset and ε, each system's workload TV (IID, and
+    Dirichlet where run), ML AUC, ε = ∞ TV, wire / naive, wall seconds; then the ratios
+    the bench reports (non-IID over IID, diffusion over mbi, K = 10 over central)."""
+    rows, ratios = [], []
+    for ds, by_eps in result["summary"].items():
+        for eps, row in by_eps.items():
+            non, inf = row.get("noniid") or {}, row.get("eps_inf") or {}
+            for name, r in row.items():
+                if not isinstance(r, dict) or "avg_tv" not in r and "error" not in r:
+                    continue
+                if "avg_tv" not in r:
+                    rows.append([ds, eps, f"`{name}`", "failed", "", "", "", "", ""])
+                    continue
+                wire = (r["bytes_wire"] / r["bytes_naive"]
+                        if r.get("bytes_wire") and r.get("bytes_naive") else None)
+                rows.append([ds, eps, f"`{name}`", r.get("avg_tv"),
+                             (non.get(name) or {}).get("avg_tv"), r.get("ml_auc"),
+                             (inf.get(name) or {}).get("avg_tv"), wire, r.get("wall_s")])
+            for key in ("noniid_over_iid", "diffusion_over_mbi", "tv_ratio_k10_vs_central"):
+                v = row.get(key)
+                if isinstance(v, dict):
+                    ratios += [[ds, eps, f"`{key}`", f"`{k}`", x] for k, x in v.items()]
+                elif v is not None:
+                    ratios.append([ds, eps, f"`{key}`", "", v])
+    out = [table(["dataset", "ε", "system", "avg TV (IID)", "avg TV (Dirichlet)", "ML AUC",
+                  "avg TV (ε = ∞)", "wire / naive", "wall s"], rows)]
+    if ratios:
+        out += ["\nRatios:\n\n", table(["dataset", "ε", "ratio", "system", "value"], ratios)]
+    return "".join(out)
+
+
 #: Bench name (:func:`bench_of`) -> its renderer.
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bus": render_bus, "des_validate": render_des_validate,
-    "synth_wire": render_synth_wire}
+    "synth_wire": render_synth_wire, "synth_table": render_synth_table}
 
 
 def describe_machine(m: dict[str, Any]) -> str:

@@ -134,6 +134,26 @@ def test_render_synth_wire(dt):
     assert "| `up` | 21,778 | 21,778 |" in out
 
 
+def test_render_synth_table(dt):
+    fed = {"avg_tv": 0.0557, "ml_auc": 0.902, "bytes_wire": 154592, "bytes_naive": 274456,
+           "wall_s": 32.2}
+    base = {"avg_tv": 0.8504, "ml_auc": 0.571, "bytes_wire": None, "wall_s": 73.4}
+    summary = {"adult": {"1": {
+        "fedforge_k10": fed, "dpfedavg_gan_k10": base, "central_aim": {"error": "boom"},
+        "noniid": {"fedforge_k10": {"avg_tv": 0.0508}},
+        "eps_inf": {"dpfedavg_gan_k10": {"avg_tv": 0.6033}},
+        "noniid_over_iid": {"fedforge_k10": 0.912}, "diffusion_over_mbi": 1.122}}}
+    out = dt.render_synth_table({"summary": summary})
+    assert "| adult | 1 | `fedforge_k10` | 0.0557 | 0.0508 | 0.902 | n/a | 0.5633 | 32.2 |" \
+        in out
+    assert "| adult | 1 | `dpfedavg_gan_k10` | 0.8504 | n/a | 0.571 | 0.6033 | n/a | 73.4 |" \
+        in out
+    assert "| adult | 1 | `central_aim` | failed |" in out
+    assert "| adult | 1 | `noniid_over_iid` | `fedforge_k10` | 0.912 |" in out
+    assert "| adult | 1 | `diffusion_over_mbi` |  | 1.122 |" in out
+    assert "`noniid`" not in out.split("Ratios")[0]  # sub-tables are columns, not rows
+
+
 # ---------------------------------------------------------------- record and render
 
 
