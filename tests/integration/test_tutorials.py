@@ -592,12 +592,13 @@ def test_several_parties(tmp_path: Path) -> None:
     seen = {}
     for step in run_tutorial("several-parties", tmp_path):
         if step.starts_with("psfl vfl run"):
-            seen[step.arg("--dataset")] = _json(tmp_path / "run" / "metrics.json")
+            out = tmp_path / step.arg("--out")
+            seen[step.arg("--dataset")] = _json(out / "metrics.json")
             if step.arg("--dataset") == "bank":  # the "Outputs" section
                 for p in ("passive", "passive2", "passive3"):
-                    assert (tmp_path / "run" / f"{p}.json").is_file(), p
-                    assert (tmp_path / "run" / f"timeline-{p}.json").is_file(), p
-                    assert (tmp_path / "run" / "model" / p / "manifest.json").is_file(), p
+                    assert (out / f"{p}.json").is_file(), p
+                    assert (out / f"timeline-{p}.json").is_file(), p
+                    assert (out / "model" / p / "manifest.json").is_file(), p
     m = seen["bank"]  # "4 parties, 4 columns each"
     cols = _columns(m)
     assert sorted(cols) == ["active", "passive", "passive2", "passive3"]
