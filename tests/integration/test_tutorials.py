@@ -52,6 +52,7 @@ import orjson
 import pytest
 
 from tests.conftest import REPO
+from tests.mdblocks import fenced_blocks
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -60,7 +61,6 @@ TUTORIALS = REPO / "docs" / "tutorials"
 RUN_LANGS = {"", "bash", "sh", "shell", "console", "python"}
 SHELL_LANGS = RUN_LANGS - {"python"}
 DIRECTIVE = re.compile(r"^\s*<!--\s*test:\s*(.*?)\s*-->\s*$")
-FENCE = re.compile(r"^\s*(```|~~~)\s*([\w+-]*)")
 PSFL = [sys.executable, "-P", "-m", "sim.cli"]
 #: the most seconds one command (or one block's commands together) may take
 COMMAND_TIMEOUT_S = 240.0
@@ -128,23 +128,12 @@ def parse_directive(text: str) -> Directive:
 def page_blocks(page: Path) -> list[Block]:
     """The fenced blocks of ``page`` with the directive on the line before each (if any)."""
     lines = page.read_text().splitlines()
-    out, i = [], 0
-    while i < len(lines):
-        m = FENCE.match(lines[i])
-        if not m:
-            i += 1
-            continue
-        fence, lang, start = m.group(1), m.group(2).lower(), i
-        j = i - 1
+    out = []
+    for start, lang, body in fenced_blocks(lines):
+        j = start - 1
         while j >= 0 and not lines[j].strip():
             j -= 1
         d = DIRECTIVE.match(lines[j]) if j >= 0 else None
-        i += 1
-        body = []
-        while i < len(lines) and not lines[i].strip().startswith(fence):
-            body.append(lines[i])
-            i += 1
-        i += 1
         where = f"{page.relative_to(REPO)}:{start + 1}"
         try:
             directive = parse_directive(d.group(1)) if d else None

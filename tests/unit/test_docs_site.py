@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.mdblocks import fenced_blocks
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 #: fenced code blocks in these languages hold shell commands ("" = no language given)
@@ -172,22 +174,9 @@ def test_the_wire_format_example_is_the_codec_s_own_output() -> None:
 
 def _blocks(path: Path):
     """``(first line number, text)`` of each fenced shell code block of ``path``."""
-    lines = path.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        m = re.match(r"^\s*(```|~~~)\s*([\w+-]*)", lines[i])
-        if not m:
-            i += 1
-            continue
-        fence, lang, start = m.group(1), m.group(2).lower(), i + 1
-        i += 1
-        body = []
-        while i < len(lines) and not lines[i].strip().startswith(fence):
-            body.append(lines[i])
-            i += 1
-        i += 1
+    for start, lang, body in fenced_blocks(path.read_text().splitlines()):
         if lang in SHELL_LANGS:
-            yield start + 1, body
+            yield start + 2, body
 
 
 def _logical_lines(start: int, body: list[str]):
