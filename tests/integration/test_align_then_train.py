@@ -34,7 +34,7 @@ def test_align_then_train_on_the_shared_rows(tmp_path: Path,
     res = subprocess.run([*PSFL, "vfl", "align", "--active-ids", str(tmp_path / "a.txt"),
                           "--passive-ids", str(tmp_path / "p.txt"), "--out", str(al),
                           "--job-timeout-s", "120"],
-                         capture_output=True, text=True, timeout=150)
+                         capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     ra = pd.read_csv(al / "aligned-active.csv", dtype={"id": str})
     rp = pd.read_csv(al / "aligned-passive.csv", dtype={"id": str})

@@ -15,6 +15,7 @@ from torch import nn
 from parties.data import load_table
 from parties.zoo import ResidualMlp
 from sim.api import VflJob, predict, train
+from tests.bounds import above, below
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -67,6 +68,7 @@ def test_prediction_in_process_reproduces_the_test_auc(memory_run, tmp_path: Pat
     assert len(table) == scored.summary["rows"] and np.isfinite(table["prediction"]).all()
 
 
+@pytest.mark.stochastic
 def test_the_same_job_through_the_broker_lands_near_the_in_process_auc(
         memory_run, tmp_path: Path) -> None:
     job, mem = memory_run
@@ -74,9 +76,10 @@ def test_the_same_job_through_the_broker_lands_near_the_in_process_auc(
     assert res.metrics["security"]["transport"] == "curve"
     assert (res.out / "model" / "passive" / "manifest.json").exists()
     # the semi-asynchronous schedule interleaves differently across processes
-    assert abs(res.metric - mem.metric) < 0.03, (res.metric, mem.metric)
+    below(abs(res.metric - mem.metric), 0.03, "|broker - memory| AUC")
 
 
+@pytest.mark.stochastic
 def test_a_numpy_array_with_its_own_models_and_loss(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(1500, 6)).astype(np.float32)
@@ -92,13 +95,14 @@ def test_a_numpy_array_with_its_own_models_and_loss(tmp_path: Path) -> None:
                  config={"epochs": 3, "embedding_dim": 4, "batch_size": 64, "lr": 1e-2,
                          "worker_mode": "thread"})
     res = train(job, tmp_path / "run")
-    assert res.metric > 0.9  # the label is a function of one column per party
+    above(res.metric, 0.9, "test AUC")  # the label is a function of one column per party
     assert "passive_model" in res.metrics["model"]
     # each party got its own bottom; the lambdas are rebuilt from the job's factory
     assert any(isinstance(m, nn.Tanh) for m in res.load("passive").modules[0].modules())
     assert isinstance(res.load("active").modules[0], nn.Linear)
 
 
+@pytest.mark.stochastic
 def test_three_parties_from_the_python_api_with_their_own_models(tmp_path: Path) -> None:
     """Two passive parties, each with its own columns and the job's bottom; the top model
     sees the concatenation of three embeddings; every party's part is saved."""
@@ -118,7 +122,7 @@ def test_three_parties_from_the_python_api_with_their_own_models(tmp_path: Path)
                  config={"epochs": 3, "embedding_dim": 4, "batch_size": 64, "lr": 1e-2,
                          "worker_mode": "inline"})
     res = train(job, tmp_path / "run")
-    assert res.metric > 0.9  # one informative column per party
+    above(res.metric, 0.9, "test AUC")  # one informative column per party
     assert set(widths) == {12}  # 3 parties x embedding_dim 4
     assert sorted(res.metrics["parties"]) == ["active", "passive", "passive2"]
     for p in ("active", "passive", "passive2"):

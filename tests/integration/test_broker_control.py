@@ -48,7 +48,7 @@ def _garbage(rng: random.Random) -> list[bytes]:
     return [orjson.dumps({"cmd": "hello", "client_id": rng.choice(["", "x" * 5000, 5, None])})]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(600)
 def test_control_socket_survives_any_input(tmp_path: Path) -> None:
     b = BrokerProcess(tmp_path)
     try:

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from tests.conftest import REPO, BrokerProcess, bank_sample_csv
+from tests.bounds import above, below
 
 PSFL = [sys.executable, "-m", "sim.cli"]
 
@@ -57,7 +58,8 @@ def _restart_same_port(tmp: Path, broker: BrokerProcess) -> BrokerProcess:
     return BrokerProcess(tmp, "--bind", broker.address)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.stochastic
+@pytest.mark.timeout(600)
 def test_a_broker_restarted_mid_run_is_survived(bank_small: Path, tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path)
     out = tmp_path / "run"
@@ -67,19 +69,20 @@ def test_a_broker_restarted_mid_run_is_survived(bank_small: Path, tmp_path: Path
         _wait_epoch(out, run)
         time.sleep(0.3)
         broker = _restart_same_port(tmp_path, broker)  # down about 1 s (a new process)
-        _, err = run.communicate(timeout=180)
+        _, err = run.communicate(timeout=300)
     finally:
         if run.poll() is None:
             run.kill()
-            run.communicate(timeout=10)
+            run.communicate(timeout=300)
         broker.stop()
     assert run.returncode == 0, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     m = orjson.loads((out / "metrics.json").read_bytes())
-    assert len(m["history"]) == 6 and m["test_auc"] > 0.75
+    assert len(m["history"]) == 6
+    above(m["test_auc"], 0.75, "test AUC")
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_a_broker_that_stays_away_ends_the_run_with_the_partner_code(
         bank_small: Path, tmp_path: Path) -> None:
     liveness = 3.0
@@ -96,7 +99,7 @@ def test_a_broker_that_stays_away_ends_the_run_with_the_partner_code(
     finally:
         if run.poll() is None:
             run.kill()
-            run.communicate(timeout=10)
+            run.communicate(timeout=300)
     assert run.returncode == 4, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     # the liveness timeout, then stopping both parties' workers, on a loaded machine

@@ -257,10 +257,10 @@ async def test_a_forbidden_subscription_never_receives_data(
 def test_plaintext_is_refused_off_loopback_and_without_the_flag(tmp_path: Path) -> None:
     run = [sys.executable, "-m", "broker", "run", "--ready-file", str(tmp_path / "a")]
     p = subprocess.run([*run, "--bind", "tcp://127.0.0.1:0"], capture_output=True, text=True,
-                       timeout=30)
+                       timeout=300)
     assert p.returncode == 2 and "security is on by default" in p.stderr
     p = subprocess.run([*run, "--insecure", "--bind", "tcp://0.0.0.0:0"], capture_output=True,
-                       text=True, timeout=30)
+                       text=True, timeout=300)
     assert p.returncode == 2 and "loopback only" in p.stderr
     with pytest.raises(InsecureTransport):
         Bus("tcp://10.1.2.3:5555", name="x")
@@ -295,7 +295,7 @@ def test_a_local_vfl_run_is_secure_by_default_and_its_artifacts_hold_no_secrets(
     res = subprocess.run([sys.executable, "-m", "sim.cli", "vfl", "run", "--dataset", str(data),
                           "--set", "label=y", "--algo", "vfl-ps", "--set", "epochs=1",
                           "--out", str(out), "--timeout-s", "120"],
-                         capture_output=True, text=True, timeout=150,
+                         capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TMPDIR": str(tmp)})
     assert res.returncode == 0, res.stderr[-3000:]
     m = orjson.loads((out / "metrics.json").read_bytes())

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.bounds import above, below
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -28,10 +29,11 @@ def _auc(text: str, prefix: str = "") -> float:
     return float(m.group(1))
 
 
+@pytest.mark.stochastic
 def test_custom_model_quick_reaches_the_bank_auc(tmp_path: Path) -> None:
     # a user bottom with BatchNorm and Dropout, defined in the script, DP off
     out = _run("custom_model.py", "--quick", "--out", str(tmp_path / "run"))
-    assert _auc(out) >= 0.92
+    above(_auc(out), 0.92, "test AUC")
     assert (tmp_path / "run" / "model" / "passive" / "manifest.json").exists()
 
 
@@ -40,11 +42,12 @@ def test_large_model_quick(tmp_path: Path) -> None:
     assert "'model': 'resnet'" in out and 0.8 < _auc(out) <= 1.0
 
 
+@pytest.mark.stochastic
 def test_same_code_in_memory_and_through_the_broker() -> None:
     out = _run("same_code_two_transports.py", "--quick")
     mem, brk = _auc(out, "memory: "), _auc(out, "broker: ")
     assert 0.8 < mem <= 1.0 and 0.8 < brk <= 1.0
-    assert abs(mem - brk) < 0.03
+    below(abs(mem - brk), 0.03, "|memory - broker| AUC")
 
 
 def test_predict_saved_reproduces_the_test_auc() -> None:
@@ -55,11 +58,13 @@ def test_predict_saved_reproduces_the_test_auc() -> None:
     assert "scored 500 new rows" in out
 
 
+@pytest.mark.stochastic
 def test_fedforge_parties_quick(tmp_path: Path) -> None:
     out = _run("fedforge_parties.py", "--quick", "--out", str(tmp_path / "run"))
     spent = [float(v) for v in re.findall(r"p\d+=(\d\.\d+)", out)]
     assert len(spent) == 3 and all(0.9 <= e <= 1.0 + 1e-6 for e in spent), out
     tv = float(re.search(r"avg_tv (\d\.\d+)", out).group(1))  # type: ignore[union-attr]
-    assert 0.0 < tv < 0.3
+    assert tv > 0.0
+    below(tv, 0.3, "avg TV")
     assert "reloaded: same rows True" in out
     assert (tmp_path / "run" / "stages" / "ckpt" / "model.npz").is_file()

@@ -14,6 +14,7 @@ import pytest
 from pubsub.config import ConfigError
 from sim.fedforge import FedForge, FedForgeError
 from synth.saved import SavedModelError, load_model
+from tests.bounds import above, below
 
 pytest.importorskip("mbi")
 
@@ -64,6 +65,7 @@ def _parties(k: int = 3, n: int = 600) -> list[pd.DataFrame]:
 FAST = {"engine_iters": 60, "numeric_bins": 8, "noise_seed": 5}
 
 
+@pytest.mark.stochastic
 @pytest.mark.parametrize("transport", ["memory", "broker"])
 def test_fit_sample_reload(transport: str, schema_file: str, tmp_path: pytest.TempPathFactory
                            ) -> None:
@@ -79,7 +81,8 @@ def test_fit_sample_reload(transport: str, schema_file: str, tmp_path: pytest.Te
     assert m["security"]["transport"] == ("memory" if transport == "memory" else "curve")
     assert (m["bytes_wire"] is None) == (transport == "memory")
     assert (m["bytes_wire_fixed"] is None) == (transport == "memory")
-    assert 0.0 <= m["avg_tv"] < 0.5
+    assert m["avg_tv"] >= 0.0
+    below(m["avg_tv"], 0.5, "avg TV")
     rows = ff.sample(2_000, seed=3)
     assert list(rows.columns) == ["age", "job", "city", "y"]
     assert len(rows) == 2_000 and not rows.isna().any().any()

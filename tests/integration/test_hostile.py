@@ -21,6 +21,7 @@ from pubsub import Bus
 from sim.api import VflJob, train
 from sim.launch import spawn_party_cli
 from tests.conftest import wait_for_event
+from tests.bounds import above, below
 
 
 class NanBottom(torch.nn.Module):
@@ -94,7 +95,8 @@ async def _attack(address: str, run: str, n_channels: int, seconds: float) -> in
     return sent
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.stochastic
+@pytest.mark.timeout(600)
 def test_foreign_and_malformed_messages_are_dropped_and_the_run_completes(
         broker, bank_frame: pd.DataFrame, tmp_path: Path,
         capfd: pytest.CaptureFixture[str]) -> None:
@@ -125,7 +127,8 @@ def test_foreign_and_malformed_messages_are_dropped_and_the_run_completes(
     assert codes == {"passive": 0, "active": 0}, (codes, err[-3000:])
     assert "Traceback" not in err
     m = orjson.loads((tmp_path / "active" / "metrics.json").read_bytes())
-    assert sent > 100 and m["test_auc"] > 0.8
+    assert sent > 100
+    above(m["test_auc"], 0.8, "test AUC")
     for role in ("active", "passive"):
         p = m["parties"][role]
         # the attacker's messages were dropped on arrival (not the partner's client id)

@@ -26,7 +26,7 @@ def test_measure_comm_through_a_real_broker(broker: BrokerProcess) -> None:
     assert fit.latency_s >= 0 and fit.s_per_byte >= 0 and fit.n_points == 3
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_profile_sweep_then_plan_on_bank(tmp_path: Path,
                                          capfd: pytest.CaptureFixture[str]) -> None:
     prof_dir, plan_dir = tmp_path / "prof", tmp_path / "plan"
@@ -67,7 +67,7 @@ def test_profile_sweep_then_plan_on_bank(tmp_path: Path,
     assert res.returncode == 2 and "no batch size" in res.stderr
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_run_with_plan_auto_records_the_plan(tmp_path: Path,
                                              capfd: pytest.CaptureFixture[str]) -> None:
     # 6,000 rows of bank (3,780 training rows: every swept B fits): the
@@ -88,7 +88,7 @@ def test_run_with_plan_auto_records_the_plan(tmp_path: Path,
     assert m["metric"] is not None
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_plan_auto_with_pilots_plans_for_time_to_target(tmp_path: Path,
                                                         capfd: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "bank_sample.csv"

@@ -25,7 +25,7 @@ def _align(tmp_path: Path, files: list[Path], out: Path) -> subprocess.Completed
            "--timeout-s", "30", "--job-timeout-s", "90"]
     for f in files[1:]:
         cmd += ["--passive-ids", str(f)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
 def test_three_parties_align_then_train_on_the_common_rows(tmp_path: Path) -> None:
@@ -105,5 +105,5 @@ def test_a_party_id_beyond_the_passive_parties_is_refused(tmp_path: Path, party:
     res = subprocess.run([*PSFL, "vfl", "align", "--role", party, "--broker",
                           "tcp://127.0.0.1:9", "--insecure", "--ids", str(tmp_path / "ids.txt"),
                           "--out", str(tmp_path / "o")], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=300)
     assert res.returncode == 2 and "--passive-parties" in res.stderr, res.stderr[-2000:]

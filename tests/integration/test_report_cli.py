@@ -16,7 +16,7 @@ from parties.timeline import COMM, COMPUTE, WAIT, Timeline
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(600)
 
 
 def _psfl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -24,7 +24,7 @@ def _psfl(*args: str) -> subprocess.CompletedProcess[str]:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["MPLBACKEND"] = "Agg"
     return subprocess.run([sys.executable, "-m", "sim.cli", "report", *args], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=150)
+                          env=env, capture_output=True, text=True, timeout=300)
 
 
 def _report_in_process(capsys: pytest.CaptureFixture[str], *args: str
@@ -224,7 +224,7 @@ def test_report_refuses_a_dir_without_a_readable_run(tmp_path, capsys):
     assert str(d / "metrics.json") in res.stdout and "unreadable" in res.stdout
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 @pytest.mark.usefixtures("jax_compile_cache")
 def test_report_a_real_fedforge_run(synth_mst_run, tmp_path, capsys):
     # conftest.synth_mst_run: K = 3 on a 5-column table, mbi, epsilon 1 (shared, read-only)

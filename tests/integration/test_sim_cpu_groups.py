@@ -45,7 +45,7 @@ BUSY1 = "while True: pass"
 BUSY2 = "import os\nos.fork()\nwhile True: pass"
 
 # func_only: the wait for the machine (the exclusive lock, conftest.py) is not the test
-pytestmark = [pytest.mark.timeout(60, func_only=True), pytest.mark.exclusive]
+pytestmark = [pytest.mark.timeout(180, func_only=True), pytest.mark.exclusive]
 
 
 def _cgroup_v1_dirs() -> list[Path]:
@@ -304,6 +304,15 @@ def test_duty_cycle_reports_its_signals(busy: list[Busy]) -> None:
     assert not d["thread_alive"] and d["error"] is None
 
 
+def _stopped_samples(pid: int, window_s: float) -> int:
+    """How many of the samples (every 5 ms for ``window_s``) saw ``pid`` stopped."""
+    n, end = 0, time.monotonic() + window_s
+    while time.monotonic() < end:
+        n += psutil.Process(pid).status() == psutil.STATUS_STOPPED
+        time.sleep(0.005)
+    return n
+
+
 def test_duty_cycle_never_signals_a_reused_pid(busy: list[Busy]) -> None:
     """A tracked process whose pid now names another process (is_running() compares
     the creation time) is dropped, and not stopped or continued any more."""
@@ -314,17 +323,17 @@ def test_duty_cycle_never_signals_a_reused_pid(busy: list[Busy]) -> None:
         while lim.pids() != [b.proc.pid] and time.monotonic() < deadline:
             time.sleep(0.01)
         assert lim.pids() == [b.proc.pid]
+        # control: while tracked, the process is seen stopped in part of each period
+        assert _stopped_samples(b.proc.pid, 0.5) > 0
         tracked = lim._backend._tracked[b.proc.pid]  # type: ignore[attr-defined]
         tracked.proc.is_running = lambda: False  # what a reused pid looks like
         assert lim.pids() == []
         assert lim.describe()["duty"]["processes_dropped"] == 1
         os.kill(b.proc.pid, signal.SIGCONT)  # in case it was in its stopped phase
         time.sleep(0.3)  # six periods: a signalled process would be stopped in three
-        assert psutil.Process(b.proc.pid).status() != psutil.STATUS_STOPPED
-        t0 = sum(psutil.Process(b.proc.pid).cpu_times()[:2])
-        time.sleep(0.5)
-        # no longer throttled: it runs (nearly) all the time on its CPU
-        assert sum(psutil.Process(b.proc.pid).cpu_times()[:2]) - t0 > 0.35
+        # no longer throttled: never seen stopped over ten periods (sampling its state,
+        # not its CPU time, which other jobs on the machine would take from it)
+        assert _stopped_samples(b.proc.pid, 0.5) == 0
 
 
 def test_duty_cycle_survives_exits_and_never_leaves_stopped(busy: list[Busy]) -> None:
@@ -362,7 +371,7 @@ def test_measure_rate_over_pids(busy: list[Busy]) -> None:
 
 
 @needs_cgroup
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(600)
 def test_a_party_in_the_group_sees_its_quota_as_its_cores() -> None:
     """parties.sysinfo.cores_allotted reads the quota of the process's own group (it picks
     the worker mode and is the denominator of cpu_util)."""
@@ -371,6 +380,6 @@ def test_a_party_in_the_group_sees_its_quota_as_its_cores() -> None:
         out = subprocess.run(
             [sys.executable, "-c",
              "from parties.sysinfo import cores_allotted; print(cores_allotted())"],
-            preexec_fn=lim.preexec(), capture_output=True, text=True, timeout=30)
+            preexec_fn=lim.preexec(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout.split()[-1]) == pytest.approx(0.4375)

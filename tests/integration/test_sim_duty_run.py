@@ -28,7 +28,7 @@ epochs = 1
 """
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 def test_duty_cycle_parties_know_their_share(tmp_path: Path,
                                              capfd: pytest.CaptureFixture[str]) -> None:

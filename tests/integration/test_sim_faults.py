@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import psfl_in_process
+from tests.bounds import above, below
 
 BASE = """
 [scenario]
@@ -58,7 +59,8 @@ def _run(tmp_path: Path, capfd: pytest.CaptureFixture[str], kind: str, duration:
     return res.returncode, metrics, res.stdout + res.stderr
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.stochastic
+@pytest.mark.timeout(600)
 def test_pause_past_t_ddl_is_survived_with_drops(tmp_path, capfd):
     code, m, text = _run(tmp_path, capfd, "pause", 5.0, 30.0, link=LINK)  # behind a shaped link
     assert code == 0, text[-3000:]
@@ -72,7 +74,7 @@ def test_pause_past_t_ddl_is_survived_with_drops(tmp_path, capfd):
     assert [f["kind"] for f in s["faults"]] == ["pause"] and "resumed_unix" in s["faults"][0]
     assert s["faults_not_fired"] == []
     assert m["dropped_batches"] > 0 and m["reassigned_batches"] > 0  # T_ddl did its job
-    assert m["metric"] > 0.85  # and training went on to a useful model
+    above(m["metric"], 0.85, "test AUC")  # and training went on to a useful model
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     names = {e["event"] for e in events}
     assert {"sim.fault.pause", "sim.fault.resumed", "vfl.batch_dropped"} <= names
@@ -81,7 +83,7 @@ def test_pause_past_t_ddl_is_survived_with_drops(tmp_path, capfd):
         assert s["cpu"][role]["measured_cores"] <= 1.0 * 1.10
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_killed_passive_gives_a_clear_end_within_t_ddl_and_margin(tmp_path, capfd):
     code, m, text = _run(tmp_path, capfd, "kill", 0.0, 2.0)
     assert code == 0, text[-3000:]  # the kill was scheduled: a clear failure is the result
@@ -94,7 +96,7 @@ def test_killed_passive_gives_a_clear_end_within_t_ddl_and_margin(tmp_path, capf
     assert "passive" in text and "heartbeat" in text  # the active party says what happened
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_disconnect_through_the_relay_is_survived(tmp_path, capfd):
     code, m, text = _run(tmp_path, capfd, "disconnect", 4.0, 30.0)
     assert code == 0, text[-3000:]

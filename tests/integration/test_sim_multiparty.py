@@ -9,6 +9,7 @@ import json
 import pytest
 
 from tests.conftest import psfl_in_process
+from tests.bounds import above, below
 
 SCENARIO = """
 [scenario]
@@ -39,7 +40,8 @@ eval_every = 1000
 """
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.stochastic
+@pytest.mark.timeout(600)
 def test_three_parties_on_a_simulated_cluster_survive_a_paused_passive_party(tmp_path, capfd):
     scn = tmp_path / "s.toml"
     scn.write_text(SCENARIO)
@@ -63,5 +65,5 @@ def test_three_parties_on_a_simulated_cluster_survive_a_paused_passive_party(tmp
     assert missed.get("passive2", 0) > 0, missed
     assert missed.get("passive", 0) < missed["passive2"], missed
     assert sorted(m["parties"]) == ["active", "passive", "passive2"]
-    assert m["metric"] > 0.80
+    above(m["metric"], 0.80, "test AUC")
     assert "passive2" in text  # the summary names every party

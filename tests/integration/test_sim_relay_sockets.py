@@ -28,7 +28,7 @@ from sim.relay import LinkSpec, Relay
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(600)
 
 
 class RelayThread:

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import synth_table
 from synth.config import SynthConfig
+from tests.bounds import above, below
 
 #: the mbi runs' coordinators share compiled JAX programs (conftest.jax_compile_cache)
 pytestmark = pytest.mark.usefixtures("jax_compile_cache")
@@ -26,7 +27,8 @@ def csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.stochastic
+@pytest.mark.timeout(600)
 def test_synth_run_k3_secure_aggregation_end_to_end(synth_mst_run: tuple) -> None:
     # the run (conftest.synth_mst_run: K = 3, fan-out 2, mbi, ε = 1) is also the
     # uninterrupted baseline of the crash-recovery tests
@@ -42,8 +44,9 @@ def test_synth_run_k3_secure_aggregation_end_to_end(synth_mst_run: tuple) -> Non
     pairs = {tuple(sorted(p)) for p in m["tree_pairs"]}
     assert ("a", "b") in pairs and ("b", "income") in pairs
     # quality is reported and sane for 5 columns at epsilon 1
-    assert 0 <= m["avg_tv"] < 0.2 and m["n_workload"] == 10
-    assert m["ml_utility"]["auc_real"] > 0.6
+    assert m["avg_tv"] >= 0 and m["n_workload"] == 10
+    below(m["avg_tv"], 0.2, "avg TV")
+    above(m["ml_utility"]["auc_real"], 0.6, "real rows' AUC")
     # privacy: each party spent at most its budget
     from synth.accounting import cdp_rho
 
@@ -106,7 +109,7 @@ def test_psfl_synth_run_rejects_nonpositive_epsilon(
     assert not (tmp_path / "run").exists()  # refused before the run directory is made
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 def test_a_party_whose_columns_differ_fails_the_run_with_its_reason(
         csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sim.synth_launch as launch
@@ -130,7 +133,7 @@ def test_a_party_whose_columns_differ_fails_the_run_with_its_reason(
     assert "p001" in events and "missing ['hours']" in events
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_a_label_that_is_not_binary_skips_ml_utility_with_the_reason(aim_run: tuple) -> None:
     # the AIM run's label is ``a``, with three classes (the run is shared with the AIM test)
     cfg, res = aim_run
@@ -141,7 +144,7 @@ def test_a_label_that_is_not_binary_skips_ml_utility_with_the_reason(aim_run: tu
     assert m["avg_tv"] is not None
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_a_party_that_drops_mid_round_is_unmasked_out_over_the_bus(csv: Path,
                                                                    tmp_path: Path) -> None:
     """Five parties agree keys once; p002 takes part in rounds 0 and 2 but never sends
@@ -222,7 +225,8 @@ def aim_run(csv: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
                           quiet=True)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.stochastic
+@pytest.mark.timeout(600)
 def test_synth_run_aim_adaptive_rounds_end_to_end(aim_run: tuple) -> None:
     """``--mechanism aim``: the 1-way and all-pairs rounds, then two adaptive rounds of two
     pairs each, picked from the noisy answers; the whole budget is spent, no more."""
@@ -241,4 +245,5 @@ def test_synth_run_aim_adaptive_rounds_end_to_end(aim_run: tuple) -> None:
     assert all(v == pytest.approx(rho, rel=1e-6) for v in m["rho_spent"].values())
     picks = json.loads((res.out / "stages" / "select_aim0.json").read_text())["picks"]
     assert len(picks) == 2 and all(len(c) == 2 for c, _ in picks)
-    assert 0 <= m["avg_tv"] < 0.2
+    assert m["avg_tv"] >= 0
+    below(m["avg_tv"], 0.2, "avg TV")

@@ -26,7 +26,7 @@ def csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_dropouts_in_round_0_and_the_tree_round_use_both_recovery_rules(
         csv: Path, tmp_path: Path) -> None:
     """p002 sends nothing in round 0 (its 1-way marginals were never released: the
@@ -99,7 +99,7 @@ def test_dropouts_in_round_0_and_the_tree_round_use_both_recovery_rules(
     assert metrics["synthesis"]["total"] == n_all
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(600)
 def test_a_paused_party_misses_a_round_skips_it_unpaid_and_rejoins(csv: Path,
                                                                    tmp_path: Path) -> None:
     """Real processes, one per party; p001's process is stopped (SIGSTOP) while the

@@ -40,7 +40,7 @@ def test_kill_specs_are_checked_and_the_victim_runs_alone() -> None:
     assert process_layout(ids5, 5, []) == [list(ids5)]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_a_killed_party_leaves_a_run_that_completes_with_the_survivors(
         csv: Path, tmp_path: Path) -> None:
     from sim.synth_launch import run_synth
@@ -59,7 +59,7 @@ def test_a_killed_party_leaves_a_run_that_completes_with_the_survivors(
     assert m["ledger"]["p003"]["rho_spent"] < m["ledger"]["p000"]["rho_spent"]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_too_few_survivors_fail_the_run_with_exit_1(csv: Path, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     from sim.cli import main

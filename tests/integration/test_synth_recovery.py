@@ -25,7 +25,7 @@ def baseline(synth_mst_run: tuple) -> tuple[SynthConfig, dict]:
     return cfg, res.metrics
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("point", ["keys@collected", "round:tree@unmask"])
 def test_kill_9_of_the_coordinator_then_resume(baseline: tuple[SynthConfig, dict],
                                                point: str, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from synth.config import SynthConfig
+from tests.bounds import above, below
 
 #: the mbi runs' coordinators share compiled JAX programs (conftest.jax_compile_cache)
 pytestmark = pytest.mark.usefixtures("jax_compile_cache")
@@ -27,7 +28,8 @@ def _xor_table(n: int = 4000, seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame({"x": x, "y": y, "z": z, "w": w})
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.stochastic
+@pytest.mark.timeout(600)
 def test_add_workload_after_the_run_measures_only_what_is_missing(tmp_path: Path) -> None:
     from sim.synth_launch import add_workload, run_synth
 
@@ -53,7 +55,8 @@ def test_add_workload_after_the_run_measures_only_what_is_missing(tmp_path: Path
     assert [sorted(c) for c in rep["already_measured"]] == [sorted(tree[0])]
     assert rep["rho"] == pytest.approx(0.5 * reserve, rel=1e-9)
     # the 3-way interaction is learnt: the error on it drops
-    assert rep["tv_before"] > 0.15 and rep["tv_after"] < rep["tv_before"] - 0.1
+    above(rep["tv_before"], 0.15, "TV before the workload")
+    above(rep["tv_before"] - rep["tv_after"], 0.1, "TV gained by the workload")
     assert rep["full_refit_s"] > 0 and rep["tv_after_full_refit"] is not None
     # a new session with the reopened processes; the ledgers carried on
     assert m["session"] == 1 and m["stream_rho_left"] == pytest.approx(0.5 * reserve)

@@ -53,6 +53,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.mdblocks import fenced_blocks
+from tests.bounds import above, below
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -528,6 +529,7 @@ def _own_data(cwd: Path) -> float:
     return float(price.std())
 
 
+@pytest.mark.stochastic
 def test_your_own_data(tmp_path: Path) -> None:
     price_std = _own_data(tmp_path)
     seen = {}
@@ -542,7 +544,7 @@ def test_your_own_data(tmp_path: Path) -> None:
     m = seen["my.parquet"]  # no column lists: the first half (rounded up) to the active party
     assert m["task"] == "regression" and m["metric_name"] == "rmse"
     assert _columns(m) == {"active": ["x1", "x3"], "passive": ["x2"]}
-    assert m["test_rmse"] < 0.5 * price_std  # in the label's own units, and learnt
+    below(m["test_rmse"] / price_std, 0.5, "RMSE / label sd")  # in the label's own units, and learnt
 
 
 def test_your_own_model(tmp_path: Path) -> None:
@@ -606,6 +608,7 @@ def test_several_parties(tmp_path: Path) -> None:
     assert (tmp_path / "runD" / "passive2.json").is_file()
 
 
+@pytest.mark.stochastic
 def test_fedforge(tmp_path: Path, jax_compile_cache: Path) -> None:
     steps = list(run_tutorial("fedforge", tmp_path))
     assert [s.words[:2] for s in steps] == [["psfl", "synth"], ["psfl", "report"]]
@@ -614,7 +617,8 @@ def test_fedforge(tmp_path: Path, jax_compile_cache: Path) -> None:
     assert m["dataset"] == "adult" and m["parties"] == 10 and m["epsilon"] == 1.0
     assert sorted(m["epsilon_spent"]) == [f"p{i:03d}" for i in range(10)]
     assert all(0.9 <= e <= 1.0 + 1e-9 for e in m["epsilon_spent"].values())
-    assert 0.0 < m["avg_tv"] < 0.3 and m["ml_utility"] is not None
+    assert m["avg_tv"] > 0.0 and m["ml_utility"] is not None
+    below(m["avg_tv"], 0.3, "avg TV")
     # "as many rows as the parties hold, in the table's own values"
     assert _csv_rows(run / "synthetic.csv") == sum(m["rows"].values())
     header = (run / "synthetic.csv").read_text().splitlines()[0].split(",")
@@ -645,7 +649,7 @@ def test_across_hosts(tmp_path: Path, jax_compile_cache: Path) -> None:
     inline = re.search(r'`(python -c "from synth\.protocol[^`]*)`\s*prints `([^`]*)`', text)
     assert inline, "the aggregator ids' one-liner is gone from across-hosts.md"
     res = subprocess.run([sys.executable, *shlex.split(inline.group(1))[1:]], cwd=tmp_path,
-                         env=_env(), capture_output=True, text=True, timeout=120)
+                         env=_env(), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip() == inline.group(2), res.stderr
     _synth_run_dir(tmp_path / "RUN")
     steps = list(run_tutorial("across-hosts", tmp_path))

@@ -18,11 +18,12 @@ import pytest
 from parties.data import load_table, train_test_indices
 from parties.schedule import validation_split
 from tests.conftest import psfl_in_process
+from tests.bounds import above, below
 
 PSFL = [sys.executable, "-m", "sim.cli"]
 
 
-def _psfl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _psfl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*PSFL, *args], capture_output=True, text=True, timeout=timeout)
 
 
@@ -205,6 +206,7 @@ def test_more_bad_input_is_a_clear_error(args: list[str], tmp_path: Path,
     assert res.stderr.startswith("error"), res.stderr[-2000:]
 
 
+@pytest.mark.stochastic
 def test_regression_run_on_california_reports_rmse(tmp_path: Path,
                                                    capfd: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
@@ -223,7 +225,7 @@ def test_regression_run_on_california_reports_rmse(tmp_path: Path,
     train, test = train_test_indices(len(frame), test_frac=0.3, seed=0)
     y = frame[label].to_numpy()
     baseline = float(np.sqrt(np.mean((y[test] - y[train].mean()) ** 2)))
-    assert rmse < 0.75 * baseline, (rmse, baseline)
+    below(rmse / baseline, 0.75, "RMSE / predict-the-mean RMSE")
     assert [h["metric"] for h in m["history"]] == [h["val_rmse"] for h in m["history"]]
     assert len(m["history"]) == 3
     assert m["target_metric"] is None and m["time_to_target_s"] is None  # no default target
@@ -233,6 +235,7 @@ def test_regression_run_on_california_reports_rmse(tmp_path: Path,
     assert f"test_rmse {rmse:.4f}" in res.stdout  # the launcher's and the party's summaries
 
 
+@pytest.mark.stochastic
 def test_adult_run_reaches_the_reference_auc(tmp_path: Path,
                                              capfd: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
@@ -241,7 +244,8 @@ def test_adult_run_reaches_the_reference_auc(tmp_path: Path,
     assert res.returncode == 0, res.stderr[-3000:]
     m = orjson.loads((out / "metrics.json").read_bytes())
     assert (m["task"], m["metric_name"]) == ("binary", "auc")
-    assert m["metric"] == m["test_auc"] > 0.85
+    assert m["metric"] == m["test_auc"]
+    above(m["test_auc"], 0.85, "test AUC")
     assert m["parties"]["active"]["n_features"] > 7  # one-hot columns, "?" as a category
     assert "test_auc" in res.stdout
 
@@ -275,6 +279,6 @@ def test_parties_with_different_tasks_refuse_to_train(broker, tmp_path: Path) ->
         for role, task in (("passive", "binary"), ("active", "regression"))
     }
     for role, proc in procs.items():
-        _, err = proc.communicate(timeout=90)
+        _, err = proc.communicate(timeout=300)
         assert proc.returncode == 4, (role, err[-2000:])
         assert "task: ours" in err and "Traceback" not in err, err[-2000:]

@@ -35,7 +35,7 @@ def _run(out: Path, *sets: str, transport: str = "broker",
 
 
 # DP-SGD in worker processes, next to another test on 2 cores: 30-40 s, more under load
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize(("transport", "worker_mode", "mu", "extra", "min_auc"), [
     # large µ, default max_reassign = 3: σ covers 4 publications per epoch, 1 is used;
     # both parties in this process over the in-memory bus

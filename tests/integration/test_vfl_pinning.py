@@ -12,8 +12,10 @@ import orjson
 import pytest
 
 from tests.conftest import psfl_in_process
+from tests.bounds import above, below
 
 
+@pytest.mark.stochastic
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
 @pytest.mark.parametrize("worker_mode", ["thread", "process"])
 def test_pinned_parties_without_deadline(tmp_path: Path, worker_mode: str,
@@ -32,13 +34,14 @@ def test_pinned_parties_without_deadline(tmp_path: Path, worker_mode: str,
     m = orjson.loads((tmp_path / "metrics.json").read_bytes())
     for role in ("active", "passive"):
         assert m["parties"][role]["cores_allotted"] == 1.0
-    assert m["dropped_batches"] == 0 and m["test_auc"] > 0.8
+    assert m["dropped_batches"] == 0
+    above(m["test_auc"], 0.8, "test AUC")
 
 
 def test_unavailable_cpu_is_a_config_error(tmp_path: Path) -> None:
     res = subprocess.run(
         [sys.executable, "-m", "parties", "active", "--insecure", "--broker", "tcp://127.0.0.1:9",
          "--set", "active_cpus=[4096]", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=60)
+        capture_output=True, text=True, timeout=300)
     assert res.returncode == 2, res.stderr
     assert "vfl.active_cpus" in res.stderr and "Traceback" not in res.stderr

@@ -14,6 +14,7 @@ from parties.config import load_vfl_config
 from parties.criteo import CriteoSpec, write_criteo
 from sim.local import predict_in_process, run_vfl_in_process
 from tests.conftest import psfl_in_process
+from tests.bounds import above, below
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -32,6 +33,7 @@ def _sets(dirs: dict[str, Path], *extra: str) -> list[str]:
             "shuffle_window_rows=8192", *extra]
 
 
+@pytest.mark.stochastic
 def test_streamed_run_matches_the_in_memory_run(criteo: dict[str, Path],
                                                 tmp_path: Path) -> None:
     stream = run_vfl_in_process(load_vfl_config(None, _sets(
@@ -43,10 +45,10 @@ def test_streamed_run_matches_the_in_memory_run(criteo: dict[str, Path],
         criteo, "stream=false", "shuffle=full")), tmp_path / "m").metrics
     assert stream["label_positive"] == memory["label_positive"] == "1"
     for m in (stream, memory):
-        assert m["test_auc"] > 0.55  # 1 epoch of 10,000 rows: learning, far from converged
+        above(m["test_auc"], 0.55, "test AUC")  # 1 epoch of 10,000 rows: learning, far from converged
     # same rows, same split; only the batch order (blocks vs a full permutation) and the
     # encoder's statistics (streamed, clipped) differ
-    assert abs(stream["test_auc"] - memory["test_auc"]) < 0.03
+    below(abs(stream["test_auc"] - memory["test_auc"]), 0.03, "|stream - memory| AUC")
     kinds = {t["treatment"] for t in stream["parties"]["passive"]["treatments"]}
     assert {"numeric", "hashed"} <= kinds
     assert stream["parties"]["active"]["worker_mode"] == "process"

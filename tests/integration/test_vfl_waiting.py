@@ -109,8 +109,9 @@ def test_party_waiting_for_embeddings_is_idle(broker: BrokerProcess, tmp_path: P
     active = _party("active", broker, tmp_path, "idle-emb", *sets)
     try:
         _wait_for_event(tmp_path / "active.jsonl", "vfl.epoch_done", active)
-        # control: the same measurement sees the party working while it trains
-        busy = _cores_used(active.pid, 1.0)
+        # control: the same measurement sees the party working while it trains (the most
+        # of three windows: on a loaded machine a party may wait out one of them)
+        busy = max(_cores_used(active.pid, 1.0) for _ in range(3))
         os.kill(passive.pid, signal.SIGSTOP)  # the partner stalls mid-training
         time.sleep(0.5)  # in-flight steps finish; then only waiting is left
         cores = _idle_cores(active.pid)

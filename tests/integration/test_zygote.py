@@ -110,5 +110,5 @@ def test_a_long_tmpdir_still_starts_the_fork_server(tmp_path: Path) -> None:
     code = ("import tempfile, sys; from parties import zygote; zygote.warm(); "
             "c = zygote.start(print, args=('forked',), name='t'); sys.exit(c.wait(60)); ")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "TMPDIR": str(deep)})
+                         timeout=300, env={**os.environ, "TMPDIR": str(deep)})
     assert res.returncode == 0 and "forked" in res.stdout, res.stderr[-2000:]

@@ -25,6 +25,7 @@ from parties.costmodel import (
     fit_power,
     step_time,
 )
+from tests.bounds import below
 
 B = np.array([16, 32, 64, 128, 256, 512, 1024], dtype=float)
 
@@ -54,6 +55,7 @@ def test_power_fit_normalises_lambda_per_core_at_one_worker() -> None:
     assert g.predict(64.0, workers=3, cores=6.0, threads=1) == pytest.approx(lam * 64 ** gamma)
 
 
+@pytest.mark.stochastic
 def test_power_fit_on_noisy_data_within_tolerance() -> None:
     rng = np.random.default_rng(7)
     b = np.repeat(B, 20)
@@ -62,8 +64,9 @@ def test_power_fit_on_noisy_data_within_tolerance() -> None:
     f = fit_power(b, t)
     assert f.gamma == pytest.approx(gamma, abs=0.02)
     assert f.lam == pytest.approx(lam, rel=0.10)
-    assert f.r2 > 0.99
-    assert 0.0 < f.rel_err_holdout < 0.08
+    below(1.0 - f.r2, 0.01, "power fit 1 - r2")
+    assert f.rel_err_holdout > 0.0
+    below(f.rel_err_holdout, 0.08, "power fit holdout error")
 
 
 def test_default_holdout_is_every_other_b_and_matches_a_manual_refit() -> None:
@@ -111,6 +114,7 @@ def test_memory_fit_recovers_noiseless_parameters(m0: float, rho: float, chi: fl
     assert f.rel_err_holdout < 1e-6
 
 
+@pytest.mark.stochastic
 def test_memory_fit_on_noisy_data_within_tolerance() -> None:
     rng = np.random.default_rng(3)
     b = np.repeat(B, 5)
@@ -120,8 +124,9 @@ def test_memory_fit_on_noisy_data_within_tolerance() -> None:
     assert f.chi == pytest.approx(chi, abs=0.03)
     assert f.rho == pytest.approx(rho, rel=0.25)
     assert f.m0 == pytest.approx(m0, rel=0.05)
-    assert f.r2 > 0.999
-    assert 0.0 < f.rel_err_holdout < 0.03
+    below(1.0 - f.r2, 0.001, "memory fit 1 - r2")
+    assert f.rel_err_holdout > 0.0
+    below(f.rel_err_holdout, 0.03, "memory fit holdout error")
     assert f.predict(700.0) == pytest.approx(m0 + rho * 700 ** chi, rel=0.03)
 
 
@@ -165,13 +170,15 @@ def test_comm_fit_recovers_latency_and_bandwidth() -> None:
     assert f.rel_err_holdout < 1e-9 and f.r2 == pytest.approx(1.0)
 
 
+@pytest.mark.stochastic
 def test_comm_fit_noisy_and_never_negative() -> None:
     rng = np.random.default_rng(5)
     n = np.repeat([1e3, 1e4, 1e5, 1e6], 10)
     f = fit_comm(n, (5e-5 + n / 2e8) * np.exp(rng.normal(0.0, 0.05, n.size)))
     assert f.latency_s == pytest.approx(5e-5, rel=0.2)
     assert f.bandwidth == pytest.approx(2e8, rel=0.05)
-    assert 0.0 < f.rel_err_holdout < 0.1
+    assert f.rel_err_holdout > 0.0
+    below(f.rel_err_holdout, 0.1, "comm fit holdout error")
     # Times that fall with size: no negative per-byte cost, bandwidth is infinite.
     g = fit_comm([10, 20, 30], [3e-3, 2e-3, 1e-3])
     assert g.s_per_byte == 0.0 and g.bandwidth == math.inf and g.latency_s > 0

@@ -65,7 +65,7 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
          "-d", str(site)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{log[-6000:]}"
     built = {p.relative_to(site).as_posix(): p.read_text() for p in site.rglob("*.html")}

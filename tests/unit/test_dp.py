@@ -29,6 +29,7 @@ from parties.dp import (
     report,
     worker_seeds,
 )
+from tests.bounds import above, below
 
 
 def composed(k: int, sigma: float) -> float:
@@ -73,6 +74,7 @@ def test_gradient_flows_through_the_clipping() -> None:
     torch.testing.assert_close(h.grad[1], want)
 
 
+@pytest.mark.stochastic
 def test_privatizer_noise_has_the_calibrated_std_and_is_seeded() -> None:
     h = torch.ones(2000, 32, requires_grad=True)
     priv = EmbeddingPrivatizer(clip_norm=0.5, noise_multiplier=2.0, seed=7)
@@ -80,8 +82,8 @@ def test_privatizer_noise_has_the_calibrated_std_and_is_seeded() -> None:
     assert clipped.grad_fn is not None and published.grad_fn is None
     assert published.dtype == torch.float32 and published.shape == (2000, 32)
     noise = (published - clipped.detach()).flatten()
-    assert abs(float(noise.mean())) < 0.01
-    assert abs(float(noise.std()) - 1.0) < 0.01  # σ·C = 2 · 0.5
+    below(abs(float(noise.mean())), 0.01, "noise mean")  # 64,000 draws: sd 0.004
+    below(abs(float(noise.std()) - 1.0), 0.01, "noise sd - 1")  # σ·C = 2 · 0.5; sd 0.003
     again = EmbeddingPrivatizer(clip_norm=0.5, noise_multiplier=2.0, seed=7)(h)[1]
     other = EmbeddingPrivatizer(clip_norm=0.5, noise_multiplier=2.0, seed=8)(h)[1]
     torch.testing.assert_close(again, published)

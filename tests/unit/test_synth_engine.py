@@ -19,6 +19,7 @@ from synth.engine import (
     make_engine,
 )
 from synth.quality import tv_distance
+from tests.bounds import above, below, control
 
 #: the neural fits on one torch thread, as the coordinator runs them (conftest)
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -49,12 +50,13 @@ def _check_model(fm, x: np.ndarray, fit_tol: float, sample_tol: float) -> None:
         est = fm.marginal(c)
         assert est.shape == DOM.shape(c)
         assert est.sum() == pytest.approx(N, rel=1e-6)
-        assert tv_distance(est, marginal(x, DOM, c)) < fit_tol, c
+        below(tv_distance(est, marginal(x, DOM, c)), fit_tol, f"fit TV {c}")
     s = fm.sample(N, np.random.default_rng(3))
     assert s.dtype == np.int32 and s.shape == (N, 4)
     assert np.all(s >= 0) and np.all(s < np.array(DOM.sizes))
     for c in MEASURED:
-        assert tv_distance(marginal(s, DOM, c), marginal(x, DOM, c)) < sample_tol, c
+        below(tv_distance(marginal(s, DOM, c), marginal(x, DOM, c)), sample_tol,
+              f"sample TV {c}")
     # same rng seed, same rows
     assert np.array_equal(fm.sample(100, np.random.default_rng(5)),
                           fm.sample(100, np.random.default_rng(5)))
@@ -78,6 +80,7 @@ def test_estimate_total_is_inverse_variance_weighted() -> None:
     assert estimate_total(ms) == pytest.approx((100 / 2 + 120 / 4) / (1 / 2 + 1 / 4))
 
 
+@pytest.mark.stochastic
 def test_neural_engine_matches_exact_marginals() -> None:
     x = _data()
     # 200 rows x 300 steps (not the defaults, and cheaper than the 400 x 800 this test
@@ -91,7 +94,7 @@ def test_neural_engine_matches_exact_marginals() -> None:
         independent = np.multiply.outer(one[c[0]], one[c[1]]) * N
         assert tv_distance(independent, marginal(x, DOM, c)) > 10 * 0.02, c
     untrained = NeuralEngine(rows=200, steps=0).fit(DOM, _exact(x), total=N, seed=0)
-    with pytest.raises(AssertionError):
+    with control(), pytest.raises(AssertionError):
         _check_model(untrained, x, fit_tol=0.02, sample_tol=0.03)
     fm = NeuralEngine(rows=200, steps=300, lr=0.05).fit(DOM, _exact(x), total=N,
                                                          workload=None, seed=0)
@@ -116,13 +119,15 @@ def test_neural_engine_rejects_a_wrong_length() -> None:
                                                       sigma=1.0)])
 
 
+@pytest.mark.stochastic
 def test_mbi_engine_matches_exact_marginals() -> None:
     pytest.importorskip("mbi")
     x = _data()
     fm = MbiEngine(iters=300).fit(DOM, _exact(x), total=N, workload=None, seed=0)
     _check_model(fm, x, fit_tol=0.01, sample_tol=0.02)
     # the graphical model also gets the implied a-d dependence (a ⟂ d | b holds here)
-    assert tv_distance(fm.marginal(("a", "d")), marginal(x, DOM, ("a", "d"))) < 0.02
+    below(tv_distance(fm.marginal(("a", "d")), marginal(x, DOM, ("a", "d"))), 0.02,
+          "implied a-d TV")
 
 
 def test_make_engine() -> None:
@@ -160,12 +165,23 @@ assert 'mbi' not in sys.modules and 'jax' not in sys.modules
 print('ok')
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
     assert issubclass(EngineUnavailable, ImportError)
 
 
+#: the fitted model's TV on each planted pair (sampled rows: 0.01 more), set from the
+#: spread over seeds, torch threads 1 and 2 and deterministic algorithms on and off
+#: (``python tests/seed_sweep.py --seeds 10 tests/unit -k diffusion``, 2026-12-06, 21
+#: seeds for uniform, 10 for absorbing): worst absorbing 0.021 / 0.021, worst uniform
+#: 0.086 / 0.120 (median 0.034-0.044 / 0.054-0.057). An independent model is 0.25 / 0.50
+#: off and the untrained chain at least 0.31 / 0.53.
+FIT_TV = {"absorbing": {("a", "b"): 0.05, ("d", "b"): 0.05},
+          "uniform": {("a", "b"): 0.12, ("d", "b"): 0.16}}
+
+
+@pytest.mark.stochastic
 @pytest.mark.parametrize("noise", ["absorbing", "uniform"])
 def test_diffusion_engine_learns_the_measured_marginals_and_reloads(noise: str) -> None:
     """Trained only on the marginals: the planted a-b and d-b dependencies are learnt
@@ -182,13 +198,13 @@ def test_diffusion_engine_learns_the_measured_marginals_and_reloads(noise: str) 
     assert fm.noise == noise
     for c in (("a", "b"), ("d", "b")):
         truth = marginal(x, DOM, c)
-        assert tv_distance(untrained.marginal(c), truth) > 0.25, c
-        # measured: absorbing 0.012 / 0.014, uniform 0.040 / 0.052
-        assert tv_distance(fm.marginal(c), truth) < 0.08, c
+        above(tv_distance(untrained.marginal(c), truth), 0.25, f"untrained TV {c}")
+        below(tv_distance(fm.marginal(c), truth), FIT_TV[noise][c], f"fit TV {c}")
         s = fm.sample(N, np.random.default_rng(3))
-        assert tv_distance(marginal(s, DOM, c), truth) < 0.09, c
-    assert all(tv_distance(fm.marginal((a,)), marginal(x, DOM, (a,))) < 0.04
-               for a in DOM.attributes)
+        below(tv_distance(marginal(s, DOM, c), truth), FIT_TV[noise][c] + 0.01,
+              f"sample TV {c}")
+    for a in DOM.attributes:  # worst over the seeds 0.018 absorbing, 0.033 uniform
+        below(tv_distance(fm.marginal((a,)), marginal(x, DOM, (a,))), 0.05, f"1-way TV {a}")
     meta, arrays = model_state(fm)
     back = load_warm_start(DOM, meta, arrays)
     assert isinstance(back, DiffusionFittedModel)
