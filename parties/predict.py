@@ -204,7 +204,7 @@ def charge(part: SavedPart, n: int, source: str) -> tuple[Any, dict[str, Any]]:
     mu_one = release_mu(sigma)
     sizes = {g: len(c) for g, c in state["counts"].items()}
     acct = GdpAccountant(sizes, release_mu=state["release_mu"])
-    acct.load_state_dict({**state, "max_publications": {}})
+    acct.load_state_dict({**state, "max_publications": {}, "reserve": {}})
     if source == "test_split":
         acct.record("test")  # every record of the test split, once more
         prediction_mu = acct.group_mu("test")
@@ -218,6 +218,9 @@ def charge(part: SavedPart, n: int, source: str) -> tuple[Any, dict[str, Any]]:
 
     led = ledger_to_json(acct.state_dict())
     led["max_publications"] = state.get("max_publications", {})  # the run's plan, kept
+    for key in ("reserve", "extra", "reserve_refusals"):  # the run's reserve, kept
+        if key in state:
+            led[key] = state[key]
     led.setdefault("predictions", list(state.get("predictions", [])))
     led["predictions"].append({"source": source, "rows": n, "release_mu": mu_one,
                                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
