@@ -185,18 +185,6 @@ class PredictionLedger:
         """The most prediction releases of one record so far."""
         return max(self.counts.values(), default=0)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        import fcntl
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "a+b") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-
     def commit(self, ids: Sequence[str], limit: int, *, release_mu: float,
                source: str) -> dict[str, int]:
         """Charge one release of each of ``ids`` (re-read under the lock, checked against
@@ -206,7 +194,7 @@ class PredictionLedger:
         Raises:
             PredictionBudgetExceeded: a record would pass ``limit`` (nothing written).
         """
-        with self._locked():
+        with file_lock(self.path.with_name(self.path.name + ".lock")):
             self._load()
             after = self.check(ids, limit)
             self.counts.update(after)
@@ -220,17 +208,37 @@ class PredictionLedger:
         doc = {"format": PREDICTION_LEDGER_FORMAT, "salt": self.salt.hex(),
                "key": "hmac-sha256(salt, id)[:128 bits]", "counts": self.counts,
                "releases": self.releases}
-        tmp = self.path.with_name(f"{self.path.name}.tmp{os.getpid()}")
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps(doc))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
+        atomic_write(self.path, orjson.dumps(doc))
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created if missing) for the block."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         try:
-            os.fsync(fd)
+            yield
         finally:
-            os.close(fd)
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: a temporary file in the same directory,
+    fsync, rename, fsync of the directory (a crash leaves the old file or the new one)."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -366,9 +374,11 @@ def charge(part: SavedPart, n: int, source: str, ids: Sequence[str] | None = Non
     The two ledgers cannot be linked (the run's table is matched by row, not by ID), so
     the reported ``mu`` composes them as if a file's record could be any record of the
     run: ``sqrt(µ_run² + µ_ids²)``, µ_run the training ledger's worst record (training,
-    validation and test-split releases) and µ_ids the prediction ledger's. ``
-    prediction_mu`` is the worst record of *this* release over the releases its ledger
-    links to it. None (and DP off report) when the run had DP off.
+    validation and test-split releases) and µ_ids the prediction ledger's.
+    ``prediction_mu`` is the worst record of *this* release over the releases its ledger
+    links to it. None (and DP off report) when the run had DP off. Both ledgers are
+    re-read and rewritten atomically under a lock (:func:`atomic_write`,
+    :func:`file_lock`), so concurrent predictions of one model never lose a count.
 
     Args:
         dry_run: only check the budget (raises as a real charge would; writes nothing).
@@ -377,17 +387,32 @@ def charge(part: SavedPart, n: int, source: str, ids: Sequence[str] | None = Non
         PredictionBudgetExceeded: a record would pass ``dp_predict_max_releases``.
         PredictionIdsRequired: rows of a file without IDs.
     """
+    from parties.dp import plan_from_config
+
+    if plan_from_config(part.cfg) is None:
+        return None, {"enabled": False, "mu": None, "epsilon": None}
+    assert part.ledger is not None, "a DP run's passive part has a ledger"
+    path = part.path / part.manifest["dp"]["ledger"]
+    # one prediction at a time per part: the training ledger is re-read and rewritten
+    # under the lock, so concurrent predictions never lose a count
+    with file_lock(path.with_name(path.name + ".lock")):
+        if path.exists():
+            part.ledger.clear()
+            part.ledger.update(orjson.loads(path.read_bytes()))
+        return _charge(part, path, n, source, ids, dry_run=dry_run)
+
+
+def _charge(part: SavedPart, path: Path, n: int, source: str, ids: Sequence[str] | None, *,
+            dry_run: bool) -> tuple[Any, dict[str, Any]]:
     from parties.dp import (EmbeddingPrivatizer, GdpAccountant, epsilon_for_delta,
                             party_noise_secret, plan_from_config, release_mu)
 
     cfg = part.cfg
     plan = plan_from_config(cfg)
-    if plan is None:
-        return None, {"enabled": False, "mu": None, "epsilon": None}
+    assert plan is not None and part.ledger is not None
     limit = cfg.dp_predict_max_releases
     sigma = plan.eval_noise_multipliers["test"]
     mu_one = release_mu(sigma)
-    assert part.ledger is not None, "a DP run's passive part has a ledger"
     state = dict(part.ledger)
     sizes = {g: len(c) for g, c in state["counts"].items()}
     acct = GdpAccountant(sizes, release_mu=state["release_mu"])
@@ -443,10 +468,7 @@ def charge(part: SavedPart, n: int, source: str, ids: Sequence[str] | None = Non
     led["predictions"] = [*state.get("predictions", []),
                           {"source": source, "rows": n, "release_mu": mu_one,
                            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]
-    path = part.path / part.manifest["dp"]["ledger"]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps(led))
-    tmp.replace(path)
+    atomic_write(path, orjson.dumps(led))
     part.ledger.clear()
     part.ledger.update(led)
     report = {"enabled": True, "noise_multiplier": sigma, "clip_norm": plan.clip_norm,
@@ -738,5 +760,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["DEFAULT_ID_COLUMN", "PREDICTION_LEDGER", "PredictParty", "PredictRows",
-           "PredictionBudgetExceeded", "PredictionIdsRequired", "PredictionLedger", "charge",
-           "labels_of", "main", "prediction_ledger", "select_rows"]
+           "PredictionBudgetExceeded", "PredictionIdsRequired", "PredictionLedger",
+           "atomic_write", "charge", "file_lock", "labels_of", "main", "prediction_ledger",
+           "select_rows"]
