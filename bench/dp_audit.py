@@ -31,14 +31,16 @@ adapters now call the fixed product: claims from ``parties.dp`` (``account``,
 ``compose_mu``, ``release_mu``, ``epsilon_for_delta``), the DP-SGD step
 ``parties.dpsgd.private_grads_with_noise`` (batched noise) followed by the first step of
 the product's Adam (``parties.model.make_adam``, applied batched and checked against it),
-the encoder ``parties.preflight.encode_features`` (public schema) and the report width.
+the encoder ``parties.preflight.encode_features`` (public schema) and the report width;
+the repeated-prediction case charges its releases through ``parties.predict.charge`` (the
+passive party's prediction ledger) and takes the claim it reports (``prediction_mu``).
 The FedForge adapters still point at today's synth code (to be re-pointed). Everything
 else calls the product's code: ``parties.dp.EmbeddingPrivatizer``,
 ``parties.model.party_bottom``, ``synth.mechanism.measure_party``,
 ``synth.protocol.{quant_range, quant_step, cell_windows, quantize_counts, decode_sum,
 RoundPlan}``, ``synth.accounting``. The pre-fix controls run the old behaviour through
 their own functions (``vfl_plain_step``, ``_prefix_encode``, ``claim_vfl_embedding_prefix``,
-``prefix_ff_*``).
+``claim_vfl_repeated_prediction_prefix``, ``prefix_ff_*``).
 
 Usage::
 
@@ -578,6 +580,77 @@ def _vfl_embedding_case(name: str, sigma: float, releases: int, fast: bool = Fal
 
 register(_vfl_embedding_case("vfl_embedding_1", sigma=1.0, releases=1, fast=True))
 register(_vfl_embedding_case("vfl_embedding_k4", sigma=2.0, releases=4))
+
+
+# ---------------------------------------------------------------------------- VFL predictions
+#: Predictions of the same rows in the ``vfl_repeated_prediction`` case.
+PREDICTIONS = 4
+
+
+@functools.cache
+def vfl_repeated_prediction_product(predictions: int = PREDICTIONS) -> dict[str, float]:
+    """``predictions`` predictions of the same three rows of new records, each from its
+    own file, through the product's prediction accounting: ``parties.predict.charge`` on
+    a passive saved part (its training ledger after the run's test release, and its
+    prediction ledger, in a temporary directory) of a bank ``dp_mu = 1`` run with
+    ``dp_predict_max_releases = predictions``. Returns the σ and clip norm of the
+    privatizer it hands out for the release, and the µ it reports: ``prediction_mu``
+    after the last release (composed over the ID's releases) and ``release_mu`` (one
+    release: what the product reported for every file before the fix)."""
+    import tempfile
+    from types import SimpleNamespace
+
+    import orjson
+    from parties.dp import accountant_for
+    from parties.predict import charge
+    from parties.saved import ledger_to_json
+
+    cfg = vfl_dp_config(dp_predict_max_releases=predictions)
+    plan = plan_from_config(cfg)
+    assert plan is not None
+    acct = accountant_for(plan, {"train": 8, "val": 2, "test": 4})
+    acct.record("test")  # the run's own release of its test split
+    led = ledger_to_json(acct.state_dict())
+    ids = ["c00017", "c00042", "c00099"]
+    with tempfile.TemporaryDirectory(prefix="dp_audit_predict_") as tmp:
+        (Path(tmp) / "ledger.json").write_bytes(orjson.dumps(led))
+        part = SimpleNamespace(cfg=cfg, ledger=led, path=Path(tmp), party="passive",
+                               manifest={"dp": {"ledger": "ledger.json"}})
+        for i in range(predictions):
+            privatize, dp = charge(part, len(ids), f"new-{i}.csv", ids)
+    return {"sigma": privatize.noise_multiplier, "clip": privatize.clip_norm,
+            "prediction_mu": dp["prediction_mu"], "release_mu": dp["release_mu"]}
+
+
+def claim_vfl_repeated_prediction() -> float:
+    """The product's claim for a record predicted :data:`PREDICTIONS` times: ε at δ of
+    the ``prediction_mu`` its ledger reports after the last release."""
+    return epsilon_for_delta(vfl_repeated_prediction_product()["prediction_mu"], DELTA)
+
+
+def claim_vfl_repeated_prediction_prefix() -> float:
+    """The pre-fix claim: each file's release reported alone (``release_mu``, µ_test),
+    never composed with the earlier predictions of the same rows. Positive control."""
+    return epsilon_for_delta(vfl_repeated_prediction_product()["release_mu"], DELTA)
+
+
+def vfl_repeated_prediction_sampler(n: int, rng: np.random.Generator) -> Draws:
+    """Draws of the :data:`PREDICTIONS` releases of one record's embedding through the
+    product's ``EmbeddingPrivatizer`` at the σ and clip norm ``charge`` hands out, the
+    record's row ±(3C)·e1 under D and D' (replace-one at the bound 2C)."""
+    p = vfl_repeated_prediction_product()
+    return vfl_embedding_sampler(sigma=p["sigma"], releases=PREDICTIONS, clip=p["clip"])(n, rng)
+
+
+register(Case(
+    name="vfl_repeated_prediction", group="vfl",
+    what=f"VFL prediction: {PREDICTIONS} predictions of the same rows of new records (one "
+         "file each) through the product's prediction ledger (parties.predict.charge)",
+    main=Side(claim=claim_vfl_repeated_prediction, sample=vfl_repeated_prediction_sampler,
+              what="the releases vs the ledger's composed claim, mu_test*sqrt(k)"),
+    control=Side(claim=claim_vfl_repeated_prediction_prefix, sample=None,
+                 what="the same draws vs the pre-fix per-file claim mu_test"),
+    draws_quick=1_000_000, draws_full=2_000_000))
 
 
 def _vfl_model(d_in: int, *, dim: int = 8, hidden: tuple[int, ...] = (16,)) -> torch.nn.Module:

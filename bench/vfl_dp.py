@@ -18,15 +18,24 @@ for each budget is :func:`parties.planner.dp_epochs` (a rule measured on bank: f
 epochs for smaller µ, since every epoch publishes every record again); the model and the
 DP settings are the product's defaults.
 
+The table runs with ``max_reassign = 0`` (nothing is ever reassigned, so nothing is
+reserved for it). ``summary["8"]["metric_default_config"]`` is the same µ = 8 bank run in
+the product's *default* configuration (``max_reassign = 3``, ``dp_reassign_reserve = 1``:
+the noise covers ``epochs + 1`` training publications per record), median of the same
+repeats: what reassignment costs a user who changes nothing.
+
 Usage::
 
     python bench/vfl_dp.py --quick --json /tmp/dp.json   # bank only, 1 repeat
     python bench/vfl_dp.py --json /tmp/dp.json           # bank and synthetic, 3 repeats
+    python bench/vfl_dp.py --only-default --json /tmp/dp8.json   # bank, µ = 8 only: the
+        # default configuration and max_reassign = 0, 3 repeats each (about 3 min)
 
 JSON: ``summary`` maps each µ of bank (``"0.5"`` ... ``"8"``, ``"inf"``) to ``metric``
 (test AUC, median over repeats), ``epsilon`` (spent ε at δ; null for ``"inf"``) and
-``epochs``; ``summary["synthetic"]`` holds the same for synthetic (absent with
-``--quick``); ``settings`` and per-run ``runs`` hold the details.
+``epochs``; ``summary["8"]["metric_default_config"]`` as above; ``summary["synthetic"]``
+holds the same for synthetic (absent with ``--quick`` and ``--only-default``);
+``settings`` and per-run ``runs`` hold the details (``runs["bank_default_config"]``).
 """
 
 from __future__ import annotations
@@ -57,16 +66,23 @@ def mu_key(mu: float) -> str:
     return f"{mu:g}"
 
 
-def run_one(dataset: str, mu: float, epochs: int, timeout_s: float) -> dict[str, Any]:
-    """One VFL run at ``mu`` (``inf``: DP off); the figures of interest from its metrics."""
+#: The µ of the default-configuration figure.
+DEFAULT_CONFIG_MU = 8.0
+
+
+def run_one(dataset: str, mu: float, epochs: int, timeout_s: float,
+            max_reassign: int | None = MAX_REASSIGN) -> dict[str, Any]:
+    """One VFL run at ``mu`` (``inf``: DP off); the figures of interest from its metrics.
+    ``max_reassign`` None: the product's default (and its default reassignment reserve)."""
     from parties.config import VflConfig
     from sim.launch import run_vfl
 
     extra: dict[str, Any] = {} if math.isinf(mu) else {**DP_SETTINGS, "dp_mu": mu}
     if dataset == "synthetic":
         extra["synthetic_rows"] = SYNTHETIC_ROWS
-    cfg = VflConfig(dataset=dataset, epochs=epochs, max_reassign=MAX_REASSIGN,
-                    dp_delta=DELTA, **extra)
+    if max_reassign is not None:
+        extra["max_reassign"] = max_reassign
+    cfg = VflConfig(dataset=dataset, epochs=epochs, dp_delta=DELTA, **extra)
     with tempfile.TemporaryDirectory(prefix=f"vfl_dp_{mu_key(mu)}_") as tmp:
         m = run_vfl(cfg, out=tmp, quiet=True, timeout_s=timeout_s).metrics
     dp = m["dp"]
@@ -79,7 +95,11 @@ def run_one(dataset: str, mu: float, epochs: int, timeout_s: float) -> dict[str,
         "sgd_noise_multiplier": dp.get("sgd_noise_multiplier"),
         "publications_max": dp["publications_max"],
         "publications_planned": dp["publications_planned"],
+        "max_reassign": m["config"]["max_reassign"],
+        "reassign_reserve": dp.get("reassign_reserve"),
+        "reserve_exhausted_batches": dp.get("reserve_exhausted_batches"),
         "dropped_batches": m["dropped_batches"],
+        "reassigned_batches": m["reassigned_batches"],
         "train_wall_s": m["train_wall_s"],
         "launch_wall_s": m["wall_s"],
         "history": [{"epoch": h["epoch"], "loss": h["loss"], "val_auc": h.get("val_auc")}
@@ -129,6 +149,37 @@ def table(dataset: str, repeats: int, epochs_inf: int) -> tuple[dict[str, Any], 
     return summary, runs
 
 
+def default_config(repeats: int, epochs_inf: int, *, baseline: bool = False
+                   ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """Bank at µ = 8 in the product's default configuration (reassignment on, the
+    default reserve), ``repeats`` runs, and with ``baseline`` as many with
+    ``max_reassign = 0`` at the same settings: ``(figures, runs)``."""
+    from parties.planner import dp_epochs
+
+    mu = DEFAULT_CONFIG_MU
+    epochs = dp_epochs(mu, max_epochs=epochs_inf)
+    kinds = {"default_config": None, **({"max_reassign_0": 0} if baseline else {})}
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+    for rep in range(repeats):
+        for kind, mr in kinds.items():
+            res = run_one("bank", mu, epochs, 120.0 + 60.0 * epochs, max_reassign=mr)
+            res["repeat"] = rep
+            runs[kind].append(res)
+            print(f"  bank {kind} repeat {rep + 1}/{repeats}  mu {mu_key(mu)}  epochs {epochs}  "
+                  f"auc {res['test_auc']:.4f}  planned {res['publications_planned']}  "
+                  f"reassigned {res['reassigned_batches']}  reserve-dropped "
+                  f"{res['reserve_exhausted_batches']}", file=sys.stderr, flush=True)
+    fig = {f"metric_{k}": float(statistics.median(r["test_auc"] for r in rs))
+           for k, rs in runs.items()}
+    fig["epsilon_default_config"] = max(r["epsilon"] for r in runs["default_config"])
+    fig["publications_planned_default_config"] = runs["default_config"][0]["publications_planned"]
+    print(f"\nbank, mu {mu_key(mu)}, {epochs} epochs, median of {repeats}: default "
+          f"configuration (max_reassign 3, dp_reassign_reserve 1) "
+          f"{fig['metric_default_config']:.4f}"
+          + (f"; max_reassign 0 {fig['metric_max_reassign_0']:.4f}" if baseline else ""))
+    return fig, runs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,21 +188,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs-inf", type=int, default=10, metavar="N",
                     help="epochs of the DP-off run and the cap of the DP runs (default 10)")
     ap.add_argument("--repeats", type=int, metavar="N", help="runs per µ (default: 3, --quick: 1)")
+    ap.add_argument("--only-default", action="store_true",
+                    help="bank at µ = 8 only: the default configuration (reassignment on) "
+                         "and max_reassign = 0, --repeats each (default 3)")
     args = ap.parse_args(argv)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     if args.epochs_inf < 1 or repeats < 1:
         ap.error("--epochs-inf and --repeats must be >= 1")
     t0 = time.perf_counter()
-    summary, runs = table("bank", repeats, args.epochs_inf)
-    all_runs = {"bank": runs}
-    if not args.quick:
+    if args.only_default:
+        if args.repeats is None:
+            repeats = 3
+        fig, d_runs = default_config(repeats, args.epochs_inf, baseline=True)
+        summary = {mu_key(DEFAULT_CONFIG_MU): {
+            "metric": fig["metric_max_reassign_0"], "epsilon": fig["epsilon_default_config"],
+            **fig}}
+        all_runs: dict[str, Any] = {"bank_default_config": d_runs}
+    else:
+        summary, runs = table("bank", repeats, args.epochs_inf)
+        fig, d_runs = default_config(repeats, args.epochs_inf)
+        summary[mu_key(DEFAULT_CONFIG_MU)].update(fig)
+        all_runs = {"bank": runs, "bank_default_config": d_runs}
+    if not args.quick and not args.only_default:
         summary["synthetic"], all_runs["synthetic"] = table("synthetic", repeats,
                                                             args.epochs_inf)
     print(f"total {time.perf_counter() - t0:.0f} s; epsilon: spent, at delta; sigma_e / "
           "sigma_g: embedding / DP-SGD noise multipliers")
     if args.json:
         doc = {"summary": summary,
-               "settings": {"datasets": ["bank"] if args.quick else list(DATASETS),
+               "settings": {"datasets": (["bank"] if args.quick or args.only_default
+                                         else list(DATASETS)),
+                            "only_default": args.only_default,
                             "repeats": repeats, "epochs_inf": args.epochs_inf,
                             "delta": DELTA, "max_reassign": MAX_REASSIGN,
                             "dp_settings": DP_SETTINGS, "synthetic_rows": SYNTHETIC_ROWS,

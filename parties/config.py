@@ -124,7 +124,9 @@ class VflConfig:
             (a wait then fails the run after ``liveness_timeout_s``). Used by ``pubsub``,
             ``avfl`` and ``avfl-ps``; ``vfl`` and ``vfl-ps`` never drop.
         max_reassign: how often a dropped batch is reassigned before it is skipped for
-            the epoch.
+            the epoch. With a DP target, the passive party's reassigned attempts are
+            also limited per record by ``dp_reassign_reserve`` (the privacy plan does not
+            depend on ``max_reassign``).
         liveness_timeout_s: partner heartbeats missing this long fail the run, seconds.
         peer_max_bad_messages: malformed embeddings or gradients (wrong shape or dtype,
             values that are not finite, bad metadata) from the partner that end the run
@@ -245,7 +247,7 @@ class VflConfig:
         dp_mu: target µ of Gaussian differential privacy for each record of the passive
             party (µ-GDP, Dong-Roth-Su 2022, replace-one neighbours; covers its
             embeddings and its bottom model's DP-SGD training); None or ``inf`` = no DP.
-            Both noise multipliers are calibrated for ``epochs × (1 + max_reassign)``
+            Both noise multipliers are calibrated for ``epochs + dp_reassign_reserve``
             training publications per record (see :mod:`parties.dp`).
         dp_epsilon: the target as ε at ``dp_delta`` instead of ``dp_mu`` (converted to
             the largest µ that implies it, exactly).
@@ -277,6 +279,32 @@ class VflConfig:
             default) = the bundled reviewed schema of a named dataset. With DP on and no
             schema (a user file without ``dp_schema``) the run refuses to start. Ignored
             with DP off (fitted encoders, as before). Not a shared setting.
+        dp_reassign_reserve: with a DP target, the extra (reassigned) training
+            publications each passive record may get over the whole run, beyond one per
+            epoch; the noise is calibrated for ``epochs + dp_reassign_reserve``
+            publications per record. Before publishing a reassigned batch the passive
+            party checks its own per-record count: if a record of the batch has spent
+            its reserve, the batch is dropped for the epoch instead (the active party is
+            told; ``dp.reserve_exhausted_batches`` in ``metrics.json``). Default 1: a
+            record may miss one gradient deadline in the whole run and still be trained
+            on in that epoch, at the price of ``sqrt((epochs + 1) / epochs)`` more noise
+            (1.05x at 10 epochs, 1.22x at 2); 0: no reassignment under DP (a missed
+            batch is dropped for the epoch). The plan covers no more than the schedule
+            can use: 0 where the passive party never reassigns (``max_reassign = 0``,
+            ``t_ddl_s = 0``, or an algorithm other than ``pubsub``), at most ``epochs ×
+            max_reassign``. Ignored with DP off or with the noise multipliers given
+            directly.
+        dp_predict_max_releases: with DP on, the most prediction releases (``psfl vfl
+            predict``) of one record by this passive party: a record of a file of new
+            rows is identified by its ID (a salted hash of it, in
+            ``model/<party>/prediction_ledger.json``), a record of the run's test split
+            by its row (the training ledger's ``test`` group; its release at the end of
+            training is not counted). Each prediction release costs a record the test
+            split's ``µ_test`` (the whole target: ``dp_mu``); ``k`` releases compose to
+            ``sqrt(k)·µ_test``. A prediction that would take any record past this is
+            refused before anything is released (exit 2, naming this key). Default 1:
+            a record's predictions stay within the run's target µ; 0: no predictions
+            under DP. Read from the saved model's config (set it when training).
         active_cpus / passive_cpus: CPU ids the party's process, its threads and its
             worker processes are pinned to (``os.sched_setaffinity``, Linux) when the
             party starts; empty (the default) = not pinned. Not a shared setting: each
@@ -382,6 +410,8 @@ class VflConfig:
     dp_delta: float = 1e-5
     dp_noise_seed: int | None = None
     dp_schema: str | None = None
+    dp_reassign_reserve: int = 1
+    dp_predict_max_releases: int = 1
     active_cpus: tuple[int, ...] = ()
     passive_cpus: tuple[int, ...] = ()
     active_rows_file: str = ""
@@ -656,6 +686,9 @@ class VflConfig:
             raise bad("dp_delta", "must be in (0, 1)")
         if self.dp_noise_seed is not None and not 0 <= self.dp_noise_seed < 2**63:
             raise bad("dp_noise_seed", "must be in 0 .. 2**63-1")
+        for key in ("dp_reassign_reserve", "dp_predict_max_releases"):
+            if not 0 <= getattr(self, key) <= 1_000_000:
+                raise bad(key, "must be an integer in 0 .. 1000000")
         if self.dp_schema is not None and not self.dp_schema.strip():
             raise bad("dp_schema", "must be a path to a schema TOML file (leave it out for "
                       "a named dataset's bundled schema)")

@@ -50,9 +50,25 @@ against Google's ``dp-accounting`` PLD accountant composing the same mechanisms.
 
 Calibration: the user sets one target (``dp_mu``, or ``dp_epsilon`` at ``dp_delta``);
 :func:`plan_from_config` splits µ² between the embeddings (``dp_embedding_share``) and
-DP-SGD for the most training publications a record can get (``epochs × (1 +
-max_reassign)``), checks the validation and test publications, and the accountant
+DP-SGD for the most training publications a record can get, ``K_t = epochs +
+dp_reassign_reserve``, checks the validation and test publications, and the accountant
 refuses any publication past the plan.
+
+Reassignments are charged when they happen, against a per-record reserve: each epoch
+publishes each training record once (a batch's first attempt), and a reassigned attempt
+is an *extra* publication of every record of its batch. The passive party counts, in
+its own ledger (never from a peer's message), each record's extra publications; before
+publishing a reassigned batch it checks that every record of it has an extra left
+(``extra + 1 ≤ dp_reassign_reserve``) and otherwise drops the batch for the epoch
+(counted, ``reserve_exhausted_batches``). So no record ever gets more than ``epochs``
+first attempts plus ``dp_reassign_reserve`` extras, whatever the adversary does to the
+schedule (withholding gradients forces reassignments): σ is fixed up front for that
+capped count and the µ-GDP bound holds under any adaptive choice of which batches are
+reassigned (each publication is a Gaussian mechanism whose σ does not depend on the
+schedule; adaptive composition of at most ``K_t`` of them is ``sqrt(K_t)·µ_train``).
+Counting extras separately (rather than checking the total against ``K_t``) keeps the
+later epochs' first attempts inside the plan: a reassignment can never spend a
+publication a later epoch needs.
 """
 
 from __future__ import annotations
@@ -403,6 +419,10 @@ class DpPlan:
         planned: most publications per record of each group (``train``, ``val``,
             ``test``) the calibration covers; the accountant refuses more. Empty when the
             noise multipliers were configured directly (nothing is capped).
+        reassign_reserve: extra (reassigned) training publications each record may get
+            over the whole run beyond one per epoch (``dp_reassign_reserve``); a
+            reassigned batch holding a record whose reserve is spent is dropped for the
+            epoch. None when the noise multipliers were configured directly (uncapped).
     """
 
     noise_multiplier: float
@@ -414,6 +434,7 @@ class DpPlan:
     embedding_share: float | None
     planned: Mapping[str, int]
     eval_noise_multipliers: Mapping[str, float]
+    reassign_reserve: int | None = None
 
     def release_mu(self) -> dict[str, float]:
         """µ of one publication of a record of each group: a training publication is an
@@ -442,9 +463,11 @@ def plan_from_config(cfg: VflConfig) -> DpPlan | None:
     """The run's :class:`DpPlan`, or None when DP is off.
 
     With a target, the noise is calibrated (:func:`calibrate`) for
-    ``epochs × (1 + max_reassign)`` training publications per record (each epoch
-    publishes each training batch once, plus at most ``max_reassign`` reassigned
-    attempts), ``V`` publications of each validation record
+    ``epochs + dp_reassign_reserve`` training publications per record (each epoch
+    publishes each training batch once; reassigned attempts are extra publications,
+    at most ``dp_reassign_reserve`` per record over the run, enforced by the
+    accountant's reserve: see the module docstring), ``V`` publications of each
+    validation record
     (:func:`validation_publications`) and one of each test record.
 
     Raises:
@@ -461,7 +484,8 @@ def plan_from_config(cfg: VflConfig) -> DpPlan | None:
     target = target_mu_of(cfg)
     if target is None:
         return None
-    kt = cfg.epochs * (1 + cfg.max_reassign)
+    reserve = reassign_reserve_of(cfg)
+    kt = cfg.epochs + reserve
     kv = validation_publications(cfg)
     cal = calibrate(target, train_publications=kt, eval_publications=max(kv, 1),
                     embedding_share=cfg.dp_embedding_share)
@@ -473,17 +497,29 @@ def plan_from_config(cfg: VflConfig) -> DpPlan | None:
         key = "dp_epsilon" if cfg.dp_epsilon is not None else "dp_mu"
         raise UnmeetableTarget(
             key, getattr(cfg, key),
-            f"meeting it over {kt} training publications per record (epochs x (1 + "
-            f"max_reassign)) and {kv} validation publications needs a noise multiplier of "
-            f"{worst:.4g}, above dp_max_noise_multiplier={cfg.dp_max_noise_multiplier:g}; "
-            f"raise the target, or train fewer epochs or with fewer reassignments")
+            f"meeting it over {kt} training publications per record (epochs + "
+            f"dp_reassign_reserve) and {kv} validation publications needs a noise "
+            f"multiplier of {worst:.4g}, above dp_max_noise_multiplier="
+            f"{cfg.dp_max_noise_multiplier:g}; raise the target, or train fewer epochs or "
+            f"with a smaller dp_reassign_reserve")
     return DpPlan(noise_multiplier=cal.embed_noise_multiplier,
                   sgd_noise_multiplier=cal.sgd_noise_multiplier, clip_norm=cfg.dp_clip_norm,
                   grad_clip_norm=cfg.dp_grad_clip_norm, delta=cfg.dp_delta, target_mu=target,
                   embedding_share=cfg.dp_embedding_share,
                   planned={"train": kt, "val": kv, "test": 1},
                   eval_noise_multipliers={"val": cal.eval_noise_multiplier,
-                                          "test": test.eval_noise_multiplier})
+                                          "test": test.eval_noise_multiplier},
+                  reassign_reserve=reserve)
+
+
+def reassign_reserve_of(cfg: VflConfig) -> int:
+    """The reassignment reserve the plan covers: ``dp_reassign_reserve``, but no more
+    than the schedule can use: 0 where the passive party never reassigns a batch (an
+    algorithm other than ``pubsub``, or ``t_ddl_s = 0``: nothing is dropped), and at most
+    ``epochs × max_reassign``."""
+    if cfg.algo != "pubsub" or cfg.t_ddl_s <= 0:
+        return 0
+    return min(cfg.dp_reassign_reserve, cfg.epochs * cfg.max_reassign)
 
 
 def validation_publications(cfg: VflConfig) -> int:
@@ -539,14 +575,23 @@ class GdpAccountant:
             (µ = inf; counts are kept).
         max_publications: per group, refuse publications beyond this count per record
             (missing group or None: no cap).
+        reserve: per group, the extra publications (``record(..., extra=True)``: a
+            reassigned batch) each record may get over the run; :meth:`admits_extra`
+            says whether a batch fits, :meth:`record` refuses past it (missing group or
+            None: extras are not limited beyond the cap).
+
+    Attributes:
+        reserve_refusals: per group, the batches :meth:`admits_extra` turned away (the
+            caller dropped them: ``reserve_exhausted_batches`` in the report).
 
     Raises:
-        ValueError: a group size < 0, a µ not positive and finite, a cap < 0, or a
-            group without a µ.
+        ValueError: a group size < 0, a µ not positive and finite, a cap or reserve < 0,
+            or a group without a µ.
     """
 
     def __init__(self, sizes: Mapping[str, int], *, release_mu: Mapping[str, float] | None,
-                 max_publications: Mapping[str, int] | None = None) -> None:
+                 max_publications: Mapping[str, int] | None = None,
+                 reserve: Mapping[str, int] | None = None) -> None:
         if release_mu is not None:
             for g in sizes:
                 mu = release_mu.get(g)
@@ -563,17 +608,59 @@ class GdpAccountant:
         self._counts = {g: np.zeros(int(n), dtype=np.int64) for g, n in sizes.items()}
         self._max = dict.fromkeys(self._counts, 0)
         self.batches = dict.fromkeys(self._counts, 0)
+        res = dict(reserve or {})
+        if any(r < 0 for r in res.values()):
+            raise ValueError(f"reserve must be >= 0, got {res!r}")
+        self.reserve = {g: int(r) for g, r in res.items() if g in sizes}
+        self._extra = {g: np.zeros(int(sizes[g]), dtype=np.int64) for g in self.reserve}
+        self.reserve_refusals = dict.fromkeys(self.reserve, 0)
 
-    def record(self, group: str, rows: np.ndarray | None = None) -> None:
-        """Count one publication of the records ``rows`` of ``group`` (None: all of them).
+    def admits_extra(self, group: str, rows: np.ndarray | None = None) -> bool:
+        """True if every record of ``rows`` (None: all) of ``group`` has an extra
+        publication left in its reserve (always True for a group without a reserve).
+        False counts one refusal (:attr:`reserve_refusals`): the caller drops the batch
+        instead of publishing it."""
+        extra = self._extra.get(group)
+        if extra is None:
+            return True
+        sel = extra if rows is None else extra[rows]
+        if int(sel.max(initial=0)) + 1 <= self.reserve[group]:
+            return True
+        self.reserve_refusals[group] += 1
+        return False
 
-        Call it *before* publishing: it raises instead of counting when the cap would
-        be passed, so a refused publication must not happen.
+    def extra_max(self, group: str) -> int:
+        """The most extra publications of one record of ``group`` so far (0 without a
+        reserve)."""
+        extra = self._extra.get(group)
+        return 0 if extra is None else int(extra.max(initial=0))
+
+    def record(self, group: str, rows: np.ndarray | None = None, *, extra: bool = False) -> None:
+        """Count one publication of the records ``rows`` of ``group`` (None: all of them);
+        ``extra``: a reassigned attempt, also counted against the group's reserve.
+
+        Call it *before* publishing: it raises instead of counting when the cap (or the
+        reserve) would be passed, so a refused publication must not happen.
 
         Raises:
             KeyError: unknown group.
-            PrivacyBudgetExceeded: a record would pass its group's cap.
+            PrivacyBudgetExceeded: a record would pass its group's cap or reserve.
         """
+        if extra and group in self._extra:
+            ex = self._extra[group]
+            new_extra = int((ex if rows is None else ex[rows]).max(initial=0)) + 1
+            if new_extra > self.reserve[group]:
+                raise PrivacyBudgetExceeded(f"{group} (reassignment reserve)", new_extra,
+                                            self.reserve[group])
+            self._record(group, rows)
+            if rows is None:
+                ex += 1
+            else:
+                ex[rows] += 1
+            return
+        self._record(group, rows)
+
+    def _record(self, group: str, rows: np.ndarray | None) -> None:
         counts = self._counts[group]
         cap = self.max_publications.get(group)
         if cap is None:
@@ -631,10 +718,15 @@ class GdpAccountant:
 
     def state_dict(self) -> dict[str, Any]:
         """The ledger as plain data (counts as int64 arrays), for checkpoints."""
-        return {"mechanism": MECHANISM, "release_mu": self.release_mu,
-                "max_publications": dict(self.max_publications),
-                "counts": {g: c.copy() for g, c in self._counts.items()},
-                "batches": dict(self.batches)}
+        state: dict[str, Any] = {"mechanism": MECHANISM, "release_mu": self.release_mu,
+                                 "max_publications": dict(self.max_publications),
+                                 "counts": {g: c.copy() for g, c in self._counts.items()},
+                                 "batches": dict(self.batches)}
+        if self.reserve:
+            state["reserve"] = dict(self.reserve)
+            state["extra"] = {g: c.copy() for g, c in self._extra.items()}
+            state["reserve_refusals"] = dict(self.reserve_refusals)
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a ledger saved by :meth:`state_dict`.
@@ -645,8 +737,8 @@ class GdpAccountant:
         if state.get("mechanism") != MECHANISM:
             raise ValueError(f"cannot load a {state.get('mechanism')!r} ledger into a "
                              f"{MECHANISM!r} accountant")
-        for key in ("release_mu", "max_publications"):
-            if state.get(key) != getattr(self, key):
+        for key in ("release_mu", "max_publications", "reserve"):
+            if (state.get(key) or {}) != (getattr(self, key) or {}):
                 raise ValueError(f"ledger {key} {state.get(key)!r} != this accountant's "
                                  f"{getattr(self, key)!r}")
         counts = {g: np.asarray(c, dtype=np.int64) for g, c in state["counts"].items()}
@@ -657,6 +749,12 @@ class GdpAccountant:
         self._counts = {g: c.copy() for g, c in counts.items()}
         self._max = {g: int(c.max(initial=0)) for g, c in self._counts.items()}
         self.batches = {g: int(state.get("batches", {}).get(g, 0)) for g in self._counts}
+        saved_extra = state.get("extra") or {}
+        self._extra = {g: (np.asarray(saved_extra[g], dtype=np.int64).copy()
+                           if g in saved_extra else np.zeros_like(self._counts[g]))
+                       for g in self.reserve}
+        refusals = state.get("reserve_refusals") or {}
+        self.reserve_refusals = {g: int(refusals.get(g, 0)) for g in self.reserve}
 
 
 def accountant_for(plan: DpPlan | None, sizes: Mapping[str, int]) -> GdpAccountant:
@@ -664,8 +762,11 @@ def accountant_for(plan: DpPlan | None, sizes: Mapping[str, int]) -> GdpAccounta
     if plan is None:
         return GdpAccountant(sizes, release_mu=None)
     mus = plan.release_mu()
+    reserve = ({"train": plan.reassign_reserve}
+               if plan.reassign_reserve is not None and "train" in sizes else None)
     return GdpAccountant(sizes, release_mu={g: mus[g] for g in sizes},
-                         max_publications={g: c for g, c in plan.planned.items() if g in sizes})
+                         max_publications={g: c for g, c in plan.planned.items() if g in sizes},
+                         reserve=reserve)
 
 
 #: The guarantee, as recorded in ``metrics.json`` (see the module docstring).
@@ -696,18 +797,26 @@ def report(plan: DpPlan | None, acct: GdpAccountant | None) -> dict[str, Any]:
     With DP off, ``enabled`` is false and ``mu``, ``epsilon``, ``delta`` are None
     (µ = ∞: no privacy). ``mu``/``epsilon`` are the budget actually *spent* (from the
     ledger); when the ledger is missing (the passive report never arrived) they are None.
+    ``publications_planned`` is the plan's cap per record of each group and
+    ``publications_max_<group>`` the most any record got; ``reassign_reserve`` the extra
+    training publications each record may get (``dp_reassign_reserve``),
+    ``reassign_reserve_spent_max`` the most extras any record got and
+    ``reserve_exhausted_batches`` the reassigned batches dropped because a record's
+    reserve was spent.
     """
     counts = ({"publications_max": acct.publications_max,
                "publications_max_train": acct.group_max("train"),
                "publications_max_test": acct.group_max("test"),
                "publications_max_val": acct.group_max("val") if "val" in acct.batches else 0,
                "published_batches": acct.batches.get("train", 0),
-               "published_evaluations": acct.batches.get("val", 0) + acct.batches.get("test", 0)}
+               "published_evaluations": acct.batches.get("val", 0) + acct.batches.get("test", 0),
+               "reassign_reserve_spent_max": acct.extra_max("train"),
+               "reserve_exhausted_batches": acct.reserve_refusals.get("train", 0)}
               if acct is not None else {"publications_max": None})
     if plan is None:
         return {"enabled": False, "mu": None, "epsilon": None, "delta": None,
                 "noise_multiplier": None, "clip_norm": None, "target_mu": None,
-                "publications_planned": None, **counts}
+                "publications_planned": None, "reassign_reserve": None, **counts}
     spent_mu = acct.mu if acct is not None else None
     return {
         "enabled": True,
@@ -725,6 +834,7 @@ def report(plan: DpPlan | None, acct: GdpAccountant | None) -> dict[str, Any]:
         "embedding_share": plan.embedding_share,
         "release_mu": plan.release_mu(),
         "publications_planned": dict(plan.planned) or None,
+        "reassign_reserve": plan.reassign_reserve,
         **counts,
         "guarantee": GUARANTEE,
     }
@@ -735,6 +845,7 @@ __all__ = [
     "DpPlan", "EmbeddingPrivatizer", "GdpAccountant", "PrivacyBudgetExceeded",
     "UnmeetableTarget", "account", "accountant_for", "calibrate", "clip_rows", "compose_mu",
     "delta_for_epsilon", "epsilon_for_delta", "gaussian_mu", "gaussian_noise_like",
-    "mu_for_epsilon", "plan_from_config", "release_mu", "report", "sgd_seed",
+    "mu_for_epsilon", "plan_from_config", "reassign_reserve_of", "release_mu", "report",
+    "sgd_seed",
     "target_mu_of", "validation_publications", "worker_seeds",
 ]

@@ -78,8 +78,11 @@ class ActionDriver:
         topics: the run's topic names.
         handles: the party's workers, by index.
         timeline: where waits and publications are recorded as spans.
-        record_dp: called with an ``emb`` publication's rows before it is published (the
-            DP ledger; raises, publishing nothing, past the plan); None: not recorded.
+        record_dp: called with an ``emb`` publication's rows (and ``extra=True`` for a
+            reassigned attempt, ``meta["a"] > 0``) before it is published (the DP
+            ledger; raises, publishing nothing, past the plan; returns False, publishing
+            nothing, when a record's reassignment reserve is spent: the ``Publish``
+            action then returns False); None: not recorded.
         inline: the workers compute on the event loop (their compute time during a wait
             is not waiting time).
         logger: a structlog logger for the strategies' :class:`parties.actions.Log`.
@@ -90,7 +93,7 @@ class ActionDriver:
     """
 
     def __init__(self, bus: Transport, *, topics: TopicMap, handles: Sequence[WorkerHandle],
-                 timeline: Timeline, record_dp: Callable[[Any], None] | None = None,
+                 timeline: Timeline, record_dp: Callable[..., bool | None] | None = None,
                  inline: bool = False, logger: Any = None,
                  on_action: Callable[[Any], None] | None = None,
                  intake: PeerIntake | None = None,
@@ -155,16 +158,24 @@ class ActionDriver:
         raise ValueError(f"unknown message kind {kind!r}")
 
     # ------------------------------------------------------------------ immediate
-    def _publish(self, a: Publish) -> None:
+    def _publish(self, a: Publish) -> bool:
+        """Publish; False (nothing published) when the DP ledger refuses a reassigned
+        ``emb`` attempt (see ``record_dp``). A notice without arrays (``skip``) discloses
+        no rows and is not recorded."""
         topic = self._topic(a.kind, a.channel, a.party)
-        if a.kind != EMB:
+        if a.kind != EMB or (a.meta.get("skip") is True and not a.arrays):
             self.bus.publish_nowait(topic, list(a.arrays), a.meta)
-            return
+            return True
         if self.record_dp is not None:
-            self.record_dp(a.rows)
+            if int(a.meta.get("a", 0)) > 0:  # a reassigned attempt: an extra publication
+                if self.record_dp(a.rows, extra=True) is False:
+                    return False
+            else:
+                self.record_dp(a.rows)
         t0 = time.perf_counter()
         self.bus.publish_nowait(topic, list(a.arrays), a.meta, copy=False)
         self.timeline.record(COMM, a.worker, a.meta["b"], t0, time.perf_counter())
+        return True
 
     def _poll(self, a: Poll) -> Received:
         """A buffered message that ``accept`` takes, without waiting."""

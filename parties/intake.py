@@ -46,8 +46,10 @@ def check_meta(meta: Mapping[str, Any]) -> str | None:
 
 
 def is_skip_notice(msg: Any) -> bool:
-    """The active party's notice that it gave a batch up (``skip`` true, no arrays, on the
-    batch's gradient channel, :class:`parties.strategy.PubSubActive`): no tensor to check.
+    """A party's notice that it gave a batch up (``skip`` true, no arrays): the active
+    party's on the batch's gradient channel, or the passive party's on its embedding
+    channel when its DP reassignment reserve refused a reassigned attempt
+    (:class:`parties.strategy.ScheduledPassive`): no tensor to check.
     A ``skip`` message that carries arrays is checked like any other."""
     return msg.meta.get("skip") is True and len(msg.arrays) == 0
 

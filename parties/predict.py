@@ -20,8 +20,14 @@ run membership makes them ``owned``, so none reads another's topics):
 2. each passive party publishes its rows' embeddings on ``eval/P/<party id>/predict`` in
    eval mode; with DP on they are clipped and noised exactly like the run's test-split
    release (clip C, noise multiplier σ of the ``test`` group), and each release is
-   charged to a per-record ledger that continues that party's training ledger
-   (``ledger.json`` of its part); its DP report rides along in the message's metadata
+   charged per record before it happens (:func:`charge`): the test split's rows continue
+   that party's training ledger (``ledger.json`` of its part), a file's rows its
+   prediction ledger keyed by a salted hash of each record's ID
+   (``prediction_ledger.json``, :class:`PredictionLedger`), so that every release of a
+   record composes with its earlier ones whatever the file; a prediction that would take
+   a record past ``dp_predict_max_releases`` is refused before the party even joins the
+   bus (:class:`PredictionBudgetExceeded`, exit 2), and so is a file without IDs
+   (:class:`PredictionIdsRequired`); its DP report rides along in the message's metadata
    (public figures only);
 3. the active party waits for every passive party's embeddings under one deadline
    (:class:`parties.errors.PartnerStalled` naming the missing ones), checks each, fuses
@@ -35,11 +41,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
+import hmac
 import math
+import os
+import secrets
 import sys
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +69,7 @@ from pubsub.security import CurveClient
 from pubsub.session import rendezvous, wait_any
 from pubsub.transport import Transport
 
+from parties.data import DataError
 from parties.errors import ConfigMismatch, HandshakeTimeout, PartnerStalled
 from parties.saved import SavedModelError, SavedPart, check_same_run, load_party_model
 
@@ -65,6 +77,168 @@ log = structlog.get_logger(__name__)
 
 #: Default ID column of a file of new rows.
 DEFAULT_ID_COLUMN = "id"
+#: A passive party's ledger of prediction releases of new rows, beside its saved part.
+PREDICTION_LEDGER = "prediction_ledger.json"
+#: The ledger's format: counts of prediction releases keyed by a salted hash of each ID.
+PREDICTION_LEDGER_FORMAT = "prediction-releases-by-salted-id/1"
+#: The config key of the per-record prediction budget.
+BUDGET_KEY = "vfl.dp_predict_max_releases"
+
+
+class PredictionBudgetExceeded(ConfigError):
+    """A prediction would take records past ``dp_predict_max_releases`` prediction
+    releases; nothing was released (a :class:`~pubsub.config.ConfigError`: exit 2).
+
+    Attributes:
+        limit: the configured budget (releases per record).
+        worst: the count the most released record would have reached.
+        over: how many records (distinct IDs, or test-split rows) would pass the budget.
+    """
+
+    def __init__(self, limit: int, worst: int, over: int, what: str) -> None:
+        self.limit, self.worst, self.over = limit, worst, over
+        super().__init__(BUDGET_KEY, f"{limit}: this prediction would give {over} "
+                         f"{what} up to {worst} prediction releases each (with DP on, "
+                         f"every release of a record composes with its earlier ones); "
+                         "refusing before anything is released. Raise "
+                         "dp_predict_max_releases in the run's config to allow more (k "
+                         "releases of a record cost it sqrt(k) times the test split's µ)")
+
+
+class PredictionIdsRequired(DataError):
+    """With DP on, a file of new rows must name each record by its ID (the prediction
+    ledger composes a record's releases by ID): the ID column is missing or has empty
+    values (exit 2, bad data).
+
+    Attributes:
+        column: the configured ID column (``--id-column``).
+    """
+
+    def __init__(self, column: str, source: str, detail: str) -> None:
+        self.column = column
+        super().__init__(f"{source}: {detail}; with DP on every row to predict needs its "
+                         f"record's ID in the ID column {column!r} (--id-column): the "
+                         "passive party's prediction ledger composes each record's "
+                         "releases by ID")
+
+
+class PredictionLedger:
+    """A passive party's count of prediction releases of each record of new rows, keyed
+    by a salted hash of the record's ID (``HMAC-SHA256(salt, ID)``, 128 bits; the salt
+    is random per saved model and kept in the ledger file, so the file holds no raw IDs
+    and its keys cannot be matched against another model's).
+
+    The file (:data:`PREDICTION_LEDGER` in the party's saved part) is read afresh and
+    rewritten atomically (a temporary file in the same directory, fsync, rename, fsync
+    of the directory) under an exclusive lock for each :meth:`commit`, so concurrent
+    predictions of one model never lose a count.
+
+    Args:
+        path: the ledger file (created on the first commit).
+
+    Raises:
+        ValueError: the file is not a prediction ledger.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._load()
+
+    def _load(self) -> None:
+        if self.path.exists():
+            doc = orjson.loads(self.path.read_bytes())
+            if not isinstance(doc, dict) or doc.get("format") != PREDICTION_LEDGER_FORMAT:
+                raise ValueError(f"{self.path} is not a prediction ledger "
+                                 f"({PREDICTION_LEDGER_FORMAT})")
+            self.salt = bytes.fromhex(doc["salt"])
+            self.counts: dict[str, int] = {str(k): int(v) for k, v in doc["counts"].items()}
+            self.releases: list[dict[str, Any]] = list(doc.get("releases", []))
+        else:
+            self.salt = secrets.token_bytes(16)
+            self.counts, self.releases = {}, []
+
+    def keys(self, ids: Sequence[str]) -> list[str]:
+        """Each ID's ledger key (hex), in order."""
+        salt = self.salt
+        return [hmac.new(salt, str(i).encode(), hashlib.sha256).hexdigest()[:32] for i in ids]
+
+    def after(self, ids: Sequence[str]) -> dict[str, int]:
+        """Each record's count once ``ids`` are released (by key; an ID listed twice in
+        one file is released twice)."""
+        return {k: self.counts.get(k, 0) + c for k, c in Counter(self.keys(ids)).items()}
+
+    def check(self, ids: Sequence[str], limit: int) -> dict[str, int]:
+        """:meth:`after`, refused past ``limit``.
+
+        Raises:
+            PredictionBudgetExceeded: a record would pass ``limit`` releases.
+        """
+        after = self.after(ids)
+        over = [c for c in after.values() if c > limit]
+        if over:
+            raise PredictionBudgetExceeded(limit, max(over), len(over),
+                                           "record(s) (distinct IDs)")
+        return after
+
+    @property
+    def max_count(self) -> int:
+        """The most prediction releases of one record so far."""
+        return max(self.counts.values(), default=0)
+
+    def commit(self, ids: Sequence[str], limit: int, *, release_mu: float,
+               source: str) -> dict[str, int]:
+        """Charge one release of each of ``ids`` (re-read under the lock, checked against
+        ``limit``, written atomically); returns the counts of ``ids``' records after it.
+        Call it before the release: a refusal releases nothing.
+
+        Raises:
+            PredictionBudgetExceeded: a record would pass ``limit`` (nothing written).
+        """
+        with file_lock(self.path.with_name(self.path.name + ".lock")):
+            self._load()
+            after = self.check(ids, limit)
+            self.counts.update(after)
+            self.releases.append({"source": source, "rows": len(ids), "records": len(after),
+                                  "release_mu": release_mu,
+                                  "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            self._write()
+        return after
+
+    def _write(self) -> None:
+        doc = {"format": PREDICTION_LEDGER_FORMAT, "salt": self.salt.hex(),
+               "key": "hmac-sha256(salt, id)[:128 bits]", "counts": self.counts,
+               "releases": self.releases}
+        atomic_write(self.path, orjson.dumps(doc))
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created if missing) for the block."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: a temporary file in the same directory,
+    fsync, rename, fsync of the directory (a crash leaves the old file or the new one)."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +281,8 @@ def select_rows(part: SavedPart, data: str | None = None,
 
     Raises:
         parties.data.DataError: unreadable file, missing ID column or feature columns.
+        PredictionIdsRequired: with DP on, a file without the ID column, or rows without
+            an ID.
     """
     from parties.data import UnknownColumn, load_table, train_test_indices
     from parties.preflight import load_configured_table
@@ -116,8 +292,6 @@ def select_rows(part: SavedPart, data: str | None = None,
     if data is None:
         frame, _ = load_configured_table(cfg, part.party)
         if len(frame) != part.manifest["n_rows"]:
-            from parties.data import DataError
-
             raise DataError(f"the run's table now has {len(frame)} rows, the saved model "
                             f"was trained on {part.manifest['n_rows']}: cannot re-derive "
                             "its test split")
@@ -137,12 +311,20 @@ def select_rows(part: SavedPart, data: str | None = None,
                                            *([split, str(cfg.stream_eval_max_rows)]
                                              if split == "hash" else [])]))
     frame, _ = load_table(data)
+    dp_on = cfg.dp_enabled
     if id_column not in frame.columns:
+        if dp_on:
+            raise PredictionIdsRequired(id_column, str(data), "no such column")
         raise UnknownColumn([id_column], list(frame.columns))
+    if dp_on:
+        empty = frame[id_column].isna() | (frame[id_column].astype(str).str.strip() == "")
+        if empty.any():
+            raise PredictionIdsRequired(id_column, str(data),
+                                        f"{int(empty.sum())} row(s) without an ID")
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise UnknownColumn(missing, list(frame.columns))
-    ids = frame[id_column].astype(str).to_numpy()
+    ids = frame[id_column].map(str).to_numpy()  # (astype(str) may keep NaN a float)
     keep = columns + ([label] if label and label in frame.columns else [])
     return PredictRows(frame=frame[keep].reset_index(drop=True), ids=ids,
                        rows=np.arange(len(frame), dtype=np.int64), source=str(data),
@@ -166,34 +348,109 @@ def labels_of(part: SavedPart, frame: pd.DataFrame) -> np.ndarray | None:
 
 
 # ---------------------------------------------------------------------------- DP
-def charge(part: SavedPart, n: int, source: str) -> tuple[Any, dict[str, Any]]:
-    """A passive party's DP for one prediction release of ``n`` rows: ``(privatize,
-    report)``, after charging the release to its own ledger (saved back to its part).
+def prediction_ledger(part: SavedPart) -> PredictionLedger:
+    """The passive party's :class:`PredictionLedger` of its saved ``part``."""
+    return PredictionLedger(part.path / PREDICTION_LEDGER)
 
-    The test split's records continue the training ledger's ``test`` group (their one
-    scoring release and every earlier prediction count; the same noise multiplier, so a
-    record published k times in all is ``sqrt(k)·µ_test``-GDP); the run's cap on that
-    group (one release) is lifted, so the spent µ grows past the run's target and is
-    reported. Rows of a new file are records the ledger cannot link to training records
-    (their IDs are not the run's row positions): they form a group of their own for this
-    release (``µ_test`` each), reported separately. None (and DP off report) when the run
-    had DP off.
+
+def charge(part: SavedPart, n: int, source: str, ids: Sequence[str] | None = None, *,
+           dry_run: bool = False) -> tuple[Any, dict[str, Any]]:
+    """A passive party's DP for one prediction release of ``n`` rows: ``(privatize,
+    report)``, after charging the release to its own ledgers (saved back to its part).
+
+    Every prediction release of a record is composed with its earlier ones, whatever
+    the file it arrives in (each costs ``µ_test = release_mu(σ_test)``, so ``k`` releases
+    are ``sqrt(k)·µ_test``-GDP), and refused before anything is released (nothing
+    charged) when a record would pass ``dp_predict_max_releases`` releases
+    (:class:`PredictionBudgetExceeded`):
+
+    * rows of a file (``ids``, the ID column's values) are identified by their ID: the
+      :class:`PredictionLedger` (``prediction_ledger.json``) counts each ID's releases
+      over every file (an ID listed twice in one file counts twice);
+    * the run's test split continues the training ledger's ``test`` group by row (each
+      record's release at the end of training is its first; the budget counts the
+      releases after it; the run's cap of one release is lifted).
+
+    The two ledgers cannot be linked (the run's table is matched by row, not by ID), so
+    the reported ``mu`` composes them as if a file's record could be any record of the
+    run: ``sqrt(µ_run² + µ_ids²)``, µ_run the training ledger's worst record (training,
+    validation and test-split releases) and µ_ids the prediction ledger's.
+    ``prediction_mu`` is the worst record of *this* release over the releases its ledger
+    links to it. None (and DP off report) when the run had DP off. Both ledgers are
+    re-read and rewritten atomically under a lock (:func:`atomic_write`,
+    :func:`file_lock`), so concurrent predictions of one model never lose a count.
+
+    Args:
+        dry_run: only check the budget (raises as a real charge would; writes nothing).
+
+    Raises:
+        PredictionBudgetExceeded: a record would pass ``dp_predict_max_releases``.
+        PredictionIdsRequired: rows of a file without IDs.
     """
+    from parties.dp import plan_from_config
+
+    if plan_from_config(part.cfg) is None:
+        return None, {"enabled": False, "mu": None, "epsilon": None}
+    assert part.ledger is not None, "a DP run's passive part has a ledger"
+    path = part.path / part.manifest["dp"]["ledger"]
+    # one prediction at a time per part: the training ledger is re-read and rewritten
+    # under the lock, so concurrent predictions never lose a count
+    with file_lock(path.with_name(path.name + ".lock")):
+        if path.exists():
+            part.ledger.clear()
+            part.ledger.update(orjson.loads(path.read_bytes()))
+        return _charge(part, path, n, source, ids, dry_run=dry_run)
+
+
+def _charge(part: SavedPart, path: Path, n: int, source: str, ids: Sequence[str] | None, *,
+            dry_run: bool) -> tuple[Any, dict[str, Any]]:
     from parties.dp import (EmbeddingPrivatizer, GdpAccountant, epsilon_for_delta,
                             party_noise_secret, plan_from_config, release_mu)
 
-    plan = plan_from_config(part.cfg)
-    if plan is None:
-        return None, {"enabled": False, "mu": None, "epsilon": None}
+    cfg = part.cfg
+    plan = plan_from_config(cfg)
+    assert plan is not None and part.ledger is not None
+    limit = cfg.dp_predict_max_releases
     sigma = plan.eval_noise_multipliers["test"]
-    assert part.ledger is not None, "a DP run's passive part has a ledger"
+    mu_one = release_mu(sigma)
     state = dict(part.ledger)
+    sizes = {g: len(c) for g, c in state["counts"].items()}
+    acct = GdpAccountant(sizes, release_mu=state["release_mu"])
+    acct.load_state_dict({**state, "max_publications": {}, "reserve": {}})
+    ids_ledger = prediction_ledger(part)
+    if source == "test_split":
+        # the test group's count includes each record's release at the end of training:
+        # after this release a record has (count + 1) - 1 = count prediction releases
+        worst = acct.group_max("test")
+        if worst > limit:
+            over = int(np.count_nonzero(acct.publications("test") > limit))
+            raise PredictionBudgetExceeded(limit, worst, over, "test-split record(s)")
+        if dry_run:
+            return None, {}
+        acct.record("test")  # every record of the test split, once more
+        prediction_mu = acct.group_mu("test")
+        new: dict[str, Any] = {"continues": "test", "rows": n,
+                               "prediction_releases_max": acct.group_max("test") - 1}
+    else:
+        if ids is None or len(ids) != n:
+            raise PredictionIdsRequired(DEFAULT_ID_COLUMN, source, "no ID for every row")
+        if dry_run:
+            ids_ledger.check(ids, limit)
+            return None, {}
+        after = ids_ledger.commit(ids, limit, release_mu=mu_one, source=source)
+        k = max(after.values(), default=0)
+        prediction_mu = mu_one * math.sqrt(k)
+        new = {"continues": "prediction_ledger", "rows": n, "records": len(after),
+               "prediction_releases_max": k,
+               "note": "new rows: composed by ID over every prediction file"}
+    ledger_mu = mu_one * math.sqrt(ids_ledger.max_count)
+    total = math.hypot(acct.mu, ledger_mu)
     # a fixed dp_noise_seed (tests) still gives every release its own noise: the seed
     # mixes in how many predictions came before, so two predictions of different rows
     # never share a noise draw (their difference would reveal the rows exactly)
     # (and each passive party has its own secret: parties.dp.party_noise_secret)
     earlier = len(state.get("predictions", []))
-    secret = party_noise_secret(part.cfg.dp_noise_seed, part.party)
+    secret = party_noise_secret(cfg.dp_noise_seed, part.party)
     seed = (None if secret is None else
             int(np.random.SeedSequence([secret, 0x9E, n, earlier])
                 .generate_state(1, dtype=np.uint64)[0]))
@@ -201,32 +458,22 @@ def charge(part: SavedPart, n: int, source: str) -> tuple[Any, dict[str, Any]]:
         seed = int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0])
     privatize = EmbeddingPrivatizer(clip_norm=plan.clip_norm, noise_multiplier=sigma,
                                     seed=seed)
-    mu_one = release_mu(sigma)
-    sizes = {g: len(c) for g, c in state["counts"].items()}
-    acct = GdpAccountant(sizes, release_mu=state["release_mu"])
-    acct.load_state_dict({**state, "max_publications": {}})
-    if source == "test_split":
-        acct.record("test")  # every record of the test split, once more
-        prediction_mu = acct.group_mu("test")
-        new = {"continues": "test", "rows": n}
-    else:
-        prediction_mu = mu_one
-        new = {"continues": None, "rows": n,
-               "note": "new rows: records not linked to the training ledger"}
-    total = max(acct.mu, prediction_mu)
     from parties.saved import ledger_to_json
 
     led = ledger_to_json(acct.state_dict())
     led["max_publications"] = state.get("max_publications", {})  # the run's plan, kept
-    led.setdefault("predictions", list(state.get("predictions", [])))
-    led["predictions"].append({"source": source, "rows": n, "release_mu": mu_one,
-                               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    path = part.path / part.manifest["dp"]["ledger"]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps(led))
-    tmp.replace(path)
+    for key in ("reserve", "extra", "reserve_refusals"):  # the run's reserve, kept
+        if key in state:
+            led[key] = state[key]
+    led["predictions"] = [*state.get("predictions", []),
+                          {"source": source, "rows": n, "release_mu": mu_one,
+                           "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]
+    atomic_write(path, orjson.dumps(led))
+    part.ledger.clear()
+    part.ledger.update(led)
     report = {"enabled": True, "noise_multiplier": sigma, "clip_norm": plan.clip_norm,
               "release_mu": mu_one, "prediction_mu": prediction_mu,
+              "prediction_ledger_mu": ledger_mu, "max_releases": limit,
               "mu": total, "epsilon": epsilon_for_delta(total, plan.delta),
               "delta": plan.delta, "target_mu": plan.target_mu,
               "publications_max_test": acct.group_max("test"), **new}
@@ -255,6 +502,10 @@ class PredictParty:
         ValueError: ``party`` is not a party id.
         parties.saved.SavedModelError: its part is missing or unusable, or the run had no
             such party.
+        PredictionBudgetExceeded: (passive, DP on) a record of the rows would pass
+            ``dp_predict_max_releases`` prediction releases; checked here, before the
+            party joins the bus, and again when it charges the release.
+        PredictionIdsRequired: (DP on) a file without IDs.
     """
 
     def __init__(self, party: str, run_dir: str | Path, *, broker: str = "", run_id: str,
@@ -275,12 +526,19 @@ class PredictParty:
         #: whom this party meets: every passive party (active), the active party (passive)
         self.partners: tuple[str, ...] = ids[1:] if role == "active" else ("active",)
         self.rows = select_rows(self.part, data, id_column)
+        if role == "passive":  # refused before anything is released (or even started)
+            charge(self.part, len(self.rows.rows), self.rows.source, self._ids(),
+                   dry_run=True)
         self.x = torch.from_numpy(self.part.encoder.transform(self.rows.frame))
         self.broker, self.run_id, self.security = broker, run_id, security
         self._connect = connect
         self.out = Path(out) if out is not None else None
         self.timeout_s = timeout_s
         self.log = log.bind(party=party, run_id=run_id)
+
+    def _ids(self) -> list[str] | None:
+        ids = self.rows.ids
+        return None if ids is None else [str(i) for i in ids]
 
     # topics of the prediction P: a hello goes to its addressee's topic; each passive
     # party's embeddings have its own (owned by it in a run membership with `owned`)
@@ -363,7 +621,7 @@ class PredictParty:
         bottom = self.part.modules[0]
         emb = await asyncio.to_thread(embed, bottom, self.x)
         privatize, dp = await asyncio.to_thread(charge, self.part, int(emb.shape[0]),
-                                                self.rows.source)
+                                                self.rows.source, self._ids())
         if privatize is not None:
             emb = privatize(torch.from_numpy(emb))[1].numpy()
         bus.publish_nowait(self._emb(self.party), [emb], {"dp": dp}, copy=False)
@@ -501,5 +759,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(ExitCode.OK)
 
 
-__all__ = ["DEFAULT_ID_COLUMN", "PredictParty", "PredictRows", "charge", "labels_of",
-           "main", "select_rows"]
+__all__ = ["DEFAULT_ID_COLUMN", "PREDICTION_LEDGER", "PredictParty", "PredictRows",
+           "PredictionBudgetExceeded", "PredictionIdsRequired", "PredictionLedger",
+           "atomic_write", "charge", "file_lock", "labels_of", "main", "prediction_ledger",
+           "select_rows"]

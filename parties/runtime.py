@@ -47,7 +47,10 @@ Algorithms
     worker publishes its embedding on the batch's channel and waits for the gradient,
     an active worker waits for the embedding; a miss of T_ddl drops the batch and
     reassigns it (``max_reassign`` times, then it is skipped for the epoch; ``t_ddl_s =
-    0`` disables dropping). Per-batch buffers hold at most p embeddings / q gradients.
+    0`` disables dropping). Under a DP target a passive party publishes a reassigned
+    batch only if every record of it has an extra publication left in its reserve
+    (``dp_reassign_reserve``, :mod:`parties.dp`); otherwise it drops the batch for the
+    epoch and sends the active party a skip notice on the batch's channel. Per-batch buffers hold at most p embeddings / q gradients.
     Replicas sync with the PS every ΔT_t local steps, ΔT_t = ceil(ΔT0/2·tanh(2t/ΔT0 −
     2) + ΔT0/2) in epoch t (``delta_t0 = 1``: every step).
 ``vfl`` — synchronous split learning (Vepakomma et al., "Split learning for health",
@@ -884,14 +887,22 @@ class Party:
         self.dp_acct.record(split)
         bus.publish_nowait(topic, [emb], {"split": split}, copy=False)
 
-    def _record_train(self, rows: np.ndarray) -> None:
-        """Count one ``emb`` publication of ``rows`` in the DP ledger (before it happens).
+    def _record_train(self, rows: np.ndarray, *, extra: bool = False) -> bool:
+        """Count one ``emb`` publication of ``rows`` in the DP ledger (before it happens);
+        ``extra``: a reassigned attempt, first checked against every record's reserve
+        (``dp_reassign_reserve``, this party's own per-record count): False when a record
+        of the batch has spent it (nothing counted: the batch must not be published).
 
         Raises:
             parties.errors.PrivacyBudgetExceeded: past the plan (nothing is published).
         """
         assert self.dp_acct is not None
-        self.dp_acct.record("train", rows)
+        if extra and not self.dp_acct.admits_extra("train", rows):
+            self.log.warning("dp.reserve_exhausted", rows=len(rows),
+                             reserve=self.dp_acct.reserve.get("train"))
+            return False
+        self.dp_acct.record("train", rows, extra=extra)
+        return True
 
     def _embeddings(self, x: torch.Tensor, split: str) -> np.ndarray:
         """Embeddings ``(n, d)`` float32 of ``x`` (the ``split`` rows) from the PS

@@ -124,7 +124,10 @@ def config_digest(cfg: VflConfig, n_rows: int) -> str:
 
 def ledger_to_json(state: Mapping[str, Any]) -> dict[str, Any]:
     """:meth:`parties.dp.GdpAccountant.state_dict` as JSON-ready data."""
-    return {**state, "counts": {g: np.asarray(c).tolist() for g, c in state["counts"].items()}}
+    out = {**state, "counts": {g: np.asarray(c).tolist() for g, c in state["counts"].items()}}
+    if "extra" in state:  # the reassignment reserve's per-record extras
+        out["extra"] = {g: np.asarray(c).tolist() for g, c in state["extra"].items()}
+    return out
 
 
 def save_party_model(run_dir: str | Path, party: Party, *, run_id: str) -> Path:

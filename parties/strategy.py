@@ -77,11 +77,14 @@ class Miss:
     ended without all of it: the embeddings that did arrive (by party; kept for the
     batch's next attempt when there are several partners), the parties still missing,
     and whether the wait was given up for a reassigned batch whose data had arrived
-    meanwhile rather than missed."""
+    meanwhile rather than missed, or because a partner skipped the batch."""
 
     got: dict[str, Any]
     missing: tuple[str, ...]
     switched: bool = False
+    #: a partner sent a skip notice for the batch (it dropped the batch for the epoch:
+    #: its DP reassignment reserve is spent): give the batch up, do not reassign it
+    skipped: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -345,7 +348,7 @@ class Strategy:
         yield Prefetch(worker=k, epoch=epoch, batch=b, n_rows=n_rows, rows=rows)
         deadline = (yield Now()) + self.cfg.data_wait_s
         got: dict[str, Any] = self._held.pop((epoch, b), {}) if self._held else {}
-        switched = False
+        switched = skipped = False
         try:
             for party in partners:
                 if party in got:
@@ -358,6 +361,9 @@ class Strategy:
                     # data, the deadline, or a message from a later epoch. (Not "returned
                     # before end": a timer may fire a fraction of a millisecond early by
                     # the clock, and that once dropped a batch 50 ms into its wait.)
+                    if r.msg is not None and r.msg.meta.get("skip") is True:
+                        skipped = True  # the partner dropped the batch for the epoch
+                        break
                     if r.msg is not None:
                         got[party] = r.msg
                         break
@@ -368,13 +374,15 @@ class Strategy:
                         break
                 if party not in got:
                     break
-            if len(partners) > 1 and len(got) < len(partners):
+            if len(partners) > 1 and len(got) < len(partners) and not skipped:
                 # the wait is over: take (and so hold) what the others have sent by now
                 for party in partners:
                     if party not in got:
                         r = yield Poll(kind=EMB, channel=channel, accept=accept, party=party)
                         self.counters.stale += r.stale
-                        if r.msg is not None:
+                        if r.msg is not None and r.msg.meta.get("skip") is True:
+                            skipped = True
+                        elif r.msg is not None:
                             got[party] = r.msg
         except GeneratorExit:  # closed unfinished: nothing may be yielded any more
             raise
@@ -382,9 +390,9 @@ class Strategy:
             yield JoinPrefetch(worker=k)
             raise
         yield JoinPrefetch(worker=k)
-        if len(got) < len(partners):
+        if skipped or len(got) < len(partners):
             yield Discard(worker=k, key=b)
-            return Miss(got, tuple(p for p in partners if p not in got), switched)
+            return Miss(got, tuple(p for p in partners if p not in got), switched, skipped)
         msgs = tuple(got[p] for p in partners)
         loss = yield TopStep(worker=k, epoch=epoch, batch=b, embs=msgs, n_rows=n_rows,
                              grad_channel=channel, grad_metas=tuple(grad_meta(m) for m in msgs),
@@ -426,8 +434,22 @@ class ScheduledPassive(Strategy):
             rows = batches[b]
             h = yield Forward(worker=k, epoch=epoch, batch=b, n_rows=len(rows))
             uid = f"{epoch}.{b}.{attempt}"
-            yield Publish(kind=EMB, channel=b, meta={"e": epoch, "b": b, "a": attempt, "u": uid},
-                          arrays=(h,), rows=rows, worker=k, batch=b)
+            sent = yield Publish(kind=EMB, channel=b,
+                                 meta={"e": epoch, "b": b, "a": attempt, "u": uid},
+                                 arrays=(h,), rows=rows, worker=k, batch=b)
+            if sent is False:
+                # the DP ledger refused this reassigned attempt (a record of the batch has
+                # spent its reassignment reserve): drop the batch for the epoch and tell
+                # the active party, so that it does not wait T_ddl for it
+                yield Discard(worker=k, key=b)
+                sched.drop(b)
+                self.counters.dropped += 1
+                yield Publish(kind=EMB, channel=b, meta={"e": epoch, "b": b, "skip": True})
+                yield Log(event="vfl.batch_dropped", level="warning",
+                          fields={"batch": b, "epoch": epoch, "missing": "dp_reserve",
+                                  "reassigned": False, "attempt": attempt})
+                yield NotifySchedule()
+                continue
             r = yield from self._wait(GRAD, b, self.cfg.data_wait_s,
                                       grad_acceptor(epoch, b, uid), worker=k, batch=b)
             outcome = yield from self._settle_grad(k, epoch, b, r.msg, len(rows))
@@ -477,6 +499,19 @@ class ScheduledActive(Strategy):
                 grad_meta=lambda m, b=b: {"e": epoch, "b": b, "u": m.meta.get("u")},
                 switch=retry_ready if drops else None)
             if isinstance(out, Miss):
+                if out.skipped:
+                    # a passive party dropped the batch for the epoch (its DP reserve):
+                    # give it up and release the others' wait for its gradient
+                    sched.drop(b)
+                    c.dropped += 1
+                    yield Log(event="vfl.batch_dropped", level="warning",
+                              fields={"batch": b, "epoch": epoch, "missing": "emb",
+                                      "reassigned": False, "partner_skipped": True})
+                    for party in self.cfg.partners:
+                        yield Publish(kind=GRAD, channel=b, party=party,
+                                      meta={"e": epoch, "b": b, "skip": True})
+                    yield NotifySchedule()
+                    continue
                 if out.switched:
                     self._hold(epoch, b, out.got)
                     sched.release(b, attempt)  # back to the front; not a miss

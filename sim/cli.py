@@ -581,10 +581,14 @@ def _vfl_predict(args: argparse.Namespace) -> int:
     for party, dp in by_party.items():
         if dp.get("enabled"):
             who = "" if len(by_party) == 1 else f" ({party})"
-            print(f"dp{who}: this release mu {dp['release_mu']:.4g} per row; spent mu "
-                  f"{format_metric(dp['mu'])}, epsilon {format_metric(dp['epsilon'])} at "
-                  f"delta {dp['delta']:g} (ledger continued: "
-                  f"{dp.get('continues') or 'new rows'})")
+            k = dp.get("prediction_releases_max")
+            print(f"dp{who}: this release mu {dp['release_mu']:.4g} per row, composed "
+                  f"{format_metric(dp['prediction_mu'])} for the most predicted row"
+                  + ("" if k is None else f" ({k} of {dp.get('max_releases')} prediction "
+                     "releases)")
+                  + f"; spent mu {format_metric(dp['mu'])}, epsilon "
+                  f"{format_metric(dp['epsilon'])} at delta {dp['delta']:g} (ledger "
+                  f"continued: {dp.get('continues') or 'new rows'})")
     return 0
 
 

@@ -37,10 +37,11 @@ def _run(out: Path, *sets: str, transport: str = "broker",
 # DP-SGD in worker processes, next to another test on 2 cores: 30-40 s, more under load
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(("transport", "worker_mode", "mu", "extra", "min_auc"), [
-    # large µ, default max_reassign = 3: σ covers 4 publications per epoch, 1 is used;
-    # both parties in this process over the in-memory bus
+    # large µ, default max_reassign = 3 and dp_reassign_reserve = 1: σ covers epochs + 1
+    # training publications per record (reassignments are charged when they happen),
+    # epochs are used; both parties in this process over the in-memory bus
     ("memory", "thread", 8.0, (), 0.6),
-    # max_reassign = 0: σ covers exactly one publication per epoch, all are used;
+    # max_reassign = 0: no reserve, σ covers exactly one publication per epoch, all used;
     # broker and party processes
     # (a loaded machine can take more than the default 10 s to start a party with worker
     # processes and connect)
@@ -72,8 +73,11 @@ def test_dp_run_reports_spent_budget_within_the_target(
     assert dp["publications_max"] == dp["publications_max_train"] == epochs
     assert dp["publications_max_val"] == epochs and dp["publications_max_test"] == 1
     assert dp["published_evaluations"] == epochs + 1
-    planned = epochs * (1 + cfg["max_reassign"])
+    reserve = min(cfg["dp_reassign_reserve"], epochs * cfg["max_reassign"])
+    assert dp["reassign_reserve"] == reserve == (1 if cfg["max_reassign"] else 0)
+    planned = epochs + reserve
     assert dp["publications_planned"] == {"train": planned, "val": epochs, "test": 1}
+    assert dp["reassign_reserve_spent_max"] == 0 and dp["reserve_exhausted_batches"] == 0
     # replace-one (sensitivity 2C), half of µ² to the embeddings, half to DP-SGD
     assert dp["noise_multiplier"] == pytest.approx(2 * math.sqrt(2 * planned) / mu)
     assert dp["sgd_noise_multiplier"] == pytest.approx(2 * math.sqrt(2 * planned) / mu)

@@ -3,6 +3,7 @@ sample of bank, then prediction over the bus with each party's saved part."""
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from parties.config import load_vfl_config
 from parties.data import load_table
+from parties.predict import PredictionBudgetExceeded, PredictionIdsRequired
 from sim.local import predict_in_process, run_vfl_in_process
 from tests.conftest import psfl_in_process
 
@@ -147,7 +149,7 @@ def test_dp_prediction_continues_the_training_ledger(bank_sample: Path,
     run = tmp_path / "run"
     schema = Path(__file__).parents[2] / "parties" / "datasets" / "bank.schema.toml"
     m = _train(bank_sample, run, "dp_mu=8", "dp_noise_seed=3", f'dp_schema="{schema}"',
-               "model=resnet",
+               "dp_predict_max_releases=2", "model=resnet",
                "resnet_depth=1", "resnet_width=16", "resnet_norm=batch",
                "dp_batchnorm=groupnorm")
     assert (run / "model" / "passive" / "schema.toml").exists()
@@ -165,3 +167,27 @@ def test_dp_prediction_continues_the_training_ledger(bank_sample: Path,
     # each release draws its own noise, even under a fixed dp_noise_seed
     first = (tmp_path / "pred" / "predictions.csv").read_text()
     assert (tmp_path / "pred2" / "predictions.csv").read_text() != first
+    # a third would give each test record 3 prediction releases: refused before any
+    with pytest.raises(PredictionBudgetExceeded, match="dp_predict_max_releases"):
+        predict_in_process(run, tmp_path / "pred3")
+    assert max(orjson.loads((run / "model" / "passive" / "ledger.json").read_bytes())
+               ["counts"]["test"]) == 3
+    # new rows: composed by ID across files, whatever the file (rows in another order)
+    new = tmp_path / "new.csv"
+    rows = pd.read_csv(bank_sample).head(6)
+    rows.to_csv(new, index=False)
+    d1 = predict_in_process(run, tmp_path / "new1", data=str(new)).summary["dp"]
+    assert d1["continues"] == "prediction_ledger" and d1["prediction_releases_max"] == 1
+    assert d1["prediction_mu"] == pytest.approx(d1["release_mu"], rel=1e-9)
+    rows.iloc[::-1].head(3).to_csv(new, index=False)
+    d2 = predict_in_process(run, tmp_path / "new2", data=str(new)).summary["dp"]
+    assert d2["prediction_mu"] == pytest.approx(2 ** 0.5 * d2["release_mu"], rel=1e-9)
+    assert d2["mu"] == pytest.approx(math.hypot(dp2["mu"], d2["prediction_mu"]), rel=1e-9)
+    ledger = (run / "model" / "passive" / "prediction_ledger.json").read_text()
+    assert "c0000" not in ledger  # salted hashes, not the IDs
+    with pytest.raises(PredictionBudgetExceeded):
+        predict_in_process(run, tmp_path / "new3", data=str(new))
+    # under DP a file without the ID column is refused
+    rows.drop(columns=["id"]).to_csv(new, index=False)
+    with pytest.raises(PredictionIdsRequired):
+        predict_in_process(run, tmp_path / "new4", data=str(new))

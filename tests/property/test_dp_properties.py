@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parties.dp import (
@@ -75,3 +75,32 @@ def test_clipped_rows_never_exceed_the_clip_norm(rows: int, dim: int, scale: flo
     h = torch.randn(rows, dim, generator=g) * scale
     norms = torch.linalg.vector_norm(clip_rows(h, clip), dim=1)
     assert bool(torch.all(norms <= clip * (1 + 1e-5)))
+
+
+@settings(max_examples=30)
+@given(target=st.floats(min_value=0.1, max_value=100.0), epochs=st.integers(1, 6),
+       reserve=st.integers(0, 4), share=shares,
+       misses=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=8), min_size=6,
+                       max_size=6))
+def test_reassignments_within_the_reserve_never_pass_the_target(
+        target: float, epochs: int, reserve: int, share: float,
+        misses: list[list[int]]) -> None:
+    """An adversary that forces any reassignments it likes (``misses[e]``: the batches of
+    epoch e whose gradient it withholds, again and again): the passive party publishes a
+    reassigned batch only when its reserve admits it, every epoch's first attempts still
+    fit the plan, and the spent µ stays within the target calibrated for epochs + reserve."""
+    kt = epochs + reserve
+    cal = calibrate(target, train_publications=kt, eval_publications=1, embedding_share=share)
+    tr = compose_mu([release_mu(cal.embed_noise_multiplier),
+                     release_mu(cal.sgd_noise_multiplier)])
+    acct = GdpAccountant({"train": 12}, release_mu={"train": tr},
+                         max_publications={"train": kt}, reserve={"train": reserve})
+    batches = [np.arange(b * 2, b * 2 + 2) for b in range(6)]
+    for e in range(epochs):
+        for rows in batches:
+            acct.record("train", rows)  # the first attempt: never refused
+        for b in misses[e]:
+            if acct.admits_extra("train", batches[b]):
+                acct.record("train", batches[b], extra=True)
+    assert acct.group_max("train") <= kt and acct.extra_max("train") <= reserve
+    assert acct.mu <= target

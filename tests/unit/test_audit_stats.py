@@ -335,3 +335,22 @@ def test_batched_adam_step_is_the_product_optimizer(dp_audit: object) -> None:
     for scale in (1e-12, 1e-3, 10.0):  # linear regime, mixed, sign regime
         grads = {k: scale * torch.randn(v.shape, generator=gen) for k, v in params.items()}
         audit.check_adam_first_step(params, grads, 0.5)  # type: ignore[attr-defined]
+
+
+def test_repeated_prediction_case_takes_the_products_composed_claim(dp_audit: object) -> None:
+    """``vfl_repeated_prediction`` charges its 4 releases through the product's ledger
+    (``parties.predict.charge``): its claim is the composed µ_test·2, its control the
+    pre-fix per-file µ_test (the draws are those of ``vfl_embedding_k4``'s mechanism,
+    audited at 10^6 draws by ``--quick``)."""
+    import math
+
+    from parties.dp import epsilon_for_delta
+    audit = dp_audit
+    case = audit.REGISTRY["vfl_repeated_prediction"]  # type: ignore[attr-defined]
+    p = audit.vfl_repeated_prediction_product()  # type: ignore[attr-defined]
+    assert p["release_mu"] == 2 / p["sigma"] and p["clip"] == 1.0
+    assert p["prediction_mu"] == math.sqrt(audit.PREDICTIONS) * p["release_mu"]  # type: ignore[attr-defined]
+    assert case.main.claim() == epsilon_for_delta(p["prediction_mu"], 1e-5)
+    assert case.control.claim() == epsilon_for_delta(p["release_mu"], 1e-5)
+    a, b = case.main.sample(10, np.random.default_rng(0))
+    assert a.shape == b.shape == (10, 4 * 4)

@@ -258,26 +258,40 @@ def test_accountant_state_round_trip_and_mismatch() -> None:
 def test_plan_calibrates_for_the_schedules_worst_case() -> None:
     assert plan_from_config(VflConfig()) is None
     assert plan_from_config(VflConfig(dp_mu=math.inf)) is None
+    # epochs + dp_reassign_reserve (default 1) training publications, whatever
+    # max_reassign (a scheduling knob: reassignments are charged when they happen)
     plan = plan_from_config(VflConfig(dp_mu=2.0, epochs=5, max_reassign=3, dp_clip_norm=0.5))
-    assert plan is not None and plan.planned == {"train": 20, "val": 5, "test": 1}
-    assert plan.noise_multiplier == pytest.approx(2 / math.sqrt(0.5 * 4 / 20))
-    assert plan.sgd_noise_multiplier == pytest.approx(2 / math.sqrt(0.5 * 4 / 20))
+    assert plan is not None and plan.planned == {"train": 6, "val": 5, "test": 1}
+    assert plan.reassign_reserve == 1
+    assert plan.noise_multiplier == pytest.approx(2 / math.sqrt(0.5 * 4 / 6))
+    assert plan.sgd_noise_multiplier == pytest.approx(2 / math.sqrt(0.5 * 4 / 6))
     assert (plan.clip_norm, plan.delta, plan.target_mu) == (0.5, 1e-5, 2.0)
-    tight = plan_from_config(VflConfig(dp_mu=2.0, epochs=5, max_reassign=0))
-    assert tight is not None and tight.planned["train"] == 5
+    tight = plan_from_config(VflConfig(dp_mu=2.0, epochs=5, dp_reassign_reserve=0))
+    assert tight is not None and tight.planned["train"] == 5 and tight.reassign_reserve == 0
+    # the plan reserves no more than the schedule can use
+    for unused in ({"max_reassign": 0}, {"t_ddl_s": 0.0}, {"algo": "vfl"}, {"algo": "avfl"}):
+        p = plan_from_config(VflConfig(dp_mu=2.0, epochs=5, **unused))  # type: ignore[arg-type]
+        assert p is not None and p.planned["train"] == 5 and p.reassign_reserve == 0
+    wide = plan_from_config(VflConfig(dp_mu=2.0, epochs=5, dp_reassign_reserve=15))
+    assert wide is not None and wide.planned["train"] == 20
+    capped = plan_from_config(VflConfig(dp_mu=2.0, epochs=2, max_reassign=1,
+                                        dp_reassign_reserve=15))
+    assert capped is not None and capped.planned["train"] == 4
     direct = plan_from_config(VflConfig(dp_noise_multiplier=3.0, dp_sgd_noise_multiplier=4.0,
                                         dp_delta=1e-6))
     assert direct is not None and direct.noise_multiplier == 3.0
     assert direct.sgd_noise_multiplier == 4.0
     assert direct.target_mu is None and direct.planned_publications is None
-    by_eps = plan_from_config(VflConfig(dp_epsilon=4.37717809568122, epochs=5, max_reassign=0))
+    by_eps = plan_from_config(VflConfig(dp_epsilon=4.37717809568122, epochs=5,
+                                        dp_reassign_reserve=0))
     assert by_eps is not None and by_eps.target_mu == pytest.approx(1.0, rel=1e-6)
 
 
 def test_plan_refuses_an_unmeetable_target() -> None:
     with pytest.raises(UnmeetableTarget) as ei:
-        plan_from_config(VflConfig(dp_mu=0.01, epochs=10))
+        plan_from_config(VflConfig(dp_mu=0.01, epochs=30))
     assert ei.value.key == "vfl.dp_mu" and "dp_max_noise_multiplier" in str(ei.value)
+    assert "dp_reassign_reserve" in str(ei.value)
     with pytest.raises(UnmeetableTarget) as ei:
         plan_from_config(VflConfig(dp_epsilon=0.05, epochs=10, dp_max_noise_multiplier=50))
     assert ei.value.key == "vfl.dp_epsilon"
@@ -286,7 +300,7 @@ def test_plan_refuses_an_unmeetable_target() -> None:
 def test_report_with_dp_off_is_explicit() -> None:
     r = report(None, GdpAccountant({"train": 3, "test": 1}, release_mu=None))
     assert r["enabled"] is False and r["mu"] is None and r["epsilon"] is None
-    plan = plan_from_config(VflConfig(dp_mu=1.0, epochs=2, max_reassign=0))
+    plan = plan_from_config(VflConfig(dp_mu=1.0, epochs=2, dp_reassign_reserve=0))
     acct = accountant_for(plan, {"train": 3, "val": 2, "test": 1})
     acct.record("train", np.arange(3))
     r = report(plan, acct)
@@ -308,3 +322,59 @@ def test_each_passive_party_gets_its_own_noise_secret_from_one_seed() -> None:
     secrets = {party_noise_secret(7, p) for p in ("passive", "passive2", "passive3")}
     assert len(secrets) == 3 and all(0 <= s < 2**63 for s in secrets)
     assert party_noise_secret(7, "passive2") == party_noise_secret(7, "passive2")
+
+
+# ---------------------------------------------------------------------------- reassignment reserve
+def test_reserve_blocks_a_reassigned_batch_once_a_record_spent_it() -> None:
+    # epochs 3, reserve 1: the plan charges 3 + 1 training publications per record
+    plan = plan_from_config(VflConfig(dp_mu=2.0, epochs=3, dp_reassign_reserve=1))
+    assert plan is not None and plan.planned["train"] == 4 and plan.reassign_reserve == 1
+    acct = accountant_for(plan, {"train": 6, "val": 2, "test": 2})
+    first, other = np.array([0, 1, 2]), np.array([3, 4, 5])
+    acct.record("train", first)
+    acct.record("train", other)
+    assert acct.admits_extra("train", first)  # a record with its reserve left
+    acct.record("train", first, extra=True)  # the reassigned attempt, published
+    # record 2 has spent its reserve: a reassigned batch holding it is refused, even
+    # next to records that have theirs (and the refusal is counted, nothing recorded)
+    before = acct.publications("train").copy()
+    assert not acct.admits_extra("train", np.array([2, 3]))
+    assert acct.reserve_refusals["train"] == 1
+    np.testing.assert_array_equal(acct.publications("train"), before)
+    with pytest.raises(PrivacyBudgetExceeded, match="reserve"):
+        acct.record("train", np.array([2, 3]), extra=True)
+    assert acct.admits_extra("train", np.array([3, 4]))
+    # the extras never eat a later epoch's first attempt: epochs 2 and 3 still fit
+    for _ in range(2):
+        acct.record("train", first)
+        acct.record("train", other)
+    assert acct.group_max("train") == 4 == plan.planned["train"]
+    # calibrate then re-account: the most published record is within the target
+    assert acct.group_mu("train") <= 2.0
+    assert acct.group_mu("train") == pytest.approx(
+        account(4, plan.noise_multiplier, plan.sgd_noise_multiplier, train=True))
+    r = report(plan, acct)
+    assert (r["reassign_reserve"], r["reassign_reserve_spent_max"],
+            r["reserve_exhausted_batches"], r["publications_max_train"]) == (1, 1, 1, 4)
+    assert r["publications_planned"]["train"] == 4
+    # the ledger (with its extras) round-trips
+    fresh = accountant_for(plan, {"train": 6, "val": 2, "test": 2})
+    fresh.load_state_dict(acct.state_dict())
+    assert not fresh.admits_extra("train", first) and fresh.extra_max("train") == 1
+    with pytest.raises(ValueError, match="reserve"):
+        GdpAccountant({"train": 6, "val": 2, "test": 2}, release_mu=acct.release_mu,
+                      max_publications=acct.max_publications,
+                      reserve={"train": 2}).load_state_dict(acct.state_dict())
+
+
+def test_no_reserve_without_a_target_or_with_dp_off() -> None:
+    off = accountant_for(None, {"train": 3, "test": 1})
+    assert off.admits_extra("train", np.arange(3)) and off.reserve == {}
+    off.record("train", np.arange(3), extra=True)  # counted, never refused
+    assert report(None, off)["reassign_reserve"] is None
+    direct = plan_from_config(VflConfig(dp_noise_multiplier=3.0, dp_sgd_noise_multiplier=3.0))
+    assert direct is not None and direct.reassign_reserve is None
+    acct = accountant_for(direct, {"train": 3, "val": 1, "test": 1})
+    for _ in range(5):
+        assert acct.admits_extra("train", np.arange(3))
+        acct.record("train", np.arange(3), extra=True)

@@ -129,7 +129,7 @@ class Fake:
             return None
         if isinstance(a, Publish):
             if self.on_publish is not None:
-                self.on_publish(self, a)
+                return self.on_publish(self, a)
             return None
         assert isinstance(a, (Backward, Discard, Prefetch, JoinPrefetch, NotifySchedule, Log,
                               Push, Pull, Flush)), a
@@ -224,6 +224,47 @@ def test_passive_skip_notice_drops_the_batch_without_a_miss() -> None:
     assert len(f.of(Discard)) == 1 and not f.of(Backward)
     c = s.counters
     assert (c.batches, c.dropped, c.skipped, c.reassigned) == (0, 1, 1, 0)
+
+
+def test_passive_drops_a_reassigned_batch_its_dp_reserve_refuses_and_says_so() -> None:
+    # the driver's Publish returns False when the DP ledger refuses a reassigned attempt
+    # (a record's dp_reassign_reserve is spent): nothing was published; the batch is
+    # dropped for the epoch (no further attempt) and the active party gets a skip notice
+    s = make_strategy(cfg("pubsub", "passive", max_reassign=3))
+
+    def on_publish(f: Fake, p: Publish) -> Any:
+        if p.kind == EMB and p.arrays and p.meta["a"] > 0:
+            return False
+        if p.kind == EMB and p.arrays and p.meta["b"] == 1:
+            f.put(GRAD, 1, echo_grad(p))
+        return None
+
+    f = Fake(on_publish=on_publish)
+    f.run(s.segment(0, BATCHES, range(2)))
+    pubs = [(p.meta["b"], p.meta.get("a"), p.meta.get("skip", False)) for p in f.of(Publish)]
+    # batch 0 missed once, its reassigned attempt refused, then the notice; batch 1 trained
+    assert pubs == [(0, 0, False), (1, 0, False), (0, 1, False), (0, None, True)]
+    notice = f.of(Publish)[-1]
+    assert notice.arrays == () and notice.rows is None and notice.channel == 0
+    assert [(d.worker, d.key) for d in f.of(Discard)] == [(0, 0), (0, 0)]
+    assert [x.fields["missing"] for x in f.of(Log)] == ["grad", "dp_reserve"]
+    c = s.counters
+    assert (c.batches, c.dropped, c.reassigned) == (1, 2, 1)
+
+
+def test_active_gives_up_a_batch_its_passive_party_skipped() -> None:
+    # the passive party's skip notice on the batch's embedding channel: no top step, no
+    # reassignment, the batch is dropped and the passive party's gradient wait released
+    s = make_strategy(cfg("pubsub", "active", max_reassign=3))
+    f = Fake()
+    f.put(EMB, 0, {"e": 0, "b": 0, "skip": True})
+    f.put(EMB, 1, emb_meta(0, 1))
+    f.run(s.segment(0, BATCHES, range(2)))
+    assert [t.batch for t in f.of(TopStep)] == [1]
+    skips = [p for p in f.of(Publish) if p.meta.get("skip")]
+    assert [(p.kind, p.channel) for p in skips] == [(GRAD, 0)]
+    c = s.counters
+    assert (c.batches, c.dropped, c.skipped, c.reassigned) == (1, 1, 0, 0)
 
 
 def test_passive_accepts_an_earlier_attempts_gradient_and_discards_stale_epochs() -> None:

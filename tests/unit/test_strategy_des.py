@@ -341,3 +341,28 @@ def test_driver_runs_pubsub_with_several_workers_to_the_end_of_every_epoch() -> 
         tops = [(a.epoch, a.batch) for r, a in trace if r == role and isinstance(a, TopStep)]
         got = sorted(done if role == "passive" else tops)
         assert got == [(e, b) for e in range(2) for b in range(7)], role
+
+
+def test_driver_asks_the_ledger_for_a_reassigned_attempt_and_publishes_nothing_refused() -> None:
+    # the DP ledger (record_dp) sees a reassigned attempt (meta "a" > 0) as an extra
+    # publication; False: nothing is published and the Publish action returns False. A
+    # skip notice (no arrays) discloses no rows and is not recorded.
+    seen: list[tuple[tuple[int, ...], bool]] = []
+
+    def ledger(rows: Any, *, extra: bool = False) -> bool:
+        seen.append((tuple(rows), extra))
+        return not extra
+
+    def proc() -> Any:
+        a = yield Publish(kind="emb", channel=3, meta={"b": 3, "a": 0}, arrays=(np.zeros(1),),
+                          rows=range(2), worker=0, batch=3)
+        b = yield Publish(kind="emb", channel=3, meta={"b": 3, "a": 1}, arrays=(np.zeros(1),),
+                          rows=range(2), worker=0, batch=3)
+        c = yield Publish(kind="emb", channel=3, meta={"e": 0, "b": 3, "skip": True})
+        return a, b, c
+
+    bus = MemBus()
+    out, _ = drive(proc(), bus, record_dp=ledger)
+    assert out == (True, False, True)
+    assert seen == [((0, 1), False), ((0, 1), True)]
+    assert bus.pending("emb/t/3") == 2  # the first attempt and the notice
