@@ -129,7 +129,8 @@ def active_only_baseline(x_train: np.ndarray, y_train: np.ndarray, x_val: np.nda
         seed: seeds both models and the MLP's epoch order.
 
     Returns:
-        None for a non-binary task, else a JSON-ready dict: ``model`` (``"gb"`` or
+        None for a non-binary task; ``{"skipped": reason}`` when the training or the
+        validation rows hold one class only; else a JSON-ready dict: ``model`` (``"gb"`` or
         ``"mlp"``, the one with the better validation AUC), ``metric_name`` (``"auc"``),
         ``val_metric`` and ``test_metric`` (the chosen model's), ``chosen_by``
         (``"val_auc"``), ``candidates`` (each model's ``val_metric``, ``test_metric``,
@@ -152,6 +153,8 @@ def active_only_baseline(x_train: np.ndarray, y_train: np.ndarray, x_val: np.nda
         raise ValueError("features and labels differ in length")
     if len(yv) == 0:
         raise ValueError("the active-only baseline needs validation rows to choose on")
+    if np.unique(y).size < 2 or np.unique(yv).size < 2:
+        return {"skipped": "one class only in the training or validation rows"}
     if len(y) > MAX_FIT_ROWS:
         keep = np.sort(np.random.default_rng(seed).choice(len(y), MAX_FIT_ROWS, replace=False))
         x, y = x[keep], y[keep]

@@ -967,8 +967,13 @@ class Party:
             return {"skipped": "no validation rows to choose on"}
         from parties.baseline import active_only_baseline
 
-        return active_only_baseline(data.x_train, data.y_train, data.x_val, data.y_val,
-                                    data.x_test, data.y_test, task=data.task, seed=cfg.seed)
+        try:
+            return active_only_baseline(data.x_train, data.y_train, data.x_val, data.y_val,
+                                        data.x_test, data.y_test, task=data.task,
+                                        seed=cfg.seed)
+        except Exception as exc:  # noqa: BLE001 - a reference figure never ends a run
+            self.log.warning("vfl.active_only_failed", error=f"{type(exc).__name__}: {exc}")
+            return {"skipped": f"failed: {type(exc).__name__}: {exc}"}
 
     async def _score(self, bus: Transport, split: str, point: int = 0) -> float:
         """The metric (AUC, or RMSE in the label's units) of the PS parameters on the

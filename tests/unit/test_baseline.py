@@ -73,3 +73,9 @@ def test_psfl_vfl_run_prints_the_warning(capsys: pytest.CaptureFixture[str]) -> 
     _print_active_only(_metrics(0.86, 0.83))
     out, err = capsys.readouterr()
     assert "+0.0300" in out and err == ""
+
+
+def test_one_class_in_the_validation_rows_is_skipped() -> None:
+    x, y, xv, yv, xt, yt = _planted(True)
+    assert active_only_baseline(x, y, xv, np.zeros_like(yv), xt, yt) == {
+        "skipped": "one class only in the training or validation rows"}
