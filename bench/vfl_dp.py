@@ -31,11 +31,25 @@ Usage::
     python bench/vfl_dp.py --only-default --json /tmp/dp8.json   # bank, µ = 8 only: the
         # default configuration and max_reassign = 0, 3 repeats each (about 3 min)
 
+Beside every DP result the active-only baseline (:mod:`parties.baseline`: the stronger,
+by validation AUC, of gradient boosting and an MLP on the active party's own columns,
+same split; fitted by the active party after each DP run) is recorded, and
+``summary.gain_over_active_only[dataset]["8"]`` (issue 50) is the median over the repeats
+of test AUC minus it at µ = 8, for ``bank`` (its default split) and ``adult`` with
+:data:`DATASET_SPLITS` (active party: ``age``, ``education``, ``occupation``,
+``hours-per-week`` and the label; passive party: the other ten columns)::
+
+    python bench/vfl_dp.py --gain-only --json /tmp/gain.json   # only those, 3 repeats
+
 JSON: ``summary`` maps each µ of bank (``"0.5"`` ... ``"8"``, ``"inf"``) to ``metric``
 (test AUC, median over repeats), ``epsilon`` (spent ε at δ; null for ``"inf"``) and
 ``epochs``; ``summary["8"]["metric_default_config"]`` as above; ``summary["synthetic"]``
-holds the same for synthetic (absent with ``--quick`` and ``--only-default``);
-``settings`` and per-run ``runs`` hold the details (``runs["bank_default_config"]``).
+holds the same for synthetic (absent with ``--quick``, ``--only-default`` and
+``--gain-only``); each DP µ's entry also holds ``active_only`` and ``gain``;
+``summary["gain_over_active_only"]`` and ``summary["gain_over_active_only_runs"]`` (each
+repeat's gain, test AUC and baseline) as above (``--quick``: bank only); ``settings``
+and per-run ``runs`` hold the details (``runs["bank_default_config"]``,
+``runs["adult"]``: the adult runs at µ = 8).
 """
 
 from __future__ import annotations
@@ -56,6 +70,17 @@ MUS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)  # inf: the no-DP baseline
 DELTA = 1e-5
 MAX_REASSIGN = 0
 SYNTHETIC_ROWS = 30_000
+#: datasets of ``summary.gain_over_active_only`` (issue 50) and the µ it is reported at
+GAIN_DATASETS = ("bank", "adult")
+GAIN_MUS = (8.0,)
+#: each dataset's party split beyond the default even one: adult as in issue 50 (the
+#: active party holds age, education, occupation, hours-per-week and the label)
+DATASET_SPLITS: dict[str, dict[str, Any]] = {
+    "adult": {"active_columns": ("age", "education", "occupation", "hours-per-week"),
+              "passive_columns": ("workclass", "fnlwgt", "educational-num", "marital-status",
+                                  "relationship", "race", "gender", "capital-gain",
+                                  "capital-loss", "native-country")},
+}
 #: DP settings of the DP runs beyond the target (empty: the product's defaults, C = 1,
 #: C_g = 3, half of µ² to the embeddings; see parties/config.py)
 DP_SETTINGS: dict[str, Any] = {}
@@ -82,6 +107,7 @@ def run_one(dataset: str, mu: float, epochs: int, timeout_s: float,
         extra["synthetic_rows"] = SYNTHETIC_ROWS
     if max_reassign is not None:
         extra["max_reassign"] = max_reassign
+    extra.update(DATASET_SPLITS.get(dataset, {}))
     cfg = VflConfig(dataset=dataset, epochs=epochs, dp_delta=DELTA, **extra)
     with tempfile.TemporaryDirectory(prefix=f"vfl_dp_{mu_key(mu)}_") as tmp:
         m = run_vfl(cfg, out=tmp, quiet=True, timeout_s=timeout_s).metrics
@@ -104,6 +130,9 @@ def run_one(dataset: str, mu: float, epochs: int, timeout_s: float,
         "launch_wall_s": m["wall_s"],
         "history": [{"epoch": h["epoch"], "loss": h["loss"], "val_auc": h.get("val_auc")}
                     for h in m["history"]],
+        # the active party's own columns alone, same split (parties.baseline; DP runs)
+        "active_only": (m.get("active_only") or {}).get("test_metric"),
+        "active_only_model": (m.get("active_only") or {}).get("model"),
     }
 
 
@@ -180,6 +209,62 @@ def default_config(repeats: int, epochs_inf: int, *, baseline: bool = False
     return fig, runs
 
 
+def add_active_only(summary: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> None:
+    """Put the active-only baseline (the stronger of gradient boosting and an MLP on the
+    active party's columns, same split, chosen on the validation rows) beside every DP
+    result of one dataset's ``summary``: ``active_only`` and ``gain`` (median test AUC
+    minus it)."""
+    for key, rs in runs.items():
+        base = [r["active_only"] for r in rs if r.get("active_only") is not None]
+        if key in summary and base:
+            ref = float(statistics.median(base))
+            summary[key]["active_only"] = ref
+            summary[key]["gain"] = summary[key]["metric"] - ref
+    gains = [f"{k} {s['gain']:+.4f}" for k, s in summary.items()
+             if isinstance(s, dict) and "gain" in s]
+    if gains:
+        ref = next(s["active_only"] for s in summary.values()
+                   if isinstance(s, dict) and "active_only" in s)
+        print(f"active-only baseline (the active party's columns alone, same split) {ref:.4f}; "
+              f"test AUC minus it at each mu: {', '.join(gains)}")
+
+
+def gain_table(datasets: tuple[str, ...], repeats: int, epochs_inf: int,
+               done: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """``gain_over_active_only``: for each dataset and µ of :data:`GAIN_MUS`, the median
+    over ``repeats`` runs of test AUC minus the active-only baseline's (the baseline is
+    deterministic: same split, fixed seeds). Runs already in ``done[dataset][mu]`` (from
+    the µ table) are reused; the others are run here and added to ``done``."""
+    from parties.planner import dp_epochs
+
+    gains: dict[str, Any] = {}
+    detail: dict[str, Any] = {}
+    for ds in datasets:
+        gains[ds], detail[ds] = {}, {}
+        for mu in GAIN_MUS:
+            key = mu_key(mu)
+            rs = done.setdefault(ds, {}).setdefault(key, [])
+            epochs = dp_epochs(mu, max_epochs=epochs_inf)
+            while len(rs) < repeats:
+                res = run_one(ds, mu, epochs, 120.0 + 60.0 * epochs)
+                res["repeat"] = len(rs)
+                rs.append(res)
+                print(f"  {ds} repeat {len(rs)}/{repeats}  mu {key:>4}  epochs {epochs:>2}  "
+                      f"auc {res['test_auc']:.4f}  active-only {res['active_only']:.4f}",
+                      file=sys.stderr, flush=True)
+            use = rs[:repeats]
+            per = [r["test_auc"] - r["active_only"] for r in use]
+            gains[ds][key] = float(statistics.median(per))
+            detail[ds][key] = {"gains": per, "metric": [r["test_auc"] for r in use],
+                               "active_only": [r["active_only"] for r in use],
+                               "active_only_model": use[0]["active_only_model"],
+                               "epochs": epochs}
+            print(f"{ds} mu {key}: gain over active-only {gains[ds][key]:+.4f} (median of "
+                  f"{repeats}: {', '.join(f'{g:+.4f}' for g in per)}; active-only "
+                  f"{use[0]['active_only']:.4f} {use[0]['active_only_model']})")
+    return {"gain_over_active_only": gains, "gain_over_active_only_runs": detail}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -191,34 +276,50 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-default", action="store_true",
                     help="bank at µ = 8 only: the default configuration (reassignment on) "
                          "and max_reassign = 0, --repeats each (default 3)")
+    ap.add_argument("--gain-only", action="store_true",
+                    help="only summary.gain_over_active_only: bank and adult at µ = 8 "
+                         "(issue 50's acceptance figures), without the µ tables")
     args = ap.parse_args(argv)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     if args.epochs_inf < 1 or repeats < 1:
         ap.error("--epochs-inf and --repeats must be >= 1")
     t0 = time.perf_counter()
+    all_runs: dict[str, Any] = {}
     if args.only_default:
         if args.repeats is None:
             repeats = 3
         fig, d_runs = default_config(repeats, args.epochs_inf, baseline=True)
-        summary = {mu_key(DEFAULT_CONFIG_MU): {
+        summary: dict[str, Any] = {mu_key(DEFAULT_CONFIG_MU): {
             "metric": fig["metric_max_reassign_0"], "epsilon": fig["epsilon_default_config"],
             **fig}}
-        all_runs: dict[str, Any] = {"bank_default_config": d_runs}
+        all_runs["bank_default_config"] = d_runs
+    elif args.gain_only:
+        summary = {}
     else:
-        summary, runs = table("bank", repeats, args.epochs_inf)
+        summary, all_runs["bank"] = table("bank", repeats, args.epochs_inf)
+        add_active_only(summary, all_runs["bank"])
         fig, d_runs = default_config(repeats, args.epochs_inf)
         summary[mu_key(DEFAULT_CONFIG_MU)].update(fig)
-        all_runs = {"bank": runs, "bank_default_config": d_runs}
-    if not args.quick and not args.only_default:
-        summary["synthetic"], all_runs["synthetic"] = table("synthetic", repeats,
-                                                            args.epochs_inf)
+        all_runs["bank_default_config"] = d_runs
+        if not args.quick:
+            summary["synthetic"], all_runs["synthetic"] = table("synthetic", repeats,
+                                                                args.epochs_inf)
+            add_active_only(summary["synthetic"], all_runs["synthetic"])
+    gain_sets: tuple[str, ...] = ()
+    if not args.only_default:
+        gain_sets = ("bank",) if args.quick and not args.gain_only else GAIN_DATASETS
+        summary.update(gain_table(gain_sets, repeats, args.epochs_inf, all_runs))
     print(f"total {time.perf_counter() - t0:.0f} s; epsilon: spent, at delta; sigma_e / "
           "sigma_g: embedding / DP-SGD noise multipliers")
     if args.json:
         doc = {"summary": summary,
-               "settings": {"datasets": (["bank"] if args.quick or args.only_default
+               "settings": {"datasets": ([] if args.gain_only else ["bank"]
+                                         if args.quick or args.only_default
                                          else list(DATASETS)),
                             "only_default": args.only_default,
+                            "gain_datasets": list(gain_sets),
+                            "gain_mus": [mu_key(m) for m in GAIN_MUS],
+                            "dataset_splits": DATASET_SPLITS,
                             "repeats": repeats, "epochs_inf": args.epochs_inf,
                             "delta": DELTA, "max_reassign": MAX_REASSIGN,
                             "dp_settings": DP_SETTINGS, "synthetic_rows": SYNTHETIC_ROWS,

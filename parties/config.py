@@ -28,6 +28,8 @@ DEFAULT_TARGETS: dict[str, float] = {"bank": 0.92, "adult": 0.90}
 #: Where a party's worker compute runs (``vfl.worker_mode``).
 #: How the active party's workers hold the top model under ``pubsub`` (``top_update``).
 TOP_UPDATES = ("replica", "shared")
+#: values of ``vfl.active_only_baseline``
+ACTIVE_ONLY_BASELINE = ("auto", "on", "off")
 WORKER_MODES = ("auto", "thread", "process", "inline")
 #: at most this many passive parties (the paper's Table 10: 2 to 10 parties in all)
 MAX_PASSIVE_PARTIES = 9
@@ -305,6 +307,13 @@ class VflConfig:
             refused before anything is released (exit 2, naming this key). Default 1:
             a record's predictions stay within the run's target µ; 0: no predictions
             under DP. Read from the saved model's config (set it when training).
+        active_only_baseline: the active-only baseline (:mod:`parties.baseline`): after
+            training the active party fits gradient boosting and an MLP on its own columns
+            and labels (same train/validation/test rows; the stronger by validation AUC),
+            records it as ``active_only`` in metrics.json, and ``psfl vfl run`` warns when
+            a DP run's test AUC ends below it. ``"auto"`` (the default): with DP on,
+            binary tasks; ``"on"``: every binary run; ``"off"``: never. Costs no budget
+            and sends nothing. Not a shared setting.
         active_cpus / passive_cpus: CPU ids the party's process, its threads and its
             worker processes are pinned to (``os.sched_setaffinity``, Linux) when the
             party starts; empty (the default) = not pinned. Not a shared setting: each
@@ -412,6 +421,7 @@ class VflConfig:
     dp_schema: str | None = None
     dp_reassign_reserve: int = 1
     dp_predict_max_releases: int = 1
+    active_only_baseline: str = "auto"
     active_cpus: tuple[int, ...] = ()
     passive_cpus: tuple[int, ...] = ()
     active_rows_file: str = ""
@@ -581,6 +591,8 @@ class VflConfig:
                               "resnet_width": "must be >= 1",
                               "resnet_norm": "must be 'layer', 'batch', 'group' or 'none'",
                               "resnet_dropout": "must be in [0, 1)"}[wrong])
+        if self.active_only_baseline not in ACTIVE_ONLY_BASELINE:
+            raise bad("active_only_baseline", f"must be one of {ACTIVE_ONLY_BASELINE}")
         if self.dp_batchnorm not in DP_BATCHNORM:
             raise bad("dp_batchnorm", f"must be one of {DP_BATCHNORM}")
         from parties.treatments import ID_COLUMN_MODES

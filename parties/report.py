@@ -101,7 +101,7 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
     name = active["metric_name"]
     key = f"test_{name}"
     top_level = ("broker", "task", key, "metric_name", "metric", "target_metric",
-                 "time_to_target_s", "history", "model")
+                 "time_to_target_s", "history", "model", "active_only")
     parties = {"active": {k: v for k, v in active.items() if k not in top_level}}
     got = dict(reports) if reports is not None else {"passive": passive}
     present = {p: r for p, r in got.items() if r is not None}
@@ -156,5 +156,7 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         "broker": broker or None,
         "passive_report_missing": len(present) < len(got),
         "dp": (first or {}).get("dp") or dp_report(plan_from_config(cfg), None),
+        # the active party's own columns alone (parties.baseline); None when not asked for
+        "active_only": active.get("active_only"),
         **extra,
     }

@@ -634,7 +634,16 @@ class Party:
                     if self.multi and self.role == "active":
                         await self._announce_abort(bus, err)
                     raise err from None
-                return result
+            if self.role == "active":
+                # after the run is done (heartbeats and watchdog stopped): off the
+                # training path, and the partner is not kept waiting
+                t_base = time.perf_counter()
+                result["active_only"] = await asyncio.to_thread(self._active_only)
+                if result["active_only"] is not None:
+                    self.log.info("vfl.active_only", model=result["active_only"].get("model"),
+                                  test_metric=result["active_only"].get("test_metric"),
+                                  fit_s=round(time.perf_counter() - t_base, 2))
+            return result
         finally:
             if not starting.done():
                 starting.cancel()
@@ -951,6 +960,31 @@ class Party:
         bus.publish_nowait(self.topics.done, (), {"ok": True})
         await asyncio.sleep(0.05)
         return metrics
+
+    def _active_only(self) -> dict[str, Any] | None:
+        """The active-only baseline (:func:`parties.baseline.active_only_baseline`) on this
+        party's own columns and labels, same rows, after training; None when
+        ``vfl.active_only_baseline`` does not ask for it, and a ``skipped`` note where it
+        cannot apply (regression, streamed rows, no validation rows)."""
+        cfg, data = self.cfg, self.data
+        want = cfg.active_only_baseline
+        if want == "off" or (want == "auto" and not cfg.dp_enabled):
+            return None
+        if data.task != "binary":
+            return {"skipped": "binary tasks only (regression is not covered)"}
+        if data.cache_dir:
+            return {"skipped": "streamed rows (vfl.stream) are not covered"}
+        if len(data.x_val) == 0:
+            return {"skipped": "no validation rows to choose on"}
+        from parties.baseline import active_only_baseline
+
+        try:
+            return active_only_baseline(data.x_train, data.y_train, data.x_val, data.y_val,
+                                        data.x_test, data.y_test, task=data.task,
+                                        seed=cfg.seed)
+        except Exception as exc:  # noqa: BLE001 - a reference figure never ends a run
+            self.log.warning("vfl.active_only_failed", error=f"{type(exc).__name__}: {exc}")
+            return {"skipped": f"failed: {type(exc).__name__}: {exc}"}
 
     async def _score(self, bus: Transport, split: str, point: int = 0) -> float:
         """The metric (AUC, or RMSE in the label's units) of the PS parameters on the

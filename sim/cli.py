@@ -131,8 +131,24 @@ def _vfl_run(args: argparse.Namespace) -> int:
               f"{format_metric(dp.get('epsilon'))} at delta {dp['delta']:g}; noise multiplier "
               f"{dp['noise_multiplier']:.4g}, clip {dp['clip_norm']:g}, max "
               f"{dp.get('publications_max')} publications per record")
+    _print_active_only(m)
     print(f"metrics: {res.out / 'metrics.json'}")
     return 0
+
+
+def _print_active_only(m: dict[str, Any]) -> None:
+    """The active-only baseline line of ``psfl vfl run`` and, for a DP run that ended
+    below it, one warning line on stderr (:func:`parties.baseline.below_baseline_warning`)."""
+    from parties.baseline import below_baseline_warning
+
+    base = m.get("active_only") or {}
+    if isinstance(base.get("test_metric"), float) and isinstance(m.get("metric"), float):
+        print(f"active-only baseline (the active party's columns alone, {base['model']}, "
+              f"same split): test_auc {base['test_metric']:.4f}; this run "
+              f"{m['metric'] - base['test_metric']:+.4f}")
+    warning = below_baseline_warning(m)
+    if warning:
+        print(warning, file=sys.stderr)
 
 
 def _vfl_profile(args: argparse.Namespace) -> int:

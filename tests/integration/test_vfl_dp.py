@@ -91,6 +91,11 @@ def test_dp_run_reports_spent_budget_within_the_target(
     assert dp["epsilon"] == pytest.approx(epsilon_for_delta(dp["mu"], 1e-5))
     assert dp["guarantee"]["neighbouring"].startswith("replace-one")
     assert min_auc < m["test_auc"] <= 1.0
+    # the active-only baseline, fitted by the active party after the DP run (its own
+    # columns, same rows), chosen on the validation rows
+    base = m["active_only"]
+    assert base["model"] in ("gb", "mlp") and base["chosen_by"] == "val_auc"
+    assert 0.55 < base["test_metric"] < 0.8 and base["n_test"] > 0
     # the passive party's features came from the public schema: its reported width is the
     # schema's (contact 3+1, day, month 12+1, duration, campaign, pdays, previous, poutcome
     # 4+1), not a count of categories seen in its rows

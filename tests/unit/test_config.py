@@ -44,7 +44,8 @@ def test_round_trip_through_toml(tmp_path: Path) -> None:
      (["dp_noise_seed=-1"], "vfl.dp_noise_seed"), (["dp_mu=high"], "vfl.dp_mu"),
      (["t_ddl_s=inf"], "vfl.t_ddl_s"), (["active_cpus=[-1]"], "vfl.active_cpus"),
      (["passive_cpus=[1,1]"], "vfl.passive_cpus"), (["dp_schema= "], "vfl.dp_schema"),
-     (["dp_schema=3"], "vfl.dp_schema")],
+     (["dp_schema=3"], "vfl.dp_schema"),
+     (["active_only_baseline=maybe"], "vfl.active_only_baseline")],
 )
 def test_bad_values_name_the_key(sets: list[str], key: str) -> None:
     with pytest.raises(ConfigError) as ei:
