@@ -4,6 +4,7 @@ killed, and disconnected by its relay (the simulator's fault acceptance checks).
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -66,8 +67,10 @@ def test_pause_past_t_ddl_is_survived_with_drops(tmp_path, capfd):
     assert code == 0, text[-3000:]
     # the disrupted segment: the pause plus a few T_ddl, not a stall (before the fix the
     # parties circled their reassigned batches out of phase: 19 s after a 3 s pause)
-    worst = max(h["train_s"] for h in m["history"])
-    assert worst < 5.0 + 4 * 2.0, m["history"]
+    # measured against the undisturbed epochs' time, so that a slow or loaded machine
+    # (slower epochs) does not read as a stall
+    times = sorted(h["train_s"] for h in m["history"])
+    assert times[-1] - statistics.median(times[:-1]) < 5.0 + 4 * 2.0, m["history"]
     assert m["sim"]["relays"]["passive"]["bytes_up"] > 0
     s = m["sim"]
     assert s["end_state"] == "completed"
