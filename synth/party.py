@@ -297,7 +297,7 @@ class SynthParty:
         except SessionRefused as exc:
             self.log.error("synth.session_refused", error=str(exc), field=exc.field,
                            got=exc.got, expected=exc.expected)
-            raise ParticipantError(self.id, f"session refused: {exc}", code=2) from None
+            raise ParticipantError(self.id, str(exc), code=2) from None
 
     async def _apply_maps(self, plan: RoundPlan) -> None:
         """A plan that carries a (new) domain compression: map the codes once and keep

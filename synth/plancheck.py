@@ -66,6 +66,14 @@ class SessionRefused(PlanRefused):
     after its hello: no keys, no seed shares, no measurement). Same fields as
     :class:`PlanRefused` (``field`` is ``parties`` or ``threshold``)."""
 
+    def __init__(self, field: str, got: Any, expected: Any, why: str = "") -> None:
+        super().__init__(field, got, expected, why)
+        self.args = (f"session refused: {field} = {got!r}, expected {expected!r}"
+                     + (f" ({why})" if why else ""),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
 
 def verify_session(*, session_parties: Sequence[str], threshold: int, own_parties: int,
                    own_threshold_floor: int) -> None:
