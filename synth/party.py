@@ -258,8 +258,9 @@ class SynthParty:
             raise ParticipantError(self.id, "no coordinator answered within "
                                    f"{self.cfg.handshake_timeout_s:.0f} s", code=4) from None
         self.schema = Schema.from_dict(msg.meta["schema"])
-        self._check_session(SessionPlan.from_meta(msg.meta["session"]))
-        self.session = SessionPlan.from_meta(msg.meta["session"])
+        session = SessionPlan.from_meta(msg.meta["session"])
+        self._check_session(session)  # before anything else is sent
+        self.session = session
         self.tree = Tree.from_dict(self.session.tree)
         names = set(self.schema.names)
         have = set(map(str, self.frame.columns))
