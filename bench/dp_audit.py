@@ -20,8 +20,22 @@ of the stated relation, and reports
   pre-fix (too small) claim, which the same test must catch (``lb > claim`` or
   ``exact > claim``), so that a weak test cannot pass.
 
+Some cases are themselves positive controls (``must_hold = False``): a configuration
+outside the product's stated guarantee, e.g. ``fedforge_collusion_h{h}`` with fewer
+honest parties h than the trust model's ``min_honest``. Their main side must be caught
+(``exact > claim`` or ``lb > claim``); they count among the controls, never among the
+cases that must hold (``exact_violations``, ``max_lb_over_claim``).
+
 A sound product gives ``max_lb_over_claim ≤ 1``, ``exact_violations = 0`` and
 ``controls_detected = controls``.
+
+FedForge's trust model (``synth.mechanism.resolve_trust``): ``fedforge_collusion_h{h}``
+(h = 1..10 honest parties at K = 10, the product's defaults, exact from the tables: the
+coordinator and the K − h colluders choose the survivors, so the released sum holds
+``max(1, S_min − (K − h))`` honest shares), ``fedforge_sybil_session`` (a party
+configured for K = 10 handed a 100-ID session must refuse it; control: the pre-fix
+party that took K from the session) and ``fedforge_threshold_floor`` (a Shamir threshold
+of 1 must be refused; control: the party's own vector unmasked).
 
 Adapters
 --------
@@ -102,11 +116,17 @@ from synth.accounting import cdp_epsilon  # noqa: E402
 from synth.mechanism import (  # noqa: E402
     SurvivorRefusal,
     check_survivors,
+    TrustModel,
     claimed_epsilon,
     measure_party,
-    resolve_min_survivors,
+    resolve_trust,
 )
-from synth.plancheck import PlanRefused, verify_plan  # noqa: E402
+from synth.plancheck import (  # noqa: E402
+    PlanRefused,
+    SessionRefused,
+    verify_plan,
+    verify_session,
+)
 from synth.protocol import (  # noqa: E402
     RoundPlan,
     cell_modmask,
@@ -114,6 +134,7 @@ from synth.protocol import (  # noqa: E402
     decode_sum,
     plans_epsilon,
     quantize_counts,
+    secagg_threshold_floor,
 )
 from synth.skellam import (  # noqa: E402
     SENS_L2SQ,
@@ -196,14 +217,16 @@ class FfConfig:
     ``sigma2_central`` names the configuration as the issue did: the product charges
     ρ = Δ₂²/(2σ²) = 1/σ² per clique (replace-one, Δ₂² = 2), i.e. the ρ of a Gaussian of
     central variance σ², and calibrates its Skellam noise for that ρ; the pre-fix
-    pipeline (controls) added N_Z(0, σ²/K) per party. ``min_survivors`` 0 = the product's
-    default ⌈0.7 K⌉. ``bits``: the ring-width cap (0 = none)."""
+    pipeline (controls) added N_Z(0, σ²/K) per party. ``min_survivors`` and
+    ``min_honest`` 0 = the product's defaults ⌈0.7 K⌉. ``bits``: the ring-width cap
+    (0 = none)."""
 
     n_parties: int
     sigma2_central: float
     bits: int = 0
     max_party_rows: int = 1000
     min_survivors: int = 0
+    min_honest: int = 0
 
     @property
     def rho(self) -> float:
@@ -211,9 +234,15 @@ class FfConfig:
         return SENS_L2SQ / (2.0 * self.sigma2_central)
 
     @property
+    def trust(self) -> TrustModel:
+        """The party's trust model (``synth.mechanism.resolve_trust``): S_min, min_honest
+        and d, the honest parties guaranteed in any released sum."""
+        return resolve_trust(self.n_parties, self.min_survivors, self.min_honest)
+
+    @property
     def s_min(self) -> int:
-        """S_min as the party resolves it (``synth.mechanism.resolve_min_survivors``)."""
-        return resolve_min_survivors(self.min_survivors, self.n_parties)
+        """S_min as the party resolves it (``synth.mechanism.resolve_trust``)."""
+        return self.trust.min_survivors
 
     @property
     def sigma2_party(self) -> float:
@@ -222,31 +251,35 @@ class FfConfig:
 
 
 @functools.lru_cache(maxsize=None)
-def _ff_party_mu(rho: float, s_min: int) -> float:
-    return party_mu(rho, s_min, model="distributed")
+def _ff_party_mu(rho: float, honest: int) -> float:
+    return party_mu(rho, honest, model="distributed")
 
 
 def fedforge_party_mu(plan: RoundPlan) -> float:
     """The Skellam μ a party adds per cell for ``plan``, as the party computes it: it
     verifies the plan against its session (K parties) and its own configuration
-    (S_min = the plan's, distributed noise, budget unlimited) with the product's
-    ``synth.plancheck.verify_plan``, which returns μ (``synth.skellam.party_mu``).
+    (K = the plan's, S_min and min_honest = the plan's, distributed noise, budget
+    unlimited) with the product's ``synth.plancheck.verify_plan``, which returns μ
+    (``synth.skellam.party_mu`` of d = S_min + min_honest − K).
 
     Raises:
         PlanRefused, SkellamAccountingError: the product refuses the plan.
     """
-    return _ff_verified_mu(plan.n_parties, plan.min_survivors, plan.noise_model, plan.step,
-                           plan.rho, plan.sigma2_central, plan.vector_len)
+    return _ff_verified_mu(plan.n_parties, plan.min_survivors, plan.min_honest,
+                           plan.noise_model, plan.step, plan.rho, plan.sigma2_central,
+                           plan.vector_len)
 
 
 @functools.lru_cache(maxsize=None)
-def _ff_verified_mu(k: int, s_min: int, model: str, step: float, rho: float, s2: float,
-                    cells: int) -> float:
-    return verify_plan(n_parties=k, min_survivors=s_min, noise_model=model, step=step,
-                       rho=rho, sigma2_central=s2, cliques=(("cell",),), sizes=(cells,),
+def _ff_verified_mu(k: int, s_min: int, min_honest: int, model: str, step: float,
+                    rho: float, s2: float, cells: int) -> float:
+    return verify_plan(n_parties=k, min_survivors=s_min, min_honest=min_honest,
+                       noise_model=model, step=step, rho=rho, sigma2_central=s2,
+                       cliques=(("cell",),), sizes=(cells,),
                        session_parties=tuple(f"p{j}" for j in range(k)),
-                       domain_shape={"cell": cells}, own_min_survivors=s_min,
-                       own_noise_model="distributed", private=True, remaining_rho=math.inf)
+                       domain_shape={"cell": cells}, own_parties=k, own_min_survivors=s_min,
+                       own_min_honest=min_honest, own_noise_model="distributed",
+                       private=True, remaining_rho=math.inf)
 
 
 def _skellam_table(mu: float) -> IntPmf:
@@ -265,23 +298,26 @@ def fedforge_party_noise_pmf(cfg: FfConfig) -> IntPmf:
 
 def fedforge_plan(cfg: FfConfig, n_cells: int) -> tuple[RoundPlan, np.ndarray]:
     """The RoundPlan the product's coordinator builds for ``n_cells`` cells of this
-    configuration (``synth/coord/rounds.py``: μ from ``party_mu``, windows from
+    configuration (``synth/coord/rounds.py``: μ from ``party_mu`` of d, windows from
     ``cell_windows(sigma_sum = sqrt(2·μ·K), max_bits = bits)``, ``step = 1``,
-    ``sigma2_central = 2·S_min·μ``), and the cells' window starts for ``decode_sum``.
+    ``sigma2_central = 2·S_min·μ``, ``min_honest``), and the cells' window starts for
+    ``decode_sum``.
 
     Raises:
         SkellamAccountingError: ρ needs less noise than the product accounts.
         ValueError: the window needs more than ``bits`` (``cell_windows``).
     """
-    s_min = cfg.s_min
-    mu = _ff_party_mu(cfg.rho, s_min)
+    trust = cfg.trust
+    s_min = trust.min_survivors
+    mu = _ff_party_mu(cfg.rho, trust.honest_in_release)
     upper = np.full(n_cells, float(cfg.max_party_rows * cfg.n_parties))
     lo, widths = cell_windows(upper, sigma_sum=math.sqrt(2.0 * mu * cfg.n_parties),
                               uniform=True, max_bits=cfg.bits)
     plan = RoundPlan(round=0, name="audit", cliques=(("cell",),), sizes=(n_cells,),
                      sigma2_central=2.0 * mu * s_min, noise_model="distributed",
                      n_parties=cfg.n_parties, step=1.0, cell_bits=widths.tobytes(),
-                     timeout_s=1.0, rho=cfg.rho, min_survivors=s_min)
+                     timeout_s=1.0, rho=cfg.rho, min_survivors=s_min,
+                     min_honest=trust.min_honest)
     assert plans_epsilon([plan], DELTA) == claim_fedforge_cell(cfg.rho)
     return plan, lo
 
@@ -488,6 +524,23 @@ def ff_scaled_noise_pipeline(scale: float) -> FfPipeline:
                       fedforge_encode)
 
 
+def ff_honest_pipeline(honest: int, what: str = "") -> FfPipeline:
+    """The product's pipeline (same plan, same claim) with each party's μ calibrated by
+    the product's ``synth.skellam.party_mu`` for ``honest`` honest parties in a release
+    instead of the party's d: ``honest = S_min`` is the calibration before the trust
+    model (μ = Λ/S_min), or, with a session's K, what a party that took K from the
+    session computed. A positive control."""
+    def noise_pmf(cfg: FfConfig) -> IntPmf:
+        return _skellam_table(_ff_party_mu(cfg.rho, honest))
+
+    def message(counts: np.ndarray, plan: RoundPlan, rng: np.random.Generator) -> np.ndarray:
+        return quantize_counts(measure_party(counts, mu=_ff_party_mu(plan.rho, honest),
+                                             rng=rng), plan)
+
+    return FfPipeline(what or f"product, mu = Lambda/{honest}", noise_pmf, fedforge_plan,
+                      message, fedforge_encode)
+
+
 # ---------------------------------------------------------------------------- case registry
 Draws = tuple[np.ndarray, np.ndarray]
 
@@ -523,12 +576,17 @@ class Case:
     group: str
     what: str
     main: Side
-    control: Side
+    control: Side | None
     draws_quick: int
     draws_full: int
     fast: bool = False  # in the test suite's fast subset
     extra_controls: tuple[Side, ...] = ()  # further positive controls, each must be caught
     tags: tuple[str, ...] = field(default_factory=tuple)
+    #: False: the case is itself a positive control (a configuration outside the product's
+    #: stated guarantee, e.g. more colluders than ``K − min_honest``): its main side must
+    #: be DETECTED (``exact > claim`` or ``lb > claim``); it counts among the controls,
+    #: not among the cases that must hold (``exact_violations``, ``max_lb_over_claim``)
+    must_hold: bool = True
 
 
 REGISTRY: dict[str, Case] = {}
@@ -1412,11 +1470,14 @@ def _scaled_noise_control(cfg: FfConfig, survivors: int) -> Side:
 
 
 def _fewer_survivors_control(cfg: FfConfig, survivors: int) -> Side:
+    s_min = cfg.s_min
     return fedforge_side(cfg, FEDFORGE_RELATION, survivors,
-                         lambda: claim_fedforge_cell(cfg.rho), pipe=FF_PRODUCT,
-                         what=f"pre-fix dropout behaviour: the product's noise released with "
-                              f"{survivors} survivor(s) < S_min (no survivor check) at the "
-                              f"charged rho")
+                         lambda: claim_fedforge_cell(cfg.rho),
+                         pipe=ff_honest_pipeline(s_min),
+                         what=f"pre-fix dropout behaviour: noise calibrated for S_min = "
+                              f"{s_min} (mu = Lambda/S_min, before the trust model) released "
+                              f"with {survivors} survivor(s) < S_min (no survivor check) at "
+                              f"the charged rho")
 
 
 _FF_C1 = FfConfig(n_parties=1, sigma2_central=1.0)
@@ -1482,15 +1543,181 @@ def _replace_one_case() -> Case:
              "sqrt 2, L1 2), K = 10, rho = 0.1, the product's claim",
         main=fedforge_product_side(cfg, 10, relation="replace_one",
                                    what="two cells vs the replace-one claim"),
-        control=fedforge_side(cfg, "replace_one", 10,
+        # the control's release holds d honest parties (the fewest the trust model
+        # allows: exactly the charged noise); with all 10 it carries 10/d times that,
+        # which the pre-fix claim no longer undercuts
+        control=fedforge_side(cfg, "replace_one", cfg.trust.honest_in_release,
                               lambda: claim_fedforge_prefix(cfg.sigma2_central),
                               pipe=FF_PRODUCT,
-                              what="the same draws' mechanism vs the pre-fix add/remove "
-                                   "claim (sensitivity 1)"),
+                              what=f"the product's mechanism, a release holding d = "
+                                   f"{cfg.trust.honest_in_release} honest parties (the "
+                                   f"charged noise), vs the pre-fix add/remove claim "
+                                   f"(sensitivity 1)"),
         draws_quick=1_000_000, draws_full=2_000_000)
 
 
 register(_replace_one_case())
+
+
+# ---------------------------------------------------------------------------- FedForge trust
+#: The collusion cases' configuration: the product's defaults at K = 10 (S_min =
+#: min_honest = 7, d = 4), ρ = 0.01 per clique (σ² = 100, the issue's second figure).
+#: At ρ = 0.1 the tight claim (1.914) is loose enough that the control just below
+#: min_honest (3 honest parties' shares, 3/4 of the charged noise: exact 1.859) would not
+#: be detected; at ρ = 0.01 it is (exact 0.574 > claim 0.546). Per-clique ρ of real runs
+#: is smaller still (adult, ε = 1: about 4e-4).
+FF_TRUST_CFG = FfConfig(n_parties=10, sigma2_central=100.0)
+
+
+def worst_honest_in_release(k: int, s_min: int, honest: int) -> int:
+    """The fewest honest parties a released sum holds when the coordinator colludes with
+    the ``k − honest`` others: they choose the survivor set (the coordinator declares
+    honest parties dropped; colluders always "survive"), the released sum must have at
+    least ``s_min`` members (honest parties refuse to help unmask fewer), and the record
+    holder is in it (else nothing about the record is released). The colluders' own
+    noise is known to the adversary and protects nobody."""
+    return max(1, s_min - (k - honest))
+
+
+def _collusion_case(h: int) -> Case:
+    cfg = FF_TRUST_CFG
+    trust = cfg.trust
+    k, s_min = cfg.n_parties, trust.min_survivors
+    m = worst_honest_in_release(k, s_min, h)
+    holds = h >= trust.min_honest
+    main = fedforge_side(
+        cfg, FEDFORGE_RELATION, m, lambda: claim_fedforge_cell(cfg.rho), pipe=FF_PRODUCT,
+        what=f"the product's noise (mu = Lambda/{trust.honest_in_release}); {k - h} "
+             f"colluders and the coordinator release a sum of {max(s_min, k - h + 1)} "
+             f"survivors holding {m} honest part{'y' if m == 1 else 'ies'}")
+
+    def outcome() -> dict[str, Any]:
+        plan, _ = fedforge_plan(cfg, 1)
+        check_survivors(max(s_min, k - h + 1), plan.min_survivors)  # the product releases
+        return {"outcome": "released", "n_parties": k, "honest": h, "colluders": k - h,
+                "min_honest": trust.min_honest, "min_survivors": s_min,
+                "honest_in_release": m, "survivors": max(s_min, k - h + 1),
+                "mu_party": fedforge_party_mu(plan), "rho": cfg.rho,
+                "expected": "holds" if holds else "exceeds the claim (outside the trust "
+                                                  "model: a positive control)"}
+
+    main = Side(claim=main.claim, sample=main.sample, statistic=main.statistic,
+                exact=main.exact, what=main.what, outcome=outcome)
+    control = None
+    if holds:
+        control = fedforge_side(
+            cfg, FEDFORGE_RELATION, 1, lambda: claim_fedforge_cell(cfg.rho), pipe=FF_PRODUCT,
+            what="no survivor floor: the coordinator releases the record holder's share "
+                 "with only colluders (or declared dropouts) beside it")
+    return Case(
+        name=f"fedforge_collusion_h{h}", group="fedforge",
+        what=f"FedForge collusion, K = 10, defaults (S_min = min_honest = 7, d = 4), rho = "
+             f"0.01: {h} honest part{'y' if h == 1 else 'ies'}, {k - h} colluding with the "
+             f"coordinator, who choose the survivors; worst released sum holds {m} honest "
+             + ("(must hold)" if holds else "(fewer than min_honest: a control, must be "
+                                             "detected)"),
+        main=main, control=control, draws_quick=200_000, draws_full=1_000_000,
+        must_hold=holds)
+
+
+for _h in range(1, FF_TRUST_CFG.n_parties + 1):
+    register(_collusion_case(_h))
+
+
+#: The sybil and threshold cases: K = 10, defaults, ρ = 0.1 (σ² = 10), the issue's figures.
+FF_SESSION_CFG = FfConfig(n_parties=10, sigma2_central=10.0)
+
+
+def fedforge_session_refusal(cfg: FfConfig, session_parties: int, threshold: int | None
+                             ) -> dict[str, Any] | None:
+    """Whether a party configured as ``cfg`` (K, default threshold floor) refuses a session
+    of ``session_parties`` IDs with Shamir ``threshold`` (None: the session's default), by
+    the product's ``synth.plancheck.verify_session`` on the session's resolved threshold
+    (``synth.protocol.SessionPlan.secagg``). None when it accepts."""
+    from synth.protocol import SessionPlan, secagg_degree
+    ids = tuple(f"p{j:03d}" for j in range(session_parties))
+    session = SessionPlan(session_id="audit/0", party_ids=ids, threshold=threshold,
+                          degree=secagg_degree(session_parties), graph_seed="00" * 16,
+                          timeout_s=1.0, tree={})
+    try:
+        verify_session(session_parties=ids, threshold=session.secagg().t,
+                       own_parties=cfg.n_parties,
+                       own_threshold_floor=secagg_threshold_floor(cfg.n_parties))
+    except SessionRefused as exc:
+        return {"outcome": "refused", "error": type(exc).__name__, "field": exc.field,
+                "got": exc.got, "expected": exc.expected, "message": str(exc),
+                "session_parties": session_parties, "n_parties": cfg.n_parties}
+    return None
+
+
+def _refused_side(refusal: Callable[[], dict[str, Any] | None], claim: Callable[[], float],
+                  what: str) -> Side:
+    """The product's side of a session it must refuse: nothing is released (constant
+    draws, exact 0) when it refuses; a side that raises when it accepts."""
+    def check() -> dict[str, Any]:
+        r = refusal()
+        if r is None:
+            raise AssertionError(f"the product accepted: {what}")
+        return r
+
+    def sample(n: int, rng: np.random.Generator) -> Draws:
+        check()
+        z = np.zeros((n, 1), dtype=np.int64)
+        return z, z.copy()
+
+    return Side(claim=claim, sample=sample, statistic=lambda y: np.zeros(len(y)),
+                exact=lambda: (check(), 0.0)[1], what=what, outcome=check)
+
+
+def _sybil_case() -> Case:
+    cfg = FF_SESSION_CFG
+    inflated = FfConfig(n_parties=100, sigma2_central=cfg.sigma2_central)
+    prefix_d = inflated.s_min  # the pre-fix party: K and S_min = 70 from the session
+    return Case(
+        name="fedforge_sybil_session", group="fedforge",
+        what="FedForge sybil session: a party configured for K = 10 handed a session of 100 "
+             "IDs (90 sybils colluding with the coordinator), rho = 0.1: must be refused",
+        main=_refused_side(lambda: fedforge_session_refusal(cfg, 100, None),
+                           lambda: claim_fedforge_cell(cfg.rho),
+                           "the party's session check (verify_session) vs a 100-ID session"),
+        control=fedforge_side(
+            inflated, FEDFORGE_RELATION, 10, lambda: claim_fedforge_cell(cfg.rho),
+            pipe=ff_honest_pipeline(prefix_d),
+            what="pre-fix: session accepted, K = 100 and S_min = 70 from it, mu = Lambda/70; "
+                 "the 10 honest parties' sum"),
+        extra_controls=(
+            fedforge_side(inflated, FEDFORGE_RELATION, 1, lambda: claim_fedforge_cell(cfg.rho),
+                          pipe=ff_honest_pipeline(prefix_d),
+                          what="pre-fix, mu = Lambda/70: the record holder released with 69 "
+                               "sybils (the survivor floor of 70 met by sybils alone)"),
+            fedforge_side(inflated, FEDFORGE_RELATION, 10, lambda: claim_fedforge_cell(cfg.rho),
+                          pipe=FF_PRODUCT,
+                          what="the trust model without the session check: K = 100 taken "
+                               "from the session (d = 40, mu = Lambda/40); the 10 honest "
+                               "parties' sum")),
+        draws_quick=200_000, draws_full=1_000_000)
+
+
+register(_sybil_case())
+
+
+def _threshold_case() -> Case:
+    cfg = FF_SESSION_CFG
+    return Case(
+        name="fedforge_threshold_floor", group="fedforge",
+        what="FedForge Shamir threshold 1 in a K = 10 session (the party's floor is "
+             f"{secagg_threshold_floor(cfg.n_parties)}), rho = 0.1: must be refused",
+        main=_refused_side(lambda: fedforge_session_refusal(cfg, cfg.n_parties, 1),
+                           lambda: claim_fedforge_cell(cfg.rho),
+                           "the party's session check (verify_session) vs threshold 1"),
+        control=fedforge_side(
+            cfg, FEDFORGE_RELATION, 1, lambda: claim_fedforge_cell(cfg.rho), pipe=FF_PRODUCT,
+            what="pre-fix: threshold 1 accepted; one colluding neighbour rebuilds the party's "
+                 "self-mask seed and mask key: its own vector unmasked (mu = Lambda/4)"),
+        draws_quick=200_000, draws_full=1_000_000)
+
+
+register(_threshold_case())
 
 
 # ---------------------------------------------------------------------------- running
@@ -1532,15 +1759,27 @@ def run_case(case: Case, *, n: int, alpha: float, seed: int) -> dict[str, Any]:
     main_draws = case.main.sample(n, rng)
     main_lb = _lb(case.main, main_draws, alpha)
     main_exact = float(case.main.exact()) if case.main.exact is not None else None
+    sides = (case.control, *case.extra_controls) if case.control is not None else ()
     controls = [_control(side, case, main_draws, main_exact, n=n, alpha=alpha, rng=rng)
-                for side in (case.control, *case.extra_controls)]
+                for side in sides]
     del main_draws
+    exceeds = bool(main_exact is not None and main_exact > main_claim * (1 + 1e-9))
+    if not case.must_hold:  # the case is itself a positive control: it must be caught
+        by_lb = main_lb["eps"] > main_claim
+        controls.insert(0, {
+            "what": f"the case itself ({case.main.what})", "claim": main_claim,
+            "lb": main_lb["eps"], "lb_test": main_lb, "exact": main_exact,
+            "detected": bool(by_lb or exceeds),
+            "detected_by": "+".join(k for k, v in (("lb", by_lb), ("exact", exceeds)) if v)
+            or None})
     return {
         "name": case.name, "group": case.group, "what": case.what,
+        "must_hold": case.must_hold,
         "claim": main_claim, "lb": main_lb["eps"], "lb_test": main_lb,
-        "lb_over_claim": main_lb["eps"] / main_claim if main_claim > 0 else math.inf,
+        "lb_over_claim": ((main_lb["eps"] / main_claim if main_claim > 0 else math.inf)
+                          if case.must_hold else None),
         "exact": main_exact,
-        "exact_violation": bool(main_exact is not None and main_exact > main_claim * (1 + 1e-9)),
+        "exact_violation": exceeds and case.must_hold,
         "draws": n,
         "control": controls[0],
         "extra_controls": controls[1:],
@@ -1560,9 +1799,11 @@ def run(names: Sequence[str], *, quick: bool, seed: int = 0, draws: int | None =
         r = run_case(case, n=n, alpha=alpha, seed=seed)
         rows.append(r)
         log(_row(r))
-    finite = [r["lb_over_claim"] for r in rows]
+    finite = [r["lb_over_claim"] for r in rows if r["must_hold"]]
     summary = {
         "cases": len(rows),
+        "cases_must_hold": sum(r["must_hold"] for r in rows),
+        "control_cases": sum(not r["must_hold"] for r in rows),
         "max_lb_over_claim": max(finite) if finite else 0.0,
         "exact_violations": sum(r["exact_violation"] for r in rows),
         "controls": sum(1 + len(r["extra_controls"]) for r in rows),
@@ -1588,8 +1829,12 @@ HEADER = (f"{'case':24s} {'claim':>7s} {'lb(95%)':>8s} {'exact':>7s}  {'draws':>
 
 def _row(r: dict[str, Any]) -> str:
     c = r["control"]
-    f_lb = "!" if r["lb_over_claim"] > 1 else " "
+    f_lb = "!" if r["lb_over_claim"] is not None and r["lb_over_claim"] > 1 else " "
     f_ex = "!" if r["exact_violation"] else " "
+    if not r["must_hold"]:  # a control case: its own claim/lb/exact are the control's
+        return (f"{r['name']:24s} {'(ctl)':>7s} {'':>8s} {'':>7s}  {r['draws']:>8d} "
+                f"{_fmt(c['claim']):>9s} {_fmt(c['lb']):>7s} {_fmt(c['exact']):>9s} "
+                f"{(c['detected_by'] or 'NO'):>9s} {r['seconds']:>6.1f}")
     return (f"{r['name']:24s} {_fmt(r['claim']):>7s} {_fmt(r['lb']):>8s}{f_lb}"
             f"{_fmt(r['exact']):>7s}{f_ex} {r['draws']:>8d} {_fmt(c['claim']):>9s} {_fmt(c['lb']):>7s} "
             f"{_fmt(c['exact']):>9s} {(c['detected_by'] or 'NO'):>9s} {r['seconds']:>6.1f}"

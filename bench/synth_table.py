@@ -130,14 +130,16 @@ def _read_synthetic(path: Path, schema: Schema) -> np.ndarray:
 # ---------------------------------------------------------------------------- systems
 def run_fedforge(dataset: str, eps: float, k: int, *, seed: int, engine: str, out: Path,
                  timeout_s: float, mechanism: str = "mst", split: str = "iid",
-                 alpha: float = 1.0) -> dict[str, Any]:
-    """One federated run; scored on its own pooled rows. Returns the system's row."""
+                 alpha: float = 1.0, overrides: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """One federated run; scored on its own pooled rows. Returns the system's row.
+    ``overrides``: further SynthConfig keys (``--fedforge-set``)."""
     from sim.synth_launch import run_synth
     from synth.config import SynthConfig
 
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = dict(overrides or {})
     if split != "iid":
-        extra = {"split": split, "dirichlet_alpha": alpha}
+        extra.update({"split": split, "dirichlet_alpha": alpha})
     cfg = SynthConfig(dataset=dataset, parties=k, epsilon=eps, delta=DELTA, seed=seed,
                       engine=engine, mechanism=mechanism, **extra)
     t0 = time.perf_counter()
@@ -371,7 +373,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     noise: the parties' (OS entropy) and the central mechanisms' (seed + repeat).
     """
     central = load_central_module()
-    systems = QUICK_SYSTEMS if args.quick else FULL_SYSTEMS
+    systems = selected_systems(args)
     runs_root = Path(args.out)
     summary: dict[str, Any] = {}
     status: dict[str, Any] = {}
@@ -401,7 +403,8 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
             per: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
             for rep in range(args.repeats):
                 tag = f"/r{rep}" if args.repeats > 1 else ""
-                fed = [(f"fedforge_k{k}", k, "mst", eps, "") for k in FED_K]
+                fed = [(f"fedforge_k{k}", k, "mst", eps, "") for k in FED_K
+                       if f"fedforge_k{k}" in systems]
                 if "fedforge_aim_k10" in systems:
                     fed.append(("fedforge_aim_k10", 10, "aim", eps, "_aim"))
                 if "nonprivate_k10" in systems:  # the pooled data's floor: no noise at all
@@ -411,10 +414,11 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
                                        + (f"_r{rep}" if args.repeats > 1 else ""))
                     per[name].append(record(f"{ds}/{ek}/{name}{tag}", run_fedforge, ds, e,
                                             k, seed=args.seed, engine=args.engine, out=out,
-                                            timeout_s=args.timeout_s, mechanism=mech))
+                                            timeout_s=args.timeout_s, mechanism=mech,
+                                            overrides=args.fedforge_set))
                 src = runs_root / (f"{ds}_eps{ek}_k10" + (f"_r{rep}" if args.repeats > 1 else ""))
-                extra = [("central_mst", run_central, src)]
-                if not args.quick:
+                extra = [("central_mst", run_central, src)] if "central_mst" in systems else []
+                if not args.quick and not args.systems:
                     extra += [("central_aim", aim, src), ("independent_k10", run_independent, src)]
                 for name, fn, where in extra:
                     key = f"{ds}/{ek}/{name}{tag}"
@@ -425,13 +429,14 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
                     per[name].append(record(key, fn, where, eps, seed=args.seed + rep,
                                             engine=args.engine, central=central))
             row: dict[str, Any] = {name: _mean_row(rows) for name, rows in per.items()}
-            row["tv_ratio_k10_vs_central"] = ratio(row["fedforge_k10"]["avg_tv"],
-                                                   row["central_mst"]["avg_tv"])
+            row["tv_ratio_k10_vs_central"] = ratio(
+                row.get("fedforge_k10", {}).get("avg_tv"),
+                row.get("central_mst", {}).get("avg_tv"))
             if "central_aim" in row:
                 row["tv_ratio_aim_k10_vs_central_aim"] = ratio(
                     row["fedforge_aim_k10"]["avg_tv"], row["central_aim"]["avg_tv"])
             summary[ds][ek] = row
-            if not args.quick or (ds == "adult" and eps == 1.0):
+            if not args.systems and (not args.quick or (ds == "adult" and eps == 1.0)):
                 paper_block(args, ds, eps, row, record, runs_root, status)
     return {"settings": {"quick": args.quick, "datasets": list(args.datasets),
                          "epsilons": [eps_key(e) for e in args.epsilons], "delta": DELTA,
@@ -440,8 +445,29 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
                          "aim": {"rounds": args.aim_rounds, "iters": args.aim_iters,
                                  "max_model_mb": args.aim_max_mb},
                          "workload": "all 3-way marginals", "metric": "TV = 0.5 x L1",
-                         "systems": list(systems)},
+                         "systems": list(systems),
+                         "fedforge_set": dict(args.fedforge_set)},
             "summary": summary, "status": status, "runs": runs}
+
+
+def selected_systems(args: argparse.Namespace) -> tuple[str, ...]:
+    """The systems of this run: ``--systems`` (a subset, in the table's order), else the
+    quick or full set."""
+    systems = QUICK_SYSTEMS if args.quick else FULL_SYSTEMS
+    if args.systems:
+        return tuple(s for s in systems if s in args.systems)
+    return systems
+
+
+def _set_value(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.strip(), value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -469,7 +495,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="training cap of each DP-SGD baseline run (all K parties)")
     ap.add_argument("--baseline-inf-cap-s", type=float, default=None,
                     help="the same at epsilon = inf (default: 40 with --quick, else the cap)")
+    ap.add_argument("--systems", default="",
+                    help="comma-separated subset of the systems to run (e.g. fedforge_k10: "
+                    "one row; no paper systems then)")
+    ap.add_argument("--fedforge-set", action="append", type=_set_value, default=[],
+                    metavar="KEY=VALUE",
+                    help="a SynthConfig key for every federated run (repeatable), e.g. "
+                    "min_honest=10")
     args = ap.parse_args(argv)
+    args.fedforge_set = dict(args.fedforge_set)
+    args.systems = [x for x in str(args.systems).split(",") if x]
+    known = set(FULL_SYSTEMS)
+    if any(x not in known for x in args.systems):
+        ap.error(f"--systems: unknown {sorted(set(args.systems) - known)}; known "
+                 f"{sorted(known)}")
     args.datasets = [d for d in str(args.datasets).split(",") if d]
     args.epsilons = [float(e) for e in str(args.epsilons).split(",") if e]
     args.engine = args.engine or default_engine()
@@ -482,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     doc = build(args)
     doc["settings"]["total_wall_s"] = time.perf_counter() - t0
-    systems = QUICK_SYSTEMS if args.quick else FULL_SYSTEMS
+    systems = selected_systems(args)
     md = markdown(doc["summary"], systems)
     print(md)
     if args.json:

@@ -66,15 +66,32 @@ class SynthConfig:
             :mod:`synth.diffusion`) or ``auto``
             (the default: ``mbi`` when it is installed, else
             ``neural``; ``metrics.json`` names the one used).
-        noise_model: ``distributed`` (each party adds Skellam noise Sk(Λ/S_min): any
-            securely aggregated sum over at least S_min parties carries the charged noise
-            Sk(Λ) or more) or ``local`` (each party adds Sk(Λ): its vector is DP on its own;
+        noise_model: ``distributed`` (each party adds Skellam noise Sk(Λ/d), d =
+            ``min_survivors + min_honest − parties``: any released sum holds at least d
+            honest parties, whose noise alone carries the charged Sk(Λ), however the
+            others collude) or ``local`` (each party adds Sk(Λ): its vector is DP on its own;
             the sum's noise std grows by √K). Λ is calibrated from the exact Skellam RDP
             (:mod:`synth.skellam`).
         min_survivors: S_min, the fewest parties whose sum may be released; each party
             calibrates its noise for S_min and refuses to help unmask a round with fewer
             survivors. 0 (the default) = ⌈0.7·K⌉ (tolerates 30 % dropouts); must be
             <= K. Larger S_min = less noise per party, less dropout tolerance.
+        min_honest: the fewest honest, non-colluding parties this party assumes among the
+            K (the other ``K − min_honest``, sybils included, may collude with the
+            coordinator and the aggregators). 0 (the default) = ⌈0.7·K⌉; must be in
+            [1, K]. A coordinator colluding with ``K − min_honest`` parties chooses the
+            survivor set (it can declare honest parties dropped), so a released sum is
+            guaranteed only d = ``min_survivors + min_honest − K`` honest parties, and
+            each party adds 1/d of the charged noise; d < 1 is refused (distributed
+            noise). A plan assuming fewer honest parties than this is refused. Lower =
+            more colluders tolerated, more noise: adult, ε = 1, K = 10 in
+            docs/results/fedforge.md.
+        secagg_threshold: the lowest Shamir threshold t this party accepts in a
+            secure-aggregation session (fewer than t colluding neighbours cannot rebuild
+            its self-mask seed or mask key). 0 (the default) = the SecAgg+ default
+            ``k // 2 + 1`` for the degree k of its own K and ``secagg_degree``; the
+            coordinator's session uses this value (0: that default). A session whose
+            threshold is below it, or whose party count is not ``parties``, is refused.
         bits: a cap on the ring width (bits per masked cell); 0 (the default) = no cap.
             Parties send exact integer counts + integer noise (never rounded), so the
             ring must hold the whole sum (public count bound + 12 noise std); a round
@@ -180,6 +197,8 @@ class SynthConfig:
     engine: str = "auto"
     noise_model: str = "distributed"
     min_survivors: int = 0
+    min_honest: int = 0
+    secagg_threshold: int = 0
     bits: int = 0
     ring: str = "cell"
     secagg_degree: int = 0
@@ -252,6 +271,20 @@ class SynthConfig:
                       f"{self.parties}], got {self.min_survivors}")
         if self.secagg_degree < 0:
             raise bad("secagg_degree", f"must be >= 0, got {self.secagg_degree}")
+        if not 0 <= self.min_honest <= self.parties:
+            raise bad("min_honest", f"must be 0 (default ceil(0.7 K)) or in [1, K = "
+                      f"{self.parties}], got {self.min_honest}")
+        from synth.mechanism import TrustModelError, resolve_trust
+        try:
+            resolve_trust(self.parties, self.min_survivors, self.min_honest,
+                          noise_model=self.noise_model)
+        except TrustModelError as exc:
+            raise bad("min_honest", str(exc)) from None
+        from synth.protocol import secagg_degree
+        k_deg = secagg_degree(self.parties, self.secagg_degree)
+        if not 0 <= self.secagg_threshold <= k_deg + 1:
+            raise bad("secagg_threshold", f"must be 0 (default k // 2 + 1) or in [1, degree "
+                      f"+ 1 = {k_deg + 1}], got {self.secagg_threshold}")
         if self.fanout < 2:
             raise bad("fanout", f"must be >= 2, got {self.fanout}")
         if self.unmask not in ("root", "tree"):

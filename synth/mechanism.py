@@ -17,15 +17,18 @@ secure aggregation releases over S surviving parties carries exactly ``Sk(S·μ)
 noise are integers and sum exactly in the ring (:mod:`synth.protocol`).
 
 Each party calibrates μ itself (:func:`synth.skellam.party_mu`) from the plan's ρ share
-per clique and its own minimum survivor count S_min, so that every sum released over at
-least S_min parties is charged at most that ρ, computed from the exact Rényi divergence of
-the summed Skellam noise (:func:`synth.skellam.skellam_rho`). Parties refuse to help
-unmask a round with fewer survivors (:func:`check_survivors`).
+per clique and its own trust model (:func:`resolve_trust`): K, S_min and ``min_honest``
+from its own configuration. A coordinator colluding with ``K − min_honest`` parties
+chooses the survivor set, so a sum released over at least S_min parties holds at least
+d = S_min + min_honest − K honest ones; each party adds Λ/d, so the honest parties of
+every released sum carry the charge ρ, computed from the exact Rényi divergence of the
+summed Skellam noise (:func:`synth.skellam.skellam_rho`). Parties refuse to help unmask
+a round with fewer than S_min survivors (:func:`check_survivors`).
 
 Noise models (recorded with every run)
 --------------------------------------
-* ``"distributed"`` (default): μ = Λ/S_min, Λ the total the charge needs. A party's own
-  vector carries only 1/S_min of it: this model relies on secure aggregation hiding the
+* ``"distributed"`` (default): μ = Λ/d, Λ the total the charge needs. A party's own
+  vector carries only 1/d of it: this model relies on secure aggregation hiding the
   individual vectors.
 * ``"local"``: μ = Λ, each party's vector is private on its own; the sum carries K·Λ.
 
@@ -218,6 +221,91 @@ def resolve_min_survivors(configured: int, n_parties: int) -> int:
     return s
 
 
+def default_min_honest(n_parties: int) -> int:
+    """The default ``min_honest``: ⌈0.7·K⌉ honest, non-colluding parties (the same
+    figure as the default S_min, :func:`default_min_survivors`)."""
+    return default_min_survivors(n_parties)
+
+
+class TrustModelError(SkellamAccountingError):
+    """A trust configuration that leaves no honest party's noise guaranteed in a released
+    sum (or a key outside its range): refused, nothing is measured or released.
+
+    Attributes:
+        keys: the configuration keys involved (``parties``, ``min_survivors``,
+            ``min_honest``).
+        values: their resolved values.
+    """
+
+    def __init__(self, keys: Sequence[str], values: Sequence[int], why: str) -> None:
+        self.keys = tuple(keys)
+        self.values = tuple(int(v) for v in values)
+        named = ", ".join(f"{k} = {v}" for k, v in zip(self.keys, self.values, strict=True))
+        super().__init__(f"{named}: {why}")
+
+
+@dataclass(frozen=True, slots=True)
+class TrustModel:
+    """The trust a party's noise is calibrated for (:func:`resolve_trust`).
+
+    Attributes:
+        parties: K, from the party's own configuration.
+        min_survivors: S_min, the fewest parties whose sum may be released.
+        min_honest: the fewest honest, non-colluding parties assumed among the K.
+        colluders_tolerated: ``K − min_honest``: parties (sybils included) that may
+            collude with the coordinator, the aggregators and each other.
+        honest_in_release: d = ``S_min + min_honest − K``, the honest parties every
+            released sum is guaranteed to hold: a coordinator colluding with the
+            ``K − min_honest`` others chooses the survivor set (it can declare honest
+            parties dropped), so a sum over S ≥ S_min parties may hold only
+            ``S_min − (K − min_honest)`` honest ones; the colluders' noise is known to
+            the adversary and protects nobody.
+    """
+
+    parties: int
+    min_survivors: int
+    min_honest: int
+    colluders_tolerated: int
+    honest_in_release: int
+
+
+def resolve_trust(n_parties: int, min_survivors: int = 0, min_honest: int = 0, *,
+                  noise_model: str = "distributed") -> TrustModel:
+    """The trust model of a party configured for K = ``n_parties`` (0 = the default for
+    ``min_survivors`` and ``min_honest``, both ⌈0.7·K⌉). The one place that computes d,
+    the honest parties in any released sum; each party's noise share is Λ/d
+    (:func:`synth.skellam.party_mu`).
+
+    Under the ``local`` noise model each vector carries the whole noise on its own, so a
+    d below 1 is not refused there (the figure is still reported).
+
+    Raises:
+        TrustModelError: ``min_survivors`` or ``min_honest`` outside [1, K], or
+            (distributed noise) d = S_min + min_honest − K < 1.
+    """
+    k = int(n_parties)
+    if k < 1:
+        raise TrustModelError(("parties",), (k,), "must be >= 1")
+    s = int(min_survivors) if min_survivors else default_min_survivors(k)
+    h = int(min_honest) if min_honest else default_min_honest(k)
+    if not 1 <= s <= k:
+        raise TrustModelError(("min_survivors", "parties"), (s, k), "min_survivors must be "
+                              "in [1, K]")
+    if not 1 <= h <= k:
+        raise TrustModelError(("min_honest", "parties"), (h, k), "min_honest must be in "
+                              "[1, K]")
+    d = s + h - k
+    if d < 1 and noise_model != "local":
+        raise TrustModelError(
+            ("min_survivors", "min_honest", "parties"), (s, h, k),
+            f"min_survivors + min_honest - parties = {d} < 1: a coordinator colluding with "
+            f"{k - h} parties could release a sum over {s} survivors that holds no honest "
+            "party's noise besides the record holder's own share; raise min_survivors or "
+            "min_honest")
+    return TrustModel(parties=k, min_survivors=s, min_honest=h, colluders_tolerated=k - h,
+                      honest_in_release=d)
+
+
 def released_rho(mu_party: float, n_survivors: int, n_cliques: int = 1) -> float:
     """The zCDP ρ actually carried by a released sum of ``n_survivors`` parties' ``Sk(mu)``
     over ``n_cliques`` clique histograms (replace-one, exact Skellam RDP)."""
@@ -233,8 +321,15 @@ def claimed_epsilon(rho_per_clique: float, n_cliques: int, delta: float) -> floa
 def dp_statement(cfg: Any) -> dict[str, Any]:
     """The guarantee FedForge's released aggregates carry, as ``metrics.json``'s ``dp``
     block (``cfg``: a :class:`synth.config.SynthConfig`)."""
+    from synth.protocol import secagg_threshold_floor
+
     k = int(cfg.parties)
-    s_min = resolve_min_survivors(int(getattr(cfg, "min_survivors", 0)), k)
+    trust = resolve_trust(k, int(getattr(cfg, "min_survivors", 0)),
+                          int(getattr(cfg, "min_honest", 0)), noise_model=cfg.noise_model)
+    s_min = trust.min_survivors
+    d = trust.honest_in_release
+    threshold = secagg_threshold_floor(k, int(getattr(cfg, "secagg_degree", 0)),
+                                       int(getattr(cfg, "secagg_threshold", 0)))
     return {
         "protected_unit": "one record (row) of one party's table",
         "neighbouring_relation": "replace-one: one record's values change; the set of "
@@ -244,34 +339,59 @@ def dp_statement(cfg: Any) -> dict[str, Any]:
                "that holds. A clique histogram then has L2 sensitivity sqrt(2), L1 2.",
         "mechanism": "Skellam noise (Poisson(mu) - Poisson(mu)) per cell and party, "
                      "integer counts + integer noise summed exactly in Z_2^w under secure "
-                     "aggregation; the released sum over S >= min_survivors parties "
-                     "carries Sk(S*mu), accounted from its exact Renyi divergence and "
-                     "charged as zCDP rho (synth.skellam)",
+                     "aggregation; each party adds mu = Lambda/honest_in_any_release "
+                     "(distributed) so that the honest parties of any released sum carry "
+                     "Sk(Lambda), accounted from its exact Renyi divergence and charged as "
+                     "zCDP rho (synth.skellam)",
         "noise_model": cfg.noise_model,
         "min_survivors": s_min,
         "parties": k,
+        "min_honest": trust.min_honest,
+        "colluders_tolerated": trust.colluders_tolerated,
+        "honest_in_any_release": d,
+        "secagg_threshold": threshold,
+        "trust": (
+            f"K = {k} and the trust model come from each party's own configuration. The "
+            f"guarantee holds with any {trust.colluders_tolerated} of the K parties "
+            f"(sybils included) colluding with the coordinator and the aggregators: they "
+            f"choose the survivor set (the coordinator can declare honest parties dropped), "
+            f"so a released sum over >= {s_min} survivors holds at least {d} honest "
+            f"parties (min_survivors + min_honest - K), and each party adds 1/{d} of the "
+            f"charged noise. More colluders than that, or fewer honest parties than "
+            f"min_honest, are outside the guarantee. A session with other than K parties "
+            f"or a Shamir threshold below {threshold}, or a plan assuming fewer than "
+            f"{trust.min_honest} honest parties, is refused"
+            if cfg.noise_model == "distributed" else
+            f"local model: each party's vector carries the whole charged noise, so the "
+            f"guarantee holds whoever colludes; a session with other than K = {k} parties "
+            f"or a Shamir threshold below {threshold} is still refused"),
         "epsilon": cfg.epsilon, "delta": cfg.delta,
         "accounting": "zCDP rho per clique = sup over alpha of RDP(alpha)/alpha of the "
                       "released Skellam sum (replace-one, numerically exact on a grid of "
                       "orders to 1000, Agarwal-Kairouz-Liu closed form beyond), composed "
                       "additively; (eps, delta) by the tight CKS20 conversion",
-        "adversary": "the coordinator, the aggregators, the other parties, the broker and "
-                     "anyone on the wire; unbounded computation; sees every message",
+        "adversary": (f"the coordinator, the aggregators, up to K - min_honest = "
+                      f"{trust.colluders_tolerated} colluding parties (sybils included), "
+                      "the broker and anyone on the wire; unbounded computation; sees "
+                      "every message"),
         "secure_aggregation": (
             "masking (pairwise X25519/ChaCha20 masks + Shamir-shared self masks, SecAgg+) "
             "hides each party's noisy vector from everyone unless at least the Shamir "
             "threshold t of its neighbours collude with the coordinator (unmask = tree: "
             "with a leaf aggregator); honest-but-curious aggregation is NOT assumed for "
             "the sum: the released sum alone is DP, and each party's own vector carries "
-            "1/min_survivors of the noise (distributed model), so privacy of a single "
-            "vector relies on masking" if cfg.noise_model == "distributed" else
+            f"1/{d} of the noise (distributed model), so privacy of a single vector "
+            f"relies on masking: on fewer than t = {threshold} of its neighbours colluding"
+            if cfg.noise_model == "distributed" else
             "local model: each party's vector is DP on its own; masking is not needed "
             "for the guarantee"),
         "dropouts": "each party refuses to help unmask a round with fewer than "
-                    "min_survivors survivors, so every released sum carries at least the "
-                    "charged noise",
+                    "min_survivors survivors; the survivor set is the coordinator's "
+                    "word (it can fake dropouts), which honest_in_any_release accounts "
+                    "for, so every released sum carries at least the charged noise",
         "plan_checks": "each party checks every round plan against its session (K) and "
-                       "its own configuration (budget, min_survivors, noise model, domain) "
+                       "its own configuration (K, budget, min_survivors, min_honest, "
+                       "Shamir threshold, noise model, domain) "
                        "and computes its noise itself; a disagreeing plan is refused",
         "domain": ("declared: levels and bins from the data owners' public schema, so no "
                    "record changes them" if getattr(cfg, "domain", "") == "declared" else

@@ -5,9 +5,14 @@ Once per run it advertises its secure-aggregation keys (:class:`synth.secagg.Sec
 and, per batch of rounds, Shamir-shares a fresh self-mask seed per round with its
 neighbours (see :mod:`synth.protocol`). Per measurement round it:
 
+0. on joining, checks the session against its OWN configuration
+   (:func:`synth.plancheck.verify_session`: exactly ``parties`` IDs, a Shamir threshold
+   at least its floor); a refused session (:class:`synth.plancheck.SessionRefused`) is
+   logged (``synth.session_refused``) and ends the party (exit 2) before it sends keys;
 1. checks the plan against the session it joined and its OWN configuration
-   (:func:`synth.plancheck.verify_plan`: K, S_min, noise model, step, cliques, ρ within
-   its remaining budget) and computes its Skellam μ itself; a refused plan
+   (:func:`synth.plancheck.verify_plan`: K, S_min, min_honest, noise model, step, cliques,
+   ρ within its remaining budget) and computes its Skellam μ itself (1/d of the charged
+   noise, d the honest parties guaranteed in any released sum); a refused plan
    (:class:`synth.plancheck.PlanRefused`) is logged and reported, nothing is released;
 2. writes the spend ``len(cliques)·rho`` to its zCDP ledger
    (:class:`synth.accounting.ZCdpAccountant`) before anything leaves;
@@ -43,7 +48,7 @@ from synth.accounting import BudgetExceeded, ZCdpAccountant
 from synth.config import SynthConfig
 from synth.domain import Domain, DomainError, Schema, encode
 from synth.mechanism import SurvivorRefusal, check_survivors, resolve_min_survivors
-from synth.plancheck import PlanRefused, verify_plan
+from synth.plancheck import PlanRefused, SessionRefused, verify_plan, verify_session
 from synth.skellam import SkellamAccountingError
 from synth.netutil import (ParticipantError, bus_config, open_bus, topic_limits,
                             words_to_array)
@@ -53,6 +58,7 @@ from synth.protocol import (
     Topics,
     Tree,
     pack_blobs,
+    secagg_threshold_floor,
     unpack_blobs,
 )
 from synth.party_ledger import LedgerFile
@@ -252,7 +258,9 @@ class SynthParty:
             raise ParticipantError(self.id, "no coordinator answered within "
                                    f"{self.cfg.handshake_timeout_s:.0f} s", code=4) from None
         self.schema = Schema.from_dict(msg.meta["schema"])
-        self.session = SessionPlan.from_meta(msg.meta["session"])
+        session = SessionPlan.from_meta(msg.meta["session"])
+        self._check_session(session)  # before anything else is sent
+        self.session = session
         self.tree = Tree.from_dict(self.session.tree)
         names = set(self.schema.names)
         have = set(map(str, self.frame.columns))
@@ -267,6 +275,30 @@ class SynthParty:
             raise ParticipantError(self.id, f"its data does not fit the schema: {exc}",
                                    code=2) from None
         self.log.info("synth.party_joined", rows=len(self.frame))
+
+    def _check_session(self, session: SessionPlan) -> None:
+        """The session checked against this party's own configuration
+        (:func:`synth.plancheck.verify_session`: exactly ``parties`` IDs, a Shamir threshold
+        at least ``secagg_threshold``'s floor) before it sends keys or anything else.
+
+        Raises:
+            ParticipantError: (code 2) the session is refused; logged
+                (``synth.session_refused``), nothing is sent or released.
+        """
+        cfg = self.cfg
+        floor = secagg_threshold_floor(cfg.parties, cfg.secagg_degree, cfg.secagg_threshold)
+        try:
+            try:
+                t = session.secagg().t
+            except (ValueError, SecAggError) as exc:  # e.g. a threshold above degree + 1
+                raise SessionRefused("threshold", session.threshold, f">= {floor}",
+                                     str(exc)) from None
+            verify_session(session_parties=session.party_ids, threshold=t,
+                           own_parties=cfg.parties, own_threshold_floor=floor)
+        except SessionRefused as exc:
+            self.log.error("synth.session_refused", error=str(exc), field=exc.field,
+                           got=exc.got, expected=exc.expected)
+            raise ParticipantError(self.id, str(exc), code=2) from None
 
     async def _apply_maps(self, plan: RoundPlan) -> None:
         """A plan that carries a (new) domain compression: map the codes once and keep
@@ -325,10 +357,12 @@ class SynthParty:
         try:
             return verify_plan(
                 n_parties=plan.n_parties, min_survivors=plan.min_survivors,
+                min_honest=plan.min_honest,
                 noise_model=plan.noise_model, step=plan.step, rho=plan.rho,
                 sigma2_central=plan.sigma2_central, cliques=plan.cliques, sizes=plan.sizes,
                 session_parties=self.session.party_ids, domain_shape=shape,
-                own_min_survivors=self.cfg.min_survivors,
+                own_parties=self.cfg.parties, own_min_survivors=self.cfg.min_survivors,
+                own_min_honest=self.cfg.min_honest,
                 own_noise_model=self.cfg.noise_model, private=self.cfg.private,
                 remaining_rho=(self.accountant.remaining if self.accountant is not None
                                else math.inf))

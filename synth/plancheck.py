@@ -6,8 +6,17 @@ overspend. So a party never takes its noise from the plan: it computes μ itself
 plan's ρ share per clique and its own S_min (:func:`synth.skellam.party_mu`), and it
 refuses a plan whose fields disagree with what it knows:
 
+* the session must hold exactly its own ``parties`` (K comes from the party's
+  configuration, never from the session: a session inflated with sybil IDs would
+  otherwise lower each party's noise share) and a Shamir threshold at least its own
+  floor (``secagg_threshold``): :func:`verify_session`, refused with
+  :class:`SessionRefused`;
 * ``n_parties`` must be K, the parties of the session it joined;
 * ``min_survivors`` must be its own S_min (``min_survivors`` of its config, or ⌈0.7 K⌉);
+* ``min_honest`` must be at least its own (a plan may not assume fewer honest,
+  non-colluding parties than the party does); the party's μ is Λ/d with d =
+  ``S_min + min_honest − K`` from its OWN configuration
+  (:func:`synth.mechanism.resolve_trust`);
 * ``noise_model`` must be its own; ``step`` must be 1 (no rounding of noisy values);
 * ``rho`` (per clique) must be positive and finite when the party is private (0 only
   when its own config is ε = ∞), and ``len(cliques)·rho`` within its remaining budget;
@@ -18,7 +27,8 @@ refuses a plan whose fields disagree with what it knows:
   believes in more noise than is there would under-report the error; informational
   only: the noise is the party's own).
 
-A refused plan raises :class:`PlanRefused`, naming the field and both values.
+A refused plan raises :class:`PlanRefused`, a refused session :class:`SessionRefused` (a
+subclass), naming the field and both values.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from synth.mechanism import resolve_min_survivors
+from synth.mechanism import resolve_trust
 from synth.skellam import party_mu
 
 #: relative slack for float fields compared with the party's own figures
@@ -51,10 +61,52 @@ class PlanRefused(ValueError):
                          + (f" ({why})" if why else ""))
 
 
-def verify_plan(*, n_parties: int, min_survivors: int, noise_model: str, step: float,
-                rho: float, sigma2_central: float, cliques: Sequence[Sequence[str]],
-                sizes: Sequence[int], session_parties: Sequence[str],
-                domain_shape: Mapping[str, int], own_min_survivors: int,
+class SessionRefused(PlanRefused):
+    """A party refuses the secure-aggregation session it was handed (nothing is sent
+    after its hello: no keys, no seed shares, no measurement). Same fields as
+    :class:`PlanRefused` (``field`` is ``parties`` or ``threshold``)."""
+
+    def __init__(self, field: str, got: Any, expected: Any, why: str = "") -> None:
+        super().__init__(field, got, expected, why)
+        self.args = (f"session refused: {field} = {got!r}, expected {expected!r}"
+                     + (f" ({why})" if why else ""),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def verify_session(*, session_parties: Sequence[str], threshold: int, own_parties: int,
+                   own_threshold_floor: int) -> None:
+    """Check a session against the party's own configuration.
+
+    Args:
+        session_parties: the session's party IDs.
+        threshold: the session's resolved Shamir threshold
+            (:attr:`synth.secagg.SecAggConfig.t`).
+        own_parties: K, the party's configured ``parties``.
+        own_threshold_floor: the lowest threshold it accepts
+            (:func:`synth.protocol.secagg_threshold_floor`).
+
+    Raises:
+        SessionRefused: more or fewer parties than configured (``parties``), or a
+            threshold below the floor (``threshold``).
+    """
+    k = len(tuple(session_parties))
+    if k != int(own_parties):
+        raise SessionRefused("parties", k, int(own_parties),
+                             "K comes from the party's own configuration; extra IDs "
+                             "would be parties it cannot see (sybils) and lower its noise "
+                             "share")
+    if int(threshold) < int(own_threshold_floor):
+        raise SessionRefused("threshold", int(threshold), f">= {int(own_threshold_floor)}",
+                             "fewer colluding neighbours could unmask a party's own vector")
+
+
+def verify_plan(*, n_parties: int, min_survivors: int, min_honest: int, noise_model: str,
+                step: float, rho: float, sigma2_central: float,
+                cliques: Sequence[Sequence[str]], sizes: Sequence[int],
+                session_parties: Sequence[str], domain_shape: Mapping[str, int],
+                own_parties: int, own_min_survivors: int, own_min_honest: int,
                 own_noise_model: str, private: bool, remaining_rho: float) -> float:
     """Check a plan's fields against the party's session and own configuration, and return
     the Skellam μ the party adds per cell (0.0 for a non-private run).
@@ -63,7 +115,10 @@ def verify_plan(*, n_parties: int, min_survivors: int, noise_model: str, step: f
         n_parties ... sizes: the plan's fields (:class:`synth.protocol.RoundPlan`).
         session_parties: the parties of the session the party joined (K = their number).
         domain_shape: attribute -> cells of the domain the party counts in.
+        own_parties: K, the party's configured ``parties`` (the session must hold
+            exactly as many).
         own_min_survivors: the party's configured ``min_survivors`` (0 = default for K).
+        own_min_honest: the party's configured ``min_honest`` (0 = default for K).
         own_noise_model: the party's configured noise model.
         private: whether the party's own ε is finite.
         remaining_rho: ρ left in the party's own ledger.
@@ -72,16 +127,27 @@ def verify_plan(*, n_parties: int, min_survivors: int, noise_model: str, step: f
         μ for :func:`synth.mechanism.measure_party`.
 
     Raises:
-        PlanRefused: a field disagrees; the message names it and both values.
-        synth.skellam.SkellamAccountingError: the party's S_min or the ρ share cannot be
-            accounted.
+        PlanRefused: a field disagrees; the message names it and both values
+            (:class:`SessionRefused` when the session's size is not ``own_parties``).
+        synth.mechanism.TrustModelError: the party's own S_min and min_honest leave no
+            honest party guaranteed in a release (d < 1).
+        synth.skellam.SkellamAccountingError: the ρ share cannot be accounted.
     """
     k = len(tuple(session_parties))
+    if k != int(own_parties):
+        raise SessionRefused("parties", k, int(own_parties), "the session's parties are not "
+                             "the party's configured K")
     if int(n_parties) != k:
         raise PlanRefused("n_parties", n_parties, k, "K is the parties of the joined session")
-    s_min = resolve_min_survivors(own_min_survivors, k)
+    trust = resolve_trust(int(own_parties), own_min_survivors, own_min_honest,
+                          noise_model=own_noise_model)
+    s_min = trust.min_survivors
     if int(min_survivors) != s_min:
         raise PlanRefused("min_survivors", min_survivors, s_min, "the party's own S_min")
+    if int(min_honest) < trust.min_honest:
+        raise PlanRefused("min_honest", min_honest, f">= {trust.min_honest}",
+                          "the plan assumes fewer honest, non-colluding parties than the "
+                          "party's own min_honest")
     if noise_model != own_noise_model:
         raise PlanRefused("noise_model", noise_model, own_noise_model)
     if float(step) != 1.0:
@@ -106,7 +172,7 @@ def verify_plan(*, n_parties: int, min_survivors: int, noise_model: str, step: f
     total = rho * len(cl)
     if total > remaining_rho * (1.0 + REL_TOL) + 1e-15:
         raise PlanRefused("rho", total, f"<= {remaining_rho!r} (the party's remaining budget)")
-    mu = party_mu(rho, s_min, model=own_noise_model)
+    mu = party_mu(rho, trust.honest_in_release, model=own_noise_model)
     own_s2 = 2.0 * mu * (1 if own_noise_model == "local" else s_min)
     if float(sigma2_central) > own_s2 * (1.0 + 1e-6):
         raise PlanRefused("sigma2_central", sigma2_central, f"<= {own_s2!r}",
@@ -114,4 +180,4 @@ def verify_plan(*, n_parties: int, min_survivors: int, noise_model: str, step: f
     return mu
 
 
-__all__ = ["PlanRefused", "REL_TOL", "verify_plan"]
+__all__ = ["PlanRefused", "REL_TOL", "SessionRefused", "verify_plan", "verify_session"]

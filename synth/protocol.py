@@ -328,6 +328,9 @@ class RoundPlan:
         rho: the zCDP ρ share of each clique (0 = no noise); the round costs
             ``len(cliques)·rho``.
         min_survivors: S_min, the fewest parties whose sum may be released.
+        min_honest: the fewest honest, non-colluding parties the plan assumes among the
+            K (:func:`synth.mechanism.resolve_trust`); a party refuses a plan that assumes
+            fewer than its own ``min_honest`` (0: a plan that states none).
         cell_bits: the ring width of each cell (one byte per cell, in the cliques'
             order): cell ``i`` is masked and summed in Z_(2^cell_bits[i]), just wide
             enough for the window the sum of codes lies in (:func:`cell_windows`).
@@ -353,6 +356,7 @@ class RoundPlan:
     maps_round: int = 0
     rho: float = 0.0
     min_survivors: int = 1
+    min_honest: int = 0
 
     @property
     def vector_len(self) -> int:
@@ -391,7 +395,8 @@ class RoundPlan:
                 "sigma2_central": self.sigma2_central, "noise_model": self.noise_model,
                 "n_parties": self.n_parties, "step": self.step, "timeout_s": self.timeout_s,
                 "maps_round": self.maps_round, "cells": len(self.cell_bits),
-                "rho": self.rho, "min_survivors": self.min_survivors}
+                "rho": self.rho, "min_survivors": self.min_survivors,
+                "min_honest": self.min_honest}
         raw = self.cell_bits + json.dumps(body, separators=(",", ":")).encode()
         return meta, [np.frombuffer(zlib.compress(raw, 9), dtype=np.uint8)]
 
@@ -421,7 +426,8 @@ class RoundPlan:
                    maps=None if maps is None else
                    {a: tuple(int(x) for x in v) for a, v in maps.items()},
                    maps_round=int(d.get("maps_round", 0)), rho=float(d.get("rho", 0.0)),
-                   min_survivors=int(d.get("min_survivors", 1)))
+                   min_survivors=int(d.get("min_survivors", 1)),
+                   min_honest=int(d.get("min_honest", 0)))
 
 
 def secagg_degree(n_parties: int, configured: int = 0) -> int:
@@ -438,6 +444,19 @@ def secagg_degree(n_parties: int, configured: int = 0) -> int:
     if k % 2 and k < n_parties - 1:
         k += 1
     return min(k, n_parties - 1)
+
+
+def secagg_threshold_floor(n_parties: int, configured_degree: int = 0,
+                           configured: int = 0) -> int:
+    """The lowest Shamir threshold t a party accepts in a session: ``configured`` (> 0,
+    its ``secagg_threshold``) or the SecAgg+ default ``k // 2 + 1`` for the degree k it
+    expects (:func:`secagg_degree` of its own K and ``secagg_degree``), the threshold
+    :class:`synth.secagg.SecAggConfig` picks when a session names none. A lower t lets
+    fewer colluding neighbours rebuild a party's self-mask seed and mask key and unmask
+    its own vector."""
+    if configured:
+        return int(configured)
+    return secagg_degree(int(n_parties), int(configured_degree)) // 2 + 1
 
 
 def party_sigma2(plan: RoundPlan) -> float:
@@ -639,6 +658,7 @@ def unpack_blobs(meta: Mapping[str, Any], arr: np.ndarray) -> dict[str, bytes]:
 
 
 __all__ = ["ROOT", "SessionPlan", "round_id", "cell_modmask", "cell_upper_bounds",
-           "cell_windows", "secagg_degree", "RoundPlan", "Topics", "Tree", "aggregate_sigma",
+           "cell_windows", "secagg_degree", "secagg_threshold_floor", "RoundPlan", "Topics",
+           "Tree", "aggregate_sigma",
            "build_tree", "pack_blobs", "unpack_blobs", "decode_sum", "party_sigma2", "plans_epsilon",
            "quantize_counts", "split_marginals"]

@@ -254,22 +254,29 @@ def calibrate_total(rho: float) -> float:
     return hi
 
 
-def party_mu(rho: float, min_survivors: int, *, model: str = "distributed") -> float:
-    """μ of the ``Sk(μ)`` each party adds per cell so that any sum over at least
-    ``min_survivors`` parties (``distributed``), or each party's vector alone (``local``),
-    is charged at most ``rho`` per clique: ``μ·S_min ≥ calibrate_total(rho)``.
+def party_mu(rho: float, honest: int, *, model: str = "distributed") -> float:
+    """μ of the ``Sk(μ)`` each party adds per cell: ``μ·d ≥ calibrate_total(rho)`` with
+    d = ``honest`` (``distributed``), or ``μ = calibrate_total(rho)`` (``local``: each
+    party's vector alone is charged at most ``rho`` per clique).
+
+    ``honest`` is d, the honest parties every released sum is guaranteed to hold
+    (:func:`synth.mechanism.resolve_trust`: ``S_min + min_honest − K``): only their noise
+    protects a record against a coordinator colluding with the other parties, so their
+    shares alone must carry the total Λ. (Before the trust model this was S_min, which
+    holds only when no party colludes.)
 
     Raises:
-        SkellamAccountingError: a bad ρ, ``min_survivors`` < 1, or an unknown model.
+        SkellamAccountingError: a bad ρ, ``honest`` < 1, or an unknown model.
     """
-    if isinstance(min_survivors, bool) or int(min_survivors) != min_survivors or min_survivors < 1:
-        raise SkellamAccountingError(f"min_survivors must be an integer >= 1, got {min_survivors!r}")
+    if isinstance(honest, bool) or int(honest) != honest or honest < 1:
+        raise SkellamAccountingError(f"honest parties in a release must be an integer >= 1, "
+                                     f"got {honest!r}")
     if model not in ("distributed", "local"):
         raise SkellamAccountingError(f"unknown noise model {model!r}")
     total = calibrate_total(rho)
-    s = 1 if model == "local" else int(min_survivors)
+    s = 1 if model == "local" else int(honest)
     mu = total / s
-    while mu * s < total:  # float rounding: the survivors' sum must carry the total
+    while mu * s < total:  # float rounding: the honest parties' sum must carry the total
         mu = math.nextafter(mu, math.inf)
     return mu
 

@@ -78,7 +78,8 @@ class RunContext:
         self.bytes_naive = 0
         self.bytes_naive_direct = 0
         self.session = SessionPlan(
-            session_id=f"{run_id}/0", party_ids=self.parties, threshold=None,
+            session_id=f"{run_id}/0", party_ids=self.parties,
+            threshold=cfg.secagg_threshold or None,
             degree=secagg_degree(len(self.parties), cfg.secagg_degree),
             graph_seed=np.random.default_rng([cfg.seed, 0]).bytes(16).hex(),
             timeout_s=cfg.round_timeout_s, tree=self.tree.to_dict())

@@ -22,7 +22,7 @@ from synth.coord.collect import collect
 from synth.coord.context import RunContext
 from synth.coord.planners import RoundRequest
 from synth.coord.types import CoordinatorError, RoundResult
-from synth.mechanism import resolve_min_survivors
+from synth.mechanism import resolve_trust
 from synth.netutil import array_to_words
 from synth.protocol import (
     ROOT,
@@ -97,10 +97,14 @@ class RoundRunner:
             sizes = tuple(dom.size(c) for c in cliques)
             k = len(ctx.session.party_ids)  # the parties of the session (all said hello)
             try:
-                s_min = resolve_min_survivors(cfg.min_survivors, k)
+                trust = resolve_trust(k, cfg.min_survivors, cfg.min_honest,
+                                      noise_model=cfg.noise_model)
+                s_min = trust.min_survivors
                 rho_clique = rho / len(cliques) if math.isfinite(rho) else 0.0
-                # the noise each party will add by its own rules (synth.plancheck)
-                mu = party_mu(rho_clique, s_min, model=cfg.noise_model) if rho_clique else 0.0
+                # the noise each party will add by its own rules (synth.plancheck): 1/d of
+                # the total, d the honest parties guaranteed in any released sum
+                mu = (party_mu(rho_clique, trust.honest_in_release, model=cfg.noise_model)
+                      if rho_clique else 0.0)
             except SkellamAccountingError as exc:
                 raise CoordinatorError(f"round {name}: {exc}", code=2) from None
             sigma2 = 2.0 * mu * (1 if cfg.noise_model == "local" else s_min)
@@ -117,7 +121,8 @@ class RoundRunner:
                              step=1.0, cell_bits=widths.tobytes(),
                              timeout_s=cfg.round_timeout_s,
                              maps=self._maps_update(r), maps_round=self.maps_round,
-                             rho=rho_clique, min_survivors=s_min)
+                             rho=rho_clique, min_survivors=s_min,
+                             min_honest=trust.min_honest)
             seeded = server.seeded(plan.round_id)
             for p in seeded:  # a party spends len(cliques)·rho when it measures the round
                 ctx.rho_party[p] += len(cliques) * rho_clique

@@ -102,3 +102,44 @@ def test_claim_is_the_plans_epsilon(audit: Any) -> None:
     plan, _ = audit.fedforge_plan(cfg, 3)
     assert plan.step == 1.0 and plan.min_survivors == 7
     assert math.isclose(audit.claim_fedforge_cell(cfg.rho), plans_epsilon([plan], 1e-5))
+
+
+# ---------------------------------------------------------------------------- trust model
+def test_collusion_cases_hold_from_min_honest_up_and_are_caught_below(audit: Any) -> None:
+    """Exact ε from the tables of every ``fedforge_collusion_h{h}``: at h >= min_honest
+    (7 of 10) the released sum keeps the claim; below, the case (a positive control) is
+    over it, h = 6 included (3 honest shares: 3/4 of the charged noise)."""
+    cfg = audit.FF_TRUST_CFG
+    assert cfg.trust.min_honest == 7 and cfg.trust.honest_in_release == 4
+    for h in range(1, 11):
+        case = audit.REGISTRY[f"fedforge_collusion_h{h}"]
+        claim, exact = case.main.claim(), case.main.exact()
+        assert case.must_hold == (h >= 7), h
+        if h >= 7:
+            assert exact <= claim and case.control is not None, h
+            assert case.control.exact() > claim, h
+        else:
+            assert exact > claim * (1 + 1e-9), h
+    assert [audit.worst_honest_in_release(10, 7, h) for h in range(1, 11)] == [
+        1, 1, 1, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_trust_sessions_are_refused_and_the_summary_counts_control_cases(audit: Any) -> None:
+    names = ["fedforge_sybil_session", "fedforge_threshold_floor", "fedforge_collusion_h6",
+             "fedforge_collusion_h7"]
+    doc = audit.run(names, quick=True, seed=0, draws=20_000, log=lambda s: None)
+    rows = {r["name"]: r for r in doc["cases"]}
+    for name, field in (("fedforge_sybil_session", "parties"),
+                        ("fedforge_threshold_floor", "threshold")):
+        out = rows[name]["outcome"]
+        assert out["outcome"] == "refused" and out["error"] == "SessionRefused"
+        assert out["field"] == field and rows[name]["exact"] == 0.0
+    assert rows["fedforge_sybil_session"]["control"]["exact"] == pytest.approx(3.66, abs=0.01)
+    assert rows["fedforge_sybil_session"]["extra_controls"][0]["exact"] == pytest.approx(
+        7.03, abs=0.01)
+    assert not rows["fedforge_collusion_h6"]["must_hold"]
+    assert rows["fedforge_collusion_h6"]["exact_violation"] is False
+    s = doc["summary"]
+    assert s["cases_must_hold"] == 3 and s["control_cases"] == 1
+    assert s["exact_violations"] == 0 and s["max_lb_over_claim"] <= 1.0
+    assert s["controls"] == 1 + 3 + 1 + 1 and s["controls_detected"] == s["controls"]

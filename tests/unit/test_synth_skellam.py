@@ -78,7 +78,7 @@ def test_too_little_noise_is_refused() -> None:
         skellam_rho(0.1)
     with pytest.raises(SkellamAccountingError, match="accounts"):
         calibrate_total(10.0)
-    with pytest.raises(SkellamAccountingError, match="min_survivors"):
+    with pytest.raises(SkellamAccountingError, match="honest"):
         party_mu(0.01, 0)
     with pytest.raises(SkellamAccountingError):
         party_mu(-1.0, 3)
@@ -170,24 +170,30 @@ def test_ring_sizing_never_wraps(n: int, k: int, mu: float, seed: int) -> None:
 # ---------------------------------------------------------------------------- plan checks
 def _kw(**over: object) -> dict[str, object]:
     base: dict[str, object] = dict(
-        n_parties=10, min_survivors=7, noise_model="distributed", step=1.0, rho=1e-3,
-        sigma2_central=0.0, cliques=(("a",), ("a", "b")), sizes=(3, 6),
+        n_parties=10, min_survivors=7, min_honest=7, noise_model="distributed", step=1.0,
+        rho=1e-3, sigma2_central=0.0, cliques=(("a",), ("a", "b")), sizes=(3, 6),
         session_parties=[f"p{i}" for i in range(10)], domain_shape={"a": 3, "b": 2},
-        own_min_survivors=0, own_noise_model="distributed", private=True,
-        remaining_rho=1.0)
+        own_parties=10, own_min_survivors=0, own_min_honest=0,
+        own_noise_model="distributed", private=True, remaining_rho=1.0)
     base.update(over)
     return base
 
 
 def test_a_good_plan_gets_the_partys_own_noise() -> None:
     mu = verify_plan(**_kw())  # type: ignore[arg-type]
-    assert mu == party_mu(1e-3, 7)
+    # K = 10, S_min = min_honest = 7 (defaults): d = 7 + 7 - 10 = 4 honest in any release
+    assert mu == party_mu(1e-3, 4)
+    # a plan assuming more honest parties changes nothing: the noise is the party's own
+    assert verify_plan(**_kw(min_honest=10)) == mu  # type: ignore[arg-type]
     assert verify_plan(**_kw(rho=0.0, private=False)) == 0.0  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("over", "field"), [
     ({"n_parties": 9}, "n_parties"),
     ({"min_survivors": 5}, "min_survivors"),
+    ({"min_honest": 6}, "min_honest"),  # assumes fewer honest parties than the party
+    ({"min_honest": 0}, "min_honest"),  # a plan that states no trust model
+    ({"session_parties": [f"p{i}" for i in range(100)], "n_parties": 100}, "parties"),
     ({"noise_model": "local"}, "noise_model"),
     ({"step": 4.0}, "step"),
     ({"rho": 0.0}, "rho"),
