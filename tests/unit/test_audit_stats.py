@@ -323,7 +323,8 @@ def test_fast_audit_subset(dp_audit: object) -> None:
     assert rows["ff_central_s1"]["exact"] <= rows["ff_central_s1"]["claim"]
     assert doc["summary"]["cases"] == len(ff)
     assert set(doc["summary"]) == {"cases", "max_lb_over_claim", "exact_violations",
-                                   "controls", "controls_detected"}
+                                   "controls", "controls_detected", "control_cases",
+                                   "cases_must_hold"}
 
 
 def test_batched_adam_step_is_the_product_optimizer(dp_audit: object) -> None:
