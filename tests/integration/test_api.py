@@ -95,7 +95,9 @@ def test_a_numpy_array_with_its_own_models_and_loss(tmp_path: Path) -> None:
                  config={"epochs": 3, "embedding_dim": 4, "batch_size": 64, "lr": 1e-2,
                          "worker_mode": "thread"})
     res = train(job, tmp_path / "run")
-    above(res.metric, 0.9, "test AUC")  # the label is a function of one column per party
+    # the label is a function of one column per party: either party's column alone gives
+    # 0.832, both 1.0; over seeds 0.922 at the lowest (median 0.971)
+    above(res.metric, 0.88, "test AUC")
     assert "passive_model" in res.metrics["model"]
     # each party got its own bottom; the lambdas are rebuilt from the job's factory
     assert any(isinstance(m, nn.Tanh) for m in res.load("passive").modules[0].modules())
