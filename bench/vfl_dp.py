@@ -34,7 +34,7 @@ Usage::
 Beside every DP result the active-only baseline (:mod:`parties.baseline`: the stronger,
 by validation AUC, of gradient boosting and an MLP on the active party's own columns,
 same split; fitted by the active party after each DP run) is recorded, and
-``summary.gain_over_active_only[dataset]["8"]`` (issue 50) is the median over the repeats
+``summary.gain_over_active_only[dataset]["8"]`` is the median over the repeats
 of test AUC minus it at µ = 8, for ``bank`` (its default split) and ``adult`` with
 :data:`DATASET_SPLITS` (active party: ``age``, ``education``, ``occupation``,
 ``hours-per-week`` and the label; passive party: the other ten columns)::
@@ -70,10 +70,10 @@ MUS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)  # inf: the no-DP baseline
 DELTA = 1e-5
 MAX_REASSIGN = 0
 SYNTHETIC_ROWS = 30_000
-#: datasets of ``summary.gain_over_active_only`` (issue 50) and the µ it is reported at
+#: datasets of ``summary.gain_over_active_only`` and the µ it is reported at
 GAIN_DATASETS = ("bank", "adult")
 GAIN_MUS = (8.0,)
-#: each dataset's party split beyond the default even one: adult as in issue 50 (the
+#: each dataset's party split beyond the default even one: adult as in the DP-utility study (the
 #: active party holds age, education, occupation, hours-per-week and the label)
 DATASET_SPLITS: dict[str, dict[str, Any]] = {
     "adult": {"active_columns": ("age", "education", "occupation", "hours-per-week"),
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                          "and max_reassign = 0, --repeats each (default 3)")
     ap.add_argument("--gain-only", action="store_true",
                     help="only summary.gain_over_active_only: bank and adult at µ = 8 "
-                         "(issue 50's acceptance figures), without the µ tables")
+                         "(the DP-utility figures), without the µ tables")
     args = ap.parse_args(argv)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     if args.epochs_inf < 1 or repeats < 1:

@@ -1,4 +1,4 @@
-"""What moves VFL's test AUC under DP relative to the active-only baseline (issue 50).
+"""What moves VFL's test AUC under DP relative to the active-only baseline.
 
 Each variant is a list of ``--set``-style overrides of the product's defaults; every run
 is PubSub-VFL in one process over the in-memory bus (``sim.local.run_vfl_in_process``)

@@ -1,4 +1,4 @@
-"""bench/vfl_dp.py's gain over the active-only baseline (issue 50), with stub runs."""
+"""bench/vfl_dp.py's gain over the active-only baseline, with stub runs."""
 
 from __future__ import annotations
 
