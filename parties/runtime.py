@@ -50,7 +50,8 @@ Algorithms
     0`` disables dropping). Under a DP target a passive party publishes a reassigned
     batch only if every record of it has an extra publication left in its reserve
     (``dp_reassign_reserve``, :mod:`parties.dp`); otherwise it drops the batch for the
-    epoch and sends the active party a skip notice on the batch's channel. Per-batch buffers hold at most p embeddings / q gradients.
+    epoch and sends the active party a skip notice on the batch's channel. Per-batch
+    buffers hold at most p embeddings / q gradients.
     Replicas sync with the PS every ΔT_t local steps, ΔT_t = ceil(ΔT0/2·tanh(2t/ΔT0 −
     2) + ΔT0/2) in epoch t (``delta_t0 = 1``: every step).
 ``vfl`` — synchronous split learning (Vepakomma et al., "Split learning for health",
