@@ -438,9 +438,10 @@ def render(summary: dict[str, Any]) -> str:
                 if algo == "target":
                     continue
                 wire = ",".join(sorted(set((r.get("wire_dtype") or {}).values())))
+                missed = f" ({r['missed']} missed)" if r.get("missed") else ""
                 lines.append(
-                    f"| {algo} | {_fmt(r['time_to_target_s'], '.2f')} "
-                    f"({r.get('missed')} missed) | {_fmt(r.get('speedup_vs_vfl'), '.2f')} | "
+                    f"| {algo} | {_fmt(r['time_to_target_s'], '.2f')}{missed} | "
+                    f"{_fmt(r.get('speedup_vs_vfl'), '.2f')} | "
                     f"{_fmt(r['metric'], '.4f')} | {_fmt(r['samples_per_s'], ',.0f')} | "
                     f"{_fmt(r.get('efficiency_vs_lan'), '.2f')} | "
                     f"{_fmt(r['bytes_per_sample'], ',.0f')} | {_fmt(r['cpu_cores'], '.2f')} | "
