@@ -17,9 +17,9 @@ float32, the arrays as computed):
   range, 8 bits of mantissa); sent as ``uint16`` (numpy has no bfloat16).
 * ``int8``: per row, ``scale = max|x| / 127`` and ``q = rint(x / scale)`` in
   ``[-127, 127]``; sent as the ``(B, d)`` int8 array and the ``(B,)`` float32 scales
-  (an all-zero row, or one below 1e-30 throughout, has scale 0). Decoding is ``q * scale``, so every value is within
-  ``scale / 2`` of the original (plus float32 rounding of the product): the error
-  is relative to each row's largest value, whatever the row's magnitude, which suits
+  (an all-zero row, or one below 1e-30 throughout, has scale 0). Decoding is
+  ``q * scale``, so every value is within ``scale / 2`` of the original (plus float32
+  rounding of the product): the error is relative to each row's largest value, whatever the row's magnitude, which suits
   gradients. About 3.6x fewer bytes at d = 32 (32 + 4 bytes a row against 128).
 
 Under DP the passive party clips and noises each row first (:mod:`parties.dp`, in the
