@@ -54,6 +54,8 @@ AUTO_COMPRESSED = "int8"
 #: int8: rows whose largest |value| is below this are sent as zeros (scale 0)
 INT8_FLUSH = 1e-30
 _F16_MAX = float(np.finfo(np.float16).max)
+#: the largest float32 that rounds (to nearest even) to a finite bfloat16
+_BF16_MAX = float(np.frombuffer(np.uint32(0x7F7F7FFF).tobytes(), np.float32)[0])
 _TAGS = {"float16": "f16", "bfloat16": "bf16", "int8": "i8"}
 _NAMES = {v: k for k, v in _TAGS.items()}
 
@@ -144,8 +146,8 @@ def encode_rows(x: np.ndarray, wire_dtype: str) -> tuple[list[np.ndarray], str |
     resolved one: not ``auto``); ``tag`` goes in the message's metadata under
     :data:`META_KEY` (None: sent as float32, ``[x]``).
 
-    A tensor the encoding cannot hold (a NaN or an infinity; beyond float16's range)
-    goes as float32, untagged, so the receiver judges it as before.
+    A tensor the encoding cannot hold (a NaN or an infinity; beyond float16's or
+    bfloat16's range) goes as float32, untagged, so the receiver judges it as before.
 
     Raises:
         ValueError: an unknown dtype.
@@ -158,6 +160,8 @@ def encode_rows(x: np.ndarray, wire_dtype: str) -> tuple[list[np.ndarray], str |
         q, scales = int8_encode(x)
         return [q, scales], _TAGS["int8"]
     if wire_dtype == "bfloat16":
+        if x.size and not float(np.abs(x).max()) <= _BF16_MAX:
+            return [x], None  # would round to infinity (or not finite): as it is
         return [bf16_encode(x)], _TAGS["bfloat16"]
     if wire_dtype == "float16":
         if x.size and not float(np.abs(x).max()) <= _F16_MAX:

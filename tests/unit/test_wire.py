@@ -81,10 +81,17 @@ def test_half_precision_round_trip(dtype: str, tag: str, rel: float) -> None:
     assert (np.abs(y - x)[ok] <= rel * np.abs(x)[ok] + 1e-12).all()
 
 
-def test_float16_out_of_range_goes_as_float32() -> None:
+def test_out_of_range_or_nan_goes_as_float32() -> None:
     x = np.array([[1.0, 7e4]], np.float32)
     arrays, tag = encode_rows(x, "float16")
     assert tag is None and arrays[0].dtype == np.float32
+    top = np.array([[np.finfo(np.float32).max, 1.0]], np.float32)  # rounds to bf16 inf
+    for y in (top, np.array([[np.nan, 1.0]], np.float32)):
+        arrays, tag = encode_rows(y, "bfloat16")
+        assert tag is None and arrays[0] is y
+    edge = np.array([[3.3895314e38, -3.3895314e38]], np.float32)  # bf16's largest
+    arrays, tag = encode_rows(edge, "bfloat16")
+    assert tag == "bf16" and np.isfinite(decode_rows(arrays, tag)).all()
 
 
 def test_encode_message_tags_a_copy_of_the_meta() -> None:
