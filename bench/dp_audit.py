@@ -101,6 +101,7 @@ from parties.dp import (  # noqa: E402
 )
 from parties.dpsgd import private_grads_with_noise  # noqa: E402
 from parties.model import make_adam, party_bottom  # noqa: E402
+from parties.wire import decode_rows, encode_rows  # noqa: E402
 from sim.audit import (  # noqa: E402
     IntPmf,
     bonferroni,
@@ -606,11 +607,14 @@ def _seed(rng: np.random.Generator) -> int:
 
 
 def vfl_embedding_sampler(*, sigma: float, releases: int, clip: float = 1.0, dim: int = 4,
-                          scale: float = 3.0) -> Callable[[int, np.random.Generator], Draws]:
+                          scale: float = 3.0, wire: str = "float32"
+                          ) -> Callable[[int, np.random.Generator], Draws]:
     """Draws of ``releases`` publications of one record's embedding through the product's
     :class:`parties.dp.EmbeddingPrivatizer`: the row is ``scale·C·e1`` under D and
     ``−scale·C·e1`` under D' (clipped to ±C·e1 by the product: replace-one at the
-    sensitivity bound 2C). Output ``(n, releases·dim)``."""
+    sensitivity bound 2C). Output ``(n, releases·dim)``. ``wire``: the noised rows then
+    go through the product's wire encoding and back (``parties.wire``), as the active
+    party receives them under ``vfl.wire_dtype``."""
     def sample(n: int, rng: np.random.Generator) -> Draws:
         out = []
         for sign in (1.0, -1.0):
@@ -618,19 +622,26 @@ def vfl_embedding_sampler(*, sigma: float, releases: int, clip: float = 1.0, dim
             h = torch.zeros(n * releases, dim)
             h[:, 0] = sign * scale * clip
             _, pub = priv(h)
-            out.append(pub.numpy().reshape(n, releases * dim))
+            arr = pub.numpy()
+            if wire != "float32":
+                arrays, tag = encode_rows(arr, wire)
+                arr = decode_rows(arrays, tag)
+            out.append(arr.reshape(n, releases * dim))
         return out[0], out[1]
     return sample
 
 
-def _vfl_embedding_case(name: str, sigma: float, releases: int, fast: bool = False) -> Case:
+def _vfl_embedding_case(name: str, sigma: float, releases: int, fast: bool = False,
+                        wire: str = "float32") -> Case:
+    on_wire = "" if wire == "float32" else f", sent as {wire} (parties.wire)"
     return Case(
         name=name, group="vfl",
         what=f"VFL embedding release, replace-one (±C·e1), sigma={sigma:g}, "
-             f"{releases} release(s) of the record",
+             f"{releases} release(s) of the record{on_wire}",
         main=Side(claim=lambda: claim_vfl_embedding(sigma, releases),
-                  sample=vfl_embedding_sampler(sigma=sigma, releases=releases),
-                  what="EmbeddingPrivatizer vs the replace-one claim mu = sqrt(k)*2/sigma"),
+                  sample=vfl_embedding_sampler(sigma=sigma, releases=releases, wire=wire),
+                  what="EmbeddingPrivatizer vs the replace-one claim mu = sqrt(k)*2/sigma"
+                       + on_wire),
         control=Side(claim=lambda: claim_vfl_embedding_prefix(sigma, releases), sample=None,
                      what="the same draws vs the pre-fix claim mu = sqrt(k)/sigma"),
         draws_quick=1_000_000, draws_full=2_000_000, fast=fast)
@@ -638,6 +649,8 @@ def _vfl_embedding_case(name: str, sigma: float, releases: int, fast: bool = Fal
 
 register(_vfl_embedding_case("vfl_embedding_1", sigma=1.0, releases=1, fast=True))
 register(_vfl_embedding_case("vfl_embedding_k4", sigma=2.0, releases=4))
+# compressed on the wire after the noise (post-processing): the same claim must hold
+register(_vfl_embedding_case("vfl_embedding_int8", sigma=1.0, releases=1, wire="int8"))
 
 
 # ---------------------------------------------------------------------------- VFL predictions

@@ -21,6 +21,7 @@ import orjson
 from parties.datasets import DATASETS
 from parties.schedule import ALGOS, LR_SCALINGS, PS_UPDATES, effective_workers, worker_lr
 from parties.tasks import TASKS
+from parties.wire import WIRE_DTYPES, resolve_wire_dtype
 from pubsub.config import ConfigError, dump_toml, load_section, to_mapping
 
 #: Default ``target_metric`` per named dataset (validation AUC); others have none.
@@ -136,6 +137,21 @@ class VflConfig:
             other bus clients are only dropped and counted (``rejected_by_sender``).
         handshake_timeout_s: deadline for both parties to find each other, seconds.
         heartbeat_interval_s: heartbeat period, seconds.
+        wire_dtype: how the cut-layer tensors travel: the passive party's embeddings
+            (``emb`` and the ``eval`` embeddings for scoring) and the active party's
+            gradients (``grad``): ``"float32"`` (as computed), ``"float16"``,
+            ``"bfloat16"`` (2 bytes a value), ``"int8"`` (1 byte a value plus a float32
+            scale per row: every value within half its row's scale, max|row| / 127) or
+            ``"auto"`` (the default: ``int8`` where ``link_mbps`` makes the path
+            bandwidth-bound, one float32 batch taking 1 ms or more to serialise, else
+            ``float32``). The receiver decodes to float32; under DP the rows are encoded
+            after their noise (post-processing: the accounted µ is unchanged). Not a
+            shared setting: each party encodes what it sends, the message says how
+            (:mod:`parties.wire`).
+        link_mbps: the bandwidth of the path between the parties, Mbit/s, as far as the
+            run knows it (0, the default: unknown); only ``wire_dtype = "auto"`` reads
+            it. ``psfl sim run`` sets it from the scenario's links (the slowest shaped
+            link of a party of the run) when it is 0.
         bottom_hidden: hidden widths of each bottom model.
         active_bottom_hidden / passive_bottom_hidden: that party's own bottom widths
             (empty, the default: ``bottom_hidden``). Under unequal CPU shares, balance
@@ -368,6 +384,8 @@ class VflConfig:
     peer_max_bad_messages: int = 16
     handshake_timeout_s: float = 60.0
     heartbeat_interval_s: float = 1.0
+    wire_dtype: str = "auto"
+    link_mbps: float = 0.0
     bottom_hidden: tuple[int, ...] = (64,)
     active_bottom_hidden: tuple[int, ...] = ()
     passive_bottom_hidden: tuple[int, ...] = ()
@@ -503,6 +521,10 @@ class VflConfig:
         self._check_parties(bad)
         if self.event_loop not in ("uvloop", "asyncio"):
             raise bad("event_loop", "must be 'uvloop' or 'asyncio'")
+        if self.wire_dtype not in WIRE_DTYPES:
+            raise bad("wire_dtype", f"must be one of {WIRE_DTYPES}")
+        if not (math.isfinite(self.link_mbps) and self.link_mbps >= 0):
+            raise bad("link_mbps", "must be >= 0 Mbit/s (0: unknown)")
         if self.worker_mode not in WORKER_MODES:
             raise bad("worker_mode", "must be 'auto', 'process', 'thread' or 'inline'")
         self._check_models(bad)
@@ -710,6 +732,14 @@ class VflConfig:
         """True when the passive party clips and noises its embeddings."""
         return self.dp_noise_multiplier is not None or self.dp_epsilon is not None or (
             self.dp_mu is not None and not math.isinf(self.dp_mu))
+
+    @property
+    def effective_wire_dtype(self) -> str:
+        """The encoding of the cut-layer tensors this run sends: ``wire_dtype``, with
+        ``auto`` resolved from ``link_mbps`` (:func:`parties.wire.resolve_wire_dtype`)."""
+        return resolve_wire_dtype(self.wire_dtype, link_mbps=self.link_mbps,
+                                  batch_size=self.batch_size,
+                                  embedding_dim=self.embedding_dim)
 
     @property
     def effective_target(self) -> float | None:

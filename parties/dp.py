@@ -25,7 +25,9 @@ Every path by which a record reaches a message
    N(0, (σ_e C)²) noise per coordinate. Under replace-one a row changes from one vector
    of norm ≤ C to another, so the sensitivity is **2C** and one publication is
    ``(2/σ_e)``-GDP (Dong, Roth & Su, JRSS-B 2022, Thm 2.7). Every attempt of a batch
-   (reassignments included) and every evaluation publication counts.
+   (reassignments included) and every evaluation publication counts. A compressed
+   encoding of the published rows (``vfl.wire_dtype``, :mod:`parties.wire`) is applied
+   to the noised rows: post-processing, which changes nothing here.
 2. **The bottom model's parameters**, which every later embedding of every record
    reveals: trained with DP-SGD (:mod:`parties.dpsgd`): per-example gradients clipped to
    C_g, summed, N(0, (σ_g C_g)²) noise, so one step is ``(2/σ_g)``-GDP for each record

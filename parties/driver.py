@@ -14,6 +14,7 @@ generator at its ``yield``, so the strategy's ``try`` blocks see it where it hap
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +49,7 @@ from parties.actions import (
 )
 from parties.errors import NonFiniteTraining
 from parties.timeline import COMM, WAIT, Timeline
+from parties.wire import META_KEY, WireFormatError, decode_rows, encode_message
 from pubsub import DeadlineExceeded
 from pubsub.transport import Transport
 
@@ -87,6 +89,9 @@ class ActionDriver:
             is not waiting time).
         logger: a structlog logger for the strategies' :class:`parties.actions.Log`.
         on_action: called with every action before it is performed (tracing, tests).
+        wire: the resolved ``vfl.wire_dtype`` of the ``emb`` and ``grad`` tensors this
+            party publishes (:mod:`parties.wire`); what it receives is decoded to
+            float32 by the encoding each message names, before the intake judges it.
 
     Attributes:
         wait_s: seconds spent waiting for partner messages so far (all workers).
@@ -97,8 +102,10 @@ class ActionDriver:
                  inline: bool = False, logger: Any = None,
                  on_action: Callable[[Any], None] | None = None,
                  intake: PeerIntake | None = None,
-                 specs: dict[str, TensorSpec] | None = None) -> None:
+                 specs: dict[str, TensorSpec] | None = None,
+                 wire: str = "float32") -> None:
         self.bus = bus
+        self.wire = wire
         self.intake = intake
         self.specs = dict(specs or {})
         self.topics = topics
@@ -173,7 +180,9 @@ class ActionDriver:
             else:
                 self.record_dp(a.rows)
         t0 = time.perf_counter()
-        self.bus.publish_nowait(topic, list(a.arrays), a.meta, copy=False)
+        # encoded after the worker's clip and noise (DP post-processing)
+        arrays, meta = encode_message(a.arrays, a.meta, self.wire)
+        self.bus.publish_nowait(topic, arrays, meta, copy=False)
         self.timeline.record(COMM, a.worker, a.meta["b"], t0, time.perf_counter())
         return True
 
@@ -181,8 +190,8 @@ class ActionDriver:
         """A buffered message that ``accept`` takes, without waiting."""
         topic = self._topic(a.kind, a.channel, a.party)
         stale = 0
-        while (msg := self.bus.try_next(topic)) is not None:
-            if not self._admit(a.kind, msg):
+        while (raw := self.bus.try_next(topic)) is not None:
+            if (msg := self._admit(a.kind, raw)) is None:
                 continue
             verdict = a.accept(msg)
             if verdict == 1:
@@ -219,11 +228,25 @@ class ActionDriver:
             kw["snapshot"] = True
         return await self.handles[a.worker].forward(a.epoch, a.batch, **kw)
 
-    def _admit(self, kind: str, msg: Any) -> bool:
-        """The intake's verdict on a partner message (no intake: everything)."""
-        if self.intake is None:
-            return True
-        return self.intake.admit(msg, self.specs.get(kind))
+    def _admit(self, kind: str, msg: Any) -> Any:
+        """The partner message with its tensor decoded to float32 (an ``emb`` or
+        ``grad`` sent compressed, :mod:`parties.wire`) if the intake admits it (no
+        intake: everything); None: dropped (counted by the intake)."""
+        tag = msg.meta.get(META_KEY)
+        if tag is not None and kind != IDS and msg.arrays:
+            try:
+                # decoded, and no longer tagged (a message put back is taken as it is)
+                msg = dataclasses.replace(
+                    msg, arrays=(decode_rows(msg.arrays, tag),),
+                    meta={k: v for k, v in msg.meta.items() if k != META_KEY})
+            except WireFormatError as exc:
+                if self.intake is None:
+                    raise
+                self.intake.reject(msg.publisher, str(exc), topic=msg.topic)
+                return None
+        if self.intake is None or self.intake.admit(msg, self.specs.get(kind)):
+            return msg
+        return None
 
     def _check_rows(self, msg: Any, n_rows: int) -> Any:
         """The message's array, if it has the batch's ``n_rows`` rows (it passed the
@@ -247,17 +270,18 @@ class ActionDriver:
             await task
 
     async def _top_step(self, a: TopStep) -> float:
-        bus, timeline = self.bus, self.timeline
+        bus, timeline, wire = self.bus, self.timeline, self.wire
         topics = [self.topics.grad(a.grad_channel, party) for party in a.parties]
 
         def publish(grads: Any) -> None:
             # one gradient (one partner) or one per partner, in a.parties order
             t0 = time.perf_counter()
             if len(topics) == 1:
-                bus.publish_nowait(topics[0], [grads], a.grad_metas[0], copy=False)
+                bus.publish_nowait(topics[0], *encode_message([grads], a.grad_metas[0], wire),
+                                   copy=False)
             else:
                 for topic, grad, meta in zip(topics, grads, a.grad_metas, strict=True):
-                    bus.publish_nowait(topic, [grad], meta, copy=False)
+                    bus.publish_nowait(topic, *encode_message([grad], meta, wire), copy=False)
             timeline.record(COMM, a.worker, a.batch, t0, time.perf_counter())
 
         arrs = [self._check_rows(m, a.n_rows) for m in a.embs]
@@ -298,10 +322,10 @@ class ActionDriver:
                 if remaining <= 0:
                     return Received(stale=stale)
                 try:
-                    msg = await self.bus.next(topic, remaining)
+                    raw = await self.bus.next(topic, remaining)
                 except DeadlineExceeded:
                     return Received(stale=stale)
-                if not self._admit(a.kind, msg):
+                if (msg := self._admit(a.kind, raw)) is None:
                     continue
                 verdict = a.accept(msg)
                 if verdict == 1:

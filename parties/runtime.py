@@ -88,6 +88,11 @@ With DP on (``dp_mu`` or ``dp_noise_multiplier``, see :mod:`parties.dp`), every
 is published (in its workers for ``emb``, thread or process alike, and in the party
 process for ``eval``), and each publication is counted per record in a
 :class:`parties.dp.GdpAccountant` before it happens.
+
+The ``emb``, ``eval`` and ``grad`` tensors travel as ``vfl.wire_dtype`` says (float32, or
+compressed to float16, bfloat16 or int8 with per-row scales where the link is thin:
+:mod:`parties.wire`); the sender encodes after the DP noise, the receiver decodes to
+float32 before its intake judges the tensor.
 """
 
 from __future__ import annotations
@@ -99,6 +104,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +124,7 @@ from pubsub.transport import Transport
 from parties.config import VflConfig, role_of
 from parties.rowstore import DiskRows
 from parties.driver import ActionDriver
+from parties.wire import META_KEY as WIRE_META, WireFormatError, decode_rows, encode_message
 from parties.data import (
     aligned_ids_digest,
     encode_labels,
@@ -612,7 +619,8 @@ class Party:
                     bus, topics=self.topics, handles=self._handles, timeline=self.timeline,
                     record_dp=self._record_train if self.role == "passive" else None,
                     inline=self.worker_mode == "inline", logger=self.log,
-                    intake=self.intake, specs={EMB: batch, GRAD: batch})
+                    intake=self.intake, specs={EMB: batch, GRAD: batch},
+                    wire=cfg.effective_wire_dtype)
                 meter = CpuMeter()
                 meter.start()
                 self.t0 = time.perf_counter()
@@ -895,7 +903,9 @@ class Party:
         emb = await asyncio.to_thread(self._embeddings, x, split)
         assert self.dp_acct is not None
         self.dp_acct.record(split)
-        bus.publish_nowait(topic, [emb], {"split": split}, copy=False)
+        # encoded after the clip and noise (DP post-processing, parties.wire)
+        bus.publish_nowait(topic, *encode_message([emb], {"split": split},
+                                                  self.cfg.effective_wire_dtype), copy=False)
 
     def _record_train(self, rows: np.ndarray, *, extra: bool = False) -> bool:
         """Count one ``emb`` publication of ``rows`` in the DP ledger (before it happens);
@@ -1008,6 +1018,14 @@ class Party:
                     raise PartnerStalled(party if self.multi else self.partner, split,
                                          cfg.liveness_timeout_s,
                                          "embeddings for scoring") from None
+                tag = msg.meta.get(WIRE_META)
+                if tag is not None:  # sent compressed (parties.wire): float32 again
+                    try:
+                        msg = dataclasses.replace(msg, arrays=(decode_rows(msg.arrays, tag),))
+                    except WireFormatError as exc:
+                        self.intake.reject(msg.publisher, str(exc), topic=msg.topic,
+                                           fatal=True)
+                        continue
                 # one release per split: a bad one from the partner cannot be waited out
                 if self.intake.admit(msg, spec, fatal=True):
                     break
@@ -1059,6 +1077,8 @@ class Party:
             "wait_s_per_epoch": self._wait_s() / (self.workers * self.cfg.epochs),
             "bytes_sent": dict(st.sent_bytes),
             "msgs_sent": dict(st.sent_msgs),
+            # how this party's emb / eval / grad tensors travelled (parties.wire)
+            "wire_dtype": self.cfg.effective_wire_dtype,
             "bytes_recv": dict(st.recv_bytes),
             "dropped_batches": self.c.dropped,
             "reassigned_batches": self.c.reassigned,

@@ -6,7 +6,10 @@ What it launches and enforces (every child is a separate OS process):
 * the broker (``python -m broker run``, not limited: it stands for the network);
 * per party with a shaped link or a ``disconnect`` fault, a relay process
   (``python -m sim.relay --broker ...``) between the party and the broker; the party is
-  simply given the relay's address (parties never import ``sim/``);
+  simply given the relay's address (parties never import ``sim/``); the slowest
+  bandwidth-limited link's rate goes to the parties as ``vfl.link_mbps`` (unless the
+  config sets it), so that ``vfl.wire_dtype = "auto"`` compresses the cut-layer tensors
+  for a thin link (:mod:`parties.wire`);
 * every passive party and the active party (``python -m parties PARTY_ID``), each in its own
   CPU-share group (:class:`sim.cpu.CpuLimiter`: cgroup quota, or an honest fallback
   recorded in the metadata) and, when configured, memory cgroup
@@ -36,6 +39,7 @@ party's last ``vfl.epoch_done``) and the ratio of the two.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import signal
 import subprocess
@@ -63,7 +67,7 @@ from parties import zygote
 from sim.launch import (OutDirError, _stop, run_members, run_security, spawn_party_cli,
                         start_broker, vfl_identities)
 from sim.memory import MemoryLimit
-from sim.scenario import LinkConfig, Scenario, describe, party_cores
+from sim.scenario import LinkConfig, Scenario, describe, party_cores, path_mbps
 
 log = structlog.get_logger(__name__)
 
@@ -297,6 +301,9 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
             raise ConfigError("scenario.faults.party",
                               f"{f.party!r} is not a party of this run ({', '.join(ids)}; "
                               f"vfl.passive_parties = {cfg.passive_parties})")
+    if cfg.link_mbps == 0 and (mbps := path_mbps(scn, ids)) > 0:
+        # what the run knows of its links, for vfl.wire_dtype = "auto" (parties.wire)
+        cfg = dataclasses.replace(cfg, link_mbps=mbps)
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -346,6 +346,16 @@ def load_scenario(path: str | Path, sets: Sequence[str] = ()) -> tuple[Scenario,
     return scn, vfl
 
 
+def path_mbps(scn: Scenario, party_ids: Sequence[str] = ROLES) -> float:
+    """The bandwidth of the slowest bandwidth-limited link among ``party_ids``' links,
+    Mbit/s (0: none is limited). Every message between two parties crosses both of their
+    links to the broker, so this bounds every party-to-party path of the run; the runner
+    gives it to the parties as ``vfl.link_mbps`` (what ``vfl.wire_dtype = "auto"``
+    decides on)."""
+    rates = [scn.party(p).link.bandwidth_mbps for p in party_ids]
+    return min((r for r in rates if r > 0), default=0.0)
+
+
 def describe(scn: Scenario, cores: Mapping[str, float]) -> dict[str, Any]:
     """JSON-ready summary of the scenario with the resolved cores."""
     return {

@@ -181,3 +181,16 @@ def test_a_fault_on_a_party_the_run_lacks_is_refused_before_anything_starts(tmp_
     with pytest.raises(ConfigError, match="'passive3' is not a party of this run"):
         run_scenario(scn, VflConfig(dataset="bank", passive_parties=2), tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_path_mbps_is_the_slowest_limited_link_of_the_run() -> None:
+    from sim.scenario import LinkConfig, path_mbps
+
+    def spec(mbps: float) -> PartySpec:
+        return PartySpec(link=LinkConfig(latency_s=0.02, bandwidth_mbps=mbps))
+
+    scn = Scenario(cpu_ratio="1:1", passive=spec(100.0),
+                   more=(("passive2", spec(20.0)),))
+    assert path_mbps(scn) == 100.0
+    assert path_mbps(scn, ("active", "passive", "passive2")) == 20.0
+    assert path_mbps(Scenario(cpu_ratio="1:1")) == 0.0  # no limited link: unknown
