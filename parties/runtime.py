@@ -1102,4 +1102,10 @@ class Party:
             out["label_positive"] = self.data.label_positive
         if self.multi and self.role == "active":
             out["missed_by_party"] = dict(self.c.missed_by_party)
+        link = getattr(self.strategy, "link_report", None)
+        link = link() if link is not None else None
+        if link is not None:  # pubsub's passive party: what it measured of its link
+            wire = st.sent_bytes.get(EMB, 0) + st.recv_bytes.get(GRAD, 0)
+            link["bytes_per_sample"] = wire / self.c.samples if self.c.samples else None
+            out["link"] = link
         return out
