@@ -509,23 +509,27 @@ class InflightWindow:
     messages. One per passive party, shared by its workers; pure (the caller passes the
     times).
 
-    A worker's batch occupies it for ``step_s`` (forward + backward, its own measured
-    compute) and is away for ``rtt_s`` (from the publication of its embedding to the
-    receipt of its gradient: both link directions, the broker and the active party's
-    compute). The worker can start a batch every ``T = max(step_s, partner_period_s ·
-    workers)`` seconds: its own compute, or its share of what the active party serves
-    (``partner_period_s`` is the active party's measured time per batch over all its
-    workers, reported with every gradient). Little's law then needs
-    ``ceil((rtt_s + step_s) / T)`` batches in flight per worker to keep that pace, which
-    :attr:`size` returns, clamped to ``[1, max_per_worker]``: 1 on a fast link (the
-    synchronous worker of old), more as the round trip grows, fewer when it falls.
+    A round-trip sample is the time from the publication of a batch's embedding to the
+    receipt of its gradient, less the active party's time on the batch (from taking the
+    embedding to publishing the gradient, which it reports as meta ``h``): both link
+    directions and the broker, what the window is there to hide. A worker's batch
+    occupies the worker for ``step_s`` (forward + backward, measured), and the worker
+    can start one every ``T = max(step_s, partner_period_s · workers)`` seconds: its own
+    compute, or its share of what the active party serves (``partner_period_s``, the
+    active party's measured seconds per batch over all its workers while embeddings
+    queued for it, reported with every gradient as meta ``p``). :attr:`size` is
+    ``1 + floor(rtt_s / T)``, clamped to ``[1, max_per_worker]``: the batch in compute
+    plus the batches whose worker periods the round trip spans, so 1 on a fast link (the
+    synchronous worker) and more as the round trip grows; fewer again when it falls.
 
-    ``rtt_s`` is an EWMA (weight :data:`INFLIGHT_EWMA`) of the round trips whose
-    embedding reached an idle active worker (``queued=False``): a round trip whose
-    embedding waited in the active party's buffer measures that queue, which a larger
-    window would only lengthen (a window sized on it grows without bound, as TCP's does
-    on a buffer), so such a sample can only pull the estimate down. ``rtt_all_s`` (every
-    sample) sets the deadline floor :attr:`deadline_floor_s`.
+    ``rtt_s`` is an EWMA (weight :data:`INFLIGHT_EWMA`) of the samples whose embedding
+    reached an idle active worker (``queued=False``): a sample whose embedding waited in
+    the active party's buffer includes that queue, which a larger window would only
+    lengthen (a window sized on it grows to its cap, as TCP's does on a deep buffer), so
+    such a sample can only pull the estimate down. A queue on the link itself (a
+    bandwidth-bound link) is not told apart: there the window sits at its cap
+    (``max_per_worker``), which bounds it. ``rtt_all_s`` (every sample) sets the deadline
+    floor :attr:`deadline_floor_s`.
 
     Attributes:
         max_per_worker: the most batches a worker may have in flight, >= 1.
@@ -615,7 +619,7 @@ class InflightWindow:
         period = self.period_s
         if self.rtt_s is None or period is None:
             return 1  # nothing measured yet: the synchronous worker
-        need = math.ceil((self.rtt_s + self.step_s) / period - 1e-9)  # type: ignore[operator]
+        need = 1 + math.floor(self.rtt_s / period)
         return max(1, min(self.max_per_worker, need))
 
     @property

@@ -427,7 +427,8 @@ class Strategy:
         msgs = tuple(got[p] for p in partners)
         loss = yield TopStep(worker=k, epoch=epoch, batch=b, embs=msgs, n_rows=n_rows,
                              grad_channel=channel, grad_metas=tuple(grad_meta(m) for m in msgs),
-                             parties=partners, rows=rows)
+                             parties=partners, rows=rows,
+                             held_since=probe.get("t_got") if probe is not None else None)
         c = self.counters
         c.samples += n_rows
         c.loss_sum += loss * n_rows
@@ -537,8 +538,11 @@ class ScheduledPassive(Strategy):
             if msg is not None and not msg.meta.get("skip"):
                 # the attempt it answers (an earlier one's gradient may come late)
                 t_sent = self._sent_at.pop(str(msg.meta.get("u")), t_pub)
-                q = msg.meta.get("q")
-                win.observe_rtt(now - t_sent, queued=bool(q) if isinstance(q, int) else False)
+                q, h = msg.meta.get("q"), msg.meta.get("h")
+                held = float(h) if isinstance(h, (int, float)) and not isinstance(h, bool) \
+                    and 0 <= h < now - t_sent else 0.0
+                win.observe_rtt(now - t_sent - held,
+                                queued=bool(q) if isinstance(q, int) else False)
                 p = msg.meta.get("p")
                 if isinstance(p, (int, float)) and not isinstance(p, bool):
                     win.observe_partner_period(float(p))
