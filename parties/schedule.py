@@ -1,5 +1,6 @@
 """Pure scheduling logic: batch plans, the ΔT_t schedule, batch assignment, the baselines'
-worker counts, VFL-PS ID splitting, AVFL's staleness window, validation and segments.
+worker counts, VFL-PS ID splitting, AVFL's staleness window, ``pubsub``'s in-flight window
+(:class:`InflightWindow`), validation and segments.
 
 Nothing here touches sockets, threads or torch.
 """

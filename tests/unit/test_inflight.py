@@ -16,7 +16,6 @@ import torch
 
 from parties.actions import (
     EMB,
-    GRAD,
     Await,
     Backward,
     Discard,
