@@ -667,7 +667,9 @@ class ScheduledActive(Strategy):
     """``pubsub`` / ``vfl`` / ``avfl`` / ``avfl-ps`` active: take a batch, wait for its
     embedding (T_ddl), train, publish the gradient; a miss reassigns the batch
     (``pubsub``) or skips it (after ``max_reassign`` misses, or at once under AVFL) and
-    tells the passive party so."""
+    tells the passive party so. Under ``pubsub`` with ``inflight_max > 1`` each gradient
+    also reports what the passive party's in-flight window needs (:meth:`_grad_meta`,
+    :meth:`_paced`; meta ``h`` is added by the interpreter)."""
 
     def segment(self, epoch: int, batches: Sequence[Any], seg: range) -> Proc:
         cfg = self.cfg
@@ -741,7 +743,6 @@ class ScheduledActive(Strategy):
                 sched.complete(b)
                 c.batches += 1
             yield NotifySchedule()
-
 
     def _grad_meta(self, epoch: int, b: int, m: Any, probe: dict[str, Any] | None
                    ) -> dict[str, Any]:
