@@ -494,6 +494,9 @@ class StalenessWindow:
 INFLIGHT_EWMA = 0.125
 #: Round-trip samples an :class:`InflightWindow` keeps for its median / p90 (the latest).
 INFLIGHT_KEEP = 8192
+#: The window's round trip is the least of this many latest samples (see
+#: :class:`InflightWindow`).
+INFLIGHT_MIN_OF = 32
 #: Points of an :class:`InflightWindow`'s in-flight depth series (at least this many
 #: seconds apart: :data:`INFLIGHT_SERIES_S`).
 INFLIGHT_SERIES_MAX = 240
@@ -523,14 +526,20 @@ class InflightWindow:
     plus the batches whose worker periods the round trip spans, so 1 on a fast link (the
     synchronous worker) and more as the round trip grows; fewer again when it falls.
 
-    ``rtt_s`` is an EWMA (weight :data:`INFLIGHT_EWMA`) of the samples whose embedding
-    reached an idle active worker (``queued=False``): a sample whose embedding waited in
-    the active party's buffer includes that queue, which a larger window would only
-    lengthen (a window sized on it grows to its cap, as TCP's does on a deep buffer), so
-    such a sample can only pull the estimate down. A queue on the link itself (a
-    bandwidth-bound link) is not told apart: there the window sits at its cap
-    (``max_per_worker``), which bounds it. ``rtt_all_s`` (every sample) sets the deadline
-    floor :attr:`deadline_floor_s`.
+    ``rtt_s`` is the least of the latest :data:`INFLIGHT_MIN_OF` samples whose embedding
+    reached an idle active worker (``queued=False``), as TCP's BBR keeps its minimum
+    round trip: a sample is the link's round trip plus whatever waited on the way (the
+    party's own event loop or CPU quota noticing the gradient late, a busy broker), and
+    only the least of them measures the link; a window sized on a mean would grow on a
+    loaded party's own delays, where it buys no throughput and costs staleness. A sample
+    whose embedding waited in the active party's buffer (``queued=True``) includes that
+    queue, which a larger window would only lengthen, so it counts only where it is
+    lower. The minimum forgets after :data:`INFLIGHT_MIN_OF` samples, so a slower link
+    shows within that many batches and a faster one at once. A queue on the link itself
+    (a bandwidth-bound link) is not told apart: there the window sits at its cap
+    (``max_per_worker``), which bounds it. ``rtt_all_s``, an EWMA (weight
+    :data:`INFLIGHT_EWMA`) of every sample, sets the deadline floor
+    :attr:`deadline_floor_s`.
 
     Attributes:
         max_per_worker: the most batches a worker may have in flight, >= 1.
@@ -567,6 +576,7 @@ class InflightWindow:
     size_max: int = 0
     series: list[list[float]] = field(default_factory=list)
     by_epoch: list[dict[str, float]] = field(default_factory=list)
+    _recent: deque[float] = field(default_factory=lambda: deque(maxlen=INFLIGHT_MIN_OF))
     _t0: float | None = None
     _spacing: float = INFLIGHT_SERIES_S
     _epoch: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0])
@@ -590,10 +600,10 @@ class InflightWindow:
         self.rtt_all_s = self._ewma(self.rtt_all_s, rtt_s)
         if queued:
             self.n_queued += 1
-            if self.rtt_s is not None and rtt_s < self.rtt_s:
-                self.rtt_s = self._ewma(self.rtt_s, rtt_s)
-            return
-        self.rtt_s = self._ewma(self.rtt_s, rtt_s)
+            if self.rtt_s is None or rtt_s >= self.rtt_s:
+                return
+        self._recent.append(rtt_s)
+        self.rtt_s = min(self._recent)
 
     def observe_step(self, step_s: float) -> None:
         """A worker's own compute for one batch (forward + backward), seconds."""
@@ -678,7 +688,7 @@ class InflightWindow:
         return {
             "rtt_s": {"median": q(0.5), "p90": q(0.9), "min": xs[0] if xs else None,
                       "ewma": self.rtt_all_s, "n": self.n_rtt, "n_queued": self.n_queued,
-                      "window_ewma": self.rtt_s},
+                      "window_min": self.rtt_s},
             "step_s": self.step_s,
             "partner_period_s": self.partner_period_s,
             "inflight": {"max_per_worker": self.max_per_worker, "auto": self.auto,
