@@ -296,3 +296,25 @@ def test_des_window_hides_a_slow_link_and_stays_synchronous_on_a_fast_one() -> N
     lan, lan_sync = sim(0.0, 8), sim(0.0, 1)
     assert lan.link["inflight"]["size_mean"] < 1.2
     assert lan.samples_per_s >= 0.95 * lan_sync.samples_per_s
+
+
+def test_a_reassigned_batch_the_dp_ledger_refuses_is_dropped_with_a_notice() -> None:
+    """With a window, as without: every first attempt misses its deadline, the DP ledger
+    refuses every reassigned one (``Publish`` returns False): each batch is dropped once,
+    with a skip notice to the active party, and the worker ends."""
+
+    class Refusing(Clocked):
+        def handle(self, a: Any) -> Any:
+            if isinstance(a, Publish) and a.meta.get("a", 0) > 0:
+                return False
+            return super().handle(a)
+
+    s = passive(inflight_max=3, data_wait_s=0.01, t_ddl_s=0.01, max_reassign=2)
+    f = Refusing(delay_s=10.0)  # no gradient within the run
+    f.run(s.segment(0, [np.arange(4)] * 5, range(5)))
+    notices = [a for a in f.actions if isinstance(a, Publish) and a.meta.get("skip")]
+    assert sorted(a.channel for a in notices) == [0, 1, 2, 3, 4]
+    assert s.counters.batches == 0 and s.counters.reassigned == 5
+    assert s.counters.dropped == 10  # each batch: its miss, then the refusal
+    discards = [a.key for a in f.actions if isinstance(a, Discard)]
+    assert sorted(discards) == sorted([0, 1, 2, 3, 4] * 2)
