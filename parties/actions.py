@@ -105,7 +105,9 @@ class TopStep:
     passive party, in ``parties`` order); the interpreter publishes each party's
     cut-layer gradient on its ``grad/<grad_channel>`` with that party's entry of
     ``grad_metas`` as soon as it exists, then the own bottom's backward runs. Returns
-    the loss (float)."""
+    the loss (float). ``held_since`` (:class:`Now` time the embeddings were taken; None:
+    not reported): the interpreter adds meta ``h``, the seconds from then to the
+    gradient's publication (the active party's share of the round trip)."""
 
     worker: int
     epoch: int
@@ -116,6 +118,7 @@ class TopStep:
     grad_metas: tuple[dict[str, Any], ...]
     parties: tuple[str, ...] = ("",)
     rows: Any = None
+    held_since: float | None = None
 
     @property
     def emb(self) -> Any:

@@ -249,6 +249,20 @@ class VflConfig:
             have published without their gradient applied (1 = lock-step); the
             default 5 matches the per-batch buffers p = q = 5 (gradients are then at
             most 4 updates stale).
+        inflight_max: ``pubsub``: the most batches one passive worker keeps in flight
+            (embedding published, gradient not yet back), >= 1; 1 = each worker waits
+            for a batch's gradient before it embeds the next (the behaviour before the
+            window). Above 1, a batch embedded while others are in flight runs its
+            forward on a snapshot of the worker's parameters and is back-propagated
+            through it (weight stashing), so its gradient is at most ``inflight_max − 1``
+            of the worker's own updates stale. Default 4.
+        inflight_auto: ``pubsub``: size each passive worker's window from the round trip
+            the run measures of its own embeddings and gradients (publication to
+            gradient), the worker's own compute and the active party's reported pace:
+            ``ceil((rtt + step) / max(step, pace·w_passive))`` in ``[1, inflight_max]``,
+            so 1 on a fast link and more across a slow one
+            (:class:`parties.schedule.InflightWindow`); false: always ``inflight_max``.
+            The measurements go in ``metrics.json`` (``link``).
         event_loop: ``"uvloop"`` or ``"asyncio"``.
         connect_timeout_s: broker handshake deadline, seconds.
         worker_mode: ``"thread"`` (workers are threads of the party process: cheap
@@ -422,6 +436,8 @@ class VflConfig:
     sync_per_epoch: int = 0
     target_metric: float | None = None
     staleness_bound: int = 5
+    inflight_max: int = 4
+    inflight_auto: bool = True
     event_loop: str = "uvloop"
     connect_timeout_s: float = 10.0
     worker_mode: str = "auto"
@@ -468,7 +484,8 @@ class VflConfig:
         if not 0 <= self.synthetic_seed < 2**32:
             raise bad("synthetic_seed", "must be in 0 .. 2**32-1")
         for key in ("epochs", "batch_size", "w_active", "w_passive", "delta_t0", "p", "q",
-                    "embedding_dim", "torch_threads", "eval_every", "staleness_bound"):
+                    "embedding_dim", "torch_threads", "eval_every", "staleness_bound",
+                    "inflight_max"):
             if getattr(self, key) < 1:
                 raise bad(key, "must be >= 1")
         for key in ("active_torch_threads", "passive_torch_threads"):

@@ -276,11 +276,15 @@ class ActionDriver:
         def publish(grads: Any) -> None:
             # one gradient (one partner) or one per partner, in a.parties order
             t0 = time.perf_counter()
+            metas = a.grad_metas
+            if a.held_since is not None:  # the active party's share of the round trip
+                h = round(max(0.0, asyncio.get_running_loop().time() - a.held_since), 6)
+                metas = tuple({**m, "h": h} for m in metas)
             if len(topics) == 1:
-                bus.publish_nowait(topics[0], *encode_message([grads], a.grad_metas[0], wire),
+                bus.publish_nowait(topics[0], *encode_message([grads], metas[0], wire),
                                    copy=False)
             else:
-                for topic, grad, meta in zip(topics, grads, a.grad_metas, strict=True):
+                for topic, grad, meta in zip(topics, grads, metas, strict=True):
                     bus.publish_nowait(topic, *encode_message([grad], meta, wire), copy=False)
             timeline.record(COMM, a.worker, a.batch, t0, time.perf_counter())
 

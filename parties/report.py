@@ -118,6 +118,7 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         extra["dp_by_party"] = {p: (r or {}).get("dp") or dp_report(plan_from_config(cfg), None)
                                 for p, r in got.items()}
         extra["reports_missing"] = sorted(p for p, r in got.items() if r is None)
+        extra["link_by_party"] = {p: (r or {}).get("link") for p, r in got.items()}
     return {
         "algo": cfg.algo,
         "dataset": cfg.dataset if not cfg.party_datasets else ", ".join(cfg.party_datasets),
@@ -158,5 +159,8 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         "dp": (first or {}).get("dp") or dp_report(plan_from_config(cfg), None),
         # the active party's own columns alone (parties.baseline); None when not asked for
         "active_only": active.get("active_only"),
+        # pubsub: what the (first) passive party measured of its link: round trips, the
+        # in-flight window's depth over time, bytes per sample (parties.schedule.InflightWindow)
+        "link": (first or {}).get("link"),
         **extra,
     }

@@ -11,9 +11,11 @@ Protocol (all topics live under the run id, so runs can share a broker):
 ============================  =========  ================================================
 topic                         publisher  payload
 ============================  =========  ================================================
-``emb/<run>/<c>``             passive    (B, d) float32 embedding; meta e, b, a, u (and k)
+``emb/<run>/<c>``             passive    (B, d) float32 embedding; meta e, b, a, u (and k;
+                                         ``pubsub``: d, a raised deadline)
 ``grad/<run>/<c>``            active     (B, d) float32 cut-layer gradient; meta e, b, u
-                                         (or ``skip``: the active party gave up on it)
+                                         (``pubsub``: q, p, h, the pace) (or ``skip``:
+                                         the active party gave up on it)
 ``ids/<run>/subsets``         active     ``vfl-ps``: a batch's ID subsets (ids, offsets)
 ``eval/<run>/val/<i>``        passive    (n_val, d) embeddings of the validation rows at
                                          validation point i (the active party scores them)
@@ -47,7 +49,24 @@ Algorithms
     worker publishes its embedding on the batch's channel and waits for the gradient,
     an active worker waits for the embedding; a miss of T_ddl drops the batch and
     reassigns it (``max_reassign`` times, then it is skipped for the epoch; ``t_ddl_s =
-    0`` disables dropping). Under a DP target a passive party publishes a reassigned
+    0`` disables dropping). A passive worker keeps up to a window of batches in flight
+    (:class:`parties.schedule.InflightWindow`, at most ``inflight_max``): it embeds and
+    publishes the next batch before the earlier ones' gradients are back, sized from
+    the round trip the run measures of its own messages (publication of an embedding
+    to receipt of its gradient, less the active party's time on the batch, which each
+    gradient reports with the active party's pace and whether the embedding queued),
+    so 1 on a fast link and more across a slow one; gradients are settled in
+    publication order, each batch's deadline counted from its publication. A batch
+    embedded while others are in flight runs its forward on a snapshot of the worker's
+    parameters and its gradient is back-propagated through that snapshot and applied
+    to the current parameters (weight stashing, as in PipeDream): exact for its
+    embedding, at most ``inflight_max − 1`` of the worker's own updates stale. Where
+    the measured round trip makes T_ddl unmeetable (below
+    :data:`parties.schedule.DDL_RTTS` round trips)
+    the passive party raises its gradient deadline, logs ``vfl.t_ddl_adjusted``, tells
+    the active party (meta ``d`` of its embeddings, which raises its embedding wait
+    alike) and records it in ``metrics.json`` (``link.t_ddl``).
+    Under a DP target a passive party publishes a reassigned
     batch only if every record of it has an extra publication left in its reserve
     (``dp_reassign_reserve``, :mod:`parties.dp`); otherwise it drops the batch for the
     epoch and sends the active party a skip notice on the batch's channel. Per-batch
@@ -1122,4 +1141,10 @@ class Party:
             out["label_positive"] = self.data.label_positive
         if self.multi and self.role == "active":
             out["missed_by_party"] = dict(self.c.missed_by_party)
+        link = getattr(self.strategy, "link_report", None)
+        link = link() if link is not None else None
+        if link is not None:  # pubsub's passive party: what it measured of its link
+            wire = st.sent_bytes.get(EMB, 0) + st.recv_bytes.get(GRAD, 0)
+            link["bytes_per_sample"] = wire / self.c.samples if self.c.samples else None
+            out["link"] = link
         return out

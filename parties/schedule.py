@@ -1,5 +1,6 @@
 """Pure scheduling logic: batch plans, the ΔT_t schedule, batch assignment, the baselines'
-worker counts, VFL-PS ID splitting, AVFL's staleness window, validation and segments.
+worker counts, VFL-PS ID splitting, AVFL's staleness window, ``pubsub``'s in-flight window
+(:class:`InflightWindow`), validation and segments.
 
 Nothing here touches sockets, threads or torch.
 """
@@ -487,6 +488,217 @@ class StalenessWindow:
         self._check_oldest(b)
         del self.issued_at[b]
         self.outstanding.remove(b)
+
+
+#: The EWMA weight of a new sample in :class:`InflightWindow` (TCP's SRTT gain, RFC 6298).
+INFLIGHT_EWMA = 0.125
+#: Round-trip samples an :class:`InflightWindow` keeps for its median / p90 (the latest).
+INFLIGHT_KEEP = 8192
+#: The window's round trip is the least of this many latest samples (see
+#: :class:`InflightWindow`).
+INFLIGHT_MIN_OF = 32
+#: Points of an :class:`InflightWindow`'s in-flight depth series (at least this many
+#: seconds apart: :data:`INFLIGHT_SERIES_S`).
+INFLIGHT_SERIES_MAX = 240
+INFLIGHT_SERIES_S = 0.25
+#: A gradient's deadline is at least this many measured round trips (the EWMA of every
+#: sample): a ``t_ddl_s`` below it would drop every batch on the measured link.
+DDL_RTTS = 3.0
+
+
+@dataclass(slots=True)
+class InflightWindow:
+    """How many batches each ``pubsub`` passive worker keeps in flight (published, its
+    gradient not yet back), sized from the round trip the run measures of its own
+    messages. One per passive party, shared by its workers; pure (the caller passes the
+    times).
+
+    A round-trip sample is the time from the publication of a batch's embedding to the
+    receipt of its gradient, less the active party's time on the batch (from taking the
+    embedding to publishing the gradient, which it reports as meta ``h``): both link
+    directions and the broker, what the window is there to hide. A worker's batch
+    occupies the worker for ``step_s`` (forward + backward, measured), and the worker
+    can start one every ``T = max(step_s, partner_period_s · workers)`` seconds: its own
+    compute, or its share of what the active party serves (``partner_period_s``, the
+    active party's measured seconds per batch over all its workers while embeddings
+    queued for it, reported with every gradient as meta ``p``). :attr:`size` is
+    ``1 + floor(rtt_s / T)``, clamped to ``[1, max_per_worker]``: the batch in compute
+    plus the batches whose worker periods the round trip spans, so 1 on a fast link (the
+    synchronous worker) and more as the round trip grows; fewer again when it falls.
+
+    ``rtt_s`` is the least of the latest :data:`INFLIGHT_MIN_OF` samples whose embedding
+    reached an idle active worker (``queued=False``), as TCP's BBR keeps its minimum
+    round trip: a sample is the link's round trip plus whatever waited on the way (the
+    party's own event loop or CPU quota noticing the gradient late, a busy broker), and
+    only the least of them measures the link; a window sized on a mean would grow on a
+    loaded party's own delays, where it buys no throughput and costs staleness. A sample
+    whose embedding waited in the active party's buffer (``queued=True``) includes that
+    queue, which a larger window would only lengthen, so it counts only where it is
+    lower. The minimum forgets after :data:`INFLIGHT_MIN_OF` samples, so a slower link
+    shows within that many batches and a faster one at once. A queue on the link itself
+    (a bandwidth-bound link) is not told apart: there the window sits at its cap
+    (``max_per_worker``), which bounds it. ``rtt_all_s``, an EWMA (weight
+    :data:`INFLIGHT_EWMA`) of every sample, sets the deadline floor
+    :attr:`deadline_floor_s`.
+
+    Attributes:
+        max_per_worker: the most batches a worker may have in flight, >= 1.
+        workers: the party's workers, >= 1.
+        auto: size from the measurements; False: always ``max_per_worker``.
+        rtt_s / rtt_all_s / step_s / partner_period_s: the estimates (None: no sample).
+        samples: the latest round trips (at most :data:`INFLIGHT_KEEP`), seconds.
+        n_rtt / n_queued: round trips observed, and those flagged queued.
+        depth / depth_sum / depth_n / depth_max: batches in flight now, and the sum,
+            count and maximum of the depth seen at each publication.
+        size_sum / size_max: the same of :attr:`size` at each publication.
+        series: ``[t_s, depth, size]`` at most every :data:`INFLIGHT_SERIES_S` seconds
+            (at most :data:`INFLIGHT_SERIES_MAX` points, then every other one is dropped
+            and the spacing doubles), ``t_s`` from the first publication.
+        by_epoch: per epoch, ``{"epoch", "depth_mean", "depth_max", "size_mean",
+            "size_max"}`` (see :meth:`end_epoch`).
+    """
+
+    max_per_worker: int
+    workers: int = 1
+    auto: bool = True
+    rtt_s: float | None = None
+    rtt_all_s: float | None = None
+    step_s: float | None = None
+    partner_period_s: float | None = None
+    samples: deque[float] = field(default_factory=lambda: deque(maxlen=INFLIGHT_KEEP))
+    n_rtt: int = 0
+    n_queued: int = 0
+    depth: int = 0
+    depth_sum: int = 0
+    depth_n: int = 0
+    depth_max: int = 0
+    size_sum: int = 0
+    size_max: int = 0
+    series: list[list[float]] = field(default_factory=list)
+    by_epoch: list[dict[str, float]] = field(default_factory=list)
+    _recent: deque[float] = field(default_factory=lambda: deque(maxlen=INFLIGHT_MIN_OF))
+    _t0: float | None = None
+    _spacing: float = INFLIGHT_SERIES_S
+    _epoch: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0])
+
+    def __post_init__(self) -> None:
+        if self.max_per_worker < 1 or self.workers < 1:
+            raise ValueError(f"need max_per_worker >= 1 and workers >= 1, got "
+                             f"{self.max_per_worker}, {self.workers}")
+
+    @staticmethod
+    def _ewma(old: float | None, x: float) -> float:
+        return x if old is None else old + INFLIGHT_EWMA * (x - old)
+
+    def observe_rtt(self, rtt_s: float, *, queued: bool = False) -> None:
+        """A batch's round trip, seconds (publication of its embedding to receipt of its
+        gradient); ``queued``: its embedding waited in the active party's buffer."""
+        if not (rtt_s >= 0 and math.isfinite(rtt_s)):
+            return
+        self.n_rtt += 1
+        self.samples.append(rtt_s)
+        self.rtt_all_s = self._ewma(self.rtt_all_s, rtt_s)
+        if queued:
+            self.n_queued += 1
+            if self.rtt_s is None or rtt_s >= self.rtt_s:
+                return
+        self._recent.append(rtt_s)
+        self.rtt_s = min(self._recent)
+
+    def observe_step(self, step_s: float) -> None:
+        """A worker's own compute for one batch (forward + backward), seconds."""
+        if step_s >= 0 and math.isfinite(step_s):
+            self.step_s = self._ewma(self.step_s, step_s)
+
+    def observe_partner_period(self, period_s: float) -> None:
+        """The active party's reported time per batch (all its workers), seconds."""
+        if period_s > 0 and math.isfinite(period_s):
+            self.partner_period_s = period_s
+
+    @property
+    def period_s(self) -> float | None:
+        """T: how often one worker can start a batch, seconds (None: no estimate yet)."""
+        if self.step_s is None:
+            return None
+        return max(self.step_s, (self.partner_period_s or 0.0) * self.workers, 1e-9)
+
+    @property
+    def size(self) -> int:
+        """Batches a worker may have in flight now, in ``[1, max_per_worker]``."""
+        if not self.auto:
+            return self.max_per_worker
+        period = self.period_s
+        if self.rtt_s is None or period is None:
+            return 1  # nothing measured yet: the synchronous worker
+        need = 1 + math.floor(self.rtt_s / period)
+        return max(1, min(self.max_per_worker, need))
+
+    @property
+    def deadline_floor_s(self) -> float:
+        """The shortest gradient deadline the measured link allows: :data:`DDL_RTTS`
+        round trips (0 before any sample)."""
+        return DDL_RTTS * self.rtt_all_s if self.rtt_all_s is not None else 0.0
+
+    def issued(self, now_s: float) -> None:
+        """A worker published an embedding at ``now_s`` (seconds, any monotonic clock):
+        count it in flight and sample the depth."""
+        self.depth += 1
+        size = self.size
+        self.depth_sum += self.depth
+        self.depth_n += 1
+        self.depth_max = max(self.depth_max, self.depth)
+        self.size_sum += size
+        self.size_max = max(self.size_max, size)
+        e = self._epoch
+        e[0] += self.depth
+        e[1] += 1
+        e[2] = max(e[2], self.depth)
+        e[3] += size
+        e[4] = max(e[4], size)
+        if self._t0 is None:
+            self._t0 = now_s
+        t = now_s - self._t0
+        if not self.series or t - self.series[-1][0] >= self._spacing:
+            self.series.append([round(t, 4), self.depth, size])
+            if len(self.series) > INFLIGHT_SERIES_MAX:
+                self.series = self.series[::2]
+                self._spacing *= 2
+
+    def settled(self) -> None:
+        """A worker's batch left flight (its gradient applied, missed or skipped)."""
+        self.depth = max(0, self.depth - 1)
+
+    def end_epoch(self, epoch: int) -> None:
+        """Close epoch ``epoch``'s depth statistics (appended to :attr:`by_epoch`)."""
+        e = self._epoch
+        if e[1]:
+            self.by_epoch.append({"epoch": epoch, "depth_mean": e[0] / e[1],
+                                  "depth_max": e[2], "size_mean": e[3] / e[1],
+                                  "size_max": e[4]})
+        self._epoch = [0, 0, 0, 0, 0]
+
+    def report(self) -> dict[str, object]:
+        """What the run measured of its link and did with it (``metrics.json``'s
+        ``link``, with the runtime's byte counts added)."""
+        xs = sorted(self.samples)
+
+        def q(p: float) -> float | None:
+            return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None
+
+        return {
+            "rtt_s": {"median": q(0.5), "p90": q(0.9), "min": xs[0] if xs else None,
+                      "ewma": self.rtt_all_s, "n": self.n_rtt, "n_queued": self.n_queued,
+                      "window_min": self.rtt_s},
+            "step_s": self.step_s,
+            "partner_period_s": self.partner_period_s,
+            "inflight": {"max_per_worker": self.max_per_worker, "auto": self.auto,
+                         "workers": self.workers,
+                         "depth_mean": self.depth_sum / self.depth_n if self.depth_n else None,
+                         "depth_max": self.depth_max,
+                         "size_mean": self.size_sum / self.depth_n if self.depth_n else None,
+                         "size_max": self.size_max,
+                         "by_epoch": list(self.by_epoch), "series": list(self.series)},
+        }
 
 
 # ---------------------------------------------------------------------------- evaluation

@@ -59,6 +59,7 @@ from parties.errors import ConfigMismatch, PartnerStalled
 from parties.schedule import (
     ALGOS,
     EpochSchedule,
+    InflightWindow,
     StalenessWindow,
     pack_ids,
     split_batch_ids,
@@ -105,6 +106,12 @@ class StrategyConfig:
         partners: the passive parties an active party trains with, by party id
             (``("",)``: its one partner, every two-party run); a passive party's one
             partner is the active party (``("",)``).
+        inflight_max: ``pubsub``: the most batches a passive worker keeps in flight
+            (:class:`parties.schedule.InflightWindow`); 1 = the synchronous worker (embed,
+            publish, wait for the gradient). Above 1 the active party also reports its
+            pace with each gradient (meta ``q``, ``p``).
+        inflight_auto: size the window from the measured round trip (else always
+            ``inflight_max``).
     """
 
     algo: str
@@ -116,15 +123,19 @@ class StrategyConfig:
     staleness_bound: int = 1
     t_ddl_s: float = 0.0
     partners: tuple[str, ...] = ("",)
+    inflight_max: int = 1
+    inflight_auto: bool = True
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
             raise ValueError(f"algo must be one of {ALGOS}, got {self.algo!r}")
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
-        if self.workers < 1 or self.staleness_bound < 1 or self.max_reassign < 0:
+        if self.workers < 1 or self.staleness_bound < 1 or self.max_reassign < 0 \
+                or self.inflight_max < 1:
             raise ValueError(f"bad strategy config: workers={self.workers}, staleness_bound="
-                             f"{self.staleness_bound}, max_reassign={self.max_reassign}")
+                             f"{self.staleness_bound}, max_reassign={self.max_reassign}, "
+                             f"inflight_max={self.inflight_max}")
         if not self.data_wait_s > 0:
             raise ValueError(f"data_wait_s must be > 0, got {self.data_wait_s!r}")
         partners = tuple(self.partners)
@@ -146,8 +157,9 @@ class StrategyConfig:
     def from_vfl(cls, cfg: Any, role: str, party: str = "") -> StrategyConfig:
         """From a :class:`parties.config.VflConfig`: drops when ``t_ddl_s > 0`` and the
         algorithm may drop (not ``vfl`` / ``vfl-ps``); an active party with several passive
-        parties has them as its partners, by party id. ``party``: the party's id (its own
-        worker count, ``vfl.passive_party_workers``); "" = ``role``."""
+        parties has them as its partners, by party id; the in-flight window
+        (``vfl.inflight_max``, ``vfl.inflight_auto``) under ``pubsub`` only. ``party``: the
+        party's id (its own worker count, ``vfl.passive_party_workers``); "" = ``role``."""
         drops = cfg.t_ddl_s > 0 and cfg.algo not in ("vfl", "vfl-ps")
         several = role == "active" and getattr(cfg, "passive_parties", 1) > 1
         return cls(algo=cfg.algo, role=role, workers=cfg.workers_for(party or role),
@@ -155,7 +167,9 @@ class StrategyConfig:
                    data_wait_s=cfg.t_ddl_s if drops else cfg.liveness_timeout_s,
                    max_reassign=cfg.max_reassign, staleness_bound=cfg.staleness_bound,
                    t_ddl_s=cfg.t_ddl_s,
-                   partners=tuple(cfg.party_ids[1:]) if several else ("",))
+                   partners=tuple(cfg.party_ids[1:]) if several else ("",),
+                   inflight_max=getattr(cfg, "inflight_max", 1) if cfg.algo == "pubsub" else 1,
+                   inflight_auto=getattr(cfg, "inflight_auto", True))
 
 
 @dataclass(slots=True)
@@ -235,6 +249,9 @@ class Strategy:
         #: (epoch, batch) -> the partner embeddings that arrived for a missed attempt (an
         #: active party with several partners waits only for the rest next time)
         self._held: dict[tuple[int, int], dict[str, Any]] = {}
+        #: how long an active worker waits for an embedding: ``data_wait_s``, raised to the
+        #: passive party's deadline on the measured link (meta ``d`` of its embeddings)
+        self.emb_wait_s = cfg.data_wait_s
 
     def segment(self, epoch: int, batches: Sequence[Any], seg: range) -> Proc:
         """Train the batches ``seg`` of ``epoch``: the top-level generator."""
@@ -332,7 +349,8 @@ class Strategy:
     def _active_step(self, k: int, epoch: int, b: int, *, channel: int,
                      accept: Callable[[Any], int], grad_meta: Callable[[Any], dict[str, Any]],
                      n_rows: int, rows: Any = None,
-                     switch: Callable[[], Proc] | None = None) -> Proc:
+                     switch: Callable[[], Proc] | None = None,
+                     probe: dict[str, Any] | None = None) -> Proc:
         """One active step: compute the own bottom forward while waiting for every
         partner's embedding (one deadline for all), then the top step on their fusion;
         each partner's cut-layer gradient is published (on ``channel``) as soon as it
@@ -343,10 +361,21 @@ class Strategy:
         it returns True (the partners' data for a reassigned batch has arrived meanwhile)
         the wait is given up early (``Miss.switched``: the caller puts ``b`` back, not
         counted as a miss). With several partners, embeddings held from an earlier
-        attempt at ``b`` count as arrived."""
+        attempt at ``b`` count as arrived.
+
+        ``probe`` (a dict, filled in): ``"q"``, True when every partner's embedding was
+        already buffered as the wait began (it queued for this worker: the round trip
+        its gradient closes includes that queue), and ``"t_got"``, the time the wait
+        ended (:class:`Now`)."""
         partners = self.cfg.partners
         yield Prefetch(worker=k, epoch=epoch, batch=b, n_rows=n_rows, rows=rows)
-        deadline = (yield Now()) + self.cfg.data_wait_s
+        if probe is not None:
+            queued = True
+            for party in partners:
+                have = yield Pending(kind=EMB, channels=(channel,), party=party)
+                queued = queued and channel in have
+            probe["q"] = queued
+        deadline = (yield Now()) + self.emb_wait_s
         got: dict[str, Any] = self._held.pop((epoch, b), {}) if self._held else {}
         switched = skipped = False
         try:
@@ -389,6 +418,8 @@ class Strategy:
         except BaseException:  # (an interpreter's error or cancellation, thrown in)
             yield JoinPrefetch(worker=k)
             raise
+        if probe is not None:
+            probe["t_got"] = yield Now()
         yield JoinPrefetch(worker=k)
         if skipped or len(got) < len(partners):
             yield Discard(worker=k, key=b)
@@ -396,7 +427,8 @@ class Strategy:
         msgs = tuple(got[p] for p in partners)
         loss = yield TopStep(worker=k, epoch=epoch, batch=b, embs=msgs, n_rows=n_rows,
                              grad_channel=channel, grad_metas=tuple(grad_meta(m) for m in msgs),
-                             parties=partners, rows=rows)
+                             parties=partners, rows=rows,
+                             held_since=probe.get("t_got") if probe is not None else None)
         c = self.counters
         c.samples += n_rows
         c.loss_sum += loss * n_rows
@@ -419,13 +451,182 @@ class Strategy:
 class ScheduledPassive(Strategy):
     """``pubsub`` / ``vfl`` passive: ``w`` workers take batches from the party's
     :class:`EpochSchedule`; each embeds, publishes, waits for the gradient (T_ddl), and
-    back-propagates; a miss reassigns the batch (``max_reassign`` times)."""
+    back-propagates; a miss reassigns the batch (``max_reassign`` times).
+
+    ``pubsub`` with ``inflight_max > 1``: each worker keeps up to the party's
+    :class:`parties.schedule.InflightWindow` size of batches in flight
+    (:meth:`windowed_worker`)."""
+
+    def __init__(self, cfg: StrategyConfig) -> None:
+        super().__init__(cfg)
+        #: the in-flight window (``pubsub`` with ``inflight_max > 1``), else None
+        self.window: InflightWindow | None = None
+        if cfg.algo == "pubsub" and cfg.inflight_max > 1:
+            self.window = InflightWindow(cfg.inflight_max, cfg.workers, cfg.inflight_auto)
+        #: an embedding's attempt id -> when it was published (its gradient's round trip)
+        self._sent_at: dict[str, float] = {}
+        self._epoch = -1
+        #: the gradient deadline used, when the measured link raised it above T_ddl
+        self.ddl_adjusted_s: float | None = None
 
     def segment(self, epoch: int, batches: Sequence[Any], seg: range) -> Proc:
         cfg = self.cfg
         sched = EpochSchedule(len(seg), cfg.max_reassign if cfg.drops else 0, ids=seg)
-        yield Gather(procs=tuple(self.worker(k, epoch, batches, sched)
+        if self.window is None:
+            yield Gather(procs=tuple(self.worker(k, epoch, batches, sched)
+                                     for k in range(cfg.workers)))
+            return
+        if epoch != self._epoch:
+            if self._epoch >= 0:
+                self.window.end_epoch(self._epoch)
+            self._epoch = epoch
+        self._sent_at.clear()  # (the last segment's batches have all settled)
+        yield Gather(procs=tuple(self.windowed_worker(k, epoch, batches, sched)
                                  for k in range(cfg.workers)))
+
+    def link_report(self) -> dict[str, Any] | None:
+        """What the party measured of its link (:meth:`InflightWindow.report`) and the
+        gradient deadline it used; None without a window."""
+        win = self.window
+        if win is None:
+            return None
+        if self._epoch >= 0:
+            win.end_epoch(self._epoch)
+            self._epoch = -1
+        out = win.report()
+        out["t_ddl"] = {"configured_s": self.cfg.t_ddl_s, "adjusted": self.ddl_adjusted_s
+                        is not None, "effective_s": self.ddl_adjusted_s or self.cfg.t_ddl_s}
+        return out
+
+    def _grad_wait_s(self) -> Proc:
+        """How long after its publication a batch's gradient is waited for: T_ddl, or,
+        when the measured link cannot deliver within it, the window's
+        :attr:`InflightWindow.deadline_floor_s` (logged once per raise)."""
+        wait = self.cfg.data_wait_s
+        win = self.window
+        if not self.cfg.drops or win is None:
+            return wait
+        floor = win.deadline_floor_s
+        if floor > wait and (self.ddl_adjusted_s is None or floor > 1.5 * self.ddl_adjusted_s):
+            self.ddl_adjusted_s = floor
+            yield Log(event="vfl.t_ddl_adjusted", level="warning",
+                      fields={"side": "passive", "t_ddl_s": self.cfg.t_ddl_s,
+                              "effective_s": floor, "rtt_s": win.rtt_all_s})
+        return max(wait, self.ddl_adjusted_s or 0.0)
+
+    def windowed_worker(self, k: int, epoch: int, batches: Sequence[Any],
+                        sched: EpochSchedule) -> Proc:
+        """``pubsub`` with an in-flight window: take a batch and publish its embedding
+        while earlier ones await their gradients, up to the window's size; settle
+        gradients in publication order as they arrive (a miss of the batch's deadline,
+        counted from its publication, reassigns it as in :meth:`worker`).
+
+        A batch published while others are in flight runs its forward on a snapshot of
+        the replica's parameters (``Forward(snapshot=True)``, weight stashing as in
+        PipeDream): its gradient is back-propagated through the parameters that made its
+        embedding and applied to the current ones, so it is exact for that embedding and
+        at most ``window - 1`` of the worker's own updates stale."""
+        win = self.window
+        assert win is not None
+        out = StalenessWindow(self.cfg.inflight_max)  # this worker's batches, FIFO
+        sent: dict[int, tuple[str, float, int, float]] = {}  # b -> uid, t_pub, attempt, fwd
+        c = self.counters
+
+        def settle(b: int, msg: Any) -> Proc:
+            uid, t_pub, attempt, fwd_s = sent.pop(b)
+            now = yield Now()
+            if msg is not None and not msg.meta.get("skip"):
+                # the attempt it answers (an earlier one's gradient may come late)
+                t_sent = self._sent_at.pop(str(msg.meta.get("u")), t_pub)
+                q, h = msg.meta.get("q"), msg.meta.get("h")
+                held = float(h) if isinstance(h, (int, float)) and not isinstance(h, bool) \
+                    and 0 <= h < now - t_sent else 0.0
+                win.observe_rtt(now - t_sent - held,
+                                queued=bool(q) if isinstance(q, int) else False)
+                p = msg.meta.get("p")
+                if isinstance(p, (int, float)) and not isinstance(p, bool):
+                    win.observe_partner_period(float(p))
+            if msg is not None:
+                self._sent_at.pop(uid, None)
+            outcome = yield from self._settle_grad(k, epoch, b, msg, len(batches[b]))
+            if outcome == "applied":
+                out.applied(b)
+                win.observe_step(fwd_s + ((yield Now()) - now))
+            else:
+                out.given_up(b)
+            win.settled()
+            if outcome == "missed":
+                yield from self._count_miss(sched.fail(b, attempt), b, epoch, "grad")
+            elif outcome == "skipped":
+                sched.drop(b)
+            else:
+                sched.complete(b)
+            yield NotifySchedule()
+
+        def wait_oldest() -> Proc:
+            b = out.oldest()
+            assert b is not None
+            wait = yield from self._grad_wait_s()
+            left = sent[b][1] + wait - (yield Now())
+            r = yield from self._wait(GRAD, b, max(left, 1e-3),
+                                      grad_acceptor(epoch, b, sent[b][0]), worker=k, batch=b)
+            yield from settle(b, r.msg)
+
+        try:
+            while True:
+                # settle the gradients already here, oldest first
+                while (b_old := out.oldest()) is not None:
+                    r = yield Poll(kind=GRAD, channel=b_old,
+                                   accept=grad_acceptor(epoch, b_old, sent[b_old][0]))
+                    c.stale += r.stale
+                    if r.msg is None:
+                        break
+                    yield from settle(b_old, r.msg)
+                out.bound = win.size
+                if out.full:
+                    yield from wait_oldest()
+                    continue
+                prefer = None
+                if sched.retries:
+                    ready = yield from self._ready(GRAD, sched.retry_ids(), epoch)
+                    prefer = ready.__contains__
+                task = sched.take(prefer)
+                if task is None:
+                    if out.outstanding:
+                        yield from wait_oldest()
+                    elif sched.done:
+                        break
+                    else:
+                        yield WaitSchedule(ready=lambda: bool(sched.pending) or sched.done)
+                    continue
+                b, attempt = task
+                rows = batches[b]
+                t0 = yield Now()
+                h = yield Forward(worker=k, epoch=epoch, batch=b, n_rows=len(rows),
+                                  snapshot=bool(out.outstanding))
+                t1 = yield Now()
+                uid = f"{epoch}.{b}.{attempt}"
+                meta: dict[str, Any] = {"e": epoch, "b": b, "a": attempt, "u": uid}
+                if self.ddl_adjusted_s is not None:
+                    meta["d"] = round(self.ddl_adjusted_s, 4)
+                ok = yield Publish(kind=EMB, channel=b, meta=meta, arrays=(h,), rows=rows,
+                                   worker=k, batch=b)
+                if ok is False:  # the DP ledger refused this reassigned attempt (see worker)
+                    yield Discard(worker=k, key=b)
+                    sched.drop(b)
+                    c.dropped += 1
+                    yield Publish(kind=EMB, channel=b, meta={"e": epoch, "b": b, "skip": True})
+                    yield Log(event="vfl.batch_dropped", level="warning",
+                              fields={"batch": b, "epoch": epoch, "missing": "dp_reserve",
+                                      "reassigned": False, "attempt": attempt})
+                    yield NotifySchedule()
+                    continue
+                out.issue(b)
+                sent[b] = (uid, t1, attempt, t1 - t0)
+                self._sent_at[uid] = t1
+                win.issued(t1)
+        finally:
+            c.max_staleness = max(c.max_staleness, out.max_staleness)
 
     def worker(self, k: int, epoch: int, batches: Sequence[Any], sched: EpochSchedule) -> Proc:
         """Take a batch, publish its embedding, wait for its gradient, back-propagate."""
@@ -466,7 +667,9 @@ class ScheduledActive(Strategy):
     """``pubsub`` / ``vfl`` / ``avfl`` / ``avfl-ps`` active: take a batch, wait for its
     embedding (T_ddl), train, publish the gradient; a miss reassigns the batch
     (``pubsub``) or skips it (after ``max_reassign`` misses, or at once under AVFL) and
-    tells the passive party so."""
+    tells the passive party so. Under ``pubsub`` with ``inflight_max > 1`` each gradient
+    also reports what the passive party's in-flight window needs (:meth:`_grad_meta`,
+    :meth:`_paced`; meta ``h`` is added by the interpreter)."""
 
     def segment(self, epoch: int, batches: Sequence[Any], seg: range) -> Proc:
         cfg = self.cfg
@@ -474,6 +677,7 @@ class ScheduledActive(Strategy):
         # T_ddl is skipped (and the passive told so)
         again = cfg.max_reassign if cfg.drops and cfg.algo in ("pubsub", "vfl") else 0
         sched = EpochSchedule(len(seg), again, ids=seg)
+        self._last_done = None  # (the gap since the last segment is no service time)
         try:
             yield Gather(procs=tuple(self.worker(k, epoch, batches, sched)
                                      for k in range(cfg.workers)))
@@ -492,12 +696,20 @@ class ScheduledActive(Strategy):
             ready = yield from self._ready(EMB, ids, epoch)
             return sched.retry_ready(ready.__contains__)
 
+        paced = self.cfg.inflight_max > 1  # report the pace for the passive windows
         while (task := (yield from self._next_task(sched, EMB, epoch))) is not None:
             b, attempt = task
+            probe: dict[str, Any] | None = {} if paced else None
             out = yield from self._active_step(
                 k, epoch, b, channel=b, accept=accept, n_rows=len(batches[b]),
-                grad_meta=lambda m, b=b: {"e": epoch, "b": b, "u": m.meta.get("u")},
-                switch=retry_ready if drops else None)
+                grad_meta=lambda m, b=b, probe=probe: self._grad_meta(epoch, b, m, probe),
+                switch=retry_ready if drops else None, probe=probe)
+            if probe is not None and not isinstance(out, Miss):
+                raised = self._paced(probe, (yield Now()), out)
+                if raised is not None:
+                    yield Log(event="vfl.t_ddl_adjusted", level="warning",
+                              fields={"side": "active", "t_ddl_s": self.cfg.t_ddl_s,
+                                      "effective_s": raised, "batch": b, "epoch": epoch})
             if isinstance(out, Miss):
                 if out.skipped:
                     # a passive party dropped the batch for the epoch (its DP reserve):
@@ -531,6 +743,48 @@ class ScheduledActive(Strategy):
                 sched.complete(b)
                 c.batches += 1
             yield NotifySchedule()
+
+    def _grad_meta(self, epoch: int, b: int, m: Any, probe: dict[str, Any] | None
+                   ) -> dict[str, Any]:
+        """A gradient's meta: epoch, batch, the embedding's attempt ``u``; with the pace
+        (``probe``): ``q`` 1 when the embedding had queued here, ``p`` the party's
+        seconds per batch (:meth:`_paced`)."""
+        meta: dict[str, Any] = {"e": epoch, "b": b, "u": m.meta.get("u")}
+        if probe is not None:
+            meta["q"] = int(bool(probe.get("q")))
+            if self._pace_s is not None:
+                meta["p"] = round(self._pace_s, 7)
+        return meta
+
+    #: EWMA of the seconds between two trained batches of the party while its workers
+    #: had embeddings queued (its pace: what it can serve); None before one
+    _pace_s: float | None = None
+    _last_done: float | None = None
+
+    def _paced(self, probe: dict[str, Any], now: float, msgs: tuple[Any, ...]
+               ) -> float | None:
+        """After a trained batch: fold the time since the party's previous one into the
+        pace (:attr:`_pace_s`) when this batch's embedding had queued (the party was
+        busy: the interval is its service time, not the passive party's); when it had
+        not (the party waited for it), decay the pace by 3 % (the passive windows then
+        grow, and a faster pace shows once embeddings queue again). Take the passive
+        party's deadline on the measured link (meta ``d``) as the embedding wait when it
+        is the longer (at most 60 s); returns the new wait when it changed (else None)."""
+        last, self._last_done = self._last_done, now
+        if probe.get("q"):
+            if last is not None:
+                x = now - last
+                self._pace_s = x if self._pace_s is None else self._pace_s + 0.125 * (
+                    x - self._pace_s)
+        elif self._pace_s is not None:
+            self._pace_s *= 0.97
+        raised = None
+        for m in msgs:
+            d = m.meta.get("d")
+            if isinstance(d, (int, float)) and not isinstance(d, bool) and d > self.emb_wait_s \
+                    and self.cfg.drops and self.emb_wait_s < 60.0:
+                self.emb_wait_s = raised = min(float(d), max(60.0, self.cfg.data_wait_s))
+        return raised
 
 
 class AvflPassive(Strategy):

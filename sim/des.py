@@ -232,6 +232,10 @@ class SimInput:
         p / q: ``pubsub`` per-batch buffer capacities (never bind without drops; kept
             for completeness), >= 1.
         staleness_bound: ``avfl`` / ``avfl-ps`` outstanding batches per passive worker.
+        inflight_max / inflight_auto: ``pubsub``: the passive workers' in-flight window
+            (``vfl.inflight_max``, ``vfl.inflight_auto``;
+            :class:`parties.schedule.InflightWindow`), sized from the simulated round
+            trips; 1 (the default here) = the synchronous worker.
         epochs: simulated epochs, >= 1.
         first_epoch: index of the first simulated epoch (ΔT_t depends on it), >= 0.
         segments: training segments per epoch (1; 4 on ``synthetic``), >= 1.
@@ -272,6 +276,8 @@ class SimInput:
     p: int = 5
     q: int = 5
     staleness_bound: int = 5
+    inflight_max: int = 1
+    inflight_auto: bool = True
     epochs: int = 1
     first_epoch: int = 0
     segments: int = 1
@@ -288,7 +294,8 @@ class SimInput:
         if not isinstance(self.costs, StepCosts):
             raise SimInputError("costs", f"must be a StepCosts, got {type(self.costs).__name__}")
         for name in ("n_rows", "batch_size", "w_active", "w_passive", "threads",
-                     "embedding_dim", "delta_t0", "p", "q", "staleness_bound", "epochs",
+                     "embedding_dim", "delta_t0", "p", "q", "staleness_bound", "inflight_max",
+                     "epochs",
                      "segments"):
             _int_at_least(name, getattr(self, name), 1)
         _int_at_least("first_epoch", self.first_epoch, 0)
@@ -354,6 +361,9 @@ class SimResult:
             ``wait_s``; an active worker's wait counts only past its own prefetch).
         samples_per_s: training rows per second of training wall time.
         timeline: the first ``timeline_limit`` spans, by start time.
+        link: ``pubsub`` with ``inflight_max > 1``: the passive party's measured link and
+            in-flight window (:meth:`parties.strategy.ScheduledPassive.link_report`), else
+            None.
     """
 
     algo: str
@@ -371,6 +381,7 @@ class SimResult:
     wait_s_passive: float
     samples_per_s: float
     timeline: tuple[Span, ...] = ()
+    link: dict[str, Any] | None = None
 
     def as_dict(self, *, timeline: bool = False) -> dict[str, Any]:
         """Plain dict (JSON-ready); the timeline only when asked."""
@@ -637,7 +648,9 @@ class _Run:
         # no deadline misses (see the module docstring): waits are unbounded, nothing drops
         self.strategies = {r: make_strategy(StrategyConfig(
             algo=inp.algo, role=r, workers=self.nw[r], drops=False, data_wait_s=math.inf,
-            staleness_bound=inp.staleness_bound)) for r in ROLES}
+            staleness_bound=inp.staleness_bound,
+            inflight_max=inp.inflight_max if inp.algo == "pubsub" else 1,
+            inflight_auto=inp.inflight_auto)) for r in ROLES}
         self.boxes: dict[tuple[str, str, int | None], _Box] = {}  # (receiver, kind, channel)
         self.prefetches: dict[tuple[str, int], _Signal] = {}
         self.sched_sig = {r: _Signal() for r in ROLES}  # fired (and replaced) on a notify
@@ -782,8 +795,11 @@ class _Run:
         c, k = self.inp.costs, a.worker
         yield ("wait", self.compute(role, k, self.cost(c.active_top_s, a.n_rows), "top",
                                     a.epoch, a.batch))
+        meta = dict(a.grad_meta)
+        if a.held_since is not None:  # as the runs' interpreter: the active party's hold
+            meta["h"] = self.eng.now - a.held_since
         self.publish(role, k, GRAD, a.grad_channel,
-                     _SimMessage(dict(a.grad_meta), (_Blob(self.emb_bytes(a.n_rows)),)),
+                     _SimMessage(meta, (_Blob(self.emb_bytes(a.n_rows)),)),
                      a.epoch, a.batch)
         work = self.step_cost(role, k, c.active_bwd_s, a.n_rows, a.epoch)
         yield ("wait", self.compute(role, k, work, "bwd", a.epoch, a.batch))
@@ -881,7 +897,8 @@ class _Run:
             util_active=util["active"], util_passive=util["passive"],
             wait_s_active=waits["active"], wait_s_passive=waits["passive"],
             samples_per_s=inp.n_rows * n / wall if wall > 0 else math.inf,
-            timeline=spans)
+            timeline=spans, link=getattr(self.strategies["passive"], "link_report",
+                                         lambda: None)())
 
 
 def simulate(inp: SimInput, *, on_action: Callable[[str, Any], None] | None = None

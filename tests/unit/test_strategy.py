@@ -455,13 +455,16 @@ def test_avfl_staleness_never_exceeds_the_bound(bound: int, n: int, arrivals: li
 # ---------------------------------------------------------------------------- pubsub property
 @settings(max_examples=80, deadline=None)
 @given(n=st.integers(1, 6), max_reassign=st.integers(0, 3),
-       fates=st.lists(st.sampled_from(["grad", "skip", "none"]), min_size=30, max_size=30))
+       fates=st.lists(st.sampled_from(["grad", "skip", "none"]), min_size=30, max_size=30),
+       inflight=st.sampled_from([1, 3]))
 def test_pubsub_every_batch_completes_or_drops_exactly_once(n: int, max_reassign: int,
-                                                            fates: list[str]) -> None:
+                                                            fates: list[str],
+                                                            inflight: int) -> None:
     """Property: under any pattern of gradients, skip notices and misses, each batch of the
     epoch ends exactly once (completed or dropped) and misses are reassigned at most
-    ``max_reassign`` times."""
-    s = make_strategy(cfg("pubsub", "passive", max_reassign=max_reassign))
+    ``max_reassign`` times; with the synchronous worker and with an in-flight window."""
+    s = make_strategy(cfg("pubsub", "passive", max_reassign=max_reassign,
+                          inflight_max=inflight, inflight_auto=False))
     fate = iter(fates * 10)
 
     def deliver(p: Publish) -> dict[str, Any] | None:
