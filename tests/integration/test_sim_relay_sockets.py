@@ -87,8 +87,11 @@ def _warm_up(push: zmq.Socket[Any], pull: zmq.Socket[Any]) -> None:
     assert pull.recv() == b"warm"
 
 
-def _median_transfer_s(push: zmq.Socket[Any], pull: zmq.Socket[Any], payload: bytes,
-                       n: int, gap_s: float = 0.01) -> float:
+def _least_transfer_s(push: zmq.Socket[Any], pull: zmq.Socket[Any], payload: bytes,
+                      n: int, gap_s: float = 0.01) -> float:
+    """The least of ``n`` transfer times: other jobs on the machine can only delay a
+    transfer (a preempted relay thread), never speed it up, so the least is the link
+    model's time plus the least scheduling noise."""
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -97,7 +100,7 @@ def _median_transfer_s(push: zmq.Socket[Any], pull: zmq.Socket[Any], payload: by
         times.append(time.perf_counter() - t0)
         assert len(got) == len(payload)
         time.sleep(gap_s)  # idle link between transfers
-    return statistics.median(times)
+    return min(times)
 
 
 async def test_push_pull_through_relay_intact_and_in_order() -> None:
@@ -155,27 +158,30 @@ def test_round_trip_through_20ms_relay(ctx: zmq.Context[Any]) -> None:
         rt.close()
 
 
-@pytest.mark.exclusive  # a median of transfer times: nothing else may run meanwhile
+@pytest.mark.exclusive  # transfer times: no other test may run meanwhile
 def test_64kib_at_100mbit_adds_about_5_24_ms(ctx: zmq.Context[Any]) -> None:
-    """Median of 15 transfers of 64 KiB through a 100 Mbit/s relay minus the median
-    through an unlimited relay must be 5.24 ms +- 40 % (timer granularity is ~1 ms,
-    i.e. ~20 % of the figure, and the box is shared)."""
+    """The least of 15 transfers of 64 KiB through a 100 Mbit/s relay minus the least
+    through an unlimited relay must be 5.24 ms +- 40 % (timer granularity is ~1 ms, i.e.
+    ~20 % of the figure). The least, not the median: with two CPU-bound jobs beside the
+    suite the median read 9.9 ms (the relay thread waiting for a core), a loaded
+    machine's timing rather than the link model's; charging the bytes twice would still
+    read about 10.5 ms."""
     payload = os.urandom(65536)
-    medians = {}
+    least = {}
     for name, bps in (("unlimited", None), ("100mbit", 100e6)):
         pull, port = _pull(ctx)
         rt = RelayThread([("127.0.0.1", port)], LinkSpec(bandwidth_bps=bps))
         try:
             push = _push(ctx, rt.relay.endpoint_for(("127.0.0.1", port)))
             _warm_up(push, pull)
-            medians[name] = _median_transfer_s(push, pull, payload, 15)
+            least[name] = _least_transfer_s(push, pull, payload, 15)
             push.close(0)
         finally:
             rt.close()
             pull.close(0)
-    extra = medians["100mbit"] - medians["unlimited"]
+    extra = least["100mbit"] - least["unlimited"]
     theory = 65536 * 8 / 100e6
-    assert theory * 0.6 < extra < theory * 1.4, medians
+    assert theory * 0.6 < extra < theory * 1.4, least
 
 
 def test_1mib_at_10mbit_takes_about_0_84_s(ctx: zmq.Context[Any]) -> None:
