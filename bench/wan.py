@@ -472,16 +472,6 @@ def render(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
 def _parties(text: str) -> tuple[int, ...]:
     try:
         ns = tuple(int(x) for x in text.split(","))
@@ -501,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
                          "'multiparty/N10', 'criteo/*'); repeatable")
     ap.add_argument("--algos", help="grid cells of these algorithms only (comma list; "
                     f"{', '.join((*ALGOS, 'pubsub_tuned'))})")
-    ap.add_argument("--repeats", type=_positive, default=3,
+    ap.add_argument("--repeats", type=_load("hetero")._positive, default=3,
                     help="runs per cell, interleaved (default %(default)s)")
     ap.add_argument("--parties", type=_parties, help="multiparty N values (default quick "
                     "2,10; full 2,4,6,8,10)")

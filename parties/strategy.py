@@ -280,6 +280,19 @@ class Strategy:
                           "waited_s": cfg.data_wait_s})
         return PartnerStalled(name, what, cfg.data_wait_s, f"batch {b} of epoch {epoch}")
 
+    def _close_attempt(self, sched: EpochSchedule, outcome: str, b: int, epoch: int,
+                       attempt: int) -> Proc:
+        """The schedule after a passive attempt's gradient wait: a miss fails the attempt
+        (reassigned or given up), a partner's skip drops the batch, a gradient completes
+        it; then the workers waiting on the schedule are woken."""
+        if outcome == "missed":
+            yield from self._count_miss(sched.fail(b, attempt), b, epoch, "grad")
+        elif outcome == "skipped":
+            sched.drop(b)
+        else:
+            sched.complete(b)
+        yield NotifySchedule()
+
     def _count_miss(self, reassigned: bool, b: int, epoch: int, what: str,
                     parties: tuple[str, ...] = ()) -> Proc:
         c = self.counters
@@ -555,13 +568,7 @@ class ScheduledPassive(Strategy):
             else:
                 out.given_up(b)
             win.settled()
-            if outcome == "missed":
-                yield from self._count_miss(sched.fail(b, attempt), b, epoch, "grad")
-            elif outcome == "skipped":
-                sched.drop(b)
-            else:
-                sched.complete(b)
-            yield NotifySchedule()
+            yield from self._close_attempt(sched, outcome, b, epoch, attempt)
 
         def wait_oldest() -> Proc:
             b = out.oldest()
@@ -654,13 +661,7 @@ class ScheduledPassive(Strategy):
             r = yield from self._wait(GRAD, b, self.cfg.data_wait_s,
                                       grad_acceptor(epoch, b, uid), worker=k, batch=b)
             outcome = yield from self._settle_grad(k, epoch, b, r.msg, len(rows))
-            if outcome == "missed":
-                yield from self._count_miss(sched.fail(b, attempt), b, epoch, "grad")
-            elif outcome == "skipped":
-                sched.drop(b)
-            else:
-                sched.complete(b)
-            yield NotifySchedule()
+            yield from self._close_attempt(sched, outcome, b, epoch, attempt)
 
 
 class ScheduledActive(Strategy):
