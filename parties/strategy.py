@@ -280,6 +280,20 @@ class Strategy:
                           "waited_s": cfg.data_wait_s})
         return PartnerStalled(name, what, cfg.data_wait_s, f"batch {b} of epoch {epoch}")
 
+    def _drop_refused(self, k: int, sched: EpochSchedule, epoch: int, b: int,
+                      attempt: int) -> Proc:
+        """The DP ledger refused a reassigned attempt (a record of the batch has spent its
+        reassignment reserve): drop the batch for the epoch and tell the active party, so
+        that it does not wait T_ddl for it."""
+        yield Discard(worker=k, key=b)
+        sched.drop(b)
+        self.counters.dropped += 1
+        yield Publish(kind=EMB, channel=b, meta={"e": epoch, "b": b, "skip": True})
+        yield Log(event="vfl.batch_dropped", level="warning",
+                  fields={"batch": b, "epoch": epoch, "missing": "dp_reserve",
+                          "reassigned": False, "attempt": attempt})
+        yield NotifySchedule()
+
     def _close_attempt(self, sched: EpochSchedule, outcome: str, b: int, epoch: int,
                        attempt: int) -> Proc:
         """The schedule after a passive attempt's gradient wait: a miss fails the attempt
@@ -618,15 +632,8 @@ class ScheduledPassive(Strategy):
                     meta["d"] = round(self.ddl_adjusted_s, 4)
                 ok = yield Publish(kind=EMB, channel=b, meta=meta, arrays=(h,), rows=rows,
                                    worker=k, batch=b)
-                if ok is False:  # the DP ledger refused this reassigned attempt (see worker)
-                    yield Discard(worker=k, key=b)
-                    sched.drop(b)
-                    c.dropped += 1
-                    yield Publish(kind=EMB, channel=b, meta={"e": epoch, "b": b, "skip": True})
-                    yield Log(event="vfl.batch_dropped", level="warning",
-                              fields={"batch": b, "epoch": epoch, "missing": "dp_reserve",
-                                      "reassigned": False, "attempt": attempt})
-                    yield NotifySchedule()
+                if ok is False:  # the DP ledger refused this reassigned attempt
+                    yield from self._drop_refused(k, sched, epoch, b, attempt)
                     continue
                 out.issue(b)
                 sent[b] = (uid, t1, attempt, t1 - t0)
@@ -646,17 +653,7 @@ class ScheduledPassive(Strategy):
                                  meta={"e": epoch, "b": b, "a": attempt, "u": uid},
                                  arrays=(h,), rows=rows, worker=k, batch=b)
             if sent is False:
-                # the DP ledger refused this reassigned attempt (a record of the batch has
-                # spent its reassignment reserve): drop the batch for the epoch and tell
-                # the active party, so that it does not wait T_ddl for it
-                yield Discard(worker=k, key=b)
-                sched.drop(b)
-                self.counters.dropped += 1
-                yield Publish(kind=EMB, channel=b, meta={"e": epoch, "b": b, "skip": True})
-                yield Log(event="vfl.batch_dropped", level="warning",
-                          fields={"batch": b, "epoch": epoch, "missing": "dp_reserve",
-                                  "reassigned": False, "attempt": attempt})
-                yield NotifySchedule()
+                yield from self._drop_refused(k, sched, epoch, b, attempt)
                 continue
             r = yield from self._wait(GRAD, b, self.cfg.data_wait_s,
                                       grad_acceptor(epoch, b, uid), worker=k, batch=b)
