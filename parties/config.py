@@ -242,6 +242,17 @@ class VflConfig:
             replicas' drift), and the validation scorings fall on the ends of some of
             them; 0 (default): one segment per scoring. Else a multiple of
             :attr:`evals_per_epoch` (every epoch is segmented, evaluated or not).
+        val_overlap: ``pubsub`` with two or more workers on every party (default true):
+            a validation point inside a training segment is scored while the segment
+            trains, from each party's PS (synced every ΔT_t steps, so current within
+            a few steps): the passive party publishes its embeddings of the validation
+            rows when it has applied the point's share of the epoch's batches, the
+            active party scores them when they arrive, and nothing drains; by default
+            an epoch is then one segment (``sync_per_epoch`` still sets more). Else
+            (false, another algorithm, a party with one worker) each point ends a
+            segment: the batches in flight finish, the replicas sync, and the passive
+            party waits for the active party's score before it trains on (across a
+            slow link about two round trips a point). See :attr:`scores_in_flight`.
         target_metric: the validation metric that ``time_to_target_s`` waits for (AUC
             reached from below, RMSE from above, in the label's units); None = the
             dataset's default (bank 0.92, adult 0.90; none for other data).
@@ -434,6 +445,7 @@ class VflConfig:
     eval_every: int = 1
     val_per_epoch: int = 0
     sync_per_epoch: int = 0
+    val_overlap: bool = True
     target_metric: float | None = None
     staleness_bound: int = 5
     inflight_max: int = 4
@@ -769,8 +781,18 @@ class VflConfig:
     @property
     def segments_per_epoch(self) -> int:
         """Training segments per epoch (each ends in a drain and PS sync):
-        ``sync_per_epoch``, or by default :attr:`evals_per_epoch`."""
-        return self.sync_per_epoch or self.evals_per_epoch
+        ``sync_per_epoch``, or by default :attr:`evals_per_epoch` (1 when
+        :attr:`scores_in_flight`)."""
+        return self.sync_per_epoch or (1 if self.scores_in_flight else self.evals_per_epoch)
+
+    @property
+    def scores_in_flight(self) -> bool:
+        """Validation points inside a segment are scored while it trains
+        (:attr:`val_overlap` under ``pubsub`` with two or more workers on every party:
+        each PS is then synced by its workers every ΔT_t steps; a one-worker party's PS
+        is current only after a segment's flush)."""
+        return (self.val_overlap and self.algo == "pubsub"
+                and all(self.workers_for(p) >= 2 for p in self.party_ids))
 
     @property
     def evals_per_epoch(self) -> int:
@@ -943,6 +965,8 @@ class VflConfig:
             shared["row_split"] = {"split": "hash", "eval_max_rows": self.stream_eval_max_rows}
         if self.sync_per_epoch:
             shared["sync_per_epoch"] = self.sync_per_epoch
+        if self.scores_in_flight:  # the parties must agree on how a point is scored
+            shared["val_overlap"] = True
         if self.algo == "vfl-ps":
             shared["pairs"] = self.workers_for("active")
         if self.passive_parties > 1 or self.fuse != "concat":

@@ -196,6 +196,24 @@ from parties.workers import (
 log = structlog.get_logger(__name__)
 
 ROLES = ("active", "passive")
+#: how often a passive party checks whether its workers have reached a validation point
+#: scored in flight (``vfl.val_overlap``), seconds
+IN_FLIGHT_POLL_S = 0.005
+
+
+@dataclass(slots=True)
+class _Mark:
+    """The counters and clocks at the start of a history entry's span (mutable: reset
+    at each validation point scored in flight)."""
+
+    before: tuple[float, ...]
+    meter: CpuMeter
+    delay0: float | None
+    cc0: float
+    sc0: float
+    t0: float
+
+
 @dataclass(frozen=True, slots=True)
 class Topics:
     """Topic names of one run.
@@ -465,6 +483,10 @@ class Party:
         self.train_s = 0.0  # training wall time, evaluation excluded
         self.run_delay_s = 0.0  # of it, threads runnable but waiting for a CPU
         self.eval_s = 0.0
+        #: training segments run (each ends in a drain and PS sync) and validation
+        #: points scored while a segment trained (``vfl.val_overlap``)
+        self.segments = 0
+        self.points_in_flight = 0
         self.train_cpu_s = 0.0  # CPU seconds of the training segments (scoring excluded)
         self.train_compute_cpu_s = 0.0  # of which in the workers' compute calls
         self.train_sync_cpu_s = 0.0  # of which in their parameter-server syncs
@@ -790,83 +812,161 @@ class Party:
         """All epochs: each epoch's segments (``segments_per_epoch``: one per scoring, or
         ``sync_per_epoch``) are trained by the configured algorithm and synced to the PS;
         at a scoring segment's end the validation split is scored (active) or embedded
-        for it (passive); scoring is not training time."""
+        for it (passive); scoring is not training time. With ``scores_in_flight`` the
+        points inside a segment are scored while it trains (:meth:`_score_in_flight`)."""
         cfg = self.cfg
+        overlap = cfg.scores_in_flight
         segs = eval_segments(self.n_batches, cfg.segments_per_epoch)
         # the scorings fall on the ends of the scoring segments (sync_per_epoch is a
-        # multiple of evals_per_epoch, so these ends are segment ends too)
-        score_ends = {r.stop for r in eval_segments(self.n_batches, cfg.evals_per_epoch)}
+        # multiple of evals_per_epoch, so these ends are segment ends too), or inside
+        # the segments (overlap)
+        ends = [r.stop for r in eval_segments(self.n_batches, cfg.evals_per_epoch)]
+        score_ends = set(ends)
         point = 0
         go: int | None = None  # active: the scored point the passive party waits for
         for epoch in range(cfg.epochs):
             batches = cfg.batch_order(self.n_train, epoch)
             evaluated = epoch in self._eval_epochs()
+            applied0 = self.c.batches
             for s, seg in enumerate(segs):
-                c = self.c
-                before = (c.loss_sum, c.loss_n, c.samples, self._wait_s(), c.dropped,
-                          c.reassigned)
-                seg_meter = CpuMeter()
-                seg_meter.start()
-                delay0 = run_delay_s()
-                cc0, sc0 = self._compute_cpu_s(), self._sync_cpu_s()
-                t0 = time.perf_counter()
+                mark = self._open_mark()
                 if go is not None:
                     bus.publish_nowait(self.topics.scored, (), {"point": go})
                     go = None
-                await self._run_segment(epoch, batches, seg)
+                inside = sorted(e for e in score_ends if seg.start < e < seg.stop) \
+                    if evaluated and overlap else []
+                side: asyncio.Task[Any] | None = None
+                seg_done = asyncio.Event()
+                if inside:
+                    side = asyncio.create_task(self._score_in_flight(
+                        bus, epoch, len(segs), s, inside, point, applied0, seg_done, mark,
+                        [(ends.index(e) + 1) / len(ends) for e in inside]))
+                    point += len(inside)
+                try:
+                    await self._run_segment(epoch, batches, seg)
+                    seg_done.set()
+                    if side is not None:
+                        await side
+                finally:
+                    if side is not None and not side.done():
+                        side.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await side
                 t1 = time.perf_counter()
-                dt = t1 - t0
-                self.timeline.record(SEGMENT, -1, len(self.history), t0, t1)
-                delay1 = run_delay_s()
-                delay = (delay1 - delay0) if delay0 is not None and delay1 is not None else None
-                if delay is not None:
-                    self.run_delay_s += delay
-                _, seg_cpu, _, util = seg_meter.read()
-                self.train_cpu_s += seg_cpu
-                self.train_compute_cpu_s += self._compute_cpu_s() - cc0
-                self.train_sync_cpu_s += self._sync_cpu_s() - sc0
-                self.train_s += dt
-                entry: dict[str, Any] = {
-                    "epoch": epoch, "segment": s,
-                    "epochs_done": round(epoch + (s + 1) / len(segs), 6),
-                    "train_s": dt, "train_wall_s": self.train_s,
-                    "samples_per_s": (c.samples - before[2]) / dt if dt > 0 else 0.0,
-                    "wait_s": (self._wait_s() - before[3]) / self.workers,
-                    "cpu_util": util, "run_delay_s": delay,
-                    "dropped": c.dropped - before[4], "reassigned": c.reassigned - before[5],
-                }
-                if self.role == "active":
-                    entry["loss"] = (c.loss_sum - before[0]) / max(1, c.loss_n - before[1])
+                self.segments += 1
+                self.timeline.record(SEGMENT, -1, len(self.history), mark.t0, t1)
+                entry = self._close_mark(mark, epoch, s, len(segs), t1,
+                                         (s + 1) / len(segs))
                 if evaluated and seg.stop in score_ends:
                     # Scoring is not training time on either side: the passive party waits
                     # for the active party's "scored", sent when the active party's next
                     # segment has started, so that it does not train while the active
                     # party's clock is stopped (its work there would count for nothing:
                     # at 50:14 the passive party trained 30 % beyond the active's window).
+                    # With overlap the passive party trains on at once (the time to
+                    # target counts the scoring; the segments' clocks are not compared).
                     t_eval = time.perf_counter()
                     last = epoch == cfg.epochs - 1 and s == len(segs) - 1
                     if self.role == "active":
                         value = await self._score(bus, "val", point)
                         entry[f"val_{self.metric}"] = value
                         entry["metric"] = value
-                        if not last:
+                        if not last and not overlap:
                             go = point  # published once the next segment's clock runs
                     else:
                         await self._publish_embeddings(bus, "val", self.topics.val(point))
-                        if not last:
+                        if not last and not overlap:
                             await self._await_scored(bus, point)
                     point += 1
                     self.eval_s += time.perf_counter() - t_eval
-                entry["wall_s"] = time.perf_counter() - self.t0
-                self.history.append(entry)
-                self.log.info("vfl.epoch_done", **entry)
-                if self.progress and self.role == "active":
-                    key = f"val_{self.metric}"
-                    shown = f"  {key} {entry[key]:.4f}" if key in entry else ""
-                    part = f" ({s + 1}/{len(segs)})" if len(segs) > 1 else ""
-                    print(f"epoch {epoch + 1:>3}/{cfg.epochs}{part}  loss {entry['loss']:.4f}"
-                          f"{shown}  {entry['samples_per_s']:,.0f} samples/s  wait "
-                          f"{entry['wait_s']:.2f} s  dropped {entry['dropped']}", flush=True)
+                self._append_entry(entry)
+
+    def _open_mark(self) -> _Mark:
+        """The counters and clocks at the start of a history entry's span."""
+        c = self.c
+        meter = CpuMeter()
+        meter.start()
+        return _Mark(before=(c.loss_sum, c.loss_n, c.samples, self._wait_s(), c.dropped,
+                             c.reassigned),
+                     meter=meter, delay0=run_delay_s(), cc0=self._compute_cpu_s(),
+                     sc0=self._sync_cpu_s(), t0=time.perf_counter())
+
+    def _close_mark(self, mark: _Mark, epoch: int, s: int, n_segs: int, t1: float,
+                    done: float) -> dict[str, Any]:
+        """A history entry for the span from ``mark`` to ``t1`` (training time), ``done``
+        of the epoch's ``n_segs`` segments done; ``mark`` is reset to ``t1`` for the next
+        span of the same segment."""
+        c, before = self.c, mark.before
+        dt = t1 - mark.t0
+        delay1 = run_delay_s()
+        delay = (delay1 - mark.delay0) \
+            if mark.delay0 is not None and delay1 is not None else None
+        if delay is not None:
+            self.run_delay_s += delay
+        _, seg_cpu, _, util = mark.meter.read()
+        self.train_cpu_s += seg_cpu
+        cc1, sc1 = self._compute_cpu_s(), self._sync_cpu_s()
+        self.train_compute_cpu_s += cc1 - mark.cc0
+        self.train_sync_cpu_s += sc1 - mark.sc0
+        self.train_s += dt
+        entry: dict[str, Any] = {
+            "epoch": epoch, "segment": s,
+            "epochs_done": round(epoch + done, 6),
+            "train_s": dt, "train_wall_s": self.train_s,
+            "samples_per_s": (c.samples - before[2]) / dt if dt > 0 else 0.0,
+            "wait_s": (self._wait_s() - before[3]) / self.workers,
+            "cpu_util": util, "run_delay_s": delay,
+            "dropped": c.dropped - before[4], "reassigned": c.reassigned - before[5],
+        }
+        if self.role == "active":
+            entry["loss"] = (c.loss_sum - before[0]) / max(1, c.loss_n - before[1])
+        fresh = self._open_mark()
+        mark.before, mark.meter, mark.delay0 = fresh.before, fresh.meter, fresh.delay0
+        mark.cc0, mark.sc0, mark.t0 = cc1, sc1, t1
+        return entry
+
+    def _append_entry(self, entry: dict[str, Any]) -> None:
+        entry["wall_s"] = time.perf_counter() - self.t0
+        self.history.append(entry)
+        self.log.info("vfl.epoch_done", **entry)
+        if self.progress and self.role == "active":
+            key = f"val_{self.metric}"
+            shown = f"  {key} {entry[key]:.4f}" if key in entry else ""
+            part = f" ({entry['epochs_done'] - entry['epoch']:.2f})" \
+                if entry["epochs_done"] - entry["epoch"] < 1 else ""
+            print(f"epoch {entry['epoch'] + 1:>3}/{self.cfg.epochs}{part}  loss "
+                  f"{entry['loss']:.4f}"
+                  f"{shown}  {entry['samples_per_s']:,.0f} samples/s  wait "
+                  f"{entry['wait_s']:.2f} s  dropped {entry['dropped']}", flush=True)
+
+    async def _score_in_flight(self, bus: Transport, epoch: int, n_segs: int, s: int,
+                               stops: list[int], point: int, applied0: int,
+                               seg_done: asyncio.Event, mark: _Mark,
+                               fractions: list[float]) -> None:
+        """Overlap (``scores_in_flight``): the validation points at batch positions
+        ``stops`` of the epoch inside segment ``s``, numbered from ``point``, while the
+        segment trains. The passive party publishes its embeddings of the validation
+        rows from its PS once it has applied ``stop`` batches of the epoch (its
+        workers' progress; any left when the segment ends are published then); the
+        active party scores each point as its partners' embeddings arrive. Each point
+        is a history entry on both sides (the same count, so the entries match by
+        position), its span cut from the segment's; ``fractions``: each point's share of
+        the epoch (its ``epochs_done``, as when it ends a segment)."""
+        for i, stop in enumerate(stops):
+            if self.role == "active":
+                value = await self._score(bus, "val", point + i)
+            else:
+                while self.c.batches - applied0 < stop and not seg_done.is_set():
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(seg_done.wait(), IN_FLIGHT_POLL_S)
+                await self._publish_embeddings(bus, "val", self.topics.val(point + i))
+            entry = self._close_mark(mark, epoch, s, n_segs, time.perf_counter(),
+                                     fractions[i])
+            if self.role == "active":
+                entry[f"val_{self.metric}"] = value
+                entry["metric"] = value
+            self.points_in_flight += 1
+            self._append_entry(entry)
 
     async def _await_scored(self, bus: Transport, point: int) -> None:
         """Passive: wait until the active party has scored validation point ``point``.
@@ -1083,6 +1183,8 @@ class Party:
             "workers": self.workers,
             "train_wall_s": self.train_s,
             "eval_s": self.eval_s,
+            "segments": self.segments,
+            "points_in_flight": self.points_in_flight,
             "party_wall_s": wall,
             "cpu_s": cpu,
             "cores_allotted": cores,

@@ -59,3 +59,41 @@ def test_window_grows_over_a_slow_uplink_and_metrics_record_the_link(
     assert link["inflight"]["by_epoch"] and link["inflight"]["series"]
     assert link["bytes_per_sample"] > 2 * cfg.embedding_dim * 4  # embedding + gradient
     assert not link["t_ddl"]["adjusted"] and m["dropped_batches"] == 0
+
+
+@pytest.mark.timeout(240)
+def test_validation_points_over_a_slow_uplink_do_not_drain_the_pipeline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``vfl.val_overlap`` (the default under ``pubsub`` with 2 + 2 workers): four
+    validation points an epoch over the 40 ms uplink are scored while the epoch trains
+    (one segment, one drain an epoch, not four); each point is a history entry on both
+    sides, in step, with its metric on the active side; switched off, each point ends a
+    segment."""
+    plain = MemoryBroker.connect
+
+    def connect(self: MemoryBroker, name: str = "client", *, config: Any = None) -> MemoryBus:
+        if name == "passive":
+            return SlowUplink(self, name=name, config=config)
+        return plain(self, name, config=config)
+
+    monkeypatch.setattr(MemoryBroker, "connect", connect)
+    seen = {}
+    for overlap in (True, False):
+        cfg = VflConfig(algo="pubsub", dataset="synthetic", synthetic_rows=6000,
+                        synthetic_features=16, synthetic_informative=8, epochs=2,
+                        val_per_epoch=4, val_overlap=overlap, worker_mode="thread",
+                        heartbeat_interval_s=0.2)
+        run_vfl_in_process(cfg, tmp_path / f"run{overlap}", timeout_s=200)
+        seen[overlap] = json.loads((tmp_path / f"run{overlap}" / "metrics.json").read_text())
+    for overlap, m in seen.items():
+        act, pas = m["parties"]["active"], m["parties"]["passive"]
+        assert act["segments"] == pas["segments"] == (2 if overlap else 8)
+        assert act["points_in_flight"] == pas["points_in_flight"] == (6 if overlap else 0)
+        hist = m["history"]
+        assert [h["epochs_done"] for h in hist] == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
+        assert [h["epochs_done"] for h in pas["history"]] == [h["epochs_done"] for h in hist]
+        assert all("metric" in h for h in hist)
+        assert [h["wall_s"] for h in hist] == sorted(h["wall_s"] for h in hist)
+        assert m["dropped_batches"] == 0 and m["metric"] > 0.75  # trained, every batch
+        # the clocks: the entries' spans add up to the training clock
+        assert sum(h["train_s"] for h in hist) == pytest.approx(act["train_wall_s"], rel=1e-6)

@@ -295,7 +295,8 @@ def test_val_per_epoch_sets_the_scorings_per_epoch_and_enters_the_digest() -> No
 
 
 def test_sync_per_epoch_segments_the_epochs_in_multiples_of_the_scorings() -> None:
-    assert VflConfig(dataset="synthetic").segments_per_epoch == 4
+    assert VflConfig(dataset="synthetic", val_overlap=False).segments_per_epoch == 4
+    assert VflConfig(dataset="synthetic").segments_per_epoch == 1  # scored in flight
     c = VflConfig(dataset="synthetic", sync_per_epoch=16)
     assert (c.segments_per_epoch, c.evals_per_epoch) == (16, 4)
     assert c.shared_settings(100)["digest"] != \
@@ -319,3 +320,24 @@ def test_per_role_torch_threads_default_to_torch_threads():
     assert cfg.threads_for("passive") == 1 and cfg.threads_for("passive3") == 1
     with pytest.raises(ConfigError, match="passive_torch_threads"):
         VflConfig(passive_torch_threads=-1)
+
+
+def test_validation_points_are_scored_in_flight_only_where_every_ps_stays_current() -> None:
+    """``vfl.val_overlap``: under ``pubsub`` with two or more workers on every party an
+    epoch is one segment and the points inside it are scored while it trains; a
+    one-worker party (its PS current only after a segment's flush), another algorithm
+    or the switch off keep one segment per point. The parties compare the mode in their
+    settings digest."""
+    on = VflConfig(algo="pubsub", dataset="bank", val_per_epoch=4)
+    assert on.scores_in_flight and on.segments_per_epoch == 1 and on.evals_per_epoch == 4
+    assert VflConfig(algo="pubsub", dataset="bank", val_per_epoch=4,
+                     sync_per_epoch=8).segments_per_epoch == 8
+    for off in (VflConfig(algo="pubsub", dataset="bank", val_per_epoch=4, val_overlap=False),
+                VflConfig(algo="pubsub", dataset="bank", val_per_epoch=4, w_passive=1),
+                VflConfig(algo="avfl", dataset="bank", val_per_epoch=4),
+                VflConfig(algo="pubsub", dataset="bank", val_per_epoch=4, passive_parties=2,
+                          passive_party_workers=(2, 1))):
+        assert not off.scores_in_flight and off.segments_per_epoch == 4, off
+    assert on.shared_settings(100)["val_overlap"] is True
+    assert "val_overlap" not in VflConfig(algo="pubsub", dataset="bank",
+                                          val_overlap=False).shared_settings(100)
