@@ -830,6 +830,7 @@ class Party:
             applied0 = self.c.batches
             for s, seg in enumerate(segs):
                 mark = self._open_mark()
+                seg_t0 = mark.t0
                 if go is not None:
                     bus.publish_nowait(self.topics.scored, (), {"point": go})
                     go = None
@@ -854,7 +855,7 @@ class Party:
                             await side
                 t1 = time.perf_counter()
                 self.segments += 1
-                self.timeline.record(SEGMENT, -1, len(self.history), mark.t0, t1)
+                self.timeline.record(SEGMENT, -1, len(self.history), seg_t0, t1)
                 entry = self._close_mark(mark, epoch, s, len(segs), t1,
                                          (s + 1) / len(segs))
                 if evaluated and seg.stop in score_ends:
