@@ -15,6 +15,7 @@ import pytest
 from parties.config import VflConfig
 from pubsub.memory import MemoryBroker, MemoryBus
 from sim.local import run_vfl_in_process
+from tests.bounds import above
 
 DELAY_S = 0.04
 
@@ -61,14 +62,16 @@ def test_window_grows_over_a_slow_uplink_and_metrics_record_the_link(
     assert not link["t_ddl"]["adjusted"] and m["dropped_batches"] == 0
 
 
+@pytest.mark.stochastic
 @pytest.mark.timeout(240)
 def test_validation_points_over_a_slow_uplink_do_not_drain_the_pipeline(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``vfl.val_overlap`` (the default under ``pubsub`` with 2 + 2 workers): four
     validation points an epoch over the 40 ms uplink are scored while the epoch trains
     (one segment, one drain an epoch, not four); each point is a history entry on both
-    sides, in step, with its metric on the active side; switched off, each point ends a
-    segment."""
+    sides, in step, with its metric on the active side. (With the overlap off each point
+    ends a segment: tests/integration/test_vfl.py's inline smoke run and
+    tests/integration/test_vfl_segments.py.)"""
     plain = MemoryBroker.connect
 
     def connect(self: MemoryBroker, name: str = "client", *, config: Any = None) -> MemoryBus:
@@ -77,23 +80,21 @@ def test_validation_points_over_a_slow_uplink_do_not_drain_the_pipeline(
         return plain(self, name, config=config)
 
     monkeypatch.setattr(MemoryBroker, "connect", connect)
-    seen = {}
-    for overlap in (True, False):
-        cfg = VflConfig(algo="pubsub", dataset="synthetic", synthetic_rows=6000,
-                        synthetic_features=16, synthetic_informative=8, epochs=2,
-                        val_per_epoch=4, val_overlap=overlap, worker_mode="thread",
-                        heartbeat_interval_s=0.2)
-        run_vfl_in_process(cfg, tmp_path / f"run{overlap}", timeout_s=200)
-        seen[overlap] = json.loads((tmp_path / f"run{overlap}" / "metrics.json").read_text())
-    for overlap, m in seen.items():
-        act, pas = m["parties"]["active"], m["parties"]["passive"]
-        assert act["segments"] == pas["segments"] == (2 if overlap else 8)
-        assert act["points_in_flight"] == pas["points_in_flight"] == (6 if overlap else 0)
-        hist = m["history"]
-        assert [h["epochs_done"] for h in hist] == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
-        assert [h["epochs_done"] for h in pas["history"]] == [h["epochs_done"] for h in hist]
-        assert all("metric" in h for h in hist)
-        assert [h["wall_s"] for h in hist] == sorted(h["wall_s"] for h in hist)
-        assert m["dropped_batches"] == 0 and m["metric"] > 0.75  # trained, every batch
-        # the clocks: the entries' spans add up to the training clock
-        assert sum(h["train_s"] for h in hist) == pytest.approx(act["train_wall_s"], rel=1e-6)
+    cfg = VflConfig(algo="pubsub", dataset="synthetic", synthetic_rows=6000,
+                    synthetic_features=16, synthetic_informative=8, epochs=2,
+                    val_per_epoch=4, worker_mode="thread", heartbeat_interval_s=0.2)
+    assert cfg.scores_in_flight
+    run_vfl_in_process(cfg, tmp_path / "run", timeout_s=200)
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    act, pas = m["parties"]["active"], m["parties"]["passive"]
+    assert act["segments"] == pas["segments"] == 2
+    assert act["points_in_flight"] == pas["points_in_flight"] == 6
+    hist = m["history"]
+    assert [h["epochs_done"] for h in hist] == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
+    assert [h["epochs_done"] for h in pas["history"]] == [h["epochs_done"] for h in hist]
+    assert all("metric" in h for h in hist)
+    assert [h["wall_s"] for h in hist] == sorted(h["wall_s"] for h in hist)
+    assert m["dropped_batches"] == 0  # every batch trained
+    above(m["metric"], 0.75, "final validation AUC")
+    # the clocks: the entries' spans add up to the training clock
+    assert sum(h["train_s"] for h in hist) == pytest.approx(act["train_wall_s"], rel=1e-6)
