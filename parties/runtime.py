@@ -926,8 +926,9 @@ class Party:
         mark.cc0, mark.sc0, mark.t0 = cc1, sc1, t1
         return entry
 
-    def _append_entry(self, entry: dict[str, Any]) -> None:
-        entry["wall_s"] = time.perf_counter() - self.t0
+    def _append_entry(self, entry: dict[str, Any], at: float | None = None) -> None:
+        """Record a history entry, ``wall_s`` at ``at`` (``perf_counter``; default now)."""
+        entry["wall_s"] = (time.perf_counter() if at is None else at) - self.t0
         self.history.append(entry)
         self.log.info("vfl.epoch_done", **entry)
         if self.progress and self.role == "active":
@@ -954,20 +955,24 @@ class Party:
         position), its span cut from the segment's; ``fractions``: each point's share of
         the epoch (its ``epochs_done``, as when it ends a segment)."""
         for i, stop in enumerate(stops):
+            taken: list[float] = []
             if self.role == "active":
-                value = await self._score(bus, "val", point + i)
+                # the point's time: when the scored parameters were taken, not when the
+                # score came back (training went on meanwhile; a drained point's clock
+                # instead stands still while it is scored)
+                value = await self._score(bus, "val", point + i, taken)
             else:
                 while self.c.batches - applied0 < stop and not seg_done.is_set():
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(seg_done.wait(), IN_FLIGHT_POLL_S)
                 await self._publish_embeddings(bus, "val", self.topics.val(point + i))
-            entry = self._close_mark(mark, epoch, s, n_segs, time.perf_counter(),
-                                     fractions[i])
+            at = taken[0] if taken else time.perf_counter()
+            entry = self._close_mark(mark, epoch, s, n_segs, at, fractions[i])
             if self.role == "active":
                 entry[f"val_{self.metric}"] = value
                 entry["metric"] = value
             self.points_in_flight += 1
-            self._append_entry(entry)
+            self._append_entry(entry, at)
 
     async def _await_scored(self, bus: Transport, point: int) -> None:
         """Passive: wait until the active party has scored validation point ``point``.
@@ -1117,10 +1122,13 @@ class Party:
             self.log.warning("vfl.active_only_failed", error=f"{type(exc).__name__}: {exc}")
             return {"skipped": f"failed: {type(exc).__name__}: {exc}"}
 
-    async def _score(self, bus: Transport, split: str, point: int = 0) -> float:
+    async def _score(self, bus: Transport, split: str, point: int = 0,
+                     taken: list[float] | None = None) -> float:
         """The metric (AUC, or RMSE in the label's units) of the PS parameters on the
         ``val`` (validation point ``point``) or ``test`` split, with every passive
-        party's embeddings of it (waited for up to the liveness timeout in all)."""
+        party's embeddings of it (waited for up to the liveness timeout in all).
+        ``taken`` (a list): the ``perf_counter`` time the scored parameters were taken
+        from the PS is appended (the model scored existed then; scoring it took longer)."""
         cfg, data, t = self.cfg, self.data, self.topics
         assert self._top is not None
         x, y = (self._x_val, data.y_val) if split == "val" else (self._x_test, data.y_test)
@@ -1151,6 +1159,8 @@ class Party:
                     break
             embs.append(msg.arrays[0])
         load_flat([self._bottom, self._top], self.ps.pull())
+        if taken is not None:
+            taken.append(time.perf_counter())
         pred = await asyncio.to_thread(predict, self._bottom, self._top, x,
                                        embs[0] if len(embs) == 1 else embs, task=data.task,
                                        fuse=self.fuse)
