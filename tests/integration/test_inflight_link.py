@@ -34,9 +34,9 @@ class SlowUplink(MemoryBus):
         return 0
 
 
-@pytest.mark.timeout(240)
-def test_window_grows_over_a_slow_uplink_and_metrics_record_the_link(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def slow_uplink(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The passive party's in-memory bus client is a :class:`SlowUplink`."""
     plain = MemoryBroker.connect
 
     def connect(self: MemoryBroker, name: str = "client", *, config: Any = None) -> MemoryBus:
@@ -45,6 +45,11 @@ def test_window_grows_over_a_slow_uplink_and_metrics_record_the_link(
         return plain(self, name, config=config)
 
     monkeypatch.setattr(MemoryBroker, "connect", connect)
+
+
+@pytest.mark.timeout(240)
+def test_window_grows_over_a_slow_uplink_and_metrics_record_the_link(
+        tmp_path: Path, slow_uplink: None) -> None:
     cfg = VflConfig(algo="pubsub", dataset="synthetic", synthetic_rows=8000,
                     synthetic_features=16, synthetic_informative=8, epochs=1,
                     worker_mode="thread", inflight_max=6, heartbeat_interval_s=0.2)
@@ -65,21 +70,13 @@ def test_window_grows_over_a_slow_uplink_and_metrics_record_the_link(
 @pytest.mark.stochastic
 @pytest.mark.timeout(240)
 def test_validation_points_over_a_slow_uplink_do_not_drain_the_pipeline(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, slow_uplink: None) -> None:
     """``vfl.val_overlap`` (the default under ``pubsub`` with 2 + 2 workers): four
     validation points an epoch over the 40 ms uplink are scored while the epoch trains
     (one segment, one drain an epoch, not four); each point is a history entry on both
     sides, in step, with its metric on the active side. (With the overlap off each point
     ends a segment: tests/integration/test_vfl.py's inline smoke run and
     tests/integration/test_vfl_segments.py.)"""
-    plain = MemoryBroker.connect
-
-    def connect(self: MemoryBroker, name: str = "client", *, config: Any = None) -> MemoryBus:
-        if name == "passive":
-            return SlowUplink(self, name=name, config=config)
-        return plain(self, name, config=config)
-
-    monkeypatch.setattr(MemoryBroker, "connect", connect)
     cfg = VflConfig(algo="pubsub", dataset="synthetic", synthetic_rows=6000,
                     synthetic_features=16, synthetic_informative=8, epochs=2,
                     val_per_epoch=4, worker_mode="thread", heartbeat_interval_s=0.2)
