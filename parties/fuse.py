@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 FUSES = ("concat", "sum", "mean")
 
@@ -79,6 +80,8 @@ class Fuse:
             if p.dim() != 2 or p.shape[1] != w or p.shape[0] != rows:
                 raise FuseError(f"part {i} of the fuse has shape {tuple(p.shape)}; expected "
                                 f"({rows}, {w})")
+        import torch  # here, not at the top: launchers validate configs (FUSES) without torch
+
         if self.mode == "concat":
             return torch.cat(list(parts), dim=1)
         total = torch.stack(list(parts)).sum(dim=0)
