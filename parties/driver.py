@@ -344,10 +344,20 @@ class ActionDriver:
             self.timeline.record(WAIT, a.worker, a.batch, p0, time.perf_counter())
 
     async def _wait_schedule(self, a: WaitSchedule) -> None:
-        async with self._cond:
-            await self._cond.wait_for(a.ready)
+        await self.wait_until(a.ready)
 
     async def _notify(self, _: NotifySchedule) -> None:
+        await self.wake()
+
+    async def wait_until(self, ready: Callable[[], bool]) -> None:
+        """Block until ``ready()`` holds, re-checked after every :class:`NotifySchedule`
+        of the strategy (each batch's completion, drop or reassignment) and every
+        :meth:`wake`."""
+        async with self._cond:
+            await self._cond.wait_for(ready)
+
+    async def wake(self) -> None:
+        """Re-check every :meth:`wait_until` (something outside the strategy changed)."""
         async with self._cond:
             self._cond.notify_all()
 

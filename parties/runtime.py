@@ -196,11 +196,6 @@ from parties.workers import (
 log = structlog.get_logger(__name__)
 
 ROLES = ("active", "passive")
-#: how often a passive party checks whether its workers have reached a validation point
-#: scored in flight (``vfl.val_overlap``), seconds
-IN_FLIGHT_POLL_S = 0.005
-
-
 @dataclass(slots=True)
 class _Mark:
     """The counters and clocks at the start of a history entry's span (mutable: reset
@@ -212,6 +207,19 @@ class _Mark:
     cc0: float
     sc0: float
     t0: float
+
+    @classmethod
+    def start(cls, before: tuple[float, ...], cc0: float, sc0: float,
+              t0: float) -> _Mark:
+        """A mark at ``t0``, its CPU meter started now."""
+        meter = CpuMeter()
+        meter.start()
+        return cls(before=before, meter=meter, delay0=run_delay_s(), cc0=cc0, sc0=sc0, t0=t0)
+
+    def reset(self, other: _Mark) -> None:
+        """Take ``other``'s counters and clocks (the next span of the same segment)."""
+        self.before, self.meter, self.delay0 = other.before, other.meter, other.delay0
+        self.cc0, self.sc0, self.t0 = other.cc0, other.sc0, other.t0
 
 
 @dataclass(frozen=True, slots=True)
@@ -847,6 +855,9 @@ class Party:
                     await self._run_segment(epoch, batches, seg)
                     seg_done.set()
                     if side is not None:
+                        assert self._driver is not None
+                        await self._driver.wake()  # a point still waiting is published now
+                    if side is not None:
                         await side
                 finally:
                     if side is not None and not side.done():
@@ -882,15 +893,16 @@ class Party:
                     self.eval_s += time.perf_counter() - t_eval
                 self._append_entry(entry)
 
-    def _open_mark(self) -> _Mark:
-        """The counters and clocks at the start of a history entry's span."""
+    def _open_mark(self, cc0: float | None = None, sc0: float | None = None,
+                   t0: float | None = None) -> _Mark:
+        """The counters and clocks at the start of a history entry's span (the CPU
+        meters and the clock read now unless given)."""
         c = self.c
-        meter = CpuMeter()
-        meter.start()
-        return _Mark(before=(c.loss_sum, c.loss_n, c.samples, self._wait_s(), c.dropped,
-                             c.reassigned),
-                     meter=meter, delay0=run_delay_s(), cc0=self._compute_cpu_s(),
-                     sc0=self._sync_cpu_s(), t0=time.perf_counter())
+        return _Mark.start(
+            (c.loss_sum, c.loss_n, c.samples, self._wait_s(), c.dropped, c.reassigned),
+            self._compute_cpu_s() if cc0 is None else cc0,
+            self._sync_cpu_s() if sc0 is None else sc0,
+            time.perf_counter() if t0 is None else t0)
 
     def _close_mark(self, mark: _Mark, epoch: int, s: int, n_segs: int, t1: float,
                     done: float) -> dict[str, Any]:
@@ -921,9 +933,7 @@ class Party:
         }
         if self.role == "active":
             entry["loss"] = (c.loss_sum - before[0]) / max(1, c.loss_n - before[1])
-        fresh = self._open_mark()
-        mark.before, mark.meter, mark.delay0 = fresh.before, fresh.meter, fresh.delay0
-        mark.cc0, mark.sc0, mark.t0 = cc1, sc1, t1
+        mark.reset(self._open_mark(cc1, sc1, t1))
         return entry
 
     def _append_entry(self, entry: dict[str, Any], at: float | None = None) -> None:
@@ -962,9 +972,11 @@ class Party:
                 # instead stands still while it is scored)
                 value = await self._score(bus, "val", point + i, taken)
             else:
-                while self.c.batches - applied0 < stop and not seg_done.is_set():
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(seg_done.wait(), IN_FLIGHT_POLL_S)
+                # woken by the strategy after each batch's completion (NotifySchedule)
+                # and at the segment's end (bounded by the segment's own deadlines)
+                assert self._driver is not None
+                await self._driver.wait_until(
+                    lambda stop=stop: self.c.batches - applied0 >= stop or seg_done.is_set())
                 await self._publish_embeddings(bus, "val", self.topics.val(point + i))
             at = taken[0] if taken else time.perf_counter()
             entry = self._close_mark(mark, epoch, s, n_segs, at, fractions[i])

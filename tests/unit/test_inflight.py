@@ -34,6 +34,7 @@ from parties.model import ParameterServer, PassiveCompute, bottom_model, flat_pa
 from parties.schedule import DDL_RTTS, InflightWindow
 from parties.strategy import ScheduledPassive, StrategyConfig
 from sim.des import SimInput, StepCosts, simulate
+from tests.drive import drive
 
 
 # ---------------------------------------------------------------------------- the estimator
@@ -131,14 +132,7 @@ class Clocked:
     applied: dict[int, list[torch.Tensor]] = field(default_factory=dict)
 
     def run(self, proc: Any) -> Any:
-        send: Any = None
-        while True:
-            try:
-                a = proc.send(send)
-            except StopIteration as stop:
-                return stop.value
-            self.actions.append(a)
-            send = self.handle(a)
+        return drive(proc, self.handle, self.actions)
 
     def _take(self, channel: int, accept: Any, until: float) -> tuple[Msg | None, int]:
         box, stale = self.boxes.get(channel, []), 0

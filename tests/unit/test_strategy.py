@@ -49,6 +49,7 @@ from parties.strategy import (
     grad_acceptor,
     make_strategy,
 )
+from tests.drive import drive
 
 
 @dataclass
@@ -97,14 +98,7 @@ class Fake:
         return Received(stale=stale)
 
     def run(self, proc: Any) -> Any:
-        send: Any = None
-        while True:
-            try:
-                a = proc.send(send)
-            except StopIteration as stop:
-                return stop.value
-            self.actions.append(a)
-            send = self.handle(a)
+        return drive(proc, self.handle, self.actions)
 
     def handle(self, a: Any) -> Any:
         if isinstance(a, Forward):
