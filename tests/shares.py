@@ -9,8 +9,11 @@ while the others drain their many short ones, and the run waits for it. So:
 * the ``exclusive`` tests come first (they drain the machine once, early, on one worker);
 * each ``heavy(seconds=S)`` test is assigned to a share greedily, longest first, to the
   share with the least heavy seconds so far (the exclusive block counts against the
-  first), and placed at the head of its share, where no steal takes it and it runs while
-  the others' short tests fill in;
+  first), and placed near the head of its share, where no steal takes it and it runs while
+  the others' short tests fill in. Not at the very head when there are exclusive tests:
+  the exclusive block waits for every test already running to end (conftest.py's machine
+  lock), so each other share first runs :data:`LEAD` light tests (a heavy test first
+  there made the block, and every worker behind it, wait 90 s for one tutorial);
 * the other tests keep their module order between them (module-scoped fixtures are set up
   once per share as before).
 
@@ -26,6 +29,9 @@ T = TypeVar("T")
 
 #: seconds charged to the first share for the exclusive block, when it has exclusive tests
 EXCLUSIVE_BLOCK_S = 60.0
+#: light tests that lead each share but the first before its heavy ones, when the
+#: collection has exclusive tests
+LEAD = 5
 
 
 def share_sizes(total: int, workers: int) -> list[int]:
@@ -64,7 +70,10 @@ def order_for_shares(items: Sequence[T], workers: int, *, exclusive: Callable[[T
     out: list[T] = []
     sizes = share_sizes(len(items), workers)
     for j, size in enumerate(sizes):
-        share = (excl if j == 0 else []) + heads[j]
+        lead: list[T] = []
+        if excl and j > 0:
+            lead, light = light[:LEAD], light[LEAD:]
+        share = (excl if j == 0 else lead) + heads[j]
         fill = max(0, size - len(share))
         out += share + light[:fill]
         del light[:fill]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.shares import EXCLUSIVE_BLOCK_S, order_for_shares, share_sizes
+from tests.shares import EXCLUSIVE_BLOCK_S, LEAD, order_for_shares, share_sizes
 
 
 def _order(items: list[str], workers: int) -> list[str]:
@@ -18,7 +18,7 @@ def test_share_sizes_deal_as_worksteal_does() -> None:
 
 
 def test_exclusive_first_heavy_at_the_head_of_the_least_loaded_share() -> None:
-    light = [f"l{i}" for i in range(20)]
+    light = [f"l{i}" for i in range(30)]
     items = light[:5] + ["h90", "x1"] + light[5:12] + ["h240", "h40", "x2", "h170"] + light[12:]
     out = _order(items, 3)
     assert sorted(out) == sorted(items)  # a permutation: nothing lost or doubled
@@ -29,7 +29,10 @@ def test_exclusive_first_heavy_at_the_head_of_the_least_loaded_share() -> None:
     # 170 -> 2, 90 -> 0 (60 + 90 = 150 is the least), 40 -> 0 (150 < 170 < 240)
     assert EXCLUSIVE_BLOCK_S < 170
     assert shares[0][2:4] == ["h90", "h40"]
-    assert shares[1][0] == "h240" and shares[2][0] == "h170"
+    # the other shares lead with light tests, then their heavy one: the exclusive block
+    # must not wait for a heavy test that started beside it
+    assert all(s.startswith("l") for s in shares[1][:LEAD] + shares[2][:LEAD])
+    assert shares[1][LEAD] == "h240" and shares[2][LEAD] == "h170"
     # the light tests keep their order
     assert [s for s in out if s.startswith("l")] == light
 
