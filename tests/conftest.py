@@ -101,21 +101,13 @@ def _share_the_machine(request: pytest.FixtureRequest,
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The order for pytest-xdist's worksteal shares (:mod:`tests.shares`): exclusive tests
-    first, as one block on the first worker (the machine drains once, early, instead of
-    once per exclusive module in the middle of the long integration runs), and each
-    ``heavy`` test at the head of a share, longest first to the share with the least."""
-    from tests.shares import order_for_shares
-
-    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-
-    def heavy_s(item: pytest.Item) -> float | None:
-        mark = item.get_closest_marker("heavy")
-        return None if mark is None else float(mark.kwargs["seconds"])
-
-    items[:] = order_for_shares(
-        items, workers, heavy_s=heavy_s,
-        exclusive=lambda item: item.get_closest_marker("exclusive") is not None)
+    """Exclusive tests first. pytest-xdist's worksteal scheduler gives each worker a
+    contiguous share of the collection, so the exclusive tests then run as one block on
+    the first worker while the others start their shares' first (unit) tests: the
+    machine drains once, early, instead of once per exclusive module in the middle of
+    the long integration runs (each drain idles the other workers until their longest
+    running test ends)."""
+    items.sort(key=lambda item: item.get_closest_marker("exclusive") is None)
 
 
 @pytest.hookimpl(trylast=True)

@@ -29,7 +29,6 @@ def _auc(text: str, prefix: str = "") -> float:
     return float(m.group(1))
 
 
-@pytest.mark.heavy(seconds=40)
 @pytest.mark.stochastic
 def test_custom_model_quick_reaches_the_bank_auc(tmp_path: Path) -> None:
     # a user bottom with BatchNorm and Dropout, defined in the script, DP off
@@ -38,13 +37,11 @@ def test_custom_model_quick_reaches_the_bank_auc(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "model" / "passive" / "manifest.json").exists()
 
 
-@pytest.mark.heavy(seconds=45)
 def test_large_model_quick(tmp_path: Path) -> None:
     out = _run("large_model.py", "--quick", "--out", str(tmp_path / "run"))
     assert "'model': 'resnet'" in out and 0.8 < _auc(out) <= 1.0
 
 
-@pytest.mark.heavy(seconds=90)
 @pytest.mark.stochastic
 def test_same_code_in_memory_and_through_the_broker() -> None:
     out = _run("same_code_two_transports.py", "--quick")
@@ -53,7 +50,6 @@ def test_same_code_in_memory_and_through_the_broker() -> None:
     below(abs(mem - brk), 0.03, "|memory - broker| AUC")
 
 
-@pytest.mark.heavy(seconds=50)
 def test_predict_saved_reproduces_the_test_auc() -> None:
     out = _run("predict_saved.py", "--quick")
     trained = float(re.search(r"trained: test_auc (\d\.\d+)", out).group(1))  # type: ignore[union-attr]
@@ -62,7 +58,6 @@ def test_predict_saved_reproduces_the_test_auc() -> None:
     assert "scored 500 new rows" in out
 
 
-@pytest.mark.heavy(seconds=170)
 @pytest.mark.stochastic
 def test_fedforge_parties_quick(tmp_path: Path) -> None:
     out = _run("fedforge_parties.py", "--quick", "--out", str(tmp_path / "run"))

@@ -72,7 +72,6 @@ min_survivors = 2
 """
 
 
-@pytest.mark.heavy(seconds=80)
 @pytest.mark.timeout(600)
 def test_small_consortium_runs_to_the_end_with_its_events(tmp_path: Path) -> None:
     from sim.cli import main

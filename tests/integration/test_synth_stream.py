@@ -28,7 +28,6 @@ def _xor_table(n: int = 4000, seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame({"x": x, "y": y, "z": z, "w": w})
 
 
-@pytest.mark.heavy(seconds=90)
 @pytest.mark.stochastic
 @pytest.mark.timeout(600)
 def test_add_workload_after_the_run_measures_only_what_is_missing(tmp_path: Path) -> None:

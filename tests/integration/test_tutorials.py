@@ -479,7 +479,6 @@ def test_the_directive_grammar() -> None:
 # ------------------------------------------------------------------ the tutorials
 
 
-@pytest.mark.heavy(seconds=90)
 def test_first_vfl_run(tmp_path: Path) -> None:
     names = []
     for step in run_tutorial("first-vfl-run", tmp_path):
@@ -530,7 +529,6 @@ def _own_data(cwd: Path) -> float:
     return float(price.std())
 
 
-@pytest.mark.heavy(seconds=90)
 @pytest.mark.stochastic
 def test_your_own_data(tmp_path: Path) -> None:
     price_std = _own_data(tmp_path)
@@ -549,7 +547,6 @@ def test_your_own_data(tmp_path: Path) -> None:
     below(m["test_rmse"] / price_std, 0.5, "RMSE / label sd")  # in the label's own units, and learnt
 
 
-@pytest.mark.heavy(seconds=240)
 def test_your_own_model(tmp_path: Path) -> None:
     steps = list(run_tutorial("your-own-model", tmp_path))
     runs = tmp_path / "runs"
@@ -573,7 +570,6 @@ def test_your_own_model(tmp_path: Path) -> None:
     assert [s.name for s in steps[1:]] == ["psfl vfl run"] * 2
 
 
-@pytest.mark.heavy(seconds=170)
 def test_several_parties(tmp_path: Path) -> None:
     import numpy as np
     import pandas as pd
@@ -612,7 +608,6 @@ def test_several_parties(tmp_path: Path) -> None:
     assert (tmp_path / "runD" / "passive2.json").is_file()
 
 
-@pytest.mark.heavy(seconds=70)
 @pytest.mark.stochastic
 def test_fedforge(tmp_path: Path, jax_compile_cache: Path) -> None:
     steps = list(run_tutorial("fedforge", tmp_path))
@@ -649,7 +644,6 @@ def _synth_run_dir(out: Path) -> None:
     (out / "config.toml").write_text(dump_synth_config(cfg))
 
 
-@pytest.mark.heavy(seconds=115)
 def test_across_hosts(tmp_path: Path, jax_compile_cache: Path) -> None:
     text = (TUTORIALS / "across-hosts.md").read_text()
     inline = re.search(r'`(python -c "from synth\.protocol[^`]*)`\s*prints `([^`]*)`', text)
