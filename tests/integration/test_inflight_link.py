@@ -57,14 +57,20 @@ def test_window_grows_over_a_slow_uplink_and_metrics_record_the_link(
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     link = m["link"]
     assert link is not None and link["rtt_s"]["n"] == m["parties"]["passive"]["batches"]
-    assert link["rtt_s"]["median"] >= 0.9 * DELAY_S  # the round trip the window hides
-    # 1 + floor(40 ms / T): at least 2 while a worker's period T stays under 40 ms (a few
-    # ms here; tens under heavy load)
-    assert link["inflight"]["size_max"] >= 2 and link["inflight"]["depth_max"] >= 3
-    assert m["parties"]["passive"]["max_staleness"] >= 1  # stashed forwards were used
+    rtt = link["rtt_s"]["median"]
+    assert rtt >= 0.9 * DELAY_S  # the round trip the window hides
     assert link["inflight"]["by_epoch"] and link["inflight"]["series"]
     assert link["bytes_per_sample"] > 2 * cfg.embedding_dim * 4  # embedding + gradient
     assert not link["t_ddl"]["adjusted"] and m["dropped_batches"] == 0
+    # the window is 1 + floor(rtt / T), T a worker's period (its step, or the partner's
+    # period times the workers): a few ms here, but beside other CPU-bound jobs it has
+    # reached the 40 ms round trip (the window then rightly stays at 1)
+    period = max(link["step_s"] or 0.0, (link["partner_period_s"] or 0.0) * cfg.w_passive)
+    if period * 1.5 > rtt:
+        pytest.skip(f"machine too busy to judge the window: a worker's period "
+                    f"{period * 1e3:.0f} ms against a {rtt * 1e3:.0f} ms round trip")
+    assert link["inflight"]["size_max"] >= 2 and link["inflight"]["depth_max"] >= 3
+    assert m["parties"]["passive"]["max_staleness"] >= 1  # stashed forwards were used
 
 
 @pytest.mark.stochastic
