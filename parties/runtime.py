@@ -196,6 +196,8 @@ from parties.workers import (
 log = structlog.get_logger(__name__)
 
 ROLES = ("active", "passive")
+
+
 @dataclass(slots=True)
 class _Mark:
     """The counters and clocks at the start of a history entry's span (mutable: reset
@@ -857,7 +859,6 @@ class Party:
                     if side is not None:
                         assert self._driver is not None
                         await self._driver.wake()  # a point still waiting is published now
-                    if side is not None:
                         await side
                 finally:
                     if side is not None and not side.done():
