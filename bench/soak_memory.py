@@ -12,7 +12,9 @@ Two scenarios, each a flood of 1 MiB messages for ``--seconds`` (60 by default):
 The publisher calls ``publish_nowait`` as fast as it can; its own high-water mark drops
 most of those calls at the source, so the table shows what reached the broker (``in``).
 RSS is sampled with psutil every 50 ms; the figure is peak RSS minus the RSS before the
-flood. Usage: ``python bench/soak_memory.py [--quick] [--seconds S] [--json PATH]``
+flood. ``--min-bytes-in B`` floods on past ``--seconds`` (up to 120 s more) until B bytes
+have reached the broker, so a loaded machine still pushes a known volume through it.
+Usage: ``python bench/soak_memory.py [--quick] [--seconds S] [--min-bytes-in B] [--json PATH]``
 (``--quick``: 8 s per scenario). Exit code 1 if a bound is exceeded.
 """
 
@@ -69,14 +71,17 @@ async def _subscriber(addr: str, ready: Path) -> None:
         await asyncio.sleep(3600)  # never take a message: the application is stalled
 
 
-async def _publisher(addr: str, seconds: float) -> int:
-    from pubsub import Bus, DeadlineExceeded  # noqa: F401
+async def _publisher(addr: str, stop: Path, max_seconds: float) -> int:
+    """Flood until the orchestrator writes ``stop`` (or ``max_seconds``, a hang bound)."""
+    from pubsub import Bus
 
     payload = np.ones(MIB, np.uint8)
     sent = 0
     async with Bus(addr, name="soak-pub") as bus:
-        t_end = time.monotonic() + seconds
+        t_end = time.monotonic() + max_seconds
         while time.monotonic() < t_end:
+            if sent % 256 == 0 and stop.exists():
+                break
             bus.publish_nowait("soak/1", [payload], copy=False)
             sent += 1
             if sent % 16 == 0:
@@ -92,8 +97,20 @@ def _sample(procs: dict[str, psutil.Process], peak: dict[str, int]) -> None:
             pass
 
 
-def run_scenario(stall_process: bool, seconds: float) -> dict[str, Any]:
-    """One flood; returns peak RSS growth of broker and subscriber and their bounds (bytes)."""
+def bounds() -> tuple[int, int]:
+    """The broker's and the client's configured memory bounds (bytes)."""
+    return 2 * BROKER_HWM * MAX_MSG, CLIENT_TOTAL + CLIENT_RCVHWM * MAX_MSG
+
+
+EXTRA_S = 120.0  # how long a flood may go on past ``seconds`` to reach ``min_bytes_in``
+
+
+def run_scenario(stall_process: bool, seconds: float, min_bytes_in: int = 0) -> dict[str, Any]:
+    """One flood of at least ``seconds`` and (within ``EXTRA_S`` more) ``min_bytes_in``
+    bytes into the broker; returns peak RSS growth of broker and subscriber and their
+    bounds (bytes)."""
+    from pubsub.control import request_stats
+
     with tempfile.TemporaryDirectory(prefix="soak-") as tmpd:
         tmp = Path(tmpd)
         broker, addr = _start_broker(tmp)
@@ -114,20 +131,28 @@ def run_scenario(stall_process: bool, seconds: float) -> dict[str, Any]:
             peak = dict(base)
             if stall_process:
                 os.kill(sub.pid, signal.SIGSTOP)
+            stop = tmp / "pub.stop"
             pub = subprocess.Popen([sys.executable, __file__, "--role", "pub", "--addr", addr,
-                                    "--seconds", str(seconds)], stdout=subprocess.PIPE)
-            deadline = time.monotonic() + seconds + 60
+                                    "--ready", str(stop), "--seconds",
+                                    str(seconds + EXTRA_S + 30)], stdout=subprocess.PIPE)
+            t0 = time.monotonic()
+            next_poll = t0 + seconds
             while pub.poll() is None:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > t0 + seconds + EXTRA_S + 60:
                     raise RuntimeError("publisher did not finish")
+                if now >= next_poll and not stop.exists():
+                    got = request_stats(addr, timeout_s=10)["bytes_in"].get("soak", 0)
+                    if got >= min_bytes_in or now > t0 + seconds + EXTRA_S:
+                        stop.write_text("stop")
+                    next_poll = now + 0.25
                 _sample(procs, peak)
                 time.sleep(0.05)
+            flood_s = time.monotonic() - t0
             out = (pub.stdout.read() if pub.stdout else b"").split()
             sent = int(out[-1]) if out else 0
             _sample(procs, peak)
-            from pubsub.control import request_stats
-
-            bstats = request_stats(addr)
+            bstats = request_stats(addr, timeout_s=10)
             broker_in = bstats["bytes_in"].get("soak", 0)
             broker_out = bstats["bytes_out"].get("soak", 0)
         finally:
@@ -143,12 +168,13 @@ def run_scenario(stall_process: bool, seconds: float) -> dict[str, Any]:
                 broker.wait(10)
             except subprocess.TimeoutExpired:
                 broker.kill()
-    broker_bound = 2 * BROKER_HWM * MAX_MSG
-    client_bound = CLIENT_TOTAL + CLIENT_RCVHWM * MAX_MSG
+    broker_bound, client_bound = bounds()
     growth = {n: peak[n] - base[n] for n in peak}
     return {
         "scenario": "stalled_process" if stall_process else "stalled_application",
         "seconds": seconds,
+        "flood_s": round(flood_s, 2),
+        "min_bytes_in": min_bytes_in,
         "publish_calls": sent,
         "broker_bytes_in": broker_in,
         "broker_bytes_out": broker_out,
@@ -164,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="8 s per scenario")
     ap.add_argument("--seconds", type=float, help="flood duration per scenario (default 60)")
+    ap.add_argument("--min-bytes-in", type=int, default=0, metavar="B",
+                    help="flood on past --seconds (up to 120 s more) until B bytes reached "
+                         "the broker")
     ap.add_argument("--json", metavar="PATH", help="write the results here (overwrites)")
     ap.add_argument("--role", choices=["sub", "pub", "ready"], help=argparse.SUPPRESS)
     ap.add_argument("--addr", help=argparse.SUPPRESS)
@@ -177,12 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         run(_subscriber(args.addr, Path(args.ready)))
         return 0
     if args.role == "pub":
-        print(run(_publisher(args.addr, args.seconds)))
+        print(run(_publisher(args.addr, Path(args.ready), args.seconds)))
         return 0
     if args.role == "ready":
         return run(_ready(args.addr, Path(args.ready)))
     seconds = args.seconds or (8.0 if args.quick else 60.0)
-    results = [run_scenario(True, seconds), run_scenario(False, seconds)]
+    results = [run_scenario(True, seconds, args.min_bytes_in),
+               run_scenario(False, seconds, args.min_bytes_in)]
     print(f"{'scenario':<22}{'in MiB':>10}{'broker +RSS MiB':>17}{'bound':>8}"
           f"{'client +RSS MiB':>17}{'bound':>8}  ok")
     for r in results:
