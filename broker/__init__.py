@@ -1,7 +1,7 @@
 """broker: a standalone XSUB/XPUB broker for the :mod:`pubsub` bus.
 
 A broker at ``tcp://HOST:PORT`` binds XSUB on PORT (publishers connect here),
-XPUB on PORT+1 (subscribers) and a REP control socket on PORT+2. It forwards
+XPUB on PORT+1 (subscribers) and a control socket on PORT+2 (ROUTER; REQ clients). It forwards
 subscriptions upstream and messages downstream, validates envelope structure,
 and counts messages, bytes, subscriptions and rejected frames.
 

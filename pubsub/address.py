@@ -24,7 +24,7 @@ class BrokerAddress:
 
     A broker at ``tcp://HOST:PORT`` takes publishers on ``PORT`` (its XSUB
     socket), subscribers on ``PORT+1`` (XPUB) and control requests on ``PORT+2``
-    (REP).
+    (a ROUTER that answers REQ clients).
 
     Attributes:
         host: host name or IP literal (IPv6 in brackets).
@@ -79,5 +79,5 @@ class BrokerAddress:
 
     @property
     def control_endpoint(self) -> str:
-        """The broker's control endpoint (REP), ``tcp://HOST:PORT+2``."""
+        """The broker's control endpoint (a ROUTER; REQ clients), ``tcp://HOST:PORT+2``."""
         return f"tcp://{self.host}:{self.port + 2}"
