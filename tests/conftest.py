@@ -28,6 +28,28 @@ settings.register_profile("ci", derandomize=True, deadline=None, max_examples=10
 settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parents[1]
+#: the packages the suite's processes import (compiled once per run: see pytest_configure)
+PACKAGES = ("pubsub", "broker", "parties", "synth", "sim")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Bytecode caches for the run, also where ``PYTHONDONTWRITEBYTECODE`` is set (as on
+    this project's CI machines). The suite starts about 200 Python processes (brokers,
+    launchers, fork servers, parties, coordinators); without ``.pyc`` files each compiles
+    the modules it imports from source (1 s of CPU for a party's fork server), and each
+    xdist worker re-applies pytest's assertion rewriting to every test module at
+    collection (6 s of CPU). So the first process (the xdist controller, or the one
+    process without xdist) compiles the packages once, before any worker starts, and
+    every process of the run lets pytest cache its rewritten test modules. The caches
+    are ``__pycache__`` directories in the checkout (git-ignored), checked against the
+    sources' modification times as Python always does; where the checkout is read-only
+    nothing is written and nothing fails."""
+    sys.dont_write_bytecode = False  # this process only; its children keep the environment
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        import compileall
+
+        for pkg in PACKAGES:
+            compileall.compile_dir(REPO / pkg, quiet=2, workers=1)
 
 
 class _MachineLock:
