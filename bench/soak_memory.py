@@ -133,7 +133,7 @@ def run_scenario(stall_process: bool, seconds: float, min_bytes_in: int = 0) -> 
                 os.kill(sub.pid, signal.SIGSTOP)
             stop = tmp / "pub.stop"
             pub = subprocess.Popen([sys.executable, __file__, "--role", "pub", "--addr", addr,
-                                    "--ready", str(stop), "--seconds",
+                                    "--stop", str(stop), "--seconds",
                                     str(seconds + EXTRA_S + 30)], stdout=subprocess.PIPE)
             t0 = time.monotonic()
             next_poll = t0 + seconds
@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--role", choices=["sub", "pub", "ready"], help=argparse.SUPPRESS)
     ap.add_argument("--addr", help=argparse.SUPPRESS)
     ap.add_argument("--ready", help=argparse.SUPPRESS)
+    ap.add_argument("--stop", help=argparse.SUPPRESS)  # the publisher's stop file
     args = ap.parse_args(argv)
     from pubsub.logs import configure_logging
     from pubsub.runner import run
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         run(_subscriber(args.addr, Path(args.ready)))
         return 0
     if args.role == "pub":
-        print(run(_publisher(args.addr, Path(args.ready), args.seconds)))
+        print(run(_publisher(args.addr, Path(args.stop), args.seconds)))
         return 0
     if args.role == "ready":
         return run(_ready(args.addr, Path(args.ready)))

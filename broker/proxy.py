@@ -326,7 +326,8 @@ class Broker:
     endpoints that enforce a topic policy.
 
     Plaintext (``keys_dir`` empty, loopback only): publishers connect to ``PORT``
-    (XSUB), subscribers to ``PORT+1`` (XPUB), control to ``PORT+2`` (a ROUTER that answers REQ clients).
+    (XSUB), subscribers to ``PORT+1`` (XPUB), control to ``PORT+2`` (a ROUTER that
+    answers REQ clients).
 
     CURVE (``keys_dir`` set): every socket is a CURVE server with the broker's key, and
     ``zmq.auth`` checks each client's key against the allow-list. Role i of the policy
@@ -360,7 +361,7 @@ class Broker:
         self._auth: _Authenticator | None = None
         self._ins: list[zmq.Socket] = []  # XSUB per role (one in plaintext)
         self._outs: list[zmq.Socket] = []  # XPUB per role (one in plaintext)
-        self._rep: zmq.Socket | None = None
+        self._control: zmq.Socket | None = None
         self.address: BrokerAddress | None = None
         self.policy: Policy | None = None
         self._certs: dict[bytes, Certificate] = {}
@@ -477,8 +478,8 @@ class Broker:
         # requests after a burst of envelope-less DEALER messages from peers that then
         # left (its control socket fell silent for good; 1 run in about 20 of the fuzz
         # test, and within 40 bursts in a loop)
-        self._rep = self._socket(zmq.ROUTER, CONTROL_DOMAIN)
-        self._rep.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_BYTES)
+        self._control = self._socket(zmq.ROUTER, CONTROL_DOMAIN)
+        self._control.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_BYTES)
         roles = self.policy.names if self.policy is not None else ("",)
         for role in roles:
             self._ins.append(self._socket(zmq.XSUB, role))
@@ -501,7 +502,7 @@ class Broker:
                 xpub.setsockopt(zmq.XPUB_MANUAL, 1)
         addr = BrokerAddress(host=host, port=port)
         try:
-            self._rep.bind(addr.control_endpoint)
+            self._control.bind(addr.control_endpoint)
             for i, (xsub, xpub) in enumerate(zip(self._ins, self._outs, strict=True)):
                 pub_off, sub_off = (0, 1) if self.policy is None else (3 + 2 * i, 4 + 2 * i)
                 xsub.bind(addr.endpoint(pub_off))
@@ -521,14 +522,14 @@ class Broker:
 
     def run(self) -> None:
         """Forward until :meth:`stop`; then close all sockets (LINGER-bounded)."""
-        if self._rep is None:
+        if self._control is None:
             self.bind()
-        rep = self._rep
-        assert rep is not None
+        control = self._control
+        assert control is not None
         ins, outs = list(self._ins), list(self._outs)
         cfg = self.config
         poller = zmq.Poller()
-        for s in (*ins, *outs, rep):
+        for s in (*ins, *outs, control):
             poller.register(s, zmq.POLLIN)
         timeout_ms = int(cfg.poll_interval_s * 1000)
         burst = cfg.drain_burst
@@ -563,8 +564,8 @@ class Broker:
                     for s in ins:
                         poller.unregister(s)
                     ins_registered = False
-                if rep in events:
-                    self._serve_control(rep)
+                if control in events:
+                    self._serve_control(control)
                 if next_stats is not None and time.monotonic() >= next_stats:
                     next_stats = time.monotonic() + cfg.stats_interval_s
                     self._publish_stats()
@@ -885,8 +886,8 @@ class Broker:
         c[2] += 1
         c[3] += nbytes
 
-    def _serve_control(self, rep: zmq.Socket, burst: int = 64) -> None:
-        """Answer up to ``burst`` queued control requests. ``rep`` is a ROUTER: a request is
+    def _serve_control(self, control: zmq.Socket, burst: int = 64) -> None:
+        """Answer up to ``burst`` queued control requests. ``control`` is a ROUTER: a request is
         ``[peer, *envelope, b"", *body]`` (a REQ's envelope); the reply goes back with the
         same envelope. Any body gets a reply (several frames, not JSON, not an object, an
         unknown command: ``ok`` false with the reason); a message without the envelope's
@@ -894,7 +895,7 @@ class Broker:
         raises out of the broker's loop."""
         for _ in range(burst):
             try:
-                frames = rep.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = control.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             except zmq.ZMQError as exc:  # pragma: no cover - not expected of a ROUTER
@@ -908,7 +909,7 @@ class Broker:
             envelope = [f.bytes for f in frames[:delim + 1]]
             reply = self._control_reply(frames[delim + 1:])
             try:
-                rep.send_multipart([*envelope, orjson.dumps(reply)], zmq.NOBLOCK)
+                control.send_multipart([*envelope, orjson.dumps(reply)], zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # pragma: no cover - a ROUTER drops to a gone peer
                 log.warning("broker.control_reply_dropped", error=str(exc))
 
@@ -990,10 +991,10 @@ class Broker:
 
     def _close_sockets(self) -> None:
         linger = int(self.config.linger_s * 1000)
-        for s in (*self._ins, *self._outs, self._rep):
+        for s in (*self._ins, *self._outs, self._control):
             if s is not None:
                 s.close(linger=linger)
-        self._ins, self._outs, self._rep = [], [], None
+        self._ins, self._outs, self._control = [], [], None
         self._routes.clear()
         self._sub_routes.clear()
 
