@@ -65,7 +65,8 @@ import numpy as np
 
 from synth.accounting import cdp_rho
 from synth.domain import DEFAULT_MAX_CELLS, Domain, DomainError, marginal
-from synth.engine import NoisyMarginal, estimate_total, make_engine
+from synth.engine import NoisyMarginal, estimate_total
+from synth.engines import make_engine
 from synth.select import candidate_pairs, compress_codes, compress_supports, uncompress_codes
 
 Pair = tuple[str, str]

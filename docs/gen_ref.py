@@ -317,9 +317,9 @@ def _qualname(cls: type) -> str:
 
 def exit_codes() -> str:
     """The exit-code enum and which error types map to each code
-    (:func:`parties.cli.exit_code_for`, :func:`pubsub.cli.run_guarded`, the FedForge
+    (:func:`parties.exitcodes.exit_code_for`, :func:`pubsub.cli.run_guarded`, the FedForge
     processes' ``synth.cli`` constants)."""
-    import parties.cli as pc
+    import parties.exitcodes as pc
     import pubsub.cli as bus_cli
     import synth.cli as sc
 
@@ -333,8 +333,8 @@ def exit_codes() -> str:
     synth_codes = {"EXIT_FAILED": sc.EXIT_FAILED, "EXIT_BAD_INPUT": sc.EXIT_BAD_INPUT,
                    "EXIT_BROKER": sc.EXIT_BROKER, "EXIT_PEER": sc.EXIT_PEER}
     return "\n\n".join([
-        "`parties.cli.ExitCode`, and the errors `parties.cli.exit_code_for` maps to each "
-        "(first match wins; anything else is a bug and propagates as a traceback):",
+        "`parties.exitcodes.ExitCode`, and the errors `parties.exitcodes.exit_code_for` maps "
+        "to each (first match wins; anything else is a bug and propagates as a traceback):",
         table(["code", "name", "errors"], rows),
         "Every command runs under `pubsub.cli.run_guarded`, which maps the bus's own errors: "
         f"bad input ({', '.join(_qualname(t) for t in bus_cli.BAD_INPUT_ERRORS)}) to "

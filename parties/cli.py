@@ -13,57 +13,23 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from pubsub.cli import BAD_INPUT_ERRORS, BROKER_ERRORS, add_security_arguments, security_from_args
+from pubsub.cli import add_security_arguments, security_from_args
 from pubsub.config import ConfigError
 from pubsub.logs import configure_logging
 from pubsub.runner import run as run_loop
 
 from parties.config import (MAX_PASSIVE_PARTIES, VflConfig, check_run_id, load_vfl_config,
                             passive_party_ids, role_of)
-from parties.data import DataError
-from parties.errors import NonFiniteTraining, PrivacyBudgetExceeded, VflError, WorkerFailed
+from parties.exitcodes import ExitCode, exit_code_for  # noqa: F401 (re-exported)
 from parties.report import format_metric
 from parties.serve import finish_party, metrics_file, write_json  # noqa: F401 (re-exported)
 
 
 #: every party id ``python -m parties`` accepts
 PARTY_IDS = ("active", *passive_party_ids(MAX_PASSIVE_PARTIES))
-
-
-class ExitCode(IntEnum):
-    """Process exit codes of party and launcher commands."""
-
-    OK = 0
-    FAILED = 1
-    BAD_INPUT = 2
-    BROKER_UNREACHABLE = 3
-    PARTNER = 4
-    TIMEOUT = 5
-
-
-#: Errors reported as one line, and the exit code each maps to (first match wins).
-_EXIT_CODES: tuple[tuple[tuple[type[BaseException], ...], ExitCode], ...] = (
-    ((*BAD_INPUT_ERRORS, DataError), ExitCode.BAD_INPUT),
-    (BROKER_ERRORS, ExitCode.BROKER_UNREACHABLE),
-    ((WorkerFailed, PrivacyBudgetExceeded, NonFiniteTraining), ExitCode.FAILED),
-    ((VflError,), ExitCode.PARTNER),
-)
-
-
-def exit_code_for(exc: BaseException) -> ExitCode | None:
-    """The exit code for an expected error (bad input, broker, partner, worker); None for
-    anything else, which should propagate as a bug."""
-    for types, code in _EXIT_CODES:
-        if isinstance(exc, types):
-            return code
-    dpsgd = sys.modules.get("parties.dpsgd")  # loaded whenever its error can exist
-    if dpsgd is not None and isinstance(exc, dpsgd.DpIncompatibleModel):
-        return ExitCode.BAD_INPUT  # a model DP-SGD cannot bound (BatchNorm): bad input
-    return None
 
 
 def add_party_arguments(p: argparse.ArgumentParser) -> None:

@@ -41,6 +41,8 @@ import numpy as np
 import pandas as pd
 import structlog
 
+from parties.dataerrors import (DataError, DatasetNotFound, InvalidLabel,  # noqa: F401
+                                InvalidRows, InvalidSplit, InvalidSynthetic, UnknownColumn)
 from parties.datasets import DATASETS, DatasetInfo
 
 __all__ = [
@@ -75,78 +77,6 @@ _MISSING_CATEGORY = "__missing__"  # parties.treatments.MISSING
 _log = structlog.get_logger(__name__)
 _SUPPORTED_SUFFIXES = (".csv", ".csv.gz", ".parquet")
 _MAX_LISTED = 50  # cap on how many available columns an error message lists
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class DataError(Exception):
-    """Root of data-layer errors."""
-
-
-class DatasetNotFound(DataError, FileNotFoundError):
-    """A dataset file (or bundled resource) does not exist.
-
-    Attributes:
-        path: The path (or resource name) that was looked up.
-        filename: Same as ``path``, as a string, for ``OSError`` compatibility.
-    """
-
-    def __init__(self, path: str | Path, detail: str = "") -> None:
-        self.path = str(path)
-        message = f"dataset file not found: {self.path}"
-        if detail:
-            message = f"{message} ({detail})"
-        super().__init__(message)
-        self.filename = self.path
-        self._message = message
-
-    def __str__(self) -> str:
-        return self._message
-
-
-class UnknownColumn(DataError, KeyError):
-    """One or more referenced columns are not in the table.
-
-    Attributes:
-        columns: The offending column names, in the order given.
-        available: The columns the table does have.
-    """
-
-    def __init__(self, columns: Sequence[str], available: Sequence[str]) -> None:
-        self.columns = tuple(columns)
-        self.available = tuple(available)
-        names = ", ".join(repr(c) for c in self.columns)
-        shown = ", ".join(repr(c) for c in self.available[:_MAX_LISTED])
-        if len(self.available) > _MAX_LISTED:
-            shown += f", ... ({len(self.available) - _MAX_LISTED} more)"
-        noun = "column" if len(self.columns) == 1 else "columns"
-        self._message = f"unknown {noun} {names}; available columns: [{shown}]"
-        super().__init__(self._message)
-
-    def __str__(self) -> str:  # KeyError would repr-quote the message.
-        return self._message
-
-
-class InvalidSplit(DataError, ValueError):
-    """The column split or the train/test split is not usable.
-
-    Raised for overlapping party columns, the label used as a feature, a party
-    with no columns, duplicate columns, a ``test_frac`` outside ``(0, 1)`` and
-    out-of-range row indices.
-    """
-
-
-class InvalidRows(DataError, ValueError):
-    """An aligned-rows file (``psfl vfl align`` output) cannot select rows of the table.
-
-    Attributes:
-        path: the file.
-    """
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        super().__init__(f"aligned rows {path!r}: {reason}")
 
 
 def aligned_ids_digest(path: str | Path) -> str:
@@ -195,19 +125,6 @@ def select_rows(frame: pd.DataFrame, path: str | Path) -> pd.DataFrame:
     if np.unique(idx).size != idx.size:
         raise InvalidRows(str(p), "lists a row twice")
     return frame.iloc[idx].reset_index(drop=True)
-
-
-class InvalidLabel(DataError, ValueError):
-    """The label column cannot be used as the task's target.
-
-    Raised when the label has missing values, more than two classes or only
-    one class among the training rows (binary), or is not numeric, infinite or
-    constant among the training rows (regression).
-    """
-
-
-class InvalidSynthetic(DataError, ValueError):
-    """The parameters of the synthetic dataset are out of range."""
 
 
 # --------------------------------------------------------------------------- loading
@@ -297,6 +214,12 @@ def make_synthetic(spec: SyntheticSpec) -> pd.DataFrame:
     frame = pd.DataFrame(x.astype(np.float32), columns=columns[:-1], copy=False)
     frame[SYNTHETIC_LABEL] = y.astype(np.int64)
     return frame
+
+
+def synthetic_spec(cfg: Any) -> SyntheticSpec:
+    """The ``synthetic`` dataset's parameters from the ``vfl.synthetic_*`` keys."""
+    return SyntheticSpec(rows=cfg.synthetic_rows, features=cfg.synthetic_features,
+                         informative=cfg.synthetic_informative, seed=cfg.synthetic_seed)
 
 
 ADULT_MISSING = "?"
@@ -403,7 +326,7 @@ def load_table(
         raise DatasetNotFound(path, f"named datasets: {names}")
     name = path.name.lower()
     if path.is_dir():  # a directory of Parquet shards: one schema, read in path order
-        from parties.stream import inspect
+        from parties.shards import inspect
 
         info = inspect(path)
         try:

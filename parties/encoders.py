@@ -183,7 +183,7 @@ class FittedEncoder:
             parties.data.UnknownColumn: a column is missing from ``frame``.
             parties.data.DataError: a numeric column has infinite values.
         """
-        from parties.data import DataError, UnknownColumn
+        from parties.dataerrors import DataError, UnknownColumn
 
         from parties.treatments import (MISSING, as_strings, datetime_part, hash_buckets,
                                         parse_datetime)

@@ -703,7 +703,7 @@ class PredictParty:
                    "predictions": "predictions.csv"}
         bus.publish_nowait(self._done, (), {"ok": True})
         await asyncio.sleep(0.05)
-        from parties.cli import write_json
+        from parties.serve import write_json
 
         write_json(self.out / "predict.json", summary)
         self.log.info("predict.done", rows=int(len(pred)), parties=len(self.partners) + 1)
@@ -718,7 +718,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pubsub.logs import configure_logging
     from pubsub.runner import run as run_loop
 
-    from parties.cli import ExitCode, exit_code_for
+    from parties.exitcodes import ExitCode, exit_code_for
     from parties.config import MAX_PASSIVE_PARTIES, check_run_id, passive_party_ids
 
     p = argparse.ArgumentParser(prog="python -m parties predict",

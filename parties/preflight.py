@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from pubsub.config import ConfigError
 
 from parties.config import VflConfig
 from parties.data import (
@@ -17,8 +14,8 @@ from parties.data import (
     DataError,
     InvalidLabel,
     PartyFeatures,
-    SyntheticSpec,
     select_rows,
+    synthetic_spec,
     default_split_n,
     encode_labels,
     encode_party_features,
@@ -28,13 +25,7 @@ from parties.data import (
     train_test_indices,
     validate_split_n,
 )
-from parties.schema import PublicSchema, SchemaEncoder, bundled_schema, load_schema
-
-
-def synthetic_spec(cfg: VflConfig) -> SyntheticSpec:
-    """The ``synthetic`` dataset's parameters from the ``vfl.synthetic_*`` keys."""
-    return SyntheticSpec(rows=cfg.synthetic_rows, features=cfg.synthetic_features,
-                         informative=cfg.synthetic_informative, seed=cfg.synthetic_seed)
+from parties.schema import SchemaEncoder, dp_schema
 
 
 def load_configured_table(cfg: VflConfig,
@@ -165,37 +156,6 @@ def resolve_party_columns(cfg: VflConfig, frame: Any, default_label: str | None
                                  n_active=cfg.active_features or None)
     validate_split_n(list(frame.columns), label, groups)
     return label, groups
-
-
-def dp_schema(cfg: VflConfig, columns: Sequence[str]) -> PublicSchema:
-    """The public schema the passive party encodes ``columns`` with under DP: the file
-    ``vfl.dp_schema``, else the bundled reviewed schema of the named dataset (for
-    ``synthetic``, the generator's, :func:`parties.schema.synthetic_schema`), restricted to
-    ``columns`` in that order.
-
-    Raises:
-        ConfigError: key ``vfl.dp_schema``: no schema is available (a user file without
-            ``vfl.dp_schema``).
-        parties.schema.SchemaError: the file is missing or invalid, or does not declare
-            every one of ``columns`` (both exit 2).
-    """
-    if cfg.dp_schema is not None:
-        schema = load_schema(Path(cfg.dp_schema).expanduser())
-    else:
-        features: tuple[str, ...] = ()
-        if cfg.dataset == "synthetic":
-            features = tuple(c for c in synthetic_columns(synthetic_spec(cfg))
-                             if c != SYNTHETIC_LABEL)
-        schema = bundled_schema(cfg.dataset, synthetic_columns=features)
-        if schema is None:
-            raise ConfigError(
-                "vfl.dp_schema",
-                f"DP is on, so the passive party's features must be encoded from a public "
-                f"schema (declared ranges and categories), but dataset {cfg.dataset!r} has "
-                "no bundled schema: set vfl.dp_schema to a schema file you reviewed "
-                "(draft one with `psfl vfl schema --dataset PATH --role passive --out "
-                "schema.toml`, then review it)")
-    return schema.select(tuple(columns))
 
 
 def encode_features(cfg: VflConfig, role: str, frame: pd.DataFrame, columns: Sequence[str],

@@ -82,12 +82,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from parties.data import DataError
+from pubsub.config import ConfigError
+
+from parties.data import SYNTHETIC_LABEL, synthetic_columns, synthetic_spec
+from parties.dataerrors import DataError
+
+if TYPE_CHECKING:
+    from parties.config import VflConfig
 
 __all__ = [
     "OTHER",
@@ -98,6 +104,7 @@ __all__ = [
     "SchemaEncoder",
     "SchemaError",
     "bundled_schema",
+    "dp_schema",
     "bundled_schema_name",
     "draft_schema",
     "dump_schema",
@@ -678,3 +685,34 @@ rounded outward, observed categories). Publishing or using them unreviewed discl
 facts about individual records (an outlier's value, a rare category). Before use:
 widen each lo/hi to public bounds (documented limits, not what the data shows), check
 fill and log, drop or merge rare categories, and record how you derived each here."""
+
+
+def dp_schema(cfg: VflConfig, columns: Sequence[str]) -> PublicSchema:
+    """The public schema the passive party encodes ``columns`` with under DP: the file
+    ``vfl.dp_schema``, else the bundled reviewed schema of the named dataset (for
+    ``synthetic``, the generator's, :func:`parties.schema.synthetic_schema`), restricted to
+    ``columns`` in that order.
+
+    Raises:
+        ConfigError: key ``vfl.dp_schema``: no schema is available (a user file without
+            ``vfl.dp_schema``).
+        parties.schema.SchemaError: the file is missing or invalid, or does not declare
+            every one of ``columns`` (both exit 2).
+    """
+    if cfg.dp_schema is not None:
+        schema = load_schema(Path(cfg.dp_schema).expanduser())
+    else:
+        features: tuple[str, ...] = ()
+        if cfg.dataset == "synthetic":
+            features = tuple(c for c in synthetic_columns(synthetic_spec(cfg))
+                             if c != SYNTHETIC_LABEL)
+        schema = bundled_schema(cfg.dataset, synthetic_columns=features)
+        if schema is None:
+            raise ConfigError(
+                "vfl.dp_schema",
+                f"DP is on, so the passive party's features must be encoded from a public "
+                f"schema (declared ranges and categories), but dataset {cfg.dataset!r} has "
+                "no bundled schema: set vfl.dp_schema to a schema file you reviewed "
+                "(draft one with `psfl vfl schema --dataset PATH --role passive --out "
+                "schema.toml`, then review it)")
+    return schema.select(tuple(columns))

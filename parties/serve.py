@@ -119,11 +119,11 @@ def party_process_main(role: str, cfg: VflConfig, models: Any, *, broker: str, r
     """Body of a party process that a launcher spawns with a pickled model factory (the
     Python API's user models; ``multiprocessing`` re-imports the user's main module, so
     its module-level classes and functions resolve). Exits with the party's exit code
-    (:class:`parties.cli.ExitCode`)."""
+    (:class:`parties.exitcodes.ExitCode`)."""
     from pubsub.logs import configure_logging
     from pubsub.runner import run as run_loop
 
-    from parties.cli import exit_code_for
+    from parties.exitcodes import exit_code_for
 
     t0 = time.perf_counter()
     out_dir = Path(out)

@@ -7,8 +7,8 @@ process rebuilds the factory from the config mapping, or receives the pickled fa
 
 Model specs (``vfl.model`` for the bottom models, ``vfl.top_model`` for the top model):
 
-* ``"mlp"`` (the default): today's Linear/ReLU stacks (:func:`parties.model.party_bottom`,
-  :func:`parties.model.top_model`), built with exactly the same initialisation order and
+* ``"mlp"`` (the default): today's Linear/ReLU stacks (:func:`parties.nets.party_bottom`,
+  :func:`parties.nets.top_model`), built with exactly the same initialisation order and
   RNG use, so default runs are unchanged bit for bit.
 * ``"resnet"``: the paper's large model (PubSub-VFL, Table 7), :class:`ResidualMlp`: an
   input projection ``Linear(d_in, width)``, ``depth`` residual blocks ``x + f(x)`` with
@@ -64,6 +64,7 @@ from torch import nn
 
 from parties.modelspec import (BUILTINS, DP_BATCHNORM, GROUPS, NORMS, ModelSpecError,
                                check_spec, import_callable)
+from parties.nets import loss_function, make_adam, party_bottom, top_model
 from pubsub.config import ConfigError
 
 if TYPE_CHECKING:
@@ -214,7 +215,7 @@ class ModelFactory:
         optimizer_fn: ``(parameters, lr) -> torch.optim.Optimizer`` for every worker
             replica (``lr`` is the worker's scaled learning rate,
             :meth:`parties.config.VflConfig.worker_lr`). None: Adam
-            (:func:`parties.model.make_adam`). Under DP the passive optimizer only sees
+            (:func:`parties.nets.make_adam`). Under DP the passive optimizer only sees
             DP-SGD's noised gradients (post-processing: the accounting is unchanged).
         loss_fn: ``(task) -> nn.Module``, the top model's training loss. None: mean
             BCE-with-logits (binary) or MSE (regression).
@@ -248,8 +249,6 @@ class ModelFactory:
         Raises:
             ModelSpecError: key ``optimizer``: the factory raises or returns no optimizer.
         """
-        from parties.model import make_adam
-
         if self.optimizer_fn is None:
             return make_adam(params, lr)
         try:
@@ -269,8 +268,6 @@ class ModelFactory:
         Raises:
             ModelSpecError: key ``loss``: the factory raises or returns no module.
         """
-        from parties.model import loss_function
-
         if self.loss_fn is None:
             return loss_function(task)
         return _build("loss", _qualname(self.loss_fn), lambda: self.loss_fn(task))
@@ -295,8 +292,6 @@ class ModelFactory:
             and self.passive_bottom_fn is None else "mlp"
 
     def _raw_bottom(self, role: str, d_in: int) -> nn.Module:
-        from parties.model import party_bottom
-
         cfg = self.cfg
         fn = self._bottom_fn(role)
         if fn is not None:
@@ -333,8 +328,6 @@ class ModelFactory:
     def top(self) -> nn.Module:
         """The top model ``(B, top_input_width) → (B, 1)`` (``2·embedding_dim`` in a
         two-party run; :attr:`parties.config.VflConfig.top_input_width`)."""
-        from parties.model import top_model
-
         cfg = self.cfg
         d_in = cfg.top_input_width
         if self.top_fn is not None:

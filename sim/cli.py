@@ -638,7 +638,8 @@ def _vfl_align(args: argparse.Namespace) -> int:
     ``--role PARTY``: one party against ``--broker`` (``--passive-parties N`` for N-way
     alignment); without: broker and every party as processes on this machine
     (``--active-ids``, ``--passive-ids`` once per passive party)."""
-    from parties.align import AlignConfig, run_align_party, write_demo_ids
+    from parties.align import AlignConfig
+    from parties.align_run import run_align_party, write_demo_ids
     from parties.cli import ExitCode
 
     if args.make_ids is not None:

@@ -637,7 +637,7 @@ def _f4(x: Any) -> str:
 def plot_timeline(m: dict[str, Any], path: Path) -> Path:
     """``timeline.png``: the coordinator's stages, each site's lane (offline window,
     rounds it missed), the workload update and a kill/restart, in simulated hours."""
-    from sim.report import DPI, _pyplot, _save
+    from sim.report_common import DPI, _pyplot, _save
 
     plt = _pyplot()
     c = m["consortium"]

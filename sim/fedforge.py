@@ -323,7 +323,7 @@ def _table(obj: Any, field: str) -> pd.DataFrame:
 
 def _check_engine(cfg: SynthConfig) -> None:
     """The engine's package is importable (before any budget is spent)."""
-    from synth.engine import make_engine
+    from synth.engines import make_engine
 
     make_engine(cfg.resolved_engine())
 

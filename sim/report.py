@@ -26,7 +26,6 @@ and uses the Agg backend.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -34,21 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sim.report_common import (DPI, FIGSIZE, ReportError, _num, _pyplot,  # noqa: F401
+                               _read_json, _save, is_vfl_metrics)
+
 #: Default number of batches the Gantt window shows.
 DEFAULT_MAX_BATCHES = 40
-#: Figure size (inches) and resolution: 1600 x 900 pixels.
-FIGSIZE = (16.0, 9.0)
-DPI = 100
 #: Colours of the span kinds in Gantt plots.
 KIND_COLORS = {"compute": "#1f77b4", "wait": "#ffbb78", "comm": "#d62728"}
 #: Files the report writes besides the per-run Gantt plots.
 METRIC_PNG = "metric_vs_time.png"
 CPU_PNG = "cpu_util.png"
 ROLES = ("active", "passive")
-
-
-class ReportError(Exception):
-    """Bad input for ``psfl report`` (missing directory, no runs, bad window); exit 2."""
 
 
 @dataclass
@@ -127,18 +122,6 @@ def find_run_dirs(root: str | Path) -> list[Path]:
         raise ReportError(f"no metrics.json found in or below {root} "
                           "(expected a directory written by psfl vfl run --out)")
     return dirs
-
-
-def _read_json(path: Path) -> Any:
-    with path.open("rb") as f:
-        return json.load(f)
-
-
-def is_vfl_metrics(m: Any) -> bool:
-    """True when ``m`` looks like a VFL run's ``metrics.json`` (a dict with a
-    ``history`` list or a ``parties`` dict)."""
-    return isinstance(m, dict) and (isinstance(m.get("history"), list)
-                                    or isinstance(m.get("parties"), dict))
 
 
 def load_run(run_dir: Path, root: Path) -> Run:
@@ -260,14 +243,6 @@ def load_runs(root: str | Path, *, skip: Path | None = None,
 
 
 # --------------------------------------------------------------------------- series
-
-
-def _num(x: Any) -> float | None:
-    """``x`` as a finite float, else None."""
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
 
 
 def metric_series(metrics: dict[str, Any]) -> tuple[list[float], list[float]]:
@@ -472,15 +447,6 @@ def gantt_rows(spans: Sequence[Span]) -> list[tuple[str, int]]:
 # --------------------------------------------------------------------------- drawing
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _metric_title(name: str) -> str:
     return {"auc": "AUC", "rmse": "RMSE"}.get(name.lower(), name)
 
@@ -543,15 +509,6 @@ def _suptitle(runs: Sequence[Run]) -> str:
     ds = sorted({str(r.metrics.get("dataset", "?")) for r in runs})
     return (f"{len(runs)} run{'s' if len(runs) != 1 else ''}, dataset "
             f"{', '.join(ds)}")
-
-
-def _save(fig: Any, path: Path) -> Path:
-    plt = _pyplot()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
 
 
 def _cores(run: Run, role: str) -> str:

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sim.report import ReportError, _num, _read_json, is_vfl_metrics
+from sim.report_common import ReportError, _num, _read_json, is_vfl_metrics
 
 #: The plots of one FedForge run (several runs: ``<stem>_<run>.png`` each).
 STAGE_PNG = "stage_timeline.png"

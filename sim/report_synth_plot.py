@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sim.report import DPI, FIGSIZE, _num, _pyplot, _save
+from sim.report_common import DPI, FIGSIZE, _num, _pyplot, _save
 from sim.report_synth import (
     BUDGET_PNG,
     STAGE_PNG,

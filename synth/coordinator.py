@@ -78,7 +78,8 @@ from synth.coord.collect import RESUME_EVERY_S
 from synth.coord.context import RunContext
 from synth.coord.driver import MeasurementDriver
 from synth.coord.evaluation import QualityStage
-from synth.coord.metrics import StageTimer, WireMeter, build_metrics, cpu_figures
+from synth.coord.meters import StageTimer, WireMeter
+from synth.coord.metrics import build_metrics, cpu_figures
 from synth.coord.planners import BudgetSplit, planner_for
 from synth.coord.recovery import DropoutRecovery
 from synth.coord.rounds import RoundRunner

@@ -26,7 +26,8 @@ import pandas as pd
 
 from synth.checkpoint import load_npz, read_json
 from synth.domain import Domain, DomainError, Schema, decode
-from synth.engine import EngineInputError, MbiFittedModel, _import_mbi, load_warm_start
+from synth.engine import EngineInputError, MbiFittedModel, _import_mbi
+from synth.engines import load_warm_start
 from synth.select import compress_domain, uncompress_codes
 
 
@@ -77,7 +78,7 @@ class SavedModel:
 
 def fitted_from_state(domain: Domain, meta: dict[str, Any],
                       arrays: dict[str, np.ndarray]) -> Any:
-    """The fitted model that :func:`synth.engine.model_state` described.
+    """The fitted model that :func:`synth.engines.model_state` described.
 
     Raises:
         EngineInputError: the state does not fit ``domain``.

@@ -952,19 +952,6 @@ class SecAggServer:
         self._rounds: dict[str, _RoundState] = {}
         self._held_index: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
 
-    # ---------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-safe session state (:func:`synth.secagg_state.server_state`)."""
-        from synth.secagg_state import server_state
-
-        return server_state(self)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` (:func:`synth.secagg_state.restore_server`)."""
-        from synth.secagg_state import restore_server
-
-        restore_server(self, state)
-
     # ---------------------------------------------------------------- keys
     def register_keys(self, keys: PartyKeys) -> None:
         """Stage 1: record a party's advertisement.

@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 
 from synth.config import SynthConfig
-from synth.coord.metrics import StageTimer, WireMeter
+from synth.coord.meters import StageTimer, WireMeter
 from synth.coord.planners import Known
 from synth.coord.store import CheckpointStore, fingerprint
 from synth.domain import Schema
 from synth.engine import NoisyMarginal
 from synth.protocol import SessionPlan, Topics, build_tree, secagg_degree
 from synth.secagg import SecAggServer
+from synth.secagg_state import restore_server, server_state
 
 class RunContext:
     """What the stages of one run share.
@@ -128,7 +129,7 @@ class RunContext:
                                        [self.cfg.seed, self.s]).bytes(16).hex())
             self.server = SecAggServer(self.session.secagg())
         elif doc.get("server") is not None:
-            self.server.load_state_dict(doc["server"])
+            restore_server(self.server, doc["server"])
         self.bytes_naive, self.bytes_naive_direct = doc.get("bytes_naive", [0, 0])
         self.log.info("coordinator.resumed", done=self.store.resumed_from,
                       pending=sorted(doc["pending"]), restarts=doc["restarts"])
@@ -149,7 +150,7 @@ class RunContext:
 
     def mark(self, stage: str, *, server: bool = False) -> None:
         """Checkpoint ``stage`` as done (with the secure-aggregation server's state)."""
-        self.store.mark(stage, server=self.server.state_dict() if server else None)
+        self.store.mark(stage, server=server_state(self.server) if server else None)
 
     def save(self) -> None:
         """Write the checkpoint."""

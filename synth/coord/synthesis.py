@@ -24,7 +24,8 @@ from synth.checkpoint import atomic_save_npz, load_npz
 from synth.coord.context import RunContext
 from synth.coord.types import RoundResult
 from synth.domain import decode, marginals
-from synth.engine import NoisyMarginal, load_warm_start, make_engine, model_state
+from synth.engine import NoisyMarginal
+from synth.engines import load_warm_start, make_engine, model_state
 from synth.gum import gum_update
 from synth.select import compress_codes, uncompress_codes
 

@@ -16,8 +16,8 @@ from synth.engine import (
     NeuralEngine,
     NoisyMarginal,
     estimate_total,
-    make_engine,
 )
+from synth.engines import make_engine
 from synth.quality import tv_distance
 from tests.bounds import above, below, control
 
@@ -149,7 +149,8 @@ sys.meta_path.insert(0, Block())
 import numpy as np
 import synth, synth.engine, synth.select, synth.quality
 from synth.domain import Domain
-from synth.engine import NeuralEngine, NoisyMarginal, EngineUnavailable, make_engine, MbiEngine
+from synth.engine import NeuralEngine, NoisyMarginal, EngineUnavailable, MbiEngine
+from synth.engines import make_engine
 dom = Domain(attributes=('a', 'b'), sizes=(2, 2))
 m = [NoisyMarginal(clique=('a', 'b'), values=np.array([40., 10., 10., 40.]), sigma=0.01)]
 fm = NeuralEngine(rows=50, steps=300).fit(dom, m, seed=1)
@@ -188,7 +189,7 @@ def test_diffusion_engine_learns_the_measured_marginals_and_reloads(noise: str) 
     (control: the untrained chain is far off), samples follow the model's marginals, and
     the saved state reloads to the same sampler, with either forward kernel."""
     from synth.diffusion import DiffusionEngine, DiffusionFittedModel
-    from synth.engine import load_warm_start, model_state
+    from synth.engines import load_warm_start, model_state
 
     x = _data()
     eng = DiffusionEngine(steps=300, batch=512, hidden=64, lr=1e-2, noise=noise)

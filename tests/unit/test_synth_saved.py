@@ -9,7 +9,8 @@ import pytest
 
 from synth.config import SynthConfig
 from synth.domain import Domain, decode, encode
-from synth.engine import NeuralEngine, NoisyMarginal, model_state
+from synth.engine import NeuralEngine, NoisyMarginal
+from synth.engines import model_state
 from synth.saved import fitted_from_state
 
 DOM = Domain(attributes=("a", "b"), sizes=(3, 2))
