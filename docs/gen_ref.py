@@ -1,15 +1,24 @@
-"""Reference pages generated from the code: a mkdocs hook (``hooks:`` in mkdocs.yml).
+"""Reference pages generated from the code, committed with the docs and refreshed by
+this script (also the mkdocs hook, ``hooks:`` in mkdocs.yml).
 
-A page under ``docs/`` keeps its hand-written text on disk and holds, where a generated
-part belongs, one marker line ``<!-- generated: NAME -->``. When mkdocs reads the page,
-:func:`on_page_markdown` replaces every marker with :data:`GENERATORS` ``[NAME]()``,
-built from the code of this checkout at that moment: the ``psfl`` parser
-(:func:`sim.cli.build_parser`), the config dataclasses, the exit-code tables, the wire
-codec and the broker's topic policy. Nothing generated is stored in the repository, so
-the reference cannot go stale; an unknown marker, or a config field without a docstring
-entry, fails the build.
+A page under ``docs/`` holds its hand-written text and, where a generated part belongs, a
+block between two marker lines::
 
-``python docs/gen_ref.py docs/reference/cli.md`` prints a page with its markers expanded.
+    <!-- generated: NAME (written by docs/gen_ref.py from the code; do not edit) -->
+    ...
+    <!-- end generated: NAME -->
+
+whose body is :data:`GENERATORS` ``[NAME]()``, built from the code of this checkout: the
+``psfl`` parser (:func:`sim.cli.build_parser`), the config dataclasses, the exit-code
+tables, the wire codec and the broker's topic policy. The bodies are committed, so the
+pages read whole on GitHub and in a checkout without a site build; a test
+(``tests/unit/test_docs_site.py``) fails when a committed body differs from what the code
+generates now. When the site builds, :func:`on_page_markdown` regenerates every body. An
+unknown block name, a block without its end line, or a config field without a docstring
+entry is an error.
+
+``python docs/gen_ref.py --write`` refreshes every page; ``--check`` lists the stale ones
+(exit 1); ``python docs/gen_ref.py PAGE.md`` prints a page with its blocks regenerated.
 """
 
 from __future__ import annotations
@@ -29,7 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 
-MARKER = re.compile(r"^<!-- generated: ([a-z0-9-]+) -->[ \t]*$", re.M)
+START = re.compile(r"^<!-- generated: ([a-z0-9-]+)\b[^\n]*-->[ \t]*$", re.M)
+BLOCK = re.compile(r"^(<!-- generated: ([a-z0-9-]+)\b[^\n]*-->)[ \t]*\n(.*?)"
+                   r"^(<!-- end generated: \2 -->)[ \t]*$", re.M | re.S)
 _CODE = re.compile(r"(`+)(.+?)\1", re.S)
 _ROLE = re.compile(r":(?:mod|class|func|meth|attr|data|exc|obj):`~?([^`]+)`")
 USAGE_WIDTH = 88
@@ -127,9 +138,40 @@ def _walk(parser: argparse.ArgumentParser, words: tuple[str, ...], help_text: st
 
 
 def _usage(parser: argparse.ArgumentParser) -> str:
-    fmt = parser.formatter_class(prog=parser.prog, width=USAGE_WIDTH)
-    fmt.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
-    return fmt.format_help().strip()
+    """A synopsis of the command: its name, ``[OPTIONS]`` when it has optional ones, its
+    required options and its positional arguments. Built here rather than by argparse,
+    whose usage lines wrap differently from one Python version to the next (the committed
+    page must not depend on the version that wrote it); the table below lists every
+    option."""
+    words = [parser.prog]
+    grouped = {id(a) for g in parser._mutually_exclusive_groups if g.required
+               for a in g._group_actions}
+    optional = [a for a in parser._actions if a.option_strings
+                and not isinstance(a, argparse._HelpAction)]
+    if any(not a.required and id(a) not in grouped for a in optional):
+        words.append("[OPTIONS]")
+    for g in parser._mutually_exclusive_groups:
+        if g.required:
+            words.append("(" + " | ".join(_option_word(a) for a in g._group_actions) + ")")
+    words += [_option_word(a) for a in optional if a.required and id(a) not in grouped]
+    for a in parser._actions:
+        if a.option_strings:
+            continue
+        if isinstance(a, argparse._SubParsersAction):
+            words.append("COMMAND ...")
+            continue
+        name = str(a.metavar or a.dest)
+        words.append({"?": f"[{name}]", "*": f"[{name} ...]", "+": f"{name} [{name} ...]",
+                      argparse.REMAINDER: "..."}.get(a.nargs, name))  # type: ignore[arg-type]
+    return "usage: " + " ".join(words)
+
+
+def _option_word(action: argparse.Action) -> str:
+    """A required option as the synopsis shows it: its longest spelling and metavar."""
+    flag = max(action.option_strings, key=len)
+    if action.nargs == 0:
+        return flag
+    return f"{flag} {action.metavar or action.dest.upper()}"
 
 
 def _option_row(parser: argparse.ArgumentParser, action: argparse.Action) -> list[str]:
@@ -458,26 +500,81 @@ GENERATORS: dict[str, Callable[[], str]] = {
 
 
 def expand(markdown: str) -> str:
-    """``markdown`` with every ``<!-- generated: NAME -->`` line replaced.
+    """``markdown`` with the body of every generated block regenerated (marker lines
+    kept).
 
     Raises:
-        GenerationError: a marker names no generator.
+        GenerationError: a block names no generator, or a start line has no end line.
     """
     def sub(m: re.Match[str]) -> str:
-        name = m.group(1)
+        name = m.group(2)
         if name not in GENERATORS:
             raise GenerationError(f"unknown generated part {name!r} (known: "
                                   f"{', '.join(sorted(GENERATORS))})")
-        return GENERATORS[name]().strip("\n")
+        return f"{m.group(1)}\n{GENERATORS[name]().strip(chr(10))}\n{m.group(4)}"
 
-    return MARKER.sub(sub, markdown)
+    out = BLOCK.sub(sub, markdown)
+    starts = [m.group(1) for m in START.finditer(markdown)]
+    ended = [m.group(2) for m in BLOCK.finditer(markdown)]
+    if len(starts) != len(ended):
+        missing = sorted(set(starts) - set(ended)) or starts
+        raise GenerationError(f"generated part(s) {missing} without their "
+                              "'<!-- end generated: NAME -->' line")
+    return out
+
+
+def generated_pages(docs: Path = ROOT / "docs") -> list[Path]:
+    """The pages under ``docs`` that hold a generated block."""
+    return [p for p in sorted(docs.rglob("*.md")) if START.search(p.read_text())]
+
+
+def stale_pages(docs: Path = ROOT / "docs") -> list[Path]:
+    """The pages whose committed blocks differ from what the code generates now."""
+    return [p for p in generated_pages(docs) if expand(p.read_text()) != p.read_text()]
+
+
+def write_pages(docs: Path = ROOT / "docs") -> list[Path]:
+    """Regenerate every page's blocks in place (each file replaced whole); returns the
+    pages that changed."""
+    changed = []
+    for p in generated_pages(docs):
+        text = p.read_text()
+        new = expand(text)
+        if new != text:
+            tmp = p.with_name(p.name + ".tmp")
+            tmp.write_text(new)
+            tmp.replace(p)
+            changed.append(p)
+    return changed
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
-    """mkdocs event: expand the page's markers."""
+    """mkdocs event: regenerate the page's blocks."""
     return expand(markdown)
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Regenerate the reference pages' generated "
+                                 "blocks from the code.")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help="refresh every page in place")
+    g.add_argument("--check", action="store_true",
+                   help="list the pages whose blocks are stale; exit 1 if any")
+    ap.add_argument("pages", nargs="*", type=Path, help="print these pages regenerated")
+    args = ap.parse_args(argv)
+    if args.write:
+        for p in write_pages():
+            print(f"refreshed {p.relative_to(ROOT)}")
+        return 0
+    if args.check:
+        stale = stale_pages()
+        for p in stale:
+            print(f"stale: {p.relative_to(ROOT)} (python docs/gen_ref.py --write)")
+        return 1 if stale else 0
+    for p in args.pages:
+        sys.stdout.write(expand(p.read_text()))
+    return 0
+
+
 if __name__ == "__main__":
-    for name in sys.argv[1:]:
-        sys.stdout.write(expand(Path(name).read_text()))
+    sys.exit(main())

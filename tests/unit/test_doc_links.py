@@ -1,6 +1,6 @@
 """Every relative link in README.md and docs/ points to a file of the repository, and
 every #anchor to a heading of its target (GitHub's heading slugs, which the site's
-mkdocs.yml uses too). A page with generated parts (``<!-- generated: NAME -->``,
+mkdocs.yml uses too). A page with generated blocks (``<!-- generated: NAME ... -->``,
 docs/gen_ref.py) is checked as the site builds it."""
 
 from __future__ import annotations
