@@ -303,9 +303,9 @@ def measure_top_split(cfg: Any, batch_sizes: Sequence[int], *, min_time_s: float
     import torch
 
     from parties.model import ParameterServer, flat_params, party_modules
-    from parties.runtime import load_party_data
+    from parties.partydata import load_party_data
     from parties.schedule import epoch_batches
-    from parties.workers import make_compute
+    from parties.compute import make_compute
 
     old = os.sched_getaffinity(0)
     old_threads = torch.get_num_threads()

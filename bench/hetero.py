@@ -179,7 +179,7 @@ def balance(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str
     ratio}}``; the even model (width 128 for both) when the cores are equal.
     """
     from parties.profile import profile_party
-    from parties.runtime import load_party_data
+    from parties.partydata import load_party_data
 
     small = min(cores, key=lambda r: cores[r])
     big = "active" if small == "passive" else "passive"

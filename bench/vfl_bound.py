@@ -3,7 +3,7 @@
 `bench/vfl_table.py` judges each algorithm's training throughput against a ceiling from
 a single-worker compute profile (``psfl vfl profile``: one party at a time, no messages,
 an otherwise idle core). This script measures, in the same invocation and with the same
-worker compute (:func:`parties.workers.make_compute`, the table's model, B, data and
+worker compute (:func:`parties.compute.make_compute`, the table's model, B, data and
 core pinning), how much of that ceiling is reachable at all once two party processes run
 at once and exchange embeddings and gradients:
 
@@ -109,8 +109,8 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
     import zmq
 
     from parties.model import ParameterServer, flat_params, party_modules
-    from parties.runtime import load_party_data
-    from parties.workers import make_compute
+    from parties.partydata import load_party_data
+    from parties.compute import make_compute
 
     try:
         if cfg.cpus(role):

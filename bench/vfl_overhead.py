@@ -142,7 +142,7 @@ def _setup(role: str, config: str) -> tuple[Any, Any]:
     import torch
 
     from parties.config import load_vfl_config
-    from parties.runtime import load_party_data
+    from parties.partydata import load_party_data
     from parties.sysinfo import pin_process
 
     cfg = load_vfl_config(config)

@@ -107,7 +107,7 @@ def run_align_party(*, role: str, broker: str, ids_path: str, out: str, run_id: 
         3 broker unreachable, 4 partner problem (timeout, mismatch, bad chunk or mask).
         One ``error (PARTY party): ...`` line on stderr for the expected failures.
     """
-    from parties.config import check_run_id
+    from parties.ids import check_run_id
     from parties.psi import DuplicateIds, EmptyId
     from pubsub.logs import configure_logging
     from pubsub.runner import run as run_loop
@@ -126,7 +126,7 @@ def run_align_party(*, role: str, broker: str, ids_path: str, out: str, run_id: 
             raise IdFileError(ids_path, "holds no IDs")
         t_load = time.perf_counter() - t0
         if nway:
-            from parties.config import passive_party_ids
+            from parties.ids import passive_party_ids
 
             kw: dict[str, Any] = {"broker": broker, "run_id": run_id, "config": config,
                                   "security": security}
@@ -172,7 +172,7 @@ def _check_party(party: str, passive_parties: int) -> None:
         pubsub.config.ConfigError: ``passive_parties`` outside 1 .. 9, or ``party`` not
             one of its ids.
     """
-    from parties.config import MAX_PASSIVE_PARTIES, passive_party_ids
+    from parties.ids import MAX_PASSIVE_PARTIES, passive_party_ids
     from pubsub.config import ConfigError
 
     if not 1 <= passive_parties <= MAX_PASSIVE_PARTIES:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from dataclasses import dataclass, replace
@@ -19,6 +18,7 @@ from typing import Any
 import orjson
 
 from parties.datasets import DATASETS
+from parties.ids import MAX_PASSIVE_PARTIES, check_run_id, passive_party_ids, role_of
 from parties.schedule import ALGOS, LR_SCALINGS, PS_UPDATES, effective_workers, worker_lr
 from parties.tasks import TASKS
 from parties.wire import WIRE_DTYPES, resolve_wire_dtype
@@ -26,15 +26,15 @@ from pubsub.config import ConfigError, dump_toml, load_section, to_mapping
 
 #: Default ``target_metric`` per named dataset (validation AUC); others have none.
 DEFAULT_TARGETS: dict[str, float] = {"bank": 0.92, "adult": 0.90}
-#: Where a party's worker compute runs (``vfl.worker_mode``).
 #: How the active party's workers hold the top model under ``pubsub`` (``top_update``).
 TOP_UPDATES = ("replica", "shared")
 #: values of ``vfl.active_only_baseline``
 ACTIVE_ONLY_BASELINE = ("auto", "on", "off")
+#: ``vfl.id_columns``: what a column that looks like a record ID gets
+#: (:mod:`parties.treatments`)
+ID_COLUMN_MODES = ("drop", "refuse", "keep")
+#: Where a party's worker compute runs (``vfl.worker_mode``).
 WORKER_MODES = ("auto", "thread", "process", "inline")
-#: at most this many passive parties (the paper's Table 10: 2 to 10 parties in all)
-MAX_PASSIVE_PARTIES = 9
-_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -646,8 +646,6 @@ class VflConfig:
             raise bad("active_only_baseline", f"must be one of {ACTIVE_ONLY_BASELINE}")
         if self.dp_batchnorm not in DP_BATCHNORM:
             raise bad("dp_batchnorm", f"must be one of {DP_BATCHNORM}")
-        from parties.treatments import ID_COLUMN_MODES
-
         for key in ("onehot_max_levels", "hash_buckets"):
             if getattr(self, key) < 2:
                 raise bad(key, "must be >= 2")
@@ -704,15 +702,6 @@ class VflConfig:
         if not self.party_datasets:
             return self.dataset
         return self.party_datasets[self.party_ids.index(party)]
-
-    def treatment_policy(self) -> Any:
-        """The column-treatment rules of this config
-        (:class:`parties.treatments.TreatmentPolicy`)."""
-        from parties.treatments import TreatmentPolicy
-
-        return TreatmentPolicy(onehot_max_levels=self.onehot_max_levels,
-                               hash_buckets=self.hash_buckets, id_columns=self.id_columns,
-                               categorical_columns=tuple(self.categorical_columns))
 
     def _check_dp(self, bad: Callable[[str, str], ConfigError]) -> None:
         if self.dp_mu is not None and not self.dp_mu > 0:
@@ -988,25 +977,6 @@ class VflConfig:
         return shared
 
 
-def passive_party_ids(n: int) -> tuple[str, ...]:
-    """The ids of ``n`` passive parties: ``passive``, ``passive2``, …, ``passive<n>``."""
-    return tuple("passive" if k == 1 else f"passive{k}" for k in range(1, n + 1))
-
-
-def role_of(party: str) -> str:
-    """A party id's role: ``"active"`` or ``"passive"``.
-
-    Raises:
-        ValueError: not a party id (``active``, ``passive``, ``passive2`` … ``passive9``).
-    """
-    if party == "active":
-        return "active"
-    if party in passive_party_ids(MAX_PASSIVE_PARTIES):
-        return "passive"
-    raise ValueError(f"not a party id: {party!r} (active, passive, passive2 .. "
-                     f"passive{MAX_PASSIVE_PARTIES})")
-
-
 def _version(package: str) -> str:
     try:
         return version(package)
@@ -1033,17 +1003,6 @@ def load_vfl_config(
 def dump_vfl_config(cfg: VflConfig) -> str:
     """The config as TOML text (a ``[vfl]`` table) that :func:`load_vfl_config` reads back."""
     return dump_toml({"vfl": to_mapping(cfg)})
-
-
-def check_run_id(run_id: str) -> str:
-    """Validate a run id (1-64 of ``[A-Za-z0-9_-]``; it becomes a topic segment).
-
-    Raises:
-        ConfigError: invalid run id.
-    """
-    if not _RUN_ID.match(run_id):
-        raise ConfigError("run_id", f"must match [A-Za-z0-9_-]{{1,64}}, got {run_id!r}")
-    return run_id
 
 
 __all__ = ["ALGOS", "DEFAULT_TARGETS", "MAX_PASSIVE_PARTIES", "WORKER_MODES", "VflConfig", "check_run_id", "dump_vfl_config", "load_vfl_config", "passive_party_ids", "replace", "role_of"]

@@ -65,7 +65,7 @@ class CriteoSpec:
 
 def party_columns(passive_parties: int = 1) -> dict[str, list[str]]:
     """Each party's columns (the active party's with the label first)."""
-    from parties.config import passive_party_ids
+    from parties.ids import passive_party_ids
 
     active = [CRITEO_LABEL] + [f"I{j}" for j in range(1, 7)] + [f"C{j}" for j in range(1, 14)]
     rest = [f"I{j}" for j in range(7, 14)] + [f"C{j}" for j in range(14, 27)]

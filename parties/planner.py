@@ -37,7 +37,7 @@ Notation: N training rows per epoch, d the embedding width, C_p the party's core
   parameters every ΔT steps: ``y_p = sync_p / ΔT`` seconds per step, where
   ``sync_p = sync_overhead_s + 2·sync_comm(param_bytes)``
   (:meth:`~parties.costmodel.CostModel.sync_time`). With w = 1 the party never syncs on
-  its own (:func:`parties.workers.sync_mode_for` gives ``"manual"``), so ``y_p = 0``.
+  its own (:func:`parties.compute.sync_mode_for` gives ``"manual"``), so ``y_p = 0``.
   The sync blocks its worker but is counted as waiting, not as core work (an in-process
   copy of a small model; a remote PS is waiting anyway).
 
@@ -121,7 +121,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from parties.config import passive_party_ids
+from parties.ids import passive_party_ids
 from parties.costmodel import MEMORY_RULES, CostModel, MemoryLimitTooSmall
 from parties.samples import SamplesModel
 from parties.schedule import sync_interval

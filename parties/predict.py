@@ -512,7 +512,7 @@ class PredictParty:
                  out: str | Path | None = None, data: str | None = None,
                  id_column: str = DEFAULT_ID_COLUMN, security: CurveClient | None = None,
                  timeout_s: float = 60.0, connect: Any = None, models: Any = None) -> None:
-        from parties.config import role_of
+        from parties.ids import role_of
 
         role = role_of(party)
         if role == "active" and out is None:
@@ -719,7 +719,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pubsub.runner import run as run_loop
 
     from parties.exitcodes import ExitCode, exit_code_for
-    from parties.config import MAX_PASSIVE_PARTIES, check_run_id, passive_party_ids
+    from parties.ids import MAX_PASSIVE_PARTIES, check_run_id, passive_party_ids
 
     p = argparse.ArgumentParser(prog="python -m parties predict",
                                 description="One party of a prediction with a saved model.")

@@ -26,6 +26,7 @@ from parties.data import (
     validate_split_n,
 )
 from parties.schema import SchemaEncoder, dp_schema
+from parties.treatments import policy_of
 
 
 def load_configured_table(cfg: VflConfig,
@@ -174,16 +175,11 @@ def encode_features(cfg: VflConfig, role: str, frame: pd.DataFrame, columns: Seq
     """
     if role != "passive" or not cfg.dp_enabled:
         return encode_party_features(frame, columns, train_idx, held_idx,
-                                     policy=cfg.treatment_policy())
+                                     policy=policy_of(cfg))
     enc = SchemaEncoder(dp_schema(cfg, columns))
     return PartyFeatures(x_train=enc.transform(frame.iloc[np.asarray(train_idx)]),
                          x_test=enc.transform(frame.iloc[np.asarray(held_idx)]),
                          feature_names=enc.feature_names)
-
-
-def default_models(cfg: VflConfig) -> bool:
-    """True when ``cfg`` builds the default MLPs (nothing to probe before the start)."""
-    return cfg.model == "mlp" and cfg.top_model in ("", "mlp")
 
 
 def feature_widths(cfg: VflConfig) -> dict[str, int]:
@@ -215,7 +211,7 @@ def feature_widths(cfg: VflConfig) -> dict[str, int]:
     fit, _ = validation_split(len(all_train), seed=cfg.seed)
     rows = frame.iloc[all_train[fit]]
 
-    policy = cfg.treatment_policy()
+    policy = policy_of(cfg)
 
     def width(cols: Sequence[str]) -> int:
         from parties.treatments import IdColumnRefused, classify_columns, encoded_width
@@ -227,24 +223,3 @@ def feature_widths(cfg: VflConfig) -> dict[str, int]:
 
     return {p: (dp_schema(cfg, cols).width if dp and p != "active" else width(cols))
             for p, cols in groups.items()}
-
-
-def preflight_models(cfg: VflConfig, models: Any = None) -> None:
-    """Build and probe both parties' models before any process starts
-    (:func:`parties.zoo.check_models`); nothing to do for the default MLPs.
-
-    Args:
-        models: a :class:`parties.zoo.ModelFactory` (e.g. with Python callables); None:
-            the config's.
-
-    Raises:
-        parties.zoo.ModelSpecError: a factory cannot be imported or raises, or a width is
-            wrong (a ConfigError).
-        parties.dpsgd.DpIncompatibleModel: DP on and BatchNorm in the passive bottom.
-        ConfigError, parties.data.DataError: see :func:`feature_widths`.
-    """
-    if models is None and default_models(cfg):
-        return
-    from parties.zoo import ModelFactory, check_models
-
-    check_models(models if models is not None else ModelFactory(cfg), feature_widths(cfg))

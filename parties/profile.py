@@ -25,7 +25,7 @@ How it is measured (:func:`profile_config`): no bus, no broker, no messages. Eac
 party's process (all its threads) is pinned to that party's configured CPUs
 (``vfl.active_cpus`` / ``vfl.passive_cpus``; unpinned parties run on the process's own
 CPU set), ``torch.set_num_threads(vfl.torch_threads)``, and the worker compute of
-:func:`parties.workers.make_compute` (exactly what a worker thread or process runs) is
+:func:`parties.compute.make_compute` (exactly what a worker thread or process runs) is
 driven on the run's real training batches (``epoch_batches`` of the run's seed), with
 random ``(B, d)`` float32 embeddings / gradients from the partner. With both parties
 pinned to disjoint CPU sets (the run's layout, and what ``bench/vfl_table.py`` does) the
@@ -365,7 +365,7 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
     from parties.model import ParameterServer, PassiveCompute, flat_params
     from parties.model import party_modules
     from parties.schedule import epoch_batches
-    from parties.workers import make_compute
+    from parties.compute import make_compute
 
     party = role
     role = role_of(party)
@@ -551,7 +551,7 @@ def _profile_alone(cfg: VflConfig, timing: dict[str, Any]
                    ) -> dict[str, PartyProfile]:
     import torch
 
-    from parties.runtime import load_party_data
+    from parties.partydata import load_party_data
     from parties.sysinfo import pin_process
 
     threads0 = torch.get_num_threads()
@@ -579,7 +579,7 @@ def prepare_child(role: str, cfg: VflConfig, join: Sequence[str] = ()) -> Any:
     """Set up a profiling child process as the party's own process would be: join the
     party's CPU-share group(s) (``join``: ``cgroup.procs`` files), pin to its CPUs, set
     ``torch_threads``, and load its data; returns the
-    :class:`parties.runtime.PartyData`. ``role``: the party id (``passive2`` … for
+    :class:`parties.partydata.PartyData`. ``role``: the party id (``passive2`` … for
     another passive party: its own columns, pinned to ``passive_cpus``).
 
     Raises:
@@ -588,7 +588,7 @@ def prepare_child(role: str, cfg: VflConfig, join: Sequence[str] = ()) -> Any:
     """
     import torch
 
-    from parties.runtime import load_party_data
+    from parties.partydata import load_party_data
     from parties.sysinfo import pin_process
 
     party, role = role, role_of(role)

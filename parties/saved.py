@@ -96,7 +96,7 @@ def part_dir(run_dir: str | Path, role: str) -> Path:
     Raises:
         ValueError: not a party id.
     """
-    from parties.config import role_of
+    from parties.ids import role_of
 
     role_of(role)
     return Path(run_dir) / "model" / role
@@ -255,7 +255,7 @@ def load_party_model(run_dir: str | Path, party: str, *, models: Any = None) -> 
             mismatch, or weights that do not fit the recorded model.
         parties.zoo.ModelSpecError: a recorded user factory cannot be imported.
     """
-    from parties.config import role_of
+    from parties.ids import role_of
     from parties.schema import SchemaEncoder, load_schema
 
     path = part_dir(run_dir, party)

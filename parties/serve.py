@@ -53,12 +53,13 @@ async def serve_party(role: str, cfg: VflConfig, *, run_id: str, out: Path | Non
 
     Raises:
         everything :meth:`parties.runtime.Party.run` and
-        :func:`parties.runtime.load_party_data` raise;
+        :func:`parties.partydata.load_party_data` raise;
         parties.zoo.ModelSpecError: a model factory fails its probe on this party's width.
     """
-    from parties.preflight import default_models
+    from parties.zoo import default_models
     from parties.report import assemble_metrics
-    from parties.runtime import Party, load_party_data
+    from parties.partydata import load_party_data
+    from parties.runtime import Party
     from parties.zoo import ModelFactory, check_models
 
     fork_server = None

@@ -43,6 +43,7 @@ import pandas as pd
 
 from parties.dataerrors import DataError, InvalidSplit, UnknownColumn
 from parties.schema import SchemaEncoder, dp_schema
+from parties.treatments import policy_of
 from parties.shards import DatasetInfo, ShardError, inspect, parquet_files  # noqa: F401
 
 #: training rows sampled for the column treatments, fills and clipping ranges
@@ -432,7 +433,7 @@ def load_streamed(cfg: Any, party: str, *, log: Any = None) -> StreamedParty:
     """
     from pubsub.config import ConfigError
 
-    from parties.config import role_of
+    from parties.ids import role_of
 
     if cfg.effective_task != "binary":
         raise ConfigError("vfl.stream", "streaming takes a binary label; a regression task "
@@ -457,7 +458,7 @@ def load_streamed(cfg: Any, party: str, *, log: Any = None) -> StreamedParty:
     if schema_only:
         encoder: Any = SchemaEncoder(dp_schema(cfg, columns))
     else:
-        encoder = fit_encoder(info, columns, split, policy=cfg.treatment_policy(),
+        encoder = fit_encoder(info, columns, split, policy=policy_of(cfg),
                               chunk_rows=cfg.stream_chunk_rows,
                               clip_quantile=cfg.stream_clip_quantile, log=log, sample=sample)
     encode_label, pos = (None, "")
@@ -538,7 +539,7 @@ def stream_feature_widths(cfg: Any) -> dict[str, int]:
         rows = sample_rows(info, cols, lambda q: split(q) == _TRAIN, SAMPLE_ROWS,
                            chunk_rows=cfg.stream_chunk_rows)
         try:
-            out[p] = encoded_width(classify_columns(rows, cols, cfg.treatment_policy()))
+            out[p] = encoded_width(classify_columns(rows, cols, policy_of(cfg)))
         except IdColumnRefused as exc:
             raise DataError(str(exc)) from None
     return out

@@ -9,7 +9,7 @@ the party's **memory**, then fits the paper's cost model with
 
     T_f(B) = λ_f · B^γ_f · w / C      T_b(B) = λ_b · B^γ_b · w / C      M(B) = M_0 + ρ · B^χ
 
-What "forward" and "backward" are (the compute of :func:`parties.workers.make_compute`,
+What "forward" and "backward" are (the compute of :func:`parties.compute.make_compute`,
 exactly what a worker runs, on the run's real training batches of the run's seed;
 the partner's ``(B, d)`` float32 embedding (one per passive party for the active
 party) or gradient is random):
@@ -307,7 +307,7 @@ def sweep_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndar
 
     from parties.model import ParameterServer, PassiveCompute, flat_params, party_modules
     from parties.schedule import epoch_batches
-    from parties.workers import make_compute
+    from parties.compute import make_compute
 
     party = role
     role = role_of(party)  # ValueError: not a party id

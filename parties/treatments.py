@@ -40,11 +40,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from parties.config import ID_COLUMN_MODES
+
 #: the level of a categorical column's missing values
 MISSING = "__missing__"
 #: datetime parts, in output order
 DATETIME_PARTS = ("year", "month", "day", "dayofweek", "hour", "minute", "second")
-ID_COLUMN_MODES = ("drop", "refuse", "keep")
 KINDS = ("numeric", "onehot", "hashed", "datetime", "dropped")
 
 _ID_NAME = re.compile(r"(^|[_\W])(id|uuid|guid|key)$", re.IGNORECASE)
@@ -81,6 +82,14 @@ class TreatmentPolicy:
         if self.id_columns not in ID_COLUMN_MODES:
             raise ValueError(f"id_columns must be one of {ID_COLUMN_MODES}, "
                              f"got {self.id_columns!r}")
+
+
+def policy_of(cfg: Any) -> TreatmentPolicy:
+    """The column-treatment rules of a run configuration
+    (:class:`parties.config.VflConfig`'s keys of the same names)."""
+    return TreatmentPolicy(onehot_max_levels=cfg.onehot_max_levels,
+                           hash_buckets=cfg.hash_buckets, id_columns=cfg.id_columns,
+                           categorical_columns=tuple(cfg.categorical_columns))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -282,4 +291,4 @@ def encoded_width(treatments: Sequence[Treatment]) -> int:
 __all__ = ["DATETIME_PARTS", "ID_COLUMN_MODES", "KINDS", "MISSING", "IdColumnRefused",
            "Treatment", "TreatmentPolicy", "as_strings", "categorical_levels", "classify",
            "classify_columns", "datetime_part", "encoded_width", "hash_buckets",
-           "parse_datetime"]
+           "parse_datetime", "policy_of"]

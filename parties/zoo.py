@@ -2,7 +2,7 @@
 
 One picklable :class:`ModelFactory` builds the models everywhere they are built: the
 party's parameter server and scoring copies (:class:`parties.runtime.Party`), thread and
-inline workers and worker processes (:func:`parties.workers.make_compute`; a worker
+inline workers and worker processes (:func:`parties.compute.make_compute`; a worker
 process rebuilds the factory from the config mapping, or receives the pickled factory).
 
 Model specs (``vfl.model`` for the bottom models, ``vfl.top_model`` for the top model):
@@ -65,6 +65,7 @@ from torch import nn
 from parties.modelspec import (BUILTINS, DP_BATCHNORM, GROUPS, NORMS, ModelSpecError,
                                check_spec, import_callable)
 from parties.nets import loss_function, make_adam, party_bottom, top_model
+from parties.preflight import feature_widths
 from pubsub.config import ConfigError
 
 if TYPE_CHECKING:
@@ -416,7 +417,7 @@ def check_models(factory: ModelFactory, d_in: dict[str, int]) -> None:
             (with ``dp_batchnorm = "refuse"``).
         ConfigError: key ``vfl.resnet_dropout``: dropout in the passive bottom under DP.
     """
-    from parties.config import role_of
+    from parties.ids import role_of
 
     cfg = factory.cfg
     rng = torch.get_rng_state()
@@ -450,6 +451,31 @@ def float_buffers(module: nn.Module) -> list[torch.Tensor]:
     return [b for b in module.buffers() if b.is_floating_point()]
 
 
+def default_models(cfg: VflConfig) -> bool:
+    """True when ``cfg`` builds the default MLPs (nothing to probe before the start)."""
+    return cfg.model == "mlp" and cfg.top_model in ("", "mlp")
+
+
+def preflight_models(cfg: VflConfig, models: Any = None) -> None:
+    """Build and probe both parties' models before any process starts
+    (:func:`check_models`); nothing to do for the default MLPs.
+
+    Args:
+        models: a :class:`ModelFactory` (e.g. with Python callables); None:
+            the config's.
+
+    Raises:
+        parties.zoo.ModelSpecError: a factory cannot be imported or raises, or a width is
+            wrong (a ConfigError).
+        parties.dpsgd.DpIncompatibleModel: DP on and BatchNorm in the passive bottom.
+        ConfigError, parties.data.DataError: see :func:`parties.preflight.feature_widths`.
+    """
+    if models is None and default_models(cfg):
+        return
+    check_models(models if models is not None else ModelFactory(cfg), feature_widths(cfg))
+
+
 __all__ = ["BUILTINS", "DP_BATCHNORM", "GROUPS", "NORMS", "HashedBottom", "ModelFactory", "ModelSpecError",
            "ResidualBlock", "ResidualMlp", "batchnorm_to_groupnorm", "check_models",
-           "check_spec", "float_buffers", "import_callable", "norm_layer"]
+           "check_spec", "default_models", "float_buffers", "import_callable", "norm_layer",
+           "preflight_models"]

@@ -31,7 +31,7 @@ Model
   it waits for the passive embedding: ``prefetch``), top forward + loss + top backward
   (the cut-layer gradient is published at its end), then own-bottom backward + Adam step
   (:meth:`parties.model.ActiveCompute.top_step`).
-* **Parameter-server sync** (:func:`parties.workers.sync_mode_for`): a party with one
+* **Parameter-server sync** (:func:`parties.compute.sync_mode_for`): a party with one
   worker never syncs per step; otherwise ``pubsub`` replicas sync every ΔT_t local steps
   (:func:`parties.schedule.sync_interval` of the epoch index), ``avfl-ps`` after every
   step, ``vfl-ps`` in a barrier after every batch (all push, then all pull: half the
@@ -585,7 +585,7 @@ class _Replica:
 
 
 def _sync_mode(algo: str, workers: int) -> str:
-    """As :func:`parties.workers.sync_mode_for` (not imported: it pulls in torch)."""
+    """As :func:`parties.compute.sync_mode_for` (not imported: it pulls in torch)."""
     if workers == 1:
         return "manual"
     return {"pubsub": "schedule", "avfl-ps": "step"}.get(algo, "manual")

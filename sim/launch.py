@@ -25,7 +25,8 @@ import orjson
 
 from parties.cli import ExitCode, write_json
 from parties.config import VflConfig, dump_vfl_config, role_of
-from parties.preflight import preflight, preflight_models
+from parties.preflight import preflight
+from parties.zoo import preflight_models
 from pubsub.cli import INSECURE_WARNING
 from pubsub.config import ConfigError, to_mapping
 from pubsub.control import control_request
@@ -397,7 +398,7 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         parties.data.DataError: the data or column split is invalid (checked first).
         parties.dp.UnmeetableTarget: the DP target cannot be met (a ConfigError).
         parties.zoo.ModelSpecError: a model factory cannot be imported, raises, or has the
-            wrong widths (a ConfigError; :func:`parties.preflight.preflight_models`).
+            wrong widths (a ConfigError; :func:`parties.zoo.preflight_models`).
         parties.dpsgd.DpIncompatibleModel: DP on and BatchNorm in the passive bottom.
     """
     t0 = time.perf_counter()

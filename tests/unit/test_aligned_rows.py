@@ -91,7 +91,7 @@ def test_one_rows_file_without_the_other_is_refused_before_launch(tmp_path: Path
 
 
 def test_several_passive_parties_each_load_their_own_rows_file(tmp_path: Path) -> None:
-    from parties.runtime import load_party_data
+    from parties.partydata import load_party_data
 
     data = tmp_path / "t.csv"
     pd.DataFrame({"x": range(40), "z": range(40), "w": range(40),

@@ -104,7 +104,7 @@ def test_the_optimizer_and_loss_reach_the_workers() -> None:
     """A worker's replica uses the factory's optimizer; the active compute its loss."""
     from parties.config import VflConfig
     from parties.model import ParameterServer, flat_params
-    from parties.workers import make_compute
+    from parties.compute import make_compute
     from parties.zoo import ModelFactory
 
     cfg = VflConfig(embedding_dim=4, worker_mode="thread")

@@ -131,7 +131,7 @@ def test_active_publishes_the_cut_layer_gradient_before_its_own_backward() -> No
 
 def test_a_party_with_one_worker_does_not_sync_every_step() -> None:
     from parties.config import VflConfig
-    from parties.workers import make_compute, sync_mode_for
+    from parties.compute import make_compute, sync_mode_for
 
     assert sync_mode_for("pubsub", 2) == "schedule" and sync_mode_for("avfl-ps", 3) == "step"
     assert sync_mode_for("pubsub", 1) == "manual" and sync_mode_for("vfl-ps", 2) == "manual"

@@ -152,7 +152,7 @@ def test_load_flat_roundtrip_of_a_model_with_buffers() -> None:
 
 def test_feature_widths_match_the_encoded_widths(tmp_path: Path) -> None:
     from parties.preflight import feature_widths
-    from parties.runtime import load_party_data
+    from parties.partydata import load_party_data
 
     frame = _frame()
     frame["y"] = np.arange(len(frame)) % 2
