@@ -56,7 +56,7 @@ What is measured
    (``perf_counter_ns`` from before the publish to after the reply is in hand).
    Raw clients subscribe to the prefix (``emb/`` / ``grad/``) and compare the
    topic exactly; our clients subscribe every exact topic up front, as
-   ``parties/runtime.py`` does. Paths: raw_direct, raw_proxy, ours_uvloop,
+   ``parties/runtime/party.py`` does. Paths: raw_direct, raw_proxy, ours_uvloop,
    ours_asyncio, raw_curve_direct (each side's PUB a CURVE server, the other side's SUB
    its client) and ours_curve (A uses the ``passive`` key: publishes ``emb/**``, reads
    ``grad/**``; B the ``active`` key: the reverse).

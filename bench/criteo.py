@@ -3,7 +3,7 @@ own Parquet shards (``vfl.stream``).
 
 What runs (each a ``psfl vfl run``: broker + both parties as processes, on 2 cores):
 
-* the table (:mod:`parties.criteo`: 13 integer and 26 categorical columns, Zipf levels up
+* the table (:mod:`parties.data.criteo`: 13 integer and 26 categorical columns, Zipf levels up
   to 10^6, a logistic truth with cross-party interactions) at 1x rows and at 10x rows,
   written once per party under ``--data-dir`` (kept and reused);
 * the five algorithms streaming the 1x table: test AUC, training samples/s, CPU use,
@@ -44,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from parties.criteo import CRITEO_LABEL, CriteoSpec, write_criteo  # noqa: E402
+from parties.data.criteo import CRITEO_LABEL, CriteoSpec, write_criteo  # noqa: E402
 
 ALGOS = ("pubsub", "vfl", "vfl-ps", "avfl", "avfl-ps")
 

@@ -65,7 +65,7 @@ under contention, four replicas' caches), which accounts for most of the gap; th
 per-message CPU estimate fell to 0 (see step 2).
 
 2026-12-01, when the simulator began to run the runs' own strategies
-(:mod:`parties.strategy`), three ``--quick`` runs on the shared machine (load 2-10): with
+(:mod:`parties.algorithms.strategy`), three ``--quick`` runs on the shared machine (load 2-10): with
 the previous simulator and runtime 22.0 % (pubsub 1+4 B=128) / 20.8 % (avfl B=512); with
 the new ones 28.4 % / 0.1 % and 20.7 % / 10.1 %. The new simulator's predictions on the
 first run's fit are bit-identical to the old one's (validation and 64-core rows): the
@@ -97,7 +97,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # `python bench/des_validate.py` from anywhere
     sys.path.insert(0, str(HERE.parent))
 
-from parties.costmodel import PowerFit  # noqa: E402
+from parties.planning.costmodel import PowerFit  # noqa: E402
 from sim.des import PAPER_CORES, PAPER_WORKERS, SimInput, StepCosts, simulate  # noqa: E402
 
 ALGOS = ("vfl", "vfl-ps", "avfl", "avfl-ps", "pubsub")
@@ -302,10 +302,10 @@ def measure_top_split(cfg: Any, batch_sizes: Sequence[int], *, min_time_s: float
     import numpy as np
     import torch
 
-    from parties.model import ParameterServer, flat_params, party_modules
-    from parties.partydata import load_party_data
-    from parties.schedule import epoch_batches
-    from parties.compute import make_compute
+    from parties.models.model import ParameterServer, flat_params, party_modules
+    from parties.data.party import load_party_data
+    from parties.algorithms.schedule import epoch_batches
+    from parties.models.compute import make_compute
 
     old = os.sched_getaffinity(0)
     old_threads = torch.get_num_threads()
@@ -358,7 +358,7 @@ def measure_top_split(cfg: Any, batch_sizes: Sequence[int], *, min_time_s: float
 def fit_all(table: Any, fit_bs: Sequence[int], *, rows: int, min_time_s: float) -> dict[str, Any]:
     """Sweep + comm probe + fits (:func:`sim.sysprofile.sweep_profile`) and the measured
     top split; the ``fit`` document (JSON-ready)."""
-    from parties.costmodel import fit_power
+    from parties.planning.costmodel import fit_power
     from sim.sysprofile import sweep_profile
 
     cfg = make_cfg(table, "pubsub", 1, 1, fit_bs[0], rows, 1)

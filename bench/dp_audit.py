@@ -41,16 +41,16 @@ Adapters
 --------
 Where the audit stood in for product functions that did not exist when it was written,
 an *adapter* in the ADAPTERS section names the product function it calls. The VFL
-adapters now call the fixed product: claims from ``parties.dp`` (``account``,
+adapters now call the fixed product: claims from ``parties.privacy.dp`` (``account``,
 ``compose_mu``, ``release_mu``, ``epsilon_for_delta``), the DP-SGD step
-``parties.dpsgd.private_grads_with_noise`` (batched noise) followed by the first step of
-the product's Adam (``parties.model.make_adam``, applied batched and checked against it),
-the encoder ``parties.preflight.encode_features`` (public schema) and the report width;
-the repeated-prediction case charges its releases through ``parties.predict.charge`` (the
+``parties.privacy.dpsgd.private_grads_with_noise`` (batched noise) followed by the first step of
+the product's Adam (``parties.models.model.make_adam``, applied batched and checked against it),
+the encoder ``parties.data.preflight.encode_features`` (public schema) and the report width;
+the repeated-prediction case charges its releases through ``parties.runtime.predict.charge`` (the
 passive party's prediction ledger) and takes the claim it reports (``prediction_mu``).
 The FedForge adapters still point at today's synth code (to be re-pointed). Everything
-else calls the product's code: ``parties.dp.EmbeddingPrivatizer``,
-``parties.model.party_bottom``, ``synth.mechanism.measure_party``,
+else calls the product's code: ``parties.privacy.dp.EmbeddingPrivatizer``,
+``parties.models.model.party_bottom``, ``synth.mechanism.measure_party``,
 ``synth.protocol.{quant_range, quant_step, cell_windows, quantize_counts, decode_sum,
 RoundPlan}``, ``synth.accounting``. The pre-fix controls run the old behaviour through
 their own functions (``vfl_plain_step``, ``_prefix_encode``, ``claim_vfl_embedding_prefix``,
@@ -90,7 +90,7 @@ sys.path.insert(0, str(HERE.parent))
 import torch  # noqa: E402
 
 from parties.config import VflConfig  # noqa: E402
-from parties.dp import (  # noqa: E402
+from parties.privacy.dp import (  # noqa: E402
     EmbeddingPrivatizer,
     account,
     compose_mu,
@@ -99,9 +99,9 @@ from parties.dp import (  # noqa: E402
     plan_from_config,
     release_mu,
 )
-from parties.dpsgd import private_grads_with_noise  # noqa: E402
-from parties.model import make_adam, party_bottom  # noqa: E402
-from parties.wire import decode_rows, encode_rows  # noqa: E402
+from parties.privacy.dpsgd import private_grads_with_noise  # noqa: E402
+from parties.models.model import make_adam, party_bottom  # noqa: E402
+from parties.algorithms.wire import decode_rows, encode_rows  # noqa: E402
 from sim.audit import (  # noqa: E402
     IntPmf,
     bonferroni,
@@ -154,8 +154,8 @@ ALPHA = 0.05
 #
 # Re-pointing checklist (done for both systems):
 # * VFL: claim_vfl_embedding / claim_vfl_dpsgd / claim_vfl_train_publication call
-#   parties.dp's accountant; VFL_STEP = vfl_dpsgd_step (private_grads_with_noise + Adam's
-#   first step); vfl_encode_features / vfl_report_fields call parties.preflight.
+#   parties.privacy.dp's accountant; VFL_STEP = vfl_dpsgd_step (private_grads_with_noise + Adam's
+#   first step); vfl_encode_features / vfl_report_fields call parties.data.preflight.
 #   encode_features with a DP-on VflConfig. Controls: claim_vfl_embedding_prefix,
 #   VFL_PREFIX_STEP, _prefix_encode (pre-fix behaviour).
 # * FedForge: synth.mechanism.measure_party / claimed_epsilon, synth.skellam,
@@ -164,30 +164,30 @@ ALPHA = 0.05
 
 def claim_vfl_embedding(sigma: float, releases: int) -> float:
     """ε at δ of ``releases`` publications of one record's clipped embedding at noise
-    multiplier σ_e, from the product's accountant: ``parties.dp.account(k, σ_e, σ_e,
+    multiplier σ_e, from the product's accountant: ``parties.privacy.dp.account(k, σ_e, σ_e,
     train=False)`` (k releases of ``release_mu(σ_e) = 2/σ_e``, replace-one), converted by
-    ``parties.dp.epsilon_for_delta``."""
+    ``parties.privacy.dp.epsilon_for_delta``."""
     return epsilon_for_delta(account(releases, sigma, sigma, train=False), DELTA)
 
 
 def claim_vfl_embedding_prefix(sigma: float, releases: int) -> float:
     """The pre-fix claim (add/remove, sensitivity C): µ = sqrt(k)/σ
-    (``parties.dp.gaussian_mu``, the pre-fix accountant's per-release µ). Kept as the
+    (``parties.privacy.dp.gaussian_mu``, the pre-fix accountant's per-release µ). Kept as the
     positive control."""
     return gdp_epsilon(math.sqrt(releases) * gaussian_mu(sigma), DELTA)
 
 
 def claim_vfl_dpsgd(sigma_sgd: float, steps: int) -> float:
     """ε at δ of ``steps`` DP-SGD steps in which the record participates, from the
-    product's accountant: each step ``parties.dp.release_mu(σ_g)``-GDP, composed exactly
-    by ``parties.dp.compose_mu``, converted by ``epsilon_for_delta``."""
+    product's accountant: each step ``parties.privacy.dp.release_mu(σ_g)``-GDP, composed exactly
+    by ``parties.privacy.dp.compose_mu``, converted by ``epsilon_for_delta``."""
     return epsilon_for_delta(compose_mu([release_mu(sigma_sgd)] * steps), DELTA)
 
 
 def claim_vfl_train_publication(sigma_emb: float, sigma_sgd: float, publications: int = 1
                                 ) -> float:
     """ε at δ of ``publications`` training publications of a record (its embedding
-    release and its DP-SGD step each time): ``parties.dp.account(k, σ_e, σ_g,
+    release and its DP-SGD step each time): ``parties.privacy.dp.account(k, σ_e, σ_g,
     train=True)``."""
     return epsilon_for_delta(account(publications, sigma_emb, sigma_sgd, train=True), DELTA)
 
@@ -337,7 +337,7 @@ def fedforge_encode(cfg: FfConfig) -> Callable[[np.ndarray], np.ndarray]:
     return lambda v: np.asarray(v, dtype=np.int64)
 
 
-#: Adam's defaults in the product (``parties.model.make_adam``: torch.optim.Adam, lr only).
+#: Adam's defaults in the product (``parties.models.model.make_adam``: torch.optim.Adam, lr only).
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 
@@ -346,7 +346,7 @@ def adam_first_step(grad: torch.Tensor, lr: float) -> torch.Tensor:
     """The update of one Adam step from a fresh state (what ``torch.optim.Adam`` subtracts):
     ``m̂ = g``, ``v̂ = g²``, ``lr·m̂/(sqrt(v̂) + eps)``, written as torch computes it, so
     that it applies to a leading batch of draws at once. :func:`check_adam_first_step`
-    compares it with the product's optimizer (``parties.model.make_adam``)."""
+    compares it with the product's optimizer (``parties.models.model.make_adam``)."""
     b1, b2 = ADAM_BETAS
     # m / (1 - b1) = g and sqrt(v / (1 - b2)) = |g|, up to float rounding (checked)
     del b1, b2
@@ -372,7 +372,7 @@ def vfl_dpsgd_step(params: dict[str, torch.Tensor], x: torch.Tensor, g: torch.Te
                    embed_clip: float, grad_clip: float, sigma: float, lr: float
                    ) -> dict[str, torch.Tensor]:
     """The product's passive step under DP, batched over draws: the DP-SGD gradient of
-    ``parties.dpsgd.private_grads_with_noise`` (the clipped per-example sum computed
+    ``parties.privacy.dpsgd.private_grads_with_noise`` (the clipped per-example sum computed
     once, ``noise[name]`` of shape ``(n, *param.shape)`` standard normal, noise std
     σ_g·C_g on the sum), then one Adam step from a fresh state with the product's
     hyper-parameters (:func:`adam_first_step`, checked against ``make_adam``). ``g`` is
@@ -415,9 +415,9 @@ def vfl_dp_config(**kw: Any) -> VflConfig:
 def vfl_encode_features(frame: Any, columns: Sequence[str], train_idx: np.ndarray
                         ) -> np.ndarray:
     """The passive party's encoded training features with DP on, by the product's
-    ``parties.preflight.encode_features`` (a DP-on VflConfig of ``bank``: the bundled
-    public schema, :class:`parties.schema.SchemaEncoder`)."""
-    from parties.preflight import encode_features
+    ``parties.data.preflight.encode_features`` (a DP-on VflConfig of ``bank``: the bundled
+    public schema, :class:`parties.data.schema.SchemaEncoder`)."""
+    from parties.data.preflight import encode_features
     feats = encode_features(vfl_dp_config(), "passive", frame, list(columns), train_idx,
                             np.zeros(0, dtype=np.int64))
     return np.asarray(feats.x_train, dtype=np.float32)
@@ -426,7 +426,7 @@ def vfl_encode_features(frame: Any, columns: Sequence[str], train_idx: np.ndarra
 def vfl_report_fields(frame: Any, columns: Sequence[str], train_idx: np.ndarray
                       ) -> dict[str, float]:
     """The value-derived fields of the passive party's report with DP on: ``n_features``
-    is ``x_train.shape[1]`` (``parties/runtime.py``) of the product's encoder, i.e. the
+    is ``x_train.shape[1]`` (``parties/runtime/party.py``) of the product's encoder, i.e. the
     public schema's width."""
     return {"n_features": float(vfl_encode_features(frame, columns, train_idx).shape[1])}
 
@@ -610,10 +610,10 @@ def vfl_embedding_sampler(*, sigma: float, releases: int, clip: float = 1.0, dim
                           scale: float = 3.0, wire: str = "float32"
                           ) -> Callable[[int, np.random.Generator], Draws]:
     """Draws of ``releases`` publications of one record's embedding through the product's
-    :class:`parties.dp.EmbeddingPrivatizer`: the row is ``scale·C·e1`` under D and
+    :class:`parties.privacy.dp.EmbeddingPrivatizer`: the row is ``scale·C·e1`` under D and
     ``−scale·C·e1`` under D' (clipped to ±C·e1 by the product: replace-one at the
     sensitivity bound 2C). Output ``(n, releases·dim)``. ``wire``: the noised rows then
-    go through the product's wire encoding and back (``parties.wire``), as the active
+    go through the product's wire encoding and back (``parties.algorithms.wire``), as the active
     party receives them under ``vfl.wire_dtype``."""
     def sample(n: int, rng: np.random.Generator) -> Draws:
         out = []
@@ -633,7 +633,7 @@ def vfl_embedding_sampler(*, sigma: float, releases: int, clip: float = 1.0, dim
 
 def _vfl_embedding_case(name: str, sigma: float, releases: int, fast: bool = False,
                         wire: str = "float32") -> Case:
-    on_wire = "" if wire == "float32" else f", sent as {wire} (parties.wire)"
+    on_wire = "" if wire == "float32" else f", sent as {wire} (parties.algorithms.wire)"
     return Case(
         name=name, group="vfl",
         what=f"VFL embedding release, replace-one (±C·e1), sigma={sigma:g}, "
@@ -661,7 +661,7 @@ PREDICTIONS = 4
 @functools.cache
 def vfl_repeated_prediction_product(predictions: int = PREDICTIONS) -> dict[str, float]:
     """``predictions`` predictions of the same three rows of new records, each from its
-    own file, through the product's prediction accounting: ``parties.predict.charge`` on
+    own file, through the product's prediction accounting: ``parties.runtime.predict.charge`` on
     a passive saved part (its training ledger after the run's test release, and its
     prediction ledger, in a temporary directory) of a bank ``dp_mu = 1`` run with
     ``dp_predict_max_releases = predictions``. Returns the σ and clip norm of the
@@ -672,9 +672,9 @@ def vfl_repeated_prediction_product(predictions: int = PREDICTIONS) -> dict[str,
     from types import SimpleNamespace
 
     import orjson
-    from parties.dp import accountant_for
-    from parties.predict import charge
-    from parties.saved import ledger_to_json
+    from parties.privacy.dp import accountant_for
+    from parties.runtime.predict import charge
+    from parties.runtime.saved import ledger_to_json
 
     cfg = vfl_dp_config(dp_predict_max_releases=predictions)
     plan = plan_from_config(cfg)
@@ -716,7 +716,7 @@ def vfl_repeated_prediction_sampler(n: int, rng: np.random.Generator) -> Draws:
 register(Case(
     name="vfl_repeated_prediction", group="vfl",
     what=f"VFL prediction: {PREDICTIONS} predictions of the same rows of new records (one "
-         "file each) through the product's prediction ledger (parties.predict.charge)",
+         "file each) through the product's prediction ledger (parties.runtime.predict.charge)",
     main=Side(claim=claim_vfl_repeated_prediction, sample=vfl_repeated_prediction_sampler,
               what="the releases vs the ledger's composed claim, mu_test*sqrt(k)"),
     control=Side(claim=claim_vfl_repeated_prediction_prefix, sample=None,
@@ -725,7 +725,7 @@ register(Case(
 
 
 def _vfl_model(d_in: int, *, dim: int = 8, hidden: tuple[int, ...] = (16,)) -> torch.nn.Module:
-    """The product's passive bottom model under DP (``parties.model.party_bottom``: linear
+    """The product's passive bottom model under DP (``parties.models.model.party_bottom``: linear
     output layer), at a fixed torch seed (the same model for every side and control)."""
     torch.manual_seed(0)
     return party_bottom(vfl_dp_config(embedding_dim=dim, bottom_hidden=hidden), "passive", d_in)
@@ -735,7 +735,7 @@ def _known_direction(h_d: torch.Tensor, h_dprime: torch.Tensor, clip: float) -> 
     """Unit vector along the difference of the two clipped (noiseless) releases (the
     auditor knows both output distributions: Gaussians around these means), zero when
     they are equal."""
-    from parties.dp import clip_rows
+    from parties.privacy.dp import clip_rows
     diff = (clip_rows(h_dprime, clip) - clip_rows(h_d, clip)).reshape(-1)
     norm = float(diff.norm())
     return diff / norm if norm > 0 else diff
@@ -1030,7 +1030,7 @@ def crafted_params(model: torch.nn.Module, cfg: VflE2e) -> dict[str, torch.Tenso
 def _e2e_frame(n: int, seed: int) -> Any:
     """Raw rows of the e2e columns, uniform inside each column's public range."""
     import pandas as pd
-    from parties.schema import bundled_schema
+    from parties.data.schema import bundled_schema
     schema = bundled_schema("bank")
     assert schema is not None
     r = np.random.default_rng(seed)
@@ -1066,7 +1066,7 @@ def vfl_e2e_sampler(cfg: VflE2e, step: Callable[..., dict[str, torch.Tensor]]
     c the update's noise scale, s = σ_e·C), plus the own release's ``⟨Δh, y⟩/s²``. It is
     fixed before any draw (computed from the model and the pair, no draws), so the
     lower bound stays valid whatever the mechanism really is. Output ``(n, 1)``."""
-    from parties.dp import clip_rows
+    from parties.privacy.dp import clip_rows
 
     def sample(n: int, rng: np.random.Generator) -> Draws:
         c = cfg.config()
@@ -1077,7 +1077,7 @@ def vfl_e2e_sampler(cfg: VflE2e, step: Callable[..., dict[str, torch.Tensor]]
         cols = list(E2E_COLUMNS)
         n_later = cfg.later * cfg.later_batch
         frame = _e2e_frame(cfg.batch + n_later, seed=1)
-        from parties.schema import bundled_schema
+        from parties.data.schema import bundled_schema
         schema = bundled_schema("bank")
         assert schema is not None
         sel = schema.select(E2E_COLUMNS).columns

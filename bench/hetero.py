@@ -18,7 +18,7 @@ the small party's compute large against its fixed per-batch messaging, which at 
 cores otherwise costs it a third of its CPU. Other splits (and ``--small-width`` /
 ``--big-width`` by hand) aside, :func:`balance` narrows the small party by *profiled*
 compute: each candidate width (9 hidden layers of 128, 96, 64, 48, 32) is timed for one
-worker step (CPU seconds per sample, :func:`parties.profile.profile_party`) and the
+worker step (CPU seconds per sample, :func:`parties.planning.profile.profile_party`) and the
 width whose cost ratio to the other party's is closest to the CPU ratio is used.
 ``--even`` also runs the even split (the same 9x128 model for both parties, ``even``
 in the JSON). ``--workers WA+WP`` overrides the pubsub/avfl-ps workers, ``--batch-size
@@ -28,7 +28,7 @@ Ceiling and efficiency. The ceiling is measured as ``bench/vfl_table.py`` measur
 under the run's layout: both parties' single-worker compute profiled at the same time,
 each process inside its party's quota (``profile_config(join_groups=...)``), so the
 ceiling is min over parties of quota ÷ CPU seconds per sample; it is the mean of two
-such profiles (:func:`parties.profile.mean_profile`), one before and one after the
+such profiles (:func:`parties.planning.profile.mean_profile`), one before and one after the
 split's runs, because this machine's speed drifts: at 50:14, four profiles in a row
 put the passive step at 5.2, 5.7, 6.4 and 5.8 ms, and a fixed step loop alone on the
 machine wandered between 4.5 and 7.2 ms from one second to the next (2026-11-30).
@@ -39,7 +39,7 @@ run by the workers themselves (thread CPU time of their compute calls, minus the
 syncs), and ``efficiency_inrun`` against it, which the drift cancels out of; and where
 each party's CPU went per batch (``cpu_ms_per_batch``: step, sync, the rest, beside the
 profiled step). Throughput is over both parties' training (per segment the longer of
-their two clocks: :func:`parties.report.training_window_s`). CPU utilisation = CPU
+their two clocks: :func:`parties.runtime.report.training_window_s`). CPU utilisation = CPU
 seconds ÷ (wall seconds × quota) over the party's own training segments (the whole
 life's figure, which adds the validation and test scoring, is kept beside it).
 
@@ -178,8 +178,8 @@ def balance(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str
     Returns ``{"role": small party, "width": w, "ratio_target": ..., "candidates": {w:
     ratio}}``; the even model (width 128 for both) when the cores are equal.
     """
-    from parties.profile import profile_party
-    from parties.partydata import load_party_data
+    from parties.planning.profile import profile_party
+    from parties.data.party import load_party_data
 
     small = min(cores, key=lambda r: cores[r])
     big = "active" if small == "passive" else "passive"
@@ -239,9 +239,9 @@ def set_overrides(items: list[str]) -> dict[str, Any]:
 
 def quota_profile(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> Any:
     """The compute profile under the split's quotas (both parties profiled at once, each
-    in its own CPU-share group): a :class:`parties.profile.ComputeProfile` whose
+    in its own CPU-share group): a :class:`parties.planning.profile.ComputeProfile` whose
     ``settings["cpu_methods"]`` says how each quota was enforced."""
-    from parties.profile import profile_config
+    from parties.planning.profile import profile_config
 
     from sim.cpu import CpuLimiter
 
@@ -672,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     from parties.cli import write_json
     from pubsub.logs import configure_logging
 
-    from parties.profile import mean_profile
+    from parties.planning.profile import mean_profile
 
     from pubsub.config import ConfigError
 

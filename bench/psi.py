@@ -1,7 +1,7 @@
 """Private ID alignment: our mutual PSI over the bus vs the PSI library called directly.
 
 For each size N (IDs per party; ``--overlap`` of them shared, default 0.5; IDs from
-:func:`parties.psi.demo_ids` with ``--seed``), on the same two ID sets, in one run:
+:func:`parties.alignment.psi.demo_ids` with ``--seed``), on the same two ID sets, in one run:
 
 ``library``
     OpenMined PSI 2.0.6's own protocol in one process, one thread, no network: the
@@ -14,7 +14,7 @@ For each size N (IDs per party; ``--overlap`` of them shared, default 0.5; IDs f
     the serialized request, setup and response (what would cross a network).
 ``mutual_local``
     Our protocol's primitives in one process, one thread, no bus
-    (:func:`parties.psi.mutual_psi_local`): both parties' ``CreateRequest`` and
+    (:func:`parties.alignment.psi.mutual_psi_local`): both parties' ``CreateRequest`` and
     ``ProcessRequest`` of the other's request, the 128-bit comparison, both outputs.
     **Both parties learn the intersection.** The same elliptic-curve work as
     ``ours`` done serially: a reference for what the bus and the second core add.
@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
 
-from parties.psi import demo_ids, mutual_psi_local  # noqa: E402
+from parties.alignment.psi import demo_ids, mutual_psi_local  # noqa: E402
 from sim.align_launch import run_align  # noqa: E402
 
 

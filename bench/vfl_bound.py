@@ -3,7 +3,7 @@
 `bench/vfl_table.py` judges each algorithm's training throughput against a ceiling from
 a single-worker compute profile (``psfl vfl profile``: one party at a time, no messages,
 an otherwise idle core). This script measures, in the same invocation and with the same
-worker compute (:func:`parties.compute.make_compute`, the table's model, B, data and
+worker compute (:func:`parties.models.compute.make_compute`, the table's model, B, data and
 core pinning), how much of that ceiling is reachable at all once two party processes run
 at once and exchange embeddings and gradients:
 
@@ -90,7 +90,7 @@ def _f3(x: float | None) -> str:
 
 
 def _batches(n_train: int, batch: int, seed: int, count: int) -> list[Any]:
-    from parties.schedule import epoch_batches
+    from parties.algorithms.schedule import epoch_batches
 
     out: list[Any] = []
     epoch = 0
@@ -108,9 +108,9 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
     import torch
     import zmq
 
-    from parties.model import ParameterServer, flat_params, party_modules
-    from parties.partydata import load_party_data
-    from parties.compute import make_compute
+    from parties.models.model import ParameterServer, flat_params, party_modules
+    from parties.data.party import load_party_data
+    from parties.models.compute import make_compute
 
     try:
         if cfg.cpus(role):
@@ -329,7 +329,7 @@ def run_split(split: str, *, rows: int, epochs: int, reps: int) -> dict[str, Any
     import dataclasses
     import tempfile
 
-    from parties.profile import mean_profile
+    from parties.planning.profile import mean_profile
 
     from sim.cpu import machine_cores
     from sim.scenario import Scenario, party_cores

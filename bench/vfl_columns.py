@@ -1,7 +1,7 @@
 """Column treatments on a traffic-shaped table: a 40,000-level date-time column and an ID
 column cost no more memory than the table without them (a check of the table generator).
 
-What runs: :func:`parties.tables.make_traffic` writes two CSV files with the same rows and
+What runs: :func:`parties.data.demo_tables.make_traffic` writes two CSV files with the same rows and
 values, one with the ``date_time`` (about 40,600 distinct values in 48,204 rows) and
 ``record_id`` (unique) columns and one without; ``psfl vfl run`` (broker + two party
 processes, the default split, label ``traffic``) trains ``pubsub`` on each for the same
@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from parties.tables import TRAFFIC_LABEL, make_traffic  # noqa: E402
+from parties.data.demo_tables import TRAFFIC_LABEL, make_traffic  # noqa: E402
 
 
 def _run(csv: Path, out: Path, epochs: int, extra: list[str], timeout_s: float,

@@ -9,12 +9,12 @@ on ``synthetic`` (``SYNTHETIC_ROWS`` x 100, the default generator), for each
 (no clipping, no noise), run in the same invocation, with the default model and
 ``epochs_inf`` epochs.
 
-The privacy settings are the product's sound accounting (:mod:`parties.dp`): replace-one
+The privacy settings are the product's sound accounting (:mod:`parties.privacy.dp`): replace-one
 neighbours; embeddings clipped to C and noised (sensitivity 2C); the passive bottom
 model trained with DP-SGD (per-example clipping to C_g, noise), both composed exactly
 in one per-record µ-GDP ledger, with no amplification by subsampling; encoders from the
 public schema; validation and test records with their own noise. The number of epochs
-for each budget is :func:`parties.planner.dp_epochs` (a rule measured on bank: fewer
+for each budget is :func:`parties.planning.planner.dp_epochs` (a rule measured on bank: fewer
 epochs for smaller µ, since every epoch publishes every record again); the model and the
 DP settings are the product's defaults.
 
@@ -31,7 +31,7 @@ Usage::
     python bench/vfl_dp.py --only-default --json /tmp/dp8.json   # bank, µ = 8 only: the
         # default configuration and max_reassign = 0, 3 repeats each (about 3 min)
 
-Beside every DP result the active-only baseline (:mod:`parties.baseline`: the stronger,
+Beside every DP result the active-only baseline (:mod:`parties.algorithms.baseline`: the stronger,
 by validation AUC, of gradient boosting and an MLP on the active party's own columns,
 same split; fitted by the active party after each DP run) is recorded, and
 ``summary.gain_over_active_only[dataset]["8"]`` is the median over the repeats
@@ -82,7 +82,7 @@ DATASET_SPLITS: dict[str, dict[str, Any]] = {
                                   "capital-loss", "native-country")},
 }
 #: DP settings of the DP runs beyond the target (empty: the product's defaults, C = 1,
-#: C_g = 3, half of µ² to the embeddings; see parties/config.py)
+#: C_g = 3, half of µ² to the embeddings; see parties/config/__init__.py)
 DP_SETTINGS: dict[str, Any] = {}
 
 
@@ -130,7 +130,7 @@ def run_one(dataset: str, mu: float, epochs: int, timeout_s: float,
         "launch_wall_s": m["wall_s"],
         "history": [{"epoch": h["epoch"], "loss": h["loss"], "val_auc": h.get("val_auc")}
                     for h in m["history"]],
-        # the active party's own columns alone, same split (parties.baseline; DP runs)
+        # the active party's own columns alone, same split (parties.algorithms.baseline; DP runs)
         "active_only": (m.get("active_only") or {}).get("test_metric"),
         "active_only_model": (m.get("active_only") or {}).get("model"),
     }
@@ -138,7 +138,7 @@ def run_one(dataset: str, mu: float, epochs: int, timeout_s: float,
 
 def table(dataset: str, repeats: int, epochs_inf: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """All µ of one dataset: ``(summary, runs)``."""
-    from parties.planner import dp_epochs
+    from parties.planning.planner import dp_epochs
 
     runs: dict[str, list[dict[str, Any]]] = {mu_key(mu): [] for mu in MUS}
     for rep in range(repeats):
@@ -183,7 +183,7 @@ def default_config(repeats: int, epochs_inf: int, *, baseline: bool = False
     """Bank at µ = 8 in the product's default configuration (reassignment on, the
     default reserve), ``repeats`` runs, and with ``baseline`` as many with
     ``max_reassign = 0`` at the same settings: ``(figures, runs)``."""
-    from parties.planner import dp_epochs
+    from parties.planning.planner import dp_epochs
 
     mu = DEFAULT_CONFIG_MU
     epochs = dp_epochs(mu, max_epochs=epochs_inf)
@@ -235,7 +235,7 @@ def gain_table(datasets: tuple[str, ...], repeats: int, epochs_inf: int,
     over ``repeats`` runs of test AUC minus the active-only baseline's (the baseline is
     deterministic: same split, fixed seeds). Runs already in ``done[dataset][mu]`` (from
     the µ table) are reused; the others are run here and added to ``done``."""
-    from parties.planner import dp_epochs
+    from parties.planning.planner import dp_epochs
 
     gains: dict[str, Any] = {}
     detail: dict[str, Any] = {}

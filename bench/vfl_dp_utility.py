@@ -2,7 +2,7 @@
 
 Each variant is a list of ``--set``-style overrides of the product's defaults; every run
 is PubSub-VFL in one process over the in-memory bus (``sim.local.run_vfl_in_process``)
-at µ = ``--mu`` (default 8), and the active-only baseline (:mod:`parties.baseline`: the
+at µ = ``--mu`` (default 8), and the active-only baseline (:mod:`parties.algorithms.baseline`: the
 stronger of gradient boosting and an MLP on the active party's columns, chosen on the
 validation rows) is fitted once per dataset on the same split and reported beside it.
 
@@ -19,7 +19,7 @@ Usage::
         --repeats 2 --json /tmp/u.json
 
 A variant is ``key=value`` items separated by ``;`` (``epochs`` defaults to
-:func:`parties.planner.dp_epochs` of µ). JSON: ``summary[dataset][variant]`` holds the
+:func:`parties.planning.planner.dp_epochs` of µ). JSON: ``summary[dataset][variant]`` holds the
 median ``metric``, the ``active_only`` test AUC and their ``gain``; ``runs`` every run.
 """
 
@@ -98,7 +98,7 @@ def run_once(dataset: str, mu: float, overrides: dict[str, Any], *, baseline: bo
              timeout_s: float = 900.0) -> dict[str, Any]:
     """One in-process run; the test AUC, the run's DP figures, the baseline if asked."""
     from parties.config import VflConfig
-    from parties.planner import dp_epochs
+    from parties.planning.planner import dp_epochs
 
     from sim.local import run_vfl_in_process
 
@@ -113,7 +113,7 @@ def run_once(dataset: str, mu: float, overrides: dict[str, Any], *, baseline: bo
     cfg = VflConfig(**kw)
     models = None
     if bottom == "frozen":
-        from parties.zoo import ModelFactory
+        from parties.models.zoo import ModelFactory
 
         models = ModelFactory(cfg, passive_bottom_fn=FrozenRandomBottom)
     elif bottom:

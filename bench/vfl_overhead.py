@@ -16,7 +16,7 @@ invocation:
   forwards its own bottom model, receives the embedding, runs the top model
   and the backward pass, sends the cut-layer gradient back and steps Adam;
   the passive party back-propagates it and steps Adam. Batch order is the
-  same per-epoch order as our system (``parties.schedule.epoch_batches``) and
+  same per-epoch order as our system (``parties.algorithms.schedule.epoch_batches``) and
   the models are initialised from the same seeds, so its test AUC is directly
   comparable.
 * ``ours_w{1,2}_{process,thread}`` - the real system via ``sim.launch.run_vfl``
@@ -142,8 +142,8 @@ def _setup(role: str, config: str) -> tuple[Any, Any]:
     import torch
 
     from parties.config import load_vfl_config
-    from parties.partydata import load_party_data
-    from parties.sysinfo import pin_process
+    from parties.data.party import load_party_data
+    from parties.core.sysinfo import pin_process
 
     cfg = load_vfl_config(config)
     if cfg.cpus(role):
@@ -172,8 +172,8 @@ def _passive(port: int, epochs: int, config: str) -> None:
     import torch
     import zmq
 
-    from parties.model import bottom_model, embed
-    from parties.schedule import epoch_batches
+    from parties.models.model import bottom_model, embed
+    from parties.algorithms.schedule import epoch_batches
 
     cfg, data = _setup("passive", config)
     x_train = torch.from_numpy(data.x_train)
@@ -207,9 +207,9 @@ def _active(port: int, epochs: int, result: Path, config: str) -> None:
     import torch
     import zmq
 
-    from parties.model import bottom_model, loss_function, predict, top_model
-    from parties.schedule import epoch_batches
-    from parties.tasks import compute_metric, metric_name
+    from parties.models.model import bottom_model, loss_function, predict, top_model
+    from parties.algorithms.schedule import epoch_batches
+    from parties.core.tasks import compute_metric, metric_name
 
     cfg, data = _setup("active", config)
     x_train = torch.from_numpy(data.x_train)

@@ -25,8 +25,8 @@ initialisation); the ``synthetic`` table itself is fixed
     training time only (Σ per-epoch ``train_s``, evaluation excluded), the ceiling, and
     efficiency = samples/s ÷ ceiling. The ceiling comes from ``psfl vfl profile`` on
     the dataset's config (single-worker compute per party at the run's B, threads and
-    pinning; see ``parties/profile.py``), run in its own process before and again after
-    the dataset's runs; the two are averaged (``parties.profile.mean_profile``), since
+    pinning; see ``parties/planning/profile.py``), run in its own process before and again after
+    the dataset's runs; the two are averaged (``parties.planning.profile.mean_profile``), since
     this machine's speed drifts by 10-20 % over seconds to minutes. An efficiency above
     1.05 means the profile is wrong: it is reported as an error and the script exits
     with code 1 (after writing its output).
@@ -213,7 +213,7 @@ def _per_sample(act: dict[str, Any], pas: dict[str, Any], key: str
 
 def summarize_run(m: dict[str, Any]) -> dict[str, Any]:
     """The figures the tables need from one run's ``metrics.json``."""
-    from parties.report import training_window_s
+    from parties.runtime.report import training_window_s
 
     act = m["parties"]["active"]
     pas = m["parties"].get("passive", {})
@@ -310,9 +310,9 @@ def run_profile(cfg: Any, timeout_s: float = 300.0) -> dict[str, Any] | None:
 
 
 def combine_profiles(found: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The mean of the profiles taken (``parties.profile.mean_profile``), as profile.json,
+    """The mean of the profiles taken (``parties.planning.profile.mean_profile``), as profile.json,
     with the individual ones under ``"taken"``; None when none was."""
-    from parties.profile import compute_profile_from_dict, mean_profile
+    from parties.planning.profile import compute_profile_from_dict, mean_profile
 
     if not found:
         return None
@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ablation", action="store_true", help="skip table (c)")
     ap.add_argument("--model", choices=["mlp", "resnet"], default="mlp",
                     help="bottom/top models (vfl.model): mlp (default, the small model "
-                    "above) or resnet (the paper's large model, parties.zoo defaults)")
+                    "above) or resnet (the paper's large model, parties.models.zoo defaults)")
     ap.add_argument("--lockstep-vs", default="vfl", metavar="ALGO",
                     help="compare this algorithm's per-batch time with the minimal lock-step "
                     "loop of bench/vfl_overhead.py when it ran (default vfl; 'none' to skip)")

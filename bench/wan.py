@@ -21,12 +21,12 @@ Algorithms: ``vfl``, ``vfl-ps``, ``avfl``, ``avfl-ps`` and ``pubsub``, each at i
 defaults (``VflConfig``'s: nothing set by hand here, so a later change of a default is
 what runs), plus ``pubsub_tuned`` (:data:`TUNED`, set by hand; in the full grid and by
 ``--algos``). ``--set KEY=VALUE`` applies a config key to every run alike. The wire
-encoding is the default ``vfl.wire_dtype = "auto"`` (:mod:`parties.wire`): the runner
+encoding is the default ``vfl.wire_dtype = "auto"`` (:mod:`parties.algorithms.wire`): the runner
 tells the parties the link's bandwidth, and a bandwidth-bound link (both WAN links
 here) carries int8 cut-layer tensors for every algorithm alike.
 
 Datasets: ``bank`` (the bundled table), ``synthetic`` (:data:`SIZES`: rows, the default
-100 features) and ``criteo``, the Criteo-shaped table (:mod:`parties.criteo`, generated
+100 features) and ``criteo``, the Criteo-shaped table (:mod:`parties.data.criteo`, generated
 once per ``--data-dir`` and reused; in memory, hashed row split). Models are the
 config's defaults.
 
@@ -237,7 +237,7 @@ def config_for(cell: Cell, sizes: dict[str, Any], overrides: dict[str, Any],
         kw.update(dataset="synthetic", synthetic_rows=sizes["synthetic_rows"],
                   epochs=sizes["synthetic_epochs"])
     elif cell.dataset == "criteo":
-        from parties.criteo import CRITEO_LABEL
+        from parties.data.criteo import CRITEO_LABEL
 
         assert criteo_dirs is not None
         kw.update(label=CRITEO_LABEL, row_split="hash", stream=False,
@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
 
     criteo_dirs = None
     if any(c.dataset == "criteo" for c in cells):
-        from parties.criteo import CriteoSpec, write_criteo
+        from parties.data.criteo import CriteoSpec, write_criteo
 
         root = args.data_dir or Path(tempfile.gettempdir()) / "psfl-wan-criteo"
         criteo_dirs = write_criteo(root / f"criteo-{sizes['criteo_rows']}",

@@ -359,9 +359,9 @@ def _qualname(cls: type) -> str:
 
 def exit_codes() -> str:
     """The exit-code enum and which error types map to each code
-    (:func:`parties.exitcodes.exit_code_for`, :func:`pubsub.cli.run_guarded`, the FedForge
+    (:func:`parties.runtime.exitcodes.exit_code_for`, :func:`pubsub.cli.run_guarded`, the FedForge
     processes' ``synth.cli`` constants)."""
-    import parties.exitcodes as pc
+    import parties.runtime.exitcodes as pc
     import pubsub.cli as bus_cli
     import synth.cli as sc
 
@@ -369,13 +369,13 @@ def exit_codes() -> str:
     for types, code_ in pc._EXIT_CODES:
         by_code.setdefault(int(code_), []).extend(_qualname(t) for t in types)
     by_code.setdefault(int(pc.ExitCode.BAD_INPUT), []).append(
-        "`parties.dpsgd.DpIncompatibleModel`")
+        "`parties.privacy.dpsgd.DpIncompatibleModel`")
     rows = [[f"{int(c)}", code(c.name), ", ".join(by_code.get(int(c), [])) or "—"]
             for c in pc.ExitCode]
     synth_codes = {"EXIT_FAILED": sc.EXIT_FAILED, "EXIT_BAD_INPUT": sc.EXIT_BAD_INPUT,
                    "EXIT_BROKER": sc.EXIT_BROKER, "EXIT_PEER": sc.EXIT_PEER}
     return "\n\n".join([
-        "`parties.exitcodes.ExitCode`, and the errors `parties.exitcodes.exit_code_for` maps "
+        "`parties.runtime.exitcodes.ExitCode`, and the errors `parties.runtime.exitcodes.exit_code_for` maps "
         "to each (first match wins; anything else is a bug and propagates as a traceback):",
         table(["code", "name", "errors"], rows),
         "Every command runs under `pubsub.cli.run_guarded`, which maps the bus's own errors: "

@@ -5,7 +5,7 @@
 
 The built-in ``resnet`` model is an input projection, ``depth`` residual blocks
 ``relu(x + f(x))`` with ``f = Linear -> Norm -> ReLU -> (Dropout) -> Linear -> Norm``, and
-an output projection (``parties.zoo.ResidualMlp``; docs/tutorials/your-own-model.md). Prints
+an output projection (``parties.models.zoo.ResidualMlp``; docs/tutorials/your-own-model.md). Prints
 ``test_auc <value>``.
 """
 

@@ -23,9 +23,9 @@ from pubsub.runner import run as run_loop
 
 from parties.config import (MAX_PASSIVE_PARTIES, VflConfig, check_run_id, load_vfl_config,
                             passive_party_ids, role_of)
-from parties.exitcodes import ExitCode, exit_code_for  # noqa: F401 (re-exported)
-from parties.report import format_metric
-from parties.serve import finish_party, metrics_file, write_json  # noqa: F401 (re-exported)
+from parties.runtime.exitcodes import ExitCode, exit_code_for  # noqa: F401 (re-exported)
+from parties.runtime.report import format_metric
+from parties.runtime.serve import finish_party, metrics_file, write_json  # noqa: F401 (re-exported)
 
 
 #: every party id ``python -m parties`` accepts
@@ -46,7 +46,7 @@ def add_party_arguments(p: argparse.ArgumentParser) -> None:
 
 
 async def _serve(role: str, cfg: VflConfig, args: argparse.Namespace) -> dict[str, Any]:
-    from parties.serve import serve_party
+    from parties.runtime.serve import serve_party
 
     return await serve_party(role, cfg, run_id=args.run_id,
                              out=Path(args.out) if args.out else None, broker=args.broker,
@@ -68,7 +68,7 @@ def run_party(role: str, args: argparse.Namespace) -> int:
                               f"{', '.join(cfg.party_ids)})")
         kind = role_of(role)
         if cfg.cpus(kind):
-            from parties.sysinfo import pin_process
+            from parties.core.sysinfo import pin_process
 
             try:
                 pin_process(cfg.cpus(kind))
@@ -109,10 +109,10 @@ def run_party(role: str, args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m parties {active,passive} --broker tcp://HOST:PORT [...]``, or
-    ``python -m parties predict {active,passive} ...`` (:func:`parties.predict.main`)."""
+    ``python -m parties predict {active,passive} ...`` (:func:`parties.runtime.predict.main`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["predict"]:
-        from parties.predict import main as predict_main
+        from parties.runtime.predict import main as predict_main
 
         return predict_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m parties",
@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def child_main(argv: Sequence[str]) -> None:
-    """``python -m parties ARGV`` in a process forked by a launcher (:mod:`parties.zygote`):
+    """``python -m parties ARGV`` in a process forked by a launcher (:mod:`parties.core.zygote`):
     the same command line, exit code and output, without the interpreter start."""
     from pubsub.cli import exit_now
 

@@ -2,7 +2,7 @@
 
 Each party is ``python -m sim.cli vfl align --role PARTY ...`` (its own OS process, so
 the parties' cryptography runs on separate cores); with several passive parties
-(``passive``, ``passive2``, ...: N-way alignment, :mod:`parties.align_nway`) each has its
+(``passive``, ``passive2``, ...: N-way alignment, :mod:`parties.alignment.nway`) each has its
 own key, and the run membership isolates them (``owned``) as for training; the broker is ``python -m broker
 run`` on free ports of 127.0.0.1 unless ``broker`` names a running one. If a child
 fails the others are stopped and :class:`sim.launch.LaunchError` carries its exit code.
@@ -45,7 +45,7 @@ def run_align(*, active_ids: str, passive_ids: str | Sequence[str], out: str | P
     """Align ID files: broker + one process per party; returns every ``align-*.json``.
 
     Args:
-        active_ids: the active party's ID file (see :func:`parties.align.load_ids`).
+        active_ids: the active party's ID file (see :func:`parties.alignment.align.load_ids`).
         passive_ids: the passive party's ID file, or a list of them: the k-th is party
             ``passive`` (k = 1), ``passive<k>`` (k >= 2); two or more is N-way alignment.
         out: output directory: ``aligned-<party>.csv``, ``align-<party>.json``,
@@ -53,7 +53,7 @@ def run_align(*, active_ids: str, passive_ids: str | Sequence[str], out: str | P
         column: the ID column of CSV/Parquet files (default ``id``).
         broker: a running broker ``tcp://HOST:PORT`` (default: start one).
         run_id: topic namespace (default random).
-        chunk_size / window: :class:`parties.align.AlignConfig` overrides.
+        chunk_size / window: :class:`parties.alignment.align.AlignConfig` overrides.
         timeout_s: stop everything after this long (None: no limit).
         quiet: no per-party lines on stdout.
         keys_dir / insecure: as :func:`sim.launch.run_security` (default: CURVE with keys

@@ -39,9 +39,9 @@ module or in the main script, which then needs the ``if __name__ == "__main__":`
 **Errors before anything starts.** A bad job raises a typed error naming the value
 before any process starts: :class:`JobError` (a field of the job), :class:`parties.data.
 DataError` (a named column missing from the data, a label unfit for the task),
-:class:`parties.zoo.ModelSpecError` (a factory that raises, a bottom whose output width
+:class:`parties.models.zoo.ModelSpecError` (a factory that raises, a bottom whose output width
 is not ``embedding_dim``, a top that rejects ``2·embedding_dim``), :class:`pubsub.config.
-ConfigError` (an unknown or invalid setting), :class:`parties.dpsgd.DpIncompatibleModel`
+ConfigError` (an unknown or invalid setting), :class:`parties.privacy.dpsgd.DpIncompatibleModel`
 (DP on and BatchNorm in the passive bottom: set ``dp_batchnorm = "groupnorm"``).
 """
 
@@ -62,8 +62,8 @@ from pubsub.config import ConfigError, from_mapping, to_mapping
 if TYPE_CHECKING:
     import pandas as pd
 
-    from parties.saved import SavedPart
-    from parties.zoo import LossFn, ModelFactory, ModuleFn, OptimizerFn
+    from parties.runtime.saved import SavedPart
+    from parties.models.zoo import LossFn, ModelFactory, ModuleFn, OptimizerFn
 
     from sim.predict_launch import PredictResult
 
@@ -128,7 +128,7 @@ class VflJob:
             parties.data.DataError: a named column is not in the data.
             pubsub.config.ConfigError: an unknown or invalid setting.
         """
-        from parties.zoo import ModelFactory
+        from parties.models.zoo import ModelFactory
 
         base = self._base_config()
         settings: dict[str, Any] = {}
@@ -280,9 +280,9 @@ class TrainResult:
 
     def load(self, role: str) -> SavedPart:
         """Party ``role``'s trained part (a party id: ``active``, ``passive``,
-        ``passive2`` …; :func:`parties.saved.load_party_model`): its modules in eval mode,
+        ``passive2`` …; :func:`parties.runtime.saved.load_party_model`): its modules in eval mode,
         its encoder, manifest and (passive, DP on) privacy ledger."""
-        from parties.saved import load_party_model
+        from parties.runtime.saved import load_party_model
 
         return load_party_model(self.out, role, models=self.models)
 
@@ -308,13 +308,13 @@ def train(job: VflJob, out: str | Path, *, transport: Transport = "memory",
     Raises:
         JobError: a field of the job is invalid (bad input, before anything starts).
         parties.data.DataError: bad data, e.g. an unknown column (before anything starts).
-        parties.zoo.ModelSpecError: a model factory fails its probe (before anything
+        parties.models.zoo.ModelSpecError: a model factory fails its probe (before anything
             starts).
         pubsub.config.ConfigError: an invalid setting (before anything starts).
-        parties.dpsgd.DpIncompatibleModel: DP on and BatchNorm in the passive bottom
+        parties.privacy.dpsgd.DpIncompatibleModel: DP on and BatchNorm in the passive bottom
             (before anything starts).
         sim.launch.LaunchError (``"broker"``): a party process failed (its exit code).
-        parties.errors.VflError (``"memory"``): a party failed (partner lost, ...).
+        parties.core.errors.VflError (``"memory"``): a party failed (partner lost, ...).
         sim.launch.JobTimeout: ``timeout_s`` passed.
     """
     if transport not in ("memory", "broker"):
@@ -357,7 +357,7 @@ def predict(run_dir: str | Path, out: str | Path, *, data: str | Path | None = N
         :class:`sim.predict_launch.PredictResult` (``summary``, ``predictions``, ``out``).
 
     Raises:
-        parties.saved.SavedModelError / SavedModelMismatch: missing parts, or parts of
+        parties.runtime.saved.SavedModelError / SavedModelMismatch: missing parts, or parts of
             different runs (the party and both run ids named).
         parties.data.DataError: ``data`` lacks a party's column or the ID column.
     """

@@ -37,7 +37,7 @@ distributions* of what the product samples, cross-checked against its samplers b
 black-box half of each case, not a copy of a mechanism.
 
 GDP helpers: :func:`gdp_tradeoff` (the µ-GDP trade-off curve), :func:`gdp_epsilon`
-(µ → ε at δ through :func:`parties.dp.epsilon_for_delta`, the product's exact
+(µ → ε at δ through :func:`parties.privacy.dp.epsilon_for_delta`, the product's exact
 conversion) and :func:`fitted_mu` (the µ a pair of error rates implies).
 """
 
@@ -639,8 +639,8 @@ def gdp_tradeoff(alpha: float | np.ndarray, mu: float) -> float | np.ndarray:
 
 def gdp_epsilon(mu: float, delta: float) -> float:
     """ε at δ of a µ-GDP mechanism, by the product's exact conversion
-    (:func:`parties.dp.epsilon_for_delta`, Dong–Roth–Su Cor. 2.13)."""
-    from parties.dp import epsilon_for_delta  # lazily: parties.dp imports torch
+    (:func:`parties.privacy.dp.epsilon_for_delta`, Dong–Roth–Su Cor. 2.13)."""
+    from parties.privacy.dp import epsilon_for_delta  # lazily: parties.privacy.dp imports torch
 
     return float(epsilon_for_delta(mu, delta))
 

@@ -49,7 +49,7 @@ def _launch(run: Callable[[], Any], *, what: str,
 
 def _vfl_run(args: argparse.Namespace) -> int:
     from parties.config import check_run_id, load_vfl_config
-    from parties.report import format_metric
+    from parties.runtime.report import format_metric
 
     from sim.launch import run_vfl
 
@@ -138,8 +138,8 @@ def _vfl_run(args: argparse.Namespace) -> int:
 
 def _print_active_only(m: dict[str, Any]) -> None:
     """The active-only baseline line of ``psfl vfl run`` and, for a DP run that ended
-    below it, one warning line on stderr (:func:`parties.baseline.below_baseline_warning`)."""
-    from parties.baseline import below_baseline_warning
+    below it, one warning line on stderr (:func:`parties.algorithms.baseline.below_baseline_warning`)."""
+    from parties.algorithms.baseline import below_baseline_warning
 
     base = m.get("active_only") or {}
     if isinstance(base.get("test_metric"), float) and isinstance(m.get("metric"), float):
@@ -167,7 +167,7 @@ def _vfl_profile(args: argparse.Namespace) -> int:
         print(f"error: cannot use {str(out)!r} as the output directory: "
               f"{exc.strerror or exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    from parties.profile import ProfileError, profile_config
+    from parties.planning.profile import ProfileError, profile_config
     from pubsub.logs import configure_logging
 
     configure_logging(events_path=out / "events.jsonl", role="profile")
@@ -266,7 +266,7 @@ def _vfl_profile_sweep(args: argparse.Namespace, cfg: Any, out: Any, doc: dict[s
     """``psfl vfl profile --sweep``: the batch-size sweep, the bus probe and the cost-model
     fits, added to ``profile.json`` (keys ``sweep`` and ``cost_model``)."""
     from parties.cli import ExitCode, write_json
-    from parties.sweep import (DEFAULT_SWEEP_BATCH_SIZES, QUICK_SWEEP_BATCH_SIZES,
+    from parties.planning.sweep import (DEFAULT_SWEEP_BATCH_SIZES, QUICK_SWEEP_BATCH_SIZES,
                                format_fits, parse_batch_sizes)
 
     from sim.sysprofile import _config_mapping, sweep_profile
@@ -299,8 +299,8 @@ def _profile_call(run: Callable[[], Any]) -> tuple[Any, int | None]:
     """Run a sweep/plan step; ``(result, None)`` or ``(None, exit code)`` after one
     ``error: ...`` line (bad input 2, no broker 3)."""
     from parties.cli import ExitCode, exit_code_for
-    from parties.commprobe import CommProbeError
-    from parties.profile import ProfileError
+    from parties.planning.commprobe import CommProbeError
+    from parties.planning.profile import ProfileError
 
     from sim.launch import LaunchError, exit_code_of
 
@@ -331,8 +331,8 @@ def _vfl_plan(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from parties.cli import ExitCode, write_json
-    from parties.planner import batch_grid
-    from parties.sweep import CostModels, parse_batch_sizes
+    from parties.planning.planner import batch_grid
+    from parties.planning.sweep import CostModels, parse_batch_sizes
 
     from sim.sysprofile import (format_plan, load_plan_config, load_samples_model, plan_doc,
                                 plan_from_models)
@@ -574,7 +574,7 @@ def _report(args: argparse.Namespace) -> int:
 def _vfl_predict(args: argparse.Namespace) -> int:
     """``psfl vfl predict RUN_DIR --out OUT``: score rows with a run's saved model."""
     from parties.config import check_run_id
-    from parties.report import format_metric
+    from parties.runtime.report import format_metric
 
     from sim.predict_launch import run_predict
 
@@ -638,8 +638,8 @@ def _vfl_align(args: argparse.Namespace) -> int:
     ``--role PARTY``: one party against ``--broker`` (``--passive-parties N`` for N-way
     alignment); without: broker and every party as processes on this machine
     (``--active-ids``, ``--passive-ids`` once per passive party)."""
-    from parties.align import AlignConfig
-    from parties.align_run import run_align_party, write_demo_ids
+    from parties.alignment.align import AlignConfig
+    from parties.alignment.run import run_align_party, write_demo_ids
     from parties.cli import ExitCode
 
     if args.make_ids is not None:
@@ -757,10 +757,10 @@ def _vfl_schema(args: argparse.Namespace) -> int:
     """``psfl vfl schema``: draft a public feature schema FROM THE DATA, for review."""
     from parties.cli import ExitCode, exit_code_for
     from parties.config import load_vfl_config
-    from parties.preflight import load_configured_table, resolve_columns
+    from parties.data.preflight import load_configured_table, resolve_columns
     import textwrap
 
-    from parties.schema import DRAFT_WARNING, draft_schema, save_schema
+    from parties.data.schema import DRAFT_WARNING, draft_schema, save_schema
 
     extra = {"dataset": args.dataset} if args.dataset else {}
     cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: exit 2
@@ -880,7 +880,7 @@ def _add_plan_parser(vsub: Any) -> None:
 
 def _data_convert(args: argparse.Namespace) -> int:
     from parties.cli import ExitCode
-    from parties.convert import convert_csv
+    from parties.data.convert import convert_csv
     from parties.data import DataError
 
     parties: dict[str, list[str]] = {}

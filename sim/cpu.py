@@ -337,7 +337,7 @@ def join_groups(procs_files: Sequence[str]) -> None:
 
 
 def preexec_join(procs_files: Sequence[str]) -> Callable[[], None]:
-    """A ``preexec_fn`` (or a :func:`parties.zygote.start` ``setup`` step: it pickles)
+    """A ``preexec_fn`` (or a :func:`parties.core.zygote.start` ``setup`` step: it pickles)
     that makes the child join ``procs_files`` (:func:`join_groups`) before it runs."""
     return functools.partial(join_groups, list(procs_files))
 
@@ -959,7 +959,7 @@ class CpuLimiter:
         return self._backend.preexec()
 
     def child_setup(self) -> list[Callable[[], None]]:
-        """For a child forked from a fork server (:func:`parties.zygote.start`'s
+        """For a child forked from a fork server (:func:`parties.core.zygote.start`'s
         ``setup``, which pickles them) instead of :meth:`preexec`: cgroups, the child joins
         the group itself before it runs; duty cycle and ``none``, the child sets its
         affinity and the caller must :meth:`add` its pid once it has started

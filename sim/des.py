@@ -1,11 +1,11 @@
 """A discrete-event simulation of the five coordination algorithms' schedules.
 
 Pure and deterministic: no sockets, no threads, no clock; an event heap that runs the
-algorithms' own sans-IO strategies (:mod:`parties.strategy`). Given each party's per-batch step costs (CPU seconds of
-one worker at batch size B, e.g. from :mod:`parties.profile` or a fitted cost model), its
+algorithms' own sans-IO strategies (:mod:`parties.algorithms.strategy`). Given each party's per-batch step costs (CPU seconds of
+one worker at batch size B, e.g. from :mod:`parties.planning.profile` or a fitted cost model), its
 cores, the workers per party and the link, :func:`simulate` predicts the epoch wall time,
 each party's busy CPU seconds, core utilisation and waiting time, the way
-:mod:`parties.runtime` schedules the work (it runs the same strategies).
+:mod:`parties.runtime.party` schedules the work (it runs the same strategies).
 
 Model
 -----
@@ -30,10 +30,10 @@ Model
   backward + Adam step from the cut-layer gradient; active own-bottom forward (run while
   it waits for the passive embedding: ``prefetch``), top forward + loss + top backward
   (the cut-layer gradient is published at its end), then own-bottom backward + Adam step
-  (:meth:`parties.model.ActiveCompute.top_step`).
-* **Parameter-server sync** (:func:`parties.compute.sync_mode_for`): a party with one
+  (:meth:`parties.models.model.ActiveCompute.top_step`).
+* **Parameter-server sync** (:func:`parties.models.compute.sync_mode_for`): a party with one
   worker never syncs per step; otherwise ``pubsub`` replicas sync every ΔT_t local steps
-  (:func:`parties.schedule.sync_interval` of the epoch index), ``avfl-ps`` after every
+  (:func:`parties.algorithms.schedule.sync_interval` of the epoch index), ``avfl-ps`` after every
   step, ``vfl-ps`` in a barrier after every batch (all push, then all pull: half the
   sync cost each). A sync costs ``sync_s_<party>`` CPU seconds on the worker, added to
   the compute call that triggers it. After every segment of an epoch (``segments``:
@@ -42,8 +42,8 @@ Model
 Algorithms
 ----------
 The schedules are not written here: both parties run the strategies of
-:mod:`parties.strategy` (:func:`parties.strategy.make_strategy`, the same objects
-:class:`parties.runtime.Party` runs over the bus; semantics in :mod:`parties.runtime`),
+:mod:`parties.algorithms.strategy` (:func:`parties.algorithms.strategy.make_strategy`, the same objects
+:class:`parties.runtime.party.Party` runs over the bus; semantics in :mod:`parties.runtime.party`),
 and this module only interprets their actions: a compute action (``Forward``,
 ``Prefetch``, ``TopStep``, ``Backward``, ``Push`` / ``Pull`` / ``Flush``) becomes a CPU task
 of the model above, a ``Publish`` travels the link into the partner's buffer of that
@@ -84,7 +84,7 @@ from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from parties.actions import (
+from parties.algorithms.actions import (
     GRAD,
     Await,
     Backward,
@@ -106,8 +106,8 @@ from parties.actions import (
     TopStep,
     WaitSchedule,
 )
-from parties.schedule import ALGOS, effective_workers, eval_segments, num_batches, sync_interval
-from parties.strategy import StrategyConfig, make_strategy
+from parties.algorithms.schedule import ALGOS, effective_workers, eval_segments, num_batches, sync_interval
+from parties.algorithms.strategy import StrategyConfig, make_strategy
 
 #: Worker modes (``vfl.worker_mode``); ``inline`` serialises a party's compute calls.
 WORKER_MODES = ("thread", "process", "inline", "auto")
@@ -184,7 +184,7 @@ class StepCosts:
     def from_totals(cls, *, active_step_s: float, passive_step_s: float,
                     passive_fwd_frac: float = 1 / 3, active_fwd_frac: float = 0.3,
                     active_top_frac: float = 0.1) -> StepCosts:
-        """Split whole-step costs (e.g. :attr:`parties.profile.PartyProfile.cpu_s_per_step`)
+        """Split whole-step costs (e.g. :attr:`parties.planning.profile.PartyProfile.cpu_s_per_step`)
         into the calls. The default fractions are rough (a backward costs about twice its
         forward; the paper's small top model is a minor share); measure them when it
         matters.
@@ -215,11 +215,11 @@ class SimInput:
     """One simulated training run.
 
     Attributes:
-        algo: one of :data:`parties.schedule.ALGOS`.
+        algo: one of :data:`parties.algorithms.schedule.ALGOS`.
         n_rows: training rows per epoch (the runs' training split), >= 1.
         batch_size: B, rows per batch, >= 1 (the last batch holds the remainder).
         w_active / w_passive: configured workers per party, >= 1 (the algorithm's
-            count is :func:`parties.schedule.effective_workers`).
+            count is :func:`parties.algorithms.schedule.effective_workers`).
         cores_active / cores_passive: cores of each party, > 0, may be fractional.
         costs: per-batch CPU seconds at B of one worker (:class:`StepCosts`).
         threads: torch intra-op threads per worker: a compute call uses at most this
@@ -234,7 +234,7 @@ class SimInput:
         staleness_bound: ``avfl`` / ``avfl-ps`` outstanding batches per passive worker.
         inflight_max / inflight_auto: ``pubsub``: the passive workers' in-flight window
             (``vfl.inflight_max``, ``vfl.inflight_auto``;
-            :class:`parties.schedule.InflightWindow`), sized from the simulated round
+            :class:`parties.algorithms.schedule.InflightWindow`), sized from the simulated round
             trips; 1 (the default here) = the synchronous worker.
         epochs: simulated epochs, >= 1.
         first_epoch: index of the first simulated epoch (ΔT_t depends on it), >= 0.
@@ -362,7 +362,7 @@ class SimResult:
         samples_per_s: training rows per second of training wall time.
         timeline: the first ``timeline_limit`` spans, by start time.
         link: ``pubsub`` with ``inflight_max > 1``: the passive party's measured link and
-            in-flight window (:meth:`parties.strategy.ScheduledPassive.link_report`), else
+            in-flight window (:meth:`parties.algorithms.strategy.ScheduledPassive.link_report`), else
             None.
     """
 
@@ -564,7 +564,7 @@ class _Engine:
 
 
 class _Replica:
-    """A worker replica's sync state (:class:`parties.model.Replica`)."""
+    """A worker replica's sync state (:class:`parties.models.model.Replica`)."""
 
     __slots__ = ("mode", "delta_t0", "steps")
 
@@ -585,7 +585,7 @@ class _Replica:
 
 
 def _sync_mode(algo: str, workers: int) -> str:
-    """As :func:`parties.compute.sync_mode_for` (not imported: it pulls in torch)."""
+    """As :func:`parties.models.compute.sync_mode_for` (not imported: it pulls in torch)."""
     if workers == 1:
         return "manual"
     return {"pubsub": "schedule", "avfl-ps": "step"}.get(algo, "manual")
@@ -623,7 +623,7 @@ class _Box:
 
 
 class _Run:
-    """One simulation: both parties' strategies (:mod:`parties.strategy`, the same objects
+    """One simulation: both parties' strategies (:mod:`parties.algorithms.strategy`, the same objects
     the runs use) interpreted over an :class:`_Engine`: compute actions become CPU tasks,
     publications travel the link model into the receiver's buffers, waits block on them."""
 
@@ -906,7 +906,7 @@ def simulate(inp: SimInput, *, on_action: Callable[[str, Any], None] | None = No
     """Simulate ``inp`` (deterministic: the same input gives the same result).
 
     ``on_action(role, action)`` (optional) sees every strategy action as it is
-    interpreted, in simulated-time order (:mod:`parties.actions`).
+    interpreted, in simulated-time order (:mod:`parties.algorithms.actions`).
 
     Raises:
         SimInputError: only through building ``inp``; a built input always simulates.

@@ -30,7 +30,7 @@ the privacy guarantee does not cover: the API warns and the run's metrics say
 columns differ from the others', naming the party and the column; an empty party),
 :class:`pubsub.config.ConfigError` (an unknown or invalid setting in ``config``),
 :class:`synth.engine.EngineUnavailable` (the engine's package is not installed, with the
-install hint), :class:`parties.schema.SchemaError` (a bad schema file). During the run:
+install hint), :class:`parties.data.schema.SchemaError` (a bad schema file). During the run:
 the coordinator's or a participant's error (:class:`synth.coordinator.CoordinatorError`,
 :class:`synth.netutil.ParticipantError`), e.g. a budget the ledgers refuse.
 """
@@ -77,7 +77,7 @@ class FedForge:
         delta: each party's δ budget for this run.
         mechanism: ``"mst"`` or ``"aim"`` (:data:`synth.config.MECHANISMS`).
         engine: ``"mbi"``, ``"neural"``, ``"diffusion"`` or ``"auto"``.
-        schema: the public schema: a TOML file path (:mod:`parties.schema`), a
+        schema: the public schema: a TOML file path (:mod:`parties.data.schema`), a
             :class:`synth.domain.Schema`, or None to infer it (see the module docstring).
         label: the label column, for the ML-utility score (with ``holdout`` in
             :meth:`fit`).

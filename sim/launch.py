@@ -25,8 +25,8 @@ import orjson
 
 from parties.cli import ExitCode, write_json
 from parties.config import VflConfig, dump_vfl_config, role_of
-from parties.preflight import preflight
-from parties.zoo import preflight_models
+from parties.data.preflight import preflight
+from parties.models.zoo import preflight_models
 from pubsub.cli import INSECURE_WARNING
 from pubsub.config import ConfigError, to_mapping
 from pubsub.control import control_request
@@ -34,7 +34,7 @@ from pubsub.membership import membership
 from pubsub.policy import load_policy
 from pubsub.security import BROKER_KEY_NAME, CurveClient, check_insecure_allowed
 from pubsub.security import generate_certificate
-from parties import zygote
+from parties.core import zygote
 
 
 class JobTimeout(RuntimeError):
@@ -220,7 +220,7 @@ def subscriptions_needed(cfg: VflConfig) -> int:
     counted as a training row), never fewer than the broker's default."""
     if not cfg.stream:
         return BROKER_SUBSCRIPTIONS
-    from parties.stream import inspect
+    from parties.data.stream import inspect
 
     rows = inspect(cfg.dataset_for(cfg.party_ids[0])).rows
     return max(BROKER_SUBSCRIPTIONS, -(-rows // cfg.batch_size) + 4096)
@@ -289,11 +289,11 @@ def prepare_run(cfg: VflConfig, out: Path, models: Any = None) -> Path:
 
     Raises:
         OutDirError: ``out`` cannot be created or written.
-        parties.dp.UnmeetableTarget, parties.zoo.ModelSpecError,
-            parties.dpsgd.DpIncompatibleModel: see :func:`run_vfl`.
+        parties.privacy.dp.UnmeetableTarget, parties.models.zoo.ModelSpecError,
+            parties.privacy.dpsgd.DpIncompatibleModel: see :func:`run_vfl`.
     """
-    if cfg.dp_enabled:  # parties.dp imports torch and SciPy: only when there is a plan
-        from parties.dp import plan_from_config
+    if cfg.dp_enabled:  # parties.privacy.dp imports torch and SciPy: only when there is a plan
+        from parties.privacy.dp import plan_from_config
         plan_from_config(cfg)  # an unmeetable DP target (a ConfigError) refuses before any start
     preflight_models(cfg, models)  # a broken model factory or a DP-incompatible model
     # results of an earlier run in this directory go, so it never mixes two runs
@@ -341,9 +341,9 @@ def finish_run(cfg: VflConfig, out: Path, t0: float,
 
 def _spawn_party(role: str, cfg: VflConfig, models: Any, *, broker: str, run_id: str,
                  out: Path, events: Path, sec: RunSecurity, quiet: bool) -> Any:
-    """Fork ``role`` from the party fork server (:mod:`parties.zygote`) with the pickled model
-    factory (:func:`parties.serve.party_process_main`)."""
-    from parties.serve import party_process_main
+    """Fork ``role`` from the party fork server (:mod:`parties.core.zygote`) with the pickled model
+    factory (:func:`parties.runtime.serve.party_process_main`)."""
+    from parties.runtime.serve import party_process_main
 
     return zygote.start(party_process_main, args=(role, cfg, models),
                         kwargs={"broker": broker, "run_id": run_id, "out": str(out),
@@ -356,8 +356,8 @@ def spawn_party_cli(argv: Sequence[str], *, name: str,
                     setup: Sequence[Callable[[], Any]] = (),
                     env: Mapping[str, str] | None = None) -> zygote.Child:
     """``python -m parties ARGV`` as a process forked from the party fork server
-    (:mod:`parties.zygote`): same arguments, exit codes and output, without paying the
-    party's imports once per party (``setup`` and ``env``: :func:`parties.zygote.start`)."""
+    (:mod:`parties.core.zygote`): same arguments, exit codes and output, without paying the
+    party's imports once per party (``setup`` and ``env``: :func:`parties.core.zygote.start`)."""
     from parties.cli import child_main
 
     return zygote.start(child_main, args=(list(argv),), name=name, setup=setup, env=env)
@@ -381,7 +381,7 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         keys_dir: CURVE keys (``psfl keys generate broker active passive``); default:
             ephemeral keys made for this run (see :func:`run_security`).
         insecure: plaintext on loopback instead (prints a warning).
-        models: a :class:`parties.zoo.ModelFactory` with Python callables (the Python API,
+        models: a :class:`parties.models.zoo.ModelFactory` with Python callables (the Python API,
             :mod:`sim.api`): the parties then start as ``multiprocessing`` spawn
             processes that receive it pickled (its callables must be module-level in an
             importable module or in the main script, behind ``if __name__ ==
@@ -396,10 +396,10 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
         OutDirError: ``out`` cannot be created or written.
         pubsub.BrokerUnreachable: ``broker`` was given and does not answer.
         parties.data.DataError: the data or column split is invalid (checked first).
-        parties.dp.UnmeetableTarget: the DP target cannot be met (a ConfigError).
-        parties.zoo.ModelSpecError: a model factory cannot be imported, raises, or has the
-            wrong widths (a ConfigError; :func:`parties.zoo.preflight_models`).
-        parties.dpsgd.DpIncompatibleModel: DP on and BatchNorm in the passive bottom.
+        parties.privacy.dp.UnmeetableTarget: the DP target cannot be met (a ConfigError).
+        parties.models.zoo.ModelSpecError: a model factory cannot be imported, raises, or has the
+            wrong widths (a ConfigError; :func:`parties.models.zoo.preflight_models`).
+        parties.privacy.dpsgd.DpIncompatibleModel: DP on and BatchNorm in the passive bottom.
     """
     t0 = time.perf_counter()
     out = Path(out)

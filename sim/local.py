@@ -1,6 +1,6 @@
 """Run a two-party VFL job in this process: both parties over an in-memory bus.
 
-The same :func:`parties.serve.serve_party` that a party process runs, twice, in one event
+The same :func:`parties.runtime.serve.serve_party` that a party process runs, twice, in one event
 loop, joined by a :class:`pubsub.memory.MemoryBroker` instead of a broker process and
 sockets: for notebooks, tests and quick experiments. Topics, bounded buffers, deadlines,
 the handshake, heartbeats and the algorithms are the real ones; what is not modelled is
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from parties.config import VflConfig
-from parties.preflight import preflight
+from parties.data.preflight import preflight
 from pubsub.runner import run as run_loop
 
 from sim.launch import JobTimeout, LaunchResult, finish_run, prepare_run
@@ -37,14 +37,14 @@ async def run_parties_in_memory(cfg: VflConfig, out: Path | None, *, run_id: str
     party's (the run's) metrics.
 
     Each party writes its files into ``out`` as a party process does
-    (:func:`parties.serve.finish_party`). A party that fails cancels the other; its error
+    (:func:`parties.runtime.serve.finish_party`). A party that fails cancels the other; its error
     propagates.
 
     Raises:
         JobTimeout: ``timeout_s`` passed first.
-        whatever a party raises (:meth:`parties.runtime.Party.run`).
+        whatever a party raises (:meth:`parties.runtime.party.Party.run`).
     """
-    from parties.serve import finish_party, serve_party
+    from parties.runtime.serve import finish_party, serve_party
     from pubsub.memory import MemoryBroker
 
     t0 = time.perf_counter()
@@ -70,7 +70,7 @@ async def run_parties_in_memory(cfg: VflConfig, out: Path | None, *, run_id: str
     metrics["broker"] = {"transport": "memory", "forwarded": st.forwarded,
                          "rejected": st.rejected, "hwm_dropped": st.hwm_dropped}
     if out is not None:
-        from parties.serve import write_json
+        from parties.runtime.serve import write_json
 
         write_json(out / "metrics.json", metrics)
     return metrics
@@ -88,7 +88,7 @@ def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = 
         cfg: the run config.
         out: the run directory (created; files of an earlier run there are replaced).
         run_id: topic namespace (default: random).
-        models: a :class:`parties.zoo.ModelFactory` (Python callables need not be
+        models: a :class:`parties.models.zoo.ModelFactory` (Python callables need not be
             picklable here unless ``vfl.worker_mode = "process"``); None: the config's.
         quiet: no per-epoch lines.
         timeout_s: stop both parties after this long (None: only their own deadlines).
@@ -96,7 +96,7 @@ def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = 
     Raises:
         the errors of :func:`sim.launch.run_vfl` that are about the data, the models and
         the run directory, before training starts; a party's own error during the run
-        (:mod:`parties.errors`); :class:`sim.launch.JobTimeout`.
+        (:mod:`parties.core.errors`); :class:`sim.launch.JobTimeout`.
     """
     import torch
 
@@ -121,7 +121,7 @@ def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = 
 
 async def run_predict_parties(parties: Mapping[str, Any], *,
                               grace_s: float = 2.0) -> dict[str, Any]:
-    """Run the :class:`parties.predict.PredictParty` objects of one prediction (party id
+    """Run the :class:`parties.runtime.predict.PredictParty` objects of one prediction (party id
     -> party, all joined to one bus) to the end, in the running event loop; returns the
     active party's summary.
 
@@ -159,9 +159,9 @@ def predict_in_process(run_dir: str | Path, out: str | Path, *, data: str | None
 
     Raises:
         the errors of :func:`sim.predict_launch.run_predict` about the saved parts, the
-        rows and the output directory; a party's own error (:mod:`parties.errors`).
+        rows and the output directory; a party's own error (:mod:`parties.core.errors`).
     """
-    from parties.predict import PredictParty
+    from parties.runtime.predict import PredictParty
     from pubsub.memory import MemoryBroker
 
     from sim.predict_launch import PredictResult, check_parts, prepare_out

@@ -1,5 +1,5 @@
 """Pilot runs that measure the planner's samples-to-target model
-(:class:`parties.samples.SamplesModel`).
+(:class:`parties.algorithms.samples.SamplesModel`).
 
 Each pilot trains the real algorithm (``pubsub``) on the run's data and models, both
 parties in this process over the in-memory bus (:func:`sim.local.run_vfl_in_process`,
@@ -8,7 +8,7 @@ reached the target: ``target_frac`` x the reference pilot's (1 + 1 workers, the 
 B) final test metric for AUC, the same ratio the other way for RMSE. The pilots are
 (w_active, w_passive, B) = (1, 1, B), (2, 1, B), (1, 4, B) and (1, 1, B/2): the
 reference, an extra active worker, extra passive workers, a smaller batch
-(:func:`parties.samples.fit`). In one process the workers' interleaving is not that of
+(:func:`parties.algorithms.samples.fit`). In one process the workers' interleaving is not that of
 separate processes under CPU quotas, so the staleness, and with it the model, is an
 approximation; the pilots' figures are recorded beside it.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from parties.config import VflConfig
-from parties.samples import SamplesModel, fit
+from parties.algorithms.samples import SamplesModel, fit
 
 #: (w_active, w_passive, B as a fraction of the config's) of the pilots
 PILOTS: tuple[tuple[int, int, float], ...] = ((1, 1, 1.0), (2, 1, 1.0), (1, 4, 1.0), (1, 1, 0.5))
@@ -51,7 +51,7 @@ def pilot_samples_model(cfg: VflConfig, out: Path, *, pilots: tuple[tuple[int, i
     workers, B, final metric, epochs to target and wall seconds, and the target.
 
     Raises:
-        parties.samples.SamplesModelError: the reference pilot did not reach its own
+        parties.algorithms.samples.SamplesModelError: the reference pilot did not reach its own
             target (a ``target_frac`` above 1 for AUC, say).
         the errors of :func:`sim.local.run_vfl_in_process`.
     """

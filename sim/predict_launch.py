@@ -3,7 +3,7 @@
 ``psfl vfl predict RUN_DIR --out OUT`` and :func:`run_predict`: each party process
 (``python -m parties predict PARTY_ID``: the active party and every passive party of the
 run) loads its own saved part of the run (``RUN_DIR/model/<party id>/``,
-:mod:`parties.saved`) and reads only its own columns; see :mod:`parties.predict` for the
+:mod:`parties.runtime.saved`) and reads only its own columns; see :mod:`parties.runtime.predict` for the
 protocol. Keys and the broker's run membership are made per party id as for training
 (:func:`sim.launch.run_security`, :func:`sim.launch.run_members`: with several passive
 parties they are owned, so none reads another's topics). Children are owned as in
@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from parties import zygote
+from parties.core import zygote
 from pubsub.config import ConfigError
 from sim.launch import (
     OutDirError,  # noqa: F401 (raised by clean_out_dir; re-exported for callers)
@@ -51,7 +51,7 @@ class PredictResult:
 
 
 def _manifest(run_dir: str | Path, party: str) -> dict[str, Any]:
-    from parties.saved import MANIFEST_FILE, SavedModelError, part_dir
+    from parties.runtime.saved import MANIFEST_FILE, SavedModelError, part_dir
 
     path = part_dir(run_dir, party)
     try:
@@ -71,13 +71,13 @@ def check_parts(run_dir: str | Path) -> tuple[str, ...]:
     then ``passive``, ``passive2`` …, as many as the saved ``vfl.passive_parties``).
 
     Raises:
-        parties.saved.SavedModelError: a manifest or the active part's config is missing
+        parties.runtime.saved.SavedModelError: a manifest or the active part's config is missing
             or unreadable.
-        parties.saved.SavedModelMismatch: a part's run id or config digest differs from
+        parties.runtime.saved.SavedModelMismatch: a part's run id or config digest differs from
             the active part's (naming that party).
     """
     from parties.config import load_vfl_config
-    from parties.saved import SavedModelError, check_same_run, part_dir
+    from parties.runtime.saved import SavedModelError, check_same_run, part_dir
 
     active = _manifest(run_dir, "active")
     # the first passive party is in every run: check it before reading the config
@@ -122,8 +122,8 @@ def run_predict(run_dir: str | Path, out: str | Path, *, data: str | None = None
         insecure: plaintext on loopback (see :func:`sim.launch.run_security`).
 
     Raises:
-        parties.saved.SavedModelError: see :func:`check_parts`.
-        parties.saved.SavedModelMismatch: see :func:`check_parts`.
+        parties.runtime.saved.SavedModelError: see :func:`check_parts`.
+        parties.runtime.saved.SavedModelMismatch: see :func:`check_parts`.
         sim.launch.LaunchError: a child failed (its exit code is carried).
         sim.launch.JobTimeout: ``timeout_s`` passed.
         OutDirError: ``out`` cannot be created.

@@ -7,7 +7,7 @@ party): :mod:`sim.report_synth` (series) and :mod:`sim.report_synth_plot` (drawi
 A run directory (written by ``psfl vfl run --out RUN_DIR``) holds ``metrics.json`` (the
 active party's metrics, the passive's under ``parties.passive``), ``passive.json`` and,
 when the run recorded them, ``timeline-active.json`` / ``timeline-passive.json`` (see
-:mod:`parties.timeline`). A benchmark directory holds several run directories at any
+:mod:`parties.runtime.timeline`). A benchmark directory holds several run directories at any
 depth; every ``metrics.json`` below the given directory is one run.
 
 Plots written (default into ``RUN_DIR/plots/``):
@@ -132,7 +132,7 @@ def load_run(run_dir: Path, root: Path) -> Run:
     Raises:
         ReportError: ``metrics.json`` is unreadable, not JSON, or not a VFL run's metrics.
     """
-    from parties.timeline import load_timeline
+    from parties.runtime.timeline import load_timeline
 
     rel = run_dir.relative_to(root).as_posix()
     try:

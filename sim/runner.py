@@ -9,7 +9,7 @@ What it launches and enforces (every child is a separate OS process):
   simply given the relay's address (parties never import ``sim/``); the slowest
   bandwidth-limited link's rate goes to the parties as ``vfl.link_mbps`` (unless the
   config sets it), so that ``vfl.wire_dtype = "auto"`` compresses the cut-layer tensors
-  for a thin link (:mod:`parties.wire`);
+  for a thin link (:mod:`parties.algorithms.wire`);
 * every passive party and the active party (``python -m parties PARTY_ID``), each in its own
   CPU-share group (:class:`sim.cpu.CpuLimiter`: cgroup quota, or an honest fallback
   recorded in the metadata) and, when configured, memory cgroup
@@ -58,12 +58,12 @@ import structlog
 
 from parties.cli import write_json
 from parties.config import VflConfig, dump_vfl_config
-from parties.preflight import preflight
-from parties.sysinfo import CORES_ENV
+from parties.data.preflight import preflight
+from parties.core.sysinfo import CORES_ENV
 from pubsub.config import ConfigError, to_mapping
 
 from sim.cpu import CpuLimiter, machine_cores
-from parties import zygote
+from parties.core import zygote
 from sim.launch import (OutDirError, _stop, run_members, run_security, spawn_party_cli,
                         start_broker, vfl_identities)
 from sim.memory import MemoryLimit
@@ -302,7 +302,7 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
                               f"{f.party!r} is not a party of this run ({', '.join(ids)}; "
                               f"vfl.passive_parties = {cfg.passive_parties})")
     if cfg.link_mbps == 0 and (mbps := path_mbps(scn, ids)) > 0:
-        # what the run knows of its links, for vfl.wire_dtype = "auto" (parties.wire)
+        # what the run knows of its links, for vfl.wire_dtype = "auto" (parties.algorithms.wire)
         cfg = dataclasses.replace(cfg, link_mbps=mbps)
     out = Path(out)
     try:
@@ -350,7 +350,7 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
                     *sec.client_args]
             if quiet or role != "active":
                 args.append("--quiet")
-            # the party forks from the party fork server (parties.zygote: imports paid
+            # the party forks from the party fork server (parties.core.zygote: imports paid
             # once) and joins its CPU and memory groups itself before it runs
             setup = [*limiters[role].child_setup(),
                      *([mems[role].preexec()] if role in mems else [])]

@@ -140,7 +140,7 @@ def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
         pubsub.config.ConfigError: ``domain = declared`` without a schema, or a column the
             schema does not declare.
     """
-    from parties.schema import CategoricalColumn, bundled_schema, load_schema
+    from parties.data.schema import CategoricalColumn, bundled_schema, load_schema
     from pubsub.config import ConfigError
     from synth.domain import OTHER_LEVEL, ColumnSpec, Schema
 

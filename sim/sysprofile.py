@@ -20,9 +20,9 @@ from typing import Any
 import structlog
 
 from parties.config import VflConfig
-from parties.planner import DEFAULT_BATCH_SIZES, DEFAULT_W_MAX, Plan, plan_for_config
-from parties.samples import SamplesModel
-from parties.sweep import DEFAULT_SWEEP_BATCH_SIZES, CostModels
+from parties.planning.planner import DEFAULT_BATCH_SIZES, DEFAULT_W_MAX, Plan, plan_for_config
+from parties.algorithms.samples import SamplesModel
+from parties.planning.sweep import DEFAULT_SWEEP_BATCH_SIZES, CostModels
 
 log = structlog.get_logger(__name__)
 
@@ -52,14 +52,14 @@ def sweep_profile(cfg: VflConfig, out: Path, *,
         ``"cost_model"`` (:meth:`CostModels.to_dict`) for ``profile.json``.
 
     Raises:
-        parties.sweep.BadBatchSizes / SweepError: bad B values, a failed child.
-        parties.commprobe.CommProbeError: no pong through the broker.
-        parties.costmodel.CostModelError: a fit is impossible.
+        parties.planning.sweep.BadBatchSizes / SweepError: bad B values, a failed child.
+        parties.planning.commprobe.CommProbeError: no pong through the broker.
+        parties.planning.costmodel.CostModelError: a fit is impossible.
         sim.launch.LaunchError: the broker did not start.
         pubsub.BrokerUnreachable: ``broker`` does not answer.
     """
-    from parties.commprobe import cut_layer_sizes, measure_comm
-    from parties.sweep import fit_cost_models, sweep_config
+    from parties.planning.commprobe import cut_layer_sizes, measure_comm
+    from parties.planning.sweep import fit_cost_models, sweep_config
 
     from sim.launch import _stop, start_broker
 
@@ -87,7 +87,7 @@ def sweep_profile(cfg: VflConfig, out: Path, *,
 
 def default_memory_rule(cfg: VflConfig, models: CostModels) -> str:
     """``"per_worker"`` when the parties' workers are processes (each its own baseline),
-    else ``"shared"`` (see :mod:`parties.planner`)."""
+    else ``"shared"`` (see :mod:`parties.planning.planner`)."""
     modes = {cfg.resolved_worker_mode(m.cores) for m in (models.active, *models.passives)}
     return "per_worker" if "process" in modes else "shared"
 
@@ -97,22 +97,22 @@ def plan_from_models(models: CostModels, cfg: VflConfig, *, w_max: int = DEFAULT
                      mem_limit_bytes: float | None = None,
                      memory_rule: str | None = None,
                      samples: SamplesModel | None = None) -> tuple[Plan, dict[str, Any]]:
-    """:func:`parties.planner.plan_for_config` on fitted models.
+    """:func:`parties.planning.planner.plan_for_config` on fitted models.
 
     B values above the training rows are dropped. ``mem_limit_bytes`` is each party's
     budget M̄ (None: unlimited; one budget, so every passive party gets it). The models
     must be of ``cfg``'s parties: one passive party, or ``vfl.passive_parties`` of them.
     ``samples``: a measured samples-to-target model: plan for time to target
-    (:func:`parties.planner.plan`).
+    (:func:`parties.planning.planner.plan`).
 
     Returns:
         ``(plan, inputs)``: the plan and the planner's inputs (for ``plan.json``).
 
     Raises:
-        parties.planner.NoFeasiblePlan / PlannerError: as the planner.
+        parties.planning.planner.NoFeasiblePlan / PlannerError: as the planner.
         pubsub.config.ConfigError: the profile's passive parties are not ``cfg``'s.
     """
-    from parties.planner import PlannerError, mean_sync_interval
+    from parties.planning.planner import PlannerError, mean_sync_interval
     from pubsub.config import ConfigError
 
     if len(models.passives) != cfg.passive_parties:
@@ -149,7 +149,7 @@ def plan_from_models(models: CostModels, cfg: VflConfig, *, w_max: int = DEFAULT
 
 
 def plan_doc(plan: Plan, inputs: Mapping[str, Any], profile_path: Path | str) -> dict[str, Any]:
-    """``plan.json``: the plan's :meth:`~parties.planner.Plan.to_dict`, the planner's
+    """``plan.json``: the plan's :meth:`~parties.planning.planner.Plan.to_dict`, the planner's
     inputs and the profile it came from."""
     return {**plan.to_dict(), "inputs": dict(inputs), "profile": str(profile_path)}
 
@@ -240,7 +240,7 @@ def auto_plan(cfg: VflConfig, out: Path, *, broker: str | None = None,
 
 def load_samples_model(path: str | Path) -> SamplesModel:
     """A samples-to-target model from a JSON file: the model itself
-    (:meth:`parties.samples.SamplesModel.to_dict`), or a plan.json or pilot document that
+    (:meth:`parties.algorithms.samples.SamplesModel.to_dict`), or a plan.json or pilot document that
     holds one (``samples_model``, or ``pilots.model``).
 
     Raises:
@@ -249,7 +249,7 @@ def load_samples_model(path: str | Path) -> SamplesModel:
     """
     import json
 
-    from parties.samples import SamplesModelError
+    from parties.algorithms.samples import SamplesModelError
 
     p = Path(path)
     try:

@@ -190,11 +190,11 @@ def raw_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProce
 
 @pytest.fixture(scope="session", autouse=True)
 def _party_fork_server() -> None:
-    """Start this test process's party fork server (:mod:`parties.zygote`) at once: the
+    """Start this test process's party fork server (:mod:`parties.core.zygote`) at once: the
     launches made in this process (``run_vfl``, ``sim.api``, ``sim.cli.main``) and the
     process workers of in-memory runs then fork from one server that imported torch once,
     instead of a server with a shorter preload that whichever came first would start."""
-    from parties import zygote
+    from parties.core import zygote
 
     zygote.warm()
 
@@ -294,7 +294,7 @@ def psfl_in_process(capfd: pytest.CaptureFixture[str], *args: str
     """``psfl ARGS`` through :func:`sim.cli.main` in this process, as a
     ``CompletedProcess`` (code, stdout, stderr). The launcher runs here; the broker and the
     parties it starts are still real processes (the parties forked from this test
-    process's party fork server, :mod:`parties.zygote`, writing to this test's captured
+    process's party fork server, :mod:`parties.core.zygote`, writing to this test's captured
     output), so a job costs no interpreter start and no per-job import of torch. The
     ``python -m sim.cli`` wiring keeps subprocess tests of its own. An uncaught exception
     propagates and fails the test (a child process would print a traceback); argparse's

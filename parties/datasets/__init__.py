@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parties.tasks import TASKS
+from parties.core.tasks import TASKS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from parties.data import load_table
-from parties.zoo import ResidualMlp
+from parties.models.zoo import ResidualMlp
 from sim.api import VflJob, predict, train
 from tests.bounds import above, below
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from parties.data import load_table
-from parties.errors import NonFiniteTraining, PartnerMisbehaved
+from parties.core.errors import NonFiniteTraining, PartnerMisbehaved
 from pubsub import Bus
 from sim.api import VflJob, train
 from sim.launch import spawn_party_cli

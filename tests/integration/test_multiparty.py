@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from parties.config import VflConfig
-from parties.errors import HandshakeTimeout
+from parties.core.errors import HandshakeTimeout
 from sim.launch import spawn_party_cli
 from tests.conftest import bank_sample_csv, psfl_in_process, wait_for_event
 
@@ -62,7 +62,7 @@ def test_a_missing_passive_party_is_named_by_the_handshake(bank_sample: Path,
                                                           tmp_path: Path) -> None:
     """Only the active party and the first passive party start: the active party's
     handshake times out naming the absent one."""
-    from parties.serve import serve_party
+    from parties.runtime.serve import serve_party
     from pubsub.memory import MemoryBroker
 
     cfg = VflConfig(dataset=str(bank_sample), label="y", epochs=1, passive_parties=2,
@@ -173,7 +173,7 @@ def test_bad_multiparty_settings_are_refused_before_anything_starts(
 
 def test_a_column_of_two_passive_parties_names_both(tmp_path: Path) -> None:
     from parties.data import InvalidSplit
-    from parties.preflight import preflight
+    from parties.data.preflight import preflight
 
     cfg = VflConfig(dataset="bank", passive_parties=2, active_columns=("age", "job"),
                     passive_party_columns=(("balance", "day"), ("day", "month")))
@@ -307,7 +307,7 @@ def _predict_by_hand(dirs: dict[str, Path], out: Path, timeout_s: float,
     """The prediction's parties in this process, each loading its part from its own run
     directory (as parties started by hand on their own hosts); ``stall``: a passive
     party that meets the active party but never publishes its embeddings."""
-    from parties.predict import PredictParty
+    from parties.runtime.predict import PredictParty
     from pubsub.memory import MemoryBroker
     from sim.local import run_predict_parties
 
@@ -327,8 +327,8 @@ def _predict_by_hand(dirs: dict[str, Path], out: Path, timeout_s: float,
 
 def test_a_part_of_another_run_among_the_passive_parties_is_refused_naming_it(
         three_party_run: Path, tmp_path: Path) -> None:
-    from parties.errors import PartnerStalled
-    from parties.saved import SavedModelMismatch
+    from parties.core.errors import PartnerStalled
+    from parties.runtime.saved import SavedModelMismatch
     from sim.api import predict
 
     run = three_party_run

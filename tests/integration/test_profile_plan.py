@@ -14,7 +14,7 @@ from tests.conftest import BrokerProcess, psfl_in_process
 
 
 def test_measure_comm_through_a_real_broker(broker: BrokerProcess) -> None:
-    from parties.commprobe import cut_layer_sizes, measure_comm
+    from parties.planning.commprobe import cut_layer_sizes, measure_comm
 
     sizes = cut_layer_sizes((16, 256, 1024), 32)
     assert sizes == (2048, 32768, 131072)

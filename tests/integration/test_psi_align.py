@@ -21,8 +21,8 @@ from pubsub import Bus
 from pubsub.address import BrokerAddress
 from pubsub.buffer import BufferLimits
 
-from parties.align import AlignConfig, AlignTimeout, align_over_bus
-from parties.psi import DuplicateIds, demo_ids
+from parties.alignment.align import AlignConfig, AlignTimeout, align_over_bus
+from parties.alignment.psi import DuplicateIds, demo_ids
 
 from tests.conftest import REPO
 

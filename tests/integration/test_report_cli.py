@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from parties.timeline import COMM, COMPUTE, WAIT, Timeline
+from parties.runtime.timeline import COMM, COMPUTE, WAIT, Timeline
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -373,13 +373,13 @@ def test_measure_rate_over_pids(busy: list[Busy]) -> None:
 @needs_cgroup
 @pytest.mark.timeout(600)
 def test_a_party_in_the_group_sees_its_quota_as_its_cores() -> None:
-    """parties.sysinfo.cores_allotted reads the quota of the process's own group (it picks
+    """parties.core.sysinfo.cores_allotted reads the quota of the process's own group (it picks
     the worker mode and is the denominator of cpu_util)."""
     assert CGROUP_METHOD is not None
     with CpuLimiter.create("seen", 0.4375, method=CGROUP_METHOD) as lim:
         out = subprocess.run(
             [sys.executable, "-c",
-             "from parties.sysinfo import cores_allotted; print(cores_allotted())"],
+             "from parties.core.sysinfo import cores_allotted; print(cores_allotted())"],
             preexec_fn=lim.preexec(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout.split()[-1]) == pytest.approx(0.4375)

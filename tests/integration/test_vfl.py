@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from parties.data import load_table, train_test_indices
-from parties.schedule import validation_split
+from parties.algorithms.schedule import validation_split
 from tests.conftest import psfl_in_process
 from tests.bounds import above, below
 

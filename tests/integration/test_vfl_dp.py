@@ -10,8 +10,8 @@ import pytest
 
 import parties.datasets
 from parties.data import load_table
-from parties.dp import epsilon_for_delta
-from parties.schema import bundled_schema_name
+from parties.privacy.dp import epsilon_for_delta
+from parties.data.schema import bundled_schema_name
 
 BANK_SCHEMA = Path(parties.datasets.__file__).parent / bundled_schema_name("bank")
 

@@ -15,7 +15,7 @@ import pytest
 
 from parties.config import load_vfl_config
 from parties.data import load_table
-from parties.predict import PredictionBudgetExceeded, PredictionIdsRequired
+from parties.runtime.predict import PredictionBudgetExceeded, PredictionIdsRequired
 from sim.local import predict_in_process, run_vfl_in_process
 from tests.conftest import psfl_in_process
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from parties.config import load_vfl_config
-from parties.tables import make_traffic
+from parties.data.demo_tables import make_traffic
 from sim.local import predict_in_process, run_vfl_in_process
 from tests.conftest import psfl_in_process
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from parties.config import VflConfig
-from parties.model import ParameterServer, bottom_model, flat_params, top_model
-from parties.model import ActiveCompute
-from parties.workers import InlineWorker, ProcessWorker, ThreadWorker, WorkerFailed
+from parties.models.model import ParameterServer, bottom_model, flat_params, top_model
+from parties.models.model import ActiveCompute
+from parties.runtime.workers import InlineWorker, ProcessWorker, ThreadWorker, WorkerFailed
 
 CFG = VflConfig(batch_size=32, embedding_dim=8, bottom_hidden=(16,), seed=1)
 

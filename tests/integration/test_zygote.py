@@ -1,4 +1,4 @@
-"""The party fork server (parties.zygote): a forked child is its own process with its
+"""The party fork server (parties.core.zygote): a forked child is its own process with its
 own exit code, signals, environment and setup; ``python -m parties`` forked from it keeps
 the command line's exit codes."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from parties import zygote
+from parties.core import zygote
 
 
 def _write_and_exit(path: str, code: int) -> None:

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parties.dp import (
+from parties.privacy.dp import (
     GdpAccountant,
     account,
     calibrate,

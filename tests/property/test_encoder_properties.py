@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parties.data import encode_party_features
-from parties.encoders import FittedEncoder
+from parties.data.encoders import FittedEncoder
 
 _num = st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False))
 _cat = st.one_of(st.none(), st.sampled_from(["a", "b", "c", "dd", "e e"]))

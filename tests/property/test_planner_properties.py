@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from parties.costmodel import CommFit, CostModel, MemoryFit, PowerFit
-from parties.planner import DEFAULT_BATCH_SIZES, NoFeasiblePlan, brute_force, plan
+from parties.planning.costmodel import CommFit, CostModel, MemoryFit, PowerFit
+from parties.planning.planner import DEFAULT_BATCH_SIZES, NoFeasiblePlan, brute_force, plan
 
 EXAMPLES = settings(max_examples=250, deadline=None, derandomize=True)
 

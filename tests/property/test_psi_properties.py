@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parties.psi import DuplicateIds, check_ids, mutual_psi_local, shared_mask
+from parties.alignment.psi import DuplicateIds, check_ids, mutual_psi_local, shared_mask
 
 _ID = st.text(alphabet="abcdef0123456789-", min_size=1, max_size=6)
 

@@ -9,8 +9,8 @@ import pytest
 
 from pubsub import MemoryBroker
 
-from parties.align import AlignConfig, AlignMismatch, AlignTimeout, align_over_bus
-from parties.psi import demo_ids
+from parties.alignment.align import AlignConfig, AlignMismatch, AlignTimeout, align_over_bus
+from parties.alignment.psi import demo_ids
 
 
 async def test_two_parties_align_over_the_memory_hub() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from parties.config import VflConfig
 from parties.data import InvalidRows, select_rows
-from parties.preflight import load_configured_table
+from parties.data.preflight import load_configured_table
 
 
 def _frame() -> pd.DataFrame:
@@ -82,7 +82,7 @@ def test_the_aligned_ids_digest_tells_order_and_content_apart(tmp_path: Path) ->
 
 def test_one_rows_file_without_the_other_is_refused_before_launch(tmp_path: Path) -> None:
     from parties.data import DataError
-    from parties.preflight import preflight
+    from parties.data.preflight import preflight
 
     f = tmp_path / "a.csv"
     pd.DataFrame({"id": ["a"], "row": [0]}).to_csv(f, index=False)
@@ -91,7 +91,7 @@ def test_one_rows_file_without_the_other_is_refused_before_launch(tmp_path: Path
 
 
 def test_several_passive_parties_each_load_their_own_rows_file(tmp_path: Path) -> None:
-    from parties.partydata import load_party_data
+    from parties.data.party import load_party_data
 
     data = tmp_path / "t.csv"
     pd.DataFrame({"x": range(40), "z": range(40), "w": range(40),
@@ -115,7 +115,7 @@ def test_several_passive_parties_each_load_their_own_rows_file(tmp_path: Path) -
 
 def test_rows_files_for_several_passive_parties_are_checked(tmp_path: Path) -> None:
     from parties.data import DataError
-    from parties.preflight import preflight
+    from parties.data.preflight import preflight
     from pubsub.config import ConfigError
 
     with pytest.raises(ConfigError, match="vfl.passive_rows_file.*passive_party_rows_files"):

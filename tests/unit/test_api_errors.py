@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from parties.data import UnknownColumn
-from parties.dpsgd import DpIncompatibleModel
-from parties.saved import SavedModelMismatch
-from parties.zoo import ModelSpecError
+from parties.privacy.dpsgd import DpIncompatibleModel
+from parties.runtime.saved import SavedModelMismatch
+from parties.models.zoo import ModelSpecError
 from pubsub.config import ConfigError
 from sim.api import JobError, VflJob, train
 
@@ -103,9 +103,9 @@ def test_dp_with_batchnorm_in_the_passive_bottom_is_refused(tmp_path: Path,
 def test_the_optimizer_and_loss_reach_the_workers() -> None:
     """A worker's replica uses the factory's optimizer; the active compute its loss."""
     from parties.config import VflConfig
-    from parties.model import ParameterServer, flat_params
-    from parties.compute import make_compute
-    from parties.zoo import ModelFactory
+    from parties.models.model import ParameterServer, flat_params
+    from parties.models.compute import make_compute
+    from parties.models.zoo import ModelFactory
 
     cfg = VflConfig(embedding_dim=4, worker_mode="thread")
     seen: list[str] = []
@@ -133,7 +133,7 @@ def test_parts_of_two_runs_are_refused(tmp_path: Path) -> None:
 
 
 def test_every_passive_partys_part_is_checked_naming_it(tmp_path: Path) -> None:
-    from parties.saved import SavedModelError
+    from parties.runtime.saved import SavedModelError
     from sim.predict_launch import check_parts
 
     def part(party: str, run: str) -> Path:

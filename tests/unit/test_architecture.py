@@ -1,11 +1,14 @@
 """The architecture's contracts (``[tool.importlinter]`` in pyproject.toml, checked with
 import-linter): the layers (the bus below everything; the broker, the VFL parties and
-FedForge on it, none using another; ``sim`` above them), the algorithms free of I/O, and
-no import cycle between the modules of any package.
+FedForge on it, none using another; ``sim`` above them), the algorithms free of I/O, the
+VFL parties' subpackages each importing only those below it, and no import cycle between
+the modules of any package; and, with grimp, no cycle between any two modules at all (a
+package's ``__init__`` included, which import-linter's sibling check does not see).
 
-A copy of the packages with a planted upward import, a planted cycle and a planted
-socket in an algorithm must break each contract, and the same copy without them must
-keep all three: the contracts can fail, and fail for what they say.
+A copy of the packages with a planted upward import, a planted cycle, a planted socket in
+an algorithm and a planted upward import between the parties' subpackages must break each
+contract, and the same copy without them must keep all of them: the contracts can fail,
+and fail for what they say.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import shutil
 import subprocess
 import sys
 from contextlib import redirect_stdout
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +31,7 @@ PACKAGES = ("pubsub", "broker", "parties", "synth", "sim")
 CONTRACTS = {
     "layers": "The bus below everything",
     "algorithms-no-io": "The algorithms (strategies",
+    "parties-layers": "The VFL parties' subpackages",
     "acyclic": "No import cycles",
 }
 
@@ -92,15 +98,77 @@ def test_planted_violations_break_each_contract(tmp_path: Path) -> None:
     (tmp_path / "synth" / "planted_a.py").write_text("from synth import planted_b  # planted\n")
     (tmp_path / "synth" / "planted_b.py").write_text("from synth import planted_a  # planted\n")
     # a strategy opening a socket (I/O in an algorithm)
-    with (tmp_path / "parties" / "strategy.py").open("a") as f:
+    with (tmp_path / "parties" / "algorithms" / "strategy.py").open("a") as f:
         f.write("\nimport socket  # noqa: E402  (planted)\n")
+    # the parties' shared vocabulary reaching up into the runtime
+    (tmp_path / "parties" / "core" / "planted_up.py").write_text(
+        "import parties.runtime.party  # planted\n")
     code, report = _lint_copy(tmp_path)
     assert code == 1, report
     assert _verdicts(report) == dict.fromkeys(CONTRACTS, "BROKEN"), report
     flat = " ".join(report.split())
     assert "pubsub.planted_up -> parties.config" in flat, report
     assert "planted_a" in flat and "planted_b" in flat, report
-    assert "parties.strategy -> socket" in flat, report
+    assert "parties.algorithms.strategy -> socket" in flat, report
+    assert "parties.core.planted_up -> parties.runtime.party" in flat, report
+
+
+def _module_cycles(graph: Any) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def imported(m: str) -> Iterator[str]:
+        return iter(sorted(graph.find_modules_directly_imported_by(m)))
+
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        work = [(root, imported(root))]
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, imported(w)))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def test_no_module_takes_part_in_an_import_cycle() -> None:
+    """Module by module, annotation-only and function-level imports included, a package's
+    ``__init__`` too: no cycle anywhere (and a planted one is found)."""
+    import grimp
+
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    assert _module_cycles(graph) == []
+    graph.add_import(importer="pubsub.codec", imported="parties.data")
+    graph.add_import(importer="parties.data", imported="pubsub.codec")
+    assert ["parties.data", "pubsub.codec"] in _module_cycles(graph)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -178,7 +178,7 @@ def test_exact_epsilon_of_a_fine_discrete_gaussian_matches_gdp_and_dp_accounting
     assert ours == pytest.approx(lib.get_epsilon_for_delta(DELTA), abs=2e-3)
     assert ours == pytest.approx(gdp_epsilon(1.0, DELTA), abs=2e-3)
     # the hockey stick at that eps is the GDP delta (closed form, Dong-Roth-Su Cor. 2.13)
-    from parties.dp import delta_for_epsilon
+    from parties.privacy.dp import delta_for_epsilon
     assert hockey_stick(g, g.shift(20), 3.0) == pytest.approx(delta_for_epsilon(3.0, 1.0),
                                                               rel=1e-2)
 
@@ -328,7 +328,7 @@ def test_fast_audit_subset(dp_audit: object) -> None:
 
 
 def test_batched_adam_step_is_the_product_optimizer(dp_audit: object) -> None:
-    """The audit's batched first Adam step equals ``parties.model.make_adam``'s."""
+    """The audit's batched first Adam step equals ``parties.models.model.make_adam``'s."""
     import torch
     audit = dp_audit
     gen = torch.Generator().manual_seed(0)
@@ -340,12 +340,12 @@ def test_batched_adam_step_is_the_product_optimizer(dp_audit: object) -> None:
 
 def test_repeated_prediction_case_takes_the_products_composed_claim(dp_audit: object) -> None:
     """``vfl_repeated_prediction`` charges its 4 releases through the product's ledger
-    (``parties.predict.charge``): its claim is the composed µ_test·2, its control the
+    (``parties.runtime.predict.charge``): its claim is the composed µ_test·2, its control the
     pre-fix per-file µ_test (the draws are those of ``vfl_embedding_k4``'s mechanism,
     audited at 10^6 draws by ``--quick``)."""
     import math
 
-    from parties.dp import epsilon_for_delta
+    from parties.privacy.dp import epsilon_for_delta
     audit = dp_audit
     case = audit.REGISTRY["vfl_repeated_prediction"]  # type: ignore[attr-defined]
     p = audit.vfl_repeated_prediction_product()  # type: ignore[attr-defined]

@@ -1,11 +1,11 @@
-"""The active-only baseline (parties.baseline) and the warning of a DP run below it."""
+"""The active-only baseline (parties.algorithms.baseline) and the warning of a DP run below it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from parties.baseline import active_only_baseline, below_baseline_warning
+from parties.algorithms.baseline import active_only_baseline, below_baseline_warning
 
 
 def _planted(informative: bool, n: int = 1500, d: int = 4, seed: int = 0):

@@ -33,7 +33,7 @@ def test_total_bottom_compute_is_constant_across_parties(mp) -> None:
 
 @pytest.mark.parametrize("n", [2, 4, 10])
 def test_the_active_party_keeps_its_features_and_the_rest_are_cut_among_the_passive(mp, n):
-    from parties.preflight import resolve_party_columns
+    from parties.data.preflight import resolve_party_columns
 
     cfg = mp.make_config("synthetic", None, n, "pubsub", rows=1000, epochs=1)
     assert cfg.passive_parties == n - 1

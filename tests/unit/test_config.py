@@ -253,9 +253,9 @@ def test_a_passive_partys_workers_and_rate_follow_its_own_count() -> None:
     """The worker compute and the strategy of ``passive2`` take its own count."""
     import numpy as np
 
-    from parties.model import ParameterServer, flat_params, party_modules
-    from parties.strategy import StrategyConfig
-    from parties.compute import make_compute
+    from parties.models.model import ParameterServer, flat_params, party_modules
+    from parties.algorithms.strategy import StrategyConfig
+    from parties.models.compute import make_compute
 
     cfg = VflConfig(passive_parties=2, passive_party_workers=(1, 3), bottom_hidden=(4,),
                     embedding_dim=2)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from parties.costmodel import (
+from parties.planning.costmodel import (
     BadHoldout,
     CommFit,
     CostModel,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from parties.costmodel import PowerFit
+from parties.planning.costmodel import PowerFit
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import torch
 from scipy.stats import norm
 
 from parties.config import VflConfig
-from parties.dp import (
+from parties.privacy.dp import (
     EmbeddingPrivatizer,
     GdpAccountant,
     PrivacyBudgetExceeded,
@@ -315,7 +315,7 @@ def test_report_with_dp_off_is_explicit() -> None:
 
 
 def test_each_passive_party_gets_its_own_noise_secret_from_one_seed() -> None:
-    from parties.dp import party_noise_secret
+    from parties.privacy.dp import party_noise_secret
 
     assert party_noise_secret(None, "passive3") is None
     assert party_noise_secret(7, "passive") == 7  # the first party: as in two-party runs

@@ -1,6 +1,6 @@
 """The ``pubsub`` passive workers' in-flight window: the pure estimator
-(:class:`parties.schedule.InflightWindow`), the windowed worker of
-:class:`parties.strategy.ScheduledPassive` on a scripted clock (weight stashing with a
+(:class:`parties.algorithms.schedule.InflightWindow`), the windowed worker of
+:class:`parties.algorithms.strategy.ScheduledPassive` on a scripted clock (weight stashing with a
 real bottom model; the deadline raised on a link slower than T_ddl), and the window on a
 simulated slow link (:mod:`sim.des`)."""
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from parties.actions import (
+from parties.algorithms.actions import (
     EMB,
     Await,
     Backward,
@@ -30,9 +30,9 @@ from parties.actions import (
     Received,
     WaitSchedule,
 )
-from parties.model import ParameterServer, PassiveCompute, bottom_model, flat_params, load_flat
-from parties.schedule import DDL_RTTS, InflightWindow
-from parties.strategy import ScheduledPassive, StrategyConfig
+from parties.models.model import ParameterServer, PassiveCompute, bottom_model, flat_params, load_flat
+from parties.algorithms.schedule import DDL_RTTS, InflightWindow
+from parties.algorithms.strategy import ScheduledPassive, StrategyConfig
 from sim.des import SimInput, StepCosts, simulate
 from tests.drive import drive
 

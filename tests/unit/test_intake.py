@@ -1,4 +1,4 @@
-"""parties.intake: what a party takes from the bus before any of it is used."""
+"""parties.algorithms.intake: what a party takes from the bus before any of it is used."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from parties.errors import PartnerMisbehaved
-from parties.intake import PeerIntake, TensorSpec, check_meta, check_tensor
+from parties.core.errors import PartnerMisbehaved
+from parties.algorithms.intake import PeerIntake, TensorSpec, check_meta, check_tensor
 
 SPEC = TensorSpec(width=4, max_rows=8)
 

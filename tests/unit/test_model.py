@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from parties.model import (
+from parties.models.model import (
     ActiveCompute,
     ParameterServer,
     PassiveCompute,
@@ -131,7 +131,7 @@ def test_active_publishes_the_cut_layer_gradient_before_its_own_backward() -> No
 
 def test_a_party_with_one_worker_does_not_sync_every_step() -> None:
     from parties.config import VflConfig
-    from parties.compute import make_compute, sync_mode_for
+    from parties.models.compute import make_compute, sync_mode_for
 
     assert sync_mode_for("pubsub", 2) == "schedule" and sync_mode_for("avfl-ps", 3) == "step"
     assert sync_mode_for("pubsub", 1) == "manual" and sync_mode_for("vfl-ps", 2) == "manual"
@@ -157,7 +157,7 @@ def test_active_step_with_several_passive_parties_returns_each_its_own_gradient(
     """Two passive embeddings fused with the own part: each party's gradient is the loss's
     gradient with respect to its own embedding (checked against a direct autograd), given
     to on_grad (as a list, in order) before the own backward."""
-    from parties.fuse import Fuse
+    from parties.algorithms.fuse import Fuse
 
     torch.manual_seed(0)
     d = 3

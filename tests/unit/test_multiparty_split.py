@@ -1,5 +1,5 @@
 """N-way column split (parties.data.default_split_n / validate_split_n) and the fuse modes
-(parties.fuse): the pure pieces of multi-party VFL (docs/dev/multiparty.md)."""
+(parties.algorithms.fuse): the pure pieces of multi-party VFL (docs/dev/multiparty.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from parties.data import (
     default_split_n,
     validate_split_n,
 )
-from parties.fuse import FUSES, Fuse, FuseError
+from parties.algorithms.fuse import FUSES, Fuse, FuseError
 
 PARTIES = ["active", "passive", *(f"passive{k}" for k in range(2, 10))]
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from parties.costmodel import CommFit, CostModel, MemoryFit, PowerFit
-from parties.planner import (
+from parties.planning.costmodel import CommFit, CostModel, MemoryFit, PowerFit
+from parties.planning.planner import (
     DEFAULT_BATCH_SIZES,
     NoFeasiblePlan,
     PlannerError,
@@ -137,7 +137,7 @@ def test_grid_sync_interval_and_bad_input() -> None:
 
 def test_plan_for_config_takes_d_threads_and_mean_sync_interval() -> None:
     from parties.config import VflConfig
-    from parties.planner import plan_for_config
+    from parties.planning.planner import plan_for_config
 
     cfg = VflConfig(embedding_dim=16, torch_threads=2, epochs=8, delta_t0=5)
     comm = CommFit(latency_s=1e-4, s_per_byte=1e-9)

@@ -1,4 +1,4 @@
-"""parties.predict's DP accounting of predictions: the per-record prediction ledger
+"""parties.runtime.predict's DP accounting of predictions: the per-record prediction ledger
 (salted ID keys, composition across files, the budget refused before any release, atomic
 writes) and ``charge`` on a saved part's ledgers (no bus, no model)."""
 
@@ -16,8 +16,8 @@ import pytest
 
 from parties.config import VflConfig
 from parties.data import UnknownColumn
-from parties.dp import accountant_for, plan_from_config, release_mu
-from parties.predict import (
+from parties.privacy.dp import accountant_for, plan_from_config, release_mu
+from parties.runtime.predict import (
     PREDICTION_LEDGER,
     PredictionBudgetExceeded,
     PredictionIdsRequired,
@@ -25,7 +25,7 @@ from parties.predict import (
     charge,
     select_rows,
 )
-from parties.saved import ledger_to_json
+from parties.runtime.saved import ledger_to_json
 
 IDS = [f"customer-{i:04d}" for i in range(5)]
 

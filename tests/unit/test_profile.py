@@ -1,4 +1,4 @@
-"""The single-worker compute profile and the throughput ceiling (parties/profile.py)."""
+"""The single-worker compute profile and the throughput ceiling (parties/planning/profile.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from parties.config import VflConfig
-from parties.profile import (
+from parties.planning.profile import (
     PROFILE_BLOCKS,
     EfficiencyTooHigh,
     PartyProfile,
@@ -22,7 +22,7 @@ from parties.profile import (
     mean_profile,
     profile_party,
 )
-from parties.profile import _blocks
+from parties.planning.profile import _blocks
 
 
 def _pp(role: str, cpus: tuple[int, ...], s: float) -> PartyProfile:
@@ -176,7 +176,7 @@ def test_mean_profile_averages_each_party_and_recomputes_the_ceiling() -> None:
 
 
 def test_resolve_layout_follows_the_run_layout() -> None:
-    from parties.profile import resolve_layout
+    from parties.planning.profile import resolve_layout
 
     pinned = VflConfig(active_cpus=(0,), passive_cpus=(1,))
     assert resolve_layout(pinned) == "concurrent"
@@ -198,7 +198,7 @@ def test_concurrent_profile_times_both_parties_at_once_in_their_own_processes(
 
     import pandas as pd
 
-    from parties.profile import profile_config
+    from parties.planning.profile import profile_config
 
     # a small table (each child loads it as its party would; the bundled bank table's
     # 45,000 rows only made the children slower to start timing)
@@ -235,7 +235,7 @@ def test_concurrent_profile_reports_a_child_failure() -> None:
     import os
 
     from parties.data import DataError
-    from parties.profile import profile_config
+    from parties.planning.profile import profile_config
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs")

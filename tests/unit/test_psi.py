@@ -1,4 +1,4 @@
-"""Private ID alignment, pure part (parties/psi.py) and file helpers (parties/align.py)."""
+"""Private ID alignment, pure part (parties/alignment/psi.py) and file helpers (parties/alignment/align.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from parties.align import AlignConfig, IdFileError, load_ids, partner_of, topics
-from parties.psi import (
+from parties.alignment.align import AlignConfig, IdFileError, load_ids, partner_of, topics
+from parties.alignment.psi import (
     KEY_BYTES,
     POINT_BYTES,
     ChunkPlan,
@@ -140,7 +140,7 @@ def test_align_config_and_topics() -> None:
 
 
 def test_shuffle_order_round_trip() -> None:
-    from parties.psi import shuffle_order, unshuffle
+    from parties.alignment.psi import shuffle_order, unshuffle
 
     perm = shuffle_order(50, np.random.default_rng(0))
     assert sorted(perm.tolist()) == list(range(50))
@@ -151,8 +151,8 @@ def test_shuffle_order_round_trip() -> None:
 
 
 def test_a_blank_cell_in_a_one_column_csv_is_an_empty_id_not_a_lost_row(tmp_path) -> None:
-    from parties.align import load_ids
-    from parties.psi import EmptyId, check_ids
+    from parties.alignment.align import load_ids
+    from parties.alignment.psi import EmptyId, check_ids
 
     f = tmp_path / "ids.csv"
     f.write_text("id\na\n\nb\n")

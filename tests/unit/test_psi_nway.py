@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from pubsub import MemoryBroker
 
-from parties.align import AlignConfig, AlignTimeout
-from parties.align_nway import EmptyIntersection, align_active, align_passive, pair_run_id
-from parties.psi import (AlignResult, MalformedMask, aligned, apply_mask, final_masks,
+from parties.alignment.align import AlignConfig, AlignTimeout
+from parties.alignment.nway import EmptyIntersection, align_active, align_passive, pair_run_id
+from parties.alignment.psi import (AlignResult, MalformedMask, aligned, apply_mask, final_masks,
                          select_ids)
 
 ID = st.text(alphabet="abcdefgh0123", min_size=1, max_size=4)

@@ -1,4 +1,4 @@
-"""The samples-to-target model (parties.samples) and the planner for time to target."""
+"""The samples-to-target model (parties.algorithms.samples) and the planner for time to target."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parties.costmodel import CommFit, CostModel, MemoryFit, PowerFit
-from parties.planner import party_epoch_time, plan
-from parties.samples import MISSED_FACTOR, SamplesModel, SamplesModelError, fit
+from parties.planning.costmodel import CommFit, CostModel, MemoryFit, PowerFit
+from parties.planning.planner import party_epoch_time, plan
+from parties.algorithms.samples import MISSED_FACTOR, SamplesModel, SamplesModelError, fit
 
 NO_COMM = CommFit(latency_s=0.0, s_per_byte=0.0)
 

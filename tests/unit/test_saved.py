@@ -1,4 +1,4 @@
-"""Saved models (parties.saved) and serialisable encoders (parties.encoders)."""
+"""Saved models (parties.runtime.saved) and serialisable encoders (parties.data.encoders)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch
 
 from parties.config import VflConfig
 from parties.data import UnknownColumn, encode_party_features
-from parties.encoders import EncoderFormatError, FittedEncoder
-from parties.model import flat_params, load_flat
-from parties.saved import (
+from parties.data.encoders import EncoderFormatError, FittedEncoder
+from parties.models.model import flat_params, load_flat
+from parties.runtime.saved import (
     FORMAT_VERSION,
     SavedModelError,
     SavedModelMismatch,
@@ -25,7 +25,7 @@ from parties.saved import (
     part_dir,
     save_party_model,
 )
-from parties.zoo import ModelFactory
+from parties.models.zoo import ModelFactory
 
 
 def _frame() -> pd.DataFrame:
@@ -151,8 +151,8 @@ def test_load_flat_roundtrip_of_a_model_with_buffers() -> None:
 
 
 def test_feature_widths_match_the_encoded_widths(tmp_path: Path) -> None:
-    from parties.preflight import feature_widths
-    from parties.partydata import load_party_data
+    from parties.data.preflight import feature_widths
+    from parties.data.party import load_party_data
 
     frame = _frame()
     frame["y"] = np.arange(len(frame)) % 2

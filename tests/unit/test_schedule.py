@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parties.schedule import (
+from parties.algorithms.schedule import (
     EpochSchedule,
     StalenessWindow,
     effective_workers,
@@ -161,7 +161,7 @@ def test_schedule_over_a_segment_takes_its_ids() -> None:
 
 
 def test_retry_ready_and_release():
-    from parties.schedule import EpochSchedule
+    from parties.algorithms.schedule import EpochSchedule
 
     s = EpochSchedule(4, 2)
     b0, a0 = s.take()

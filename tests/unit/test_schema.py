@@ -1,4 +1,4 @@
-"""Public feature schemas (parties/schema.py): nothing is fitted on rows, so one record never
+"""Public feature schemas (parties/data/schema.py): nothing is fitted on rows, so one record never
 changes another record's encoding, nor the encoded width."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from parties.config import VflConfig, load_vfl_config
 from parties.data import DataError, default_split, load_table, train_test_indices
-from parties.preflight import dp_schema, encode_features, preflight
-from parties.schema import (
+from parties.data.preflight import dp_schema, encode_features, preflight
+from parties.data.schema import (
     OTHER,
     CategoricalColumn,
     NumericColumn,

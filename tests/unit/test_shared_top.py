@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from parties.config import VflConfig
-from parties.model import (ActiveCompute, ParameterServer, bottom_model, flat_params,
+from parties.models.model import (ActiveCompute, ParameterServer, bottom_model, flat_params,
                            make_adam, top_model)
 from pubsub.config import ConfigError
 

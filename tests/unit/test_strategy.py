@@ -1,4 +1,4 @@
-"""parties.strategy: each algorithm x role driven by a scripted, synchronous fake
+"""parties.algorithms.strategy: each algorithm x role driven by a scripted, synchronous fake
 interpreter (no sockets, no asyncio, no torch): action sequences and counters."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parties.actions import (
+from parties.algorithms.actions import (
     EMB,
     GRAD,
     IDS,
@@ -36,9 +36,9 @@ from parties.actions import (
     TopStep,
     WaitSchedule,
 )
-from parties.errors import ConfigMismatch, PartnerStalled
-from parties.schedule import pack_ids, split_batch_ids
-from parties.strategy import (
+from parties.core.errors import ConfigMismatch, PartnerStalled
+from parties.algorithms.schedule import pack_ids, split_batch_ids
+from parties.algorithms.strategy import (
     SWITCH_CHECK_S,
     AvflPassive,
     ScheduledActive,

@@ -1,5 +1,5 @@
 """One schedule, two interpreters: the discrete-event simulator (:mod:`sim.des`) and the
-asyncio :class:`parties.driver.ActionDriver` (over an in-memory transport and instant
+asyncio :class:`parties.runtime.driver.ActionDriver` (over an in-memory transport and instant
 fake workers: no sockets, no processes) run the same strategies, so each worker sees the
 same action sequence in both, whatever the costs."""
 
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parties.actions import (
+from parties.algorithms.actions import (
     Await,
     Backward,
     Discard,
@@ -28,10 +28,10 @@ from parties.actions import (
     Push,
     TopStep,
 )
-from parties.driver import ActionDriver
-from parties.schedule import effective_workers, eval_segments, num_batches
-from parties.strategy import StrategyConfig, make_strategy
-from parties.timeline import Timeline
+from parties.runtime.driver import ActionDriver
+from parties.algorithms.schedule import effective_workers, eval_segments, num_batches
+from parties.algorithms.strategy import StrategyConfig, make_strategy
+from parties.runtime.timeline import Timeline
 from pubsub import DeadlineExceeded, Message
 from sim.des import SimInput, StepCosts, simulate
 
@@ -324,7 +324,7 @@ def test_driver_logs_a_strategy_log_action() -> None:
             events.append((event, kw))
 
     def proc() -> Any:
-        from parties.actions import Log
+        from parties.algorithms.actions import Log
         yield Log(event="vfl.batch_dropped", level="warning", fields={"batch": 1})
 
     drive(proc(), logger=Logger())

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parties.criteo import CriteoSpec, party_columns, write_criteo
+from parties.data.criteo import CriteoSpec, party_columns, write_criteo
 from parties.data import DataError
-from parties.rowstore import DiskRows, RowStoreError, RowWriter
-from parties.schedule import BlockBatches, batch_order, num_batches
-from parties.stream import (HashSplit, ShardError, fit_encoder, hash_split, inspect,
+from parties.data.rowstore import DiskRows, RowStoreError, RowWriter
+from parties.algorithms.schedule import BlockBatches, batch_order, num_batches
+from parties.data.stream import (HashSplit, ShardError, fit_encoder, hash_split, inspect,
                             iter_chunks, write_cache)
-from parties.treatments import TreatmentPolicy
+from parties.data.treatments import TreatmentPolicy
 from tests.bounds import above, below
 
 
@@ -93,7 +93,7 @@ def test_disk_rows_read_what_was_written(tmp_path: Path) -> None:
        st.lists(st.one_of(st.floats(-1e6, 1e6), st.just(float("nan"))), min_size=60,
                 max_size=60))
 def test_packed_rows_expand_to_the_dense_encoding(cats: list, nums: list) -> None:
-    from parties.encoders import ColumnCode, FittedEncoder
+    from parties.data.encoders import ColumnCode, FittedEncoder
 
     enc = FittedEncoder(columns=(
         ColumnCode(name="n", kind="numeric", fill=1.5, mean=0.5, scale=2.0, lo=-10, hi=10),
@@ -190,7 +190,7 @@ def test_streamed_encoder_and_cache(criteo: dict[str, Path], tmp_path: Path) -> 
 
 
 def test_convert_csv_to_party_shards(tmp_path: Path) -> None:
-    from parties.convert import convert_csv
+    from parties.data.convert import convert_csv
 
     rng = np.random.default_rng(0)
     frame = pd.DataFrame({"y": rng.integers(0, 2, 2500), "a": rng.normal(size=2500),
@@ -225,7 +225,7 @@ def test_a_streamed_run_sizes_its_broker_subscriptions(criteo: dict[str, Path],
     past the broker's default 65,536: the full Criteo run failed on it)."""
     from types import SimpleNamespace
 
-    import parties.stream as stream
+    import parties.data.stream as stream
     from parties.config import VflConfig
     from sim.launch import BROKER_SUBSCRIPTIONS, subscriptions_needed
 

@@ -1,4 +1,4 @@
-"""The batch-size sweep, the cost-model fits and ``psfl vfl plan`` (parties/sweep.py,
+"""The batch-size sweep, the cost-model fits and ``psfl vfl plan`` (parties/planning/sweep.py,
 sim/sysprofile.py)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from parties.config import VflConfig
-from parties.costmodel import CommFit
-from parties.planner import NoFeasiblePlan
-from parties.profile import ProfileError
-from parties.sweep import (
+from parties.planning.costmodel import CommFit
+from parties.planning.planner import NoFeasiblePlan
+from parties.planning.profile import ProfileError
+from parties.planning.sweep import (
     BadBatchSizes,
     CostModels,
     PartySweep,
@@ -132,7 +132,7 @@ def test_bad_batch_sizes_are_typed_errors() -> None:
 
 
 def test_party_cores_is_the_pinned_set_or_a_share() -> None:
-    from parties.sysinfo import cores_allotted
+    from parties.core.sysinfo import cores_allotted
 
     assert party_cores(VflConfig(active_cpus=(0,), passive_cpus=(1,)), "active") == 1.0
     assert party_cores(VflConfig(), "passive") == pytest.approx(cores_allotted() / 2)
@@ -238,7 +238,7 @@ def test_cost_models_of_several_passive_parties(sweeps: dict[str, PartySweep],
 
 
 def test_party_cores_with_several_passive_parties() -> None:
-    from parties.sysinfo import cores_allotted
+    from parties.core.sysinfo import cores_allotted
 
     pinned = VflConfig(passive_parties=3, active_cpus=(0,), passive_cpus=(1, 2, 3))
     assert party_cores(pinned, "active") == 1.0

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from parties import sysinfo
+from parties.core import sysinfo
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux only")

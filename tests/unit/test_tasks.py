@@ -1,4 +1,4 @@
-"""Tasks and metrics (parties.tasks) and the task-dependent parts of the models."""
+"""Tasks and metrics (parties.core.tasks) and the task-dependent parts of the models."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from parties.model import bottom_model, loss_function, predict, top_model
-from parties.tasks import TASKS, compute_metric, metric_name
+from parties.models.model import bottom_model, loss_function, predict, top_model
+from parties.core.tasks import TASKS, compute_metric, metric_name
 
 
 def test_metric_names() -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from parties.timeline import COMM, COMPUTE, WAIT, Timeline, TimedWorker, load_timeline
+from parties.runtime.timeline import COMM, COMPUTE, WAIT, Timeline, TimedWorker, load_timeline
 
 
 def test_record_totals_and_roundtrip(tmp_path):

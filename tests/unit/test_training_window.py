@@ -1,11 +1,11 @@
-"""The training window a run's throughput is measured over (parties.report)."""
+"""The training window a run's throughput is measured over (parties.runtime.report)."""
 
 from __future__ import annotations
 
 import pytest
 
 from parties.config import VflConfig
-from parties.report import assemble_metrics, training_window_s
+from parties.runtime.report import assemble_metrics, training_window_s
 
 
 def _hist(*train_s: float) -> list[dict[str, float]]:

@@ -1,4 +1,4 @@
-"""Column treatments (parties.treatments) and the encoder that applies them: datetime parts,
+"""Column treatments (parties.data.treatments) and the encoder that applies them: datetime parts,
 ID-like columns dropped or refused, high-cardinality categoricals hashed, the encoder's
 round trip (format 2, and format 1 still read), and the hashed bottom model."""
 
@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from parties.config import VflConfig
 from parties.data import DataError, InvalidLabel, InvalidSplit, encode_labels, encode_party_features
-from parties.encoders import EncoderFormatError, FittedEncoder
-from parties.tables import make_traffic
-from parties.treatments import (
+from parties.data.encoders import EncoderFormatError, FittedEncoder
+from parties.data.demo_tables import make_traffic
+from parties.data.treatments import (
     IdColumnRefused,
     TreatmentPolicy,
     classify,
@@ -23,7 +23,7 @@ from parties.treatments import (
     encoded_width,
     hash_buckets,
 )
-from parties.zoo import HashedBottom, ModelFactory
+from parties.models.zoo import HashedBottom, ModelFactory
 from pubsub.config import ConfigError
 
 N = 600

@@ -1,4 +1,4 @@
-"""The cut-layer wire codec (parties.wire): round-trip bounds, the auto rule, the config key,
+"""The cut-layer wire codec (parties.algorithms.wire): round-trip bounds, the auto rule, the config key,
 the driver's decoding, and DP accounting unchanged by compression."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from parties.config import VflConfig
-from parties.wire import (
+from parties.algorithms.wire import (
     INT8_FLUSH,
     META_KEY,
     WireFormatError,
@@ -145,9 +145,9 @@ def test_config_key() -> None:
 
 
 def test_driver_decodes_before_the_intake_and_rejects_a_bad_encoding() -> None:
-    from parties.actions import EMB
-    from parties.driver import ActionDriver
-    from parties.intake import PeerIntake, TensorSpec
+    from parties.algorithms.actions import EMB
+    from parties.runtime.driver import ActionDriver
+    from parties.algorithms.intake import PeerIntake, TensorSpec
     from pubsub.codec import Message
 
     class _Log:
@@ -174,7 +174,7 @@ def test_driver_decodes_before_the_intake_and_rejects_a_bad_encoding() -> None:
 
 
 def test_dp_accounting_does_not_depend_on_the_wire() -> None:
-    from parties.dp import plan_from_config
+    from parties.privacy.dp import plan_from_config
 
     base = VflConfig(dataset="bank", epochs=3, dp_mu=2.0)
     plans = [plan_from_config(dataclasses.replace(base, wire_dtype=w, link_mbps=20.0))
@@ -186,7 +186,7 @@ def test_a_dp_run_with_int8_on_the_wire_reports_the_planned_mu(tmp_path) -> None
     """Both parties in one process (memory bus): the passive party's embeddings and the
     active party's gradients travel as int8 after the noise, and the run's accounted µ is
     the plan's, as without compression."""
-    from parties.dp import plan_from_config
+    from parties.privacy.dp import plan_from_config
     from sim.local import run_vfl_in_process
 
     cfg = VflConfig(dataset="synthetic", synthetic_rows=1000, synthetic_features=8,

@@ -1,4 +1,4 @@
-"""Model factories (parties.zoo): built-ins, user callables, probes, buffers in the PS, DP."""
+"""Model factories (parties.models.zoo): built-ins, user callables, probes, buffers in the PS, DP."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from parties.config import VflConfig
-from parties.dpsgd import DpIncompatibleModel, DpSgd
-from parties.model import (
+from parties.privacy.dpsgd import DpIncompatibleModel, DpSgd
+from parties.models.model import (
     ParameterServer,
     PassiveCompute,
     Replica,
@@ -21,7 +21,7 @@ from parties.model import (
     state_tensors,
     top_model,
 )
-from parties.zoo import (
+from parties.models.zoo import (
     ModelFactory,
     ModelSpecError,
     ResidualMlp,

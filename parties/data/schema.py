@@ -1,0 +1,718 @@
+"""Public feature schemas: encode a party's columns from declared metadata, never from rows.
+
+With DP on, the passive party's published embeddings are a function of each record's
+encoded features. Encoders *fitted* on the training rows (a median, a mean and standard
+deviation, the set of categories seen) make every encoded row depend on every other
+record too, which the privacy accounting does not cover: one outlier shifts the scaler
+and so every other record's embedding; one record with a unique category value adds a
+one-hot column and so changes the input width. A :class:`PublicSchema` removes that
+path: each column's encoding is fixed by public metadata that the data owner writes or
+reviews, so :class:`SchemaEncoder` maps each row through a function of that row and the
+schema alone (no statistics of the rows at all), and the encoded width is a function of
+the schema alone.
+
+Encoding of one column
+----------------------
+``numeric`` (declared ``lo < hi``, ``fill`` in ``[lo, hi]``, optional ``log``, optional
+``missing_indicator``):
+
+1. a value that is missing, NaN, ±Inf or not a number becomes ``fill`` (so a non-finite
+   input is never published as NaN);
+2. the value is clipped into ``[lo, hi]``;
+3. with ``log = true`` it becomes ``sign(v)·log1p(|v|)`` (and so do ``lo`` and ``hi``),
+   for long-tailed columns (amounts, durations, counts);
+4. it is mapped linearly onto ``[-1, 1]``: ``2·(v − lo') / (hi' − lo') − 1``.
+
+The output is bounded (every encoded value lies in ``[-1, 1]``), which suits clipping
+in DP-SGD. With ``missing_indicator = true`` a second feature ``"<col>__missing"`` is 1.0
+where step 1 applied, else 0.0.
+
+``categorical`` (declared ``categories``, a non-empty list of distinct strings): one-hot
+in the declared order, feature names ``"<col>=<category>"``, plus one final slot
+``"<col>=__other__"`` for a missing value or any value not declared. A value matches a
+category by its text (``str(value)``; a float that is a whole number also matches its
+integer text, ``2.0`` matches ``"2"``; booleans match ``"True"``/``"False"``).
+
+Width: ``sum(1 + missing_indicator)`` over numeric columns plus
+``sum(len(categories) + 1)`` over categorical ones, in the schema's column order.
+
+File format (TOML)
+------------------
+::
+
+    # comments: how each range and category list was derived (provenance)
+    version = 1                       # required, must be 1
+    dataset = "bank"                  # optional, informational
+    description = "..."               # optional, informational
+
+    [columns.duration]                # one table per column, in encoding order
+    kind = "numeric"
+    lo = 0                            # declared public bounds (numbers, lo < hi)
+    hi = 5000
+    fill = 0                          # missing/NaN/±Inf/non-numeric -> fill, lo <= fill <= hi
+    log = true                        # optional (default false)
+    missing_indicator = false         # optional (default false)
+
+    [columns."month"]
+    kind = "categorical"
+    categories = ["jan", "feb", ...]  # declared order; "__other__" slot is implicit
+
+Any other key (top level or in a column table) is rejected with :class:`SchemaError`
+naming the key and the file; so are wrong types, a missing ``version``/``kind``/``lo``/...
+and inconsistent values (``lo >= hi``, ``fill`` outside the range, duplicate categories).
+:func:`dump_schema` writes this format; :func:`load_schema` reads it back exactly.
+
+Drafting
+--------
+:func:`draft_schema` derives a schema from a table: it READS THE PRIVATE DATA, so its
+output is not private. It is a starting point for the data owner to REVIEW (widen the
+ranges to public bounds, drop rare categories, decide on ``log``) before it is used.
+``psfl vfl schema`` runs it and says so.
+
+This module does no I/O beyond reading and writing schema files (and the bundled schema
+resources of :mod:`parties.datasets`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from pubsub.config import ConfigError
+
+from parties.data import SYNTHETIC_LABEL, synthetic_columns, synthetic_spec
+from parties.data.errors import DataError
+
+if TYPE_CHECKING:
+    from parties.config import VflConfig
+
+__all__ = [
+    "OTHER",
+    "SCHEMA_VERSION",
+    "CategoricalColumn",
+    "NumericColumn",
+    "PublicSchema",
+    "SchemaEncoder",
+    "SchemaError",
+    "bundled_schema",
+    "dp_schema",
+    "bundled_schema_name",
+    "draft_schema",
+    "dump_schema",
+    "load_schema",
+    "loads_schema",
+    "parse_schema",
+    "save_schema",
+    "synthetic_schema",
+]
+
+SCHEMA_VERSION = 1
+#: Name of the categorical slot for a missing or undeclared value.
+OTHER = "__other__"
+#: Suffix of a numeric column's missing-value indicator feature.
+MISSING_SUFFIX = "__missing"
+_DATASETS_PACKAGE = "parties.datasets"
+_TOP_KEYS = ("version", "dataset", "description", "columns")
+_NUMERIC_KEYS = ("kind", "lo", "hi", "fill", "log", "missing_indicator")
+_CATEGORICAL_KEYS = ("kind", "categories")
+#: ``synthetic``: every feature is clipped to [-SYNTHETIC_CLIP, SYNTHETIC_CLIP].
+SYNTHETIC_CLIP = 8.0
+
+
+class SchemaError(DataError, ValueError):
+    """A schema (file) is invalid, or does not cover the columns asked of it.
+
+    A :class:`parties.data.DataError` (bad input: ``psfl`` and the party processes exit 2)
+    and a :class:`ValueError`.
+
+    Attributes:
+        key: the offending key or column ("" if none in particular).
+        path: the schema file ("" for a schema not read from a file).
+        reason: the message without the location.
+    """
+
+    def __init__(self, reason: str, *, key: str = "", path: str = "") -> None:
+        self.key = key
+        self.path = path
+        self.reason = reason
+        where = f"schema {path!r}" if path else "schema"
+        what = f" key {key!r}" if key else ""
+        super().__init__(f"{where}{what}: {reason}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NumericColumn:
+    """A numeric column with declared public bounds (see the module docstring).
+
+    Attributes:
+        name: column name.
+        lo / hi: declared bounds, ``lo < hi``, finite; values are clipped into them.
+        fill: the value a missing, NaN, ±Inf or non-numeric entry becomes, in ``[lo, hi]``.
+        log: apply ``sign(v)·log1p(|v|)`` after clipping (long tails).
+        missing_indicator: add a 0/1 feature ``"<name>__missing"``.
+    """
+
+    name: str
+    lo: float
+    hi: float
+    fill: float
+    log: bool = False
+    missing_indicator: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("lo", "hi", "fill"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise SchemaError(f"must be a finite number, got {v!r}", key=f"{self.name}.{key}")
+            object.__setattr__(self, key, float(v))
+        if not self.lo < self.hi:
+            raise SchemaError(f"lo ({self.lo!r}) must be < hi ({self.hi!r})", key=self.name)
+        if not self.lo <= self.fill <= self.hi:
+            raise SchemaError(f"fill {self.fill!r} must lie in [lo, hi] = "
+                              f"[{self.lo!r}, {self.hi!r}]", key=f"{self.name}.fill")
+        for key in ("log", "missing_indicator"):
+            if not isinstance(getattr(self, key), bool):
+                raise SchemaError(f"must be true or false, got {getattr(self, key)!r}",
+                                  key=f"{self.name}.{key}")
+
+    @property
+    def kind(self) -> str:
+        return "numeric"
+
+    @property
+    def width(self) -> int:
+        return 1 + int(self.missing_indicator)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        if self.missing_indicator:
+            return (self.name, self.name + MISSING_SUFFIX)
+        return (self.name,)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CategoricalColumn:
+    """A categorical column with a declared list of categories (one-hot, plus ``__other__``).
+
+    Attributes:
+        name: column name.
+        categories: distinct, non-empty strings, in encoding order; must not include
+            ``"__other__"``.
+    """
+
+    name: str
+    categories: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        cats = self.categories
+        if isinstance(cats, str) or not isinstance(cats, tuple | list):
+            raise SchemaError(f"must be a list of strings, got {cats!r}",
+                              key=f"{self.name}.categories")
+        cats = tuple(cats)
+        object.__setattr__(self, "categories", cats)
+        if not cats:
+            raise SchemaError("needs at least one category", key=f"{self.name}.categories")
+        bad = [c for c in cats if not isinstance(c, str)]
+        if bad:
+            raise SchemaError(f"categories must be strings, got {bad[0]!r}",
+                              key=f"{self.name}.categories")
+        if len(set(cats)) != len(cats):
+            dup = next(c for i, c in enumerate(cats) if c in cats[:i])
+            raise SchemaError(f"category {dup!r} is listed twice", key=f"{self.name}.categories")
+        if OTHER in cats:
+            raise SchemaError(f"{OTHER!r} is the implicit slot for undeclared values; do not "
+                              "declare it", key=f"{self.name}.categories")
+
+    @property
+    def kind(self) -> str:
+        return "categorical"
+
+    @property
+    def width(self) -> int:
+        return len(self.categories) + 1
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}={c}" for c in self.categories) + (f"{self.name}={OTHER}",)
+
+
+Column = NumericColumn | CategoricalColumn
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PublicSchema:
+    """The public encoding of a set of feature columns, in order.
+
+    Attributes:
+        columns: the columns (distinct names), in encoding order.
+        dataset: informational name ("" if none).
+        description: informational text.
+    """
+
+    columns: tuple[Column, ...]
+    dataset: str = ""
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        cols = tuple(self.columns)
+        object.__setattr__(self, "columns", cols)
+        if not cols:
+            raise SchemaError("declares no columns", key="columns")
+        names = [c.name for c in cols]
+        if len(set(names)) != len(names):
+            dup = next(n for i, n in enumerate(names) if n in names[:i])
+            raise SchemaError("column declared twice", key=dup)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The column names, in order."""
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def width(self) -> int:
+        """Encoded width: a function of the schema alone."""
+        return sum(c.width for c in self.columns)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """Encoded feature names, length :attr:`width`."""
+        return tuple(n for c in self.columns for n in c.feature_names)
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise SchemaError("not declared in the schema", key=name)
+
+    def select(self, columns: Sequence[str]) -> PublicSchema:
+        """The sub-schema of ``columns``, in the order given (a party's share of a dataset's
+        schema).
+
+        Raises:
+            SchemaError: a column is not declared (the message names every missing one).
+        """
+        missing = [c for c in columns if c not in self.names]
+        if missing:
+            raise SchemaError(f"columns {missing!r} are not declared in the schema "
+                              f"(declared: {list(self.names)!r})", key=missing[0])
+        return PublicSchema(columns=tuple(self.column(c) for c in columns),
+                            dataset=self.dataset, description=self.description)
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _category_text(value: Any) -> str | None:
+    """The text a value matches categories by; None for a missing value."""
+    if value is None:
+        return None
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value))
+    if isinstance(value, float | np.floating):
+        f = float(value)
+        if math.isnan(f):
+            return None
+        if f.is_integer():
+            return str(int(f))
+        return repr(f)
+    if isinstance(value, np.generic):
+        return str(value.item())
+    try:
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return str(value)
+
+
+class SchemaEncoder:
+    """Encode a frame's columns with a :class:`PublicSchema`; nothing is fitted on rows.
+
+    ``SchemaEncoder(schema).transform(frame)`` returns a ``float32`` C-contiguous array
+    ``(len(frame), schema.width)``; row ``i`` is a function of row ``i`` of ``frame`` and
+    the schema only, so changing, adding or removing any other row leaves it
+    byte-identical, and every value is finite and in ``[-1, 1]`` (one-hot and indicator
+    features in ``{0, 1}``).
+    """
+
+    def __init__(self, schema: PublicSchema) -> None:
+        if not isinstance(schema, PublicSchema):
+            raise TypeError(f"expected a PublicSchema, got {type(schema).__name__}")
+        self.schema = schema
+
+    @property
+    def width(self) -> int:
+        return self.schema.width
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return self.schema.feature_names
+
+    def transform(self, frame: pd.DataFrame) -> np.ndarray:
+        """Encode ``frame`` (which must have every schema column; others are ignored).
+
+        Raises:
+            SchemaError: a schema column is missing from ``frame``.
+        """
+        missing = [n for n in self.schema.names if n not in frame.columns]
+        if missing:
+            raise SchemaError(f"the table has no columns {missing!r}", key=missing[0])
+        n = len(frame)
+        out = np.zeros((n, self.schema.width), dtype=np.float32)
+        j = 0
+        for col in self.schema.columns:
+            series = frame[col.name]
+            if isinstance(col, NumericColumn):
+                values, was_missing = _encode_numeric(col, series)
+                out[:, j] = values
+                if col.missing_indicator:
+                    out[:, j + 1] = was_missing
+            else:
+                out[np.arange(n), j + _category_slots(col, series)] = 1.0
+            j += col.width
+        return out
+
+    __call__ = transform
+
+
+def _signed_log1p(v: np.ndarray | float) -> Any:
+    return np.sign(v) * np.log1p(np.abs(v))
+
+
+def _encode_numeric(col: NumericColumn, series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    if pd.api.types.is_bool_dtype(series.dtype):
+        raw = series.astype(np.float64).to_numpy()
+    elif pd.api.types.is_numeric_dtype(series.dtype):
+        raw = series.to_numpy(dtype=np.float64, na_value=np.nan)
+    else:  # text, objects: anything unparseable is missing
+        raw = pd.to_numeric(series.astype(object), errors="coerce").to_numpy(
+            dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(raw)
+    v = np.where(bad, col.fill, raw)
+    v = np.clip(v, col.lo, col.hi)
+    lo, hi = col.lo, col.hi
+    if col.log:
+        v, lo, hi = _signed_log1p(v), float(_signed_log1p(lo)), float(_signed_log1p(hi))
+    enc = 2.0 * (v - lo) / (hi - lo) - 1.0
+    enc = np.clip(enc, -1.0, 1.0)  # rounding never leaves the declared range
+    return enc.astype(np.float32), bad.astype(np.float32)
+
+
+def _category_slots(col: CategoricalColumn, series: pd.Series) -> np.ndarray:
+    index = {c: i for i, c in enumerate(col.categories)}
+    other = len(col.categories)
+    return np.fromiter((index.get(_category_text(v), other) for v in series.to_numpy(dtype=object)),
+                       dtype=np.int64, count=len(series))
+
+
+# --------------------------------------------------------------------------- TOML
+
+
+def _type_name(v: Any) -> str:
+    return type(v).__name__
+
+
+def _column_from_table(name: str, table: Any, path: str) -> Column:
+    if not isinstance(table, Mapping):
+        raise SchemaError(f"must be a table, got {_type_name(table)}", key=f"columns.{name}",
+                          path=path)
+    kind = table.get("kind")
+    if kind not in ("numeric", "categorical"):
+        raise SchemaError(f"kind must be 'numeric' or 'categorical', got {kind!r}",
+                          key=f"columns.{name}.kind", path=path)
+    allowed = _NUMERIC_KEYS if kind == "numeric" else _CATEGORICAL_KEYS
+    unknown = [k for k in table if k not in allowed]
+    if unknown:
+        raise SchemaError(f"unknown key for a {kind} column (known: {', '.join(allowed)})",
+                          key=f"columns.{name}.{unknown[0]}", path=path)
+    try:
+        if kind == "numeric":
+            for req in ("lo", "hi", "fill"):
+                if req not in table:
+                    raise SchemaError("missing (a numeric column declares lo, hi and fill)",
+                                      key=f"columns.{name}.{req}", path=path)
+            return NumericColumn(name=name, lo=table["lo"], hi=table["hi"], fill=table["fill"],
+                                 log=table.get("log", False),
+                                 missing_indicator=table.get("missing_indicator", False))
+        if "categories" not in table:
+            raise SchemaError("missing (a categorical column declares its categories)",
+                              key=f"columns.{name}.categories", path=path)
+        cats = table["categories"]
+        if not isinstance(cats, list):
+            raise SchemaError(f"must be a list of strings, got {cats!r}",
+                              key=f"columns.{name}.categories", path=path)
+        return CategoricalColumn(name=name, categories=tuple(cats))
+    except SchemaError as exc:
+        if exc.path or not path:
+            raise
+        raise SchemaError(exc.reason, key=f"columns.{exc.key}", path=path) from None
+
+
+def parse_schema(data: Mapping[str, Any], *, path: str = "") -> PublicSchema:
+    """A :class:`PublicSchema` from a parsed TOML mapping (``path`` only names it in errors).
+
+    Raises:
+        SchemaError: unknown key, missing or ill-typed value, inconsistent declaration.
+    """
+    unknown = [k for k in data if k not in _TOP_KEYS]
+    if unknown:
+        raise SchemaError(f"unknown key (known: {', '.join(_TOP_KEYS)})", key=unknown[0],
+                          path=path)
+    version = data.get("version")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise SchemaError(f"version must be {SCHEMA_VERSION}, got {version!r}", key="version",
+                          path=path)
+    for key in ("dataset", "description"):
+        if not isinstance(data.get(key, ""), str):
+            raise SchemaError(f"must be a string, got {data[key]!r}", key=key, path=path)
+    columns = data.get("columns")
+    if not isinstance(columns, Mapping) or not columns:
+        raise SchemaError("missing or empty: declare each column as [columns.NAME]",
+                          key="columns", path=path)
+    cols = tuple(_column_from_table(str(n), t, path) for n, t in columns.items())
+    try:
+        return PublicSchema(columns=cols, dataset=data.get("dataset", ""),
+                            description=data.get("description", ""))
+    except SchemaError as exc:
+        raise SchemaError(exc.reason, key=exc.key, path=path) from None
+
+
+def load_schema(path: str | Path) -> PublicSchema:
+    """Read a schema TOML file (format: the module docstring).
+
+    Raises:
+        SchemaError: the file is missing, unreadable, not TOML, or invalid (naming the key
+            and the file).
+    """
+    p = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SchemaError(f"cannot read: {exc.strerror or exc}", path=p) from None
+    return loads_schema(text, path=p)
+
+
+def loads_schema(text: str, *, path: str = "") -> PublicSchema:
+    """:func:`load_schema` of TOML text."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SchemaError(f"not valid TOML: {exc}", path=path) from None
+    return parse_schema(data, path=path)
+
+
+_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_str(s: str) -> str:
+    out = s.replace("\\", "\\\\").replace('"', '\\"')
+    out = "".join(ch if ord(ch) >= 0x20 and ch != "\x7f" else f"\\u{ord(ch):04x}" for ch in out)
+    return f'"{out}"'
+
+
+def _toml_key(s: str) -> str:
+    return s if _BARE.match(s) else _toml_str(s)
+
+
+def _toml_num(x: float) -> str:
+    if float(x).is_integer() and abs(x) < 2**53:
+        return str(int(x))
+    return repr(float(x))
+
+
+def dump_schema(schema: PublicSchema, *, header: str = "") -> str:
+    """The schema as TOML text that :func:`loads_schema` reads back to an equal schema.
+
+    ``header``: comment text (each line is prefixed with ``# ``), e.g. the provenance.
+    """
+    lines = [f"# {ln}".rstrip() for ln in header.splitlines()] if header else []
+    if lines:
+        lines.append("")
+    lines.append(f"version = {SCHEMA_VERSION}")
+    if schema.dataset:
+        lines.append(f"dataset = {_toml_str(schema.dataset)}")
+    if schema.description:
+        lines.append(f"description = {_toml_str(schema.description)}")
+    for col in schema.columns:
+        lines.append("")
+        lines.append(f"[columns.{_toml_key(col.name)}]")
+        if isinstance(col, NumericColumn):
+            lines.append('kind = "numeric"')
+            lines.append(f"lo = {_toml_num(col.lo)}")
+            lines.append(f"hi = {_toml_num(col.hi)}")
+            lines.append(f"fill = {_toml_num(col.fill)}")
+            if col.log:
+                lines.append("log = true")
+            if col.missing_indicator:
+                lines.append("missing_indicator = true")
+        else:
+            lines.append('kind = "categorical"')
+            cats = ", ".join(_toml_str(c) for c in col.categories)
+            lines.append(f"categories = [{cats}]")
+    return "\n".join(lines) + "\n"
+
+
+def save_schema(schema: PublicSchema, path: str | Path, *, header: str = "") -> None:
+    """Write :func:`dump_schema` to ``path`` (overwrites)."""
+    Path(path).write_text(dump_schema(schema, header=header), encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- bundled
+
+
+def bundled_schema_name(dataset: str) -> str:
+    """File name of a named dataset's bundled schema in :mod:`parties.datasets`."""
+    return f"{dataset}.schema.toml"
+
+
+def bundled_schema(dataset: str, *, synthetic_columns: Sequence[str] = ()) -> PublicSchema | None:
+    """The reviewed schema shipped for a named dataset (all its feature columns, so it covers
+    either party's split), or None when none ships (a user file).
+
+    ``synthetic`` has no file: its schema follows from the generator
+    (:func:`synthetic_schema` of ``synthetic_columns``, the feature columns).
+
+    Raises:
+        SchemaError: the bundled file is invalid.
+    """
+    if dataset == "synthetic":
+        return synthetic_schema(synthetic_columns) if synthetic_columns else None
+    if not re.fullmatch(r"[a-z0-9_]+", dataset):
+        return None
+    res = resources.files(_DATASETS_PACKAGE).joinpath(bundled_schema_name(dataset))
+    if not res.is_file():
+        return None
+    return loads_schema(res.read_text(encoding="utf-8"),
+                        path=f"{_DATASETS_PACKAGE}/{bundled_schema_name(dataset)}")
+
+
+def synthetic_schema(columns: Iterable[str], clip: float = SYNTHETIC_CLIP) -> PublicSchema:
+    """The public schema of the ``synthetic`` dataset's feature ``columns``.
+
+    Derived from the generator (:func:`parties.data.make_synthetic`, scikit-learn's
+    ``make_classification`` with ``class_sep=1``, no shift or scale): a noise feature is
+    N(0, 1); an informative one is a Gaussian cluster point (centroid at ±1 per informative
+    dimension, unit noise) times a random matrix with entries in [-1, 1], so its scale grows
+    with the informative count (about 2-3 standard deviations at 20). Every column is
+    clipped to ``[-clip, clip]`` (default 8: in the default table, 100,000 x 100 with 20
+    informative features, seed 0, 0.08 % of the values lie beyond it, all in informative
+    columns, whose standard deviations reach 3) and mapped linearly to [-1, 1]; fill 0
+    (the generator makes no missing values). The clip is a property of the generator's
+    parameters, not a statistic of the rows.
+    """
+    c = float(clip)
+    cols = tuple(NumericColumn(name=n, lo=-c, hi=c, fill=0.0) for n in columns)
+    return PublicSchema(columns=cols, dataset="synthetic",
+                        description=f"make_classification features clipped to [-{c:g}, {c:g}]")
+
+
+# --------------------------------------------------------------------------- drafting
+
+
+def _round_out(x: float, down: bool) -> float:
+    """``x`` rounded outward (down for a lower bound) to two significant digits."""
+    if x == 0 or not math.isfinite(x):
+        return 0.0
+    step = 10.0 ** (math.floor(math.log10(abs(x))) - 1)
+    q = math.floor(x / step) if down else math.ceil(x / step)
+    return float(round(q * step, 10))
+
+
+def draft_schema(frame: pd.DataFrame, columns: Sequence[str], *, min_count: int = 10,
+                 log_ratio: float = 100.0, dataset: str = "") -> PublicSchema:
+    """A DRAFT schema of ``columns`` computed FROM THE DATA in ``frame``.
+
+    WARNING: this reads the (private) rows. Its output discloses the observed ranges and
+    categories and is therefore NOT private; it is a starting point the data owner must
+    REVIEW before use: widen each range to public bounds (documented limits, not the
+    observed min/max), check ``fill`` and ``log``, and drop or merge rare categories.
+
+    Numeric columns (numbers, not booleans): ``lo``/``hi`` the observed min/max rounded
+    outward to two significant digits, ``fill`` the median rounded to two significant
+    digits (clipped into the range), ``log = true`` when the range exceeds ``log_ratio``
+    times the inter-quartile range (long tails), ``missing_indicator`` when any value is
+    missing or non-finite. Categorical columns (anything else): the observed values seen
+    at least ``min_count`` times, most frequent first; rarer ones, and missing values,
+    fall into the implicit ``__other__`` slot.
+
+    Raises:
+        SchemaError: a column is not in ``frame``, or a column has no usable value.
+    """
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise SchemaError(f"the table has no columns {missing!r}", key=missing[0])
+    cols: list[Column] = []
+    for name in columns:
+        s = frame[name]
+        if pd.api.types.is_numeric_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype):
+            raw = s.to_numpy(dtype=np.float64, na_value=np.nan)
+            ok = raw[np.isfinite(raw)]
+            if ok.size == 0:
+                raise SchemaError("has no finite value to draft a range from", key=name)
+            lo, hi = _round_out(float(ok.min()), True), _round_out(float(ok.max()), False)
+            if not lo < hi:
+                lo, hi = lo - 1.0, hi + 1.0
+            q1, q3 = np.percentile(ok, [25, 75])
+            fill = min(max(_round_out(float(np.median(ok)), True), lo), hi)
+            cols.append(NumericColumn(name=name, lo=lo, hi=hi, fill=fill,
+                                      log=bool((hi - lo) > log_ratio * max(q3 - q1, 1e-12)),
+                                      missing_indicator=bool(ok.size < raw.size)))
+        else:
+            texts = pd.Series([_category_text(v) for v in s.to_numpy(dtype=object)],
+                              dtype=object).dropna()
+            counts = texts.value_counts()
+            keep = [str(c) for c, k in counts.items() if k >= min_count]
+            if not keep:
+                raise SchemaError(f"has no category seen at least {min_count} times", key=name)
+            cols.append(CategoricalColumn(name=name, categories=tuple(keep)))
+    return PublicSchema(columns=tuple(cols), dataset=dataset,
+                        description="DRAFT computed from the data: review before use")
+
+
+DRAFT_WARNING = """\
+DRAFT SCHEMA, COMPUTED FROM THE DATA: NOT PRIVATE. REVIEW IT BEFORE USE.
+The ranges and categories below were read from the rows of the table (observed min/max
+rounded outward, observed categories). Publishing or using them unreviewed discloses
+facts about individual records (an outlier's value, a rare category). Before use:
+widen each lo/hi to public bounds (documented limits, not what the data shows), check
+fill and log, drop or merge rare categories, and record how you derived each here."""
+
+
+def dp_schema(cfg: VflConfig, columns: Sequence[str]) -> PublicSchema:
+    """The public schema the passive party encodes ``columns`` with under DP: the file
+    ``vfl.dp_schema``, else the bundled reviewed schema of the named dataset (for
+    ``synthetic``, the generator's, :func:`parties.data.schema.synthetic_schema`), restricted to
+    ``columns`` in that order.
+
+    Raises:
+        ConfigError: key ``vfl.dp_schema``: no schema is available (a user file without
+            ``vfl.dp_schema``).
+        parties.data.schema.SchemaError: the file is missing or invalid, or does not declare
+            every one of ``columns`` (both exit 2).
+    """
+    if cfg.dp_schema is not None:
+        schema = load_schema(Path(cfg.dp_schema).expanduser())
+    else:
+        features: tuple[str, ...] = ()
+        if cfg.dataset == "synthetic":
+            features = tuple(c for c in synthetic_columns(synthetic_spec(cfg))
+                             if c != SYNTHETIC_LABEL)
+        schema = bundled_schema(cfg.dataset, synthetic_columns=features)
+        if schema is None:
+            raise ConfigError(
+                "vfl.dp_schema",
+                f"DP is on, so the passive party's features must be encoded from a public "
+                f"schema (declared ranges and categories), but dataset {cfg.dataset!r} has "
+                "no bundled schema: set vfl.dp_schema to a schema file you reviewed "
+                "(draft one with `psfl vfl schema --dataset PATH --role passive --out "
+                "schema.toml`, then review it)")
+    return schema.select(tuple(columns))

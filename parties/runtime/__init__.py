@@ -1,0 +1,9 @@
+"""A party process at work: the party (``party``: the run's I/O loop and bookkeeping),
+the driver that interprets a strategy's actions over the bus (``driver``), the workers
+(``workers``), serving a run and writing its outputs (``serve``), the timeline
+(``timeline``), saved model parts (``saved``), prediction (``predict``), reports and exit
+codes (``report``, ``exitcodes``), and what the fork server preloads (``preload``).
+
+May import every other part of :mod:`parties` but :mod:`parties.alignment` and
+:mod:`parties.cli`.
+"""
