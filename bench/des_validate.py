@@ -1,11 +1,11 @@
-"""Validate the discrete-event simulator (``sim/des.py``) against runs measured here, then
+"""Validate the discrete-event simulator (``sim/cluster/des.py``) against runs measured here, then
 predict the paper's 64-core settings (PubSub-VFL, arXiv 2510.12494, Table 2: 50:14 cores,
 w from 4 to 50).
 
 Steps
 -----
 1. **Fit** (no training run): the batch-size sweep of ``psfl vfl profile --sweep``
-   (:func:`sim.sysprofile.sweep_profile`) on ``synthetic`` with the main table's model
+   (:func:`sim.launch.sysprofile.sweep_profile`) on ``synthetic`` with the main table's model
    (bottom 9 x 128, embedding 32, top 64; ``bench/vfl_table.py``), each party pinned to one
    CPU as the table pins them (:func:`vfl_table.pick_cpus`), at the FIT batch sizes. It
    gives, per party, power laws of one worker's forward and backward CPU seconds in B,
@@ -28,7 +28,7 @@ Steps
    On a machine where other processes take CPU from the pinned parties, ``compute_s``
    (wall) exceeds the compute's CPU and the estimate falls to 0 (floored): the JSON keeps
    each party's ``run_delay_s`` to show it.
-3. **Validate**: real runs (:func:`sim.launch.run_vfl`) at (algo, w_active, w_passive, B)
+3. **Validate**: real runs (:func:`sim.launch.vfl.run_vfl`) at (algo, w_active, w_passive, B)
    with B **not** in the FIT set; each is simulated with the same rows, epochs, four
    segments per epoch, the worker mode the run resolved (``inline`` on a pinned one-core
    party), jitter 0.1 and seed 0. Measured epoch time = median over the run's segments of
@@ -98,7 +98,7 @@ if str(HERE.parent) not in sys.path:  # `python bench/des_validate.py` from anyw
     sys.path.insert(0, str(HERE.parent))
 
 from parties.planning.costmodel import PowerFit  # noqa: E402
-from sim.des import PAPER_CORES, PAPER_WORKERS, SimInput, StepCosts, simulate  # noqa: E402
+from sim.cluster.des import PAPER_CORES, PAPER_WORKERS, SimInput, StepCosts, simulate  # noqa: E402
 
 ALGOS = ("vfl", "vfl-ps", "avfl", "avfl-ps", "pubsub")
 QUICK_FIT_BS = (64, 256, 1024)
@@ -356,10 +356,10 @@ def measure_top_split(cfg: Any, batch_sizes: Sequence[int], *, min_time_s: float
 
 
 def fit_all(table: Any, fit_bs: Sequence[int], *, rows: int, min_time_s: float) -> dict[str, Any]:
-    """Sweep + comm probe + fits (:func:`sim.sysprofile.sweep_profile`) and the measured
+    """Sweep + comm probe + fits (:func:`sim.launch.sysprofile.sweep_profile`) and the measured
     top split; the ``fit`` document (JSON-ready)."""
     from parties.planning.costmodel import fit_power
-    from sim.sysprofile import sweep_profile
+    from sim.launch.sysprofile import sweep_profile
 
     cfg = make_cfg(table, "pubsub", 1, 1, fit_bs[0], rows, 1)
     with tempfile.TemporaryDirectory(prefix="desval_fit_") as tmp:
@@ -375,9 +375,9 @@ def fit_all(table: Any, fit_bs: Sequence[int], *, rows: int, min_time_s: float) 
 
 def run_setting(table: Any, algo: str, w_a: int, w_p: int, b: int, *, rows: int, epochs: int
                 ) -> dict[str, Any]:
-    """One real run (:func:`sim.launch.run_vfl`, deadline :data:`RUN_TIMEOUT_S`); the
+    """One real run (:func:`sim.launch.vfl.run_vfl`, deadline :data:`RUN_TIMEOUT_S`); the
     figures this script needs."""
-    from sim.launch import run_vfl
+    from sim.launch.vfl import run_vfl
 
     cfg = make_cfg(table, algo, w_a, w_p, b, rows, epochs)
     with tempfile.TemporaryDirectory(prefix=f"desval_{algo}_") as tmp:

@@ -12,10 +12,10 @@ of the stated relation, and reports
   of the two output distributions where the auditor knows them (discrete tables) or
   the projection onto the mean-difference direction (Gaussian vector outputs), the
   threshold is chosen on the first half of the draws and evaluated on the second half,
-  with Clopper–Pearson limits (:mod:`sim.audit`);
+  with Clopper–Pearson limits (:mod:`sim.reports.audit`);
 * ``exact`` (discrete mechanisms): the exact ε at δ from the probability tables of the
   released value, with every rounding, summation and modular step
-  (:func:`sim.audit.exact_epsilon`), maximised over a grid of neighbouring pairs;
+  (:func:`sim.reports.audit.exact_epsilon`), maximised over a grid of neighbouring pairs;
 * a *positive control*: the pre-fix behaviour, the mechanism with σ halved, or the
   pre-fix (too small) claim, which the same test must catch (``lb > claim`` or
   ``exact > claim``), so that a weak test cannot pass.
@@ -102,7 +102,7 @@ from parties.privacy.dp import (  # noqa: E402
 from parties.privacy.dpsgd import private_grads_with_noise  # noqa: E402
 from parties.models.model import make_adam, party_bottom  # noqa: E402
 from parties.algorithms.wire import decode_rows, encode_rows  # noqa: E402
-from sim.audit import (  # noqa: E402
+from sim.reports.audit import (  # noqa: E402
     IntPmf,
     bonferroni,
     discrete_gaussian_pmf,

@@ -3,7 +3,7 @@
 For each CPU split of the paper's 64 cores ("50:14", "40:24", "32:32"; active:passive,
 scaled to this machine's cores as fractions: 50:14 on 2 cores is 1.5625 : 0.4375), every
 algorithm trains ``synthetic`` with the paper's small model through ``psfl sim run``
-machinery (:func:`sim.runner.run_scenario`): broker and parties as processes, each party
+machinery (:func:`sim.cluster.runner.run_scenario`): broker and parties as processes, each party
 in its own cgroup CPU quota.
 
 Balancing. A 10-layer bottom model's hidden layers dominate its cost whatever the input
@@ -48,7 +48,7 @@ Workers: ``vfl`` and ``avfl`` 1 + 1 (by definition); ``vfl-ps`` 2 pairs; ``pubsu
 and :data:`PASSIVE_WORKERS` (8) passive; ``pubsub_planned`` is PubSub-VFL with
 (w_active, w_passive, B) from the planner for time to target (``psfl vfl plan``: the
 batch-size sweep and cost-model fits, with each party's quota as its cores, times the
-samples-to-target model of four pilot runs in one process, :mod:`sim.pilot`; B from
+samples-to-target model of four pilot runs in one process, :mod:`sim.launch.pilot`; B from
 :data:`PLAN_BATCH_SIZES`, and the ceiling of a planned run is profiled at its own B). Time to target: training
 seconds (per segment the longer of the two parties' clocks, the throughput's window;
 validation scoring excluded, as the runtime's own ``time_to_target_s``) until the first
@@ -110,9 +110,9 @@ WIDTHS = (128, 96, 64, 48, 32)
 DEPTH = 9
 FEATURES = 500
 EFFICIENCY_LIMIT = 1.05
-PERIOD_US = 10_000  # the quotas' period (see sim.scenario.Scenario.cpu_period_us)
+PERIOD_US = 10_000  # the quotas' period (see sim.cluster.scenario.Scenario.cpu_period_us)
 #: B values the planner may choose here (16 to 1024). It plans for time to
-#: target with the samples-to-target model of pilot runs (:mod:`sim.pilot`); planning
+#: target with the samples-to-target model of pilot runs (:mod:`sim.launch.pilot`); planning
 #: for time per epoch alone, B = 1024 won everywhere, and with Adam at lr 1e-3 four
 #: epochs at B = 1024 reached test AUC 0.79 against 0.84-0.90 at B = 256 (--quick,
 #: 2026-11-30), which is why the grid was 64-256 until the samples model.
@@ -243,7 +243,7 @@ def quota_profile(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> An
     ``settings["cpu_methods"]`` says how each quota was enforced."""
     from parties.planning.profile import profile_config
 
-    from sim.cpu import CpuLimiter
+    from sim.cluster.cpu import CpuLimiter
 
     lims = {r: CpuLimiter.create(f"ceiling-{r}", cores[r], period_us=PERIOD_US)
             for r in ("active", "passive")}
@@ -324,9 +324,9 @@ def planned_config(cfg: Any, cores: dict[str, float], out: Path, *,
     """``cfg`` with the planner's (w_active, w_passive, B) for the split's quotas."""
     from parties.cli import write_json
 
-    from sim.sysprofile import apply_plan, plan_doc, plan_from_models, sweep_profile
+    from sim.launch.sysprofile import apply_plan, plan_doc, plan_from_models, sweep_profile
 
-    from sim.pilot import pilot_samples_model
+    from sim.launch.pilot import pilot_samples_model
 
     out.mkdir(parents=True, exist_ok=True)
     doc, models = sweep_profile(cfg, out, batch_sizes=sweep_batch_sizes, min_time_s=0.3)
@@ -347,8 +347,8 @@ def run_algo(cfg: Any, split: str, out: Path, timeout_s: float, *,
              plaintext: bool = False) -> dict[str, Any]:
     """One scenario run; the table's summary of its metrics plus the sim section
     (``plaintext``: the bus without CURVE, as ``psfl sim run --insecure``)."""
-    from sim.runner import run_scenario
-    from sim.scenario import Scenario
+    from sim.cluster.runner import run_scenario
+    from sim.cluster.scenario import Scenario
 
     t = _table()
     scn = Scenario(name=f"{split} {cfg.algo}", cpu_ratio=split, ratio_of=RATIO_OF,
@@ -676,8 +676,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from pubsub.config import ConfigError
 
-    from sim.cpu import machine_cores
-    from sim.scenario import Scenario, party_cores
+    from sim.cluster.cpu import machine_cores
+    from sim.cluster.scenario import Scenario, party_cores
 
     for split in splits:  # a bad split is a usage error before anything runs
         try:

@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help=f"run on fewer than {MIN_CORES} cores (a plumbing check only)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(HERE.parent))
-    from sim.cpu import machine_cores
+    from sim.cluster.cpu import machine_cores
 
     n = machine_cores()
     if n < MIN_CORES and not args.force:

@@ -20,7 +20,7 @@ For each size N (IDs per party; ``--overlap`` of them shared, default 0.5; IDs f
     ``ours`` done serially: a reference for what the bus and the second core add.
 ``ours``
     ``psfl vfl align`` as the launcher runs it: a broker process and two party
-    processes on 127.0.0.1 (:func:`sim.align_launch.run_align`), chunked
+    processes on 127.0.0.1 (:func:`sim.launch.align.run_align`), chunked
     (``--chunk-size``, default 16384) with a window of 4 chunks in flight, every
     library call on each party's crypto thread. **Both parties learn the
     intersection** (sorted IDs and their own row indices). ``seconds``: the slower
@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd  # noqa: E402
 
 from parties.alignment.psi import demo_ids, mutual_psi_local  # noqa: E402
-from sim.align_launch import run_align  # noqa: E402
+from sim.launch.align import run_align  # noqa: E402
 
 
 def run_library(a: list[str], b: list[str], fpr: float) -> dict[str, Any]:

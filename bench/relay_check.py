@@ -1,4 +1,4 @@
-"""Check sim.relay's shaping against theory on this machine.
+"""Check sim.cluster.relay's shaping against theory on this machine.
 
 Prints, for one 64 KiB ZeroMQ message (PUSH -> PULL over tcp://127.0.0.1):
 
@@ -30,7 +30,7 @@ from typing import Any
 import zmq
 
 from pubsub.logs import configure_logging
-from sim.relay import LinkSpec, Relay
+from sim.cluster.relay import LinkSpec, Relay
 
 
 def _median_s(ctx: zmq.Context[Any], endpoint: str | None, payload: bytes, n: int,

@@ -2,7 +2,7 @@
 
 What is measured
 ----------------
-For each K, real federated runs (``sim.synth_launch.run_synth``: a broker, the
+For each K, real federated runs (``sim.launch.synth.run_synth``: a broker, the
 coordinator, one process hosting every aggregator of the tree as asyncio tasks, and
 ``ceil(K / parties_per_process)`` party processes, each hosting several parties as asyncio
 tasks with a bus connection each), with fan-out ``--fanout`` (default 10) and
@@ -59,7 +59,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from sim.synth_launch import run_synth  # noqa: E402
+from sim.launch.synth import run_synth  # noqa: E402
 from synth.config import SynthConfig  # noqa: E402
 
 QUICK_KS = (10, 50, 100)

@@ -2,9 +2,9 @@
 
 What is measured
 ----------------
-1. ``base``: a FedForge run (``sim.synth_launch.run_synth``: broker, coordinator,
+1. ``base``: a FedForge run (``sim.launch.synth.run_synth``: broker, coordinator,
    aggregators and K party processes) with ``stream_rho_frac`` of ρ held back.
-2. ``incremental``: ``sim.synth_launch.add_workload`` on that finished run (and on a copy
+2. ``incremental``: ``sim.launch.synth.add_workload`` on that finished run (and on a copy
    of it with ``stream_refit = "gum"``, the other incremental refit) with a workload
    of ``--new`` 3-way marginals that no round measured (drawn with a fixed seed among the
    3-way cliques within ``max_cells``): the run is reopened (the parties continue their
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
-    from sim.synth_launch import add_workload, run_synth
+    from sim.launch.synth import add_workload, run_synth
     from synth.config import SynthConfig
 
     dataset = args.dataset or ("bank" if args.quick else "adult")

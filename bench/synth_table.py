@@ -5,7 +5,7 @@ What is measured
 For each dataset (``adult``, ``bank``) and ε (1 and 10; δ = 1e-9):
 
 * ``fedforge_k1`` and ``fedforge_k10``: the real federated system via
-  ``sim.synth_launch.run_synth`` (broker, coordinator, aggregators and K party
+  ``sim.launch.synth.run_synth`` (broker, coordinator, aggregators and K party
   processes), default mechanism (MST), distributed noise under secure aggregation.
 * ``central_mst``: the standard MST (McKenna, Sheldon & Miklau 2021, private-pgm's
   ``mechanisms/mst.py``) run centrally by ``bench/synth_central.py`` on the POOLED
@@ -134,7 +134,7 @@ def run_fedforge(dataset: str, eps: float, k: int, *, seed: int, engine: str, ou
                  ) -> dict[str, Any]:
     """One federated run; scored on its own pooled rows. Returns the system's row.
     ``overrides``: further SynthConfig keys (``--fedforge-set``)."""
-    from sim.synth_launch import run_synth
+    from sim.launch.synth import run_synth
     from synth.config import SynthConfig
 
     extra: dict[str, Any] = dict(overrides or {})
@@ -215,7 +215,7 @@ def run_dp_baseline(run_dir: Path, eps: float, kind: str, *, seed: int, cap_s: f
                     dataset: str) -> dict[str, Any]:
     """A DP-SGD baseline of :mod:`synth.baselines` on a federated run's party files,
     scored as the federated systems are (TV on the pooled rows, ML AUC on the holdout)."""
-    from sim.synth_launch import DECLARED_LABELS
+    from sim.launch.synth import DECLARED_LABELS
     from synth.baselines import run_baseline
     from synth.domain import decode
     from synth.quality import ml_utility

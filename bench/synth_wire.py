@@ -3,7 +3,7 @@ compression costs in workload TV.
 
 What is measured
 ----------------
-Real federated runs (``sim.synth_launch.run_synth``: broker, coordinator, aggregators and
+Real federated runs (``sim.launch.synth.run_synth``: broker, coordinator, aggregators and
 K party processes) on one dataset and ε, through a broker this script starts, with a
 tap: a plain ZeroMQ SUB socket on the broker's subscriber port, subscribed to ``ff/``,
 that counts every frame the broker forwards, by message kind (``up`` masked vectors and
@@ -118,7 +118,7 @@ class Tap:
 
 def run_variant(cfg: Any, out: Path, broker: str, tap: Tap, timeout_s: float) -> dict[str, Any]:
     """One federated run through ``broker``; returns its figures and the tap's counts."""
-    from sim.synth_launch import run_synth
+    from sim.launch.synth import run_synth
 
     tap.reset()
     # plaintext on loopback: the tap is a plain SUB socket (CURVE adds the same bytes
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.seeds, args.variants = 1, "compressed,fine"
 
-    from sim.launch import _stop, start_broker
+    from sim.launch.vfl import _stop, start_broker
     from synth.config import SynthConfig
 
     names = [v for v in args.variants.split(",") if v]

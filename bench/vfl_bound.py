@@ -21,7 +21,7 @@ at once and exchange embeddings and gradients:
 * ``bare_broker``: the same loop, but both directions go through a ``zmq.proxy``
   XSUB/XPUB process (PUB/SUB sockets, one topic per direction): what the broker hop the
   design requires costs, without any of our own code.
-* ``avfl``, ``pubsub``: the real system (``sim.launch.run_vfl``: broker and two party
+* ``avfl``, ``pubsub``: the real system (``sim.launch.vfl.run_vfl``: broker and two party
   processes, the table's settings and worker counts), training samples/s over
   training time as ``bench/vfl_table.py`` computes it.
 
@@ -243,7 +243,7 @@ def run_pair(cfg: Any, mode: str, steps: int, warmup: int = 30,
              period_us: int = 10_000) -> dict[str, Any]:
     """Run ``mode`` (``concurrent``, ``bare_zmq``, ``bare_broker``, ``bare_broker_sync``)
     in two child processes, pinned as ``cfg`` says, and each in a CPU-share group of
-    ``cores[role]`` cores when ``cores`` is given (:class:`sim.cpu.CpuLimiter`, periods of
+    ``cores[role]`` cores when ``cores`` is given (:class:`sim.cluster.cpu.CpuLimiter`, periods of
     ``period_us`` µs; the proxy is not limited, like the broker of a sim run).
 
     Returns ``{"active": {...}, "passive": {...}}`` with ``samples_per_s``, ``cpu_s``
@@ -277,7 +277,7 @@ def run_pair(cfg: Any, mode: str, steps: int, warmup: int = 30,
     deadline = time.monotonic() + timeout_s
     try:
         if cores is not None:
-            from sim.cpu import CpuLimiter
+            from sim.cluster.cpu import CpuLimiter
 
             lims = {r: CpuLimiter.create(f"bound-{r}", cores[r], period_us=period_us)
                     for r in ("passive", "active")}
@@ -331,8 +331,8 @@ def run_split(split: str, *, rows: int, epochs: int, reps: int) -> dict[str, Any
 
     from parties.planning.profile import mean_profile
 
-    from sim.cpu import machine_cores
-    from sim.scenario import Scenario, party_cores
+    from sim.cluster.cpu import machine_cores
+    from sim.cluster.scenario import Scenario, party_cores
 
     het = _bench("hetero")
     cores = party_cores(Scenario(cpu_ratio=split, ratio_of=het.RATIO_OF), machine_cores())
@@ -438,8 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         from pubsub.config import ConfigError
         from pubsub.logs import configure_logging
 
-        from sim.cpu import machine_cores
-        from sim.scenario import Scenario, party_cores
+        from sim.cluster.cpu import machine_cores
+        from sim.cluster.scenario import Scenario, party_cores
 
         try:
             party_cores(Scenario(cpu_ratio=args.split, ratio_of=_bench("hetero").RATIO_OF),

@@ -2,7 +2,7 @@
 
 What is measured
 ----------------
-Test ROC AUC after the last epoch of the real system (``sim.launch.run_vfl``: broker and
+Test ROC AUC after the last epoch of the real system (``sim.launch.vfl.run_vfl``: broker and
 two party processes, ``pubsub``, 2 + 2 thread workers) on the bundled ``bank`` data and
 on ``synthetic`` (``SYNTHETIC_ROWS`` x 100, the default generator), for each
 µ ∈ {0.5, 1, 2, 4, 8, ∞} of µ-GDP (the shape of PubSub-VFL's Fig. 5). µ = ∞ is DP off
@@ -100,7 +100,7 @@ def run_one(dataset: str, mu: float, epochs: int, timeout_s: float,
     """One VFL run at ``mu`` (``inf``: DP off); the figures of interest from its metrics.
     ``max_reassign`` None: the product's default (and its default reassignment reserve)."""
     from parties.config import VflConfig
-    from sim.launch import run_vfl
+    from sim.launch.vfl import run_vfl
 
     extra: dict[str, Any] = {} if math.isinf(mu) else {**DP_SETTINGS, "dp_mu": mu}
     if dataset == "synthetic":

@@ -1,7 +1,7 @@
 """What moves VFL's test AUC under DP relative to the active-only baseline.
 
 Each variant is a list of ``--set``-style overrides of the product's defaults; every run
-is PubSub-VFL in one process over the in-memory bus (``sim.local.run_vfl_in_process``)
+is PubSub-VFL in one process over the in-memory bus (``sim.launch.local.run_vfl_in_process``)
 at µ = ``--mu`` (default 8), and the active-only baseline (:mod:`parties.algorithms.baseline`: the
 stronger of gradient boosting and an MLP on the active party's columns, chosen on the
 validation rows) is fitted once per dataset on the same split and reported beside it.
@@ -100,7 +100,7 @@ def run_once(dataset: str, mu: float, overrides: dict[str, Any], *, baseline: bo
     from parties.config import VflConfig
     from parties.planning.planner import dp_epochs
 
-    from sim.local import run_vfl_in_process
+    from sim.launch.local import run_vfl_in_process
 
     kw: dict[str, Any] = {**dataset_settings(dataset), "dp_delta": 1e-5, "max_reassign": 0,
                           "active_only_baseline": "on" if baseline else "off"}

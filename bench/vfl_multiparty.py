@@ -5,7 +5,7 @@
 
 For each dataset, number of parties N (one active party and N - 1 passive parties) and
 algorithm (``vfl, vfl-ps, avfl, avfl-ps, pubsub``), one run through a CURVE broker with
-every party its own process (:func:`sim.launch.run_vfl`), for a fixed number of epochs.
+every party its own process (:func:`sim.launch.vfl.run_vfl`), for a fixed number of epochs.
 
 Data (both generated here, seeded):
 
@@ -128,7 +128,7 @@ def make_config(dataset: str, data: Path | None, n: int, algo: str, *, rows: int
 
 
 def run_one(cfg: Any, timeout_s: float) -> dict[str, Any]:
-    from sim.launch import run_vfl
+    from sim.launch.vfl import run_vfl
 
     with tempfile.TemporaryDirectory(prefix=f"vfl_mp_{cfg.algo}_") as tmp:
         t0 = time.perf_counter()

@@ -19,7 +19,7 @@ invocation:
   same per-epoch order as our system (``parties.algorithms.schedule.epoch_batches``) and
   the models are initialised from the same seeds, so its test AUC is directly
   comparable.
-* ``ours_w{1,2}_{process,thread}`` - the real system via ``sim.launch.run_vfl``
+* ``ours_w{1,2}_{process,thread}`` - the real system via ``sim.launch.vfl.run_vfl``
   (broker + two party processes, W workers per party, each worker a thread of
   the party process (the default) or a child process).
 
@@ -299,11 +299,11 @@ def run_lockstep(epochs: int, timeout_s: float, cfg: Any = None) -> dict[str, An
             its ``epochs``, workers, schedule and ``algo`` are ignored).
 
     Raises:
-        sim.launch.LaunchError: a child failed; sim.launch.JobTimeout: past ``timeout_s``.
+        sim.launch.vfl.LaunchError: a child failed; sim.launch.vfl.JobTimeout: past ``timeout_s``.
     """
     from parties.config import dump_vfl_config
 
-    from sim.launch import wait_children
+    from sim.launch.vfl import wait_children
 
     with tempfile.TemporaryDirectory(prefix="vfl_lockstep_") as tmp:
         result = Path(tmp) / "active.json"
@@ -333,7 +333,7 @@ def run_ours(epochs: int, workers: int, timeout_s: float, mode: str) -> dict[str
     """One run of our system (broker + two parties) with ``workers`` workers per party,
     as worker processes or threads (``mode``)."""
     from parties.config import VflConfig
-    from sim.launch import run_vfl
+    from sim.launch.vfl import run_vfl
 
     cfg = VflConfig(epochs=epochs, batch_size=BATCH, bottom_hidden=BOTTOM_HIDDEN,
                     embedding_dim=EMB_DIM, top_hidden=TOP_HIDDEN, w_active=workers,

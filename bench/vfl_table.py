@@ -2,7 +2,7 @@
 
 What is measured
 ----------------
-Every run is the real system via ``sim.launch.run_vfl`` (broker + two party processes,
+Every run is the real system via ``sim.launch.vfl.run_vfl`` (broker + two party processes,
 CurveZMQ-encrypted and authenticated with keys made for the run, as ``psfl vfl run`` does
 by default), with the paper's small model: a 10-layer MLP bottom per party (9 hidden layers of 128,
 ReLU, 32-d embedding) and a 2-layer MLP top (hidden 64); B = 256, Adam lr 1e-3 (scaled
@@ -278,7 +278,7 @@ def training_time_to_target(history: list[dict[str, Any]], target: float,
 
 def run_one(cfg: Any, timeout_s: float) -> dict[str, Any]:
     """One run; ``{"status": "ok", ...figures}`` or ``{"status": "failed", "error": ...}``."""
-    from sim.launch import run_vfl
+    from sim.launch.vfl import run_vfl
 
     with tempfile.TemporaryDirectory(prefix=f"vfl_table_{cfg.algo}_{cfg.dataset}_") as tmp:
         try:

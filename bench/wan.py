@@ -4,8 +4,8 @@
     python bench/wan.py --json OUT.json                   # the whole grid
     python bench/wan.py --cells 'wan20/bank/*' --repeats 1   # a subset (fnmatch patterns)
 
-What runs. Every run is ``psfl sim run`` machinery (:func:`sim.runner.run_scenario`):
-a CURVE broker, every party its own process, and a shaping relay (:mod:`sim.relay`)
+What runs. Every run is ``psfl sim run`` machinery (:func:`sim.cluster.runner.run_scenario`):
+a CURVE broker, every party its own process, and a shaping relay (:mod:`sim.cluster.relay`)
 between each passive party and the broker. The broker stands beside the active party,
 as in a deployment where the label owner hosts it: the active party's link is unshaped
 and every passive party has its own link of the cell's shape (:data:`LINKS`):
@@ -205,7 +205,7 @@ def select(cells: Sequence[Cell], patterns: Sequence[str] = (),
 def scenario_for(link: str, parties: int, timeout_s: float) -> Any:
     """The scenario of ``link``: every passive party behind its own link of that shape,
     the active party's unshaped (the broker beside it), no CPU quotas."""
-    from sim.scenario import PARTY_IDS, LinkConfig, PartySpec, Scenario
+    from sim.cluster.scenario import PARTY_IDS, LinkConfig, PartySpec, Scenario
 
     latency_s, mbps = LINKS[link]
     spec = PartySpec(link=LinkConfig(latency_s=latency_s, bandwidth_mbps=mbps))
@@ -289,7 +289,7 @@ def run_record(m: dict[str, Any]) -> dict[str, Any]:
 def run_cell(cell: Cell, cfg: Any, out: Path, timeout_s: float = RUN_TIMEOUT_S, *,
              plaintext: bool = False) -> dict[str, Any]:
     """One run of ``cell``: :func:`run_record`, or ``{"status": "failed", "error"}``."""
-    from sim.runner import run_scenario
+    from sim.cluster.runner import run_scenario
 
     scn = scenario_for(cell.link, cell.parties, timeout_s)
     try:

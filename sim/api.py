@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from parties.runtime.saved import SavedPart
     from parties.models.zoo import LossFn, ModelFactory, ModuleFn, OptimizerFn
 
-    from sim.predict_launch import PredictResult
+    from sim.launch.predict import PredictResult
 
 #: where a job's in-memory table is written in the run directory (both transports read it)
 TABLE_FILE = "data/table.parquet"
@@ -296,14 +296,14 @@ def train(job: VflJob, out: str | Path, *, transport: Transport = "memory",
         job: the job.
         out: the run directory (created; an earlier run's results there are replaced).
         transport: ``"memory"``: both parties in this process over an in-memory bus
-            (:mod:`sim.local`); ``"broker"``: a broker process and one process per party
-            over TCP, CURVE-secured with ephemeral keys by default (:mod:`sim.launch`).
+            (:mod:`sim.launch.local`); ``"broker"``: a broker process and one process per party
+            over TCP, CURVE-secured with ephemeral keys by default (:mod:`sim.launch.vfl`).
         timeout_s: stop the job after this long (None: only the parties' own deadlines).
         quiet: no per-epoch progress lines.
-        keys_dir: ``"broker"`` only: your CURVE keys (see :func:`sim.launch.run_security`;
+        keys_dir: ``"broker"`` only: your CURVE keys (see :func:`sim.launch.vfl.run_security`;
             default: ephemeral keys made for the run).
         insecure: ``"broker"`` only: plaintext on loopback (see
-            :func:`sim.launch.run_security`).
+            :func:`sim.launch.vfl.run_security`).
 
     Raises:
         JobError: a field of the job is invalid (bad input, before anything starts).
@@ -313,19 +313,19 @@ def train(job: VflJob, out: str | Path, *, transport: Transport = "memory",
         pubsub.config.ConfigError: an invalid setting (before anything starts).
         parties.privacy.dpsgd.DpIncompatibleModel: DP on and BatchNorm in the passive bottom
             (before anything starts).
-        sim.launch.LaunchError (``"broker"``): a party process failed (its exit code).
+        sim.launch.vfl.LaunchError (``"broker"``): a party process failed (its exit code).
         parties.core.errors.VflError (``"memory"``): a party failed (partner lost, ...).
-        sim.launch.JobTimeout: ``timeout_s`` passed.
+        sim.launch.vfl.JobTimeout: ``timeout_s`` passed.
     """
     if transport not in ("memory", "broker"):
         raise JobError("transport", f"expected 'memory' or 'broker', got {transport!r}")
     cfg, models = job.resolve(out)
     if transport == "memory":
-        from sim.local import run_vfl_in_process
+        from sim.launch.local import run_vfl_in_process
 
         res = run_vfl_in_process(cfg, out, models=models, quiet=quiet, timeout_s=timeout_s)
     else:
-        from sim.launch import run_vfl
+        from sim.launch.vfl import run_vfl
 
         res = run_vfl(cfg, out, models=models, quiet=quiet, timeout_s=timeout_s,
                       keys_dir=keys_dir, insecure=insecure)
@@ -354,7 +354,7 @@ def predict(run_dir: str | Path, out: str | Path, *, data: str | Path | None = N
             (whose factory is used), to rebuild models that cannot be imported by name.
 
     Returns:
-        :class:`sim.predict_launch.PredictResult` (``summary``, ``predictions``, ``out``).
+        :class:`sim.launch.predict.PredictResult` (``summary``, ``predictions``, ``out``).
 
     Raises:
         parties.runtime.saved.SavedModelError / SavedModelMismatch: missing parts, or parts of
@@ -365,12 +365,12 @@ def predict(run_dir: str | Path, out: str | Path, *, data: str | Path | None = N
     if isinstance(models, TrainResult):
         models = models.models
     if transport == "memory":
-        from sim.local import predict_in_process
+        from sim.launch.local import predict_in_process
 
         return predict_in_process(run_dir, out, data=src, id_column=id_column, models=models)
     if transport != "broker":
         raise JobError("transport", f"expected 'memory' or 'broker', got {transport!r}")
-    from sim.predict_launch import run_predict
+    from sim.launch.predict import run_predict
 
     return run_predict(run_dir, out, data=src, id_column=id_column, timeout_s=timeout_s)
 

@@ -23,7 +23,7 @@ def _launch(run: Callable[[], Any], *, what: str,
     run directory or input, the job timeout, SIGTERM)."""
     from parties.cli import ExitCode, exit_code_for
 
-    from sim.launch import JobTimeout, LaunchError, OutDirError, _Terminated, exit_code_of
+    from sim.launch.vfl import JobTimeout, LaunchError, OutDirError, _Terminated, exit_code_of
 
     try:
         return run(), None
@@ -51,7 +51,7 @@ def _vfl_run(args: argparse.Namespace) -> int:
     from parties.config import check_run_id, load_vfl_config
     from parties.runtime.report import format_metric
 
-    from sim.launch import run_vfl
+    from sim.launch.vfl import run_vfl
 
     extra = {}
     if getattr(args, "dataset", None):
@@ -85,7 +85,7 @@ def _vfl_run(args: argparse.Namespace) -> int:
     if getattr(args, "transport", "broker") == "memory":
         from pubsub.config import ConfigError
 
-        from sim.local import run_vfl_in_process
+        from sim.launch.local import run_vfl_in_process
 
         given = [o for o, v in (("--broker", args.broker), ("--keys", args.keys)) if v]
         if given:
@@ -197,17 +197,17 @@ def _vfl_profile(args: argparse.Namespace) -> int:
 
 def _sim_run(args: argparse.Namespace) -> int:
     """``psfl sim run SCENARIO.toml --out RUN_DIR``: a VFL run on a simulated
-    heterogeneous cluster (CPU shares, links, faults; see :mod:`sim.runner`)."""
+    heterogeneous cluster (CPU shares, links, faults; see :mod:`sim.cluster.runner`)."""
     from parties.config import VflConfig
     from pubsub.config import from_mapping
 
     from pubsub.logs import configure_logging
 
-    from sim.runner import ScenarioError, format_summary, run_scenario
-    from sim.scenario import load_scenario
+    from sim.cluster.runner import ScenarioError, format_summary, run_scenario
+    from sim.cluster.scenario import load_scenario
 
     configure_logging(party="sim")  # warnings on stderr; the run's events go to events.jsonl
-    from sim.consortium import scenario_kind
+    from sim.cluster.consortium import scenario_kind
 
     if scenario_kind(args.scenario) == "consortium":  # ConfigError: exit 2
         return _sim_run_consortium(args)
@@ -237,10 +237,10 @@ def _sim_run(args: argparse.Namespace) -> int:
 
 def _sim_run_consortium(args: argparse.Namespace) -> int:
     """``psfl sim run`` of a ``[consortium]`` scenario: FedForge over sites of unequal
-    size, shaped links, an offline window, a workload update (:mod:`sim.consortium_run`)."""
-    from sim.consortium import load_consortium
-    from sim.consortium_run import build_config, format_summary, run_consortium
-    from sim.runner import ScenarioError
+    size, shaped links, an offline window, a workload update (:mod:`sim.cluster.consortium_run`)."""
+    from sim.cluster.consortium import load_consortium
+    from sim.cluster.consortium_run import build_config, format_summary, run_consortium
+    from sim.cluster.runner import ScenarioError
     from synth.domain import DomainError
 
     cons, table = load_consortium(args.scenario, args.set)  # ConfigError: exit 2
@@ -269,7 +269,7 @@ def _vfl_profile_sweep(args: argparse.Namespace, cfg: Any, out: Any, doc: dict[s
     from parties.planning.sweep import (DEFAULT_SWEEP_BATCH_SIZES, QUICK_SWEEP_BATCH_SIZES,
                                format_fits, parse_batch_sizes)
 
-    from sim.sysprofile import _config_mapping, sweep_profile
+    from sim.launch.sysprofile import _config_mapping, sweep_profile
 
     def run() -> Any:
         if args.batch_sizes:
@@ -302,7 +302,7 @@ def _profile_call(run: Callable[[], Any]) -> tuple[Any, int | None]:
     from parties.planning.commprobe import CommProbeError
     from parties.planning.profile import ProfileError
 
-    from sim.launch import LaunchError, exit_code_of
+    from sim.launch.vfl import LaunchError, exit_code_of
 
     try:
         return run(), None
@@ -334,7 +334,7 @@ def _vfl_plan(args: argparse.Namespace) -> int:
     from parties.planning.planner import batch_grid
     from parties.planning.sweep import CostModels, parse_batch_sizes
 
-    from sim.sysprofile import (format_plan, load_plan_config, load_samples_model, plan_doc,
+    from sim.launch.sysprofile import (format_plan, load_plan_config, load_samples_model, plan_doc,
                                 plan_from_models)
 
     from pubsub.logs import configure_logging
@@ -396,7 +396,7 @@ def _vfl_run_plan(args: argparse.Namespace, cfg: Any) -> tuple[Any, dict[str, An
     import json
     from pathlib import Path
 
-    from sim.sysprofile import apply_plan, auto_plan
+    from sim.launch.sysprofile import apply_plan, auto_plan
 
     def run() -> Any:
         if args.plan == "auto":
@@ -451,10 +451,10 @@ def _record_plan(res: Any, pdoc: dict[str, Any]) -> None:
 
 def _synth_add_workload(args: argparse.Namespace) -> int:
     """``psfl synth add-workload RUN_DIR queries.json``: apply a workload update
-    (:func:`sim.synth_launch.add_workload`) and print its report."""
+    (:func:`sim.launch.synth.add_workload`) and print its report."""
     import json
 
-    from sim.synth_launch import add_workload
+    from sim.launch.synth import add_workload
     from synth.workload import WorkloadError
 
     try:
@@ -497,7 +497,7 @@ def _synth_add_workload(args: argparse.Namespace) -> int:
 def _synth_run(args: argparse.Namespace) -> int:
     """``psfl synth run``: FedForge on one machine (broker, coordinator, aggregators and
     parties as processes)."""
-    from sim.synth_launch import run_synth
+    from sim.launch.synth import run_synth
     from synth.config import load_synth_config
     from synth.domain import DomainError
 
@@ -559,8 +559,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     """``psfl report RUN_DIR``: PNG plots of the VFL and FedForge runs below RUN_DIR
-    (sim/report.py, sim/report_synth*.py)."""
-    from sim.report import ReportError, make_report
+    (sim/reports/vfl.py, sim/report_synth*.py)."""
+    from sim.reports.vfl import ReportError, make_report
 
     try:
         make_report(args.run_dir, args.out, max_batches=args.max_batches,
@@ -576,7 +576,7 @@ def _vfl_predict(args: argparse.Namespace) -> int:
     from parties.config import check_run_id
     from parties.runtime.report import format_metric
 
-    from sim.predict_launch import run_predict
+    from sim.launch.predict import run_predict
 
     if args.run_id:
         check_run_id(args.run_id)
@@ -687,7 +687,7 @@ def _vfl_align(args: argparse.Namespace) -> int:
         print(f"error: --passive-parties {args.passive_parties} but {len(passive_ids)} "
               "--passive-ids", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    from sim.align_launch import run_align
+    from sim.launch.align import run_align
 
     res, code = _launch(lambda: run_align(
         active_ids=args.active_ids,

@@ -15,9 +15,9 @@ parties' tables, sample.
 whole protocol: each party measures its noisy marginals (zCDP, its own ledger), the
 masked sums go up the aggregation tree, the coordinator unmasks only the sums, fits the
 engine and samples. ``transport="memory"`` (the default) runs every participant as a task
-of this process over an in-memory bus (:mod:`sim.synth_local`); ``transport="broker"``
+of this process over an in-memory bus (:mod:`sim.launch.synth_local`); ``transport="broker"``
 starts a broker and the coordinator, aggregators and parties as processes with CURVE keys
-(:func:`sim.synth_launch.run_synth`): the same classes, the same messages. Parties on
+(:func:`sim.launch.synth.run_synth`): the same classes, the same messages. Parties on
 different hosts run ``python -m synth parties`` against a shared broker (docs/tutorials/across-hosts.md).
 
 **The domain is public.** With a ``schema`` (a reviewed public schema TOML, as
@@ -140,7 +140,7 @@ class FedForge:
                 ledgers refuse (the run's own errors: see the module docstring).
             synth.netutil.ParticipantError: a participant failed.
         """
-        from sim.synth_launch import declared_schema
+        from sim.launch.synth import declared_schema
 
         if transport not in ("memory", "broker"):
             raise FedForgeError("transport", f"must be 'memory' or 'broker', got {transport!r}")
@@ -190,11 +190,11 @@ class FedForge:
         info = write_parties(run_dir, cfg, schema, frames, pooled=pooled, holdout=hold)
         info["domain_source"] = source
         if transport == "memory":
-            from sim.synth_local import run_synth_in_process
+            from sim.launch.synth_local import run_synth_in_process
 
             res = run_synth_in_process(cfg, run_dir, prepared=info, timeout_s=timeout_s)
         else:
-            from sim.synth_launch import run_synth
+            from sim.launch.synth import run_synth
 
             res = run_synth(cfg, run_dir, prepared=info, timeout_s=timeout_s, quiet=True)
         self._metrics = res.metrics
@@ -272,7 +272,7 @@ class FedForge:
 
 def write_parties(out: Path, cfg: SynthConfig, schema: Schema, frames: Sequence[pd.DataFrame],
                   *, pooled: pd.DataFrame, holdout: pd.DataFrame | None) -> dict[str, Any]:
-    """Lay out a run directory as :func:`sim.synth_launch.prepare_data` does, from tables
+    """Lay out a run directory as :func:`sim.launch.synth.prepare_data` does, from tables
     already split by party: ``schema.json``, ``data/parties/<id>.parquet`` (the only data a
     party reads), and, with a holdout, ``data/train.parquet`` (the pooled rows) and
     ``data/holdout.parquet`` (evaluation only). Returns the run's data info."""

@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None, *,
     """``python -m synth ROLE --broker tcp://HOST:PORT --run-id ID [...]``.
 
     ``on_point``: the coordinator's observer of its named points (see
-    :meth:`synth.coordinator.Coordinator._crash_point`); :mod:`sim.synth_faults` uses it
+    :meth:`synth.coordinator.Coordinator._crash_point`); :mod:`sim.faults.synth_party` uses it
     to kill the process there."""
     ap = argparse.ArgumentParser(prog="python -m synth", description="Run FedForge processes.")
     sub = ap.add_subparsers(dest="role", required=True)

@@ -122,7 +122,7 @@ class Coordinator:
             participants to say hello again); False starts afresh and replaces any
             checkpoint there.
         connect: the bus connection to use instead of ``broker`` (in process:
-            :meth:`pubsub.memory.MemoryBroker.connect`, :mod:`sim.synth_local`).
+            :meth:`pubsub.memory.MemoryBroker.connect`, :mod:`sim.launch.synth_local`).
         on_point: an observer awaited at each named checkpoint point
             (:meth:`_crash_point`), or None.
 

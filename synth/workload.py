@@ -15,7 +15,7 @@ update's missing marginals may spend. Only marginals no round has measured are m
 :func:`submit_workload` validates a document against the run's public schema and writes it
 atomically to ``RUN_DIR/workload/pending/``; a running coordinator applies pending updates
 after its measurement rounds, a finished run is reopened by ``psfl synth add-workload``
-(:func:`sim.synth_launch.add_workload`). Applied updates move to ``workload/applied/``
+(:func:`sim.launch.synth.add_workload`). Applied updates move to ``workload/applied/``
 with their report.
 """
 

@@ -203,7 +203,7 @@ def _party_fork_server() -> None:
 def _no_open_cpu_limiters() -> Iterator[None]:
     """Fail a test that leaves a CPU limiter open: a duty-cycle limiter's thread would
     go on stopping and continuing the processes it tracks during later tests."""
-    from sim.cpu import _open_limiters
+    from sim.cluster.cpu import _open_limiters
 
     before = set(_open_limiters)
     yield
@@ -363,7 +363,7 @@ def synth_mst_run(tmp_path_factory: pytest.TempPathFactory,
     fixed split and noise seeds: ``(SynthConfig, LaunchResult)``. Shared (read-only) by
     the end-to-end test (tests/integration/test_synth.py) and the crash-recovery tests'
     baseline (tests/integration/test_synth_recovery.py, which rerun this config)."""
-    from sim.synth_launch import run_synth
+    from sim.launch.synth import run_synth
     from synth.config import SynthConfig
 
     d = tmp_path_factory.mktemp("synth_mst")

@@ -4,7 +4,7 @@ A strategy is a set of plain Python generators, one per worker (plus, under ``vf
 one per parameter server): each ``yield action`` hands one of the frozen dataclasses
 below to an *interpreter* and receives the action's result back (``gen.send``). Two
 interpreters run the same strategies: :class:`parties.runtime.driver.ActionDriver` over a real
-bus and real workers (asyncio), and :mod:`sim.des` over a simulated clock, CPU and link.
+bus and real workers (asyncio), and :mod:`sim.cluster.des` over a simulated clock, CPU and link.
 
 Payloads are opaque to a strategy: what :class:`Forward` returns goes unchanged into a
 :class:`Publish`; a received message is only read through its ``meta`` (and, for the

@@ -3,7 +3,7 @@ PubSub-VFL needs to reach a target with ``(w_active, w_passive, B)`` than with o
 per party at a reference batch size.
 
 Pure logic: no sockets, no training. The measurements come from pilot runs
-(:func:`sim.pilot.pilot_samples_model` trains the real algorithms in one process); this
+(:func:`sim.launch.pilot.pilot_samples_model` trains the real algorithms in one process); this
 module only fits and evaluates the model.
 
 The model

@@ -3,7 +3,7 @@
 No asyncio, no bus, no torch: each strategy's :meth:`Strategy.segment` returns a
 generator that yields :mod:`parties.algorithms.actions` and receives their results. The asyncio
 interpreter (:class:`parties.runtime.driver.ActionDriver`, used by :class:`parties.runtime.party.Party`)
-and the discrete-event simulator (:mod:`sim.des`) both run these same generators, so
+and the discrete-event simulator (:mod:`sim.cluster.des`) both run these same generators, so
 the schedules exist once. The algorithms' semantics are specified in the module
 docstring of :mod:`parties.runtime.party`.
 

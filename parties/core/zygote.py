@@ -1,5 +1,5 @@
 """Party processes forked from a fork server that has already imported what a party
-imports (:mod:`parties.runtime.preload`): the launchers' parties (:mod:`sim.launch`) and the
+imports (:mod:`parties.runtime.preload`): the launchers' parties (:mod:`sim.launch.vfl`) and the
 profile and sweep children (:mod:`parties.planning.profile`, :mod:`parties.planning.sweep`).
 
 This module itself imports nothing heavy (launchers import it without torch).

@@ -3,7 +3,7 @@ metrics, and the specification of the five coordination algorithms (``vfl.algo``
 
 The algorithms themselves are sans-IO strategies (:mod:`parties.algorithms.strategy`, one object per
 algorithm x role) that yield actions; :class:`Party` runs them through
-:class:`parties.runtime.driver.ActionDriver` over the bus and its workers, and :mod:`sim.des`
+:class:`parties.runtime.driver.ActionDriver` over the bus and its workers, and :mod:`sim.cluster.des`
 runs the same strategies over a simulated clock.
 
 Protocol (all topics live under the run id, so runs can share a broker):

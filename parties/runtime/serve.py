@@ -4,7 +4,7 @@ transport, save its trained part, write its metrics.
 Shared by every way a party runs: ``python -m parties ROLE`` (:mod:`parties.cli`), a
 party process that the Python API spawns with the user's model factories
 (:func:`party_process_main`), and both parties in one process over an in-memory bus
-(:mod:`sim.local`).
+(:mod:`sim.launch.local`).
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ class RunContext:
         ``round:<name>@{planned,collected,unmask,revealed}``: the checkpoint boundaries):
         awaits the ``on_point`` observer, if any.
         The simulator's crash-recovery tests kill the process there
-        (:mod:`sim.synth_crash`); the coordinator itself injects nothing."""
+        (:mod:`sim.faults.synth_crash`); the coordinator itself injects nothing."""
         if self.on_point is not None:
             await self.on_point(point)
 

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 
-from sim.launch import spawn_party_cli
+from sim.launch.vfl import spawn_party_cli
 from tests.conftest import bank_sample_csv, psfl_in_process, wait_for_event
 
 ALGOS = ["pubsub", "vfl", "vfl-ps", "avfl", "avfl-ps"]
@@ -25,7 +25,7 @@ def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # Every algorithm trains with both parties in one process over the in-memory bus
-# (sim.local; thread, inline or process workers), and two of them again through the broker
+# (sim.launch.local; thread, inline or process workers), and two of them again through the broker
 # as real processes (the kill test below runs every algorithm through the broker as real
 # processes too). The algorithms themselves are covered without processes by
 # tests/unit/test_strategy.py (the sans-IO strategies) and test_strategy_des.py (the same
@@ -42,7 +42,7 @@ def test_every_algorithm_trains_and_reports_the_same_fields(bank_sample: Path, t
                                                             ) -> None:
     out = tmp_path / "run"
     # the launcher in this process: with the broker transport, broker and parties are
-    # processes; with memory, both parties run here (sim.local)
+    # processes; with memory, both parties run here (sim.launch.local)
     res = psfl_in_process(capfd, "vfl", "run", "--dataset", str(bank_sample), "--algo", algo,
                           "--out", str(out), "--set", "label=y", "--set", "epochs=3",
                           "--set", "batch_size=128", "--set", "lr=3e-3",

@@ -19,7 +19,7 @@ from parties.data import load_table
 from parties.core.errors import NonFiniteTraining, PartnerMisbehaved
 from pubsub import Bus
 from sim.api import VflJob, train
-from sim.launch import spawn_party_cli
+from sim.launch.vfl import spawn_party_cli
 from tests.conftest import wait_for_event
 from tests.bounds import above, below
 

@@ -1,4 +1,4 @@
-"""``pubsub`` over a slow link, both parties in this process (:mod:`sim.local`): the passive
+"""``pubsub`` over a slow link, both parties in this process (:mod:`sim.launch.local`): the passive
 party's embeddings reach the hub 40 ms late (a 40 ms round trip), and its in-flight
 window grows from the round trips it measures; ``metrics.json`` records them."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from parties.config import VflConfig
 from pubsub.memory import MemoryBroker, MemoryBus
-from sim.local import run_vfl_in_process
+from sim.launch.local import run_vfl_in_process
 from tests.bounds import above
 
 DELAY_S = 0.04

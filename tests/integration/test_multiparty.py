@@ -18,7 +18,7 @@ import pytest
 
 from parties.config import VflConfig
 from parties.core.errors import HandshakeTimeout
-from sim.launch import spawn_party_cli
+from sim.launch.vfl import spawn_party_cli
 from tests.conftest import bank_sample_csv, psfl_in_process, wait_for_event
 
 
@@ -36,7 +36,7 @@ def _metrics(out: Path) -> dict:
                                             ("avfl-ps", "concat")])
 def test_every_algorithm_trains_with_three_passive_parties_in_process(
         bank_sample: Path, tmp_path: Path, algo: str, fuse: str) -> None:
-    from sim.local import run_vfl_in_process
+    from sim.launch.local import run_vfl_in_process
 
     cfg = VflConfig(dataset=str(bank_sample), label="y", algo=algo, epochs=3, batch_size=128,
                     lr=3e-3, passive_parties=3, fuse=fuse, worker_mode="thread", seed=0)
@@ -227,7 +227,7 @@ def test_three_parties_by_hand_with_keys_and_a_run_membership(
 def test_each_passive_party_keeps_its_own_privacy_ledger(tmp_path: Path) -> None:
     """DP on: every passive party calibrates, clips and noises its own embeddings from its
     own columns' public schema, and reports its own guarantee (dp_by_party)."""
-    from sim.local import run_vfl_in_process
+    from sim.launch.local import run_vfl_in_process
 
     cfg = VflConfig(dataset="bank", algo="pubsub", epochs=1, batch_size=256,
                     passive_parties=2, dp_mu=8.0, dp_noise_seed=1, worker_mode="inline",
@@ -241,7 +241,7 @@ def test_each_passive_party_keeps_its_own_privacy_ledger(tmp_path: Path) -> None
         assert m["parties"][p]["feature_encoding"] == "public_schema"
     assert m["dp"] == by["passive"]
     # prediction: each passive party noises its own release and charges its own ledger
-    from sim.local import predict_in_process
+    from sim.launch.local import predict_in_process
 
     s = predict_in_process(tmp_path, tmp_path / "pred").summary
     assert sorted(s["dp_by_party"]) == ["passive", "passive2"]
@@ -280,7 +280,7 @@ def test_a_plan_gives_each_passive_party_its_own_workers(
 
 def test_a_two_party_run_with_a_mean_fuse_predicts_its_own_test_auc(bank_sample: Path,
                                                                     tmp_path: Path) -> None:
-    from sim.local import predict_in_process, run_vfl_in_process
+    from sim.launch.local import predict_in_process, run_vfl_in_process
 
     cfg = VflConfig(dataset=str(bank_sample), label="y", epochs=2, batch_size=128,
                     lr=3e-3, fuse="mean", worker_mode="inline")
@@ -293,7 +293,7 @@ def test_a_two_party_run_with_a_mean_fuse_predicts_its_own_test_auc(bank_sample:
 @pytest.fixture(scope="module")
 def three_party_run(bank_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small run with two passive parties, trained in process (its saved parts)."""
-    from sim.local import run_vfl_in_process
+    from sim.launch.local import run_vfl_in_process
 
     run = tmp_path_factory.mktemp("mp") / "run"
     cfg = VflConfig(dataset=str(bank_sample), label="y", epochs=1, batch_size=128, lr=3e-3,
@@ -309,7 +309,7 @@ def _predict_by_hand(dirs: dict[str, Path], out: Path, timeout_s: float,
     party that meets the active party but never publishes its embeddings."""
     from parties.runtime.predict import PredictParty
     from pubsub.memory import MemoryBroker
-    from sim.local import run_predict_parties
+    from sim.launch.local import run_predict_parties
 
     class Stalled(PredictParty):
         async def _passive(self, bus):  # type: ignore[no-untyped-def]

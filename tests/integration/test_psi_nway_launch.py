@@ -61,7 +61,7 @@ def test_three_parties_align_then_train_on_the_common_rows(tmp_path: Path) -> No
     for f in al.glob("*.json"):
         assert "c00100" not in f.read_text() and "c00950" not in f.read_text()
 
-    from sim.local import run_vfl_in_process
+    from sim.launch.local import run_vfl_in_process
 
     # the rows of each party's table: q's file order is reversed, so its table is too
     table = pd.read_csv(data)

@@ -1,4 +1,4 @@
-"""A small, fast consortium scenario through ``psfl sim run`` (sim/consortium_run.py):
+"""A small, fast consortium scenario through ``psfl sim run`` (sim/cluster/consortium_run.py):
 three sites of unequal size, one behind a shaped link, one stopped (SIGSTOP) through
 AIM's first adaptive round, a workload update; the run finishes, the offline site's round
 is recorded as dropped and completed from the cache, the link is measured, the report

@@ -1,4 +1,4 @@
-"""CPU shares enforced on real busy-loop processes (sim/cpu.py).
+"""CPU shares enforced on real busy-loop processes (sim/cluster/cpu.py).
 
 cgroup tests need root and a writable cgroup ``cpu`` hierarchy (v1) or a unified
 hierarchy with the cpu controller (v2); they skip otherwise. The duty-cycle tests run
@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sim.cpu import (
+from sim.cluster.cpu import (
     PARENT_DIR,
     CpuLimiter,
     CpuLimitUnavailable,

@@ -1,4 +1,4 @@
-"""sim.relay with real sockets on 127.0.0.1 (ephemeral ports) and real pyzmq peers.
+"""sim.cluster.relay with real sockets on 127.0.0.1 (ephemeral ports) and real pyzmq peers.
 
 Most tests run the relay on its own event loop in a background thread
 (:class:`RelayThread`) so the test can use blocking pyzmq sockets with timeouts and
@@ -24,7 +24,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from sim.relay import LinkSpec, Relay
+from sim.cluster.relay import LinkSpec, Relay
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -313,7 +313,7 @@ def _readline(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> dict[str,
 
 def _spawn(*args: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, "-m", "sim.relay", *args], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "sim.cluster.relay", *args], cwd=REPO, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
 

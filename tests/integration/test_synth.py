@@ -1,5 +1,5 @@
 """FedForge end to end: broker, coordinator, aggregators and parties as real processes on
-127.0.0.1 (sim/synth_launch.py), on a small generated table."""
+127.0.0.1 (sim/launch/synth.py), on a small generated table."""
 
 from __future__ import annotations
 
@@ -112,8 +112,8 @@ def test_psfl_synth_run_rejects_nonpositive_epsilon(
 @pytest.mark.timeout(600)
 def test_a_party_whose_columns_differ_fails_the_run_with_its_reason(
         csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sim.synth_launch as launch
-    from sim.launch import LaunchError
+    import sim.launch.synth as launch
+    from sim.launch.vfl import LaunchError
 
     real = launch.prepare_data
 
@@ -153,8 +153,8 @@ def test_a_party_that_drops_mid_round_is_unmasked_out_over_the_bus(csv: Path,
     left in)."""
     import asyncio
 
-    from sim.launch import _stop, start_broker
-    from sim.synth_launch import prepare_data
+    from sim.launch.vfl import _stop, start_broker
+    from sim.launch.synth import prepare_data
     from synth.aggregator import Aggregator
     from synth.coordinator import Coordinator
     from synth.domain import Schema, encode, marginals
@@ -215,7 +215,7 @@ def test_a_party_that_drops_mid_round_is_unmasked_out_over_the_bus(csv: Path,
 def aim_run(csv: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
     """One ``--mechanism aim`` run with a label of three classes (``a``): the AIM test and
     the non-binary label test read it (label and mechanism do not interact)."""
-    from sim.synth_launch import run_synth
+    from sim.launch.synth import run_synth
 
     cfg = SynthConfig(dataset=str(csv), label="a", parties=3, epsilon=1.0, fanout=2,
                       mechanism="aim", aim_rounds=2, aim_batch=2, engine="mbi",

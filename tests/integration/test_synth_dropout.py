@@ -32,8 +32,8 @@ def test_dropouts_in_round_0_and_the_tree_round_use_both_recovery_rules(
     """p002 sends nothing in round 0 (its 1-way marginals were never released: the
     survivors' sum, rescaled) nor in round 2 (the tree's pairs were released with p002 in
     the all-pairs round 1: its row share of that release is added, staleness 1)."""
-    from sim.launch import _stop, start_broker
-    from sim.synth_launch import prepare_data
+    from sim.launch.vfl import _stop, start_broker
+    from sim.launch.synth import prepare_data
     from synth.aggregator import Aggregator
     from synth.coordinator import Coordinator
     from synth.domain import Schema
@@ -107,7 +107,7 @@ def test_a_paused_party_misses_a_round_skips_it_unpaid_and_rejoins(csv: Path,
     closed. The round is completed from the cache (the pairs were released with p001 in
     the all-pairs round); p001 finds the stale plan and the round's unmask queued, skips
     the round without spending budget, and counts the next round again."""
-    from sim.synth_launch import run_synth
+    from sim.launch.synth import run_synth
     from synth.accounting import cdp_rho
 
     cfg = SynthConfig(dataset=str(csv), label="income", parties=4, epsilon=1.0, fanout=2,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import synth_table
-from sim.synth_faults import PartyKill, process_layout
+from sim.faults.synth_party import PartyKill, process_layout
 from synth.config import SynthConfig
 
 
@@ -43,7 +43,7 @@ def test_kill_specs_are_checked_and_the_victim_runs_alone() -> None:
 @pytest.mark.timeout(600)
 def test_a_killed_party_leaves_a_run_that_completes_with_the_survivors(
         csv: Path, tmp_path: Path) -> None:
-    from sim.synth_launch import run_synth
+    from sim.launch.synth import run_synth
 
     res = run_synth(_cfg(csv, parties_per_process=5), tmp_path / "run", quiet=True,
                     kill_parties=["p003@round:select"], timeout_s=200)

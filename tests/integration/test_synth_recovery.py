@@ -29,7 +29,7 @@ def baseline(synth_mst_run: tuple) -> tuple[SynthConfig, dict]:
 @pytest.mark.parametrize("point", ["keys@collected", "round:tree@unmask"])
 def test_kill_9_of_the_coordinator_then_resume(baseline: tuple[SynthConfig, dict],
                                                point: str, tmp_path: Path) -> None:
-    from sim.synth_launch import run_synth
+    from sim.launch.synth import run_synth
 
     cfg, base = baseline
     # without the label: it feeds only the quality stage's ML-utility classifiers (not

@@ -22,7 +22,7 @@ def test_a_session_below_the_threshold_floor_is_refused_and_nothing_is_released(
         tmp_path: Path) -> None:
     from pubsub.memory import MemoryBroker
     from synth.aggregator import Aggregator
-    from sim.synth_launch import prepare_data
+    from sim.launch.synth import prepare_data
     from synth.cli import read_table
     from synth.coordinator import Coordinator, CoordinatorError
     from synth.domain import Schema

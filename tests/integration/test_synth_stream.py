@@ -31,7 +31,7 @@ def _xor_table(n: int = 4000, seed: int = 0) -> pd.DataFrame:
 @pytest.mark.stochastic
 @pytest.mark.timeout(600)
 def test_add_workload_after_the_run_measures_only_what_is_missing(tmp_path: Path) -> None:
-    from sim.synth_launch import add_workload, run_synth
+    from sim.launch.synth import add_workload, run_synth
 
     _xor_table().to_csv(tmp_path / "t.csv", index=False)
     cfg = SynthConfig(dataset=str(tmp_path / "t.csv"), parties=3, epsilon=4.0, fanout=2,

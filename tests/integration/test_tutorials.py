@@ -635,7 +635,7 @@ def _synth_run_dir(out: Path) -> None:
     """What across-hosts.md's by-hand FedForge run takes from a ``psfl synth run``
     directory (config.toml, schema.json, data/parties/), laid out as that command does
     before it starts any process: adult, K = 10, the fedforge tutorial's quick settings."""
-    from sim.synth_launch import prepare_data
+    from sim.launch.synth import prepare_data
     from synth.config import SynthConfig, dump_synth_config
 
     cfg = SynthConfig(dataset="adult", parties=10, epsilon=1.0, engine_iters=100,

@@ -18,16 +18,16 @@ BANK_SCHEMA = Path(parties.datasets.__file__).parent / bundled_schema_name("bank
 
 def _run(out: Path, *sets: str, transport: str = "broker",
          dataset: str = "bank") -> dict:  # type: ignore[type-arg]
-    if transport == "memory":  # both parties in this process (sim.local)
+    if transport == "memory":  # both parties in this process (sim.launch.local)
         from parties.config import load_vfl_config
-        from sim.local import run_vfl_in_process
+        from sim.launch.local import run_vfl_in_process
 
         return run_vfl_in_process(load_vfl_config(None, [f"dataset={dataset}", *sets]),
                                   out).metrics
-    # the launcher in this process (sim.launch.run_vfl, as psfl vfl run calls it); the
+    # the launcher in this process (sim.launch.vfl.run_vfl, as psfl vfl run calls it); the
     # broker and the parties are processes; a party that fails raises LaunchError here
     from parties.config import load_vfl_config
-    from sim.launch import run_vfl
+    from sim.launch.vfl import run_vfl
 
     run_vfl(load_vfl_config(None, [f"dataset={dataset}", *sets]), out, timeout_s=300,
             quiet=True)

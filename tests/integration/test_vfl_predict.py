@@ -16,7 +16,7 @@ import pytest
 from parties.config import load_vfl_config
 from parties.data import load_table
 from parties.runtime.predict import PredictionBudgetExceeded, PredictionIdsRequired
-from sim.local import predict_in_process, run_vfl_in_process
+from sim.launch.local import predict_in_process, run_vfl_in_process
 from tests.conftest import psfl_in_process
 
 PSFL = [sys.executable, "-m", "sim.cli"]
@@ -40,7 +40,7 @@ def bank_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _train(data: Path, out: Path, *sets: str) -> dict:  # type: ignore[type-arg]
-    """Train in this process over the in-memory bus (:mod:`sim.local`): what is tested here
+    """Train in this process over the in-memory bus (:mod:`sim.launch.local`): what is tested here
     is the saved model and prediction; training through the broker is tested elsewhere."""
     base = [f"dataset={data}", "label=y", "epochs=2", "batch_size=128", "lr=3e-3",
             "embedding_dim=8",

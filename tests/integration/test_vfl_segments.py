@@ -11,7 +11,7 @@ from parties.config import VflConfig
 
 
 def test_sync_segments_apart_from_the_scorings(tmp_path: Path) -> None:
-    from sim.local import run_vfl_in_process
+    from sim.launch.local import run_vfl_in_process
 
     cfg = VflConfig(dataset="synthetic", synthetic_rows=3000, epochs=2, batch_size=128,
                     algo="pubsub", w_active=1, w_passive=2, worker_mode="inline",

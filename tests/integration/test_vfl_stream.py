@@ -12,7 +12,7 @@ import pytest
 
 from parties.config import load_vfl_config
 from parties.data.criteo import CriteoSpec, write_criteo
-from sim.local import predict_in_process, run_vfl_in_process
+from sim.launch.local import predict_in_process, run_vfl_in_process
 from tests.conftest import psfl_in_process
 from tests.bounds import above, below
 

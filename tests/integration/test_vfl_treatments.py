@@ -12,7 +12,7 @@ import pytest
 
 from parties.config import load_vfl_config
 from parties.data.demo_tables import make_traffic
-from sim.local import predict_in_process, run_vfl_in_process
+from sim.launch.local import predict_in_process, run_vfl_in_process
 from tests.conftest import psfl_in_process
 
 pytestmark = pytest.mark.timeout(600)

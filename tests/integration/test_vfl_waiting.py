@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
-from sim.launch import spawn_party_cli
+from sim.launch.vfl import spawn_party_cli
 from tests.conftest import BrokerProcess
 
 # it measures idleness: under pytest-xdist no other test runs meanwhile (tests/conftest.py)

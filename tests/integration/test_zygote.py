@@ -75,7 +75,7 @@ def test_signals_reach_the_child_and_wait_has_a_deadline() -> None:
 
 
 def test_python_m_parties_forked_keeps_its_exit_codes(tmp_path: Path) -> None:
-    from sim.launch import spawn_party_cli
+    from sim.launch.vfl import spawn_party_cli
 
     # argparse's usage error (2) and an unreadable config (a ConfigError: 2, one line)
     bad_role = spawn_party_cli(["referee"], name="t-usage")

@@ -34,12 +34,12 @@ def _job(**kw) -> VflJob:  # type: ignore[no-untyped-def]
 
 def _no_start(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if anything would start a party."""
-    import sim.local
+    import sim.launch.local
 
     def boom(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("a party started")
 
-    monkeypatch.setattr(sim.local, "run_parties_in_memory", boom)
+    monkeypatch.setattr(sim.launch.local, "run_parties_in_memory", boom)
 
 
 def _raises(*a: int) -> nn.Module:
@@ -122,7 +122,7 @@ def test_the_optimizer_and_loss_reach_the_workers() -> None:
 
 
 def test_parts_of_two_runs_are_refused(tmp_path: Path) -> None:
-    from sim.predict_launch import check_parts
+    from sim.launch.predict import check_parts
 
     for role, run in (("active", "r1"), ("passive", "r2")):
         d = tmp_path / "model" / role
@@ -134,7 +134,7 @@ def test_parts_of_two_runs_are_refused(tmp_path: Path) -> None:
 
 def test_every_passive_partys_part_is_checked_naming_it(tmp_path: Path) -> None:
     from parties.runtime.saved import SavedModelError
-    from sim.predict_launch import check_parts
+    from sim.launch.predict import check_parts
 
     def part(party: str, run: str) -> Path:
         d = tmp_path / "model" / party

@@ -32,6 +32,7 @@ CONTRACTS = {
     "layers": "The bus below everything",
     "algorithms-no-io": "The algorithms (strategies",
     "parties-layers": "The VFL parties' subpackages",
+    "sim-layers": "The simulator's subpackages",
     "acyclic": "No import cycles",
 }
 
@@ -103,6 +104,9 @@ def test_planted_violations_break_each_contract(tmp_path: Path) -> None:
     # the parties' shared vocabulary reaching up into the runtime
     (tmp_path / "parties" / "core" / "planted_up.py").write_text(
         "import parties.runtime.party  # planted\n")
+    # the reports reaching up into the cluster simulator
+    (tmp_path / "sim" / "reports" / "planted_up.py").write_text(
+        "import sim.cluster.runner  # planted\n")
     code, report = _lint_copy(tmp_path)
     assert code == 1, report
     assert _verdicts(report) == dict.fromkeys(CONTRACTS, "BROKEN"), report
@@ -111,6 +115,25 @@ def test_planted_violations_break_each_contract(tmp_path: Path) -> None:
     assert "planted_a" in flat and "planted_b" in flat, report
     assert "parties.algorithms.strategy -> socket" in flat, report
     assert "parties.core.planted_up -> parties.runtime.party" in flat, report
+    assert "sim.reports.planted_up -> sim.cluster.runner" in flat, report
+
+
+#: the only modules of parties/ and sim/ outside a subpackage
+TOP_LEVEL = {"parties": {"__init__.py", "__main__.py", "cli.py"},
+             "sim": {"__init__.py", "__main__.py", "cli.py", "api.py", "fedforge.py"}}
+
+
+def test_parties_and_sim_keep_their_modules_in_subpackages() -> None:
+    for pkg, allowed in TOP_LEVEL.items():
+        loose = sorted(p.name for p in (ROOT / pkg).glob("*.py") if p.name not in allowed)
+        assert not loose, f"{pkg}/: modules outside a subpackage: {loose}"
+        for sub in (ROOT / pkg).iterdir():
+            if sub.is_dir() and any(sub.glob("*.py")):
+                init = sub / "__init__.py"
+                assert init.is_file(), f"{sub} is not a package"
+                doc = init.read_text()
+                assert doc.startswith('"""') and "import" in doc.split('"""')[1], \
+                    f"{init}: its docstring must say what the package may import"
 
 
 def _module_cycles(graph: Any) -> list[list[str]]:

@@ -1,4 +1,4 @@
-"""The privacy audit's statistics (sim/audit.py) and a fast subset of bench/dp_audit.py."""
+"""The privacy audit's statistics (sim/reports/audit.py) and a fast subset of bench/dp_audit.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from sim.audit import (
+from sim.reports.audit import (
     IntPmf,
     bonferroni,
     compose_plds,

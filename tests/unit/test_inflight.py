@@ -2,7 +2,7 @@
 (:class:`parties.algorithms.schedule.InflightWindow`), the windowed worker of
 :class:`parties.algorithms.strategy.ScheduledPassive` on a scripted clock (weight stashing with a
 real bottom model; the deadline raised on a link slower than T_ddl), and the window on a
-simulated slow link (:mod:`sim.des`)."""
+simulated slow link (:mod:`sim.cluster.des`)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from parties.algorithms.actions import (
 from parties.models.model import ParameterServer, PassiveCompute, bottom_model, flat_params, load_flat
 from parties.algorithms.schedule import DDL_RTTS, InflightWindow
 from parties.algorithms.strategy import ScheduledPassive, StrategyConfig
-from sim.des import SimInput, StepCosts, simulate
+from sim.cluster.des import SimInput, StepCosts, simulate
 from tests.drive import drive
 
 

@@ -57,7 +57,7 @@ def test_compare_predicted_and_measured(mc: Any) -> None:
 
 def test_refuses_a_small_machine(mc: Any, monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    import sim.cpu
-    monkeypatch.setattr(sim.cpu, "machine_cores", lambda: 2)
+    import sim.cluster.cpu
+    monkeypatch.setattr(sim.cluster.cpu, "machine_cores", lambda: 2)
     assert mc.main(["--out", "unused"]) == 2
     assert "needs at least 8" in capsys.readouterr().err

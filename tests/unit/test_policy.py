@@ -90,7 +90,7 @@ def test_a_predictions_topics_are_each_passive_partys_own() -> None:
     """``psfl vfl predict`` with several passive parties: the role policy lets each one
     publish its embeddings and hellos; the launcher's membership keeps them its own."""
     from pubsub.membership import membership
-    from sim.launch import run_members
+    from sim.launch.vfl import run_members
 
     pol = load_policy(DEFAULT_POLICY_FILE)
     act, pas = pol.rules("active"), pol.rules("passive")

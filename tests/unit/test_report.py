@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.report import (
+from sim.reports.vfl import (
     ReportError,
     Run,
     Span,

@@ -1,4 +1,4 @@
-"""``psfl report``'s FedForge series (sim/report_synth.py): pure functions on small
+"""``psfl report``'s FedForge series (sim/reports/synth.py): pure functions on small
 hand-made run directories; no drawing."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.report import ReportError
-from sim.report_synth import (
+from sim.reports.vfl import ReportError
+from sim.reports.synth import (
     PartyBudget,
     StageSpan,
     SynthReportError,

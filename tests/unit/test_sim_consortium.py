@@ -1,4 +1,4 @@
-"""The consortium scenario file (sim/consortium.py): parsing, validation (unknown keys
+"""The consortium scenario file (sim/cluster/consortium.py): parsing, validation (unknown keys
 rejected, bad values named), the [synth] keys it fixes, and CLI dispatch on the table."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pubsub.config import ConfigError
-from sim.consortium import (load_consortium, parse_consortium, parse_when, scenario_kind,
+from sim.cluster.consortium import (load_consortium, parse_consortium, parse_when, scenario_kind,
                             synth_table)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,7 +131,7 @@ def test_synth_keys_the_scenario_fixes_are_refused(tmp_path: Path) -> None:
 
 
 def test_stage_names_are_checked_against_the_run(tmp_path: Path) -> None:
-    from sim.consortium_run import build_config
+    from sim.cluster.consortium_run import build_config
 
     cons, synth = load_consortium(_write(tmp_path, GOOD))
     cfg = build_config(cons, synth)
@@ -153,7 +153,7 @@ def test_parse_when() -> None:
 
 
 def test_the_shipped_scenario_parses() -> None:
-    from sim.consortium_run import build_config
+    from sim.cluster.consortium_run import build_config
 
     cons, synth = load_consortium(SHIPPED)
     assert [p.rows_equiv for p in cons.parties] == [10000, 50000, 100000, 250000, 500000]

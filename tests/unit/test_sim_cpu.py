@@ -1,4 +1,4 @@
-"""Pure parts of the per-party CPU shares (sim/cpu.py): no root, no cgroups."""
+"""Pure parts of the per-party CPU shares (sim/cluster/cpu.py): no root, no cgroups."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cpu import (
+from sim.cluster.cpu import (
     MIN_QUOTA_US,
     CgroupMount,
     CpuLimiter,
@@ -249,7 +249,7 @@ def test_add_missing_process() -> None:
 
 def _fake_proc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mountinfo: str,
                proc_cgroup: str) -> None:
-    import sim.cpu as cpu
+    import sim.cluster.cpu as cpu
 
     (tmp_path / "mountinfo").write_text(mountinfo)
     (tmp_path / "cgroup").write_text(proc_cgroup)
@@ -277,7 +277,7 @@ def test_cgroup_v2_logic_on_a_fake_tree(monkeypatch: pytest.MonkeyPatch,
     """cgroup2 is not writable for the cpu controller on every machine: check the file
     protocol (subtree_control, cpu.max, cpu.weight, cgroup.procs, cpu.stat) on a fake
     tree of regular files."""
-    import sim.cpu as cpu
+    import sim.cluster.cpu as cpu
 
     root = tmp_path / "cg"
     root.mkdir()

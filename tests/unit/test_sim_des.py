@@ -1,4 +1,4 @@
-"""sim.des: the discrete-event simulation of the five algorithms, on hand-computed cases."""
+"""sim.cluster.des: the discrete-event simulation of the five algorithms, on hand-computed cases."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sim.des import (
+from sim.cluster.des import (
     ALGOS,
     SimInput,
     SimInputError,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.runner import format_summary, mark_after_training
+from sim.cluster.runner import format_summary, mark_after_training
 
 
 def _faults() -> list[dict]:
@@ -35,7 +35,7 @@ def test_summary_says_after_training() -> None:
 def test_event_tail_marks_a_party_trained_only_at_its_last_epoch(tmp_path) -> None:
     import orjson
 
-    from sim.runner import _EventTail
+    from sim.cluster.runner import _EventTail
 
     events = tmp_path / "events.jsonl"
     rows = [{"event": "vfl.epoch_done", "party": "passive", "epochs_done": 1.0,

@@ -1,4 +1,4 @@
-"""Pure parts of sim.relay: LinkSpec validation and the LinkClock link model (no sockets)."""
+"""Pure parts of sim.cluster.relay: LinkSpec validation and the LinkClock link model (no sockets)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sim.relay import InvalidLinkSpec, LinkClock, LinkSpec, Relay, RelayError
+from sim.cluster.relay import InvalidLinkSpec, LinkClock, LinkSpec, Relay, RelayError
 
 
 @pytest.mark.parametrize(("field", "value"), [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pubsub.config import ConfigError
-from sim.scenario import (FaultSpec, PartySpec, Scenario, load_scenario, parse_ratio,
+from sim.cluster.scenario import (FaultSpec, PartySpec, Scenario, load_scenario, parse_ratio,
                           party_cores)
 
 GOOD = """
@@ -91,7 +91,7 @@ def test_too_many_cores_and_missing_file(tmp_path):
 def test_shipped_vfl_scenario_loads_and_matches_the_readme() -> None:
     from pathlib import Path
 
-    from sim.scenario import load_scenario
+    from sim.cluster.scenario import load_scenario
 
     root = Path(__file__).resolve().parents[2]
     path = root / "sim" / "scenarios" / "vfl_50_14.toml"
@@ -174,7 +174,7 @@ def test_a_ratio_that_fits_no_party_count_or_a_party_without_cores_is_refused():
 
 def test_a_fault_on_a_party_the_run_lacks_is_refused_before_anything_starts(tmp_path):
     from parties.config import VflConfig
-    from sim.runner import run_scenario
+    from sim.cluster.runner import run_scenario
 
     scn = Scenario(cpu_ratio="1:1", faults=(FaultSpec(at_s=1.0, party="passive3",
                                                       kind="kill"),))
@@ -184,7 +184,7 @@ def test_a_fault_on_a_party_the_run_lacks_is_refused_before_anything_starts(tmp_
 
 
 def test_path_mbps_is_the_slowest_limited_link_of_the_run() -> None:
-    from sim.scenario import LinkConfig, path_mbps
+    from sim.cluster.scenario import LinkConfig, path_mbps
 
     def spec(mbps: float) -> PartySpec:
         return PartySpec(link=LinkConfig(latency_s=0.02, bandwidth_mbps=mbps))

@@ -1,10 +1,10 @@
-"""sim.synth_crash: the coordinator's crash observer fires at its point only."""
+"""sim.faults.synth_crash: the coordinator's crash observer fires at its point only."""
 
 from __future__ import annotations
 
 import asyncio
 
-from sim.synth_crash import crash_at, main
+from sim.faults.synth_crash import crash_at, main
 
 
 def test_observer_kills_only_at_the_named_point() -> None:

@@ -1,4 +1,4 @@
-"""One schedule, two interpreters: the discrete-event simulator (:mod:`sim.des`) and the
+"""One schedule, two interpreters: the discrete-event simulator (:mod:`sim.cluster.des`) and the
 asyncio :class:`parties.runtime.driver.ActionDriver` (over an in-memory transport and instant
 fake workers: no sockets, no processes) run the same strategies, so each worker sees the
 same action sequence in both, whatever the costs."""
@@ -33,7 +33,7 @@ from parties.algorithms.schedule import effective_workers, eval_segments, num_ba
 from parties.algorithms.strategy import StrategyConfig, make_strategy
 from parties.runtime.timeline import Timeline
 from pubsub import DeadlineExceeded, Message
-from sim.des import SimInput, StepCosts, simulate
+from sim.cluster.des import SimInput, StepCosts, simulate
 
 ROLES = ("active", "passive")
 

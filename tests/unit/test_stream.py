@@ -227,7 +227,7 @@ def test_a_streamed_run_sizes_its_broker_subscriptions(criteo: dict[str, Path],
 
     import parties.data.stream as stream
     from parties.config import VflConfig
-    from sim.launch import BROKER_SUBSCRIPTIONS, subscriptions_needed
+    from sim.launch.vfl import BROKER_SUBSCRIPTIONS, subscriptions_needed
 
     cfg = VflConfig(label="label", row_split="hash", stream=True, batch_size=256,
                     party_datasets=(str(criteo["active"]), str(criteo["passive"])))

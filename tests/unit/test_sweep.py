@@ -1,5 +1,5 @@
 """The batch-size sweep, the cost-model fits and ``psfl vfl plan`` (parties/planning/sweep.py,
-sim/sysprofile.py)."""
+sim/launch/sysprofile.py)."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def _models(sweeps: dict[str, PartySweep]) -> CostModels:
 
 
 def test_plan_from_models_and_the_plan_config(sweeps: dict[str, PartySweep]) -> None:
-    from sim.sysprofile import apply_plan, load_plan_config, plan_from_models
+    from sim.launch.sysprofile import apply_plan, load_plan_config, plan_from_models
 
     models = _models(sweeps)
     cfg = load_plan_config({"embedding_dim": 8, "epochs": 4}, None, ["epochs=2"])
@@ -253,7 +253,7 @@ def test_plans_of_several_passive_parties_apply_per_party(
         sweeps: dict[str, PartySweep], passive2_sweep: PartySweep) -> None:
     from pubsub.config import ConfigError
 
-    from sim.sysprofile import apply_plan, plan_from_models
+    from sim.launch.sysprofile import apply_plan, plan_from_models
 
     models = _multi_models(sweeps, passive2_sweep)
     plan, inputs = plan_from_models(models, MULTI, w_max=3, batch_sizes=(8, 16, 32, 64))

@@ -8,7 +8,7 @@ import pytest
 
 from parties.data import load_table
 from pubsub.config import ConfigError
-from sim.synth_launch import declared_schema
+from sim.launch.synth import declared_schema
 from synth.config import SynthConfig
 from synth.domain import OTHER_LEVEL, encode
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.synth_launch import RUN_LOCK, _merge_reopened, _nothing_to_do, run_synth
+from sim.launch.synth import RUN_LOCK, _merge_reopened, _nothing_to_do, run_synth
 from synth.config import SynthConfig
 
 

@@ -45,7 +45,7 @@ def test_mbi_model_round_trip() -> None:
 @pytest.mark.parametrize(("lo", "hi", "bins"), [(18, 100, 10), (0, 1, 10), (0, 3, 2)])
 def test_declared_integer_column_decodes_within_bounds(tmp_path, lo: int, hi: int,
                                                        bins: int) -> None:
-    from sim.synth_launch import declared_schema
+    from sim.launch.synth import declared_schema
 
     f = tmp_path / "s.toml"
     f.write_text(f'version = 1\ndataset = "t"\n[columns.n]\nkind = "numeric"\nlo = {lo}\n'

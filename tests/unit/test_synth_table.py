@@ -62,9 +62,9 @@ def table_mod(monkeypatch: pytest.MonkeyPatch):
     pytest.importorskip("torch")
     import sim  # noqa: F401 - the package must be importable before faking its submodule
 
-    fake = types.ModuleType("sim.synth_launch")
+    fake = types.ModuleType("sim.launch.synth")
     fake.run_synth = fake_run_synth  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sim.synth_launch", fake)
+    monkeypatch.setitem(sys.modules, "sim.launch.synth", fake)
     mod = load("synth_table")
     central = load("synth_central")
     real_mst = central.central_mst
@@ -140,7 +140,7 @@ def test_failed_run_is_recorded_and_exit_code_is_one(table_mod, tmp_path: Path,
     def boom(*a, **kw):
         raise RuntimeError("launcher exploded")
 
-    monkeypatch.setattr(sys.modules["sim.synth_launch"], "run_synth", boom)
+    monkeypatch.setattr(sys.modules["sim.launch.synth"], "run_synth", boom)
     out = tmp_path / "x.json"
     rc = table_mod.main(["--quick", "--json", str(out), "--out", str(tmp_path / "runs"),
                          "--engine", "neural", "--datasets", "tiny", "--epsilons", "1",

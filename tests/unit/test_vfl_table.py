@@ -71,19 +71,19 @@ def test_aggregate_means_and_efficiency(table: Any) -> None:
 
 def test_a_failed_run_is_recorded_but_a_stop_request_ends_the_table(
         table: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sim.launch
+    import sim.launch.vfl
     from parties.config import VflConfig
 
     def fails(*_a: Any, **_k: Any) -> None:
         raise RuntimeError("party died")
 
-    monkeypatch.setattr(sim.launch, "run_vfl", fails)
+    monkeypatch.setattr(sim.launch.vfl, "run_vfl", fails)
     res = table.run_one(VflConfig(), 10.0)
     assert res == {"status": "failed", "error": "RuntimeError: party died"}
 
     def terminated(*_a: Any, **_k: Any) -> None:
-        raise sim.launch._Terminated
+        raise sim.launch.vfl._Terminated
 
-    monkeypatch.setattr(sim.launch, "run_vfl", terminated)
-    with pytest.raises(sim.launch._Terminated):  # SIGTERM: not swallowed as a failed run
+    monkeypatch.setattr(sim.launch.vfl, "run_vfl", terminated)
+    with pytest.raises(sim.launch.vfl._Terminated):  # SIGTERM: not swallowed as a failed run
         table.run_one(VflConfig(), 10.0)

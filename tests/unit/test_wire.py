@@ -187,7 +187,7 @@ def test_a_dp_run_with_int8_on_the_wire_reports_the_planned_mu(tmp_path) -> None
     active party's gradients travel as int8 after the noise, and the run's accounted µ is
     the plan's, as without compression."""
     from parties.privacy.dp import plan_from_config
-    from sim.local import run_vfl_in_process
+    from sim.launch.local import run_vfl_in_process
 
     cfg = VflConfig(dataset="synthetic", synthetic_rows=1000, synthetic_features=8,
                     synthetic_informative=4, epochs=1, batch_size=128, dp_mu=4.0,

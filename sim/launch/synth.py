@@ -33,12 +33,12 @@ from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from sim.launch import LaunchError, LaunchResult, OutDirError, _spawn, _stop, run_security
-from sim.launch import start_broker
-from sim.launch import wait_children
-from sim.synth_faults import PartyKill, PartyKiller, StageLog, process_layout
+from sim.launch.vfl import LaunchError, LaunchResult, OutDirError, _spawn, _stop, run_security
+from sim.launch.vfl import start_broker
+from sim.launch.vfl import wait_children
+from sim.faults.synth_party import PartyKill, PartyKiller, StageLog, process_layout
 
-from sim.synth_crash import CRASH_POINT_ENV
+from sim.faults.synth_crash import CRASH_POINT_ENV
 from synth.checkpoint import read_json
 from synth.workload import WorkloadError, mark_applied, submit_workload
 from synth.config import SynthConfig, dump_synth_config
@@ -216,7 +216,7 @@ class _CoordinatorKill:
     after ``restart_after_s``; records what it did.
 
     ``stage@point`` instead has the coordinator kill itself at that exact point
-    (:data:`sim.synth_crash.CRASH_POINT_ENV` read by ``python -m sim.synth_crash``, for
+    (:data:`sim.faults.synth_crash.CRASH_POINT_ENV` read by ``python -m sim.faults.synth_crash``, for
     the first process only); this then
     waits for its SIGKILL exit and restarts it the same way."""
 
@@ -325,7 +325,7 @@ def read_ledgers(state_dir: Path) -> dict[str, Any]:
 
 
 class LaunchHooks(Protocol):
-    """What a scenario (e.g. :mod:`sim.consortium_run`) adds to :func:`run_synth`."""
+    """What a scenario (e.g. :mod:`sim.cluster.consortium_run`) adds to :func:`run_synth`."""
 
     def party_broker(self, index: int, broker: str, ports: int) -> str:
         """The address party process ``index`` is given (``broker``, or a relay in front
@@ -419,10 +419,10 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             from :func:`coordinator_stages`) plus ``kill_delay_s``, and start it again with
             ``--resume`` after ``restart_after_s`` seconds (crash recovery);
             ``STAGE@POINT`` (e.g. ``round:select@unmask``) has it kill itself at that exact
-            point of the stage (``python -m sim.synth_crash``).
+            point of the stage (``python -m sim.faults.synth_crash``).
             ``metrics["faults"]`` records it.
         kill_delay_s / restart_after_s: see ``kill_coordinator_at``, seconds.
-        kill_parties: faults ``ID@STAGE`` (:class:`sim.synth_faults.PartyKill`): kill -9
+        kill_parties: faults ``ID@STAGE`` (:class:`sim.faults.synth_party.PartyKill`): kill -9
             party ID when the coordinator starts STAGE (a name from
             :func:`coordinator_stages`); the party runs alone in its own process. The run
             completes with the survivors, or fails as the coordinator does when fewer
@@ -452,7 +452,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     every party spent at most the planned ρ.
 
     Returns:
-        :class:`sim.launch.LaunchResult` (``metrics`` as in ``metrics.json``).
+        :class:`sim.launch.vfl.LaunchResult` (``metrics`` as in ``metrics.json``).
 
     Raises:
         LaunchError: a process failed (its exit code is carried).
@@ -532,7 +532,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             return ["--rusage-out", str(ru_dir / f"{name}.json")] if rusage else []
 
         crash_here = bool(kill_coordinator_at and "@" in kill_coordinator_at)
-        coord_py = [sys.executable, "-m", "sim.synth_crash"] if crash_here else py
+        coord_py = [sys.executable, "-m", "sim.faults.synth_crash"] if crash_here else py
         coord_argv = [*coord_py, "coordinator", *common, "--schema", str(out / "schema.json"),
                       "--out", str(out),
                       *(["--eval-dir", str(out / "data")]
@@ -640,7 +640,7 @@ def add_ledgers(metrics: dict[str, Any], state_dir: Path) -> None:
             <= 1e-9 * max(1.0, ledger[p]["rho_spent"]) for p in ledger)
 
 
-#: Crash points within a stage (``STAGE@POINT``; see sim.synth_crash).
+#: Crash points within a stage (``STAGE@POINT``; see sim.faults.synth_crash).
 CRASH_POINTS_ROUND = ("planned", "collected", "unmask", "revealed")
 CRASH_POINTS = {"schema": ("collected",), "keys": ("collected", "marked"),
                 "seeds": ("collected", "marked")}

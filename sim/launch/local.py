@@ -8,7 +8,7 @@ the network and the broker (no CURVE, no broker policy, no broker counters: ``br
 in ``metrics.json`` holds the hub's), and the two parties share one interpreter (thread
 workers share its GIL), so speed figures are not those of separate processes.
 
-The run directory is the same as :func:`sim.launch.run_vfl`'s: ``config.toml``,
+The run directory is the same as :func:`sim.launch.vfl.run_vfl`'s: ``config.toml``,
 ``metrics.json``, ``passive.json``, ``events.jsonl``, ``timeline-<role>.json`` and
 ``model/<role>/``.
 """
@@ -26,7 +26,7 @@ from parties.config import VflConfig
 from parties.data.preflight import preflight
 from pubsub.runner import run as run_loop
 
-from sim.launch import JobTimeout, LaunchResult, finish_run, prepare_run
+from sim.launch.vfl import JobTimeout, LaunchResult, finish_run, prepare_run
 
 
 async def run_parties_in_memory(cfg: VflConfig, out: Path | None, *, run_id: str,
@@ -79,7 +79,7 @@ async def run_parties_in_memory(cfg: VflConfig, out: Path | None, *, run_id: str
 def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = None,
                        models: Any = None, quiet: bool = True,
                        timeout_s: float | None = None) -> LaunchResult:
-    """:func:`sim.launch.run_vfl`, with both parties in this process over an in-memory bus.
+    """:func:`sim.launch.vfl.run_vfl`, with both parties in this process over an in-memory bus.
 
     Must be called outside a running event loop (it runs its own; from a notebook's loop
     use :func:`run_parties_in_memory`).
@@ -94,9 +94,9 @@ def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = 
         timeout_s: stop both parties after this long (None: only their own deadlines).
 
     Raises:
-        the errors of :func:`sim.launch.run_vfl` that are about the data, the models and
+        the errors of :func:`sim.launch.vfl.run_vfl` that are about the data, the models and
         the run directory, before training starts; a party's own error during the run
-        (:mod:`parties.core.errors`); :class:`sim.launch.JobTimeout`.
+        (:mod:`parties.core.errors`); :class:`sim.launch.vfl.JobTimeout`.
     """
     import torch
 
@@ -152,19 +152,19 @@ async def run_predict_parties(parties: Mapping[str, Any], *,
 def predict_in_process(run_dir: str | Path, out: str | Path, *, data: str | None = None,
                        id_column: str = "id", wait_s: float = 60.0,
                        models: Any = None) -> Any:
-    """:func:`sim.predict_launch.run_predict` with every party in this process over an
+    """:func:`sim.launch.predict.run_predict` with every party in this process over an
     in-memory bus (a saved model whose factory lives in the calling script's ``__main__``
     can be rebuilt here, but not in a ``python -m parties predict`` process; ``models``
     gives the training factory for one that cannot be imported at all).
 
     Raises:
-        the errors of :func:`sim.predict_launch.run_predict` about the saved parts, the
+        the errors of :func:`sim.launch.predict.run_predict` about the saved parts, the
         rows and the output directory; a party's own error (:mod:`parties.core.errors`).
     """
     from parties.runtime.predict import PredictParty
     from pubsub.memory import MemoryBroker
 
-    from sim.predict_launch import PredictResult, check_parts, prepare_out
+    from sim.launch.predict import PredictResult, check_parts, prepare_out
 
     party_ids = check_parts(run_dir)
     out = Path(out)

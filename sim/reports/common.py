@@ -1,5 +1,5 @@
-"""What the VFL and FedForge reports share (:mod:`sim.report`, :mod:`sim.report_synth`,
-:mod:`sim.report_synth_plot`): the report's error, figure size, JSON reading, number
+"""What the VFL and FedForge reports share (:mod:`sim.reports.vfl`, :mod:`sim.reports.synth`,
+:mod:`sim.reports.synth_plot`): the report's error, figure size, JSON reading, number
 cleaning and matplotlib's Agg backend.
 
 Owns: the pieces above. May import nothing of the project (matplotlib lazily).

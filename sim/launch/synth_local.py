@@ -7,7 +7,7 @@ hub's ``connect`` instead of a broker address, so the protocol (schema, keys, se
 masked rounds through the aggregation tree, unmasking, synthesis, quality) is the one a
 deployment runs; only the transport differs (no CURVE, no broker policy, no wire-byte
 count: ``metrics["wire_bytes"]`` is None). The run directory is laid out as
-:func:`sim.synth_launch.run_synth` lays it out, and read the same way.
+:func:`sim.launch.synth.run_synth` lays it out, and read the same way.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from pubsub.runner import run as run_loop
-from sim.launch import JobTimeout, LaunchResult
-from sim.synth_launch import add_ledgers
+from sim.launch.vfl import JobTimeout, LaunchResult
+from sim.launch.synth import add_ledgers
 from synth.cli import read_table
 from synth.config import SynthConfig, dump_synth_config
 
@@ -105,13 +105,13 @@ def _first(eg: BaseExceptionGroup) -> BaseException:
 def run_synth_in_process(cfg: SynthConfig, out: str | Path, *, prepared: Mapping[str, Any],
                          run_id: str | None = None, timeout_s: float | None = None,
                          event_loop: str = "uvloop") -> LaunchResult:
-    """:func:`sim.synth_launch.run_synth` in this process (its own event loop; call it
+    """:func:`sim.launch.synth.run_synth` in this process (its own event loop; call it
     outside a running one, or await :func:`run_synth_tasks`).
 
     Args:
         cfg: the run config.
         out: a run directory that holds the prepared data (``prepared``: its info, as
-            :func:`sim.synth_launch.run_synth` takes it).
+            :func:`sim.launch.synth.run_synth` takes it).
         run_id: topic namespace (default: random).
         timeout_s: stop after this long (None: the participants' own deadlines).
 

@@ -70,7 +70,7 @@ def process_layout(ids: Sequence[str], per: int, alone: Sequence[str]) -> list[l
 
 
 class ExpectedKill:
-    """A process killed on purpose, behind :func:`sim.launch.wait_children`'s interface:
+    """A process killed on purpose, behind :func:`sim.launch.vfl.wait_children`'s interface:
     ``poll()`` is None until it has died, then 0 (the fault's outcome; its real exit code
     is ``killed_code``)."""
 
@@ -132,7 +132,7 @@ class StageLog:
 
 
 class PartyKiller:
-    """The launcher's tick (see :func:`sim.launch.wait_children`): watches the run's event
+    """The launcher's tick (see :func:`sim.launch.vfl.wait_children`): watches the run's event
     log for each kill's ``stage.started`` and kills the process hosting that party;
     ``records`` says what it did (``metrics["faults"]``)."""
 

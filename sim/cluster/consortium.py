@@ -16,7 +16,7 @@ Example (``psfl sim run sim/scenarios/consortium.toml --out RUN_DIR``)::
     [[consortium.parties]]
     name = "hospital-b"
     rows_equiv = 50000
-    link = { latency_s = 0.2, bandwidth_mbps = 1.0 }   # shaped by a relay (sim/relay.py)
+    link = { latency_s = 0.2, bandwidth_mbps = 1.0 }   # shaped by a relay (sim/cluster/relay.py)
 
     [consortium.offline]       # SIGSTOP ... SIGCONT of the site's process
     party = "hospital-c"
@@ -40,7 +40,7 @@ synthesis' hour 0), converted to wall seconds with ``seconds_per_hour``; a strin
 ``"STAGE started"`` / ``"STAGE done"`` waits for that event of the coordinator. The
 offline window ends at ``end`` (an hour or an event).
 
-Pure: parsing and validation only; :mod:`sim.consortium_run` does the I/O.
+Pure: parsing and validation only; :mod:`sim.cluster.consortium_run` does the I/O.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from typing import Any
 
 from pubsub.config import ConfigError, _coerce, deep_merge, from_mapping, parse_overrides
 
-from sim.scenario import LinkConfig
+from sim.cluster.scenario import LinkConfig
 
 #: events a stage trigger may name
 TRIGGER_EVENTS = ("started", "done")
@@ -168,7 +168,7 @@ class WorkloadUpdateSpec:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KillSpec:
     """kill -9 of the coordinator and a restart with ``--resume``
-    (:func:`sim.synth_launch.run_synth`'s ``kill_coordinator_at``).
+    (:func:`sim.launch.synth.run_synth`'s ``kill_coordinator_at``).
 
     Attributes:
         at: ``STAGE`` (killed when it starts, plus ``delay_s``) or ``STAGE@POINT``.

@@ -63,7 +63,7 @@ at once (the ports stay bound, so no other process can take them). ZeroMQ
 reconnects by itself afterwards; bytes queued in the relay at the abort are lost,
 as on a real broken link.
 
-Command line: ``python -m sim.relay --upstream HOST:PORT ...`` (or ``--broker
+Command line: ``python -m sim.cluster.relay --upstream HOST:PORT ...`` (or ``--broker
 tcp://HOST:PORT`` for the three consecutive broker ports); see :func:`main`.
 """
 
@@ -814,7 +814,7 @@ def _pid() -> int:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    """``python -m sim.relay``: run one relay as a process, driven by JSON lines on stdin.
+    """``python -m sim.cluster.relay``: run one relay as a process, driven by JSON lines on stdin.
 
     Prints ``{"event":"ready","endpoints":{...}}`` once listening, answers each
     command line (``{"cmd":"disconnect","duration_s":S}``, ``{"cmd":"stats"}``,
@@ -822,7 +822,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     stdin EOF, SIGTERM or SIGINT prints ``{"event":"stopped",...}`` with the final
     stats and exits 0.
     """
-    p = argparse.ArgumentParser(prog="python -m sim.relay", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m sim.cluster.relay", description=__doc__.split("\n")[0])
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--upstream", action="append", type=_parse_upstream, metavar="HOST:PORT",
                    help="relay to this upstream (repeatable)")

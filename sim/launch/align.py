@@ -5,7 +5,7 @@ the parties' cryptography runs on separate cores); with several passive parties
 (``passive``, ``passive2``, ...: N-way alignment, :mod:`parties.alignment.nway`) each has its
 own key, and the run membership isolates them (``owned``) as for training; the broker is ``python -m broker
 run`` on free ports of 127.0.0.1 unless ``broker`` names a running one. If a child
-fails the others are stopped and :class:`sim.launch.LaunchError` carries its exit code.
+fails the others are stopped and :class:`sim.launch.vfl.LaunchError` carries its exit code.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from sim.launch import (
+from sim.launch.vfl import (
     VFL_IDENTITIES,
     JobTimeout,
     LaunchError,
@@ -56,7 +56,7 @@ def run_align(*, active_ids: str, passive_ids: str | Sequence[str], out: str | P
         chunk_size / window: :class:`parties.alignment.align.AlignConfig` overrides.
         timeout_s: stop everything after this long (None: no limit).
         quiet: no per-party lines on stdout.
-        keys_dir / insecure: as :func:`sim.launch.run_security` (default: CURVE with keys
+        keys_dir / insecure: as :func:`sim.launch.vfl.run_security` (default: CURVE with keys
             made for this run).
 
     Returns:

@@ -2,7 +2,7 @@
 (:class:`parties.algorithms.samples.SamplesModel`).
 
 Each pilot trains the real algorithm (``pubsub``) on the run's data and models, both
-parties in this process over the in-memory bus (:func:`sim.local.run_vfl_in_process`,
+parties in this process over the in-memory bus (:func:`sim.launch.local.run_vfl_in_process`,
 thread workers), and records the training epochs until the validation metric first
 reached the target: ``target_frac`` x the reference pilot's (1 + 1 workers, the config's
 B) final test metric for AUC, the same ratio the other way for RMSE. The pilots are
@@ -53,9 +53,9 @@ def pilot_samples_model(cfg: VflConfig, out: Path, *, pilots: tuple[tuple[int, i
     Raises:
         parties.algorithms.samples.SamplesModelError: the reference pilot did not reach its own
             target (a ``target_frac`` above 1 for AUC, say).
-        the errors of :func:`sim.local.run_vfl_in_process`.
+        the errors of :func:`sim.launch.local.run_vfl_in_process`.
     """
-    from sim.local import run_vfl_in_process
+    from sim.launch.local import run_vfl_in_process
 
     b_ref = cfg.batch_size
     out.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ benchmark's directory of them) holds ``metrics.json`` (``stage_s``, ``rho_spent`
 coordinator's ``stage.started`` / ``stage.done`` / ``stage.failed`` with their UTC
 timestamps) and ``stages/quality.json`` (``tv_per_marginal``: each workload marginal's TV
 distance). The functions here turn those into the series that
-:mod:`sim.report_synth_plot` draws:
+:mod:`sim.reports.synth_plot` draws:
 
 * :func:`stage_spans`: the coordinator's stages against wall time (seconds after the
   first stage started), with the kills, restarts and resumes of the coordinator;
@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sim.report_common import ReportError, _num, _read_json, is_vfl_metrics
+from sim.reports.common import ReportError, _num, _read_json, is_vfl_metrics
 
 #: The plots of one FedForge run (several runs: ``<stem>_<run>.png`` each).
 STAGE_PNG = "stage_timeline.png"

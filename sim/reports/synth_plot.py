@@ -1,6 +1,6 @@
 """``psfl report`` for FedForge runs: the drawing (matplotlib, Agg backend).
 
-Per run (the series come from :mod:`sim.report_synth`):
+Per run (the series come from :mod:`sim.reports.synth`):
 
 * ``stage_timeline.png``: the coordinator's stages against wall time, one row per stage,
   coloured by kind, with each row's seconds and the coordinator's kills / restarts;
@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sim.report_common import DPI, FIGSIZE, _num, _pyplot, _save
-from sim.report_synth import (
+from sim.reports.common import DPI, FIGSIZE, _num, _pyplot, _save
+from sim.reports.synth import (
     BUDGET_PNG,
     STAGE_PNG,
     TV_PNG,
@@ -33,7 +33,7 @@ from sim.report_synth import (
     tv_bars,
 )
 
-#: Colours of the stage kinds (:func:`sim.report_synth.stage_group`).
+#: Colours of the stage kinds (:func:`sim.reports.synth.stage_group`).
 GROUP_COLORS = {"setup": "#7f7f7f", "round": "#1f77b4", "select": "#9467bd",
                 "synthesis": "#2ca02c", "quality": "#ff7f0e", "workload": "#8c564b",
                 "other": "#bcbd22"}

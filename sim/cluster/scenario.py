@@ -37,7 +37,7 @@ Several passive parties (``vfl.passive_parties`` = N - 1): the further parties
 either ``"A:P"`` (the passive share split equally among the passive parties) or one
 share per party in order (``"40:8:8:8"`` for the active party and three passive ones).
 
-Pure: parsing and validation only; :mod:`sim.runner` does the I/O.
+Pure: parsing and validation only; :mod:`sim.cluster.runner` does the I/O.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ CPU_METHODS = ("auto", "cgroup-v2", "cgroup-v1", "duty-cycle", "none")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinkConfig:
-    """One party's network link to the broker (shaped by a relay, :mod:`sim.relay`).
+    """One party's network link to the broker (shaped by a relay, :mod:`sim.cluster.relay`).
 
     Attributes:
         latency_s: one-way latency, seconds (each direction).
@@ -165,7 +165,7 @@ class Scenario:
         ratio_of: the ratio is a share of this many cores (0: the sum of its parts), e.g.
             64 for the paper's "50:14 of 64 cores".
         machine_cores: cores the shares are fractions of (0: this machine's usable CPUs).
-        cpu_method: how shares are enforced (see :class:`sim.cpu.CpuLimiter`).
+        cpu_method: how shares are enforced (see :class:`sim.cluster.cpu.CpuLimiter`).
         cpu_period_us: the quota's period, µs (1,000-1,000,000). A share of 0.4375
             cores runs 4.4 ms and then waits 5.6 ms in each 10 ms period; with the
             kernel's usual 100 ms the party would stop for 56 ms at a time, a stall that

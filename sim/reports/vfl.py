@@ -2,7 +2,7 @@
 
 FedForge runs (a ``metrics.json`` with ``stage_s`` and ``rho_spent``) found below the
 directory get their own plots (stage timeline, TV per marginal, privacy budget per
-party): :mod:`sim.report_synth` (series) and :mod:`sim.report_synth_plot` (drawing).
+party): :mod:`sim.reports.synth` (series) and :mod:`sim.reports.synth_plot` (drawing).
 
 A run directory (written by ``psfl vfl run --out RUN_DIR``) holds ``metrics.json`` (the
 active party's metrics, the passive's under ``parties.passive``), ``passive.json`` and,
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.report_common import (DPI, FIGSIZE, ReportError, _num, _pyplot,  # noqa: F401
+from sim.reports.common import (DPI, FIGSIZE, ReportError, _num, _pyplot,  # noqa: F401
                                _read_json, _save, is_vfl_metrics)
 
 #: Default number of batches the Gantt window shows.
@@ -662,7 +662,7 @@ def make_report(root: str | Path, out: str | Path | None = None, *,
     """Write every plot for the runs below ``root``; return the written paths.
 
     VFL runs get the plots above, FedForge runs those of
-    :func:`sim.report_synth_plot.make_synth_report`; a directory may hold both kinds.
+    :func:`sim.reports.synth_plot.make_synth_report`; a directory may hold both kinds.
 
     Args:
         root: a run directory or a directory of run directories.
@@ -680,7 +680,7 @@ def make_report(root: str | Path, out: str | Path | None = None, *,
     if max_batches < 1:
         raise ReportError(f"--max-batches must be >= 1, got {max_batches}")
     fixed = parse_window_s(window_s) if window_s is not None else None
-    from sim.report_synth import classify_run_dirs
+    from sim.reports.synth import classify_run_dirs
 
     synth_dirs, vfl_dirs, skipped = classify_run_dirs(
         _outside_skip(root, find_run_dirs(root), out_dir))
@@ -688,7 +688,7 @@ def make_report(root: str | Path, out: str | Path | None = None, *,
         say(line)
     written: list[Path] = []
     if synth_dirs:
-        from sim.report_synth_plot import make_synth_report
+        from sim.reports.synth_plot import make_synth_report
 
         written += make_synth_report(root, synth_dirs, out_dir, say=say)
         if not vfl_dirs:

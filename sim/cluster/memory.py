@@ -65,7 +65,7 @@ class MemoryLimit:
 
     def preexec(self) -> Callable[[], None]:
         """A ``preexec_fn`` that puts the forked child into the group before it execs."""
-        from sim.cpu import preexec_join
+        from sim.cluster.cpu import preexec_join
 
         return preexec_join([str(self.path / "cgroup.procs")] if self.path else [])
 

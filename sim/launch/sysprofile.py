@@ -55,13 +55,13 @@ def sweep_profile(cfg: VflConfig, out: Path, *,
         parties.planning.sweep.BadBatchSizes / SweepError: bad B values, a failed child.
         parties.planning.commprobe.CommProbeError: no pong through the broker.
         parties.planning.costmodel.CostModelError: a fit is impossible.
-        sim.launch.LaunchError: the broker did not start.
+        sim.launch.vfl.LaunchError: the broker did not start.
         pubsub.BrokerUnreachable: ``broker`` does not answer.
     """
     from parties.planning.commprobe import cut_layer_sizes, measure_comm
     from parties.planning.sweep import fit_cost_models, sweep_config
 
-    from sim.launch import _stop, start_broker
+    from sim.launch.vfl import _stop, start_broker
 
     sweeps = sweep_config(cfg, batch_sizes, min_time_s=min_time_s)
     swept = sweeps["active"].batch_sizes
@@ -208,7 +208,7 @@ def auto_plan(cfg: VflConfig, out: Path, *, broker: str | None = None,
     parties) and ``batch_size`` (:func:`apply_plan`), and the plan's document.
 
     ``samples``: None plans for throughput; a samples-to-target model, or ``"pilot"`` to
-    measure one first (:func:`sim.pilot.pilot_samples_model`, four training runs on
+    measure one first (:func:`sim.launch.pilot.pilot_samples_model`, four training runs on
     ``cfg`` in this process, files in ``out/pilots``), plans for time to target.
 
     Writes ``out/profile.json`` and ``out/plan.json`` (``out`` is created).
@@ -225,7 +225,7 @@ def auto_plan(cfg: VflConfig, out: Path, *, broker: str | None = None,
     write_json(out / "profile.json", doc)
     pilots = None
     if samples == "pilot":
-        from sim.pilot import pilot_samples_model
+        from sim.launch.pilot import pilot_samples_model
 
         samples, pilots = pilot_samples_model(cfg, out / "pilots")
     elif isinstance(samples, str):

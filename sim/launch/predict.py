@@ -5,9 +5,9 @@
 run) loads its own saved part of the run (``RUN_DIR/model/<party id>/``,
 :mod:`parties.runtime.saved`) and reads only its own columns; see :mod:`parties.runtime.predict` for the
 protocol. Keys and the broker's run membership are made per party id as for training
-(:func:`sim.launch.run_security`, :func:`sim.launch.run_members`: with several passive
+(:func:`sim.launch.vfl.run_security`, :func:`sim.launch.vfl.run_members`: with several passive
 parties they are owned, so none reads another's topics). Children are owned as in
-:func:`sim.launch.run_vfl`: every wait has a deadline, a failed child stops the others.
+:func:`sim.launch.vfl.run_vfl`: every wait has a deadline, a failed child stops the others.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import orjson
 
 from parties.core import zygote
 from pubsub.config import ConfigError
-from sim.launch import (
+from sim.launch.vfl import (
     OutDirError,  # noqa: F401 (raised by clean_out_dir; re-exported for callers)
     clean_out_dir,
     _stop,
@@ -117,15 +117,15 @@ def run_predict(run_dir: str | Path, out: str | Path, *, data: str | None = None
         run_id: the prediction's topic namespace (default random).
         timeout_s: stop everything after this long (None: no job-level limit).
         wait_s: each party's deadline for each wait on its partners.
-        keys_dir: your CURVE keys (see :func:`sim.launch.run_security`; default:
+        keys_dir: your CURVE keys (see :func:`sim.launch.vfl.run_security`; default:
             ephemeral keys made for the run).
-        insecure: plaintext on loopback (see :func:`sim.launch.run_security`).
+        insecure: plaintext on loopback (see :func:`sim.launch.vfl.run_security`).
 
     Raises:
         parties.runtime.saved.SavedModelError: see :func:`check_parts`.
         parties.runtime.saved.SavedModelMismatch: see :func:`check_parts`.
-        sim.launch.LaunchError: a child failed (its exit code is carried).
-        sim.launch.JobTimeout: ``timeout_s`` passed.
+        sim.launch.vfl.LaunchError: a child failed (its exit code is carried).
+        sim.launch.vfl.JobTimeout: ``timeout_s`` passed.
         OutDirError: ``out`` cannot be created.
     """
     party_ids = check_parts(run_dir)

@@ -66,7 +66,7 @@ is part of the passive forward cost; segment ends are a barrier of both parties 
 runs each party ends its own segment and evaluates; evaluation is not training time
 there either); the machine's speed is constant.
 
-CLI: ``python -m sim.des --json spec.json`` prints one JSON line per (algo, w, B) of the
+CLI: ``python -m sim.cluster.des --json spec.json`` prints one JSON line per (algo, w, B) of the
 spec's grid (see :func:`main`).
 """
 
@@ -990,7 +990,7 @@ def input_from_mapping(spec: Mapping[str, Any]) -> SimInput:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sim.des --json SPEC`` — print predictions for a grid, one JSON line each.
+    """``python -m sim.cluster.des --json SPEC`` — print predictions for a grid, one JSON line each.
 
     SPEC (a file path, or ``-`` for stdin) is a JSON object: the :class:`SimInput`
     fields (:func:`input_from_mapping`) plus an optional ``grid`` with ``algos``,
@@ -1003,7 +1003,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns the exit code: 0, or 2 for a bad spec (one ``error:`` line on stderr).
     """
-    ap = argparse.ArgumentParser(prog="python -m sim.des", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m sim.cluster.des", description=main.__doc__)
     ap.add_argument("--json", required=True, metavar="SPEC",
                     help="JSON spec file ('-' for stdin)")
     ap.add_argument("--table", action="store_true", help="a text table instead of JSON lines")

@@ -1,11 +1,11 @@
 """Fault injection for FedForge's crash-recovery tests: a coordinator killed at a point.
 
-``python -m sim.synth_crash coordinator ...`` runs ``python -m synth coordinator ...``
+``python -m sim.faults.synth_crash coordinator ...`` runs ``python -m synth coordinator ...``
 (same arguments) with an observer of the coordinator's named points
 (:meth:`synth.coordinator.Coordinator._crash_point`): when the point named by the
 environment variable :data:`CRASH_POINT_ENV` is reached, the process kills itself with
 SIGKILL (no cleanup, like ``kill -9``), after a short pause so that what was published
-before the point leaves. ``sim.synth_launch`` starts the coordinator this way when asked
+before the point leaves. ``sim.launch.synth`` starts the coordinator this way when asked
 to kill it at a point (``kill_coordinator_at="round:<name>@collected"``); production
 code paths (``python -m synth``, ``sim.fedforge``) never install the observer.
 
@@ -43,7 +43,7 @@ def crash_at(point: str | None, *, pause_s: float = PAUSE_S,
 
     async def observe(reached: str) -> None:
         if point and reached == point:
-            structlog.get_logger("sim.synth_crash").warning(
+            structlog.get_logger("sim.faults.synth_crash").warning(
                 "coordinator.crash_injected", point=reached)
             await asyncio.sleep(pause_s)
             act()
@@ -52,13 +52,13 @@ def crash_at(point: str | None, *, pause_s: float = PAUSE_S,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sim.synth_crash coordinator ARGS``: the coordinator with
+    """``python -m sim.faults.synth_crash coordinator ARGS``: the coordinator with
     :func:`crash_at` on ``$FEDFORGE_CRASH_POINT``."""
     from synth.cli import main as synth_main
 
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] != "coordinator":
-        print("usage: python -m sim.synth_crash coordinator ARGS (as python -m synth)",
+        print("usage: python -m sim.faults.synth_crash coordinator ARGS (as python -m synth)",
               file=sys.stderr)
         return 2
     return synth_main(args, on_point=crash_at(os.environ.get(CRASH_POINT_ENV)))

@@ -5,15 +5,15 @@ What it launches and enforces (every child is a separate OS process):
 
 * the broker (``python -m broker run``, not limited: it stands for the network);
 * per party with a shaped link or a ``disconnect`` fault, a relay process
-  (``python -m sim.relay --broker ...``) between the party and the broker; the party is
+  (``python -m sim.cluster.relay --broker ...``) between the party and the broker; the party is
   simply given the relay's address (parties never import ``sim/``); the slowest
   bandwidth-limited link's rate goes to the parties as ``vfl.link_mbps`` (unless the
   config sets it), so that ``vfl.wire_dtype = "auto"`` compresses the cut-layer tensors
   for a thin link (:mod:`parties.algorithms.wire`);
 * every passive party and the active party (``python -m parties PARTY_ID``), each in its own
-  CPU-share group (:class:`sim.cpu.CpuLimiter`: cgroup quota, or an honest fallback
+  CPU-share group (:class:`sim.cluster.cpu.CpuLimiter`: cgroup quota, or an honest fallback
   recorded in the metadata) and, when configured, memory cgroup
-  (:class:`sim.memory.MemoryLimit`), from the very start (``preexec_fn``), so worker
+  (:class:`sim.cluster.memory.MemoryLimit`), from the very start (``preexec_fn``), so worker
   processes and threads they start later are inside the share too.
 
 Faults fire at ``at_s`` seconds after every party logged ``vfl.partner_found`` (training
@@ -62,12 +62,12 @@ from parties.data.preflight import preflight
 from parties.core.sysinfo import CORES_ENV
 from pubsub.config import ConfigError, to_mapping
 
-from sim.cpu import CpuLimiter, machine_cores
+from sim.cluster.cpu import CpuLimiter, machine_cores
 from parties.core import zygote
-from sim.launch import (OutDirError, _stop, run_members, run_security, spawn_party_cli,
+from sim.launch.vfl import (OutDirError, _stop, run_members, run_security, spawn_party_cli,
                         start_broker, vfl_identities)
-from sim.memory import MemoryLimit
-from sim.scenario import LinkConfig, Scenario, describe, party_cores, path_mbps
+from sim.cluster.memory import MemoryLimit
+from sim.cluster.scenario import LinkConfig, Scenario, describe, party_cores, path_mbps
 
 log = structlog.get_logger(__name__)
 
@@ -157,7 +157,7 @@ def start_link_relay(broker: str, role: str, link: LinkConfig, out: Path, *,
     Raises:
         ScenarioError: it exited or did not print its ready line within 20 s.
     """
-    args = [sys.executable, "-m", "sim.relay", "--broker", broker,
+    args = [sys.executable, "-m", "sim.cluster.relay", "--broker", broker,
             "--latency-s", repr(link.latency_s), "--loss", repr(link.loss),
             "--seed", str(link.seed), "--events", str(out / f"relay-{role}.jsonl"),
             "--log-level", "warning", "--broker-ports", str(ports)]
@@ -287,11 +287,11 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
 
     Raises:
         OutDirError: ``out`` cannot be created or written.
-        sim.scenario / pubsub ConfigError: the cores do not fit on this machine; a fault
+        sim.cluster.scenario / pubsub ConfigError: the cores do not fit on this machine; a fault
             names a party the run does not have.
         ScenarioError: a relay did not start.
         parties.data.DataError: the data or column split is invalid (checked first).
-        sim.cpu.CpuLimitUnavailable: a CPU method was requested explicitly and is not
+        sim.cluster.cpu.CpuLimitUnavailable: a CPU method was requested explicitly and is not
             available here.
     """
     t0 = time.perf_counter()

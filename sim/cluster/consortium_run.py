@@ -1,12 +1,12 @@
 """``psfl sim run consortium.toml --out RUN_DIR``: the consortium scenario
-(:mod:`sim.consortium`) as a FedForge run on one machine.
+(:mod:`sim.cluster.consortium`) as a FedForge run on one machine.
 
-What it adds to :func:`sim.synth_launch.run_synth`:
+What it adds to :func:`sim.launch.synth.run_synth`:
 
 * **sizes**: one party per site, the table's rows cut in proportion to the sites'
   ``rows_equiv`` (``split = "sizes"``); ``metrics.json`` says how many real rows stand
   for one "equivalent" row.
-* **links**: a relay process (:mod:`sim.relay`) between each shaped site's party process
+* **links**: a relay process (:mod:`sim.cluster.relay`) between each shaped site's party process
   and the broker; the party is given the relay's address. Before the run, the same link
   model is measured with a ZeroMQ message through an identical in-process relay
   (``probe``: one-way time of 64 B and 64 KiB, the goodput they imply); after it, the
@@ -49,8 +49,8 @@ from typing import Any
 
 from pubsub.config import ConfigError, from_mapping
 
-from sim.consortium import Consortium, When, describe, synth_table, when_stage
-from sim.scenario import LinkConfig
+from sim.cluster.consortium import Consortium, When, describe, synth_table, when_stage
+from sim.cluster.scenario import LinkConfig
 
 POLL_S = 0.05
 
@@ -87,7 +87,7 @@ def measure_link(link: LinkConfig, *, n: int = 3) -> dict[str, Any]:
     shaped like ``link`` (medians of ``n``), and the goodput they imply."""
     import zmq
 
-    from sim.relay import LinkSpec, Relay
+    from sim.cluster.relay import LinkSpec, Relay
 
     spec = LinkSpec(latency_s=link.latency_s, loss=link.loss, seed=link.seed,
                     bandwidth_bps=link.bandwidth_mbps * 1e6 if link.bandwidth_mbps else None)
@@ -123,7 +123,7 @@ def measure_link(link: LinkConfig, *, n: int = 3) -> dict[str, Any]:
         small, big = one_way(64), one_way(65_536)
         return {"one_way_64B_s": round(small, 4), "one_way_64KiB_s": round(big, 4),
                 "goodput_mbps": round(65_472 * 8 / max(big - small, 1e-9) / 1e6, 3),
-                "n": n, "method": "ZeroMQ PUSH->PULL through an in-process sim.relay with "
+                "n": n, "method": "ZeroMQ PUSH->PULL through an in-process sim.cluster.relay with "
                                   "the same link model, medians"}
     finally:
         if relay is not None:
@@ -139,7 +139,7 @@ def measure_link(link: LinkConfig, *, n: int = 3) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the hooks
 
 class _Hooks:
-    """:class:`sim.synth_launch.LaunchHooks` of a consortium run: relays for the shaped
+    """:class:`sim.launch.synth.LaunchHooks` of a consortium run: relays for the shaped
     sites, and a scheduler thread for the offline window and the workload update."""
 
     def __init__(self, cons: Consortium, out: Path) -> None:
@@ -156,7 +156,7 @@ class _Hooks:
 
     # LaunchHooks
     def party_broker(self, index: int, broker: str, ports: int) -> str:
-        from sim.runner import start_link_relay
+        from sim.cluster.runner import start_link_relay
 
         link = self.cons.parties[index].link
         if not link.shaped:
@@ -180,7 +180,7 @@ class _Hooks:
 
     # the scheduler
     def _emit(self, event: str, **kw: Any) -> None:
-        from sim.runner import _emit
+        from sim.cluster.runner import _emit
 
         _emit(self.events, event, **kw)
 
@@ -225,7 +225,7 @@ class _Hooks:
                         if (self.hour0_unix is None and name == "stage.started"
                                 and ev.get("stage") == "schema"):
                             self.hour0_unix = _unix(ev.get("timestamp")) or time.time()
-                            self._emit("sim.consortium.hour0", seconds_per_hour=
+                            self._emit("sim.cluster.consortium.hour0", seconds_per_hour=
                                        cons.seconds_per_hour, hours=cons.hours)
             for what, when in list(todo):
                 if what == "offline_end" and "offline_start" not in self.fired:
@@ -298,7 +298,7 @@ def build_config(cons: Consortium, table: dict[str, Any]) -> Any:
     Raises:
         ConfigError: a bad ``[synth]`` key or value, or a kill stage this run has not.
     """
-    from sim.synth_launch import coordinator_stages
+    from sim.launch.synth import coordinator_stages
     from synth.config import SynthConfig
 
     cfg = from_mapping(SynthConfig, synth_table(cons, table), section="synth")
@@ -319,7 +319,7 @@ def run_one(cons: Consortium, cfg: Any, out: Path, *, quiet: bool = False,
             insecure: bool = False) -> dict[str, Any]:
     """Run the scenario once into ``out``; return its ``metrics.json`` (FedForge's fields
     plus ``consortium``)."""
-    from sim.synth_launch import run_synth
+    from sim.launch.synth import run_synth
 
     probes = {i: measure_link(p.link) for i, p in enumerate(cons.parties) if p.link.shaped}
     hooks = _Hooks(cons, out)
@@ -441,7 +441,7 @@ def rounds_in_window(events: list[dict[str, Any]], rounds: dict[str, Any],
 #: events drawn on the timeline besides the coordinator's stages
 TIMELINE_EVENTS = ("sim.offline.start", "sim.offline.end", "sim.workload_update",
                    "sim.coordinator_killed", "sim.coordinator_restarted",
-                   "synth.round_skipped", "synth.dropout_recovery", "sim.consortium.hour0")
+                   "synth.round_skipped", "synth.dropout_recovery", "sim.cluster.consortium.hour0")
 
 
 def timeline(events: list[dict[str, Any]], hour0: float | None,
@@ -637,7 +637,7 @@ def _f4(x: Any) -> str:
 def plot_timeline(m: dict[str, Any], path: Path) -> Path:
     """``timeline.png``: the coordinator's stages, each site's lane (offline window,
     rounds it missed), the workload update and a kill/restart, in simulated hours."""
-    from sim.report_common import DPI, _pyplot, _save
+    from sim.reports.common import DPI, _pyplot, _save
 
     plt = _pyplot()
     c = m["consortium"]
