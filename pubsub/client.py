@@ -48,6 +48,7 @@ from pubsub.address import BrokerAddress
 from pubsub.buffer import BufferLimits
 from pubsub.codec import encode, topic_frame, validate_topic
 from pubsub.control import Hello, hello
+from pubsub.keepalive import BrokerKeepalive
 from pubsub.threadsafe import ThreadsafePublisher
 from pubsub.receiver import _MAX_SEQ_KEYS, Receiver
 from pubsub.receiver import BusStats as BusStats  # re-exported: its home before receiver.py
@@ -162,6 +163,32 @@ class BusConfig:
 
 
 
+def _data_sockets(ctx: zmq.asyncio.Context, pub_ep: str, sub_ep: str, cfg: BusConfig,
+                  security: CurveClient | None) -> tuple[zmq.Socket, zmq.Socket]:
+    """A client's PUB and SUB sockets, configured (LINGER, high-water marks, CURVE) and
+    connected to the broker's endpoints for its role."""
+    linger_ms = int(cfg.linger_s * 1000)
+    pub = zmq.Socket(ctx, zmq.PUB)  # plain socket from the same context
+    if security is not None:
+        security.apply(pub)
+    pub.setsockopt(zmq.LINGER, linger_ms)
+    pub.setsockopt(zmq.SNDHWM, cfg.sndhwm)
+    pub.setsockopt(zmq.RCVHWM, 0)  # inbound subscriptions: never capped
+    if cfg.overflow == "block":
+        pub.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue is EAGAIN, not a silent drop
+    pub.connect(pub_ep)
+    sub = zmq.Socket(ctx, zmq.SUB)
+    if security is not None:
+        security.apply(sub)
+    sub.setsockopt(zmq.LINGER, linger_ms)
+    sub.setsockopt(zmq.RCVHWM, cfg.rcvhwm)
+    # SNDHWM on a SUB bounds queued *subscriptions*; the default (1000) silently
+    # caps how many topics reach the broker. Subscriptions are tiny: no bound.
+    sub.setsockopt(zmq.SNDHWM, 0)
+    sub.connect(sub_ep)
+    return pub, sub
+
+
 class Bus(Receiver, ThreadsafePublisher):
     """An asyncio bus client attached to one broker.
 
@@ -229,7 +256,7 @@ class Bus(Receiver, ThreadsafePublisher):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pub_seq: dict[str, int] = {}
         self._connected = False
-        self._broker_ok = False
+        self._keepalive: BrokerKeepalive | None = None
         self._keepalive_task: asyncio.Task[None] | None = None
         self._threadsafe_tail: asyncio.Future[None] | None = None
         self._log = log.bind(client=self.client_id)
@@ -278,27 +305,8 @@ class Bus(Receiver, ThreadsafePublisher):
             self._log = self._log.bind(identity=self.hello.identity, role=self.hello.role)
             if self.hello.identity:
                 self.publisher_id = publisher_id(self.hello.identity, self.client_id)
-        linger_ms = int(cfg.linger_s * 1000)
-        pub = zmq.Socket(self._ctx, zmq.PUB)  # plain socket from the same context
-        if self.security is not None:
-            self.security.apply(pub)
-        pub.setsockopt(zmq.LINGER, linger_ms)
-        pub.setsockopt(zmq.SNDHWM, cfg.sndhwm)
-        pub.setsockopt(zmq.RCVHWM, 0)  # inbound subscriptions: never capped
-        if cfg.overflow == "block":
-            pub.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue is EAGAIN, not a silent drop
-        pub.connect(pub_ep)
-        self._pub = pub
-        sub = zmq.Socket(self._ctx, zmq.SUB)
-        if self.security is not None:
-            self.security.apply(sub)
-        sub.setsockopt(zmq.LINGER, linger_ms)
-        sub.setsockopt(zmq.RCVHWM, cfg.rcvhwm)
-        # SNDHWM on a SUB bounds queued *subscriptions*; the default (1000) silently
-        # caps how many topics reach the broker. Subscriptions are tiny: no bound.
-        sub.setsockopt(zmq.SNDHWM, 0)
-        sub.connect(sub_ep)
-        self._sub = sub
+        pub, sub = _data_sockets(self._ctx, pub_ep, sub_ep, cfg, self.security)
+        self._pub, self._sub = pub, sub
         self._sub_fd = sub.getsockopt(zmq.FD)
         self._loop.add_reader(self._sub_fd, self._on_readable)
         self._schedule_drain()
@@ -308,19 +316,18 @@ class Bus(Receiver, ThreadsafePublisher):
             await self.close()
             raise
         self._connected = True
-        self._broker_ok = True
         if self.config.heartbeat_interval_s > 0:
-            self._keepalive_task = asyncio.create_task(self._keepalive(),
+            self._keepalive = BrokerKeepalive(
+                self._ctx, self.address, security=self.security,
+                interval_s=self.config.heartbeat_interval_s,
+                timeout_s=self.config.broker_timeout_s, stats=self._stats, log=self._log)
+            self._keepalive_task = asyncio.create_task(self._keepalive.run(),
                                                        name=f"bus-keepalive-{self.client_id}")
         self._log.debug("bus.connected", broker=str(self.address))
 
-    @property
-    def _probe_topic(self) -> str:
-        return f"{PROBE_CLASS}/probe/{self.client_id}"
-
     async def _handshake(self) -> None:
         cfg = self.config
-        probe = self._probe_topic
+        probe = f"{PROBE_CLASS}/probe/{self.client_id}"
         await self.subscribe(probe, limits=BufferLimits(max_msgs=8, max_bytes=1 << 16))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + cfg.connect_timeout_s
@@ -339,57 +346,10 @@ class Bus(Receiver, ThreadsafePublisher):
             if not self._closed:
                 await self.unsubscribe(probe)
 
-    async def _keepalive(self) -> None:
-        """Ping the broker's control socket every ``heartbeat_interval_s``; report outages
-        and recoveries. The ping never shares the data path, so backpressure under the
-        ``block`` policy is not mistaken for a dead broker."""
-        cfg = self.config
-        loop = asyncio.get_running_loop()
-        last_ok = loop.time()
-        ping = b'{"cmd":"ping"}'
-        req = None
-        try:
-            while True:
-                t0 = loop.time()
-                if req is None:
-                    # a fresh REQ socket after any unanswered ping: no stale state machine
-                    assert self._ctx is not None
-                    req = self._ctx.socket(zmq.REQ)
-                    req.setsockopt(zmq.LINGER, 0)
-                    if self.security is not None:
-                        self.security.apply(req)
-                    req.connect(self.address.control_endpoint)
-                await req.send(ping)
-                answered = False
-                if await req.poll(int(cfg.heartbeat_interval_s * 1000), zmq.POLLIN):
-                    try:
-                        await req.recv(zmq.NOBLOCK)
-                        answered = True
-                    except zmq.Again:
-                        pass
-                if not answered:
-                    req.close(0)
-                    req = None
-                if answered:
-                    last_ok = loop.time()
-                    if not self._broker_ok:
-                        self._broker_ok = True
-                        self._stats.broker_recoveries += 1
-                        self._log.warning("bus.broker_recovered", broker=str(self.address))
-                elif self._broker_ok and loop.time() - last_ok > cfg.broker_timeout_s:
-                    self._broker_ok = False
-                    self._stats.broker_losses += 1
-                    self._log.warning("bus.broker_lost", broker=str(self.address),
-                                      silent_s=round(loop.time() - last_ok, 3))
-                await asyncio.sleep(max(0.0, cfg.heartbeat_interval_s - (loop.time() - t0)))
-        finally:
-            if req is not None:
-                req.close(0)
-
     @property
     def broker_ok(self) -> bool:
-        """False while the keepalive sees no probe come back through the broker."""
-        return self._broker_ok
+        """False while the keepalive sees no ping answered by the broker."""
+        return self._keepalive is None or self._keepalive.ok
 
     async def close(self) -> None:
         """Stop the reader, fail pending waiters with :class:`BusClosed`, close sockets.
