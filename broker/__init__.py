@@ -5,7 +5,10 @@ XPUB on PORT+1 (subscribers) and a control socket on PORT+2 (ROUTER; REQ clients
 subscriptions upstream and messages downstream, validates envelope structure,
 and counts messages, bytes, subscriptions and rejected frames.
 
-Depends only on :mod:`pubsub`.
+Modules: the forwarding loop, its counters and security loading (``proxy``), the
+subscription side of the loop (``subforward``) and its per-connection book under CURVE
+(``subscriptions``), the control socket (``control``), the publisher-identity check
+(``identity``), the command line (``cli``). Depends only on :mod:`pubsub`.
 """
 
 from broker.proxy import Broker, BrokerConfig, BrokerStats, request_stats

@@ -14,7 +14,6 @@ never reach subscribers and never crash the broker.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import signal
 import struct
@@ -24,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import structlog
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -38,13 +36,15 @@ from pubsub.config import ConfigError
 from pubsub.membership import RunMembership, load_membership
 from pubsub.policy import Policy, load_policy
 from pubsub.receiver import MAX_GAP_JUMP
-from pubsub.security import BROKER_KEY_NAME, Certificate, check_insecure_allowed, publisher_id
+from pubsub.security import BROKER_KEY_NAME, Certificate, check_insecure_allowed
 from pubsub.security import read_certificate, read_public_directory
 from pubsub.control import request_stats  # noqa: F401  (re-exported for callers of broker)
 from pubsub.wire import send_envelope
 
+from broker.control import ControlPlane
 from broker.identity import SPOOFED, SenderCheck
-from broker.subscriptions import CAPPED, FIRST, LAST, UNKNOWN, SubscriptionBook
+from broker.subforward import SubscriptionForwarder
+from broker.subscriptions import SubscriptionBook
 
 log = structlog.get_logger(__name__)
 
@@ -321,6 +321,48 @@ class _Authenticator(ThreadAuthenticator):
         return cert.name if cert is not None else "?"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Security:
+    """What a CURVE broker loads before it binds: the topic policy, its own key pair, the
+    allow-list's certificates and the run membership (None without ``members_file``)."""
+
+    policy: Policy
+    server_keys: tuple[bytes, bytes]
+    certs: tuple[Certificate, ...]
+    members: RunMembership | None
+
+
+def load_security(cfg: BrokerConfig) -> Security:
+    """Read ``cfg``'s policy, broker key, allow-list and membership, and check that they
+    agree (every key's role is a policy role; every member is on the allow-list).
+
+    Raises:
+        KeyFileError: a missing or malformed key, or a key whose role the policy lacks.
+        ConfigError: an invalid policy or membership file.
+    """
+    policy = load_policy(cfg.policy_file or DEFAULT_POLICY_FILE)
+    own = read_certificate(Path(cfg.keys_dir) / f"{BROKER_KEY_NAME}.key_secret", secret=True)
+    assert own.secret_key is not None
+    certs = read_public_directory(cfg.keys_dir)
+    roles = set(policy.names)
+    for c in certs:
+        if c.role not in roles:
+            raise KeyFileError(c.path, f"role {c.role!r} is not a policy role "
+                               f"({', '.join(policy.names)}); regenerate with --role")
+    names = {c.name for c in certs}
+    members = load_membership(cfg.members_file) if cfg.members_file else None
+    if members is not None:
+        for run, ids in members.runs.items():
+            unknown = sorted(ids - names)
+            if unknown:
+                raise ConfigError("members", f"run {run!r} lists {unknown}, not in the "
+                                  f"allow-list of {cfg.keys_dir}")
+    log.info("broker.security", mechanism="CURVE", identities=len(certs),
+             roles=list(policy.names), broker_key_prefix=own.public_key[:8].decode())
+    return Security(policy=policy, server_keys=(own.public_key, own.secret_key),
+                    certs=tuple(certs), members=members)
+
+
 class Broker:
     """An XSUB/XPUB forwarder with counters, a control socket and, with CURVE, per-role
     endpoints that enforce a topic policy.
@@ -373,7 +415,6 @@ class Broker:
         self._held_since = 0.0
         # topic -> (bitmask of roles that may publish it, XPUBs of roles that may read it)
         self._routes: dict[bytes, tuple[int, tuple[zmq.Socket, ...]]] = {}
-        self._sub_routes: dict[tuple[int, bytes], tuple[bool, tuple[zmq.Socket, ...]]] = {}
         self._publishers: dict[bytes, str] = {}  # client id (from hello) -> identity
         self._forbidden_logged: set[tuple[int, bytes]] = set()
         self._senders: SenderCheck | None = None  # with CURVE (see _load_security)
@@ -393,31 +434,13 @@ class Broker:
 
     # ------------------------------------------------------------------ setup
     def _load_security(self) -> None:
-        cfg = self.config
-        self.policy = load_policy(cfg.policy_file or DEFAULT_POLICY_FILE)
-        own = read_certificate(Path(cfg.keys_dir) / f"{BROKER_KEY_NAME}.key_secret", secret=True)
-        assert own.secret_key is not None
-        self._server_keys = (own.public_key, own.secret_key)
-        certs = read_public_directory(cfg.keys_dir)
-        roles = set(self.policy.names)
-        for c in certs:
-            if c.role not in roles:
-                raise KeyFileError(c.path, f"role {c.role!r} is not a policy role "
-                                   f"({', '.join(self.policy.names)}); regenerate with --role")
-        self._certs = {c.public_key: c for c in certs}
-        self._by_name = {c.name: c for c in certs}
-        members = load_membership(cfg.members_file) if cfg.members_file else None
-        if members is not None:
-            for run, ids in members.runs.items():
-                unknown = sorted(ids - set(self._by_name))
-                if unknown:
-                    raise ConfigError("members", f"run {run!r} lists {unknown}, not in the "
-                                      f"allow-list of {cfg.keys_dir}")
-        self._senders = SenderCheck(members)
-        self._members = members
-        self._book = SubscriptionBook(cfg.max_subscriptions_per_identity)
-        log.info("broker.security", mechanism="CURVE", identities=len(certs),
-                 roles=list(self.policy.names), broker_key_prefix=own.public_key[:8].decode())
+        sec = load_security(self.config)
+        self.policy, self._server_keys = sec.policy, sec.server_keys
+        self._certs = {c.public_key: c for c in sec.certs}
+        self._by_name = {c.name: c for c in sec.certs}
+        self._members = sec.members
+        self._senders = SenderCheck(sec.members)
+        self._book = SubscriptionBook(self.config.max_subscriptions_per_identity)
 
     def bind(self) -> BrokerAddress:
         """Bind the sockets; returns the actual base address.
@@ -537,6 +560,11 @@ class Broker:
         ins_registered = True
         role_of = {s: i for i, s in enumerate(ins)}
         out_index = {s: i for i, s in enumerate(outs)}
+        subs = SubscriptionForwarder(stats=self.stats, policy=self.policy, ins=ins,
+                                     book=self._book, members=self._members)
+        plane = ControlPlane(config=cfg, stats=self.stats, address=self.address,
+                             policy=self.policy, by_name=self._by_name,
+                             publishers=self._publishers)
         try:
             while not self._stop.is_set():
                 # while a message is held (block policy), poll briefly and do not read
@@ -544,10 +572,7 @@ class Broker:
                 events = dict(poller.poll(1 if self._held is not None else timeout_ms))
                 for s in outs:
                     if s in events:
-                        if self._book is not None:
-                            self._pump_subscriptions_manual(s, out_index[s], burst)
-                        else:
-                            self._pump_subscriptions(s, out_index[s], burst)
+                        subs.pump(s, out_index[s], burst)
                 if self._held is not None:
                     self._retry_held()
                 if self._held is None and not ins_registered:
@@ -565,145 +590,12 @@ class Broker:
                         poller.unregister(s)
                     ins_registered = False
                 if control in events:
-                    self._serve_control(control)
+                    plane.serve(control)
                 if next_stats is not None and time.monotonic() >= next_stats:
                     next_stats = time.monotonic() + cfg.stats_interval_s
                     self._publish_stats()
         finally:
             self.close()
-
-    def _sub_route(self, role: int, data: bytes) -> tuple[bool, tuple[zmq.Socket, ...]]:
-        """For a (un)subscription frame's body from role ``role``'s XPUB: may the role read
-        anything it covers, and which XSUBs (publisher roles) it goes to. Cached."""
-        key = (role, data)
-        r = self._sub_routes.get(key)
-        if r is not None:
-            return r
-        if self.policy is None:
-            r = (True, tuple(self._ins))
-        else:
-            exact = data.endswith(b"\0")
-            text = (data[:-1] if exact else data).decode("utf-8", "replace")
-            rules = self.policy.roles
-            if exact:
-                ok = rules[role].may_read(text)
-                pubs = tuple(s for s, rr in zip(self._ins, rules, strict=True)
-                             if rr.may_publish(text))
-            else:
-                ok = rules[role].may_subscribe_prefix(text)
-                pubs = tuple(s for s, rr in zip(self._ins, rules, strict=True)
-                             if rr.may_publish_prefix(text))
-            r = (ok, pubs)
-        if len(self._sub_routes) >= _MAX_ROUTES:
-            self._sub_routes.clear()
-        self._sub_routes[key] = r
-        return r
-
-    def _pump_subscriptions(self, xpub: zmq.Socket, role: int, burst: int) -> None:
-        st = self.stats
-        for _ in range(burst):
-            try:
-                frame = xpub.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            flag = frame[:1]
-            if flag not in (b"\x01", b"\x00"):
-                st.rejected += 1
-                continue
-            ok, pubs = self._sub_route(role, frame[1:])
-            if flag == b"\x01":
-                st.subscribe_events += 1
-                if not ok:
-                    self._refused_subscription(role, frame[1:])
-                    continue
-                st.subscriptions += 1
-            else:
-                st.unsubscribe_events += 1
-                if not ok:
-                    continue
-                st.subscriptions = max(0, st.subscriptions - 1)
-            for xsub in pubs:
-                xsub.send(frame)
-
-    def _pump_subscriptions_manual(self, xpub: zmq.Socket, role: int, burst: int) -> None:
-        """With CURVE (``XPUB_MANUAL``): every connection's (un)subscription arrives with
-        its identity; the broker applies an allowed one to that connection (role rules,
-        run membership, the per-identity cap) and forwards a topic upstream when its first
-        subscriber arrives and withdraws it when the last one leaves (the book)."""
-        st = self.stats
-        book = self._book
-        assert book is not None and self.policy is not None
-        members = self._members
-        for _ in range(burst):
-            try:
-                fr = xpub.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            data = fr.bytes
-            flag = data[:1]
-            if flag not in (b"\x01", b"\x00"):
-                st.rejected += 1
-                continue
-            body = data[1:]
-            try:
-                uid: str | None = fr.get("User-Id")
-            except zmq.ZMQError:  # libzmq's unsubscription for a closed connection
-                uid = None
-            ok, pubs = self._sub_route(role, body)
-            if flag == b"\x01":
-                st.subscribe_events += 1
-                if not ok:
-                    book.refuse(role, body)
-                    self._refused_subscription(role, body)
-                    continue
-                if uid is None:  # a subscription always comes from a connection
-                    book.refuse(role, body)
-                    st.rejected += 1
-                    continue
-                if members is not None:
-                    exact = body.endswith(b"\0")
-                    text = (body[:-1] if exact else body).decode("utf-8", "replace")
-                    if not members.may_read(uid, text, exact):
-                        book.refuse(role, body)
-                        self._refused_reader(st.not_member_reads, uid, body, "not_member")
-                        continue
-                verdict = book.subscribe(role, uid, body)
-                if verdict == CAPPED:
-                    self._refused_reader(st.capped, uid, body, "capped")
-                    continue
-                xpub.setsockopt(zmq.SUBSCRIBE, body)  # for the connection that asked
-                if verdict != FIRST:
-                    continue
-                st.subscriptions += 1
-            else:
-                st.unsubscribe_events += 1
-                verdict = book.unsubscribe(role, uid, body)
-                if verdict == UNKNOWN:
-                    continue
-                # a live connection's unsubscribe; after a disconnect libzmq has removed
-                # the connection itself and this applies to nobody
-                xpub.setsockopt(zmq.UNSUBSCRIBE, body)
-                if verdict != LAST:
-                    continue
-                st.subscriptions = max(0, st.subscriptions - 1)
-            for xsub in pubs:
-                xsub.send(data)
-
-    def _refused_subscription(self, role: int, body: bytes) -> None:
-        assert self.policy is not None
-        st = self.stats
-        name = self.policy.roles[role].name
-        n = st.refused_subscriptions[name] = st.refused_subscriptions.get(name, 0) + 1
-        if n == 1 or n % 1000 == 0:
-            log.warning("broker.subscription_refused", role=name,
-                        topic=body[:80].decode("utf-8", "replace").rstrip("\0"), refused=n)
-
-    def _refused_reader(self, counts: dict[str, int], identity: str, body: bytes,
-                        why: str) -> None:
-        n = counts[identity] = counts.get(identity, 0) + 1
-        if n == 1 or n % 1000 == 0:
-            log.warning(f"broker.subscription_{why}", identity=identity,
-                        topic=body[:80].decode("utf-8", "replace").rstrip("\0"), refused=n)
 
     def _route(self, topic: bytes) -> tuple[int, tuple[zmq.Socket, ...]]:
         """(publisher-role bitmask, reader XPUBs) for ``topic``; cached, bounded."""
@@ -886,82 +778,6 @@ class Broker:
         c[2] += 1
         c[3] += nbytes
 
-    def _serve_control(self, control: zmq.Socket, burst: int = 64) -> None:
-        """Answer up to ``burst`` queued control requests. ``control`` is a ROUTER: a request is
-        ``[peer, *envelope, b"", *body]`` (a REQ's envelope); the reply goes back with the
-        same envelope. Any body gets a reply (several frames, not JSON, not an object, an
-        unknown command: ``ok`` false with the reason); a message without the envelope's
-        empty delimiter cannot be answered and is counted as rejected. The socket never
-        raises out of the broker's loop."""
-        for _ in range(burst):
-            try:
-                frames = control.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            except zmq.ZMQError as exc:  # pragma: no cover - not expected of a ROUTER
-                self.stats.rejected += 1
-                log.warning("broker.control_error", error=str(exc))
-                return
-            delim = next((i for i in range(1, len(frames)) if not len(frames[i])), None)
-            if delim is None:  # no REQ envelope: nowhere to send a reply
-                self.stats.rejected += 1
-                continue
-            envelope = [f.bytes for f in frames[:delim + 1]]
-            reply = self._control_reply(frames[delim + 1:])
-            try:
-                control.send_multipart([*envelope, orjson.dumps(reply)], zmq.NOBLOCK)
-            except zmq.ZMQError as exc:  # pragma: no cover - a ROUTER drops to a gone peer
-                log.warning("broker.control_reply_dropped", error=str(exc))
-
-    def _control_reply(self, frames: list[Any]) -> dict[str, Any]:
-        """The reply to one request body (its frames, without the envelope)."""
-        raw = frames[0].bytes if frames else b""
-        identity = ""
-        if self.secure and frames:
-            with contextlib.suppress(zmq.ZMQError):
-                identity = frames[0].get("User-Id") or ""
-        req: Any = None
-        cmd = None
-        if len(frames) == 1:
-            try:
-                req = orjson.loads(raw)
-                cmd = req.get("cmd") if isinstance(req, dict) else None
-            except orjson.JSONDecodeError:
-                req = None
-        if cmd == "stats":
-            return {"ok": True, "stats": self.stats.as_dict()}
-        if cmd == "ping":
-            return {"ok": True, "address": str(self.address)}
-        if cmd == "hello":
-            return self._hello(identity, req)
-        self.stats.rejected += 1
-        what = (f"{len(frames)} frames" if len(frames) != 1 else repr(raw[:64]))
-        return {"ok": False,
-                "error": f"unknown request {what}; send one JSON frame with "
-                         "cmd=stats|ping|hello"}
-
-    def _hello(self, identity: str, req: Any) -> dict[str, Any]:
-        """The caller's role, ports (offsets from the base port) and rules."""
-        if self.policy is None:
-            return {"ok": True, "secure": False, "role": "", "identity": "",
-                    "pub_offset": 0, "sub_offset": 1, "rules": None,
-                    "max_message_bytes": self.config.max_message_bytes}
-        cert = self._by_name.get(identity)
-        if cert is None:
-            return {"ok": False, "error": f"unknown identity {identity!r}"}
-        i = self.policy.index(cert.role)
-        client_id = req.get("client_id") if isinstance(req, dict) else None
-        if isinstance(client_id, str) and 0 < len(client_id) <= 256:
-            if len(self._publishers) >= _MAX_ROUTES:
-                self._publishers.clear()
-            self._publishers[publisher_id(identity, client_id).encode()] = identity
-        log.info("broker.hello", identity=identity, role=cert.role)
-        return {"ok": True, "secure": True, "role": cert.role, "identity": identity,
-                "pub_offset": 3 + 2 * i, "sub_offset": 4 + 2 * i,
-                "rules": self.policy.roles[i].as_dict(),
-                "max_subscriptions": self.config.max_subscriptions_per_identity,
-                "max_message_bytes": self.config.max_message_bytes}
-
     def _publish_stats(self) -> None:
         frames = encode(STATS_TOPIC, (), self.stats.as_dict(), publisher="broker")
         outs = self._outs if self.policy is None else [
@@ -996,7 +812,6 @@ class Broker:
                 s.close(linger=linger)
         self._ins, self._outs, self._control = [], [], None
         self._routes.clear()
-        self._sub_routes.clear()
 
 
 def serve_in_thread(config: BrokerConfig) -> tuple[Broker, threading.Thread]:
