@@ -1,9 +1,10 @@
-"""A worker's compute object built from the run's configuration: the passive party's
-bottom (with the DP privatizer and DP-SGD when the plan turns DP on) or the active
-party's bottom and top, over the party's parameter server (torch, no I/O).
+"""What a run's configuration builds for a party (torch, no I/O): its models and
+parameter server (:func:`party_models`), and a worker's compute object: the passive
+party's bottom (with the DP privatizer and DP-SGD when the plan turns DP on) or the active
+party's bottom and top, over the party's parameter server.
 
-Owns: :func:`make_compute` (exactly what a worker thread or process, and the profiler,
-runs) and :func:`sync_mode_for`. May import the configuration, the privacy mechanisms,
+Owns: :func:`party_models`, :func:`make_compute` (exactly what a worker thread or
+process, and the profiler, runs) and :func:`sync_mode_for`. May import the configuration, the privacy mechanisms,
 the models, the fusing rule and the row store.
 """
 
@@ -18,7 +19,8 @@ from parties.config import VflConfig
 from parties.privacy.dp import EmbeddingPrivatizer, plan_from_config, sgd_seed
 from parties.privacy.dpsgd import DpSgd
 from parties.algorithms.fuse import fuse_of
-from parties.models.model import ActiveCompute, PassiveCompute
+from parties.core.ids import role_of
+from parties.models.model import ActiveCompute, ParameterServer, PassiveCompute, flat_params
 from parties.data.rowstore import DiskRows
 from parties.models.zoo import ModelFactory
 
@@ -100,4 +102,35 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
                           make_optimizer=factory.optimizer, ps_update=cfg.ps_update_for(party))
 
 
-__all__ = ["make_compute", "sync_mode_for"]
+def party_models(cfg: VflConfig, party: str, data: Any, models: ModelFactory | None,
+                 workers: int) -> tuple[ModelFactory, list[torch.nn.Module], ParameterServer]:
+    """A party's model factory (with its encoder's hashed columns), its scoring copies of
+    its models (bottom, then the active party's top; built from the current torch RNG
+    state, in eval mode) and its parameter server over them, for ``workers`` workers
+    (with ``vfl.top_update = "shared"``, the active party's one top at the server)."""
+    role = role_of(party)
+    factory = models if models is not None else ModelFactory(cfg)
+    hashed = getattr(data.encoder, "hashed_buckets", ())
+    if hashed:  # the encoder's hashed columns: embedding tables inside the bottom
+        factory = factory.with_hashed(hashed)
+    mods = factory.modules(role, data.x_train.shape[1])
+    for m in mods:
+        m.eval()  # the party's copies only score (workers train their own replicas)
+    update = cfg.ps_update_for(party)
+    n_params = sum(p.numel() for m in mods for p in m.parameters())
+    ps = ParameterServer(
+        flat_params(mods), workers=workers, update=update,
+        **({} if update == "average" else dict(
+            n_params=n_params, lr=cfg.worker_lr(party), make_optimizer=factory.optimizer)))
+    if role == "active" and cfg.shares_top():
+        # one top at the PS, stepped in batch order at the unscaled rate
+        bottom = mods[0]
+        ps.share_top(factory.top(), offset=sum(p.numel() for p in bottom.parameters()),
+                     lr=cfg.dp_lr if cfg.dp_enabled else cfg.lr,
+                     buffer_offset=n_params + sum(  # θ: all parameters, then all float buffers
+                         b.numel() for b in bottom.buffers() if b.is_floating_point()),
+                     make_optimizer=factory.optimizer)
+    return factory, mods, ps
+
+
+__all__ = ["make_compute", "party_models", "sync_mode_for"]

@@ -118,13 +118,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import shutil
 import tempfile
-from pathlib import Path
+import time
 from collections.abc import Callable
-import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -132,85 +131,39 @@ import structlog
 import torch
 
 from pubsub import Bus, BusConfig, DeadlineExceeded
-from pubsub.buffer import BufferLimits
-from pubsub.control import request_stats
-from pubsub.errors import BusError, PeerLost, RendezvousTimeout, SettingsMismatch
 from pubsub.config import ConfigError
+from pubsub.control import request_stats
+from pubsub.errors import BusError
 from pubsub.security import CurveClient
-from pubsub.session import heartbeat, rendezvous, watch
 from pubsub.transport import Transport
 
+from parties.algorithms.actions import EMB, GRAD
+from parties.algorithms.fuse import fuse_of
+from parties.algorithms.intake import PeerIntake, TensorSpec
+from parties.algorithms.schedule import eval_segments, first_reaching, num_batches
+from parties.algorithms.strategy import StrategyConfig, make_strategy
 from parties.config import VflConfig, role_of
+from parties.core.errors import VflError
+from parties.core.sysinfo import CpuMeter, cores_allotted
+from parties.core.tasks import metric_name
 from parties.data.party import PartyData
 from parties.data.rowstore import DiskRows
-from parties.runtime.driver import ActionDriver
-from parties.algorithms.wire import META_KEY as WIRE_META, WireFormatError, decode_rows, encode_message
-from parties.data import aligned_ids_digest
-from parties.privacy.dp import (
-    EmbeddingPrivatizer,
-    GdpAccountant,
-    accountant_for,
-    plan_from_config,
-    party_noise_secret,
-    worker_seeds,
-)
-from parties.privacy.dp import report as dp_report
-from parties.algorithms.actions import EMB, GRAD
-from parties.core.errors import (ConfigMismatch, HandshakeTimeout, PartnerLost, PartnerStalled,
-                            RunAborted,
-                            VflError)
-from parties.algorithms.intake import PeerIntake, TensorSpec
-from parties.algorithms.strategy import StrategyConfig, make_strategy
-from parties.algorithms.fuse import fuse_of
-from parties.models.model import (
-    ParameterServer,
-    embed,
-    flat_params,
-    load_flat,
-    predict,
-)
+from parties.models.compute import party_models
+from parties.models.model import load_flat
 from parties.models.zoo import ModelFactory
-from parties.algorithms.schedule import eval_segments, first_reaching, num_batches
-from parties.core.sysinfo import CpuMeter, cores_allotted, run_delay_s
+from parties.privacy.dp import report as dp_report
+from parties.privacy.party import party_dp
+from parties.runtime.bookkeeping import Mark, RunBook, party_metrics
+from parties.runtime.driver import ActionDriver
+from parties.runtime.evaluation import Evaluation
+from parties.runtime.session import PartySession
 from parties.runtime.timeline import SEGMENT, Timeline, TimedWorker
-from parties.core.tasks import compute_metric, metric_name
-from parties.runtime.workers import (
-    InlineWorker,
-    ProcessWorker,
-    ThreadWorker,
-    WorkerHandle,
-    ensure_forkserver,
-)
+from parties.runtime.workers import (InlineWorker, ProcessWorker, ThreadWorker, WorkerHandle,
+                                     ensure_forkserver)
 
 log = structlog.get_logger(__name__)
 
 ROLES = ("active", "passive")
-
-
-@dataclass(slots=True)
-class _Mark:
-    """The counters and clocks at the start of a history entry's span (mutable: reset
-    at each validation point scored in flight)."""
-
-    before: tuple[float, ...]
-    meter: CpuMeter
-    delay0: float | None
-    cc0: float
-    sc0: float
-    t0: float
-
-    @classmethod
-    def start(cls, before: tuple[float, ...], cc0: float, sc0: float,
-              t0: float) -> _Mark:
-        """A mark at ``t0``, its CPU meter started now."""
-        meter = CpuMeter()
-        meter.start()
-        return cls(before=before, meter=meter, delay0=run_delay_s(), cc0=cc0, sc0=sc0, t0=t0)
-
-    def reset(self, other: _Mark) -> None:
-        """Take ``other``'s counters and clocks (the next span of the same segment)."""
-        self.before, self.meter, self.delay0 = other.before, other.meter, other.delay0
-        self.cc0, self.sc0, self.t0 = other.cc0, other.sc0, other.t0
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,14 +234,6 @@ class Topics:
         return f"ctl/{self.run_id}/scored"
 
 
-def _peak_rss_mb() -> float:
-    import resource
-
-    kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-             resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    return round(kb / 1024.0, 1)
-
-
 class Party:
     """One PubSub-VFL party process: ``await Party(...).run()``.
 
@@ -346,91 +291,44 @@ class Party:
         # "auto": inline compute on a one-core party (call after pinning, as the CLI does)
         self.worker_mode = cfg.resolved_worker_mode(cores_allotted())
         self.metric = metric_name(data.task)
-        self.train_s = 0.0  # training wall time, evaluation excluded
-        self.run_delay_s = 0.0  # of it, threads runnable but waiting for a CPU
-        self.eval_s = 0.0
-        #: training segments run (each ends in a drain and PS sync) and validation
-        #: points scored while a segment trained (``vfl.val_overlap``)
-        self.segments = 0
-        self.points_in_flight = 0
-        self.train_cpu_s = 0.0  # CPU seconds of the training segments (scoring excluded)
-        self.train_compute_cpu_s = 0.0  # of which in the workers' compute calls
-        self.train_sync_cpu_s = 0.0  # of which in their parameter-server syncs
-        self.t0 = time.perf_counter()
         #: the algorithm x role (sans-IO); its counters are this party's training counters
         self.strategy = make_strategy(StrategyConfig.from_vfl(cfg, role, party))
         self.c = self.strategy.counters
-        self.history: list[dict[str, Any]] = []
         self._driver: ActionDriver | None = None
         self.bus: Transport | None = None
-        self._topics_of: dict[str, list[str]] = {}  # what only each partner may send us
         self.log = log.bind(party=party, run_id=run_id)
+        #: the training clock, CPU figures and history (parties.runtime.bookkeeping)
+        self.book = RunBook(role=role, workers=self.workers, epochs=cfg.epochs,
+                            metric=self.metric, progress=progress, log=self.log,
+                            counters=self.c, wait_s=self._wait_s,
+                            compute_cpu_s=self._compute_cpu_s, sync_cpu_s=self._sync_cpu_s)
         self.intake = PeerIntake(partner=self.partner, max_bad=cfg.peer_max_bad_messages,
                                  log=self.log)
         torch.manual_seed(cfg.seed + cfg.party_ids.index(party))
-        d_in = data.x_train.shape[1]
-        self.models = models if models is not None else ModelFactory(cfg)
-        hashed = getattr(data.encoder, "hashed_buckets", ())
-        if hashed:  # the encoder's hashed columns: embedding tables inside the bottom
-            self.models = self.models.with_hashed(hashed)
-        mods = self.models.modules(role, d_in)
-        for m in mods:
-            m.eval()  # the party's copies only score (workers train their own replicas)
+        self.models, mods, self.ps = party_models(cfg, party, data, models, self.workers)
         self._bottom = mods[0]
         self._top = mods[1] if role == "active" else None
-        update = cfg.ps_update_for(party)
-        self.ps = ParameterServer(
-            flat_params(mods), workers=self.workers, update=update,
-            **({} if update == "average" else dict(
-                n_params=sum(p.numel() for m in mods for p in m.parameters()),
-                lr=cfg.worker_lr(party), make_optimizer=self.models.optimizer)))
-        if role == "active" and cfg.shares_top():
-            # one top at the PS, stepped in batch order at the unscaled rate
-            base_lr = cfg.dp_lr if cfg.dp_enabled else cfg.lr
-            n_all = sum(p.numel() for m in mods for p in m.parameters())
-            self.ps.share_top(self.models.top(), offset=sum(
-                p.numel() for p in self._bottom.parameters()), lr=base_lr,
-                buffer_offset=n_all + sum(  # θ: all parameters, then all float buffers
-                    b.numel() for b in self._bottom.buffers() if b.is_floating_point()),
-                make_optimizer=self.models.optimizer)
-        self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
-        self._x_val = torch.from_numpy(np.ascontiguousarray(data.x_val))
         self._handles: list[WorkerHandle] = []
         self.timeline = Timeline(party)
         self._data_dir: Path | None = None
         self.partner_report: dict[str, Any] | None = None
         #: every passive party's report, by party id (active party, after the run)
         self.partner_reports: dict[str, dict[str, Any]] = {}
-        self.fuse = fuse_of(cfg) if role == "active" else None
-        self._init_dp()
-
-    def _init_dp(self) -> None:
-        """The passive party's DP plan, per-record ledger and secret noise seeds."""
-        cfg = self.cfg
-        self.dp_plan = plan_from_config(cfg) if self.role == "passive" else None
-        self.dp_acct: GdpAccountant | None = None
-        self._noise_seeds: list[int | None] = [None] * self.workers
-        self._eval_privatize: dict[str, EmbeddingPrivatizer] | None = None
-        if self.role != "passive":
-            return
-        plan = self.dp_plan
-        self.dp_acct = accountant_for(
-            plan, {"train": self.n_train, "val": int(self.data.x_val.shape[0]),
-                   "test": int(self.data.x_test.shape[0])})
-        if plan is None:
-            return
-        *seeds, eval_seed = worker_seeds(party_noise_secret(cfg.dp_noise_seed, self.party),
-                                         self.workers + 1)
-        self._noise_seeds = list(seeds)
-        self._eval_privatize = {
-            g: EmbeddingPrivatizer(clip_norm=plan.clip_norm, noise_multiplier=sigma, seed=seed)
-            for (g, sigma), seed in zip(sorted(plan.eval_noise_multipliers.items()),
-                                        worker_seeds(eval_seed, 2), strict=True)}
-        self.log.info("dp.plan", noise_multiplier=plan.noise_multiplier,
-                      sgd_noise_multiplier=plan.sgd_noise_multiplier,
-                      grad_clip_norm=plan.grad_clip_norm, clip_norm=plan.clip_norm, target_mu=plan.target_mu, delta=plan.delta,
-                      planned_publications=plan.planned_publications,
-                      noise_seed="config" if cfg.dp_noise_seed is not None else "os_entropy")
+        dp = party_dp(cfg, party, role, self.workers,
+                      {"train": self.n_train, "val": int(data.x_val.shape[0]),
+                       "test": int(data.x_test.shape[0])}, log=self.log)
+        self.dp_plan, self.dp_acct = dp.plan, dp.acct
+        self._noise_seeds = list(dp.noise_seeds)
+        self.session = PartySession(cfg=cfg, role=role, party=party, partners=self.partners,
+                                    multi=self.multi, topics=self.topics, intake=self.intake,
+                                    log=self.log, run_id=run_id, data=data,
+                                    channels=max(self.n_batches, self.workers),
+                                    n_val_points=self._n_val_points())
+        self.evaluation = Evaluation(
+            cfg=cfg, role=role, data=data, partners=self.partners, multi=self.multi,
+            topics=self.topics, intake=self.intake, ps=self.ps, bottom=self._bottom,
+            top=self._top, fuse=fuse_of(cfg) if role == "active" else None,
+            dp_acct=dp.acct, eval_privatize=dp.eval_privatize, log=self.log)
 
     def trained_modules(self) -> list[torch.nn.Module]:
         """This party's models (bottom, then the top model for the active party) loaded with
@@ -518,8 +416,8 @@ class Party:
                     "transport": "curve" if self.security is not None else "plaintext",
                     "identity": hello.identity if hello is not None else "",
                     "role": hello.role if hello is not None else ""}
-                await self._subscribe(bus)
-                await self._handshake(bus)
+                await self.session.subscribe(bus)
+                await self.session.handshake(bus)
                 await starting
                 batch = TensorSpec(width=cfg.embedding_dim, max_rows=cfg.batch_size)
                 self._driver = ActionDriver(
@@ -530,12 +428,12 @@ class Party:
                     wire=cfg.effective_wire_dtype)
                 meter = CpuMeter()
                 meter.start()
-                self.t0 = time.perf_counter()
+                self.book.t0 = time.perf_counter()
                 try:
                     async with asyncio.TaskGroup() as tg:
-                        hb = tg.create_task(self._heartbeat(bus))
-                        wd = tg.create_task(self._watchdog(bus))
-                        ab = (tg.create_task(self._abort_watch(bus))
+                        hb = tg.create_task(self.session.heartbeat(bus))
+                        wd = tg.create_task(self.session.watchdog(bus))
+                        ab = (tg.create_task(self.session.abort_watch(bus))
                               if self.multi and self.role == "passive" else None)
                         if self.role == "active":
                             result = await self._train_active(bus, meter)
@@ -548,13 +446,13 @@ class Party:
                 except* VflError as eg:  # the party's own error, not a group (exit codes)
                     err = eg.exceptions[0]
                     if self.multi and self.role == "active":
-                        await self._announce_abort(bus, err)
+                        await self.session.announce_abort(bus, err)
                     raise err from None
             if self.role == "active":
                 # after the run is done (heartbeats and watchdog stopped): off the
                 # training path, and the partner is not kept waiting
                 t_base = time.perf_counter()
-                result["active_only"] = await asyncio.to_thread(self._active_only)
+                result["active_only"] = await asyncio.to_thread(self.evaluation.active_only)
                 if result["active_only"] is not None:
                     self.log.info("vfl.active_only", model=result["active_only"].get("model"),
                                   test_metric=result["active_only"].get("test_metric"),
@@ -566,112 +464,6 @@ class Party:
             with contextlib.suppress(BaseException):
                 await starting
             await self._stop_workers()
-
-    async def _subscribe(self, bus: Transport) -> None:
-        cfg, t = self.cfg, self.topics
-        emb_bytes = cfg.batch_size * cfg.embedding_dim * 4 + 4096
-        # per-batch channels; VFL-PS uses one channel per worker pair instead
-        channels = range(max(self.n_batches, self.workers))
-        # each partner's topics, for accept_only once its client id is known
-        self._topics_of: dict[str, list[str]] = {}
-        if self.role == "active":
-            lim = BufferLimits(max_msgs=cfg.p, max_bytes=cfg.p * emb_bytes)
-            for party in self.partners:
-                q = party if self.multi else ""
-                embs = [t.emb(b, q) for b in channels]
-                vals = [t.val(i, q) for i in range(self._n_val_points())]
-                self._topics_of[party] = [*embs, *vals, t.test_of(q), t.report_of(q),
-                                          t.hb(party)]
-                await bus.subscribe_many(embs, limits=lim)
-                for n, topics in ((self.data.x_val.shape[0], vals),
-                                  (self.data.x_test.shape[0], [t.test_of(q)])):
-                    eval_bytes = n * cfg.embedding_dim * 4 + 4096
-                    await bus.subscribe_many(topics, limits=BufferLimits(
-                        max_msgs=2, max_bytes=2 * eval_bytes))
-                await bus.subscribe(t.report_of(q))
-        else:
-            lim = BufferLimits(max_msgs=cfg.q, max_bytes=cfg.q * emb_bytes)
-            grads = [t.grad(b) for b in channels]
-            mine = [*grads, t.done, t.scored, t.hb("active")]
-            await bus.subscribe_many(grads, limits=lim)
-            if cfg.algo == "vfl-ps":
-                mine.append(t.ids)
-                ids_bytes = cfg.batch_size * 8 + (self.workers + 1) * 8 + 4096
-                await bus.subscribe(t.ids, limits=BufferLimits(max_msgs=16,
-                                                               max_bytes=16 * ids_bytes))
-            await bus.subscribe(t.done)
-            await bus.subscribe(t.scored, limits=BufferLimits(max_msgs=4, max_bytes=1 << 14))
-            if self.multi:
-                mine.append(t.abort)
-                await bus.subscribe(t.abort, limits=BufferLimits(max_msgs=4,
-                                                                 max_bytes=1 << 14))
-            self._topics_of["active"] = mine
-        for party in self.partners:
-            await bus.subscribe(t.hb(party), limits=BufferLimits(max_msgs=4, max_bytes=1 << 16))
-        # subscribed last: a hello from the partner proves all the above reached its publisher
-        await bus.subscribe(t.hello(self.party))
-
-    async def _handshake(self, bus: Transport) -> None:
-        """Exchange hellos until each side has seen the other (PubSub slow-joiner guard;
-        :func:`pubsub.session.rendezvous` over the shared-settings digest): the active
-        party meets every passive party, a passive party the active party."""
-        cfg, t = self.cfg, self.topics
-        rows_file = cfg.rows_file(self.party)
-        mine = cfg.shared_settings(self.data.n_rows,
-                                   aligned_ids_digest(rows_file) if rows_file else "")
-        try:
-            heard = await rendezvous(
-                bus, me=self.party, peers=list(self.partners), digest=str(mine["digest"]),
-                say=[t.hello(p) for p in self.partners], hear=[t.hello(self.party)],
-                timeout_s=cfg.handshake_timeout_s, interval_s=0.1,
-                info={"role": self.role, "shared": mine}, mismatch_linger_s=0.5,
-                on_found=lambda peer, _: self.log.info("vfl.partner_found", partner=peer))
-        except RendezvousTimeout as exc:
-            raise HandshakeTimeout(", ".join(exc.missing) if self.multi else self.partner,
-                                   cfg.handshake_timeout_s, self.run_id) from None
-        except SettingsMismatch as exc:
-            raise ConfigMismatch(mine, dict(exc.hello.get("shared") or {})) from None
-        # from now on only the client each partner's handshake came from is that partner:
-        # the bus drops others' messages on its topics before they take room
-        ids = {p: str(heard[p]["publisher"]) for p in self.partners}
-        self.intake.partners = {pid: p for p, pid in ids.items()}
-        for p, pid in ids.items():
-            bus.accept_only(pid, self._topics_of[p])
-
-    async def _heartbeat(self, bus: Transport) -> None:
-        await heartbeat(bus, self.topics.hb(self.party), me=self.party,
-                        interval_s=self.cfg.heartbeat_interval_s)
-
-    async def _watchdog(self, bus: Transport) -> None:
-        timeout = self.cfg.liveness_timeout_s
-        try:
-            await watch(bus, {p: self.topics.hb(p) for p in self.partners}, timeout_s=timeout)
-        except PeerLost as exc:
-            lost = str(exc.peer) if self.multi else self.partner
-            self.log.error("vfl.partner_lost", partner=lost, silent_s=timeout)
-            raise PartnerLost(lost, timeout) from None
-
-    async def _abort_watch(self, bus: Transport) -> None:
-        """Passive, several passive parties: end this party as soon as the active party
-        says it ended the run (:class:`RunAborted`, naming the party that caused it)."""
-        while True:
-            try:
-                msg = await bus.next(self.topics.abort, 3600.0)
-            except DeadlineExceeded:
-                continue
-            party = str(msg.meta.get("party", "?"))[:32]
-            reason = str(msg.meta.get("reason", ""))[:300]
-            self.log.error("vfl.run_aborted", by="active", party=party, reason=reason)
-            raise RunAborted(party, reason)
-
-    async def _announce_abort(self, bus: Transport, err: BaseException) -> None:
-        """Active, several passive parties: tell every passive party that the run is over
-        because of ``err``'s party (best effort: a lost party cannot hear it)."""
-        party = str(getattr(err, "partner", "") or "active")
-        with contextlib.suppress(Exception):
-            bus.publish_nowait(self.topics.abort, (),
-                               {"party": party, "reason": str(err)[:300]})
-            await asyncio.sleep(0.1)  # let the message leave before the bus closes
 
     # ------------------------------------------------------------------ training
     async def _train(self, bus: Transport) -> None:
@@ -695,7 +487,7 @@ class Party:
             evaluated = epoch in self._eval_epochs()
             applied0 = self.c.batches
             for s, seg in enumerate(segs):
-                mark = self._open_mark()
+                mark = self.book.open_mark()
                 seg_t0 = mark.t0
                 if go is not None:
                     bus.publish_nowait(self.topics.scored, (), {"point": go})
@@ -722,9 +514,9 @@ class Party:
                         with contextlib.suppress(asyncio.CancelledError, Exception):
                             await side
                 t1 = time.perf_counter()
-                self.segments += 1
-                self.timeline.record(SEGMENT, -1, len(self.history), seg_t0, t1)
-                entry = self._close_mark(mark, epoch, s, len(segs), t1,
+                self.book.segments += 1
+                self.timeline.record(SEGMENT, -1, len(self.book.history), seg_t0, t1)
+                entry = self.book.close_mark(mark, epoch, s, len(segs), t1,
                                          (s + 1) / len(segs))
                 if evaluated and seg.stop in score_ends:
                     # Scoring is not training time on either side: the passive party waits
@@ -737,80 +529,22 @@ class Party:
                     t_eval = time.perf_counter()
                     last = epoch == cfg.epochs - 1 and s == len(segs) - 1
                     if self.role == "active":
-                        value = await self._score(bus, "val", point)
+                        value = await self.evaluation.score(bus, "val", point)
                         entry[f"val_{self.metric}"] = value
                         entry["metric"] = value
                         if not last and not overlap:
                             go = point  # published once the next segment's clock runs
                     else:
-                        await self._publish_embeddings(bus, "val", self.topics.val(point))
+                        await self.evaluation.publish_embeddings(bus, "val", self.topics.val(point))
                         if not last and not overlap:
-                            await self._await_scored(bus, point)
+                            await self.evaluation.await_scored(bus, point)
                     point += 1
-                    self.eval_s += time.perf_counter() - t_eval
-                self._append_entry(entry)
-
-    def _open_mark(self, cc0: float | None = None, sc0: float | None = None,
-                   t0: float | None = None) -> _Mark:
-        """The counters and clocks at the start of a history entry's span (the CPU
-        meters and the clock read now unless given)."""
-        c = self.c
-        return _Mark.start(
-            (c.loss_sum, c.loss_n, c.samples, self._wait_s(), c.dropped, c.reassigned),
-            self._compute_cpu_s() if cc0 is None else cc0,
-            self._sync_cpu_s() if sc0 is None else sc0,
-            time.perf_counter() if t0 is None else t0)
-
-    def _close_mark(self, mark: _Mark, epoch: int, s: int, n_segs: int, t1: float,
-                    done: float) -> dict[str, Any]:
-        """A history entry for the span from ``mark`` to ``t1`` (training time), ``done``
-        of the epoch's ``n_segs`` segments done; ``mark`` is reset to ``t1`` for the next
-        span of the same segment."""
-        c, before = self.c, mark.before
-        dt = t1 - mark.t0
-        delay1 = run_delay_s()
-        delay = (delay1 - mark.delay0) \
-            if mark.delay0 is not None and delay1 is not None else None
-        if delay is not None:
-            self.run_delay_s += delay
-        _, seg_cpu, _, util = mark.meter.read()
-        self.train_cpu_s += seg_cpu
-        cc1, sc1 = self._compute_cpu_s(), self._sync_cpu_s()
-        self.train_compute_cpu_s += cc1 - mark.cc0
-        self.train_sync_cpu_s += sc1 - mark.sc0
-        self.train_s += dt
-        entry: dict[str, Any] = {
-            "epoch": epoch, "segment": s,
-            "epochs_done": round(epoch + done, 6),
-            "train_s": dt, "train_wall_s": self.train_s,
-            "samples_per_s": (c.samples - before[2]) / dt if dt > 0 else 0.0,
-            "wait_s": (self._wait_s() - before[3]) / self.workers,
-            "cpu_util": util, "run_delay_s": delay,
-            "dropped": c.dropped - before[4], "reassigned": c.reassigned - before[5],
-        }
-        if self.role == "active":
-            entry["loss"] = (c.loss_sum - before[0]) / max(1, c.loss_n - before[1])
-        mark.reset(self._open_mark(cc1, sc1, t1))
-        return entry
-
-    def _append_entry(self, entry: dict[str, Any], at: float | None = None) -> None:
-        """Record a history entry, ``wall_s`` at ``at`` (``perf_counter``; default now)."""
-        entry["wall_s"] = (time.perf_counter() if at is None else at) - self.t0
-        self.history.append(entry)
-        self.log.info("vfl.epoch_done", **entry)
-        if self.progress and self.role == "active":
-            key = f"val_{self.metric}"
-            shown = f"  {key} {entry[key]:.4f}" if key in entry else ""
-            part = f" ({entry['epochs_done'] - entry['epoch']:.2f})" \
-                if entry["epochs_done"] - entry["epoch"] < 1 else ""
-            print(f"epoch {entry['epoch'] + 1:>3}/{self.cfg.epochs}{part}  loss "
-                  f"{entry['loss']:.4f}"
-                  f"{shown}  {entry['samples_per_s']:,.0f} samples/s  wait "
-                  f"{entry['wait_s']:.2f} s  dropped {entry['dropped']}", flush=True)
+                    self.book.eval_s += time.perf_counter() - t_eval
+                self.book.append_entry(entry)
 
     async def _score_in_flight(self, bus: Transport, epoch: int, n_segs: int, s: int,
                                stops: list[int], point: int, applied0: int,
-                               seg_done: asyncio.Event, mark: _Mark,
+                               seg_done: asyncio.Event, mark: Mark,
                                fractions: list[float]) -> None:
         """Overlap (``scores_in_flight``): the validation points at batch positions
         ``stops`` of the epoch inside segment ``s``, numbered from ``point``, while the
@@ -827,38 +561,21 @@ class Party:
                 # the point's time: when the scored parameters were taken, not when the
                 # score came back (training went on meanwhile; a drained point's clock
                 # instead stands still while it is scored)
-                value = await self._score(bus, "val", point + i, taken)
+                value = await self.evaluation.score(bus, "val", point + i, taken)
             else:
                 # woken by the strategy after each batch's completion (NotifySchedule)
                 # and at the segment's end (bounded by the segment's own deadlines)
                 assert self._driver is not None
                 await self._driver.wait_until(
                     lambda stop=stop: self.c.batches - applied0 >= stop or seg_done.is_set())
-                await self._publish_embeddings(bus, "val", self.topics.val(point + i))
+                await self.evaluation.publish_embeddings(bus, "val", self.topics.val(point + i))
             at = taken[0] if taken else time.perf_counter()
-            entry = self._close_mark(mark, epoch, s, n_segs, at, fractions[i])
+            entry = self.book.close_mark(mark, epoch, s, n_segs, at, fractions[i])
             if self.role == "active":
                 entry[f"val_{self.metric}"] = value
                 entry["metric"] = value
-            self.points_in_flight += 1
-            self._append_entry(entry, at)
-
-    async def _await_scored(self, bus: Transport, point: int) -> None:
-        """Passive: wait until the active party has scored validation point ``point``.
-
-        Raises:
-            PartnerStalled: no word within the liveness timeout plus T_ddl (seconds).
-        """
-        bound = self.cfg.liveness_timeout_s + self.cfg.t_ddl_s
-        deadline = time.monotonic() + bound
-        while True:
-            try:
-                msg = await bus.next(self.topics.scored, max(0.0, deadline - time.monotonic()))
-            except DeadlineExceeded:
-                raise PartnerStalled("active", "val", bound,
-                                     f"validation point {point} never scored") from None
-            if int(msg.meta.get("point", -1)) >= point:
-                return
+            self.book.points_in_flight += 1
+            self.book.append_entry(entry, at)
 
     async def _run_segment(self, epoch: int, batches: list[np.ndarray], seg: range) -> None:
         """Train the batches ``seg`` of ``epoch`` with the configured algorithm (the
@@ -873,9 +590,9 @@ class Party:
         cfg = self.cfg
         await self._train(bus)
         t_eval = time.perf_counter()
-        await self._publish_embeddings(bus, "test", self.topics.test)
-        self.eval_s += time.perf_counter() - t_eval
-        metrics = self._party_metrics(meter)
+        await self.evaluation.publish_embeddings(bus, "test", self.topics.test)
+        self.book.eval_s += time.perf_counter() - t_eval
+        metrics = party_metrics(self, meter)
         metrics["dp"] = dp_report(self.dp_plan, self.dp_acct)
         if self.dp_plan is not None:
             self.log.info("dp.spent", mu=metrics["dp"]["mu"], epsilon=metrics["dp"]["epsilon"],
@@ -888,18 +605,6 @@ class Party:
         except DeadlineExceeded:
             self.log.warning("vfl.no_done", waited_s=cfg.liveness_timeout_s + cfg.t_ddl_s)
         return metrics
-
-    async def _publish_embeddings(self, bus: Transport, split: str, topic: str) -> None:
-        """Publish the embeddings of the ``val`` (scored subsample) or ``test`` split from
-        the PS parameters (counted in the DP ledger first)."""
-        load_flat([self._bottom], self.ps.pull())
-        x = self._x_val if split == "val" else self._x_test
-        emb = await asyncio.to_thread(self._embeddings, x, split)
-        assert self.dp_acct is not None
-        self.dp_acct.record(split)
-        # encoded after the clip and noise (DP post-processing, parties.algorithms.wire)
-        bus.publish_nowait(topic, *encode_message([emb], {"split": split},
-                                                  self.cfg.effective_wire_dtype), copy=False)
 
     def _record_train(self, rows: np.ndarray, *, extra: bool = False) -> bool:
         """Count one ``emb`` publication of ``rows`` in the DP ledger (before it happens);
@@ -918,15 +623,6 @@ class Party:
         self.dp_acct.record("train", rows, extra=extra)
         return True
 
-    def _embeddings(self, x: torch.Tensor, split: str) -> np.ndarray:
-        """Embeddings ``(n, d)`` float32 of ``x`` (the ``split`` rows) from the PS
-        parameters: clipped and noised with the split's noise when DP is on (a thread's
-        work)."""
-        emb = embed(self._bottom, x)
-        if self._eval_privatize is None:
-            return emb
-        return self._eval_privatize[split](torch.from_numpy(emb))[1].numpy()
-
     # ------------------------------------------------------------------ active
     async def _train_active(self, bus: Transport, meter: CpuMeter) -> dict[str, Any]:
         cfg = self.cfg
@@ -934,16 +630,16 @@ class Party:
         key = f"test_{name}"
         await self._train(bus)
         t_eval = time.perf_counter()
-        value = await self._score(bus, "test")
-        self.eval_s += time.perf_counter() - t_eval
-        metrics = self._party_metrics(meter)
+        value = await self.evaluation.score(bus, "test")
+        self.book.eval_s += time.perf_counter() - t_eval
+        metrics = party_metrics(self, meter)
         target = cfg.effective_target
-        points = [(h["train_wall_s"], h["metric"]) for h in self.history if "metric" in h]
+        points = [(h["train_wall_s"], h["metric"]) for h in self.book.history if "metric" in h]
         metrics.update({
             "task": self.data.task, key: value, "metric_name": name, "metric": value,
             "target_metric": target,
             "time_to_target_s": first_reaching(points, target, higher_is_better=name == "auc"),
-            "n_val_scored": int(self._x_val.shape[0]),
+            "n_val_scored": int(self.data.x_val.shape[0]),
         })
         deadline = time.monotonic() + cfg.liveness_timeout_s
         for party in self.partners:
@@ -966,77 +662,6 @@ class Party:
         await asyncio.sleep(0.05)
         return metrics
 
-    def _active_only(self) -> dict[str, Any] | None:
-        """The active-only baseline (:func:`parties.algorithms.baseline.active_only_baseline`) on this
-        party's own columns and labels, same rows, after training; None when
-        ``vfl.active_only_baseline`` does not ask for it, and a ``skipped`` note where it
-        cannot apply (regression, streamed rows, no validation rows)."""
-        cfg, data = self.cfg, self.data
-        want = cfg.active_only_baseline
-        if want == "off" or (want == "auto" and not cfg.dp_enabled):
-            return None
-        if data.task != "binary":
-            return {"skipped": "binary tasks only (regression is not covered)"}
-        if data.cache_dir:
-            return {"skipped": "streamed rows (vfl.stream) are not covered"}
-        if len(data.x_val) == 0:
-            return {"skipped": "no validation rows to choose on"}
-        from parties.algorithms.baseline import active_only_baseline
-
-        try:
-            return active_only_baseline(data.x_train, data.y_train, data.x_val, data.y_val,
-                                        data.x_test, data.y_test, task=data.task,
-                                        seed=cfg.seed)
-        except Exception as exc:  # noqa: BLE001 - a reference figure never ends a run
-            self.log.warning("vfl.active_only_failed", error=f"{type(exc).__name__}: {exc}")
-            return {"skipped": f"failed: {type(exc).__name__}: {exc}"}
-
-    async def _score(self, bus: Transport, split: str, point: int = 0,
-                     taken: list[float] | None = None) -> float:
-        """The metric (AUC, or RMSE in the label's units) of the PS parameters on the
-        ``val`` (validation point ``point``) or ``test`` split, with every passive
-        party's embeddings of it (waited for up to the liveness timeout in all).
-        ``taken`` (a list): the ``perf_counter`` time the scored parameters were taken
-        from the PS is appended (the model scored existed then; scoring it took longer)."""
-        cfg, data, t = self.cfg, self.data, self.topics
-        assert self._top is not None
-        x, y = (self._x_val, data.y_val) if split == "val" else (self._x_test, data.y_test)
-        assert y is not None
-        spec = TensorSpec(width=cfg.embedding_dim, max_rows=len(x), rows=len(x))
-        deadline = time.monotonic() + cfg.liveness_timeout_s
-        embs = []
-        for party in self.partners:
-            q = party if self.multi else ""
-            topic = t.val(point, q) if split == "val" else t.test_of(q)
-            while True:  # the partner's embeddings of the split (others' are dropped)
-                try:
-                    msg = await bus.next(topic, max(0.0, deadline - time.monotonic()))
-                except DeadlineExceeded:
-                    raise PartnerStalled(party if self.multi else self.partner, split,
-                                         cfg.liveness_timeout_s,
-                                         "embeddings for scoring") from None
-                tag = msg.meta.get(WIRE_META)
-                if tag is not None:  # sent compressed (parties.algorithms.wire): float32 again
-                    try:
-                        msg = dataclasses.replace(msg, arrays=(decode_rows(msg.arrays, tag),))
-                    except WireFormatError as exc:
-                        self.intake.reject(msg.publisher, str(exc), topic=msg.topic,
-                                           fatal=True)
-                        continue
-                # one release per split: a bad one from the partner cannot be waited out
-                if self.intake.admit(msg, spec, fatal=True):
-                    break
-            embs.append(msg.arrays[0])
-        load_flat([self._bottom, self._top], self.ps.pull())
-        if taken is not None:
-            taken.append(time.perf_counter())
-        pred = await asyncio.to_thread(predict, self._bottom, self._top, x,
-                                       embs[0] if len(embs) == 1 else embs, task=data.task,
-                                       fuse=self.fuse)
-        if data.task == "regression":
-            pred = pred.astype(np.float64) * data.label_std + data.label_mean
-        return compute_metric(data.task, y, pred)
-
     # ------------------------------------------------------------------ metrics
     def _wait_s(self) -> float:
         """Seconds the workers have waited for partner messages so far."""
@@ -1051,82 +676,3 @@ class Party:
         """CPU seconds of the workers' parameter-server syncs so far (part of
         :meth:`_compute_cpu_s`)."""
         return sum(h.sync_cpu_s for h in self._handles)
-
-    def _party_metrics(self, meter: CpuMeter) -> dict[str, Any]:
-        wall, cpu, cores, util = meter.read()
-        assert self.bus is not None
-        st = self.bus.stats()
-        out = {
-            "role": self.role,
-            "party": self.party,
-            "algo": self.cfg.algo,
-            "workers": self.workers,
-            "train_wall_s": self.train_s,
-            "eval_s": self.eval_s,
-            "segments": self.segments,
-            "points_in_flight": self.points_in_flight,
-            "party_wall_s": wall,
-            "cpu_s": cpu,
-            "cores_allotted": cores,
-            "cpu_util": util,
-            "cpu_s_train": self.train_cpu_s,
-            "cpu_util_train": (self.train_cpu_s / (self.train_s * cores)
-                               if self.train_s > 0 else None),
-            "security": self.security_info,
-            "run_delay_s": self.run_delay_s,
-            "wait_s_total": self._wait_s(),
-            "wait_s_per_epoch": self._wait_s() / (self.workers * self.cfg.epochs),
-            "bytes_sent": dict(st.sent_bytes),
-            "msgs_sent": dict(st.sent_msgs),
-            # how this party's emb / eval / grad tensors travelled (parties.algorithms.wire)
-            "wire_dtype": self.cfg.effective_wire_dtype,
-            "bytes_recv": dict(st.recv_bytes),
-            "dropped_batches": self.c.dropped,
-            "reassigned_batches": self.c.reassigned,
-            "skipped_batches": self.c.skipped,
-            "stale_messages": self.c.stale,
-            # the partner's malformed embeddings/gradients dropped, by sender (parties.algorithms.intake)
-            "rejected_messages": self.intake.rejected,
-            # messages on the partner's topics from other bus clients, dropped on arrival
-            "foreign_messages": st.foreign,
-            "rejected_by_sender": dict(list(self.intake.bad.items())[:64]),
-            "switched_waits": self.c.switched,
-            "max_staleness": self.c.max_staleness,
-            "bus": {k: v for k, v in st.as_dict().items() if not isinstance(v, dict)},
-            "ps_pushes": self.ps.pushes,
-            "worker_mode": self.worker_mode,
-            "model": self.models.describe(),
-            "compute_s": sum(h.compute_s for h in self._handles),
-            "compute_cpu_s_train": self.train_compute_cpu_s,
-            "sync_cpu_s_train": self.train_sync_cpu_s,
-            "step_cpu_s_per_sample": ((self.train_compute_cpu_s - self.train_sync_cpu_s)
-                                      / self.c.samples if self.c.samples else None),
-            "worker_parallelism": (sum(h.compute_s for h in self._handles) / wall
-                                   if wall > 0 else 0.0),
-            "batches": self.c.batches,
-            "samples": self.c.samples,
-            "history": self.history,
-            # under DP the passive width is the public schema's (a function of it alone)
-            "n_features": int(self.data.x_train.shape[1]),
-            "feature_encoding": ("public_schema" if self.role == "passive"
-                                 and self.cfg.dp_enabled else "fitted"),
-            "columns": list(self.data.columns),
-            # each raw column's treatment (numeric, onehot, hashed, datetime, dropped)
-            # lifetime peak resident set of this party process (loading included) and
-            # of its largest finished worker process, MiB (ru_maxrss)
-            "peak_rss_mb": _peak_rss_mb(),
-            "treatments": (self.data.encoder.treatments_dict()
-                           if hasattr(self.data.encoder, "treatments_dict") else []),
-        }
-        if self.role == "active" and self.data.task == "binary":
-            out["label"] = self.data.label
-            out["label_positive"] = self.data.label_positive
-        if self.multi and self.role == "active":
-            out["missed_by_party"] = dict(self.c.missed_by_party)
-        link = getattr(self.strategy, "link_report", None)
-        link = link() if link is not None else None
-        if link is not None:  # pubsub's passive party: what it measured of its link
-            wire = st.sent_bytes.get(EMB, 0) + st.recv_bytes.get(GRAD, 0)
-            link["bytes_per_sample"] = wire / self.c.samples if self.c.samples else None
-            out["link"] = link
-        return out

@@ -1,0 +1,183 @@
+"""A party's scoring, apart from its training loop: the passive party's releases of
+validation and test embeddings from its parameter server (counted in its DP ledger,
+noised under DP, compressed after the noise), the active party's score of a split with
+every partner's embeddings, and its active-only baseline.
+
+Owns: :class:`Evaluation`. May import :mod:`pubsub`, :mod:`parties.core`,
+:mod:`parties.algorithms`, :mod:`parties.config`, :mod:`parties.privacy`,
+:mod:`parties.data` and :mod:`parties.models`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from pubsub import DeadlineExceeded
+from pubsub.transport import Transport
+
+from parties.algorithms.intake import TensorSpec
+from parties.algorithms.wire import META_KEY as WIRE_META, WireFormatError, decode_rows, encode_message
+from parties.config import VflConfig
+from parties.core.errors import PartnerStalled
+from parties.core.tasks import compute_metric
+from parties.data.party import PartyData
+from parties.models.model import ParameterServer, embed, load_flat, predict
+from parties.privacy.dp import EmbeddingPrivatizer, GdpAccountant
+
+
+class Evaluation:
+    """Scores and evaluation releases of one party.
+
+    Args:
+        cfg / role / data: the run, the party's role and its data.
+        partners / multi / partner: whom it trains with (see :class:`parties.runtime.party.Party`).
+        topics: the run's topic names.
+        intake: the checks of what partners send.
+        ps: the party's parameter server (what is scored).
+        bottom / top: the party's scoring copies of its models (top: active party).
+        fuse: the active party's fusing of its partners' embeddings, or None.
+        dp_acct: the passive party's DP ledger (None for the active party).
+        eval_privatize: under DP, the privatizer of each evaluation split's release.
+        log: the party's bound logger.
+    """
+
+    def __init__(self, *, cfg: VflConfig, role: str, data: PartyData,
+                 partners: tuple[str, ...], multi: bool, topics: Any, intake: Any,
+                 ps: ParameterServer, bottom: torch.nn.Module, top: torch.nn.Module | None,
+                 fuse: Any, dp_acct: GdpAccountant | None,
+                 eval_privatize: dict[str, EmbeddingPrivatizer] | None, log: Any) -> None:
+        self.cfg = cfg
+        self.role = role
+        self.data = data
+        self.partners = partners
+        self.multi = multi
+        self.partner = "passive" if role == "active" else "active"
+        self.topics = topics
+        self.intake = intake
+        self.ps = ps
+        self._bottom = bottom
+        self._top = top
+        self.fuse = fuse
+        self.dp_acct = dp_acct
+        self._eval_privatize = eval_privatize
+        self.log = log
+        self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
+        self._x_val = torch.from_numpy(np.ascontiguousarray(data.x_val))
+
+    async def await_scored(self, bus: Transport, point: int) -> None:
+        """Passive: wait until the active party has scored validation point ``point``.
+
+        Raises:
+            PartnerStalled: no word within the liveness timeout plus T_ddl (seconds).
+        """
+        bound = self.cfg.liveness_timeout_s + self.cfg.t_ddl_s
+        deadline = time.monotonic() + bound
+        while True:
+            try:
+                msg = await bus.next(self.topics.scored, max(0.0, deadline - time.monotonic()))
+            except DeadlineExceeded:
+                raise PartnerStalled("active", "val", bound,
+                                     f"validation point {point} never scored") from None
+            if int(msg.meta.get("point", -1)) >= point:
+                return
+
+    async def publish_embeddings(self, bus: Transport, split: str, topic: str) -> None:
+        """Publish the embeddings of the ``val`` (scored subsample) or ``test`` split from
+        the PS parameters (counted in the DP ledger first)."""
+        load_flat([self._bottom], self.ps.pull())
+        x = self._x_val if split == "val" else self._x_test
+        emb = await asyncio.to_thread(self.embeddings, x, split)
+        assert self.dp_acct is not None
+        self.dp_acct.record(split)
+        # encoded after the clip and noise (DP post-processing, parties.algorithms.wire)
+        bus.publish_nowait(topic, *encode_message([emb], {"split": split},
+                                                  self.cfg.effective_wire_dtype), copy=False)
+
+    def embeddings(self, x: torch.Tensor, split: str) -> np.ndarray:
+        """Embeddings ``(n, d)`` float32 of ``x`` (the ``split`` rows) from the PS
+        parameters: clipped and noised with the split's noise when DP is on (a thread's
+        work)."""
+        emb = embed(self._bottom, x)
+        if self._eval_privatize is None:
+            return emb
+        return self._eval_privatize[split](torch.from_numpy(emb))[1].numpy()
+
+    def active_only(self) -> dict[str, Any] | None:
+        """The active-only baseline (:func:`parties.algorithms.baseline.active_only_baseline`) on this
+        party's own columns and labels, same rows, after training; None when
+        ``vfl.active_only_baseline`` does not ask for it, and a ``skipped`` note where it
+        cannot apply (regression, streamed rows, no validation rows)."""
+        cfg, data = self.cfg, self.data
+        want = cfg.active_only_baseline
+        if want == "off" or (want == "auto" and not cfg.dp_enabled):
+            return None
+        if data.task != "binary":
+            return {"skipped": "binary tasks only (regression is not covered)"}
+        if data.cache_dir:
+            return {"skipped": "streamed rows (vfl.stream) are not covered"}
+        if len(data.x_val) == 0:
+            return {"skipped": "no validation rows to choose on"}
+        from parties.algorithms.baseline import active_only_baseline
+
+        try:
+            return active_only_baseline(data.x_train, data.y_train, data.x_val, data.y_val,
+                                        data.x_test, data.y_test, task=data.task,
+                                        seed=cfg.seed)
+        except Exception as exc:  # noqa: BLE001 - a reference figure never ends a run
+            self.log.warning("vfl.active_only_failed", error=f"{type(exc).__name__}: {exc}")
+            return {"skipped": f"failed: {type(exc).__name__}: {exc}"}
+
+    async def score(self, bus: Transport, split: str, point: int = 0,
+                     taken: list[float] | None = None) -> float:
+        """The metric (AUC, or RMSE in the label's units) of the PS parameters on the
+        ``val`` (validation point ``point``) or ``test`` split, with every passive
+        party's embeddings of it (waited for up to the liveness timeout in all).
+        ``taken`` (a list): the ``perf_counter`` time the scored parameters were taken
+        from the PS is appended (the model scored existed then; scoring it took longer)."""
+        cfg, data, t = self.cfg, self.data, self.topics
+        assert self._top is not None
+        x, y = (self._x_val, data.y_val) if split == "val" else (self._x_test, data.y_test)
+        assert y is not None
+        spec = TensorSpec(width=cfg.embedding_dim, max_rows=len(x), rows=len(x))
+        deadline = time.monotonic() + cfg.liveness_timeout_s
+        embs = []
+        for party in self.partners:
+            q = party if self.multi else ""
+            topic = t.val(point, q) if split == "val" else t.test_of(q)
+            while True:  # the partner's embeddings of the split (others' are dropped)
+                try:
+                    msg = await bus.next(topic, max(0.0, deadline - time.monotonic()))
+                except DeadlineExceeded:
+                    raise PartnerStalled(party if self.multi else self.partner, split,
+                                         cfg.liveness_timeout_s,
+                                         "embeddings for scoring") from None
+                tag = msg.meta.get(WIRE_META)
+                if tag is not None:  # sent compressed (parties.algorithms.wire): float32 again
+                    try:
+                        msg = dataclasses.replace(msg, arrays=(decode_rows(msg.arrays, tag),))
+                    except WireFormatError as exc:
+                        self.intake.reject(msg.publisher, str(exc), topic=msg.topic,
+                                           fatal=True)
+                        continue
+                # one release per split: a bad one from the partner cannot be waited out
+                if self.intake.admit(msg, spec, fatal=True):
+                    break
+            embs.append(msg.arrays[0])
+        load_flat([self._bottom, self._top], self.ps.pull())
+        if taken is not None:
+            taken.append(time.perf_counter())
+        pred = await asyncio.to_thread(predict, self._bottom, self._top, x,
+                                       embs[0] if len(embs) == 1 else embs, task=data.task,
+                                       fuse=self.fuse)
+        if data.task == "regression":
+            pred = pred.astype(np.float64) * data.label_std + data.label_mean
+        return compute_metric(data.task, y, pred)
+
+
+__all__ = ["Evaluation"]

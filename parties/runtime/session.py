@@ -1,0 +1,171 @@
+"""A party's session with its partners over the bus: the subscriptions it needs (each
+topic's buffer bounded), the handshake with every partner (settings digest, the
+partner's client id from then on the only one accepted on its topics), heartbeats, the
+liveness watchdog and, with several passive parties, the run's abort notice.
+
+Owns: :class:`PartySession`. May import :mod:`pubsub`, :mod:`parties.core`,
+:mod:`parties.config` and :mod:`parties.data`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from pubsub import DeadlineExceeded
+from pubsub.buffer import BufferLimits
+from pubsub.errors import PeerLost, RendezvousTimeout, SettingsMismatch
+from pubsub.session import heartbeat, rendezvous, watch
+from pubsub.transport import Transport
+
+from parties.config import VflConfig
+from parties.core.errors import ConfigMismatch, HandshakeTimeout, PartnerLost, RunAborted
+from parties.data import aligned_ids_digest
+from parties.data.party import PartyData
+
+
+class PartySession:
+    """What a party says and hears besides the batches.
+
+    Args:
+        cfg: the run configuration.
+        role / party: the party's role and id.
+        partners: the parties it trains with.
+        multi: several passive parties (topics name the passive party).
+        topics: the run's topic names (:class:`parties.runtime.party.Topics`).
+        intake: the checks of what partners send (learns their client ids).
+        log: the party's bound logger.
+        run_id: the run.
+        data: the party's data (row counts of its splits).
+        channels: per-batch channels to subscribe (batches per epoch, or workers).
+        n_val_points: validation points of the run (their topics).
+    """
+
+    def __init__(self, *, cfg: VflConfig, role: str, party: str, partners: tuple[str, ...],
+                 multi: bool, topics: Any, intake: Any, log: Any, run_id: str,
+                 data: PartyData, channels: int, n_val_points: int) -> None:
+        self.cfg = cfg
+        self.role = role
+        self.party = party
+        self.partners = partners
+        self.partner = "passive" if role == "active" else "active"
+        self.multi = multi
+        self.topics = topics
+        self.intake = intake
+        self.log = log
+        self.run_id = run_id
+        self.data = data
+        self.channels = channels
+        self.n_val_points = n_val_points
+        #: each partner's topics, for accept_only once its client id is known
+        self._topics_of: dict[str, list[str]] = {}
+
+    async def subscribe(self, bus: Transport) -> None:
+        cfg, t = self.cfg, self.topics
+        emb_bytes = cfg.batch_size * cfg.embedding_dim * 4 + 4096
+        # per-batch channels; VFL-PS uses one channel per worker pair instead
+        channels = range(self.channels)
+        # each partner's topics, for accept_only once its client id is known
+        self._topics_of = {}
+        if self.role == "active":
+            lim = BufferLimits(max_msgs=cfg.p, max_bytes=cfg.p * emb_bytes)
+            for party in self.partners:
+                q = party if self.multi else ""
+                embs = [t.emb(b, q) for b in channels]
+                vals = [t.val(i, q) for i in range(self.n_val_points)]
+                self._topics_of[party] = [*embs, *vals, t.test_of(q), t.report_of(q),
+                                          t.hb(party)]
+                await bus.subscribe_many(embs, limits=lim)
+                for n, topics in ((self.data.x_val.shape[0], vals),
+                                  (self.data.x_test.shape[0], [t.test_of(q)])):
+                    eval_bytes = n * cfg.embedding_dim * 4 + 4096
+                    await bus.subscribe_many(topics, limits=BufferLimits(
+                        max_msgs=2, max_bytes=2 * eval_bytes))
+                await bus.subscribe(t.report_of(q))
+        else:
+            lim = BufferLimits(max_msgs=cfg.q, max_bytes=cfg.q * emb_bytes)
+            grads = [t.grad(b) for b in channels]
+            mine = [*grads, t.done, t.scored, t.hb("active")]
+            await bus.subscribe_many(grads, limits=lim)
+            if cfg.algo == "vfl-ps":
+                mine.append(t.ids)
+                ids_bytes = cfg.batch_size * 8 + (self.workers + 1) * 8 + 4096
+                await bus.subscribe(t.ids, limits=BufferLimits(max_msgs=16,
+                                                               max_bytes=16 * ids_bytes))
+            await bus.subscribe(t.done)
+            await bus.subscribe(t.scored, limits=BufferLimits(max_msgs=4, max_bytes=1 << 14))
+            if self.multi:
+                mine.append(t.abort)
+                await bus.subscribe(t.abort, limits=BufferLimits(max_msgs=4,
+                                                                 max_bytes=1 << 14))
+            self._topics_of["active"] = mine
+        for party in self.partners:
+            await bus.subscribe(t.hb(party), limits=BufferLimits(max_msgs=4, max_bytes=1 << 16))
+        # subscribed last: a hello from the partner proves all the above reached its publisher
+        await bus.subscribe(t.hello(self.party))
+
+    async def handshake(self, bus: Transport) -> None:
+        """Exchange hellos until each side has seen the other (PubSub slow-joiner guard;
+        :func:`pubsub.session.rendezvous` over the shared-settings digest): the active
+        party meets every passive party, a passive party the active party."""
+        cfg, t = self.cfg, self.topics
+        rows_file = cfg.rows_file(self.party)
+        mine = cfg.shared_settings(self.data.n_rows,
+                                   aligned_ids_digest(rows_file) if rows_file else "")
+        try:
+            heard = await rendezvous(
+                bus, me=self.party, peers=list(self.partners), digest=str(mine["digest"]),
+                say=[t.hello(p) for p in self.partners], hear=[t.hello(self.party)],
+                timeout_s=cfg.handshake_timeout_s, interval_s=0.1,
+                info={"role": self.role, "shared": mine}, mismatch_linger_s=0.5,
+                on_found=lambda peer, _: self.log.info("vfl.partner_found", partner=peer))
+        except RendezvousTimeout as exc:
+            raise HandshakeTimeout(", ".join(exc.missing) if self.multi else self.partner,
+                                   cfg.handshake_timeout_s, self.run_id) from None
+        except SettingsMismatch as exc:
+            raise ConfigMismatch(mine, dict(exc.hello.get("shared") or {})) from None
+        # from now on only the client each partner's handshake came from is that partner:
+        # the bus drops others' messages on its topics before they take room
+        ids = {p: str(heard[p]["publisher"]) for p in self.partners}
+        self.intake.partners = {pid: p for p, pid in ids.items()}
+        for p, pid in ids.items():
+            bus.accept_only(pid, self._topics_of[p])
+
+    async def heartbeat(self, bus: Transport) -> None:
+        await heartbeat(bus, self.topics.hb(self.party), me=self.party,
+                        interval_s=self.cfg.heartbeat_interval_s)
+
+    async def watchdog(self, bus: Transport) -> None:
+        timeout = self.cfg.liveness_timeout_s
+        try:
+            await watch(bus, {p: self.topics.hb(p) for p in self.partners}, timeout_s=timeout)
+        except PeerLost as exc:
+            lost = str(exc.peer) if self.multi else self.partner
+            self.log.error("vfl.partner_lost", partner=lost, silent_s=timeout)
+            raise PartnerLost(lost, timeout) from None
+
+    async def abort_watch(self, bus: Transport) -> None:
+        """Passive, several passive parties: end this party as soon as the active party
+        says it ended the run (:class:`RunAborted`, naming the party that caused it)."""
+        while True:
+            try:
+                msg = await bus.next(self.topics.abort, 3600.0)
+            except DeadlineExceeded:
+                continue
+            party = str(msg.meta.get("party", "?"))[:32]
+            reason = str(msg.meta.get("reason", ""))[:300]
+            self.log.error("vfl.run_aborted", by="active", party=party, reason=reason)
+            raise RunAborted(party, reason)
+
+    async def announce_abort(self, bus: Transport, err: BaseException) -> None:
+        """Active, several passive parties: tell every passive party that the run is over
+        because of ``err``'s party (best effort: a lost party cannot hear it)."""
+        party = str(getattr(err, "partner", "") or "active")
+        with contextlib.suppress(Exception):
+            bus.publish_nowait(self.topics.abort, (),
+                               {"party": party, "reason": str(err)[:300]})
+            await asyncio.sleep(0.1)  # let the message leave before the bus closes
+
+
+__all__ = ["PartySession"]
