@@ -180,6 +180,7 @@ from parties.schedule import (
     eval_segments,
     first_reaching,
     num_batches,
+    overlap_decision,
     validation_split,
 )
 from parties.sysinfo import CpuMeter, cores_allotted, run_delay_s
@@ -425,6 +426,16 @@ def _load_streamed(cfg: VflConfig, party: str) -> PartyData:
         label_positive=got.positive, cache_dir=str(rows.cache_dir))
 
 
+def _cores(value: Any) -> float | None:
+    """A partner's allotted cores as its hello said them (None: not said, or not a
+    finite positive number)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if 0 < v < float("inf") else None
+
+
 def _peak_rss_mb() -> float:
     import resource
 
@@ -546,6 +557,10 @@ class Party:
         #: every passive party's report, by party id (active party, after the run)
         self.partner_reports: dict[str, dict[str, Any]] = {}
         self.fuse = fuse_of(cfg) if role == "active" else None
+        #: validation points scored in flight (decided after the handshake) and why
+        self.overlap = False
+        self.overlap_reason = ""
+        self._partner_cores: dict[str, float | None] = {}
         self._init_dp()
 
     def _init_dp(self) -> None:
@@ -664,6 +679,7 @@ class Party:
                     "role": hello.role if hello is not None else ""}
                 await self._subscribe(bus)
                 await self._handshake(bus)
+                await self._agree_overlap(bus)
                 await starting
                 batch = TensorSpec(width=cfg.embedding_dim, max_rows=cfg.batch_size)
                 self._driver = ActionDriver(
@@ -768,7 +784,8 @@ class Party:
                 bus, me=self.party, peers=list(self.partners), digest=str(mine["digest"]),
                 say=[t.hello(p) for p in self.partners], hear=[t.hello(self.party)],
                 timeout_s=cfg.handshake_timeout_s, interval_s=0.1,
-                info={"role": self.role, "shared": mine}, mismatch_linger_s=0.5,
+                info={"role": self.role, "shared": mine,
+                      "cores": round(cores_allotted(), 4)}, mismatch_linger_s=0.5,
                 on_found=lambda peer, _: self.log.info("vfl.partner_found", partner=peer))
         except RendezvousTimeout as exc:
             raise HandshakeTimeout(", ".join(exc.missing) if self.multi else self.partner,
@@ -778,9 +795,46 @@ class Party:
         # from now on only the client each partner's handshake came from is that partner:
         # the bus drops others' messages on its topics before they take room
         ids = {p: str(heard[p]["publisher"]) for p in self.partners}
+        self._partner_cores = {p: _cores(heard[p].get("cores")) for p in self.partners}
         self.intake.partners = {pid: p for p, pid in ids.items()}
         for p, pid in ids.items():
             bus.accept_only(pid, self._topics_of[p])
+
+    async def _agree_overlap(self, bus: Transport) -> None:
+        """Whether this run scores validation points in flight
+        (:func:`parties.schedule.overlap_decision`): the active party decides from every
+        party's allotted cores (said in the hellos) and tells the passive parties on the
+        ``scored`` topic (point -1) before training starts; each side then runs the same
+        segments. Without ``scores_in_flight`` nothing is exchanged.
+
+        Raises:
+            HandshakeTimeout: a passive party heard no decision within the handshake
+                timeout.
+        """
+        cfg = self.cfg
+        if not cfg.scores_in_flight:
+            self.overlap, self.overlap_reason = False, "off in the configuration"
+            return
+        if self.role == "active":
+            cores = {"active": cores_allotted(), **self._partner_cores}
+            self.overlap, self.overlap_reason = overlap_decision(True, cores)
+            bus.publish_nowait(self.topics.scored, (),
+                               {"point": -1, "val_overlap": self.overlap,
+                                "reason": self.overlap_reason})
+        else:
+            deadline = time.monotonic() + cfg.handshake_timeout_s
+            while True:
+                try:
+                    msg = await bus.next(self.topics.scored,
+                                         max(0.0, deadline - time.monotonic()))
+                except DeadlineExceeded:
+                    raise HandshakeTimeout("active", cfg.handshake_timeout_s,
+                                           self.run_id) from None
+                if "val_overlap" in msg.meta:
+                    break
+            self.overlap = bool(msg.meta["val_overlap"])
+            self.overlap_reason = str(msg.meta.get("reason", ""))[:200]
+        self.log.info("vfl.val_overlap", on=self.overlap, reason=self.overlap_reason)
 
     async def _heartbeat(self, bus: Transport) -> None:
         await heartbeat(bus, self.topics.hb(self.party), me=self.party,
@@ -825,8 +879,9 @@ class Party:
         for it (passive); scoring is not training time. With ``scores_in_flight`` the
         points inside a segment are scored while it trains (:meth:`_score_in_flight`)."""
         cfg = self.cfg
-        overlap = cfg.scores_in_flight
-        segs = eval_segments(self.n_batches, cfg.segments_per_epoch)
+        overlap = self.overlap
+        segs = eval_segments(self.n_batches, cfg.sync_per_epoch
+                             or (1 if overlap else cfg.evals_per_epoch))
         # the scorings fall on the ends of the scoring segments (sync_per_epoch is a
         # multiple of evals_per_epoch, so these ends are segment ends too), or inside
         # the segments (overlap)
@@ -1209,6 +1264,7 @@ class Party:
             "eval_s": self.eval_s,
             "segments": self.segments,
             "points_in_flight": self.points_in_flight,
+            "val_overlap": {"on": self.overlap, "reason": self.overlap_reason},
             "party_wall_s": wall,
             "cpu_s": cpu,
             "cores_allotted": cores,
