@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -771,3 +771,28 @@ def first_reaching(points: list[tuple[float, float]], target: float | None, *,
         if m == m and (m >= target if higher_is_better else m <= target):
             return t
     return None
+
+
+#: a run with a party allotted fewer cores scores its validation points at segment ends
+OVERLAP_MIN_CORES = 1.0
+
+
+def overlap_decision(allowed: bool, cores: Mapping[str, float | None]) -> tuple[bool, str]:
+    """Whether a run scores its validation points while it trains (in flight), and why.
+
+    In flight, the passive parties compute their validation embeddings beside their
+    training: that pays where the parties have CPU to spare while they wait for their
+    partners (a slow link), and costs where a party's quota is below one core, which its
+    training already fills (``bench/hetero.py --quick``, 50:14 split, passive party at
+    0.44 cores: efficiency 0.73-0.80 with points at segment ends, 0.35-0.40 in flight).
+    So points are in flight when the configuration allows it (``allowed``:
+    :attr:`parties.config.VflConfig.scores_in_flight`) and every party of ``cores`` (party
+    id -> allotted cores; None: not said) has at least :data:`OVERLAP_MIN_CORES`.
+    """
+    if not allowed:
+        return False, "off in the configuration (val_overlap, algo, workers)"
+    short = sorted(p for p, c in cores.items() if c is not None and c < OVERLAP_MIN_CORES)
+    if short:
+        return False, (f"{', '.join(short)} allotted under {OVERLAP_MIN_CORES:g} core: "
+                       "points at segment ends")
+    return True, f"every party allotted {OVERLAP_MIN_CORES:g} core or more"

@@ -251,7 +251,12 @@ class VflConfig:
             a few steps): the passive party publishes its embeddings of the validation
             rows when it has applied the point's share of the epoch's batches, the
             active party scores them when they arrive, and nothing drains; by default
-            an epoch is then one segment (``sync_per_epoch`` still sets more). Else
+            an epoch is then one segment (``sync_per_epoch`` still sets more). Only where
+            every party is allotted a core or more
+            (:func:`parties.algorithms.schedule.overlap_decision`: below one core a party's training
+            already fills its quota, and its evaluation work only slows it): the active
+            party decides after the handshake and tells the passive parties;
+            ``metrics.json`` records it (``parties.*.val_overlap``). Else
             (false, another algorithm, a party with one worker) each point ends a
             segment: the batches in flight finish, the replicas sync, and the passive
             party waits for the active party's score before it trains on (across a

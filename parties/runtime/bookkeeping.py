@@ -168,6 +168,7 @@ def party_metrics(party: Any, meter: CpuMeter) -> dict[str, Any]:
         "eval_s": book.eval_s,
         "segments": book.segments,
         "points_in_flight": book.points_in_flight,
+        "val_overlap": {"on": party.overlap, "reason": party.overlap_reason},
         "party_wall_s": wall,
         "cpu_s": cpu,
         "cores_allotted": cores,

@@ -309,6 +309,8 @@ class Party:
         self._bottom = mods[0]
         self._top = mods[1] if role == "active" else None
         self._handles: list[WorkerHandle] = []
+        #: validation points scored in flight (decided after the handshake) and why
+        self.overlap, self.overlap_reason = False, ""
         self.timeline = Timeline(party)
         self._data_dir: Path | None = None
         self.partner_report: dict[str, Any] | None = None
@@ -418,6 +420,8 @@ class Party:
                     "role": hello.role if hello is not None else ""}
                 await self.session.subscribe(bus)
                 await self.session.handshake(bus)
+                self.overlap, self.overlap_reason = await self.session.agree_overlap(bus)
+                self.log.info("vfl.val_overlap", on=self.overlap, reason=self.overlap_reason)
                 await starting
                 batch = TensorSpec(width=cfg.embedding_dim, max_rows=cfg.batch_size)
                 self._driver = ActionDriver(
@@ -473,8 +477,9 @@ class Party:
         for it (passive); scoring is not training time. With ``scores_in_flight`` the
         points inside a segment are scored while it trains (:meth:`_score_in_flight`)."""
         cfg = self.cfg
-        overlap = cfg.scores_in_flight
-        segs = eval_segments(self.n_batches, cfg.segments_per_epoch)
+        overlap = self.overlap
+        segs = eval_segments(self.n_batches, cfg.sync_per_epoch
+                             or (1 if overlap else cfg.evals_per_epoch))
         # the scorings fall on the ends of the scoring segments (sync_per_epoch is a
         # multiple of evals_per_epoch, so these ends are segment ends too), or inside
         # the segments (overlap)

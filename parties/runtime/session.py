@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 from pubsub import DeadlineExceeded
@@ -19,8 +20,10 @@ from pubsub.errors import PeerLost, RendezvousTimeout, SettingsMismatch
 from pubsub.session import heartbeat, rendezvous, watch
 from pubsub.transport import Transport
 
+from parties.algorithms.schedule import overlap_decision
 from parties.config import VflConfig
 from parties.core.errors import ConfigMismatch, HandshakeTimeout, PartnerLost, RunAborted
+from parties.core.sysinfo import cores_allotted
 from parties.data import aligned_ids_digest
 from parties.data.party import PartyData
 
@@ -60,6 +63,8 @@ class PartySession:
         self.n_val_points = n_val_points
         #: each partner's topics, for accept_only once its client id is known
         self._topics_of: dict[str, list[str]] = {}
+        #: each partner's allotted cores, as its hello said them (after the handshake)
+        self.partner_cores: dict[str, float | None] = {}
 
     async def subscribe(self, bus: Transport) -> None:
         cfg, t = self.cfg, self.topics
@@ -118,7 +123,8 @@ class PartySession:
                 bus, me=self.party, peers=list(self.partners), digest=str(mine["digest"]),
                 say=[t.hello(p) for p in self.partners], hear=[t.hello(self.party)],
                 timeout_s=cfg.handshake_timeout_s, interval_s=0.1,
-                info={"role": self.role, "shared": mine}, mismatch_linger_s=0.5,
+                info={"role": self.role, "shared": mine,
+                      "cores": round(cores_allotted(), 4)}, mismatch_linger_s=0.5,
                 on_found=lambda peer, _: self.log.info("vfl.partner_found", partner=peer))
         except RendezvousTimeout as exc:
             raise HandshakeTimeout(", ".join(exc.missing) if self.multi else self.partner,
@@ -128,9 +134,38 @@ class PartySession:
         # from now on only the client each partner's handshake came from is that partner:
         # the bus drops others' messages on its topics before they take room
         ids = {p: str(heard[p]["publisher"]) for p in self.partners}
+        self.partner_cores = {p: _cores(heard[p].get("cores")) for p in self.partners}
         self.intake.partners = {pid: p for p, pid in ids.items()}
         for p, pid in ids.items():
             bus.accept_only(pid, self._topics_of[p])
+
+    async def agree_overlap(self, bus: Transport) -> tuple[bool, str]:
+        """Whether this run scores validation points in flight, and why
+        (:func:`parties.algorithms.schedule.overlap_decision`): the active party decides
+        from every party's allotted cores (said in the hellos) and tells the passive
+        parties on the ``scored`` topic (point -1) before training starts; each side then
+        runs the same segments. Without ``scores_in_flight`` nothing is exchanged.
+
+        Raises:
+            HandshakeTimeout: a passive party heard no decision within the handshake
+                timeout.
+        """
+        cfg = self.cfg
+        if not cfg.scores_in_flight:
+            return False, "off in the configuration"
+        if self.role == "active":
+            on, why = overlap_decision(True, {"active": cores_allotted(), **self.partner_cores})
+            bus.publish_nowait(self.topics.scored, (),
+                               {"point": -1, "val_overlap": on, "reason": why})
+            return on, why
+        deadline = time.monotonic() + cfg.handshake_timeout_s
+        while True:
+            try:
+                msg = await bus.next(self.topics.scored, max(0.0, deadline - time.monotonic()))
+            except DeadlineExceeded:
+                raise HandshakeTimeout("active", cfg.handshake_timeout_s, self.run_id) from None
+            if "val_overlap" in msg.meta:
+                return bool(msg.meta["val_overlap"]), str(msg.meta.get("reason", ""))[:200]
 
     async def heartbeat(self, bus: Transport) -> None:
         await heartbeat(bus, self.topics.hb(self.party), me=self.party,
@@ -166,6 +201,16 @@ class PartySession:
             bus.publish_nowait(self.topics.abort, (),
                                {"party": party, "reason": str(err)[:300]})
             await asyncio.sleep(0.1)  # let the message leave before the bus closes
+
+
+def _cores(value: Any) -> float | None:
+    """A partner's allotted cores as its hello said them (None: not said, or not a
+    finite positive number)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if 0 < v < float("inf") else None
 
 
 __all__ = ["PartySession"]

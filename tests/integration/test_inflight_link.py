@@ -90,6 +90,7 @@ def test_validation_points_over_a_slow_uplink_do_not_drain_the_pipeline(
     run_vfl_in_process(cfg, tmp_path / "run", timeout_s=200)
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     act, pas = m["parties"]["active"], m["parties"]["passive"]
+    assert act["val_overlap"]["on"] and pas["val_overlap"] == act["val_overlap"]
     assert act["segments"] == pas["segments"] == 2
     assert act["points_in_flight"] == pas["points_in_flight"] == 6
     hist = m["history"]
@@ -101,3 +102,28 @@ def test_validation_points_over_a_slow_uplink_do_not_drain_the_pipeline(
     above(m["metric"], 0.75, "final validation AUC")
     # the clocks: the entries' spans add up to the training clock
     assert sum(h["train_s"] for h in hist) == pytest.approx(act["train_wall_s"], rel=1e-6)
+
+
+@pytest.mark.timeout(240)
+def test_a_party_under_one_core_scores_points_at_segment_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every party says its allotted cores in its hello; with one under a core (here both
+    parties see 0.5: they share this process) the active party decides against scoring
+    in flight and the passive party follows: each point ends a segment on both sides."""
+    import parties.runtime.session
+
+    monkeypatch.setattr(parties.runtime.session, "cores_allotted", lambda: 0.5)
+    cfg = VflConfig(algo="pubsub", dataset="synthetic", synthetic_rows=4000,
+                    synthetic_features=16, synthetic_informative=8, epochs=1,
+                    val_per_epoch=2, worker_mode="thread", heartbeat_interval_s=0.2)
+    assert cfg.scores_in_flight  # allowed by the configuration, declined by the run
+    run_vfl_in_process(cfg, tmp_path / "run", timeout_s=200)
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    act, pas = m["parties"]["active"], m["parties"]["passive"]
+    assert act["val_overlap"] == pas["val_overlap"]
+    assert act["val_overlap"]["on"] is False and "under 1 core" in act["val_overlap"]["reason"]
+    assert act["segments"] == pas["segments"] == 2
+    assert act["points_in_flight"] == pas["points_in_flight"] == 0
+    assert [h["epochs_done"] for h in m["history"]] == [0.5, 1.0]
+    assert m["dropped_batches"] == 0
+

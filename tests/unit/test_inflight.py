@@ -31,7 +31,7 @@ from parties.algorithms.actions import (
     WaitSchedule,
 )
 from parties.models.model import ParameterServer, PassiveCompute, bottom_model, flat_params, load_flat
-from parties.algorithms.schedule import DDL_RTTS, InflightWindow
+from parties.algorithms.schedule import DDL_RTTS, OVERLAP_MIN_CORES, InflightWindow, overlap_decision
 from parties.algorithms.strategy import ScheduledPassive, StrategyConfig
 from sim.cluster.des import SimInput, StepCosts, simulate
 from tests.drive import drive
@@ -312,3 +312,19 @@ def test_a_reassigned_batch_the_dp_ledger_refuses_is_dropped_with_a_notice() -> 
     assert s.counters.dropped == 10  # each batch: its miss, then the refusal
     discards = [a.key for a in f.actions if isinstance(a, Discard)]
     assert sorted(discards) == sorted([0, 1, 2, 3, 4] * 2)
+
+
+def test_points_are_in_flight_only_where_every_party_has_a_core() -> None:
+    """The overlap decision: the configuration must allow it, and a party allotted under
+    one core (its training fills its quota) sends the run back to points at segment ends;
+    a partner that did not say its cores does not veto it."""
+    assert overlap_decision(True, {"active": 2.0, "passive": 1.0}) == (
+        True, f"every party allotted {OVERLAP_MIN_CORES:g} core or more")
+    on, why = overlap_decision(True, {"active": 1.5625, "passive": 0.4375})
+    assert not on and "passive allotted under 1 core" in why
+    on, why = overlap_decision(True, {"active": 2.0, "passive": 2.0, "passive3": 0.5,
+                                      "passive2": 0.75})
+    assert not on and why.startswith("passive2, passive3 allotted under")
+    assert overlap_decision(True, {"active": 2.0, "passive": None})[0]
+    assert overlap_decision(False, {"active": 4.0, "passive": 4.0})[0] is False
+
