@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 
 START = re.compile(r"^<!-- generated: ([a-z0-9-]+)\b[^\n]*-->[ \t]*$", re.M)
+_MARKER_LINE = re.compile(r"^<!-- (?:end )?generated: [a-z0-9-]+\b[^\n]*-->[ \t]*\n?", re.M)
 BLOCK = re.compile(r"^(<!-- generated: ([a-z0-9-]+)\b[^\n]*-->)[ \t]*\n(.*?)"
                    r"^(<!-- end generated: \2 -->)[ \t]*$", re.M | re.S)
 _CODE = re.compile(r"(`+)(.+?)\1", re.S)
@@ -549,8 +550,9 @@ def write_pages(docs: Path = ROOT / "docs") -> list[Path]:
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
-    """mkdocs event: regenerate the page's blocks."""
-    return expand(markdown)
+    """mkdocs event: regenerate the page's blocks (their marker lines left out of the
+    site, where a reader has nothing to do with them)."""
+    return _MARKER_LINE.sub("", expand(markdown))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

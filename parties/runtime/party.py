@@ -325,7 +325,7 @@ class Party:
                                     multi=self.multi, topics=self.topics, intake=self.intake,
                                     log=self.log, run_id=run_id, data=data,
                                     channels=max(self.n_batches, self.workers),
-                                    n_val_points=self._n_val_points())
+                                    n_val_points=self._n_val_points(), workers=self.workers)
         self.evaluation = Evaluation(
             cfg=cfg, role=role, data=data, partners=self.partners, multi=self.multi,
             topics=self.topics, intake=self.intake, ps=self.ps, bottom=self._bottom,

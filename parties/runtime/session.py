@@ -43,11 +43,12 @@ class PartySession:
         data: the party's data (row counts of its splits).
         channels: per-batch channels to subscribe (batches per epoch, or workers).
         n_val_points: validation points of the run (their topics).
+        workers: the party's workers (the VFL-PS id lists' size).
     """
 
     def __init__(self, *, cfg: VflConfig, role: str, party: str, partners: tuple[str, ...],
                  multi: bool, topics: Any, intake: Any, log: Any, run_id: str,
-                 data: PartyData, channels: int, n_val_points: int) -> None:
+                 data: PartyData, channels: int, n_val_points: int, workers: int) -> None:
         self.cfg = cfg
         self.role = role
         self.party = party
@@ -61,6 +62,7 @@ class PartySession:
         self.data = data
         self.channels = channels
         self.n_val_points = n_val_points
+        self.workers = workers
         #: each partner's topics, for accept_only once its client id is known
         self._topics_of: dict[str, list[str]] = {}
         #: each partner's allotted cores, as its hello said them (after the handshake)

@@ -107,7 +107,7 @@ def test_a_long_tmpdir_still_starts_the_fork_server(tmp_path: Path) -> None:
     # long")
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
-    code = ("import tempfile, sys; from parties import zygote; zygote.warm(); "
+    code = ("import tempfile, sys; from parties.core import zygote; zygote.warm(); "
             "c = zygote.start(print, args=('forked',), name='t'); sys.exit(c.wait(60)); ")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, env={**os.environ, "TMPDIR": str(deep)})
