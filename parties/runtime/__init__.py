@@ -1,7 +1,7 @@
 """A party process at work: the party's I/O loop (``party``), its session with its
 partners (``session``: subscriptions, handshake, heartbeats, aborts), its scoring and
 evaluation releases (``evaluation``), its bookkeeping (``bookkeeping``: the training
-clock, history and metrics), the driver that interprets a strategy's actions over the
+clock, history and metrics), what those pieces read of it (``context``), the driver that interprets a strategy's actions over the
 bus (``driver``), the workers
 (``workers``), serving a run and writing its outputs (``serve``), the timeline
 (``timeline``), saved model parts (``saved``), prediction (``predict``), reports and exit

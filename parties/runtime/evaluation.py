@@ -23,52 +23,37 @@ from pubsub.transport import Transport
 
 from parties.algorithms.intake import TensorSpec
 from parties.algorithms.wire import META_KEY as WIRE_META, WireFormatError, decode_rows, encode_message
-from parties.config import VflConfig
 from parties.core.errors import PartnerStalled
 from parties.core.tasks import compute_metric
-from parties.data.party import PartyData
 from parties.models.model import ParameterServer, embed, load_flat, predict
 from parties.privacy.dp import EmbeddingPrivatizer, GdpAccountant
+from parties.runtime.context import PartyContext, PartyPart
 
 
-class Evaluation:
+class Evaluation(PartyPart):
     """Scores and evaluation releases of one party.
 
     Args:
-        cfg / role / data: the run, the party's role and its data.
-        partners / multi / partner: whom it trains with (see :class:`parties.runtime.party.Party`).
-        topics: the run's topic names.
-        intake: the checks of what partners send.
+        ctx: the party's context.
         ps: the party's parameter server (what is scored).
         bottom / top: the party's scoring copies of its models (top: active party).
         fuse: the active party's fusing of its partners' embeddings, or None.
         dp_acct: the passive party's DP ledger (None for the active party).
         eval_privatize: under DP, the privatizer of each evaluation split's release.
-        log: the party's bound logger.
     """
 
-    def __init__(self, *, cfg: VflConfig, role: str, data: PartyData,
-                 partners: tuple[str, ...], multi: bool, topics: Any, intake: Any,
-                 ps: ParameterServer, bottom: torch.nn.Module, top: torch.nn.Module | None,
-                 fuse: Any, dp_acct: GdpAccountant | None,
-                 eval_privatize: dict[str, EmbeddingPrivatizer] | None, log: Any) -> None:
-        self.cfg = cfg
-        self.role = role
-        self.data = data
-        self.partners = partners
-        self.multi = multi
-        self.partner = "passive" if role == "active" else "active"
-        self.topics = topics
-        self.intake = intake
+    def __init__(self, ctx: PartyContext, *, ps: ParameterServer, bottom: torch.nn.Module,
+                 top: torch.nn.Module | None, fuse: Any, dp_acct: GdpAccountant | None,
+                 eval_privatize: dict[str, EmbeddingPrivatizer] | None) -> None:
+        super().__init__(ctx)
         self.ps = ps
         self._bottom = bottom
         self._top = top
         self.fuse = fuse
         self.dp_acct = dp_acct
         self._eval_privatize = eval_privatize
-        self.log = log
-        self._x_test = torch.from_numpy(np.ascontiguousarray(data.x_test))
-        self._x_val = torch.from_numpy(np.ascontiguousarray(data.x_val))
+        self._x_test = torch.from_numpy(np.ascontiguousarray(ctx.data.x_test))
+        self._x_val = torch.from_numpy(np.ascontiguousarray(ctx.data.x_val))
 
     async def await_scored(self, bus: Transport, point: int) -> None:
         """Passive: wait until the active party has scored validation point ``point``.

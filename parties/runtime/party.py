@@ -154,6 +154,7 @@ from parties.models.zoo import ModelFactory
 from parties.privacy.dp import report as dp_report
 from parties.privacy.party import party_dp
 from parties.runtime.bookkeeping import Mark, RunBook, party_metrics
+from parties.runtime.context import PartyContext
 from parties.runtime.driver import ActionDriver
 from parties.runtime.evaluation import Evaluation
 from parties.runtime.session import PartySession
@@ -321,16 +322,15 @@ class Party:
                        "test": int(data.x_test.shape[0])}, log=self.log)
         self.dp_plan, self.dp_acct = dp.plan, dp.acct
         self._noise_seeds = list(dp.noise_seeds)
-        self.session = PartySession(cfg=cfg, role=role, party=party, partners=self.partners,
-                                    multi=self.multi, topics=self.topics, intake=self.intake,
-                                    log=self.log, run_id=run_id, data=data,
-                                    channels=max(self.n_batches, self.workers),
+        ctx = PartyContext(cfg=cfg, role=role, party=party, partners=self.partners,
+                           multi=self.multi, topics=self.topics, intake=self.intake,
+                           log=self.log, run_id=run_id, data=data)
+        self.session = PartySession(ctx, channels=max(self.n_batches, self.workers),
                                     n_val_points=self._n_val_points(), workers=self.workers)
         self.evaluation = Evaluation(
-            cfg=cfg, role=role, data=data, partners=self.partners, multi=self.multi,
-            topics=self.topics, intake=self.intake, ps=self.ps, bottom=self._bottom,
-            top=self._top, fuse=fuse_of(cfg) if role == "active" else None,
-            dp_acct=dp.acct, eval_privatize=dp.eval_privatize, log=self.log)
+            ctx, ps=self.ps, bottom=self._bottom, top=self._top,
+            fuse=fuse_of(cfg) if role == "active" else None, dp_acct=dp.acct,
+            eval_privatize=dp.eval_privatize)
 
     def trained_modules(self) -> list[torch.nn.Module]:
         """This party's models (bottom, then the top model for the active party) loaded with

@@ -21,45 +21,25 @@ from pubsub.session import heartbeat, rendezvous, watch
 from pubsub.transport import Transport
 
 from parties.algorithms.schedule import overlap_decision
-from parties.config import VflConfig
 from parties.core.errors import ConfigMismatch, HandshakeTimeout, PartnerLost, RunAborted
 from parties.core.sysinfo import cores_allotted
 from parties.data import aligned_ids_digest
-from parties.data.party import PartyData
+from parties.runtime.context import PartyContext, PartyPart
 
 
-class PartySession:
+class PartySession(PartyPart):
     """What a party says and hears besides the batches.
 
     Args:
-        cfg: the run configuration.
-        role / party: the party's role and id.
-        partners: the parties it trains with.
-        multi: several passive parties (topics name the passive party).
-        topics: the run's topic names (:class:`parties.runtime.party.Topics`).
-        intake: the checks of what partners send (learns their client ids).
-        log: the party's bound logger.
-        run_id: the run.
-        data: the party's data (row counts of its splits).
+        ctx: the party's context.
         channels: per-batch channels to subscribe (batches per epoch, or workers).
         n_val_points: validation points of the run (their topics).
         workers: the party's workers (the VFL-PS id lists' size).
     """
 
-    def __init__(self, *, cfg: VflConfig, role: str, party: str, partners: tuple[str, ...],
-                 multi: bool, topics: Any, intake: Any, log: Any, run_id: str,
-                 data: PartyData, channels: int, n_val_points: int, workers: int) -> None:
-        self.cfg = cfg
-        self.role = role
-        self.party = party
-        self.partners = partners
-        self.partner = "passive" if role == "active" else "active"
-        self.multi = multi
-        self.topics = topics
-        self.intake = intake
-        self.log = log
-        self.run_id = run_id
-        self.data = data
+    def __init__(self, ctx: PartyContext, *, channels: int, n_val_points: int,
+                 workers: int) -> None:
+        super().__init__(ctx)
         self.channels = channels
         self.n_val_points = n_val_points
         self.workers = workers
