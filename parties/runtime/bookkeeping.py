@@ -68,7 +68,8 @@ class RunBook:
         self.progress = progress
         self.log = log
         self.c = counters
-        self._wait_s = wait_s
+        #: the workers' wait seconds so far (a callable)
+        self.wait_s = wait_s
         self._compute_cpu_s = compute_cpu_s
         self._sync_cpu_s = sync_cpu_s
         self.train_s = 0.0  # training wall time, evaluation excluded
@@ -90,7 +91,7 @@ class RunBook:
         meters and the clock read now unless given)."""
         c = self.c
         return Mark.start(
-            (c.loss_sum, c.loss_n, c.samples, self._wait_s(), c.dropped, c.reassigned),
+            (c.loss_sum, c.loss_n, c.samples, self.wait_s(), c.dropped, c.reassigned),
             self._compute_cpu_s() if cc0 is None else cc0,
             self._sync_cpu_s() if sc0 is None else sc0,
             time.perf_counter() if t0 is None else t0)
@@ -118,7 +119,7 @@ class RunBook:
             "epochs_done": round(epoch + done, 6),
             "train_s": dt, "train_wall_s": self.train_s,
             "samples_per_s": (c.samples - before[2]) / dt if dt > 0 else 0.0,
-            "wait_s": (self._wait_s() - before[3]) / self.workers,
+            "wait_s": (self.wait_s() - before[3]) / self.workers,
             "cpu_util": util, "run_delay_s": delay,
             "dropped": c.dropped - before[4], "reassigned": c.reassigned - before[5],
         }
@@ -159,6 +160,8 @@ def party_metrics(party: Any, meter: CpuMeter) -> dict[str, Any]:
     wall, cpu, cores, util = meter.read()
     assert party.bus is not None
     st = party.bus.stats()
+    wait_s = book.wait_s()
+    compute_s = sum(h.compute_s for h in party.handles)
     out = {
         "role": party.role,
         "party": party.party,
@@ -178,8 +181,8 @@ def party_metrics(party: Any, meter: CpuMeter) -> dict[str, Any]:
                            if book.train_s > 0 else None),
         "security": party.security_info,
         "run_delay_s": book.run_delay_s,
-        "wait_s_total": party._wait_s(),
-        "wait_s_per_epoch": party._wait_s() / (party.workers * party.cfg.epochs),
+        "wait_s_total": wait_s,
+        "wait_s_per_epoch": wait_s / (party.workers * party.cfg.epochs),
         "bytes_sent": dict(st.sent_bytes),
         "msgs_sent": dict(st.sent_msgs),
         # how this party's emb / eval / grad tensors travelled (parties.algorithms.wire)
@@ -200,13 +203,12 @@ def party_metrics(party: Any, meter: CpuMeter) -> dict[str, Any]:
         "ps_pushes": party.ps.pushes,
         "worker_mode": party.worker_mode,
         "model": party.models.describe(),
-        "compute_s": sum(h.compute_s for h in party._handles),
+        "compute_s": compute_s,
         "compute_cpu_s_train": book.train_compute_cpu_s,
         "sync_cpu_s_train": book.train_sync_cpu_s,
         "step_cpu_s_per_sample": ((book.train_compute_cpu_s - book.train_sync_cpu_s)
                                   / party.c.samples if party.c.samples else None),
-        "worker_parallelism": (sum(h.compute_s for h in party._handles) / wall
-                               if wall > 0 else 0.0),
+        "worker_parallelism": compute_s / wall if wall > 0 else 0.0,
         "batches": party.c.batches,
         "samples": party.c.samples,
         "history": book.history,

@@ -309,7 +309,7 @@ class Party:
         self.models, mods, self.ps = party_models(cfg, party, data, models, self.workers)
         self._bottom = mods[0]
         self._top = mods[1] if role == "active" else None
-        self._handles: list[WorkerHandle] = []
+        self.handles: list[WorkerHandle] = []  # the workers (their compute and sync times)
         #: validation points scored in flight (decided after the handshake) and why
         self.overlap, self.overlap_reason = False, ""
         self.timeline = Timeline(party)
@@ -349,7 +349,7 @@ class Party:
         mode = self.worker_mode
         if mode in ("thread", "inline"):
             kind = ThreadWorker if mode == "thread" else InlineWorker
-            self._handles = [kind(self.role, cfg, data.x_train, data.y_train, self.ps,
+            self.handles = [kind(self.role, cfg, data.x_train, data.y_train, self.ps,
                                   noise_seed=self._noise_seeds[k], models=self.models,
                                   party=self.party)
                              for k in range(self.workers)]
@@ -360,17 +360,17 @@ class Party:
                     arr.save_descriptor(self._data_dir / f"{name}.rows.json")
                 elif arr is not None:
                     np.save(self._data_dir / f"{name}.npy", arr)
-            self._handles = [ProcessWorker(self.role, k, cfg, self._data_dir, self.ps,
+            self.handles = [ProcessWorker(self.role, k, cfg, self._data_dir, self.ps,
                                            noise_seed=self._noise_seeds[k],
                                            models=self.models, party=self.party)
                              for k in range(self.workers)]
             await asyncio.to_thread(ensure_forkserver)
-        self._handles = [TimedWorker(h, self.timeline, k) for k, h in enumerate(self._handles)]
-        await asyncio.gather(*(h.start() for h in self._handles))
+        self.handles = [TimedWorker(h, self.timeline, k) for k, h in enumerate(self.handles)]
+        await asyncio.gather(*(h.start() for h in self.handles))
         self.log.info("vfl.workers_started", workers=self.workers, mode=mode)
 
     async def _stop_workers(self) -> None:
-        for h in self._handles:
+        for h in self.handles:
             with contextlib.suppress(Exception):
                 await h.close()
         if self._data_dir is not None:
@@ -425,7 +425,7 @@ class Party:
                 await starting
                 batch = TensorSpec(width=cfg.embedding_dim, max_rows=cfg.batch_size)
                 self._driver = ActionDriver(
-                    bus, topics=self.topics, handles=self._handles, timeline=self.timeline,
+                    bus, topics=self.topics, handles=self.handles, timeline=self.timeline,
                     record_dp=self._record_train if self.role == "passive" else None,
                     inline=self.worker_mode == "inline", logger=self.log,
                     intake=self.intake, specs={EMB: batch, GRAD: batch},
@@ -675,9 +675,9 @@ class Party:
     def _compute_cpu_s(self) -> float:
         """CPU seconds the workers' compute calls have taken so far (thread CPU time of
         the thread, or worker process, that ran them)."""
-        return sum(h.compute_cpu_s for h in self._handles)
+        return sum(h.compute_cpu_s for h in self.handles)
 
     def _sync_cpu_s(self) -> float:
         """CPU seconds of the workers' parameter-server syncs so far (part of
         :meth:`_compute_cpu_s`)."""
-        return sum(h.sync_cpu_s for h in self._handles)
+        return sum(h.sync_cpu_s for h in self.handles)
