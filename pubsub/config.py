@@ -123,17 +123,76 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
     return value
 
 
+def expand_dotted(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"dp.mu": 8, "epochs": 3}`` as ``{"dp": {"mu": 8}, "epochs": 3}`` (nested tables
+    merged, as TOML reads ``dp.mu = 8``).
+
+    Raises:
+        ConfigError: a key is both a value and a table.
+    """
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        parts = key.split(".") if isinstance(key, str) else [key]
+        if isinstance(value, Mapping):
+            value = expand_dotted(value)
+        node = out
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(key, f"{part!r} is both a value and a table")
+            node = nxt
+        last = parts[-1]
+        if isinstance(value, Mapping) and isinstance(node.get(last), Mapping):
+            node[last] = deep_merge(node[last], value)
+        elif last in node and (isinstance(node[last], Mapping) or isinstance(value, Mapping)):
+            raise ConfigError(key, f"{last!r} is both a value and a table")
+        else:
+            node[last] = value
+    return out
+
+
+def refuse_moved(data: Mapping[str, Any], moved: Mapping[str, str], *, section: str) -> None:
+    """Refuse a key of ``data`` (one section's table) that moved: ``moved`` maps an old
+    key to its new dotted place under ``section`` (``{"dp_mu": "dp.mu"}``).
+
+    Raises:
+        ConfigError: naming the old key and its new place, in a file and on the command line.
+    """
+    for old in data:
+        new = moved.get(old)
+        if new is None:
+            continue
+        table, _, leaf = new.rpartition(".")
+        where = f"[{section}.{table}] {leaf} = ..." if table else f"[{section}] {leaf} = ..."
+        raise ConfigError(f"{section}.{old}", f"this key moved to {section}.{new} (in a file: "
+                          f"{where}; on the command line: --set {section}.{new}=...)")
+
+
+def migrate_moved(data: Mapping[str, Any], moved: Mapping[str, str]) -> dict[str, Any]:
+    """A table written before keys moved, with each old key of ``moved`` at its new
+    dotted place (for saved configurations read back; a user's own file is refused by
+    :func:`refuse_moved` instead)."""
+    flat = {moved.get(k, k) if isinstance(k, str) else k: v for k, v in data.items()}
+    return expand_dotted(flat)
+
+
 def from_mapping(cls: type[T], data: Mapping[str, Any], *, section: str = "") -> T:
     """Build the frozen dataclass ``cls`` from ``data``, rejecting unknown keys.
 
-    Nested dataclass fields take nested tables. Values are type-checked against
-    the field annotations (int, float, bool, str, tuple[...], optional).
+    Nested dataclass fields take nested tables; a dotted key (``"dp.mu"``) is the same
+    as the nested table. Values are type-checked against the field annotations (int,
+    float, bool, str, tuple[...], optional).
 
     Raises:
         ConfigError: unknown key, or a value of the wrong type (naming the dotted key).
     """
+    if any(isinstance(k, str) and "." in k for k in data):
+        data = expand_dotted(data)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    moved = getattr(cls, "MOVED_KEYS", None)
+    if moved:
+        refuse_moved(data, moved, section=section)
     unknown = sorted(set(data) - set(fields))
     if unknown:
         where = f"{section}." if section else ""
@@ -198,7 +257,8 @@ def to_mapping(obj: Any) -> dict[str, Any]:
 
 
 def dump_toml(data: Mapping[str, Any]) -> str:
-    """Serialise a dict of scalars, lists and one level of tables to TOML text."""
+    """Serialise a dict of scalars, lists and nested tables to TOML text (a nested
+    table as ``[a.b]``)."""
 
     def fmt(v: Any) -> str:
         if isinstance(v, bool):
@@ -212,17 +272,17 @@ def dump_toml(data: Mapping[str, Any]) -> str:
         raise TypeError(f"cannot write {v!r} as TOML")
 
     lines: list[str] = []
-    tables: list[tuple[str, Mapping[str, Any]]] = []
-    for k, v in data.items():
-        if isinstance(v, Mapping):
-            tables.append((k, v))
-        else:
-            lines.append(f"{k} = {fmt(v)}")
-    for name, table in tables:
-        lines.append("")
-        lines.append(f"[{name}]")
-        for k, v in table.items():
-            if isinstance(v, Mapping):
-                raise TypeError(f"nested table {name}.{k} not supported")
-            lines.append(f"{k} = {fmt(v)}")
+
+    def table(name: str, body: Mapping[str, Any]) -> None:
+        subs = [(k, v) for k, v in body.items() if isinstance(v, Mapping)]
+        values = [(k, v) for k, v in body.items() if not isinstance(v, Mapping)]
+        if name and (values or not subs):
+            if lines:
+                lines.append("")
+            lines.append(f"[{name}]")
+        lines.extend(f"{k} = {fmt(v)}" for k, v in values)
+        for k, v in subs:
+            table(f"{name}.{k}" if name else k, v)
+
+    table("", data)
     return "\n".join(lines) + "\n"
