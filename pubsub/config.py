@@ -153,14 +153,16 @@ def expand_dotted(data: Mapping[str, Any]) -> dict[str, Any]:
 
 def refuse_moved(data: Mapping[str, Any], moved: Mapping[str, str], *, section: str) -> None:
     """Refuse a key of ``data`` (one section's table) that moved: ``moved`` maps an old
-    key to its new dotted place under ``section`` (``{"dp_mu": "dp.mu"}``).
+    key to its new dotted place under ``section`` (``{"dp_mu": "dp.mu"}``). An old key
+    that is now the name of a table (``{"engine": "engine.name"}``) is refused only with a
+    value that is not a table.
 
     Raises:
         ConfigError: naming the old key and its new place, in a file and on the command line.
     """
-    for old in data:
+    for old, value in data.items():
         new = moved.get(old)
-        if new is None:
+        if new is None or isinstance(value, Mapping):
             continue
         table, _, leaf = new.rpartition(".")
         where = f"[{section}.{table}] {leaf} = ..." if table else f"[{section}] {leaf} = ..."
@@ -172,7 +174,8 @@ def migrate_moved(data: Mapping[str, Any], moved: Mapping[str, str]) -> dict[str
     """A table written before keys moved, with each old key of ``moved`` at its new
     dotted place (for saved configurations read back; a user's own file is refused by
     :func:`refuse_moved` instead)."""
-    flat = {moved.get(k, k) if isinstance(k, str) else k: v for k, v in data.items()}
+    flat = {moved.get(k, k) if isinstance(k, str) and not isinstance(v, Mapping) else k: v
+            for k, v in data.items()}
     return expand_dotted(flat)
 
 

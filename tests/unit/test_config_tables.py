@@ -72,3 +72,27 @@ _tables = st.recursive(st.dictionaries(_names, _scalars, max_size=4),
 @given(_tables)
 def test_dump_toml_round_trips_nested_tables(data):
     assert tomllib.loads(dump_toml(data)) == data
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Engine:
+    name: str = "auto"
+    iters: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Fit:
+    MOVED_KEYS: ClassVar[dict[str, str]] = {"engine": "engine.name", "engine_iters": "engine.iters"}
+    engine: _Engine = dataclasses.field(default_factory=_Engine)
+
+
+def test_an_old_key_that_names_a_table_now_is_refused_only_as_a_value():
+    assert from_mapping(_Fit, {"engine": {"name": "mbi"}, "engine.iters": 3}) == _Fit(
+        engine=_Engine(name="mbi", iters=3))
+    with pytest.raises(ConfigError) as err:
+        from_mapping(_Fit, {"engine": "mbi"}, section="synth")
+    assert "synth.engine.name" in str(err.value)
+    old = {"engine": "mbi", "engine_iters": 5}
+    assert from_mapping(_Fit, migrate_moved(old, _Fit.MOVED_KEYS)) == _Fit(
+        engine=_Engine(name="mbi", iters=5))
+    assert migrate_moved({"engine": {"iters": 2}}, _Fit.MOVED_KEYS) == {"engine": {"iters": 2}}
