@@ -11,7 +11,7 @@ under the root, so the coordinator sums one masked vector and one self-mask vect
 round whatever K; 0: the protocol's default tree, whose root has up to ``fanout``
 children: 1 at K = 10, 10 at K = 100, which alone made the coordinator's round CPU grow
 about 1.5x between them). Unmasking is hierarchical (``--unmask tree``, the default
-here; ``synth.unmask``): leaf aggregators recover their children's self-mask seeds, the
+here; ``synth.secagg.unmask``): leaf aggregators recover their children's self-mask seeds, the
 coordinator removes only dropped parties' pair masks. ``--unmask root`` measures the
 protocol's default, where the coordinator unmasks (SecAgg+ as published; linear in K).
 The job is
@@ -60,7 +60,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from sim.launch.synth import run_synth  # noqa: E402
-from synth.config import SynthConfig  # noqa: E402
+from synth.config import (  # noqa: E402
+    EngineSection, LaunchSection, MstSection, SecAggSection, SynthConfig, TimeoutsSection)
 
 QUICK_KS = (10, 50, 100)
 FULL_KS = (10, 50, 100, 500)
@@ -70,14 +71,17 @@ SUMMARY_KEYS = ("coordinator_cpu_s", "coordinator_peak_rss_bytes", "wall_s", "br
 
 def make_config(k: int, args: argparse.Namespace) -> SynthConfig:
     """The run config of one K: cheap synthesis, the protocol at full size."""
-    return SynthConfig(dataset=args.dataset, parties=k, fanout=args.fanout,
-                       root_children=args.root_children, unmask=args.unmask,
-                       parties_per_process=args.parties_per_process, mechanism="mst",
-                       engine="mbi", engine_iters=args.engine_iters, mst_extra_mb=0.0,
-                       epsilon=args.epsilon, round_timeout_s=args.round_timeout_s,
-                       handshake_timeout_s=max(120.0, k * 0.5),
-                       # hundreds of bus connections opening at once on 2 cores
-                       connect_timeout_s=60.0, seed=0)
+    return SynthConfig(
+        dataset=args.dataset, parties=k, mechanism="mst", epsilon=args.epsilon, seed=0,
+        secagg=SecAggSection(fanout=args.fanout, root_children=args.root_children,
+                             unmask=args.unmask),
+        launch=LaunchSection(parties_per_process=args.parties_per_process),
+        engine=EngineSection(name="mbi", iters=args.engine_iters),
+        mst=MstSection(extra_mb=0.0),
+        timeouts=TimeoutsSection(round_timeout_s=args.round_timeout_s,
+                                 handshake_timeout_s=max(120.0, k * 0.5),
+                                 # hundreds of bus connections opening at once on 2 cores
+                                 connect_timeout_s=60.0))
 
 
 def one_run(k: int, rep: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:

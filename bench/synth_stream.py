@@ -3,9 +3,9 @@
 What is measured
 ----------------
 1. ``base``: a FedForge run (``sim.launch.synth.run_synth``: broker, coordinator,
-   aggregators and K party processes) with ``stream_rho_frac`` of ρ held back.
+   aggregators and K party processes) with ``stream.rho_frac`` of ρ held back.
 2. ``incremental``: ``sim.launch.synth.add_workload`` on that finished run (and on a copy
-   of it with ``stream_refit = "gum"``, the other incremental refit) with a workload
+   of it with ``stream.refit = "gum"``, the other incremental refit) with a workload
    of ``--new`` 3-way marginals that no round measured (drawn with a fixed seed among the
    3-way cliques within ``max_cells``): the run is reopened (the parties continue their
    ledgers), only those marginals are measured, with the whole stream reserve, and the
@@ -75,14 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from sim.launch.synth import add_workload, run_synth
-    from synth.config import SynthConfig
+    from synth.config import (EngineSection, LaunchSection, SecAggSection, StreamSection,
+                              SynthConfig, TimeoutsSection)
 
     dataset = args.dataset or ("bank" if args.quick else "adult")
     parties = args.parties or (3 if args.quick else 5)
-    cfg = SynthConfig(dataset=dataset, parties=parties, epsilon=args.epsilon,
-                      stream_rho_frac=args.stream_rho_frac, engine=args.engine, seed=1,
-                      noise_seed=7, parties_per_process=parties, fanout=4,
-                      round_timeout_s=30.0)
+    cfg = SynthConfig(dataset=dataset, parties=parties, epsilon=args.epsilon, seed=1,
+                      noise_seed=7, stream=StreamSection(rho_frac=args.stream_rho_frac),
+                      engine=EngineSection(name=args.engine),
+                      launch=LaunchSection(parties_per_process=parties),
+                      secagg=SecAggSection(fanout=4),
+                      timeouts=TimeoutsSection(round_timeout_s=30.0))
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="synth-stream-"))
     root.mkdir(parents=True, exist_ok=True)
 
@@ -104,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     # the other incremental refit: the records moved towards the new marginals (gum)
     cfg_toml = (root / "base_gum" / "config.toml").read_text()
     (root / "base_gum" / "config.toml").write_text(
-        cfg_toml.replace('stream_refit = "warm"', 'stream_refit = "gum"'))
+        cfg_toml.replace('refit = "warm"', 'refit = "gum"'))  # [synth.stream] refit
     t0 = time.perf_counter()
     rep_gum = add_workload(root / "base_gum", queries, quiet=True, timeout_s=1800)
     gum_s = time.perf_counter() - t0

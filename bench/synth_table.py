@@ -134,14 +134,17 @@ def run_fedforge(dataset: str, eps: float, k: int, *, seed: int, engine: str, ou
                  ) -> dict[str, Any]:
     """One federated run; scored on its own pooled rows. Returns the system's row.
     ``overrides``: further SynthConfig keys (``--fedforge-set``)."""
+    from pubsub.config import deep_merge, expand_dotted, from_mapping
     from sim.launch.synth import run_synth
     from synth.config import SynthConfig
 
-    extra: dict[str, Any] = dict(overrides or {})
+    table: dict[str, Any] = {"dataset": dataset, "parties": k, "epsilon": eps, "delta": DELTA,
+                             "seed": seed, "mechanism": mechanism, "engine": {"name": engine}}
     if split != "iid":
-        extra.update({"split": split, "dirichlet_alpha": alpha})
-    cfg = SynthConfig(dataset=dataset, parties=k, epsilon=eps, delta=DELTA, seed=seed,
-                      engine=engine, mechanism=mechanism, **extra)
+        table["data"] = {"split": split, "dirichlet_alpha": alpha}
+    # dotted keys (secagg.min_honest=10) are nested tables; a flat-layout key is refused
+    cfg = from_mapping(SynthConfig, deep_merge(table, expand_dotted(dict(overrides or {}))),
+                       section="synth")
     t0 = time.perf_counter()
     res = run_synth(cfg, out, timeout_s=timeout_s, quiet=True)
     launch_s = time.perf_counter() - t0
@@ -500,8 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                     "one row; no paper systems then)")
     ap.add_argument("--fedforge-set", action="append", type=_set_value, default=[],
                     metavar="KEY=VALUE",
-                    help="a SynthConfig key for every federated run (repeatable), e.g. "
-                    "min_honest=10")
+                    help="a SynthConfig key for every federated run (repeatable; a nested "
+                    "table's key with its dots), e.g. secagg.min_honest=10")
     args = ap.parse_args(argv)
     args.fedforge_set = dict(args.fedforge_set)
     args.systems = [x for x in str(args.systems).split(",") if x]

@@ -62,7 +62,7 @@ from pubsub.address import BrokerAddress  # noqa: E402
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "compressed": {},
-    "uniform_ring": {"ring": "uniform"},
+    "uniform_ring": {"ring": "uniform"},  # [synth.secagg] keys
     "fine": {"bits": 24},
 }
 
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seeds, args.variants = 1, "compressed,fine"
 
     from sim.launch.vfl import _stop, start_broker
-    from synth.config import SynthConfig
+    from synth.config import DataSection, SynthConfig
 
     names = [v for v in args.variants.split(",") if v]
     unknown = [v for v in names if v not in VARIANTS]
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     drop = (tuple(c for c in args.drop_columns.split(",") if c)
             if args.drop_columns is not None else None)
     base = SynthConfig(dataset=args.dataset, parties=args.parties, epsilon=args.epsilon,
-                       mechanism=args.mechanism, drop_columns=drop)
+                       mechanism=args.mechanism, data=DataSection(drop_columns=drop))
     root = args.out or Path(tempfile.mkdtemp(prefix="synth_wire_"))
     root.mkdir(parents=True, exist_ok=True)
     broker_proc, broker = start_broker(root, root / "broker_events.jsonl")
@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for s in range(args.seeds):
             for name in names:  # interleaved: the machine's drift hits every variant alike
-                cfg = replace(base, noise_seed=11 + s, **VARIANTS[name])
+                cfg = replace(base, noise_seed=11 + s,
+                              secagg=replace(base.secagg, **VARIANTS[name]))
                 try:
                     row = run_variant(cfg, root / f"{name}_{s}", broker, tap, args.timeout_s)
                 except Exception as exc:  # noqa: BLE001 - record, go on with the others

@@ -502,18 +502,21 @@ def _synth_run(args: argparse.Namespace) -> int:
     from synth.domain import DomainError
 
     extra: dict[str, object] = {}
-    for key in ("dataset", "parties", "epsilon", "mechanism", "engine"):
+    for key in ("dataset", "parties", "epsilon", "mechanism"):
         if getattr(args, key, None) is not None:
             extra[key] = getattr(args, key)
+    if getattr(args, "engine", None) is not None:
+        extra["engine"] = {"name": args.engine}  # [synth.engine] name
     cfg = load_synth_config(args.config, args.set, extra)  # ConfigError: exit 2
-    if cfg.engine == "auto" and cfg.resolved_engine() == "neural":
+    if cfg.engine.name == "auto" and cfg.resolved_engine() == "neural":
         print("note: mbi is not installed, so the engine is 'neural' (a relaxed synthetic "
               "dataset fitted with torch); pip install -e \".[mbi]\" for Private-PGM",
               file=sys.stderr)
     print(f"FedForge: {cfg.dataset}, K={cfg.parties} parties, epsilon {cfg.epsilon:g} "
-          f"(delta {cfg.delta:g}), {cfg.mechanism} + {cfg.resolved_engine()}, {cfg.noise_model} noise, "
-          f"ring cap {cfg.bits or 'none'} bits, "
-          f"min_survivors {cfg.min_survivors or 'ceil(0.7 K)'}, fan-out {cfg.fanout}, "
+          f"(delta {cfg.delta:g}), {cfg.mechanism} + {cfg.resolved_engine()}, "
+          f"{cfg.secagg.noise_model} noise, ring cap {cfg.secagg.bits or 'none'} bits, "
+          f"min_survivors {cfg.secagg.min_survivors or 'ceil(0.7 K)'}, "
+          f"fan-out {cfg.secagg.fanout}, "
           f"out {args.out}", flush=True)
     res, code = _launch(lambda: run_synth(cfg, args.out, broker=args.broker,
                                           run_id=args.run_id, timeout_s=args.timeout_s,
@@ -966,7 +969,7 @@ def build_parser() -> argparse.ArgumentParser:
     srun.add_argument("--out", required=True, help="run directory (may exist; overwritten)")
     srun.add_argument("--config", help="TOML file with a [synth] table")
     srun.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a config key, e.g. --set bits=10 (repeatable)")
+                      help="override a config key, e.g. --set secagg.bits=10 (repeatable)")
     srun.add_argument("--broker", help="use a running broker tcp://HOST:PORT")
     srun.add_argument("--run-id", help="run id (topic namespace); default random")
     srun.add_argument("--timeout-s", type=float, default=None,
@@ -977,7 +980,7 @@ def build_parser() -> argparse.ArgumentParser:
     srun.add_argument("--kill-party", action="append", default=[], metavar="ID@STAGE",
                       help="fault: kill -9 party ID (p000, p001, ...) when the coordinator "
                       "starts STAGE (e.g. p002@round:select); the run completes with the "
-                      "survivors, or fails (exit 1) below min_survivors (repeatable)")
+                      "survivors, or fails (exit 1) below secagg.min_survivors (repeatable)")
     add_security_arguments(srun, kind="launcher")
     srun.set_defaults(func=_synth_run)
     swl = ssub.add_parser("add-workload", help="add queries (marginals, weights) to a run in "

@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from pubsub.config import ConfigError, from_mapping
+from pubsub.config import ConfigError, deep_merge, expand_dotted, from_mapping, refuse_moved
 from synth.config import SynthConfig
 from synth.domain import Schema
 from synth.saved import SavedModel, load_model
@@ -81,8 +81,10 @@ class FedForge:
             :class:`synth.domain.Schema`, or None to infer it (see the module docstring).
         label: the label column, for the ML-utility score (with ``holdout`` in
             :meth:`fit`).
-        config: further :class:`synth.config.SynthConfig` settings (e.g.
-            ``{"engine_iters": 500, "numeric_bins": 16}``); unknown keys are refused.
+        config: further :class:`synth.config.SynthConfig` settings, as nested tables or
+            dotted keys (e.g. ``{"engine.iters": 500, "data": {"numeric_bins": 16}}``);
+            unknown keys are refused, and so is a key of the flat layout before the
+            nested tables (``engine_iters``), naming its new place.
         seed: the seed of the run's public randomness (split of the budget, sampling).
 
     Raises:
@@ -94,19 +96,23 @@ class FedForge:
                  engine: str = "auto", schema: str | Path | Schema | None = None,
                  label: str = "", config: Mapping[str, Any] | None = None,
                  seed: int = 0) -> None:
-        settings = {**dict(config or {}), "epsilon": float(epsilon), "delta": float(delta),
-                    "mechanism": mechanism, "engine": engine, "label": label, "seed": seed,
-                    "dataset": "api"}
-        clash = sorted({"dataset", "parties", "schema_file"} & set(config or {}))
+        given = expand_dotted(dict(config or {}))  # "aim.rounds": 8 is {"aim": {"rounds": 8}}
+        refuse_moved(given, SynthConfig.MOVED_KEYS, section="synth")  # names the new place
+        clash = sorted({"dataset", "parties"} & set(given))
+        if "schema_file" in (given.get("data") or {}):
+            clash.append("data.schema_file")
         if clash:
             raise FedForgeError("config", f"{clash} are set by fit() and schema=, "
                                           "not by config")
+        settings = deep_merge(given, {
+            "epsilon": float(epsilon), "delta": float(delta), "mechanism": mechanism,
+            "engine": {"name": engine}, "label": label, "seed": seed, "dataset": "api"})
         if schema is not None and not isinstance(schema, (str, Path, Schema)):
             raise FedForgeError("schema", f"expected a path or a synth.domain.Schema, got "
                                           f"{type(schema).__name__}")
         if isinstance(schema, (str, Path)):
-            settings["schema_file"] = str(schema)
-            settings["domain"] = "declared"
+            settings = deep_merge(settings, {"data": {"schema_file": str(schema),
+                                                      "domain": "declared"}})
         self._cfg = from_mapping(SynthConfig, settings, section="synth")
         self._schema = schema
         self._model: SavedModel | None = None
@@ -179,13 +185,13 @@ class FedForge:
             warnings.warn("FedForge: no public schema given; the domain is inferred from "
                           "the parties' rows, which the privacy guarantee does not cover "
                           "(pass schema=...)", stacklevel=2)
-            schema = infer_schema(pooled, numeric_bins=cfg.numeric_bins,
-                                  binning=cfg.binning)  # type: ignore[arg-type]
+            schema = infer_schema(pooled, numeric_bins=cfg.data.numeric_bins,
+                                  binning=cfg.data.binning)  # type: ignore[arg-type]
             source = "inferred"
         unknown = [c for c in schema.names if c not in columns]
         if unknown:
             raise FedForgeError("schema", f"declares columns no party holds: {unknown}")
-        cfg = replace(cfg, domain=source)
+        cfg = replace(cfg, data=replace(cfg.data, domain=source))
         run_dir = self._directory(out)
         info = write_parties(run_dir, cfg, schema, frames, pooled=pooled, holdout=hold)
         info["domain_source"] = source
@@ -244,9 +250,9 @@ class FedForge:
 
         d = Path(run_dir)
         model = load_model(d)
-        cfg = load_synth_config(d / "config.toml")
+        cfg = load_synth_config(d / "config.toml", saved=True)  # either layout
         self = cls(epsilon=cfg.epsilon, delta=cfg.delta, mechanism=cfg.mechanism,
-                   engine=cfg.engine, label=cfg.label, seed=cfg.seed)
+                   engine=cfg.engine.name, label=cfg.label, seed=cfg.seed)
         self._cfg = cfg
         self._model = model
         mpath = d / "metrics.json"

@@ -4,9 +4,9 @@ It adds the masked vectors (or masked sums) its children send for a round, each 
 its ring Z_(2^w) (the plan's width of the cell), and forwards the sum with the list of
 parties in it to its parent, up to the coordinator. Masked words are uniformly random, so an aggregator learns nothing about
 any party's marginals; pairwise masks cancel only in the total at the coordinator.
-By default (``unmask = "root"``) the coordinator alone unmasks, as in SecAgg+. With
-``unmask = "tree"`` unmasking is hierarchical (:meth:`Aggregator._unmask`): after the coordinator's unmask
-request a leaf recovers its surviving children's self-mask seeds of the round from the
+By default (``secagg.unmask = "root"``) the coordinator alone unmasks, as in SecAgg+. With
+``secagg.unmask = "tree"`` unmasking is hierarchical (:meth:`Aggregator._unmask`): after the
+coordinator's unmask request a leaf recovers its surviving children's self-mask seeds of the round from the
 survivors' shares and sends the sum of their self masks up; inner nodes add them; the
 coordinator removes only the dropped parties' pair masks. A leaf so learns its children's
 round seeds: their vectors stay hidden under the pair masks with their neighbours, whose
@@ -101,7 +101,7 @@ class Aggregator:
             try:  # hello until the schema shows the coordinator is there
                 schema = await call_until(bus, say=lambda: bus.publish_nowait(t.hello, (), hello),
                                           hear=[t.schema, t.resume], peer="coordinator",
-                                          timeout_s=self.cfg.handshake_timeout_s,
+                                          timeout_s=self.cfg.timeouts.handshake_timeout_s,
                                           interval_s=1.0, accept=answer)
             except RendezvousTimeout:
                 raise ParticipantError(self.id, "no coordinator answered", code=4) from None
@@ -111,7 +111,7 @@ class Aggregator:
             while True:
                 try:
                     msg = await wait_any(bus, [t.plan, t.done],
-                                         self.cfg.handshake_timeout_s + 3600.0)
+                                         self.cfg.timeouts.handshake_timeout_s + 3600.0)
                 except DeadlineExceeded:
                     raise ParticipantError(self.id, "the coordinator went silent", code=4) from None
                 if msg.topic == t.done:
@@ -119,7 +119,7 @@ class Aggregator:
                 plan = RoundPlan.from_message(msg.meta, msg.arrays)
                 if self.id in tree.children:
                     await self._round(bus, plan, tree)
-                    if (self.cfg.unmask == "tree"
+                    if (self.cfg.secagg.unmask == "tree"
                             and not await self._unmask(bus, plan, tree, secagg)):
                         break  # the coordinator said done
             stats = bus.stats()

@@ -28,9 +28,9 @@ count (public: every party announces it in its hello), ``n_D`` the sum over ``D`
   Recorded as ``{"round", "clique", "parties": D, "from_round", "staleness_rounds":
   r − r'}``. The variance counts the noise only: the row-share estimate assumes ``D``'s
   rows are distributed like the rows ``Y_r'`` covers (unbiased for a uniform split,
-  biased under a skewed one such as ``split = "dirichlet"``).
+  biased under a skewed one such as ``data.split = "dirichlet"``).
 * "survivors": no such release (a clique measured for the first time, e.g. round 0's
-  1-way marginals, the all-pairs round, or a clique refused earlier by ``max_cells``):
+  1-way marginals, the all-pairs round, or a clique refused earlier by ``data.max_cells``):
   the survivors' sum goes to the estimator with its coverage, rescaled to all rows:
   values and σ times ``N / N_S``. Recorded as ``{"round", "clique", "parties": D,
   "coverage_rows": N_S, "rows": N}``.

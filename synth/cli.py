@@ -120,7 +120,7 @@ def _load_engine(cfg: SynthConfig) -> None:
         else:
             import torch
 
-            torch.set_num_threads(cfg.engine_threads)
+            torch.set_num_threads(cfg.engine.threads)
     except ImportError:
         pass  # the fit reports the missing engine with its install hint
 
@@ -198,7 +198,9 @@ def main(argv: Sequence[str] | None = None, *,
         identity = {"coordinator": "coordinator", "aggregators": "aggregator",
                     "parties": "party"}[args.role]
         args.security = security_from_args(args, args.broker, identity=identity)
-        cfg = load_synth_config(args.config, args.set)
+        # a resumed coordinator reads its run's own config.toml, maybe of the flat layout
+        cfg = load_synth_config(args.config, args.set,
+                                saved=bool(getattr(args, "resume", False)))
         configure_logging(events_path=args.events, party=args.role, run_id=args.run_id)
         role = {"coordinator": _coordinator, "aggregators": _aggregators,
                 "parties": _parties}[args.role]

@@ -8,19 +8,19 @@ and ``stage.done`` (with seconds) to the run's event log:
   schema (``schema.json``); each party checks its columns and values against it and
   reports a mismatch as an error, which ends the run.
 * ``budget``: ρ from (ε, δ) with the tight conversion (:func:`synth.accounting.cdp_rho`),
-  split by the mechanism (MST: thirds, ``mst_split``; AIM: ``aim_split``) (``budget.json``).
+  split by the mechanism (MST: thirds, ``mst.split``; AIM: ``aim.split``) (``budget.json``).
 * ``keys`` and ``seeds:0``: the secure-aggregation session: the parties' public keys are
   exchanged once, and self-mask seed shares once for all the run's rounds
   (``keys.json``, ``seeds_0.json``).
 * ``round:one_way``, ``round:select``: all 1-way marginals; MST's domain compression
   (``compress_domain``); all 2-way marginals. Each round is measured by the parties,
   masked, summed up the aggregation tree and unmasked here (``round_<name>.json`` and
-  ``.npz``). A plan carries each clique's ρ share and S_min (``min_survivors``); every
+  ``.npz``). A plan carries each clique's ρ share and S_min (``secagg.min_survivors``); every
   party checks it and computes its Skellam noise itself (:mod:`synth.plancheck`); a
   round with fewer than S_min survivors is not released (the parties refuse to reveal).
 * MST: ``select_tree`` (the maximum spanning tree of the noisy 2-way answers, as
   post-processing) and ``round:tree`` (the tree's 2-way marginals); the engine also gets
-  the best-scored further 2-way answers that keep the model within ``mst_extra_mb``.
+  the best-scored further 2-way answers that keep the model within ``mst.extra_mb``.
 * AIM: per adaptive round ``select:aim<j>`` (fit the model to everything measured so far,
   pick the pairs it explains worst from the noisy 2-way answers) and ``round:aim<j>``.
 * ``workload:wl<n>``: queued workload updates' marginals (:mod:`synth.workload`).
@@ -240,10 +240,10 @@ class Coordinator:
         rounds."""
         ctx, cfg = self.ctx, self.cfg
         planner = planner_for(mechanism=cfg.mechanism, domain=ctx.domain,
-                              shares=budget.shares, max_cells=cfg.max_cells,
-                              engine=ctx.engine, mst_extra_mb=cfg.mst_extra_mb,
-                              aim_rounds=cfg.aim_rounds, aim_batch=cfg.aim_batch,
-                              aim_max_model_mb=cfg.aim_max_model_mb)
+                              shares=budget.shares, max_cells=cfg.data.max_cells,
+                              engine=ctx.engine, mst_extra_mb=cfg.mst.extra_mb,
+                              aim_rounds=cfg.aim.rounds, aim_batch=cfg.aim.batch,
+                              aim_max_model_mb=cfg.aim.max_model_mb)
         await ctx.wire.mark("schema")
         await self.session_stages.keys(bus)
         await ctx.wire.mark(ctx.sk("keys"))

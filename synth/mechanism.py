@@ -323,13 +323,12 @@ def dp_statement(cfg: Any) -> dict[str, Any]:
     block (``cfg``: a :class:`synth.config.SynthConfig`)."""
     from synth.protocol import secagg_threshold_floor
 
-    k = int(cfg.parties)
-    trust = resolve_trust(k, int(getattr(cfg, "min_survivors", 0)),
-                          int(getattr(cfg, "min_honest", 0)), noise_model=cfg.noise_model)
+    k, sec = int(cfg.parties), cfg.secagg
+    trust = resolve_trust(k, int(sec.min_survivors), int(sec.min_honest),
+                          noise_model=sec.noise_model)
     s_min = trust.min_survivors
     d = trust.honest_in_release
-    threshold = secagg_threshold_floor(k, int(getattr(cfg, "secagg_degree", 0)),
-                                       int(getattr(cfg, "secagg_threshold", 0)))
+    threshold = secagg_threshold_floor(k, int(sec.degree), int(sec.threshold))
     return {
         "protected_unit": "one record (row) of one party's table",
         "neighbouring_relation": "replace-one: one record's values change; the set of "
@@ -343,7 +342,7 @@ def dp_statement(cfg: Any) -> dict[str, Any]:
                      "(distributed) so that the honest parties of any released sum carry "
                      "Sk(Lambda), accounted from its exact Renyi divergence and charged as "
                      "zCDP rho (synth.skellam)",
-        "noise_model": cfg.noise_model,
+        "noise_model": sec.noise_model,
         "min_survivors": s_min,
         "parties": k,
         "min_honest": trust.min_honest,
@@ -361,7 +360,7 @@ def dp_statement(cfg: Any) -> dict[str, Any]:
             f"min_honest, are outside the guarantee. A session with other than K parties "
             f"or a Shamir threshold below {threshold}, or a plan assuming fewer than "
             f"{trust.min_honest} honest parties, is refused"
-            if cfg.noise_model == "distributed" else
+            if sec.noise_model == "distributed" else
             f"local model: each party's vector carries the whole charged noise, so the "
             f"guarantee holds whoever colludes; a session with other than K = {k} parties "
             f"or a Shamir threshold below {threshold} is still refused"),
@@ -382,7 +381,7 @@ def dp_statement(cfg: Any) -> dict[str, Any]:
             "the sum: the released sum alone is DP, and each party's own vector carries "
             f"1/{d} of the noise (distributed model), so privacy of a single vector "
             f"relies on masking: on fewer than t = {threshold} of its neighbours colluding"
-            if cfg.noise_model == "distributed" else
+            if sec.noise_model == "distributed" else
             "local model: each party's vector is DP on its own; masking is not needed "
             "for the guarantee"),
         "dropouts": "each party refuses to help unmask a round with fewer than "
@@ -394,7 +393,7 @@ def dp_statement(cfg: Any) -> dict[str, Any]:
                        "Shamir threshold, noise model, domain) "
                        "and computes its noise itself; a disagreeing plan is refused",
         "domain": ("declared: levels and bins from the data owners' public schema, so no "
-                   "record changes them" if getattr(cfg, "domain", "") == "declared" else
+                   "record changes them" if cfg.data.domain == "declared" else
                    "inferred from the pooled rows by the launcher: its levels and bin edges "
                    "depend on the records and are NOT covered by this guarantee; declare "
                    "the domain (domain = declared, schema_file) for a guarantee that holds"),

@@ -23,7 +23,7 @@ def topic_limits(cfg: SynthConfig) -> BufferLimits:
 
 def bus_config(cfg: SynthConfig) -> BusConfig:
     """The bus settings of every FedForge participant."""
-    return BusConfig(connect_timeout_s=cfg.connect_timeout_s, total_max_bytes=1 << 30,
+    return BusConfig(connect_timeout_s=cfg.timeouts.connect_timeout_s, total_max_bytes=1 << 30,
                      topic_max_bytes=256 << 20)
 
 

@@ -234,7 +234,7 @@ class SynthParty:
 
     def _idle_timeout_s(self) -> float:
         # the coordinator fits the engine and scores quality between rounds and done
-        return self.cfg.handshake_timeout_s + 3600.0
+        return self.cfg.timeouts.handshake_timeout_s + 3600.0
 
     async def _join(self, bus: Transport) -> None:
         """Say hello (repeated until the schema comes back), then encode the rows."""
@@ -252,11 +252,12 @@ class SynthParty:
         try:
             msg = await call_until(bus, say=lambda: self._send(bus, "schema", t.hello, [], hello),
                                    hear=[t.schema, t.resume], peer="coordinator",
-                                   timeout_s=self.cfg.handshake_timeout_s, interval_s=1.0,
+                                   timeout_s=self.cfg.timeouts.handshake_timeout_s, interval_s=1.0,
                                    accept=answer)
         except RendezvousTimeout:
             raise ParticipantError(self.id, "no coordinator answered within "
-                                   f"{self.cfg.handshake_timeout_s:.0f} s", code=4) from None
+                                   f"{self.cfg.timeouts.handshake_timeout_s:.0f} s",
+                                   code=4) from None
         self.schema = Schema.from_dict(msg.meta["schema"])
         session = SessionPlan.from_meta(msg.meta["session"])
         self._check_session(session)  # before anything else is sent
@@ -279,14 +280,14 @@ class SynthParty:
     def _check_session(self, session: SessionPlan) -> None:
         """The session checked against this party's own configuration
         (:func:`synth.plancheck.verify_session`: exactly ``parties`` IDs, a Shamir threshold
-        at least ``secagg_threshold``'s floor) before it sends keys or anything else.
+        at least ``secagg.threshold``'s floor) before it sends keys or anything else.
 
         Raises:
             ParticipantError: (code 2) the session is refused; logged
                 (``synth.session_refused``), nothing is sent or released.
         """
         cfg = self.cfg
-        floor = secagg_threshold_floor(cfg.parties, cfg.secagg_degree, cfg.secagg_threshold)
+        floor = secagg_threshold_floor(cfg.parties, cfg.secagg.degree, cfg.secagg.threshold)
         try:
             try:
                 t = session.secagg().t
@@ -361,9 +362,9 @@ class SynthParty:
                 noise_model=plan.noise_model, step=plan.step, rho=plan.rho,
                 sigma2_central=plan.sigma2_central, cliques=plan.cliques, sizes=plan.sizes,
                 session_parties=self.session.party_ids, domain_shape=shape,
-                own_parties=self.cfg.parties, own_min_survivors=self.cfg.min_survivors,
-                own_min_honest=self.cfg.min_honest,
-                own_noise_model=self.cfg.noise_model, private=self.cfg.private,
+                own_parties=self.cfg.parties, own_min_survivors=self.cfg.secagg.min_survivors,
+                own_min_honest=self.cfg.secagg.min_honest,
+                own_noise_model=self.cfg.secagg.noise_model, private=self.cfg.private,
                 remaining_rho=(self.accountant.remaining if self.accountant is not None
                                else math.inf))
         except (PlanRefused, SkellamAccountingError) as exc:
@@ -475,7 +476,7 @@ class SynthParty:
         if self.id in survivors:
             try:
                 check_survivors(len(survivors), resolve_min_survivors(
-                    self.cfg.min_survivors, len(self.session.party_ids)))
+                    self.cfg.secagg.min_survivors, len(self.session.party_ids)))
             except SurvivorRefusal as exc:  # the sum would carry less noise than charged
                 self.log.warning("synth.reveal_refused", round=r, error=str(exc),
                                  survivors=len(survivors), min_survivors=exc.min_survivors)
@@ -491,7 +492,7 @@ class SynthParty:
                 return
             for topic, arrays, meta in reveal_messages(
                     shares, party=self.id, round=r, tree=self.tree, topics=t,
-                    unmask=self.cfg.unmask):
+                    unmask=self.cfg.secagg.unmask):
                 bus.publish_nowait(topic, arrays, meta)
         self.rounds.append({"round": r, "name": plan.name, "cells": plan.vector_len,
                             "status": "counted" if self.id in survivors else "dropped",

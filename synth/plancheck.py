@@ -9,10 +9,10 @@ refuses a plan whose fields disagree with what it knows:
 * the session must hold exactly its own ``parties`` (K comes from the party's
   configuration, never from the session: a session inflated with sybil IDs would
   otherwise lower each party's noise share) and a Shamir threshold at least its own
-  floor (``secagg_threshold``): :func:`verify_session`, refused with
+  floor (``secagg.threshold``): :func:`verify_session`, refused with
   :class:`SessionRefused`;
 * ``n_parties`` must be K, the parties of the session it joined;
-* ``min_survivors`` must be its own S_min (``min_survivors`` of its config, or ⌈0.7 K⌉);
+* ``min_survivors`` must be its own S_min (``secagg.min_survivors`` of its config, or ⌈0.7 K⌉);
 * ``min_honest`` must be at least its own (a plan may not assume fewer honest,
   non-colluding parties than the party does); the party's μ is Λ/d with d =
   ``S_min + min_honest − K`` from its OWN configuration

@@ -3,7 +3,7 @@ the arithmetic that turns a party's noisy marginals into masked ring words and t
 unmasked sum back into noisy aggregate marginals. Pure: no sockets.
 
 A run is one secure-aggregation *session* (:class:`SessionPlan`, sent with the schema),
-with stages bounded by ``round_timeout_s`` (a party that misses one is a dropout):
+with stages bounded by ``timeouts.round_timeout_s`` (a party that misses one is a dropout):
 
 1. ``keys`` (once per session): each party publishes its two X25519 public keys
    (:meth:`Topics.pk`); the coordinator, as the secure-aggregation server, answers each
@@ -449,8 +449,8 @@ def secagg_degree(n_parties: int, configured: int = 0) -> int:
 def secagg_threshold_floor(n_parties: int, configured_degree: int = 0,
                            configured: int = 0) -> int:
     """The lowest Shamir threshold t a party accepts in a session: ``configured`` (> 0,
-    its ``secagg_threshold``) or the SecAgg+ default ``k // 2 + 1`` for the degree k it
-    expects (:func:`secagg_degree` of its own K and ``secagg_degree``), the threshold
+    its ``secagg.threshold``) or the SecAgg+ default ``k // 2 + 1`` for the degree k it
+    expects (:func:`secagg_degree` of its own K and ``secagg.degree``), the threshold
     :class:`synth.secagg.SecAggConfig` picks when a session names none. A lower t lets
     fewer colluding neighbours rebuild a party's self-mask seed and mask key and unmask
     its own vector."""
@@ -488,7 +488,7 @@ def cell_windows(upper: np.ndarray, *, sigma_sum: float, tails: float = 12.0,
         sigma_sum: the std of the summed noise when every party survives.
         tails: standard deviations of noise the window covers (>= 12 recommended).
         uniform: one width for all cells (the widest), as a plain Z_(2^m) ring would use.
-        max_bits: ``bits`` of the config: a cap on the ring width (0 = none); a window
+        max_bits: ``secagg.bits`` of the config: a cap on the ring width (0 = none); a window
             that needs more is refused.
 
     Returns:

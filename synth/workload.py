@@ -8,7 +8,7 @@ A workload update is a JSON document::
      "rho_share": 0.5}                                      # optional, default 1.0
 
 ``rho_share`` is the fraction of the run's remaining *stream reserve* of ρ
-(``synth.stream_rho_frac`` of the total, held back by the budget stage) that measuring the
+(``synth.stream.rho_frac`` of the total, held back by the budget stage) that measuring the
 update's missing marginals may spend. Only marginals no round has measured are measured
 (the coordinator checks); weights only change how the fit weighs existing queries.
 

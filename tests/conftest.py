@@ -339,7 +339,7 @@ def synth_table(n: int = 3000, seed: int = 0) -> Any:
 @pytest.fixture(scope="module")
 def torch_one_thread() -> Iterator[None]:
     """torch's intra-op pool at one thread for the module's in-process fits (as FedForge's
-    coordinator runs them: ``SynthConfig.engine_threads`` = 1), restored afterwards. Its
+    coordinator runs them: ``SynthConfig.engine.threads`` = 1), restored afterwards. Its
     small fits gain nothing from more threads, and OpenMP threads that spin for cores the
     other xdist worker and its processes hold slowed them many times over. No-op without
     torch."""
@@ -364,13 +364,16 @@ def synth_mst_run(tmp_path_factory: pytest.TempPathFactory,
     the end-to-end test (tests/integration/test_synth.py) and the crash-recovery tests'
     baseline (tests/integration/test_synth_recovery.py, which rerun this config)."""
     from sim.launch.synth import run_synth
-    from synth.config import SynthConfig
+    from synth.config import (EngineSection, LaunchSection, SecAggSection, SynthConfig,
+                              TimeoutsSection)
 
     d = tmp_path_factory.mktemp("synth_mst")
     synth_table().to_csv(d / "table.csv", index=False)
-    cfg = SynthConfig(dataset=str(d / "table.csv"), label="income", parties=3, epsilon=1.0,
-                      fanout=2, engine="mbi", engine_iters=300, round_timeout_s=20.0,
-                      handshake_timeout_s=60.0, parties_per_process=2, seed=1, noise_seed=5)
+    cfg = SynthConfig(dataset=str(d / "table.csv"), label="income", parties=3, epsilon=1.0, seed=1,
+                      noise_seed=5, secagg=SecAggSection(fanout=2),
+                      engine=EngineSection(name="mbi", iters=300),
+                      timeouts=TimeoutsSection(round_timeout_s=20.0, handshake_timeout_s=60.0),
+                      launch=LaunchSection(parties_per_process=2))
     return cfg, run_synth(cfg, d / "uninterrupted", timeout_s=200, quiet=True)
 
 

@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pubsub.config import ConfigError, _coerce, deep_merge, from_mapping, parse_overrides
+from pubsub.config import (ConfigError, _coerce, deep_merge, expand_dotted, from_mapping,
+                           parse_overrides)
 
 from sim.cluster.scenario import LinkConfig
 
@@ -361,8 +362,8 @@ def scenario_kind(path: str | Path) -> str:
     return "consortium" if "consortium" in read_toml(path) else "vfl"
 
 
-#: keys of [synth] the scenario sets itself
-FIXED_SYNTH_KEYS = ("parties", "split", "party_weights", "parties_per_process")
+#: keys of [synth] the scenario sets itself (dotted: ``data.split`` is ``[synth.data] split``)
+FIXED_SYNTH_KEYS = ("parties", "data.split", "data.party_weights", "launch.parties_per_process")
 
 
 def synth_table(cons: Consortium, synth: Mapping[str, Any]) -> dict[str, Any]:
@@ -373,15 +374,23 @@ def synth_table(cons: Consortium, synth: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         ConfigError: ``[synth]`` sets one of those keys to something else.
     """
-    fixed = {"parties": len(cons.parties), "split": "sizes",
-             "party_weights": [float(p.rows_equiv) for p in cons.parties],
-             "parties_per_process": 1}
+    fixed = {"parties": len(cons.parties), "data.split": "sizes",
+             "data.party_weights": [float(p.rows_equiv) for p in cons.parties],
+             "launch.parties_per_process": 1}
+    table = expand_dotted(synth)
     for k, v in fixed.items():
-        if k in synth and synth[k] != v and not (
-                k == "party_weights" and list(map(float, synth[k])) == v):
+        node: Any = table
+        for part in k.split("."):
+            node = node.get(part, _UNSET) if isinstance(node, Mapping) else _UNSET
+        if node is not _UNSET and node != v and not (
+                k == "data.party_weights" and isinstance(node, list | tuple)
+                and list(map(float, node)) == v):
             raise ConfigError(f"synth.{k}", f"is set by the consortium scenario ({v!r}); "
                                             f"remove it from [synth]")
-    return {**dict(synth), **fixed}
+    return deep_merge(table, expand_dotted(fixed))
+
+
+_UNSET = object()
 
 
 def describe(cons: Consortium) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def prepare_data(cfg: SynthConfig, out: Path) -> tuple[SynthConfig, dict[str, An
     drop = cfg.resolved_drop()
     unknown = [c for c in drop if c not in frame.columns]
     if unknown:
-        raise ConfigError("synth.drop_columns", f"no column(s) {unknown} in {cfg.dataset!r}")
+        raise ConfigError("synth.data.drop_columns", f"no column(s) {unknown} in {cfg.dataset!r}")
     frame = frame.drop(columns=list(drop))
     if not cfg.label and named_label:
         cfg = replace(cfg, label=named_label)
@@ -81,27 +81,28 @@ def prepare_data(cfg: SynthConfig, out: Path) -> tuple[SynthConfig, dict[str, An
                           f"(columns: {', '.join(map(str, frame.columns))})")
     frame = frame.reset_index(drop=True)
     try:
-        train_idx, hold_idx = holdout_split(len(frame), cfg.holdout_frac, cfg.seed)
+        train_idx, hold_idx = holdout_split(len(frame), cfg.data.holdout_frac, cfg.seed)
     except ValueError as exc:
-        raise ConfigError("synth.holdout_frac", str(exc)) from None
+        raise ConfigError("synth.data.holdout_frac", str(exc)) from None
     train, holdout = frame.iloc[train_idx], frame.iloc[hold_idx]
     declared = declared_schema(cfg, list(train.columns))
     if declared is not None:
         schema, domain_source = declared, "declared"
     else:
-        schema = infer_schema(train, numeric_bins=cfg.numeric_bins, binning=cfg.binning)  # type: ignore[arg-type]
+        schema = infer_schema(train, numeric_bins=cfg.data.numeric_bins, binning=cfg.data.binning)  # type: ignore[arg-type]
         domain_source = "inferred"
-    cfg = replace(cfg, domain=domain_source)  # the coordinator's dp block states it
+    # the coordinator's dp block states it
+    cfg = replace(cfg, data=replace(cfg.data, domain=domain_source))
     groups = None
-    if cfg.split == "dirichlet":
-        col = cfg.split_column or cfg.label
+    if cfg.data.split == "dirichlet":
+        col = cfg.data.split_column or cfg.label
         if not col or col not in train.columns:
-            raise ConfigError("synth.split_column", f"unknown split column {col!r}")
+            raise ConfigError("synth.data.split_column", f"unknown split column {col!r}")
         groups = train[col].astype(str).to_numpy()
     try:
-        parts = party_split(len(train), cfg.parties, seed=cfg.seed, how=cfg.split,
-                            groups=groups, alpha=cfg.dirichlet_alpha,
-                            weights=cfg.party_weights or None)
+        parts = party_split(len(train), cfg.parties, seed=cfg.seed, how=cfg.data.split,
+                            groups=groups, alpha=cfg.data.dirichlet_alpha,
+                            weights=cfg.data.party_weights or None)
     except ValueError as exc:
         raise ConfigError("synth.parties", str(exc)) from None
     d = out / "data"
@@ -126,33 +127,33 @@ DECLARED_LABELS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
     """The public :class:`synth.domain.Schema` of ``columns`` from a declared schema file
-    (``schema_file``, or the bundled one of ``bank``/``adult``), or None when the domain is
-    to be inferred (``domain = inferred``, or ``auto`` without a declared schema).
+    (``data.schema_file``, or the bundled one of ``bank``/``adult``), or None when the domain is
+    to be inferred (``data.domain = inferred``, or ``auto`` without a declared schema).
 
     Categorical columns: the declared categories plus :data:`synth.domain.OTHER_LEVEL`
     (any other value, missing ones included); the label (``cfg.label``) gets exactly its
-    declared categories (exhaustive: another value is refused). Numeric columns: ``numeric_bins``
-    equal-width bins over ``[lo, hi]`` (in ``sign(v)·log1p(|v|)`` space for ``log``
+    declared categories (exhaustive: another value is refused). Numeric columns:
+    ``data.numeric_bins`` equal-width bins over ``[lo, hi]`` (in ``sign(v)·log1p(|v|)`` space for ``log``
     columns; integer edges for integer bounds), NaN encoded as the declared fill. The
     label of a bundled dataset gets exactly its documented classes (:data:`DECLARED_LABELS`).
 
     Raises:
-        pubsub.config.ConfigError: ``domain = declared`` without a schema, or a column the
+        pubsub.config.ConfigError: ``data.domain = declared`` without a schema, or a column the
             schema does not declare.
     """
     from parties.data.schema import CategoricalColumn, bundled_schema, load_schema
     from pubsub.config import ConfigError
     from synth.domain import OTHER_LEVEL, ColumnSpec, Schema
 
-    if cfg.domain == "inferred":
+    if cfg.data.domain == "inferred":
         return None
-    if cfg.schema_file:
-        public = load_schema(cfg.schema_file)
+    if cfg.data.schema_file:
+        public = load_schema(cfg.data.schema_file)
     else:
         public = bundled_schema(cfg.dataset) if cfg.dataset in DECLARED_LABELS else None
     if public is None:
-        if cfg.domain == "declared":
-            raise ConfigError("synth.schema_file", f"domain = declared needs a public schema "
+        if cfg.data.domain == "declared":
+            raise ConfigError("synth.data.schema_file", f"domain = declared needs a public schema "
                               f"for {cfg.dataset!r}; draft one with psfl vfl schema and "
                               "review it")
         return None
@@ -166,12 +167,12 @@ def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
             continue
         col = declared.get(name)
         if col is None and name == cfg.label:
-            raise ConfigError("synth.schema_file", f"the label column {name!r} is not declared "
-                              "in the public schema; declare it with its classes, e.g. "
+            raise ConfigError("synth.data.schema_file", f"the label column {name!r} is not "
+                              "declared in the public schema; declare it with its classes, e.g. "
                               f'[columns.{name}] kind = "categorical" categories = '
                               '["no", "yes"]')
         if col is None:
-            raise ConfigError("synth.schema_file", f"column {name!r} is not declared in the "
+            raise ConfigError("synth.data.schema_file", f"column {name!r} is not declared in the "
                               "public schema; declare it or drop it (drop_columns)")
         if isinstance(col, CategoricalColumn):
             # the label's declared classes are exhaustive (a party holding another value
@@ -183,10 +184,10 @@ def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
         integer = float(col.lo).is_integer() and float(col.hi).is_integer()
         if col.log:
             t = np.linspace(np.sign(col.lo) * np.log1p(abs(col.lo)),
-                            np.sign(col.hi) * np.log1p(abs(col.hi)), cfg.numeric_bins + 1)
+                            np.sign(col.hi) * np.log1p(abs(col.hi)), cfg.data.numeric_bins + 1)
             edges = np.sign(t) * np.expm1(np.abs(t))
         else:
-            edges = np.linspace(col.lo, col.hi, cfg.numeric_bins + 1)
+            edges = np.linspace(col.lo, col.hi, cfg.data.numeric_bins + 1)
         if integer:
             # integer starts; the last bin is closed at hi (the decoder draws up to and
             # including the last edge: hi + 1 there made it emit hi + 1); a start at hi
@@ -206,7 +207,7 @@ def coordinator_stages(cfg: SynthConfig) -> list[str]:
     ``stage.started`` events carry; AIM may stop its adaptive rounds early)."""
     rounds = (["round:one_way", "compress_domain", "round:select"]
               + (["select_tree", "round:tree"] if cfg.mechanism == "mst" else
-                 [s for j in range(cfg.aim_rounds) for s in (f"select:aim{j}", f"round:aim{j}")]))
+                 [s for j in range(cfg.aim.rounds) for s in (f"select:aim{j}", f"round:aim{j}")]))
     return ["schema", "keys", "seeds:0", *rounds, "synthesis"]
 
 
@@ -426,10 +427,10 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             party ID when the coordinator starts STAGE (a name from
             :func:`coordinator_stages`); the party runs alone in its own process. The run
             completes with the survivors, or fails as the coordinator does when fewer
-            than ``min_survivors`` remain. ``metrics["faults"]`` records each kill.
+            than ``secagg.min_survivors`` remain. ``metrics["faults"]`` records each kill.
         pauses: faults for tests (:data:`Pause`): the process hosting that party is
             paused with SIGSTOP and resumed with SIGCONT (needs
-            ``parties_per_process = 1``); ``metrics["pauses"]`` says when.
+            ``launch.parties_per_process = 1``); ``metrics["pauses"]`` says when.
         hooks: a scenario's hooks (:class:`LaunchHooks`): the address each party process
             is given (a shaping relay's), and a start/stop around the run.
 
@@ -463,7 +464,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
     """
     t0 = time.perf_counter()
     out = Path(out)
-    if pauses and cfg.parties_per_process != 1:
+    if pauses and cfg.launch.parties_per_process != 1:
         raise ValueError("pauses need parties_per_process = 1 (one process per party)")
     kills = [PartyKill.parse(k, cfg.party_ids(), coordinator_stages(cfg))
              for k in kill_parties]
@@ -507,7 +508,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             submit_workload(out, workload)
     run_id = run_id or uuid.uuid4().hex[:8]
     ids = cfg.party_ids()
-    tree = build_tree(ids, cfg.fanout, cfg.root_children)
+    tree = build_tree(ids, cfg.secagg.fanout, cfg.secagg.root_children)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     faults: list[dict[str, Any]] = []
     stack = contextlib.ExitStack()
@@ -545,7 +546,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
                                        ",".join(tree.aggregators), *ru("aggregators")],
                                       quiet=quiet)
         process_of: dict[str, str] = {}
-        for j, chunk in enumerate(process_layout(ids, cfg.parties_per_process,
+        for j, chunk in enumerate(process_layout(ids, cfg.launch.parties_per_process,
                                                  [k.party for k in kills])):
             process_of.update({p: f"parties{j}" for p in chunk})
             argv = [*py, "parties", *common, "--ids", ",".join(chunk)]
@@ -675,9 +676,12 @@ def _nothing_to_do(run_dir: Path, queries: Mapping[str, Any]) -> str | None:
     ckpt = read_json(run_dir / "stages" / "checkpoint.json") or {}
     left = ckpt.get("stream_rho_left")
     if left is not None and not float(left) > 0:
-        cfg = read_json(run_dir / "metrics.json") or {}
-        frac = (cfg.get("config") or {}).get("stream_rho_frac", 0)
-        return ("no stream reserve of rho: the run was made with synth.stream_rho_frac = 0 "
+        from synth.config import migrate_synth_table
+
+        metrics = read_json(run_dir / "metrics.json") or {}
+        conf = migrate_synth_table(metrics.get("config") or {})  # either layout
+        frac = (conf.get("stream") or {}).get("rho_frac", 0)
+        return ("no stream reserve of rho: the run was made with synth.stream.rho_frac = 0 "
                 "(set it > 0 before the run)" if not frac else
                 "the stream reserve of rho is used up by earlier updates")
     return None
@@ -715,7 +719,7 @@ def add_workload(run_dir: str | Path, queries: Mapping[str, Any], *,
         run_dir: a FedForge run directory (``psfl synth run --out``).
         queries: the update (:func:`synth.workload.parse_workload`).
         timeout_s: deadline of the reopened job, seconds.
-        compare_full: also refit from scratch and report both (``stream_compare_full``).
+        compare_full: also refit from scratch and report both (``stream.compare_full``).
         wait_s: how long to wait for a run in progress to end, seconds.
 
     Returns:
@@ -748,8 +752,9 @@ def add_workload(run_dir: str | Path, queries: Mapping[str, Any], *,
             mark_applied(run_dir, path, {"status": status, "reason": why, "reopened": False})
             return {"status": status, "reason": why, "name": path.stem, "reopened": False,
                     "metrics": json.loads((run_dir / "metrics.json").read_text())}
-        cfg = load_synth_config(run_dir / "config.toml",
-                                ["stream_compare_full=true"] if compare_full else [])
+        cfg = load_synth_config(run_dir / "config.toml",  # the run's own: either layout
+                                ["stream.compare_full=true"] if compare_full else [],
+                                saved=True)
         run_synth(cfg, run_dir, reopen=True, timeout_s=timeout_s, quiet=quiet,
                   keys_dir=keys_dir, insecure=insecure)
     doc = read_json(applied) or {}

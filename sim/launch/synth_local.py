@@ -57,7 +57,7 @@ async def run_synth_tasks(cfg: SynthConfig, out: Path, *, run_id: str,
     frames = [read_table(data / "parties" / f"{i}.parquet") for i in ids]
     seeds = ([None] * len(ids) if cfg.noise_seed is None
              else [cfg.noise_seed * 100_003 + k for k in range(len(ids))])
-    tree = build_tree(ids, cfg.fanout, cfg.root_children)
+    tree = build_tree(ids, cfg.secagg.fanout, cfg.secagg.root_children)
     async with MemoryBroker() as hub:
         coord = Coordinator(cfg, schema, broker="memory", run_id=run_id, out=out,
                             eval_data=ev, connect=hub.connect)

@@ -67,7 +67,7 @@ class RunContext:
         self.out = Path(out)
         self.stages_dir = self.out / "stages"
         self.parties = cfg.party_ids()
-        self.tree = build_tree(self.parties, cfg.fanout, cfg.root_children)
+        self.tree = build_tree(self.parties, cfg.secagg.fanout, cfg.secagg.root_children)
         self.engine = cfg.resolved_engine()
         self.wire = wire
         self.log = log
@@ -80,10 +80,10 @@ class RunContext:
         self.bytes_naive_direct = 0
         self.session = SessionPlan(
             session_id=f"{run_id}/0", party_ids=self.parties,
-            threshold=cfg.secagg_threshold or None,
-            degree=secagg_degree(len(self.parties), cfg.secagg_degree),
+            threshold=cfg.secagg.threshold or None,
+            degree=secagg_degree(len(self.parties), cfg.secagg.degree),
             graph_seed=np.random.default_rng([cfg.seed, 0]).bytes(16).hex(),
-            timeout_s=cfg.round_timeout_s, tree=self.tree.to_dict())
+            timeout_s=cfg.timeouts.round_timeout_s, tree=self.tree.to_dict())
         self.server = SecAggServer(self.session.secagg())
         self.s = 0
         self.never_keyed: tuple[str, ...] = ()

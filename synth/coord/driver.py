@@ -83,7 +83,7 @@ class MeasurementDriver:
         req = planner.select(cd)
         if len(req.cliques) < len(cd.attributes) - 1:
             ctx.log.warning("synth.pairs_refused", kept=len(req.cliques),
-                            max_cells=ctx.cfg.max_cells)
+                            max_cells=ctx.cfg.data.max_cells)
         results["select"] = await self.runner.round(bus, req)
         tw = self.answers(results["select"])
         ctx.known += known_answers(tw)

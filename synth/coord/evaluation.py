@@ -48,7 +48,7 @@ class QualityStage:
                 real = encode(ev.train[list(schema.names)], schema)
                 syn = encode(synthetic[list(schema.names)], schema)
                 wl = all_k_way(domain, min(cfg.workload_k, len(domain)))
-                tv = workload_tv(real, syn, domain, wl, max_cells=cfg.max_cells)
+                tv = workload_tv(real, syn, domain, wl, max_cells=cfg.data.max_cells)
                 out: dict[str, Any] = {"avg_tv": tv["avg_tv"], "max_tv": tv["max_tv"],
                                        "avg_l1": tv["avg_l1"], "workload_error": tv["avg_l1"],
                                        "n_workload": tv["n_marginals"],
@@ -69,7 +69,7 @@ class QualityStage:
                     try:
                         out["ml_utility"] = ml_utility(ev.train, synthetic, ev.holdout,
                                                        cfg.label, random_state=cfg.seed,
-                                                       threads=cfg.engine_threads)
+                                                       threads=cfg.engine.threads)
                     except ValueError as exc:  # e.g. a label that is not binary
                         out["ml_utility_skipped"] = str(exc)
                         ctx.log.warning("synth.ml_utility_skipped", error=str(exc))

@@ -40,7 +40,7 @@ def build_metrics(ctx: RunContext, *, rho_total: float, results: Mapping[str, Ro
     restarted = bool(store.resumed_from or store.doc["restarts"])
     return {
         "dataset": cfg.dataset, "parties": cfg.parties, "mechanism": cfg.mechanism,
-        "engine": ctx.engine, "noise_model": cfg.noise_model,
+        "engine": ctx.engine, "noise_model": cfg.secagg.noise_model,
         "epsilon": cfg.epsilon, "delta": cfg.delta, "rho": rho_total,
         "rho_spent": spent, "epsilon_spent": eps_spent,
         "avg_tv": quality.get("avg_tv"), "max_tv": quality.get("max_tv"),
@@ -52,9 +52,9 @@ def build_metrics(ctx: RunContext, *, rho_total: float, results: Mapping[str, Ro
         "bytes_naive_direct": ctx.bytes_naive_direct,
         **ctx.wire.split(wire, restarted=restarted),
         "wire_vs_naive": (wire / ctx.bytes_naive) if wire and ctx.bytes_naive else None,
-        "bits": cfg.bits or "no cap", "ring": cfg.ring,
-        "min_survivors": resolve_min_survivors(cfg.min_survivors, len(ctx.parties)),
-        "dp": dp_statement(cfg), "fanout": cfg.fanout, "tree_levels": len(ctx.tree.levels),
+        "bits": cfg.secagg.bits or "no cap", "ring": cfg.secagg.ring,
+        "min_survivors": resolve_min_survivors(cfg.secagg.min_survivors, len(ctx.parties)),
+        "dp": dp_statement(cfg), "fanout": cfg.secagg.fanout, "tree_levels": len(ctx.tree.levels),
         "compressed_domain": dict(zip(ctx.domain.attributes, ctx.cdomain.sizes,
                                       strict=True)),
         "rounds": rounds,

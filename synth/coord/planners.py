@@ -14,7 +14,7 @@ answers (:mod:`synth.select`), so none spends budget.
 * :class:`MstPlanner`: ``one_way`` (every 1-way marginal), ``select`` (every candidate
   pair within ``max_cells``), ``tree`` (the maximum spanning tree of the noisy pair
   scores); the engine also gets the best-scored further pair answers within
-  ``mst_extra_mb`` (:meth:`MstPlanner.measurements`).
+  ``mst.extra_mb`` (:meth:`MstPlanner.measurements`).
 * :class:`AimPlanner`: ``one_way``, ``select``, then ``rounds`` adaptive rounds
   ``aim<j>``, each measuring the ``batch`` pairs the current model explains worst.
 """
@@ -69,7 +69,7 @@ class BudgetSplit:
         rho: the total ρ (zCDP) of (ε, δ); inf for ε = inf.
         shares: round kind -> its ρ: ``one_way``, ``select`` and ``tree`` (MST) or
             ``adaptive`` (AIM, shared evenly by its adaptive rounds).
-        reserve: the ρ held back for workload updates (``stream_rho_frac`` of ``rho``).
+        reserve: the ρ held back for workload updates (``stream.rho_frac`` of ``rho``).
     """
 
     rho: float

@@ -97,29 +97,30 @@ class RoundRunner:
             sizes = tuple(dom.size(c) for c in cliques)
             k = len(ctx.session.party_ids)  # the parties of the session (all said hello)
             try:
-                trust = resolve_trust(k, cfg.min_survivors, cfg.min_honest,
-                                      noise_model=cfg.noise_model)
+                trust = resolve_trust(k, cfg.secagg.min_survivors, cfg.secagg.min_honest,
+                                      noise_model=cfg.secagg.noise_model)
                 s_min = trust.min_survivors
                 rho_clique = rho / len(cliques) if math.isfinite(rho) else 0.0
                 # the noise each party will add by its own rules (synth.plancheck): 1/d of
                 # the total, d the honest parties guaranteed in any released sum
-                mu = (party_mu(rho_clique, trust.honest_in_release, model=cfg.noise_model)
+                mu = (party_mu(rho_clique, trust.honest_in_release, model=cfg.secagg.noise_model)
                       if rho_clique else 0.0)
             except SkellamAccountingError as exc:
                 raise CoordinatorError(f"round {name}: {exc}", code=2) from None
-            sigma2 = 2.0 * mu * (1 if cfg.noise_model == "local" else s_min)
+            sigma2 = 2.0 * mu * (1 if cfg.secagg.noise_model == "local" else s_min)
             shape = dict(zip(dom.attributes, dom.sizes, strict=True))
             upper = cell_upper_bounds(cliques, shape, ctx.known if r > 0 else [],
                                       ctx.total_rows)
             try:
                 lo, widths = cell_windows(upper, sigma_sum=math.sqrt(2.0 * mu * k),
-                                          uniform=cfg.ring == "uniform", max_bits=cfg.bits)
+                                          uniform=cfg.secagg.ring == "uniform",
+                                          max_bits=cfg.secagg.bits)
             except ValueError as exc:
                 raise CoordinatorError(f"round {name}: {exc}", code=2) from None
             plan = RoundPlan(round=r, name=name, cliques=tuple(cliques), sizes=sizes,
-                             sigma2_central=sigma2, noise_model=cfg.noise_model, n_parties=k,
+                             sigma2_central=sigma2, noise_model=cfg.secagg.noise_model, n_parties=k,
                              step=1.0, cell_bits=widths.tobytes(),
-                             timeout_s=cfg.round_timeout_s,
+                             timeout_s=cfg.timeouts.round_timeout_s,
                              maps=self._maps_update(r), maps_round=self.maps_round,
                              rho=rho_clique, min_survivors=s_min,
                              min_honest=trust.min_honest)
@@ -140,7 +141,7 @@ class RoundRunner:
         meta, arrays = plan.to_message()
         bus.publish_nowait(t.plan, arrays, meta)
         await ctx.crash_point(f"round:{name}@planned")
-        timeout = cfg.round_timeout_s
+        timeout = cfg.timeouts.round_timeout_s
         missing = tuple(sorted(set(ctx.parties) - set(seeded)))
         # stage 3: masked sums from the tree's top level
         top = set(tree.children[ROOT])
@@ -161,7 +162,7 @@ class RoundRunner:
                                              "dropped": list(dropped)})
         await ctx.crash_point(f"round:{name}@unmask")
         # stage 4: reveal and unmask
-        if cfg.unmask == "tree":
+        if cfg.secagg.unmask == "tree":
             total = await self._unmask_tree(bus, plan, survivors, dropped)
         else:
             total = await self._unmask_root(bus, plan, survivors, dropped)
@@ -186,7 +187,7 @@ class RoundRunner:
             "aggregate_sigma": sigma, "rho_per_clique": plan.rho,
             "min_survivors": plan.min_survivors,
             "ring_bits_max": plan.ring_bits, "ring_bits_mean": float(plan.widths.mean()),
-            "ring": cfg.ring, "degree": ctx.session.degree,
+            "ring": cfg.secagg.ring, "degree": ctx.session.degree,
             "threshold": server.config.t,
             "survivors": list(survivors), "dropped": list(dropped),
             "never_advertised": list(missing), "seconds": res.seconds})
@@ -211,7 +212,7 @@ class RoundRunner:
         any seed; the root's work grows with K."""
         ctx = self.ctx
         t, r, server = ctx.topics, plan.round, ctx.server
-        got_rv = await collect(ctx, bus, t.rv(r), set(survivors), ctx.cfg.round_timeout_s)
+        got_rv = await collect(ctx, bus, t.rv(r), set(survivors), ctx.cfg.timeouts.round_timeout_s)
         shares: dict[str, dict[str, RevealedShare]] = {}
         for holder, msg in got_rv.items():
             raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
@@ -238,7 +239,7 @@ class RoundRunner:
         parties' surviving partners; :meth:`synth.secagg.SecAggServer.unmask_tree`. The
         root's work grows with the fan-out and the dropouts, not with K."""
         ctx = self.ctx
-        t, r, server, timeout = ctx.topics, plan.round, ctx.server, ctx.cfg.round_timeout_s
+        t, r, server, timeout = ctx.topics, plan.round, ctx.server, ctx.cfg.timeouts.round_timeout_s
         top = set(ctx.tree.children[ROOT])
         got_sm = await collect(ctx, bus, t.sm(r, ROOT), top,
                                (1 + len(ctx.tree.levels)) * timeout + 10.0)

@@ -61,7 +61,7 @@ class SessionStages:
             return
         with ctx.stage("schema"):
             expect = set(ctx.parties) | set(ctx.tree.aggregators)
-            got = await collect(ctx, bus, t.hello, expect, ctx.cfg.handshake_timeout_s,
+            got = await collect(ctx, bus, t.hello, expect, ctx.cfg.timeouts.handshake_timeout_s,
                                 resume_stage="schema")
             rows_before = dict(ctx.rows)
             await ctx.crash_point("schema@collected")
@@ -69,7 +69,7 @@ class SessionStages:
             if missing:
                 raise CoordinatorError(
                     f"{len(missing)} participant(s) never said hello within "
-                    f"{ctx.cfg.handshake_timeout_s:.0f} s: {missing[:10]}", code=4)
+                    f"{ctx.cfg.timeouts.handshake_timeout_s:.0f} s: {missing[:10]}", code=4)
             ctx.rows = {p: int(got[p].meta["rows"]) for p in ctx.parties}
             if min(ctx.rows.values()) < 1:
                 empty = sorted(p for p, n in ctx.rows.items() if n < 1)
@@ -88,10 +88,10 @@ class SessionStages:
         ctx = self.ctx
         with ctx.stage("budget"):
             cfg = ctx.cfg
-            weights = cfg.mst_split if cfg.mechanism == "mst" else cfg.aim_split
+            weights = cfg.mst.split if cfg.mechanism == "mst" else cfg.aim.split
             split = split_budget(mechanism=cfg.mechanism, epsilon=cfg.epsilon,
                                  delta=cfg.delta, weights=list(weights),
-                                 stream_frac=cfg.stream_rho_frac)
+                                 stream_frac=cfg.stream.rho_frac)
             if ctx.store.doc["stream_rho_left"] is None:
                 ctx.store.doc["stream_rho_left"] = split.reserve
             ctx.write("budget", {"epsilon": cfg.epsilon, "delta": cfg.delta,
@@ -112,7 +112,8 @@ class SessionStages:
                 bus.publish_nowait(t.nk(s, p), [arr], meta)
             return
         with ctx.stage(ctx.sk("keys")):
-            got = await collect(ctx, bus, t.pk(s), set(ctx.parties), ctx.cfg.round_timeout_s,
+            got = await collect(ctx, bus, t.pk(s), set(ctx.parties),
+                                ctx.cfg.timeouts.round_timeout_s,
                                 resume_stage="keys")
             for p, msg in got.items():
                 raw = np.ascontiguousarray(msg.arrays[0], dtype=np.uint8).tobytes()
@@ -147,7 +148,8 @@ class SessionStages:
             return
         with ctx.stage(stage):
             bus.publish_nowait(t.seeds, (), {"batch": b, "rounds": ids})
-            got = await collect(ctx, bus, t.sh(b), set(server.keyed), ctx.cfg.round_timeout_s,
+            got = await collect(ctx, bus, t.sh(b), set(server.keyed),
+                                ctx.cfg.timeouts.round_timeout_s,
                                 resume_stage=stage)
             for p, msg in got.items():
                 server.collect_seed_shares(ids, p, unpack_blobs(msg.meta, msg.arrays[0]))

@@ -20,15 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from pubsub.config import to_mapping
 from synth.checkpoint import atomic_save_npz, atomic_write_json, load_npz, read_json
-from synth.config import SynthConfig
+from synth.config import SynthConfig, flat_config
 from synth.coord.types import CoordinatorError, RoundResult
 from synth.domain import Schema
 from synth.protocol import RoundPlan
 
 #: Config keys that may change between a run and its resumption (deadlines, process
-#: layout, how an update is refitted); every other key must match the checkpoint.
+#: layout, how an update is refitted); every other key must match the checkpoint. Named
+#: as :func:`synth.config.flat_config` names them (the flat layout's names).
 OPERATIONAL = frozenset({"round_timeout_s", "handshake_timeout_s", "connect_timeout_s",
                          "parties_per_process", "engine_threads", "stream_iters",
                          "stream_refit", "stream_compare_full"})
@@ -39,8 +39,10 @@ VERSION = 1
 
 def fingerprint(cfg: SynthConfig, schema: Schema) -> str:
     """What a checkpoint must match to be resumed: the config (but its operational keys)
-    and the schema."""
-    conf = {k: v for k, v in to_mapping(cfg).items() if k not in OPERATIONAL}
+    and the schema. The config is hashed flat, under the flat layout's key names
+    (:func:`synth.config.flat_config`), so a run checkpointed before ``[synth]`` had
+    nested tables resumes."""
+    conf = {k: v for k, v in flat_config(cfg).items() if k not in OPERATIONAL}
     doc = json.dumps({"config": conf, "schema": schema.fingerprint()},
                      sort_keys=True, default=str)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]

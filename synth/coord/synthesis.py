@@ -4,8 +4,8 @@ synthetic rows sampled from it (``synthetic.csv`` in OUT).
 A fresh fit runs the engine from scratch and saves the model in the checkpoint (what
 :mod:`synth.saved` reloads). A finished run reopened for a workload update refits
 incrementally: warm (the engine continues from the saved model) or, with
-``stream_refit = "gum"``, by moving the current synthetic records until they match the
-update's new marginals (:mod:`synth.gum`); ``stream_compare_full`` also times a
+``stream.refit = "gum"``, by moving the current synthetic records until they match the
+update's new marginals (:mod:`synth.gum`); ``stream.compare_full`` also times a
 from-scratch refit as the baseline.
 """
 
@@ -43,7 +43,7 @@ def fit_engine(ctx: RunContext, ms: list[NoisyMarginal], total: float, iters: in
     if engine in ("neural", "diffusion"):
         import torch
 
-        torch.set_num_threads(cfg.engine_threads)
+        torch.set_num_threads(cfg.engine.threads)
     if ctx.weights:
         ms = [NoisyMarginal(clique=m.clique, values=m.values,
                             sigma=m.sigma / math.sqrt(ctx.weights[tuple(sorted(m.clique))]))
@@ -53,10 +53,10 @@ def fit_engine(ctx: RunContext, ms: list[NoisyMarginal], total: float, iters: in
 
 
 def default_iters(ctx: RunContext) -> int:
-    """The engine's iterations: ``engine_iters``, or when it is 0 the engine's own default
+    """The engine's iterations: ``engine.iters``, or when it is 0 the engine's own default
     (mbi's ``iters``, the neural and diffusion engines' ``steps``)."""
-    if ctx.cfg.engine_iters:
-        return ctx.cfg.engine_iters
+    if ctx.cfg.engine.iters:
+        return ctx.cfg.engine.iters
     from synth.diffusion import DiffusionEngine
     from synth.engine import MbiEngine, NeuralEngine
 
@@ -94,18 +94,18 @@ class SynthesisStage:
             ms = self.measurements(results)
             total = ctx.total_rows  # dropout recovery covers all rows
             n = cfg.synthetic_rows or int(sum(ctx.rows.values()))
-            warm, iters, before = None, cfg.engine_iters, None
+            warm, iters, before = None, cfg.engine.iters, None
             saved = ctx.store.doc.get("model")
             prev = ctx.stages_dir / "synthetic_codes.npy"
             incremental = ctx.reopened and bool(ctx.updates) and prev.exists()
             if incremental:
                 before = np.load(prev)
-            if incremental and cfg.stream_refit == "gum":
+            if incremental and cfg.stream.refit == "gum":
                 return await self._gum(ms, before, n, total)
             if incremental and saved:  # warm: the engine continues from the saved model
                 warm = load_warm_start(ctx.cdomain, saved["meta"],
                                        load_npz(ctx.store.dir / saved["file"]))
-                iters = cfg.stream_iters or max(1, default_iters(ctx) // 8)
+                iters = cfg.stream.iters or max(1, default_iters(ctx) // 8)
 
             def fit_and_sample(warm_start: Any, it: int | None
                                ) -> tuple[Any, np.ndarray, pd.DataFrame, float]:
@@ -117,7 +117,7 @@ class SynthesisStage:
                 return model, codes, decode(codes, ctx.schema, rng), time.perf_counter() - t0
 
             compile_s = None
-            if warm is not None and cfg.stream_compare_full:
+            if warm is not None and cfg.stream.compare_full:
                 # both refits timed hot: the engine's one-off compilation of the new
                 # cliques (JAX, for mbi) is paid here, untimed in either
                 t0 = time.perf_counter()
@@ -125,9 +125,9 @@ class SynthesisStage:
                 compile_s = time.perf_counter() - t0
             model, codes, frame, fit_s = await asyncio.to_thread(fit_and_sample, warm, iters)
             full: dict[str, Any] | None = None
-            if warm is not None and cfg.stream_compare_full:  # the baseline: from scratch
+            if warm is not None and cfg.stream.compare_full:  # the baseline: from scratch
                 _, fcodes, _, full_s = await asyncio.to_thread(fit_and_sample, None,
-                                                               cfg.engine_iters)
+                                                               cfg.engine.iters)
                 full = {"fit_s": full_s, "codes": fcodes, "iters": default_iters(ctx),
                         "compile_s": compile_s}
             frame.to_csv(ctx.out / "synthetic.csv", index=False)
@@ -150,7 +150,7 @@ class SynthesisStage:
 
     async def _gum(self, ms: list[NoisyMarginal], before: np.ndarray, n: int,
                    total: float) -> tuple[pd.DataFrame, dict[str, Any]]:
-        """Incremental refit with ``stream_refit = "gum"`` (:mod:`synth.gum`): the
+        """Incremental refit with ``stream.refit = "gum"`` (:mod:`synth.gum`): the
         current synthetic records, on the compressed domain, moved until their marginals
         match the update's new noisy marginals, while every earlier clique that shares an
         attribute with them keeps the marginal the records have now (what the model
@@ -172,7 +172,7 @@ class SynthesisStage:
                                  and touched.intersection(m.clique))
             targets += [NoisyMarginal(clique=c, values=marginals(cold, ctx.cdomain, [c])[c]
                                       .ravel().astype(np.float64), sigma=1.0) for c in keep]
-            cnew = gum_update(cold, ctx.cdomain, targets, passes=cfg.stream_iters or 20,
+            cnew = gum_update(cold, ctx.cdomain, targets, passes=cfg.stream.iters or 20,
                               seed=cfg.seed)
             drawn = uncompress_codes(cnew, ctx.domain, maps, rng)
             codes = np.array(before, dtype=np.int32, copy=True)
@@ -182,11 +182,11 @@ class SynthesisStage:
 
         codes, frame, fit_s = await asyncio.to_thread(update)
         full: dict[str, Any] | None = None
-        if cfg.stream_compare_full:  # the baseline: the engine from scratch
+        if cfg.stream.compare_full:  # the baseline: the engine from scratch
 
             def refit() -> tuple[np.ndarray, float]:
                 t0 = time.perf_counter()
-                model = self.fit(ms, total, cfg.engine_iters)
+                model = self.fit(ms, total, cfg.engine.iters)
                 r = np.random.default_rng([cfg.seed, 7])
                 c = uncompress_codes(np.asarray(model.sample(n, r), dtype=np.int32),
                                      ctx.domain, ctx.maps, r)
@@ -200,7 +200,7 @@ class SynthesisStage:
         ctx.mark("synthesis")
         fit = {"engine": ctx.engine, "fit_s": fit_s, "rows": int(codes.shape[0]),
                "total": total, "measurements": len(ms), "incremental": True,
-               "refit": "gum", "iters": cfg.stream_iters or 20,
+               "refit": "gum", "iters": cfg.stream.iters or 20,
                "cliques": [list(c) for c in dict.fromkeys(m.clique for m in ms
                                                           if len(m.clique) > 1)]}
         ctx.write("synthesis", fit)

@@ -101,9 +101,9 @@ class WorkloadStage:
         for c in up.marginals:
             if frozenset(c) in measured:
                 already.append(list(c))
-            elif ctx.cdomain.size(c) > ctx.cfg.max_cells:
+            elif ctx.cdomain.size(c) > ctx.cfg.data.max_cells:
                 refused.append({"clique": list(c), "cells": ctx.cdomain.size(c),
-                                "reason": f"more than max_cells={ctx.cfg.max_cells}"})
+                                "reason": f"more than max_cells={ctx.cfg.data.max_cells}"})
             else:
                 missing.append(list(c))
         left = float(doc["stream_rho_left"])
@@ -122,8 +122,8 @@ class WorkloadStage:
         elif not rho > 0:
             rec["status"] = "refused"
             rec["reason"] = (
-                "no stream reserve of rho: the run was made with synth.stream_rho_frac = 0 "
-                "(set it > 0 before the run)" if ctx.cfg.stream_rho_frac == 0 else
+                "no stream reserve of rho: the run was made with synth.stream.rho_frac = 0 "
+                "(set it > 0 before the run)" if ctx.cfg.stream.rho_frac == 0 else
                 "the stream reserve of rho is used up by earlier updates")
             ctx.log.warning("workload.refused", update=rec["name"], reason=rec["reason"])
             rec["missing"] = []
@@ -132,7 +132,7 @@ class WorkloadStage:
     async def report(self, fit: dict[str, Any]) -> None:
         """Per workload update applied by this coordinator: the total variation distance
         on its marginals before (the previous synthetic data) and after (the new), the
-        incremental refit's seconds and, with ``stream_compare_full``, a from-scratch
+        incremental refit's seconds and, with ``stream.compare_full``, a from-scratch
         refit's seconds and distance; the update moves to ``workload/applied/``."""
         ctx = self.ctx
         if not ctx.updates:
@@ -146,7 +146,7 @@ class WorkloadStage:
             if codes is None or real is None or not wl:
                 return None
             return float(workload_tv(real, codes, ctx.domain, wl,
-                                     max_cells=ctx.cfg.max_cells)["avg_tv"])
+                                     max_cells=ctx.cfg.data.max_cells)["avg_tv"])
 
         full = fit.get("full")
         for u in ctx.updates:

@@ -62,7 +62,7 @@ def _parties(k: int = 3, n: int = 600) -> list[pd.DataFrame]:
     return [_table(n, seed) for seed in range(k)]
 
 
-FAST = {"engine_iters": 60, "numeric_bins": 8, "noise_seed": 5}
+FAST = {"engine": {"iters": 60}, "data.numeric_bins": 8, "noise_seed": 5}
 
 
 @pytest.mark.stochastic
@@ -100,7 +100,7 @@ def test_fit_sample_reload(transport: str, schema_file: str, tmp_path: pytest.Te
 
 
 def test_no_schema_warns_and_says_inferred(tmp_path: pytest.TempPathFactory) -> None:
-    ff = FedForge(epsilon=math.inf, engine="neural", config={"engine_iters": 50})
+    ff = FedForge(epsilon=math.inf, engine="neural", config={"engine.iters": 50})
     with pytest.warns(UserWarning, match="inferred"):
         ff.fit(_parties(2, 300))
     assert ff.metrics["data"]["domain_source"] == "inferred"
@@ -135,6 +135,13 @@ def test_bad_input_named(schema_file: str) -> None:
         FedForge(epsilon=-1)
     with pytest.raises(FedForgeError, match="parties"):
         FedForge(config={"parties": 4})
+    with pytest.raises(FedForgeError, match="data.schema_file"):
+        FedForge(config={"data.schema_file": "s.toml"})
+    with pytest.raises(ConfigError, match=r"moved to synth\.engine\.iters") as moved:
+        FedForge(config={"engine_iters": 5})  # the flat layout's key: its new place named
+    assert moved.value.key == "synth.engine_iters"
+    with pytest.raises(ConfigError, match=r"synth\.engine\.name"):
+        FedForge(config={"engine": "mbi"})
 
 
 def test_engine_not_installed(monkeypatch: pytest.MonkeyPatch, schema_file: str) -> None:

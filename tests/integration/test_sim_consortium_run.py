@@ -56,15 +56,14 @@ marginals = [["a", "b", "income"]]
 dataset = "{csv}"
 label = "income"
 mechanism = "aim"
-aim_rounds = 2
-aim_batch = 2
-engine = "neural"
-engine_iters = 100
-fanout = 2
-round_timeout_s = 3.0
-handshake_timeout_s = 60.0
 seed = 3
-stream_rho_frac = 0.2
+aim = {{ rounds = 2, batch = 2 }}
+engine = {{ name = "neural", iters = 100 }}
+timeouts = {{ round_timeout_s = 3.0, handshake_timeout_s = 60.0 }}
+stream.rho_frac = 0.2
+
+[synth.secagg]
+fanout = 2
 # three sites, one offline through a round: its noise is calibrated so that two
 # survivors' sum carries the charged noise (the default, ceil(0.7 * 3) = 3, would make
 # the survivors refuse to unmask that round)

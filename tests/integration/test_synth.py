@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from conftest import synth_table
-from synth.config import SynthConfig
+from synth.config import (AimSection, EngineSection, LaunchSection, SecAggSection, SynthConfig,
+                          TimeoutsSection)
 from tests.bounds import above, below
 
 #: the mbi runs' coordinators share compiled JAX programs (conftest.jax_compile_cache)
@@ -33,7 +34,7 @@ def test_synth_run_k3_secure_aggregation_end_to_end(synth_mst_run: tuple) -> Non
     # the run (conftest.synth_mst_run: K = 3, fan-out 2, mbi, ε = 1) is also the
     # uninterrupted baseline of the crash-recovery tests
     cfg, res = synth_mst_run
-    assert (cfg.parties, cfg.fanout, cfg.epsilon, cfg.label) == (3, 2, 1.0, "income")
+    assert (cfg.parties, cfg.secagg.fanout, cfg.epsilon, cfg.label) == (3, 2, 1.0, "income")
     m = res.metrics
     # the engine got the 1-way answers, the tree's pairs twice, and further pairs' answers
     assert m["synthesis"]["measurements"] > 5 + 2 * 4
@@ -124,8 +125,9 @@ def test_a_party_whose_columns_differ_fails_the_run_with_its_reason(
         return cfg, info
 
     monkeypatch.setattr(launch, "prepare_data", drop_a_column)
-    cfg = SynthConfig(dataset=str(csv), label="income", parties=3, fanout=2,
-                      round_timeout_s=10.0, handshake_timeout_s=30.0, parties_per_process=3)
+    cfg = SynthConfig(dataset=str(csv), label="income", parties=3, secagg=SecAggSection(fanout=2),
+                      timeouts=TimeoutsSection(round_timeout_s=10.0, handshake_timeout_s=30.0),
+                      launch=LaunchSection(parties_per_process=3))
     with pytest.raises(LaunchError) as ei:
         launch.run_synth(cfg, tmp_path / "run", timeout_s=100, quiet=True)
     assert ei.value.code == 2
@@ -169,9 +171,10 @@ def test_a_party_that_drops_mid_round_is_unmasked_out_over_the_bus(csv: Path,
                 return
             await super()._round(bus, plan)
 
-    cfg = SynthConfig(dataset=str(csv), label="income", parties=5, epsilon=1.0, fanout=2,
-                      engine="neural", engine_iters=100, round_timeout_s=3.0,
-                      handshake_timeout_s=30.0, seed=2)
+    cfg = SynthConfig(dataset=str(csv), label="income", parties=5, epsilon=1.0, seed=2,
+                      secagg=SecAggSection(fanout=2),
+                      engine=EngineSection(name="neural", iters=100),
+                      timeouts=TimeoutsSection(round_timeout_s=3.0, handshake_timeout_s=30.0))
     out = tmp_path / "run"
     out.mkdir()
     cfg, _ = prepare_data(cfg, out)
@@ -182,7 +185,7 @@ def test_a_party_that_drops_mid_round_is_unmasked_out_over_the_bus(csv: Path,
     try:
         async def main():  # type: ignore[no-untyped-def]
             coord = Coordinator(cfg, schema, broker=addr, run_id="drop", out=out)
-            tree = build_tree(cfg.party_ids(), cfg.fanout)
+            tree = build_tree(cfg.party_ids(), cfg.secagg.fanout)
             aggs = [Aggregator(a, cfg=cfg, broker=addr, run_id="drop") for a in tree.aggregators]
             ps = [(Flaky if p == "p002" else SynthParty)(p, f, cfg=cfg, broker=addr,
                                                          run_id="drop", noise_seed=i)
@@ -217,10 +220,11 @@ def aim_run(csv: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
     the non-binary label test read it (label and mechanism do not interact)."""
     from sim.launch.synth import run_synth
 
-    cfg = SynthConfig(dataset=str(csv), label="a", parties=3, epsilon=1.0, fanout=2,
-                      mechanism="aim", aim_rounds=2, aim_batch=2, engine="mbi",
-                      engine_iters=300, round_timeout_s=20.0, handshake_timeout_s=60.0,
-                      parties_per_process=3, seed=1)
+    cfg = SynthConfig(dataset=str(csv), label="a", parties=3, epsilon=1.0, mechanism="aim", seed=1,
+                      secagg=SecAggSection(fanout=2), aim=AimSection(rounds=2, batch=2),
+                      engine=EngineSection(name="mbi", iters=300),
+                      timeouts=TimeoutsSection(round_timeout_s=20.0, handshake_timeout_s=60.0),
+                      launch=LaunchSection(parties_per_process=3))
     return cfg, run_synth(cfg, tmp_path_factory.mktemp("aim") / "run", timeout_s=200,
                           quiet=True)
 
@@ -233,7 +237,7 @@ def test_synth_run_aim_adaptive_rounds_end_to_end(aim_run: tuple) -> None:
     from synth.accounting import cdp_rho
 
     cfg, res = aim_run
-    assert (cfg.mechanism, cfg.aim_rounds, cfg.aim_batch) == ("aim", 2, 2)
+    assert (cfg.mechanism, cfg.aim.rounds, cfg.aim.batch) == ("aim", 2, 2)
     m = res.metrics
     assert list(m["rounds"]) == ["one_way", "select", "aim0", "aim1"]
     assert m["rounds"]["aim0"]["cliques"] == m["rounds"]["aim1"]["cliques"] == 2

@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 from conftest import synth_table
-from synth.config import SynthConfig
+from synth.config import (AimSection, EngineSection, LaunchSection, SecAggSection, SynthConfig,
+                          TimeoutsSection)
 
 
 
@@ -48,9 +49,10 @@ def test_dropouts_in_round_0_and_the_tree_round_use_both_recovery_rules(
             await super()._round(bus, plan)
 
     # epsilon 10: noise small enough that an all-rows sum is told from a survivors' one
-    cfg = SynthConfig(dataset=str(csv), label="income", parties=5, epsilon=10.0, fanout=2,
-                      engine="neural", engine_iters=100, round_timeout_s=3.0,
-                      handshake_timeout_s=30.0, seed=2)
+    cfg = SynthConfig(dataset=str(csv), label="income", parties=5, epsilon=10.0, seed=2,
+                      secagg=SecAggSection(fanout=2),
+                      engine=EngineSection(name="neural", iters=100),
+                      timeouts=TimeoutsSection(round_timeout_s=3.0, handshake_timeout_s=30.0))
     out = tmp_path / "run"
     out.mkdir()
     cfg, _ = prepare_data(cfg, out)
@@ -63,7 +65,7 @@ def test_dropouts_in_round_0_and_the_tree_round_use_both_recovery_rules(
     coord = Coordinator(cfg, schema, broker=addr, run_id="drop2", out=out)
     try:
         async def main():  # type: ignore[no-untyped-def]
-            tree = build_tree(cfg.party_ids(), cfg.fanout)
+            tree = build_tree(cfg.party_ids(), cfg.secagg.fanout)
             aggs = [Aggregator(a, cfg=cfg, broker=addr, run_id="drop2")
                     for a in tree.aggregators]
             ps = [(Flaky if p == "p002" else SynthParty)(p, f, cfg=cfg, broker=addr,
@@ -110,10 +112,12 @@ def test_a_paused_party_misses_a_round_skips_it_unpaid_and_rejoins(csv: Path,
     from sim.launch.synth import run_synth
     from synth.accounting import cdp_rho
 
-    cfg = SynthConfig(dataset=str(csv), label="income", parties=4, epsilon=1.0, fanout=2,
-                      mechanism="aim", aim_rounds=2, aim_batch=2, engine="neural",
-                      engine_iters=100, round_timeout_s=3.0, handshake_timeout_s=60.0,
-                      parties_per_process=1, seed=3, noise_seed=5)
+    cfg = SynthConfig(dataset=str(csv), label="income", parties=4, epsilon=1.0, mechanism="aim",
+                      seed=3, noise_seed=5, secagg=SecAggSection(fanout=2),
+                      aim=AimSection(rounds=2, batch=2),
+                      engine=EngineSection(name="neural", iters=100),
+                      timeouts=TimeoutsSection(round_timeout_s=3.0, handshake_timeout_s=60.0),
+                      launch=LaunchSection(parties_per_process=1))
     res = run_synth(cfg, tmp_path / "run", timeout_s=140, quiet=True,
                     pauses=[(1, "select:aim0 started", "round:aim0 done")])
     m = res.metrics
@@ -141,6 +145,6 @@ def test_a_paused_party_misses_a_round_skips_it_unpaid_and_rejoins(csv: Path,
     paid = [what for what, _ in done["ledger"]]
     assert paid == ["round 0 (one_way)", "round 1 (select)", "round 3 (aim1)"]
     rho = cdp_rho(1.0, 1e-9)
-    aim0_cost = rho * cfg.aim_split[2] / sum(cfg.aim_split) / cfg.aim_rounds
+    aim0_cost = rho * cfg.aim.split[2] / sum(cfg.aim.split) / cfg.aim.rounds
     assert done["rho_spent"] == pytest.approx(rho - aim0_cost, rel=1e-6)
     assert (res.out / "synthetic.csv").stat().st_size > 0

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import synth_table
 from sim.faults.synth_party import PartyKill, process_layout
-from synth.config import SynthConfig
+from synth.config import EngineSection, LaunchSection, SecAggSection, SynthConfig, TimeoutsSection
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +21,11 @@ def csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cfg(csv: Path, **kw: object) -> SynthConfig:
-    return SynthConfig(dataset=str(csv), label="income", parties=5, epsilon=5.0, fanout=2,
-                       engine="neural", engine_iters=60, round_timeout_s=3.0,
-                       handshake_timeout_s=60.0, seed=1, **kw)  # type: ignore[arg-type]
+    return SynthConfig(dataset=str(csv), label="income", parties=5, epsilon=5.0, seed=1,
+                       secagg=SecAggSection(fanout=2),
+                       engine=EngineSection(name="neural", iters=60),
+                       timeouts=TimeoutsSection(round_timeout_s=3.0, handshake_timeout_s=60.0),
+                       **kw)  # type: ignore[arg-type]
 
 
 def test_kill_specs_are_checked_and_the_victim_runs_alone() -> None:
@@ -45,7 +47,8 @@ def test_a_killed_party_leaves_a_run_that_completes_with_the_survivors(
         csv: Path, tmp_path: Path) -> None:
     from sim.launch.synth import run_synth
 
-    res = run_synth(_cfg(csv, parties_per_process=5), tmp_path / "run", quiet=True,
+    res = run_synth(_cfg(csv, launch=LaunchSection(parties_per_process=5)), tmp_path / "run",
+                    quiet=True,
                     kill_parties=["p003@round:select"], timeout_s=200)
     m = res.metrics
     (kill,) = m["faults"]
@@ -66,8 +69,8 @@ def test_too_few_survivors_fail_the_run_with_exit_1(csv: Path, tmp_path: Path,
 
     code = main(["synth", "run", "--dataset", str(csv), "--parties", "5", "--epsilon", "5",
                  "--out", str(tmp_path / "run"), "--insecure", "--set", "label=income",
-                 "--set", "engine=neural", "--set", "round_timeout_s=3.0",
-                 "--set", "min_survivors=4",
+                 "--set", "engine.name=neural", "--set", "timeouts.round_timeout_s=3.0",
+                 "--set", "secagg.min_survivors=4",
                  "--kill-party", "p001@round:select", "--kill-party", "p002@round:select"])
     err = capsys.readouterr().err
     assert code == 1, err[-2000:]

@@ -14,7 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from conftest import synth_table
-from synth.config import SynthConfig
+from synth.config import EngineSection, SecAggSection, SynthConfig, TimeoutsSection
 
 
 @pytest.mark.timeout(60)
@@ -32,12 +32,13 @@ def test_a_session_below_the_threshold_floor_is_refused_and_nothing_is_released(
 
     csv = tmp_path / "table.csv"
     synth_table(n=300).to_csv(csv, index=False)
-    cfg = SynthConfig(dataset=str(csv), label="income", parties=3, fanout=2,
-                      round_timeout_s=5.0, handshake_timeout_s=10.0, engine="neural")
+    cfg = SynthConfig(dataset=str(csv), label="income", parties=3, secagg=SecAggSection(fanout=2),
+                      timeouts=TimeoutsSection(round_timeout_s=5.0, handshake_timeout_s=10.0),
+                      engine=EngineSection(name="neural"))
     out = tmp_path / "run"
     cfg, _ = prepare_data(cfg, out)
     schema = Schema.from_dict(json.loads((out / "schema.json").read_text()))
-    coord_cfg = replace(cfg, secagg_threshold=1)  # the parties' floor is 2 (K = 3)
+    coord_cfg = replace(cfg, secagg=replace(cfg.secagg, threshold=1))  # parties' floor: 2 (K = 3)
     ids = cfg.party_ids()
 
     async def main() -> BaseException:
@@ -45,7 +46,8 @@ def test_a_session_below_the_threshold_floor_is_refused_and_nothing_is_released(
             coord = Coordinator(coord_cfg, schema, broker="memory", run_id="t", out=out,
                                 connect=hub.connect)
             aggs = [Aggregator(a, cfg=cfg, broker="memory", run_id="t", connect=hub.connect)
-                    for a in build_tree(ids, cfg.fanout, cfg.root_children).aggregators]
+                    for a in build_tree(ids, cfg.secagg.fanout,
+                                        cfg.secagg.root_children).aggregators]
             parties = [SynthParty(i, read_table(out / "data" / "parties" / f"{i}.parquet"),
                                   cfg=cfg, broker="memory", run_id="t", connect=hub.connect,
                                   ledger_file=str(tmp_path / f"{i}.ledger.json"))

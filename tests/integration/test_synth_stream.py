@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from synth.config import SynthConfig
+from synth.config import (EngineSection, LaunchSection, SecAggSection, StreamSection, SynthConfig,
+                           TimeoutsSection)
 from tests.bounds import above, below
 
 #: the mbi runs' coordinators share compiled JAX programs (conftest.jax_compile_cache)
@@ -34,10 +35,11 @@ def test_add_workload_after_the_run_measures_only_what_is_missing(tmp_path: Path
     from sim.launch.synth import add_workload, run_synth
 
     _xor_table().to_csv(tmp_path / "t.csv", index=False)
-    cfg = SynthConfig(dataset=str(tmp_path / "t.csv"), parties=3, epsilon=4.0, fanout=2,
-                      engine="mbi", engine_iters=500, stream_rho_frac=0.3,
-                      round_timeout_s=10.0, handshake_timeout_s=60.0, parties_per_process=3,
-                      seed=2, noise_seed=3)
+    cfg = SynthConfig(dataset=str(tmp_path / "t.csv"), parties=3, epsilon=4.0, seed=2, noise_seed=3,
+                      secagg=SecAggSection(fanout=2), engine=EngineSection(name="mbi", iters=500),
+                      stream=StreamSection(rho_frac=0.3),
+                      timeouts=TimeoutsSection(round_timeout_s=10.0, handshake_timeout_s=60.0),
+                      launch=LaunchSection(parties_per_process=3))
     run = tmp_path / "run"
     base = run_synth(cfg, run, timeout_s=200, quiet=True).metrics
     reserve = base["stream_rho_left"]

@@ -636,10 +636,10 @@ def _synth_run_dir(out: Path) -> None:
     directory (config.toml, schema.json, data/parties/), laid out as that command does
     before it starts any process: adult, K = 10, the fedforge tutorial's quick settings."""
     from sim.launch.synth import prepare_data
-    from synth.config import SynthConfig, dump_synth_config
+    from synth.config import DataSection, EngineSection, SynthConfig, dump_synth_config
 
-    cfg = SynthConfig(dataset="adult", parties=10, epsilon=1.0, engine_iters=100,
-                      drop_columns=SYNTH_QUICK_DROP)
+    cfg = SynthConfig(dataset="adult", parties=10, epsilon=1.0, engine=EngineSection(iters=100),
+                      data=DataSection(drop_columns=SYNTH_QUICK_DROP))
     cfg, _ = prepare_data(cfg, out)
     (out / "config.toml").write_text(dump_synth_config(cfg))
 

@@ -66,8 +66,9 @@ def test_good_file_parses(tmp_path: Path) -> None:
     assert cons.wall_s(6) == 15.0
     assert synth == {"dataset": "adult", "mechanism": "aim"}
     fixed = synth_table(cons, synth)
-    assert fixed["parties"] == 2 and fixed["split"] == "sizes"
-    assert fixed["party_weights"] == [10000.0, 500000.0] and fixed["parties_per_process"] == 1
+    assert fixed["parties"] == 2 and fixed["data"]["split"] == "sizes"
+    assert fixed["data"]["party_weights"] == [10000.0, 500000.0]
+    assert fixed["launch"]["parties_per_process"] == 1
     assert scenario_kind(_write(tmp_path, GOOD)) == "consortium"
 
 
@@ -128,6 +129,13 @@ def test_synth_keys_the_scenario_fixes_are_refused(tmp_path: Path) -> None:
                                                                 "[synth]\nparties = 3")))
     with pytest.raises(ConfigError, match="synth.parties"):
         synth_table(cons, synth)
+    cons, synth = load_consortium(_write(tmp_path, GOOD.replace(
+        "[synth]", "[synth]\ndata.split = \"iid\"")))
+    with pytest.raises(ConfigError, match="synth.data.split"):
+        synth_table(cons, synth)
+    same = GOOD + "[synth.data]\nparty_weights = [10000, 500000]\n"  # what it fixes anyway
+    cons, synth = load_consortium(_write(tmp_path, same))
+    assert synth_table(cons, synth)["data"]["party_weights"] == [10000.0, 500000.0]
 
 
 def test_stage_names_are_checked_against_the_run(tmp_path: Path) -> None:
@@ -135,7 +143,7 @@ def test_stage_names_are_checked_against_the_run(tmp_path: Path) -> None:
 
     cons, synth = load_consortium(_write(tmp_path, GOOD))
     cfg = build_config(cons, synth)
-    assert cfg.split == "sizes" and cfg.parties == 2
+    assert cfg.data.split == "sizes" and cfg.parties == 2
     bad, synth = load_consortium(_write(tmp_path, GOOD.replace("round:aim2", "round:aim9")))
     with pytest.raises(ConfigError, match="round:aim9"):
         build_config(bad, synth)

@@ -9,7 +9,7 @@ import pytest
 from parties.data import load_table
 from pubsub.config import ConfigError
 from sim.launch.synth import declared_schema
-from synth.config import SynthConfig
+from synth.config import DataSection, SynthConfig
 from synth.domain import OTHER_LEVEL, encode
 
 
@@ -40,10 +40,12 @@ def test_declared_domain_does_not_depend_on_the_rows() -> None:
 
 def test_inferred_or_refused_when_nothing_is_declared() -> None:
     frame, cols = _adult()
-    assert declared_schema(SynthConfig(dataset="adult", domain="inferred"), cols) is None
+    inferred = SynthConfig(dataset="adult", data=DataSection(domain="inferred"))
+    assert declared_schema(inferred, cols) is None
     assert declared_schema(SynthConfig(dataset="my.csv"), ["a", "b"]) is None
     with pytest.raises(ConfigError) as ei:
-        declared_schema(SynthConfig(dataset="my.csv", domain="declared"), ["a", "b"])
-    assert ei.value.key == "synth.schema_file"
+        declared_schema(SynthConfig(dataset="my.csv", data=DataSection(domain="declared")),
+                        ["a", "b"])
+    assert ei.value.key == "synth.data.schema_file"
     with pytest.raises(ConfigError, match="not declared"):
         declared_schema(SynthConfig(dataset="adult"), [*cols, "zzz"])

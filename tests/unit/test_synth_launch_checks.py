@@ -25,7 +25,7 @@ def test_a_bad_kill_point_is_refused_before_anything_starts(at: str, match: str,
     assert not (tmp_path / "run").exists()  # no directory, no lock left behind
 
 
-def _run_dir(tmp_path: Path, *, left: float, frac: float) -> Path:
+def _run_dir(tmp_path: Path, *, left: float, frac: float, flat: bool = False) -> Path:
     d = tmp_path / "run"
     (d / "stages").mkdir(parents=True)
     (d / "schema.json").write_text(json.dumps(
@@ -33,7 +33,9 @@ def _run_dir(tmp_path: Path, *, left: float, frac: float) -> Path:
     (d / "stages" / "round_select.json").write_text(json.dumps(
         {"cliques": [["a", "b"], ["b", "c"]]}))
     (d / "stages" / "checkpoint.json").write_text(json.dumps({"stream_rho_left": left}))
-    (d / "metrics.json").write_text(json.dumps({"config": {"stream_rho_frac": frac}}))
+    # a run's metrics.json states its config: nested tables, or the flat layout of older runs
+    conf = {"stream_rho_frac": frac} if flat else {"stream": {"rho_frac": frac}}
+    (d / "metrics.json").write_text(json.dumps({"config": conf}))
     return d
 
 
@@ -41,10 +43,14 @@ def test_updates_that_would_change_nothing_are_answered_without_reopening(
         tmp_path: Path) -> None:
     d = _run_dir(tmp_path, left=0.0, frac=0.0)
     assert "measured already" in _nothing_to_do(d, {"marginals": [["b", "a"]]})
-    assert "stream_rho_frac = 0" in _nothing_to_do(d, {"marginals": [["a", "b", "c"]]})
+    assert "stream.rho_frac = 0" in _nothing_to_do(d, {"marginals": [["a", "b", "c"]]})
     assert _nothing_to_do(d, {"marginals": [["a", "b", "c"]], "weights": {"a,b": 2}}) is None
     d2 = _run_dir(tmp_path / "x", left=0.0, frac=0.2)
     assert "used up" in _nothing_to_do(d2, {"marginals": [["a", "c"]]})
+    old = _run_dir(tmp_path / "old", left=0.0, frac=0.2, flat=True)  # a run of the flat layout
+    assert "used up" in _nothing_to_do(old, {"marginals": [["a", "c"]]})
+    old0 = _run_dir(tmp_path / "old0", left=0.0, frac=0.0, flat=True)
+    assert "stream.rho_frac = 0" in _nothing_to_do(old0, {"marginals": [["a", "c"]]})
     d3 = _run_dir(tmp_path / "y", left=0.001, frac=0.2)
     assert _nothing_to_do(d3, {"marginals": [["a", "c"]]}) is None
 

@@ -166,13 +166,15 @@ def test_topics_put_each_participant_under_its_own_prefix() -> None:
 def test_config_rejects_bad_values_and_unknown_keys() -> None:
     assert SynthConfig().party_ids()[:2] == ("p000", "p001")
     assert not load_synth_config(None, ["epsilon=inf"]).private
-    for bad in ("epsilon=0", "epsilon=-1", "parties=0", "bits=-1", "bits=63", "fanout=1",
-                "min_survivors=11", "min_survivors=-1",
-                "engine=gan", "noise_model=shouting", "delta=1"):
+    for bad in ("epsilon=0", "epsilon=-1", "parties=0", "secagg.bits=-1", "secagg.bits=63",
+                "secagg.fanout=1", "secagg.min_survivors=11", "secagg.min_survivors=-1",
+                "engine.name=gan", "secagg.noise_model=shouting", "delta=1"):
         with pytest.raises(ConfigError):
             load_synth_config(None, [bad])
     with pytest.raises(ConfigError, match="unknown key"):
         load_synth_config(None, ["partys=3"])
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_synth_config(None, ["secagg.fanouts=3"])
 
 
 def test_iid_split_is_a_seeded_partition() -> None:

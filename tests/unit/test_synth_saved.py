@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from synth.config import SynthConfig
+from synth.config import DataSection, SynthConfig
 from synth.domain import Domain, decode, encode
 from synth.engine import NeuralEngine, NoisyMarginal
 from synth.engines import model_state
@@ -50,7 +50,8 @@ def test_declared_integer_column_decodes_within_bounds(tmp_path, lo: int, hi: in
     f = tmp_path / "s.toml"
     f.write_text(f'version = 1\ndataset = "t"\n[columns.n]\nkind = "numeric"\nlo = {lo}\n'
                  f'hi = {hi}\nfill = {lo}\n')
-    cfg = SynthConfig(dataset="t", schema_file=str(f), domain="declared", numeric_bins=bins)
+    cfg = SynthConfig(dataset="t",
+                      data=DataSection(schema_file=str(f), domain="declared", numeric_bins=bins))
     schema = declared_schema(cfg, ["n"])
     spec = schema.columns[0]
     assert spec.edges[-1] == hi and list(spec.edges) == sorted(set(spec.edges))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pubsub.config import ConfigError, from_mapping
-from synth.config import SynthConfig, dump_synth_config, load_synth_config
+from synth.config import DataSection, SynthConfig, dump_synth_config, load_synth_config
 from synth.split import party_split, sized_counts
 
 
@@ -41,17 +41,17 @@ def test_sizes_split_is_a_seeded_partition() -> None:
 
 
 def test_config_checks_the_weights_and_round_trips() -> None:
-    cfg = from_mapping(SynthConfig, {"parties": 3, "split": "sizes",
-                                     "party_weights": [1, 2, 7]}, section="synth")
-    assert cfg.party_weights == (1.0, 2.0, 7.0)
+    cfg = from_mapping(SynthConfig, {"parties": 3, "data.split": "sizes",
+                                     "data": {"party_weights": [1, 2, 7]}}, section="synth")
+    assert cfg.data.party_weights == (1.0, 2.0, 7.0)
     with pytest.raises(ConfigError, match="party_weights"):
-        SynthConfig(parties=3, split="sizes", party_weights=(1.0, 2.0))
+        SynthConfig(parties=3, data=DataSection(split="sizes", party_weights=(1.0, 2.0)))
     with pytest.raises(ConfigError, match="party_weights"):
-        SynthConfig(parties=2, split="sizes", party_weights=(1.0, -2.0))
+        SynthConfig(parties=2, data=DataSection(split="sizes", party_weights=(1.0, -2.0)))
 
 
 def test_dumped_config_reads_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    cfg = SynthConfig(parties=2, split="sizes", party_weights=(1.0, 3.0))
+    cfg = SynthConfig(parties=2, data=DataSection(split="sizes", party_weights=(1.0, 3.0)))
     path = tmp_path / "c.toml"
     path.write_text(dump_synth_config(cfg))
     assert load_synth_config(path) == cfg

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pubsub.config import ConfigError
-from synth.config import SynthConfig
+from synth.config import SecAggSection, SynthConfig
 from synth.protocol import ROOT, build_tree
 
 
@@ -30,5 +30,5 @@ def test_root_children_is_checked():
     with pytest.raises(ValueError):
         build_tree(["a", "b", "c"], 2, 3)
     with pytest.raises(ConfigError):
-        SynthConfig(fanout=4, root_children=5)
-    assert SynthConfig(fanout=4, root_children=1).root_children == 1
+        SynthConfig(secagg=SecAggSection(fanout=4, root_children=5))
+    assert SynthConfig(secagg=SecAggSection(fanout=4, root_children=1)).secagg.root_children == 1

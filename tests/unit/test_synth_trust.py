@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from pubsub.config import ConfigError
-from synth.config import SynthConfig
+from synth.config import SecAggSection, SynthConfig
 from synth.mechanism import TrustModelError, dp_statement, released_rho, resolve_trust
 from synth.plancheck import PlanRefused, SessionRefused, verify_plan, verify_session
 from synth.protocol import SessionPlan, secagg_degree, secagg_threshold_floor
@@ -66,24 +66,24 @@ def test_calibrate_then_reaccount_over_the_worst_survivor_set(rho: float, k: int
 
 
 @pytest.mark.parametrize(("kw", "key"), [
-    ({"min_honest": 11}, "synth.min_honest"),
-    ({"min_honest": -1}, "synth.min_honest"),
-    ({"min_honest": 3}, "synth.min_honest"),  # d = 7 + 3 - 10 = 0
-    ({"min_honest": 4, "min_survivors": 6}, "synth.min_honest"),  # d = 0
-    ({"secagg_threshold": 8}, "synth.secagg_threshold"),  # degree 6: t <= 7
-    ({"secagg_threshold": -1}, "synth.secagg_threshold"),
+    ({"min_honest": 11}, "synth.secagg.min_honest"),
+    ({"min_honest": -1}, "synth.secagg.min_honest"),
+    ({"min_honest": 3}, "synth.secagg.min_honest"),  # d = 7 + 3 - 10 = 0
+    ({"min_honest": 4, "min_survivors": 6}, "synth.secagg.min_honest"),  # d = 0
+    ({"threshold": 8}, "synth.secagg.threshold"),  # degree 6: t <= 7
+    ({"threshold": -1}, "synth.secagg.threshold"),
 ])
 def test_config_refuses_a_trust_model_outside_its_range(kw: dict[str, int], key: str) -> None:
     with pytest.raises(ConfigError) as e:
-        SynthConfig(**kw)  # type: ignore[arg-type]
+        SynthConfig(secagg=SecAggSection(**kw))  # type: ignore[arg-type]
     assert key in str(e.value)
 
 
 def test_config_accepts_the_measured_trust_models() -> None:
     for h, s in ((7, 7), (10, 7), (9, 8), (7, 10)):
-        SynthConfig(min_honest=h, min_survivors=s)
-    SynthConfig(min_honest=1, noise_model="local")  # local noise: d is not needed
-    SynthConfig(secagg_threshold=7)
+        SynthConfig(secagg=SecAggSection(min_honest=h, min_survivors=s))
+    SynthConfig(secagg=SecAggSection(min_honest=1, noise_model="local"))  # local: no d needed
+    SynthConfig(secagg=SecAggSection(threshold=7))
 
 
 def test_dp_block_states_the_trust_model() -> None:
@@ -91,7 +91,7 @@ def test_dp_block_states_the_trust_model() -> None:
     assert (dp["min_honest"], dp["colluders_tolerated"], dp["honest_in_any_release"],
             dp["secagg_threshold"], dp["min_survivors"]) == (7, 3, 4, 4, 7)
     assert "3 colluding parties" in dp["adversary"] and "fake dropouts" in dp["dropouts"]
-    dp = dp_statement(SynthConfig(min_honest=10, secagg_threshold=6))
+    dp = dp_statement(SynthConfig(secagg=SecAggSection(min_honest=10, threshold=6)))
     assert (dp["colluders_tolerated"], dp["honest_in_any_release"],
             dp["secagg_threshold"]) == (0, 7, 6)
 
