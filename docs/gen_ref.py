@@ -317,12 +317,14 @@ def config_fields(table_spec: ConfigTable) -> list[tuple[str, str, str, str]]:
     """
     cls = _load(table_spec.cls)
     docs = docstring_entries(cls)
+    nested = _nested_tables(table_spec)
     rows = []
     for f in dataclasses.fields(cls):
         if f.name not in docs:
             raise GenerationError(f"{table_spec.cls}: field {f.name!r} has no entry in the "
                                   "docstring's Attributes section")
-        key = table_spec.keys.get(f.name, f.name)
+        key = table_spec.keys.get(f.name, nested[f.name].heading if f.name in nested
+                                  else f.name)
         if key == "":
             continue  # shown with another field's row
         if key != f.name:  # a nested table: its keys are in its own section
@@ -338,16 +340,60 @@ def config_fields(table_spec: ConfigTable) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def _nested_tables(spec: ConfigTable) -> dict[str, ConfigTable]:
+    """The fields of ``spec``'s dataclass that are dataclasses themselves (nested tables,
+    ``[synth.aim]``), but those ``spec.keys`` names, as tables of their own: field -> table.
+    Only a table written as one plain ``[name]`` heading has them."""
+    m = re.fullmatch(r"\[([\w.]+)\]", spec.heading)
+    if m is None:
+        return {}
+    import typing
+
+    cls = _load(spec.cls)
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        sub = hints.get(f.name)
+        if f.name in spec.keys or not (isinstance(sub, type) and dataclasses.is_dataclass(sub)):
+            continue
+        summary = re.sub(r"^``\[[\w.]+\]``:\s*", "",  # the heading says it already
+                         (inspect.getdoc(sub) or "").split("\n\n")[0])
+        summary = summary[:1].upper() + summary[1:]
+        out[f.name] = ConfigTable(heading=f"[{m.group(1)}.{f.name}]",
+                                  cls=f"{sub.__module__}:{sub.__qualname__}",
+                                  intro=" ".join(rst_to_md(summary).split()))
+    return out
+
+
+def _config_parts(spec: ConfigTable, level: int) -> list[str]:
+    """The heading, intro and key table of ``spec``, then its nested tables' (one level
+    down), then the keys its class lists as moved (``MOVED_KEYS``: old key -> new place)."""
+    parts = [f"{'#' * level} `{spec.heading}`",
+             f"{spec.intro} Read into `{spec.cls.replace(':', '.')}`."]
+    rows = [[code(k), code(t) if t != "table" else t,
+             code(d) if d not in ("", "required", "unset") else d, cell(desc)]
+            for k, t, d, desc in config_fields(spec)]
+    parts.append(table(["key", "type", "default", "meaning"], rows))
+    for sub in _nested_tables(spec).values():
+        parts += _config_parts(sub, level + 1)
+    moved = getattr(_load(spec.cls), "MOVED_KEYS", None)
+    if moved:
+        base = spec.heading.strip("[]")
+        parts.append(f"{'#' * (level + 1)} Moved keys of `{spec.heading}`")
+        parts.append(f"Keys of `{spec.heading}` that moved to a nested table. In a file or "
+                     "`--set` the old key is an error naming its new place; a run's own "
+                     "saved configuration of the old layout is read migrated.")
+        parts.append(table(["old key", "new key"],
+                           [[code(f"{base}.{old}"), code(f"{base}.{new}")]
+                            for old, new in moved.items()]))
+    return parts
+
+
 def config_reference() -> str:
     """Every key of every config table, from the dataclasses and their docstrings."""
     parts = []
     for spec in CONFIG_TABLES:
-        parts.append(f"## `{spec.heading}`")
-        parts.append(f"{spec.intro} Read into `{spec.cls.replace(':', '.')}`.")
-        rows = [[code(k), code(t) if t != "table" else t,
-                 code(d) if d not in ("", "required", "unset") else d, cell(desc)]
-                for k, t, d, desc in config_fields(spec)]
-        parts.append(table(["key", "type", "default", "meaning"], rows))
+        parts += _config_parts(spec, 2)
     return "\n\n".join(parts)
 
 
