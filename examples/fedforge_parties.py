@@ -50,7 +50,7 @@ def main() -> None:
         out = args.out or str(Path(tmp) / "run")
         ff = FedForge(epsilon=1.0, delta=1e-9, mechanism="mst", engine="mbi",
                       schema=schema, label=label,
-                      config={"engine_iters": 200} if args.quick else None)
+                      config={"engine.iters": 200} if args.quick else None)
         synthetic = ff.fit(banks, holdout=holdout, out=out).sample(5_000, seed=0)
         m = ff.metrics
         print(f"rows {len(synthetic)} columns {len(synthetic.columns)}")
