@@ -273,7 +273,7 @@ class FedForge:
     def __repr__(self) -> str:
         c = self._cfg
         return (f"FedForge(epsilon={c.epsilon}, delta={c.delta}, mechanism={c.mechanism!r}, "
-                f"engine={c.engine!r}, fitted={self._model is not None})")
+                f"engine={c.engine.name!r}, fitted={self._model is not None})")
 
 
 def write_parties(out: Path, cfg: SynthConfig, schema: Schema, frames: Sequence[pd.DataFrame],
