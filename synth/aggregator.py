@@ -6,9 +6,9 @@ parties in it to its parent, up to the coordinator. Masked words are uniformly r
 any party's marginals; pairwise masks cancel only in the total at the coordinator.
 By default (``secagg.unmask = "root"``) the coordinator alone unmasks, as in SecAgg+. With
 ``secagg.unmask = "tree"`` unmasking is hierarchical (:meth:`Aggregator._unmask`): after the
-coordinator's unmask request a leaf recovers its surviving children's self-mask seeds of the round from the
-survivors' shares and sends the sum of their self masks up; inner nodes add them; the
-coordinator removes only the dropped parties' pair masks. A leaf so learns its children's
+coordinator's unmask request a leaf recovers its surviving children's self-mask seeds of
+the round from the survivors' shares and sends the sum of their self masks up; inner
+nodes add them; the coordinator removes only the dropped parties' pair masks. A leaf so learns its children's
 round seeds: their vectors stay hidden under the pair masks with their neighbours, whose
 keys only the coordinator ever gets, and only for dropped partners (an aggregator and the
 coordinator colluding know what the flat SecAgg+ server knows). Its work and memory per

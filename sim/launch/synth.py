@@ -133,9 +133,10 @@ def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
     Categorical columns: the declared categories plus :data:`synth.domain.OTHER_LEVEL`
     (any other value, missing ones included); the label (``cfg.label``) gets exactly its
     declared categories (exhaustive: another value is refused). Numeric columns:
-    ``data.numeric_bins`` equal-width bins over ``[lo, hi]`` (in ``sign(v)·log1p(|v|)`` space for ``log``
-    columns; integer edges for integer bounds), NaN encoded as the declared fill. The
-    label of a bundled dataset gets exactly its documented classes (:data:`DECLARED_LABELS`).
+    ``data.numeric_bins`` equal-width bins over ``[lo, hi]`` (in ``sign(v)·log1p(|v|)``
+    space for ``log`` columns; integer edges for integer bounds), NaN encoded as the
+    declared fill. The label of a bundled dataset gets exactly its documented classes
+    (:data:`DECLARED_LABELS`).
 
     Raises:
         pubsub.config.ConfigError: ``data.domain = declared`` without a schema, or a column the
