@@ -1,5 +1,5 @@
 """The paper's Table 9 shape on a generated Criteo-shaped table, streamed from each party's
-own Parquet shards (``vfl.stream``).
+own Parquet shards (``vfl.data.stream``).
 
 What runs (each a ``psfl vfl run``: broker + both parties as processes, on 2 cores):
 
@@ -10,7 +10,7 @@ What runs (each a ``psfl vfl run``: broker + both parties as processes, on 2 cor
   wait per epoch, comm GB (embeddings + gradients through the broker);
 * PubSub-VFL streaming the 10x table: its peak RSS over the 1x run's
   (``rss_ratio_10x_rows``);
-* PubSub-VFL in memory (``vfl.stream = false``, the same files, the same hashed row
+* PubSub-VFL in memory (``vfl.data.stream = false``, the same files, the same hashed row
   split) on the 1x table (``stream_vs_memory``: streaming samples/s over in-memory
   samples/s; the AUC of both) and on the 10x table (``memory_10x_peak_rss_mb``: what a
   reader that loads everything needs; not with ``--skip-memory-10x``).
@@ -62,9 +62,9 @@ def _run(dirs: dict[str, Path], out: Path, *, algo: str, epochs: int, stream: bo
     cmd = [sys.executable, "-m", "sim.cli", "vfl", "run", "--out", str(out),
            "--set", f"algo={algo}", "--set", f"label={CRITEO_LABEL}",
            "--set", f"epochs={epochs}", "--set", "eval_every=1000",
-           "--set", f"stream={'true' if stream else 'false'}", "--set", "row_split=hash",
-           "--set", f"stream_eval_max_rows={eval_max_rows}",
-           "--set", "party_datasets=[" + ", ".join(f'"{d}"' for d in dirs.values()) + "]",
+           "--set", f"data.stream={'true' if stream else 'false'}", "--set", "data.row_split=hash",
+           "--set", f"data.stream_eval_max_rows={eval_max_rows}",
+           "--set", "data.party_datasets=[" + ", ".join(f'"{d}"' for d in dirs.values()) + "]",
            *extra]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
@@ -73,7 +73,7 @@ def _run(dirs: dict[str, Path], out: Path, *, algo: str, epochs: int, stream: bo
     mpath = out / "metrics.json"
     if proc.returncode != 0 or not mpath.exists():
         rec["error_tail"] = (proc.stdout + proc.stderr)[-1500:]
-        print(f"  {algo} stream={stream}: FAILED (exit {proc.returncode})", flush=True)
+        print(f"  {algo} data.stream={stream}: FAILED (exit {proc.returncode})", flush=True)
         return rec
     m = json.loads(mpath.read_text())
     parties = m["parties"]
@@ -89,7 +89,7 @@ def _run(dirs: dict[str, Path], out: Path, *, algo: str, epochs: int, stream: bo
         n_features={p: v.get("n_features") for p, v in parties.items()},
         treatments={p: [t.get("treatment") for t in v.get("treatments") or []]
                     for p, v in parties.items()})
-    print(f"  {algo} stream={stream}: auc {rec['auc']:.4f}  {rec['samples_per_s']:,.0f} "
+    print(f"  {algo} data.stream={stream}: auc {rec['auc']:.4f}  {rec['samples_per_s']:,.0f} "
           f"samples/s  peak {rec['peak_rss_mb']:.0f} MB  ({rec['wall_s']} s)", flush=True)
     return rec
 
@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         with watch:
             rec = _run(dirs, runs / "full", algo="pubsub", epochs=1, stream=True,
                        eval_max_rows=args.eval_max_rows, timeout_s=4 * 3600,
-                       extra=("--set", f"stream_cache_dir={cache}",
-                              "--set", "handshake_timeout_s=7200"))
+                       extra=("--set", f"data.stream_cache_dir={cache}",
+                              "--set", "timeouts.handshake_timeout_s=7200"))
         table_gb = _size_gb(data / f"criteo-{rows}")
         res["summary"] = {"rows": rows, "pubsub": rec, "peak_rss_mb": rec.get("peak_rss_mb"),
                           "generate_s": round(gen_s, 1),

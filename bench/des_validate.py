@@ -285,7 +285,7 @@ def make_cfg(table: Any, algo: str, w_a: int, w_p: int, b: int, rows: int, epoch
     act, pas = table.pick_cpus()
     settings = {"active_cpus": act, "passive_cpus": pas, "synthetic_rows": rows}
     cfg, why = table.make_config(algo, "synthetic", seed=0, epochs=epochs, settings=settings,
-                                 w_active=w_a, w_passive=w_p, batch_size=b)
+                                 batch_size=b, **{"workers.active": w_a, "workers.passive": w_p})
     if cfg is None:
         raise RuntimeError(f"{algo}: {why}")
     return cfg
@@ -311,9 +311,9 @@ def measure_top_split(cfg: Any, batch_sizes: Sequence[int], *, min_time_s: float
     old_threads = torch.get_num_threads()
     out = []
     try:
-        if cfg.cpus("active"):
-            os.sched_setaffinity(0, set(cfg.cpus("active")))
-        torch.set_num_threads(cfg.torch_threads)
+        if cfg.workers.cpus("active"):
+            os.sched_setaffinity(0, set(cfg.workers.cpus("active")))
+        torch.set_num_threads(cfg.workers.torch_threads)
         data = load_party_data(cfg, "active")
         torch.manual_seed(cfg.seed)
         n, d_in = data.x_train.shape
@@ -328,7 +328,7 @@ def measure_top_split(cfg: Any, batch_sizes: Sequence[int], *, min_time_s: float
             mark.append(time.process_time())
 
         for b in batch_sizes:
-            partner = gen.standard_normal((b, cfg.embedding_dim)).astype(np.float32) * 0.01
+            partner = gen.standard_normal((b, cfg.model.embedding_dim)).astype(np.float32) * 0.01
             batches = [r for r in epoch_batches(n, b, seed=cfg.seed, epoch=0) if len(r) == b]
             tops: list[float] = []
             totals: list[float] = []
@@ -368,7 +368,7 @@ def fit_all(table: Any, fit_bs: Sequence[int], *, rows: int, min_time_s: float) 
     top = fit_power([p["batch_size"] for p in split], [p["top_cpu_s"] for p in split],
                     holdout="none")
     return {"batch_sizes": list(fit_bs), "rows": rows, "cpus": {
-        "active": list(cfg.cpus("active")), "passive": list(cfg.cpus("passive"))},
+        "active": list(cfg.workers.cpus("active")), "passive": list(cfg.workers.cpus("passive"))},
         "cost_model": doc["cost_model"], "sweep": doc["sweep"], "top_split": split,
         "top_fit": top.to_dict()}
 
@@ -399,7 +399,7 @@ def run_setting(table: Any, algo: str, w_a: int, w_p: int, b: int, *, rows: int,
             # CPU other processes took from the party (runnable, not running), seconds:
             # under contention it makes compute_s (wall) exceed the compute's CPU
             "run_delay_s": {r: parties[r].get("run_delay_s") for r in ("active", "passive")},
-            "delta_t0": cfg.delta_t0, "staleness_bound": cfg.staleness_bound,
+            "delta_t0": cfg.workers.delta_t0, "staleness_bound": cfg.workers.staleness_bound,
             "segments": cfg.segments_per_epoch}
 
 

@@ -407,9 +407,12 @@ VFL_COLUMNS = ("contact", "day", "month", "duration", "campaign", "pdays", "prev
 
 def vfl_dp_config(**kw: Any) -> VflConfig:
     """A DP-on VflConfig of the bundled ``bank`` dataset (the audit's product settings)."""
-    base: dict[str, Any] = {"dataset": "bank", "dp_mu": 1.0, "epochs": 1, "max_reassign": 0}
+    from parties.config import vfl_config
+
+    base: dict[str, Any] = {"dataset": "bank", "dp.mu": 1.0, "epochs": 1,
+                            "timeouts.max_reassign": 0}
     base.update(kw)
-    return VflConfig(**base)
+    return vfl_config(base)
 
 
 def vfl_encode_features(frame: Any, columns: Sequence[str], train_idx: np.ndarray
@@ -614,7 +617,7 @@ def vfl_embedding_sampler(*, sigma: float, releases: int, clip: float = 1.0, dim
     ``−scale·C·e1`` under D' (clipped to ±C·e1 by the product: replace-one at the
     sensitivity bound 2C). Output ``(n, releases·dim)``. ``wire``: the noised rows then
     go through the product's wire encoding and back (``parties.algorithms.wire``), as the active
-    party receives them under ``vfl.wire_dtype``."""
+    party receives them under ``vfl.wire.dtype``."""
     def sample(n: int, rng: np.random.Generator) -> Draws:
         out = []
         for sign in (1.0, -1.0):
@@ -676,7 +679,7 @@ def vfl_repeated_prediction_product(predictions: int = PREDICTIONS) -> dict[str,
     from parties.runtime.predict import charge
     from parties.runtime.saved import ledger_to_json
 
-    cfg = vfl_dp_config(dp_predict_max_releases=predictions)
+    cfg = vfl_dp_config(**{"dp.predict_max_releases": predictions})
     plan = plan_from_config(cfg)
     assert plan is not None
     acct = accountant_for(plan, {"train": 8, "val": 2, "test": 4})
@@ -728,7 +731,7 @@ def _vfl_model(d_in: int, *, dim: int = 8, hidden: tuple[int, ...] = (16,)) -> t
     """The product's passive bottom model under DP (``parties.models.model.party_bottom``: linear
     output layer), at a fixed torch seed (the same model for every side and control)."""
     torch.manual_seed(0)
-    return party_bottom(vfl_dp_config(embedding_dim=dim, bottom_hidden=hidden), "passive", d_in)
+    return party_bottom(vfl_dp_config(model={"embedding_dim": dim, "bottom_hidden": hidden}), "passive", d_in)
 
 
 def _known_direction(h_d: torch.Tensor, h_dprime: torch.Tensor, clip: float) -> torch.Tensor:
@@ -989,9 +992,10 @@ class VflE2e:
     chunk: int = 5000
 
     def config(self) -> VflConfig:
-        return vfl_dp_config(dp_mu=self.dp_mu, dp_embedding_share=self.share,
-                             dp_grad_clip_norm=self.grad_clip, lr=self.lr, dp_lr=self.lr,
-                             embedding_dim=self.dim, bottom_hidden=self.hidden)
+        return vfl_dp_config(dp={"mu": self.dp_mu, "embedding_share": self.share,
+                                 "grad_clip_norm": self.grad_clip, "lr": self.lr},
+                             lr=self.lr,
+                             model={"embedding_dim": self.dim, "bottom_hidden": self.hidden})
 
     def sigmas(self) -> tuple[float, float]:
         """(σ_e, σ_g) the product's planner calibrates for this configuration."""
@@ -1188,7 +1192,7 @@ def _vfl_e2e_case(name: str, cfg: VflE2e, *, draws_quick: int, draws_full: int,
                       what="DP-SGD step at sigma_g/2, same claim"),)
     return Case(
         name=name, group="vfl-e2e",
-        what=f"VFL end to end: {own}one DP-SGD step (sigma_g={sg:.3g}, plan dp_mu="
+        what=f"VFL end to end: {own}one DP-SGD step (sigma_g={sg:.3g}, plan dp.mu="
              f"{cfg.dp_mu:g}, share {cfg.share:g}) with the canary (schema-encoded, "
              f"replace-one), then Adam, then {cfg.later} later batches of {cfg.later_batch} "
              f"OTHER records' published embeddings (sigma_e={se:.3g})",

@@ -157,18 +157,22 @@ def _table() -> Any:
 
 
 def base_config(rows: int, epochs: int, batch_size: int | None = None,
-                val_per_epoch: int = 0, sync_per_epoch: int = 0, **kw: Any) -> Any:
+                val_per_epoch: int = 0, sync_per_epoch: int = 0,
+                overrides: dict[str, Any] | None = None) -> Any:
     """The benchmark's config: synthetic, the paper's small model, B = 256 (or
-    ``batch_size``), ``val_per_epoch`` validation points per epoch (0: the default, 4)."""
-    from parties.config import VflConfig
+    ``batch_size``), ``val_per_epoch`` validation points per epoch (0: the default, 4);
+    ``overrides``: more keys (dotted or nested, :func:`set_overrides`)."""
+    from parties.config import vfl_config
+    from pubsub.config import deep_merge, expand_dotted
 
     t = _table()
-    return VflConfig(algo="pubsub", dataset="synthetic", synthetic_rows=rows,
-                     synthetic_features=FEATURES, epochs=epochs,
-                     batch_size=batch_size or t.BATCH,
-                     bottom_hidden=t.BOTTOM_HIDDEN, embedding_dim=t.EMBEDDING_DIM,
-                     top_hidden=t.TOP_HIDDEN, val_per_epoch=val_per_epoch,
-                     sync_per_epoch=sync_per_epoch, **kw)
+    base = {"algo": "pubsub", "dataset": "synthetic", "epochs": epochs,
+            "batch_size": batch_size or t.BATCH, "val_per_epoch": val_per_epoch,
+            "sync_per_epoch": sync_per_epoch,
+            "data": {"synthetic_rows": rows, "synthetic_features": FEATURES},
+            "model": {"bottom_hidden": t.BOTTOM_HIDDEN, "embedding_dim": t.EMBEDDING_DIM,
+                      "top_hidden": t.TOP_HIDDEN}}
+    return vfl_config(deep_merge(base, expand_dotted(overrides or {})))
 
 
 def balance(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str, Any]:
@@ -204,7 +208,8 @@ def balance(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str
         for w in WIDTHS:
             ref = profile_party(big, cfg, data[big].x_train, data[big].y_train,
                                 min_time_s=min_time_s)
-            c = dataclasses.replace(cfg, **{f"{small}_bottom_hidden": (w,) * DEPTH})
+            c = dataclasses.replace(cfg, model=dataclasses.replace(
+                cfg.model, **{f"{small}_bottom_hidden": (w,) * DEPTH}))
             p = profile_party(small, c, data[small].x_train, data[small].y_train,
                               min_time_s=min_time_s)
             ratios[w] = p.cpu_s_per_sample / ref.cpu_s_per_sample
@@ -218,23 +223,21 @@ def balance(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> dict[str
 
 
 def set_overrides(items: list[str]) -> dict[str, Any]:
-    """``--set KEY=VALUE`` items as VflConfig keyword overrides, checked by building a
-    config with them (``vfl.`` prefixes allowed).
+    """``--set KEY=VALUE`` items as a nested mapping of config overrides (sections as
+    tables, ``vfl.`` prefixes allowed), checked by building a config with them.
 
     Raises:
         ValueError: a malformed item, an unknown key or a bad value (the config's message).
     """
-    from parties.config import VflConfig
-    from pubsub.config import ConfigError, from_mapping, parse_overrides, to_mapping
+    from pubsub.config import ConfigError, deep_merge, parse_overrides
 
     try:
         tree = parse_overrides(items)
-        flat = tree.pop("vfl", {})
-        flat = {**tree, **flat}
-        cfg = from_mapping(VflConfig, {**to_mapping(base_config(1000, 1)), **flat})
+        over = deep_merge({k: v for k, v in tree.items() if k != "vfl"}, tree.get("vfl", {}))
+        base_config(1000, 1, overrides=over)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
-    return {k: getattr(cfg, k) for k in flat}
+    return over
 
 
 def quota_profile(cfg: Any, cores: dict[str, float], *, min_time_s: float) -> Any:
@@ -312,8 +315,9 @@ def split_config(base: Any, split: str, cores: dict[str, float], *,
         big_w = WIDTHS[0]  # equal shares: the same model for both
         bal = balance(base, cores, min_time_s=0.5)
     bal["big_width"] = big_w
-    cfg = dataclasses.replace(base, **{f"{bal['role']}_bottom_hidden": (bal["width"],) * DEPTH,
-                                       f"{big_role}_bottom_hidden": (big_w,) * DEPTH})
+    cfg = dataclasses.replace(base, model=dataclasses.replace(
+        base.model, **{f"{bal['role']}_bottom_hidden": (bal["width"],) * DEPTH,
+                       f"{big_role}_bottom_hidden": (big_w,) * DEPTH}))
     model = (f"{bal['role']} bottom {DEPTH}x{bal['width']}, {big_role} {DEPTH}x{big_w}"
              if (bal["width"], big_w) != (128, 128) else f"both bottoms {DEPTH}x128")
     return cfg, bal, model
@@ -362,7 +366,7 @@ def run_algo(cfg: Any, split: str, out: Path, timeout_s: float, *,
                 "sim": m["sim"]}
     s = t.summarize_run(m)
     s["status"] = "ok"
-    s["workers"] = [cfg.w_active, cfg.w_passive]
+    s["workers"] = [cfg.workers.active, cfg.workers.passive]
     s["batch_size"] = cfg.batch_size
     s["cpu_measured"] = m["sim"]["cpu"]
     return s
@@ -651,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
                          "default 0: one per scoring)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a vfl config key for every algorithm alike (baselines included), "
-                         "e.g. --set active_torch_threads=2; repeatable")
+                         "e.g. --set workers.active_torch_threads=2; repeatable")
     ap.add_argument("--out", type=Path, help="keep the run directories here")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--plaintext", action="store_true",
@@ -710,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
         for split in splits:
             cores = party_cores(Scenario(cpu_ratio=split, ratio_of=RATIO_OF), machine_cores())
             base = base_config(rows, epochs, args.batch_size, args.val_per_epoch,
-                               args.sync_per_epoch, **overrides)
+                               args.sync_per_epoch, overrides=overrides)
             cfg, bal, model = split_config(base, split, cores, small_width=args.small_width,
                                            big_width=args.big_width)
             progress(f"{split}: cores {cores}, {model}")
@@ -735,7 +739,8 @@ def main(argv: list[str] | None = None) -> int:
                 wa, wp = workers_for(algo, cores, split)
                 if algo in ("pubsub", "avfl-ps") and args.workers:
                     wa, wp = args.workers
-                configs[algo] = dataclasses.replace(cfg, algo=algo, w_active=wa, w_passive=wp)
+                configs[algo] = dataclasses.replace(cfg, algo=algo,
+                                                    workers=dataclasses.replace(cfg.workers, active=wa, passive=wp))
             reps: list[dict[str, dict[str, Any]]] = []
             for rep in range(args.repeats):
                 runs: dict[str, dict[str, Any]] = {}
@@ -789,7 +794,8 @@ def main(argv: list[str] | None = None) -> int:
                 for algo in ("vfl", "avfl-ps", "pubsub"):
                     wa, wp = workers_for(algo, cores)
                     even_runs[algo] = run_algo(
-                        dataclasses.replace(base, algo=algo, w_active=wa, w_passive=wp), split,
+                        dataclasses.replace(base, algo=algo,
+                                            workers=dataclasses.replace(base.workers, active=wa, passive=wp)), split,
                         keep / split.replace(":", "-") / f"even-{algo}", timeout,
                         plaintext=args.plaintext)
                 esumm = summarize(even_runs, eprof["ceiling_samples_per_s"], eprof,

@@ -171,7 +171,7 @@ def _launch(broker: Broker, out: Path, run_id: str, epochs: int) -> subprocess.P
         [*PSFL, "vfl", "run", "--dataset", "bank", "--algo", "pubsub", "--out", str(out),
          "--broker", broker.address, *security, "--run-id", run_id,
          "--set", "seed=0", "--set", f"epochs={epochs}", "--set", "eval_every=1000",
-         "--set", "liveness_timeout_s=30", "--set", f"lr={VICTIM_LR}"],
+         "--set", "timeouts.liveness_timeout_s=30", "--set", f"lr={VICTIM_LR}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 

@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmds = [[py, str(HERE / "des_validate.py"), "--quick", "--split-cores", f"{n:g}",
              "--json", str(des_json)],
             [py, str(HERE / "hetero.py"), "--quick", "--splits", SPLIT, "--algos",
-             ",".join(ALGOS), "--workers", f"{wa}+{wp}", "--set", "worker_mode=process",
+             ",".join(ALGOS), "--workers", f"{wa}+{wp}", "--set", "workers.mode=process",
              "--json", str(het_json)]]
     errors: list[str] = []
     t0 = time.perf_counter()

@@ -113,9 +113,9 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
     from parties.models.compute import make_compute
 
     try:
-        if cfg.cpus(role):
-            os.sched_setaffinity(0, set(cfg.cpus(role)))
-        torch.set_num_threads(cfg.torch_threads)
+        if cfg.workers.cpus(role):
+            os.sched_setaffinity(0, set(cfg.workers.cpus(role)))
+        torch.set_num_threads(cfg.workers.torch_threads)
         data = load_party_data(cfg, role)
         d_in = data.x_train.shape[1]
         torch.manual_seed(cfg.seed + (0 if role == "active" else 1))
@@ -125,7 +125,7 @@ def _party(role: str, cfg: Any, mode: str, steps: int, warmup: int, ports: tuple
         B = cfg.batch_size
         total = warmup + steps
         batches = _batches(data.x_train.shape[0], B, cfg.seed, total)
-        fixed = (np.random.default_rng(cfg.seed).standard_normal((B, cfg.embedding_dim))
+        fixed = (np.random.default_rng(cfg.seed).standard_normal((B, cfg.model.embedding_dim))
                  .astype(np.float32) * 0.01)
         ctx = zmq.Context()
         tx = rx = None
@@ -337,7 +337,7 @@ def run_split(split: str, *, rows: int, epochs: int, reps: int) -> dict[str, Any
     het = _bench("hetero")
     cores = party_cores(Scenario(cpu_ratio=split, ratio_of=het.RATIO_OF), machine_cores())
     cfg, _bal, model = het.split_config(het.base_config(rows, epochs), split, cores)
-    n_train = int(rows * (1 - cfg.test_frac) * 0.9)  # 10 % of the rest is validation
+    n_train = int(rows * (1 - cfg.data.test_frac) * 0.9)  # 10 % of the rest is validation
     steps = max(200, epochs * n_train // cfg.batch_size)
     wa, wp = het.workers_for("pubsub", cores, split)
     print(f"{split}: cores {cores}, {model}, synthetic {rows:,} rows, B={cfg.batch_size}, "
@@ -350,8 +350,8 @@ def run_split(split: str, *, rows: int, epochs: int, reps: int) -> dict[str, Any
             got: dict[str, Any] = {}
             for mode in ("bare_broker", "bare_broker_sync"):
                 got[mode] = run_pair(cfg, mode, steps, cores=cores, period_us=het.PERIOD_US)
-            r = het.run_algo(dataclasses.replace(cfg, algo="pubsub", w_active=wa,
-                                                 w_passive=wp),
+            r = het.run_algo(dataclasses.replace(cfg, algo="pubsub",
+                                                 workers=dataclasses.replace(cfg.workers, active=wa, passive=wp)),
                              split, Path(tmp) / f"pubsub-{rep}", 600.0)
             if r["status"] != "ok":
                 raise SystemExit(f"error: pubsub run failed: {r.get('error')}")
@@ -412,7 +412,7 @@ def run_split(split: str, *, rows: int, epochs: int, reps: int) -> dict[str, Any
         f"{m} {summary[m]:.3f} (in-run {_f3(summary['inrun'].get(m))})" for m in SPLIT_MODES)
         + f"; pubsub / bare_broker in-run {_f3(summary['inrun'].get('pubsub_vs_bare_broker'))}",
         flush=True)
-    widths = {r: cfg.bottom_hidden_for(r)[0] for r in ("active", "passive")}
+    widths = {r: cfg.model.bottom_hidden_for(r)[0] for r in ("active", "passive")}
     return {"settings": {"split": split, "cores": cores, "widths": widths, "rows": rows,
                          "epochs": epochs, "steps": steps, "reps": reps, "window": WINDOW,
                          "pubsub_workers": [wa, wp]},
@@ -461,13 +461,14 @@ def main(argv: list[str] | None = None) -> int:
     def cfg_for(algo: str) -> Any:
         wa, wp = table.main_workers(algo, "synthetic")
         cfg, why = table.make_config(algo, "synthetic", seed=0, epochs=args.epochs,
-                                     settings=settings, w_active=wa, w_passive=wp)
+                                     settings=settings,
+                                     **{"workers.active": wa, "workers.passive": wp})
         if cfg is None:
             raise SystemExit(f"error: {why}")
         return cfg
 
     base = cfg_for("avfl")
-    n_train = int(rows * (1 - base.test_frac) * 0.9)
+    n_train = int(rows * (1 - base.data.test_frac) * 0.9)
     steps = max(200, args.epochs * n_train // base.batch_size)  # as many as the real runs
     print(f"synthetic {rows:,} x {table.SYNTHETIC_FEATURES}, B={base.batch_size}, "
           f"cores active {active_cpus} passive {passive_cpus}, {steps} timed steps, "

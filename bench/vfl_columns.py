@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.one_hot_everything:
             res["one_hot_everything"] = _run(
                 full, d / "onehot", args.epochs,
-                ["--set", "onehot_max_levels=1000000", "--set", "id_columns=keep"],
+                ["--set", "data.onehot_max_levels=1000000", "--set", "data.id_columns=keep"],
                 args.timeout_s, mem_limit_mb=args.one_hot_limit_mb)
     a, b = res["with_time_and_id"], res["without"]
     ok = a["exit_code"] == 0 and b["exit_code"] == 0

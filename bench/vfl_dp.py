@@ -76,13 +76,13 @@ GAIN_MUS = (8.0,)
 #: each dataset's party split beyond the default even one: adult as in the DP-utility study (the
 #: active party holds age, education, occupation, hours-per-week and the label)
 DATASET_SPLITS: dict[str, dict[str, Any]] = {
-    "adult": {"active_columns": ("age", "education", "occupation", "hours-per-week"),
-              "passive_columns": ("workclass", "fnlwgt", "educational-num", "marital-status",
+    "adult": {"data.active_columns": ("age", "education", "occupation", "hours-per-week"),
+              "data.passive_columns": ("workclass", "fnlwgt", "educational-num", "marital-status",
                                   "relationship", "race", "gender", "capital-gain",
                                   "capital-loss", "native-country")},
 }
 #: DP settings of the DP runs beyond the target (empty: the product's defaults, C = 1,
-#: C_g = 3, half of µ² to the embeddings; see parties/config/__init__.py)
+#: C_g = 3, half of µ² to the embeddings; see parties/config/privacy.py); dotted keys
 DP_SETTINGS: dict[str, Any] = {}
 
 
@@ -99,16 +99,16 @@ def run_one(dataset: str, mu: float, epochs: int, timeout_s: float,
             max_reassign: int | None = MAX_REASSIGN) -> dict[str, Any]:
     """One VFL run at ``mu`` (``inf``: DP off); the figures of interest from its metrics.
     ``max_reassign`` None: the product's default (and its default reassignment reserve)."""
-    from parties.config import VflConfig
+    from parties.config import vfl_config
     from sim.launch.vfl import run_vfl
 
-    extra: dict[str, Any] = {} if math.isinf(mu) else {**DP_SETTINGS, "dp_mu": mu}
+    extra: dict[str, Any] = {} if math.isinf(mu) else {**DP_SETTINGS, "dp.mu": mu}
     if dataset == "synthetic":
-        extra["synthetic_rows"] = SYNTHETIC_ROWS
+        extra["data.synthetic_rows"] = SYNTHETIC_ROWS
     if max_reassign is not None:
-        extra["max_reassign"] = max_reassign
+        extra["timeouts.max_reassign"] = max_reassign
     extra.update(DATASET_SPLITS.get(dataset, {}))
-    cfg = VflConfig(dataset=dataset, epochs=epochs, dp_delta=DELTA, **extra)
+    cfg = vfl_config({"dataset": dataset, "epochs": epochs, **extra, "dp.delta": DELTA})
     with tempfile.TemporaryDirectory(prefix=f"vfl_dp_{mu_key(mu)}_") as tmp:
         m = run_vfl(cfg, out=tmp, quiet=True, timeout_s=timeout_s).metrics
     dp = m["dp"]
@@ -121,7 +121,7 @@ def run_one(dataset: str, mu: float, epochs: int, timeout_s: float,
         "sgd_noise_multiplier": dp.get("sgd_noise_multiplier"),
         "publications_max": dp["publications_max"],
         "publications_planned": dp["publications_planned"],
-        "max_reassign": m["config"]["max_reassign"],
+        "max_reassign": m["config"]["timeouts"]["max_reassign"],
         "reassign_reserve": dp.get("reassign_reserve"),
         "reserve_exhausted_batches": dp.get("reserve_exhausted_batches"),
         "dropped_batches": m["dropped_batches"],

@@ -15,7 +15,7 @@ Usage::
 
     python bench/vfl_dp_utility.py --quick --json /tmp/u.json        # defaults, 1 repeat
     python bench/vfl_dp_utility.py --dataset adult --variant "" \\
-        --variant "embedding_dim=4" --variant "epochs=1;dp_embedding_share=0.8" \\
+        --variant "model.embedding_dim=4" --variant "epochs=1;dp.embedding_share=0.8" \\
         --repeats 2 --json /tmp/u.json
 
 A variant is ``key=value`` items separated by ``;`` (``epochs`` defaults to
@@ -45,8 +45,8 @@ DATASETS = ("bank", "adult")
 def dataset_settings(dataset: str) -> dict[str, Any]:
     """The config keys that pick a dataset and its party split."""
     if dataset == "adult":
-        return {"dataset": "adult", "active_columns": ADULT_ACTIVE,
-                "passive_columns": ADULT_PASSIVE}
+        return {"dataset": "adult", "data.active_columns": ADULT_ACTIVE,
+                "data.passive_columns": ADULT_PASSIVE}
     return {"dataset": dataset}
 
 
@@ -97,20 +97,21 @@ class FrozenRandomBottom:
 def run_once(dataset: str, mu: float, overrides: dict[str, Any], *, baseline: bool,
              timeout_s: float = 900.0) -> dict[str, Any]:
     """One in-process run; the test AUC, the run's DP figures, the baseline if asked."""
-    from parties.config import VflConfig
+    from parties.config import vfl_config
     from parties.planning.planner import dp_epochs
 
     from sim.launch.local import run_vfl_in_process
 
-    kw: dict[str, Any] = {**dataset_settings(dataset), "dp_delta": 1e-5, "max_reassign": 0,
+    kw: dict[str, Any] = {**dataset_settings(dataset), "dp.delta": 1e-5,
+                          "timeouts.max_reassign": 0,
                           "active_only_baseline": "on" if baseline else "off"}
     if not math.isinf(mu):
-        kw["dp_mu"] = mu
+        kw["dp.mu"] = mu
     overrides = dict(overrides)
     bottom = overrides.pop("passive_bottom", "")
     kw.update(overrides)
     kw.setdefault("epochs", dp_epochs(mu, max_epochs=10))
-    cfg = VflConfig(**kw)
+    cfg = vfl_config(kw)
     models = None
     if bottom == "frozen":
         from parties.models.zoo import ModelFactory

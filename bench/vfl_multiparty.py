@@ -109,22 +109,26 @@ def make_blog(rows: int, path: Path) -> Path:
 
 def make_config(dataset: str, data: Path | None, n: int, algo: str, *, rows: int,
                 epochs: int, base_width: int = BASE_WIDTH) -> Any:
-    from parties.config import VflConfig
+    from parties.config import vfl_config
 
     w_a, w_p = WORKERS[algo]
-    kw: dict[str, Any] = dict(
-        algo=algo, epochs=epochs, batch_size=BATCH, seed=0, passive_parties=n - 1,
-        active_features=ACTIVE_FEATURES, active_bottom_hidden=(base_width,) * DEPTH,
-        passive_bottom_hidden=(bottom_width(n, base_width),) * DEPTH, val_per_epoch=4,
-        embedding_dim=EMBEDDING_DIM, top_hidden=TOP_HIDDEN, w_active=w_a, w_passive=w_p,
-        connect_timeout_s=60.0, handshake_timeout_s=120.0, worker_mode="inline")
+    kw: dict[str, Any] = {
+        "algo": algo, "epochs": epochs, "batch_size": BATCH, "seed": 0,
+        "passive_parties": n - 1, "val_per_epoch": 4,
+        "data": {"active_features": ACTIVE_FEATURES},
+        "model": {"active_bottom_hidden": (base_width,) * DEPTH,
+                  "passive_bottom_hidden": (bottom_width(n, base_width),) * DEPTH,
+                  "embedding_dim": EMBEDDING_DIM, "top_hidden": TOP_HIDDEN},
+        "workers": {"active": w_a, "passive": w_p, "mode": "inline"},
+        "timeouts": {"connect_timeout_s": 60.0, "handshake_timeout_s": 120.0}}
     if dataset == "blog":
         assert data is not None
         kw.update(dataset=str(data), label="target", task="regression")
     else:
-        kw.update(dataset="synthetic", synthetic_rows=rows, synthetic_features=FEATURES,
-                  synthetic_informative=INFORMATIVE)
-    return VflConfig(**kw)
+        kw["dataset"] = "synthetic"
+        kw["data"].update(synthetic_rows=rows, synthetic_features=FEATURES,
+                          synthetic_informative=INFORMATIVE)
+    return vfl_config(kw)
 
 
 def run_one(cfg: Any, timeout_s: float) -> dict[str, Any]:

@@ -129,11 +129,11 @@ def _recv(sock: Any, kind: int, epoch: int = 0, batch: int = 0, *, dim: int = EM
 
 def default_config() -> Any:
     """The reference settings above as a VflConfig (what ``run_ours`` uses, too)."""
-    from parties.config import VflConfig
+    from parties.config import DataSection, ModelSection, VflConfig
 
-    return VflConfig(dataset=DATASET, seed=SEED, test_frac=TEST_FRAC, batch_size=BATCH,
-                     bottom_hidden=BOTTOM_HIDDEN, embedding_dim=EMB_DIM, top_hidden=TOP_HIDDEN,
-                     lr=LR)
+    return VflConfig(dataset=DATASET, seed=SEED, batch_size=BATCH, lr=LR,
+                     data=DataSection(test_frac=TEST_FRAC),
+                     model=ModelSection(bottom_hidden=BOTTOM_HIDDEN, embedding_dim=EMB_DIM, top_hidden=TOP_HIDDEN))
 
 
 def _setup(role: str, config: str) -> tuple[Any, Any]:
@@ -146,9 +146,9 @@ def _setup(role: str, config: str) -> tuple[Any, Any]:
     from parties.core.sysinfo import pin_process
 
     cfg = load_vfl_config(config)
-    if cfg.cpus(role):
-        pin_process(cfg.cpus(role))
-    torch.set_num_threads(cfg.torch_threads)
+    if cfg.workers.cpus(role):
+        pin_process(cfg.workers.cpus(role))
+    torch.set_num_threads(cfg.workers.torch_threads)
     return cfg, load_party_data(cfg, role)
 
 
@@ -179,7 +179,7 @@ def _passive(port: int, epochs: int, config: str) -> None:
     x_train = torch.from_numpy(data.x_train)
     x_test = torch.from_numpy(data.x_test)
     torch.manual_seed(cfg.seed + 1)  # our passive party's seed: both start from the same weights
-    bottom = bottom_model(x_train.shape[1], cfg.bottom_hidden_for("passive"), cfg.embedding_dim)
+    bottom = bottom_model(x_train.shape[1], cfg.model.bottom_hidden_for("passive"), cfg.model.embedding_dim)
     opt = torch.optim.Adam(bottom.parameters(), lr=cfg.lr)
     ctx, sock = _socket(port, bind=False)
     try:
@@ -192,7 +192,7 @@ def _passive(port: int, epochs: int, config: str) -> None:
                                                    epoch=epoch)):
                 h = bottom(x_train[torch.from_numpy(rows)])
                 _send(sock, EMB, epoch, b, h.detach().numpy())
-                grad = _recv(sock, GRAD, epoch, b, dim=cfg.embedding_dim)
+                grad = _recv(sock, GRAD, epoch, b, dim=cfg.model.embedding_dim)
                 opt.zero_grad(set_to_none=True)
                 h.backward(torch.from_numpy(grad))
                 opt.step()
@@ -215,8 +215,8 @@ def _active(port: int, epochs: int, result: Path, config: str) -> None:
     x_train = torch.from_numpy(data.x_train)
     y_train = torch.from_numpy(data.y_train)
     torch.manual_seed(cfg.seed)  # our active party's seed; bottom first, then top, as ours does
-    bottom = bottom_model(x_train.shape[1], cfg.bottom_hidden_for("active"), cfg.embedding_dim)
-    top = top_model(cfg.embedding_dim, cfg.top_hidden)
+    bottom = bottom_model(x_train.shape[1], cfg.model.bottom_hidden_for("active"), cfg.model.embedding_dim)
+    top = top_model(cfg.model.embedding_dim, cfg.model.top_hidden)
     opt = torch.optim.Adam([*bottom.parameters(), *top.parameters()], lr=cfg.lr)
     loss_fn = loss_function(data.task)
     n_train = x_train.shape[0]
@@ -234,7 +234,7 @@ def _active(port: int, epochs: int, result: Path, config: str) -> None:
             for b, rows in enumerate(plan):
                 idx = torch.from_numpy(rows)
                 h_own = bottom(x_train[idx])
-                emb = torch.from_numpy(_recv(sock, EMB, epoch, b, dim=cfg.embedding_dim)
+                emb = torch.from_numpy(_recv(sock, EMB, epoch, b, dim=cfg.model.embedding_dim)
                                        ).requires_grad_(True)
                 loss = loss_fn(top(torch.cat([h_own, emb], dim=1)).squeeze(1), y_train[idx])
                 opt.zero_grad(set_to_none=True)
@@ -252,7 +252,7 @@ def _active(port: int, epochs: int, result: Path, config: str) -> None:
         train_s = time.perf_counter() - t0
         # the last epoch's train_s should include the passive party's final step, too
         history[-1]["train_s"] += train_s - sum(h["train_s"] for h in history)
-        emb_test = _recv(sock, TEST, dim=cfg.embedding_dim)
+        emb_test = _recv(sock, TEST, dim=cfg.model.embedding_dim)
     finally:
         sock.close()
         ctx.term()
@@ -332,12 +332,12 @@ def run_lockstep(epochs: int, timeout_s: float, cfg: Any = None) -> dict[str, An
 def run_ours(epochs: int, workers: int, timeout_s: float, mode: str) -> dict[str, Any]:
     """One run of our system (broker + two parties) with ``workers`` workers per party,
     as worker processes or threads (``mode``)."""
-    from parties.config import VflConfig
+    from parties.config import ModelSection, WorkersSection, VflConfig
     from sim.launch.vfl import run_vfl
 
-    cfg = VflConfig(epochs=epochs, batch_size=BATCH, bottom_hidden=BOTTOM_HIDDEN,
-                    embedding_dim=EMB_DIM, top_hidden=TOP_HIDDEN, w_active=workers,
-                    w_passive=workers, worker_mode=mode)
+    cfg = VflConfig(epochs=epochs, batch_size=BATCH,
+                    model=ModelSection(bottom_hidden=BOTTOM_HIDDEN, embedding_dim=EMB_DIM, top_hidden=TOP_HIDDEN),
+                    workers=WorkersSection(active=workers, passive=workers, mode=mode))
     with tempfile.TemporaryDirectory(prefix=f"vfl_ours_w{workers}_") as tmp:
         m = run_vfl(cfg, out=tmp, quiet=True, timeout_s=timeout_s).metrics
     act, pas = m["parties"]["active"], m["parties"].get("passive", {})

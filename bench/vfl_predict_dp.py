@@ -30,12 +30,12 @@ def main() -> None:
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="psfl-predict-dp-"))
     t0 = time.perf_counter()
-    job = VflJob(data="bank", config={"epochs": args.epochs, "dp_mu": args.mu,
-                                      "dp_noise_seed": 0})
+    job = VflJob(data="bank", config={"epochs": args.epochs, "dp.mu": args.mu,
+                                      "dp.noise_seed": 0})
     run = train(job, root / "run")
     train_s = time.perf_counter() - t0
     base = float(run.metrics["test_auc"])
-    print(f"trained bank with dp_mu={args.mu}: test_auc {base:.6f} "
+    print(f"trained bank with dp.mu={args.mu}: test_auc {base:.6f} "
           f"(ledger mu {run.metrics['dp']['mu']:.4f}, {train_s:.0f} s)")
     rows = []
     for i in range(args.repeats):

@@ -10,7 +10,7 @@ by the worker count, ``vfl.lr_scaling``), workers: ``pubsub`` and ``avfl-ps`` 1 
 + 2 passive, ``vfl-ps`` 2 pairs (:data:`MAIN_WORKERS`; ``worker_mode`` auto: inline
 compute on each party's one core), ΔT0 = 5, T_ddl
 = 10 s, p = q = 5, one torch thread per party, and each party pinned to its own core
-(``vfl.active_cpus`` / ``vfl.passive_cpus``: the first two CPUs this process may use;
+(``vfl.workers.active_cpus`` / ``vfl.workers.passive_cpus``: the first two CPUs this process may use;
 both parties share the one CPU on a 1-CPU machine). Seeds 0 … n-1 (split, batch order,
 initialisation); the ``synthetic`` table itself is fixed
 (``synthetic_seed`` 0, 500 features).
@@ -135,8 +135,8 @@ ABLATION_MIN_EPOCHS = 6
 ABLATIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # (key, label, how: algo or config changes)
     ("full", "PubSub-VFL (all)", {"algo": "pubsub"}),
-    ("no_ddl", "w/o T_ddl (t_ddl_s=0)", {"algo": "pubsub", "t_ddl_s": 0.0}),
-    ("no_dt", "w/o ΔT (delta_t0=1)", {"algo": "pubsub", "delta_t0": 1}),
+    ("no_ddl", "w/o T_ddl (timeouts.t_ddl_s=0)", {"algo": "pubsub", "timeouts.t_ddl_s": 0.0}),
+    ("no_dt", "w/o ΔT (workers.delta_t0=1)", {"algo": "pubsub", "workers.delta_t0": 1}),
     ("no_pubsub", "w/o PubSub (= avfl-ps)", {"algo": "avfl-ps"}),
 )
 EFFICIENCY_LIMIT = 1.05
@@ -156,19 +156,21 @@ def pick_cpus() -> tuple[tuple[int, ...], tuple[int, ...]]:
 def make_config(algo: str, dataset: str, *, seed: int, epochs: int, settings: dict[str, Any],
                 **changes: Any) -> tuple[Any, str | None]:
     """The run's VflConfig, or ``(None, reason)`` when the config rejects ``algo``."""
-    from parties.config import VflConfig
-    from pubsub.config import ConfigError
+    from parties.config import vfl_config
+    from pubsub.config import ConfigError, deep_merge, expand_dotted
 
-    kw: dict[str, Any] = dict(
-        algo=algo, dataset=dataset, seed=seed, epochs=epochs, batch_size=BATCH,
-        w_active=ABLATION_WORKERS[0], w_passive=ABLATION_WORKERS[1],
-        bottom_hidden=BOTTOM_HIDDEN, embedding_dim=EMBEDDING_DIM, top_hidden=TOP_HIDDEN,
-        active_cpus=tuple(settings["active_cpus"]), passive_cpus=tuple(settings["passive_cpus"]),
-        synthetic_rows=settings["synthetic_rows"], synthetic_features=SYNTHETIC_FEATURES,
-        model=settings.get("model", "mlp"))
-    kw.update(changes)
+    kw: dict[str, Any] = {
+        "algo": algo, "dataset": dataset, "seed": seed, "epochs": epochs, "batch_size": BATCH,
+        "workers": {"active": ABLATION_WORKERS[0], "passive": ABLATION_WORKERS[1],
+                    "active_cpus": tuple(settings["active_cpus"]),
+                    "passive_cpus": tuple(settings["passive_cpus"])},
+        "model": {"bottom_hidden": BOTTOM_HIDDEN, "embedding_dim": EMBEDDING_DIM,
+                  "top_hidden": TOP_HIDDEN, "bottom": settings.get("model", "mlp")},
+        "data": {"synthetic_rows": settings["synthetic_rows"],
+                 "synthetic_features": SYNTHETIC_FEATURES}}
+    kw = deep_merge(kw, expand_dotted(changes))
     try:
-        return VflConfig(**kw), None
+        return vfl_config(kw), None
     except ConfigError as exc:
         if exc.key == "vfl.algo":
             return None, str(exc)
@@ -512,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="rows of synthetic (default 200000, quick 60000)")
     ap.add_argument("--no-ablation", action="store_true", help="skip table (c)")
     ap.add_argument("--model", choices=["mlp", "resnet"], default="mlp",
-                    help="bottom/top models (vfl.model): mlp (default, the small model "
+                    help="bottom/top models (vfl.model.bottom): mlp (default, the small model "
                     "above) or resnet (the paper's large model, parties.models.zoo defaults)")
     ap.add_argument("--lockstep-vs", default="vfl", metavar="ALGO",
                     help="compare this algorithm's per-batch time with the minimal lock-step "
@@ -556,10 +558,10 @@ def main(argv: list[str] | None = None) -> int:
         from parties.config import VflConfig as _Cfg
 
         c = _Cfg()
-        settings["bottom"] = (f"resnet d_in→{c.resnet_width} x {c.resnet_depth} blocks "
-                              f"({c.resnet_norm} norm)→{EMBEDDING_DIM}")
-        settings["top"] = (f"resnet {2 * EMBEDDING_DIM}→{c.resnet_width} x "
-                           f"{c.resnet_depth} blocks→1")
+        settings["bottom"] = (f"resnet d_in→{c.model.resnet_width} x {c.model.resnet_depth} blocks "
+                              f"({c.model.resnet_norm} norm)→{EMBEDDING_DIM}")
+        settings["top"] = (f"resnet {2 * EMBEDDING_DIM}→{c.model.resnet_width} x "
+                           f"{c.model.resnet_depth} blocks→1")
 
     from parties.config import VflConfig
     from parties.datasets import DATASETS
@@ -577,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def do(algo: str, ds: str, seed: int, ep: int, main: bool = False,
            **changes: Any) -> dict[str, Any]:
-        workers = dict(zip(("w_active", "w_passive"), main_workers(algo, ds), strict=True)
+        workers = dict(zip(("workers.active", "workers.passive"), main_workers(algo, ds), strict=True)
                        ) if main else {}
         cfg, why = make_config(algo, ds, seed=seed, epochs=ep, settings=settings,
                                **workers, **changes)

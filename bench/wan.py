@@ -21,7 +21,7 @@ Algorithms: ``vfl``, ``vfl-ps``, ``avfl``, ``avfl-ps`` and ``pubsub``, each at i
 defaults (``VflConfig``'s: nothing set by hand here, so a later change of a default is
 what runs), plus ``pubsub_tuned`` (:data:`TUNED`, set by hand; in the full grid and by
 ``--algos``). ``--set KEY=VALUE`` applies a config key to every run alike. The wire
-encoding is the default ``vfl.wire_dtype = "auto"`` (:mod:`parties.algorithms.wire`): the runner
+encoding is the default ``vfl.wire.dtype = "auto"`` (:mod:`parties.algorithms.wire`): the runner
 tells the parties the link's bandwidth, and a bandwidth-bound link (both WAN links
 here) carries int8 cut-layer tensors for every algorithm alike.
 
@@ -95,7 +95,7 @@ DATASETS = ("bank", "synthetic", "criteo")
 ALGOS = ("vfl", "vfl-ps", "avfl", "avfl-ps", "pubsub")
 #: ``pubsub_tuned``: PubSub-VFL with settings chosen by hand (8 + 8 workers reached 62 %
 #: of the unshaped throughput at wan20 by hand, 2026-12-05)
-TUNED: dict[str, Any] = {"w_active": 8, "w_passive": 8}
+TUNED: dict[str, Any] = {"workers.active": 8, "workers.passive": 8}
 REL_TARGET = 0.98
 VAL_PER_EPOCH = 8
 MULTI_LINK, MULTI_DATASET = "wan20", "synthetic"
@@ -218,8 +218,9 @@ def config_for(cell: Cell, sizes: dict[str, Any], overrides: dict[str, Any],
     """The cell's :class:`parties.config.VflConfig`: the dataset's table and epochs,
     :data:`VAL_PER_EPOCH` validation points per epoch, everything else the defaults (but
     ``pubsub_tuned``'s :data:`TUNED`, the multiparty model, the Criteo variant's
-    ``wire_dtype``), then ``overrides`` (``--set``)."""
-    from parties.config import VflConfig
+    ``wire.dtype``), then ``overrides`` (``--set``)."""
+    from parties.config import VflConfig, vfl_config
+    from pubsub.config import deep_merge, expand_dotted, to_mapping
 
     algo = "pubsub" if cell.algo == "pubsub_tuned" else cell.algo
     kw: dict[str, Any] = {"algo": algo, "val_per_epoch": VAL_PER_EPOCH}
@@ -227,30 +228,32 @@ def config_for(cell: Cell, sizes: dict[str, Any], overrides: dict[str, Any],
         mp = _load("vfl_multiparty")
         base = mp.make_config("synthetic", None, cell.parties, algo,
                               rows=sizes["multi_rows"], epochs=sizes["multi_epochs"])
-        d = VflConfig()
-        cfg = dataclasses.replace(base, w_active=d.w_active, w_passive=d.w_passive,
-                                  val_per_epoch=VAL_PER_EPOCH)
-        return dataclasses.replace(cfg, **overrides) if overrides else cfg
+        d = VflConfig().workers
+        cfg = dataclasses.replace(base, val_per_epoch=VAL_PER_EPOCH,
+                                  workers=dataclasses.replace(base.workers, active=d.active,
+                                                              passive=d.passive))
+        return (vfl_config(deep_merge(to_mapping(cfg), expand_dotted(overrides))) if overrides
+                else cfg)
     if cell.dataset == "bank":
         kw.update(dataset="bank", epochs=sizes["bank_epochs"])
     elif cell.dataset == "synthetic":
-        kw.update(dataset="synthetic", synthetic_rows=sizes["synthetic_rows"],
-                  epochs=sizes["synthetic_epochs"])
+        kw.update({"dataset": "synthetic", "data.synthetic_rows": sizes["synthetic_rows"],
+                   "epochs": sizes["synthetic_epochs"]})
     elif cell.dataset == "criteo":
         from parties.data.criteo import CRITEO_LABEL
 
         assert criteo_dirs is not None
-        kw.update(label=CRITEO_LABEL, row_split="hash", stream=False,
-                  party_datasets=tuple(str(d) for d in criteo_dirs.values()),
-                  epochs=sizes["criteo_epochs"])
+        kw.update({"label": CRITEO_LABEL, "data.row_split": "hash", "data.stream": False,
+                   "data.party_datasets": tuple(str(d) for d in criteo_dirs.values()),
+                   "epochs": sizes["criteo_epochs"]})
     else:
         raise ValueError(f"unknown dataset {cell.dataset!r}")
     if cell.algo == "pubsub_tuned":
         kw.update(TUNED)
     if cell.group == "criteo":
-        kw["wire_dtype"] = CRITEO_WIRES[cell.wire]
+        kw["wire.dtype"] = CRITEO_WIRES[cell.wire]
     kw.update(overrides)
-    return VflConfig(**kw)
+    return vfl_config(kw)
 
 
 # --------------------------------------------------------------------------- one run

@@ -25,13 +25,13 @@ def main() -> None:
                    help="protect the passive party's records at this epsilon (delta 1e-5)")
     p.add_argument("--out", help="run directory (default: a temporary one)")
     args = p.parse_args()
-    settings = {"model": "resnet", "resnet_depth": 2 if args.quick else 4,
-                "resnet_width": 64 if args.quick else 256, "resnet_norm": "batch",
+    settings = {"model": {"bottom": "resnet", "resnet_depth": 2 if args.quick else 4,
+                          "resnet_width": 64 if args.quick else 256, "resnet_norm": "batch"},
                 "epochs": 1 if args.quick else 5, "seed": 0}
     if args.dp_epsilon is not None:
         # BatchNorm mixes records, which DP-SGD cannot bound: use GroupNorm in the
         # passive party's bottom instead (the active party keeps BatchNorm)
-        settings |= {"dp_epsilon": args.dp_epsilon, "dp_batchnorm": "groupnorm"}
+        settings["dp"] = {"epsilon": args.dp_epsilon, "batchnorm": "groupnorm"}
     out = args.out or tempfile.mkdtemp(prefix="psfl-example-")
     result = train(VflJob(data="bank", config=settings), out, quiet=args.quick)
     print(f"model {result.metrics['model']}")

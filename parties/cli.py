@@ -67,19 +67,19 @@ def run_party(role: str, args: argparse.Namespace) -> int:
                               f"passive_parties = {cfg.passive_parties}: "
                               f"{', '.join(cfg.party_ids)})")
         kind = role_of(role)
-        if cfg.cpus(kind):
+        if cfg.workers.cpus(kind):
             from parties.core.sysinfo import pin_process
 
             try:
-                pin_process(cfg.cpus(kind))
+                pin_process(cfg.workers.cpus(kind))
             except (ValueError, OSError) as exc:
-                raise ConfigError(f"vfl.{kind}_cpus", str(exc)) from None
+                raise ConfigError(f"vfl.workers.{kind}_cpus", str(exc)) from None
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
         configure_logging(events_path=events, party=role, run_id=args.run_id)
         import torch
 
-        torch.set_num_threads(cfg.threads_for(role))
+        torch.set_num_threads(cfg.workers.threads_for(role))
         result = run_loop(_serve(role, cfg, args), event_loop=cfg.event_loop)
     except Exception as exc:
         code = exit_code_for(exc)

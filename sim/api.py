@@ -31,7 +31,7 @@ torch.nn.Module`` (bottom: ``d_out = embedding_dim``; top: ``d_in`` the fused wi
 BCE-with-logits or MSE). Each worker trains its own replica built by the factory and
 syncs parameters and floating-point buffers (BatchNorm running statistics) with the
 party's parameter server as a flat vector; the server's copy scores in eval mode
-(docs/tutorials/your-own-model.md). For worker or party processes (``vfl.worker_mode = "process"``,
+(docs/tutorials/your-own-model.md). For worker or party processes (``vfl.workers.mode = "process"``,
 ``transport="broker"``) the callables must be picklable: module-level in an importable
 module or in the main script, which then needs the ``if __name__ == "__main__":`` guard
 (Python's ``multiprocessing`` re-imports it).
@@ -57,7 +57,8 @@ import numpy as np
 
 from parties.config import VflConfig
 from parties.data import DataError, UnknownColumn
-from pubsub.config import ConfigError, from_mapping, to_mapping
+from pubsub.config import (ConfigError, deep_merge, expand_dotted, from_mapping, refuse_moved,
+                           to_mapping)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -89,21 +90,22 @@ class VflJob:
             ``columns``, default ``c0``, ``c1``, ...).
         label: the label column (default: the bundled dataset's).
         active_columns / passive_columns: each party's feature columns (both or neither;
-            neither: the default even split, ``vfl.active_features``).
+            neither: the default even split, ``vfl.data.active_features``).
         passive_party_columns: with several passive parties (``config``'s
             ``passive_parties``), each one's feature columns in party order (with
             ``active_columns``; docs/tutorials/several-parties.md).
         columns: the column names of an ndarray ``data``.
         bottom: the bottom models (both parties, unless ``passive_bottom``): a callable
             ``(d_in, d_out) -> nn.Module`` or a spec string; None: ``config``'s
-            ``model`` (default ``"mlp"``).
+            ``model.bottom`` (default ``"mlp"``).
         passive_bottom: the passive party's bottom, when it differs.
-        top: the top model, a callable or spec; None: ``config``'s ``top_model``.
+        top: the top model, a callable or spec; None: ``config``'s ``model.top``.
         optimizer: ``(parameters, lr) -> torch.optim.Optimizer``; None: Adam.
         loss: ``(task) -> nn.Module``; None: BCE-with-logits (binary), MSE (regression).
         config: every other setting (a :class:`parties.config.VflConfig` or a mapping of
-            its keys, e.g. ``{"epochs": 3, "algo": "vfl-ps", "dp_epsilon": 8}``;
-            docs/reference/config.md lists them).
+            its keys, sections as nested mappings or dotted keys, e.g.
+            ``{"epochs": 3, "algo": "vfl-ps", "dp.epsilon": 8}``; docs/reference/config.md
+            lists them).
     """
 
     data: Any = "bank"
@@ -144,8 +146,8 @@ class VflJob:
             if any(isinstance(cols, str) for cols in self.passive_party_columns):
                 raise JobError("job.passive_party_columns", "expected one list of column "
                                "names per passive party, e.g. [['a', 'b'], ['c']]")
-            settings["active_columns"] = tuple(str(c) for c in self.active_columns)
-            settings["passive_party_columns"] = tuple(
+            settings["data.active_columns"] = tuple(str(c) for c in self.active_columns)
+            settings["data.passive_party_columns"] = tuple(
                 tuple(str(c) for c in cols) for cols in self.passive_party_columns)
             if base.passive_parties == 1:  # else the config's count (a mismatch: named)
                 settings["passive_parties"] = len(self.passive_party_columns)
@@ -154,14 +156,14 @@ class VflJob:
                            "job.active_columns",
                            "give both active_columns and passive_columns, or neither")
         elif self.active_columns:
-            settings["active_columns"] = tuple(str(c) for c in self.active_columns)
-            settings["passive_columns"] = tuple(str(c) for c in self.passive_columns)
+            settings["data.active_columns"] = tuple(str(c) for c in self.active_columns)
+            settings["data.passive_columns"] = tuple(str(c) for c in self.passive_columns)
         settings["dataset"] = self._dataset(Path(out), base)
-        for key, spec in (("model", self.bottom), ("top_model", self.top)):
+        for key, spec in (("bottom", self.bottom), ("top", self.top)):
             if isinstance(spec, str):
-                settings[key] = spec
+                settings[f"model.{key}"] = spec
             elif spec is not None and not callable(spec):
-                raise JobError(f"job.{'bottom' if key == 'model' else 'top'}",
+                raise JobError(f"job.{key}",
                                f"expected a callable (d_in, d_out) -> nn.Module or a model "
                                f"spec string, got {type(spec).__name__}")
         for name in ("passive_bottom", "optimizer", "loss"):
@@ -169,7 +171,7 @@ class VflJob:
             if value is not None and not callable(value):
                 raise JobError(f"job.{name}", f"expected a callable, got "
                                f"{type(value).__name__}")
-        cfg = from_mapping(VflConfig, {**to_mapping(base), **settings})
+        cfg = from_mapping(VflConfig, deep_merge(to_mapping(base), expand_dotted(settings)))
         factory = ModelFactory(
             cfg, bottom_fn=self.bottom if callable(self.bottom) else None,
             top_fn=self.top if callable(self.top) else None,
@@ -183,12 +185,14 @@ class VflJob:
         if isinstance(self.config, VflConfig):
             return self.config
         if isinstance(self.config, Mapping):
+            table = expand_dotted(self.config)
             known = {f.name for f in fields(VflConfig)}
-            unknown = sorted(set(self.config) - known)
+            refuse_moved(table, VflConfig.MOVED_KEYS, section="vfl")
+            unknown = sorted(set(table) - known)
             if unknown:
                 raise JobError("job.config", f"unknown setting(s) {unknown}; known: "
                                "docs/reference/config.md (VflConfig)")
-            return from_mapping(VflConfig, dict(self.config))
+            return from_mapping(VflConfig, table, section="vfl")
         raise JobError("job.config", "expected a VflConfig or a mapping of its keys, got "
                        f"{type(self.config).__name__}")
 

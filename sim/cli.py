@@ -59,7 +59,7 @@ def _vfl_run(args: argparse.Namespace) -> int:
     if getattr(args, "algo", None):
         extra["algo"] = args.algo
     if getattr(args, "model", None):
-        extra["model"] = args.model
+        extra["model"] = {"bottom": args.model}
     cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: run_guarded, exit 2
     if args.run_id:
         check_run_id(args.run_id)
@@ -75,8 +75,8 @@ def _vfl_run(args: argparse.Namespace) -> int:
         if code is not None:
             return code
     name = "PubSub-VFL" if cfg.algo == "pubsub" else f"VFL baseline {cfg.algo}"
-    data = (", ".join(cfg.party_datasets) if cfg.party_datasets else cfg.dataset) + (
-        ", streamed" if cfg.stream else "")
+    data = (", ".join(cfg.data.party_datasets) if cfg.data.party_datasets else cfg.dataset) + (
+        ", streamed" if cfg.data.stream else "")
     print(f"{name}: {data} ({cfg.effective_task}), "
           f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}, B={cfg.batch_size}, "
           f"workers {'+'.join(str(cfg.workers_for(p)) for p in cfg.party_ids)}, "
@@ -113,7 +113,7 @@ def _vfl_run(args: argparse.Namespace) -> int:
     dropped = [t["column"] for p in m["parties"].values() for t in p.get("treatments", [])
                if t.get("treatment") == "dropped"]
     if dropped:
-        print(f"dropped as ID-like: {', '.join(dropped)} (vfl.id_columns)")
+        print(f"dropped as ID-like: {', '.join(dropped)} (vfl.data.id_columns)")
     if m.get("target_metric") is not None:
         ttt = m.get("time_to_target_s")
         print(f"time to validation {m['metric_name']} {m['target_metric']:g}: "
@@ -795,7 +795,7 @@ def _vfl_schema(args: argparse.Namespace) -> int:
     banner = "!" * 78
     print(f"{banner}\n{DRAFT_WARNING}\n{banner}", file=sys.stderr)
     print(f"draft schema of the {args.role} party's {len(columns)} columns ({schema.width} "
-          f"encoded features): {out}\nreview it, then run with --set dp_schema={out}")
+          f"encoded features): {out}\nreview it, then run with --set dp.schema={out}")
     return ExitCode.OK
 
 
@@ -826,7 +826,7 @@ def _add_vfl_run_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                        "avfl, avfl-ps (same as --set algo=...)")
         p.add_argument("--model", help="bottom models: mlp (default), resnet (the paper's "
                        "large model; resnet_* keys) or package.module:callable (same as "
-                       "--set model=...; see docs/tutorials/your-own-model.md)")
+                       "--set model.bottom=...; see docs/tutorials/your-own-model.md)")
     p.add_argument("--out", default=DEFAULT_DEMO_OUT if demo else None, required=not demo,
                    help="run directory (may exist; files are overwritten)")
     p.add_argument("--config", help="TOML file with a [vfl] table")
@@ -1002,7 +1002,7 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = dat.add_subparsers(dest="data_command", required=True)
     conv = dsub.add_parser("convert", help="CSV/TSV (gzip or not) to Parquet shards, "
                            "streamed; --party NAME=COL,COL... writes one directory per party "
-                           "(aligned by row order, for vfl.party_datasets)")
+                           "(aligned by row order, for vfl.data.party_datasets)")
     conv.add_argument("src", help="the CSV file")
     conv.add_argument("out", help="the output directory (empty)")
     conv.add_argument("--party", action="append", default=[], metavar="NAME=COL,COL",

@@ -94,4 +94,4 @@ def fuse_of(cfg: Any) -> Fuse | None:
     top model's input is then ``[h_active | e]`` without a fuse object)."""
     if cfg.passive_parties == 1 and cfg.fuse == "concat":
         return None
-    return Fuse(mode=cfg.fuse, widths=(cfg.embedding_dim,) * (1 + cfg.passive_parties))
+    return Fuse(mode=cfg.fuse, widths=(cfg.model.embedding_dim,) * (1 + cfg.passive_parties))

@@ -314,7 +314,7 @@ def effective_workers(algo: str, role: str, w_active: int, w_passive: int) -> in
     return w_active if role == "active" else w_passive
 
 
-#: How a party's parameter server combines its workers (``vfl.ps_update``; :class:`parties.models.model.ParameterServer`): ``"average"``
+#: How a party's parameter server combines its workers (``vfl.workers.ps_update``; :class:`parties.models.model.ParameterServer`): ``"average"``
 #: (each worker trains its replica with its own optimizer and pushes its change, θ ← θ +
 #: Δ/w: local-SGD averaging) or ``"gradient"`` (each worker pushes every step's gradient and
 #: the server applies it with its one optimizer, then the worker pulls: asynchronous SGD

@@ -158,18 +158,20 @@ class StrategyConfig:
         """From a :class:`parties.config.VflConfig`: drops when ``t_ddl_s > 0`` and the
         algorithm may drop (not ``vfl`` / ``vfl-ps``); an active party with several passive
         parties has them as its partners, by party id; the in-flight window
-        (``vfl.inflight_max``, ``vfl.inflight_auto``) under ``pubsub`` only. ``party``: the
-        party's id (its own worker count, ``vfl.passive_party_workers``); "" = ``role``."""
-        drops = cfg.t_ddl_s > 0 and cfg.algo not in ("vfl", "vfl-ps")
-        several = role == "active" and getattr(cfg, "passive_parties", 1) > 1
+        (``vfl.workers.inflight_max``, ``vfl.workers.inflight_auto``) under ``pubsub`` only. ``party``: the
+        party's id (its own worker count, ``vfl.workers.per_passive_party``); "" = ``role``."""
+        drops = cfg.timeouts.t_ddl_s > 0 and cfg.algo not in ("vfl", "vfl-ps")
+        several = role == "active" and cfg.passive_parties > 1
         return cls(algo=cfg.algo, role=role, workers=cfg.workers_for(party or role),
                    drops=drops,
-                   data_wait_s=cfg.t_ddl_s if drops else cfg.liveness_timeout_s,
-                   max_reassign=cfg.max_reassign, staleness_bound=cfg.staleness_bound,
-                   t_ddl_s=cfg.t_ddl_s,
+                   data_wait_s=(cfg.timeouts.t_ddl_s if drops
+                                else cfg.timeouts.liveness_timeout_s),
+                   max_reassign=cfg.timeouts.max_reassign,
+                   staleness_bound=cfg.workers.staleness_bound,
+                   t_ddl_s=cfg.timeouts.t_ddl_s,
                    partners=tuple(cfg.party_ids[1:]) if several else ("",),
-                   inflight_max=getattr(cfg, "inflight_max", 1) if cfg.algo == "pubsub" else 1,
-                   inflight_auto=getattr(cfg, "inflight_auto", True))
+                   inflight_max=cfg.workers.inflight_max if cfg.algo == "pubsub" else 1,
+                   inflight_auto=cfg.workers.inflight_auto)
 
 
 @dataclass(slots=True)

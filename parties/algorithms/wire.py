@@ -1,4 +1,4 @@
-"""Compressed cut-layer tensors on the wire (``vfl.wire_dtype``): pure numpy, no I/O.
+"""Compressed cut-layer tensors on the wire (``vfl.wire.dtype``): pure numpy, no I/O.
 
 The passive party's embeddings (``emb``, and the ``eval`` embeddings it publishes for
 scoring) and the active party's cut-layer gradients (``grad``) are ``(B, d)`` float32
@@ -28,7 +28,7 @@ noised rows: a function of the mechanism's output alone (post-processing), so th
 accounted µ is unchanged.
 
 ``auto`` (:func:`resolve_wire_dtype`): ``int8`` when the run knows the bandwidth of the
-path between the parties (``vfl.link_mbps``, which ``psfl sim run`` fills in from the
+path between the parties (``vfl.wire.link_mbps``, which ``psfl sim run`` fills in from the
 scenario's links) and that path is bandwidth-bound by this rule: serialising one
 float32 batch of cut-layer values (``batch_size x embedding_dim x 4`` bytes) takes at
 least :data:`AUTO_MIN_SERIALISE_S` (1 ms): below about 65 Mbit/s at B = 256 and
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-#: values of ``vfl.wire_dtype``
+#: values of ``vfl.wire.dtype``
 WIRE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 #: the metadata key that names a message's encoding (absent: float32)
 META_KEY = "wd"
@@ -70,7 +70,7 @@ def resolve_wire_dtype(wire_dtype: str, *, link_mbps: float, batch_size: int,
     """The encoding a party uses for what it sends (module docstring: the ``auto`` rule).
 
     Args:
-        wire_dtype: ``vfl.wire_dtype``; anything but ``auto`` is returned as it is.
+        wire_dtype: ``vfl.wire.dtype``; anything but ``auto`` is returned as it is.
         link_mbps: the party-to-party path's bandwidth, Mbit/s (0: unknown).
         batch_size / embedding_dim: the shape of one batch's cut-layer tensor.
 

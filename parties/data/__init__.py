@@ -225,8 +225,8 @@ def make_synthetic(spec: SyntheticSpec) -> pd.DataFrame:
 
 def synthetic_spec(cfg: Any) -> SyntheticSpec:
     """The ``synthetic`` dataset's parameters from the ``vfl.synthetic_*`` keys."""
-    return SyntheticSpec(rows=cfg.synthetic_rows, features=cfg.synthetic_features,
-                         informative=cfg.synthetic_informative, seed=cfg.synthetic_seed)
+    return SyntheticSpec(rows=cfg.data.synthetic_rows, features=cfg.data.synthetic_features,
+                         informative=cfg.data.synthetic_informative, seed=cfg.data.synthetic_seed)
 
 
 ADULT_MISSING = "?"
@@ -421,7 +421,7 @@ def default_split_n(columns: Sequence[str], label: str, parties: Sequence[str], 
     if n_active is None:
         n_active = math.ceil(len(features) / n)
     elif not 1 <= n_active <= len(features) - (n - 1):
-        raise InvalidSplit(f"vfl.active_features = {n_active}: each of the {n} parties needs "
+        raise InvalidSplit(f"vfl.data.active_features = {n_active}: each of the {n} parties needs "
                            f"at least one of the {len(features)} feature columns")
     out = {parties[0]: tuple(features[:n_active])}
     rest = features[n_active:]
@@ -657,7 +657,7 @@ def encode_party_features(
             _log.warning("vfl.column_dropped", column=t.column, reason=t.reason)
     if all(t.kind == "dropped" for t in treatments):
         raise InvalidSplit(f"every feature column was dropped as ID-like: {columns!r}; set "
-                           "vfl.id_columns = \"keep\" to keep them")
+                           "vfl.data.id_columns = \"keep\" to keep them")
 
     _check_encoded_size(treatments, n_rows)
     try:
@@ -672,7 +672,7 @@ def _widest(treatments: Sequence[Any]) -> str:
     if not wide:
         return "use fewer rows or columns"
     return ("the widest one-hot columns are " + ", ".join(f"{t.column!r} ({t.levels:,} "
-            "levels)" for t in wide) + ": lower vfl.onehot_max_levels to hash them")
+            "levels)" for t in wide) + ": lower vfl.data.onehot_max_levels to hash them")
 
 
 def _check_encoded_size(treatments: Sequence[Any], n_rows: int) -> None:

@@ -1,7 +1,7 @@
 """``psfl data convert``: a CSV (or TSV, gzip or not) to Parquet shards, streamed (pyarrow's
 CSV reader, one block at a time), optionally one directory per party.
 
-Each party's directory then feeds ``vfl.party_datasets`` (and ``vfl.stream``): row i of
+Each party's directory then feeds ``vfl.data.party_datasets`` (and ``vfl.data.stream``): row i of
 every party's shards is row i of the source, so the files stay aligned by row order. A
 row the CSV reader cannot parse is an error naming the file and the line; nothing is
 written to a shard but whole blocks (``.tmp`` then renamed).

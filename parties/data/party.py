@@ -46,7 +46,7 @@ class PartyData:
             None when the features come from the public schema (passive party, DP on).
         label / label_positive: active party only: the label column and (binary task)
             its positive class as a string (saved with the model).
-        cache_dir: streaming (``vfl.stream``): the encoded cache; ``x_train`` and
+        cache_dir: streaming (``vfl.data.stream``): the encoded cache; ``x_train`` and
             ``y_train`` are then :class:`parties.data.rowstore.DiskRows` reading it.
     """
 
@@ -83,21 +83,21 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
     cfg.check_party(party)
     role = role_of(party)
     task = cfg.effective_task
-    if cfg.stream:
+    if cfg.data.stream:
         return _load_streamed(cfg, party)
     frame, default_label = load_configured_table(cfg, party)  # the party's own rows file
-    if cfg.party_datasets:  # the party's own file: its columns (and the active's label)
+    if cfg.data.party_datasets:  # the party's own file: its columns (and the active's label)
         from parties.data.stream import own_columns
 
         label, groups = cfg.label, {party: own_columns(cfg, party, list(frame.columns))}
     else:
         label, groups = resolve_party_columns(cfg, frame, default_label)
-    if cfg.effective_row_split == "hash":  # the rows a streamed run would use
+    if cfg.data.effective_row_split == "hash":  # the rows a streamed run would use
         from parties.data.stream import stream_split
 
         train_idx, val_idx, test_idx = stream_split(cfg, len(frame))
     else:
-        all_train, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac,
+        all_train, test_idx = train_test_indices(len(frame), test_frac=cfg.data.test_frac,
                                                  seed=cfg.seed)
         fit, val = validation_split(len(all_train), seed=cfg.seed)
         train_idx, val_idx = all_train[fit], all_train[val]
@@ -136,7 +136,7 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
 
 
 def _load_streamed(cfg: VflConfig, party: str) -> PartyData:
-    """:func:`load_party_data` with ``vfl.stream``: :func:`parties.data.stream.load_streamed`
+    """:func:`load_party_data` with ``vfl.data.stream``: :func:`parties.data.stream.load_streamed`
     (the training rows stay on disk, :class:`parties.data.rowstore.DiskRows`)."""
     from parties.data.stream import load_streamed
 

@@ -58,7 +58,7 @@ def preflight(cfg: VflConfig) -> None:
             with one class in the training split or in the test split, a regression label
             that is not numeric or constant, an empty test split.
     """
-    if cfg.stream or cfg.party_datasets:  # footers only: each party's file, its columns,
+    if cfg.data.stream or cfg.data.party_datasets:  # footers only: each party's file, its columns,
         from parties.data.stream import preflight_streamed  # aligned row counts
 
         preflight_streamed(cfg)
@@ -66,26 +66,26 @@ def preflight(cfg: VflConfig) -> None:
     if cfg.dataset == "synthetic" and cfg.label in ("", SYNTHETIC_LABEL):
         columns = synthetic_columns(synthetic_spec(cfg))
         _, groups = resolve_party_columns(cfg, pd.DataFrame(columns=columns), SYNTHETIC_LABEL)
-        if cfg.dp_enabled:
+        if cfg.dp.enabled:
             for party in cfg.party_ids[1:]:
                 dp_schema(cfg, groups[party])
         return
     files = cfg.rows_files
     if any(files.values()) and not all(files.values()):
         if cfg.passive_parties == 1:
-            raise DataError("set both vfl.active_rows_file and vfl.passive_rows_file (each "
+            raise DataError("set both vfl.data.active_rows_file and vfl.data.passive_rows_file (each "
                             "party's aligned-<role>.csv from psfl vfl align), or neither")
-        raise DataError("set vfl.active_rows_file and vfl.passive_party_rows_files (each "
+        raise DataError("set vfl.data.active_rows_file and vfl.data.passive_party_rows_files (each "
                         "party's aligned-<party>.csv from psfl vfl align), or neither")
     frame, default_label = load_configured_table(cfg, "active")
     for party in cfg.party_ids[1:]:
         if files[party]:
             load_configured_table(cfg, party)  # its rows file is checked here too
     label, groups = resolve_party_columns(cfg, frame, default_label)
-    if cfg.dp_enabled:  # refuse before any process starts
+    if cfg.dp.enabled:  # refuse before any process starts
         for party in cfg.party_ids[1:]:
             dp_schema(cfg, groups[party])
-    train_idx, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
+    train_idx, test_idx = train_test_indices(len(frame), test_frac=cfg.data.test_frac, seed=cfg.seed)
     if cfg.effective_task == "regression":
         y_test = encode_regression_labels(frame[[label]], label, train_idx, test_idx).y_test
     else:
@@ -145,16 +145,16 @@ def resolve_party_columns(cfg: VflConfig, frame: Any, default_label: str | None
     if not label:
         raise DataError(f"dataset {cfg.dataset!r} needs a label column: set vfl.label")
     parties = cfg.party_ids
-    if cfg.passive_parties > 1 and cfg.passive_party_columns:
-        groups = {"active": tuple(cfg.active_columns)}
-        groups.update(zip(parties[1:], (tuple(c) for c in cfg.passive_party_columns)))
-    elif cfg.passive_parties == 1 and (cfg.active_columns or cfg.passive_columns):
-        if not (cfg.active_columns and cfg.passive_columns):
-            raise DataError("set both vfl.active_columns and vfl.passive_columns, or neither")
-        groups = {"active": tuple(cfg.active_columns), "passive": tuple(cfg.passive_columns)}
+    if cfg.passive_parties > 1 and cfg.data.passive_party_columns:
+        groups = {"active": tuple(cfg.data.active_columns)}
+        groups.update(zip(parties[1:], (tuple(c) for c in cfg.data.passive_party_columns)))
+    elif cfg.passive_parties == 1 and (cfg.data.active_columns or cfg.data.passive_columns):
+        if not (cfg.data.active_columns and cfg.data.passive_columns):
+            raise DataError("set both vfl.data.active_columns and vfl.data.passive_columns, or neither")
+        groups = {"active": tuple(cfg.data.active_columns), "passive": tuple(cfg.data.passive_columns)}
     else:
         groups = default_split_n(list(frame.columns), label, parties,
-                                 n_active=cfg.active_features or None)
+                                 n_active=cfg.data.active_features or None)
     validate_split_n(list(frame.columns), label, groups)
     return label, groups
 
@@ -173,7 +173,7 @@ def encode_features(cfg: VflConfig, role: str, frame: pd.DataFrame, columns: Seq
         ConfigError, parties.data.schema.SchemaError: see :func:`dp_schema`.
         parties.data.DataError: see :func:`parties.data.encode_party_features`.
     """
-    if role != "passive" or not cfg.dp_enabled:
+    if role != "passive" or not cfg.dp.enabled:
         return encode_party_features(frame, columns, train_idx, held_idx,
                                      policy=policy_of(cfg))
     enc = SchemaEncoder(dp_schema(cfg, columns))
@@ -195,8 +195,8 @@ def feature_widths(cfg: VflConfig) -> dict[str, int]:
     """
     from parties.algorithms.schedule import validation_split
 
-    dp = cfg.dp_enabled
-    if cfg.stream or cfg.party_datasets:
+    dp = cfg.dp.enabled
+    if cfg.data.stream or cfg.data.party_datasets:
         from parties.data.stream import stream_feature_widths
 
         return stream_feature_widths(cfg)
@@ -207,7 +207,7 @@ def feature_widths(cfg: VflConfig) -> dict[str, int]:
                 for p, cols in groups.items()}
     frame, default_label = load_configured_table(cfg, "active")
     _, groups = resolve_party_columns(cfg, frame, default_label)
-    all_train, _ = train_test_indices(len(frame), test_frac=cfg.test_frac, seed=cfg.seed)
+    all_train, _ = train_test_indices(len(frame), test_frac=cfg.data.test_frac, seed=cfg.seed)
     fit, _ = validation_split(len(all_train), seed=cfg.seed)
     rows = frame.iloc[all_train[fit]]
 

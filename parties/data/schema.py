@@ -689,18 +689,18 @@ fill and log, drop or merge rare categories, and record how you derived each her
 
 def dp_schema(cfg: VflConfig, columns: Sequence[str]) -> PublicSchema:
     """The public schema the passive party encodes ``columns`` with under DP: the file
-    ``vfl.dp_schema``, else the bundled reviewed schema of the named dataset (for
+    ``vfl.dp.schema``, else the bundled reviewed schema of the named dataset (for
     ``synthetic``, the generator's, :func:`parties.data.schema.synthetic_schema`), restricted to
     ``columns`` in that order.
 
     Raises:
-        ConfigError: key ``vfl.dp_schema``: no schema is available (a user file without
-            ``vfl.dp_schema``).
+        ConfigError: key ``vfl.dp.schema``: no schema is available (a user file without
+            ``vfl.dp.schema``).
         parties.data.schema.SchemaError: the file is missing or invalid, or does not declare
             every one of ``columns`` (both exit 2).
     """
-    if cfg.dp_schema is not None:
-        schema = load_schema(Path(cfg.dp_schema).expanduser())
+    if cfg.dp.schema is not None:
+        schema = load_schema(Path(cfg.dp.schema).expanduser())
     else:
         features: tuple[str, ...] = ()
         if cfg.dataset == "synthetic":
@@ -709,10 +709,10 @@ def dp_schema(cfg: VflConfig, columns: Sequence[str]) -> PublicSchema:
         schema = bundled_schema(cfg.dataset, synthetic_columns=features)
         if schema is None:
             raise ConfigError(
-                "vfl.dp_schema",
+                "vfl.dp.schema",
                 f"DP is on, so the passive party's features must be encoded from a public "
                 f"schema (declared ranges and categories), but dataset {cfg.dataset!r} has "
-                "no bundled schema: set vfl.dp_schema to a schema file you reviewed "
+                "no bundled schema: set vfl.dp.schema to a schema file you reviewed "
                 "(draft one with `psfl vfl schema --dataset PATH --role passive --out "
                 "schema.toml`, then review it)")
     return schema.select(tuple(columns))

@@ -177,9 +177,9 @@ def split_for(cfg: Any, n_rows: int) -> HashSplit:
     """The run's :class:`HashSplit` of ``n_rows`` rows (its caps from the config)."""
     from parties.algorithms.schedule import VAL_FRAC, VAL_MAX_ROWS
 
-    return HashSplit.for_rows(n_rows, seed=cfg.seed, test_frac=cfg.test_frac,
+    return HashSplit.for_rows(n_rows, seed=cfg.seed, test_frac=cfg.data.test_frac,
                               val_frac=VAL_FRAC, val_max_rows=VAL_MAX_ROWS,
-                              test_max_rows=cfg.stream_eval_max_rows)
+                              test_max_rows=cfg.data.stream_eval_max_rows)
 
 
 def stream_split(cfg: Any, n_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -233,7 +233,7 @@ def fit_encoder(info: DatasetInfo, columns: Sequence[str], split: HashSplit, *, 
             log.warning("vfl.column_dropped", column=t.column, reason=t.reason)
     if all(t.kind == "dropped" for t in treatments):
         raise InvalidSplit(f"every feature column was dropped as ID-like: {list(columns)!r}; "
-                           "set vfl.id_columns = \"keep\" to keep them")
+                           "set vfl.data.id_columns = \"keep\" to keep them")
 
     # numeric outputs: (name, source, part) with fill and clip range from the sample
     def values(frame: pd.DataFrame, col: str, part: str) -> np.ndarray:
@@ -422,7 +422,7 @@ def _label_encoder(sample: pd.DataFrame, label: str, positive: str) -> tuple[Any
 
 
 def load_streamed(cfg: Any, party: str, *, log: Any = None) -> StreamedParty:
-    """One party's streamed data (``vfl.stream``): its file (``cfg.dataset_for(party)``)
+    """One party's streamed data (``vfl.data.stream``): its file (``cfg.dataset_for(party)``)
     checked, its encoder fitted (or its public schema, passive party with DP on), its
     rows encoded to the cache.
 
@@ -436,8 +436,8 @@ def load_streamed(cfg: Any, party: str, *, log: Any = None) -> StreamedParty:
     from parties.core.ids import role_of
 
     if cfg.effective_task != "binary":
-        raise ConfigError("vfl.stream", "streaming takes a binary label; a regression task "
-                                        "runs in memory (vfl.stream = false)")
+        raise ConfigError("vfl.data.stream", "streaming takes a binary label; a regression task "
+                                        "runs in memory (vfl.data.stream = false)")
     path = cfg.dataset_for(party)
     info = inspect(path)
     role = role_of(party)
@@ -451,22 +451,22 @@ def load_streamed(cfg: Any, party: str, *, log: Any = None) -> StreamedParty:
     if label and label in columns:
         raise InvalidSplit(f"label {label!r} is also a feature column of {party}")
     split = split_for(cfg, info.rows)
-    schema_only = role == "passive" and cfg.dp_enabled  # nothing fitted on its rows
+    schema_only = role == "passive" and cfg.dp.enabled  # nothing fitted on its rows
     sample = None if schema_only else sample_rows(
         info, [*columns, *([label] if label else [])], lambda p: split(p) == _TRAIN,
-        SAMPLE_ROWS, chunk_rows=cfg.stream_chunk_rows)  # one read for features and label
+        SAMPLE_ROWS, chunk_rows=cfg.data.stream_chunk_rows)  # one read for features and label
     if schema_only:
         encoder: Any = SchemaEncoder(dp_schema(cfg, columns))
     else:
         encoder = fit_encoder(info, columns, split, policy=policy_of(cfg),
-                              chunk_rows=cfg.stream_chunk_rows,
-                              clip_quantile=cfg.stream_clip_quantile, log=log, sample=sample)
+                              chunk_rows=cfg.data.stream_chunk_rows,
+                              clip_quantile=cfg.data.stream_clip_quantile, log=log, sample=sample)
     encode_label, pos = (None, "")
     if label:
         encode_label, pos = _label_encoder(sample, label, cfg.positive_class)
     rows = write_cache(info, [c for c in columns], split, encoder, label=label,
-                       encode_label=encode_label, chunk_rows=cfg.stream_chunk_rows,
-                       cache_dir=Path(cfg.stream_cache_dir) / party if cfg.stream_cache_dir
+                       encode_label=encode_label, chunk_rows=cfg.data.stream_chunk_rows,
+                       cache_dir=Path(cfg.data.stream_cache_dir) / party if cfg.data.stream_cache_dir
                        else "")  # one directory per party: parties may share a config
     if rows.x_train.n == 0:
         raise InvalidSplit(f"{path!r}: no training rows")
@@ -475,15 +475,15 @@ def load_streamed(cfg: Any, party: str, *, log: Any = None) -> StreamedParty:
 
 
 def own_columns(cfg: Any, party: str, available: Sequence[str]) -> tuple[str, ...]:
-    """``party``'s feature columns in its own file (``vfl.party_datasets``): the
+    """``party``'s feature columns in its own file (``vfl.data.party_datasets``): the
     configured ones, else every column of the file but the label."""
     if party == "active":
-        own: Sequence[str] = cfg.active_columns
+        own: Sequence[str] = cfg.data.active_columns
     elif party == "passive":
-        own = cfg.passive_columns
+        own = cfg.data.passive_columns
     else:
         i = cfg.party_ids.index(party) - 1
-        own = cfg.passive_party_columns[i] if cfg.passive_party_columns else ()
+        own = cfg.data.passive_party_columns[i] if cfg.data.passive_party_columns else ()
     return tuple(own) or tuple(c for c in available if c != cfg.label)
 
 
@@ -532,12 +532,12 @@ def stream_feature_widths(cfg: Any) -> dict[str, int]:
     out = {}
     for p, info in preflight_streamed(cfg).items():
         cols = own_columns(cfg, p, info.columns)
-        if p != "active" and cfg.dp_enabled:
+        if p != "active" and cfg.dp.enabled:
             out[p] = dp_schema(cfg, cols).width
             continue
-        split = HashSplit(seed=cfg.seed, test_frac=cfg.test_frac, val_frac=VAL_FRAC)
+        split = HashSplit(seed=cfg.seed, test_frac=cfg.data.test_frac, val_frac=VAL_FRAC)
         rows = sample_rows(info, cols, lambda q: split(q) == _TRAIN, SAMPLE_ROWS,
-                           chunk_rows=cfg.stream_chunk_rows)
+                           chunk_rows=cfg.data.stream_chunk_rows)
         try:
             out[p] = encoded_width(classify_columns(rows, cols, policy_of(cfg)))
         except IdColumnRefused as exc:

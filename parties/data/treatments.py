@@ -87,9 +87,9 @@ class TreatmentPolicy:
 def policy_of(cfg: Any) -> TreatmentPolicy:
     """The column-treatment rules of a run configuration
     (:class:`parties.config.VflConfig`'s keys of the same names)."""
-    return TreatmentPolicy(onehot_max_levels=cfg.onehot_max_levels,
-                           hash_buckets=cfg.hash_buckets, id_columns=cfg.id_columns,
-                           categorical_columns=tuple(cfg.categorical_columns))
+    return TreatmentPolicy(onehot_max_levels=cfg.data.onehot_max_levels,
+                           hash_buckets=cfg.data.hash_buckets, id_columns=cfg.data.id_columns,
+                           categorical_columns=tuple(cfg.data.categorical_columns))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,7 +149,7 @@ class IdColumnRefused(ValueError):
         self.column = column
         self.reason = reason
         super().__init__(f"column {column!r} looks like an ID ({reason}); drop it from the "
-                         "party's columns, or set vfl.id_columns = \"drop\" or \"keep\"")
+                         "party's columns, or set vfl.data.id_columns = \"drop\" or \"keep\"")
 
 
 def _pow2_at_least(n: int) -> int:

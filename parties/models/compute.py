@@ -51,9 +51,9 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
 
     Args:
         party: the worker's party id (its worker count and learning rate:
-            ``vfl.passive_party_workers``); None = ``role``.
+            ``vfl.workers.per_passive_party``); None = ``role``.
         models: the run's model factory (None: ``ModelFactory(cfg)``, the config's
-            ``vfl.model`` / ``vfl.top_model``).
+            ``vfl.model.bottom`` / ``vfl.model.top``).
         sync_mode: the replica's sync mode; None = the algorithm's
             (:func:`sync_mode_for`).
         noise_seed: the passive worker's secret noise seed; required when the config
@@ -80,7 +80,7 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
         y = y_train if isinstance(y_train, DiskRows) else torch.from_numpy(
             np.ascontiguousarray(y_train, dtype=np.float32))
         return ActiveCompute(x, y, make_bottom, factory.top, ps, lr=cfg.worker_lr("active"),
-                             delta_t0=cfg.delta_t0, task=cfg.effective_task,
+                             delta_t0=cfg.workers.delta_t0, task=cfg.effective_task,
                              sync_mode=sync_mode, make_optimizer=factory.optimizer,
                              loss_fn=factory.loss(cfg.effective_task), fuse=fuse_of(cfg),
                              ps_update=cfg.ps_update_for("active"))
@@ -97,7 +97,7 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
             return DpSgd(model, embed_clip_norm=plan.clip_norm,
                          grad_clip_norm=plan.grad_clip_norm,
                          noise_multiplier=plan.sgd_noise_multiplier, seed=sgd_seed(noise_seed))
-    return PassiveCompute(x, make_bottom, ps, lr=cfg.worker_lr(party), delta_t0=cfg.delta_t0,
+    return PassiveCompute(x, make_bottom, ps, lr=cfg.worker_lr(party), delta_t0=cfg.workers.delta_t0,
                           privatize=privatize, sync_mode=sync_mode, make_dp_sgd=make_dp_sgd,
                           make_optimizer=factory.optimizer, ps_update=cfg.ps_update_for(party))
 
@@ -107,7 +107,7 @@ def party_models(cfg: VflConfig, party: str, data: Any, models: ModelFactory | N
     """A party's model factory (with its encoder's hashed columns), its scoring copies of
     its models (bottom, then the active party's top; built from the current torch RNG
     state, in eval mode) and its parameter server over them, for ``workers`` workers
-    (with ``vfl.top_update = "shared"``, the active party's one top at the server)."""
+    (with ``vfl.workers.top_update = "shared"``, the active party's one top at the server)."""
     role = role_of(party)
     factory = models if models is not None else ModelFactory(cfg)
     hashed = getattr(data.encoder, "hashed_buckets", ())
@@ -126,7 +126,7 @@ def party_models(cfg: VflConfig, party: str, data: Any, models: ModelFactory | N
         # one top at the PS, stepped in batch order at the unscaled rate
         bottom = mods[0]
         ps.share_top(factory.top(), offset=sum(p.numel() for p in bottom.parameters()),
-                     lr=cfg.dp_lr if cfg.dp_enabled else cfg.lr,
+                     lr=cfg.dp.lr if cfg.dp.enabled else cfg.lr,
                      buffer_offset=n_params + sum(  # θ: all parameters, then all float buffers
                          b.numel() for b in bottom.buffers() if b.is_floating_point()),
                      make_optimizer=factory.optimizer)

@@ -10,7 +10,7 @@
   model averaging, see :class:`ParameterServer`.
 * Replicas: each worker trains its own copy with its own Adam state and syncs
   with the PS every ΔT_t local steps (semi-async, PubSub-VFL Sec. 4.2).
-* Which models: :mod:`parties.models.zoo` (``vfl.model``: ``mlp``, the default and the two
+* Which models: :mod:`parties.models.zoo` (``vfl.model.bottom``: ``mlp``, the default and the two
   MLPs above; ``resnet``, the paper's large model; or a user factory).
 
 Buffers and modes. The PS vector holds each module's parameters and then its
@@ -50,8 +50,8 @@ if TYPE_CHECKING:
 
 
 def party_modules(cfg: VflConfig, role: str, d_in: int) -> list[nn.Module]:
-    """``role``'s models in parameter-server order: its bottom model (``vfl.model``; the
-    MLP with its own widths ``cfg.bottom_hidden_for(role)`` by default), then, for the
+    """``role``'s models in parameter-server order: its bottom model (``vfl.model.bottom``; the
+    MLP with its own widths ``cfg.model.bottom_hidden_for(role)`` by default), then, for the
     active party, the top model. Built in that order from the current torch RNG state
     (:meth:`parties.models.zoo.ModelFactory.modules`).
 
@@ -188,7 +188,7 @@ class ParameterServer:
                   buffer_offset: int | None = None,
                   make_optimizer: Callable[[list[nn.Parameter], float],
                                            torch.optim.Optimizer] | None = None) -> None:
-        """Hold the top model here, one copy for all workers (``vfl.top_update =
+        """Hold the top model here, one copy for all workers (``vfl.workers.top_update =
         "shared"``): ``top``'s parameters become views of θ from ``offset`` on (where the
         flat layout puts them, after the bottom's), updated by this server's own optimizer
         in :meth:`top_step`, one step per batch in the order the workers call it. The

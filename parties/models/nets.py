@@ -1,5 +1,5 @@
 """The built-in networks, loss and optimizer (torch, no I/O): the Linear/ReLU stacks
-of the default ``vfl.model = "mlp"``, the top model's training loss per task, and the
+of the default ``vfl.model.bottom = "mlp"``, the top model's training loss per task, and the
 workers' default optimizer.
 
 Owns: layer stacks and their construction order (which fixes their initialisation from
@@ -46,8 +46,8 @@ def party_bottom(cfg: VflConfig, role: str, d_in: int) -> nn.Sequential:
     ReLU output would spend half the clip ball on nothing and can die under DP-SGD's
     noise. Measured on bank, µ = 8, 2 epochs, lr 2e-3, four noise seeds (in-process
     sync VFL): test AUC 0.80-0.84 with the ReLU, 0.85-0.86 without."""
-    linear_out = role == "passive" and cfg.dp_enabled
-    return bottom_model(d_in, cfg.bottom_hidden_for(role), cfg.embedding_dim,
+    linear_out = role == "passive" and cfg.dp.enabled
+    return bottom_model(d_in, cfg.model.bottom_hidden_for(role), cfg.model.embedding_dim,
                         out_relu=not linear_out)
 
 

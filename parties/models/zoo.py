@@ -5,7 +5,7 @@ party's parameter server and scoring copies (:class:`parties.runtime.party.Party
 inline workers and worker processes (:func:`parties.models.compute.make_compute`; a worker
 process rebuilds the factory from the config mapping, or receives the pickled factory).
 
-Model specs (``vfl.model`` for the bottom models, ``vfl.top_model`` for the top model):
+Model specs (``vfl.model.bottom`` for the bottom models, ``vfl.model.top`` for the top model):
 
 * ``"mlp"`` (the default): today's Linear/ReLU stacks (:func:`parties.models.nets.party_bottom`,
   :func:`parties.models.nets.top_model`), built with exactly the same initialisation order and
@@ -14,9 +14,9 @@ Model specs (``vfl.model`` for the bottom models, ``vfl.top_model`` for the top 
   input projection ``Linear(d_in, width)``, ``depth`` residual blocks ``x + f(x)`` with
   ``f = Linear → Norm → ReLU → (Dropout) → Linear → Norm``, a ReLU after each block, and
   an output ``Linear(width, d_out)`` (no activation after it). Settings:
-  ``vfl.resnet_depth`` (blocks, default 4), ``vfl.resnet_width`` (default 256),
-  ``vfl.resnet_norm`` (``"layer"``, the default; ``"batch"``, ``"group"`` with
-  :data:`GROUPS` groups, or ``"none"``), ``vfl.resnet_dropout`` (default 0.0).
+  ``vfl.model.resnet_depth`` (blocks, default 4), ``vfl.model.resnet_width`` (default 256),
+  ``vfl.model.resnet_norm`` (``"layer"``, the default; ``"batch"``, ``"group"`` with
+  :data:`GROUPS` groups, or ``"none"``), ``vfl.model.resnet_dropout`` (default 0.0).
 * ``"pkg.module:callable"``: a user factory, importable in every process (worker
   processes too: it must be on ``sys.path`` there, e.g. an installed package), called
   as ``bottom(d_in: int, d_out: int) -> nn.Module`` (bottom: ``d_out = embedding_dim``)
@@ -26,10 +26,10 @@ Model specs (``vfl.model`` for the bottom models, ``vfl.top_model`` for the top 
   bottom=fn, top=fn)``); they must be picklable (module-level) for worker processes.
 
 Hashed columns (:mod:`parties.data.treatments`: a categorical column with more than
-``vfl.onehot_max_levels`` levels): the encoder puts each one's bucket, as an exact integer,
+``vfl.data.onehot_max_levels`` levels): the encoder puts each one's bucket, as an exact integer,
 in the last columns of the party's matrix; the factory then wraps the bottom in
 :class:`HashedBottom`, which looks each bucket up in one embedding table (``nn.Embedding``,
-one row per bucket of every hashed column, ``vfl.hash_embedding_dim`` wide) and feeds the
+one row per bucket of every hashed column, ``vfl.data.hash_embedding_dim`` wide) and feeds the
 dense columns and the embeddings, concatenated, to the bottom model (whose ``d_in`` is
 then ``dense + hashed x hash_embedding_dim``). The table is ordinary parameters: every
 worker replica holds a copy and the parameter server averages or steps it with the rest
@@ -37,8 +37,8 @@ worker replica holds a copy and the parameter server averages or steps it with t
 features come from its public schema (one-hot only), and a factory asked for a hashed
 passive bottom under DP refuses (:class:`pubsub.config.ConfigError`).
 
-``vfl.top_model = ""`` (the default) means: a ``resnet`` top when ``model = "resnet"``
-(same depth, width, norm, dropout), else the MLP top of ``vfl.top_hidden``.
+``vfl.model.top = ""`` (the default) means: a ``resnet`` top when ``model = "resnet"``
+(same depth, width, norm, dropout), else the MLP top of ``vfl.model.top_hidden``.
 
 :func:`check_models` builds and probes both models with a dummy batch of two rows before
 any process starts and raises :class:`ModelSpecError` (a :class:`ConfigError`) naming the
@@ -47,7 +47,7 @@ value for a factory that cannot be imported or raises, a bottom whose output wid
 
 DP (the passive party's bottom, DP on): BatchNorm mixes records (its batch statistics and
 running statistics), so DP-SGD refuses it (:class:`parties.privacy.dpsgd.DpIncompatibleModel`)
-unless ``vfl.dp_batchnorm = "groupnorm"``, which replaces every BatchNorm of that model
+unless ``vfl.dp.batchnorm = "groupnorm"``, which replaces every BatchNorm of that model
 with a GroupNorm of the same width (:func:`batchnorm_to_groupnorm`). Dropout is refused
 under DP too (per-example gradients are taken with ``torch.func.vmap``, which draws no
 per-example dropout masks).
@@ -209,7 +209,7 @@ class ModelFactory:
     Args:
         cfg: the run config (``model``, ``top_model``, ``resnet_*``, widths).
         bottom_fn / top_fn: callables ``(d_in, d_out) -> nn.Module`` that replace
-            ``cfg.model`` / ``cfg.top_model`` (Python API; picklable for worker
+            ``cfg.model.bottom`` / ``cfg.model.top`` (Python API; picklable for worker
             processes). None: the config's.
         passive_bottom_fn: the passive party's bottom, when it differs from
             ``bottom_fn`` (which then builds the active party's).
@@ -275,33 +275,33 @@ class ModelFactory:
 
     def _resnet(self, d_in: int, d_out: int) -> nn.Module:
         c = self.cfg
-        return ResidualMlp(d_in, d_out, depth=c.resnet_depth, width=c.resnet_width,
-                           norm=c.resnet_norm, dropout=c.resnet_dropout)
+        return ResidualMlp(d_in, d_out, depth=c.model.resnet_depth, width=c.model.resnet_width,
+                           norm=c.model.resnet_norm, dropout=c.model.resnet_dropout)
 
     def bottom_spec(self, role: str = "active") -> str:
         """``role``'s bottom spec as text (a callable as ``module:qualname``)."""
         fn = self._bottom_fn(role)
-        return self.cfg.model if fn is None else _qualname(fn)
+        return self.cfg.model.bottom if fn is None else _qualname(fn)
 
     def top_spec(self) -> str:
         """The top spec as text, ``""`` resolved (``"mlp"`` or ``"resnet"``)."""
         if self.top_fn is not None:
             return _qualname(self.top_fn)
-        if self.cfg.top_model:
-            return self.cfg.top_model
-        return "resnet" if self.cfg.model == "resnet" and self.bottom_fn is None \
+        if self.cfg.model.top:
+            return self.cfg.model.top
+        return "resnet" if self.cfg.model.bottom == "resnet" and self.bottom_fn is None \
             and self.passive_bottom_fn is None else "mlp"
 
     def _raw_bottom(self, role: str, d_in: int) -> nn.Module:
         cfg = self.cfg
         fn = self._bottom_fn(role)
         if fn is not None:
-            return fn(d_in, cfg.embedding_dim)
-        if cfg.model == "mlp":
+            return fn(d_in, cfg.model.embedding_dim)
+        if cfg.model.bottom == "mlp":
             return party_bottom(cfg, role, d_in)
-        if cfg.model == "resnet":
-            return self._resnet(d_in, cfg.embedding_dim)
-        return import_callable("model", cfg.model)(d_in, cfg.embedding_dim)
+        if cfg.model.bottom == "resnet":
+            return self._resnet(d_in, cfg.model.embedding_dim)
+        return import_callable("model.bottom", cfg.model.bottom)(d_in, cfg.model.embedding_dim)
 
     def bottom(self, role: str, d_in: int) -> nn.Module:
         """``role``'s bottom model ``(B, d_in) → (B, embedding_dim)``; for the passive party
@@ -313,16 +313,16 @@ class ModelFactory:
         """
         if self.hashed:
             cfg = self.cfg
-            if role == "passive" and cfg.dp_enabled:
-                raise ConfigError("vfl.hash_buckets", "DP is on: the passive bottom cannot "
+            if role == "passive" and cfg.dp.enabled:
+                raise ConfigError("vfl.data.hash_buckets", "DP is on: the passive bottom cannot "
                                   "hold hashed embedding tables (DP-SGD would materialise "
                                   "their per-example gradients densely); its features come "
                                   f"from the public schema, got hashed columns {self.hashed}")
             dense = d_in - len(self.hashed)
-            body = self._raw_bottom(role, dense + len(self.hashed) * cfg.hash_embedding_dim)
-            return HashedBottom(dense, self.hashed, cfg.hash_embedding_dim, body)
+            body = self._raw_bottom(role, dense + len(self.hashed) * cfg.data.hash_embedding_dim)
+            return HashedBottom(dense, self.hashed, cfg.data.hash_embedding_dim, body)
         model = self._raw_bottom(role, d_in)
-        if role == "passive" and self.cfg.dp_enabled and self.cfg.dp_batchnorm == "groupnorm":
+        if role == "passive" and self.cfg.dp.enabled and self.cfg.dp.batchnorm == "groupnorm":
             model = batchnorm_to_groupnorm(model)
         return model
 
@@ -335,10 +335,10 @@ class ModelFactory:
             return self.top_fn(d_in, 1)
         spec = self.top_spec()
         if spec == "mlp":
-            return top_model(cfg.embedding_dim, cfg.top_hidden, d_in=d_in)
+            return top_model(cfg.model.embedding_dim, cfg.model.top_hidden, d_in=d_in)
         if spec == "resnet":
             return self._resnet(d_in, 1)
-        return import_callable("top_model", spec)(d_in, 1)
+        return import_callable("model.top", spec)(d_in, 1)
 
     def modules(self, role: str, d_in: int) -> list[nn.Module]:
         """``role``'s models in parameter-server order: bottom, then (active) top; built in
@@ -362,12 +362,12 @@ class ModelFactory:
         if self.loss_fn is not None:
             out["loss"] = _qualname(self.loss_fn)
         if "resnet" in (out["model"], out["top_model"]):
-            out["resnet"] = {"depth": c.resnet_depth, "width": c.resnet_width,
-                             "norm": c.resnet_norm, "dropout": c.resnet_dropout}
-        if c.dp_enabled:
-            out["dp_batchnorm"] = c.dp_batchnorm
+            out["resnet"] = {"depth": c.model.resnet_depth, "width": c.model.resnet_width,
+                             "norm": c.model.resnet_norm, "dropout": c.model.resnet_dropout}
+        if c.dp.enabled:
+            out["dp_batchnorm"] = c.dp.batchnorm
         if self.hashed:
-            out["hashed"] = {"buckets": list(self.hashed), "dim": c.hash_embedding_dim,
+            out["hashed"] = {"buckets": list(self.hashed), "dim": c.data.hash_embedding_dim,
                              "table": "nn.Embedding, one per bottom replica (dense updates)"}
         return out
 
@@ -400,8 +400,8 @@ def _probe(key: str, spec: str, mod: nn.Module, d_in: int, d_out: int, what: str
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ModelSpecError(key, spec, f"{what} maps a (2, {d_in}) input to {shape}, "
                              f"expected (2, {d_out})"
-                             + (" (its output width must be vfl.embedding_dim)"
-                                if key == "model" else ""))
+                             + (" (its output width must be vfl.model.embedding_dim)"
+                                if key == "model.bottom" else ""))
 
 
 def check_models(factory: ModelFactory, d_in: dict[str, int]) -> None:
@@ -415,7 +415,7 @@ def check_models(factory: ModelFactory, d_in: dict[str, int]) -> None:
             ``2·embedding_dim`` or its output is not one column.
         parties.privacy.dpsgd.DpIncompatibleModel: DP on, and the passive bottom has BatchNorm
             (with ``dp_batchnorm = "refuse"``).
-        ConfigError: key ``vfl.resnet_dropout``: dropout in the passive bottom under DP.
+        ConfigError: key ``vfl.model.resnet_dropout``: dropout in the passive bottom under DP.
     """
     from parties.core.ids import role_of
 
@@ -425,19 +425,19 @@ def check_models(factory: ModelFactory, d_in: dict[str, int]) -> None:
         for party, width in d_in.items():
             role = role_of(party)
             spec = factory.bottom_spec(role)
-            mod = _build("model", spec, lambda r=role, w=width: factory.bottom(r, w))
-            _probe("model", spec, mod, width, cfg.embedding_dim, f"the {party} bottom model")
-            if role == "passive" and cfg.dp_enabled:
+            mod = _build("model.bottom", spec, lambda r=role, w=width: factory.bottom(r, w))
+            _probe("model.bottom", spec, mod, width, cfg.model.embedding_dim, f"the {party} bottom model")
+            if role == "passive" and cfg.dp.enabled:
                 from parties.privacy.dpsgd import check_dp_compatible
 
                 check_dp_compatible(mod)
                 if any(isinstance(m, nn.Dropout) and m.p > 0 for m in mod.modules()):
-                    raise ConfigError("vfl.resnet_dropout", "DP is on: the passive bottom "
+                    raise ConfigError("vfl.model.resnet_dropout", "DP is on: the passive bottom "
                                       "model must have no dropout (DP-SGD's per-example "
                                       f"gradients draw no dropout masks), got {mod!r}"[:400])
         if "active" in d_in:
-            top = _build("top_model", factory.top_spec(), factory.top)
-            _probe("top_model", factory.top_spec(), top, cfg.top_input_width, 1,
+            top = _build("model.top", factory.top_spec(), factory.top)
+            _probe("model.top", factory.top_spec(), top, cfg.top_input_width, 1,
                    "the top model")
             factory.optimizer([p for m in (mod, top) for p in m.parameters()], cfg.lr)
             factory.loss(cfg.effective_task)
@@ -453,7 +453,7 @@ def float_buffers(module: nn.Module) -> list[torch.Tensor]:
 
 def default_models(cfg: VflConfig) -> bool:
     """True when ``cfg`` builds the default MLPs (nothing to probe before the start)."""
-    return cfg.model == "mlp" and cfg.top_model in ("", "mlp")
+    return cfg.model.bottom == "mlp" and cfg.model.top in ("", "mlp")
 
 
 def preflight_models(cfg: VflConfig, models: Any = None) -> None:

@@ -486,10 +486,10 @@ def plan(active: CostModel, *passives: CostModel, n_rows: int, embedding_dim: in
             two-party run, several for several passive parties.
         n_rows: N, training rows per epoch (>= 1).
         embedding_dim: d, the cut-layer width (>= 1).
-        threads: torch intra-op threads per worker (``vfl.torch_threads``, >= 1).
+        threads: torch intra-op threads per worker (``vfl.workers.torch_threads``, >= 1).
         w_max: W_max, most workers per party (>= 1).
         batch_sizes: candidate B values (distinct, >= 1).
-        delta_t: steps between a worker's PS syncs (>= 1; e.g. ``vfl.delta_t0`` for the
+        delta_t: steps between a worker's PS syncs (>= 1; e.g. ``vfl.workers.delta_t0`` for the
             steady state, or :func:`mean_sync_interval`).
         memory_rule: ``"shared"`` or ``"per_worker"`` (module docstring).
         samples: a measured samples-to-target model (:class:`parties.algorithms.samples.SamplesModel`);
@@ -646,9 +646,9 @@ def plan_for_config(active: CostModel, passive: Partners, cfg: Any, n_rows: int,
     Raises:
         NoFeasiblePlan / PlannerError: as :func:`plan`.
     """
-    return plan(active, *_partners(passive), n_rows=n_rows, embedding_dim=cfg.embedding_dim,
-                threads=cfg.torch_threads, w_max=w_max, batch_sizes=batch_sizes,
-                delta_t=mean_sync_interval(cfg.epochs, cfg.delta_t0), memory_rule=memory_rule,
+    return plan(active, *_partners(passive), n_rows=n_rows, embedding_dim=cfg.model.embedding_dim,
+                threads=cfg.workers.torch_threads, w_max=w_max, batch_sizes=batch_sizes,
+                delta_t=mean_sync_interval(cfg.epochs, cfg.workers.delta_t0), memory_rule=memory_rule,
                 samples=samples)
 
 

@@ -23,8 +23,8 @@ with disjoint pinned sets that cap never binds (it is a mediant of the per-party
 
 How it is measured (:func:`profile_config`): no bus, no broker, no messages. Each
 party's process (all its threads) is pinned to that party's configured CPUs
-(``vfl.active_cpus`` / ``vfl.passive_cpus``; unpinned parties run on the process's own
-CPU set), ``torch.set_num_threads(vfl.torch_threads)``, and the worker compute of
+(``vfl.workers.active_cpus`` / ``vfl.workers.passive_cpus``; unpinned parties run on the process's own
+CPU set), ``torch.set_num_threads(vfl.workers.torch_threads)``, and the worker compute of
 :func:`parties.models.compute.make_compute` (exactly what a worker thread or process runs) is
 driven on the run's real training batches (``epoch_batches`` of the run's seed), with
 random ``(B, d)`` float32 embeddings / gradients from the partner. With both parties
@@ -377,9 +377,9 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
     mods = party_modules(cfg, role, d_in)
     ps = ParameterServer(flat_params(mods))
     compute = make_compute(role, cfg, x_train, y_train, ps, sync_mode="manual",
-                           noise_seed=12345 if cfg.dp_enabled else None, party=party)
+                           noise_seed=12345 if cfg.dp.enabled else None, party=party)
     gen = np.random.default_rng(cfg.seed)
-    partner = gen.standard_normal((B, cfg.embedding_dim)).astype(np.float32) * 0.01
+    partner = gen.standard_normal((B, cfg.model.embedding_dim)).astype(np.float32) * 0.01
     # the active party fuses one embedding per passive party
     embs = partner if cfg.passive_parties == 1 else [partner] * cfg.passive_parties
 
@@ -468,14 +468,14 @@ def resolve_layout(cfg: VflConfig, layout: str = "auto", *, grouped: bool = Fals
     """
     if layout not in LAYOUTS:
         raise ValueError(f"profile layout must be one of {LAYOUTS}, got {layout!r}")
-    a, p = set(cfg.active_cpus), set(cfg.passive_cpus)
+    a, p = set(cfg.workers.active_cpus), set(cfg.workers.passive_cpus)
     disjoint = (bool(a) and bool(p) and not (a & p)) or grouped
     if layout == "auto":
         return "concurrent" if disjoint else "alone"
     if layout == "concurrent" and not disjoint:
         raise ValueError("the concurrent profile layout needs both parties pinned to "
-                         f"disjoint CPU sets, got active_cpus={sorted(a)} "
-                         f"passive_cpus={sorted(p)}")
+                         f"disjoint CPU sets, got workers.active_cpus={sorted(a)} "
+                         f"workers.passive_cpus={sorted(p)}")
     return layout
 
 
@@ -484,15 +484,15 @@ def _settings(cfg: VflConfig, layout: str) -> dict[str, Any]:
 
     return {
         "dataset": cfg.dataset, "batch_size": cfg.batch_size,
-        "bottom_hidden": list(cfg.bottom_hidden),
-        "active_bottom_hidden": list(cfg.bottom_hidden_for("active")),
-        "passive_bottom_hidden": list(cfg.bottom_hidden_for("passive")), "embedding_dim": cfg.embedding_dim,
-        "top_hidden": list(cfg.top_hidden), "torch_threads": cfg.torch_threads,
-        "worker_mode": cfg.worker_mode, "delta_t0": cfg.delta_t0, "epochs": cfg.epochs,
-        "dp": cfg.dp_enabled, "active_cpus": list(cfg.active_cpus),
-        "passive_cpus": list(cfg.passive_cpus), "torch": torch.__version__,
+        "bottom_hidden": list(cfg.model.bottom_hidden),
+        "active_bottom_hidden": list(cfg.model.bottom_hidden_for("active")),
+        "passive_bottom_hidden": list(cfg.model.bottom_hidden_for("passive")), "embedding_dim": cfg.model.embedding_dim,
+        "top_hidden": list(cfg.model.top_hidden), "torch_threads": cfg.workers.torch_threads,
+        "worker_mode": cfg.workers.mode, "delta_t0": cfg.workers.delta_t0, "epochs": cfg.epochs,
+        "dp": cfg.dp.enabled, "active_cpus": list(cfg.workers.active_cpus),
+        "passive_cpus": list(cfg.workers.passive_cpus), "torch": torch.__version__,
         "python": platform.python_version(), "machine": platform.machine(),
-        "rows_profiled": cfg.synthetic_rows if cfg.dataset == "synthetic" else None,
+        "rows_profiled": cfg.data.synthetic_rows if cfg.dataset == "synthetic" else None,
         "layout": layout,
         **({"passive_parties": cfg.passive_parties} if cfg.passive_parties > 1 else {}),
     }
@@ -510,7 +510,7 @@ def profile_config(cfg: VflConfig, *, layout: str = "auto",
 
     Each party's data is loaded as the party would load it (the whole table), its
     process pinned to the party's CPUs, with
-    ``cfg.torch_threads`` intra-op threads. ``layout`` (see :func:`resolve_layout`):
+    ``cfg.workers.torch_threads`` intra-op threads. ``layout`` (see :func:`resolve_layout`):
 
     * ``concurrent``: the run's process layout. The two parties are profiled at the
       same time, each in its own child process pinned to its own CPUs; both warm up,
@@ -560,11 +560,11 @@ def _profile_alone(cfg: VflConfig, timing: dict[str, Any]
         for party in (*cfg.party_ids[1:], "active"):
             data = load_party_data(cfg, party)
             role = role_of(party)
-            torch.set_num_threads(cfg.threads_for(role))
+            torch.set_num_threads(cfg.workers.threads_for(role))
             try:
-                before = pin_process(cfg.cpus(role)) if cfg.cpus(role) else None
+                before = pin_process(cfg.workers.cpus(role)) if cfg.workers.cpus(role) else None
             except (ValueError, OSError) as exc:
-                raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
+                raise ConfigError(f"vfl.workers.{role}_cpus", str(exc)) from None
             try:
                 out[party] = profile_party(party, cfg, data.x_train, data.y_train, **timing)
             finally:
@@ -594,12 +594,12 @@ def prepare_child(role: str, cfg: VflConfig, join: Sequence[str] = ()) -> Any:
     party, role = role, role_of(role)
     for f in join:
         Path(f).write_text(str(os.getpid()))
-    if cfg.cpus(role):
+    if cfg.workers.cpus(role):
         try:
-            pin_process(cfg.cpus(role))
+            pin_process(cfg.workers.cpus(role))
         except (ValueError, OSError) as exc:
-            raise ConfigError(f"vfl.{role}_cpus", str(exc)) from None
-    torch.set_num_threads(cfg.threads_for(role))
+            raise ConfigError(f"vfl.workers.{role}_cpus", str(exc)) from None
+    torch.set_num_threads(cfg.workers.threads_for(role))
     return load_party_data(cfg, party)
 
 

@@ -242,10 +242,10 @@ def party_cores(cfg: VflConfig, party: str) -> float:
     from parties.core.sysinfo import cores_allotted
 
     role = role_of(party)
-    mine = cfg.cpus(role)
+    mine = cfg.workers.cpus(role)
     if mine:  # every passive party is pinned to passive_cpus: they share them
         return len(mine) / (cfg.passive_parties if role == "passive" else 1)
-    unpinned = (0 if cfg.active_cpus else 1) + (0 if cfg.passive_cpus else cfg.passive_parties)
+    unpinned = (0 if cfg.workers.active_cpus else 1) + (0 if cfg.workers.passive_cpus else cfg.passive_parties)
     total = cores_allotted()
     return total if unpinned <= 1 else max(total / unpinned, 1e-3)
 
@@ -320,7 +320,7 @@ def sweep_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndar
     flat = flat_params(mods)
     ps = ParameterServer(flat)
     compute = make_compute(role, cfg, x_train, y_train, ps, sync_mode="manual",
-                           noise_seed=12345 if cfg.dp_enabled else None, party=party)
+                           noise_seed=12345 if cfg.dp.enabled else None, party=party)
     passive = isinstance(compute, PassiveCompute)
     gen = np.random.default_rng(cfg.seed)
     _malloc_trim()
@@ -339,7 +339,7 @@ def sweep_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndar
                              else [partner] * cfg.passive_parties, rows, 0)
 
     for b in bs:
-        partner = gen.standard_normal((b, cfg.embedding_dim)).astype(np.float32) * 0.01
+        partner = gen.standard_normal((b, cfg.model.embedding_dim)).astype(np.float32) * 0.01
         batches = [r for r in epoch_batches(n_train, b, seed=cfg.seed, epoch=0) if len(r) == b]
         k = 0
         _malloc_trim()

@@ -26,7 +26,7 @@ Every path by which a record reaches a message
    of norm ≤ C to another, so the sensitivity is **2C** and one publication is
    ``(2/σ_e)``-GDP (Dong, Roth & Su, JRSS-B 2022, Thm 2.7). Every attempt of a batch
    (reassignments included) and every evaluation publication counts. A compressed
-   encoding of the published rows (``vfl.wire_dtype``, :mod:`parties.algorithms.wire`) is applied
+   encoding of the published rows (``vfl.wire.dtype``, :mod:`parties.algorithms.wire`) is applied
    to the noised rows: post-processing, which changes nothing here.
 2. **The bottom model's parameters**, which every later embedding of every record
    reveals: trained with DP-SGD (:mod:`parties.privacy.dpsgd`): per-example gradients clipped to
@@ -394,7 +394,7 @@ class UnmeetableTarget(ConfigError):
     :class:`~pubsub.config.ConfigError`: the CLI exits 2).
 
     Attributes:
-        key: the dotted config key at fault (``vfl.dp_mu`` or ``vfl.dp_epsilon``).
+        key: the dotted config key at fault (``vfl.dp.mu`` or ``vfl.dp.epsilon``).
         value: its value.
     """
 
@@ -454,11 +454,11 @@ class DpPlan:
 def target_mu_of(cfg: VflConfig) -> float | None:
     """The run's µ target: ``dp_mu``, or ``dp_epsilon`` at ``dp_delta`` converted exactly
     (rounded down); None when DP is off or the noise is configured directly."""
-    if cfg.dp_epsilon is not None:
-        return mu_for_epsilon(cfg.dp_epsilon, cfg.dp_delta)
-    if cfg.dp_mu is None or math.isinf(cfg.dp_mu):
+    if cfg.dp.epsilon is not None:
+        return mu_for_epsilon(cfg.dp.epsilon, cfg.dp.delta)
+    if cfg.dp.mu is None or math.isinf(cfg.dp.mu):
         return None
-    return cfg.dp_mu
+    return cfg.dp.mu
 
 
 def plan_from_config(cfg: VflConfig) -> DpPlan | None:
@@ -475,14 +475,14 @@ def plan_from_config(cfg: VflConfig) -> DpPlan | None:
     Raises:
         UnmeetableTarget: the calibrated noise exceeds ``dp_max_noise_multiplier``.
     """
-    if cfg.dp_noise_multiplier is not None:
-        assert cfg.dp_sgd_noise_multiplier is not None  # the config requires both
-        return DpPlan(noise_multiplier=cfg.dp_noise_multiplier,
-                      sgd_noise_multiplier=cfg.dp_sgd_noise_multiplier,
-                      clip_norm=cfg.dp_clip_norm, grad_clip_norm=cfg.dp_grad_clip_norm,
-                      delta=cfg.dp_delta, target_mu=None, embedding_share=None, planned={},
-                      eval_noise_multipliers={"val": cfg.dp_noise_multiplier,
-                                              "test": cfg.dp_noise_multiplier})
+    if cfg.dp.noise_multiplier is not None:
+        assert cfg.dp.sgd_noise_multiplier is not None  # the config requires both
+        return DpPlan(noise_multiplier=cfg.dp.noise_multiplier,
+                      sgd_noise_multiplier=cfg.dp.sgd_noise_multiplier,
+                      clip_norm=cfg.dp.clip_norm, grad_clip_norm=cfg.dp.grad_clip_norm,
+                      delta=cfg.dp.delta, target_mu=None, embedding_share=None, planned={},
+                      eval_noise_multipliers={"val": cfg.dp.noise_multiplier,
+                                              "test": cfg.dp.noise_multiplier})
     target = target_mu_of(cfg)
     if target is None:
         return None
@@ -490,24 +490,24 @@ def plan_from_config(cfg: VflConfig) -> DpPlan | None:
     kt = cfg.epochs + reserve
     kv = validation_publications(cfg)
     cal = calibrate(target, train_publications=kt, eval_publications=max(kv, 1),
-                    embedding_share=cfg.dp_embedding_share)
+                    embedding_share=cfg.dp.embedding_share)
     test = calibrate(target, train_publications=kt, eval_publications=1,
-                     embedding_share=cfg.dp_embedding_share)
+                     embedding_share=cfg.dp.embedding_share)
     worst = max(cal.embed_noise_multiplier, cal.sgd_noise_multiplier,
                 cal.eval_noise_multiplier)
-    if worst > cfg.dp_max_noise_multiplier:
-        key = "dp_epsilon" if cfg.dp_epsilon is not None else "dp_mu"
+    if worst > cfg.dp.max_noise_multiplier:
+        key = "epsilon" if cfg.dp.epsilon is not None else "mu"
         raise UnmeetableTarget(
-            key, getattr(cfg, key),
+            f"dp.{key}", getattr(cfg.dp, key),
             f"meeting it over {kt} training publications per record (epochs + "
-            f"dp_reassign_reserve) and {kv} validation publications needs a noise "
-            f"multiplier of {worst:.4g}, above dp_max_noise_multiplier="
-            f"{cfg.dp_max_noise_multiplier:g}; raise the target, or train fewer epochs or "
-            f"with a smaller dp_reassign_reserve")
+            f"dp.reassign_reserve) and {kv} validation publications needs a noise "
+            f"multiplier of {worst:.4g}, above dp.max_noise_multiplier="
+            f"{cfg.dp.max_noise_multiplier:g}; raise the target, or train fewer epochs or "
+            f"with a smaller dp.reassign_reserve")
     return DpPlan(noise_multiplier=cal.embed_noise_multiplier,
-                  sgd_noise_multiplier=cal.sgd_noise_multiplier, clip_norm=cfg.dp_clip_norm,
-                  grad_clip_norm=cfg.dp_grad_clip_norm, delta=cfg.dp_delta, target_mu=target,
-                  embedding_share=cfg.dp_embedding_share,
+                  sgd_noise_multiplier=cal.sgd_noise_multiplier, clip_norm=cfg.dp.clip_norm,
+                  grad_clip_norm=cfg.dp.grad_clip_norm, delta=cfg.dp.delta, target_mu=target,
+                  embedding_share=cfg.dp.embedding_share,
                   planned={"train": kt, "val": kv, "test": 1},
                   eval_noise_multipliers={"val": cal.eval_noise_multiplier,
                                           "test": test.eval_noise_multiplier},
@@ -519,9 +519,9 @@ def reassign_reserve_of(cfg: VflConfig) -> int:
     than the schedule can use: 0 where the passive party never reassigns a batch (an
     algorithm other than ``pubsub``, or ``t_ddl_s = 0``: nothing is dropped), and at most
     ``epochs × max_reassign``."""
-    if cfg.algo != "pubsub" or cfg.t_ddl_s <= 0:
+    if cfg.algo != "pubsub" or cfg.timeouts.t_ddl_s <= 0:
         return 0
-    return min(cfg.dp_reassign_reserve, cfg.epochs * cfg.max_reassign)
+    return min(cfg.dp.reassign_reserve, cfg.epochs * cfg.timeouts.max_reassign)
 
 
 def validation_publications(cfg: VflConfig) -> int:

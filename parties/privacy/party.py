@@ -41,7 +41,7 @@ def party_dp(cfg: VflConfig, party: str, role: str, workers: int, rows: Mapping[
     acct = accountant_for(plan, dict(rows))
     if plan is None:
         return PartyDp(plan=None, acct=acct, noise_seeds=none, eval_privatize=None)
-    *seeds, eval_seed = worker_seeds(party_noise_secret(cfg.dp_noise_seed, party), workers + 1)
+    *seeds, eval_seed = worker_seeds(party_noise_secret(cfg.dp.noise_seed, party), workers + 1)
     privatize = {
         g: EmbeddingPrivatizer(clip_norm=plan.clip_norm, noise_multiplier=sigma, seed=seed)
         for (g, sigma), seed in zip(sorted(plan.eval_noise_multipliers.items()),
@@ -51,7 +51,7 @@ def party_dp(cfg: VflConfig, party: str, role: str, workers: int, rows: Mapping[
              grad_clip_norm=plan.grad_clip_norm, clip_norm=plan.clip_norm,
              target_mu=plan.target_mu, delta=plan.delta,
              planned_publications=plan.planned_publications,
-             noise_seed="config" if cfg.dp_noise_seed is not None else "os_entropy")
+             noise_seed="config" if cfg.dp.noise_seed is not None else "os_entropy")
     return PartyDp(plan=plan, acct=acct, noise_seeds=tuple(seeds), eval_privatize=privatize)
 
 

@@ -215,7 +215,7 @@ def party_metrics(party: Any, meter: CpuMeter) -> dict[str, Any]:
         # under DP the passive width is the public schema's (a function of it alone)
         "n_features": int(party.data.x_train.shape[1]),
         "feature_encoding": ("public_schema" if party.role == "passive"
-                             and party.cfg.dp_enabled else "fitted"),
+                             and party.cfg.dp.enabled else "fitted"),
         "columns": list(party.data.columns),
         # each raw column's treatment (numeric, onehot, hashed, datetime, dropped)
         # lifetime peak resident set of this party process (loading included) and

@@ -89,7 +89,7 @@ class ActionDriver:
             is not waiting time).
         logger: a structlog logger for the strategies' :class:`parties.algorithms.actions.Log`.
         on_action: called with every action before it is performed (tracing, tests).
-        wire: the resolved ``vfl.wire_dtype`` of the ``emb`` and ``grad`` tensors this
+        wire: the resolved ``vfl.wire.dtype`` of the ``emb`` and ``grad`` tensors this
             party publishes (:mod:`parties.algorithms.wire`); what it receives is decoded to
             float32 by the encoding each message names, before the intake judges it.
 

@@ -61,7 +61,7 @@ class Evaluation(PartyPart):
         Raises:
             PartnerStalled: no word within the liveness timeout plus T_ddl (seconds).
         """
-        bound = self.cfg.liveness_timeout_s + self.cfg.t_ddl_s
+        bound = self.cfg.timeouts.liveness_timeout_s + self.cfg.timeouts.t_ddl_s
         deadline = time.monotonic() + bound
         while True:
             try:
@@ -100,12 +100,12 @@ class Evaluation(PartyPart):
         cannot apply (regression, streamed rows, no validation rows)."""
         cfg, data = self.cfg, self.data
         want = cfg.active_only_baseline
-        if want == "off" or (want == "auto" and not cfg.dp_enabled):
+        if want == "off" or (want == "auto" and not cfg.dp.enabled):
             return None
         if data.task != "binary":
             return {"skipped": "binary tasks only (regression is not covered)"}
         if data.cache_dir:
-            return {"skipped": "streamed rows (vfl.stream) are not covered"}
+            return {"skipped": "streamed rows (vfl.data.stream) are not covered"}
         if len(data.x_val) == 0:
             return {"skipped": "no validation rows to choose on"}
         from parties.algorithms.baseline import active_only_baseline
@@ -129,8 +129,8 @@ class Evaluation(PartyPart):
         assert self._top is not None
         x, y = (self._x_val, data.y_val) if split == "val" else (self._x_test, data.y_test)
         assert y is not None
-        spec = TensorSpec(width=cfg.embedding_dim, max_rows=len(x), rows=len(x))
-        deadline = time.monotonic() + cfg.liveness_timeout_s
+        spec = TensorSpec(width=cfg.model.embedding_dim, max_rows=len(x), rows=len(x))
+        deadline = time.monotonic() + cfg.timeouts.liveness_timeout_s
         embs = []
         for party in self.partners:
             q = party if self.multi else ""
@@ -140,7 +140,7 @@ class Evaluation(PartyPart):
                     msg = await bus.next(topic, max(0.0, deadline - time.monotonic()))
                 except DeadlineExceeded:
                     raise PartnerStalled(party if self.multi else self.partner, split,
-                                         cfg.liveness_timeout_s,
+                                         cfg.timeouts.liveness_timeout_s,
                                          "embeddings for scoring") from None
                 tag = msg.meta.get(WIRE_META)
                 if tag is not None:  # sent compressed (parties.algorithms.wire): float32 again

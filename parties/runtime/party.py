@@ -108,7 +108,7 @@ is published (in its workers for ``emb``, thread or process alike, and in the pa
 process for ``eval``), and each publication is counted per record in a
 :class:`parties.privacy.dp.GdpAccountant` before it happens.
 
-The ``emb``, ``eval`` and ``grad`` tensors travel as ``vfl.wire_dtype`` says (float32, or
+The ``emb``, ``eval`` and ``grad`` tensors travel as ``vfl.wire.dtype`` says (float32, or
 compressed to float16, bfloat16 or int8 with per-row scales where the link is thin:
 :mod:`parties.algorithms.wire`); the sender encodes after the DP noise, the receiver decodes to
 float32 before its intake judges the tensor.
@@ -248,7 +248,7 @@ class Party:
         security: CURVE keys for the bus (:class:`pubsub.security.CurveClient`); None =
             plaintext (loopback brokers only).
         models: the model factory (:class:`parties.models.zoo.ModelFactory`, e.g. with Python
-            callables); None = the config's ``vfl.model`` / ``vfl.top_model``.
+            callables); None = the config's ``vfl.model.bottom`` / ``vfl.model.top``.
         connect: ``connect(name, config=BusConfig)`` returning an async context manager of
             a :class:`pubsub.transport.Transport`: how this party joins the bus, e.g.
             ``MemoryBroker.connect`` to run both parties in one process
@@ -290,7 +290,7 @@ class Party:
         self.n_batches = num_batches(self.n_train, cfg.batch_size)
         self.workers = cfg.workers_for(party)  # a passive party's own count
         # "auto": inline compute on a one-core party (call after pinning, as the CLI does)
-        self.worker_mode = cfg.resolved_worker_mode(cores_allotted())
+        self.worker_mode = cfg.workers.resolved_mode(cores_allotted())
         self.metric = metric_name(data.task)
         #: the algorithm x role (sans-IO); its counters are this party's training counters
         self.strategy = make_strategy(StrategyConfig.from_vfl(cfg, role, party))
@@ -303,7 +303,7 @@ class Party:
                             metric=self.metric, progress=progress, log=self.log,
                             counters=self.c, wait_s=self._wait_s,
                             compute_cpu_s=self._compute_cpu_s, sync_cpu_s=self._sync_cpu_s)
-        self.intake = PeerIntake(partner=self.partner, max_bad=cfg.peer_max_bad_messages,
+        self.intake = PeerIntake(partner=self.partner, max_bad=cfg.timeouts.peer_max_bad_messages,
                                  log=self.log)
         torch.manual_seed(cfg.seed + cfg.party_ids.index(party))
         self.models, mods, self.ps = party_models(cfg, party, data, models, self.workers)
@@ -375,7 +375,7 @@ class Party:
                 await h.close()
         if self._data_dir is not None:
             shutil.rmtree(self._data_dir, ignore_errors=True)
-        if self.data.cache_dir and not self.cfg.stream_cache_dir:  # our temporary cache
+        if self.data.cache_dir and not self.cfg.data.stream_cache_dir:  # our temporary cache
             for arr in (self.data.x_train, self.data.y_train):
                 if isinstance(arr, DiskRows):
                     arr.close()
@@ -401,7 +401,7 @@ class Party:
             PartnerLost: the partner's heartbeats stopped mid-run.
         """
         cfg = self.cfg
-        bus_cfg = BusConfig(connect_timeout_s=cfg.connect_timeout_s,
+        bus_cfg = BusConfig(connect_timeout_s=cfg.timeouts.connect_timeout_s,
                             topic_max_bytes=max(64 << 20, self.data.x_test.shape[0] * 8 * 64))
         starting = asyncio.create_task(self._start_workers())
         try:
@@ -423,7 +423,7 @@ class Party:
                 self.overlap, self.overlap_reason = await self.session.agree_overlap(bus)
                 self.log.info("vfl.val_overlap", on=self.overlap, reason=self.overlap_reason)
                 await starting
-                batch = TensorSpec(width=cfg.embedding_dim, max_rows=cfg.batch_size)
+                batch = TensorSpec(width=cfg.model.embedding_dim, max_rows=cfg.batch_size)
                 self._driver = ActionDriver(
                     bus, topics=self.topics, handles=self.handles, timeline=self.timeline,
                     record_dp=self._record_train if self.role == "passive" else None,
@@ -606,9 +606,9 @@ class Party:
         bus.publish_nowait(self.topics.report, (), metrics)
         # wait for the active party to finish evaluating (heartbeats keep flowing)
         try:
-            await bus.next(self.topics.done, cfg.liveness_timeout_s + cfg.t_ddl_s)
+            await bus.next(self.topics.done, cfg.timeouts.liveness_timeout_s + cfg.timeouts.t_ddl_s)
         except DeadlineExceeded:
-            self.log.warning("vfl.no_done", waited_s=cfg.liveness_timeout_s + cfg.t_ddl_s)
+            self.log.warning("vfl.no_done", waited_s=cfg.timeouts.liveness_timeout_s + cfg.timeouts.t_ddl_s)
         return metrics
 
     def _record_train(self, rows: np.ndarray, *, extra: bool = False) -> bool:
@@ -646,7 +646,7 @@ class Party:
             "time_to_target_s": first_reaching(points, target, higher_is_better=name == "auc"),
             "n_val_scored": int(self.data.x_val.shape[0]),
         })
-        deadline = time.monotonic() + cfg.liveness_timeout_s
+        deadline = time.monotonic() + cfg.timeouts.liveness_timeout_s
         for party in self.partners:
             try:
                 rep = await bus.next(self.topics.report_of(party if self.multi else ""),
@@ -654,7 +654,7 @@ class Party:
                 self.partner_reports[party] = dict(rep.meta)
             except DeadlineExceeded:
                 self.log.warning("vfl.no_report", partner=party,
-                                 waited_s=cfg.liveness_timeout_s)
+                                 waited_s=cfg.timeouts.liveness_timeout_s)
         self.partner_report = self.partner_reports.get(self.partners[0])
         try:
             # in-process (``connect`` given): the caller adds the hub's own statistics

@@ -82,7 +82,7 @@ PREDICTION_LEDGER = "prediction_ledger.json"
 #: The ledger's format: counts of prediction releases keyed by a salted hash of each ID.
 PREDICTION_LEDGER_FORMAT = "prediction-releases-by-salted-id/1"
 #: The config key of the per-record prediction budget.
-BUDGET_KEY = "vfl.dp_predict_max_releases"
+BUDGET_KEY = "vfl.dp.predict_max_releases"
 
 
 class PredictionBudgetExceeded(ConfigError):
@@ -295,23 +295,23 @@ def select_rows(part: SavedPart, data: str | None = None,
             raise DataError(f"the run's table now has {len(frame)} rows, the saved model "
                             f"was trained on {part.manifest['n_rows']}: cannot re-derive "
                             "its test split")
-        split = cfg.effective_row_split
+        split = cfg.data.effective_row_split
         if split == "hash":  # the scored test subset of a streamed (or hash-split) run
             from parties.data.stream import stream_split
 
             test_idx = stream_split(cfg, len(frame))[2]
         else:
-            _, test_idx = train_test_indices(len(frame), test_frac=cfg.test_frac,
+            _, test_idx = train_test_indices(len(frame), test_frac=cfg.data.test_frac,
                                              seed=cfg.seed)
         keep = columns + ([label] if label and label in frame.columns else [])
         return PredictRows(frame=frame.iloc[test_idx][keep].reset_index(drop=True), ids=None,
                            rows=np.asarray(test_idx, dtype=np.int64), source="test_split",
                            digest=_digest(["test_split", str(len(frame)), str(cfg.seed),
-                                           repr(cfg.test_frac),
-                                           *([split, str(cfg.stream_eval_max_rows)]
+                                           repr(cfg.data.test_frac),
+                                           *([split, str(cfg.data.stream_eval_max_rows)]
                                              if split == "hash" else [])]))
     frame, _ = load_table(data)
-    dp_on = cfg.dp_enabled
+    dp_on = cfg.dp.enabled
     if id_column not in frame.columns:
         if dp_on:
             raise PredictionIdsRequired(id_column, str(data), "no such column")
@@ -410,7 +410,7 @@ def _charge(part: SavedPart, path: Path, n: int, source: str, ids: Sequence[str]
     cfg = part.cfg
     plan = plan_from_config(cfg)
     assert plan is not None and part.ledger is not None
-    limit = cfg.dp_predict_max_releases
+    limit = cfg.dp.predict_max_releases
     sigma = plan.eval_noise_multipliers["test"]
     mu_one = release_mu(sigma)
     state = dict(part.ledger)
@@ -450,7 +450,7 @@ def _charge(part: SavedPart, path: Path, n: int, source: str, ids: Sequence[str]
     # never share a noise draw (their difference would reveal the rows exactly)
     # (and each passive party has its own secret: parties.privacy.dp.party_noise_secret)
     earlier = len(state.get("predictions", []))
-    secret = party_noise_secret(cfg.dp_noise_seed, part.party)
+    secret = party_noise_secret(cfg.dp.noise_seed, part.party)
     seed = (None if secret is None else
             int(np.random.SeedSequence([secret, 0x9E, n, earlier])
                 .generate_state(1, dtype=np.uint64)[0]))

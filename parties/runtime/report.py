@@ -121,8 +121,8 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         extra["link_by_party"] = {p: (r or {}).get("link") for p, r in got.items()}
     return {
         "algo": cfg.algo,
-        "dataset": cfg.dataset if not cfg.party_datasets else ", ".join(cfg.party_datasets),
-        "streamed": bool(cfg.stream),
+        "dataset": cfg.dataset if not cfg.data.party_datasets else ", ".join(cfg.data.party_datasets),
+        "streamed": bool(cfg.data.stream),
         "run_id": run_id,
         "security": active.get("security", {}),
         "task": active["task"],

@@ -38,7 +38,7 @@ import orjson
 import torch
 from torch import nn
 
-from parties.config import VflConfig, dump_vfl_config, load_vfl_config
+from parties.config import VflConfig, dump_vfl_config, load_saved_config
 from parties.data import DataError
 from parties.data.encoders import EncoderFormatError, FittedEncoder
 from parties.core.errors import VflError
@@ -168,13 +168,13 @@ def save_party_model(run_dir: str | Path, party: Party, *, run_id: str) -> Path:
         "columns": list(data.columns),
         "d_in": int(data.x_train.shape[1]),
         "model": party.models.describe(party.role),
-        "embedding_dim": cfg.embedding_dim,
+        "embedding_dim": cfg.model.embedding_dim,
         "task": data.task,
         "encoder": encoder,
         "torch_version": torch.__version__,
         "weights": {"file": WEIGHTS_FILE, "sha256": _sha256(out / WEIGHTS_FILE),
                     "modules": list(weights)},
-        "dp": {"enabled": cfg.dp_enabled},
+        "dp": {"enabled": cfg.dp.enabled},
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if role == "active":
@@ -226,18 +226,19 @@ class SavedPart:
 def _factory(cfg: VflConfig, spec: Mapping[str, Any]) -> ModelFactory:
     """The factory that rebuilds the saved architecture (a Python callable is imported by
     its recorded ``module:qualname``)."""
-    model, top = str(spec.get("model", cfg.model)), str(spec.get("top_model", "mlp"))
+    model, top = str(spec.get("model", cfg.model.bottom)), str(spec.get("top_model", "mlp"))
     try:
-        bottom_fn = None if model in BUILTINS else import_callable("model", model)
-        top_fn = None if top in BUILTINS else import_callable("top_model", top)
+        bottom_fn = None if model in BUILTINS else import_callable("model.bottom", model)
+        top_fn = None if top in BUILTINS else import_callable("model.top", top)
     except ModelSpecError as exc:
         raise ModelSpecError(exc.key.removeprefix("vfl."), exc.value,
                              str(exc).split(": ", 2)[-1] + "; a model that cannot be "
                              "imported by its module:callable must be given again "
                              "(load_party_model(..., models=), sim.api.predict(..., "
                              "models=))") from None
-    cfg = replace(cfg, model=model if model in BUILTINS else cfg.model,
-                  top_model=top if top in BUILTINS else cfg.top_model)
+    cfg = replace(cfg, model=replace(cfg.model,
+                                     bottom=model if model in BUILTINS else cfg.model.bottom,
+                                     top=top if top in BUILTINS else cfg.model.top))
     return ModelFactory(cfg, bottom_fn, top_fn)
 
 
@@ -279,7 +280,7 @@ def load_party_model(run_dir: str | Path, party: str, *, models: Any = None) -> 
     if digest != manifest["weights"]["sha256"]:
         raise SavedModelError(path, f"{wfile.name} has sha256 {digest}, the manifest says "
                               f"{manifest['weights']['sha256']}")
-    cfg = load_vfl_config(path / "config.toml")
+    cfg = load_saved_config(path / "config.toml")
     factory = (_factory(cfg, manifest.get("model", {})) if models is None else
                dataclasses.replace(models, cfg=cfg))
     enc_info = manifest["encoder"]

@@ -63,7 +63,7 @@ async def serve_party(role: str, cfg: VflConfig, *, run_id: str, out: Path | Non
     from parties.models.zoo import ModelFactory, check_models
 
     fork_server = None
-    if cfg.worker_mode == "process":
+    if cfg.workers.mode == "process":
         from parties.runtime.workers import ensure_forkserver
 
         # start the workers' fork server (it imports torch) while the data loads
@@ -133,7 +133,7 @@ def party_process_main(role: str, cfg: VflConfig, models: Any, *, broker: str, r
         configure_logging(events_path=events, party=role, run_id=run_id)
         import torch
 
-        torch.set_num_threads(cfg.threads_for(role))
+        torch.set_num_threads(cfg.workers.threads_for(role))
         result = run_loop(serve_party(role, cfg, run_id=run_id, out=out_dir, broker=broker,
                                       security=security, models=models,
                                       progress=not quiet and role == "active"),

@@ -50,13 +50,13 @@ class PartySession(PartyPart):
 
     async def subscribe(self, bus: Transport) -> None:
         cfg, t = self.cfg, self.topics
-        emb_bytes = cfg.batch_size * cfg.embedding_dim * 4 + 4096
+        emb_bytes = cfg.batch_size * cfg.model.embedding_dim * 4 + 4096
         # per-batch channels; VFL-PS uses one channel per worker pair instead
         channels = range(self.channels)
         # each partner's topics, for accept_only once its client id is known
         self._topics_of = {}
         if self.role == "active":
-            lim = BufferLimits(max_msgs=cfg.p, max_bytes=cfg.p * emb_bytes)
+            lim = BufferLimits(max_msgs=cfg.workers.p, max_bytes=cfg.workers.p * emb_bytes)
             for party in self.partners:
                 q = party if self.multi else ""
                 embs = [t.emb(b, q) for b in channels]
@@ -66,12 +66,12 @@ class PartySession(PartyPart):
                 await bus.subscribe_many(embs, limits=lim)
                 for n, topics in ((self.data.x_val.shape[0], vals),
                                   (self.data.x_test.shape[0], [t.test_of(q)])):
-                    eval_bytes = n * cfg.embedding_dim * 4 + 4096
+                    eval_bytes = n * cfg.model.embedding_dim * 4 + 4096
                     await bus.subscribe_many(topics, limits=BufferLimits(
                         max_msgs=2, max_bytes=2 * eval_bytes))
                 await bus.subscribe(t.report_of(q))
         else:
-            lim = BufferLimits(max_msgs=cfg.q, max_bytes=cfg.q * emb_bytes)
+            lim = BufferLimits(max_msgs=cfg.workers.q, max_bytes=cfg.workers.q * emb_bytes)
             grads = [t.grad(b) for b in channels]
             mine = [*grads, t.done, t.scored, t.hb("active")]
             await bus.subscribe_many(grads, limits=lim)
@@ -104,13 +104,13 @@ class PartySession(PartyPart):
             heard = await rendezvous(
                 bus, me=self.party, peers=list(self.partners), digest=str(mine["digest"]),
                 say=[t.hello(p) for p in self.partners], hear=[t.hello(self.party)],
-                timeout_s=cfg.handshake_timeout_s, interval_s=0.1,
+                timeout_s=cfg.timeouts.handshake_timeout_s, interval_s=0.1,
                 info={"role": self.role, "shared": mine,
                       "cores": round(cores_allotted(), 4)}, mismatch_linger_s=0.5,
                 on_found=lambda peer, _: self.log.info("vfl.partner_found", partner=peer))
         except RendezvousTimeout as exc:
             raise HandshakeTimeout(", ".join(exc.missing) if self.multi else self.partner,
-                                   cfg.handshake_timeout_s, self.run_id) from None
+                                   cfg.timeouts.handshake_timeout_s, self.run_id) from None
         except SettingsMismatch as exc:
             raise ConfigMismatch(mine, dict(exc.hello.get("shared") or {})) from None
         # from now on only the client each partner's handshake came from is that partner:
@@ -140,21 +140,21 @@ class PartySession(PartyPart):
             bus.publish_nowait(self.topics.scored, (),
                                {"point": -1, "val_overlap": on, "reason": why})
             return on, why
-        deadline = time.monotonic() + cfg.handshake_timeout_s
+        deadline = time.monotonic() + cfg.timeouts.handshake_timeout_s
         while True:
             try:
                 msg = await bus.next(self.topics.scored, max(0.0, deadline - time.monotonic()))
             except DeadlineExceeded:
-                raise HandshakeTimeout("active", cfg.handshake_timeout_s, self.run_id) from None
+                raise HandshakeTimeout("active", cfg.timeouts.handshake_timeout_s, self.run_id) from None
             if "val_overlap" in msg.meta:
                 return bool(msg.meta["val_overlap"]), str(msg.meta.get("reason", ""))[:200]
 
     async def heartbeat(self, bus: Transport) -> None:
         await heartbeat(bus, self.topics.hb(self.party), me=self.party,
-                        interval_s=self.cfg.heartbeat_interval_s)
+                        interval_s=self.cfg.timeouts.heartbeat_interval_s)
 
     async def watchdog(self, bus: Transport) -> None:
-        timeout = self.cfg.liveness_timeout_s
+        timeout = self.cfg.timeouts.liveness_timeout_s
         try:
             await watch(bus, {p: self.topics.hb(p) for p in self.partners}, timeout_s=timeout)
         except PeerLost as exc:

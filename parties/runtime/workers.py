@@ -366,7 +366,7 @@ class ProcessWorker:
                 theta = self.ps.push(torch.from_numpy(np.array(msg.arrays[0])))
                 await self._send("params", (theta.numpy(),))
                 continue
-            if msg.topic == "top":  # a step of the shared top (vfl.top_update = "shared")
+            if msg.topic == "top":  # a step of the shared top (vfl.workers.top_update = "shared")
                 fused, labels = (torch.from_numpy(np.array(a)) for a in msg.arrays[:2])
                 loss, g = await asyncio.to_thread(self.ps.top_step, fused, labels,
                                                   self._loss_fn())
@@ -560,7 +560,7 @@ def worker_main(endpoint: str, role: str, index: int, cfg_map: dict[str, Any], d
 
     cfg = from_mapping(VflConfig, cfg_map)
     models = ModelFactory(cfg) if models is None else dataclasses.replace(models, cfg=cfg)
-    torch.set_num_threads(cfg.threads_for(role))
+    torch.set_num_threads(cfg.workers.threads_for(role))
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PAIR)
     sock.setsockopt(zmq.LINGER, 0)

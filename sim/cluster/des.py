@@ -17,7 +17,7 @@ Model
   w < cores leaves cores idle. Identical workers that start together would stay in phase
   forever; ``jitter`` (seeded, deterministic) perturbs each call's cost to break that, as
   the OS scheduler and the machine's noise do in the runs. Under ``worker_mode = "inline"`` (what ``"auto"`` picks
-  for a party with fewer than 2 cores, :meth:`parties.config.VflConfig.resolved_worker_mode`)
+  for a party with fewer than 2 cores, :meth:`parties.config.WorkersSection.resolved_mode`)
   the party's compute calls run one at a time in arrival order (FIFO, non-preemptive) at
   ``min(threads, cores)``: the event loop itself computes.
 * **Link**: a message of n bytes is serialised on its direction's link (FIFO, at
@@ -54,7 +54,7 @@ Each epoch's segments run both parties' ``segment`` then both parties' ``end_seg
 An active worker's ``Await`` counts as waiting only past its own running prefetch.
 
 Simplifications (what the real runs have and this does not): no shared-top lock (under
-``vfl.top_update = "shared"`` the active workers' top steps take turns at the PS, a small
+``vfl.workers.top_update = "shared"`` the active workers' top steps take turns at the PS, a small
 part of the active step here, which the model runs in parallel); no deadline misses
 (the strategies run with dropping off and an unbounded data wait: T_ddl is far above a
 step, so nothing is dropped or reassigned; for the same reason the
@@ -109,7 +109,7 @@ from parties.algorithms.actions import (
 from parties.algorithms.schedule import ALGOS, effective_workers, eval_segments, num_batches, sync_interval
 from parties.algorithms.strategy import StrategyConfig, make_strategy
 
-#: Worker modes (``vfl.worker_mode``); ``inline`` serialises a party's compute calls.
+#: Worker modes (``vfl.workers.mode``); ``inline`` serialises a party's compute calls.
 WORKER_MODES = ("thread", "process", "inline", "auto")
 #: Span kinds of the timeline.
 SPAN_KINDS = ("compute", "wait", "comm")
@@ -233,7 +233,7 @@ class SimInput:
             for completeness), >= 1.
         staleness_bound: ``avfl`` / ``avfl-ps`` outstanding batches per passive worker.
         inflight_max / inflight_auto: ``pubsub``: the passive workers' in-flight window
-            (``vfl.inflight_max``, ``vfl.inflight_auto``;
+            (``vfl.workers.inflight_max``, ``vfl.workers.inflight_auto``;
             :class:`parties.algorithms.schedule.InflightWindow`), sized from the simulated round
             trips; 1 (the default here) = the synchronous worker.
         epochs: simulated epochs, >= 1.

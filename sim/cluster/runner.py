@@ -7,8 +7,8 @@ What it launches and enforces (every child is a separate OS process):
 * per party with a shaped link or a ``disconnect`` fault, a relay process
   (``python -m sim.cluster.relay --broker ...``) between the party and the broker; the party is
   simply given the relay's address (parties never import ``sim/``); the slowest
-  bandwidth-limited link's rate goes to the parties as ``vfl.link_mbps`` (unless the
-  config sets it), so that ``vfl.wire_dtype = "auto"`` compresses the cut-layer tensors
+  bandwidth-limited link's rate goes to the parties as ``vfl.wire.link_mbps`` (unless the
+  config sets it), so that ``vfl.wire.dtype = "auto"`` compresses the cut-layer tensors
   for a thin link (:mod:`parties.algorithms.wire`);
 * every passive party and the active party (``python -m parties PARTY_ID``), each in its own
   CPU-share group (:class:`sim.cluster.cpu.CpuLimiter`: cgroup quota, or an honest fallback
@@ -301,9 +301,9 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
             raise ConfigError("scenario.faults.party",
                               f"{f.party!r} is not a party of this run ({', '.join(ids)}; "
                               f"vfl.passive_parties = {cfg.passive_parties})")
-    if cfg.link_mbps == 0 and (mbps := path_mbps(scn, ids)) > 0:
-        # what the run knows of its links, for vfl.wire_dtype = "auto" (parties.algorithms.wire)
-        cfg = dataclasses.replace(cfg, link_mbps=mbps)
+    if cfg.wire.link_mbps == 0 and (mbps := path_mbps(scn, ids)) > 0:
+        # what the run knows of its links, for vfl.wire.dtype = "auto" (parties.algorithms.wire)
+        cfg = dataclasses.replace(cfg, wire=dataclasses.replace(cfg.wire, link_mbps=mbps))
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -420,7 +420,7 @@ def _supervise(scn: Scenario, cfg: VflConfig, procs: dict[str, subprocess.Popen[
     resume: list[tuple[float, str, dict[str, Any]]] = []  # (mono time, role, fault record)
     killed_at: float | None = None
     deadline = time.monotonic() + scn.timeout_s
-    end_bound = max(cfg.t_ddl_s, cfg.liveness_timeout_s) + scn.end_margin_s
+    end_bound = max(cfg.timeouts.t_ddl_s, cfg.timeouts.liveness_timeout_s) + scn.end_margin_s
     next_sample = 0.0
     while True:
         now = time.monotonic()

@@ -25,7 +25,7 @@ Example (``psfl sim run SCENARIO.toml --out RUN_DIR``)::
     [vfl]
     algo = "pubsub"
     dataset = "synthetic"
-    t_ddl_s = 2.0
+    timeouts.t_ddl_s = 2.0
 
 The paper's setting is two parties on 64 cores split 50:14, 48:16, 40:24 or 36:28
 (PubSub-VFL, arXiv 2510.12494, Sec. 5). A ratio scales to this machine as fractions of
@@ -350,7 +350,7 @@ def path_mbps(scn: Scenario, party_ids: Sequence[str] = ROLES) -> float:
     """The bandwidth of the slowest bandwidth-limited link among ``party_ids``' links,
     Mbit/s (0: none is limited). Every message between two parties crosses both of their
     links to the broker, so this bounds every party-to-party path of the run; the runner
-    gives it to the parties as ``vfl.link_mbps`` (what ``vfl.wire_dtype = "auto"``
+    gives it to the parties as ``vfl.wire.link_mbps`` (what ``vfl.wire.dtype = "auto"``
     decides on)."""
     rates = [scn.party(p).link.bandwidth_mbps for p in party_ids]
     return min((r for r in rates if r > 0), default=0.0)

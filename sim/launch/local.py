@@ -89,7 +89,7 @@ def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = 
         out: the run directory (created; files of an earlier run there are replaced).
         run_id: topic namespace (default: random).
         models: a :class:`parties.models.zoo.ModelFactory` (Python callables need not be
-            picklable here unless ``vfl.worker_mode = "process"``); None: the config's.
+            picklable here unless ``vfl.workers.mode = "process"``); None: the config's.
         quiet: no per-epoch lines.
         timeout_s: stop both parties after this long (None: only their own deadlines).
 
@@ -108,7 +108,7 @@ def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = 
 
     run_id = run_id or uuid.uuid4().hex[:8]
     threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.torch_threads)
+    torch.set_num_threads(cfg.workers.torch_threads)
     try:
         with scoped_logging(events_path=events, run_id=run_id):
             run_loop(run_parties_in_memory(cfg, out, run_id=run_id, models=models,

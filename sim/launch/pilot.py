@@ -62,7 +62,8 @@ def pilot_samples_model(cfg: VflConfig, out: Path, *, pilots: tuple[tuple[int, i
     runs: list[dict[str, Any]] = []
     for wa, wp, frac in pilots:
         b = max(1, round(b_ref * frac))
-        pcfg = dataclasses.replace(cfg, algo="pubsub", w_active=wa, w_passive=wp, batch_size=b)
+        pcfg = dataclasses.replace(cfg, algo="pubsub", batch_size=b,
+                                   workers=dataclasses.replace(cfg.workers, active=wa, passive=wp))
         t0 = time.perf_counter()
         res = run_vfl_in_process(pcfg, out / f"pilot-{wa}+{wp}-B{b}", timeout_s=timeout_s)
         m = res.metrics

@@ -76,7 +76,7 @@ def check_parts(run_dir: str | Path) -> tuple[str, ...]:
         parties.runtime.saved.SavedModelMismatch: a part's run id or config digest differs from
             the active part's (naming that party).
     """
-    from parties.config import load_vfl_config
+    from parties.config import load_saved_config
     from parties.runtime.saved import SavedModelError, check_same_run, part_dir
 
     active = _manifest(run_dir, "active")
@@ -84,7 +84,7 @@ def check_parts(run_dir: str | Path) -> tuple[str, ...]:
     check_same_run(active, _manifest(run_dir, "passive"), party="passive")
     path = part_dir(run_dir, "active") / "config.toml"
     try:
-        party_ids = load_vfl_config(path).party_ids
+        party_ids = load_saved_config(path).party_ids
     except (OSError, ConfigError) as exc:
         raise SavedModelError(path.parent, f"no readable config.toml ({exc})") from None
     for party in party_ids[2:]:

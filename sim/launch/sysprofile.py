@@ -65,7 +65,7 @@ def sweep_profile(cfg: VflConfig, out: Path, *,
 
     sweeps = sweep_config(cfg, batch_sizes, min_time_s=min_time_s)
     swept = sweeps["active"].batch_sizes
-    sizes = cut_layer_sizes(swept, cfg.embedding_dim)
+    sizes = cut_layer_sizes(swept, cfg.model.embedding_dim)
     proc = None
     try:
         if broker is None:
@@ -76,7 +76,7 @@ def sweep_profile(cfg: VflConfig, out: Path, *,
             _stop(proc)
             (out / "broker.addr").unlink(missing_ok=True)
     models = fit_cost_models(sweeps["active"], sweeps["passive"], comm.fit(),
-                             embedding_dim=cfg.embedding_dim,
+                             embedding_dim=cfg.model.embedding_dim,
                              more_passive=[sweeps[p] for p in cfg.party_ids[2:]])
     doc = {"sweep": {**{p: sweeps[p].to_dict() for p in cfg.party_ids},
                      "comm": comm.to_dict(), "min_time_s": min_time_s,
@@ -88,7 +88,7 @@ def sweep_profile(cfg: VflConfig, out: Path, *,
 def default_memory_rule(cfg: VflConfig, models: CostModels) -> str:
     """``"per_worker"`` when the parties' workers are processes (each its own baseline),
     else ``"shared"`` (see :mod:`parties.planning.planner`)."""
-    modes = {cfg.resolved_worker_mode(m.cores) for m in (models.active, *models.passives)}
+    modes = {cfg.workers.resolved_mode(m.cores) for m in (models.active, *models.passives)}
     return "per_worker" if "process" in modes else "shared"
 
 
@@ -133,9 +133,9 @@ def plan_from_models(models: CostModels, cfg: VflConfig, *, w_max: int = DEFAULT
     plan = plan_for_config(active, passives, cfg, models.n_train, w_max=w_max,
                            batch_sizes=bs, memory_rule=rule, samples=samples)
     swept = models.batch_sizes
-    inputs = {"n_rows": models.n_train, "embedding_dim": cfg.embedding_dim,
-              "threads": cfg.torch_threads, "w_max": w_max, "batch_sizes": list(bs),
-              "delta_t": mean_sync_interval(cfg.epochs, cfg.delta_t0),
+    inputs = {"n_rows": models.n_train, "embedding_dim": cfg.model.embedding_dim,
+              "threads": cfg.workers.torch_threads, "w_max": w_max, "batch_sizes": list(bs),
+              "delta_t": mean_sync_interval(cfg.epochs, cfg.workers.delta_t0),
               "memory_rule": rule, "mem_limit_bytes": mem_limit_bytes,
               "samples_model": None if samples is None else samples.to_dict(),
               "cores": {party: m.cores for party, m in
@@ -300,9 +300,10 @@ def apply_plan(cfg: VflConfig, plan: Plan | Mapping[str, Any]) -> VflConfig:
                           f"{cfg.passive_parties}")
     if cfg.algo == "vfl-ps":
         per_party = (min(per_party),) * len(per_party)
-    return dataclasses.replace(cfg, w_active=int(d["w_active"]), w_passive=per_party[0],
-                               passive_party_workers=per_party if len(per_party) > 1 else (),
-                               batch_size=int(d["batch_size"]))
+    return dataclasses.replace(cfg, batch_size=int(d["batch_size"]),
+                               workers=dataclasses.replace(
+                                   cfg.workers, active=int(d["w_active"]), passive=per_party[0],
+                                   per_passive_party=per_party if len(per_party) > 1 else ()))
 
 
 def _config_mapping(cfg: VflConfig) -> dict[str, Any]:
@@ -327,7 +328,10 @@ def load_plan_config(base: Mapping[str, Any] | None, path: str | Path | None = N
     if unknown:
         raise ConfigError(sorted(unknown)[0], "unknown section (expected [vfl])")
     over = parse_overrides(sets)
-    table = deep_merge(dict(base or {}), dict(data.get("vfl", {})))
+    from parties.config import migrate_saved
+
+    # a profile.json written before the configuration's sections: its flat keys migrated
+    table = deep_merge(migrate_saved(base or {}), dict(data.get("vfl", {})))
     table = deep_merge(table, over.get("vfl", {}))
     table = deep_merge(table, {k: v for k, v in over.items() if k != "vfl"})
     return from_mapping(VflConfig, table, section="vfl")

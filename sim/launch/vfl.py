@@ -218,7 +218,7 @@ def subscriptions_needed(cfg: VflConfig) -> int:
     per batch of an epoch plus a few, so a streamed run of ``n`` rows needs about
     ``n / batch_size`` (``n`` from the Parquet footers; an upper bound, every row
     counted as a training row), never fewer than the broker's default."""
-    if not cfg.stream:
+    if not cfg.data.stream:
         return BROKER_SUBSCRIPTIONS
     from parties.data.stream import inspect
 
@@ -292,7 +292,7 @@ def prepare_run(cfg: VflConfig, out: Path, models: Any = None) -> Path:
         parties.privacy.dp.UnmeetableTarget, parties.models.zoo.ModelSpecError,
             parties.privacy.dpsgd.DpIncompatibleModel: see :func:`run_vfl`.
     """
-    if cfg.dp_enabled:  # parties.privacy.dp imports torch and SciPy: only when there is a plan
+    if cfg.dp.enabled:  # parties.privacy.dp imports torch and SciPy: only when there is a plan
         from parties.privacy.dp import plan_from_config
         plan_from_config(cfg)  # an unmeetable DP target (a ConfigError) refuses before any start
     preflight_models(cfg, models)  # a broken model factory or a DP-incompatible model
@@ -425,7 +425,7 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
                                                    **run_members(run_id, cfg.party_ids))
         else:
             # fail fast, with one line, if nobody answers there
-            control_request(broker, "ping", timeout_s=cfg.connect_timeout_s,
+            control_request(broker, "ping", timeout_s=cfg.timeouts.connect_timeout_s,
                             security=sec.client("active"))
         # Check the data here while the fork server imports what the parties need
         # (zygote.warm above): a bad file or column is reported once, by us, before any

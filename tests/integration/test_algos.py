@@ -46,10 +46,10 @@ def test_every_algorithm_trains_and_reports_the_same_fields(bank_sample: Path, t
     res = psfl_in_process(capfd, "vfl", "run", "--dataset", str(bank_sample), "--algo", algo,
                           "--out", str(out), "--set", "label=y", "--set", "epochs=3",
                           "--set", "batch_size=128", "--set", "lr=3e-3",
-                          "--set", "target_metric=0.6", "--set", f"worker_mode={worker_mode}",
+                          "--set", "target_metric=0.6", "--set", f"workers.mode={worker_mode}",
                           # a loaded machine (two pytest workers on 2 cores) can take more
                           # than the default 10 s to start a party and connect
-                          "--set", "connect_timeout_s=60",
+                          "--set", "timeouts.connect_timeout_s=60",
                           "--transport", transport, "--timeout-s", "120")
     assert res.returncode == 0, res.stderr[-3000:]
     m = orjson.loads((out / "metrics.json").read_bytes())
@@ -86,7 +86,7 @@ def bank_small(bank_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 @pytest.mark.parametrize(("algo", "extra"), [(a, ()) for a in ALGOS]
-                         + [("pubsub", ("t_ddl_s=0",))])
+                         + [("pubsub", ("timeouts.t_ddl_s=0",))])
 def test_a_dead_passive_party_ends_the_active_with_the_partner_code(
         broker, bank_small: Path, tmp_path: Path, algo: str, extra: tuple[str, ...],
         capfd: pytest.CaptureFixture[str]) -> None:
@@ -94,8 +94,8 @@ def test_a_dead_passive_party_ends_the_active_with_the_partner_code(
     # wait after the kill, still far above one beat's gap
     liveness = 2.0
     sets = [f"dataset={bank_small}", "label=y", f"algo={algo}", "epochs=1000",
-            "batch_size=64", f"liveness_timeout_s={liveness}", "heartbeat_interval_s=0.25",
-            "handshake_timeout_s=60", *extra]
+            "batch_size=64", f"timeouts.liveness_timeout_s={liveness}", "timeouts.heartbeat_interval_s=0.25",
+            "timeouts.handshake_timeout_s=60", *extra]
     common = ["--broker", broker.address, "--run-id", f"kill-{algo}", "--insecure"]
     for s in sets:
         common += ["--set", s]

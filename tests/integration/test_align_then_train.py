@@ -44,8 +44,8 @@ def test_align_then_train_on_the_shared_rows(tmp_path: Path,
     # the training launcher in this process (broker and parties are processes)
     res = psfl_in_process(capfd, "vfl", "run", "--dataset", str(data), "--set", "label=y",
                           "--set", "epochs=2",
-                          "--set", f"active_rows_file={al / 'aligned-active.csv'}",
-                          "--set", f"passive_rows_file={al / 'aligned-passive.csv'}",
+                          "--set", f"data.active_rows_file={al / 'aligned-active.csv'}",
+                          "--set", f"data.passive_rows_file={al / 'aligned-passive.csv'}",
                           "--out", str(out), "--timeout-s", "120")
     assert res.returncode == 0, res.stderr[-3000:]
     m = orjson.loads((out / "metrics.json").read_bytes())
@@ -64,8 +64,8 @@ def test_align_then_train_on_the_shared_rows(tmp_path: Path,
     rp.sample(frac=1.0, random_state=0).to_csv(shuffled, index=False)
     res = psfl_in_process(capfd, "vfl", "run", "--dataset", str(data), "--set", "label=y",
                           "--set", "epochs=1",
-                          "--set", f"active_rows_file={al / 'aligned-active.csv'}",
-                          "--set", f"passive_rows_file={shuffled}",
-                          "--set", "handshake_timeout_s=20",
+                          "--set", f"data.active_rows_file={al / 'aligned-active.csv'}",
+                          "--set", f"data.passive_rows_file={shuffled}",
+                          "--set", "timeouts.handshake_timeout_s=20",
                           "--out", str(tmp_path / "bad"), "--timeout-s", "120")
     assert res.returncode == 4 and "aligned_ids" in res.stderr, res.stderr[-2000:]

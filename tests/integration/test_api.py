@@ -25,7 +25,7 @@ PASSIVE = ["housing", "loan", "contact", "day", "month", "duration", "campaign",
 # a bottom with BatchNorm (running statistics synced through the PS) and Dropout
 # (train/eval modes); a partial of an importable class, so party processes rebuild it
 BOTTOM = functools.partial(ResidualMlp, depth=1, width=32, norm="batch", dropout=0.1)
-SETTINGS = {"epochs": 2, "batch_size": 128, "lr": 3e-3, "embedding_dim": 8, "seed": 0}
+SETTINGS = {"epochs": 2, "batch_size": 128, "lr": 3e-3, "model.embedding_dim": 8, "seed": 0}
 
 
 def sgd(params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -92,8 +92,8 @@ def test_a_numpy_array_with_its_own_models_and_loss(tmp_path: Path) -> None:
                                                                   nn.Linear(16, d_out)),
                  top=lambda d_in, d_out: nn.Linear(d_in, d_out),
                  loss=lambda task: nn.BCEWithLogitsLoss(),
-                 config={"epochs": 6, "embedding_dim": 4, "batch_size": 64, "lr": 1e-2,
-                         "worker_mode": "thread"})
+                 config={"epochs": 6, "model.embedding_dim": 4, "batch_size": 64, "lr": 1e-2,
+                         "workers.mode": "thread"})
     res = train(job, tmp_path / "run")
     # the label is a function of one column per party: either party's column alone gives
     # 0.832, both 1.0. At 3 epochs a seed reached only 0.870 (median 0.964); at 6, over
@@ -122,8 +122,8 @@ def test_three_parties_from_the_python_api_with_their_own_models(tmp_path: Path)
                  label="y", active_columns=["a", "b"],
                  passive_party_columns=[["c", "d"], ["e", "f"]],
                  bottom=lambda d_in, d_out: nn.Linear(d_in, d_out), top=top,
-                 config={"epochs": 3, "embedding_dim": 4, "batch_size": 64, "lr": 1e-2,
-                         "worker_mode": "inline"})
+                 config={"epochs": 3, "model.embedding_dim": 4, "batch_size": 64, "lr": 1e-2,
+                         "workers.mode": "inline"})
     res = train(job, tmp_path / "run")
     above(res.metric, 0.9, "test AUC")  # one informative column per party
     assert set(widths) == {12}  # 3 parties x embedding_dim 4

@@ -29,8 +29,8 @@ def _launch(broker: BrokerProcess, data: Path, out: Path, run_id: str, epochs: i
             liveness_s: float, t_ddl_s: float = 5.0) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     sets = [f"dataset={data}", "label=y", "seed=0", f"epochs={epochs}", "batch_size=64",
-            "eval_every=1000", f"liveness_timeout_s={liveness_s}", f"t_ddl_s={t_ddl_s}",
-            "heartbeat_interval_s=0.25", "handshake_timeout_s=60", "connect_timeout_s=60"]
+            "eval_every=1000", f"timeouts.liveness_timeout_s={liveness_s}", f"timeouts.t_ddl_s={t_ddl_s}",
+            "timeouts.heartbeat_interval_s=0.25", "timeouts.handshake_timeout_s=60", "timeouts.connect_timeout_s=60"]
     args = [*PSFL, "vfl", "run", "--broker", broker.address, "--insecure", "--run-id", run_id,
             "--out", str(out)]
     for s in sets:

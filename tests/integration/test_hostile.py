@@ -48,8 +48,8 @@ def bank_frame() -> pd.DataFrame:
 def test_a_partner_sending_nan_embeddings_ends_the_run_naming_it(
         bank_frame: pd.DataFrame, tmp_path: Path) -> None:
     job = VflJob(data=bank_frame, label="y", passive_bottom=nan_bottom,
-                 config={"epochs": 2, "t_ddl_s": 0.5, "peer_max_bad_messages": 4,
-                         "worker_mode": "inline"})
+                 config={"epochs": 2, "timeouts.t_ddl_s": 0.5, "timeouts.peer_max_bad_messages": 4,
+                         "workers.mode": "inline"})
     with pytest.raises(PartnerMisbehaved) as err:
         train(job, tmp_path / "run", timeout_s=120)
     assert err.value.partner == "passive" and err.value.count == 4
@@ -60,7 +60,7 @@ def test_a_partner_sending_nan_embeddings_ends_the_run_naming_it(
 def test_a_diverging_model_stops_the_run_instead_of_reporting_nan(
         bank_frame: pd.DataFrame, tmp_path: Path) -> None:
     job = VflJob(data=bank_frame, label="y", bottom=nan_bottom, passive_bottom=None,
-                 config={"epochs": 1, "worker_mode": "inline", "t_ddl_s": 0.5})
+                 config={"epochs": 1, "workers.mode": "inline", "timeouts.t_ddl_s": 0.5})
     with pytest.raises((NonFiniteTraining, PartnerMisbehaved)) as err:
         train(job, tmp_path / "run", timeout_s=120)
     assert "not finite" in str(err.value)
@@ -103,8 +103,8 @@ def test_foreign_and_malformed_messages_are_dropped_and_the_run_completes(
     data = tmp_path / "bank.csv"
     bank_frame.to_csv(data, index=False)
     run = "victim"
-    sets = [f"dataset={data}", "label=y", "epochs=3", "batch_size=64", "embedding_dim=32",
-            "handshake_timeout_s=60", "connect_timeout_s=60"]
+    sets = [f"dataset={data}", "label=y", "epochs=3", "batch_size=64", "model.embedding_dim=32",
+            "timeouts.handshake_timeout_s=60", "timeouts.connect_timeout_s=60"]
     common = ["--broker", broker.address, "--run-id", run, "--insecure", "--quiet"]
     for s in sets:
         common += ["--set", s]

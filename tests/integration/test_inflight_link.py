@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from parties.config import VflConfig
+from parties.config import DataSection, TimeoutsSection, VflConfig, WorkersSection
 from pubsub.memory import MemoryBroker, MemoryBus
 from sim.launch.local import run_vfl_in_process
 from tests.bounds import above
@@ -50,9 +50,10 @@ def slow_uplink(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.timeout(240)
 def test_window_grows_over_a_slow_uplink_and_metrics_record_the_link(
         tmp_path: Path, slow_uplink: None) -> None:
-    cfg = VflConfig(algo="pubsub", dataset="synthetic", synthetic_rows=8000,
-                    synthetic_features=16, synthetic_informative=8, epochs=1,
-                    worker_mode="thread", inflight_max=6, heartbeat_interval_s=0.2)
+    cfg = VflConfig(algo="pubsub", dataset="synthetic", epochs=1,
+                    data=DataSection(synthetic_rows=8000, synthetic_features=16, synthetic_informative=8),
+                    workers=WorkersSection(mode="thread", inflight_max=6),
+                    timeouts=TimeoutsSection(heartbeat_interval_s=0.2))
     run_vfl_in_process(cfg, tmp_path / "run", timeout_s=200)
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     link = m["link"]
@@ -60,12 +61,12 @@ def test_window_grows_over_a_slow_uplink_and_metrics_record_the_link(
     rtt = link["rtt_s"]["median"]
     assert rtt >= 0.9 * DELAY_S  # the round trip the window hides
     assert link["inflight"]["by_epoch"] and link["inflight"]["series"]
-    assert link["bytes_per_sample"] > 2 * cfg.embedding_dim * 4  # embedding + gradient
+    assert link["bytes_per_sample"] > 2 * cfg.model.embedding_dim * 4  # embedding + gradient
     assert not link["t_ddl"]["adjusted"] and m["dropped_batches"] == 0
     # the window is 1 + floor(rtt / T), T a worker's period (its step, or the partner's
     # period times the workers): a few ms here, but beside other CPU-bound jobs it has
     # reached the 40 ms round trip (the window then rightly stays at 1)
-    period = max(link["step_s"] or 0.0, (link["partner_period_s"] or 0.0) * cfg.w_passive)
+    period = max(link["step_s"] or 0.0, (link["partner_period_s"] or 0.0) * cfg.workers.passive)
     if period * 1.5 > rtt:
         pytest.skip(f"machine too busy to judge the window: a worker's period "
                     f"{period * 1e3:.0f} ms against a {rtt * 1e3:.0f} ms round trip")
@@ -83,9 +84,10 @@ def test_validation_points_over_a_slow_uplink_do_not_drain_the_pipeline(
     sides, in step, with its metric on the active side. (With the overlap off each point
     ends a segment: tests/integration/test_vfl.py's inline smoke run and
     tests/integration/test_vfl_segments.py.)"""
-    cfg = VflConfig(algo="pubsub", dataset="synthetic", synthetic_rows=6000,
-                    synthetic_features=16, synthetic_informative=8, epochs=2,
-                    val_per_epoch=4, worker_mode="thread", heartbeat_interval_s=0.2)
+    cfg = VflConfig(algo="pubsub", dataset="synthetic", epochs=2, val_per_epoch=4,
+                    data=DataSection(synthetic_rows=6000, synthetic_features=16, synthetic_informative=8),
+                    workers=WorkersSection(mode="thread"),
+                    timeouts=TimeoutsSection(heartbeat_interval_s=0.2))
     assert cfg.scores_in_flight
     run_vfl_in_process(cfg, tmp_path / "run", timeout_s=200)
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -113,9 +115,10 @@ def test_a_party_under_one_core_scores_points_at_segment_ends(
     import parties.runtime.session
 
     monkeypatch.setattr(parties.runtime.session, "cores_allotted", lambda: 0.5)
-    cfg = VflConfig(algo="pubsub", dataset="synthetic", synthetic_rows=4000,
-                    synthetic_features=16, synthetic_informative=8, epochs=1,
-                    val_per_epoch=2, worker_mode="thread", heartbeat_interval_s=0.2)
+    cfg = VflConfig(algo="pubsub", dataset="synthetic", epochs=1, val_per_epoch=2,
+                    data=DataSection(synthetic_rows=4000, synthetic_features=16, synthetic_informative=8),
+                    workers=WorkersSection(mode="thread"),
+                    timeouts=TimeoutsSection(heartbeat_interval_s=0.2))
     assert cfg.scores_in_flight  # allowed by the configuration, declined by the run
     run_vfl_in_process(cfg, tmp_path / "run", timeout_s=200)
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())

@@ -16,7 +16,7 @@ import orjson
 import pandas as pd
 import pytest
 
-from parties.config import VflConfig
+from parties.config import DataSection, DpSection, TimeoutsSection, VflConfig, WorkersSection
 from parties.core.errors import HandshakeTimeout
 from sim.launch.vfl import spawn_party_cli
 from tests.conftest import bank_sample_csv, psfl_in_process, wait_for_event
@@ -39,7 +39,8 @@ def test_every_algorithm_trains_with_three_passive_parties_in_process(
     from sim.launch.local import run_vfl_in_process
 
     cfg = VflConfig(dataset=str(bank_sample), label="y", algo=algo, epochs=3, batch_size=128,
-                    lr=3e-3, passive_parties=3, fuse=fuse, worker_mode="thread", seed=0)
+                    lr=3e-3, passive_parties=3, fuse=fuse, seed=0,
+                    workers=WorkersSection(mode="thread"))
     run_vfl_in_process(cfg, tmp_path)
     m = _metrics(tmp_path)
     parties = ("active", "passive", "passive2", "passive3")
@@ -66,7 +67,8 @@ def test_a_missing_passive_party_is_named_by_the_handshake(bank_sample: Path,
     from pubsub.memory import MemoryBroker
 
     cfg = VflConfig(dataset=str(bank_sample), label="y", epochs=1, passive_parties=2,
-                    handshake_timeout_s=2.0, worker_mode="inline")
+                    timeouts=TimeoutsSection(handshake_timeout_s=2.0),
+                    workers=WorkersSection(mode="inline"))
 
     async def main() -> None:
         async with MemoryBroker() as hub:
@@ -88,7 +90,7 @@ def test_three_parties_through_a_curve_broker_as_processes(
     res = psfl_in_process(capfd, "vfl", "run", "--dataset", str(bank_sample), "--out",
                           str(tmp_path), "--set", "label=y", "--set", "passive_parties=2",
                           "--set", "epochs=3", "--set", "batch_size=128", "--set", "lr=3e-3",
-                          "--set", "connect_timeout_s=60")
+                          "--set", "timeouts.connect_timeout_s=60")
     assert res.returncode == 0, res.stderr[-2000:]
     m = _metrics(tmp_path)
     assert m["security"]["transport"] == "curve"
@@ -123,8 +125,8 @@ def test_a_dead_passive_party_is_named_in_the_active_partys_error(
         broker, bank_sample: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     liveness = 2.0
     sets = [f"dataset={bank_sample}", "label=y", "epochs=1000", "batch_size=64",
-            "passive_parties=2", f"liveness_timeout_s={liveness}",
-            "heartbeat_interval_s=0.25", "handshake_timeout_s=60"]
+            "passive_parties=2", f"timeouts.liveness_timeout_s={liveness}",
+            "timeouts.heartbeat_interval_s=0.25", "timeouts.handshake_timeout_s=60"]
     common = ["--broker", broker.address, "--run-id", "kill-mp", "--insecure"]
     for s in sets:
         common += ["--set", s]
@@ -156,9 +158,9 @@ def test_a_dead_passive_party_is_named_in_the_active_partys_error(
 
 
 @pytest.mark.parametrize(("sets", "named"), [
-    (["passive_parties=2", "active_columns=age,job", "passive_party_columns=[]"],
+    (["passive_parties=2", "data.active_columns=age,job", "data.passive_party_columns=[]"],
      "passive_party_columns"),
-    (["passive_parties=3", "passive_columns=age"], "passive_columns"),
+    (["passive_parties=3", "data.passive_columns=age"], "passive_columns"),
     (["passive_parties=2", "fuse=max"], "fuse"),
 ])
 def test_bad_multiparty_settings_are_refused_before_anything_starts(
@@ -175,8 +177,8 @@ def test_a_column_of_two_passive_parties_names_both(tmp_path: Path) -> None:
     from parties.data import InvalidSplit
     from parties.data.preflight import preflight
 
-    cfg = VflConfig(dataset="bank", passive_parties=2, active_columns=("age", "job"),
-                    passive_party_columns=(("balance", "day"), ("day", "month")))
+    cfg = VflConfig(dataset="bank", passive_parties=2,
+                    data=DataSection(active_columns=("age", "job"), passive_party_columns=(("balance", "day"), ("day", "month"))))
     with pytest.raises(InvalidSplit, match="both the passive and the passive2 party: \\['day'\\]"):
         preflight(cfg)
 
@@ -201,7 +203,7 @@ def test_three_parties_by_hand_with_keys_and_a_run_membership(
     b = BrokerProcess(tmp_path, "--members", str(members), keys=keys)
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[vfl]\ndataset = "{bank_sample}"\nlabel = "y"\npassive_parties = 2\n'
-                   'epochs = 2\nbatch_size = 128\nlr = 3e-3\nconnect_timeout_s = 60.0\n')
+                   'epochs = 2\nbatch_size = 128\nlr = 3e-3\ntimeouts.connect_timeout_s = 60.0\n')
     capfd.readouterr()
     procs = {p: spawn_party_cli([p, "--broker", b.address, "--keys", str(keys), "--run-id",
                                  "r3", "--config", str(cfg), "--out", str(tmp_path / p),
@@ -229,9 +231,9 @@ def test_each_passive_party_keeps_its_own_privacy_ledger(tmp_path: Path) -> None
     own columns' public schema, and reports its own guarantee (dp_by_party)."""
     from sim.launch.local import run_vfl_in_process
 
-    cfg = VflConfig(dataset="bank", algo="pubsub", epochs=1, batch_size=256,
-                    passive_parties=2, dp_mu=8.0, dp_noise_seed=1, worker_mode="inline",
-                    eval_every=1)
+    cfg = VflConfig(dataset="bank", algo="pubsub", epochs=1, batch_size=256, passive_parties=2,
+                    eval_every=1, dp=DpSection(mu=8.0, noise_seed=1),
+                    workers=WorkersSection(mode="inline"))
     run_vfl_in_process(cfg, tmp_path)
     m = _metrics(tmp_path)
     by = m["dp_by_party"]
@@ -265,12 +267,13 @@ def test_a_plan_gives_each_passive_party_its_own_workers(
                                   "epoch_s": 0.5, "profile": "hand-made"}).decode())
     common = ["vfl", "run", "--transport", "memory", "--dataset", str(bank_sample),
               "--set", "label=y", "--set", "passive_parties=2", "--set", "epochs=1",
-              "--set", "worker_mode=inline", "--plan", str(plan)]
+              "--set", "workers.mode=inline", "--plan", str(plan)]
     res = psfl_in_process(capfd, *common, "--out", str(tmp_path / "run"))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "passive_party_workers [1, 3]" in res.stdout and "workers 2+1+3" in res.stdout
     m = _metrics(tmp_path / "run")
-    assert m["config"]["passive_party_workers"] == [1, 3] and m["config"]["batch_size"] == 256
+    assert m["config"]["workers"]["per_passive_party"] == [1, 3]
+    assert m["config"]["batch_size"] == 256
     assert [m["parties"][p]["workers"] for p in ("active", "passive", "passive2")] == [2, 1, 3]
     assert m["plan"]["passive_party_workers"] == [1, 3]
     res = psfl_in_process(capfd, *common[:-4], "--set", "passive_parties=3",
@@ -282,8 +285,8 @@ def test_a_two_party_run_with_a_mean_fuse_predicts_its_own_test_auc(bank_sample:
                                                                     tmp_path: Path) -> None:
     from sim.launch.local import predict_in_process, run_vfl_in_process
 
-    cfg = VflConfig(dataset=str(bank_sample), label="y", epochs=2, batch_size=128,
-                    lr=3e-3, fuse="mean", worker_mode="inline")
+    cfg = VflConfig(dataset=str(bank_sample), label="y", epochs=2, batch_size=128, lr=3e-3,
+                    fuse="mean", workers=WorkersSection(mode="inline"))
     run_vfl_in_process(cfg, tmp_path / "run")
     m = _metrics(tmp_path / "run")
     res = predict_in_process(tmp_path / "run", tmp_path / "pred")
@@ -297,7 +300,7 @@ def three_party_run(bank_sample: Path, tmp_path_factory: pytest.TempPathFactory)
 
     run = tmp_path_factory.mktemp("mp") / "run"
     cfg = VflConfig(dataset=str(bank_sample), label="y", epochs=1, batch_size=128, lr=3e-3,
-                    passive_parties=2, fuse="sum", worker_mode="inline")
+                    passive_parties=2, fuse="sum", workers=WorkersSection(mode="inline"))
     run_vfl_in_process(cfg, run)
     return run
 

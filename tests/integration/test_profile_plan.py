@@ -83,7 +83,7 @@ def test_run_with_plan_auto_records_the_plan(tmp_path: Path,
     assert plan["profile"] == str(out / "plan" / "profile.json")
     assert (out / "plan" / "plan.json").exists() and (out / "plan" / "profile.json").exists()
     cfg = m["config"]
-    assert (cfg["w_active"], cfg["w_passive"], cfg["batch_size"]) == (
+    assert (cfg["workers"]["active"], cfg["workers"]["passive"], cfg["batch_size"]) == (
         plan["w_active"], plan["w_passive"], plan["batch_size"])
     assert m["metric"] is not None
 
@@ -111,7 +111,7 @@ def test_plan_auto_with_pilots_plans_for_time_to_target(tmp_path: Path,
     assert model == pilots["model"] and model["active_worker_cost"] >= 0
     assert plan["samples_ratio"] >= 1.0 or model["batch_noise"] is not None
     cfg = m["config"]
-    assert (cfg["w_active"], cfg["w_passive"], cfg["batch_size"]) == (
+    assert (cfg["workers"]["active"], cfg["workers"]["passive"], cfg["batch_size"]) == (
         plan["w_active"], plan["w_passive"], plan["batch_size"])
     # the model reused from the plan.json, planned again
     res = psfl_in_process(capfd, "vfl", "plan", "--profile", str(out / "plan" / "profile.json"),

@@ -14,7 +14,7 @@ import orjson
 import pandas as pd
 import pytest
 
-from parties.config import VflConfig
+from parties.config import DataSection, VflConfig, WorkersSection
 from parties.data import load_table
 
 PSFL = [sys.executable, "-m", "sim.cli"]
@@ -70,11 +70,8 @@ def test_three_parties_align_then_train_on_the_common_rows(tmp_path: Path) -> No
     # file is re-expressed in that table's order (its rows are positions in its own file)
     rq = got["passive2"].assign(row=n - 1 - got["passive2"]["row"])
     rq.to_csv(al / "aligned-passive2-table.csv", index=False)
-    cfg = VflConfig(dataset=str(data), label="y", epochs=1, batch_size=128, passive_parties=2,
-                    worker_mode="thread", seed=0,
-                    active_rows_file=str(al / "aligned-active.csv"),
-                    passive_party_rows_files=(str(al / "aligned-passive.csv"),
-                                              str(al / "aligned-passive2-table.csv")))
+    cfg = VflConfig(dataset=str(data), label="y", epochs=1, batch_size=128, passive_parties=2, seed=0, workers=WorkersSection(mode="thread"), data=DataSection(active_rows_file=str(al / "aligned-active.csv"), passive_party_rows_files=(str(al / "aligned-passive.csv"),
+                                              str(al / "aligned-passive2-table.csv"))))
     out = tmp_path / "run"
     run_vfl_in_process(cfg, out, timeout_s=120)
     loaded = [orjson.loads(x) for x in (out / "events.jsonl").read_bytes().splitlines()

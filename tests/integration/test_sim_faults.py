@@ -34,8 +34,8 @@ dataset = "bank"
 epochs = 4  # the faults land when the active party ends epoch 1; the later epochs show
             # the recovery (with 2, a 4 s disconnect could outlast training and reach the
             # scoring)
-t_ddl_s = 2.0
-liveness_timeout_s = {liveness}
+timeouts.t_ddl_s = 2.0
+timeouts.liveness_timeout_s = {liveness}
 eval_every = 1000  # scored after the last epoch only: the fault lands in training
 """
 

@@ -34,8 +34,8 @@ algo = "pubsub"
 dataset = "bank"
 passive_parties = 2
 epochs = 3
-t_ddl_s = 2.0
-liveness_timeout_s = 30.0
+timeouts.t_ddl_s = 2.0
+timeouts.liveness_timeout_s = 30.0
 eval_every = 1000
 """
 

@@ -564,8 +564,8 @@ def test_your_own_model(tmp_path: Path) -> None:
     assert big["model"]["resnet"]["depth"] == 2 and big["model"]["resnet"]["norm"] == "batch"
     assert 0.8 < big["test_auc"] <= 1.0
     mine = _json(runs / "mine" / "metrics.json")  # now the mypkg run's
-    assert mine["config"]["model"] == "mypkg.models:bottom"
-    assert mine["config"]["top_model"] == "mypkg.models:top"
+    assert mine["config"]["model"]["bottom"] == "mypkg.models:bottom"
+    assert mine["config"]["model"]["top"] == "mypkg.models:top"
     assert 0.75 < mine["test_auc"] <= 1.0
     assert [s.name for s in steps[1:]] == ["psfl vfl run"] * 2
 

@@ -45,8 +45,8 @@ def test_two_process_vfl_smoke_on_real_data(bank_sample: Path, tmp_path: Path,
     (out / "stale.txt").write_text("an existing, non-empty --out directory is fine")
     epochs, d = 3, 16
     args = ("vfl", "run", "--dataset", str(bank_sample), "--out", str(out),
-            "--set", "label=y", "--set", f"epochs={epochs}", "--set", f"embedding_dim={d}",
-            "--set", "batch_size=128", "--set", f"worker_mode={worker_mode}",
+            "--set", "label=y", "--set", f"epochs={epochs}", "--set", f"model.embedding_dim={d}",
+            "--set", "batch_size=128", "--set", f"workers.mode={worker_mode}",
             # two workers' updates are averaged (local SGD): a few more steps' worth
             "--set", "lr=3e-3",
             # inline: each validation point ends a segment, and the passive party waits
@@ -147,8 +147,8 @@ def test_unknown_column_is_a_clear_error(tmp_path: Path,
     table = _csv(tmp_path / "t.csv", _small_table())
     res = psfl_in_process(capsys, "vfl", "run", "--dataset", str(table),
                            "--out", str(tmp_path / "r"),
-                           "--set", "label=y", "--set", 'active_columns=["age","salary"]',
-                           "--set", 'passive_columns=["job"]')
+                           "--set", "label=y", "--set", 'data.active_columns=["age","salary"]',
+                           "--set", 'data.passive_columns=["job"]')
     _assert_clean_failure(res, 2, "salary")
 
 
@@ -173,7 +173,7 @@ def test_unreachable_broker_fails_within_the_stated_timeout(tmp_path: Path) -> N
     t0 = time.perf_counter()
     res = _psfl("vfl", "party", "--role", "passive", "--insecure", "--broker", "tcp://127.0.0.1:9",
                 "--set", f"dataset={table}", "--set", "label=y",
-                "--set", "connect_timeout_s=1", "--out", str(tmp_path / "out"), timeout=300)
+                "--set", "timeouts.connect_timeout_s=1", "--out", str(tmp_path / "out"), timeout=300)
     elapsed = time.perf_counter() - t0
     _assert_clean_failure(res, 3, "no broker answered at tcp://127.0.0.1:9 within 1.0 s")
     # start-up, data loading and the 1 s connect deadline: seconds on a quiet machine, up
@@ -285,7 +285,7 @@ def test_parties_with_different_tasks_refuse_to_train(broker, tmp_path: Path) ->
     pd.DataFrame({"a": rng.normal(size=200), "b": rng.normal(size=200),
                   "y": rng.integers(0, 2, size=200)}).to_csv(table, index=False)
     common = ["vfl", "party", "--insecure", "--broker", broker.address, "--run-id", "taskmix",
-              "--set", f"dataset={table}", "--set", "label=y", "--set", "handshake_timeout_s=30"]
+              "--set", f"dataset={table}", "--set", "label=y", "--set", "timeouts.handshake_timeout_s=30"]
     procs = {
         role: subprocess.Popen([*PSFL, *common, "--role", role, "--set", f"task={task}",
                                 "--out", str(tmp_path / role)],

@@ -45,8 +45,8 @@ def _run(out: Path, *sets: str, transport: str = "broker",
     # broker and party processes
     # (a loaded machine can take more than the default 10 s to start a party with worker
     # processes and connect)
-    ("broker", "process", 1.0, ("max_reassign=0", "dp_clip_norm=0.5", "dp_noise_seed=5",
-                                "connect_timeout_s=60"), 0.5),
+    ("broker", "process", 1.0, ("timeouts.max_reassign=0", "dp.clip_norm=0.5", "dp.noise_seed=5",
+                                "timeouts.connect_timeout_s=60"), 0.5),
 ])
 def test_dp_run_reports_spent_budget_within_the_target(
         tmp_path: Path, transport: str, worker_mode: str, mu: float, extra: tuple[str, ...],
@@ -60,8 +60,8 @@ def test_dp_run_reports_spent_budget_within_the_target(
         data = tmp_path / "data" / "bank_sample.csv"
         data.parent.mkdir()
         load_table("bank")[0].sample(n=20000, random_state=0).to_csv(data, index=False)
-        sample = ("label=y", f"dp_schema={BANK_SCHEMA}")
-    m = _run(tmp_path, f"epochs={epochs}", f"dp_mu={mu}", f"worker_mode={worker_mode}", *extra,
+        sample = ("label=y", f"dp.schema={BANK_SCHEMA}")
+    m = _run(tmp_path, f"epochs={epochs}", f"dp.mu={mu}", f"workers.mode={worker_mode}", *extra,
              *sample, transport=transport, dataset=str(data) if sample else "bank")
     cfg = m["config"]
     dp = m["dp"]
@@ -73,8 +73,8 @@ def test_dp_run_reports_spent_budget_within_the_target(
     assert dp["publications_max"] == dp["publications_max_train"] == epochs
     assert dp["publications_max_val"] == epochs and dp["publications_max_test"] == 1
     assert dp["published_evaluations"] == epochs + 1
-    reserve = min(cfg["dp_reassign_reserve"], epochs * cfg["max_reassign"])
-    assert dp["reassign_reserve"] == reserve == (1 if cfg["max_reassign"] else 0)
+    reserve = min(cfg["dp"]["reassign_reserve"], epochs * cfg["timeouts"]["max_reassign"])
+    assert dp["reassign_reserve"] == reserve == (1 if cfg["timeouts"]["max_reassign"] else 0)
     planned = epochs + reserve
     assert dp["publications_planned"] == {"train": planned, "val": epochs, "test": 1}
     assert dp["reassign_reserve_spent_max"] == 0 and dp["reserve_exhausted_batches"] == 0
@@ -87,7 +87,7 @@ def test_dp_run_reports_spent_budget_within_the_target(
     assert dp["mu"] == pytest.approx(mu) and dp["mu"] <= mu
     assert dp["release_mu"]["train"] * math.sqrt(epochs) == pytest.approx(
         mu * math.sqrt(epochs / planned))
-    assert dp["delta"] == 1e-5 and dp["clip_norm"] == cfg["dp_clip_norm"]
+    assert dp["delta"] == 1e-5 and dp["clip_norm"] == cfg["dp"]["clip_norm"]
     assert dp["epsilon"] == pytest.approx(epsilon_for_delta(dp["mu"], 1e-5))
     assert dp["guarantee"]["neighbouring"].startswith("replace-one")
     assert min_auc < m["test_auc"] <= 1.0
@@ -104,5 +104,5 @@ def test_dp_run_reports_spent_budget_within_the_target(
     # the log records the plan, never the secret seed
     events = (tmp_path / "events.jsonl").read_text()
     assert '"dp.plan"' in events and '"dp.spent"' in events
-    source = "config" if "dp_noise_seed" in cfg else "os_entropy"
+    source = "config" if "noise_seed" in cfg["dp"] else "os_entropy"
     assert f'"noise_seed":"{source}"' in events

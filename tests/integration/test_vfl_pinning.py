@@ -1,4 +1,4 @@
-"""CPU pinning of the parties (``vfl.active_cpus`` / ``vfl.passive_cpus``) and
+"""CPU pinning of the parties (``vfl.workers.active_cpus`` / ``vfl.workers.passive_cpus``) and
 ``t_ddl_s = 0`` (no deadline) in a real two-process run."""
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ def test_pinned_parties_without_deadline(tmp_path: Path, worker_mode: str,
     # the launcher in this process; the broker and both parties are processes
     res = psfl_in_process(
         capfd, "vfl", "run", "--dataset", "bank", "--out", str(tmp_path),
-        "--set", "epochs=1", "--set", "t_ddl_s=0", "--set", f"worker_mode={worker_mode}",
+        "--set", "epochs=1", "--set", "timeouts.t_ddl_s=0", "--set", f"workers.mode={worker_mode}",
         # each party shares its one pinned CPU with its workers: on a loaded machine its
         # start can take longer than the default 10 s
-        "--set", "connect_timeout_s=60", "--timeout-s", "120",
-        "--set", f"active_cpus=[{a}]", "--set", f"passive_cpus=[{p}]")
+        "--set", "timeouts.connect_timeout_s=60", "--timeout-s", "120",
+        "--set", f"workers.active_cpus=[{a}]", "--set", f"workers.passive_cpus=[{p}]")
     assert res.returncode == 0, res.stderr[-2000:]
     m = orjson.loads((tmp_path / "metrics.json").read_bytes())
     for role in ("active", "passive"):
@@ -41,7 +41,7 @@ def test_pinned_parties_without_deadline(tmp_path: Path, worker_mode: str,
 def test_unavailable_cpu_is_a_config_error(tmp_path: Path) -> None:
     res = subprocess.run(
         [sys.executable, "-m", "parties", "active", "--insecure", "--broker", "tcp://127.0.0.1:9",
-         "--set", "active_cpus=[4096]", "--out", str(tmp_path)],
+         "--set", "workers.active_cpus=[4096]", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300)
     assert res.returncode == 2, res.stderr
-    assert "vfl.active_cpus" in res.stderr and "Traceback" not in res.stderr
+    assert "vfl.workers.active_cpus" in res.stderr and "Traceback" not in res.stderr

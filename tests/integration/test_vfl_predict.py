@@ -43,10 +43,10 @@ def _train(data: Path, out: Path, *sets: str) -> dict:  # type: ignore[type-arg]
     """Train in this process over the in-memory bus (:mod:`sim.launch.local`): what is tested here
     is the saved model and prediction; training through the broker is tested elsewhere."""
     base = [f"dataset={data}", "label=y", "epochs=2", "batch_size=128", "lr=3e-3",
-            "embedding_dim=8",
+            "model.embedding_dim=8",
             # the ID column is no feature: each party's columns are listed
-            'active_columns=["age","job","marital","education","default","balance"]',
-            'passive_columns=["housing","loan","contact","day","month","duration",'
+            'data.active_columns=["age","job","marital","education","default","balance"]',
+            'data.passive_columns=["housing","loan","contact","day","month","duration",'
             '"campaign","pdays","previous","poutcome"]']
     return run_vfl_in_process(load_vfl_config(None, [*base, *sets]), out).metrics
 
@@ -114,8 +114,8 @@ def test_parts_of_different_runs_are_refused_naming_both_ids(
 def test_resnet_with_batchnorm_in_worker_processes_round_trips(bank_sample: Path,
                                                                tmp_path: Path) -> None:
     run = tmp_path / "run"
-    m = _train(bank_sample, run, "model=resnet", "resnet_depth=1", "resnet_width=16",
-               "resnet_norm=batch", "worker_mode=process")
+    m = _train(bank_sample, run, "model.bottom=resnet", "model.resnet_depth=1", "model.resnet_width=16",
+               "model.resnet_norm=batch", "workers.mode=process")
     man = orjson.loads((run / "model" / "active" / "manifest.json").read_bytes())
     assert man["model"] == {"model": "resnet", "top_model": "resnet",
                             "resnet": {"depth": 1, "width": 16, "norm": "batch",
@@ -130,8 +130,8 @@ def test_dp_batchnorm_and_broken_factories_are_refused_before_anything_starts(
 
     base = ["vfl", "run", "--dataset", "bank", "--set", "epochs=1", "--timeout-s", "60"]
     out = tmp_path / "bn"
-    code = psfl([*base, "--out", str(out), "--model", "resnet", "--set", "resnet_norm=batch",
-                 "--set", "dp_mu=8"])
+    code = psfl([*base, "--out", str(out), "--model", "resnet", "--set", "model.resnet_norm=batch",
+                 "--set", "dp.mu=8"])
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
     assert "BatchNorm1d" in err and "Traceback" not in err
@@ -148,10 +148,10 @@ def test_dp_prediction_continues_the_training_ledger(bank_sample: Path,
                                                      tmp_path: Path) -> None:
     run = tmp_path / "run"
     schema = Path(__file__).parents[2] / "parties" / "datasets" / "bank.schema.toml"
-    m = _train(bank_sample, run, "dp_mu=8", "dp_noise_seed=3", f'dp_schema="{schema}"',
-               "dp_predict_max_releases=2", "model=resnet",
-               "resnet_depth=1", "resnet_width=16", "resnet_norm=batch",
-               "dp_batchnorm=groupnorm")
+    m = _train(bank_sample, run, "dp.mu=8", "dp.noise_seed=3", f'dp.schema="{schema}"',
+               "dp.predict_max_releases=2", "model.bottom=resnet",
+               "model.resnet_depth=1", "model.resnet_width=16", "model.resnet_norm=batch",
+               "dp.batchnorm=groupnorm")
     assert (run / "model" / "passive" / "schema.toml").exists()
     assert m["dp"]["publications_max_test"] == 1
     dp = predict_in_process(run, tmp_path / "pred").summary["dp"]

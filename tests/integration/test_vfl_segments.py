@@ -7,15 +7,16 @@ from pathlib import Path
 
 import orjson
 
-from parties.config import VflConfig
+from parties.config import DataSection, VflConfig, WorkersSection
 
 
 def test_sync_segments_apart_from_the_scorings(tmp_path: Path) -> None:
     from sim.launch.local import run_vfl_in_process
 
-    cfg = VflConfig(dataset="synthetic", synthetic_rows=3000, epochs=2, batch_size=128,
-                    algo="pubsub", w_active=1, w_passive=2, worker_mode="inline",
-                    val_per_epoch=2, sync_per_epoch=6, seed=0)
+    cfg = VflConfig(dataset="synthetic", epochs=2, batch_size=128, algo="pubsub",
+                    val_per_epoch=2, sync_per_epoch=6, seed=0,
+                    data=DataSection(synthetic_rows=3000),
+                    workers=WorkersSection(active=1, passive=2, mode="inline"))
     run_vfl_in_process(cfg, tmp_path)
     m = orjson.loads((tmp_path / "metrics.json").read_bytes())
     hist = m["history"]

@@ -28,21 +28,21 @@ def criteo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _sets(dirs: dict[str, Path], *extra: str) -> list[str]:
     files = ", ".join(f'"{d}"' for d in dirs.values())
-    return ["label=label", "epochs=1", "batch_size=128", "embedding_dim=8",
-            f"party_datasets=[{files}]", "row_split=hash", "shuffle_block_rows=1024",
-            "shuffle_window_rows=8192", *extra]
+    return ["label=label", "epochs=1", "batch_size=128", "model.embedding_dim=8",
+            f"data.party_datasets=[{files}]", "data.row_split=hash", "data.shuffle_block_rows=1024",
+            "data.shuffle_window_rows=8192", *extra]
 
 
 @pytest.mark.stochastic
 def test_streamed_run_matches_the_in_memory_run(criteo: dict[str, Path],
                                                 tmp_path: Path) -> None:
     stream = run_vfl_in_process(load_vfl_config(None, _sets(
-        criteo, "stream=true", "worker_mode=process")), tmp_path / "s").metrics
+        criteo, "data.stream=true", "workers.mode=process")), tmp_path / "s").metrics
     # the saved model scores the same test rows (read in memory) to the same AUC
     pred = predict_in_process(tmp_path / "s", tmp_path / "pred").summary
     assert pred["test_auc"] == pytest.approx(stream["test_auc"], abs=1e-6)
     memory = run_vfl_in_process(load_vfl_config(None, _sets(
-        criteo, "stream=false", "shuffle=full")), tmp_path / "m").metrics
+        criteo, "data.stream=false", "data.shuffle=full")), tmp_path / "m").metrics
     assert stream["label_positive"] == memory["label_positive"] == "1"
     for m in (stream, memory):
         above(m["test_auc"], 0.55, "test AUC")  # 1 epoch of 10,000 rows: learning, far from converged
@@ -60,7 +60,7 @@ def test_streamed_run_matches_the_in_memory_run(criteo: dict[str, Path],
 def _run_cli(capfd: pytest.CaptureFixture[str], dirs: dict[str, Path], out: Path):
     files = ", ".join(f'"{d}"' for d in dirs.values())
     return psfl_in_process(capfd, "vfl", "run", "--out", str(out), "--set", "label=label",
-                           "--set", "stream=true", "--set", f"party_datasets=[{files}]",
+                           "--set", "data.stream=true", "--set", f"data.party_datasets=[{files}]",
                            "--set", "epochs=1", "--timeout-s", "120")
 
 

@@ -31,9 +31,9 @@ def traffic_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_treated_columns_train_record_and_reload(traffic_csv: Path, tmp_path: Path) -> None:
     cfg = load_vfl_config(None, [
         f"dataset={traffic_csv}", "label=traffic", "positive_class=high", "epochs=3",
-        "batch_size=128", "lr=3e-3", "embedding_dim=8", "worker_mode=process",
-        'active_columns=["holiday","temp","rain_1h","snow_1h","station"]',
-        'passive_columns=["clouds_all","weather_main","weather_description","date_time",'
+        "batch_size=128", "lr=3e-3", "model.embedding_dim=8", "workers.mode=process",
+        'data.active_columns=["holiday","temp","rain_1h","snow_1h","station"]',
+        'data.passive_columns=["clouds_all","weather_main","weather_description","date_time",'
         '"record_id"]'])
     run = tmp_path / "run"
     m = run_vfl_in_process(cfg, run).metrics
@@ -55,7 +55,7 @@ def test_a_refused_id_column_is_a_clear_error_before_training(
         traffic_csv: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     res = psfl_in_process(capfd, "vfl", "run", "--dataset", str(traffic_csv), "--out",
                           str(tmp_path / "run"), "--set", "label=traffic", "--set",
-                          "id_columns=refuse", "--set", "epochs=1", "--timeout-s", "120")
+                          "data.id_columns=refuse", "--set", "epochs=1", "--timeout-s", "120")
     assert res.returncode != 0
     text = res.stdout + res.stderr
     assert "'record_id' looks like an ID" in text and "Traceback" not in text

@@ -90,7 +90,7 @@ def _kill(*procs: Any) -> None:
 
 
 def test_party_waiting_in_the_handshake_is_idle(broker: BrokerProcess, tmp_path: Path) -> None:
-    active = _party("active", broker, tmp_path, "idle-hs", "handshake_timeout_s=120")
+    active = _party("active", broker, tmp_path, "idle-hs", "timeouts.handshake_timeout_s=120")
     try:
         _wait_for_event(tmp_path / "active.jsonl", "vfl.data_loaded", active)
         time.sleep(1.0)  # let it finish starting its workers and reach the hello loop
@@ -104,7 +104,7 @@ def test_party_waiting_in_the_handshake_is_idle(broker: BrokerProcess, tmp_path:
 
 @pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
 def test_party_waiting_for_embeddings_is_idle(broker: BrokerProcess, tmp_path: Path) -> None:
-    sets = ("epochs=200", "t_ddl_s=0", "liveness_timeout_s=60", "handshake_timeout_s=60")
+    sets = ("epochs=200", "timeouts.t_ddl_s=0", "timeouts.liveness_timeout_s=60", "timeouts.handshake_timeout_s=60")
     passive = _party("passive", broker, tmp_path, "idle-emb", *sets)
     active = _party("active", broker, tmp_path, "idle-emb", *sets)
     try:

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from parties.config import VflConfig
+from parties.config import DpSection, ModelSection, VflConfig, WorkersSection
 from parties.models.model import ParameterServer, bottom_model, flat_params, top_model
 from parties.models.model import ActiveCompute
 from parties.runtime.workers import InlineWorker, ProcessWorker, ThreadWorker, WorkerFailed
 
-CFG = VflConfig(batch_size=32, embedding_dim=8, bottom_hidden=(16,), seed=1)
+CFG = VflConfig(batch_size=32, seed=1, model=ModelSection(embedding_dim=8, bottom_hidden=(16,)))
 
 
 def _setup(tmp_path: Path) -> tuple[np.ndarray, ParameterServer]:
@@ -103,9 +103,9 @@ async def test_both_worker_modes_clip_and_noise_what_they_publish(tmp_path: Path
     same one for the same secret seed), and the backward step goes through the clipping."""
     x, ps = _setup(tmp_path)
     clip, sigma = 0.05, 0.01
-    cfg = VflConfig(batch_size=32, embedding_dim=8, bottom_hidden=(16,), seed=1,
-                    dp_noise_multiplier=sigma, dp_sgd_noise_multiplier=1.0,
-                    dp_clip_norm=clip)
+    cfg = VflConfig(batch_size=32, seed=1,
+                    model=ModelSection(embedding_dim=8, bottom_hidden=(16,)),
+                    dp=DpSection(noise_multiplier=sigma, sgd_noise_multiplier=1.0, clip_norm=clip))
     plain = ThreadWorker("passive", CFG, x, None, ps)
     proc = ProcessWorker("passive", 0, cfg, tmp_path, ps, noise_seed=11)
     thread = ThreadWorker("passive", cfg, x, None, ps, noise_seed=11)
@@ -134,7 +134,7 @@ async def test_both_worker_modes_clip_and_noise_what_they_publish(tmp_path: Path
 def test_dp_without_a_noise_seed_is_refused(tmp_path: Path) -> None:
     x, ps = _setup(tmp_path)
     with pytest.raises(ValueError, match="noise seed"):
-        ThreadWorker("passive", VflConfig(dp_mu=1.0), x, None, ps)
+        ThreadWorker("passive", VflConfig(dp=DpSection(mu=1.0)), x, None, ps)
 
 
 async def test_a_process_worker_idle_for_seconds_still_answers(tmp_path: Path) -> None:
@@ -159,8 +159,9 @@ async def test_a_process_worker_steps_the_shared_top_at_the_party_ps(tmp_path: P
     x, _ = _setup(tmp_path)
     y = (x[:, 0] > 0).astype(np.float32)
     np.save(tmp_path / "y_train.npy", y)
-    cfg = VflConfig(batch_size=32, embedding_dim=8, bottom_hidden=(16,), seed=1,
-                    algo="pubsub", w_active=2, top_update="shared", top_hidden=(32,))
+    cfg = VflConfig(batch_size=32, seed=1, algo="pubsub",
+                    model=ModelSection(embedding_dim=8, bottom_hidden=(16,), top_hidden=(32,)),
+                    workers=WorkersSection(active=2, top_update="shared"))
     assert cfg.shares_top()
     emb = np.random.default_rng(5).normal(size=(32, 8)).astype(np.float32)
     out = {}

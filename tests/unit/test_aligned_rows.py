@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from parties.config import VflConfig
+from parties.config import DataSection, VflConfig
 from parties.data import InvalidRows, select_rows
 from parties.data.preflight import load_configured_table
 
@@ -52,8 +52,8 @@ def test_each_party_loads_its_own_aligned_rows(tmp_path: Path) -> None:
     fa, fp = tmp_path / "aligned-active.csv", tmp_path / "aligned-passive.csv"
     pd.DataFrame({"id": ["a", "b"], "row": [4, 1]}).to_csv(fa, index=False)
     pd.DataFrame({"id": ["a", "b"], "row": [0, 9]}).to_csv(fp, index=False)
-    cfg = VflConfig(dataset=str(data), label="y", active_rows_file=str(fa),
-                    passive_rows_file=str(fp))
+    cfg = VflConfig(dataset=str(data), label="y",
+                    data=DataSection(active_rows_file=str(fa), passive_rows_file=str(fp)))
     assert load_configured_table(cfg, "active")[0]["x"].tolist() == [4, 1]
     assert load_configured_table(cfg, "passive")[0]["x"].tolist() == [0, 9]
     assert len(load_configured_table(cfg)[0]) == 10
@@ -76,7 +76,7 @@ def test_the_aligned_ids_digest_tells_order_and_content_apart(tmp_path: Path) ->
     assert d != aligned_ids_digest(other_order) and d != aligned_ids_digest(other_ids)
     import hashlib
     assert d not in {hashlib.sha256(i.encode()).hexdigest()[:16] for i in ("007", "x", "y")}
-    cfg = VflConfig(dataset="bank", active_rows_file=str(a))
+    cfg = VflConfig(dataset="bank", data=DataSection(active_rows_file=str(a)))
     assert cfg.shared_settings(3, d)["digest"] != cfg.shared_settings(3)["digest"]
 
 
@@ -86,8 +86,8 @@ def test_one_rows_file_without_the_other_is_refused_before_launch(tmp_path: Path
 
     f = tmp_path / "a.csv"
     pd.DataFrame({"id": ["a"], "row": [0]}).to_csv(f, index=False)
-    with pytest.raises(DataError, match="set both vfl.active_rows_file and vfl.passive_rows_file"):
-        preflight(VflConfig(dataset="bank", active_rows_file=str(f)))
+    with pytest.raises(DataError, match="set both vfl.data.active_rows_file and vfl.data.passive_rows_file"):
+        preflight(VflConfig(dataset="bank", data=DataSection(active_rows_file=str(f))))
 
 
 def test_several_passive_parties_each_load_their_own_rows_file(tmp_path: Path) -> None:
@@ -103,8 +103,8 @@ def test_several_passive_parties_each_load_their_own_rows_file(tmp_path: Path) -
         pd.DataFrame({"id": [f"i{k:02d}" for k in range(20)], "row": list(rows)}).to_csv(
             f, index=False)
         files.append(str(f))
-    cfg = VflConfig(dataset=str(data), label="y", passive_parties=2, active_rows_file=files[0],
-                    passive_party_rows_files=tuple(files[1:]))
+    cfg = VflConfig(dataset=str(data), label="y", passive_parties=2,
+                    data=DataSection(active_rows_file=files[0], passive_party_rows_files=tuple(files[1:])))
     assert cfg.rows_files == dict(zip(("active", "passive", "passive2"), files, strict=True))
     assert load_configured_table(cfg, "passive2")[0]["x"].tolist() == list(range(39, 19, -1))
     assert load_configured_table(cfg, "passive")[0]["x"].tolist() == list(range(20, 40))
@@ -118,13 +118,14 @@ def test_rows_files_for_several_passive_parties_are_checked(tmp_path: Path) -> N
     from parties.data.preflight import preflight
     from pubsub.config import ConfigError
 
-    with pytest.raises(ConfigError, match="vfl.passive_rows_file.*passive_party_rows_files"):
-        VflConfig(passive_parties=2, passive_rows_file="p.csv")
+    with pytest.raises(ConfigError, match="vfl.data.passive_rows_file.*passive_party_rows_files"):
+        VflConfig(passive_parties=2, data=DataSection(passive_rows_file="p.csv"))
     with pytest.raises(ConfigError, match="one rows file per passive party \\(3\\)"):
-        VflConfig(passive_parties=3, passive_party_rows_files=("a", "b"))
+        VflConfig(passive_parties=3, data=DataSection(passive_party_rows_files=("a", "b")))
     with pytest.raises(ConfigError, match="for several passive parties"):
-        VflConfig(passive_party_rows_files=("a",))
+        VflConfig(data=DataSection(passive_party_rows_files=("a",)))
     f = tmp_path / "a.csv"
     pd.DataFrame({"id": ["a"], "row": [0]}).to_csv(f, index=False)
-    with pytest.raises(DataError, match="vfl.passive_party_rows_files"):
-        preflight(VflConfig(dataset="bank", passive_parties=2, active_rows_file=str(f)))
+    with pytest.raises(DataError, match="vfl.data.passive_party_rows_files"):
+        preflight(VflConfig(dataset="bank", passive_parties=2,
+                            data=DataSection(active_rows_file=str(f))))

@@ -28,7 +28,7 @@ def _frame(n: int = 200) -> pd.DataFrame:
 
 def _job(**kw) -> VflJob:  # type: ignore[no-untyped-def]
     base = dict(data=_frame(), label="y", active_columns=["a", "b"], passive_columns=["c", "d"],
-                config={"epochs": 1, "embedding_dim": 4})
+                config={"epochs": 1, "model.embedding_dim": 4})
     return VflJob(**{**base, **kw})
 
 
@@ -57,9 +57,9 @@ def test_a_data_frame_without_a_named_column_names_it(tmp_path: Path,
 
 
 @pytest.mark.parametrize("kw, key, words", [
-    (dict(bottom=_raises), "model", "raised RuntimeError: no GPU here"),
-    (dict(bottom=lambda d_in, d_out: nn.Linear(d_in, d_out + 1)), "model", "expected (2, 4)"),
-    (dict(top=lambda d_in, d_out: nn.Linear(d_in + 3, d_out)), "top_model", "rejects a (2, 8)"),
+    (dict(bottom=_raises), "model.bottom", "raised RuntimeError: no GPU here"),
+    (dict(bottom=lambda d_in, d_out: nn.Linear(d_in, d_out + 1)), "model.bottom", "expected (2, 4)"),
+    (dict(top=lambda d_in, d_out: nn.Linear(d_in + 3, d_out)), "model.top", "rejects a (2, 8)"),
     (dict(optimizer=lambda params, lr: "adam"), "optimizer", "not a torch.optim.Optimizer"),
     (dict(loss=lambda task: 3), "loss", "not a torch nn.Module"),
 ])
@@ -97,17 +97,17 @@ def test_dp_with_batchnorm_in_the_passive_bottom_is_refused(tmp_path: Path,
     bn = lambda d_in, d_out: nn.Sequential(nn.Linear(d_in, 8), nn.BatchNorm1d(8),  # noqa: E731
                                            nn.Linear(8, d_out))
     with pytest.raises(DpIncompatibleModel):
-        train(VflJob(data="bank", bottom=bn, config={"dp_epsilon": 8.0, "epochs": 1}), tmp_path)
+        train(VflJob(data="bank", bottom=bn, config={"dp": {"epsilon": 8.0}, "epochs": 1}), tmp_path)
 
 
 def test_the_optimizer_and_loss_reach_the_workers() -> None:
     """A worker's replica uses the factory's optimizer; the active compute its loss."""
-    from parties.config import VflConfig
+    from parties.config import ModelSection, WorkersSection, VflConfig
     from parties.models.model import ParameterServer, flat_params
     from parties.models.compute import make_compute
     from parties.models.zoo import ModelFactory
 
-    cfg = VflConfig(embedding_dim=4, worker_mode="thread")
+    cfg = VflConfig(model=ModelSection(embedding_dim=4), workers=WorkersSection(mode="thread"))
     seen: list[str] = []
 
     def loss(task: str) -> nn.Module:

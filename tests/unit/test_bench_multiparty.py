@@ -37,8 +37,8 @@ def test_the_active_party_keeps_its_features_and_the_rest_are_cut_among_the_pass
 
     cfg = mp.make_config("synthetic", None, n, "pubsub", rows=1000, epochs=1)
     assert cfg.passive_parties == n - 1
-    assert cfg.passive_bottom_hidden == (mp.bottom_width(n),) * 9
-    assert cfg.active_bottom_hidden == (mp.BASE_WIDTH,) * 9
+    assert cfg.model.passive_bottom_hidden == (mp.bottom_width(n),) * 9
+    assert cfg.model.active_bottom_hidden == (mp.BASE_WIDTH,) * 9
     columns = [f"x{i}" for i in range(mp.FEATURES)] + ["y"]
     _, groups = resolve_party_columns(cfg, pd.DataFrame(columns=columns), "y")
     assert len(groups["active"]) == mp.ACTIVE_FEATURES

@@ -44,6 +44,6 @@ def test_gain_is_the_median_over_repeats_and_reuses_the_table_runs(
 
 def test_the_adult_split_is_the_issues(bench: Any) -> None:
     split = bench.DATASET_SPLITS["adult"]
-    assert split["active_columns"] == ("age", "education", "occupation", "hours-per-week")
-    assert len(split["passive_columns"]) == 10
-    assert not set(split["active_columns"]) & set(split["passive_columns"])
+    assert split["data.active_columns"] == ("age", "education", "occupation", "hours-per-week")
+    assert len(split["data.passive_columns"]) == 10
+    assert not set(split["data.active_columns"]) & set(split["data.passive_columns"])

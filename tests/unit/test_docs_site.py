@@ -74,7 +74,7 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     cli = built["reference/cli/index.html"]
     assert "psfl vfl run" in cli and "--plan-pilots" in cli
     config = built["reference/config/index.html"]
-    assert "dp_lr" in config and "max_subscriptions_per_identity" in config
+    assert "[vfl.dp]" in config and "predict_max_releases" in config and "max_subscriptions_per_identity" in config
     api = built["reference/python-api/index.html"]
     assert "VflJob" in api and "FedForge" in api and "run_predict" in api
 

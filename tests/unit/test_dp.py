@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from parties.config import VflConfig
+from parties.config import DpSection, TimeoutsSection, VflConfig, vfl_config
 from parties.privacy.dp import (
     EmbeddingPrivatizer,
     GdpAccountant,
@@ -257,50 +257,52 @@ def test_accountant_state_round_trip_and_mismatch() -> None:
 # ---------------------------------------------------------------------------- plan, report
 def test_plan_calibrates_for_the_schedules_worst_case() -> None:
     assert plan_from_config(VflConfig()) is None
-    assert plan_from_config(VflConfig(dp_mu=math.inf)) is None
+    assert plan_from_config(VflConfig(dp=DpSection(mu=math.inf))) is None
     # epochs + dp_reassign_reserve (default 1) training publications, whatever
     # max_reassign (a scheduling knob: reassignments are charged when they happen)
-    plan = plan_from_config(VflConfig(dp_mu=2.0, epochs=5, max_reassign=3, dp_clip_norm=0.5))
+    plan = plan_from_config(VflConfig(epochs=5, dp=DpSection(mu=2.0, clip_norm=0.5),
+                                      timeouts=TimeoutsSection(max_reassign=3)))
     assert plan is not None and plan.planned == {"train": 6, "val": 5, "test": 1}
     assert plan.reassign_reserve == 1
     assert plan.noise_multiplier == pytest.approx(2 / math.sqrt(0.5 * 4 / 6))
     assert plan.sgd_noise_multiplier == pytest.approx(2 / math.sqrt(0.5 * 4 / 6))
     assert (plan.clip_norm, plan.delta, plan.target_mu) == (0.5, 1e-5, 2.0)
-    tight = plan_from_config(VflConfig(dp_mu=2.0, epochs=5, dp_reassign_reserve=0))
+    tight = plan_from_config(VflConfig(epochs=5, dp=DpSection(mu=2.0, reassign_reserve=0)))
     assert tight is not None and tight.planned["train"] == 5 and tight.reassign_reserve == 0
     # the plan reserves no more than the schedule can use
-    for unused in ({"max_reassign": 0}, {"t_ddl_s": 0.0}, {"algo": "vfl"}, {"algo": "avfl"}):
-        p = plan_from_config(VflConfig(dp_mu=2.0, epochs=5, **unused))  # type: ignore[arg-type]
+    for unused in ({"timeouts.max_reassign": 0}, {"timeouts.t_ddl_s": 0.0}, {"algo": "vfl"},
+                   {"algo": "avfl"}):
+        p = plan_from_config(vfl_config({"epochs": 5, **unused, "dp.mu": 2.0}))
         assert p is not None and p.planned["train"] == 5 and p.reassign_reserve == 0
-    wide = plan_from_config(VflConfig(dp_mu=2.0, epochs=5, dp_reassign_reserve=15))
+    wide = plan_from_config(VflConfig(epochs=5, dp=DpSection(mu=2.0, reassign_reserve=15)))
     assert wide is not None and wide.planned["train"] == 20
-    capped = plan_from_config(VflConfig(dp_mu=2.0, epochs=2, max_reassign=1,
-                                        dp_reassign_reserve=15))
+    capped = plan_from_config(VflConfig(epochs=2, dp=DpSection(mu=2.0, reassign_reserve=15),
+                                        timeouts=TimeoutsSection(max_reassign=1)))
     assert capped is not None and capped.planned["train"] == 4
-    direct = plan_from_config(VflConfig(dp_noise_multiplier=3.0, dp_sgd_noise_multiplier=4.0,
-                                        dp_delta=1e-6))
+    direct = plan_from_config(VflConfig(dp=DpSection(noise_multiplier=3.0, sgd_noise_multiplier=4.0, delta=1e-6)))
     assert direct is not None and direct.noise_multiplier == 3.0
     assert direct.sgd_noise_multiplier == 4.0
     assert direct.target_mu is None and direct.planned_publications is None
-    by_eps = plan_from_config(VflConfig(dp_epsilon=4.37717809568122, epochs=5,
-                                        dp_reassign_reserve=0))
+    by_eps = plan_from_config(VflConfig(epochs=5,
+                                        dp=DpSection(epsilon=4.37717809568122, reassign_reserve=0)))
     assert by_eps is not None and by_eps.target_mu == pytest.approx(1.0, rel=1e-6)
 
 
 def test_plan_refuses_an_unmeetable_target() -> None:
     with pytest.raises(UnmeetableTarget) as ei:
-        plan_from_config(VflConfig(dp_mu=0.01, epochs=30))
-    assert ei.value.key == "vfl.dp_mu" and "dp_max_noise_multiplier" in str(ei.value)
-    assert "dp_reassign_reserve" in str(ei.value)
+        plan_from_config(VflConfig(epochs=30, dp=DpSection(mu=0.01)))
+    assert ei.value.key == "vfl.dp.mu" and "dp.max_noise_multiplier" in str(ei.value)
+    assert "dp.reassign_reserve" in str(ei.value)
     with pytest.raises(UnmeetableTarget) as ei:
-        plan_from_config(VflConfig(dp_epsilon=0.05, epochs=10, dp_max_noise_multiplier=50))
-    assert ei.value.key == "vfl.dp_epsilon"
+        plan_from_config(VflConfig(epochs=10,
+                                   dp=DpSection(epsilon=0.05, max_noise_multiplier=50)))
+    assert ei.value.key == "vfl.dp.epsilon"
 
 
 def test_report_with_dp_off_is_explicit() -> None:
     r = report(None, GdpAccountant({"train": 3, "test": 1}, release_mu=None))
     assert r["enabled"] is False and r["mu"] is None and r["epsilon"] is None
-    plan = plan_from_config(VflConfig(dp_mu=1.0, epochs=2, dp_reassign_reserve=0))
+    plan = plan_from_config(VflConfig(epochs=2, dp=DpSection(mu=1.0, reassign_reserve=0)))
     acct = accountant_for(plan, {"train": 3, "val": 2, "test": 1})
     acct.record("train", np.arange(3))
     r = report(plan, acct)
@@ -327,7 +329,7 @@ def test_each_passive_party_gets_its_own_noise_secret_from_one_seed() -> None:
 # ---------------------------------------------------------------------------- reassignment reserve
 def test_reserve_blocks_a_reassigned_batch_once_a_record_spent_it() -> None:
     # epochs 3, reserve 1: the plan charges 3 + 1 training publications per record
-    plan = plan_from_config(VflConfig(dp_mu=2.0, epochs=3, dp_reassign_reserve=1))
+    plan = plan_from_config(VflConfig(epochs=3, dp=DpSection(mu=2.0, reassign_reserve=1)))
     assert plan is not None and plan.planned["train"] == 4 and plan.reassign_reserve == 1
     acct = accountant_for(plan, {"train": 6, "val": 2, "test": 2})
     first, other = np.array([0, 1, 2]), np.array([3, 4, 5])
@@ -372,7 +374,7 @@ def test_no_reserve_without_a_target_or_with_dp_off() -> None:
     assert off.admits_extra("train", np.arange(3)) and off.reserve == {}
     off.record("train", np.arange(3), extra=True)  # counted, never refused
     assert report(None, off)["reassign_reserve"] is None
-    direct = plan_from_config(VflConfig(dp_noise_multiplier=3.0, dp_sgd_noise_multiplier=3.0))
+    direct = plan_from_config(VflConfig(dp=DpSection(noise_multiplier=3.0, sgd_noise_multiplier=3.0)))
     assert direct is not None and direct.reassign_reserve is None
     acct = accountant_for(direct, {"train": 3, "val": 1, "test": 1})
     for _ in range(5):

@@ -229,11 +229,15 @@ def test_a_failed_repeat_counts_as_a_miss(hetero):
 
 
 def test_set_overrides_apply_to_every_algorithm_and_are_checked(hetero):
-    assert hetero.set_overrides(["vfl.active_torch_threads=2", "lr=2e-3"]) \
-        == {"active_torch_threads": 2, "lr": 0.002}
+    assert hetero.set_overrides(["vfl.workers.active_torch_threads=2", "lr=2e-3"]) \
+        == {"workers": {"active_torch_threads": 2}, "lr": 0.002}
+    cfg = hetero.base_config(1000, 1, overrides={"workers": {"active_torch_threads": 2}})
+    assert cfg.workers.active_torch_threads == 2
+    with pytest.raises(ValueError, match="moved to vfl.workers.active_torch_threads"):
+        hetero.set_overrides(["active_torch_threads=2"])
     with pytest.raises(ValueError, match="nope"):
         hetero.set_overrides(["nope=1"])
     with pytest.raises(ValueError, match="active_torch_threads"):
-        hetero.set_overrides(["active_torch_threads=-1"])
+        hetero.set_overrides(["workers.active_torch_threads=-1"])
     with pytest.raises(ValueError, match="KEY=VALUE"):
         hetero.set_overrides(["lr"])

@@ -130,18 +130,18 @@ def test_active_publishes_the_cut_layer_gradient_before_its_own_backward() -> No
 
 
 def test_a_party_with_one_worker_does_not_sync_every_step() -> None:
-    from parties.config import VflConfig
+    from parties.config import ModelSection, WorkersSection, VflConfig
     from parties.models.compute import make_compute, sync_mode_for
 
     assert sync_mode_for("pubsub", 2) == "schedule" and sync_mode_for("avfl-ps", 3) == "step"
     assert sync_mode_for("pubsub", 1) == "manual" and sync_mode_for("vfl-ps", 2) == "manual"
     x = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
-    cfg = VflConfig(algo="pubsub", w_active=1, w_passive=2, batch_size=8, bottom_hidden=(8,),
-                    embedding_dim=3)
+    cfg = VflConfig(algo="pubsub", batch_size=8, workers=WorkersSection(active=1, passive=2),
+                    model=ModelSection(bottom_hidden=(8,), embedding_dim=3))
     ps = ParameterServer(flat_params([bottom_model(4, (8,), 3)]))
-    solo = make_compute("passive", VflConfig(algo="pubsub", w_active=2, w_passive=1,
-                                             batch_size=8, bottom_hidden=(8,),
-                                             embedding_dim=3), x, None, ps)
+    solo = make_compute("passive", VflConfig(algo="pubsub", batch_size=8,
+                                             workers=WorkersSection(active=2, passive=1),
+                                             model=ModelSection(bottom_hidden=(8,), embedding_dim=3)), x, None, ps)
     pair = make_compute("passive", cfg, x, None, ps)
     assert solo.replica.sync_mode == "manual" and pair.replica.sync_mode == "schedule"
     # the flush at the end of a segment still brings the server up to date

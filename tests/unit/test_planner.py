@@ -136,10 +136,11 @@ def test_grid_sync_interval_and_bad_input() -> None:
 
 
 def test_plan_for_config_takes_d_threads_and_mean_sync_interval() -> None:
-    from parties.config import VflConfig
+    from parties.config import ModelSection, WorkersSection, VflConfig
     from parties.planning.planner import plan_for_config
 
-    cfg = VflConfig(embedding_dim=16, torch_threads=2, epochs=8, delta_t0=5)
+    cfg = VflConfig(epochs=8, model=ModelSection(embedding_dim=16),
+                    workers=WorkersSection(torch_threads=2, delta_t0=5))
     comm = CommFit(latency_s=1e-4, s_per_byte=1e-9)
     a = _cost("active", comm=comm, param_bytes=10_000, sync_s=1e-4, sync_comm=None)
     p = _cost("passive", comm=comm, param_bytes=20_000, sync_s=1e-4, sync_comm=None)

@@ -14,7 +14,7 @@ import orjson
 import pandas as pd
 import pytest
 
-from parties.config import VflConfig
+from parties.config import DpSection, TimeoutsSection, VflConfig
 from parties.data import UnknownColumn
 from parties.privacy.dp import accountant_for, plan_from_config, release_mu
 from parties.runtime.predict import (
@@ -66,7 +66,7 @@ def test_ledger_refuses_past_the_budget_and_writes_nothing(tmp_path: Path) -> No
     with pytest.raises(PredictionBudgetExceeded) as ei:
         led.commit(IDS[1:4], 2, release_mu=1.0, source="f")
     e = ei.value
-    assert (e.key, e.limit, e.worst, e.over) == ("vfl.dp_predict_max_releases", 2, 3, 1)
+    assert (e.key, e.limit, e.worst, e.over) == ("vfl.dp.predict_max_releases", 2, 3, 1)
     assert "dp_predict_max_releases" in str(e) and "1 record(s)" in str(e)
     assert path.read_bytes() == before  # nothing charged
     led.commit(IDS[2:], 2, release_mu=1.0, source="f")  # the others still have one left
@@ -92,7 +92,8 @@ def test_ledger_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 def _part(tmp_path: Path, **kw: Any) -> SimpleNamespace:
     """A passive saved part as ``charge`` reads it: config, ledger.json, manifest."""
-    cfg = VflConfig(dp_mu=1.0, epochs=1, max_reassign=0, **kw)
+    cfg = VflConfig(epochs=1, dp=DpSection(mu=1.0, **kw),
+                    timeouts=TimeoutsSection(max_reassign=0))
     plan = plan_from_config(cfg)
     acct = accountant_for(plan, {"train": 4, "val": 2, "test": 3})
     acct.record("test")  # the test split's release at the end of training
@@ -104,7 +105,7 @@ def _part(tmp_path: Path, **kw: Any) -> SimpleNamespace:
 
 
 def test_charge_composes_repeated_predictions_of_the_same_rows(tmp_path: Path) -> None:
-    part = _part(tmp_path, dp_predict_max_releases=4)
+    part = _part(tmp_path, predict_max_releases=4)
     mu_one = release_mu(plan_from_config(part.cfg).eval_noise_multipliers["test"])
     assert mu_one == pytest.approx(1.0)  # the test split's release: the whole target
     mus = []
@@ -130,7 +131,7 @@ def test_charge_composes_repeated_predictions_of_the_same_rows(tmp_path: Path) -
 def test_charge_budgets_test_split_predictions_after_the_runs_own_release(
         tmp_path: Path) -> None:
     part = _part(tmp_path)  # dp_predict_max_releases = 1 (the default)
-    assert part.cfg.dp_predict_max_releases == 1
+    assert part.cfg.dp.predict_max_releases == 1
     _, dp = charge(part, 3, "test_split")
     assert dp["continues"] == "test" and dp["publications_max_test"] == 2
     assert dp["prediction_mu"] == pytest.approx(math.sqrt(2) * dp["release_mu"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parties.config import VflConfig
+from parties.config import DpSection, ModelSection, VflConfig, WorkersSection
 from parties.planning.profile import (
     PROFILE_BLOCKS,
     EfficiencyTooHigh,
@@ -87,7 +87,8 @@ def test_profile_party_times_real_steps(role: str) -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((600, 12)).astype(np.float32)
     y = (rng.random(600) > 0.5).astype(np.float32) if role == "active" else None
-    cfg = VflConfig(batch_size=64, epochs=3, bottom_hidden=(16,), top_hidden=(8,))
+    cfg = VflConfig(batch_size=64, epochs=3,
+                    model=ModelSection(bottom_hidden=(16,), top_hidden=(8,)))
     p = profile_party(role, cfg, x, y, warmup_steps=2, min_steps=12, min_time_s=0.0)
     assert p.steps == 12 and p.batch_size == 64 and p.n_features == 12
     assert 0 < p.cpu_s_per_sample < 0.01 and p.cpu_s_per_sample == p.cpu_s_per_step / 64
@@ -97,7 +98,7 @@ def test_profile_party_times_real_steps(role: str) -> None:
 
 def test_profile_with_dp_and_too_few_rows() -> None:
     x = np.ones((100, 5), dtype=np.float32)
-    cfg = VflConfig(batch_size=32, dp_mu=1.0, bottom_hidden=(8,))
+    cfg = VflConfig(batch_size=32, dp=DpSection(mu=1.0), model=ModelSection(bottom_hidden=(8,)))
     assert profile_party("passive", cfg, x, None, warmup_steps=1, min_steps=5,
                          min_time_s=0.0).steps == 5
     with pytest.raises(ProfileError, match="fewer than one batch"):
@@ -123,9 +124,9 @@ def test_psfl_vfl_profile_rejects_an_unavailable_cpu(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     from sim.cli import main
 
-    code = main(["vfl", "profile", "--dataset", "bank", "--set", "passive_cpus=[4096]",
+    code = main(["vfl", "profile", "--dataset", "bank", "--set", "workers.passive_cpus=[4096]",
                  "--out", str(tmp_path)])
-    assert code == 2 and "vfl.passive_cpus" in capsys.readouterr().err
+    assert code == 2 and "vfl.workers.passive_cpus" in capsys.readouterr().err
 
 
 def test_blocks_partition_the_timed_steps_into_near_equal_consecutive_runs() -> None:
@@ -178,11 +179,11 @@ def test_mean_profile_averages_each_party_and_recomputes_the_ceiling() -> None:
 def test_resolve_layout_follows_the_run_layout() -> None:
     from parties.planning.profile import resolve_layout
 
-    pinned = VflConfig(active_cpus=(0,), passive_cpus=(1,))
+    pinned = VflConfig(workers=WorkersSection(active_cpus=(0,), passive_cpus=(1,)))
     assert resolve_layout(pinned) == "concurrent"
     assert resolve_layout(pinned, "alone") == "alone"
     assert resolve_layout(VflConfig()) == "alone"  # not pinned: they share cores
-    shared = VflConfig(active_cpus=(0,), passive_cpus=(0,))
+    shared = VflConfig(workers=WorkersSection(active_cpus=(0,), passive_cpus=(0,)))
     assert resolve_layout(shared) == "alone"
     with pytest.raises(ValueError, match="disjoint CPU sets"):
         resolve_layout(shared, "concurrent")
@@ -210,8 +211,9 @@ def test_concurrent_profile_times_both_parties_at_once_in_their_own_processes(
                   "y": rng.choice(["no", "yes"], n)}).to_csv(table, index=False)
     a, p = sorted(os.sched_getaffinity(0))[:2]
     cfg = VflConfig(dataset=str(table), label="y", batch_size=128, epochs=2,
-                    bottom_hidden=(16,), top_hidden=(8,), active_cpus=(a,), passive_cpus=(p,),
-                    passive_parties=passive_parties)
+                    passive_parties=passive_parties,
+                    model=ModelSection(bottom_hidden=(16,), top_hidden=(8,)),
+                    workers=WorkersSection(active_cpus=(a,), passive_cpus=(p,)))
     before = os.sched_getaffinity(0)
     prof = profile_config(cfg, min_steps=20, min_time_s=0.05)
     assert os.sched_getaffinity(0) == before  # the children pinned themselves, not us
@@ -240,7 +242,7 @@ def test_concurrent_profile_reports_a_child_failure() -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs")
     a, p = sorted(os.sched_getaffinity(0))[:2]
-    cfg = VflConfig(dataset="/nonexistent/table.csv", label="y", active_cpus=(a,),
-                    passive_cpus=(p,))
+    cfg = VflConfig(dataset="/nonexistent/table.csv", label="y",
+                    workers=WorkersSection(active_cpus=(a,), passive_cpus=(p,)))
     with pytest.raises(DataError, match="nonexistent"):
         profile_config(cfg, min_time_s=0.05)

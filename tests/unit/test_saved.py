@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from parties.config import VflConfig
+from parties.config import DataSection, ModelSection, VflConfig
 from parties.data import UnknownColumn, encode_party_features
 from parties.data.encoders import EncoderFormatError, FittedEncoder
 from parties.models.model import flat_params, load_flat
@@ -89,8 +89,7 @@ def _fake_party(role: str, cfg: VflConfig, tmp: Path) -> SimpleNamespace:
 
 @pytest.mark.parametrize("model", ["mlp", "resnet"])
 def test_save_load_roundtrip_for_both_roles(tmp_path: Path, model: str) -> None:
-    cfg = VflConfig(model=model, resnet_depth=1, resnet_width=8, resnet_norm="batch",
-                    embedding_dim=4, bottom_hidden=(6,), top_hidden=(5,))
+    cfg = VflConfig(model=ModelSection(bottom=model, resnet_depth=1, resnet_width=8, resnet_norm="batch", embedding_dim=4, bottom_hidden=(6,), top_hidden=(5,)))
     for role in ("active", "passive"):
         party = _fake_party(role, cfg, tmp_path)
         out = save_party_model(tmp_path, party, run_id="r1")
@@ -116,7 +115,7 @@ def test_save_load_roundtrip_for_both_roles(tmp_path: Path, model: str) -> None:
 
 
 def test_load_refuses_tampered_weights_other_versions_and_other_runs(tmp_path: Path) -> None:
-    cfg = VflConfig(embedding_dim=4, bottom_hidden=(6,), top_hidden=(5,))
+    cfg = VflConfig(model=ModelSection(embedding_dim=4, bottom_hidden=(6,), top_hidden=(5,)))
     save_party_model(tmp_path, _fake_party("passive", cfg, tmp_path), run_id="r1")
     path = part_dir(tmp_path, "passive")
     mpath = path / "manifest.json"
@@ -139,7 +138,7 @@ def test_load_refuses_tampered_weights_other_versions_and_other_runs(tmp_path: P
 
 
 def test_load_flat_roundtrip_of_a_model_with_buffers() -> None:
-    cfg = VflConfig(model="resnet", resnet_depth=1, resnet_width=8, resnet_norm="batch")
+    cfg = VflConfig(model=ModelSection(bottom="resnet", resnet_depth=1, resnet_width=8, resnet_norm="batch"))
     torch.manual_seed(0)
     a = ModelFactory(cfg).modules("active", 3)
     torch.manual_seed(1)
@@ -158,8 +157,8 @@ def test_feature_widths_match_the_encoded_widths(tmp_path: Path) -> None:
     frame["y"] = np.arange(len(frame)) % 2
     path = tmp_path / "t.csv"
     frame.to_csv(path, index=False)
-    cfg = VflConfig(dataset=str(path), label="y", active_columns=("a", "b"),
-                    passive_columns=("c", "flag"))
+    cfg = VflConfig(dataset=str(path), label="y",
+                    data=DataSection(active_columns=("a", "b"), passive_columns=("c", "flag")))
     widths = feature_widths(cfg)
     for role in ("active", "passive"):
         assert widths[role] == load_party_data(cfg, role).x_train.shape[1]

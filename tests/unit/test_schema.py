@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from parties.config import VflConfig, load_vfl_config
+from parties.config import DataSection, DpSection, VflConfig, load_vfl_config
 from parties.data import DataError, default_split, load_table, train_test_indices
 from parties.data.preflight import dp_schema, encode_features, preflight
 from parties.data.schema import (
@@ -222,10 +222,10 @@ def _csv(tmp_path: Path) -> Path:
 
 
 def test_dp_on_user_file_without_schema_refuses(tmp_path: Path) -> None:
-    cfg = VflConfig(dataset=str(_csv(tmp_path)), label="y", dp_mu=1.0)
+    cfg = VflConfig(dataset=str(_csv(tmp_path)), label="y", dp=DpSection(mu=1.0))
     with pytest.raises(ConfigError) as ei:
         preflight(cfg)
-    assert ei.value.key == "vfl.dp_schema"
+    assert ei.value.key == "vfl.dp.schema"
     # DP off: unchanged, no schema needed
     preflight(VflConfig(dataset=str(_csv(tmp_path)), label="y"))
 
@@ -237,7 +237,7 @@ def test_dp_on_user_file_with_schema(tmp_path: Path) -> None:
         CategoricalColumn(name="c", categories=("u", "v")),
         NumericColumn(name="d", lo=-5, hi=5, fill=0),
     )), sch)
-    cfg = load_vfl_config(None, [f"dataset={data}", "label=y", "dp_mu=1", f"dp_schema={sch}"])
+    cfg = load_vfl_config(None, [f"dataset={data}", "label=y", "dp.mu=1", f"dp.schema={sch}"])
     preflight(cfg)
     frame = pd.read_csv(data)
     tr, te = train_test_indices(len(frame), seed=0)
@@ -250,19 +250,20 @@ def test_dp_on_user_file_with_schema(tmp_path: Path) -> None:
     assert encode_features(off, "passive", frame, ("c", "d"), tr, te).feature_names == (
         "c=u", "c=v", "d")
     # a schema that does not declare a passive column is refused
-    bad = load_vfl_config(None, [f"dataset={data}", "label=y", "dp_mu=1", f"dp_schema={sch}",
-                                 'active_columns=["a","c"]', 'passive_columns=["b","d"]'])
+    bad = load_vfl_config(None, [f"dataset={data}", "label=y", "dp.mu=1", f"dp.schema={sch}",
+                                 'data.active_columns=["a","c"]', 'data.passive_columns=["b","d"]'])
     with pytest.raises(SchemaError) as ei:
         preflight(bad)
     assert ei.value.key == "b"
 
 
 def test_dp_schema_defaults_to_the_bundled_one() -> None:
-    cfg = VflConfig(dataset="bank", dp_mu=1.0)
+    cfg = VflConfig(dataset="bank", dp=DpSection(mu=1.0))
     s = dp_schema(cfg, ("contact", "day"))
     assert s.names == ("contact", "day")
-    small = VflConfig(dataset="synthetic", synthetic_features=4, synthetic_informative=2,
-                      dp_mu=1.0)
+    small = VflConfig(dataset="synthetic",
+                      data=DataSection(synthetic_features=4, synthetic_informative=2),
+                      dp=DpSection(mu=1.0))
     syn = dp_schema(small, ("x002", "x003"))
     assert syn.names == ("x002", "x003")
     preflight(small)
@@ -271,7 +272,7 @@ def test_dp_schema_defaults_to_the_bundled_one() -> None:
 def test_passive_encoding_under_dp_is_row_local_on_bank() -> None:
     """End to end through the party's encoder: an outlier in one training record leaves
     every other encoded row (train and held-out) byte-identical and the width fixed."""
-    cfg = VflConfig(dataset="bank", dp_mu=1.0)
+    cfg = VflConfig(dataset="bank", dp=DpSection(mu=1.0))
     frame, label = load_table("bank")
     _, passive = default_split(list(frame.columns), label)
     tr, te = train_test_indices(len(frame), seed=0)
@@ -299,11 +300,11 @@ def test_cli_refuses_dp_without_schema_exit_2(tmp_path: Path,
     from sim.cli import main
 
     data = _csv(tmp_path)
-    code = main(["vfl", "run", "--dataset", str(data), "--set", "label=y", "--set", "dp_mu=1",
+    code = main(["vfl", "run", "--dataset", str(data), "--set", "label=y", "--set", "dp.mu=1",
                  "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert "vfl.dp_schema" in err
+    assert "vfl.dp.schema" in err
 
 
 def test_cli_drafts_a_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

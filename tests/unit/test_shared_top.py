@@ -1,4 +1,4 @@
-"""The shared top (``vfl.top_update = "shared"``): one top model at the active party's PS,
+"""The shared top (``vfl.workers.top_update = "shared"``): one top model at the active party's PS,
 stepped in batch order, while the workers' bottom replicas are averaged as before."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from parties.config import VflConfig
+from parties.config import VflConfig, WorkersSection
 from parties.models.model import (ActiveCompute, ParameterServer, bottom_model, flat_params,
                            make_adam, top_model)
 from pubsub.config import ConfigError
@@ -163,17 +163,19 @@ def test_a_batch_norm_top_keeps_its_running_statistics_in_theta() -> None:
 
 
 @pytest.mark.parametrize(("kw", "shares"), [
-    ({"algo": "pubsub", "w_active": 2}, True),
-    ({"algo": "pubsub", "w_active": 1}, False),
-    ({"algo": "pubsub", "w_active": 2, "ps_update": "gradient"}, False),
-    ({"algo": "pubsub", "w_active": 2, "top_update": "replica"}, False),
-    ({"algo": "avfl-ps", "w_active": 2}, False),
-    ({"algo": "vfl-ps", "w_active": 2, "w_passive": 2}, False),
+    ({"algo": "pubsub", "workers.active": 2}, True),
+    ({"algo": "pubsub", "workers.active": 1}, False),
+    ({"algo": "pubsub", "workers.active": 2, "workers.ps_update": "gradient"}, False),
+    ({"algo": "pubsub", "workers.active": 2, "workers.top_update": "replica"}, False),
+    ({"algo": "avfl-ps", "workers.active": 2}, False),
+    ({"algo": "vfl-ps", "workers.active": 2, "workers.passive": 2}, False),
 ])
 def test_which_runs_share_the_top(kw: dict, shares: bool) -> None:
-    assert VflConfig(**{"top_update": "shared", **kw}).shares_top() is shares
+    from parties.config import vfl_config
+
+    assert vfl_config({"workers.top_update": "shared", **kw}).shares_top() is shares
 
 
 def test_top_update_is_checked() -> None:
     with pytest.raises(ConfigError, match="top_update"):
-        VflConfig(top_update="global")
+        VflConfig(workers=WorkersSection(top_update="global"))

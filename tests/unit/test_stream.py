@@ -226,13 +226,13 @@ def test_a_streamed_run_sizes_its_broker_subscriptions(criteo: dict[str, Path],
     from types import SimpleNamespace
 
     import parties.data.stream as stream
-    from parties.config import VflConfig
+    from parties.config import DataSection, VflConfig
     from sim.launch.vfl import BROKER_SUBSCRIPTIONS, subscriptions_needed
 
-    cfg = VflConfig(label="label", row_split="hash", stream=True, batch_size=256,
-                    party_datasets=(str(criteo["active"]), str(criteo["passive"])))
+    cfg = VflConfig(label="label", batch_size=256,
+                    data=DataSection(row_split="hash", stream=True, party_datasets=(str(criteo["active"]), str(criteo["passive"]))))
     assert subscriptions_needed(cfg) == BROKER_SUBSCRIPTIONS  # 30,000 rows: 118 batches
     monkeypatch.setattr(stream, "inspect", lambda path: SimpleNamespace(rows=45_000_000))
     assert subscriptions_needed(cfg) == 175_782 + 4096
-    assert subscriptions_needed(VflConfig(label="label", stream=False)) == \
+    assert subscriptions_needed(VflConfig(label="label", data=DataSection(stream=False))) == \
         BROKER_SUBSCRIPTIONS

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parties.config import VflConfig
+from parties.config import ModelSection, VflConfig, WorkersSection
 from parties.planning.costmodel import CommFit
 from parties.planning.planner import NoFeasiblePlan
 from parties.planning.profile import ProfileError
@@ -28,7 +28,8 @@ from parties.planning.sweep import (
     sweep_party,
 )
 
-CFG = VflConfig(bottom_hidden=(16,), top_hidden=(8,), embedding_dim=8, epochs=2)
+CFG = VflConfig(epochs=2,
+                model=ModelSection(bottom_hidden=(16,), top_hidden=(8,), embedding_dim=8))
 BS = (8, 16, 32, 64)
 
 
@@ -52,7 +53,8 @@ def test_sweep_takes_each_party_its_own_bottom_width() -> None:
     import dataclasses
 
     x, y = _data()
-    cfg = dataclasses.replace(CFG, active_bottom_hidden=(40, 40))
+    cfg = dataclasses.replace(CFG,
+                              model=dataclasses.replace(CFG.model, active_bottom_hidden=(40, 40)))
     wide = sweep_party("active", cfg, x, y, BS[:3], warmup_steps=1, min_steps=2,
                        min_time_s=0.0, sync_reps=1, memory=False)
     narrow = sweep_party("active", CFG, x, y, BS[:3], warmup_steps=1, min_steps=2,
@@ -134,9 +136,9 @@ def test_bad_batch_sizes_are_typed_errors() -> None:
 def test_party_cores_is_the_pinned_set_or_a_share() -> None:
     from parties.core.sysinfo import cores_allotted
 
-    assert party_cores(VflConfig(active_cpus=(0,), passive_cpus=(1,)), "active") == 1.0
+    assert party_cores(VflConfig(workers=WorkersSection(active_cpus=(0,), passive_cpus=(1,))), "active") == 1.0
     assert party_cores(VflConfig(), "passive") == pytest.approx(cores_allotted() / 2)
-    assert party_cores(VflConfig(active_cpus=(0,)), "passive") == pytest.approx(
+    assert party_cores(VflConfig(workers=WorkersSection(active_cpus=(0,))), "passive") == pytest.approx(
         cores_allotted())
 
 
@@ -150,13 +152,13 @@ def test_plan_from_models_and_the_plan_config(sweeps: dict[str, PartySweep]) -> 
 
     models = _models(sweeps)
     cfg = load_plan_config({"embedding_dim": 8, "epochs": 4}, None, ["epochs=2"])
-    assert cfg.embedding_dim == 8 and cfg.epochs == 2
+    assert cfg.model.embedding_dim == 8 and cfg.epochs == 2
     plan, inputs = plan_from_models(models, cfg, w_max=3, batch_sizes=(8, 16, 32, 64, 1024))
     assert plan.batch_size in (8, 16, 32, 64) and 1 <= plan.w_active <= 3
     assert inputs["batch_sizes"] == [8, 16, 32, 64]  # 1024 > the 400 training rows
     assert inputs["extrapolated_batch_sizes"] == []
     new = apply_plan(cfg, plan)
-    assert (new.w_active, new.w_passive, new.batch_size) == (plan.w_active, plan.w_passive,
+    assert (new.workers.active, new.workers.passive, new.batch_size) == (plan.w_active, plan.w_passive,
                                                               plan.batch_size)
     assert apply_plan(cfg, plan.to_dict()) == new
     with pytest.raises(NoFeasiblePlan):
@@ -197,8 +199,8 @@ def test_psfl_vfl_plan_on_a_profile_and_its_errors(sweeps: dict[str, PartySweep]
 
 
 # ------------------------------------------------------------ several passive parties
-MULTI = VflConfig(bottom_hidden=(16,), top_hidden=(8,), embedding_dim=8, epochs=2,
-                  passive_parties=2)
+MULTI = VflConfig(epochs=2, passive_parties=2,
+                  model=ModelSection(bottom_hidden=(16,), top_hidden=(8,), embedding_dim=8))
 
 
 @pytest.fixture(scope="module")
@@ -240,12 +242,13 @@ def test_cost_models_of_several_passive_parties(sweeps: dict[str, PartySweep],
 def test_party_cores_with_several_passive_parties() -> None:
     from parties.core.sysinfo import cores_allotted
 
-    pinned = VflConfig(passive_parties=3, active_cpus=(0,), passive_cpus=(1, 2, 3))
+    pinned = VflConfig(passive_parties=3,
+                       workers=WorkersSection(active_cpus=(0,), passive_cpus=(1, 2, 3)))
     assert party_cores(pinned, "active") == 1.0
     assert party_cores(pinned, "passive3") == pytest.approx(1.0)  # 3 share 3 CPUs
     assert party_cores(VflConfig(passive_parties=3), "passive2") == pytest.approx(
         max(cores_allotted() / 4, 1e-3))
-    assert party_cores(VflConfig(passive_parties=2, active_cpus=(0,)), "passive") == \
+    assert party_cores(VflConfig(passive_parties=2, workers=WorkersSection(active_cpus=(0,))), "passive") == \
         pytest.approx(max(cores_allotted() / 2, 1e-3))
 
 
@@ -261,16 +264,16 @@ def test_plans_of_several_passive_parties_apply_per_party(
         "active", "passive", "passive2"}
     new = apply_plan(MULTI, plan)
     assert new.passive_workers == plan.passive_party_workers
-    assert new.w_passive == plan.w_passive and new.batch_size == plan.batch_size
+    assert new.workers.passive == plan.w_passive and new.batch_size == plan.batch_size
     d = {"w_active": 2, "w_passive": 1, "passive_party_workers": [1, 3], "batch_size": 32}
-    assert apply_plan(MULTI, d).passive_party_workers == (1, 3)
+    assert apply_plan(MULTI, d).workers.per_passive_party == (1, 3)
     ps = apply_plan(replace(MULTI, algo="vfl-ps"), d)  # pairs: the fewest, on every party
     assert ps.passive_workers == (1, 1)
     with pytest.raises(ConfigError, match="2 passive parties") as ei:
         apply_plan(CFG, d)
     assert ei.value.key == "vfl.passive_parties"
     legacy = {"w_active": 2, "w_passive": 3, "batch_size": 32}  # a two-party plan.json
-    assert (apply_plan(CFG, legacy).w_passive, apply_plan(CFG, legacy).passive_workers) == \
+    assert (apply_plan(CFG, legacy).workers.passive, apply_plan(CFG, legacy).passive_workers) == \
         (3, (3,))
     with pytest.raises(ConfigError, match="vfl.passive_parties"):
         apply_plan(MULTI, legacy)

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parties.config import VflConfig
+from parties.config import DataSection, DpSection, VflConfig
 from parties.data import DataError, InvalidLabel, InvalidSplit, encode_labels, encode_party_features
 from parties.data.encoders import EncoderFormatError, FittedEncoder
 from parties.data.demo_tables import make_traffic
@@ -80,8 +80,8 @@ def test_bad_policies_and_config_keys_are_refused():
     with pytest.raises(ValueError, match="id_columns"):
         TreatmentPolicy(id_columns="maybe")
     for key, value in (("hash_buckets", 1), ("hash_embedding_dim", 0), ("id_columns", "x")):
-        with pytest.raises(ConfigError, match=f"vfl.{key}"):
-            VflConfig(**{key: value})
+        with pytest.raises(ConfigError, match=f"vfl.data.{key}"):
+            VflConfig(data=DataSection(**{key: value}))
 
 
 @settings(max_examples=50, deadline=None)
@@ -170,14 +170,14 @@ def test_hashed_bottom_looks_up_one_table_with_offsets():
 
 
 def test_factory_wraps_the_bottom_and_refuses_hashed_dp_passive():
-    cfg = VflConfig(hash_embedding_dim=4)
+    cfg = VflConfig(data=DataSection(hash_embedding_dim=4))
     fac = ModelFactory(cfg).with_hashed((16, 32))
     bottom = fac.bottom("passive", 10)  # 8 dense + 2 hashed
     assert isinstance(bottom, HashedBottom) and bottom.dense == 8
     out = bottom(torch.zeros(3, 10))
-    assert out.shape == (3, cfg.embedding_dim)
+    assert out.shape == (3, cfg.model.embedding_dim)
     assert fac.describe("passive")["hashed"]["buckets"] == [16, 32]
-    dp = ModelFactory(VflConfig(dp_epsilon=4.0)).with_hashed((16,))
+    dp = ModelFactory(VflConfig(dp=DpSection(epsilon=4.0))).with_hashed((16,))
     with pytest.raises(ConfigError, match="hash"):
         dp.bottom("passive", 3)
 

@@ -51,8 +51,8 @@ def test_unknown_algorithm_is_not_available(table: Any) -> None:
     cfg, why = table.make_config("no-such-algo", "bank", seed=0, epochs=1, settings=settings)
     assert cfg is None and "vfl.algo" in why
     cfg, why = table.make_config("pubsub", "bank", seed=1, epochs=2, settings=settings,
-                                 t_ddl_s=0.0)
-    assert why is None and (cfg.seed, cfg.t_ddl_s, cfg.bottom_hidden) == (1, 0.0, (128,) * 9)
+                                 **{"timeouts.t_ddl_s": 0.0})
+    assert why is None and (cfg.seed, cfg.timeouts.t_ddl_s, cfg.model.bottom_hidden) == (1, 0.0, (128,) * 9)
 
 
 def test_aggregate_means_and_efficiency(table: Any) -> None:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from parties.config import VflConfig
+from parties.config import DataSection, DpSection, VflConfig, WireSection, WorkersSection
 from parties.algorithms.wire import (
     INT8_FLUSH,
     META_KEY,
@@ -135,13 +135,13 @@ def test_auto_compresses_only_a_bandwidth_bound_link() -> None:
 
 
 def test_config_key() -> None:
-    assert VflConfig().wire_dtype == "auto" and VflConfig().effective_wire_dtype == "float32"
-    assert VflConfig(link_mbps=20).effective_wire_dtype == "int8"
-    for key, value in (("wire_dtype", "int4"), ("link_mbps", -1.0),
+    assert VflConfig().wire.dtype == "auto" and VflConfig().effective_wire_dtype == "float32"
+    assert VflConfig(wire=WireSection(link_mbps=20)).effective_wire_dtype == "int8"
+    for key, value in (("dtype", "int4"), ("link_mbps", -1.0),
                        ("link_mbps", float("nan"))):
         with pytest.raises(ConfigError) as err:
-            VflConfig(**{key: value})
-        assert f"vfl.{key}" in str(err.value)
+            VflConfig(wire=WireSection(**{key: value}))
+        assert f"vfl.wire.{key}" in str(err.value)
 
 
 def test_driver_decodes_before_the_intake_and_rejects_a_bad_encoding() -> None:
@@ -176,8 +176,9 @@ def test_driver_decodes_before_the_intake_and_rejects_a_bad_encoding() -> None:
 def test_dp_accounting_does_not_depend_on_the_wire() -> None:
     from parties.privacy.dp import plan_from_config
 
-    base = VflConfig(dataset="bank", epochs=3, dp_mu=2.0)
-    plans = [plan_from_config(dataclasses.replace(base, wire_dtype=w, link_mbps=20.0))
+    base = VflConfig(dataset="bank", epochs=3, dp=DpSection(mu=2.0))
+    plans = [plan_from_config(dataclasses.replace(base,
+                                                  wire=dataclasses.replace(base.wire, dtype=w, link_mbps=20.0)))
              for w in ("float32", "int8", "bfloat16", "auto")]
     assert all(p == plans[0] for p in plans[1:])
 
@@ -189,12 +190,14 @@ def test_a_dp_run_with_int8_on_the_wire_reports_the_planned_mu(tmp_path) -> None
     from parties.privacy.dp import plan_from_config
     from sim.launch.local import run_vfl_in_process
 
-    cfg = VflConfig(dataset="synthetic", synthetic_rows=1000, synthetic_features=8,
-                    synthetic_informative=4, epochs=1, batch_size=128, dp_mu=4.0,
-                    dp_noise_seed=1, wire_dtype="int8", worker_mode="inline", w_active=1,
-                    w_passive=1, val_per_epoch=1, active_only_baseline="off")
+    cfg = VflConfig(dataset="synthetic", epochs=1, batch_size=128, val_per_epoch=1,
+                    active_only_baseline="off",
+                    data=DataSection(synthetic_rows=1000, synthetic_features=8, synthetic_informative=4),
+                    dp=DpSection(mu=4.0, noise_seed=1), wire=WireSection(dtype="int8"),
+                    workers=WorkersSection(mode="inline", active=1, passive=1))
     m = run_vfl_in_process(cfg, tmp_path).metrics
-    plan = plan_from_config(dataclasses.replace(cfg, wire_dtype="float32"))
+    plan = plan_from_config(dataclasses.replace(cfg,
+                                                wire=dataclasses.replace(cfg.wire, dtype="float32")))
     # the calibration is the float32 run's, and the ledger counts publications whatever
     # their encoding: every record at most its one training publication (µ 2.83) and a
     # validation / test record its one release at the whole target (µ 4)
@@ -206,5 +209,5 @@ def test_a_dp_run_with_int8_on_the_wire_reports_the_planned_mu(tmp_path) -> None
     assert m["parties"]["passive"]["wire_dtype"] == m["parties"]["active"]["wire_dtype"] == "int8"
     # int8 codes and a scale a row: under a third of float32's bytes
     n_train = m["parties"]["passive"]["samples"]
-    assert 0 < m["parties"]["passive"]["bytes_sent"]["emb"] < n_train * cfg.embedding_dim * 4 / 3
-    assert 0 < m["parties"]["active"]["bytes_sent"]["grad"] < n_train * cfg.embedding_dim * 4 / 3
+    assert 0 < m["parties"]["passive"]["bytes_sent"]["emb"] < n_train * cfg.model.embedding_dim * 4 / 3
+    assert 0 < m["parties"]["active"]["bytes_sent"]["grad"] < n_train * cfg.model.embedding_dim * 4 / 3

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from parties.config import VflConfig
+from parties.config import DpSection, ModelSection, VflConfig, vfl_config
 from parties.privacy.dpsgd import DpIncompatibleModel, DpSgd
 from parties.models.model import (
     ParameterServer,
@@ -34,7 +34,7 @@ USER = "tests.unit.zoo_user_models"
 
 
 def test_default_mlp_is_bit_for_bit_the_old_construction() -> None:
-    cfg = VflConfig(bottom_hidden=(16, 8), embedding_dim=4, top_hidden=(6,))
+    cfg = VflConfig(model=ModelSection(bottom_hidden=(16, 8), embedding_dim=4, top_hidden=(6,)))
     torch.manual_seed(3)
     old = [bottom_model(7, (16, 8), 4), top_model(4, (6,))]
     torch.manual_seed(3)
@@ -47,8 +47,7 @@ def test_default_mlp_is_bit_for_bit_the_old_construction() -> None:
 
 @pytest.mark.parametrize("norm", ["layer", "batch", "group", "none"])
 def test_resnet_shapes_and_norms(norm: str) -> None:
-    cfg = VflConfig(model="resnet", resnet_depth=2, resnet_width=12, resnet_norm=norm,
-                    embedding_dim=5)
+    cfg = VflConfig(model=ModelSection(bottom="resnet", resnet_depth=2, resnet_width=12, resnet_norm=norm, embedding_dim=5))
     f = ModelFactory(cfg)
     bottom, top = f.modules("active", 9)
     assert isinstance(bottom, ResidualMlp) and len(bottom.blocks) == 2
@@ -63,29 +62,32 @@ def test_resnet_shapes_and_norms(norm: str) -> None:
 
 
 def test_config_validates_model_keys_and_set_works() -> None:
-    cfg = load_section(VflConfig, "vfl", None, ["model=resnet", "resnet_depth=1",
-                                                f"top_model={USER}:top",
-                                                "resnet_norm=batch"])
-    assert (cfg.model, cfg.resnet_depth, cfg.top_model) == ("resnet", 1, f"{USER}:top")
-    for key, value in [("model", "nope"), ("top_model", "a b:c"), ("resnet_depth", -1),
-                       ("resnet_width", 0), ("resnet_norm", "instance"),
-                       ("resnet_dropout", 1.0), ("dp_batchnorm", "drop")]:
+    cfg = load_section(VflConfig, "vfl", None, ["model.bottom=resnet", "model.resnet_depth=1",
+                                                f"model.top={USER}:top",
+                                                "model.resnet_norm=batch"])
+    assert (cfg.model.bottom, cfg.model.resnet_depth, cfg.model.top) == ("resnet", 1, f"{USER}:top")
+    for key, value in [("model.bottom", "nope"), ("model.top", "a b:c"),
+                       ("model.resnet_depth", -1), ("model.resnet_width", 0),
+                       ("model.resnet_norm", "instance"), ("model.resnet_dropout", 1.0),
+                       ("dp.batchnorm", "drop")]:
         with pytest.raises(ConfigError) as ei:
-            VflConfig(**{key: value})
+            vfl_config({key: value})
         assert ei.value.key == f"vfl.{key}" and repr(value) in str(ei.value)
     with pytest.raises(ConfigError, match="unknown"):
-        load_section(VflConfig, "vfl", None, ["resnet_deep=2"])
+        load_section(VflConfig, "vfl", None, ["model.resnet_deep=2"])
+    with pytest.raises(ConfigError, match="moved to vfl.model.resnet_depth"):
+        load_section(VflConfig, "vfl", None, ["resnet_depth=2"])
 
 
 def test_user_callables_by_name_and_by_object() -> None:
-    cfg = VflConfig(model=f"{USER}:bottom", top_model=f"{USER}:top", embedding_dim=4)
+    cfg = VflConfig(model=ModelSection(bottom=f"{USER}:bottom", top=f"{USER}:top", embedding_dim=4))
     f = ModelFactory(cfg)
     check_models(f, {"active": 6, "passive": 3})
     bottom, top = f.modules("active", 6)
     assert isinstance(bottom[1], nn.BatchNorm1d) and isinstance(top, nn.Linear)
     from tests.unit import zoo_user_models as um
 
-    g = ModelFactory(VflConfig(embedding_dim=4), um.bottom, um.top)
+    g = ModelFactory(VflConfig(model=ModelSection(embedding_dim=4)), um.bottom, um.top)
     check_models(g, {"active": 6, "passive": 3})
     assert g.describe()["model"] == f"{USER}:bottom"
     import pickle
@@ -94,37 +96,37 @@ def test_user_callables_by_name_and_by_object() -> None:
 
 
 @pytest.mark.parametrize(("key", "spec", "match"), [
-    ("model", "no_such_module_xyz:fn", "cannot be imported"),
-    ("model", f"{USER}:missing", "cannot be imported"),
-    ("model", f"{USER}:NOT_CALLABLE", "not callable"),
-    ("model", f"{USER}:raises", "raised RuntimeError: no model today"),
-    ("model", f"{USER}:wrong_width", r"to \(2, 3\), expected \(2, 4\)"),
-    ("top_model", f"{USER}:fixed_top", r"rejects a \(2, 8\) input"),
+    ("bottom", "no_such_module_xyz:fn", "cannot be imported"),
+    ("bottom", f"{USER}:missing", "cannot be imported"),
+    ("bottom", f"{USER}:NOT_CALLABLE", "not callable"),
+    ("bottom", f"{USER}:raises", "raised RuntimeError: no model today"),
+    ("bottom", f"{USER}:wrong_width", r"to \(2, 3\), expected \(2, 4\)"),
+    ("top", f"{USER}:fixed_top", r"rejects a \(2, 8\) input"),
 ])
 def test_bad_factories_are_typed_errors_naming_the_value(key: str, spec: str,
                                                          match: str) -> None:
-    f = ModelFactory(VflConfig(embedding_dim=4, **{key: spec}))
+    f = ModelFactory(VflConfig(model=ModelSection(**{key: spec}, embedding_dim=4)))
     with pytest.raises(ModelSpecError, match=match) as ei:
         check_models(f, {"active": 6, "passive": 3})
-    assert ei.value.key == f"vfl.{key}" and spec in str(ei.value)
+    assert ei.value.key == f"vfl.model.{key}" and spec in str(ei.value)
 
 
 def test_probe_leaves_the_torch_rng_alone() -> None:
     torch.manual_seed(1)
     before = torch.get_rng_state()
-    check_models(ModelFactory(VflConfig(model="resnet", resnet_width=8)),
+    check_models(ModelFactory(VflConfig(model=ModelSection(bottom="resnet", resnet_width=8))),
                  {"active": 3, "passive": 3})
     assert torch.equal(before, torch.get_rng_state())
 
 
 def test_dp_refuses_batchnorm_or_converts_it_to_groupnorm() -> None:
-    base = {"model": "resnet", "resnet_norm": "batch", "resnet_width": 8, "resnet_depth": 1,
-            "dp_mu": 4.0, "epochs": 1}
+    base = {"model": {"bottom": "resnet", "resnet_norm": "batch", "resnet_width": 8,
+                      "resnet_depth": 1}, "dp.mu": 4.0, "epochs": 1}
     with pytest.raises(DpIncompatibleModel, match="BatchNorm1d"):
-        check_models(ModelFactory(VflConfig(**base)), {"active": 3, "passive": 5})
+        check_models(ModelFactory(vfl_config(base)), {"active": 3, "passive": 5})
     # the active bottom may keep its BatchNorm: its records are not the protected ones
-    check_models(ModelFactory(VflConfig(**base)), {"active": 3})
-    conv = ModelFactory(VflConfig(**base, dp_batchnorm="groupnorm"))
+    check_models(ModelFactory(vfl_config(base)), {"active": 3})
+    conv = ModelFactory(vfl_config({**base, "dp.batchnorm": "groupnorm"}))
     check_models(conv, {"active": 3, "passive": 5})
     passive = conv.bottom("passive", 5)
     kinds = {type(m).__name__ for m in passive.modules()}
@@ -132,9 +134,9 @@ def test_dp_refuses_batchnorm_or_converts_it_to_groupnorm() -> None:
     assert "BatchNorm1d" in {type(m).__name__ for m in conv.bottom("active", 3).modules()}
     DpSgd(passive, embed_clip_norm=1.0, grad_clip_norm=1.0, noise_multiplier=1.0, seed=0)
     with pytest.raises(ConfigError, match="dropout") as ei:
-        check_models(ModelFactory(VflConfig(**{**base, "resnet_norm": "layer"},
-                                            resnet_dropout=0.1)), {"passive": 5})
-    assert ei.value.key == "vfl.resnet_dropout"
+        check_models(ModelFactory(vfl_config({**base, "model": {
+            **base["model"], "resnet_norm": "layer", "resnet_dropout": 0.1}})), {"passive": 5})
+    assert ei.value.key == "vfl.model.resnet_dropout"
     with pytest.raises(DpIncompatibleModel):
         batchnorm_to_groupnorm(nn.Sequential(nn.BatchNorm2d(3)))
 

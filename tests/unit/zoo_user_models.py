@@ -1,4 +1,4 @@
-"""User model factories for tests of ``vfl.model = "module:callable"`` (importable as
+"""User model factories for tests of ``vfl.model.bottom = "module:callable"`` (importable as
 ``tests.unit.zoo_user_models`` with the repository root on ``sys.path``)."""
 
 from __future__ import annotations
