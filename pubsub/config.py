@@ -152,22 +152,26 @@ def expand_dotted(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def refuse_moved(data: Mapping[str, Any], moved: Mapping[str, str], *, section: str) -> None:
-    """Refuse a key of ``data`` (one section's table) that moved: ``moved`` maps an old
+    """Refuse the keys of ``data`` (one section's table) that moved: ``moved`` maps an old
     key to its new dotted place under ``section`` (``{"dp_mu": "dp.mu"}``). An old key
     that is now the name of a table (``{"engine": "engine.name"}``) is refused only with a
     value that is not a table.
 
     Raises:
-        ConfigError: naming the old key and its new place, in a file and on the command line.
+        ConfigError: keyed by the first old key, naming every old key's new place, in a
+            file, on the command line and in a Python mapping.
     """
-    for old, value in data.items():
-        new = moved.get(old)
-        if new is None or isinstance(value, Mapping):
-            continue
-        table, _, leaf = new.rpartition(".")
-        where = f"[{section}.{table}] {leaf} = ..." if table else f"[{section}] {leaf} = ..."
-        raise ConfigError(f"{section}.{old}", f"this key moved to {section}.{new} (in a file: "
-                          f"{where}; on the command line: --set {section}.{new}=...)")
+    found = [(old, moved[old]) for old, value in data.items()
+             if old in moved and not isinstance(value, Mapping)]
+    if not found:
+        return
+    old, new = found[0]
+    table, _, leaf = new.rpartition(".")
+    where = f"[{section}.{table}] {leaf} = ..." if table else f"[{section}] {leaf} = ..."
+    more = "".join(f"; {section}.{o} moved to {section}.{n}" for o, n in found[1:])
+    raise ConfigError(f"{section}.{old}", f"this key moved to {section}.{new} (in a file: "
+                      f"{where}; on the command line: --set {section}.{new}=...; in a "
+                      f"Python mapping: {new!r}){more}")
 
 
 def migrate_moved(data: Mapping[str, Any], moved: Mapping[str, str]) -> dict[str, Any]:
@@ -179,7 +183,8 @@ def migrate_moved(data: Mapping[str, Any], moved: Mapping[str, str]) -> dict[str
     return expand_dotted(flat)
 
 
-def from_mapping(cls: type[T], data: Mapping[str, Any], *, section: str = "") -> T:
+def from_mapping(cls: type[T], data: Mapping[str, Any], *, section: str = "",
+                 old_names: Mapping[str, str] | None = None) -> T:
     """Build the frozen dataclass ``cls`` from ``data``, rejecting unknown keys.
 
     Nested dataclass fields take nested tables; a dotted key (``"dp.mu"``) is the same
@@ -199,9 +204,11 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], *, section: str = "") ->
     unknown = sorted(set(data) - set(fields))
     if unknown:
         where = f"{section}." if section else ""
+        renamed = (old_names or {}).get(unknown[0])
+        hint = f"; this table calls it {renamed!r}" if renamed else ""
         raise ConfigError(
             where + unknown[0],
-            f"unknown key (known keys: {', '.join(sorted(fields))})",
+            f"unknown key{hint} (known keys: {', '.join(sorted(fields))})",
         )
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
@@ -209,8 +216,14 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], *, section: str = "") ->
         key = f"{section}.{name}" if section else name
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, Mapping):
-                raise ConfigError(key, f"expected a table, got {value!r}")
-            kwargs[name] = from_mapping(tp, value, section=key)  # type: ignore[arg-type]
+                keys = ", ".join(f.name for f in dataclasses.fields(tp))  # type: ignore[arg-type]
+                raise ConfigError(key, f"expected a table ([{key}] with keys {keys}), "
+                                  f"got {value!r}")
+            # an old flat key written inside its new table under its old name
+            inside = {old: new.split(".", 1)[1] for old, new in (moved or {}).items()
+                      if new.startswith(name + ".")}
+            kwargs[name] = from_mapping(tp, value, section=key,  # type: ignore[arg-type]
+                                        old_names=inside)
         else:
             kwargs[name] = _coerce(key, tp, value)
     try:

@@ -134,6 +134,10 @@ class VflJob:
 
         base = self._base_config()
         settings: dict[str, Any] = {}
+        for name in ("active_columns", "passive_columns", "passive_party_columns"):
+            if getattr(self, name) and getattr(base.data, name):
+                raise JobError(f"job.{name}", f"given both as the job's {name} and as the "
+                               f"config's data.{name}: give it once")
         if self.label:
             settings["label"] = str(self.label)
         if self.passive_party_columns:

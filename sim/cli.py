@@ -821,11 +821,11 @@ def _add_vfl_run_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     if not demo:
         p.add_argument("--dataset", help="a named dataset (bank, adult, california, synthetic) "
                        "or a CSV/Parquet path (then also --set label=COL, optionally "
-                       "task=regression and active_columns/passive_columns)")
+                       "task=regression and data.active_columns/data.passive_columns)")
         p.add_argument("--algo", help="coordination algorithm: pubsub (default), vfl, vfl-ps, "
                        "avfl, avfl-ps (same as --set algo=...)")
         p.add_argument("--model", help="bottom models: mlp (default), resnet (the paper's "
-                       "large model; resnet_* keys) or package.module:callable (same as "
+                       "large model; model.resnet_* keys) or package.module:callable (same as "
                        "--set model.bottom=...; see docs/tutorials/your-own-model.md)")
     p.add_argument("--out", default=DEFAULT_DEMO_OUT if demo else None, required=not demo,
                    help="run directory (may exist; files are overwritten)")

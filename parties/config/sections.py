@@ -224,7 +224,7 @@ class ModelSection:
             (a typed error, exit 2).
         top: the top model, same forms (called as ``top(d_in, d_out)`` with
             ``d_in = 2·embedding_dim``, ``d_out = 1``); empty (the default): ``"resnet"``
-            when ``model = "resnet"``, else ``"mlp"`` (``model.top_hidden``).
+            when ``model.bottom = "resnet"``, else ``"mlp"`` (``model.top_hidden``).
         resnet_depth: residual blocks of a ``resnet`` model (default 4; 0 = input and
             output projections only).
         resnet_width: hidden width of a ``resnet`` model (default 256).

@@ -80,6 +80,8 @@ def test_bad_job_fields_are_job_errors(tmp_path: Path, monkeypatch: pytest.Monke
         (dict(data=[1, 2, 3]), "job.data", "list"),
         (dict(active_columns=()), "job.active_columns", "both"),
         (dict(bottom=3), "job.bottom", "int"),
+        (dict(config={"data.active_columns": ["a"], "data.passive_columns": ["b"]}),
+         "job.active_columns", "give it once"),
     ]
     for kw, key, words in cases:
         with pytest.raises(JobError) as ei:

@@ -96,3 +96,16 @@ def test_an_old_key_that_names_a_table_now_is_refused_only_as_a_value():
     assert from_mapping(_Fit, migrate_moved(old, _Fit.MOVED_KEYS)) == _Fit(
         engine=_Engine(name="mbi", iters=5))
     assert migrate_moved({"engine": {"iters": 2}}, _Fit.MOVED_KEYS) == {"engine": {"iters": 2}}
+
+
+def test_an_old_name_inside_its_new_table_is_named_and_every_moved_key_is_listed():
+    from parties.config import load_vfl_config
+
+    with pytest.raises(ConfigError, match="this table calls it 'active'"):
+        load_vfl_config(None, ["workers.w_active=2"])
+    with pytest.raises(ConfigError) as err:
+        load_vfl_config(None, ["dp_mu=8", "dp_schema=x.toml"])
+    assert err.value.key == "vfl.dp_mu" and "vfl.dp_schema moved to vfl.dp.schema" in str(err.value)
+    assert "in a Python mapping: 'dp.mu'" in str(err.value)
+    with pytest.raises(ConfigError, match=r"expected a table \(\[vfl.workers\] with keys active"):
+        load_vfl_config(None, ["workers=2"])
