@@ -76,6 +76,10 @@ def run_party(role: str, args: argparse.Namespace) -> int:
                 raise ConfigError(f"vfl.workers.{kind}_cpus", str(exc)) from None
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
+        if kind == "active" and not args.quiet:
+            from parties.privacy.labels import labels_line
+
+            print(labels_line(cfg.labels), file=sys.stderr, flush=True)
         configure_logging(events_path=events, party=role, run_id=args.run_id)
         import torch
 

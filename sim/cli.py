@@ -82,6 +82,10 @@ def _vfl_run(args: argparse.Namespace) -> int:
           f"workers {'+'.join(str(cfg.workers_for(p)) for p in cfg.party_ids)}, "
           f"out {args.out}",
           flush=True)
+    from parties.privacy.labels import labels_line
+
+    print(labels_line(cfg.labels), file=sys.stderr if not cfg.labels.protected else sys.stdout,
+          flush=True)
     if getattr(args, "transport", "broker") == "memory":
         from pubsub.config import ConfigError
 
@@ -125,6 +129,10 @@ def _vfl_run(args: argparse.Namespace) -> int:
           f"{' ' + utils if utils else ''}  broker bytes emb {m['broker_bytes']['emb']:,} "
           f"grad {m['broker_bytes']['grad']:,}  dropped {m['dropped_batches']}")
     dp = m.get("dp") or {}
+    lab = dp.get("labels")
+    if isinstance(lab, dict) and lab.get("epsilon") is not None:
+        print(f"labels: label DP epsilon {format_metric(lab['epsilon'])} (delta 0), "
+              f"flip probability {lab['flip_probability']:.4f}")
     if dp.get("enabled"):
         target = "" if dp.get("target_mu") is None else f" (target {dp['target_mu']:g})"
         print(f"dp: spent mu {format_metric(dp.get('mu'))}{target}, epsilon "

@@ -158,3 +158,63 @@ class DpSection:
         """True when the passive party clips and noises its embeddings."""
         return self.noise_multiplier is not None or self.epsilon is not None or (
             self.mu is not None and not math.isinf(self.mu))
+
+
+#: values of ``vfl.labels.defence``: the active party's perturbation of the cut-layer
+#: gradients it sends (:mod:`parties.privacy.labels`)
+LABEL_DEFENCES = ("none", "marvell")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LabelsSection:
+    """``[vfl.labels]``: the active party's protection of its labels against the passive
+    parties and anyone on the wire (:mod:`parties.privacy.labels`). Only the active
+    party's own configuration counts: not a shared setting, so a passive party can
+    neither see nor switch it off through the handshake. Binary tasks only.
+
+    Attributes:
+        defence: how the cut-layer gradients sent to each passive party are perturbed:
+            ``"none"`` (the default: the labels are not protected against the partner;
+            the run says so at start) or ``"marvell"`` (noise shaped so the two classes'
+            gradients overlap, after Li et al., ICLR 2022, see
+            :class:`parties.privacy.labels.MarvellNoise`): it defeats the label
+            inference attacks of ``bench/label_audit.py`` (their measured AUC is its
+            protection) and carries no DP claim.
+        strength: ``"marvell"``'s noise scale k, in units of the batch's gap between
+            the two classes' mean gradients (and of the larger class's spread across
+            it). Measured on bank (``bench/label_audit.py``): see
+            docs/explanation/privacy.md for the trade-off table.
+        epsilon: label differential privacy: each training label is replaced once by
+            randomised response (kept with probability e^ε / (1 + e^ε), else flipped)
+            before anything is trained on it, so everything the passive parties
+            receive is ε-label-DP for each record's label (pure DP, δ = 0); None (the
+            default): no label DP. Composes with ``defence`` (which then sees only the
+            randomised labels).
+        noise_seed: seed of the randomised response and the gradient noise, for
+            reproducible tests only (a passive party must never know it); None = fresh
+            OS entropy.
+    """
+
+    SECTION: ClassVar[str] = "vfl.labels"
+
+    defence: str = "none"
+    strength: float = 2.5
+    epsilon: float | None = None
+    noise_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        bad = _bad(self)
+        if self.defence not in LABEL_DEFENCES:
+            raise bad("defence", f"must be one of {LABEL_DEFENCES}")
+        if not 0 < self.strength <= 1000:
+            raise bad("strength", "must be a number in (0, 1000]")
+        if self.epsilon is not None and not 0 < self.epsilon < math.inf:
+            raise bad("epsilon", "must be a positive finite number (leave it out for no "
+                      "label DP)")
+        if self.noise_seed is not None and not 0 <= self.noise_seed < 2**63:
+            raise bad("noise_seed", "must be in 0 .. 2**63-1")
+
+    @property
+    def protected(self) -> bool:
+        """True when the active party perturbs its gradients or randomises its labels."""
+        return self.defence != "none" or self.epsilon is not None

@@ -25,7 +25,7 @@ from parties.algorithms.schedule import ALGOS, LR_SCALINGS, effective_workers, w
 from parties.algorithms.wire import resolve_wire_dtype
 from parties.config.checks import check_parties
 from parties.config.moved import MOVED_KEYS
-from parties.config.privacy import DpSection
+from parties.config.privacy import DpSection, LabelsSection
 from parties.config.sections import (DataSection, ModelSection, TimeoutsSection,
                                      WireSection, WorkersSection)
 from parties.core.ids import passive_party_ids, role_of
@@ -124,6 +124,8 @@ class VflConfig:
         timeouts: ``[vfl.timeouts]``, :class:`parties.config.sections.TimeoutsSection`.
         wire: ``[vfl.wire]``, :class:`parties.config.sections.WireSection`.
         dp: ``[vfl.dp]``, :class:`parties.config.privacy.DpSection`.
+        labels: ``[vfl.labels]``, :class:`parties.config.privacy.LabelsSection` (the
+            active party's own: not a shared setting).
     """
 
     #: the keys of the flat configuration before the sections, and where each lives now
@@ -154,6 +156,7 @@ class VflConfig:
     timeouts: TimeoutsSection = field(default_factory=TimeoutsSection)
     wire: WireSection = field(default_factory=WireSection)
     dp: DpSection = field(default_factory=DpSection)
+    labels: LabelsSection = field(default_factory=LabelsSection)
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> ConfigError:
@@ -190,6 +193,12 @@ class VflConfig:
         if self.active_only_baseline not in ACTIVE_ONLY_BASELINE:
             raise bad("active_only_baseline", f"must be one of {ACTIVE_ONLY_BASELINE}")
         check_parties(self, bad)
+        if self.labels.protected and self.effective_task != "binary":
+            key = "epsilon" if self.labels.epsilon is not None else "defence"
+            raise ConfigError(f"vfl.labels.{key}", (
+                f"label protection is analysed for binary tasks only; this run's task is "
+                f"{self.effective_task!r}: leave [vfl.labels] out (got "
+                f"labels.{key}={getattr(self.labels, key)!r})"))
 
     @property
     def party_ids(self) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ import torch
 from parties.config import VflConfig
 from parties.privacy.dp import EmbeddingPrivatizer, plan_from_config, sgd_seed
 from parties.privacy.dpsgd import DpSgd
+from parties.privacy.labels import label_protection
 from parties.algorithms.fuse import fuse_of
 from parties.core.ids import role_of
 from parties.models.model import ActiveCompute, ParameterServer, PassiveCompute, flat_params
@@ -58,9 +59,13 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
             (:func:`sync_mode_for`).
         noise_seed: the passive worker's secret noise seed; required when the config
             turns DP on (the passive party then clips and noises what it publishes).
+            For an active worker: the party's label secret, the same for every worker,
+            required when ``[vfl.labels]`` protects the labels
+            (:func:`parties.privacy.labels.label_protection`).
 
     Raises:
-        ValueError: DP is on and a passive worker got no ``noise_seed``.
+        ValueError: DP is on and a passive worker got no ``noise_seed``, or label
+            protection is on and an active worker got none.
     """
     d_in = x_train.shape[1]
     # streamed rows (parties.data.rowstore.DiskRows) are indexed like the tensor, read from disk
@@ -83,7 +88,8 @@ def make_compute(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nda
                              delta_t0=cfg.workers.delta_t0, task=cfg.effective_task,
                              sync_mode=sync_mode, make_optimizer=factory.optimizer,
                              loss_fn=factory.loss(cfg.effective_task), fuse=fuse_of(cfg),
-                             ps_update=cfg.ps_update_for("active"))
+                             ps_update=cfg.ps_update_for("active"),
+                             labels=label_protection(cfg.labels, noise_seed, len(y_train)))
     plan = plan_from_config(cfg)
     privatize = None
     make_dp_sgd = None

@@ -565,6 +565,11 @@ class ActiveCompute:
         fuse: how the own part and the passive parties' embeddings are fused
             (:class:`parties.algorithms.fuse.Fuse`); None: concatenated (the top model's input is
             ``[h_own | e_1 | ...]``).
+        labels: the active party's label protection
+            (:class:`parties.privacy.labels.LabelProtection`; None: unprotected): with
+            ``flips``, every step trains on the randomised labels (label DP); with
+            ``noise``, each cut-layer gradient sent to a passive party is perturbed
+            (the own bottom's backward uses the exact one).
 
     Raises:
         ValueError: unknown ``task``.
@@ -577,9 +582,14 @@ class ActiveCompute:
                  make_optimizer: Callable[[list[nn.Parameter], float],
                                           torch.optim.Optimizer] | None = None,
                  loss_fn: nn.Module | None = None, fuse: Fuse | None = None,
-                 ps_update: str = "average") -> None:
+                 ps_update: str = "average", labels: Any = None) -> None:
         self.x = x_train
         self.y = y_train
+        flips = getattr(labels, "flips", None)
+        #: rows whose label the randomised response flipped (None: no label DP)
+        self._flips = torch.from_numpy(flips) if flips is not None else None
+        #: the gradient defence (None: the gradients go as computed)
+        self._noise = getattr(labels, "noise", None)
         self.fuse = fuse
         self.bottom = make_bottom()
         self.top = make_top()
@@ -591,6 +601,15 @@ class ActiveCompute:
     def forward_own(self, rows: np.ndarray) -> torch.Tensor:
         """The active party's own bottom embedding of a batch, ``(B, d)`` with graph."""
         return self.bottom(self.x[_index(rows)])
+
+    def labels_of(self, rows: np.ndarray) -> torch.Tensor:
+        """The labels a batch trains on: the true ones, or with label DP the randomised
+        ones (each row's flip drawn once for the run)."""
+        idx = _index(rows)
+        y = self.y[idx]
+        if self._flips is not None:
+            y = torch.where(self._flips[idx], 1.0 - y, y)
+        return y
 
     def top_step(self, h_own: torch.Tensor, emb: np.ndarray | Sequence[np.ndarray],
                  rows: np.ndarray, epoch: int, on_grad: Callable[[Any], None] | None = None
@@ -632,16 +651,21 @@ class ActiveCompute:
         fused = torch.cat(parts, dim=1) if self.fuse is None else self.fuse(parts)
         self.replica.zero_grad()
         ps = self.replica.ps
+        y = self.labels_of(rows)
         if getattr(ps, "shares_top", False):  # one top for every worker, at the PS
-            loss_v, g_fused = ps.top_step(fused, self.y[_index(rows)], self.loss_fn)
+            loss_v, g_fused = ps.top_step(fused, y, self.loss_fn)
             fused.backward(g_fused)
             loss = torch.tensor(loss_v)
         else:
             logits = self.top(fused).squeeze(1)
-            loss = self.loss_fn(logits, self.y[_index(rows)])
+            loss = self.loss_fn(logits, y)
             loss.backward()
         assert h_cut.grad is not None and all(e.grad is not None for e in es)
         grads = [e.grad.numpy() for e in es]  # type: ignore[union-attr]
+        if self._noise is not None:  # what the passive parties get: perturbed
+            r = np.asarray(rows, dtype=np.int64)
+            yb = y.numpy()
+            grads = [self._noise(g, yb, r, epoch=epoch, party=j) for j, g in enumerate(grads)]
         grad: Any = grads if many else grads[0]
         if on_grad is not None:
             on_grad(grad)

@@ -377,7 +377,8 @@ def profile_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.nd
     mods = party_modules(cfg, role, d_in)
     ps = ParameterServer(flat_params(mods))
     compute = make_compute(role, cfg, x_train, y_train, ps, sync_mode="manual",
-                           noise_seed=12345 if cfg.dp.enabled else None, party=party)
+                           noise_seed=12345 if cfg.dp.enabled or cfg.labels.protected else None,
+                           party=party)
     gen = np.random.default_rng(cfg.seed)
     partner = gen.standard_normal((B, cfg.model.embedding_dim)).astype(np.float32) * 0.01
     # the active party fuses one embedding per passive party

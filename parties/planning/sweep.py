@@ -320,7 +320,8 @@ def sweep_party(role: str, cfg: VflConfig, x_train: np.ndarray, y_train: np.ndar
     flat = flat_params(mods)
     ps = ParameterServer(flat)
     compute = make_compute(role, cfg, x_train, y_train, ps, sync_mode="manual",
-                           noise_seed=12345 if cfg.dp.enabled else None, party=party)
+                           noise_seed=12345 if cfg.dp.enabled or cfg.labels.protected else None,
+                           party=party)
     passive = isinstance(compute, PassiveCompute)
     gen = np.random.default_rng(cfg.seed)
     _malloc_trim()

@@ -14,8 +14,9 @@ The guarantee
   the labels and the cut-layer gradients they send back (any function of what they have
   seen), and have unbounded computation. They do not see the passive party's process
   memory or its noise seeds.
-* **Outside the guarantee:** the active party's labels and features (nothing protects
-  them from the passive party); timing side channels (how long a batch takes); floating
+* **Outside the guarantee:** the active party's labels and features (this guarantee is
+  the passive party's; the active party protects its labels itself, with label DP or
+  gradient noise: :mod:`parties.privacy.labels`, ``dp.labels`` in ``metrics.json``); timing side channels (how long a batch takes); floating
   point attacks on the samplers (Mironov, CCS 2012: noise comes from torch's MT19937,
   as in Opacus without ``secure_mode``); the public schema and the ID set themselves.
 
@@ -787,7 +788,8 @@ GUARANTEE: dict[str, Any] = {
     "accounting": "exact mu-GDP composition (Dong-Roth-Su 2022) over every publication "
                   "(reassignments and evaluations included), no amplification by "
                   "subsampling; exact (epsilon, delta) conversion",
-    "outside": ["the active party's labels and features", "timing side channels",
+    "outside": ["the active party's labels and features (its labels: dp.labels, the active "
+                "party's own protection)", "timing side channels",
                 "floating-point attacks on the noise samplers (torch MT19937)",
                 "the public schema and the aligned ID set"],
 }

@@ -15,19 +15,23 @@ from typing import Any
 from parties.config import VflConfig
 from parties.privacy.dp import (DpPlan, EmbeddingPrivatizer, GdpAccountant, accountant_for,
                                 party_noise_secret, plan_from_config, worker_seeds)
+from parties.privacy.labels import LabelLedger, label_secret
 
 
 @dataclass(frozen=True, kw_only=True)
 class PartyDp:
     """A party's DP state: ``plan`` None with DP off (and for the active party);
     ``acct`` the passive party's ledger (also with DP off: it counts releases);
-    ``noise_seeds`` one per worker (None without a plan); ``eval_privatize`` the
-    privatizer per evaluation split under DP."""
+    ``noise_seeds`` one per worker (None without a plan; the active party's: its label
+    secret, the same for every worker, with ``[vfl.labels]`` on); ``eval_privatize`` the
+    privatizer per evaluation split under DP; ``label_ledger`` the active party's label
+    ledger (None for a passive party)."""
 
     plan: DpPlan | None
     acct: GdpAccountant | None
     noise_seeds: tuple[int | None, ...]
     eval_privatize: dict[str, EmbeddingPrivatizer] | None
+    label_ledger: LabelLedger | None = None
 
 
 def party_dp(cfg: VflConfig, party: str, role: str, workers: int, rows: Mapping[str, int],
@@ -36,7 +40,20 @@ def party_dp(cfg: VflConfig, party: str, role: str, workers: int, rows: Mapping[
     ``test``); the plan is logged (``dp.plan``)."""
     none = (None,) * workers
     if role != "passive":
-        return PartyDp(plan=None, acct=None, noise_seeds=none, eval_privatize=None)
+        labels = cfg.labels
+        ledger = LabelLedger(epsilon_per_release=labels.epsilon)
+        if not labels.protected:
+            log.warning("labels.unprotected", defence="none",
+                        hint="set [vfl.labels] defence or epsilon")
+            return PartyDp(plan=None, acct=None, noise_seeds=none, eval_privatize=None,
+                           label_ledger=ledger)
+        ledger.release()  # every training label, randomised once for the whole run
+        log.info("labels.protection", defence=labels.defence, strength=labels.strength,
+                 epsilon=labels.epsilon,
+                 noise_seed="config" if labels.noise_seed is not None else "os_entropy")
+        secret = label_secret(labels)
+        return PartyDp(plan=None, acct=None, noise_seeds=(secret,) * workers,
+                       eval_privatize=None, label_ledger=ledger)
     plan = plan_from_config(cfg)
     acct = accountant_for(plan, dict(rows))
     if plan is None:

@@ -152,6 +152,7 @@ from parties.models.compute import party_models
 from parties.models.model import load_flat
 from parties.models.zoo import ModelFactory
 from parties.privacy.dp import report as dp_report
+from parties.privacy.labels import labels_report
 from parties.privacy.party import party_dp
 from parties.runtime.bookkeeping import Mark, RunBook, party_metrics
 from parties.runtime.context import PartyContext
@@ -321,6 +322,8 @@ class Party:
                       {"train": self.n_train, "val": int(data.x_val.shape[0]),
                        "test": int(data.x_test.shape[0])}, log=self.log)
         self.dp_plan, self.dp_acct = dp.plan, dp.acct
+        #: the active party's label ledger (None for a passive party)
+        self.label_ledger = dp.label_ledger
         self._noise_seeds = list(dp.noise_seeds)
         ctx = PartyContext(cfg=cfg, role=role, party=party, partners=self.partners,
                            multi=self.multi, topics=self.topics, intake=self.intake,
@@ -645,6 +648,7 @@ class Party:
             "target_metric": target,
             "time_to_target_s": first_reaching(points, target, higher_is_better=name == "auc"),
             "n_val_scored": int(self.data.x_val.shape[0]),
+            "labels": labels_report(cfg.labels, self.label_ledger),
         })
         deadline = time.monotonic() + cfg.timeouts.liveness_timeout_s
         for party in self.partners:

@@ -89,19 +89,21 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         ``dropped_batches``, ``reassigned_batches``, ``security`` (the active party's
         transport, identity and role) and ``dp``
         (the privacy spent, from the passive party's ledger: see
-        :func:`parties.privacy.dp.report`).
+        :func:`parties.privacy.dp.report`; ``dp.labels``: the active party's label
+        protection from its own ledger, :func:`parties.privacy.labels.labels_report`).
     """
     # imported here: parties.privacy.dp needs torch, and this module is also imported by the
     # launcher's command line, which should start without it
     from parties.privacy.dp import plan_from_config
     from parties.privacy.dp import report as dp_report
+    from parties.privacy.labels import labels_report
 
     broker = active.get("broker") or {}
     ns = broker.get("namespace_bytes", {})
     name = active["metric_name"]
     key = f"test_{name}"
     top_level = ("broker", "task", key, "metric_name", "metric", "target_metric",
-                 "time_to_target_s", "history", "model", "active_only")
+                 "time_to_target_s", "history", "model", "active_only", "labels")
     parties = {"active": {k: v for k, v in active.items() if k not in top_level}}
     got = dict(reports) if reports is not None else {"passive": passive}
     present = {p: r for p, r in got.items() if r is not None}
@@ -156,7 +158,9 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
         "history": active.get("history", []),
         "broker": broker or None,
         "passive_report_missing": len(present) < len(got),
-        "dp": (first or {}).get("dp") or dp_report(plan_from_config(cfg), None),
+        "dp": {**((first or {}).get("dp") or dp_report(plan_from_config(cfg), None)),
+               # the active party's labels (parties.privacy.labels): its own ledger
+               "labels": active.get("labels") or labels_report(cfg.labels)},
         # the active party's own columns alone (parties.algorithms.baseline); None when not asked for
         "active_only": active.get("active_only"),
         # pubsub: what the (first) passive party measured of its link: round trips, the
