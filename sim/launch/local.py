@@ -16,9 +16,10 @@ The run directory is the same as :func:`sim.launch.vfl.run_vfl`'s: ``config.toml
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,16 @@ from sim.launch.vfl import JobTimeout, LaunchResult, finish_run, prepare_run
 
 async def run_parties_in_memory(cfg: VflConfig, out: Path | None, *, run_id: str,
                                 models: Any = None, quiet: bool = True,
-                                timeout_s: float | None = None) -> dict[str, Any]:
+                                timeout_s: float | None = None,
+                                observer: Callable[[Any], Awaitable[Any]] | None = None
+                                ) -> dict[str, Any]:
     """Every party of one run (the active party and each passive party) over one
     :class:`pubsub.memory.MemoryBroker`, in the running event loop; returns the active
     party's (the run's) metrics.
+
+    ``observer``: a coroutine function given the hub's ``connect`` and run beside the
+    parties (a third client of the bus, e.g. :class:`sim.faults.eavesdrop.GradientTap`),
+    subscribed before the parties start and cancelled once they are done.
 
     Each party writes its files into ``out`` as a party process does
     (:func:`parties.runtime.serve.finish_party`). A party that fails cancels the other; its error
@@ -56,6 +63,9 @@ async def run_parties_in_memory(cfg: VflConfig, out: Path | None, *, run_id: str
         results[role] = finish_party(role, cfg, res, out, t0)
 
     async with MemoryBroker() as hub:
+        watch = asyncio.create_task(observer(hub.connect)) if observer is not None else None
+        if watch is not None:
+            await asyncio.sleep(0.05)  # subscribed before the first publication
         try:
             async with asyncio.timeout(timeout_s), asyncio.TaskGroup() as tg:
                 for role in (*cfg.party_ids[1:], "active"):
@@ -65,6 +75,11 @@ async def run_parties_in_memory(cfg: VflConfig, out: Path | None, *, run_id: str
             raise JobTimeout(timeout_s) from None
         except BaseExceptionGroup as eg:  # the first party's error, as a process would exit
             raise eg.exceptions[0] from None
+        finally:
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
         st = hub.stats()
     metrics = results["active"]
     metrics["broker"] = {"transport": "memory", "forwarded": st.forwarded,
@@ -78,7 +93,8 @@ async def run_parties_in_memory(cfg: VflConfig, out: Path | None, *, run_id: str
 
 def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = None,
                        models: Any = None, quiet: bool = True,
-                       timeout_s: float | None = None) -> LaunchResult:
+                       timeout_s: float | None = None,
+                       observer: Callable[[Any], Awaitable[Any]] | None = None) -> LaunchResult:
     """:func:`sim.launch.vfl.run_vfl`, with both parties in this process over an in-memory bus.
 
     Must be called outside a running event loop (it runs its own; from a notebook's loop
@@ -92,6 +108,7 @@ def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = 
             picklable here unless ``vfl.workers.mode = "process"``); None: the config's.
         quiet: no per-epoch lines.
         timeout_s: stop both parties after this long (None: only their own deadlines).
+        observer: see :func:`run_parties_in_memory`.
 
     Raises:
         the errors of :func:`sim.launch.vfl.run_vfl` that are about the data, the models and
@@ -112,7 +129,8 @@ def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = 
     try:
         with scoped_logging(events_path=events, run_id=run_id):
             run_loop(run_parties_in_memory(cfg, out, run_id=run_id, models=models,
-                                           quiet=quiet, timeout_s=timeout_s),
+                                           quiet=quiet, timeout_s=timeout_s,
+                                           observer=observer),
                      event_loop=cfg.event_loop)
     finally:
         torch.set_num_threads(threads)
