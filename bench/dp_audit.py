@@ -6,7 +6,8 @@ For each *case* (one mechanism configuration the product ships) the audit draws 
 product's own outputs under two neighbouring inputs D and D' at the sensitivity bound
 of the stated relation, and reports
 
-* ``claim``: ε at the audit's δ = 1e-5 from the product's own accountant;
+* ``claim``: ε at the audit's δ = 1e-5 from the product's own accountant (label DP:
+  the label ledger's pure ε, δ = 0, which bounds the ε at any δ);
 * ``lb``: the black-box ε lower bound, valid at 95 % for the whole run (Bonferroni:
   each of the k cases is tested at 0.05/k): the statistic is the log-likelihood ratio
   of the two output distributions where the auditor knows them (discrete tables) or
@@ -16,9 +17,9 @@ of the stated relation, and reports
 * ``exact`` (discrete mechanisms): the exact ε at δ from the probability tables of the
   released value, with every rounding, summation and modular step
   (:func:`sim.reports.audit.exact_epsilon`), maximised over a grid of neighbouring pairs;
-* a *positive control*: the pre-fix behaviour, the mechanism with σ halved, or the
-  pre-fix (too small) claim, which the same test must catch (``lb > claim`` or
-  ``exact > claim``), so that a weak test cannot pass.
+* a *positive control*: the pre-fix behaviour, the mechanism with σ halved (or at a
+  larger ε), or the pre-fix (too small) claim, which the same test must catch
+  (``lb > claim`` or ``exact > claim``), so that a weak test cannot pass.
 
 Some cases are themselves positive controls (``must_hold = False``): a configuration
 outside the product's stated guarantee, e.g. ``fedforge_collusion_h{h}`` with fewer
@@ -37,6 +38,13 @@ configured for K = 10 handed a 100-ID session must refuse it; control: the pre-f
 party that took K from the session) and ``fedforge_threshold_floor`` (a Shamir threshold
 of 1 must be refused; control: the party's own vector unmasked).
 
+VFL label DP (``[vfl.labels] epsilon``, ``parties.privacy.labels``): ``vfl_label_rr_eps1``
+and ``vfl_label_rr_eps2`` (randomised response at ε = 1 and 2; replace-one label: the
+record's label 0 under D, 1 under D'; the adversary sees the labels the active party
+trains on for the record in each epoch, exact from the randomised-response tables;
+controls: the product's randomised response at 3ε against the claim for ε, and a fresh
+secret every epoch, each copy of the label randomised independently).
+
 Adapters
 --------
 Where the audit stood in for product functions that did not exist when it was written,
@@ -47,7 +55,10 @@ adapters now call the fixed product: claims from ``parties.privacy.dp`` (``accou
 the product's Adam (``parties.models.model.make_adam``, applied batched and checked against it),
 the encoder ``parties.data.preflight.encode_features`` (public schema) and the report width;
 the repeated-prediction case charges its releases through ``parties.runtime.predict.charge`` (the
-passive party's prediction ledger) and takes the claim it reports (``prediction_mu``).
+passive party's prediction ledger) and takes the claim it reports (``prediction_mu``);
+the label-DP cases take their claim from the active party's label ledger
+(``parties.privacy.party.party_dp``, ``parties.privacy.labels.labels_report``) and draw
+through ``parties.privacy.labels.label_protection`` and ``ActiveCompute.labels_of``.
 The FedForge adapters still point at today's synth code (to be re-pointed). Everything
 else calls the product's code: ``parties.privacy.dp.EmbeddingPrivatizer``,
 ``parties.models.model.party_bottom``, ``synth.mechanism.measure_party``,
@@ -100,7 +111,19 @@ from parties.privacy.dp import (  # noqa: E402
     release_mu,
 )
 from parties.privacy.dpsgd import private_grads_with_noise  # noqa: E402
-from parties.models.model import make_adam, party_bottom  # noqa: E402
+from parties.privacy.labels import (  # noqa: E402
+    LabelProtection,
+    RandomizedResponse,
+    label_protection,
+    labels_report,
+)
+from parties.models.model import (  # noqa: E402
+    ActiveCompute,
+    ParameterServer,
+    flat_params,
+    make_adam,
+    party_bottom,
+)
 from parties.algorithms.wire import decode_rows, encode_rows  # noqa: E402
 from sim.reports.audit import (  # noqa: E402
     IntPmf,
@@ -190,6 +213,35 @@ def claim_vfl_train_publication(sigma_emb: float, sigma_sgd: float, publications
     release and its DP-SGD step each time): ``parties.privacy.dp.account(k, σ_e, σ_g,
     train=True)``."""
     return epsilon_for_delta(account(publications, sigma_emb, sigma_sgd, train=True), DELTA)
+
+
+def vfl_label_config(epsilon: float) -> VflConfig:
+    """A VflConfig of the bundled ``bank`` dataset (binary task) with label DP on:
+    ``[vfl.labels] epsilon = epsilon`` (no gradient defence, OS-entropy secret)."""
+    from parties.config import vfl_config
+
+    return vfl_config({"dataset": "bank", "labels": {"epsilon": epsilon}})
+
+
+def claim_vfl_label_dp(epsilon: float) -> float:
+    """ε of one training record's label under ``[vfl.labels] epsilon``, from the product's
+    label ledger: the active party's ``parties.privacy.party.party_dp`` (it charges the
+    run's one randomised-response release of every training label, whatever the epochs
+    and workers), reported by ``parties.privacy.labels.labels_report`` (``dp.labels`` in
+    ``metrics.json``). Pure ε-DP (the report's δ is 0, checked), so it is also the ε at
+    the audit's δ. Also checks that ``party_dp`` hands its two workers one secret."""
+    from types import SimpleNamespace
+
+    from parties.privacy.party import party_dp
+    cfg = vfl_label_config(epsilon)
+    quiet = SimpleNamespace(info=lambda *a, **k: None, warning=lambda *a, **k: None)
+    dp = party_dp(cfg, "active", "active", 2, {"train": LABEL_ROWS, "val": 0, "test": 0},
+                  log=quiet)
+    rep = labels_report(cfg.labels, dp.label_ledger)
+    assert rep["delta"] == 0.0 and rep["releases"] == 1, rep
+    # every worker gets the one label secret (so the same flips: vfl_label_sampler)
+    assert len(set(dp.noise_seeds)) == 1 and dp.noise_seeds[0] is not None, dp.noise_seeds
+    return float(rep["epsilon"])
 
 
 #: ADAPTER: FedForge's neighbouring relation as the product states it today
@@ -1222,6 +1274,122 @@ register(_vfl_e2e_case("vfl_e2e_step_20later", VflE2e(later=20, later_batch=8),
 register(_vfl_e2e_case("vfl_e2e_own_plus_step", VflE2e(dp_mu=1.0, share=0.5, own_release=True),
                        draws_quick=20_000, draws_full=100_000, halved=False, fast=True))
 
+
+
+# ---------------------------------------------------------------------------- VFL labels
+#: Training rows of each audited run: the record is row 0, the others' labels are fixed.
+LABEL_ROWS = 8
+#: Epochs in which the record's label is trained on (one ``labels_of`` of its batch each).
+LABEL_EPOCHS = 2
+#: Draws whose flips a second worker (the same secret) must reproduce.
+LABEL_WORKER_CHECK = 256
+
+
+def _label_worker(y: np.ndarray, flips: np.ndarray) -> ActiveCompute:
+    """An active worker (the product's ``ActiveCompute``) over the training labels ``y``
+    with the label protection ``LabelProtection(flips=flips)``; its bottom and top are
+    1-unit linear layers (the models play no part in ``labels_of``)."""
+    mods = [torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)]
+    return ActiveCompute(torch.zeros(len(y), 1), torch.from_numpy(y.astype(np.float32)),
+                         lambda: torch.nn.Linear(1, 1), lambda: torch.nn.Linear(1, 1),
+                         ParameterServer(flat_params(mods)), lr=1e-2, delta_t0=1,
+                         labels=LabelProtection(flips=flips))
+
+
+def vfl_label_sampler(*, epsilon: float, fresh_secret_per_epoch: bool = False,
+                      epochs: int = LABEL_EPOCHS, rows: int = LABEL_ROWS
+                      ) -> Callable[[int, np.random.Generator], Draws]:
+    """Draws of the labels the active party trains on for one record, through the
+    product's label DP: the record (row 0 of ``rows`` training rows) has label 0 under
+    D and 1 under D' (replace-one label; the other rows' labels are fixed).
+
+    Each draw is its own run with a fresh secret (from ``rng``, in place of the OS
+    entropy of ``parties.privacy.labels.label_secret``): the worker's protection is
+    ``parties.privacy.labels.label_protection([vfl.labels] of vfl_label_config(ε),
+    secret, rows)``, and the labels it trains on come from ``ActiveCompute.labels_of`` of
+    the record's batch in each of ``epochs`` epochs. The draws' runs are laid end to end
+    in one ``ActiveCompute`` (draw i's rows are ``i·rows ..``, its flips the ones its own
+    ``label_protection`` returned), so ``labels_of`` runs once per epoch over all draws.
+    On the first :data:`LABEL_WORKER_CHECK` draws a second worker given the same secret
+    (as ``parties.privacy.party.party_dp`` hands every worker) must draw the same flips.
+
+    ``fresh_secret_per_epoch``: the positive control, a worker with its own fresh
+    secret in every epoch (each copy of the label randomised independently). Output
+    ``(n, epochs)`` 0/1 labels."""
+    section = vfl_label_config(epsilon).labels
+    others = (np.arange(1, rows) % 2).astype(np.float32)
+
+    def flips_of(secrets: np.ndarray) -> np.ndarray:
+        return np.concatenate([label_protection(section, int(v), rows).flips
+                               for v in secrets])
+
+    def sample(n: int, rng: np.random.Generator) -> Draws:
+        record = np.arange(0, n * rows, rows)
+        out = []
+        for label in (0.0, 1.0):
+            y = np.tile(np.concatenate([[label], others]).astype(np.float32), n)
+            secrets = rng.integers(0, 2**63 - 1, size=(epochs if fresh_secret_per_epoch
+                                                       else 1, n), dtype=np.int64)
+            if not fresh_secret_per_epoch:
+                flips = flips_of(secrets[0])
+                m = min(n, LABEL_WORKER_CHECK)
+                if not np.array_equal(flips_of(secrets[0, :m]), flips[: m * rows]):
+                    raise AssertionError("two workers with the same label secret drew "
+                                         "different flips")
+                worker = _label_worker(y, flips)
+            cols = []
+            for e in range(epochs):
+                if fresh_secret_per_epoch:
+                    worker = _label_worker(y, flips_of(secrets[e]))
+                cols.append(worker.labels_of(record).numpy())
+            out.append(np.stack(cols, axis=1).astype(np.int8))
+        return out[0], out[1]
+    return sample
+
+
+def vfl_label_exact(epsilon: float, releases: int = 1) -> float:
+    """Exact ε at δ of ``releases`` independent randomised responses of the label at
+    ``epsilon`` (flip probability ``RandomizedResponse.flip_probability``), from the
+    tables of the released 0/1 label under D (true label 0) and D' (1)."""
+    p = RandomizedResponse(epsilon=epsilon).flip_probability
+    d, d_prime = IntPmf(0, np.array([1.0 - p, p])), IntPmf(0, np.array([p, 1.0 - p]))
+    return exact_epsilon_product([(d, d_prime)] * releases, DELTA)
+
+
+def _label_stat(y: np.ndarray) -> np.ndarray:
+    """How many of the epochs' labels are 1: the LLR up to an affine map, both for the
+    product (one randomised label repeated) and for independent randomisations."""
+    return np.asarray(y, dtype=np.float64).reshape(len(y), -1).sum(axis=1)
+
+
+def _label_case(epsilon: float, *, fast: bool = False) -> Case:
+    e = LABEL_EPOCHS
+    claim = functools.partial(claim_vfl_label_dp, epsilon)
+    return Case(
+        name=f"vfl_label_rr_eps{epsilon:g}", group="vfl-label",
+        what=f"VFL label DP: randomised response at [vfl.labels] epsilon={epsilon:g}, "
+             f"replace-one label (the record's 0 vs 1), the labels the active party trains "
+             f"on for it in {e} epochs (label_protection + ActiveCompute.labels_of)",
+        main=Side(claim=claim, sample=vfl_label_sampler(epsilon=epsilon),
+                  statistic=_label_stat, exact=lambda: vfl_label_exact(epsilon),
+                  what="label_protection's flips (one secret per run, every worker and "
+                       "epoch the same) vs the label ledger's pure eps"),
+        control=Side(claim=claim, sample=vfl_label_sampler(epsilon=3.0 * epsilon),
+                     statistic=_label_stat, exact=lambda: vfl_label_exact(3.0 * epsilon),
+                     what=f"randomised response at 3*eps (flip probability "
+                          f"{RandomizedResponse(epsilon=3.0 * epsilon).flip_probability:.4f}"
+                          f"), same claim"),
+        extra_controls=(
+            Side(claim=claim,
+                 sample=vfl_label_sampler(epsilon=epsilon, fresh_secret_per_epoch=True),
+                 statistic=_label_stat, exact=lambda: vfl_label_exact(epsilon, e),
+                 what=f"a fresh secret every epoch (the label randomised {e} times "
+                      f"independently), same claim"),),
+        draws_quick=30_000, draws_full=200_000, fast=fast)
+
+
+register(_label_case(1.0, fast=True))
+register(_label_case(2.0))
 
 # ---------------------------------------------------------------------------- FedForge cells
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -288,7 +288,7 @@ def test_gdp_helpers() -> None:
 
 #: Draws per side of the fast VFL cases in the test (default: the case's quick draws).
 FAST_DRAWS = {"vfl_preprocess_scaler": 5_000, "vfl_embedding_nan_row": 20_000,
-              "vfl_report_n_features": 20_000}
+              "vfl_report_n_features": 20_000, "vfl_label_rr_eps1": 10_000}
 
 
 def test_fast_audit_subset(dp_audit: object) -> None:
@@ -302,7 +302,7 @@ def test_fast_audit_subset(dp_audit: object) -> None:
     vfl = [n for n, c in reg.items() if c.fast and c.group.startswith("vfl")]
     ff = [n for n, c in reg.items() if c.fast and c.group == "fedforge"]
     assert {"vfl_embedding_1", "vfl_embedding_nan_row", "vfl_preprocess_scaler",
-            "vfl_report_n_features", "vfl_e2e_own_plus_step"} <= set(vfl)
+            "vfl_report_n_features", "vfl_e2e_own_plus_step", "vfl_label_rr_eps1"} <= set(vfl)
     # VFL: each case at its quick-mode draws, at most FAST_DRAWS (the preprocessing case
     # at 5e3: its control's fitted mu is ~2.3, far above the claim's 0.5)
     alpha = bonferroni(0.05, len(vfl))
@@ -355,3 +355,27 @@ def test_repeated_prediction_case_takes_the_products_composed_claim(dp_audit: ob
     assert case.control.claim() == epsilon_for_delta(p["release_mu"], 1e-5)
     a, b = case.main.sample(10, np.random.default_rng(0))
     assert a.shape == b.shape == (10, 4 * 4)
+
+
+def test_label_dp_case_draws_through_the_products_label_protection(dp_audit: object) -> None:
+    """``vfl_label_rr_eps1`` claims the label ledger's pure ε (``party_dp`` +
+    ``labels_report``, δ = 0) and draws the labels the active worker trains on
+    (``label_protection`` + ``ActiveCompute.labels_of``): one randomisation per run, the
+    same label in every epoch, flipped at the product's rate; its controls (3ε, and a
+    fresh secret per epoch) exceed the claim in their exact ε."""
+    from parties.privacy.labels import RandomizedResponse
+    audit = dp_audit
+    case = audit.REGISTRY["vfl_label_rr_eps1"]  # type: ignore[attr-defined]
+    assert case.main.claim() == 1.0
+    assert all(c.claim() == 1.0 for c in (case.control, *case.extra_controls))
+    assert case.main.exact() <= 1.0
+    assert case.control.exact() > 2.9 and case.extra_controls[0].exact() > 1.9
+    n, p = 2000, RandomizedResponse(epsilon=1.0).flip_probability
+    a, b = case.main.sample(n, np.random.default_rng(0))
+    assert a.shape == b.shape == (n, audit.LABEL_EPOCHS)  # type: ignore[attr-defined]
+    assert (a == a[:, :1]).all() and (b == b[:, :1]).all()  # the same label every epoch
+    sd = math.sqrt(p * (1 - p) / n)
+    assert abs(a[:, 0].mean() - p) < 5 * sd  # true label 0: trained as 1 when flipped
+    assert abs((1 - b[:, 0]).mean() - p) < 5 * sd
+    fa, _ = case.extra_controls[0].sample(n, np.random.default_rng(1))
+    assert (fa != fa[:, :1]).any()  # the control re-randomises each epoch
