@@ -14,7 +14,7 @@ provenance::
 and ``docs/benchmarks/tables.md`` is rendered from every such file: one section per
 file (date, machine, command, commit) with a table built from the result's summary by
 the bench's renderer (:data:`RENDERERS`: ``bus``, ``des_validate``, ``synth_wire``,
-``synth_table``);
+``synth_table``, ``label_audit``);
 another bench's summary is flattened into ``key | value`` rows of its numbers. Nothing
 in the page is typed by hand: edit the data, then render.
 
@@ -357,10 +357,54 @@ def render_synth_table(result: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def render_label_audit(result: dict[str, Any]) -> str:
+    """``bench/label_audit.py``: per dataset, defence and setting, the test AUC and every
+    attack's AUC (the larger of the first and the last epoch, the largest over the
+    seeds), model completion beside its features-only baseline, the label ε; then the
+    positive controls and the recommended setting."""
+    s = result["summary"]
+    tables = {"bank": s, **{k: v for k, v in s.items()
+                            if isinstance(v, dict) and "none" in v}}
+    attacks: list[str] = []
+    rows = []
+    for ds, tab in tables.items():
+        for defence, by_setting in tab.items():
+            if defence in ("controls", "recommended") or not isinstance(by_setting, dict):
+                continue
+            for setting, e in by_setting.items():
+                if not isinstance(e, dict) or "attack_auc" not in e:
+                    continue
+                if not attacks:
+                    attacks = list(e["attack_auc"])
+                mc = e.get("model_completion") or {}
+                rows.append([ds, f"`{defence}`", setting, e.get("test_auc"),
+                             *(max(e["attack_auc"][a].values()) for a in attacks),
+                             f"{fmt(mc.get('auc'), 3)} ({fmt(mc.get('baseline'), 3)})",
+                             e.get("label_epsilon")])
+    out = [table(["data", "defence", "setting", "test AUC", *(f"`{a}`" for a in attacks),
+                  "model completion (features only)", "label ε"], rows)]
+    if "controls" in s:
+        out.append(f"\nPositive controls (no defence, bank): {s['controls_detected']} of "
+                   f"{s['controls_total']} gradient attacks reach "
+                   f"{fmt(result.get('settings', {}).get('control_min'))}.\n")
+    r = s.get("recommended")
+    if r:
+        out.append(f"\nRecommended: `{r['defence']}` {r['setting']} on {r['dataset']} "
+                   f"(feature DP {fmt(r['feature_dp'])}): test AUC {fmt(r['test_auc'])} "
+                   f"(median of {r['seeds']}, min {fmt(r['test_auc_min'])}; undefended "
+                   f"{fmt(r['undefended_test_auc'])}), largest attack AUC "
+                   f"{fmt(r['max_attack_auc'])}, model completion "
+                   f"{fmt(r['model_completion'])} (features only "
+                   f"{fmt(r['model_completion_baseline'])}); the active party alone "
+                   f"{fmt(s.get('active_only'))}.\n")
+    return "".join(out)
+
+
 #: Bench name (:func:`bench_of`) -> its renderer.
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bus": render_bus, "des_validate": render_des_validate,
-    "synth_wire": render_synth_wire, "synth_table": render_synth_table}
+    "synth_wire": render_synth_wire, "synth_table": render_synth_table,
+    "label_audit": render_label_audit}
 
 
 def describe_machine(m: dict[str, Any]) -> str:

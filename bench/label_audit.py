@@ -31,6 +31,8 @@ Usage::
 
     python bench/label_audit.py --quick --json /tmp/labels.json   # bank + synthetic, ~6 min
     python bench/label_audit.py --json /tmp/labels.json           # 3 seeds each, + adult
+    python bench/label_audit.py --quick --datasets my.csv --set label=churned \
+        --set 'data.passive_columns=["a", "b"]' --json /tmp/mine.json   # your own file
 
 JSON: ``summary[defence][setting]`` (bank) holds ``test_auc`` (median over seeds),
 ``test_auc_seeds``, ``attack_auc[attack]["first"|"last"]`` (largest over seeds),
@@ -107,12 +109,18 @@ def grid(quick: bool, dataset: str = "bank") -> list[tuple[str, dict[str, Any]]]
     return out
 
 
+#: ``--set`` keys applied to every run (a user's own file: its label, its columns)
+EXTRA: dict[str, Any] = {}
+
+
 def config_of(dataset: str, s: dict[str, Any], seed: int) -> Any:
-    """The run's configuration for setting ``s`` of ``dataset`` at ``seed``."""
+    """The run's configuration for setting ``s`` of ``dataset`` (a named dataset or a
+    file) at ``seed``, after the ``--set`` keys (:data:`EXTRA`)."""
     from parties.config import vfl_config
     from parties.planning.planner import dp_epochs
 
-    keys: dict[str, Any] = {"dataset": dataset, "seed": seed, "labels.noise_seed": 1000 + seed}
+    keys: dict[str, Any] = {**EXTRA, "dataset": dataset, "seed": seed,
+                            "labels.noise_seed": 1000 + seed}
     if dataset == "synthetic":
         keys["data.synthetic_rows"] = SYNTHETIC_ROWS
         keys["epochs"] = 4
@@ -226,9 +234,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="bank and synthetic, 1 seed (3 for the recommended setting)")
     ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--datasets", default="", help="comma-separated (default: bank,synthetic; "
-                    "full mode adds adult)")
+    ap.add_argument("--datasets", default="", help="comma-separated named datasets or files "
+                    "(default: bank,synthetic; full mode adds adult)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a [vfl] key for every run, e.g. --set label=y "
+                    "--set data.passive_columns='[\"a\", \"b\"]' (your own file)")
     args = ap.parse_args(argv)
+    from pubsub.config import parse_value
+
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            ap.error(f"--set {item!r}: expected KEY=VALUE")
+        EXTRA[key.strip().removeprefix("vfl.")] = parse_value(value.strip())
     datasets = (args.datasets.split(",") if args.datasets else
                 ["bank", "synthetic"] + ([] if args.quick else ["adult"]))
     seeds = 1 if args.quick else 3
