@@ -61,6 +61,7 @@ Owns: :class:`RandomizedResponse`, :class:`MarvellNoise`, :class:`LabelProtectio
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 from dataclasses import dataclass, field
@@ -131,19 +132,24 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 def record_normals(seed: int, rows: np.ndarray, width: int) -> np.ndarray:
     """``(len(rows), width)`` standard normals that are a function of (``seed``, row,
     column) only: the same record gets the same draws in every batch, epoch and worker,
-    with nothing stored per record (SplitMix64 counters, Box-Muller)."""
+    with nothing stored per record (one SplitMix64 hash per value, its two 32-bit halves
+    through Box-Muller)."""
     r = np.asarray(rows, dtype=np.uint64)[:, None]
     c = np.arange(width, dtype=np.uint64)[None, :]
     with np.errstate(over="ignore"):
-        base = (r * np.uint64(width) + c) * np.uint64(2) + np.uint64(seed)
-    u1 = (_splitmix64(base) >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    u2 = (_splitmix64(base + np.uint64(1)) >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * math.pi * u2)
+        h = _splitmix64(r * np.uint64(width) + c + np.uint64(seed))
+    u1 = ((h >> np.uint64(32)).astype(np.float64) + 0.5) * 2.0**-32
+    u2 = (h & np.uint64(0xFFFFFFFF)).astype(np.float64) * 2.0**-32
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u2)
 
 
-def _sqrt_psd(cov: np.ndarray) -> np.ndarray:
-    w, v = np.linalg.eigh(cov)
-    return (v * np.sqrt(np.clip(w, 0.0, None))) @ v.T
+def _factor(x: np.ndarray) -> np.ndarray:
+    """A factor L with L Lᵀ = the covariance of the rows ``x`` (centred, ``(n, d)``):
+    Cholesky of Xᵀ X / n plus a jitter of 1e-9 of its mean variance (a few rows in d
+    dimensions make it singular), far cheaper than a symmetric square root."""
+    cov = x.T @ x / x.shape[0]
+    jitter = 1e-9 * (float(np.trace(cov)) / cov.shape[0] or 1.0)
+    return np.linalg.cholesky(cov + jitter * np.eye(cov.shape[0]))
 
 
 class MarvellNoise:
@@ -154,7 +160,7 @@ class MarvellNoise:
     Δ = μ₁ − μ₀ (the classes' mean gradients), u = Δ / ‖Δ‖, Σ₀ and Σ₁ the classes'
     covariances about their means. A row of class c gets
 
-    ``k‖Δ‖·z_i·u + S_c̄·ζ_i``, with S_c̄ = Σ_c̄^½ (the *other* class's covariance)
+    ``k‖Δ‖·z_i·u + L_c̄·ζ_i``, with L_c̄ L_c̄ᵀ = Σ_c̄ (the *other* class's covariance)
 
     so that both classes end with covariance Σ₀ + Σ₁ (their spreads and norms no longer
     differ) and means ``1/k`` noise standard deviations apart along u (an attack that
@@ -170,19 +176,41 @@ class MarvellNoise:
     Args:
         strength: k > 0.
         seed: the active party's secret.
+        n_rows: the training rows, when known: a table of at most
+            :data:`TABLE_MAX_VALUES` draws is computed once per party instead of per batch
+            (the same values).
 
     Raises:
         ValueError: ``strength`` not positive and finite.
     """
 
-    def __init__(self, strength: float, seed: int) -> None:
+    #: the largest per-party table of the records' draws kept (float32 values; 16 MiB)
+    TABLE_MAX_VALUES = 4 << 20
+
+    def __init__(self, strength: float, seed: int, n_rows: int | None = None) -> None:
         if not 0 < strength < math.inf:
             raise ValueError(f"strength must be a positive finite number, got {strength!r}")
         self.strength = float(strength)
         self.seed = seed & (2**63 - 1)
+        self.n_rows = n_rows
         self._u: dict[int, tuple[np.ndarray, float]] = {}
         self._s: dict[tuple[int, bool], np.ndarray] = {}
+        self._tables: dict[int, np.ndarray] = {}
 
+    def _draws(self, party: int, rows: np.ndarray, width: int) -> np.ndarray:
+        """The records' draws ``(len(rows), width)``: from the party's table when the
+        rows fit one, else computed."""
+        seed = self._party_seed(party)
+        n = self.n_rows
+        if n is None or n * width > self.TABLE_MAX_VALUES or (rows.size and rows.max() >= n):
+            return record_normals(seed, rows, width)
+        table = self._tables.get(party)
+        if table is None or table.shape[1] != width:
+            table = self._tables[party] = record_normals(
+                seed, np.arange(n), width).astype(np.float32)
+        return table[rows]
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 - a handful of parties per object
     def _party_seed(self, party: int) -> int:
         return int(_splitmix64(np.array([self.seed ^ (party * 0x1000193 + _PERSIST_STREAM)],
                                         dtype=np.uint64))[0])
@@ -213,8 +241,8 @@ class MarvellNoise:
         for c, m in classes.items():
             if m.sum() >= 2:
                 x = g[m] - means[c]
-                self._s[(party, c)] = _sqrt_psd(x.T @ x / x.shape[0])
-        draws = record_normals(self._party_seed(party), rows, d + 1)
+                self._s[(party, c)] = _factor(x)
+        draws = self._draws(party, rows, d + 1)
         out = g.copy()
         u_gap = self._u.get(party)
         if u_gap is not None:
@@ -256,7 +284,8 @@ def label_protection(section: LabelsSection, secret: int | None, n_rows: int
         raise ValueError("label protection is on: an active worker needs the label secret")
     flips = (RandomizedResponse(epsilon=section.epsilon).flips(n_rows, secret)
              if section.epsilon is not None else None)
-    noise = MarvellNoise(section.strength, secret) if section.defence == "marvell" else None
+    noise = (MarvellNoise(section.strength, secret, n_rows) if section.defence == "marvell"
+             else None)
     return LabelProtection(flips=flips, noise=noise)
 
 
