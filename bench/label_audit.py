@@ -34,13 +34,14 @@ Usage::
     python bench/label_audit.py --quick --datasets my.csv --set label=churned \
         --set 'data.passive_columns=["a", "b"]' --json /tmp/mine.json   # your own file
 
-JSON: ``summary[defence][setting]`` (bank) holds ``test_auc`` (median over seeds),
+JSON: ``summary[defence][setting]`` (the first dataset: bank by default) holds ``test_auc`` (median over seeds),
 ``test_auc_seeds``, ``attack_auc[attack]["first"|"last"]`` (largest over seeds),
 ``max_attack_auc`` (the largest over every gradient attack, both epochs and every seed),
 ``model_completion`` (``auc`` and ``baseline``, largest over seeds), ``label_epsilon``
 (None without label DP) and ``feature_dp``; ``summary["synthetic"]`` (and
 ``summary["adult"]`` in the full mode) the same for that dataset; ``summary.controls``
-(each gradient attack's AUC with no defence, the larger of first and last),
+(the first dataset's: each gradient attack's AUC with no defence, the larger of first and
+last; on bank each must reach :data:`CONTROL_MIN`),
 ``summary.controls_detected`` (how many reach :data:`CONTROL_MIN`) and
 ``summary.controls_total``; ``summary.recommended``: the setting the docs recommend, with
 ``dataset``, ``feature_dp``, ``test_auc`` (median of 3 seeds), ``test_auc_min``,
@@ -92,13 +93,14 @@ def setting_key(defence: str, k: float | None = None, eps: float | None = None,
     return ",".join(parts) or "off"
 
 
-def grid(quick: bool, dataset: str = "bank") -> list[tuple[str, dict[str, Any]]]:
+def grid(quick: bool, primary: bool = True) -> list[tuple[str, dict[str, Any]]]:
     """``(defence, settings)`` of one dataset's table (``k``: Marvell's strength, ``eps``:
     label DP's ε, ``mu``: the passive party's feature DP); the quick mode runs the whole
-    grid on bank and the undefended, recommended and label-DP ε = 1 settings elsewhere."""
+    grid on the primary (first) dataset and the undefended, recommended and label-DP
+    ε = 1 settings on the others."""
     k_rec = RECOMMENDED[1]
     out: list[tuple[str, dict[str, Any]]] = [("none", {})]
-    if quick and dataset != "bank":
+    if quick and not primary:
         return out + [("marvell", {"k": k_rec}), ("label_dp", {"eps": 1.0}),
                       ("label_dp+marvell", {"eps": 1.0, "k": k_rec})]
     out += [("marvell", {"k": k}) for k in MARVELL_KS]
@@ -205,15 +207,15 @@ def aggregate(runs: list[dict[str, Any]], s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def table(dataset: str, quick: bool, seeds: int, log: Any) -> tuple[dict[str, Any],
-                                                                    dict[str, Any]]:
-    """One dataset's table: ``({defence: {setting: entry}}, runs)``; the recommended
-    setting (bank) always with 3 seeds."""
+def table(dataset: str, quick: bool, seeds: int, log: Any, *, primary: bool = False
+          ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One dataset's table: ``({defence: {setting: entry}}, runs)``; on the ``primary``
+    dataset the whole grid and the recommended setting with 3 seeds."""
     summary: dict[str, Any] = {}
     runs: dict[str, Any] = {}
-    for defence, s in grid(quick, dataset):
+    for defence, s in grid(quick, primary):
         key = setting_key(defence, s.get("k"), s.get("eps"), s.get("mu"))
-        rec = dataset == "bank" and defence == RECOMMENDED[0] and s.get("k") == RECOMMENDED[1]
+        rec = primary and defence == RECOMMENDED[0] and s.get("k") == RECOMMENDED[1]
         n = 3 if rec else seeds
         got = [run_one(dataset, s, seed, baseline=defence == "none" and seed == 0)
                for seed in range(n)]
@@ -230,9 +232,10 @@ def table(dataset: str, quick: bool, seeds: int, log: Any) -> tuple[dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--quick", action="store_true",
-                    help="bank and synthetic, 1 seed (3 for the recommended setting)")
+                    help="1 seed (3 for the recommended setting on the first dataset); the "
+                    "whole grid on the first dataset, a subset on the others")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--datasets", default="", help="comma-separated named datasets or files "
                     "(default: bank,synthetic; full mode adds adult)")
@@ -257,15 +260,16 @@ def main(argv: list[str] | None = None) -> int:
 
     summary: dict[str, Any] = {}
     all_runs: dict[str, Any] = {}
+    first = datasets[0]
     for ds in datasets:
-        table_, runs = table(ds, args.quick, seeds, log)
+        table_, runs = table(ds, args.quick, seeds, log, primary=ds == first)
         all_runs[ds] = runs
-        if ds == "bank":
+        if ds == first:
             summary.update(table_)
         else:
             summary[ds] = table_
-    if "bank" in datasets:
-        none = all_runs["bank"]["none/off"][0]
+    if datasets:
+        none = all_runs[first]["none/off"][0]
         summary["controls"] = {a: max(v["first"], v["last"])
                                for a, v in none["attack_auc"].items()}
         summary["controls"]["model_completion"] = none["model_completion"]
@@ -276,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         d, k = RECOMMENDED
         key = setting_key(d, k)
         e = summary[d][key]
-        rec_runs = all_runs["bank"][f"{d}/{key}"]
+        rec_runs = all_runs[first][f"{d}/{key}"]
         summary["recommended"] = {
-            "defence": d, "setting": key, "strength": k, "dataset": "bank",
+            "defence": d, "setting": key, "strength": k, "dataset": first,
             "feature_dp": False, "test_auc": e["test_auc"],
             "test_auc_min": min(e["test_auc_seeds"]), "seeds": len(rec_runs),
             "max_attack_auc": e["max_attack_auc"],
@@ -292,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.perf_counter() - t0, 1)}, "runs": all_runs}
     if "recommended" in summary:
         r = summary["recommended"]
-        log(f"recommended {r['defence']} {r['setting']} on bank: test_auc {r['test_auc']:.4f} "
+        log(f"recommended {r['defence']} {r['setting']} on {r['dataset']}: test_auc {r['test_auc']:.4f} "
             f"(min {r['test_auc_min']:.4f}, undefended {r['undefended_test_auc']:.4f}), "
             f"max_attack_auc {r['max_attack_auc']:.3f}; controls detected "
             f"{summary['controls_detected']}/{summary['controls_total']}")
@@ -300,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = args.json.with_name(args.json.name + ".tmp")
         tmp.write_text(json.dumps(out, indent=2, default=float))
         os.replace(tmp, args.json)
-    ok = "controls" not in summary or summary["controls_detected"] == summary["controls_total"]
+    # the positive controls are bank's: on another table a weak attack may stay below
+    ok = datasets[0] != "bank" or summary["controls_detected"] == summary["controls_total"]
     return 0 if ok else 1
 
 

@@ -76,10 +76,11 @@ def run_party(role: str, args: argparse.Namespace) -> int:
                 raise ConfigError(f"vfl.workers.{kind}_cpus", str(exc)) from None
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-        if kind == "active" and not args.quiet:
-            from parties.privacy.labels import labels_line
+        if not args.quiet and (kind == "active" or cfg.labels.protected):
+            from parties.privacy.labels import PASSIVE_IGNORES, labels_line
 
-            print(labels_line(cfg.labels), file=sys.stderr, flush=True)
+            print(labels_line(cfg.labels, cfg.effective_task) if kind == "active"
+                  else PASSIVE_IGNORES, file=sys.stderr, flush=True)
         configure_logging(events_path=events, party=role, run_id=args.run_id)
         import torch
 

@@ -82,11 +82,11 @@ def _vfl_run(args: argparse.Namespace) -> int:
           f"workers {'+'.join(str(cfg.workers_for(p)) for p in cfg.party_ids)}, "
           f"out {args.out}",
           flush=True)
-    from parties.privacy.labels import labels_line
+    if getattr(args, "transport", "broker") == "memory":  # (a party process says it itself)
+        from parties.privacy.labels import labels_line
 
-    print(labels_line(cfg.labels), file=sys.stderr if not cfg.labels.protected else sys.stdout,
-          flush=True)
-    if getattr(args, "transport", "broker") == "memory":
+        print(labels_line(cfg.labels, cfg.effective_task),
+              file=sys.stderr if not cfg.labels.protected else sys.stdout, flush=True)
         from pubsub.config import ConfigError
 
         from sim.launch.local import run_vfl_in_process

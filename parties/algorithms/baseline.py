@@ -189,26 +189,29 @@ def active_only_baseline(x_train: np.ndarray, y_train: np.ndarray, x_val: np.nda
 
 
 def below_baseline_warning(metrics: dict[str, Any]) -> str | None:
-    """The one warning line for a DP run whose test metric ended below the active-only
-    baseline (``metrics["active_only"]``), or None (DP off, no baseline, not binary,
-    or not below).
+    """The one warning line for a private run (feature DP, or the active party's label
+    protection) whose test metric ended below the active-only baseline
+    (``metrics["active_only"]``), or None (neither on, no baseline, not binary, or not
+    below).
 
-    ``metrics`` is a run's ``metrics.json`` dict (``dp.enabled``, ``metric_name``,
-    ``metric``, ``active_only``).
+    ``metrics`` is a run's ``metrics.json`` dict (``dp.enabled``, ``dp.labels``,
+    ``metric_name``, ``metric``, ``active_only``).
     """
     base = metrics.get("active_only") or {}
     dp = metrics.get("dp") or {}
     value, ref = metrics.get("metric"), base.get("test_metric")
-    if not dp.get("enabled") or metrics.get("metric_name") != "auc":
+    labels_on = isinstance(dp.get("labels"), dict)
+    if not (dp.get("enabled") or labels_on) or metrics.get("metric_name") != "auc":
         return None
     if not isinstance(value, float) or not isinstance(ref, float) or value != value \
             or ref != ref or not value < ref - WARN_MARGIN:
         return None
     mu = dp.get("target_mu") if dp.get("target_mu") is not None else dp.get("mu")
-    at = f" at mu {mu:g}" if isinstance(mu, (int, float)) else ""
-    return (f"warning: this DP run{at} ended at test AUC {value:.4f}, below the active "
+    at = f" at mu {mu:g}" if isinstance(mu, (int, float)) and dp.get("enabled") else ""
+    what = "DP run" if dp.get("enabled") else "label-protected run"
+    return (f"warning: this {what}{at} ended at test AUC {value:.4f}, below the active "
             f"party's own columns alone ({ref:.4f}, {base.get('model')} on the same "
-            f"split): the partner's columns did not pay under this privacy budget")
+            f"split): the partner's columns did not pay under this protection")
 
 
 __all__ = ["active_only_baseline", "below_baseline_warning", "GB_MAX_ITER", "MLP_HIDDEN",

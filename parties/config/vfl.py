@@ -115,8 +115,8 @@ class VflConfig:
             training the active party fits gradient boosting and an MLP on its own columns
             and labels (same train/validation/test rows; the stronger by validation AUC),
             records it as ``active_only`` in metrics.json, and ``psfl vfl run`` warns when
-            a DP run's test AUC ends below it. ``"auto"`` (the default): with DP on,
-            binary tasks; ``"on"``: every binary run; ``"off"``: never. Costs no budget
+            a DP or label-protected run's test AUC ends below it. ``"auto"`` (the
+            default): with DP on or the labels protected (``[vfl.labels]``), binary tasks; ``"on"``: every binary run; ``"off"``: never. Costs no budget
             and sends nothing. Not a shared setting.
         data: ``[vfl.data]``, :class:`parties.config.sections.DataSection`.
         model: ``[vfl.model]``, :class:`parties.config.sections.ModelSection`.

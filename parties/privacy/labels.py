@@ -95,8 +95,9 @@ class RandomizedResponse:
 
     @property
     def flip_probability(self) -> float:
-        """1 / (1 + e^ε)."""
-        return 1.0 / (1.0 + math.exp(self.epsilon))
+        """1 / (1 + e^ε) (as e^−ε / (1 + e^−ε): no overflow at a large ε, where it is 0)."""
+        t = math.exp(-self.epsilon)
+        return t / (1.0 + t)
 
     @staticmethod
     def epsilon_of(flip_probability: float) -> float:
@@ -351,9 +352,13 @@ def labels_report(section: LabelsSection, ledger: LabelLedger | None = None) -> 
     return out
 
 
-def labels_line(section: LabelsSection) -> str:
-    """The line a run prints at start about its labels' protection."""
+def labels_line(section: LabelsSection, task: str = "binary") -> str:
+    """The line the active party's run prints at start about its labels' protection
+    (``task``: the run's; nothing is offered for regression, where none is analysed)."""
     if not section.protected:
+        if task != "binary":
+            return ("labels: NOT protected against the passive parties (label protection "
+                    "is analysed for binary tasks only)")
         return ("labels: NOT protected against the passive parties (they can read them off "
                 "the gradients); set [vfl.labels] defence = \"marvell\" and/or epsilon "
                 "(docs/explanation/privacy.md)")
@@ -365,6 +370,11 @@ def labels_line(section: LabelsSection) -> str:
     return "labels: " + "; ".join(parts)
 
 
-__all__ = ["LABEL_GUARANTEE", "MECHANISM", "LabelLedger", "LabelProtection", "MarvellNoise",
+#: what a passive party says when its own configuration sets ``[vfl.labels]``
+PASSIVE_IGNORES = ("labels: [vfl.labels] is the active party's setting; this passive party "
+                   "ignores it (the active party's own configuration decides)")
+
+
+__all__ = ["LABEL_GUARANTEE", "PASSIVE_IGNORES", "MECHANISM", "LabelLedger", "LabelProtection", "MarvellNoise",
            "RandomizedResponse", "label_protection", "label_secret", "labels_line",
            "labels_report", "record_normals"]

@@ -43,8 +43,7 @@ def party_dp(cfg: VflConfig, party: str, role: str, workers: int, rows: Mapping[
         labels = cfg.labels
         ledger = LabelLedger(epsilon_per_release=labels.epsilon)
         if not labels.protected:
-            log.warning("labels.unprotected", defence="none",
-                        hint="set [vfl.labels] defence or epsilon")
+            log.warning("labels.unprotected", defence="none", task=cfg.effective_task)
             return PartyDp(plan=None, acct=None, noise_seeds=none, eval_privatize=None,
                            label_ledger=ledger)
         ledger.release()  # every training label, randomised once for the whole run
@@ -54,6 +53,9 @@ def party_dp(cfg: VflConfig, party: str, role: str, workers: int, rows: Mapping[
         secret = label_secret(labels)
         return PartyDp(plan=None, acct=None, noise_seeds=(secret,) * workers,
                        eval_privatize=None, label_ledger=ledger)
+    if cfg.labels.protected:  # the active party's setting, set here by mistake
+        log.warning("labels.ignored_on_passive", defence=cfg.labels.defence,
+                    epsilon=cfg.labels.epsilon)
     plan = plan_from_config(cfg)
     acct = accountant_for(plan, dict(rows))
     if plan is None:

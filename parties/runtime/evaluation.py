@@ -100,7 +100,7 @@ class Evaluation(PartyPart):
         cannot apply (regression, streamed rows, no validation rows)."""
         cfg, data = self.cfg, self.data
         want = cfg.active_only_baseline
-        if want == "off" or (want == "auto" and not cfg.dp.enabled):
+        if want == "off" or (want == "auto" and not (cfg.dp.enabled or cfg.labels.protected)):
             return None
         if data.task != "binary":
             return {"skipped": "binary tasks only (regression is not covered)"}

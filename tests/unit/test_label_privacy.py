@@ -50,6 +50,15 @@ def test_randomized_response_refuses_bad_epsilon(bad: float) -> None:
         RandomizedResponse(epsilon=bad)
 
 
+def test_a_large_epsilon_flips_nothing_and_does_not_overflow() -> None:
+    for eps in (700.0, 1000.0, 1e6):
+        rr = RandomizedResponse(epsilon=eps)
+        assert 0.0 <= rr.flip_probability < 1e-300
+        assert not rr.flips(1000, seed=1).any()
+        assert labels_report(LabelsSection(epsilon=eps))["flip_probability"] == \
+            rr.flip_probability
+
+
 def test_flips_are_a_function_of_seed_and_row() -> None:
     rr = RandomizedResponse(epsilon=1.0)
     a = rr.flips(50_000, seed=7)
@@ -245,3 +254,6 @@ def test_active_party_workers_share_one_secret() -> None:
     passive = party_dp(vfl_config({"labels.epsilon": 2.0}), "passive", "passive", 2, rows,
                        log=Log())
     assert passive.label_ledger is None  # the passive party knows nothing of the labels
+    assert events[-1][0] == "labels.ignored_on_passive"  # and says its setting is ignored
+    assert "NOT protected" in labels_line(LabelsSection(), "regression")
+    assert "marvell" not in labels_line(LabelsSection(), "regression")
