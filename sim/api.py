@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from parties.config import VflConfig
+from parties.datasets import DATASETS
 from parties.data import DataError, UnknownColumn
 from pubsub.config import (ConfigError, deep_merge, expand_dotted, from_mapping, refuse_moved,
                            to_mapping)
@@ -189,7 +190,14 @@ class VflJob:
         if isinstance(self.config, VflConfig):
             return self.config
         if isinstance(self.config, Mapping):
-            table = expand_dotted(self.config)
+            # ``vfl.dp.mu`` as on the command line: the section's name is optional
+            table = expand_dotted({(k[4:] if isinstance(k, str) and k.startswith("vfl.")
+                                    else k): v for k, v in self.config.items()})
+            if "dataset" not in table:
+                # the job's data replaces it (_dataset): check the settings against that
+                # named dataset, or a file's defaults (not bank's: a binary task)
+                named = isinstance(self.data, str) and self.data in DATASETS
+                table["dataset"] = self.data if named else TABLE_FILE
             known = {f.name for f in fields(VflConfig)}
             refuse_moved(table, VflConfig.MOVED_KEYS, section="vfl")
             unknown = sorted(set(table) - known)

@@ -154,3 +154,18 @@ def test_every_passive_partys_part_is_checked_naming_it(tmp_path: Path) -> None:
     part("passive3", "r9")
     with pytest.raises(SavedModelMismatch, match="the passive3 party's saved model.*'r9'"):
         check_parts(tmp_path)
+
+
+def test_a_jobs_config_is_checked_against_its_own_data() -> None:
+    """A frame's regression job is not checked against the default dataset (bank, a binary
+    task); a named dataset's job against that dataset; ``vfl.`` prefixes are accepted as
+    on the command line."""
+    frame = pd.DataFrame({"a": np.arange(50.0), "b": np.arange(50.0) % 7, "y": np.arange(50.0)})
+    job = VflJob(data=frame, label="y", active_columns=["a"], passive_columns=["b"],
+                 config={"task": "regression", "vfl.labels.epsilon": None, "vfl.epochs": 2})
+    cfg = job._base_config()
+    assert cfg.task == "regression" and cfg.epochs == 2
+    assert VflJob(data="california", config={"task": "regression"})._base_config().dataset \
+        == "california"
+    with pytest.raises(ConfigError, match="binary task"):
+        VflJob(data="bank", config={"task": "regression"})._base_config()
