@@ -515,6 +515,14 @@ def _synth_run(args: argparse.Namespace) -> int:
             extra[key] = getattr(args, key)
     if getattr(args, "engine", None) is not None:
         extra["engine"] = {"name": args.engine}  # [synth.engine] name
+    if args.party_files:
+        return _synth_run_party_files(args, extra)
+    for flag in ("schema", "holdout"):
+        if getattr(args, flag, None):
+            from pubsub.config import ConfigError
+
+            raise ConfigError(f"--{flag}", "goes with --party-files (a --dataset run splits "
+                              "its own holdout and takes its schema from data.schema_file)")
     cfg = load_synth_config(args.config, args.set, extra)  # ConfigError: exit 2
     if cfg.engine.name == "auto" and cfg.resolved_engine() == "neural":
         print("note: mbi is not installed, so the engine is 'neural' (a relaxed synthetic "
@@ -549,6 +557,59 @@ def _synth_run(args: argparse.Namespace) -> int:
               f"({m['bytes_wire'] / m['bytes_naive']:.2f}x)")
     print(f"wall {m['wall_s']:.1f} s; synthetic rows: {res.out / 'synthetic.csv'}; "
           f"metrics: {res.out / 'metrics.json'}")
+    return 0
+
+
+def _synth_run_party_files(args: argparse.Namespace, extra: dict[str, object]) -> int:
+    """``psfl synth run --party-files A B ...``: each branch's own table, one party process
+    each (the Python API's :meth:`sim.fedforge.FedForge.fit` over the broker)."""
+    from pubsub.config import ConfigError, to_mapping
+    from sim.fedforge import FedForge
+    from synth.config import load_synth_config
+    from synth.domain import DomainError
+
+    for key in ("dataset", "parties"):
+        if key in extra:
+            raise ConfigError(f"--{key}", "give --party-files or --dataset/--parties, not both "
+                              "(with --party-files K is the number of files)")
+    if args.broker or args.keys or args.kill_coordinator_at or args.kill_party:
+        raise ConfigError("--party-files", "runs its own broker with fresh keys; --broker, "
+                          "--keys and the faults go with --dataset")
+    # K is the number of files (the secure-aggregation thresholds are checked against it)
+    cfg = load_synth_config(args.config, args.set, {**extra, "parties": len(args.party_files)})
+    settings = to_mapping(cfg)
+    for key in ("dataset", "parties", "epsilon", "delta", "mechanism", "label", "seed"):
+        settings.pop(key, None)
+    settings["engine"] = {k: v for k, v in settings["engine"].items() if k != "name"}
+    settings["data"] = {k: v for k, v in settings["data"].items()
+                        if k not in ("schema_file", "domain")}
+    print(f"FedForge: {len(args.party_files)} branch files ({', '.join(args.party_files)}), "
+          f"epsilon {cfg.epsilon:g} (delta {cfg.delta:g}), {cfg.mechanism} + "
+          f"{cfg.resolved_engine()}, schema {args.schema or 'inferred (outside the guarantee)'}"
+          f", out {args.out}", flush=True)
+
+    def fit() -> FedForge:
+        fed = FedForge(epsilon=cfg.epsilon, delta=cfg.delta, mechanism=cfg.mechanism,
+                       engine=cfg.engine.name, schema=args.schema, label=cfg.label,
+                       config=settings, seed=cfg.seed)
+        return fed.fit(args.party_files, holdout=args.holdout, out=args.out,
+                       transport="broker", timeout_s=args.timeout_s)
+
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", UserWarning)
+        fed, code = _launch(fit, what="every process", bad_input=(DomainError, ValueError))
+    for w in seen:
+        print(f"warning: {w.message}", file=sys.stderr)
+    if code is not None:
+        return code
+    m = fed.metrics
+    tv = m.get("avg_tv")
+    print(f"avg TV over {m.get('n_workload')} {m.get('workload', 'workload')}: "
+          f"{tv:.4f} (max {m['max_tv']:.4f})" if tv is not None else
+          "no quality report (give --holdout)")
+    print(f"wall {m['wall_s']:.1f} s; metrics: {Path(args.out) / 'metrics.json'}")
     return 0
 
 
@@ -968,8 +1029,17 @@ def build_parser() -> argparse.ArgumentParser:
     ssub = syn.add_subparsers(dest="synth_command", required=True)
     srun = ssub.add_parser("run", help="start broker, coordinator, aggregators and parties as "
                            "processes; write RUN_DIR/synthetic.csv and metrics.json")
-    srun.add_argument("--dataset", help="a named dataset (adult, bank) or a CSV/Parquet path")
+    srun.add_argument("--dataset", help="a named dataset (adult, bank) or a CSV/Parquet path, "
+                      "split over --parties parties (a simulation)")
     srun.add_argument("--parties", type=int, help="K, data-holding parties (default 10)")
+    srun.add_argument("--party-files", nargs="+", metavar="FILE",
+                      help="instead of --dataset/--parties: each branch's own table (CSV or "
+                      "Parquet, the same columns), one party process each, K = their count")
+    srun.add_argument("--schema", help="with --party-files: the public schema (a reviewed "
+                      "TOML file, `psfl vfl schema`); without it the domain is inferred from "
+                      "the rows, outside the privacy guarantee (a warning)")
+    srun.add_argument("--holdout", help="with --party-files: real rows no party holds, for "
+                      "the quality report (evaluation only)")
     srun.add_argument("--epsilon", type=float, help="epsilon of the release (default 1)")
     srun.add_argument("--mechanism", help="clique selection: mst (default) or aim (adaptive rounds)")
     srun.add_argument("--engine", help="synthesis engine: auto (default: mbi if installed, "

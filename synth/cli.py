@@ -77,8 +77,14 @@ async def _parties(cfg: SynthConfig, args: argparse.Namespace) -> list[dict[str,
     from synth.party import SynthParty
 
     ids = [i for i in args.ids.split(",") if i]
-    frames = [await asyncio.to_thread(read_table, Path(args.data_dir) / f"{i}.parquet")
-              for i in ids]
+    if args.data:  # a branch's own file on its own host (CSV or Parquet)
+        if len(ids) != 1:
+            raise ConfigError("--data", f"is one party's own file: give one id with it, got "
+                              f"--ids {args.ids!r} (several parties: --data-dir)")
+        frames = [await asyncio.to_thread(read_table, args.data)]
+    else:
+        frames = [await asyncio.to_thread(read_table, Path(args.data_dir) / f"{i}.parquet")
+                  for i in ids]
     seeds = ([None] * len(ids) if cfg.noise_seed is None
              else [cfg.noise_seed * 100_003 + k for k in range(len(ids))])
     ledgers = Path(args.state_dir) if args.state_dir else None
@@ -190,7 +196,10 @@ def main(argv: Sequence[str] | None = None, *,
     p = sub.add_parser("parties", help="data-holding parties (comma-separated ids)")
     _common(p)
     p.add_argument("--ids", required=True)
-    p.add_argument("--data-dir", required=True, help="holds <id>.parquet for each party")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--data-dir", help="holds <id>.parquet for each party")
+    where.add_argument("--data", help="one party's own table (CSV or Parquet; one id): a "
+                       "branch running its party on its own host")
     p.add_argument("--state-dir", help="each party keeps its privacy ledger here "
                    "(<id>.ledger.json, rewritten atomically before each release)")
     args = ap.parse_args(argv)

@@ -1,0 +1,70 @@
+"""FedForge from the branches' own files on the command line: ``psfl synth run
+--party-files`` hands each file to the Python API's fit (one party each, K = the count),
+and ``python -m synth parties --data FILE`` reads one branch's own table; bad
+combinations are refused naming the flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pubsub.config import ConfigError
+from sim import cli
+
+
+def test_party_files_reach_fit_with_k_from_their_count(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    seen: dict[str, Any] = {}
+
+    class Fake:
+        def __init__(self, **kw: Any) -> None:
+            seen["init"] = kw
+
+        def fit(self, parties: Any, **kw: Any) -> Any:
+            seen["fit"] = (list(parties), kw)
+            return self
+
+        metrics = {"avg_tv": 0.1, "max_tv": 0.2, "n_workload": 3, "wall_s": 1.0}
+
+    import sim.fedforge
+
+    monkeypatch.setattr(sim.fedforge, "FedForge", Fake)
+    code = cli.main(["synth", "run", "--party-files", "a.csv", "b.csv", "c.csv", "--holdout",
+                     "h.csv", "--set", "label=income", "--epsilon", "2",
+                     "--out", str(tmp_path / "run")])
+    assert code == 0
+    parties, kw = seen["fit"]
+    assert parties == ["a.csv", "b.csv", "c.csv"] and kw["holdout"] == "h.csv"
+    assert kw["transport"] == "broker"
+    assert seen["init"]["epsilon"] == 2.0 and seen["init"]["label"] == "income"
+    assert "parties" not in seen["init"]["config"]
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["--party-files", "a.csv", "--parties", "3"], "--parties"),
+    (["--party-files", "a.csv", "--dataset", "adult"], "--dataset"),
+    (["--dataset", "adult", "--holdout", "h.csv"], "--holdout"),
+])
+def test_bad_combinations_name_the_flag(argv: list[str], key: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["synth", "run", *argv, "--out", str(tmp_path / "run")]) == 2
+    assert f"config '{key}'" in capsys.readouterr().err
+
+
+def test_a_branch_reads_its_own_file(tmp_path: Path) -> None:
+    import asyncio
+    import argparse
+
+    from synth import cli as synth_cli
+    from synth.config import SynthConfig
+
+    f = tmp_path / "branch.csv"
+    f.write_text("a,b\n1,x\n2,y\n")
+    args = argparse.Namespace(ids="p000,p001", data=str(f), data_dir=None, state_dir=None,
+                              broker="tcp://127.0.0.1:1", run_id="r", security=None)
+    with pytest.raises(ConfigError, match="one party's own file") as exc:
+        asyncio.run(synth_cli._parties(SynthConfig(), args))
+    assert exc.value.key == "--data"
+    assert list(synth_cli.read_table(f).columns) == ["a", "b"]
