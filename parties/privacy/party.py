@@ -43,7 +43,7 @@ def party_dp(cfg: VflConfig, party: str, role: str, workers: int, rows: Mapping[
         labels = cfg.labels
         ledger = LabelLedger(epsilon_per_release=labels.epsilon)
         if not labels.protected:
-            log.warning("labels.unprotected", defence="none", task=cfg.effective_task)
+            log.info("labels.unprotected", defence="none", task=cfg.effective_task)
             return PartyDp(plan=None, acct=None, noise_seeds=none, eval_privatize=None,
                            label_ledger=ledger)
         ledger.release()  # every training label, randomised once for the whole run
