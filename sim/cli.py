@@ -832,7 +832,7 @@ def _vfl_schema(args: argparse.Namespace) -> int:
     from parties.data.preflight import load_configured_table, resolve_columns
     import textwrap
 
-    from parties.data.schema import DRAFT_WARNING, draft_schema, save_schema
+    from parties.data.schema import DRAFT_WARNING, draft_party_schema, save_schema
 
     extra = {"dataset": args.dataset} if args.dataset else {}
     cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: exit 2
@@ -843,9 +843,20 @@ def _vfl_schema(args: argparse.Namespace) -> int:
         return ExitCode.BAD_INPUT
     try:
         frame, default_label = load_configured_table(cfg, args.role)
-        _label, active, passive = resolve_columns(cfg, frame, default_label)
-        columns = passive if args.role == "passive" else active
-        schema = draft_schema(frame, columns, min_count=args.min_count, dataset=cfg.dataset)
+        label = cfg.label or default_label
+        if args.role == "passive" and cfg.data.passive_columns:
+            columns = tuple(cfg.data.passive_columns)
+        elif args.role == "passive" and (not label or label not in frame.columns):
+            # the passive party's own file: no label; every column (an ID column, the
+            # join key, is recognised and left out)
+            columns = tuple(str(c) for c in frame.columns)
+        else:  # a table with the label (the active party's, or a merged one)
+            _label, active, passive = resolve_columns(cfg, frame, default_label)
+            columns = passive if args.role == "passive" else active
+        draft = draft_party_schema(frame, columns, min_count=args.min_count,
+                                   dataset=cfg.dataset, id_columns=cfg.data.id_columns,
+                                   onehot_max_levels=cfg.data.onehot_max_levels)
+        schema = draft.schema
     except Exception as exc:
         code = exit_code_for(exc)  # bad data or schema: exit 2
         if code is None:
@@ -855,16 +866,22 @@ def _vfl_schema(args: argparse.Namespace) -> int:
     header = DRAFT_WARNING + "\n\n" + textwrap.fill(
         f"Drafted by `psfl vfl schema` from {cfg.dataset!r}, the {args.role} party's "
         f"columns ({len(columns)}), {len(frame):,} rows; categories seen fewer than "
-        f"{args.min_count} times were left out.", width=86)
+        f"{args.min_count} times were left out. Each column's REVIEW line says what to "
+        "check.", width=86)
+    for name, why in draft.left_out.items():
+        header += "\n" + textwrap.fill(f"Left out {name!r}: {why}.", width=86)
     try:
-        save_schema(schema, out, header=header)
+        save_schema(schema, out, header=header, notes=draft.notes)
     except OSError as exc:
         print(f"error: cannot write {str(out)!r}: {exc.strerror or exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     banner = "!" * 78
     print(f"{banner}\n{DRAFT_WARNING}\n{banner}", file=sys.stderr)
-    print(f"draft schema of the {args.role} party's {len(columns)} columns ({schema.width} "
-          f"encoded features): {out}\nreview it, then run with --set dp.schema={out}")
+    for name, why in draft.left_out.items():
+        print(f"left out {name!r}: {why}", file=sys.stderr)
+    print(f"draft schema of the {args.role} party's {len(schema.columns)} columns "
+          f"({schema.width} encoded features): {out}\nreview it (its REVIEW lines), then run "
+          f"with --set dp.schema={out}")
     return ExitCode.OK
 
 
@@ -873,7 +890,10 @@ def _add_schema_parser(vsub: Any) -> None:
     sch = vsub.add_parser("schema", help="DRAFT a public feature schema (declared ranges and "
                           "categories, for DP runs) from a party's data; it reads the data, "
                           "so the draft is NOT private: review it before use")
-    sch.add_argument("--dataset", help="dataset (as for vfl run)")
+    sch.add_argument("--dataset", help="dataset (as for vfl run); with --role passive it may "
+                     "be the passive party's own file, without a label: every column is "
+                     "drafted (dates as parts, many-level values hashed) except an ID-like "
+                     "join key")
     sch.add_argument("--role", choices=["active", "passive"], default="passive",
                      help="whose columns (default passive, the party DP protects)")
     sch.add_argument("--out", required=True, help="schema TOML file to write")

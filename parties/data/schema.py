@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -99,6 +100,10 @@ __all__ = [
     "OTHER",
     "SCHEMA_VERSION",
     "CategoricalColumn",
+    "DATE_PARTS",
+    "DateColumn",
+    "Draft",
+    "HashedColumn",
     "NumericColumn",
     "PublicSchema",
     "SchemaEncoder",
@@ -107,6 +112,7 @@ __all__ = [
     "dp_schema",
     "bundled_schema_name",
     "draft_schema",
+    "draft_party_schema",
     "dump_schema",
     "load_schema",
     "loads_schema",
@@ -124,6 +130,10 @@ _DATASETS_PACKAGE = "parties.datasets"
 _TOP_KEYS = ("version", "dataset", "description", "columns")
 _NUMERIC_KEYS = ("kind", "lo", "hi", "fill", "log", "missing_indicator")
 _CATEGORICAL_KEYS = ("kind", "categories")
+_DATE_KEYS = ("kind", "parts", "year_lo", "year_hi", "fill", "format", "missing_indicator")
+_HASHED_KEYS = ("kind", "buckets")
+_KIND_KEYS = {"numeric": _NUMERIC_KEYS, "categorical": _CATEGORICAL_KEYS, "date": _DATE_KEYS,
+              "hashed": _HASHED_KEYS}
 #: ``synthetic``: every feature is clipped to [-SYNTHETIC_CLIP, SYNTHETIC_CLIP].
 SYNTHETIC_CLIP = 8.0
 
@@ -245,7 +255,143 @@ class CategoricalColumn:
         return tuple(f"{self.name}={c}" for c in self.categories) + (f"{self.name}={OTHER}",)
 
 
-Column = NumericColumn | CategoricalColumn
+#: date parts with a fixed public range (``year`` has a declared one), in output order
+DATE_PART_RANGES: dict[str, tuple[int, int]] = {
+    "month": (1, 12), "day": (1, 31), "dayofweek": (0, 6), "hour": (0, 23),
+    "minute": (0, 59), "second": (0, 59)}
+DATE_PARTS = ("year", *DATE_PART_RANGES)
+_DATE_ATTR = {"dayofweek": "day_of_week"}  # pandas' attribute (0 = Monday)
+#: the most buckets a hashed column may declare (its encoded width)
+MAX_HASH_BUCKETS = 4096
+#: the text a hashed column's missing value is hashed as
+HASH_MISSING = "__missing__"
+
+
+def _parse_dates(values: pd.Series, fmt: str) -> pd.Series:
+    """``values`` as naive datetimes with the declared format (NaT where one does not
+    parse): each value on its own, so the result for a row depends on that row only."""
+    if pd.api.types.is_datetime64_any_dtype(values.dtype):
+        out = pd.Series(values)
+    else:
+        text = pd.Series([None if t is None else t for t in
+                          (_category_text(v) for v in values.to_numpy(dtype=object))],
+                         index=values.index, dtype=object)
+        out = pd.to_datetime(text, format=fmt, errors="coerce", utc=True)
+    if getattr(out.dt, "tz", None) is not None:
+        out = out.dt.tz_convert("UTC").dt.tz_localize(None)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DateColumn:
+    """A date or date-time column encoded as parts over declared ranges (module docstring).
+
+    Attributes:
+        name: column name.
+        parts: a non-empty subset of :data:`DATE_PARTS`, in any order (output order).
+        year_lo / year_hi: the declared year range (integers, ``year_lo < year_hi``); needed
+            only when ``parts`` has ``"year"``.
+        fill: the date (text in ``format``) a missing or unparseable value becomes.
+        format: ``"ISO8601"`` or a ``strftime`` format (``"%d/%m/%Y"``): each value is
+            parsed on its own with it.
+        missing_indicator: add a 0/1 feature ``"<name>__missing"``.
+    """
+
+    name: str
+    parts: tuple[str, ...]
+    fill: str
+    year_lo: int = 0
+    year_hi: int = 0
+    format: str = "ISO8601"
+    missing_indicator: bool = False
+
+    def __post_init__(self) -> None:
+        parts = self.parts
+        if isinstance(parts, str) or not isinstance(parts, tuple | list) or not parts:
+            raise SchemaError(f"must be a non-empty list of {list(DATE_PARTS)!r}, got {parts!r}",
+                              key=f"{self.name}.parts")
+        parts = tuple(parts)
+        object.__setattr__(self, "parts", parts)
+        bad = [p for p in parts if p not in DATE_PARTS]
+        if bad:
+            raise SchemaError(f"unknown part {bad[0]!r} (known: {', '.join(DATE_PARTS)})",
+                              key=f"{self.name}.parts")
+        if len(set(parts)) != len(parts):
+            raise SchemaError("a part is listed twice", key=f"{self.name}.parts")
+        for key in ("format", "fill"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise SchemaError(f"must be a non-empty string, got {getattr(self, key)!r}",
+                                  key=f"{self.name}.{key}")
+        if not isinstance(self.missing_indicator, bool):
+            raise SchemaError(f"must be true or false, got {self.missing_indicator!r}",
+                              key=f"{self.name}.missing_indicator")
+        if "year" in parts:
+            for key in ("year_lo", "year_hi"):
+                v = getattr(self, key)
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise SchemaError(f"must be an integer year, got {v!r}",
+                                      key=f"{self.name}.{key}")
+            if not self.year_lo < self.year_hi:
+                raise SchemaError(f"year_lo ({self.year_lo}) must be < year_hi "
+                                  f"({self.year_hi})", key=self.name)
+        fill = _parse_dates(pd.Series([self.fill], dtype=object), self.format).iloc[0]
+        if pd.isna(fill):
+            raise SchemaError(f"{self.fill!r} does not parse with format {self.format!r}",
+                              key=f"{self.name}.fill")
+        if "year" in parts and not self.year_lo <= fill.year <= self.year_hi:
+            raise SchemaError(f"{self.fill!r} lies outside [year_lo, year_hi] = "
+                              f"[{self.year_lo}, {self.year_hi}]", key=f"{self.name}.fill")
+
+    @property
+    def kind(self) -> str:
+        return "date"
+
+    def part_range(self, part: str) -> tuple[int, int]:
+        """The declared range of ``part``."""
+        return (self.year_lo, self.year_hi) if part == "year" else DATE_PART_RANGES[part]
+
+    @property
+    def width(self) -> int:
+        return len(self.parts) + int(self.missing_indicator)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        names = tuple(f"{self.name}.{p}" for p in self.parts)
+        return names + ((self.name + MISSING_SUFFIX,) if self.missing_indicator else ())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HashedColumn:
+    """A many-level column hashed into a declared number of buckets, one-hot over them.
+
+    Attributes:
+        name: column name.
+        buckets: 2 … :data:`MAX_HASH_BUCKETS`; the encoded width.
+    """
+
+    name: str
+    buckets: int
+
+    def __post_init__(self) -> None:
+        b = self.buckets
+        if isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= MAX_HASH_BUCKETS:
+            raise SchemaError(f"must be an integer in [2, {MAX_HASH_BUCKETS}], got {b!r}",
+                              key=f"{self.name}.buckets")
+
+    @property
+    def kind(self) -> str:
+        return "hashed"
+
+    @property
+    def width(self) -> int:
+        return self.buckets
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}#{i}" for i in range(self.buckets))
+
+
+Column = NumericColumn | CategoricalColumn | DateColumn | HashedColumn
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -376,6 +522,10 @@ class SchemaEncoder:
                 out[:, j] = values
                 if col.missing_indicator:
                     out[:, j + 1] = was_missing
+            elif isinstance(col, DateColumn):
+                out[:, j:j + col.width] = _encode_date(col, series)
+            elif isinstance(col, HashedColumn):
+                out[np.arange(n), j + _hash_slots(col, series)] = 1.0
             else:
                 out[np.arange(n), j + _category_slots(col, series)] = 1.0
             j += col.width
@@ -407,6 +557,32 @@ def _encode_numeric(col: NumericColumn, series: pd.Series) -> tuple[np.ndarray, 
     return enc.astype(np.float32), bad.astype(np.float32)
 
 
+def _encode_date(col: DateColumn, series: pd.Series) -> np.ndarray:
+    parsed = _parse_dates(series, col.format)
+    bad = parsed.isna().to_numpy()
+    fill = _parse_dates(pd.Series([col.fill], dtype=object), col.format).iloc[0]
+    out = np.zeros((len(series), col.width), dtype=np.float32)
+    for k, part in enumerate(col.parts):
+        attr = _DATE_ATTR.get(part, part)
+        v = getattr(parsed.dt, attr).to_numpy(dtype=np.float64, na_value=np.nan)
+        v = np.where(bad, float(getattr(fill, attr)), v)
+        lo, hi = col.part_range(part)
+        enc = 2.0 * (np.clip(v, lo, hi) - lo) / (hi - lo) - 1.0
+        out[:, k] = np.clip(enc, -1.0, 1.0)
+    if col.missing_indicator:
+        out[:, -1] = bad
+    return out
+
+
+def _hash_slots(col: HashedColumn, series: pd.Series) -> np.ndarray:
+    text = np.array([HASH_MISSING if t is None else t for t in
+                     (_category_text(v) for v in series.to_numpy(dtype=object))], dtype=object)
+    if text.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    h = pd.util.hash_array(text, categorize=False)  # SipHash, fixed key: same everywhere
+    return (h % np.uint64(col.buckets)).astype(np.int64)
+
+
 def _category_slots(col: CategoricalColumn, series: pd.Series) -> np.ndarray:
     index = {c: i for i, c in enumerate(col.categories)}
     other = len(col.categories)
@@ -426,10 +602,10 @@ def _column_from_table(name: str, table: Any, path: str) -> Column:
         raise SchemaError(f"must be a table, got {_type_name(table)}", key=f"columns.{name}",
                           path=path)
     kind = table.get("kind")
-    if kind not in ("numeric", "categorical"):
-        raise SchemaError(f"kind must be 'numeric' or 'categorical', got {kind!r}",
-                          key=f"columns.{name}.kind", path=path)
-    allowed = _NUMERIC_KEYS if kind == "numeric" else _CATEGORICAL_KEYS
+    if kind not in _KIND_KEYS:
+        raise SchemaError(f"kind must be one of {', '.join(map(repr, _KIND_KEYS))}, got "
+                          f"{kind!r}", key=f"columns.{name}.kind", path=path)
+    allowed = _KIND_KEYS[kind]
     unknown = [k for k in table if k not in allowed]
     if unknown:
         raise SchemaError(f"unknown key for a {kind} column (known: {', '.join(allowed)})",
@@ -443,6 +619,30 @@ def _column_from_table(name: str, table: Any, path: str) -> Column:
             return NumericColumn(name=name, lo=table["lo"], hi=table["hi"], fill=table["fill"],
                                  log=table.get("log", False),
                                  missing_indicator=table.get("missing_indicator", False))
+        if kind == "date":
+            for req in ("parts", "fill"):
+                if req not in table:
+                    raise SchemaError("missing (a date column declares parts and fill)",
+                                      key=f"columns.{name}.{req}", path=path)
+            parts = table["parts"]
+            if not isinstance(parts, list):
+                raise SchemaError(f"must be a list of strings, got {parts!r}",
+                                  key=f"columns.{name}.parts", path=path)
+            if "year" in parts:
+                for req in ("year_lo", "year_hi"):
+                    if req not in table:
+                        raise SchemaError("missing (a date column with the year part "
+                                          "declares year_lo and year_hi)",
+                                          key=f"columns.{name}.{req}", path=path)
+            return DateColumn(name=name, parts=tuple(parts), fill=table["fill"],
+                              year_lo=table.get("year_lo", 0), year_hi=table.get("year_hi", 0),
+                              format=table.get("format", "ISO8601"),
+                              missing_indicator=table.get("missing_indicator", False))
+        if kind == "hashed":
+            if "buckets" not in table:
+                raise SchemaError("missing (a hashed column declares its buckets)",
+                                  key=f"columns.{name}.buckets", path=path)
+            return HashedColumn(name=name, buckets=table["buckets"])
         if "categories" not in table:
             raise SchemaError("missing (a categorical column declares its categories)",
                               key=f"columns.{name}.categories", path=path)
@@ -529,11 +729,15 @@ def _toml_num(x: float) -> str:
     return repr(float(x))
 
 
-def dump_schema(schema: PublicSchema, *, header: str = "") -> str:
+def dump_schema(schema: PublicSchema, *, header: str = "",
+                notes: Mapping[str, str] | None = None) -> str:
     """The schema as TOML text that :func:`loads_schema` reads back to an equal schema.
 
     ``header``: comment text (each line is prefixed with ``# ``), e.g. the provenance.
+    ``notes``: per column, what its owner must review, written as ``# REVIEW: ...``
+    comments above its table (comments: reading the file back ignores them).
     """
+    notes = notes or {}
     lines = [f"# {ln}".rstrip() for ln in header.splitlines()] if header else []
     if lines:
         lines.append("")
@@ -544,8 +748,25 @@ def dump_schema(schema: PublicSchema, *, header: str = "") -> str:
         lines.append(f"description = {_toml_str(schema.description)}")
     for col in schema.columns:
         lines.append("")
+        if notes.get(col.name):
+            wrapped = textwrap.wrap(notes[col.name], width=84)
+            lines.append(f"# REVIEW: {wrapped[0]}")
+            lines.extend(f"#   {ln}" for ln in wrapped[1:])
         lines.append(f"[columns.{_toml_key(col.name)}]")
-        if isinstance(col, NumericColumn):
+        if isinstance(col, DateColumn):
+            lines.append('kind = "date"')
+            lines.append(f"parts = [{', '.join(_toml_str(p) for p in col.parts)}]")
+            if "year" in col.parts:
+                lines.append(f"year_lo = {col.year_lo}")
+                lines.append(f"year_hi = {col.year_hi}")
+            lines.append(f"fill = {_toml_str(col.fill)}")
+            lines.append(f"format = {_toml_str(col.format)}")
+            if col.missing_indicator:
+                lines.append("missing_indicator = true")
+        elif isinstance(col, HashedColumn):
+            lines.append('kind = "hashed"')
+            lines.append(f"buckets = {col.buckets}")
+        elif isinstance(col, NumericColumn):
             lines.append('kind = "numeric"')
             lines.append(f"lo = {_toml_num(col.lo)}")
             lines.append(f"hi = {_toml_num(col.hi)}")
@@ -561,9 +782,10 @@ def dump_schema(schema: PublicSchema, *, header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def save_schema(schema: PublicSchema, path: str | Path, *, header: str = "") -> None:
+def save_schema(schema: PublicSchema, path: str | Path, *, header: str = "",
+                notes: Mapping[str, str] | None = None) -> None:
     """Write :func:`dump_schema` to ``path`` (overwrites)."""
-    Path(path).write_text(dump_schema(schema, header=header), encoding="utf-8")
+    Path(path).write_text(dump_schema(schema, header=header, notes=notes), encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- bundled
@@ -627,37 +849,149 @@ def _round_out(x: float, down: bool) -> float:
     return float(round(q * step, 10))
 
 
-def draft_schema(frame: pd.DataFrame, columns: Sequence[str], *, min_count: int = 10,
-                 log_ratio: float = 100.0, dataset: str = "") -> PublicSchema:
-    """A DRAFT schema of ``columns`` computed FROM THE DATA in ``frame``.
+#: date formats a draft tries, after ISO 8601, on a text date column
+DRAFT_DATE_FORMATS = ("%d/%m/%Y", "%m/%d/%Y", "%d.%m.%Y", "%Y/%m/%d", "%d-%m-%Y", "%m-%d-%Y",
+                      "%d/%m/%y", "%m/%d/%y", "%Y%m%d")
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """What :func:`draft_party_schema` drafted.
+
+    Attributes:
+        schema: the draft schema (its columns in the order given, less those left out).
+        notes: per drafted column, what its owner must review (``# REVIEW:`` comments
+            of :func:`dump_schema`).
+        left_out: per column left out (an ID-like column), why.
+    """
+
+    schema: PublicSchema
+    notes: dict[str, str]
+    left_out: dict[str, str]
+
+
+def _draft_date(name: str, s: pd.Series) -> tuple[DateColumn, str] | None:
+    """A date column's draft (None when it does not parse as dates)."""
+    observed = s.dropna()
+    if pd.api.types.is_datetime64_any_dtype(s.dtype):
+        fmt, parsed = "ISO8601", _parse_dates(observed, "ISO8601")
+    else:
+        best: tuple[float, str, pd.Series] | None = None
+        for fmt in ("ISO8601", *DRAFT_DATE_FORMATS):
+            try:
+                parsed = _parse_dates(observed, fmt)
+            except (ValueError, TypeError):
+                continue
+            share = float(parsed.notna().mean()) if len(parsed) else 0.0
+            if best is None or share > best[0]:
+                best = (share, fmt, parsed)
+            if share >= 0.99:
+                break
+        if best is None or best[0] < 0.95:
+            return None
+        _, fmt, parsed = best
+    ok = parsed.dropna()
+    if ok.empty:
+        return None
+    timed = bool(((ok.dt.hour != 0) | (ok.dt.minute != 0) | (ok.dt.second != 0)).any())
+    parts = ("year", "month", "day", "dayofweek") + (("hour",) if timed else ())
+    y_lo, y_hi = int(ok.dt.year.min()), int(ok.dt.year.max())
+    if y_lo == y_hi:
+        y_hi += 1
+    mid = ok.sort_values().iloc[len(ok) // 2]
+    fill = mid.strftime("%Y-%m-%d") if fmt == "ISO8601" else mid.strftime(fmt)
+    missing = int(len(s) - len(ok))
+    col = DateColumn(name=name, parts=parts, year_lo=y_lo, year_hi=y_hi, fill=fill, format=fmt,
+                     missing_indicator=missing > 0)
+    note = (f"date{'-time' if timed else ''} column ({s.nunique(dropna=True):,} distinct values) "
+            f"as parts {', '.join(parts)}; year range [{y_lo}, {y_hi}] is the OBSERVED one: "
+            f"widen it to public bounds (e.g. the years the business has existed); format "
+            f"{fmt!r}; fill (the median date) for {missing:,} missing or unparseable values: "
+            "choose a public neutral date")
+    return col, note
+
+
+def draft_party_schema(frame: pd.DataFrame, columns: Sequence[str] | None = None, *,
+                       min_count: int = 10, log_ratio: float = 100.0, dataset: str = "",
+                       id_columns: str = "drop", onehot_max_levels: int = 64,
+                       max_buckets: int = 256, code_levels: int = 10) -> Draft:
+    """A DRAFT schema of ``columns`` (default: every column of ``frame``: a party's own
+    file, no label) computed FROM THE DATA in ``frame``, with review notes.
 
     WARNING: this reads the (private) rows. Its output discloses the observed ranges and
     categories and is therefore NOT private; it is a starting point the data owner must
     REVIEW before use: widen each range to public bounds (documented limits, not the
     observed min/max), check ``fill`` and ``log``, and drop or merge rare categories.
 
-    Numeric columns (numbers, not booleans): ``lo``/``hi`` the observed min/max rounded
-    outward to two significant digits, ``fill`` the median rounded to two significant
-    digits (clipped into the range), ``log = true`` when the range exceeds ``log_ratio``
-    times the inter-quartile range (long tails), ``missing_indicator`` when any value is
-    missing or non-finite. Categorical columns (anything else): the observed values seen
-    at least ``min_count`` times, most frequent first; rarer ones, and missing values,
-    fall into the implicit ``__other__`` slot.
+    Each column, in this order of rules:
+
+    * dates and date-times (below) first, as :mod:`parties.data.treatments` does;
+    * ID-like (:func:`parties.data.treatments.id_reason`: almost every value distinct, a
+      string or an integer with an ID-like name or consecutive values, e.g. a join key
+      ``customer_id``): left out (``id_columns = "drop"``, the default; ``"refuse"``
+      raises, ``"keep"`` drafts it like any other column);
+    * dates and date-times (:func:`parties.data.treatments.looks_like_datetime`: a
+      datetime dtype, or text that parses as dates): ``date`` with parts year, month, day, dayofweek (and hour when a
+      time of day varies), the observed year range, the format that parses the values
+      (ISO 8601 first, then :data:`DRAFT_DATE_FORMATS`), fill the median date;
+    * numbers (not booleans): whole numbers with at most ``code_levels`` distinct values
+      (codes) become ``categorical`` (each value's text, ``3``); other numbers
+      ``numeric``: ``lo``/``hi`` the observed min/max rounded outward to two significant
+      digits, ``fill`` the median rounded to two significant digits (clipped into the
+      range), ``log = true`` when the range exceeds ``log_ratio`` times the inter-quartile
+      range (long tails), ``missing_indicator`` when any value is missing or non-finite;
+    * anything else with at most ``onehot_max_levels`` distinct values: ``categorical``,
+      the values (their text exactly as in the data) seen at least ``min_count`` times, most
+      frequent first; rarer ones and missing values fall into ``__other__``;
+    * more levels, or none seen ``min_count`` times: ``hashed`` into the power of two
+      at least the number of levels, at most ``max_buckets`` buckets (no value is listed).
 
     Raises:
-        SchemaError: a column is not in ``frame``, or a column has no usable value.
+        SchemaError: a column is not in ``frame``, a column has no usable value, an
+            ID-like column with ``id_columns = "refuse"``, or every column was left out.
     """
+    from parties.data.treatments import id_reason, looks_like_datetime
+
+    if columns is None:
+        columns = [str(c) for c in frame.columns]
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise SchemaError(f"the table has no columns {missing!r}", key=missing[0])
     cols: list[Column] = []
+    notes: dict[str, str] = {}
+    left_out: dict[str, str] = {}
     for name in columns:
         s = frame[name]
+        if looks_like_datetime(s):  # before the ID rule: a time stamp is mostly distinct
+            got = _draft_date(name, s)
+            if got is not None:
+                cols.append(got[0])
+                notes[name] = got[1]
+                continue
+        if id_columns != "keep":
+            why = id_reason(name, s)
+            if why:
+                if id_columns == "refuse":
+                    raise SchemaError(f"looks like an ID ({why}); drop it from the party's "
+                                      "columns", key=name)
+                left_out[name] = f"ID-like ({why}): a join key, not a feature"
+                continue
+        n_missing = int(s.isna().sum())
         if pd.api.types.is_numeric_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype):
             raw = s.to_numpy(dtype=np.float64, na_value=np.nan)
             ok = raw[np.isfinite(raw)]
             if ok.size == 0:
                 raise SchemaError("has no finite value to draft a range from", key=name)
+            distinct = np.unique(ok)
+            if distinct.size <= code_levels and bool(np.all(distinct == np.round(distinct))):
+                cats = tuple(str(int(v)) for v in distinct)
+                cols.append(CategoricalColumn(name=name, categories=cats))
+                notes[name] = (f"{distinct.size} distinct whole numbers: drafted as codes "
+                               f"(categories); if their order or size means something (a "
+                               f"count, a rating), declare it numeric instead"
+                               + (f"; {n_missing:,} missing values go to __other__"
+                                  if n_missing else ""))
+                continue
             lo, hi = _round_out(float(ok.min()), True), _round_out(float(ok.max()), False)
             if not lo < hi:
                 lo, hi = lo - 1.0, hi + 1.0
@@ -666,16 +1000,50 @@ def draft_schema(frame: pd.DataFrame, columns: Sequence[str], *, min_count: int 
             cols.append(NumericColumn(name=name, lo=lo, hi=hi, fill=fill,
                                       log=bool((hi - lo) > log_ratio * max(q3 - q1, 1e-12)),
                                       missing_indicator=bool(ok.size < raw.size)))
-        else:
-            texts = pd.Series([_category_text(v) for v in s.to_numpy(dtype=object)],
-                              dtype=object).dropna()
-            counts = texts.value_counts()
-            keep = [str(c) for c, k in counts.items() if k >= min_count]
-            if not keep:
-                raise SchemaError(f"has no category seen at least {min_count} times", key=name)
+            notes[name] = ("lo/hi are the OBSERVED extremes rounded outward: widen them to "
+                           "public bounds; fill is the observed median"
+                           + (f" ({raw.size - ok.size:,} missing or non-finite values)"
+                              if ok.size < raw.size else ""))
+            continue
+        texts = pd.Series([_category_text(v) for v in s.to_numpy(dtype=object)],
+                          dtype=object).dropna()
+        counts = texts.value_counts()
+        keep = [str(c) for c, k in counts.items() if k >= min_count]
+        if len(counts) <= onehot_max_levels and keep:
             cols.append(CategoricalColumn(name=name, categories=tuple(keep)))
-    return PublicSchema(columns=tuple(cols), dataset=dataset,
-                        description="DRAFT computed from the data: review before use")
+            rare = len(counts) - len(keep)
+            notes[name] = (f"categories seen at least {min_count} times, most frequent first"
+                           + (f"; {rare} rarer values go to __other__" if rare else "")
+                           + (f"; {n_missing:,} missing values go to __other__"
+                              if n_missing else "")
+                           + ": check that every listed value may be published")
+            continue
+        if counts.empty:
+            raise SchemaError("has no value to draft from", key=name)
+        buckets = min(max_buckets, max(2, 1 << max(1, int(len(counts) - 1).bit_length())))
+        cols.append(HashedColumn(name=name, buckets=buckets))
+        notes[name] = (f"{len(counts):,} distinct values hashed into {buckets} buckets (no "
+                       "value is listed); more buckets separate more values and widen the "
+                       "input" + (f"; {n_missing:,} missing values hash as "
+                                  f"{HASH_MISSING!r}" if n_missing else ""))
+    if not cols:
+        raise SchemaError(f"every column was left out ({', '.join(left_out)}): nothing to "
+                          "draft", key="columns")
+    schema = PublicSchema(columns=tuple(cols), dataset=dataset,
+                          description="DRAFT computed from the data: review before use")
+    return Draft(schema=schema, notes=notes, left_out=left_out)
+
+
+def draft_schema(frame: pd.DataFrame, columns: Sequence[str], *, min_count: int = 10,
+                 log_ratio: float = 100.0, dataset: str = "") -> PublicSchema:
+    """The schema of :func:`draft_party_schema` (its review notes dropped). READS THE
+    PRIVATE DATA: review the draft before use.
+
+    Raises:
+        SchemaError: as :func:`draft_party_schema`.
+    """
+    return draft_party_schema(frame, columns, min_count=min_count, log_ratio=log_ratio,
+                              dataset=dataset).schema
 
 
 DRAFT_WARNING = """\

@@ -172,7 +172,9 @@ def _is_categorical_dtype(series: pd.Series) -> bool:
         series.dtype)
 
 
-def _looks_like_datetime(series: pd.Series) -> bool:
+def looks_like_datetime(series: pd.Series) -> bool:
+    """Whether ``series`` is a datetime column or a string column of dates/times (see the
+    module docstring: every sampled value looks like one and at least 95 % parse)."""
     if pd.api.types.is_datetime64_any_dtype(series.dtype):
         return True
     if not (pd.api.types.is_object_dtype(series.dtype)
@@ -211,7 +213,8 @@ def datetime_part(parsed: pd.Series, part: str) -> np.ndarray:
     return getattr(parsed.dt, part).to_numpy(dtype=np.float64, na_value=np.nan)
 
 
-def _id_reason(name: str, series: pd.Series) -> str:
+def id_reason(name: str, series: pd.Series) -> str:
+    """Why ``name`` looks like a record ID (the module docstring's rule), "" if it does not."""
     observed = series.dropna()
     n = len(observed)
     if n < _MIN_ID_ROWS:
@@ -238,14 +241,14 @@ def classify(name: str, series: pd.Series, policy: TreatmentPolicy) -> Treatment
         IdColumnRefused: an ID-like column and ``policy.id_columns == "refuse"``.
     """
     forced = name in policy.categorical_columns
-    if not forced and _looks_like_datetime(series):
+    if not forced and looks_like_datetime(series):
         parsed = parse_datetime(series)
         parts = tuple(p for p in DATETIME_PARTS
                       if np.unique(datetime_part(parsed, p)[~parsed.isna().to_numpy()]).size > 1)
         return Treatment(column=name, kind="datetime", parts=parts,
                          reason="parsed as date/time")
     if policy.id_columns != "keep":
-        why = _id_reason(name, series)
+        why = id_reason(name, series)
         if why:
             if policy.id_columns == "refuse":
                 raise IdColumnRefused(name, why)
@@ -291,4 +294,4 @@ def encoded_width(treatments: Sequence[Treatment]) -> int:
 __all__ = ["DATETIME_PARTS", "ID_COLUMN_MODES", "KINDS", "MISSING", "IdColumnRefused",
            "Treatment", "TreatmentPolicy", "as_strings", "categorical_levels", "classify",
            "classify_columns", "datetime_part", "encoded_width", "hash_buckets",
-           "parse_datetime", "policy_of"]
+           "id_reason", "looks_like_datetime", "parse_datetime", "policy_of"]
