@@ -33,8 +33,26 @@ in the declared order, feature names ``"<col>=<category>"``, plus one final slot
 category by its text (``str(value)``; a float that is a whole number also matches its
 integer text, ``2.0`` matches ``"2"``; booleans match ``"True"``/``"False"``).
 
+``date`` (declared ``parts``, ``year_lo < year_hi`` when ``year`` is a part, ``fill`` a
+date, optional ``format``, optional ``missing_indicator``): each value is parsed ON ITS OWN
+with the declared ``format`` (``"ISO8601"``, the default, or a ``strftime`` format such as
+``"%d/%m/%Y"``; never a format inferred from the rows; a time zone is converted to UTC); a
+missing or unparseable value becomes ``fill``. Each part (``year``, ``month``, ``day``,
+``dayofweek`` with 0 = Monday, ``hour``, ``minute``, ``second``) is clipped into its range
+(``[year_lo, year_hi]``; the others' fixed calendar ranges: 1..12, 1..31, 0..6, 0..23,
+0..59, 0..59) and mapped linearly onto ``[-1, 1]``; feature names ``"<col>.<part>"``, plus
+``"<col>__missing"`` with ``missing_indicator = true``. A 1,560-value date column is four
+bounded numbers, not a 1,560-level category.
+
+``hashed`` (declared ``buckets``, 2 … 4096): a many-level column (a merchant ID) whose
+values are not listed: each value's text (as for categories; a missing value is hashed as
+``"__missing__"``) is hashed with pandas' SipHash with its fixed key (the same bucket in
+every process) into one of ``buckets`` slots, one-hot; feature names ``"<col>#<i>"``. The
+schema discloses the bucket count only, no value.
+
 Width: ``sum(1 + missing_indicator)`` over numeric columns plus
-``sum(len(categories) + 1)`` over categorical ones, in the schema's column order.
+``sum(len(categories) + 1)`` over categorical ones, ``len(parts) + missing_indicator`` over
+date ones and ``buckets`` over hashed ones, in the schema's column order.
 
 File format (TOML)
 ------------------
@@ -57,6 +75,19 @@ File format (TOML)
     kind = "categorical"
     categories = ["jan", "feb", ...]  # declared order; "__other__" slot is implicit
 
+    [columns.signup_date]
+    kind = "date"
+    parts = ["year", "month", "day", "dayofweek"]
+    year_lo = 2015                    # declared year range (when "year" is a part)
+    year_hi = 2030
+    fill = "2021-01-01"               # a date in `format`, year in range
+    format = "ISO8601"                # optional (default ISO8601), or e.g. "%d/%m/%Y"
+    missing_indicator = true          # optional (default false)
+
+    [columns.merchant_id]
+    kind = "hashed"
+    buckets = 256
+
 Any other key (top level or in a column table) is rejected with :class:`SchemaError`
 naming the key and the file; so are wrong types, a missing ``version``/``kind``/``lo``/...
 and inconsistent values (``lo >= hi``, ``fill`` outside the range, duplicate categories).
@@ -64,10 +95,14 @@ and inconsistent values (``lo >= hi``, ``fill`` outside the range, duplicate cat
 
 Drafting
 --------
-:func:`draft_schema` derives a schema from a table: it READS THE PRIVATE DATA, so its
-output is not private. It is a starting point for the data owner to REVIEW (widen the
-ranges to public bounds, drop rare categories, decide on ``log``) before it is used.
-``psfl vfl schema`` runs it and says so.
+:func:`draft_party_schema` (and :func:`draft_schema`) derive a schema from a table: it
+READS THE PRIVATE DATA, so its output is not private. It is a starting point for the data
+owner to REVIEW (widen the ranges to public bounds, drop rare categories, decide on
+``log``) before it is used. It works on a party's own file (no label needed): an ID-like
+column (the join key) is left out, dates become ``date`` parts, many-level text ``hashed``,
+whole numbers with few distinct values categories. Each drafted column gets a
+``# REVIEW: ...`` comment above its table saying what to check (comments: reading the file
+ignores them). ``psfl vfl schema`` runs it and says so.
 
 This module does no I/O beyond reading and writing schema files (and the bundled schema
 resources of :mod:`parties.datasets`).

@@ -142,7 +142,12 @@ def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
         pubsub.config.ConfigError: ``data.domain = declared`` without a schema, or a column the
             schema does not declare.
     """
-    from parties.data.schema import CategoricalColumn, bundled_schema, load_schema
+    from parties.data.schema import (
+        CategoricalColumn,
+        NumericColumn,
+        bundled_schema,
+        load_schema,
+    )
     from pubsub.config import ConfigError
     from synth.domain import OTHER_LEVEL, ColumnSpec, Schema
 
@@ -182,6 +187,11 @@ def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
             specs.append(ColumnSpec(name=name, kind="categorical",
                                     levels=(*col.categories, *other)))
             continue
+        if not isinstance(col, NumericColumn):
+            raise ConfigError("synth.data.schema_file", f"column {name!r} is declared "
+                              f"{col.kind!r}; a declared domain takes numeric and "
+                              "categorical columns only: declare it as one, or drop it "
+                              "(drop_columns)")
         integer = float(col.lo).is_integer() and float(col.hi).is_integer()
         if col.log:
             t = np.linspace(np.sign(col.lo) * np.log1p(abs(col.lo)),

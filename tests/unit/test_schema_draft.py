@@ -4,7 +4,6 @@ categories, declared fills; the ID column (the join key) left out."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -183,12 +182,9 @@ def test_a_dp_run_accepts_the_drafted_schema(tmp_path: Path) -> None:
         f"dataset={tmp_path / 'all.csv'}", "label=y", "dp.mu=4", f"dp.schema={tmp_path / 's.toml'}",
         "data.active_columns=a1", f"data.passive_columns={passive}", "epochs=1",
         "active_only_baseline=off"])
-    t0 = time.perf_counter()
     m = run_vfl_in_process(cfg, tmp_path / "run").metrics
-    wall = time.perf_counter() - t0
     p = m["parties"]["passive"]
     assert p["feature_encoding"] == "public_schema" and p["n_features"] == d.schema.width
     assert m["dp"]["enabled"] is True and 0 <= m["test_auc"] <= 1
-    assert wall < 30, wall  # about 2 s idle
     saved = load_schema(tmp_path / "run" / "model" / "passive" / "schema.toml")
     assert saved == d.schema
