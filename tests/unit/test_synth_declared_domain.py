@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -49,3 +51,15 @@ def test_inferred_or_refused_when_nothing_is_declared() -> None:
     assert ei.value.key == "synth.data.schema_file"
     with pytest.raises(ConfigError, match="not declared"):
         declared_schema(SynthConfig(dataset="adult"), [*cols, "zzz"])
+
+
+def test_a_date_or_hashed_column_is_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('version = 1\n[columns.a]\nkind = "categorical"\ncategories = ["x"]\n'
+                    '[columns.m]\nkind = "hashed"\nbuckets = 8\n')
+    cfg = SynthConfig(dataset="my.csv", data=DataSection(domain="declared",
+                                                         schema_file=str(path)))
+    assert declared_schema(cfg, ["a"]) is not None
+    with pytest.raises(ConfigError, match="'m' is declared 'hashed'") as ei:
+        declared_schema(cfg, ["a", "m"])
+    assert ei.value.key == "synth.data.schema_file"
