@@ -86,9 +86,13 @@ class DataSection:
         stream_chunk_rows: rows per chunk read from the file (default 65536).
         stream_eval_max_rows: streaming: the most test rows scored (a seeded, hashed
             subset; default 100,000; 0 = all; validation has its own cap).
-        stream_clip_quantile: streaming: a numeric column's values are clipped to its
-            ``[q, 1 - q]`` quantiles of a training sample before standardising (default
-            0.001; 0 = no clipping).
+        stream_clip_quantile: ``q``: a numeric column's values (datetime parts
+            included) are clipped to its ``[q, 1 - q]`` quantiles before standardising,
+            on training, validation, test and new rows alike (default 0.001: the 0.1 %
+            and 99.9 % quantiles; 0 = no clipping). Both paths: streaming takes the
+            quantiles of a training sample, in memory those of every training row, and a
+            saved model keeps the bounds. With DP on, the passive party clips to its
+            public schema's declared ranges instead.
         stream_cache_dir: where the encoded cache goes, in a subdirectory per party
             (``<dir>/<party>``; "" = a temporary directory, removed at the end).
         row_split: how rows are split into training, validation and test rows:

@@ -605,9 +605,12 @@ def encode_party_features(
     a category first seen in the test rows encodes as all zeros, missing values forming
     their own ``"__missing__"`` category; those with more levels are hashed into buckets
     (one float32 output holding the bucket, looked up in an embedding table inside the
-    bottom model); numeric columns and datetime parts are standardised with the train
-    mean/std after filling missing values with the train median (a column with no
-    observed train values is filled with 0). Dense outputs follow the order of
+    bottom model); numeric columns and datetime parts are clipped to the policy's
+    ``[clip_quantile, 1 - clip_quantile]`` quantiles of their observed training values
+    (default the 0.1 % and 99.9 % quantiles, as the streaming path clips; the fitted
+    encoder keeps the bounds, so a saved model clips new rows alike), then standardised
+    with the train mean/std of the clipped values after filling missing values with the
+    train median (a column with no observed train values is filled with 0). Dense outputs follow the order of
     ``columns`` (each categorical expanded in sorted category order), the hashed columns
     come last.
 
@@ -661,7 +664,8 @@ def encode_party_features(
 
     _check_encoded_size(treatments, n_rows)
     try:
-        return _encode(frame, treatments, train_idx, test_idx)
+        return _encode(frame, treatments, train_idx, test_idx,
+                       clip_quantile=policy.clip_quantile)
     except MemoryError as exc:
         raise DataError(f"encoding {len(columns)} columns of {n_rows:,} rows ran out of "
                         f"memory ({exc}); {_widest(treatments)}") from None
@@ -694,8 +698,20 @@ def _check_encoded_size(treatments: Sequence[Any], n_rows: int) -> None:
                         f"{avail / 2**30:.1f} GiB is available; {_widest(treatments)}")
 
 
+def _clip_to_train(values: np.ndarray, train_idx: np.ndarray,
+                   q: float) -> tuple[np.ndarray, tuple[float, float]]:
+    """``values`` clipped to the ``[q, 1 - q]`` quantiles of its observed (non-NaN)
+    training values (NaN stays NaN), and those bounds (infinite: no clipping)."""
+    seen = values[train_idx]
+    seen = seen[~np.isnan(seen)]
+    if q <= 0 or not seen.size:
+        return values, (-math.inf, math.inf)
+    lo, hi = (float(v) for v in np.quantile(seen, [q, 1 - q]))
+    return np.clip(values, lo, hi), (lo, hi)
+
+
 def _encode(frame: pd.DataFrame, treatments: Sequence[Any], train_idx: np.ndarray,
-            test_idx: np.ndarray) -> PartyFeatures:
+            test_idx: np.ndarray, *, clip_quantile: float = 0.0) -> PartyFeatures:
     from parties.data.treatments import as_strings, datetime_part, hash_buckets, parse_datetime
 
     # scikit-learn imported here, not at module level: launchers and CLIs that read tables
@@ -713,6 +729,7 @@ def _encode(frame: pd.DataFrame, treatments: Sequence[Any], train_idx: np.ndarra
     prepared: dict[str, pd.Series] = {}
     transformers = []
     parts: dict[str, tuple[str, str]] = {}
+    bounds: dict[str, tuple[float, float]] = {}
     hashed: list[tuple[str, int]] = []
     for t in treatments:
         col = t.column
@@ -726,7 +743,9 @@ def _encode(frame: pd.DataFrame, treatments: Sequence[Any], train_idx: np.ndarra
             for part in t.parts:
                 name = f"{col}.{part}"
                 parts[name] = (col, part)
-                prepared[name] = pd.Series(datetime_part(stamps, part), index=series.index)
+                values, bounds[name] = _clip_to_train(datetime_part(stamps, part), train_idx,
+                                                      clip_quantile)
+                prepared[name] = pd.Series(values, index=series.index)
                 transformers.append((f"c{len(transformers)}", scaled(), [name]))
         elif t.kind == "onehot":
             prepared[col] = as_strings(series)
@@ -737,6 +756,7 @@ def _encode(frame: pd.DataFrame, treatments: Sequence[Any], train_idx: np.ndarra
             numbers = series.to_numpy(dtype=np.float64, na_value=np.nan)
             if np.isinf(numbers).any():
                 raise DataError(f"numeric column {col!r} contains infinite values")
+            numbers, bounds[col] = _clip_to_train(numbers, train_idx, clip_quantile)
             prepared[col] = pd.Series(numbers, index=series.index, name=col)
             transformers.append((f"c{len(transformers)}", scaled(), [col]))
     from parties.data.encoders import ColumnCode, FittedEncoder
@@ -769,7 +789,7 @@ def _encode(frame: pd.DataFrame, treatments: Sequence[Any], train_idx: np.ndarra
     _check_encoded_finite(x_train, x_test, names)
     fitted = FittedEncoder.from_column_transformer(
         encoder, dense_cols, _MISSING_CATEGORY, parts=parts, hashed=codes,
-        treatments=treatments)
+        treatments=treatments, bounds=bounds)
     return PartyFeatures(x_train=x_train, x_test=x_test, feature_names=names, encoder=fitted)
 
 

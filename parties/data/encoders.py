@@ -3,7 +3,7 @@
 :class:`FittedEncoder` is the plain-data form of the encoder that
 :func:`parties.data.encode_party_features` fits on the training rows (scikit-learn's
 ``ColumnTransformer``): per column, either a numeric column's fill value (the training
-median), mean and scale, or a categorical column's sorted categories. Its
+median), clipping range (training quantiles), mean and scale, or a categorical column's sorted categories. Its
 :meth:`FittedEncoder.transform` reproduces the fitted transform exactly (same float64
 operations, then float32), so a saved model scores new rows as it scored the test split.
 With DP on, the passive party's encoder is its public schema instead
@@ -56,8 +56,10 @@ class ColumnCode:
             (:data:`parties.data.treatments.DATETIME_PARTS`); empty otherwise.
         buckets: hashed only: the embedding table's rows.
         lo / hi: numeric only: the range a filled value is clipped to before
-            standardising (infinite: no clipping; a streamed encoder's sample quantiles,
-            :mod:`parties.data.stream`).
+            standardising: the ``[q, 1 - q]`` quantiles of the training values (in
+            memory, :func:`parties.data.encode_party_features`) or of a training sample
+            (streamed, :mod:`parties.data.stream`); infinite: no clipping (an encoder
+            saved before in-memory clipping, or ``q = 0``).
     """
 
     name: str
@@ -131,13 +133,18 @@ class FittedEncoder:
                                 missing: str = "__missing__", *,
                                 parts: Mapping[str, tuple[str, str]] | None = None,
                                 hashed: Sequence[ColumnCode] = (),
-                                treatments: Sequence[Any] = ()) -> FittedEncoder:
+                                treatments: Sequence[Any] = (),
+                                bounds: Mapping[str, tuple[float, float]] | None = None,
+                                ) -> FittedEncoder:
         """From the fitted ``ColumnTransformer`` of :func:`parties.data.encode_party_features`
         (one transformer per dense output column, in ``columns`` order; ``parts`` maps a
-        datetime part's name to its ``(source, part)``), then the ``hashed`` codes."""
+        datetime part's name to its ``(source, part)``, ``bounds`` a numeric output's name
+        to the ``(lo, hi)`` its values were clipped to before the fit), then the
+        ``hashed`` codes."""
         codes: list[ColumnCode] = []
         fitted = {name: step for name, step, _ in ct.transformers_} if columns else {}
         parts = parts or {}
+        bounds = bounds or {}
         for i, col in enumerate(columns):
             step = fitted[f"c{i}"]
             if hasattr(step, "categories_"):
@@ -147,10 +154,11 @@ class FittedEncoder:
                 imp, sc = step.named_steps["impute"], step.named_steps["scale"]
                 fill = float(imp.statistics_[0])
                 source, part = parts.get(col, ("", ""))
+                lo, hi = bounds.get(col, (-math.inf, math.inf))
                 codes.append(ColumnCode(name=col, kind="numeric",
                                         fill=0.0 if np.isnan(fill) else fill,
                                         mean=float(sc.mean_[0]), scale=float(sc.scale_[0]),
-                                        source=source, part=part))
+                                        source=source, part=part, lo=lo, hi=hi))
         return cls(columns=tuple(codes) + tuple(hashed), missing=missing,
                    treatments=tuple(treatments))
 

@@ -31,6 +31,7 @@ from parties.data import (
     train_test_indices,
     validate_split,
 )
+from parties.data.treatments import TreatmentPolicy
 from tests.bounds import above, below
 
 
@@ -138,7 +139,8 @@ def test_encode_scaling_uses_train_rows_only():
     frame = _tiny_frame()
     train_idx = np.array([0, 1, 2, 3])
     test_idx = np.array([4, 5])
-    feats = encode_party_features(frame, ["num", "cat", "flag"], train_idx, test_idx)
+    feats = encode_party_features(frame, ["num", "cat", "flag"], train_idx, test_idx,
+                                  policy=TreatmentPolicy(clip_quantile=0.0))
     assert isinstance(feats, PartyFeatures)
     assert feats.feature_names == (
         "num",
@@ -158,13 +160,69 @@ def test_encode_scaling_uses_train_rows_only():
     np.testing.assert_allclose(feats.x_train[:, 0], (train_num - mean) / std, rtol=1e-6)
     # Test row far outside the train range is still scaled with train mean/std.
     np.testing.assert_allclose(feats.x_test[:, 0], [(1000.0 - mean) / std, 0.0], rtol=1e-6)
-    assert feats.x_test[0, 0] > 1000
+    assert feats.x_test[0, 0] > 1000  # clip_quantile = 0: no clipping
 
     # Missing category is its own column; unseen test category "zzz" is all zeros.
     np.testing.assert_array_equal(feats.x_train[3, 1:4], [1, 0, 0])
     np.testing.assert_array_equal(feats.x_test[0, 1:4], [0, 0, 0])
     np.testing.assert_array_equal(feats.x_test[1, 1:4], [0, 0, 1])
     np.testing.assert_array_equal(feats.x_test[:, 4:], [[0, 1], [1, 0]])
+
+
+def test_encode_clips_numeric_columns_to_train_quantiles():
+    frame = _tiny_frame()
+    train_idx, test_idx = np.array([0, 1, 2, 3]), np.array([4, 5])
+    feats = encode_party_features(frame, ["num"], train_idx, test_idx,
+                                  policy=TreatmentPolicy(clip_quantile=0.25))
+    # observed train values 1, 2, 3: quantiles 1.5 and 2.5; NaN filled with the median 2
+    code = feats.encoder.columns[0]
+    assert (code.lo, code.hi) == (1.5, 2.5)
+    train_num = np.array([1.5, 2.0, 2.5, 2.0])
+    mean, std = train_num.mean(), train_num.std()
+    assert code.mean == pytest.approx(mean) and code.scale == pytest.approx(std)
+    np.testing.assert_allclose(feats.x_train[:, 0], (train_num - mean) / std, rtol=1e-6)
+    # the 1000 test row is clipped to the train bound like a train row
+    np.testing.assert_allclose(feats.x_test[:, 0], [(2.5 - mean) / std, 0.0], rtol=1e-6)
+    # default: the 0.1 % / 99.9 % quantiles, as streaming
+    assert TreatmentPolicy().clip_quantile == 0.001
+    code = encode_party_features(frame, ["num"], train_idx, test_idx).encoder.columns[0]
+    assert 1.0 < code.lo < 1.01 and 2.99 < code.hi < 3.0
+    with pytest.raises(ValueError, match="clip_quantile"):
+        TreatmentPolicy(clip_quantile=0.5)
+
+
+@pytest.mark.stochastic
+def test_one_extreme_test_value_does_not_blow_up_a_regression():
+    # a test row whose feature is 200x the training maximum (its label normal) must not
+    # dominate the test RMSE: the encoder clips it to the training quantiles
+    rng = np.random.default_rng(0)
+    n = 3000
+    frame = pd.DataFrame({"a": rng.gamma(2.0, 50.0, n), "b": rng.normal(10.0, 3.0, n),
+                          "c": rng.uniform(0.0, 1.0, n)})
+    y = 3.0 * frame["a"] + 20.0 * frame["b"] - 50.0 * frame["c"] + rng.normal(0.0, 5.0, n)
+    train_idx, test_idx = np.arange(2100), np.arange(2100, n)
+    frame.loc[test_idx[0], "a"] = 200.0 * frame["a"].iloc[train_idx].max()
+    cols = ["a", "b", "c"]
+    feats = encode_party_features(frame, cols, train_idx, test_idx)
+    design = np.hstack([feats.x_train, np.ones((len(train_idx), 1), np.float32)])
+    coef, *_ = np.linalg.lstsq(design.astype(np.float64), y.to_numpy()[train_idx], rcond=None)
+    pred = np.hstack([feats.x_test, np.ones((len(test_idx), 1))]) @ coef
+    err = pred - y.to_numpy()[test_idx]
+    rmse_all, rmse_rest = np.sqrt(np.mean(err ** 2)), np.sqrt(np.mean(err[1:] ** 2))
+    # the clipped row is scored as a row at the training maximum (its error is that of
+    # the corrupted value, not of an extrapolation 200x out): the RMSE moves, not by 10x
+    below(rmse_all / rmse_rest, 1.5, "test RMSE with / without the extreme row")
+    y_train = y.to_numpy()[train_idx]
+    below(pred[0], y_train.max(), "extreme row's prediction (below the train label max)")
+    above(pred[0], y_train.min(), "extreme row's prediction (above the train label min)")
+    # without clipping the same row's prediction is far outside the label range
+    plain = encode_party_features(frame, cols, train_idx, test_idx,
+                                  policy=TreatmentPolicy(clip_quantile=0.0))
+    design = np.hstack([plain.x_train, np.ones((len(train_idx), 1), np.float32)])
+    coef, *_ = np.linalg.lstsq(design.astype(np.float64), y_train, rcond=None)
+    err = np.hstack([plain.x_test, np.ones((len(test_idx), 1))]) @ coef - y.to_numpy()[test_idx]
+    assert float(np.r_[plain.x_test[0], 1.0] @ coef) > 10 * y_train.max()
+    assert np.sqrt(np.mean(err ** 2)) > 10 * np.sqrt(np.mean(err[1:] ** 2))
 
 
 def test_encode_bank_party_widths(bank):

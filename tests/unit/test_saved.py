@@ -59,6 +59,26 @@ def test_fitted_encoder_reproduces_the_sklearn_encoding_exactly() -> None:
         FittedEncoder.from_dict({**enc.to_dict(), "format": 99})
 
 
+def test_a_saved_encoder_clips_new_rows_to_the_training_quantiles() -> None:
+    frame = _frame()
+    train, held = np.arange(30), np.arange(30, 40)
+    feats = encode_party_features(frame, ["a", "c"], train, held)
+    saved = feats.encoder.to_dict()
+    assert all(np.isfinite([c["lo"], c["hi"]]).all() for c in saved["columns"])
+    enc = FittedEncoder.from_dict(orjson.loads(orjson.dumps(saved)))
+    assert enc == feats.encoder
+    a = enc.columns[0]
+    far = pd.DataFrame({"a": [200.0 * frame["a"].max(), -1e9], "c": [1.0, 1.0]})
+    np.testing.assert_allclose(enc.transform(far)[:, 0],
+                               [(a.hi - a.mean) / a.scale, (a.lo - a.mean) / a.scale],
+                               rtol=1e-6)
+    # an encoder saved before in-memory clipping (no lo/hi) still reads, unclipped
+    old = {**saved, "columns": [{k: v for k, v in c.items() if k not in ("lo", "hi")}
+                                for c in saved["columns"]]}
+    unclipped = FittedEncoder.from_dict(old).transform(far)[:, 0]
+    assert unclipped[0] == pytest.approx((far["a"][0] - a.mean) / a.scale, rel=1e-6)
+
+
 def _fake_party(role: str, cfg: VflConfig, tmp: Path) -> SimpleNamespace:
     frame = _frame()
     cols = ("a", "b") if role == "active" else ("c", "flag")
