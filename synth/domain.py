@@ -69,14 +69,24 @@ class DomainError(ValueError):
     """A column or domain problem.
 
     Attributes:
-        column: the offending column (None if the problem is not one column's).
+        column: the offending column (None if the problem is not one column's; the
+            first of ``columns`` when several share the problem).
+        columns: every offending column, in table order (``(column,)`` for one, empty
+            when the problem is no column's): a NaN check names them all at once.
         reason: what is wrong, naming the offending value.
     """
 
-    def __init__(self, reason: str, *, column: str | None = None) -> None:
-        self.column = column
+    def __init__(self, reason: str, *, column: str | None = None,
+                 columns: tuple[str, ...] = ()) -> None:
+        self.columns = tuple(columns) or ((column,) if column is not None else ())
+        self.column = column if column is not None else (self.columns[0] if self.columns
+                                                         else None)
         self.reason = reason
-        super().__init__(f"column {column!r}: {reason}" if column is not None else reason)
+        if len(self.columns) > 1:
+            super().__init__(f"{len(self.columns)} columns {list(self.columns)!r}: {reason}")
+        else:
+            super().__init__(f"column {self.column!r}: {reason}" if self.column is not None
+                             else reason)
 
 
 class DomainMismatch(DomainError):
@@ -462,7 +472,8 @@ def infer_schema(df: pd.DataFrame, *, numeric_bins: int = 10, binning: Binning =
 
     Raises:
         DomainError: an empty frame, an unknown column, a column with a single distinct
-            value, a numeric column containing NaN (or ±inf), a categorical column with
+            value, numeric columns containing NaN (or ±inf; every one named in one error,
+            :attr:`DomainError.columns`), a categorical column with
             more than ``max_levels`` levels, or an unsupported dtype (datetime, complex).
         ValueError: bad ``numeric_bins``, ``binning`` or ``max_levels``.
     """
@@ -475,13 +486,30 @@ def infer_schema(df: pd.DataFrame, *, numeric_bins: int = 10, binning: Binning =
     names = list(df.columns) if columns is None else list(columns)
     if len(df) == 0 or not names:
         raise DomainError(f"empty frame ({len(df)} rows, {len(names)} columns)")
+    missing = [str(n) for n in names if n not in df.columns]
+    if missing:
+        raise DomainError("not in the frame", columns=tuple(missing))
+    nonfinite = {str(n): c for n in names if (c := _nonfinite_numeric(df[n]))}
+    if nonfinite:
+        raise DomainError(
+            "numeric column(s) with NaN or infinite values: "
+            + ", ".join(f"{k!r} ({c} NaN or infinite of {len(df)} rows)"
+                        for k, c in nonfinite.items())
+            + "; impute or drop them first", columns=tuple(nonfinite))
     specs: list[ColumnSpec] = []
     for name in names:
-        if name not in df.columns:
-            raise DomainError("not in the frame", column=str(name))
         specs.append(_infer_column(str(name), df[name], numeric_bins=numeric_bins,
                                    binning=binning, max_levels=max_levels))
     return Schema(columns=tuple(specs))
+
+
+def _nonfinite_numeric(s: pd.Series) -> int:
+    """The NaN / infinite values of a column :func:`_infer_column` reads as numeric
+    (0 for any other column)."""
+    if _is_text(s) or pd.api.types.is_bool_dtype(s.dtype) or not (
+            pd.api.types.is_integer_dtype(s.dtype) or pd.api.types.is_float_dtype(s.dtype)):
+        return 0
+    return int((~np.isfinite(s.to_numpy(dtype=np.float64, na_value=np.nan))).sum())
 
 
 def _infer_column(name: str, s: pd.Series, *, numeric_bins: int, binning: str,
@@ -543,13 +571,15 @@ def encode(df: pd.DataFrame, schema: Schema) -> np.ndarray:
 
     Raises:
         DomainError: a missing column, a categorical value not among the levels (named),
-            or a NaN in a numeric column.
+            or NaN in numeric columns (every such column named, :attr:`DomainError.columns`).
     """
     n = len(df)
     out = np.empty((n, len(schema.columns)), dtype=np.int32)
+    absent = tuple(spec.name for spec in schema.columns if spec.name not in df.columns)
+    if absent:
+        raise DomainError("not in the frame", columns=absent)
+    nan_counts: dict[str, int] = {}
     for j, spec in enumerate(schema.columns):
-        if spec.name not in df.columns:
-            raise DomainError("not in the frame", column=spec.name)
         s = df[spec.name]
         if spec.kind == "categorical":
             strings = (_text_strings(s) if spec.dtype == "object" else s.astype(object).map(
@@ -575,11 +605,16 @@ def encode(df: pd.DataFrame, schema: Schema) -> np.ndarray:
                 x = np.where(nan, spec.fill, x)
                 nan = np.zeros(n, dtype=bool)
             if nan.any():
-                raise DomainError(f"numeric column has {int(nan.sum())} NaN value(s) of {n} "
-                                  f"rows", column=spec.name)
+                nan_counts[spec.name] = int(nan.sum())
+                continue
             edges = np.asarray(spec.edges)
             idx = np.searchsorted(edges, x, side="right") - 1
             out[:, j] = np.clip(idx, 0, spec.n_cells - 1)
+    if nan_counts:
+        raise DomainError("numeric column(s) with NaN values and no declared fill: "
+                          + ", ".join(f"{k!r} ({c} NaN of {n} rows)"
+                                      for k, c in nan_counts.items()),
+                          columns=tuple(nan_counts))
     return out
 
 

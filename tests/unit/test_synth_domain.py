@@ -132,7 +132,7 @@ def test_inference_errors_name_the_column_and_value() -> None:
     assert info.value.column == "const" and "single" in info.value.reason
     with pytest.raises(DomainError, match="'x'.*10 NaN.*20 rows") as info:
         infer_schema(pd.DataFrame({"x": [1.0, np.nan, 3.0, np.nan] * 5}))
-    assert info.value.column == "x"
+    assert info.value.column == "x" and info.value.columns == ("x",)
     with pytest.raises(DomainError, match="'id'.*150 levels.*max_levels=100"):
         infer_schema(pd.DataFrame({"id": [f"u{i}" for i in range(150)]}))
     with pytest.raises(DomainError, match="unsupported dtype"):
@@ -244,3 +244,24 @@ def test_clique_size_is_checked_before_allocating() -> None:
         check_clique_size(dom, ("x0", "x1"), max_cells=9_999)
     with pytest.raises(DomainTooLarge):
         marginals(codes, dom, [("x0",), dom.attributes])
+
+
+def test_every_nan_column_is_named_in_one_error() -> None:
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({f"c{i}": rng.normal(size=30) for i in range(20)})
+    df["job"] = rng.choice(["a", "b"], 30)
+    holed = [f"c{i}" for i in range(0, 20, 2)] + ["c5"]
+    for k, c in enumerate(holed):
+        df.loc[k, c] = np.nan if k % 3 else np.inf
+    with pytest.raises(DomainError) as info:
+        infer_schema(df)
+    order = [c for c in df.columns if c in holed]
+    assert info.value.columns == tuple(order) and info.value.column == order[0]
+    assert all(repr(c) in str(info.value) for c in holed)
+    assert "11 columns" in str(info.value)
+    schema = infer_schema(df.drop(columns=holed))
+    kept = df.drop(columns=holed)
+    kept.loc[3, "c1"] = kept.loc[4, "c3"] = np.nan
+    with pytest.raises(DomainError) as info:
+        encode(kept, schema)
+    assert info.value.columns == ("c1", "c3") and "'c3' (1 NaN of 30 rows)" in str(info.value)
