@@ -610,9 +610,9 @@ def encode_party_features(
     (default the 0.1 % and 99.9 % quantiles, as the streaming path clips; the fitted
     encoder keeps the bounds, so a saved model clips new rows alike), then standardised
     with the train mean/std of the clipped values after filling missing values with the
-    train median (a column with no observed train values is filled with 0). Dense outputs follow the order of
-    ``columns`` (each categorical expanded in sorted category order), the hashed columns
-    come last.
+    train median (a column with no observed train values is filled with 0). Dense
+    outputs follow the order of ``columns`` (each categorical expanded in sorted
+    category order), the hashed columns come last.
 
     Args:
         frame: The full table, ``n_rows`` rows; rows are addressed by position.
@@ -630,8 +630,8 @@ def encode_party_features(
         UnknownColumn: A column is not in ``frame``.
         InvalidSplit: ``columns`` is empty or has duplicates, ``train_idx`` is
             empty, an index is out of range / not integer, or every column was dropped.
-        DataError: A numeric column contains infinite values, or an ID-like column was
-            refused (``id_columns = "refuse"``).
+        DataError: Numeric columns contain infinite values (every one named), or an
+            ID-like column was refused (``id_columns = "refuse"``).
     """
     from parties.data.treatments import IdColumnRefused, TreatmentPolicy, classify
 
@@ -730,6 +730,7 @@ def _encode(frame: pd.DataFrame, treatments: Sequence[Any], train_idx: np.ndarra
     transformers = []
     parts: dict[str, tuple[str, str]] = {}
     bounds: dict[str, tuple[float, float]] = {}
+    infinite: list[str] = []
     hashed: list[tuple[str, int]] = []
     for t in treatments:
         col = t.column
@@ -755,10 +756,13 @@ def _encode(frame: pd.DataFrame, treatments: Sequence[Any], train_idx: np.ndarra
         else:
             numbers = series.to_numpy(dtype=np.float64, na_value=np.nan)
             if np.isinf(numbers).any():
-                raise DataError(f"numeric column {col!r} contains infinite values")
+                infinite.append(col)
+                continue
             numbers, bounds[col] = _clip_to_train(numbers, train_idx, clip_quantile)
             prepared[col] = pd.Series(numbers, index=series.index, name=col)
             transformers.append((f"c{len(transformers)}", scaled(), [col]))
+    if infinite:
+        raise DataError(_infinite_message(infinite))
     from parties.data.encoders import ColumnCode, FittedEncoder
 
     dense_cols = [cols[0] for _, _, cols in transformers]
@@ -791,6 +795,14 @@ def _encode(frame: pd.DataFrame, treatments: Sequence[Any], train_idx: np.ndarra
         encoder, dense_cols, _MISSING_CATEGORY, parts=parts, hashed=codes,
         treatments=treatments, bounds=bounds)
     return PartyFeatures(x_train=x_train, x_test=x_test, feature_names=names, encoder=fitted)
+
+
+def _infinite_message(columns: Sequence[str]) -> str:
+    """The error of numeric columns holding infinite values (every one named)."""
+    if len(columns) == 1:
+        return f"numeric column {columns[0]!r} contains infinite values"
+    return (f"{len(columns)} numeric columns contain infinite values: "
+            + ", ".join(repr(c) for c in columns))
 
 
 def _check_encoded_finite(x_train: np.ndarray, x_test: np.ndarray,

@@ -3,11 +3,11 @@
 :class:`FittedEncoder` is the plain-data form of the encoder that
 :func:`parties.data.encode_party_features` fits on the training rows (scikit-learn's
 ``ColumnTransformer``): per column, either a numeric column's fill value (the training
-median), clipping range (training quantiles), mean and scale, or a categorical column's sorted categories. Its
-:meth:`FittedEncoder.transform` reproduces the fitted transform exactly (same float64
-operations, then float32), so a saved model scores new rows as it scored the test split.
-With DP on, the passive party's encoder is its public schema instead
-(:class:`parties.data.schema.SchemaEncoder`, saved as the schema's TOML).
+median), clipping range (training quantiles), mean and scale, or a categorical column's
+sorted categories. Its :meth:`FittedEncoder.transform` reproduces the fitted transform
+exactly (same float64 operations, then float32), so a saved model scores new rows as it
+scored the test split. With DP on, the passive party's encoder is its public schema
+instead (:class:`parties.data.schema.SchemaEncoder`, saved as the schema's TOML).
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ class FittedEncoder:
 
         Raises:
             parties.data.UnknownColumn: a column is missing from ``frame``.
-            parties.data.DataError: a numeric column has infinite values.
+            parties.data.DataError: numeric columns have infinite values (all named).
         """
         from parties.data.errors import DataError, UnknownColumn
 
@@ -201,6 +201,7 @@ class FittedEncoder:
             raise UnknownColumn(absent, list(frame.columns))
         parts: list[np.ndarray] = []
         parsed: dict[str, pd.Series] = {}
+        infinite: list[str] = []
         for c in self.columns:
             series = frame[c.column]
             if c.kind == "numeric":
@@ -211,7 +212,8 @@ class FittedEncoder:
                 else:
                     x = series.to_numpy(dtype=np.float64, na_value=np.nan).copy()
                 if np.isinf(x).any():
-                    raise DataError(f"numeric column {c.name!r} contains infinite values")
+                    infinite.append(c.name)
+                    continue
                 x[np.isnan(x)] = c.fill
                 if c.lo > -math.inf or c.hi < math.inf:
                     np.clip(x, c.lo, c.hi, out=x)
@@ -230,6 +232,10 @@ class FittedEncoder:
                 else:
                     cats = np.asarray(c.categories, dtype=object)
                     parts.append((values[:, None] == cats[None, :]).astype(np.float64))
+        if infinite:
+            from parties.data import _infinite_message
+
+            raise DataError(_infinite_message(infinite))
         out = np.hstack(parts) if parts else np.empty((len(frame), 0))
         return np.ascontiguousarray(out, dtype=np.float32)
 

@@ -602,3 +602,15 @@ def test_default_split_with_an_active_feature_count():
     for bad in (0, 10, 11):
         with pytest.raises(InvalidSplit, match=str(bad)):
             default_split(cols, "y", n_active=bad)
+
+
+def test_every_infinite_column_is_named_in_one_error():
+    frame = pd.DataFrame({"a": [1.0, np.inf, 3.0, 4.0], "b": [1.0, 2.0, 3.0, 4.0],
+                          "c": [-np.inf, 2.0, 3.0, 5.0]})
+    train, test = np.arange(3), np.arange(3, 4)
+    with pytest.raises(DataError, match="2 numeric columns contain infinite values: 'a', 'c'"):
+        encode_party_features(frame, ["a", "b", "c"], train, test)
+    enc = encode_party_features(frame.assign(a=1.0, c=2.0), ["a", "b", "c"], train,
+                                test).encoder
+    with pytest.raises(DataError, match="'a', 'c'"):
+        enc.transform(frame)
