@@ -114,10 +114,15 @@ def _vfl_run(args: argparse.Namespace) -> int:
           f"job {m['wall_s']:.1f} s (launch to exit), training {m['train_window_s']:.1f} s, "
           f"{m['train_samples_per_s']:,.0f} samples/s of training"
           + (f" (positive class {m['label_positive']!r})" if m.get("label_positive") else ""))
-    dropped = [t["column"] for p in m["parties"].values() for t in p.get("treatments", [])
-               if t.get("treatment") == "dropped"]
-    if dropped:
-        print(f"dropped as ID-like: {', '.join(dropped)} (vfl.data.id_columns)")
+    from parties.data.treatments import treatment_summary
+
+    for party, pm in m["parties"].items():  # dates split, hashed and dropped columns
+        said = treatment_summary(pm.get("treatments", []))
+        if said:
+            print(f"columns {party}: {said}")
+    if any(t.get("treatment") == "dropped" for pm in m["parties"].values()
+           for t in pm.get("treatments", [])):
+        print("(ID-like columns: vfl.data.id_columns drops, refuses or keeps them)")
     if m.get("target_metric") is not None:
         ttt = m.get("time_to_target_s")
         print(f"time to validation {m['metric_name']} {m['target_metric']:g}: "

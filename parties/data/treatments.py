@@ -33,7 +33,7 @@ over its private rows.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -299,7 +299,26 @@ def encoded_width(treatments: Sequence[Treatment]) -> int:
     return n
 
 
+def treatment_summary(treatments: Sequence[Mapping[str, Any]]) -> str:
+    """The non-trivial treatments of :meth:`Treatment.to_dict` entries (a party's
+    ``treatments`` in ``metrics.json``) in one line, ``""`` when there are none: dates
+    split into parts, hashed and dropped columns (numeric and one-hot are the default,
+    not listed), e.g. ``when -> year, month, day; merchant hashed into 1024 buckets;
+    user_id dropped as ID-like``."""
+    said: list[str] = []
+    for t in treatments:
+        kind, col = t.get("treatment"), t.get("column")
+        if kind == "datetime":
+            said.append(f"{col} -> {', '.join(t.get('parts', ()))}")
+        elif kind == "hashed":
+            said.append(f"{col} hashed into {t.get('buckets')} buckets")
+        elif kind == "dropped":
+            said.append(f"{col} dropped as ID-like")
+    return "; ".join(said)
+
+
 __all__ = ["DATETIME_PARTS", "ID_COLUMN_MODES", "KINDS", "MISSING", "IdColumnRefused",
            "Treatment", "TreatmentPolicy", "as_strings", "categorical_levels", "classify",
            "classify_columns", "datetime_part", "encoded_width", "hash_buckets",
-           "id_reason", "looks_like_datetime", "parse_datetime", "policy_of"]
+           "id_reason", "looks_like_datetime", "parse_datetime", "policy_of",
+           "treatment_summary"]

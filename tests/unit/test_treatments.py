@@ -17,6 +17,7 @@ from parties.data.encoders import EncoderFormatError, FittedEncoder
 from parties.data.demo_tables import make_traffic
 from parties.data.treatments import (
     IdColumnRefused,
+    Treatment,
     TreatmentPolicy,
     classify,
     classify_columns,
@@ -192,3 +193,17 @@ def test_traffic_generator_has_the_public_table_shape():
     pd.testing.assert_frame_equal(plain, t[plain.columns])
     got = {x.column: x.kind for x in classify_columns(t, t.columns[:-1], TreatmentPolicy())}
     assert got["date_time"] == "datetime" and got["record_id"] == "dropped"
+
+
+def test_treatment_summary_lists_the_non_trivial_treatments():
+    from parties.data.treatments import treatment_summary
+
+    ts = [Treatment(column="amount", kind="numeric"),
+          Treatment(column="city", kind="onehot", levels=5),
+          Treatment(column="when", kind="datetime", parts=("year", "month", "day")),
+          Treatment(column="merchant", kind="hashed", levels=900, buckets=1024),
+          Treatment(column="user_id", kind="dropped", reason="every value distinct")]
+    assert treatment_summary([t.to_dict() for t in ts]) == (
+        "when -> year, month, day; merchant hashed into 1024 buckets; user_id dropped as "
+        "ID-like")
+    assert treatment_summary([t.to_dict() for t in ts[:2]]) == ""
