@@ -47,11 +47,28 @@ def _launch(run: Callable[[], Any], *, what: str,
         return None, code
 
 
-def _vfl_run(args: argparse.Namespace) -> int:
-    from parties.config import check_run_id, load_vfl_config
-    from parties.runtime.report import format_metric
+def _check_before_launch(cfg: Any) -> int | None:
+    """The data checks that need no training (:func:`parties.data.launchcheck.check_before_launch`),
+    before the start line and any process; None, or the exit code after one ``error:``
+    line. Imports neither pandas nor torch on the way to a refusal."""
+    from parties.data.launchcheck import check_before_launch
+    from parties.runtime.exitcodes import exit_code_for
 
-    from sim.launch.vfl import run_vfl
+    try:
+        check_before_launch(cfg)
+    except Exception as exc:
+        code = exit_code_for(exc)
+        if code is None:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return code
+    return None
+
+
+def _vfl_run(args: argparse.Namespace) -> int:
+    # configuration and data checks first, before the heavy imports (torch) and the start
+    # line: a bad value is refused in about a second
+    from parties.config import check_run_id, load_vfl_config
 
     extra = {}
     if getattr(args, "dataset", None):
@@ -63,6 +80,13 @@ def _vfl_run(args: argparse.Namespace) -> int:
     cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: run_guarded, exit 2
     if args.run_id:
         check_run_id(args.run_id)
+    code = _check_before_launch(cfg)
+    if code is not None:
+        return code
+    from parties.runtime.report import format_metric
+
+    from sim.launch.vfl import run_vfl
+
     plan = None
     if getattr(args, "plan_pilots", False) and getattr(args, "plan", None) != "auto":
         from parties.cli import ExitCode

@@ -199,6 +199,10 @@ class VflConfig:
                 f"label protection is analysed for binary tasks only; this run's task is "
                 f"{self.effective_task!r}: leave [vfl.labels] out (got "
                 f"labels.{key}={getattr(self.labels, key)!r})"))
+        if self.data.stream and self.effective_task != "binary":
+            raise ConfigError("vfl.data.stream", (
+                f"streaming takes a binary label; this run's task is {self.effective_task!r}: "
+                "a regression task runs in memory (vfl.data.stream = false)"))
 
     @property
     def party_ids(self) -> tuple[str, ...]:

@@ -45,10 +45,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import structlog
 
-from parties.data.errors import (DataError, DatasetNotFound, InvalidLabel,  # noqa: F401
+from parties.data.errors import (DataError, DatasetNotFound, EmptyColumn, InvalidLabel,  # noqa: F401
                                 InvalidRows, InvalidSplit, InvalidSynthetic, UnknownColumn)
 from parties.datasets import DATASETS, DatasetInfo
 
@@ -57,6 +56,7 @@ __all__ = [
     "DataError",
     "DatasetInfo",
     "DatasetNotFound",
+    "EmptyColumn",
     "InvalidLabel",
     "InvalidSplit",
     "InvalidSynthetic",
@@ -82,6 +82,20 @@ __all__ = [
 _DATASETS_PACKAGE = "parties.datasets"
 _MISSING_CATEGORY = "__missing__"  # parties.data.treatments.MISSING
 _log = structlog.get_logger(__name__)
+
+
+class _Pandas:
+    """pandas, imported on first use: the launcher's checks before any process starts
+    import this package for its error types and must not pay pandas' import."""
+
+    def __getattr__(self, name: str) -> Any:
+        import pandas
+
+        globals()["pd"] = pandas  # every later use is the module itself
+        return getattr(pandas, name)
+
+
+pd: Any = _Pandas()
 _SUPPORTED_SUFFIXES = (".csv", ".csv.gz", ".parquet")
 _MAX_LISTED = 50  # cap on how many available columns an error message lists
 

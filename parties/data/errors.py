@@ -92,9 +92,26 @@ class InvalidLabel(DataError, ValueError):
     """
 
 
+class EmptyColumn(DataError, ValueError):
+    """A feature column the configuration names has no value in any row (every one
+    missing): it would train as a constant.
+
+    Attributes:
+        column: the column.
+        party: the party whose columns name it.
+        path: the file.
+    """
+
+    def __init__(self, column: str, party: str, path: str) -> None:
+        self.column, self.party, self.path = column, party, path
+        super().__init__(f"column {column!r} of the {party} party has no values in "
+                         f"{path!r} (every row is missing): drop it from its party's "
+                         "columns (vfl.data.*_columns)")
+
+
 class InvalidSynthetic(DataError, ValueError):
     """The parameters of the synthetic dataset are out of range."""
 
 
-__all__ = ["DataError", "DatasetNotFound", "InvalidLabel", "InvalidRows", "InvalidSplit",
+__all__ = ["DataError", "DatasetNotFound", "EmptyColumn", "InvalidLabel", "InvalidRows", "InvalidSplit",
            "InvalidSynthetic", "UnknownColumn"]

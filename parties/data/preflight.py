@@ -12,6 +12,7 @@ from parties.config import VflConfig
 from parties.data import (
     SYNTHETIC_LABEL,
     DataError,
+    EmptyColumn,
     InvalidLabel,
     PartyFeatures,
     select_rows,
@@ -54,7 +55,8 @@ def preflight(cfg: VflConfig) -> None:
     checked.
 
     Raises:
-        parties.data.DataError: missing file, unknown column, bad split, a binary label
+        parties.data.DataError: missing file, unknown column, bad split, a named feature
+            column with no value (:class:`parties.data.EmptyColumn`), a binary label
             with one class in the training split or in the test split, a regression label
             that is not numeric or constant, an empty test split.
     """
@@ -82,6 +84,12 @@ def preflight(cfg: VflConfig) -> None:
         if files[party]:
             load_configured_table(cfg, party)  # its rows file is checked here too
     label, groups = resolve_party_columns(cfg, frame, default_label)
+    from parties.data.launchcheck import named_columns
+
+    for party, cols in named_columns(cfg).items():  # a named column with no value at all
+        for c in cols:
+            if frame[c].isna().all():
+                raise EmptyColumn(c, party, cfg.dataset)
     if cfg.dp.enabled:  # refuse before any process starts
         for party in cfg.party_ids[1:]:
             dp_schema(cfg, groups[party])

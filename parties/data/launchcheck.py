@@ -1,0 +1,132 @@
+"""The checks of a run's data that need no training, no pandas and no torch: ``psfl vfl
+run`` runs them before it prints its start line or starts any process, so a bad file or
+column is refused in about a second (:func:`check_before_launch`); the launcher's
+:func:`parties.data.preflight.preflight` runs the full checks later.
+
+Owns: :func:`check_before_launch`, :func:`csv_header`. May import :mod:`parties.data`
+(its errors and column split) and :mod:`parties.data.shards` (Parquet footers).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from parties.data import DATASETS, DataError, EmptyColumn, default_split_n, validate_split_n
+
+#: what pandas reads as a missing value (``pandas.read_csv``'s default ``na_values``)
+NA_STRINGS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan",
+                        "1.#IND", "1.#QNAN", "<NA>", "N/A", "NA", "NULL", "NaN", "None",
+                        "n/a", "nan", "null"})
+
+
+def _open_csv(path: Path) -> Any:
+    opener: Any = gzip.open if path.name.lower().endswith(".gz") else open
+    return opener(path, "rt", newline="", encoding="utf-8-sig")
+
+
+def csv_header(path: str | Path) -> list[str] | None:
+    """The column names of a CSV file as pandas would name them, from its first line;
+    None when the file is not a plain CSV file whose header this can vouch for (missing,
+    unreadable, duplicate or empty names, which pandas renames): the full checks then
+    report it."""
+    p = Path(path).expanduser()
+    if not p.name.lower().endswith((".csv", ".csv.gz")) or not p.is_file():
+        return None
+    try:
+        with _open_csv(p) as f:
+            header = next(csv.reader(f), None)
+    except (OSError, UnicodeDecodeError, csv.Error, EOFError):
+        return None
+    if not header or any(not c for c in header) or len(set(header)) != len(header):
+        return None
+    return header
+
+
+def named_columns(cfg: Any) -> dict[str, tuple[str, ...]]:
+    """The feature columns the configuration names (``vfl.data.active_columns``,
+    ``passive_columns``, ``passive_party_columns``), by party id; empty when it names
+    none (the default split)."""
+    data = cfg.data
+    if cfg.passive_parties > 1 and data.passive_party_columns:
+        groups = {"active": tuple(data.active_columns)}
+        groups.update(zip(cfg.party_ids[1:], (tuple(c) for c in data.passive_party_columns)))
+        return groups
+    if cfg.passive_parties == 1 and (data.active_columns or data.passive_columns):
+        return {"active": tuple(data.active_columns), "passive": tuple(data.passive_columns)}
+    return {}
+
+
+def check_empty_columns(path: str | Path, columns: Sequence[str],
+                        groups: dict[str, tuple[str, ...]]) -> None:
+    """Refuse a named feature column with no value in any row of the CSV file ``path``
+    (``columns``: its header). Reads rows until every named column has shown a value:
+    usually the first row; the whole file only when a column is empty.
+
+    Raises:
+        EmptyColumn: the first such column (naming it and its party).
+    """
+    owner = {c: p for p, cols in groups.items() for c in cols}
+    where = {c: i for i, c in enumerate(columns) if c in owner}
+    waiting = dict(where)
+    with _open_csv(Path(path).expanduser()) as f:
+        rows = csv.reader(f)
+        next(rows, None)
+        for row in rows:
+            for c, i in list(waiting.items()):
+                if i < len(row) and row[i] not in NA_STRINGS:
+                    del waiting[c]
+            if not waiting:
+                return
+    if waiting:
+        c = min(waiting, key=where.__getitem__)
+        raise EmptyColumn(c, owner[c], str(path))
+
+
+def check_before_launch(cfg: Any) -> None:
+    """The data checks that need no training, cheap enough to run before anything starts:
+    streaming (or per-party files): each party's file is Parquet, readable, with its
+    columns and the same row count (footers only); a user CSV file: the configured label
+    and columns exist in its header, the column split is valid, and no named feature
+    column is empty. A named dataset, a Parquet file and anything this cannot read
+    cheaply are left to :func:`parties.data.preflight.preflight`.
+
+    Raises:
+        parties.data.DataError: see :func:`parties.data.stream.preflight_streamed`,
+            :func:`parties.data.validate_split_n` and :class:`EmptyColumn`.
+    """
+    if cfg.data.stream or cfg.data.party_datasets:
+        from parties.data.shards import parquet_files
+
+        for p in cfg.party_ids:  # not Parquet (a CSV file): refused before reading anything
+            parquet_files(cfg.dataset_for(p))
+        from parties.data.stream import preflight_streamed
+
+        preflight_streamed(cfg)
+        return
+    if cfg.dataset in DATASETS:
+        return
+    columns = csv_header(cfg.dataset)
+    if columns is None:
+        return
+    if not cfg.label:
+        raise DataError(f"dataset {cfg.dataset!r} needs a label column: set vfl.label")
+    groups = named_columns(cfg)
+    if groups:
+        if cfg.passive_parties == 1 and not all(groups.values()):
+            raise DataError("set both vfl.data.active_columns and vfl.data.passive_columns, "
+                            "or neither")
+    else:
+        groups = default_split_n(columns, cfg.label, cfg.party_ids,
+                                 n_active=cfg.data.active_features or None)
+    validate_split_n(columns, cfg.label, groups)
+    named = named_columns(cfg)
+    if named:
+        check_empty_columns(cfg.dataset, columns, named)
+
+
+__all__ = ["NA_STRINGS", "check_before_launch", "check_empty_columns", "csv_header",
+           "named_columns"]
