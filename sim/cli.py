@@ -534,9 +534,7 @@ def _synth_add_workload(args: argparse.Namespace) -> int:
 def _synth_run(args: argparse.Namespace) -> int:
     """``psfl synth run``: FedForge on one machine (broker, coordinator, aggregators and
     parties as processes)."""
-    from sim.launch.synth import run_synth
-    from synth.config import load_synth_config
-    from synth.domain import DomainError
+    from synth.config import load_synth_config  # light: a bad value is refused before torch
 
     extra: dict[str, object] = {}
     for key in ("dataset", "parties", "epsilon", "mechanism"):
@@ -553,6 +551,9 @@ def _synth_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{flag}", "goes with --party-files (a --dataset run splits "
                               "its own holdout and takes its schema from data.schema_file)")
     cfg = load_synth_config(args.config, args.set, extra)  # ConfigError: exit 2
+    from sim.launch.synth import run_synth
+    from synth.domain import DomainError
+
     if cfg.engine.name == "auto" and cfg.resolved_engine() == "neural":
         print("note: mbi is not installed, so the engine is 'neural' (a relaxed synthetic "
               "dataset fitted with torch); pip install -e \".[mbi]\" for Private-PGM",

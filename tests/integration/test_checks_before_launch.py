@@ -1,0 +1,103 @@
+"""``psfl vfl run`` and ``psfl synth run`` refuse a bad configuration value, a CSV file
+given for streaming, a streamed regression task, an unknown column and an empty named
+column before the start line and before any process starts: exit code 2, one line
+naming the key or column, and neither torch nor pandas imported on the way (the
+refusal's cost is the configuration's light imports, not the training stack's)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from parties.runtime.exitcodes import ExitCode
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: runs ``psfl ARGS`` (sim.cli.main) and says which heavy modules it imported
+_WRAPPER = """
+import sys
+from sim.cli import main
+try:
+    code = main(sys.argv[1:])
+finally:
+    heavy = sorted(m for m in ("torch", "pandas", "sklearn") if m in sys.modules)
+    print("imported:", ",".join(heavy) or "-", file=sys.stderr)
+sys.exit(code)
+"""
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("checks")
+    rows = [[f"{i * 0.5}", f"{-i}", f"{i % 7}", f"{i % 3}", str(i % 2), ""] for i in range(50)]
+    paths = {"csv": d / "data.csv"}
+    with paths["csv"].open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["a", "b", "c", "d", "y", "empty"])
+        w.writerows(rows)
+    return paths
+
+
+def _cases(files: dict[str, Path]) -> dict[str, tuple[list[str], list[str]]]:
+    """name -> (psfl arguments, what the error line must say)."""
+    data = str(files["csv"])
+    split = ["--set", "label=y", "--set", 'data.passive_columns=["c", "d"]']
+    return {
+        "epochs": (["vfl", "run", "--set", "epochs=0"], ["vfl.epochs"]),
+        "label epsilon": (["vfl", "run", "--set", "labels.epsilon=0"], ["vfl.labels.epsilon"]),
+        "unknown key": (["vfl", "run", "--set", "no_such_key=1"], ["vfl.no_such_key"]),
+        "stream csv": (["vfl", "run", "--set", f"dataset={data}", "--set", "label=y",
+                        "--set", "data.stream=true"], ["Parquet", data]),
+        "stream regression": (["vfl", "run", "--set", f"dataset={data}", "--set", "label=y",
+                               "--set", "task=regression", "--set", "data.stream=true"],
+                              ["vfl.data.stream", "regression"]),
+        "unknown column": (["vfl", "run", "--set", f"dataset={data}", *split,
+                            "--set", 'data.active_columns=["a", "zz"]'], ["'zz'"]),
+        "empty column": (["vfl", "run", "--set", f"dataset={data}", *split,
+                          "--set", 'data.active_columns=["a", "empty"]'],
+                         ["'empty'", "active party", "no values"]),
+        "synth epsilon": (["synth", "run", "--set", "epsilon=0"], ["synth.epsilon"]),
+    }
+
+
+def test_bad_input_is_refused_before_any_start_without_torch(files: dict[str, Path],
+                                                            tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    procs = {}
+    for name, (args, _) in _cases(files).items():  # all at once: each is one interpreter start
+        out = tmp_path / name.replace(" ", "_")
+        procs[name] = (out, subprocess.Popen(
+            [sys.executable, "-c", _WRAPPER, *args, "--out", str(out)], env=env, cwd=tmp_path,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for name, (args, said) in _cases(files).items():
+        out, proc = procs[name]
+        stdout, stderr = proc.communicate(timeout=120)
+        lines = stderr.strip().splitlines()
+        assert proc.returncode == ExitCode.BAD_INPUT, (name, stdout, stderr)
+        assert lines[-1] == "imported: -", (name, stderr)  # no torch, pandas or sklearn
+        error = [ln for ln in lines if ln.startswith("error:")]
+        assert len(error) == 1 and all(s in error[0] for s in said), (name, stderr)
+        assert "Traceback" not in stderr, name
+        assert stdout == "", (name, stdout)  # refused before the start line
+        assert not out.exists(), name  # and before the run directory
+
+
+def test_the_launchers_own_checks_refuse_an_empty_named_column(files: dict[str, Path]) -> None:
+    """The Python API's path (:func:`parties.data.preflight.preflight`) keeps the same
+    refusal."""
+    from parties.config import load_vfl_config
+    from parties.data import EmptyColumn
+    from parties.data.preflight import preflight
+
+    cfg = load_vfl_config(None, [f"dataset={files['csv']}", "label=y",
+                                 'data.active_columns=["a", "b"]',
+                                 'data.passive_columns=["empty", "c"]'])
+    with pytest.raises(EmptyColumn) as err:
+        preflight(cfg)
+    assert (err.value.column, err.value.party) == ("empty", "passive")
