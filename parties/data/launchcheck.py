@@ -3,7 +3,7 @@ run`` runs them before it prints its start line or starts any process, so a bad 
 column is refused in about a second (:func:`check_before_launch`); the launcher's
 :func:`parties.data.preflight.preflight` runs the full checks later.
 
-Owns: :func:`check_before_launch`, :func:`csv_header`. May import :mod:`parties.data`
+Owns: :func:`check_before_launch`, :func:`csv_header`, :func:`parquet_header`. May import :mod:`parties.data`
 (its errors and column split) and :mod:`parties.data.shards` (Parquet footers).
 """
 
@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from parties.data import DATASETS, DataError, EmptyColumn, default_split_n, validate_split_n
+from parties.data import (DATASETS, DataError, DatasetNotFound, EmptyColumn, default_split_n,
+                          validate_split_n)
 
 #: what pandas reads as a missing value (``pandas.read_csv``'s default ``na_values``)
 NA_STRINGS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan",
@@ -44,6 +45,42 @@ def csv_header(path: str | Path) -> list[str] | None:
     if not header or any(not c for c in header) or len(set(header)) != len(header):
         return None
     return header
+
+
+def parquet_header(path: str | Path) -> tuple[list[str], dict[str, int]] | None:
+    """A Parquet file's column names and, per column, its count of missing values where
+    every row group's footer records one (``num_rows`` of them: the column is empty),
+    from its footer only; None when this cannot vouch for them (not a plain Parquet
+    file, an index column that pandas would not read as a column)."""
+    p = Path(path).expanduser()
+    if not p.name.lower().endswith(".parquet") or not p.is_file():
+        return None
+    from parties.data.shards import ShardError, inspect
+
+    try:
+        info = inspect(p)
+    except ShardError:
+        return None  # the full checks name what is wrong with it
+    columns = list(info.columns)
+    if any(c.startswith("__index_level_") for c in columns) or len(set(columns)) != len(columns):
+        return None
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(p).metadata
+    nulls: dict[str, int] = {}
+    for j in range(meta.num_columns):
+        name = meta.schema.column(j).path
+        if name not in columns:
+            continue  # a nested column's leaf
+        counts = []
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(j).statistics
+            if stats is None or stats.null_count is None:
+                break
+            counts.append(stats.null_count)
+        else:
+            nulls[name] = int(sum(counts))
+    return columns, {c: n for c, n in nulls.items() if meta.num_rows and n == meta.num_rows}
 
 
 def named_columns(cfg: Any) -> dict[str, tuple[str, ...]]:
@@ -89,9 +126,10 @@ def check_empty_columns(path: str | Path, columns: Sequence[str],
 def check_before_launch(cfg: Any) -> None:
     """The data checks that need no training, cheap enough to run before anything starts:
     streaming (or per-party files): each party's file is Parquet, readable, with its
-    columns and the same row count (footers only); a user CSV file: the configured label
-    and columns exist in its header, the column split is valid, and no named feature
-    column is empty. A named dataset, a Parquet file and anything this cannot read
+    columns and the same row count (footers only); a user file: it exists, and in a CSV
+    file (its header, and rows until each named column shows a value) or a Parquet file
+    (its footer) the configured label and columns exist, the column split is valid, and
+    no named feature column is empty. A named dataset and anything this cannot read
     cheaply are left to :func:`parties.data.preflight.preflight`.
 
     Raises:
@@ -109,9 +147,16 @@ def check_before_launch(cfg: Any) -> None:
         return
     if cfg.dataset in DATASETS:
         return
-    columns = csv_header(cfg.dataset)
+    path = Path(cfg.dataset).expanduser()
+    if not path.exists():
+        raise DatasetNotFound(path, f"named datasets: {', '.join(sorted(DATASETS))}")
+    empty: dict[str, int] | None = None  # Parquet: the empty columns, from the footer
+    columns = csv_header(path)
     if columns is None:
-        return
+        found = parquet_header(path)
+        if found is None:
+            return
+        columns, empty = found
     if not cfg.label:
         raise DataError(f"dataset {cfg.dataset!r} needs a label column: set vfl.label")
     groups = named_columns(cfg)
@@ -124,9 +169,13 @@ def check_before_launch(cfg: Any) -> None:
                                  n_active=cfg.data.active_features or None)
     validate_split_n(columns, cfg.label, groups)
     named = named_columns(cfg)
-    if named:
-        check_empty_columns(cfg.dataset, columns, named)
+    if named and empty is None:
+        check_empty_columns(path, columns, named)
+    for party, cols in named.items():
+        for c in cols:
+            if empty and c in empty:
+                raise EmptyColumn(c, party, cfg.dataset)
 
 
 __all__ = ["NA_STRINGS", "check_before_launch", "check_empty_columns", "csv_header",
-           "named_columns"]
+           "named_columns", "parquet_header"]

@@ -1,6 +1,6 @@
 """``psfl vfl run`` and ``psfl synth run`` refuse a bad configuration value, a CSV file
-given for streaming, a streamed regression task, an unknown column and an empty named
-column before the start line and before any process starts: exit code 2, one line
+given for streaming, a streamed regression task, a missing file, an unknown column and
+an empty named column (CSV or Parquet) before the start line and before any process starts: exit code 2, one line
 naming the key or column, and neither torch nor pandas imported on the way (the
 refusal's cost is the configuration's light imports, not the training stack's)."""
 
@@ -40,6 +40,14 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         w = csv.writer(f)
         w.writerow(["a", "b", "c", "d", "y", "empty"])
         w.writerows(rows)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths["parquet"] = d / "data.parquet"
+    pq.write_table(pa.table({"a": [float(i) for i in range(50)], "c": list(range(50)),
+                             "y": [i % 2 for i in range(50)],
+                             "empty": pa.array([None] * 50, type=pa.float64())}),
+                   paths["parquet"])
     return paths
 
 
@@ -61,6 +69,12 @@ def _cases(files: dict[str, Path]) -> dict[str, tuple[list[str], list[str]]]:
         "empty column": (["vfl", "run", "--set", f"dataset={data}", *split,
                           "--set", 'data.active_columns=["a", "empty"]'],
                          ["'empty'", "active party", "no values"]),
+        "empty parquet column": (["vfl", "run", "--set", f"dataset={files['parquet']}",
+                                  "--set", "label=y", "--set", 'data.active_columns=["a"]',
+                                  "--set", 'data.passive_columns=["empty", "c"]'],
+                                 ["'empty'", "passive party"]),
+        "missing file": (["vfl", "run", "--set", f"dataset={data}.gone", "--set", "label=y"],
+                         ["not found", f"{data}.gone"]),
         "synth epsilon": (["synth", "run", "--set", "epsilon=0"], ["synth.epsilon"]),
     }
 
