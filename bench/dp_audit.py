@@ -918,9 +918,13 @@ def vfl_preprocess_sampler(*, sigma: float, change: dict[str, Any], others: int 
 
 
 def _prefix_encode(frame: Any, columns: Sequence[str], train_idx: np.ndarray) -> np.ndarray:
-    """The pre-fix encoder (fitted on the private rows): the positive control."""
+    """The pre-fix encoder (a scaler fitted on the private rows, as it was then: without
+    clipping to training quantiles, which today's fitted encoder adds and which would
+    blunt the control's one outlier): the positive control."""
     from parties.data import encode_party_features
-    return encode_party_features(frame, columns, train_idx, np.zeros(0, dtype=np.int64)).x_train
+    from parties.data.treatments import TreatmentPolicy
+    return encode_party_features(frame, columns, train_idx, np.zeros(0, dtype=np.int64),
+                                 policy=TreatmentPolicy(clip_quantile=0.0)).x_train
 
 
 def _preprocess_case() -> Case:

@@ -48,7 +48,8 @@ import numpy as np
 import structlog
 
 from parties.data.errors import (DataError, DatasetNotFound, EmptyColumn, InvalidLabel,  # noqa: F401
-                                InvalidRows, InvalidSplit, InvalidSynthetic, UnknownColumn)
+                                InvalidRows, InvalidSplit, InvalidSynthetic, UnknownColumn,
+                                infinite_values_message)
 from parties.datasets import DATASETS, DatasetInfo
 
 __all__ = [
@@ -776,7 +777,7 @@ def _encode(frame: pd.DataFrame, treatments: Sequence[Any], train_idx: np.ndarra
             prepared[col] = pd.Series(numbers, index=series.index, name=col)
             transformers.append((f"c{len(transformers)}", scaled(), [col]))
     if infinite:
-        raise DataError(_infinite_message(infinite))
+        raise DataError(infinite_values_message(infinite))
     from parties.data.encoders import ColumnCode, FittedEncoder
 
     dense_cols = [cols[0] for _, _, cols in transformers]
@@ -809,14 +810,6 @@ def _encode(frame: pd.DataFrame, treatments: Sequence[Any], train_idx: np.ndarra
         encoder, dense_cols, _MISSING_CATEGORY, parts=parts, hashed=codes,
         treatments=treatments, bounds=bounds)
     return PartyFeatures(x_train=x_train, x_test=x_test, feature_names=names, encoder=fitted)
-
-
-def _infinite_message(columns: Sequence[str]) -> str:
-    """The error of numeric columns holding infinite values (every one named)."""
-    if len(columns) == 1:
-        return f"numeric column {columns[0]!r} contains infinite values"
-    return (f"{len(columns)} numeric columns contain infinite values: "
-            + ", ".join(repr(c) for c in columns))
 
 
 def _check_encoded_finite(x_train: np.ndarray, x_test: np.ndarray,

@@ -233,9 +233,9 @@ class FittedEncoder:
                     cats = np.asarray(c.categories, dtype=object)
                     parts.append((values[:, None] == cats[None, :]).astype(np.float64))
         if infinite:
-            from parties.data import _infinite_message
+            from parties.data.errors import infinite_values_message
 
-            raise DataError(_infinite_message(infinite))
+            raise DataError(infinite_values_message(infinite))
         out = np.hstack(parts) if parts else np.empty((len(frame), 0))
         return np.ascontiguousarray(out, dtype=np.float32)
 

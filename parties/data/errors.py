@@ -113,5 +113,17 @@ class InvalidSynthetic(DataError, ValueError):
     """The parameters of the synthetic dataset are out of range."""
 
 
+
+
+
+def infinite_values_message(columns: Sequence[str]) -> str:
+    """The message of a :class:`DataError` for numeric columns holding infinite values,
+    every one named."""
+    if len(columns) == 1:
+        return f"numeric column {columns[0]!r} contains infinite values"
+    return (f"{len(columns)} numeric columns contain infinite values: "
+            + ", ".join(repr(c) for c in columns))
+
+
 __all__ = ["DataError", "DatasetNotFound", "EmptyColumn", "InvalidLabel", "InvalidRows", "InvalidSplit",
-           "InvalidSynthetic", "UnknownColumn"]
+           "InvalidSynthetic", "UnknownColumn", "infinite_values_message"]
