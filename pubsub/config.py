@@ -247,6 +247,17 @@ def load_section(cls: type[T], section: str, path: str | Path | None = None,
     unknown = set(data) - {section}
     if unknown:
         raise ConfigError(sorted(unknown)[0], f"unknown section (expected [{section}])")
+    return section_from_data(cls, section, data, sets, extra)
+
+
+def section_from_data(cls: type[T], section: str, data: Mapping[str, Any],
+                      sets: Iterable[str] = (), extra: Mapping[str, Any] | None = None) -> T:
+    """:func:`load_section` of a document already read (``data``: its top-level tables;
+    tables other than ``[section]`` are the caller's to check).
+
+    Raises:
+        ConfigError: unknown key, wrong type, or an invalid value.
+    """
     over = parse_overrides(sets)
     flat = {k: v for k, v in over.items() if k != section}
     table = deep_merge(dict(data.get(section, {})), over.get(section, {}))

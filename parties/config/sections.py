@@ -111,6 +111,10 @@ class DataSection:
             order, end the run with exit 4 (``aligned_ids``); the rows used show as
             ``n_rows`` in ``events.jsonl`` (``vfl.data_loaded``). ``data.passive_rows_file``
             is for one passive party.
+        join_key: the column that identifies a record in every party's own file (a
+            customer ID): never a feature, and the column :func:`parties.cli.run_job_party`
+            aligns the parties' files on (private set intersection) before training and
+            predicting. A shared setting (part of the handshake's digest). "" = none.
         passive_party_rows_files: with several passive parties, each one's
             ``aligned-<party>.csv`` of an N-way ``psfl vfl align``, in party order (with
             ``data.active_rows_file``; set all or none; ``data.passive_rows_file`` is then
@@ -129,6 +133,7 @@ class DataSection:
     active_rows_file: str = ""
     passive_rows_file: str = ""
     passive_party_rows_files: tuple[str, ...] = ()
+    join_key: str = ""
     categorical_columns: tuple[str, ...] = ()
     id_columns: str = "drop"
     onehot_max_levels: int = 64

@@ -415,6 +415,8 @@ class VflConfig:
             shared["passive_party_workers"] = list(self.workers.per_passive_party)
         if rows_digest:
             shared["aligned_ids"] = rows_digest
+        if self.data.join_key:
+            shared["join_key"] = self.data.join_key
         if self.dataset == "synthetic":
             shared["synthetic"] = {
                 "features": self.data.synthetic_features,

@@ -86,7 +86,8 @@ def load_party_data(cfg: VflConfig, role: str) -> PartyData:
     if cfg.data.stream:
         return _load_streamed(cfg, party)
     frame, default_label = load_configured_table(cfg, party)  # the party's own rows file
-    if cfg.data.party_datasets:  # the party's own file: its columns (and the active's label)
+    if cfg.data.party_datasets or cfg.data.join_key:  # the party's own file: its columns
+        # (and the active party's label); never the join key
         from parties.data.stream import own_columns
 
         label, groups = cfg.label, {party: own_columns(cfg, party, list(frame.columns))}

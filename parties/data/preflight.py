@@ -161,7 +161,8 @@ def resolve_party_columns(cfg: VflConfig, frame: Any, default_label: str | None
             raise DataError("set both vfl.data.active_columns and vfl.data.passive_columns, or neither")
         groups = {"active": tuple(cfg.data.active_columns), "passive": tuple(cfg.data.passive_columns)}
     else:
-        groups = default_split_n(list(frame.columns), label, parties,
+        groups = default_split_n([c for c in frame.columns if c != cfg.data.join_key],
+                                 label, parties,
                                  n_active=cfg.data.active_features or None)
     validate_split_n(list(frame.columns), label, groups)
     return label, groups

@@ -475,8 +475,9 @@ def load_streamed(cfg: Any, party: str, *, log: Any = None) -> StreamedParty:
 
 
 def own_columns(cfg: Any, party: str, available: Sequence[str]) -> tuple[str, ...]:
-    """``party``'s feature columns in its own file (``vfl.data.party_datasets``): the
-    configured ones, else every column of the file but the label."""
+    """``party``'s feature columns in its own file (``vfl.data.party_datasets``, or
+    ``dataset`` with ``vfl.data.join_key``): the configured ones, else every column of the
+    file but the label and the join key."""
     if party == "active":
         own: Sequence[str] = cfg.data.active_columns
     elif party == "passive":
@@ -484,7 +485,8 @@ def own_columns(cfg: Any, party: str, available: Sequence[str]) -> tuple[str, ..
     else:
         i = cfg.party_ids.index(party) - 1
         own = cfg.data.passive_party_columns[i] if cfg.data.passive_party_columns else ()
-    return tuple(own) or tuple(c for c in available if c != cfg.label)
+    return tuple(own) or tuple(c for c in available
+                               if c != cfg.label and c != cfg.data.join_key)
 
 
 def preflight_streamed(cfg: Any) -> dict[str, DatasetInfo]:
