@@ -283,6 +283,11 @@ CONFIG_TABLES: tuple[ConfigTable, ...] = (
                 intro="New queries handed in while the run goes."),
     ConfigTable(heading="[consortium.kill_coordinator]", cls="sim.cluster.consortium:KillSpec",
                 intro="A kill -9 of the coordinator and its restart with `--resume`."),
+    ConfigTable(heading="[job]", cls="parties.config.job:JobSection",
+                intro="A cross-organisation run's job file (`job.toml`, beside `[vfl]`; "
+                      "`psfl vfl party|schema|predict --job FILE --data OWN_FILE`): who takes "
+                      "part and where they meet. Each party gives its own data file on its "
+                      "command line."),
     ConfigTable(heading="[broker]", cls="broker.proxy:BrokerConfig",
                 intro="`psfl broker run --config FILE` and `--set broker.KEY=VALUE` (its "
                       "other options set `bind`, `keys_dir`, `policy_file`, `members_file`)."),

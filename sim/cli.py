@@ -195,8 +195,22 @@ def _vfl_profile(args: argparse.Namespace) -> int:
     from parties.cli import ExitCode, exit_code_for, write_json
     from parties.config import load_vfl_config
 
-    extra = {"dataset": args.dataset} if args.dataset else {}
-    cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: exit 2
+    if args.job:  # the cross-organisation path: this party's own file, the job's settings
+        from parties.config import load_job
+
+        if args.dataset or args.config:
+            print("error: --job goes with --data (not --dataset or --config)", file=sys.stderr)
+            return ExitCode.BAD_INPUT
+        if not args.data:
+            print("error: --job needs --data (this party's own file)", file=sys.stderr)
+            return ExitCode.BAD_INPUT
+        cfg = load_job(args.job, args.set, data=args.data).vfl  # ConfigError: exit 2
+    elif args.data:
+        print("error: --data goes with --job (else --dataset)", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    else:
+        extra = {"dataset": args.dataset} if args.dataset else {}
+        cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: exit 2
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -680,6 +694,16 @@ def _vfl_predict(args: argparse.Namespace) -> int:
 
     from sim.launch.predict import run_predict
 
+    if args.job:
+        from parties.cli import run_job_predict
+
+        if not args.role:
+            print("error: --job goes with --role (this party's id)", file=sys.stderr)
+            return 2
+        return run_job_predict(args.role, args)
+    if args.role:
+        print("error: --role goes with --job", file=sys.stderr)
+        return 2
     if args.run_id:
         check_run_id(args.run_id)
     res, code = _launch(lambda: run_predict(args.run_dir, args.out, data=args.data,
@@ -719,6 +743,13 @@ def _add_predict_parser(vsub: Any) -> None:
     pr.add_argument("--data", help="CSV/Parquet of new rows with an ID column (default: "
                     "the run's test split, re-derived from its saved config)")
     pr.add_argument("--id-column", default="id", help="ID column of --data (default id)")
+    pr.add_argument("--job", help="one party of a cross-organisation prediction: the job "
+                    "file (RUN_DIR is then this party's training --out, --data its own file "
+                    "of new records, aligned on the job's join key first)")
+    pr.add_argument("--role", choices=["active", "passive",
+                                       *(f"passive{k}" for k in range(2, 10))],
+                    metavar="PARTY", help="with --job: this party's id")
+    pr.add_argument("--quiet", action="store_true", help="with --job: no result line")
     pr.add_argument("--broker", help="use a running broker tcp://HOST:PORT")
     pr.add_argument("--run-id", help="topic namespace of the prediction; default random")
     pr.add_argument("--timeout-s", type=float, default=None,
@@ -864,8 +895,22 @@ def _vfl_schema(args: argparse.Namespace) -> int:
 
     from parties.data.schema import DRAFT_WARNING, draft_party_schema, save_schema
 
-    extra = {"dataset": args.dataset} if args.dataset else {}
-    cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: exit 2
+    if args.job:  # the cross-organisation path: this party's own file, the job's settings
+        from parties.config import load_job
+
+        if args.dataset or args.config:
+            print("error: --job goes with --data (not --dataset or --config)", file=sys.stderr)
+            return ExitCode.BAD_INPUT
+        if not args.data:
+            print("error: --job needs --data (this party's own file)", file=sys.stderr)
+            return ExitCode.BAD_INPUT
+        cfg = load_job(args.job, args.set, data=args.data).vfl  # ConfigError: exit 2
+    elif args.data:
+        print("error: --data goes with --job (else --dataset)", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    else:
+        extra = {"dataset": args.dataset} if args.dataset else {}
+        cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: exit 2
     out = Path(args.out)
     if out.exists() and not args.force:
         print(f"error: {str(out)!r} exists (a reviewed schema?); use --force to overwrite",
@@ -874,7 +919,12 @@ def _vfl_schema(args: argparse.Namespace) -> int:
     try:
         frame, default_label = load_configured_table(cfg, args.role)
         label = cfg.label or default_label
-        if args.role == "passive" and cfg.data.passive_columns:
+        if cfg.data.join_key:  # one party's own file: every column but the key (and label)
+            from parties.data.launchcheck import check_own_file
+
+            columns = check_own_file(cfg, args.role) or tuple(
+                str(c) for c in frame.columns if c not in (cfg.data.join_key, label))
+        elif args.role == "passive" and cfg.data.passive_columns:
             columns = tuple(cfg.data.passive_columns)
         elif args.role == "passive" and (not label or label not in frame.columns):
             # the passive party's own file: no label; every column (an ID column, the
@@ -924,6 +974,9 @@ def _add_schema_parser(vsub: Any) -> None:
                      "be the passive party's own file, without a label: every column is "
                      "drafted (dates as parts, many-level values hashed) except an ID-like "
                      "join key")
+    sch.add_argument("--job", help="the job file of a cross-organisation run (with --data: "
+                     "this party's own file; the join key is left out)")
+    sch.add_argument("--data", help="with --job: this party's own file (CSV or Parquet)")
     sch.add_argument("--role", choices=["active", "passive"], default="passive",
                      help="whose columns (default passive, the party DP protects)")
     sch.add_argument("--out", required=True, help="schema TOML file to write")
@@ -998,6 +1051,37 @@ def _add_plan_parser(vsub: Any) -> None:
                       "psfl vfl run --plan auto --plan-pilots, or the model's own JSON)")
     plan.add_argument("--out", required=True, help="output directory (plan.json)")
     plan.set_defaults(func=_vfl_plan)
+
+
+def _data_bank_partner(args: argparse.Namespace) -> int:
+    """``psfl data bank-partner``: :func:`parties.data.bank_partner.make_bank_partner`'s
+    files, each written whole (a temporary file renamed)."""
+    from parties.cli import ExitCode
+    from parties.data.bank_partner import make_bank_partner
+
+    out = Path(args.out)
+    files = {"bank/bank.csv": "bank", "bank/bank-new.csv": "bank_new",
+             "partner/partner.csv": "partner", "partner/partner-new.csv": "partner_new",
+             "reference/merged.csv": "merged"}
+    there = [name for name in files if (out / name).exists()]
+    if there:
+        print(f"error: {str(out / there[0])!r} exists: give another --out", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    try:
+        t = make_bank_partner(args.customers, new_customers=args.new_customers,
+                              seed=args.seed)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    for name, attr in files.items():
+        path = out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        getattr(t, attr).to_csv(tmp, index=False)
+        tmp.replace(path)
+    print(f"bank {len(t.bank):,} customers, partner {len(t.partner):,} ({len(t.merged):,} "
+          f"shared); new customers {len(t.bank_new):,} and {len(t.partner_new):,}: {out}")
+    return ExitCode.OK
 
 
 def _data_convert(args: argparse.Namespace) -> int:
@@ -1140,6 +1224,17 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--names", default="", help="comma-separated column names for a file "
                       "without a header row")
     conv.set_defaults(func=_data_convert)
+
+    bp = dsub.add_parser("bank-partner", help="generate the 'a bank and its partner' files: "
+                         "OUT/bank/{bank,bank-new}.csv, OUT/partner/{partner,partner-new}.csv "
+                         "(keyed by customer_id) and OUT/reference/merged.csv")
+    bp.add_argument("--out", required=True, help="output directory (must not hold the files)")
+    bp.add_argument("--customers", type=int, default=5000, help="customers per organisation "
+                    "(default 5000; 10 %% of each side's are not in the other's file)")
+    bp.add_argument("--new-customers", type=int, default=1000,
+                    help="new customers per organisation to predict (default 1000)")
+    bp.add_argument("--seed", type=int, default=0)
+    bp.set_defaults(func=_data_bank_partner)
 
     simp = sub.add_parser("sim", help="heterogeneous clusters on one machine")
     simsub = simp.add_subparsers(dest="sim_command", required=True)

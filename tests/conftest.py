@@ -132,6 +132,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("exclusive") is None)
 
 
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """One line per ``cross_host`` test (parties on hosts made of network namespaces): that
+    it ran, or why it skipped, so that a CI log shows which."""
+    for outcome in ("passed", "failed", "skipped", "error"):
+        for rep in terminalreporter.stats.get(outcome, []):
+            if rep.when not in ("call", "setup") or "cross_host" not in rep.keywords:
+                continue
+            if outcome == "passed" and rep.when != "call":
+                continue
+            why = ""
+            if outcome == "skipped" and isinstance(rep.longrepr, tuple):
+                why = f": {rep.longrepr[2]}"
+            terminalreporter.write_line(f"cross-host (network namespaces): {rep.nodeid} "
+                                        f"{outcome.upper()} in {rep.duration:.1f} s{why}")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Give the machine back after a block of exclusive tests (see :class:`_MachineLock`)."""

@@ -84,9 +84,9 @@ def _people(rng: np.random.Generator, n: int, first_id: int) -> pd.DataFrame:
     logit = (-0.8
              + 0.9 * (product == "savings") - 0.8 * (product == "loan")  # the bank's side
              + 0.6 * ((age - 50) / 20) + 0.4 * (np.log1p(balance) - 7.5) - 0.5 * (tenure / 240)
-             + 1.6 * np.exp(-days_ago / 120.0)                          # the partner's side
-             + 0.9 * (np.log1p(spend) - 5.0) + merchant_effect
-             + 0.5 * (channel == "app"))
+             + 3.0 * np.exp(-days_ago / 180.0)                          # the partner's side
+             + 1.5 * (np.log1p(spend) - 5.0) + 1.5 * merchant_effect
+             + 0.8 * (channel == "app"))
     y = rng.random(n) < 1.0 / (1.0 + np.exp(-logit))
     return pd.DataFrame({
         JOIN_KEY: ids, "age": age, "balance": balance, "tenure_months": tenure,

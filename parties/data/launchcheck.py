@@ -3,7 +3,7 @@ run`` runs them before it prints its start line or starts any process, so a bad 
 column is refused in about a second (:func:`check_before_launch`); the launcher's
 :func:`parties.data.preflight.preflight` runs the full checks later.
 
-Owns: :func:`check_before_launch`, :func:`csv_header`, :func:`parquet_header`. May import :mod:`parties.data`
+Owns: :func:`check_before_launch`, :func:`check_own_file`, :func:`csv_header`, :func:`parquet_header`. May import :mod:`parties.data`
 (its errors and column split) and :mod:`parties.data.shards` (Parquet footers).
 """
 
@@ -165,7 +165,8 @@ def check_before_launch(cfg: Any) -> None:
             raise DataError("set both vfl.data.active_columns and vfl.data.passive_columns, "
                             "or neither")
     else:
-        groups = default_split_n(columns, cfg.label, cfg.party_ids,
+        groups = default_split_n([c for c in columns if c != cfg.data.join_key], cfg.label,
+                                 cfg.party_ids,
                                  n_active=cfg.data.active_features or None)
     validate_split_n(columns, cfg.label, groups)
     named = named_columns(cfg)
@@ -177,5 +178,61 @@ def check_before_launch(cfg: Any) -> None:
                 raise EmptyColumn(c, party, cfg.dataset)
 
 
-__all__ = ["NA_STRINGS", "check_before_launch", "check_empty_columns", "csv_header",
+def check_own_file(cfg: Any, party: str) -> tuple[str, ...]:
+    """One party's own file (``dataset`` with ``vfl.data.join_key``: the cross-organisation
+    path, each party holding only its file), before the party joins the bus: the file
+    exists, holds the join key, the label when ``party`` is the active party (and not
+    when it is a passive one), the configured feature columns, and no feature column
+    without a value. Returns the party's feature columns (every column but the join key
+    and the label unless configured).
+
+    Raises:
+        parties.data.DataError: a named dataset given as one's own file, a missing file,
+            a missing join key, label or column (:class:`parties.data.UnknownColumn`,
+            naming every missing one), the label in a passive party's file, no feature
+            column, a feature column with no value (:class:`EmptyColumn`).
+    """
+    from parties.data import InvalidSplit, UnknownColumn
+
+    if cfg.dataset in DATASETS:
+        raise DataError(f"{cfg.dataset!r} is a bundled dataset: with a job file each party "
+                        "gives its own file (--data FILE, CSV or Parquet)")
+    path = Path(cfg.dataset).expanduser()
+    if not path.exists():
+        raise DatasetNotFound(path, "this party's own file (--data)")
+    empty: dict[str, int] | None = None
+    columns = csv_header(path)
+    if columns is None:
+        found = parquet_header(path)
+        if found is None:
+            return ()
+        columns, empty = found
+    key, label, active = cfg.data.join_key, cfg.label, party == "active"
+    own = named_columns(cfg).get(party, ())
+    need = [key, *own, *([label] if active and label else [])]
+    missing = [c for c in dict.fromkeys(need) if c not in columns]
+    if missing:
+        raise UnknownColumn(missing, columns)
+    if active and not label:
+        raise DataError(f"{str(path)!r}: name the label column (vfl.label in the job file)")
+    if not active and label and label in columns:
+        raise InvalidSplit(f"{party}'s file {str(path)!r} holds the label {label!r}: only "
+                           "the active party has it (leave it out of this file)")
+    cols = tuple(own) or tuple(c for c in columns if c not in (key, label))
+    if key in cols or (label and label in cols):
+        raise InvalidSplit(f"{party}'s feature columns name the join key {key!r} or the "
+                           f"label {label!r}")
+    if not cols:
+        raise InvalidSplit(f"{party}'s file {str(path)!r} has no feature column besides "
+                           f"the join key {key!r}" + (" and the label" if active else ""))
+    if empty is None:
+        check_empty_columns(path, columns, {party: cols})
+    else:
+        for c in cols:
+            if c in empty:
+                raise EmptyColumn(c, party, str(path))
+    return cols
+
+
+__all__ = ["NA_STRINGS", "check_before_launch", "check_own_file", "check_empty_columns", "csv_header",
            "named_columns", "parquet_header"]

@@ -271,13 +271,18 @@ def _digest(items: Sequence[str]) -> str:
 
 
 def select_rows(part: SavedPart, data: str | None = None,
-                id_column: str = DEFAULT_ID_COLUMN) -> PredictRows:
+                id_column: str = DEFAULT_ID_COLUMN, rows_file: str | None = None
+                ) -> PredictRows:
     """The rows to predict and this party's columns of them.
 
     Args:
         part: this party's saved part.
         data: a CSV/Parquet file of new rows with ``id_column``; None = the run's test
             split, re-derived from the saved config (dataset, rows file, seed, test_frac).
+        rows_file: with ``data``: the file's ``aligned-<party>.csv`` (the alignment of its
+            IDs with the other parties', :mod:`parties.alignment.own_file`): only those
+            rows, in the shared sorted-ID order, so that every party lists the same
+            records in the same order.
 
     Raises:
         parties.data.DataError: unreadable file, missing ID column or feature columns.
@@ -311,6 +316,10 @@ def select_rows(part: SavedPart, data: str | None = None,
                                            *([split, str(cfg.data.stream_eval_max_rows)]
                                              if split == "hash" else [])]))
     frame, _ = load_table(data)
+    if rows_file:
+        from parties.data import select_rows as aligned_rows
+
+        frame = aligned_rows(frame, rows_file)
     dp_on = cfg.dp.enabled
     if id_column not in frame.columns:
         if dp_on:
@@ -491,7 +500,7 @@ class PredictParty:
         broker / run_id / security: as :class:`parties.runtime.party.Party` (``run_id`` is the
             prediction's own topic namespace).
         out: the active party's output directory (``predictions.csv``, ``predict.json``).
-        data / id_column: see :func:`select_rows`.
+        data / id_column / rows_file: see :func:`select_rows`.
         timeout_s: deadline of each wait for the partners (handshake, embeddings, done).
         connect: how to join the bus instead of a :class:`pubsub.Bus` to ``broker``
             (see :class:`parties.runtime.party.Party`), e.g. ``MemoryBroker.connect``.
@@ -511,7 +520,8 @@ class PredictParty:
     def __init__(self, party: str, run_dir: str | Path, *, broker: str = "", run_id: str,
                  out: str | Path | None = None, data: str | None = None,
                  id_column: str = DEFAULT_ID_COLUMN, security: CurveClient | None = None,
-                 timeout_s: float = 60.0, connect: Any = None, models: Any = None) -> None:
+                 timeout_s: float = 60.0, connect: Any = None, models: Any = None,
+                 rows_file: str | None = None) -> None:
         from parties.core.ids import role_of
 
         role = role_of(party)
@@ -525,7 +535,7 @@ class PredictParty:
                                   f"run (its parties: {', '.join(ids)})")
         #: whom this party meets: every passive party (active), the active party (passive)
         self.partners: tuple[str, ...] = ids[1:] if role == "active" else ("active",)
-        self.rows = select_rows(self.part, data, id_column)
+        self.rows = select_rows(self.part, data, id_column, rows_file)
         if role == "passive":  # refused before anything is released (or even started)
             charge(self.part, len(self.rows.rows), self.rows.source, self._ids(),
                    dry_run=True)

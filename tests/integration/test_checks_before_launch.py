@@ -115,3 +115,46 @@ def test_the_launchers_own_checks_refuse_an_empty_named_column(files: dict[str, 
     with pytest.raises(EmptyColumn) as err:
         preflight(cfg)
     assert (err.value.column, err.value.party) == ("empty", "passive")
+
+
+def test_a_party_of_a_job_refuses_its_own_bad_file_or_value_before_joining(
+        files: dict[str, Path], tmp_path: Path) -> None:
+    """``psfl vfl party --job job.toml --data OWN_FILE`` (each organisation on its host):
+    a missing file, a file without the join key, the label in a passive party's file, a
+    bad value: exit 2 naming it, before the start line, the alignment or any import of
+    torch or pandas."""
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nrun_id = "r1"\nbroker = "tcp://10.77.0.1:5555"\n'
+                   'join_key = "a"\n\n[vfl]\nlabel = "y"\n')
+    no_key = tmp_path / "no_key.toml"
+    no_key.write_text(job.read_text().replace('join_key = "a"', 'join_key = "cust"'))
+    data = str(files["csv"])
+    party = ["vfl", "party", "--insecure", "--job"]
+    cases = {
+        "missing file": ([*party, str(job), "--role", "active", "--data", data + ".gone"],
+                         ["not found", data + ".gone"]),
+        "no join key": ([*party, str(no_key), "--role", "active", "--data", data],
+                        ["'cust'"]),
+        "label on the passive side": ([*party, str(job), "--role", "passive", "--data", data],
+                                      ["holds the label 'y'"]),
+        "bad value": ([*party, str(job), "--role", "active", "--data", data, "--set",
+                       "epochs=0"], ["vfl.epochs"]),
+        "not a party": ([*party, str(job), "--role", "passive2", "--data", data],
+                        ["'passive2'"]),
+    }
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    procs = {name: subprocess.Popen([sys.executable, "-c", _WRAPPER, *args, "--out",
+                                     str(tmp_path / name.replace(" ", "_"))],
+                                    env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for name, (args, _) in cases.items()}
+    for name, (_, said) in cases.items():
+        stdout, stderr = procs[name].communicate(timeout=120)
+        lines = stderr.strip().splitlines()
+        assert procs[name].returncode == ExitCode.BAD_INPUT, (name, stdout, stderr)
+        assert lines[-1] == "imported: -", (name, stderr)
+        error = [ln for ln in lines if ln.startswith("error")]
+        assert len(error) == 1 and all(s in error[0] for s in said), (name, stderr)
+        assert "Traceback" not in stderr and stdout == "", (name, stdout, stderr)
+        assert not (tmp_path / name.replace(" ", "_")).exists(), name

@@ -19,6 +19,9 @@ A run or file directive may add items, separated by ``;``:
                           reader's own data: my.csv)
     together              the commands after the block's ``psfl broker run`` start at once, as
                           on their own hosts, and must all end
+    hosts: NAME ...       a page run across hosts (test_bank_and_partner): the host of each
+                          of the block's commands in order (one name: every command), run
+                          there through ``sh`` in the host's network namespace and directory
 
 A directive whose substitution or append matches nothing fails the test (it went stale).
 
@@ -82,6 +85,7 @@ class Directive:
     appends: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
     given: tuple[str, ...] = ()
     together: bool = False
+    hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ def parse_directive(text: str) -> Directive:
         action, path = "file", head[5:].strip()
     else:
         raise ValueError(f"a directive starts with run, skip: REASON or file: PATH, not {head!r}")
-    subs, appends, given, together = [], [], [], False
+    subs, appends, given, together, hosts = [], [], [], False, []
     for item in items:
         if "=>" in item:
             old, new = (s.strip() for s in item.split("=>", 1))
@@ -120,10 +124,12 @@ def parse_directive(text: str) -> Directive:
             given += item[6:].split()
         elif item == "together":
             together = True
+        elif item.startswith("hosts:") and item[6:].split():
+            hosts += item[6:].split()
         else:
             raise ValueError(f"unknown directive item {item!r}")
     return Directive(action, path=path, subs=tuple(subs), appends=tuple(appends),
-                     given=tuple(given), together=together)
+                     given=tuple(given), together=together, hosts=tuple(hosts))
 
 
 def page_blocks(page: Path) -> list[Block]:
@@ -459,6 +465,7 @@ def test_the_directive_grammar() -> None:
                           appends=((("psfl", "vfl", "run", "--dataset", "bank"),
                                     ("--set", "epochs=1")),),
                           given=("my.csv", "my.parquet"), together=True)
+    assert parse_directive("run; together; hosts: broker bank").hosts == ("broker", "bank")
     assert parse_directive("skip: covered; elsewhere").reason == "covered; elsewhere"
     assert parse_directive("file: mypkg/models.py").path == "mypkg/models.py"
     for bad in ("skip", "skip:", "runs", "run; nonsense", "file:"):
@@ -672,3 +679,225 @@ def test_across_hosts(tmp_path: Path, jax_compile_cache: Path) -> None:
     coord = next(s for s in steps if s.words[:4] == ["python", "-m", "synth", "coordinator"])
     assert "quality skipped" in coord.stdout + coord.stderr
     assert sum(s.starts_with("psfl broker run") for s in steps) == 2
+
+
+# ------------------------------------------------------------------ across hosts, for real
+
+
+def _host_env(bin_dir: Path) -> dict[str, str]:
+    env = _env()
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _shims(bin_dir: Path) -> Path:
+    """``psfl`` and ``python`` as this checkout's (the console script without
+    ``sys.path``'s working directory, as installed)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, cmd in (("psfl", f"exec {shlex.quote(sys.executable)} -P -m sim.cli \"$@\""),
+                      ("python", f"exec {shlex.quote(sys.executable)} \"$@\"")):
+        f = bin_dir / name
+        f.write_text(f"#!/bin/sh\n{cmd}\n")
+        f.chmod(0o755)
+    return bin_dir
+
+
+@dataclass
+class HostStep:
+    where: str
+    host: str  # "" = the setup machine
+    line: str
+    stdout: str
+    stderr: str
+
+
+def _host_popen(hosts: Any, host: str, line: str, env: dict[str, str], out: Any, err: Any,
+                cwd: Path) -> subprocess.Popen[bytes]:
+    argv = ["sh", "-c", "exec " + line]
+    return subprocess.Popen(hosts.argv(host, argv) if host else argv, cwd=cwd, env=env,
+                            stdout=out, stderr=err, start_new_session=True)
+
+
+def _stop_group(proc: subprocess.Popen[Any]) -> None:
+    """Stop a process started in its own session, and whatever it started."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _host_block(block: Block, text: str, work: Path, hosts: Any, env: dict[str, str],
+                on_broker: Any) -> list[HostStep]:
+    d = block.directive
+    assert d is not None
+    lines = logical_lines(text)
+    names = list(d.hosts) * len(lines) if len(d.hosts) == 1 else list(d.hosts)
+    assert len(names) == len(lines), f"{block.where}: {len(d.hosts)} hosts, {len(lines)} commands"
+    assert set(names) <= set(hosts.hosts), f"{block.where}: unknown host in {names}"
+    procs: list[tuple[str, str, subprocess.Popen[bytes], Any, Any]] = []
+    broker = None
+    try:
+        if d.together:
+            assert lines[0].startswith("psfl broker run"), f"{block.where}: broker first"
+            ready = work / names[0] / "broker.ready"
+            ready.unlink(missing_ok=True)
+            log = tempfile.TemporaryFile()
+            line0 = lines[0].split("#")[0].strip() + " --ready-file broker.ready"
+            broker = _host_popen(hosts, names[0], line0, env, log, subprocess.STDOUT, work)
+            deadline = time.monotonic() + 60
+            while not (ready.exists() and ready.read_text().strip()):
+                if broker.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"{block.where}: the broker did not start\n{_read(log)[-3000:]}")
+                time.sleep(0.05)
+            on_broker()
+            todo = list(zip(names[1:], lines[1:], strict=True))
+        else:
+            todo = list(zip(names, lines, strict=True))
+        steps = []
+        for i, (host, line) in enumerate(todo):
+            out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+            procs.append((host, line, _host_popen(hosts, host, line, env, out, err, work),
+                          out, err))
+            if not d.together:  # one after another
+                _wait_host(procs[-1], block.where, steps)
+        if d.together:
+            for p in procs:
+                _wait_host(p, block.where, steps)
+        return steps
+    finally:
+        for _, _, proc, out, err in procs:
+            _stop_group(proc)
+            out.close()
+            err.close()
+        if broker is not None:
+            _stop_group(broker)
+
+
+def _wait_host(p: tuple[str, str, subprocess.Popen[bytes], Any, Any], where: str,
+               steps: list[HostStep]) -> None:
+    host, line, proc, out, err = p
+    try:
+        proc.wait(COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{where}: `{line}` on {host} ran past {COMMAND_TIMEOUT_S:.0f} s\n"
+                    f"{_read(err)[-3000:]}")
+    _check(where, f"{line} (on {host or 'the setup machine'})", proc.returncode, _read(out),
+           _read(err))
+    steps.append(HostStep(where, host, line, _read(out), _read(err)))
+
+
+def run_tutorial_on_hosts(name: str, work: Path, hosts: Any, bin_dir: Path,
+                          on_broker: Any) -> list[HostStep]:
+    """Run the tutorial ``name`` with its ``hosts:`` blocks on ``hosts``
+    (:class:`sim.launch.hosts.NamespaceHosts` over ``work``); the other blocks run in
+    ``work``, the setup machine. ``on_broker()`` runs once each block's broker listens."""
+    env = _host_env(bin_dir)
+    steps: list[HostStep] = []
+    for block in page_blocks(TUTORIALS / f"{name}.md"):
+        d = block.directive
+        if d is None or d.action == "skip":
+            continue
+        text = block.text
+        for old, new in d.subs:
+            text, hits = substitute(text, old, new)
+            assert hits, f"{block.where}: `{old} =>` matches nothing (stale directive)"
+        if d.action == "file":
+            (work / d.path).write_text(text)
+        elif d.hosts:
+            steps += _host_block(block, text, work, hosts, env, on_broker)
+        else:
+            for line in logical_lines(text):
+                out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+                try:
+                    p = ("", line, _host_popen(hosts, "", line, env, out, err, work), out, err)
+                    _wait_host(p, block.where, steps)
+                finally:
+                    out.close()
+                    err.close()
+    return steps
+
+
+def _probe(hosts: Any, host: str, code: str) -> str:
+    res = subprocess.run(hosts.argv(host, [sys.executable, "-c", code]), capture_output=True,
+                         text=True, timeout=60, env=_env())
+    assert res.returncode == 0, f"probe on {host}: {res.stderr[-2000:]}"
+    return res.stdout
+
+
+@pytest.mark.cross_host
+@pytest.mark.stochastic
+def test_bank_and_partner(tmp_path: Path) -> None:
+    """The tutorial across three hosts made of network namespaces: each organisation's
+    commands in its own namespace (its own address) and directory."""
+    from sim.launch.hosts import NamespaceHosts, namespaces_unavailable
+
+    why = namespaces_unavailable()
+    if why:
+        pytest.skip(f"cross-host test needs network namespaces: {why}")
+    page = (TUTORIALS / "bank-and-partner.md").read_text()
+    broker_ip = re.search(r'broker = "tcp://([\d.]+):5555"', page)
+    assert broker_ip, "the job file's broker address is gone from the tutorial"
+    net = broker_ip.group(1).rsplit(".", 1)[0]
+    addrs = {"broker": broker_ip.group(1), "partner": f"{net}.2", "bank": f"{net}.3"}
+    assert len(set(addrs.values())) == 3
+    work = tmp_path / "w"
+    work.mkdir()
+    probes: list[dict[str, str]] = []
+
+    def on_broker() -> None:  # while the broker listens (its control port, base + 2)
+        for host in ("partner", "bank"):
+            probes.append({"host": host, "out": _probe(hosts, host, (
+                "import socket, os\n"
+                "def reach(a):\n"
+                "    try:\n"
+                "        socket.create_connection((a, 5557), timeout=3).close(); return 'open'\n"
+                "    except OSError as e: return type(e).__name__\n"
+                f"print('loopback', reach('127.0.0.1'), 'broker', reach({addrs['broker']!r}))\n"
+                "print('sees', sorted(os.listdir('..')))\n"))})
+
+    with NamespaceHosts(work, addrs) as hosts:
+        steps = run_tutorial_on_hosts("bank-and-partner", work, hosts,
+                                      _shims(tmp_path / "bin"), on_broker)
+    # the hosts: the broker reachable only at its address, each host seeing its own files
+    assert len(probes) == 4, probes
+    for p in probes:
+        assert "loopback ConnectionRefusedError broker open" in p["out"], p
+        assert f"sees ['{p['host']}']" in p["out"], p  # no other host's directory
+    # the partner's schema, drafted from its file alone: the date and the merchant ID kept
+    schema = (work / "partner" / "partner-schema.toml").read_text()
+    assert "[columns.last_purchase]" in schema and 'kind = "date"' in schema
+    assert "[columns.merchant_id]" in schema and 'kind = "hashed"' in schema
+    assert "customer_id" not in schema.split("description")[1]
+    # alignment: both sides found the same shared customers
+    a = _json(work / "bank" / "run" / "align" / "align-active.json")
+    b = _json(work / "partner" / "run" / "align" / "align-passive.json")
+    assert a["n_shared"] == b["n_shared"] == 1800 and a["n_own"] == b["n_own"] == 2000
+    # training over CURVE, DP on the partner's records, every partner column used
+    m = _json(work / "bank" / "run" / "metrics.json")
+    assert m["security"]["transport"] == "curve" and m["dp"]["enabled"]
+    assert m["dp"]["target_mu"] == 8.0 and m["test_auc"] <= 1.0
+    above(m["test_auc"], 0.55, "cross-host DP test AUC (quick: 2,000 customers, 2 epochs)")
+    assert m["active_only"] is not None
+    passive = m["parties"]["passive"]
+    assert sorted(passive["columns"]) == sorted(["last_purchase", "merchant_id", "spend_90d",
+                                                 "visits_90d", "channel"])
+    bank_line = next(s for s in steps if s.host == "bank" and "vfl party" in s.line)
+    assert "bank (active): job bank-partner (digest" in bank_line.stdout
+    partner_line = next(s for s in steps if s.host == "partner" and "vfl party" in s.line)
+    digest = re.search(r"digest (\w+)", bank_line.stdout)
+    assert digest and f"digest {digest.group(1)}" in partner_line.stdout
+    # prediction: the shared new customers, scored
+    pred = work / "bank" / "pred" / "predictions.csv"
+    assert _csv_rows(pred) == 450
+    p = _json(work / "bank" / "pred" / "predict.json")
+    assert p["rows"] == 450 and p["metric"] <= 1.0
+    above(p["metric"], 0.55, "cross-host prediction AUC on new customers")
+    assert not (work / "partner" / "pred" / "predictions.csv").exists()  # the bank's alone
