@@ -37,9 +37,13 @@ checkout, ``python -m sim.cli``, with a timeout):
     H.csv``). Both runs' TV is against the pooled party rows (the coordinator's
     ``data/train.parquet``: ``same_reference_rows`` checks they hold the same rows). Both
     runs set ``noise_seed`` (the parties' noise generators, a testing setting) so the two
-    paths draw the same DP noise: without it each run draws fresh OS-entropy noise and
-    two runs of the SAME path differ by about 0.01-0.02 TV at ε = 1 (the full mode
-    measures that spread too, ``synth_tv_spread_os_noise``).
+    paths draw the same DP noise: without it each run draws fresh OS-entropy noise, and
+    two runs of the SAME path differ by that noise's effect on TV (the full mode
+    measures it: ``synth_tv_spread_os_noise``, the larger range of 3 runs per path, and
+    ``synth_tv_diff_os_noise_median``, the difference of the two paths' medians). They also pin ``PYTHONHASHSEED`` (:data:`SYNTH_ENV`): mbi's
+    sampler orders columns by iterating a set of names, so the same model and seed
+    sample different rows in each process otherwise. With both pinned the two paths
+    release the same noisy marginals and the same rows, so any difference is the path's.
     ``synth_tv_diff`` = |branch − one table| (acceptance: <= 0.01).
 ``active_only``
     :func:`active_only_auc`: the active party's own model on its own columns (the
@@ -57,7 +61,8 @@ Usage::
 JSON: ``{"summary": {...}, "details": {...}}``. ``summary``: ``rmse_spread``,
 ``rmse_spread_seeds``, ``rmse_vs_clean``, ``rmse_unclipped_vs_clean``, ``max_reject_s``,
 ``rejects_named`` (how many refusals named their column/key, of ``rejects_total``),
-``synth_tv_one_table``, ``synth_tv_branch_files``, ``synth_tv_diff``, ``auc_active_only``
+``synth_tv_one_table``, ``synth_tv_branch_files``, ``synth_tv_diff`` (full mode also
+``synth_tv_spread_os_noise``, ``synth_tv_diff_os_noise_median``), ``auc_active_only``
 (the stronger model's), ``pass`` (every acceptance of the parts run) and, from the two-host
 part, ``two_hosts_netns``, ``auc_two_hosts``, ``auc_merged``, ``auc_dp_two_hosts``,
 ``dp_columns_dropped``. ``details``: per part, each run's figures, exit code and wall
@@ -101,6 +106,12 @@ SYNTH_ROWS = 4_000
 SYNTH_LABEL = "sold"
 SYNTH_PARTIES = 3
 SYNTH_EPSILON = 1.0
+#: the FedForge runs' added environment: mbi's sampler (``synthetic_data``) orders a
+#: column's parents by iterating a set of column names, so with Python's per-process
+#: string hashing the same fitted model and seed give different rows in each process
+#: (a TV difference between two runs of the same path); pinned, the two paths are
+#: compared on the same sampling
+SYNTH_ENV = {"PYTHONHASHSEED": "0"}
 SYNTH_SCHEMA = """\
 version = 1
 dataset = "cross_org_synth"
@@ -136,20 +147,23 @@ categories = ["no", "yes"]
 # --------------------------------------------------------------------------- helpers
 
 
-def _env() -> dict[str, str]:
-    """The subprocesses' environment: this checkout first on the path."""
-    env = dict(os.environ)
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The subprocesses' environment: this checkout first on the path, plus ``extra``."""
+    env = {**os.environ, **(extra or {})}
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"]
                                      if env.get("PYTHONPATH") else "")
     return env
 
 
-def psfl(args: list[str], timeout_s: float) -> dict[str, Any]:
-    """Run ``psfl ARGS`` (``python -m sim.cli`` of this checkout): exit code, wall seconds
-    from start to exit, and stdout/stderr (kept in memory, never written out whole)."""
+def psfl(args: list[str], timeout_s: float, env: dict[str, str] | None = None
+         ) -> dict[str, Any]:
+    """Run ``psfl ARGS`` (``python -m sim.cli`` of this checkout, with ``env`` added to
+    the environment): exit code, wall seconds from start to exit, and stdout/stderr (kept
+    in memory, never written out whole)."""
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "sim.cli", *args], cwd=ROOT, env=_env(),
+        proc = subprocess.run([sys.executable, "-m", "sim.cli", *args], cwd=ROOT,
+                              env=_env(env),
                               capture_output=True, text=True, timeout=timeout_s)
         code, out, err = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired as exc:
@@ -383,17 +397,19 @@ def synth_part(work: Path, quick: bool, timeout_s: float
     def one_table(out: Path, noise: list[str]) -> dict[str, Any]:
         return _synth_tv(psfl(["synth", "run", "--dataset", str(table), "--parties",
                                str(SYNTH_PARTIES), "--set", f"data.schema_file={schema}",
-                               *common, *noise, "--out", str(out)], timeout_s), out)
+                               *common, *noise, "--out", str(out)], timeout_s,
+                              env=SYNTH_ENV), out)
 
     def branches(out: Path, files: list[Path], hold: Path, noise: list[str]) -> dict[str, Any]:
         return _synth_tv(psfl(["synth", "run", "--party-files", *map(str, files),
                                "--schema", str(schema), "--holdout", str(hold), *common,
-                               *noise, "--out", str(out)], timeout_s), out)
+                               *noise, "--out", str(out)], timeout_s, env=SYNTH_ENV), out)
 
     seeded = ["--set", "noise_seed=0"]
     one = one_table(d / "one_table", seeded)
     details: dict[str, Any] = {"rows": SYNTH_ROWS, "parties": SYNTH_PARTIES,
-                               "epsilon": SYNTH_EPSILON, "noise_seed": 0, "one_table": one}
+                               "epsilon": SYNTH_EPSILON, "noise_seed": 0, "env": SYNTH_ENV,
+                               "one_table": one}
     if one.get("avg_tv") is None:
         return {"synth_tv_one_table": None, "synth_tv_branch_files": None}, details
     files = []
