@@ -94,6 +94,7 @@ PARTS = ("rmse", "reject", "synth", "active_only")
 RMSE_SPREAD_MAX = 1.05
 REJECT_MAX_S = 2.0
 TV_DIFF_MAX = 0.01
+AUC_MERGED_TOL = 0.01  # auc_two_hosts within this of auc_merged
 #: the regression table
 REG_ROWS = 3_000
 REG_LABEL = "price"
@@ -531,11 +532,15 @@ def active_only_part(work: Path, quick: bool, timeout_s: float
 
 
 def two_host_figures(work: Path, quick: bool) -> dict[str, Any]:
-    """NOT WRITTEN YET (the other engineer's part): the two-host figures of the
-    bank-and-partner scenario. It is to return the summary keys ``two_hosts_netns``,
-    ``auc_two_hosts``, ``auc_merged``, ``auc_dp_two_hosts`` and ``dp_columns_dropped``
-    (and may add a ``"details"`` entry). ``--skip-two-hosts`` leaves it out."""
-    raise NotImplementedError("two_host_figures is not written yet; run with --skip-two-hosts")
+    """The bank-and-partner scenario on two hosts (:mod:`cross_org_hosts`, beside this
+    script): ``two_hosts_netns``, ``auc_two_hosts``, ``auc_merged``, ``auc_dp_two_hosts``,
+    ``auc_active_only`` (the run's own baseline, its stronger model on test),
+    ``dp_columns_dropped``, and ``details``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from cross_org_hosts import two_host_figures as run
+
+    res = run(work / "two_hosts", quick)
+    return {**res["summary"], "details": res["details"]}
 
 
 # --------------------------------------------------------------------------- main
@@ -557,6 +562,11 @@ def acceptance(summary: dict[str, Any]) -> dict[str, bool]:
     if "synth_tv_one_table" in summary:
         diff = summary.get("synth_tv_diff")
         out["synth_tv_diff"] = diff is not None and diff <= TV_DIFF_MAX
+    if "auc_two_hosts" in summary:
+        out["two_hosts_netns"] = bool(summary["two_hosts_netns"])
+        out["auc_two_hosts"] = abs(summary["auc_two_hosts"] - summary["auc_merged"]) <= AUC_MERGED_TOL
+        out["auc_dp_two_hosts"] = summary["auc_dp_two_hosts"] > summary["auc_active_only"]
+        out["dp_columns_dropped"] = summary["dp_columns_dropped"] == []
     return out
 
 
@@ -608,7 +618,9 @@ def main(argv: list[str] | None = None) -> int:
                 two_hosts_ok = False
             else:
                 details["two_hosts"] = th.pop("details", None)
+                own = summary.pop("auc_active_only", None)  # this script's sklearn one
                 summary.update(th)
+                summary["auc_active_only_sklearn"] = own
             details["wall_s"]["two_hosts"] = round(time.perf_counter() - t0, 1)
     finally:
         if tmp is not None:

@@ -1084,6 +1084,33 @@ def _data_bank_partner(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _data_schema_merge(args: argparse.Namespace) -> int:
+    """``psfl data schema-merge A.toml B.toml ... --out S.toml``
+    (:func:`parties.data.schema_merge.merge_schemas`)."""
+    from parties.cli import ExitCode
+    from parties.data.schema import load_schema, save_schema
+    from parties.data.schema_merge import merge_schemas
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        print(f"error: {str(out)!r} exists; use --force to overwrite", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    try:
+        merged, notes = merge_schemas([(p, load_schema(p)) for p in args.schemas])
+    except (ValueError, OSError) as exc:  # SchemaError, SchemaMergeError: a ValueError
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    header = ("MERGED PUBLIC SCHEMA: it lists every category and range each source "
+              "declared,\nso whoever receives it learns them. Merged from: "
+              + ", ".join(args.schemas))
+    tmp = out.with_name(out.name + ".tmp")
+    save_schema(merged, tmp, header=header, notes=notes)
+    tmp.replace(out)
+    print(f"merged {len(args.schemas)} schemas: {len(merged.columns)} columns, "
+          f"{len(notes)} changed or not declared by every source: {out}")
+    return ExitCode.OK
+
+
 def _data_convert(args: argparse.Namespace) -> int:
     from parties.cli import ExitCode
     from parties.data.convert import convert_csv
@@ -1235,6 +1262,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="new customers per organisation to predict (default 1000)")
     bp.add_argument("--seed", type=int, default=0)
     bp.set_defaults(func=_data_bank_partner)
+
+    sm = dsub.add_parser("schema-merge", help="merge the public schemas of several holders "
+                         "of one table (FedForge branches): union of categories, widest "
+                         "ranges, most buckets; different kinds refused")
+    sm.add_argument("schemas", nargs="+", help="the schema TOML files (each reviewed)")
+    sm.add_argument("--out", required=True, help="the merged schema TOML to write")
+    sm.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    sm.set_defaults(func=_data_schema_merge)
 
     simp = sub.add_parser("sim", help="heterogeneous clusters on one machine")
     simsub = simp.add_subparsers(dest="sim_command", required=True)
