@@ -71,10 +71,14 @@ def test_the_declared_schema_covers_the_synth_table(bench: Any) -> None:
 
 def test_each_reject_case_names_what_it_expects(bench: Any, tmp_path: Path) -> None:
     cases = bench.reject_cases(tmp_path)
-    assert [c["case"] for c in cases] == ["bad_value", "csv_stream", "nan_column",
-                                          "unknown_column"]
+    assert [c["case"] for c in cases] == ["job_bad_value", "job_missing_join_key",
+                                          "job_label_in_passive_file", "bad_value",
+                                          "csv_stream", "nan_column", "unknown_column"]
     for c in cases:
-        assert c["expect"] and any(c["expect"].strip("'") in a for a in c["args"])
+        words = c.get("args") or c["cmd"]
+        assert c["expect"] and (any(c["expect"].strip("'").split(".")[-1] in a for a in words)
+                                or c["case"].startswith("job_"))
+    assert '"customer"' in (tmp_path / "job_other_key.toml").read_text()
     import pandas as pd
 
     assert pd.read_csv(tmp_path / "with_empty.csv")["empty"].isna().all()
@@ -90,7 +94,11 @@ def test_acceptance(bench: Any) -> None:
     assert bench.acceptance({}) == {}
 
 
-def test_two_host_figures_is_marked_unwritten(bench: Any, tmp_path: Path) -> None:
-    with pytest.raises(NotImplementedError):
-        bench.two_host_figures(tmp_path, True)
+def test_the_two_host_acceptance(bench: Any) -> None:
+    ok = {"two_hosts_netns": True, "auc_two_hosts": 0.84, "auc_merged": 0.845,
+          "auc_dp_two_hosts": 0.64, "auc_active_only": 0.63, "dp_columns_dropped": []}
+    assert all(bench.acceptance(ok).values()) and len(bench.acceptance(ok)) == 4
+    assert not bench.acceptance({**ok, "auc_merged": 0.86})["auc_two_hosts"]
+    assert not bench.acceptance({**ok, "auc_dp_two_hosts": 0.63})["auc_dp_two_hosts"]
+    assert not bench.acceptance({**ok, "dp_columns_dropped": ["x"]})["dp_columns_dropped"]
     assert np.isfinite(bench.EXTREME_FACTOR)
