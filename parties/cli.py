@@ -95,6 +95,17 @@ def _load(role: str, args: argparse.Namespace) -> tuple[Job | None, VflConfig]:
         from parties.data.launchcheck import check_own_file
 
         cols = check_own_file(cfg, role)
+        if cfg.dp.enabled and role_of(role) == "passive":  # its public schema, before joining
+            if cfg.dp.schema is None:
+                raise ConfigError("vfl.dp.schema", "DP is on: this party's features are "
+                                  "encoded from its reviewed public schema; draft it with "
+                                  f"`psfl vfl schema --job {args.job} --role {role} --data "
+                                  f"{args.data} --out schema.toml`, review it, then --set "
+                                  "dp.schema=schema.toml")
+            if cols:
+                from parties.data.schema import dp_schema
+
+                dp_schema(cfg, cols)  # SchemaError: missing file, undeclared column
         if not args.quiet:
             print(f"{job.organisation(role)} ({role}): job {job.job.run_id} (digest "
                   f"{job.digest}), broker {args.broker}, join key {job.job.join_key!r}, "

@@ -121,7 +121,7 @@ def test_a_party_of_a_job_refuses_its_own_bad_file_or_value_before_joining(
         files: dict[str, Path], tmp_path: Path) -> None:
     """``psfl vfl party --job job.toml --data OWN_FILE`` (each organisation on its host):
     a missing file, a file without the join key, the label in a passive party's file, a
-    bad value: exit 2 naming it, before the start line, the alignment or any import of
+    bad value, DP on a passive party without its public schema: exit 2 naming it, before the start line, the alignment or any import of
     torch or pandas."""
     job = tmp_path / "job.toml"
     job.write_text('[job]\nrun_id = "r1"\nbroker = "tcp://10.77.0.1:5555"\n'
@@ -129,8 +129,14 @@ def test_a_party_of_a_job_refuses_its_own_bad_file_or_value_before_joining(
     no_key = tmp_path / "no_key.toml"
     no_key.write_text(job.read_text().replace('join_key = "a"', 'join_key = "cust"'))
     data = str(files["csv"])
+    partner = tmp_path / "partner.csv"
+    partner.write_text("a,b,c\n" + "".join(f"{i},{i * 2},x{i % 3}\n" for i in range(20)))
+    dp_job = tmp_path / "dp_job.toml"
+    dp_job.write_text(job.read_text() + "\n[vfl.dp]\nmu = 8.0\n")
     party = ["vfl", "party", "--insecure", "--job"]
     cases = {
+        "dp without the partner's schema": ([*party, str(dp_job), "--role", "passive",
+                                             "--data", str(partner)], ["vfl.dp.schema"]),
         "missing file": ([*party, str(job), "--role", "active", "--data", data + ".gone"],
                          ["not found", data + ".gone"]),
         "no join key": ([*party, str(no_key), "--role", "active", "--data", data],
