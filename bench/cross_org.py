@@ -61,7 +61,7 @@ two hosts
     drafts its schema from its own file, both align on ``customer_id``, train without
     DP (8 epochs; ``auc_two_hosts``) and predict for new customers; the same settings on
     the merged table (``auc_merged``, acceptance: within 0.01); with the partner's
-    records at µ = 8 (2 epochs, three noise seeds: ``auc_dp_two_hosts``, the median,
+    records at µ = 8 (2 epochs, five noise seeds: ``auc_dp_two_hosts``, the median,
     acceptance: above ``auc_active_only``, the run's own active-only baseline: the
     bank's columns alone, the stronger by validation AUC of gradient boosting and an
     MLP, the same split; ``dp_columns_dropped``, acceptance: empty); and with DP at

@@ -3,10 +3,11 @@ host (a network namespace of :mod:`sim.launch.hosts`, its own address and direct
 plain processes on this machine's loopback where namespaces cannot be made), running the
 commands of ``docs/tutorials/bank-and-partner.md``: the partner drafts its public schema
 from its own file, both parties align their files on ``customer_id`` (PSI), train, and
-predict for a file of new customers; without DP, then with the partner's records at
-µ = 8 (three noise seeds). The reference: the same settings on the merged table neither
-organisation holds (``reference/merged.csv``, the shared customers sorted by ID: the
-rows and split the aligned files give), one process per party on this machine.
+predict for a file of new customers; without DP, then with the partner's records at µ =
+8 (five noise seeds; at 20,000 customers one, three without --quick). The reference: the
+same settings on the merged table neither organisation holds (``reference/merged.csv``,
+the shared customers sorted by ID: the rows and split the aligned files give), one
+process per party on this machine.
 
 Not a benchmark of its own: ``bench/cross_org.py`` imports :func:`two_host_figures`.
 """
@@ -256,14 +257,14 @@ def _baseline(metrics: dict[str, Any]) -> dict[str, Any]:
 def two_host_figures(work: Path, quick: bool, *, customers: int = 5000,
                      large_customers: int = 20000) -> dict[str, Any]:
     """The scenario's figures (``summary``): ``two_hosts_netns``, ``auc_two_hosts``,
-    ``auc_merged``, ``auc_dp_two_hosts`` (median over noise seeds, 3),
+    ``auc_merged``, ``auc_dp_two_hosts`` (median over five noise seeds),
     ``auc_active_only`` (the run's own active-only baseline: the bank's columns alone, the
     stronger by validation AUC of gradient boosting and an MLP, the same split),
     ``dp_columns_dropped``; ``auc_dp_two_hosts_large`` and ``auc_active_only_large`` the
     same with ``large_customers`` per side (1 noise seed quick, 3 otherwise); and
     ``details``."""
     work = Path(work).resolve()
-    small = _scenario(work / f"c{customers}", customers, plain=True, dp_repeats=3)
+    small = _scenario(work / f"c{customers}", customers, plain=True, dp_repeats=5)
     large = _scenario(work / f"c{large_customers}", large_customers, plain=False,
                       dp_repeats=1 if quick else 3)
     merged = _merged(work / f"c{customers}")
