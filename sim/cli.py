@@ -195,22 +195,8 @@ def _vfl_profile(args: argparse.Namespace) -> int:
     from parties.cli import ExitCode, exit_code_for, write_json
     from parties.config import load_vfl_config
 
-    if args.job:  # the cross-organisation path: this party's own file, the job's settings
-        from parties.config import load_job
-
-        if args.dataset or args.config:
-            print("error: --job goes with --data (not --dataset or --config)", file=sys.stderr)
-            return ExitCode.BAD_INPUT
-        if not args.data:
-            print("error: --job needs --data (this party's own file)", file=sys.stderr)
-            return ExitCode.BAD_INPUT
-        cfg = load_job(args.job, args.set, data=args.data).vfl  # ConfigError: exit 2
-    elif args.data:
-        print("error: --data goes with --job (else --dataset)", file=sys.stderr)
-        return ExitCode.BAD_INPUT
-    else:
-        extra = {"dataset": args.dataset} if args.dataset else {}
-        cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: exit 2
+    extra = {"dataset": args.dataset} if args.dataset else {}
+    cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: exit 2
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
