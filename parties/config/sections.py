@@ -457,6 +457,11 @@ class TimeoutsSection:
             (exit 4); each is dropped and counted before (``parties.algorithms.intake``). Those from
             other bus clients are only dropped and counted (``rejected_by_sender``).
         handshake_timeout_s: deadline for both parties to find each other, seconds.
+        resend_interval_s: a scoring exchange (the passive party's validation or test
+            embeddings, the active party's "scored") not received after this long is
+            asked for again, every this long until ``timeouts.liveness_timeout_s``: a
+            message lost to a broker restart is published again (the same bytes, so
+            under DP the same release: nothing more is spent). Seconds; 0 = never ask.
         heartbeat_interval_s: heartbeat period, seconds.
         connect_timeout_s: broker handshake deadline, seconds.
     """
@@ -470,9 +475,12 @@ class TimeoutsSection:
     heartbeat_interval_s: float = 1.0
     connect_timeout_s: float = 10.0
     peer_max_bad_messages: int = 16
+    resend_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
         bad = _bad(self)
+        if not 0.0 <= self.resend_interval_s < math.inf:
+            raise bad("resend_interval_s", "must be >= 0 seconds (0: never ask again)")
         if not 0.0 <= self.t_ddl_s < math.inf:
             raise bad("t_ddl_s", "must be >= 0 seconds (0: no deadline-based dropping)")
         if self.max_reassign < 0:

@@ -54,6 +54,73 @@ class Evaluation(PartyPart):
         self._eval_privatize = eval_privatize
         self._x_test = torch.from_numpy(np.ascontiguousarray(ctx.data.x_test))
         self._x_val = torch.from_numpy(np.ascontiguousarray(ctx.data.x_val))
+        #: passive: the last scoring releases as sent, by topic, to publish again on
+        #: request (the same bytes: under DP the same release, nothing more spent)
+        self._sent: dict[str, tuple[Any, ...]] = {}
+        #: active: the last validation point scored (what "scored" says), and the
+        #: decision on scoring in flight it told the passive parties (point -1)
+        self.last_scored: int | None = None
+        self.overlap_meta: dict[str, Any] | None = None
+        self.asked = 0  # requests this party made for a message again
+        self.resent = 0  # messages this party published again on request
+
+    # -------------------------------------------------- lost scoring messages
+    # A scoring exchange happens once (a release per split), so a message lost to a
+    # broker restart would leave the other side waiting out its deadline. The waiting
+    # side asks again (ctl/<run>/resend/<party>) every timeouts.resend_interval_s; the
+    # other publishes again what it last sent there.
+
+    def _slice(self, deadline: float) -> float:
+        """How long the next wait lasts: the rest of ``deadline``, or less when asking
+        again is on."""
+        left = max(0.0, deadline - time.monotonic())
+        every = self.cfg.timeouts.resend_interval_s
+        return min(every, left) if every > 0 else left
+
+    def _ask(self, bus: Transport, party: str, topic: str, point: int = -1) -> None:
+        """Ask ``party`` to publish again what it last sent on ``topic``."""
+        self.asked += 1
+        self.log.warning("vfl.scoring_resend_asked", partner=party, topic=topic,
+                         asked=self.asked)
+        bus.publish_nowait(self.topics.resend(party), (), {"topic": topic, "point": point})
+
+    def publish_scored(self, bus: Transport, point: int) -> None:
+        """Active: validation point ``point`` is scored: the passive parties may go on."""
+        self.last_scored = point
+        bus.publish_nowait(self.topics.scored, (), {"point": point})
+
+    async def serve_resends(self, bus: Transport) -> None:
+        """Answer requests to publish a scoring message again, for the run's life: the
+        passive party its last embeddings on the asked topic (if it sent them), the
+        active party its last "scored" (if it has scored that far)."""
+        mine = self.topics.resend("active" if self.role == "active" else self.party)
+        while True:
+            try:
+                msg = await bus.next(mine, 3600.0)
+            except DeadlineExceeded:
+                continue
+            topic = str(msg.meta.get("topic", ""))[:256]
+            if self.role == "active":
+                want = msg.meta.get("point", -1)
+                if topic != self.topics.scored or not isinstance(want, int):
+                    continue
+                if want < 0 and self.overlap_meta is not None:  # the decision on overlap
+                    bus.publish_nowait(self.topics.scored, (), self.overlap_meta)
+                    self.resent += 1
+                elif self.last_scored is not None and 0 <= want <= self.last_scored:
+                    self.publish_scored(bus, self.last_scored)
+                    self.resent += 1
+                continue
+            frames = self._sent.get(topic)
+            if frames is not None:
+                bus.publish_nowait(topic, *frames)
+                self.resent += 1
+                self.log.info("vfl.scoring_resent", topic=topic, resent=self.resent)
+
+    def resend_counts(self, asked_before: int = 0) -> dict[str, int]:
+        """``asked``: requests made (``asked_before``: those of the handshake);
+        ``resent``: messages published again on request."""
+        return {"asked": self.asked + asked_before, "resent": self.resent}
 
     async def await_scored(self, bus: Transport, point: int) -> None:
         """Passive: wait until the active party has scored validation point ``point``.
@@ -65,8 +132,11 @@ class Evaluation(PartyPart):
         deadline = time.monotonic() + bound
         while True:
             try:
-                msg = await bus.next(self.topics.scored, max(0.0, deadline - time.monotonic()))
+                msg = await bus.next(self.topics.scored, self._slice(deadline))
             except DeadlineExceeded:
+                if time.monotonic() < deadline:  # a slice: ask again (a lost "scored"?)
+                    self._ask(bus, "active", self.topics.scored, point)
+                    continue
                 raise PartnerStalled("active", "val", bound,
                                      f"validation point {point} never scored") from None
             if int(msg.meta.get("point", -1)) >= point:
@@ -81,8 +151,11 @@ class Evaluation(PartyPart):
         assert self.dp_acct is not None
         self.dp_acct.record(split)
         # encoded after the clip and noise (DP post-processing, parties.algorithms.wire)
-        bus.publish_nowait(topic, *encode_message([emb], {"split": split},
-                                                  self.cfg.effective_wire_dtype), copy=False)
+        frames = encode_message([emb], {"split": split}, self.cfg.effective_wire_dtype)
+        self._sent[topic] = frames
+        while len(self._sent) > 4:  # the last few points and the test split
+            del self._sent[next(iter(self._sent))]
+        bus.publish_nowait(topic, *frames, copy=False)
 
     def embeddings(self, x: torch.Tensor, split: str) -> np.ndarray:
         """Embeddings ``(n, d)`` float32 of ``x`` (the ``split`` rows) from the PS
@@ -137,8 +210,11 @@ class Evaluation(PartyPart):
             topic = t.val(point, q) if split == "val" else t.test_of(q)
             while True:  # the partner's embeddings of the split (others' are dropped)
                 try:
-                    msg = await bus.next(topic, max(0.0, deadline - time.monotonic()))
+                    msg = await bus.next(topic, self._slice(deadline))
                 except DeadlineExceeded:
+                    if time.monotonic() < deadline:  # a slice: ask again (lost?)
+                        self._ask(bus, party, topic)
+                        continue
                     raise PartnerStalled(party if self.multi else self.partner, split,
                                          cfg.timeouts.liveness_timeout_s,
                                          "embeddings for scoring") from None

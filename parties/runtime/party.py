@@ -235,6 +235,11 @@ class Topics:
         """The active party has scored a validation point: training may go on."""
         return f"ctl/{self.run_id}/scored"
 
+    def resend(self, party: str) -> str:
+        """Asks ``party`` to publish again what it last published on a scoring topic (a
+        message lost to a broker restart; :class:`parties.runtime.evaluation.Evaluation`)."""
+        return f"ctl/{self.run_id}/resend/{party}"
+
 
 class Party:
     """One PubSub-VFL party process: ``await Party(...).run()``.
@@ -424,6 +429,7 @@ class Party:
                 await self.session.subscribe(bus)
                 await self.session.handshake(bus)
                 self.overlap, self.overlap_reason = await self.session.agree_overlap(bus)
+                self.evaluation.overlap_meta = self.session.overlap_meta
                 self.log.info("vfl.val_overlap", on=self.overlap, reason=self.overlap_reason)
                 await starting
                 batch = TensorSpec(width=cfg.model.embedding_dim, max_rows=cfg.batch_size)
@@ -442,12 +448,16 @@ class Party:
                         wd = tg.create_task(self.session.watchdog(bus))
                         ab = (tg.create_task(self.session.abort_watch(bus))
                               if self.multi and self.role == "passive" else None)
+                        rs = tg.create_task(self.evaluation.serve_resends(bus))
                         if self.role == "active":
                             result = await self._train_active(bus, meter)
                         else:
                             result = await self._train_passive(bus, meter)
+                        result["scoring_resends"] = self.evaluation.resend_counts(
+                            self.session.asked)
                         hb.cancel()
                         wd.cancel()
+                        rs.cancel()
                         if ab is not None:
                             ab.cancel()
                 except* VflError as eg:  # the party's own error, not a group (exit codes)
@@ -498,7 +508,7 @@ class Party:
                 mark = self.book.open_mark()
                 seg_t0 = mark.t0
                 if go is not None:
-                    bus.publish_nowait(self.topics.scored, (), {"point": go})
+                    self.evaluation.publish_scored(bus, go)
                     go = None
                 inside = sorted(e for e in score_ends if seg.start < e < seg.stop) \
                     if evaluated and overlap else []

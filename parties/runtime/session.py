@@ -47,6 +47,9 @@ class PartySession(PartyPart):
         self._topics_of: dict[str, list[str]] = {}
         #: each partner's allotted cores, as its hello said them (after the handshake)
         self.partner_cores: dict[str, float | None] = {}
+        #: active: the decision on scoring in flight as told (asked again if lost)
+        self.overlap_meta: dict[str, Any] | None = None
+        self.asked = 0  # passive: times it asked for that decision again
 
     async def subscribe(self, bus: Transport) -> None:
         cfg, t = self.cfg, self.topics
@@ -70,10 +73,13 @@ class PartySession(PartyPart):
                     await bus.subscribe_many(topics, limits=BufferLimits(
                         max_msgs=2, max_bytes=2 * eval_bytes))
                 await bus.subscribe(t.report_of(q))
+            # any partner may ask again for "scored" (not in a partner's accept-only list)
+            await bus.subscribe(t.resend("active"), limits=BufferLimits(
+                max_msgs=16, max_bytes=1 << 16))
         else:
             lim = BufferLimits(max_msgs=cfg.workers.q, max_bytes=cfg.workers.q * emb_bytes)
             grads = [t.grad(b) for b in channels]
-            mine = [*grads, t.done, t.scored, t.hb("active")]
+            mine = [*grads, t.done, t.scored, t.hb("active"), t.resend(self.party)]
             await bus.subscribe_many(grads, limits=lim)
             if cfg.algo == "vfl-ps":
                 mine.append(t.ids)
@@ -82,6 +88,8 @@ class PartySession(PartyPart):
                                                                max_bytes=16 * ids_bytes))
             await bus.subscribe(t.done)
             await bus.subscribe(t.scored, limits=BufferLimits(max_msgs=4, max_bytes=1 << 14))
+            await bus.subscribe(t.resend(self.party), limits=BufferLimits(max_msgs=16,
+                                                                         max_bytes=1 << 16))
             if self.multi:
                 mine.append(t.abort)
                 await bus.subscribe(t.abort, limits=BufferLimits(max_msgs=4,
@@ -137,14 +145,23 @@ class PartySession(PartyPart):
             return False, "off in the configuration"
         if self.role == "active":
             on, why = overlap_decision(True, {"active": cores_allotted(), **self.partner_cores})
-            bus.publish_nowait(self.topics.scored, (),
-                               {"point": -1, "val_overlap": on, "reason": why})
+            self.overlap_meta = {"point": -1, "val_overlap": on, "reason": why}
+            bus.publish_nowait(self.topics.scored, (), self.overlap_meta)
             return on, why
         deadline = time.monotonic() + cfg.timeouts.handshake_timeout_s
+        every = cfg.timeouts.resend_interval_s
         while True:
+            left = max(0.0, deadline - time.monotonic())
             try:
-                msg = await bus.next(self.topics.scored, max(0.0, deadline - time.monotonic()))
+                msg = await bus.next(self.topics.scored, min(every, left) if every else left)
             except DeadlineExceeded:
+                if time.monotonic() < deadline:  # lost? ask the active party again
+                    self.asked += 1
+                    self.log.warning("vfl.scoring_resend_asked", partner="active",
+                                     topic=self.topics.scored, point=-1)
+                    bus.publish_nowait(self.topics.resend("active"), (),
+                                       {"topic": self.topics.scored, "point": -1})
+                    continue
                 raise HandshakeTimeout("active", cfg.timeouts.handshake_timeout_s, self.run_id) from None
             if "val_overlap" in msg.meta:
                 return bool(msg.meta["val_overlap"]), str(msg.meta.get("reason", ""))[:200]
