@@ -215,10 +215,13 @@ def parse_datetime(series: pd.Series) -> pd.Series:
 
 
 def datetime_part(parsed: pd.Series, part: str) -> np.ndarray:
-    """One part of parsed datetimes as float64 (NaN where NaT)."""
+    """One part of parsed datetimes as a new, writable float64 array (NaN where NaT:
+    pandas may hand back a read-only view when a value is missing, and the encoders fill
+    and clip in place)."""
     if part not in DATETIME_PARTS:
         raise ValueError(f"unknown datetime part {part!r}, expected one of {DATETIME_PARTS}")
-    return getattr(parsed.dt, part).to_numpy(dtype=np.float64, na_value=np.nan)
+    return np.array(getattr(parsed.dt, part).to_numpy(dtype=np.float64, na_value=np.nan),
+                    dtype=np.float64, copy=True)
 
 
 def id_reason(name: str, series: pd.Series) -> str:

@@ -207,3 +207,18 @@ def test_treatment_summary_lists_the_non_trivial_treatments():
         "when -> year, month, day; merchant hashed into 1024 buckets; user_id dropped as "
         "ID-like")
     assert treatment_summary([t.to_dict() for t in ts[:2]]) == ""
+
+
+def test_new_rows_with_a_missing_date_encode_with_the_fill():
+    """A saved model's encoder on new rows (``psfl vfl predict``): a missing date took the
+    in-place fill into a read-only array pandas returned (ValueError)."""
+    from parties.data import encode_party_features
+
+    rng = np.random.default_rng(0)
+    days = pd.to_datetime("2021-01-01") + pd.to_timedelta(rng.integers(0, 900, 200), unit="D")
+    frame = pd.DataFrame({"when": days.strftime("%Y-%m-%d"), "x": rng.normal(size=200)})
+    feats = encode_party_features(frame, ["when", "x"], np.arange(150), np.arange(150, 200))
+    new = pd.DataFrame({"when": ["2022-02-03", None, "not a date"], "x": [0.1, 0.2, 0.3]})
+    out = feats.encoder.transform(new)
+    assert out.shape[0] == 3 and np.isfinite(out).all()
+    assert np.array_equal(out[1][:-1], out[2][:-1])  # the date parts: both the fill
