@@ -2,7 +2,10 @@
 
 Every embedding and gradient a party takes off the bus passes :meth:`PeerIntake.admit`
 first: exactly one 2-D float32 array of the agreed width, at most a batch of rows, every
-value finite, and integer epoch/batch/key metadata. A message that fails is dropped and
+value finite, integer epoch/batch/key metadata, and metadata within the run's plan
+(:class:`RunPlan`: an epoch of the run, a batch id of the epoch's batch order, the channel
+it came on; a far-future copy must not occupy a channel, nor be waited for as "a message of
+a later epoch", which once cost 20 of 336 batches silently). A message that fails is dropped and
 counted per sender (its bus client id); a warning is logged on the first of an episode and
 then every 100th. Malformed messages from the partner itself (the client id its
 handshake came from) end the run after ``max_bad`` of them
@@ -34,6 +37,52 @@ class TensorSpec:
     width: int
     max_rows: int
     rows: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunPlan:
+    """The run's schedule: what a partner's message may claim. Reassigned attempts reuse
+    their batch's id, so they are within it too.
+
+    Attributes:
+        epochs: the run's epochs: ``e`` in ``[0, epochs)``.
+        batches: batch ids of every epoch's batch order: ``b`` in ``[0, batches)``.
+        channels: per-batch channels subscribed: a channel in ``[0, channels)``.
+        channel_is_batch: channel ``c`` carries batch ``c`` (every algorithm but
+            ``vfl-ps``, whose channels are worker pairs: there ``k`` must be the channel).
+    """
+
+    epochs: int
+    batches: int
+    channels: int
+    channel_is_batch: bool = True
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batches < 1 or self.channels < 1:
+            raise ValueError(f"a plan needs epochs, batches and channels >= 1, got "
+                             f"{self.epochs}, {self.batches}, {self.channels}")
+
+
+def check_plan(meta: Mapping[str, Any], plan: RunPlan, channel: int | None = None
+               ) -> str | None:
+    """None if the message's epoch ``e``, batch ``b`` and pair ``k`` (where present, as
+    integers: :func:`check_meta` first) and the ``channel`` it came on (None: not a
+    per-batch channel) lie within ``plan``, else the reason."""
+    e, b, k = meta.get("e"), meta.get("b"), meta.get("k")
+    if isinstance(e, int) and not 0 <= e < plan.epochs:
+        return f"epoch {e} outside the run's plan (0..{plan.epochs - 1})"
+    if isinstance(b, int) and not 0 <= b < plan.batches:
+        return f"batch {b} outside the run's plan (0..{plan.batches - 1})"
+    if channel is None:
+        return None
+    if not 0 <= channel < plan.channels:
+        return f"channel {channel} outside the run's plan (0..{plan.channels - 1})"
+    if plan.channel_is_batch:
+        if isinstance(b, int) and b != channel:
+            return f"batch {b} on channel {channel}"
+    elif isinstance(k, int) and k != channel:
+        return f"pair {k} on channel {channel}"
+    return None
 
 
 def check_meta(meta: Mapping[str, Any]) -> str | None:
@@ -82,14 +131,19 @@ class PeerIntake:
         partner: the partner's role (for errors).
         max_bad: malformed messages from the partner that end the run.
         log: a structlog logger (``vfl.peer_message_rejected`` warnings).
+        plan: the run's schedule (:class:`RunPlan`); messages outside it are malformed
+            (None: not checked).
 
     Attributes:
         partners: the partners' client ids (learned in the handshake) and how errors
             name each (an active party has one per passive party); empty: not known yet,
             every sender is judged as the partner.
+        bad: malformed messages by sender (at most :data:`MAX_SENDERS`, the rest "*").
+        out_of_plan: of them, those outside the plan (all senders).
     """
 
-    def __init__(self, *, partner: str, max_bad: int, log: Any) -> None:
+    def __init__(self, *, partner: str, max_bad: int, log: Any,
+                 plan: RunPlan | None = None) -> None:
         if max_bad < 1:
             raise ValueError(f"max_bad must be >= 1, got {max_bad!r}")
         self.partner = partner
@@ -97,6 +151,8 @@ class PeerIntake:
         self.log = log
         self.partners: dict[str, str] = {}
         self.bad: dict[str, int] = {}
+        self.plan = plan
+        self.out_of_plan = 0
 
     @property
     def partner_id(self) -> str | None:
@@ -107,10 +163,12 @@ class PeerIntake:
     def partner_id(self, publisher: str | None) -> None:
         self.partners = {} if publisher is None else {publisher: self.partner}
 
-    def admit(self, msg: Any, spec: TensorSpec | None, *, fatal: bool = False) -> bool:
+    def admit(self, msg: Any, spec: TensorSpec | None, *, fatal: bool = False,
+              channel: int | None = None) -> bool:
         """True if ``msg`` may be used; False: dropped and counted. Once the partner's
         client id is known (:attr:`partner_id`), a message from any other sender is
         dropped whatever it holds; ``spec`` None: no array check (metadata only).
+        ``channel``: the per-batch channel it came on (checked against the plan).
         ``fatal``: see :meth:`reject`.
 
         Raises:
@@ -121,6 +179,10 @@ class PeerIntake:
             reason: str | None = "not from the partner"
         else:
             reason = check_meta(msg.meta)
+            if reason is None and self.plan is not None:
+                reason = check_plan(msg.meta, self.plan, channel)
+                if reason is not None:
+                    self.out_of_plan += 1
             if reason is None and spec is not None and not is_skip_notice(msg):
                 reason = check_tensor(msg.arrays, spec)
         if reason is None:

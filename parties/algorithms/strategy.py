@@ -190,6 +190,23 @@ class StrategyCounters:
     max_staleness: int = 0
     #: the active party's missed embeddings by passive party id (several passive parties)
     missed_by_party: dict[str, int] = field(default_factory=dict)
+    #: batches given up for their epoch (never trained there), by cause (:data:`CAUSES`)
+    untrained: dict[str, int] = field(default_factory=dict)
+
+    def give_up(self, cause: str) -> None:
+        """Count one batch given up for its epoch because of ``cause``."""
+        if cause not in CAUSES:
+            raise ValueError(f"cause must be one of {CAUSES}, got {cause!r}")
+        self.untrained[cause] = self.untrained.get(cause, 0) + 1
+
+
+#: why a batch was given up for its epoch (``untrained_batches`` in metrics.json):
+#: ``emb_missed`` (active: the embedding missed T_ddl on its last attempt),
+#: ``partner_skipped`` (active: a passive party's notice, its DP reassignment reserve),
+#: ``grad_missed`` (passive: the gradient missed T_ddl on its last attempt),
+#: ``active_skipped`` (passive: the active party's notice that it gave the batch up),
+#: ``dp_reserve`` (passive: a record's DP reassignment reserve was spent)
+CAUSES = ("emb_missed", "partner_skipped", "grad_missed", "active_skipped", "dp_reserve")
 
 
 def grad_acceptor(epoch: int, b: int, uid: str) -> Callable[[Any], int]:
@@ -290,6 +307,7 @@ class Strategy:
         yield Discard(worker=k, key=b)
         sched.drop(b)
         self.counters.dropped += 1
+        self.counters.give_up("dp_reserve")
         yield Publish(kind=EMB, channel=b, meta={"e": epoch, "b": b, "skip": True})
         yield Log(event="vfl.batch_dropped", level="warning",
                   fields={"batch": b, "epoch": epoch, "missing": "dp_reserve",
@@ -302,9 +320,13 @@ class Strategy:
         (reassigned or given up), a partner's skip drops the batch, a gradient completes
         it; then the workers waiting on the schedule are woken."""
         if outcome == "missed":
-            yield from self._count_miss(sched.fail(b, attempt), b, epoch, "grad")
+            again = sched.fail(b, attempt)
+            if not again:
+                self.counters.give_up("grad_missed")
+            yield from self._count_miss(again, b, epoch, "grad")
         elif outcome == "skipped":
             sched.drop(b)
+            self.counters.give_up("active_skipped")
         else:
             sched.complete(b)
         yield NotifySchedule()
@@ -716,6 +738,7 @@ class ScheduledActive(Strategy):
                     # give it up and release the others' wait for its gradient
                     sched.drop(b)
                     c.dropped += 1
+                    c.give_up("partner_skipped")
                     yield Log(event="vfl.batch_dropped", level="warning",
                               fields={"batch": b, "epoch": epoch, "missing": "emb",
                                       "reassigned": False, "partner_skipped": True})
@@ -736,6 +759,7 @@ class ScheduledActive(Strategy):
                 if again:
                     self._hold(epoch, b, out.got)
                 else:
+                    c.give_up("emb_missed")
                     for party in self.cfg.partners:
                         yield Publish(kind=GRAD, channel=b, party=party,
                                       meta={"e": epoch, "b": b, "skip": True})
@@ -809,6 +833,7 @@ class AvflPassive(Strategy):
                 win.applied(b)
             else:
                 win.given_up(b)
+                c.give_up("grad_missed" if outcome == "missed" else "active_skipped")
                 if outcome == "missed":
                     yield from self._count_miss(False, b, epoch, "grad")
 

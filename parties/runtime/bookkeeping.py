@@ -191,9 +191,13 @@ def party_metrics(party: Any, meter: CpuMeter) -> dict[str, Any]:
         "dropped_batches": party.c.dropped,
         "reassigned_batches": party.c.reassigned,
         "skipped_batches": party.c.skipped,
+        # batches given up for their epoch, by cause (parties.algorithms.strategy.CAUSES)
+        "untrained_batches": dict(party.c.untrained),
         "stale_messages": party.c.stale,
         # the partner's malformed embeddings/gradients dropped, by sender (parties.algorithms.intake)
         "rejected_messages": party.intake.rejected,
+        # of them, those outside the run's plan (epoch, batch id or channel; RunPlan)
+        "rejected_out_of_plan": party.intake.out_of_plan,
         # messages on the partner's topics from other bus clients, dropped on arrival
         "foreign_messages": st.foreign,
         "rejected_by_sender": dict(list(party.intake.bad.items())[:64]),

@@ -191,7 +191,7 @@ class ActionDriver:
         topic = self._topic(a.kind, a.channel, a.party)
         stale = 0
         while (raw := self.bus.try_next(topic)) is not None:
-            if (msg := self._admit(a.kind, raw)) is None:
+            if (msg := self._admit(a.kind, raw, a.channel)) is None:
                 continue
             verdict = a.accept(msg)
             if verdict == 1:
@@ -203,8 +203,24 @@ class ActionDriver:
         return Received(stale=stale)
 
     def _pending(self, a: Pending) -> frozenset[int]:
-        return frozenset(c for c in a.channels
-                         if self.bus.pending(self._topic(a.kind, c, a.party)) > 0)
+        """The channels with a message buffered. Messages at a buffer's head that the
+        intake refuses on their metadata (outside the run's plan, not the partner's) are
+        dropped and counted here, so that they never make a channel look ready."""
+        ready = []
+        for c in a.channels:
+            topic = self._topic(a.kind, c, a.party)
+            while self.bus.pending(topic) > 0:
+                if self.intake is None:
+                    ready.append(c)
+                    break
+                raw = self.bus.try_next(topic)
+                if raw is None:
+                    break
+                if self.intake.admit(raw, None, channel=c):  # metadata only
+                    self.bus.unget(raw)
+                    ready.append(c)
+                    break
+        return frozenset(ready)
 
     @staticmethod
     def _now(_: Now) -> float:
@@ -228,10 +244,13 @@ class ActionDriver:
             kw["snapshot"] = True
         return await self.handles[a.worker].forward(a.epoch, a.batch, **kw)
 
-    def _admit(self, kind: str, msg: Any) -> Any:
+    def _admit(self, kind: str, msg: Any, channel: int | None = None) -> Any:
         """The partner message with its tensor decoded to float32 (an ``emb`` or
         ``grad`` sent compressed, :mod:`parties.algorithms.wire`) if the intake admits it (no
-        intake: everything); None: dropped (counted by the intake)."""
+        intake: everything); None: dropped (counted by the intake). ``channel``: the
+        per-batch channel it came on (the intake checks it, and the message's epoch and
+        batch, against the run's plan: a message outside it is dropped, never put back
+        as one of a later epoch)."""
         tag = msg.meta.get(META_KEY)
         if tag is not None and kind != IDS and msg.arrays:
             try:
@@ -244,7 +263,8 @@ class ActionDriver:
                     raise
                 self.intake.reject(msg.publisher, str(exc), topic=msg.topic)
                 return None
-        if self.intake is None or self.intake.admit(msg, self.specs.get(kind)):
+        if self.intake is None or self.intake.admit(msg, self.specs.get(kind),
+                                                     channel=channel if kind != IDS else None):
             return msg
         return None
 
@@ -329,8 +349,8 @@ class ActionDriver:
                     raw = await self.bus.next(topic, remaining)
                 except DeadlineExceeded:
                     return Received(stale=stale)
-                if (msg := self._admit(a.kind, raw)) is None:
-                    continue
+                if (msg := self._admit(a.kind, raw, a.channel)) is None:
+                    continue  # dropped and counted: the wait goes on to its deadline
                 verdict = a.accept(msg)
                 if verdict == 1:
                     return Received(msg=msg, stale=stale)

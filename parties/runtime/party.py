@@ -139,7 +139,7 @@ from pubsub.transport import Transport
 
 from parties.algorithms.actions import EMB, GRAD
 from parties.algorithms.fuse import fuse_of
-from parties.algorithms.intake import PeerIntake, TensorSpec
+from parties.algorithms.intake import PeerIntake, RunPlan, TensorSpec
 from parties.algorithms.schedule import eval_segments, first_reaching, num_batches
 from parties.algorithms.strategy import StrategyConfig, make_strategy
 from parties.config import VflConfig, role_of
@@ -309,8 +309,13 @@ class Party:
                             metric=self.metric, progress=progress, log=self.log,
                             counters=self.c, wait_s=self._wait_s,
                             compute_cpu_s=self._compute_cpu_s, sync_cpu_s=self._sync_cpu_s)
+        channels = max(self.n_batches, self.workers)
+        #: what a partner's message may claim: an epoch of the run, a batch id of the
+        #: epoch's batch order, the channel of its batch (vfl-ps: of its worker pair)
+        self.plan = RunPlan(epochs=cfg.epochs, batches=self.n_batches, channels=channels,
+                            channel_is_batch=cfg.algo != "vfl-ps")
         self.intake = PeerIntake(partner=self.partner, max_bad=cfg.timeouts.peer_max_bad_messages,
-                                 log=self.log)
+                                 log=self.log, plan=self.plan)
         torch.manual_seed(cfg.seed + cfg.party_ids.index(party))
         self.models, mods, self.ps = party_models(cfg, party, data, models, self.workers)
         self._bottom = mods[0]
@@ -333,7 +338,7 @@ class Party:
         ctx = PartyContext(cfg=cfg, role=role, party=party, partners=self.partners,
                            multi=self.multi, topics=self.topics, intake=self.intake,
                            log=self.log, run_id=run_id, data=data)
-        self.session = PartySession(ctx, channels=max(self.n_batches, self.workers),
+        self.session = PartySession(ctx, channels=channels,
                                     n_val_points=self._n_val_points(), workers=self.workers)
         self.evaluation = Evaluation(
             ctx, ps=self.ps, bottom=self._bottom, top=self._top,

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from parties.core.errors import PartnerMisbehaved
-from parties.algorithms.intake import PeerIntake, TensorSpec, check_meta, check_tensor
+from parties.algorithms.intake import (PeerIntake, RunPlan, TensorSpec, check_meta, check_plan,
+                                      check_tensor)
 
 SPEC = TensorSpec(width=4, max_rows=8)
 
@@ -140,3 +141,56 @@ def test_any_array_is_judged_without_error_and_admitted_only_if_usable(arr: np.n
     usable = (arr.dtype == np.float32 and arr.ndim == 2 and arr.shape[1] == 4
               and 1 <= arr.shape[0] <= 8 and bool(np.isfinite(arr).all()))
     assert (reason is None) == usable
+
+
+PLAN = RunPlan(epochs=3, batches=8, channels=8)
+
+
+@pytest.mark.parametrize(("meta", "channel", "needle"), [
+    ({"e": 10**9, "b": 1}, 1, "epoch 1000000000 outside the run's plan (0..2)"),
+    ({"e": -1, "b": 1}, 1, "epoch -1 outside"),
+    ({"e": 0, "b": 8}, None, "batch 8 outside the run's plan (0..7)"),
+    ({"e": 0, "b": 1}, 8, "channel 8 outside the run's plan (0..7)"),
+    ({"e": 0, "b": 2}, 1, "batch 2 on channel 1"),
+])
+def test_claims_outside_the_plan_are_named(meta: dict[str, Any], channel: int | None,
+                                           needle: str) -> None:
+    reason = check_plan(meta, PLAN, channel)
+    assert reason is not None and needle in reason
+
+
+def test_claims_inside_the_plan_pass() -> None:
+    for e in range(3):
+        for b in range(8):  # reassigned attempts reuse the batch id: within the plan
+            assert check_plan({"e": e, "b": b, "a": 3}, PLAN, b) is None
+    assert check_plan({"split": "val"}, PLAN) is None  # eval messages claim no batch
+    # vfl-ps: channels are worker pairs; a batch id on any of them, k must be the channel
+    pairs = RunPlan(epochs=3, batches=8, channels=8, channel_is_batch=False)
+    assert check_plan({"e": 0, "b": 5, "k": 1}, pairs, 1) is None
+    assert "pair 2 on channel 1" in check_plan({"e": 0, "b": 5, "k": 2}, pairs, 1)
+
+
+def test_out_of_plan_messages_are_rejected_and_counted() -> None:
+    intake = PeerIntake(partner="passive", max_bad=4, log=Log(), plan=PLAN)
+    intake.partner_id = "partner"
+    far = Msg((ok(),), {"e": 10**9, "b": 1})
+    assert not intake.admit(far, SPEC, channel=1)
+    assert not intake.admit(Msg((ok(),), {"e": 0, "b": 9}), SPEC, channel=1)
+    assert not intake.admit(Msg((ok(),), {"e": 0, "b": 1}), SPEC, channel=9)
+    assert intake.admit(Msg((ok(),), {"e": 2, "b": 1}), SPEC, channel=1)
+    assert intake.out_of_plan == 3 and intake.bad == {"partner": 3}
+    # from another sender: dropped and counted, never the end of the run
+    for _ in range(10):
+        assert not intake.admit(Msg((ok(),), {"e": 10**9, "b": 1}, publisher="mallory"),
+                                SPEC, channel=1)
+    assert intake.bad["mallory"] == 10
+    # the partner's 4th ends the run, naming it
+    with pytest.raises(PartnerMisbehaved) as err:
+        intake.admit(far, SPEC, channel=1)
+    assert err.value.publisher == "partner" and err.value.count == 4
+    assert "epoch 1000000000" in err.value.reason
+
+
+def test_plan_needs_a_schedule() -> None:
+    with pytest.raises(ValueError, match="epochs, batches and channels"):
+        RunPlan(epochs=0, batches=8, channels=8)
