@@ -209,6 +209,7 @@ def test_passive_miss_reassigns_then_drops_after_max_reassign() -> None:
         ("vfl.batch_dropped", True), ("vfl.batch_dropped", False)]
     c = s.counters
     assert (c.batches, c.dropped, c.reassigned, c.skipped) == (1, 2, 1, 0)
+    assert c.untrained == {"grad_missed": 1}  # the batch never trained, and why
 
 
 def test_passive_skip_notice_drops_the_batch_without_a_miss() -> None:
@@ -218,6 +219,7 @@ def test_passive_skip_notice_drops_the_batch_without_a_miss() -> None:
     assert len(f.of(Discard)) == 1 and not f.of(Backward)
     c = s.counters
     assert (c.batches, c.dropped, c.skipped, c.reassigned) == (0, 1, 1, 0)
+    assert c.untrained == {"active_skipped": 1}
 
 
 def test_passive_drops_a_reassigned_batch_its_dp_reserve_refuses_and_says_so() -> None:
@@ -244,6 +246,7 @@ def test_passive_drops_a_reassigned_batch_its_dp_reserve_refuses_and_says_so() -
     assert [x.fields["missing"] for x in f.of(Log)] == ["grad", "dp_reserve"]
     c = s.counters
     assert (c.batches, c.dropped, c.reassigned) == (1, 2, 1)
+    assert c.untrained == {"dp_reserve": 1}
 
 
 def test_active_gives_up_a_batch_its_passive_party_skipped() -> None:
@@ -259,6 +262,7 @@ def test_active_gives_up_a_batch_its_passive_party_skipped() -> None:
     assert [(p.kind, p.channel) for p in skips] == [(GRAD, 0)]
     c = s.counters
     assert (c.batches, c.dropped, c.skipped, c.reassigned) == (1, 1, 0, 0)
+    assert c.untrained == {"partner_skipped": 1}
 
 
 def test_passive_accepts_an_earlier_attempts_gradient_and_discards_stale_epochs() -> None:
@@ -322,6 +326,7 @@ def test_active_miss_skips_the_batch_and_tells_the_passive_party() -> None:
     assert [(d.worker, d.key) for d in f.of(Discard)] == [(0, 0)]
     c = s.counters
     assert (c.batches, c.dropped, c.reassigned) == (0, 1, 0)
+    assert c.untrained == {"emb_missed": 1}
 
 
 def test_active_message_from_a_later_epoch_ends_the_wait_without_the_full_deadline() -> None:
@@ -402,6 +407,7 @@ def test_avfl_passive_miss_gives_the_batch_up_without_reassignment() -> None:
     f.run(s.segment(0, BATCHES, range(2)))
     c = s.counters
     assert (c.dropped, c.reassigned, c.batches) == (2, 0, 0)
+    assert c.untrained == {"grad_missed": 2}
     assert [d.key for d in f.of(Discard)] == [0, 1]
 
 
@@ -444,6 +450,7 @@ def test_avfl_staleness_never_exceeds_the_bound(bound: int, n: int, arrivals: li
     assert c.batches == sum(fates[b] == "grad" for b in range(n))
     assert c.skipped == sum(fates[b] == "skip" for b in range(n))
     assert c.dropped == n - c.batches
+    assert c.batches + sum(c.untrained.values()) == n  # no batch lost without a cause
 
 
 # ---------------------------------------------------------------------------- pubsub property
@@ -473,6 +480,7 @@ def test_pubsub_every_batch_completes_or_drops_exactly_once(n: int, max_reassign
     assert len(done) == len(set(done)) == c.batches
     ended = c.batches + c.dropped - c.reassigned
     assert ended == n
+    assert c.batches + sum(c.untrained.values()) == n  # no batch lost without a cause
     per_batch = [sum(1 for p in f.of(Publish) if p.meta["b"] == b) for b in range(n)]
     assert all(1 <= k <= max_reassign + 1 for k in per_batch)
     assert c.reassigned == sum(per_batch) - n
@@ -504,6 +512,7 @@ def test_pubsub_active_every_batch_trains_or_skips_exactly_once(n: int, max_reas
     assert len(trained) == len(set(trained)) == c.batches
     assert sorted(trained + skipped) == list(range(n))
     assert c.dropped - c.reassigned == len(skipped)
+    assert c.untrained == ({"emb_missed": len(skipped)} if skipped else {})
 
 
 # ---------------------------------------------------------------------------- vfl-ps
