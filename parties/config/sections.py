@@ -453,9 +453,10 @@ class TimeoutsSection:
             depend on ``timeouts.max_reassign``).
         liveness_timeout_s: partner heartbeats missing this long fail the run, seconds.
         peer_max_bad_messages: malformed embeddings or gradients (wrong shape or dtype,
-            values that are not finite, bad metadata) from the partner that end the run
-            (exit 4); each is dropped and counted before (``parties.algorithms.intake``). Those from
-            other bus clients are only dropped and counted (``rejected_by_sender``).
+            values that are not finite, bad metadata, or an epoch, batch id or channel
+            outside the run's plan) from the partner that end the run (exit 4); each is
+            dropped and counted before (``parties.algorithms.intake``). Those from other
+            bus clients are only dropped and counted (``rejected_by_sender``).
         handshake_timeout_s: deadline for both parties to find each other, seconds.
         resend_interval_s: a scoring exchange (the passive party's validation or test
             embeddings, the active party's "scored") not received after this long is
