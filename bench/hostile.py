@@ -19,6 +19,13 @@ the AUC spread; one attacked run is hit for the whole of its training (at least
 - well-formed embeddings and gradients of the right shape from a foreign client,
 - embeddings under the passive identity's publisher id (``passive/...``; CURVE only),
 - replays of the partner's own captured embeddings (old epochs, later),
+- ``far_future_epochs``: once, a copy of a captured embedding claiming epoch 10^9 on each
+  of channels 0-9, under the partner's own publisher id (what once made those channels
+  wait T_ddl three times in every later epoch: 20 of 336 batches untrained, nothing
+  rejected). Sent only where the replayer could read an embedding to copy, so only on
+  plaintext (with CURVE it is no member of the run and the broker refuses the spoofed id
+  anyway): the victim's intake must reject and count them (``rejected_out_of_plan``) and
+  lose no batch to them,
 - control-socket garbage (requests of several frames, non-JSON),
 - a subscription flood (``--subscriptions`` topics from one client),
 - oversize messages (``--oversize-mb``, above the broker's 64 MiB bound).
@@ -29,11 +36,14 @@ restarted on the same port mid-training.
 ``summary``: ``broker_alive`` (the broker still answers ``ping`` after the campaign);
 ``victim_completed`` (both parties exit 0); ``crashes`` (non-zero exits or tracebacks of
 victim or broker processes, attacked run); ``silent_corruptions`` (a metric that is not
-finite, or a party that rejected none of the attacker's messages: they were then either
-used or never seen); ``victim_auc_delta`` (median undisturbed minus attacked) against
+finite, a party that rejected none of the attacker's messages: they were then either
+used or never seen, or ``far_future_epochs`` copies sent and none rejected as out of
+plan); ``victim_auc_delta`` (median undisturbed minus attacked) against
 ``auc_tolerance`` = max(0.005, 2 x the undisturbed spread); ``broker_rss_growth_mb``;
 ``broker_refused`` (the broker's own refusals during the attack: forbidden, spoofed,
-not_member, not_member_reads, capped, rejected);
+not_member, not_member_reads, capped, rejected); ``far_future_epochs`` (copies sent, the
+victim's ``rejected_out_of_plan`` and ``untrained_batches`` on each side, its
+``dropped_batches`` beside the undisturbed runs');
 ``restart_runs`` / ``restart_runs_completed`` (exit 0 of both parties) with each run's
 exit codes and last stderr line.
 """
@@ -78,6 +88,8 @@ IDENTITIES = {"active": "active", "passive": "passive", "mallory": "passive",
 #: a 60 s attack needs on 2 cores (undisturbed test AUC 0.895 at 199 epochs, 0.915 at 100);
 #: at 2e-4 the validation AUC was flat (0.940-0.941) from epoch 60 to 150 (2026-12-02)
 VICTIM_LR = 1e-4
+#: the epoch the ``far_future_epochs`` copies claim
+FAR_EPOCH = 10**9
 RUNS = ["victim", "plain0", "plain1", *(f"restart{k}" for k in range(16))]
 
 
@@ -226,6 +238,7 @@ async def _attack_bus(broker: Broker, run_id: str, stop: threading.Event,
             await flood.subscribe_many(topics[i:i + 500])
         counts["subscriptions"] = subs
         captured: list[Any] = []
+        real: Any = None  # an embedding of the passive party's own client
         i = 0
         big_sent = False
         while not stop.is_set():
@@ -240,9 +253,23 @@ async def _attack_bus(broker: Broker, run_id: str, stop: threading.Event,
                 m = rep.try_next(t)
                 if m is not None and len(captured) < 64:
                     captured.append(m)
+                while real is None and m is not None:  # one of the partner's own
+                    if m.publisher.startswith("passive"):
+                        real = m
+                    m = rep.try_next(t)
             for m in captured[: max(0, len(captured) - 8)][:4]:  # replay old ones
                 rep.publish_nowait(m.topic, list(m.arrays), dict(m.meta))
                 counts["replays"] += 1
+            if real is not None and not counts["far_future"]:
+                # one copy claiming epoch 10^9 on channels 0-9, as the partner (the
+                # passive party's client id: the captures hold mallory's messages too)
+                m, own = real, rep.publisher_id
+                rep.publisher_id = m.publisher
+                for c in range(min(10, n_channels)):
+                    rep.publish_nowait(f"emb/{run_id}/{c}", list(m.arrays),
+                                       {**dict(m.meta), "e": FAR_EPOCH, "b": c})
+                    counts["far_future"] += 1
+                rep.publisher_id = own
             if broker.keys is not None:  # claim the passive identity's publisher id
                 own = bus.publisher_id
                 bus.publisher_id = f"passive/forged-{i}"
@@ -317,7 +344,7 @@ def attacked_run(root: Path, keys: Path | None, epochs: int, attack_s: float, su
     out = root / "attacked"
     victim = _launch(broker, out, "victim", epochs)
     counts = {"bad_messages": 0, "replays": 0, "oversize": 0, "malformed_frames": 0,
-              "control_garbage": 0, "subscriptions": 0, "spoofed": 0}
+              "control_garbage": 0, "subscriptions": 0, "spoofed": 0, "far_future": 0}
     stop = threading.Event()
     started = _wait_event(out / "events.jsonl", "vfl.partner_found", victim, 180)
     t0 = time.monotonic()
@@ -350,12 +377,22 @@ def attacked_run(root: Path, keys: Path | None, epochs: int, attack_s: float, su
     # an attack nobody refused (neither the broker nor a party) was used or never seen
     refused_anywhere = sum(broker_refused.values()) + sum(rejected.values())
     corruptions = int(auc is None or not np.isfinite(auc)) + int(
-        counts["bad_messages"] > 0 and refused_anywhere == 0)
+        counts["bad_messages"] > 0 and refused_anywhere == 0) + int(
+        # the partner-id copies claiming epoch 10^9 reached the active party unrefused
+        counts["far_future"] > 0
+        and not parties.get("active", {}).get("rejected_out_of_plan"))
     return {"started": started, "attack_s": attack_wall, "counts": counts,
             "victim": {k: v for k, v in res.items() if k != "metrics"}, "test_auc": auc,
             "train_wall_s": m.get("train_wall_s"), "rejected": rejected,
             "rejected_by_sender": {r: parties.get(r, {}).get("rejected_by_sender", {})
                                    for r in ("active", "passive")},
+            "far_future_epochs": {
+                "sent": counts["far_future"],
+                "rejected_out_of_plan": {r: parties.get(r, {}).get("rejected_out_of_plan")
+                                         for r in ("active", "passive")},
+                "untrained_batches": {r: parties.get(r, {}).get("untrained_batches")
+                                      for r in ("active", "passive")},
+                "dropped_batches": m.get("dropped_batches")},
             "broker_alive": alive, "broker_exit": broker_code,
             "broker_refused": broker_refused,
             "broker_rss_growth_mb": rss_max - rss0, "silent_corruptions": corruptions,
@@ -369,7 +406,8 @@ def plain_run(root: Path, keys: Path | None, name: str, epochs: int) -> dict[str
     res = _result(_launch(broker, out, name, epochs), out, 600)
     broker.stop()
     return {"code": res["code"], "test_auc": res["metrics"].get("test_auc"),
-            "train_wall_s": res["metrics"].get("train_wall_s")}
+            "train_wall_s": res["metrics"].get("train_wall_s"),
+            "dropped_batches": res["metrics"].get("dropped_batches")}
 
 
 def restart_run(root: Path, keys: Path | None, k: int, epochs: int) -> dict[str, Any]:
@@ -452,6 +490,9 @@ def main() -> None:
         "attack_s": att["attack_s"],
         "broker_rss_growth_mb": att["broker_rss_growth_mb"],
         "broker_refused": att["broker_refused"],
+        "far_future_epochs": {**att["far_future_epochs"],
+                              "dropped_batches_undisturbed": [r["dropped_batches"]
+                                                              for r in plain]},
         "transport": "plaintext" if args.insecure else "curve",
         "restart_runs": len(restarts),
         "restart_runs_completed": sum(r["code"] == 0 for r in restarts),
