@@ -194,3 +194,54 @@ def test_out_of_plan_messages_are_rejected_and_counted() -> None:
 def test_plan_needs_a_schedule() -> None:
     with pytest.raises(ValueError, match="epochs, batches and channels"):
         RunPlan(epochs=0, batches=8, channels=8)
+
+
+def test_the_driver_never_waits_for_nor_holds_a_channel_with_an_out_of_plan_copy() -> None:
+    """Over the in-memory bus: a copy claiming epoch 10^9 at the head of a channel's buffer
+    is dropped and counted when the channel is looked at (``Pending``: not ready) or waited
+    on (``Await``: the real embedding behind it is taken; it is not put back as a message
+    of a later epoch, which used to end every later wait on the channel at once)."""
+    import asyncio
+
+    from parties.algorithms.actions import EMB, Await, Pending
+    from parties.algorithms.strategy import epoch_acceptor
+    from parties.runtime.driver import ActionDriver
+    from parties.runtime.timeline import Timeline
+    from pubsub import MemoryBroker
+
+    class Topics:
+        def emb(self, b: int, party: str = "") -> str:
+            return f"emb/r/{b}"
+
+    async def main() -> None:
+        async with MemoryBroker() as hub, hub.connect("passive") as pub, \
+                hub.connect("active") as sub:
+            await sub.subscribe_many([f"emb/r/{c}" for c in range(8)])
+            intake = PeerIntake(partner="passive", max_bad=16, log=Log(), plan=PLAN)
+            intake.partner_id = pub.client_id
+            drv = ActionDriver(sub, topics=Topics(), handles=[], timeline=Timeline("active"),
+                               intake=intake, specs={EMB: SPEC})
+            far = {"e": 10**9, "b": 0, "a": 0, "u": "x"}
+            pub.publish_nowait("emb/r/0", [ok()], far)
+            pub.publish_nowait("emb/r/1", [ok()], {**far, "b": 1})
+            pub.publish_nowait("emb/r/1", [ok()], {"e": 1, "b": 1, "a": 0, "u": "1.1.0"})
+            await asyncio.sleep(0.05)
+            ready = await drv.run(_one(Pending(kind=EMB, channels=(0, 1))))
+            assert ready == frozenset({1}) and sub.pending("emb/r/0") == 0
+            assert intake.out_of_plan == 2 and intake.bad == {pub.client_id: 2}
+            r = await drv.run(_one(Await(kind=EMB, channel=1, timeout_s=5.0,
+                                         accept=epoch_acceptor(1), worker=0, batch=1)))
+            assert r.msg is not None and r.msg.meta["u"] == "1.1.0" and not r.later
+            # an in-plan message of a later epoch is still put back for its epoch
+            pub.publish_nowait("emb/r/2", [ok()], {"e": 2, "b": 2, "a": 0, "u": "2.2.0"})
+            r = await drv.run(_one(Await(kind=EMB, channel=2, timeout_s=5.0,
+                                         accept=epoch_acceptor(1), worker=0, batch=2)))
+            assert r.later and r.msg is None and sub.pending("emb/r/2") == 1
+            assert intake.rejected == 2
+
+    asyncio.run(main())
+
+
+def _one(action: Any) -> Any:
+    """A strategy generator of one action, returning its result."""
+    return (yield action)
