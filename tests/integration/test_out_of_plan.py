@@ -22,10 +22,12 @@ from sim.launch.local import run_vfl_in_process
 FAR = 10**9
 
 
-def forging_passive(monkeypatch: pytest.MonkeyPatch, copies: int) -> None:
-    """The passive party's bus client publishes, with its first embedding, a copy of it
-    claiming epoch ``FAR`` on each of the first ``copies`` channels."""
+def forging(monkeypatch: pytest.MonkeyPatch, copies: int, role: str = "passive") -> None:
+    """``role``'s bus client publishes, with its first embedding (passive) or gradient
+    (active), a copy of it claiming epoch ``FAR`` on each of the first ``copies``
+    channels."""
     plain = MemoryBroker.connect
+    kind = "emb/" if role == "passive" else "grad/"
 
     class Forger(MemoryBus):
         forged = False
@@ -33,16 +35,16 @@ def forging_passive(monkeypatch: pytest.MonkeyPatch, copies: int) -> None:
         def publish_nowait(self, topic: str, arrays: Sequence[Any] = (),
                            meta: Any = None, *, copy: bool = True) -> int:
             n = super().publish_nowait(topic, arrays, meta, copy=copy)
-            if topic.startswith("emb/") and not Forger.forged and arrays:
+            if topic.startswith(kind) and not Forger.forged and arrays:
                 Forger.forged = True
                 run = topic.split("/")[1]
                 for c in range(copies):
-                    super().publish_nowait(f"emb/{run}/{c}", arrays,
+                    super().publish_nowait(f"{kind}{run}/{c}", arrays,
                                            {**dict(meta), "e": FAR, "b": c})
             return n
 
     def connect(self: MemoryBroker, name: str = "client", *, config: Any = None) -> MemoryBus:
-        if name == "passive":
+        if name == role:
             return Forger(self, name=name, config=config)
         return plain(self, name, config=config)
 
@@ -60,26 +62,27 @@ def config(max_bad: int) -> VflConfig:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize(("forger", "victim"), [("passive", "active"), ("active", "passive")])
 def test_a_far_future_copy_is_rejected_and_costs_no_batch(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    forging_passive(monkeypatch, copies=6)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forger: str, victim: str) -> None:
+    forging(monkeypatch, copies=6, role=forger)
     run_vfl_in_process(config(max_bad=16), tmp_path / "run", timeout_s=100)
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    act, pas = m["parties"]["active"], m["parties"]["passive"]
-    assert act["rejected_out_of_plan"] == 6 and act["rejected_messages"] == 6
-    assert list(act["rejected_by_sender"].values()) == [6]
+    hit, other = m["parties"][victim], m["parties"][forger]
+    assert hit["rejected_out_of_plan"] == 6 and hit["rejected_messages"] == 6
+    assert list(hit["rejected_by_sender"].values()) == [6]
     # nothing waited for, nothing dropped: every batch of every epoch trained on both sides
     planned = 3 * 8
-    assert act["batches"] == pas["batches"] == planned
-    assert act["dropped_batches"] == pas["dropped_batches"] == 0
-    assert act["untrained_batches"] == pas["untrained_batches"] == {}
-    assert pas["rejected_messages"] == 0 and act["bus"]["evicted"] == 0
+    assert hit["batches"] == other["batches"] == planned
+    assert hit["dropped_batches"] == other["dropped_batches"] == 0
+    assert hit["untrained_batches"] == other["untrained_batches"] == {}
+    assert other["rejected_messages"] == 0 and hit["bus"]["evicted"] == 0
 
 
 @pytest.mark.timeout(120)
 def test_a_partner_past_the_limit_ends_the_run_named(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    forging_passive(monkeypatch, copies=10)
+    forging(monkeypatch, copies=10)
     with pytest.raises(PartnerMisbehaved) as err:
         run_vfl_in_process(config(max_bad=4), tmp_path / "run", timeout_s=100)
     assert err.value.partner == "passive" and err.value.publisher
