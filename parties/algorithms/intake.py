@@ -139,7 +139,8 @@ class PeerIntake:
             name each (an active party has one per passive party); empty: not known yet,
             every sender is judged as the partner.
         bad: malformed messages by sender (at most :data:`MAX_SENDERS`, the rest "*").
-        out_of_plan: of them, those outside the plan (all senders).
+        out_of_plan: of them, those outside the plan (from the partner: another sender's
+            are refused first as not the partner's).
     """
 
     def __init__(self, *, partner: str, max_bad: int, log: Any,

@@ -667,3 +667,11 @@ def test_strategy_config_rejects_bad_partners(kw: dict[str, Any], bad: str) -> N
                                 data_wait_s=1.0)
     with pytest.raises(ValueError, match=bad):
         StrategyConfig(**{**base, **kw})
+
+
+def test_a_given_up_batch_needs_a_known_cause() -> None:
+    c = make_strategy(cfg("pubsub", "active")).counters
+    c.give_up("emb_missed")
+    with pytest.raises(ValueError, match="cause must be one of"):
+        c.give_up("lost")
+    assert c.untrained == {"emb_missed": 1}
