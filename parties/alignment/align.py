@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -60,6 +61,7 @@ from parties.alignment.psi import (
     PsiSession,
     aligned,
     check_ids,
+    check_points,
     compare_keys,
     shared_mask,
     shuffle_order,
@@ -327,7 +329,9 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
         AlignTimeout: a message did not arrive in time (names which).
         AlignMismatch: the partner speaks another protocol version or reports another
             intersection size.
-        MalformedPoints: a chunk does not have the expected layout.
+        MalformedPoints: a chunk from the partner does not have the expected layout, or
+            a point of its request chunk is not on the curve (names the partner, the
+            chunk and the point).
         pubsub.errors.BrokerUnreachable: no broker at ``broker``.
     """
     cfg = config or AlignConfig()
@@ -379,8 +383,9 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
                 for i in range(pplan.n_chunks):
                     what = f"{label} req chunk {i}"
                     msg = await _next(bus, f"{theirs['req']}/{i}", what, cfg.chunk_timeout_s)
-                    pts = _chunk_points(msg, pplan, i, what)
-                    out = await crypto.run(session.reencrypt, pts, what)
+                    pts = _chunk_points(msg, pplan, i, what, label)
+                    out = await crypto.run(functools.partial(
+                        session.reencrypt, pts, what, sender=label, chunk=i))
                     a, b = pplan.bounds(i)
                     partner_keys[a:b] = compare_keys(out)
                     await bus.publish(f"{mine['resp']}/{i}", [out], {"i": i}, copy=False)
@@ -389,7 +394,11 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
                 for i in range(plan.n_chunks):
                     what = f"{label} resp chunk {i}"
                     msg = await _next(bus, f"{theirs['resp']}/{i}", what, cfg.chunk_timeout_s)
-                    pts = _chunk_points(msg, plan, i, what)
+                    pts = _chunk_points(msg, plan, i, what, label)
+                    # compared as bytes, never decoded: a response point off the curve
+                    # cannot fail the library; it matches no honest point (see the module
+                    # docstring)
+                    check_points(pts, what, sender=label, chunk=i)
                     a, b = plan.bounds(i)
                     own_keys[a:b] = compare_keys(pts)
                     credits.release()
@@ -439,19 +448,20 @@ def _finish(own: list[str], own_keys: np.ndarray, partner_keys: np.ndarray,
     return aligned(own, shared_mask(own_keys, partner_keys), n_partner=n_partner)
 
 
-def _chunk_points(msg: Any, plan: ChunkPlan, i: int, what: str) -> np.ndarray:
-    """The points of chunk ``i`` of a message, checked against the plan.
+def _chunk_points(msg: Any, plan: ChunkPlan, i: int, what: str, sender: str) -> np.ndarray:
+    """The points of chunk ``i`` of a message from ``sender``, checked against the plan.
 
     Raises:
         MalformedPoints: not one ``uint8 (m, 33)`` array with ``m`` the chunk's size.
     """
     if len(msg.arrays) != 1:
-        raise MalformedPoints(what, f"expected 1 array, got {len(msg.arrays)}")
+        raise MalformedPoints(what, f"expected 1 array, got {len(msg.arrays)}",
+                              sender=sender, chunk=i)
     pts = msg.arrays[0]
     a, b = plan.bounds(i)
     if pts.dtype != np.uint8 or pts.shape != (b - a, POINT_BYTES):
         raise MalformedPoints(what, f"expected uint8 {(b - a, POINT_BYTES)}, got "
-                              f"{pts.dtype} {pts.shape}")
+                              f"{pts.dtype} {pts.shape}", sender=sender, chunk=i)
     return pts
 
 

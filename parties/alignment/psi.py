@@ -107,17 +107,27 @@ class EmptyId(AlignError, ValueError):
 
 
 class MalformedPoints(AlignError, ValueError):
-    """A chunk of encrypted points does not have the expected layout.
+    """A chunk of encrypted points from the partner is not what the protocol sends: the
+    wrong layout, or (request chunks) a point that does not decode to a point of P-256.
 
     Attributes:
         what: which chunk (e.g. ``"passive resp chunk 3"``).
         reason: what was wrong.
+        sender: the party that sent the chunk (None: not known where raised).
+        chunk: the chunk's index in the sender's plan (None: not known).
+        point: the 0-based position in the chunk of the first point that does not
+            decode (None: a layout error, or not known).
     """
 
-    def __init__(self, what: str, reason: str) -> None:
+    def __init__(self, what: str, reason: str, *, sender: str | None = None,
+                 chunk: int | None = None, point: int | None = None) -> None:
         self.what = what
         self.reason = reason
-        super().__init__(f"malformed points in {what}: {reason}")
+        self.sender = sender
+        self.chunk = chunk
+        self.point = point
+        src = f" from the {sender} party" if sender is not None else ""
+        super().__init__(f"malformed points{src} in {what}: {reason}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,39 +256,84 @@ class PsiSession:
         req = self._client.CreateRequest(list(ids))
         return points_from_elements(req.encrypted_elements, "own request")
 
-    def reencrypt(self, points: np.ndarray, what: str = "partner request") -> np.ndarray:
+    def reencrypt(self, points: np.ndarray, what: str = "partner request", *,
+                  sender: str | None = None, chunk: int | None = None) -> np.ndarray:
         """Multiply each point by this party's key (``server.ProcessRequest``), same order.
+
+        Every point is decoded by the library, which checks that it lies on P-256 (an
+        x-coordinate below the field prime whose ``x^3 - 3x + b`` is a square); the
+        library's error for one that does not (``RuntimeError: ECGroup::CreateECPoint``)
+        becomes :class:`MalformedPoints` naming the chunk and the first such point.
 
         Args:
             points: ``uint8`` array ``(m, 33)`` of compressed points (a partner's chunk).
             what: names the chunk in errors.
+            sender / chunk: the sending party and the chunk's index, for the error.
 
         Returns:
             ``uint8`` array ``(m, 33)``.
 
         Raises:
-            MalformedPoints: wrong dtype/shape or a prefix byte other than 2 or 3.
+            MalformedPoints: wrong dtype/shape, a prefix byte other than 2 or 3, or a
+                point that is not on the curve.
         """
-        check_points(points, what)
-        req = self._psi.Request(reveal_intersection=True,
-                                encrypted_elements=split_points(points))
-        resp = self._server.ProcessRequest(req)
+        check_points(points, what, sender=sender, chunk=chunk)
+        try:
+            resp = self._process(points)
+        except RuntimeError as exc:
+            j = self._first_bad(points)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise MalformedPoints(
+                what, f"point {j} of the chunk is not a point of P-256 (the library: "
+                f"{first})", sender=sender, chunk=chunk, point=j) from None
         return points_from_elements(resp.encrypted_elements, what)
 
+    def _process(self, points: np.ndarray):  # noqa: ANN202 - the library's response
+        req = self._psi.Request(reveal_intersection=True,
+                                encrypted_elements=split_points(points))
+        return self._server.ProcessRequest(req)
 
-def check_points(points: np.ndarray, what: str) -> None:
-    """Check the layout of a chunk of points.
+    def _first_bad(self, points: np.ndarray) -> int | None:
+        """The position of the first point the library refuses (bisection: about ``2m``
+        point operations, only on the error path); None if none is refused alone."""
+        lo, hi = 0, len(points)
+        try:
+            self._process(points[lo:hi])
+            return None
+        except RuntimeError:
+            pass
+        while hi - lo > 1:  # invariant: points[lo:hi] holds a refused point
+            mid = (lo + hi) // 2
+            try:
+                self._process(points[lo:mid])
+            except RuntimeError:
+                hi = mid
+            else:
+                lo = mid
+        return lo
+
+
+def check_points(points: np.ndarray, what: str, *, sender: str | None = None,
+                 chunk: int | None = None) -> None:
+    """Check the layout of a chunk of points (not whether they lie on the curve: the
+    library's decoding does that, :meth:`PsiSession.reencrypt`).
 
     Raises:
         MalformedPoints: not ``uint8`` of shape ``(m, 33)``, or a prefix byte not 2/3.
     """
+    kw = {"sender": sender, "chunk": chunk}
     if not isinstance(points, np.ndarray) or points.dtype != np.uint8:
         raise MalformedPoints(what, f"expected a uint8 array, got "
-                              f"{getattr(points, 'dtype', type(points).__name__)}")
+                              f"{getattr(points, 'dtype', type(points).__name__)}", **kw)
     if points.ndim != 2 or points.shape[1] != POINT_BYTES:
-        raise MalformedPoints(what, f"expected shape (m, {POINT_BYTES}), got {points.shape}")
-    if len(points) and not np.isin(points[:, 0], (2, 3)).all():
-        raise MalformedPoints(what, "a point's prefix byte is not 2 or 3 (not compressed)")
+        raise MalformedPoints(what, f"expected shape (m, {POINT_BYTES}), got {points.shape}",
+                              **kw)
+    if len(points):
+        bad = np.flatnonzero(~np.isin(points[:, 0], (2, 3)))
+        if len(bad):
+            raise MalformedPoints(what, f"point {int(bad[0])} of the chunk has prefix byte "
+                                  f"{int(points[bad[0], 0])}, not 2 or 3 (not a compressed "
+                                  "point)", point=int(bad[0]), **kw)
 
 
 def split_points(points: np.ndarray) -> list[bytes]:

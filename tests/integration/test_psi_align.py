@@ -184,3 +184,30 @@ async def test_an_empty_side_aligns_to_nothing(thread_broker: str) -> None:
                        run_id="e", config=cfg))
     assert ra.ids == rb.ids == () and rb.rows.shape == (0,)
     assert (sa.n_partner, sb.n_partner, sa.chunks_sent, sb.chunks_sent) == (5, 0, 0, 2)
+
+
+async def test_a_party_process_fed_a_forged_chunk_exits_4_naming_the_sender(
+        thread_broker: str, tmp_path: Path) -> None:
+    # the honest party is a real `psfl vfl align --role active` process; the passive
+    # party, in this process, puts a point that is not on P-256 into its request chunk 1
+    from tests.psi_forge import forging
+
+    a, b = demo_ids(60, 0.5, seed=11)
+    (tmp_path / "a.txt").write_text("".join(x + "\n" for x in a))
+    cfg = AlignConfig(chunk_size=16, window=2, join_timeout_s=30, chunk_timeout_s=30)
+    forger = asyncio.create_task(align_over_bus(
+        b, role="passive", broker=thread_broker, run_id="forged", config=cfg,
+        connect=forging(lambda name: Bus(thread_broker, name=name), kind="req", chunk=1,
+                        point=7)))
+    try:
+        r = await asyncio.to_thread(
+            _cli, "--role", "active", "--broker", thread_broker, "--insecure", "--run-id",
+            "forged", "--ids", str(tmp_path / "a.txt"), "--out", str(tmp_path / "out"),
+            "--chunk-size", "16", "--timeout-s", "30", timeout=120)
+    finally:
+        forger.cancel()
+        await asyncio.gather(forger, return_exceptions=True)
+    assert r.returncode == 4, r.stderr
+    assert ("error (active party): malformed points from the passive party in passive req "
+            "chunk 1: point 7 of the chunk is not a point of P-256") in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr

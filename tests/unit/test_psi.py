@@ -22,6 +22,9 @@ from parties.alignment.psi import (
     mutual_psi_local,
     shared_mask,
 )
+from parties.runtime.exitcodes import ExitCode, exit_code_for
+
+from tests.psi_forge import off_curve_point
 
 
 def test_chunk_plan_covers_every_row_once() -> None:
@@ -93,6 +96,24 @@ def test_reencrypt_rejects_malformed_points() -> None:
         s.reencrypt(np.zeros((2, POINT_BYTES), np.uint8), "passive req chunk 0")
     with pytest.raises(MalformedPoints, match="uint8"):
         s.reencrypt(np.zeros((2, POINT_BYTES), np.float32))
+
+
+@pytest.mark.parametrize("kind", ["off-curve", "x>=p"])
+def test_reencrypt_turns_a_point_off_the_curve_into_malformed_points(kind: str) -> None:
+    s = PsiSession()
+    pts = s.encrypt([f"id{i}" for i in range(40)])
+    s.reencrypt(pts)  # the honest chunk passes
+    bad = pts.copy()
+    bad[29] = off_curve_point(kind)
+    bad[33] = off_curve_point(kind)
+    with pytest.raises(MalformedPoints, match="point 29 of the chunk is not a point of "
+                       "P-256") as ei:
+        s.reencrypt(bad, "passive req chunk 2", sender="passive", chunk=2)
+    e = ei.value
+    assert (e.sender, e.chunk, e.point, e.what) == ("passive", 2, 29, "passive req chunk 2")
+    assert str(e).startswith("malformed points from the passive party in passive req chunk 2")
+    assert exit_code_for(e) is ExitCode.PARTNER
+    s.reencrypt(pts)  # the session still works after the refusal
 
 
 def test_encrypt_keeps_input_order_and_keys_differ_per_session() -> None:
