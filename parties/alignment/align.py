@@ -75,6 +75,8 @@ ROLES = ("active", "passive")
 PROTOCOL_VERSION = 1
 #: Most IDs per chunk: 2^20 points of 33 bytes are 34.6 MB, under the broker's 64 MiB.
 MAX_CHUNK = 1 << 20
+#: Period of the ``psi.progress`` event while chunks are moving, seconds.
+PROGRESS_EVERY_S = 10.0
 
 
 class AlignTimeout(AlignError, TimeoutError):
@@ -371,6 +373,26 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
             own_keys = np.empty(plan.n, f"S{KEY_BYTES}")
             partner_keys = np.empty(pplan.n, f"S{KEY_BYTES}")
             credits = asyncio.Semaphore(cfg.window)
+            done_chunks = {"answered": 0, "collected": 0}
+            total = plan.n_chunks + pplan.n_chunks
+            t_met = last = time.perf_counter()
+
+            def progress() -> None:
+                # the cost is linear in the larger side (about 80 us of one core per own
+                # and 60 us per partner ID): a 10^6-ID side takes minutes, so say where it is
+                nonlocal last
+                now = time.perf_counter()
+                if now - last < PROGRESS_EVERY_S:
+                    return
+                last = now
+                n_done = done_chunks["answered"] + done_chunks["collected"]
+                blog.info("psi.progress", partner=label,
+                          partner_chunks_answered=done_chunks["answered"],
+                          partner_chunks=pplan.n_chunks,
+                          own_chunks_back=done_chunks["collected"], chunks=plan.n_chunks,
+                          elapsed_s=round(now - t_met, 1),
+                          eta_s=round((now - t_met) / n_done * (total - n_done), 1)
+                          if n_done else None)
 
             async def send_requests() -> None:
                 for i in range(plan.n_chunks):
@@ -389,6 +411,8 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
                     a, b = pplan.bounds(i)
                     partner_keys[a:b] = compare_keys(out)
                     await bus.publish(f"{mine['resp']}/{i}", [out], {"i": i}, copy=False)
+                    done_chunks["answered"] += 1
+                    progress()
 
             async def collect_responses() -> None:
                 for i in range(plan.n_chunks):
@@ -402,6 +426,8 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
                     a, b = plan.bounds(i)
                     own_keys[a:b] = compare_keys(pts)
                     credits.release()
+                    done_chunks["collected"] += 1
+                    progress()
 
             tasks = [asyncio.create_task(c()) for c in
                      (send_requests, answer_partner, collect_responses)]

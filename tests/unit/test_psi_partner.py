@@ -1,7 +1,8 @@
-"""A partner that sends malformed points in private ID alignment: the honest party fails
-with MalformedPoints naming the sender, the chunk and the point (exit 4), never with the
-library's RuntimeError; on either side of the two-party protocol and in the N-way one
-(over the in-process bus, pubsub.MemoryBroker)."""
+"""The partner in private ID alignment, over the in-process bus (pubsub.MemoryBroker): one
+that sends malformed points fails the honest party with MalformedPoints naming the sender,
+the chunk and the point (exit 4), never with the library's RuntimeError, on either side
+of the two-party protocol and in the N-way one; and a long alignment reports its progress
+(psi.progress) instead of staying silent."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import structlog
 
 from pubsub import MemoryBroker
 
+from parties.alignment import align as align_mod
 from parties.alignment.align import AlignConfig, align_over_bus
 from parties.alignment.nway import align_active, align_passive
 from parties.alignment.psi import MalformedPoints
@@ -87,3 +90,25 @@ async def test_n_way_a_forging_passive_party_is_named_by_its_party_id() -> None:
                           connect=forging(hub.connect, kind="req", chunk=0, point=0)))
     assert (err.sender, err.chunk, err.point) == ("passive2", 0, 0)
     assert "from the passive2 party in passive2 req chunk 0: point 0" in str(err)
+
+
+async def test_progress_is_reported_per_party_with_counts_and_an_eta(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(align_mod, "PROGRESS_EVERY_S", 0.0)  # every chunk
+    async with MemoryBroker() as hub:
+        with structlog.testing.capture_logs() as logs:
+            (ra, _), (rb, _) = await asyncio.gather(
+                align_over_bus(IDS_A, role="active", broker="", run_id="g", config=CFG,
+                               connect=hub.connect),
+                align_over_bus(IDS_B[:5], role="passive", broker="", run_id="g", config=CFG,
+                               connect=hub.connect))
+    assert ra.n_shared == rb.n_shared == 5
+    ev = [e for e in logs if e["event"] == "psi.progress"]
+    mine = [e for e in ev if e["partner"] == "passive"]  # the active party's events
+    # 3 own chunks of 16 IDs back, 1 partner chunk answered: one event per chunk
+    assert len(mine) == 4, ev
+    last = max(mine, key=lambda e: e["partner_chunks_answered"] + e["own_chunks_back"])
+    assert (last["partner_chunks_answered"], last["partner_chunks"],
+            last["own_chunks_back"], last["chunks"]) == (1, 1, 3, 3)
+    assert last["eta_s"] == 0.0
+    assert not any(x in repr(ev) for x in IDS_A + IDS_B)  # counts only, never IDs
