@@ -283,9 +283,10 @@ class PsiSession:
         except RuntimeError as exc:
             j = self._first_bad(points)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            where = "a point of the chunk" if j is None else f"point {j} of the chunk"
             raise MalformedPoints(
-                what, f"point {j} of the chunk is not a point of P-256 (the library: "
-                f"{first})", sender=sender, chunk=chunk, point=j) from None
+                what, f"{where} is not a point of P-256 (the library: {first})",
+                sender=sender, chunk=chunk, point=j) from None
         return points_from_elements(resp.encrypted_elements, what)
 
     def _process(self, points: np.ndarray):  # noqa: ANN202 - the library's response
