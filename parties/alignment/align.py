@@ -374,18 +374,19 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
             partner_keys = np.empty(pplan.n, f"S{KEY_BYTES}")
             credits = asyncio.Semaphore(cfg.window)
             done_chunks = {"answered": 0, "collected": 0}
-            total = plan.n_chunks + pplan.n_chunks
+            done_ids = [0]  # partner IDs answered + own IDs back: the estimate's measure
             t_met = last = time.perf_counter()
 
             def progress() -> None:
                 # the cost is linear in the larger side (about 80 us of one core per own
-                # and 60 us per partner ID): a 10^6-ID side takes minutes, so say where it is
+                # and 60 us per partner ID): a 10^6-ID side takes minutes, so say where it
+                # is (at most every PROGRESS_EVERY_S, when a chunk completes)
                 nonlocal last
                 now = time.perf_counter()
                 if now - last < PROGRESS_EVERY_S:
                     return
                 last = now
-                n_done = done_chunks["answered"] + done_chunks["collected"]
+                n_done, total = done_ids[0], plan.n + pplan.n
                 blog.info("psi.progress", partner=label,
                           partner_chunks_answered=done_chunks["answered"],
                           partner_chunks=pplan.n_chunks,
@@ -412,6 +413,7 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
                     partner_keys[a:b] = compare_keys(out)
                     await bus.publish(f"{mine['resp']}/{i}", [out], {"i": i}, copy=False)
                     done_chunks["answered"] += 1
+                    done_ids[0] += b - a
                     progress()
 
             async def collect_responses() -> None:
@@ -427,6 +429,7 @@ async def align_over_bus(ids: Sequence[str], *, role: str, broker: str, run_id: 
                     own_keys[a:b] = compare_keys(pts)
                     credits.release()
                     done_chunks["collected"] += 1
+                    done_ids[0] += b - a
                     progress()
 
             tasks = [asyncio.create_task(c()) for c in
