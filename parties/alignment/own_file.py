@@ -33,8 +33,8 @@ def align_own_file(job: Job, party: str, data: str | Path, out: str | Path, *,
 
     Returns:
         ``(exit code, the aligned-rows file)``: 0 and the file, or the alignment's exit
-        code (2 bad IDs, 3 no broker, 4 the partner never came or disagreed; its error
-        line already printed).
+        code (2 bad IDs, 3 no broker, 4 the partner never came, disagreed or sent
+        malformed points; its error line already printed).
     """
     t = job.job.align_timeout_s
     cfg = AlignConfig(join_timeout_s=t, chunk_timeout_s=t, final_timeout_s=t)
