@@ -585,6 +585,10 @@ def _synth_run(args: argparse.Namespace) -> int:
     if m.get("bytes_wire"):
         print(f"wire bytes {m['bytes_wire']:,} vs naive float32 {m['bytes_naive']:,} "
               f"({m['bytes_wire'] / m['bytes_naive']:.2f}x)")
+    for d in m.get("party_deaths") or []:
+        how = f"signal {d['signal']}" if d.get("signal") else f"exit code {d['exit_code']}"
+        print(f"dropout: party process {d['process']} ({', '.join(d['parties'])}) died "
+              f"({how}) at {d['at_s']:.1f} s; the run completed with the others")
     print(f"wall {m['wall_s']:.1f} s; synthetic rows: {res.out / 'synthetic.csv'}; "
           f"metrics: {res.out / 'metrics.json'}")
     return 0
