@@ -83,7 +83,9 @@ class PartyDeath:
 
 class TooFewSurvivors(LaunchError):
     """Party processes died and fewer than S_min parties remain: the run cannot release
-    any further round (exit code 1).
+    any further round. Exit code 1, or the dead processes' own code when they all exited
+    with the same documented one (:class:`parties.runtime.exitcodes.ExitCode`, e.g. 2 when
+    every party refused the session: the cause, not its consequence).
 
     Attributes:
         dead: the dead parties, in order.
@@ -98,8 +100,21 @@ class TooFewSurvivors(LaunchError):
         self.deaths = tuple(deaths)
         self.survivors = survivors
         self.min_survivors = min_survivors
-        super().__init__("parties", 1, refusal_detail(self.dead, self.deaths, survivors,
+        super().__init__("parties", refusal_code(self.deaths), refusal_detail(self.dead, self.deaths, survivors,
                                                       min_survivors))
+
+
+def refusal_code(deaths: Sequence[PartyDeath]) -> int:
+    """The refusal's exit code: the dead processes' own when they all exited with the
+    same documented code other than 0 and 1, else 1 (a signal, mixed codes)."""
+    from parties.runtime.exitcodes import ExitCode
+
+    codes = {d.exit_code for d in deaths}
+    if len(codes) == 1:
+        (code,) = codes
+        if code in {int(c) for c in ExitCode} and code > 1:
+            return code
+    return int(ExitCode.FAILED)
 
 
 def refusal_detail(dead: Sequence[str], deaths: Sequence[PartyDeath], survivors: int,
@@ -212,4 +227,4 @@ class PartyDeathWatch:
 
 
 __all__ = ["PartyDeath", "PartyDeathWatch", "TooFewSurvivors", "describe_exit",
-           "refusal_detail", "should_refuse"]
+           "refusal_code", "refusal_detail", "should_refuse"]

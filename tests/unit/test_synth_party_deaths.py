@@ -128,6 +128,23 @@ def test_a_planned_kill_counts_among_the_dropped_but_is_not_recorded(tmp_path: P
         watch()
 
 
+def test_every_party_refusing_keeps_its_exit_code(tmp_path: Path) -> None:
+    # every party process exits 2 (a refused session): the run ends with 2, not 1
+    procs, watch, _, _ = _setup(tmp_path, min_survivors=3)
+    for name in ("parties0", "parties1", "parties2"):
+        procs[name].returncode = 2
+    with pytest.raises(TooFewSurvivors) as info:
+        watch()
+    assert info.value.code == 2 and info.value.survivors == 0
+    assert "parties exited with code 2" in str(info.value)
+    # mixed codes or a signal: 1
+    procs, watch, _, _ = _setup(tmp_path, min_survivors=5)
+    procs["parties0"].returncode, procs["parties1"].returncode = 2, -9
+    with pytest.raises(TooFewSurvivors) as info:
+        watch()
+    assert info.value.code == 1
+
+
 def test_exits_are_described() -> None:
     assert describe_exit(-9) == "signal SIGKILL" and describe_exit(2) == "exit code 2"
     assert should_refuse(5, 2, 4, {"round:tree"}) and not should_refuse(5, 1, 4, set())
