@@ -72,7 +72,8 @@ def process_layout(ids: Sequence[str], per: int, alone: Sequence[str]) -> list[l
 class ExpectedKill:
     """A process killed on purpose, behind :func:`sim.launch.vfl.wait_children`'s interface:
     ``poll()`` is None until it has died, then 0 (the fault's outcome; its real exit code
-    is ``killed_code``)."""
+    is ``killed_code``). The launcher wraps a party process that died unplanned the same
+    way once it has recorded the death as a dropout (:mod:`sim.launch.synth_deaths`)."""
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc

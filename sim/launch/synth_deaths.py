@@ -100,8 +100,8 @@ class TooFewSurvivors(LaunchError):
         self.deaths = tuple(deaths)
         self.survivors = survivors
         self.min_survivors = min_survivors
-        super().__init__("parties", refusal_code(self.deaths), refusal_detail(self.dead, self.deaths, survivors,
-                                                      min_survivors))
+        super().__init__("parties", refusal_code(self.deaths),
+                         refusal_detail(self.dead, self.deaths, survivors, min_survivors))
 
 
 def refusal_code(deaths: Sequence[PartyDeath]) -> int:
