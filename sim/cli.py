@@ -52,10 +52,32 @@ def _check_before_launch(cfg: Any) -> int | None:
     before the start line and any process; None, or the exit code after one ``error:``
     line. Imports neither pandas nor torch on the way to a refusal."""
     from parties.data.launchcheck import check_before_launch
+
+    return _refused(lambda: check_before_launch(cfg))
+
+
+def _check_tables_before_launch(paths: list[str]) -> int | None:
+    """``psfl synth run``: each CSV file among ``paths`` within the bounds on its lines
+    and columns (:func:`parties.data.limits.check_csv_shape`, their defaults) before the
+    start line and any process; None, or the exit code after one ``error:`` line."""
+    from parties.data.limits import check_csv_shape
+
+    def check() -> None:
+        for path in paths:
+            p = Path(path).expanduser()
+            if p.name.lower().endswith((".csv", ".csv.gz")) and p.is_file():
+                check_csv_shape(p)
+
+    return _refused(check)
+
+
+def _refused(check: Any) -> int | None:
+    """Run ``check()``; None, or the exit code of the typed error it raised after one
+    ``error:`` line (anything else propagates)."""
     from parties.runtime.exitcodes import exit_code_for
 
     try:
-        check_before_launch(cfg)
+        check()
     except Exception as exc:
         code = exit_code_for(exc)
         if code is None:
@@ -551,6 +573,9 @@ def _synth_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{flag}", "goes with --party-files (a --dataset run splits "
                               "its own holdout and takes its schema from data.schema_file)")
     cfg = load_synth_config(args.config, args.set, extra)  # ConfigError: exit 2
+    code = _check_tables_before_launch([cfg.dataset])
+    if code is not None:
+        return code
     from sim.launch.synth import run_synth
     from synth.domain import DomainError
 
@@ -611,6 +636,9 @@ def _synth_run_party_files(args: argparse.Namespace, extra: dict[str, object]) -
                           "--keys and the faults go with --dataset")
     # K is the number of files (the secure-aggregation thresholds are checked against it)
     cfg = load_synth_config(args.config, args.set, {**extra, "parties": len(args.party_files)})
+    code = _check_tables_before_launch(list(args.party_files))
+    if code is not None:
+        return code
     settings = to_mapping(cfg)
     for key in ("dataset", "parties", "epsilon", "delta", "mechanism", "label", "seed"):
         settings.pop(key, None)

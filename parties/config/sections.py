@@ -25,6 +25,23 @@ TOP_UPDATES = ("replica", "shared")
 ID_COLUMN_MODES = ("drop", "refuse", "keep")
 #: Where a party's worker compute runs (``vfl.workers.mode``).
 WORKER_MODES = ("auto", "thread", "process", "inline")
+#: The widest layer a model setting may name (``vfl.model.embedding_dim``, the hidden
+#: widths, ``resnet_width``): a sanity cap; what the machine can hold is checked before
+#: launch (:func:`parties.data.limits.check_memory`).
+MAX_WIDTH = 1 << 20
+#: The most residual blocks ``vfl.model.resnet_depth`` may name (a sanity cap).
+MAX_DEPTH = 1024
+#: The most workers per party (``vfl.workers.*``), and the most buffered messages or
+#: batches in flight (``p``, ``q``, ``inflight_max``, ``staleness_bound``): a sanity cap;
+#: the cap for this machine's cores is checked before launch
+#: (:func:`parties.data.limits.check_workers`).
+MAX_WORKERS = 1024
+#: ``vfl.data.max_line_bytes``'s default: 16 MiB.
+MAX_LINE_BYTES = 16 << 20
+#: ``vfl.data.max_columns``'s default.
+MAX_COLUMNS = 20_000
+#: The largest ``vfl.data.max_columns`` may be.
+MAX_COLUMNS_CAP = 1_000_000
 
 
 def _bad(section: Any) -> Callable[[str, str], ConfigError]:
@@ -93,6 +110,13 @@ class DataSection:
             quantiles of a training sample, in memory those of every training row, and a
             saved model keeps the bounds. With DP on, the passive party clips to its
             public schema's declared ranges instead.
+        max_line_bytes: the longest line a CSV file may have, in bytes (default
+            16 MiB): a longer one is refused naming the file and its line number
+            (:class:`parties.data.LineTooLong`), found by a scan in chunks before anything
+            starts, without reading the line into memory.
+        max_columns: the most columns a file may have (default 20,000; at most
+            1,000,000): more are refused naming the count
+            (:class:`parties.data.TooManyColumns`) before anything starts.
         stream_cache_dir: where the encoded cache goes, in a subdirectory per party
             (``<dir>/<party>``; "" = a temporary directory, removed at the end).
         row_split: how rows are split into training, validation and test rows:
@@ -151,6 +175,8 @@ class DataSection:
     stream_eval_max_rows: int = 100_000
     stream_clip_quantile: float = 0.001
     stream_cache_dir: str = ""
+    max_line_bytes: int = MAX_LINE_BYTES
+    max_columns: int = MAX_COLUMNS
 
     def __post_init__(self) -> None:
         bad = _bad(self)
@@ -187,6 +213,10 @@ class DataSection:
         for key in ("shuffle_block_rows", "shuffle_window_rows", "stream_chunk_rows"):
             if getattr(self, key) < 1:
                 raise bad(key, "must be >= 1")
+        if not 1024 <= self.max_line_bytes <= 1 << 40:
+            raise bad("max_line_bytes", "must be in 1024 .. 2**40")
+        if not 1 <= self.max_columns <= MAX_COLUMNS_CAP:
+            raise bad("max_columns", f"must be in 1 .. {MAX_COLUMNS_CAP:,}")
         if self.stream_eval_max_rows < 0:
             raise bad("stream_eval_max_rows", "must be >= 0 (0 = every test row)")
         if not 0.0 <= self.stream_clip_quantile < 0.5:
@@ -222,7 +252,10 @@ class ModelSection:
             (empty, the default: ``model.bottom_hidden``). Under unequal CPU shares, balance
             the parties' compute per sample by giving the party with fewer cores the
             smaller model (see :meth:`bottom_hidden_for`).
-        embedding_dim: cut-layer width (each party's embedding size).
+        embedding_dim: cut-layer width (each party's embedding size). Every width is at
+            most 1,048,576 (``resnet_depth`` at most 1,024), and before launch the
+            models, their Adam state and replicas must fit this machine's memory
+            (:func:`parties.data.limits.check_memory`).
         top_hidden: hidden widths of the top model (``model.top`` ``"mlp"``).
         bottom: the bottom models: ``"mlp"`` (the default: ``model.bottom_hidden`` Linear/ReLU
             stacks), ``"resnet"`` (the paper's large model, residual MLP blocks, see
@@ -276,8 +309,16 @@ class ModelSection:
                     "top_hidden"):
             if any(h < 1 for h in getattr(self, key)):
                 raise bad(key, "hidden widths must be >= 1")
-        if self.embedding_dim < 1:
-            raise bad("embedding_dim", "must be >= 1")
+        for key in ("bottom_hidden", "active_bottom_hidden", "passive_bottom_hidden",
+                    "top_hidden"):
+            if any(h > MAX_WIDTH for h in getattr(self, key)):
+                raise bad(key, f"hidden widths must be <= {MAX_WIDTH:,}")
+        if not 1 <= self.embedding_dim <= MAX_WIDTH:
+            raise bad("embedding_dim", f"must be in 1 .. {MAX_WIDTH:,}")
+        if self.resnet_width > MAX_WIDTH:
+            raise bad("resnet_width", f"must be <= {MAX_WIDTH:,}")
+        if self.resnet_depth > MAX_DEPTH:
+            raise bad("resnet_depth", f"must be <= {MAX_DEPTH:,}")
 
 
     def bottom_hidden_for(self, role: str) -> tuple[int, ...]:
@@ -318,6 +359,9 @@ class WorkersSection:
             min of ``workers.active`` and ``workers.passive``, paired).
         passive: each passive party's workers (``vfl``, ``avfl``: always 1; ``vfl-ps``:
             as ``workers.active``; several passive parties: ``workers.per_passive_party``).
+            Every worker count is at most 1,024, and before launch at most 32 per core
+            of this machine (:func:`parties.data.limits.check_workers`); the models'
+            replicas must fit its memory (:func:`parties.data.limits.check_memory`).
         per_passive_party: with several passive parties, each one's worker count, in
             party-id order (each >= 1); () (the default): every passive party runs
             ``workers.passive``. Each party's learning-rate scaling (``lr_scaling``) follows its
@@ -400,6 +444,11 @@ class WorkersSection:
                 raise bad(key, "must be >= 0 (0: torch_threads)")
         if any(c < 1 for c in self.per_passive_party):
             raise bad("per_passive_party", "worker counts must be >= 1")
+        for key in ("active", "passive", "p", "q", "inflight_max", "staleness_bound"):
+            if getattr(self, key) > MAX_WORKERS:
+                raise bad(key, f"must be <= {MAX_WORKERS:,}")
+        if any(c > MAX_WORKERS for c in self.per_passive_party):
+            raise bad("per_passive_party", f"worker counts must be <= {MAX_WORKERS:,}")
         if self.ps_update not in PS_UPDATES:
             raise bad("ps_update", f"must be one of {PS_UPDATES}")
         if self.top_update not in TOP_UPDATES:

@@ -229,3 +229,60 @@ def _cpu_by_pid() -> dict[int, float]:
             continue
         out[p.pid] = float(t.user + t.system)
     return out
+
+
+def memory_available() -> tuple[int, str]:
+    """Bytes of memory this process's runs may still take, and where the figure comes
+    from: the smaller of the machine's available memory (psutil, else ``/proc/meminfo``
+    ``MemAvailable``) and the room left under the tightest cgroup memory limit on this
+    process's group or an ancestor (v2 ``memory.max`` less ``memory.current``; v1
+    ``memory.limit_in_bytes`` less ``memory.usage_in_bytes``)."""
+    try:
+        free, source = int(psutil.virtual_memory().available), "available memory"
+    except (OSError, RuntimeError, AttributeError):  # psutil without /proc access
+        free, source = _meminfo_available(), "MemAvailable"
+    room = _cgroup_memory_room()
+    if room is not None and room < free:
+        return max(0, room), "cgroup memory limit"
+    return free, source
+
+
+def _meminfo_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 62  # unknown: nothing is refused for memory
+
+
+def _cgroup_memory_room() -> int | None:
+    """The least room (limit less usage, bytes) under a cgroup memory limit on this
+    process's group or its ancestors; None when none is set."""
+    try:
+        rooms: list[int] = []
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            parts = line.split(":", 2)
+            if len(parts) != 3:
+                continue
+            if parts[0] == "0" and parts[1] == "":
+                base, names = Path("/sys/fs/cgroup"), ("memory.max", "memory.current")
+            elif "memory" in parts[1].split(","):
+                base = Path("/sys/fs/cgroup/memory")
+                names = ("memory.limit_in_bytes", "memory.usage_in_bytes")
+            else:
+                continue
+            rel = Path(parts[2].lstrip("/"))
+            for d in [base / rel, *[base / p for p in rel.parents]]:
+                limit_f, used_f = d / names[0], d / names[1]
+                if not limit_f.exists():
+                    continue
+                text = limit_f.read_text().strip()
+                if text == "max" or int(text) >= 1 << 60:  # v1 writes a huge number for none
+                    continue
+                used = int(used_f.read_text()) if used_f.exists() else 0
+                rooms.append(int(text) - used)
+        return min(rooms) if rooms else None
+    except (OSError, ValueError):
+        return None

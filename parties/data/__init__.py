@@ -48,8 +48,8 @@ import numpy as np
 import structlog
 
 from parties.data.errors import (DataError, DatasetNotFound, EmptyColumn, InvalidLabel,  # noqa: F401
-                                InvalidRows, InvalidSplit, InvalidSynthetic, UnknownColumn,
-                                infinite_values_message)
+                                InvalidRows, InvalidSplit, InvalidSynthetic, LineTooLong,
+                                TooManyColumns, UnknownColumn, infinite_values_message)
 from parties.datasets import DATASETS, DatasetInfo
 
 __all__ = [
@@ -61,10 +61,12 @@ __all__ = [
     "InvalidLabel",
     "InvalidSplit",
     "InvalidSynthetic",
+    "LineTooLong",
     "PartyFeatures",
     "RegressionLabels",
     "SYNTHETIC_LABEL",
     "SyntheticSpec",
+    "TooManyColumns",
     "UnknownColumn",
     "clean_adult",
     "default_split",
@@ -306,8 +308,19 @@ def _read_resource(info: DatasetInfo) -> pd.DataFrame:
     return frame
 
 
+def _check_csv_bounds(path: Path, max_line_bytes: int | None,
+                      max_columns: int | None) -> None:
+    """A CSV file's lines and header columns within their bounds, before pandas reads it
+    (which would hold a line of any length in memory)."""
+    from parties.config.sections import MAX_COLUMNS, MAX_LINE_BYTES
+    from parties.data.limits import check_csv_shape
+
+    check_csv_shape(path, max_line_bytes or MAX_LINE_BYTES, max_columns or MAX_COLUMNS)
+
+
 def load_table(
-    dataset: str, *, synthetic: SyntheticSpec | None = None
+    dataset: str, *, synthetic: SyntheticSpec | None = None,
+    max_line_bytes: int | None = None, max_columns: int | None = None,
 ) -> tuple[pd.DataFrame, str | None]:
     """Load a named dataset or a user table from a file.
 
@@ -317,6 +330,9 @@ def load_table(
             ``.csv.gz`` or ``.parquet`` file.
         synthetic: Parameters of ``"synthetic"`` (default :class:`SyntheticSpec`);
             ignored for other datasets.
+        max_line_bytes / max_columns: a CSV file's bounds (``vfl.data.max_line_bytes``,
+            ``vfl.data.max_columns``; default theirs), checked before pandas reads it
+            (:func:`parties.data.limits.scan_lines`, a scan in chunks).
 
     Returns:
         ``(frame, label)``. For a named dataset ``label`` is its label column
@@ -332,6 +348,7 @@ def load_table(
         DatasetNotFound: The file (or the bundled resource) does not exist.
         DataError: The suffix is not supported, the file cannot be parsed, or a
             bundled table does not have its documented row count.
+        LineTooLong, TooManyColumns: a CSV file passes a bound.
     """
     info = DATASETS.get(dataset)
     if info is not None:
@@ -358,6 +375,7 @@ def load_table(
         return frame, None
     try:
         if name.endswith(".csv") or name.endswith(".csv.gz"):
+            _check_csv_bounds(path, max_line_bytes, max_columns)
             frame = pd.read_csv(path)
         elif name.endswith(".parquet"):
             frame = pd.read_parquet(path)

@@ -109,6 +109,39 @@ class EmptyColumn(DataError, ValueError):
                          "columns (vfl.data.*_columns)")
 
 
+class LineTooLong(DataError, ValueError):
+    """A line of a CSV file is longer than ``vfl.data.max_line_bytes``: found by a scan
+    in chunks, without the line read into memory.
+
+    Attributes:
+        path: the file.
+        line: the line's number (1 = the header).
+        limit: the bound, in bytes.
+    """
+
+    def __init__(self, path: str, line: int, limit: int) -> None:
+        self.path, self.line, self.limit = path, line, limit
+        super().__init__(f"{path!r}: line {line:,} is longer than {limit:,} bytes (the "
+                         "bound vfl.data.max_line_bytes): not a table of rows; check the "
+                         "file (a missing newline?) or raise the bound")
+
+
+class TooManyColumns(DataError, ValueError):
+    """A file has more columns than ``vfl.data.max_columns``.
+
+    Attributes:
+        path: the file.
+        count: its columns.
+        limit: the bound.
+    """
+
+    def __init__(self, path: str, count: int, limit: int) -> None:
+        self.path, self.count, self.limit = path, count, limit
+        super().__init__(f"{path!r} has {count:,} columns, more than {limit:,} (the bound "
+                         "vfl.data.max_columns): select the columns to train on first, or "
+                         "raise the bound")
+
+
 class InvalidSynthetic(DataError, ValueError):
     """The parameters of the synthetic dataset are out of range."""
 
@@ -126,4 +159,4 @@ def infinite_values_message(columns: Sequence[str]) -> str:
 
 
 __all__ = ["DataError", "DatasetNotFound", "EmptyColumn", "InvalidLabel", "InvalidRows", "InvalidSplit",
-           "InvalidSynthetic", "UnknownColumn", "infinite_values_message"]
+           "InvalidSynthetic", "LineTooLong", "TooManyColumns", "UnknownColumn", "infinite_values_message"]

@@ -4,7 +4,8 @@ column is refused in about a second (:func:`check_before_launch`); the launcher'
 :func:`parties.data.preflight.preflight` runs the full checks later.
 
 Owns: :func:`check_before_launch`, :func:`check_own_file`, :func:`csv_header`, :func:`parquet_header`. May import :mod:`parties.data`
-(its errors and column split) and :mod:`parties.data.shards` (Parquet footers).
+(its errors and column split), :mod:`parties.data.shards` (Parquet footers) and
+:mod:`parties.data.limits` (the bounds on lines, columns, workers and memory).
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from parties.config.sections import MAX_LINE_BYTES
 from parties.data import (DATASETS, DataError, DatasetNotFound, EmptyColumn, default_split_n,
                           validate_split_n)
+from parties.data.limits import (NAMED_DATASET_COLUMNS, check_columns, check_memory,
+                                 check_workers, estimate_memory, first_line, scan_lines)
 
 #: what pandas reads as a missing value (``pandas.read_csv``'s default ``na_values``)
 NA_STRINGS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan",
@@ -29,17 +33,20 @@ def _open_csv(path: Path) -> Any:
     return opener(path, "rt", newline="", encoding="utf-8-sig")
 
 
-def csv_header(path: str | Path) -> list[str] | None:
-    """The column names of a CSV file as pandas would name them, from its first line;
-    None when the file is not a plain CSV file whose header this can vouch for (missing,
-    unreadable, duplicate or empty names, which pandas renames): the full checks then
-    report it."""
+def csv_header(path: str | Path, max_line_bytes: int = MAX_LINE_BYTES) -> list[str] | None:
+    """The column names of a CSV file as pandas would name them, from its first line
+    (read up to ``max_line_bytes`` and no further); None when the file is not a plain CSV
+    file whose header this can vouch for (missing, unreadable, duplicate or empty names,
+    which pandas renames): the full checks then report it.
+
+    Raises:
+        parties.data.LineTooLong: the first line is longer than ``max_line_bytes``.
+    """
     p = Path(path).expanduser()
     if not p.name.lower().endswith((".csv", ".csv.gz")) or not p.is_file():
         return None
     try:
-        with _open_csv(p) as f:
-            header = next(csv.reader(f), None)
+        header = next(csv.reader([first_line(p, max_line_bytes)]), None)
     except (OSError, UnicodeDecodeError, csv.Error, EOFError):
         return None
     if not header or any(not c for c in header) or len(set(header)) != len(header):
@@ -130,12 +137,20 @@ def check_before_launch(cfg: Any) -> None:
     file (its header, and rows until each named column shows a value) or a Parquet file
     (its footer) the configured label and columns exist, the column split is valid, and
     no named feature column is empty. A named dataset and anything this cannot read
-    cheaply are left to :func:`parties.data.preflight.preflight`.
+    cheaply are left to :func:`parties.data.preflight.preflight`. And the bounds of
+    :mod:`parties.data.limits`: every party's workers within this machine's cores, a
+    file's columns within ``vfl.data.max_columns``, each line of a CSV file within
+    ``vfl.data.max_line_bytes`` (a scan in chunks), and the memory the run needs (its
+    models, Adam state, replicas, buffers and table) within what this machine has.
 
     Raises:
         parties.data.DataError: see :func:`parties.data.stream.preflight_streamed`,
-            :func:`parties.data.validate_split_n` and :class:`EmptyColumn`.
+            :func:`parties.data.validate_split_n` and :class:`EmptyColumn`;
+            :class:`parties.data.LineTooLong`, :class:`parties.data.TooManyColumns`.
+        ConfigError: too many workers for this machine, or more memory than it has
+            (naming the setting; :func:`parties.data.limits.check_memory`).
     """
+    check_workers(cfg)
     if cfg.data.stream or cfg.data.party_datasets:
         from parties.data.shards import parquet_files
 
@@ -144,19 +159,29 @@ def check_before_launch(cfg: Any) -> None:
         from parties.data.stream import preflight_streamed
 
         preflight_streamed(cfg)
+        widths = {}
+        for p in cfg.party_ids:
+            found = parquet_header(cfg.dataset_for(p))
+            if found is not None:
+                check_columns(cfg.dataset_for(p), len(found[0]), cfg.data.max_columns)
+                widths[p] = len(found[0])
+        check_memory(estimate_memory(cfg, columns=widths, rows=0, table_columns=0))
         return
     if cfg.dataset in DATASETS:
+        info = DATASETS[cfg.dataset]
+        synthetic = info.resource is None
+        rows = cfg.data.synthetic_rows if synthetic else info.rows or 0
+        width = cfg.data.synthetic_features if synthetic else NAMED_DATASET_COLUMNS
+        check_memory(estimate_memory(cfg, columns=dict.fromkeys(cfg.party_ids, width),
+                                     rows=rows, table_columns=width))
         return
     path = Path(cfg.dataset).expanduser()
     if not path.exists():
         raise DatasetNotFound(path, f"named datasets: {', '.join(sorted(DATASETS))}")
-    empty: dict[str, int] | None = None  # Parquet: the empty columns, from the footer
-    columns = csv_header(path)
-    if columns is None:
-        found = parquet_header(path)
-        if found is None:
-            return
-        columns, empty = found
+    found_table = _table_shape(cfg, path)
+    if found_table is None:
+        return
+    columns, empty, rows = found_table
     if not cfg.label:
         raise DataError(f"dataset {cfg.dataset!r} needs a label column: set vfl.label")
     groups = named_columns(cfg)
@@ -176,6 +201,34 @@ def check_before_launch(cfg: Any) -> None:
         for c in cols:
             if empty and c in empty:
                 raise EmptyColumn(c, party, cfg.dataset)
+    check_memory(estimate_memory(cfg, columns={p: len(c) for p, c in groups.items()},
+                                 rows=rows, table_columns=len(columns)))
+
+
+def _table_shape(cfg: Any, path: Path) -> tuple[list[str], dict[str, int] | None, int] | None:
+    """A user file's columns, its empty columns (Parquet, from the footer; None for a CSV
+    file) and its rows, with the bounds on its shape checked: a CSV file's header line
+    and every line within ``vfl.data.max_line_bytes`` (a scan in chunks), at most
+    ``vfl.data.max_columns`` columns. None when this cannot read it cheaply.
+
+    Raises:
+        parties.data.LineTooLong, parties.data.TooManyColumns: a bound passed.
+    """
+    data = cfg.data
+    columns = csv_header(path, data.max_line_bytes)
+    if columns is not None:
+        check_columns(path, len(columns), data.max_columns)
+        return columns, None, max(0, scan_lines(path, data.max_line_bytes).lines - 1)
+    found = parquet_header(path)
+    if found is None:
+        if path.name.lower().endswith((".csv", ".csv.gz")) and path.is_file():
+            scan_lines(path, data.max_line_bytes)  # a header this cannot vouch for
+        return None
+    columns, empty = found
+    check_columns(path, len(columns), data.max_columns)
+    import pyarrow.parquet as pq
+
+    return columns, empty, int(pq.ParquetFile(path).metadata.num_rows)
 
 
 def check_own_file(cfg: Any, party: str) -> tuple[str, ...]:
@@ -190,7 +243,11 @@ def check_own_file(cfg: Any, party: str) -> tuple[str, ...]:
         parties.data.DataError: a named dataset given as one's own file, a missing file,
             a missing join key, label or column (:class:`parties.data.UnknownColumn`,
             naming every missing one), the label in a passive party's file, no feature
-            column, a feature column with no value (:class:`EmptyColumn`).
+            column, a feature column with no value (:class:`EmptyColumn`), a line or
+            a column count above its bound (:class:`parties.data.LineTooLong`,
+            :class:`parties.data.TooManyColumns`).
+        ConfigError: more workers than this host's cores run, or more memory than it
+            has (:func:`parties.data.limits.check_memory`, for this party's process).
     """
     from parties.data import InvalidSplit, UnknownColumn
 
@@ -200,13 +257,11 @@ def check_own_file(cfg: Any, party: str) -> tuple[str, ...]:
     path = Path(cfg.dataset).expanduser()
     if not path.exists():
         raise DatasetNotFound(path, "this party's own file (--data)")
-    empty: dict[str, int] | None = None
-    columns = csv_header(path)
-    if columns is None:
-        found = parquet_header(path)
-        if found is None:
-            return ()
-        columns, empty = found
+    check_workers(cfg, parties=[party])
+    found_table = _table_shape(cfg, path)
+    if found_table is None:
+        return ()
+    columns, empty, rows = found_table
     key, label, active = cfg.data.join_key, cfg.label, party == "active"
     own = named_columns(cfg).get(party, ())
     need = [key, *own, *([label] if active and label else [])]
@@ -231,6 +286,8 @@ def check_own_file(cfg: Any, party: str) -> tuple[str, ...]:
         for c in cols:
             if c in empty:
                 raise EmptyColumn(c, party, str(path))
+    check_memory(estimate_memory(cfg, columns={party: len(cols)}, rows=rows,
+                                 table_columns=len(columns), parties=[party], broker=False))
     return cols
 
 

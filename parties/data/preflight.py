@@ -41,7 +41,9 @@ def load_configured_table(cfg: VflConfig,
         parties.data.DataError: missing or unreadable file, or a bad aligned-rows file.
     """
     frame, label = load_table(cfg.dataset_for(party) if party is not None else cfg.dataset,
-                              synthetic=synthetic_spec(cfg))
+                              synthetic=synthetic_spec(cfg),
+                              max_line_bytes=cfg.data.max_line_bytes,
+                              max_columns=cfg.data.max_columns)
     if party is not None and cfg.rows_file(party):
         frame = select_rows(frame, cfg.rows_file(party))
     return frame, label
