@@ -1,6 +1,8 @@
 """``psfl vfl run`` and ``psfl synth run`` refuse a bad configuration value, a CSV file
-given for streaming, a streamed regression task, a missing file, an unknown column and
-an empty named column (CSV or Parquet) before the start line and before any process starts: exit code 2, one line
+given for streaming, a streamed regression task, a missing file, an unknown column,
+an empty named column (CSV or Parquet), a setting or input shape beyond its bound (a
+width or worker count past its cap, a run needing more memory than this machine has,
+a file of 100,000 columns, a 20 MB line) before the start line and before any process starts: exit code 2, one line
 naming the key or column, and neither torch nor pandas imported on the way (the
 refusal's cost is the configuration's light imports, not the training stack's)."""
 
@@ -48,6 +50,15 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                              "y": [i % 2 for i in range(50)],
                              "empty": pa.array([None] * 50, type=pa.float64())}),
                    paths["parquet"])
+    paths["wide"] = d / "wide.csv"  # 200 rows x 100,000 columns of zeros (40 MB)
+    row = ",".join(["0"] * 100_000) + "\n"
+    paths["wide"].write_text(",".join(f"c{i}" for i in range(100_000)) + "\n" + row * 200)
+    paths["long"] = d / "long.csv"  # line 3 is 20 MB, above the 16 MiB bound
+    with paths["long"].open("w") as f:
+        f.write("a,b,y\n1,2,0\n3,")
+        for _ in range(20):
+            f.write("9" * 1_000_000)
+        f.write(",1\n4,5,0\n")
     return paths
 
 
@@ -76,6 +87,27 @@ def _cases(files: dict[str, Path]) -> dict[str, tuple[list[str], list[str]]]:
         "missing file": (["vfl", "run", "--set", f"dataset={data}.gone", "--set", "label=y"],
                          ["not found", f"{data}.gone"]),
         "synth epsilon": (["synth", "run", "--set", "epsilon=0"], ["synth.epsilon"]),
+        # the bounds on settings and input shapes (parties.data.limits)
+        "embedding_dim 10^9": (["vfl", "run", "--set", "model.embedding_dim=1000000000"],
+                               ["vfl.model.embedding_dim", "1,048,576"]),
+        "workers 10^4": (["vfl", "run", "--set", "workers.passive=10000"],
+                         ["vfl.workers.passive", "1,024"]),
+        "memory": (["vfl", "run", "--set", "model.embedding_dim=1000000",
+                    "--set", "model.bottom_hidden=[1000000]"],
+                   ["vfl.model.embedding_dim", "GiB of memory", "this machine has"]),
+        "100,000 columns": (["vfl", "run", "--set", f"dataset={files['wide']}",
+                             "--set", "label=c0"],
+                            ["100,000 columns", str(files["wide"]), "vfl.data.max_columns"]),
+        "a 20 MB line": (["vfl", "run", "--set", f"dataset={files['long']}",
+                          "--set", "label=y"],
+                         ["line 3", str(files["long"]), "vfl.data.max_line_bytes"]),
+        "a long line, bound lowered": (["vfl", "run", "--set", f"dataset={data}",
+                                        "--set", "label=y",
+                                        "--set", "data.max_line_bytes=1024",
+                                        "--set", "data.max_columns=5"],
+                                       ["6 columns", "more than 5"]),
+        "synth 20 MB line": (["synth", "run", "--set", f"dataset={files['long']}"],
+                             ["line 3", str(files["long"])]),
     }
 
 
@@ -147,6 +179,12 @@ def test_a_party_of_a_job_refuses_its_own_bad_file_or_value_before_joining(
                        "epochs=0"], ["vfl.epochs"]),
         "not a party": ([*party, str(job), "--role", "passive2", "--data", data],
                         ["'passive2'"]),
+        "100,000 columns": ([*party, str(job), "--role", "active", "--data",
+                             str(files["wide"])], ["100,000 columns", str(files["wide"])]),
+        "a 20 MB line": ([*party, str(job), "--role", "active", "--data", str(files["long"])],
+                         ["line 3", str(files["long"])]),
+        "10^4 workers": ([*party, str(job), "--role", "passive", "--data", str(partner),
+                          "--set", "workers.passive=10000"], ["vfl.workers.passive"]),
     }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
