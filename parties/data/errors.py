@@ -159,4 +159,5 @@ def infinite_values_message(columns: Sequence[str]) -> str:
 
 
 __all__ = ["DataError", "DatasetNotFound", "EmptyColumn", "InvalidLabel", "InvalidRows", "InvalidSplit",
-           "InvalidSynthetic", "LineTooLong", "TooManyColumns", "UnknownColumn", "infinite_values_message"]
+           "InvalidSynthetic", "LineTooLong", "TooManyColumns", "UnknownColumn",
+           "infinite_values_message"]

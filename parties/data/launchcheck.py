@@ -173,7 +173,9 @@ def check_before_launch(cfg: Any) -> None:
         rows = cfg.data.synthetic_rows if synthetic else info.rows or 0
         width = cfg.data.synthetic_features if synthetic else NAMED_DATASET_COLUMNS
         check_memory(estimate_memory(cfg, columns=dict.fromkeys(cfg.party_ids, width),
-                                     rows=rows, table_columns=width))
+                                     rows=rows, table_columns=width,
+                                     table_key=("vfl.data.synthetic_rows" if synthetic
+                                                else "vfl.dataset")))
         return
     path = Path(cfg.dataset).expanduser()
     if not path.exists():

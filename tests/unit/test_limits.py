@@ -44,8 +44,8 @@ def test_the_scan_counts_lines_and_refuses_the_first_long_one_by_number(tmp_path
         scan_lines(tail, 2048)
     assert err.value.line == 2
     gz = tmp_path / "long.csv.gz"
-    with gzip.open(gz, "wb") as f:
-        f.write(b"a,b\n" + b"7" * 4096 + b"\n")
+    with gzip.open(gz, "wb") as out:
+        out.write(b"a,b\n" + b"7" * 4096 + b"\n")
     with pytest.raises(LineTooLong) as err:
         scan_lines(gz, 2048)
     assert err.value.line == 2
@@ -129,20 +129,21 @@ def test_the_estimate_adds_up_its_documented_parts() -> None:
     assert (bottom, top) == (26, 31)
     acts_a, acts_p = 2 * 10 * (3 + 4 + 2 + 4 + 5) * 4, 2 * 10 * (3 + 4 + 2) * 4
     buffers = (5 + 5) * 10 * 2 * 4
-    base = ((bottom + top) * PARAM_STATE_BYTES + acts_a + buffers
-            + bottom * PARAM_STATE_BYTES + acts_p + buffers)
+    models = (bottom + top) * PARAM_STATE_BYTES + bottom * PARAM_STATE_BYTES
+    batches = acts_a + acts_p + 2 * buffers
     replicas = ((bottom + top) * PARAM_STATE_BYTES + acts_a
                 + bottom * PARAM_STATE_BYTES + acts_p + 3 * bottom * 4)
     table = 2 * 100 * (7 + 3) * 8
     assert est.parts == (
-        ("vfl.model.top_hidden", base, est.parts[0][2]),  # 5 is the widest layer
-        ("vfl.dataset", table, est.parts[1][2]),
-        ("vfl.workers.active", replicas, est.parts[2][2]),
-        ("", 3 * PROCESS_BYTES, est.parts[3][2]))
-    assert est.total == base + replicas + table + 3 * PROCESS_BYTES
+        ("vfl.model.top_hidden", models, est.parts[0][2]),  # 5 is the widest layer
+        ("vfl.batch_size", batches, est.parts[1][2]),
+        ("vfl.dataset", table, est.parts[2][2]),
+        ("vfl.workers.active", replicas, est.parts[3][2]),
+        ("", 3 * PROCESS_BYTES, est.parts[4][2]))
+    assert est.total == models + batches + replicas + table + 3 * PROCESS_BYTES
     one = estimate_memory(cfg, columns={"passive": 3}, rows=100, table_columns=7,
                           parties=["passive"], broker=False)
-    assert one.total < est.total and one.parts[3][1] == PROCESS_BYTES
+    assert one.total < est.total and one.parts[4][1] == PROCESS_BYTES
     assert resnet_params(10, 2, depth=0, width=8) == 10 * 8 + 8 + 8 * 2 + 2
 
 
@@ -174,7 +175,7 @@ def test_a_run_beyond_the_memory_available_is_refused_naming_what_to_change() ->
     # the replicas push it over: name the workers
     many = load_vfl_config(None, ["model.bottom_hidden=[4096, 4096]", "workers.passive=64"])
     est = estimate_memory(many, columns=cols, rows=1000, table_columns=21)
-    replicas = est.parts[2][1]
+    replicas = est.parts[3][1]
     with pytest.raises(ConfigError) as err:
         check_memory(est, (est.total - replicas // 2, "available memory"))
     assert err.value.key == "vfl.workers.passive"
@@ -184,6 +185,28 @@ def test_a_run_beyond_the_memory_available_is_refused_naming_what_to_change() ->
     with pytest.raises(ConfigError) as err:
         check_memory(est, (16 * GIB, "MemAvailable"))
     assert err.value.key == "vfl.dataset" and "1,000,000,000 rows" in str(err.value)
+    # a batch that does not fit: name the batch size
+    big = load_vfl_config(None, [f"batch_size={10**8}"])
+    est = estimate_memory(big, columns=cols, rows=1000, table_columns=21)
+    with pytest.raises(ConfigError) as err:
+        check_memory(est, (16 * GIB, "MemAvailable"))
+    assert err.value.key == "vfl.batch_size"
+
+
+def test_a_named_dataset_is_estimated_before_launch_and_the_generated_one_by_its_rows() -> None:
+    from parties.data.launchcheck import check_before_launch
+
+    free = memory_available()[0]
+    rows = free // (150 * 8) + 1  # 100 + 50 columns a cell of 8 bytes, in each of 2 parties
+    cfg = load_vfl_config(None, ["dataset=synthetic", f"data.synthetic_rows={rows}"])
+    with pytest.raises(ConfigError) as err:
+        check_before_launch(cfg)
+    assert err.value.key == "vfl.data.synthetic_rows"
+    check_before_launch(load_vfl_config(None, []))  # bank: fits
+    with pytest.raises(ConfigError) as err:
+        check_before_launch(load_vfl_config(None, ["model.embedding_dim=1000000",
+                                                   "model.top_hidden=[1000000]"]))
+    assert err.value.key == "vfl.model.embedding_dim"
 
 
 def test_the_default_run_fits_and_memory_is_read_from_this_machine() -> None:
