@@ -159,13 +159,16 @@ def check_before_launch(cfg: Any) -> None:
         from parties.data.stream import preflight_streamed
 
         preflight_streamed(cfg)
-        widths = {}
-        for p in cfg.party_ids:
-            found = parquet_header(cfg.dataset_for(p))
-            if found is not None:
-                check_columns(cfg.dataset_for(p), len(found[0]), cfg.data.max_columns)
-                widths[p] = len(found[0])
-        check_memory(estimate_memory(cfg, columns=widths, rows=0, table_columns=0))
+        from parties.data.shards import inspect
+
+        shapes = {p: inspect(cfg.dataset_for(p)) for p in cfg.party_ids}  # footers only
+        for p, info in shapes.items():
+            check_columns(cfg.dataset_for(p), len(info.columns), cfg.data.max_columns)
+        # streamed: chunks in memory, not the table; per-party files: each one whole
+        check_memory(estimate_memory(
+            cfg, columns={p: len(i.columns) for p, i in shapes.items()},
+            rows={p: 0 if cfg.data.stream else i.rows for p, i in shapes.items()},
+            table_columns={p: len(i.columns) for p, i in shapes.items()}))
         return
     if cfg.dataset in DATASETS:
         info = DATASETS[cfg.dataset]

@@ -236,8 +236,8 @@ def _width_key(model: Any, roles: Sequence[str]) -> str:
     return max(cands, key=lambda c: c[0])[1]  # ties: the first (embedding_dim)
 
 
-def estimate_memory(cfg: Any, *, columns: Mapping[str, int], rows: int,
-                    table_columns: int, parties: Sequence[str] | None = None,
+def estimate_memory(cfg: Any, *, columns: Mapping[str, int], rows: int | Mapping[str, int],
+                    table_columns: int | Mapping[str, int], parties: Sequence[str] | None = None,
                     broker: bool = True, table_key: str = "vfl.dataset") -> MemoryEstimate:
     """The memory ``cfg`` needs on this machine, from its settings and its table's shape,
     before anything is built: per party process of ``parties`` (default: every party):
@@ -251,7 +251,8 @@ def estimate_memory(cfg: Any, *, columns: Mapping[str, int], rows: int,
     + its own encoded columns) cells at :data:`CELL_BYTES`; 0 rows for a streamed
     table); and
     :data:`PROCESS_BYTES` per process (the party, its worker processes under
-    ``workers.mode = "process"``, the broker when ``broker``). ``table_key``: the setting
+    ``workers.mode = "process"``, the broker when ``broker``). ``rows`` and
+    ``table_columns``: the table's, or each party's own (per-party files). ``table_key``: the setting
     the table's part is charged to (``vfl.data.synthetic_rows`` for the generated table).
     """
     model, work = cfg.model, cfg.workers
@@ -280,7 +281,10 @@ def estimate_memory(cfg: Any, *, columns: Mapping[str, int], rows: int,
         snapshots = (work.inflight_max - 1) * params * FLOAT_BYTES if role == "passive" else 0
         replicas += w * (copy + acts + snapshots)
         procs += PROCESS_BYTES * (1 + (w if work.mode == "process" else 0))
-        table += rows * (table_columns + d_in) * CELL_BYTES
+        n_rows = rows.get(party, 0) if isinstance(rows, Mapping) else rows
+        n_cols = (table_columns.get(party, 0) if isinstance(table_columns, Mapping)
+                  else table_columns)
+        table += n_rows * (n_cols + d_in) * CELL_BYTES
         if w > worst_w:
             worst_w, worst_party = w, party
     wkey = ("vfl.workers.active" if worst_party == "active" else
@@ -289,11 +293,16 @@ def estimate_memory(cfg: Any, *, columns: Mapping[str, int], rows: int,
     return MemoryEstimate(parts=(
         (_width_key(model, roles), base, "models with gradients and Adam state"),
         ("vfl.batch_size", batches, "a batch's activations and the p/q buffers"),
-        (table_key, table, f"the table, {rows:,} rows x {table_columns:,} columns, "
-         "in each party"),
+        (table_key, table, _table_words(rows, table_columns)),
         (wkey, replicas, "the workers' replicas"),
         ("", procs, "the processes"),
     ))
+
+
+def _table_words(rows: int | Mapping[str, int], columns: int | Mapping[str, int]) -> str:
+    if isinstance(rows, Mapping) or isinstance(columns, Mapping):
+        return "each party's table"
+    return f"the table, {rows:,} rows x {columns:,} columns, in each party"
 
 
 def _gib(n: int) -> str:

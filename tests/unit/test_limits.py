@@ -145,6 +145,11 @@ def test_the_estimate_adds_up_its_documented_parts() -> None:
                           parties=["passive"], broker=False)
     assert one.total < est.total and one.parts[4][1] == PROCESS_BYTES
     assert resnet_params(10, 2, depth=0, width=8) == 10 * 8 + 8 + 8 * 2 + 2
+    # per-party files: each party's own table
+    own = estimate_memory(cfg, columns={"active": 3, "passive": 3},
+                          rows={"active": 100, "passive": 50},
+                          table_columns={"active": 7, "passive": 4})
+    assert own.parts[2][1] == (100 * (7 + 3) + 50 * (4 + 3)) * 8
 
 
 def test_the_estimate_grows_with_widths_workers_and_the_table() -> None:
