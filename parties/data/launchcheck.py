@@ -105,10 +105,12 @@ def named_columns(cfg: Any) -> dict[str, tuple[str, ...]]:
 
 
 def check_empty_columns(path: str | Path, columns: Sequence[str],
-                        groups: dict[str, tuple[str, ...]]) -> None:
+                        groups: dict[str, tuple[str, ...]],
+                        max_line_bytes: int = MAX_LINE_BYTES) -> None:
     """Refuse a named feature column with no value in any row of the CSV file ``path``
     (``columns``: its header). Reads rows until every named column has shown a value:
-    usually the first row; the whole file only when a column is empty.
+    usually the first row; the whole file only when a column is empty. A field may be
+    as long as a line (``max_line_bytes``, not the csv module's 128 KiB).
 
     Raises:
         EmptyColumn: the first such column (naming it and its party).
@@ -116,15 +118,21 @@ def check_empty_columns(path: str | Path, columns: Sequence[str],
     owner = {c: p for p, cols in groups.items() for c in cols}
     where = {c: i for i, c in enumerate(columns) if c in owner}
     waiting = dict(where)
-    with _open_csv(Path(path).expanduser()) as f:
-        rows = csv.reader(f)
-        next(rows, None)
-        for row in rows:
-            for c, i in list(waiting.items()):
-                if i < len(row) and row[i] not in NA_STRINGS:
-                    del waiting[c]
-            if not waiting:
-                return
+    before = csv.field_size_limit(max(csv.field_size_limit(), max_line_bytes))
+    try:
+        with _open_csv(Path(path).expanduser()) as f:
+            rows = csv.reader(f)
+            next(rows, None)
+            for row in rows:
+                for c, i in list(waiting.items()):
+                    if i < len(row) and row[i] not in NA_STRINGS:
+                        del waiting[c]
+                if not waiting:
+                    return
+    except csv.Error as exc:  # a malformed row: the full checks name it
+        raise DataError(f"cannot parse {str(path)!r}: {exc}") from None
+    finally:
+        csv.field_size_limit(before)
     if waiting:
         c = min(waiting, key=where.__getitem__)
         raise EmptyColumn(c, owner[c], str(path))
@@ -201,7 +209,7 @@ def check_before_launch(cfg: Any) -> None:
     validate_split_n(columns, cfg.label, groups)
     named = named_columns(cfg)
     if named and empty is None:
-        check_empty_columns(path, columns, named)
+        check_empty_columns(path, columns, named, cfg.data.max_line_bytes)
     for party, cols in named.items():
         for c in cols:
             if empty and c in empty:
@@ -286,7 +294,7 @@ def check_own_file(cfg: Any, party: str) -> tuple[str, ...]:
         raise InvalidSplit(f"{party}'s file {str(path)!r} has no feature column besides "
                            f"the join key {key!r}" + (" and the label" if active else ""))
     if empty is None:
-        check_empty_columns(path, columns, {party: cols})
+        check_empty_columns(path, columns, {party: cols}, cfg.data.max_line_bytes)
     else:
         for c in cols:
             if c in empty:

@@ -221,3 +221,21 @@ def test_the_default_run_fits_and_memory_is_read_from_this_machine() -> None:
     est = estimate_memory(cfg, columns={"active": 8, "passive": 8}, rows=45_211,
                           table_columns=17)
     assert est.total < 1 * GIB  # the demo fits any machine that runs the suite
+
+
+def test_a_field_longer_than_the_csv_modules_default_is_read_within_the_line_bound(
+        tmp_path: Path) -> None:
+    """A 200 KB field in the first row (the csv module stops at 128 KiB) is no
+    traceback: the empty-column check reads fields up to ``max_line_bytes``."""
+    import csv
+
+    from parties.data import EmptyColumn
+    from parties.data.launchcheck import check_empty_columns
+
+    f = tmp_path / "fat.csv"
+    f.write_text("a,b,c\n1," + "x" * 200_000 + ",\n2,3,\n")
+    limit = csv.field_size_limit()
+    with pytest.raises(EmptyColumn) as err:
+        check_empty_columns(f, ["a", "b", "c"], {"active": ("a", "b"), "passive": ("c",)})
+    assert err.value.column == "c"
+    assert csv.field_size_limit() == limit  # the module's limit restored
