@@ -318,11 +318,15 @@ def _table(obj: Any, field: str) -> pd.DataFrame:
     if isinstance(obj, pd.DataFrame):
         return obj.reset_index(drop=True)
     if isinstance(obj, (str, Path)):
+        from parties.data import DataError
+        from parties.data.limits import check_csv_shape
         from synth.cli import read_table
 
         try:
+            if str(obj).lower().endswith((".csv", ".csv.gz")) and Path(obj).is_file():
+                check_csv_shape(obj)  # its lines and columns bounded, before pandas reads it
             return read_table(obj)
-        except ConfigError as exc:
+        except (ConfigError, DataError) as exc:
             raise FedForgeError(field, str(exc)) from None
     raise FedForgeError(field, f"expected a DataFrame or a file path, got {type(obj).__name__}")
 

@@ -511,6 +511,15 @@ def load_ids(path: str | Path, column: str | None = None) -> list[str]:
     name = p.name.lower()
     col = column or "id"
     try:
+        if not name.endswith(".parquet") and p.is_file():
+            from parties.data import LineTooLong
+            from parties.data.limits import scan_lines
+
+            try:  # a line past the bound is refused before pandas holds it in memory
+                scan_lines(p)
+            except LineTooLong as exc:
+                raise IdFileError(str(p), f"line {exc.line:,} is longer than "
+                                  f"{exc.limit:,} bytes: not a file of IDs") from None
         if name.endswith((".csv", ".csv.gz", ".tsv", ".tsv.gz")):
             import pandas as pd
 

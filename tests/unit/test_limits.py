@@ -239,3 +239,21 @@ def test_a_field_longer_than_the_csv_modules_default_is_read_within_the_line_bou
         check_empty_columns(f, ["a", "b", "c"], {"active": ("a", "b"), "passive": ("c",)})
     assert err.value.column == "c"
     assert csv.field_size_limit() == limit  # the module's limit restored
+
+
+def test_the_id_reader_and_fedforges_file_reader_are_bounded_too(tmp_path: Path) -> None:
+    from parties.alignment.align import IdFileError, load_ids
+    from sim.fedforge import FedForgeError, _table
+
+    ids = tmp_path / "ids.csv"
+    with ids.open("wb") as f:
+        f.write(b"id\n7\n")
+        f.write(b"9" * (17 << 20))  # one 17 MiB line: past the 16 MiB bound
+    with pytest.raises(IdFileError) as err:
+        load_ids(ids)
+    assert "line 3" in str(err.value) and str(ids) in str(err.value)
+    wide = tmp_path / "wide.csv"
+    wide.write_text(",".join(f"c{i}" for i in range(20_001)) + "\n")
+    with pytest.raises(FedForgeError) as ferr:
+        _table(str(wide), "parties")
+    assert "20,001 columns" in str(ferr.value)
