@@ -60,8 +60,16 @@ def preflight(cfg: VflConfig) -> None:
         parties.data.DataError: missing file, unknown column, bad split, a named feature
             column with no value (:class:`parties.data.EmptyColumn`), a binary label
             with one class in the training split or in the test split, a regression label
-            that is not numeric or constant, an empty test split.
+            that is not numeric or constant, an empty test split; a line or a column count
+            past its bound (:class:`parties.data.LineTooLong`,
+            :class:`parties.data.TooManyColumns`).
+        pubsub.config.ConfigError: more workers than this machine's cores run, or a run
+            needing more memory than it has (:mod:`parties.data.limits`: the Python API's
+            path; ``psfl vfl run`` checks it before anything starts).
     """
+    from parties.data.limits import check_memory, check_workers, estimate_memory
+
+    check_workers(cfg)
     if cfg.data.stream or cfg.data.party_datasets:  # footers only: each party's file, its columns,
         from parties.data.stream import preflight_streamed  # aligned row counts
 
@@ -86,6 +94,8 @@ def preflight(cfg: VflConfig) -> None:
         if files[party]:
             load_configured_table(cfg, party)  # its rows file is checked here too
     label, groups = resolve_party_columns(cfg, frame, default_label)
+    check_memory(estimate_memory(cfg, columns={p: len(c) for p, c in groups.items()},
+                                 rows=len(frame), table_columns=frame.shape[1]))
     from parties.data.launchcheck import named_columns
 
     for party, cols in named_columns(cfg).items():  # a named column with no value at all

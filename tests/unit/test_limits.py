@@ -257,3 +257,12 @@ def test_the_id_reader_and_fedforges_file_reader_are_bounded_too(tmp_path: Path)
     with pytest.raises(FedForgeError) as ferr:
         _table(str(wide), "parties")
     assert "20,001 columns" in str(ferr.value)
+
+
+def test_the_launchers_preflight_keeps_the_memory_refusal_for_the_python_api() -> None:
+    from parties.data.preflight import preflight
+
+    with pytest.raises(ConfigError) as err:
+        preflight(load_vfl_config(None, ["model.embedding_dim=1000000",
+                                         "model.top_hidden=[1000000]"]))
+    assert err.value.key == "vfl.model.embedding_dim" and "GiB" in str(err.value)
