@@ -182,6 +182,17 @@ def run_party(role: str, args: argparse.Namespace) -> int:
                      if result.get("label_positive") else "")
                   + f"party process {result['wall_s']:.1f} s"
                   + (f"; metrics: {path}" if out is not None else ""), flush=True)
+            dp = result.get("dp") or {}
+            if dp.get("enabled"):
+                print(f"dp (the passive parties' records): spent mu "
+                      f"{format_metric(dp.get('mu'))}, epsilon {format_metric(dp.get('epsilon'))}"
+                      f" at delta {dp.get('delta'):g}", flush=True)
+            base = result.get("active_only") or {}
+            if isinstance(base.get("test_metric"), float) and isinstance(result.get("metric"),
+                                                                         float):
+                print(f"active-only baseline (this party's columns alone, {base['model']}, "
+                      f"same split): test_{result['metric_name']} {base['test_metric']:.4f}; "
+                      f"this run {result['metric'] - base['test_metric']:+.4f}", flush=True)
         else:
             print(f"{role} party done: {result['batches']} batches, cpu_util "
                   f"{result['cpu_util']:.2f}, party process {result['wall_s']:.1f} s", flush=True)

@@ -508,6 +508,66 @@ def _record_plan(res: Any, pdoc: dict[str, Any]) -> None:
     write_json(res.out / "metrics.json", res.metrics)
 
 
+def _synth_schema(args: argparse.Namespace) -> int:
+    """``psfl synth schema --dataset BRANCH.csv --out S.toml``: a draft of every column of a
+    horizontal table (the label included) in the kinds FedForge declares (numeric,
+    categorical); a date or many-level column is left out, named, with what to do."""
+    import textwrap
+
+    from parties.cli import ExitCode, exit_code_for
+    from parties.data import load_table
+    from parties.data.schema import (DRAFT_WARNING, CategoricalColumn, NumericColumn,
+                                     PublicSchema, draft_party_schema, save_schema)
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        print(f"error: {str(out)!r} exists (a reviewed schema?); use --force to overwrite",
+              file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    try:
+        frame, _ = load_table(args.dataset)
+        draft = draft_party_schema(frame, [str(c) for c in frame.columns],
+                                   min_count=args.min_count, dataset=str(args.dataset))
+    except Exception as exc:
+        code = exit_code_for(exc)
+        if code is None:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return code
+    left_out = dict(draft.left_out)
+    kept = []
+    for col in draft.schema.columns:
+        if isinstance(col, NumericColumn | CategoricalColumn):
+            kept.append(col)
+        else:
+            left_out[col.name] = (f"drafted as {col.kind!r}, which FedForge does not "
+                                  "synthesise (numeric and categorical columns only): leave "
+                                  f"it out of every branch's file (--set 'data.drop_columns="
+                                  f'["{col.name}"]\'), or turn it into a numeric or '
+                                  "categorical column first")
+    if not kept:
+        print("error: no numeric or categorical column to declare", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    schema = PublicSchema(columns=tuple(kept), dataset=draft.schema.dataset,
+                          description=draft.schema.description)
+    header = DRAFT_WARNING + "\n\n" + textwrap.fill(
+        f"Drafted by `psfl synth schema` from {str(args.dataset)!r} ({len(frame):,} rows), "
+        "one branch's file: every column FedForge can declare, the label included. Other "
+        "branches review it or draft their own; `psfl data schema-merge` takes the widest "
+        "of each column.", width=86)
+    for name, why in left_out.items():
+        header += "\n" + textwrap.fill(f"Left out {name!r}: {why}.", width=86)
+    notes = {k: v for k, v in draft.notes.items() if k in schema.names}
+    tmp = out.with_name(out.name + ".tmp")
+    save_schema(schema, tmp, header=header, notes=notes)
+    tmp.replace(out)
+    for name, why in left_out.items():
+        print(f"left out {name!r}: {why}", file=sys.stderr)
+    print(f"draft schema of {len(schema.columns)} columns: {out}\nreview it (its REVIEW "
+          f"lines), then psfl synth run --party-files ... --schema {out}")
+    return ExitCode.OK
+
+
 def _synth_add_workload(args: argparse.Namespace) -> int:
     """``psfl synth add-workload RUN_DIR queries.json``: apply a workload update
     (:func:`sim.launch.synth.add_workload`) and print its report."""
@@ -966,7 +1026,11 @@ def _vfl_schema(args: argparse.Namespace) -> int:
         f"columns ({len(columns)}), {len(frame):,} rows; categories seen fewer than "
         f"{args.min_count} times were left out. Each column's REVIEW line says what to "
         "check.", width=86)
-    for name, why in draft.left_out.items():
+    left_out = dict(draft.left_out)
+    if cfg.data.join_key:
+        left_out.setdefault(cfg.data.join_key, "the join key (vfl.data.join_key): it "
+                            "aligns the parties' files and is never a feature")
+    for name, why in left_out.items():
         header += "\n" + textwrap.fill(f"Left out {name!r}: {why}.", width=86)
     try:
         save_schema(schema, out, header=header, notes=draft.notes)
@@ -975,7 +1039,7 @@ def _vfl_schema(args: argparse.Namespace) -> int:
         return ExitCode.BAD_INPUT
     banner = "!" * 78
     print(f"{banner}\n{DRAFT_WARNING}\n{banner}", file=sys.stderr)
-    for name, why in draft.left_out.items():
+    for name, why in left_out.items():
         print(f"left out {name!r}: {why}", file=sys.stderr)
     print(f"draft schema of the {args.role} party's {len(schema.columns)} columns "
           f"({schema.width} encoded features): {out}\nreview it (its REVIEW lines), then run "
@@ -1240,6 +1304,15 @@ def build_parser() -> argparse.ArgumentParser:
                       "survivors, or fails (exit 1) below secagg.min_survivors (repeatable)")
     add_security_arguments(srun, kind="launcher")
     srun.set_defaults(func=_synth_run)
+    ssch = ssub.add_parser("schema", help="DRAFT the public schema of a FedForge table from "
+                           "one branch's file (every column, the label included; numeric and "
+                           "categorical kinds only): NOT private until reviewed")
+    ssch.add_argument("--dataset", required=True, help="one branch's file (CSV or Parquet)")
+    ssch.add_argument("--out", required=True, help="schema TOML file to write")
+    ssch.add_argument("--min-count", type=int, default=10,
+                      help="leave out categories seen fewer times (default 10)")
+    ssch.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    ssch.set_defaults(func=_synth_schema)
     swl = ssub.add_parser("add-workload", help="add queries (marginals, weights) to a run in "
                           "progress or finished: measure only what is missing, refit from "
                           "the current model")

@@ -153,6 +153,13 @@ class FedForge:
         frames = [_table(p, f"parties[{i}]") for i, p in enumerate(_as_list(parties))]
         if not frames:
             raise FedForgeError("parties", "at least one party's table is needed")
+        drop = tuple(self._cfg.data.drop_columns or ())
+        if drop:  # left out of the synthesis: before the columns are compared and declared
+            absent = [c for c in drop if c not in frames[0].columns]
+            if absent:
+                raise FedForgeError("data.drop_columns", f"no column(s) {absent} in "
+                                    f"parties[0] (columns: {list(frames[0].columns)})")
+            frames = [f.drop(columns=[c for c in drop if c in f.columns]) for f in frames]
         columns = list(frames[0].columns)
         for i, f in enumerate(frames):
             if len(f) == 0:
@@ -165,6 +172,8 @@ class FedForge:
                                     + ("; " if missing and extra else "")
                                     + (f"extra {extra}" if extra else ""))
         hold = None if holdout is None else _table(holdout, "holdout")
+        if hold is not None and drop:
+            hold = hold.drop(columns=[c for c in drop if c in hold.columns])
         if hold is not None:
             missing = [c for c in columns if c not in hold.columns]
             if missing:

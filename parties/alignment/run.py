@@ -162,6 +162,10 @@ def run_align_party(*, role: str, broker: str, ids_path: str, out: str, run_id: 
         print(f"{role} party: {stats.n_shared:,} shared of {stats.n_own:,} own IDs "
               f"(partner {stats.n_partner:,}) in {stats.seconds:.2f} s; sent "
               f"{stats.bytes_sent:,} B, received {stats.bytes_received:,} B; {csv}", flush=True)
+    if not nway and stats.n_shared == 0:
+        print(f"warning ({role} party): no ID is shared: check that both files write the IDs "
+              "the same way (text is compared exactly: '007' is not '7', 'C12' not 'c12')",
+              file=sys.stderr)
     return int(ExitCode.OK)
 
 

@@ -37,7 +37,8 @@ class HandshakeTimeout(VflError, TimeoutError):
         self.timeout_s = timeout_s
         super().__init__(
             f"no {partner} party joined run {run_id!r} within {timeout_s:.0f} s "
-            "(is it started, with the same --run-id and --broker?)"
+            "(is it started, with the same --run-id and --broker? or did it refuse before "
+            "joining: see its own output)"
         )
 
 

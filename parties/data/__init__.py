@@ -138,7 +138,8 @@ def select_rows(frame: pd.DataFrame, path: str | Path) -> pd.DataFrame:
     except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise InvalidRows(str(p), f"needs a 'row' column of integers: {exc}") from None
     if rows.size == 0:
-        raise InvalidRows(str(p), "lists no rows (the parties share no IDs)")
+        raise InvalidRows(str(p), "lists no rows (the parties share no IDs: check that "
+                          "both files write the IDs the same way, text compared exactly)")
     if not pd.api.types.is_integer_dtype(rows):
         raise InvalidRows(str(p), "the 'row' column must hold integers")
     idx = rows.to_numpy(dtype=np.int64)

@@ -60,6 +60,11 @@ def test_a_date_or_hashed_column_is_refused_by_name(tmp_path: Path) -> None:
     cfg = SynthConfig(dataset="my.csv", data=DataSection(domain="declared",
                                                          schema_file=str(path)))
     assert declared_schema(cfg, ["a"]) is not None
-    with pytest.raises(ConfigError, match="'m' is declared 'hashed'") as ei:
+    with pytest.raises(ConfigError, match=r"'m' \(hashed\)") as ei:
         declared_schema(cfg, ["a", "m"])
     assert ei.value.key == "synth.data.schema_file"
+    # every column it cannot take, in one error: undeclared ones and other kinds
+    with pytest.raises(ConfigError) as ei:
+        declared_schema(cfg, ["a", "m", "q", "r"])
+    assert "['q', 'r']" in str(ei.value) and "'m' (hashed)" in str(ei.value)
+    assert "psfl synth schema" in str(ei.value)

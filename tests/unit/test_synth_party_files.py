@@ -68,3 +68,39 @@ def test_a_branch_reads_its_own_file(tmp_path: Path) -> None:
         asyncio.run(synth_cli._parties(SynthConfig(), args))
     assert exc.value.key == "--data"
     assert list(synth_cli.read_table(f).columns) == ["a", "b"]
+
+
+def test_a_branch_drafts_a_schema_fedforge_takes(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``psfl synth schema``: every column FedForge can declare, the label included; a
+    date and a many-level column left out by name with what to do."""
+    import numpy as np
+    import pandas as pd
+
+    from parties.data.schema import load_schema
+
+    rng = np.random.default_rng(0)
+    n = 400
+    pd.DataFrame({"age": rng.integers(18, 90, n), "kind": rng.choice(["a", "b"], n),
+                  "when": pd.date_range("2021-01-01", periods=n, freq="D").strftime("%Y-%m-%d"),
+                  "shop": [f"S{i:04d}" for i in rng.integers(0, 300, n)],
+                  "y": rng.choice(["no", "yes"], n)}).to_csv(tmp_path / "b1.csv", index=False)
+    out = tmp_path / "s.toml"
+    assert cli.main(["synth", "schema", "--dataset", str(tmp_path / "b1.csv"),
+                     "--out", str(out)]) == 0
+    assert load_schema(out).names == ("age", "kind", "y")
+    err = capsys.readouterr().err
+    assert "left out 'when'" in err and "left out 'shop'" in err and "drop_columns" in err
+    assert cli.main(["synth", "schema", "--dataset", str(tmp_path / "b1.csv"),
+                     "--out", str(out)]) == 2  # a reviewed schema is not overwritten
+
+
+def test_drop_columns_naming_no_column_is_refused_before_the_run(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from sim.fedforge import FedForge, FedForgeError
+
+    frame = pd.DataFrame({"a": [1, 2, 3], "y": ["n", "y", "n"]})
+    fed = FedForge(epsilon=1.0, label="y", config={"data": {"drop_columns": ["zz"]}})
+    with pytest.raises(FedForgeError, match=r"\['zz'\]"):
+        fed.fit([frame, frame])
