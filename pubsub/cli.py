@@ -20,6 +20,7 @@ from pubsub.errors import (
     KeyFileError,
     TooManySubscriptions,
 )
+from pubsub.outputs import OutputError, RunDirBusy
 from pubsub.security import CurveClient, check_insecure_allowed
 
 #: exit code for bad config or input
@@ -27,10 +28,12 @@ EXIT_BAD_INPUT = 2
 #: exit code when no broker answers (or it refuses our key)
 EXIT_BROKER_UNREACHABLE = 3
 
-#: errors that mean bad input (exit 2)
+#: errors that mean bad input (exit 2): a bad config, address, key or topic, and an
+#: output directory that cannot be used (a result file cannot be written: disk full,
+#: read-only filesystem; another run holds the directory's lock)
 BAD_INPUT_ERRORS: tuple[type[BaseException], ...] = (
     ConfigError, InvalidAddress, KeyFileError, InsecureTransport, ForbiddenTopic,
-    TooManySubscriptions)
+    TooManySubscriptions, OutputError, RunDirBusy)
 #: errors that mean the broker cannot be used (exit 3)
 BROKER_ERRORS: tuple[type[BaseException], ...] = (BrokerUnreachable, AuthenticationFailed)
 

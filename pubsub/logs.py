@@ -1,36 +1,62 @@
 """structlog setup for entry points (libraries only call ``structlog.get_logger``).
 
 Processes write JSON lines to an ``events.jsonl`` file (appending, so several
-processes may share one run log) and human-readable warnings to stderr.
+processes may share one run log) and human-readable warnings to stderr. Each line is
+appended whole, with one ``os.write`` on an ``O_APPEND`` descriptor
+(:func:`pubsub.outputs.append_line`): lines of several processes never interleave, and a
+line that does not fit on a full disk is cut back off, so the file never ends in a broken
+line; the events lost from then on are said once on stderr.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import orjson
 import structlog
+
+from pubsub.outputs import OutputError, append_line, output_error
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
 class _JsonlSink:
-    """Append one JSON object per event to a file, flushing each line."""
+    """Append one JSON object per event to a file, each line whole with one write.
 
-    def __init__(self, fh: TextIO, level: int) -> None:
-        self.fh = fh
+    Attributes:
+        lost: events that could not be appended (a full disk, a read-only filesystem).
+    """
+
+    def __init__(self, path: str | Path, level: int) -> None:
+        self.path = str(path)
+        try:
+            self.fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                                          | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            raise output_error(path, exc) from None
         self.level = level
+        self.lost = 0
 
     def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
-        if _LEVELS.get(method, 20) >= self.level:
-            self.fh.write(orjson.dumps(event, default=repr).decode() + "\n")
-            self.fh.flush()
+        if _LEVELS.get(method, 20) >= self.level and self.fd is not None:
+            try:
+                append_line(self.fd, orjson.dumps(event, default=repr) + b"\n", self.path)
+            except OutputError as exc:
+                self.lost += 1
+                if self.lost == 1:  # said once, not per event; the run goes on
+                    print(f"warning: events are being lost: {exc}", file=sys.stderr)
         return event
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class _CurrentStderr:
@@ -68,8 +94,7 @@ def configure_logging(
     ]
     if events_path is not None:
         Path(events_path).parent.mkdir(parents=True, exist_ok=True)
-        fh = open(events_path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
-        processors.append(_JsonlSink(fh, _LEVELS[level]))
+        processors.append(_JsonlSink(events_path, _LEVELS[level]))  # lives for the process
     stderr_min = _LEVELS[stderr_level]
 
     def _filter(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +127,7 @@ def scoped_logging(**kwargs: Any) -> Iterator[None]:
         yield
     finally:
         for sink in sinks:
-            sink.fh.close()
+            sink.close()
         structlog.configure(**saved)
         structlog.contextvars.clear_contextvars()
         if context:
