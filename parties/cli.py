@@ -10,6 +10,7 @@ mismatched, lost), 5 job timeout (``psfl vfl run --timeout-s``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from typing import Any
 from pubsub.cli import add_security_arguments, security_from_args
 from pubsub.config import ConfigError
 from pubsub.logs import configure_logging
+from pubsub.outputs import RunDirLock
 from pubsub.runner import run as run_loop
 
 from parties.config import (MAX_PASSIVE_PARTIES, Job, VflConfig, check_run_id, load_job,
@@ -130,10 +132,32 @@ def _align_job(job: Job, cfg: VflConfig, role: str, args: argparse.Namespace
 
 
 def run_party(role: str, args: argparse.Namespace) -> int:
-    """Run one party to completion; map errors to :class:`ExitCode` with a one-line message."""
+    """Run one party to completion; map errors to :class:`ExitCode` with a one-line message.
+
+    With ``--out`` the party holds that directory's lock (:class:`pubsub.outputs.RunDirLock`)
+    for its run: a second run into it is refused at once (exit 2), unless the launcher
+    that started this party holds it."""
     t0 = time.perf_counter()
     out = Path(args.out) if args.out else None
     events = args.events or (str(out / "events.jsonl") if out else None)
+    lock = contextlib.ExitStack()
+    try:
+        if out is not None:
+            lock.enter_context(RunDirLock(out, run_id=args.run_id,
+                                          command=f"psfl vfl party {role}"))
+        return _run_party(role, args, out, events, t0)
+    except Exception as exc:
+        code = exit_code_for(exc)
+        if code is None:
+            raise
+        print(f"error ({role} party): {exc}", file=sys.stderr)
+        return code
+    finally:
+        lock.close()
+
+
+def _run_party(role: str, args: argparse.Namespace, out: Path | None, events: str | None,
+               t0: float) -> int:
     try:
         job, cfg = _load(role, args)
         check_run_id(args.run_id)
@@ -171,7 +195,7 @@ def run_party(role: str, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"{role} party interrupted", file=sys.stderr)
         return 130
-    finish_party(role, cfg, result, out, t0)
+    finish_party(role, cfg, result, out, t0)  # OutputError: run_party's one line, exit 2
     path = metrics_file(out, role) if out is not None else None
     if not args.quiet:
         if role == "active":
@@ -233,15 +257,19 @@ def run_job_predict(role: str, args: argparse.Namespace) -> int:
         broker = args.broker or job.job.broker
         security = security_from_args(args, broker, identity=role)
         out = Path(args.out)
-        code, rows = align_own_file(job, role, path, out / "align", run_id=f"{run_id}-align",
-                                    security=security, quiet=args.quiet)
-        if code:
-            return code
-        configure_logging(events_path=str(out / "events.jsonl"), party=role, run_id=run_id)
-        party = PredictParty(role, args.run_dir, broker=broker, run_id=run_id, out=out,
-                             data=str(path), id_column=job.job.join_key, security=security,
-                             timeout_s=args.wait_s, rows_file=str(rows))
-        result = run_loop(party.run(), event_loop="asyncio")
+        with RunDirLock(out, run_id=run_id, command=f"psfl vfl predict --role {role}"):
+            code, rows = align_own_file(job, role, path, out / "align",
+                                        run_id=f"{run_id}-align", security=security,
+                                        quiet=args.quiet)
+            if code:
+                return code
+            configure_logging(events_path=str(out / "events.jsonl"), party=role,
+                              run_id=run_id)
+            party = PredictParty(role, args.run_dir, broker=broker, run_id=run_id, out=out,
+                                 data=str(path), id_column=job.job.join_key,
+                                 security=security, timeout_s=args.wait_s,
+                                 rows_file=str(rows))
+            result = run_loop(party.run(), event_loop="asyncio")
     except Exception as exc:
         code = exit_code_for(exc)
         if code is None:

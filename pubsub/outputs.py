@@ -16,7 +16,9 @@ both may import :mod:`pubsub`):
   same directory is refused at once with :class:`RunDirBusy` naming the holder; the
   kernel drops the lock when its process dies, so a dead run's lock is taken over
   without any cleaning. Processes that a holder starts into its directory (a launcher's
-  parties) inherit the hold through :data:`LOCK_ENV` and do not lock it again.
+  parties) inherit the hold through :data:`LOCK_ENV` and do not lock it again. The lock
+  file goes with its holder (and the directory, if the holder made it and left it
+  empty: a run refused before it wrote anything leaves nothing behind).
 """
 
 from __future__ import annotations
@@ -200,6 +202,7 @@ class RunDirBusy(BusError, RuntimeError):
 
 
 _HELD: dict[str, int] = {}  # resolved run directory -> holds in this process
+_RECORDS: dict[str, tuple[int, dict[str, Any]]] = {}  # -> (lock fd, holder record)
 _HELD_LOCK = threading.Lock()
 
 
@@ -217,12 +220,19 @@ def read_holder(run_dir: str | Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
+def _write_record(fd: int, record: dict[str, Any]) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, orjson.dumps(record) + b"\n", 0)
+
+
 class RunDirLock:
     """An exclusive lock on a run directory for a run's life (a context manager).
 
     ``with RunDirLock(out, run_id=..., command="psfl vfl run"):`` creates ``out``, takes
     ``flock(LOCK_EX | LOCK_NB)`` on ``out/.lock`` and writes the holder's record there;
-    the lock goes with the ``with`` (or the process). Re-entering a directory this
+    the lock goes with the ``with`` (the file is removed, and ``out`` too when this made
+    it and it is empty) or with the process (the file stays, unlocked, and the next run
+    takes it over). Re-entering a directory this
     process holds, or one its launcher holds (:data:`LOCK_ENV`), takes nothing.
 
     Raises (on entry):
@@ -238,47 +248,77 @@ class RunDirLock:
         self._fd: int | None = None
         self._key = ""
         self._mine = False
+        self._created = False
 
     def __enter__(self) -> RunDirLock:
+        created = not self.run_dir.exists()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise output_error(self.run_dir, exc) from None
         self._key = str(self.run_dir.resolve())
+        try:
+            self._take(created)
+        except BaseException:
+            if created:  # a refused run leaves no directory behind
+                with contextlib.suppress(OSError):
+                    self.run_dir.rmdir()
+            raise
+        return self
+
+    def _take(self, created: bool) -> None:
         with _HELD_LOCK:
             if self._key in _HELD:
                 _HELD[self._key] += 1
-                return self
+                fd, record = _RECORDS[self._key]
+                if self.run_id and not record.get("run_id"):  # the launcher chose it now
+                    record["run_id"] = self.run_id
+                    with contextlib.suppress(OSError):
+                        _write_record(fd, record)
+                return
             if self._key in _held_paths():  # our launcher holds it for us
-                return self
+                return
             path = self.run_dir / LOCK_FILE
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                raise output_error(path, exc) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            for _ in range(100):  # bounded: each retry means another holder just left
+                try:
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                except OSError as exc:
+                    raise output_error(path, exc) from None
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    raise RunDirBusy(self.run_dir, read_holder(self.run_dir)) from None
+                except OSError:  # a filesystem without flock: run unlocked rather than not
+                    os.close(fd)
+                    return
+                # the file locked must still be the one under the name: a holder unlinks
+                # it as it leaves, and then the new file is the lock
+                try:
+                    same = os.stat(path).st_ino == os.fstat(fd).st_ino
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    break
                 os.close(fd)
-                raise RunDirBusy(self.run_dir, read_holder(self.run_dir)) from None
-            except OSError:  # a filesystem without flock: run unlocked rather than not
-                os.close(fd)
-                return self
-            record = orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                   "run_id": self.run_id, "command": self.command,
-                                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                            time.gmtime())}) + b"\n"
+            else:
+                raise RunDirBusy(self.run_dir, read_holder(self.run_dir))
+            record = {"pid": os.getpid(), "host": socket.gethostname(),
+                      "run_id": self.run_id, "command": self.command,
+                      "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             try:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, record, 0)
+                _write_record(fd, record)
             except OSError as exc:
+                with contextlib.suppress(OSError):
+                    path.unlink()
                 os.close(fd)
                 raise output_error(path, exc) from None
             self._fd = fd
             self._mine = True
+            self._created = created
             _HELD[self._key] = 1
+            _RECORDS[self._key] = (fd, record)
             os.environ[LOCK_ENV] = os.pathsep.join([*_held_paths(), self._key])
-        return self
 
     def __exit__(self, *exc: object) -> None:
         with _HELD_LOCK:
@@ -288,17 +328,21 @@ class RunDirLock:
             if _HELD[self._key] > 0 or not self._mine:
                 return
             del _HELD[self._key]
+            _RECORDS.pop(self._key, None)
             os.environ[LOCK_ENV] = os.pathsep.join(p for p in _held_paths()
                                                    if p != self._key)
             if not os.environ[LOCK_ENV]:
                 del os.environ[LOCK_ENV]
             fd, self._fd = self._fd, None
             if fd is not None:
+                # unlinked while still locked: a process that opened it meanwhile finds
+                # it is no longer the file under the name (_take) and opens the new one
                 with contextlib.suppress(OSError):
-                    os.ftruncate(fd, 0)  # free: no holder named (the file stays: see below)
+                    (self.run_dir / LOCK_FILE).unlink()
                 os.close(fd)  # the flock goes with the last descriptor
-        # the file is never unlinked: a process that opened it just before would lock a
-        # deleted inode while a third locks a new file, both holding "the" lock
+                if self._created:  # a run refused before it wrote anything: no directory
+                    with contextlib.suppress(OSError):
+                        self.run_dir.rmdir()
 
 
 __all__ = ["LOCK_ENV", "LOCK_FILE", "OutputError", "RunDirBusy", "RunDirLock", "append_line",

@@ -102,6 +102,15 @@ def _vfl_run(args: argparse.Namespace) -> int:
     cfg = load_vfl_config(args.config, args.set, extra)  # ConfigError: run_guarded, exit 2
     if args.run_id:
         check_run_id(args.run_id)
+    from pubsub.outputs import RunDirLock
+
+    # the run directory is this run's from here (RunDirBusy: another run holds it, exit 2
+    # at once; the launcher and its parties find the hold and take nothing more)
+    with RunDirLock(args.out, run_id=args.run_id, command="psfl vfl run"):
+        return _vfl_run_locked(args, cfg)
+
+
+def _vfl_run_locked(args: argparse.Namespace, cfg: Any) -> int:
     code = _check_before_launch(cfg)
     if code is not None:
         return code
@@ -636,6 +645,15 @@ def _synth_run(args: argparse.Namespace) -> int:
     code = _check_tables_before_launch([cfg.dataset])
     if code is not None:
         return code
+    from pubsub.outputs import RunDirLock
+
+    # the run directory is this run's from here (RunDirBusy: exit 2 at once, before the
+    # start line and the heavy imports)
+    with RunDirLock(args.out, run_id=args.run_id, command="psfl synth run"):
+        return _synth_run_locked(args, cfg)
+
+
+def _synth_run_locked(args: argparse.Namespace, cfg: Any) -> int:
     from sim.launch.synth import run_synth
     from synth.domain import DomainError
 
@@ -682,10 +700,8 @@ def _synth_run(args: argparse.Namespace) -> int:
 def _synth_run_party_files(args: argparse.Namespace, extra: dict[str, object]) -> int:
     """``psfl synth run --party-files A B ...``: each branch's own table, one party process
     each (the Python API's :meth:`sim.fedforge.FedForge.fit` over the broker)."""
-    from pubsub.config import ConfigError, to_mapping
-    from sim.fedforge import FedForge
+    from pubsub.config import ConfigError
     from synth.config import load_synth_config
-    from synth.domain import DomainError
 
     for key in ("dataset", "parties"):
         if key in extra:
@@ -699,6 +715,17 @@ def _synth_run_party_files(args: argparse.Namespace, extra: dict[str, object]) -
     code = _check_tables_before_launch(list(args.party_files))
     if code is not None:
         return code
+    from pubsub.outputs import RunDirLock
+
+    with RunDirLock(args.out, command="psfl synth run --party-files"):  # RunDirBusy: exit 2
+        return _synth_run_party_files_locked(args, cfg)
+
+
+def _synth_run_party_files_locked(args: argparse.Namespace, cfg: Any) -> int:
+    from pubsub.config import to_mapping
+    from sim.fedforge import FedForge
+    from synth.domain import DomainError
+
     settings = to_mapping(cfg)
     for key in ("dataset", "parties", "epsilon", "delta", "mechanism", "label", "seed"):
         settings.pop(key, None)

@@ -47,6 +47,7 @@ from typing import Any, Literal
 import pandas as pd
 
 from pubsub.config import ConfigError, deep_merge, expand_dotted, from_mapping, refuse_moved
+from pubsub.outputs import RunDirLock, write_atomic
 from synth.config import SynthConfig
 from synth.domain import Schema
 from synth.saved import SavedModel, load_model
@@ -202,16 +203,18 @@ class FedForge:
             raise FedForgeError("schema", f"declares columns no party holds: {unknown}")
         cfg = replace(cfg, data=replace(cfg.data, domain=source))
         run_dir = self._directory(out)
-        info = write_parties(run_dir, cfg, schema, frames, pooled=pooled, holdout=hold)
-        info["domain_source"] = source
-        if transport == "memory":
-            from sim.launch.synth_local import run_synth_in_process
+        # held from the first file written: a second job into run_dir is refused whole
+        with RunDirLock(run_dir, command="psfl synth run --party-files"):
+            info = write_parties(run_dir, cfg, schema, frames, pooled=pooled, holdout=hold)
+            info["domain_source"] = source
+            if transport == "memory":
+                from sim.launch.synth_local import run_synth_in_process
 
-            res = run_synth_in_process(cfg, run_dir, prepared=info, timeout_s=timeout_s)
-        else:
-            from sim.launch.synth import run_synth
+                res = run_synth_in_process(cfg, run_dir, prepared=info, timeout_s=timeout_s)
+            else:
+                from sim.launch.synth import run_synth
 
-            res = run_synth(cfg, run_dir, prepared=info, timeout_s=timeout_s, quiet=True)
+                res = run_synth(cfg, run_dir, prepared=info, timeout_s=timeout_s, quiet=True)
         self._metrics = res.metrics
         self._model = load_model(run_dir)
         return self
@@ -305,7 +308,7 @@ def write_parties(out: Path, cfg: SynthConfig, schema: Schema, frames: Sequence[
     if holdout is not None:
         pooled.to_parquet(d / "train.parquet", index=False)
         holdout[list(pooled.columns)].to_parquet(d / "holdout.parquet", index=False)
-    (out / "schema.json").write_text(json.dumps(schema.to_dict(), indent=1))
+    write_atomic(out / "schema.json", json.dumps(schema.to_dict(), indent=1))
     return {"rows": {p: int(len(f)) for p, f in zip(ids, frames, strict=True)},
             "holdout_rows": 0 if holdout is None else int(len(holdout)),
             "train_rows": int(len(pooled)), "columns": list(schema.names),

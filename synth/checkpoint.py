@@ -2,8 +2,11 @@
 
 Every file is written to a temporary name in the same directory, flushed and fsynced,
 then renamed over the target (``os.replace``, atomic on POSIX), and the directory is
-fsynced. A crash (kill -9, power loss) during a write leaves the previous version intact
-and at most a stray ``.<name>.tmp-<pid>`` file, which readers ignore.
+fsynced (:func:`pubsub.outputs.write_atomic`, the one writer of both applications). A
+failed write (a full disk, a read-only filesystem) removes the temporary file and raises
+:class:`pubsub.outputs.OutputError` naming the file; a crash (kill -9, power loss) during
+a write leaves the previous version intact and at most a stray hidden
+``.<name>.<pid>.<random>.tmp`` file, which readers ignore.
 
 A checkpoint is one JSON document (the commit record) plus arrays in ``.npz`` files that
 it names; the arrays are written first, each under a fresh name, so the JSON never names
@@ -14,11 +17,12 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pubsub.outputs import atomic_output, output_error, write_atomic
 
 
 
@@ -37,43 +41,32 @@ class CheckpointError(RuntimeError):
         super().__init__(f"checkpoint {self.path}: {reason}")
 
 
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:  # some filesystems do not open directories; the rename still holds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file, fsync, rename, fsync dir).
 
     Raises:
-        OSError: the directory is not writable (the target is then unchanged).
+        pubsub.outputs.OutputError: the directory is not writable, the disk is full (the
+            target is then unchanged).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise output_error(path, exc) from None
+    write_atomic(path, data)
 
 
 def atomic_write_json(path: str | Path, doc: Any) -> None:
     """``doc`` as indented JSON, atomically (see :func:`atomic_write_bytes`)."""
     atomic_write_bytes(path, json.dumps(doc, indent=1, default=str).encode())
+
+
+def atomic_write_csv(path: str | Path, frame: Any) -> None:
+    """A pandas frame as CSV (no index), atomically: a result such as ``synthetic.csv``
+    is there whole or not at all (see :func:`atomic_write_bytes`)."""
+    path = Path(path)
+    with atomic_output(path, text=True) as f:
+        frame.to_csv(f, index=False)
 
 
 def atomic_save_npz(path: str | Path, **arrays: np.ndarray) -> None:

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -73,6 +72,7 @@ import structlog
 
 from pubsub.security import CurveClient
 from pubsub.transport import Connect, Transport
+from synth.checkpoint import atomic_write_json
 from synth.config import SynthConfig
 from synth.coord.collect import RESUME_EVERY_S
 from synth.coord.context import RunContext
@@ -230,7 +230,7 @@ class Coordinator:
         metrics = build_metrics(ctx, rho_total=budget.rho, results=results, fit=fit,
                                 quality=quality, wire=wire, recovery=self.dropout.record,
                                 wall_s=time.perf_counter() - t0)
-        (ctx.out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
+        atomic_write_json(ctx.out / "metrics.json", metrics)  # whole or not at all
         return metrics
 
     async def _measure(self, bus: Transport, budget: BudgetSplit

@@ -45,7 +45,6 @@ import contextlib
 import hashlib
 import hmac
 import math
-import os
 import secrets
 import sys
 import time
@@ -65,6 +64,7 @@ from pubsub import Bus, BusConfig, DeadlineExceeded
 from pubsub.buffer import BufferLimits
 from pubsub.config import ConfigError
 from pubsub.errors import RendezvousTimeout, SettingsMismatch
+from pubsub.outputs import atomic_output, write_atomic
 from pubsub.security import CurveClient
 from pubsub.session import rendezvous, wait_any
 from pubsub.transport import Transport
@@ -227,18 +227,9 @@ def file_lock(path: Path) -> Iterator[None]:
 
 def atomic_write(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically: a temporary file in the same directory,
-    fsync, rename, fsync of the directory (a crash leaves the old file or the new one)."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync, rename, fsync of the directory (a crash leaves the old file or the new one;
+    :func:`pubsub.outputs.write_atomic`, whose OutputError names the file)."""
+    write_atomic(path, data)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -701,7 +692,8 @@ class PredictParty:
                               "prediction": pred})
         if y is not None:
             table["label"] = y
-        table.to_csv(self.out / "predictions.csv", index=False)
+        with atomic_output(self.out / "predictions.csv", text=True) as f:
+            table.to_csv(f, index=False)
         name = metric_name(task)
         dp_by_party = {p: dict(got[p].meta.get("dp", {})) for p in self.partners}
         summary = {"run_id": self.part.manifest["run_id"], "predict_id": self.run_id,

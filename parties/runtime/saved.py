@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 
 import hashlib
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,6 +36,8 @@ import numpy as np
 import orjson
 import torch
 from torch import nn
+
+from pubsub.outputs import atomic_output, write_atomic
 
 from parties.config import VflConfig, dump_vfl_config, load_saved_config
 from parties.data import DataError
@@ -110,10 +111,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+def _write(path: Path, data: bytes | str) -> None:
+    write_atomic(path, data)  # whole or not at all; OutputError names the file
 
 
 def config_digest(cfg: VflConfig, n_rows: int) -> str:
@@ -147,17 +146,16 @@ def save_party_model(run_dir: str | Path, party: Party, *, run_id: str) -> Path:
     weights = {"bottom": mods[0].state_dict()}
     if role == "active":
         weights["top"] = mods[1].state_dict()
-    tmp = out / (WEIGHTS_FILE + ".tmp")
-    torch.save(weights, tmp)
-    os.replace(tmp, out / WEIGHTS_FILE)
+    with atomic_output(out / WEIGHTS_FILE) as f:
+        torch.save(weights, f)
     if data.encoder is not None:
         encoder = {"kind": "fitted", "file": "encoders.json"}
         _write(out / "encoders.json", orjson.dumps(data.encoder.to_dict(),
                                                    option=orjson.OPT_INDENT_2))
     else:
         encoder = {"kind": "schema", "file": "schema.toml"}
-        (out / "schema.toml").write_text(dump_schema(dp_schema(cfg, data.columns)))
-    (out / "config.toml").write_text(dump_vfl_config(cfg))
+        _write(out / "schema.toml", dump_schema(dp_schema(cfg, data.columns)))
+    _write(out / "config.toml", dump_vfl_config(cfg))
     manifest: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "run_id": run_id,

@@ -10,7 +10,6 @@ party process that the Python API spawns with the user's model factories
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from pubsub.outputs import write_atomic
 from pubsub.security import CurveClient
 from pubsub.transport import Connect
 
@@ -26,10 +26,13 @@ from parties.config import VflConfig, dump_vfl_config
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file, then rename); overwrites."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-    os.replace(tmp, path)
+    """Write JSON whole or not at all (:func:`pubsub.outputs.write_atomic`); overwrites.
+
+    Raises:
+        pubsub.outputs.OutputError: the file cannot be written (nothing left under its name).
+    """
+    write_atomic(path, orjson.dumps(data, option=orjson.OPT_INDENT_2
+                                    | orjson.OPT_SERIALIZE_NUMPY))
 
 
 async def serve_party(role: str, cfg: VflConfig, *, run_id: str, out: Path | None,
@@ -111,7 +114,7 @@ def finish_party(role: str, cfg: VflConfig, result: dict[str, Any], out: Path | 
     result["wall_s"] = result["process_wall_s"]  # a launcher replaces it with the job's
     if out is not None:
         write_json(metrics_file(out, role), result)
-        (out / "config.toml").write_text(dump_vfl_config(cfg))
+        write_atomic(out / "config.toml", dump_vfl_config(cfg))
     return result
 
 

@@ -116,12 +116,11 @@ class Timeline:
         }
 
     def write(self, path: str | Path) -> Path:
-        """Write :meth:`to_dict` as JSON to ``path`` (atomically: a temp file, then rename)."""
-        path = Path(path)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_bytes(orjson.dumps(self.to_dict()))
-        tmp.replace(path)
-        return path
+        """Write :meth:`to_dict` as JSON to ``path``, whole or not at all
+        (:func:`pubsub.outputs.write_atomic`; OutputError names the file)."""
+        from pubsub.outputs import write_atomic
+
+        return write_atomic(path, orjson.dumps(self.to_dict()))
 
 
 def load_timeline(path: str | Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from parties.config import VflConfig
 from parties.data.preflight import preflight
+from pubsub.outputs import RunDirLock
 from pubsub.runner import run as run_loop
 
 from sim.launch.vfl import JobTimeout, LaunchResult, finish_run, prepare_run
@@ -115,15 +116,23 @@ def run_vfl_in_process(cfg: VflConfig, out: str | Path, *, run_id: str | None = 
         the run directory, before training starts; a party's own error during the run
         (:mod:`parties.core.errors`); :class:`sim.launch.vfl.JobTimeout`.
     """
-    import torch
-
     t0 = time.perf_counter()
     out = Path(out)
+    run_id = run_id or uuid.uuid4().hex[:8]
+    with RunDirLock(out, run_id=run_id, command="psfl vfl run --transport memory"):
+        return _run_locked(cfg, out, run_id=run_id, models=models, quiet=quiet,
+                           timeout_s=timeout_s, observer=observer, t0=t0)
+
+
+def _run_locked(cfg: VflConfig, out: Path, *, run_id: str, models: Any, quiet: bool,
+                timeout_s: float | None, observer: Callable[[Any], Awaitable[Any]] | None,
+                t0: float) -> LaunchResult:
+    import torch
+
     events = prepare_run(cfg, out, models)
     preflight(cfg)
     from pubsub.logs import scoped_logging
 
-    run_id = run_id or uuid.uuid4().hex[:8]
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.workers.torch_threads)
     try:

@@ -22,6 +22,7 @@ import orjson
 
 from parties.core import zygote
 from pubsub.config import ConfigError
+from pubsub.outputs import RunDirLock
 from sim.launch.vfl import (
     OutDirError,  # noqa: F401 (raised by clean_out_dir; re-exported for callers)
     clean_out_dir,
@@ -130,34 +131,35 @@ def run_predict(run_dir: str | Path, out: str | Path, *, data: str | None = None
     """
     party_ids = check_parts(run_dir)
     out = Path(out)
-    events = prepare_out(out)
     run_id = run_id or f"p{uuid.uuid4().hex[:8]}"
-    procs: dict[str, Any] = {}
-    zygote.warm()
-    with contextlib.ExitStack() as stack:
-        sec = stack.enter_context(run_security(vfl_identities(party_ids), keys_dir=keys_dir,
-                                               insecure=insecure, broker=broker))
-        try:
-            if broker is None:
-                procs["broker"], broker = start_broker(out, events, security=sec,
-                                                       **run_members(run_id, party_ids))
-            common = ["--run-dir", str(run_dir), "--broker", broker, "--run-id", run_id,
-                      "--events", str(events), "--timeout-s", str(wait_s),
-                      "--id-column", id_column, *sec.client_args,
-                      *(["--data", str(data)] if data is not None else [])]
-            for party in (*party_ids[1:], "active"):
-                extra = ["--out", str(out), "--quiet"] if party == "active" else []
-                procs[party] = spawn_party_cli(["predict", party, *common, *extra],
-                                               name=f"psfl-predict-{party}")
-            wait_children({p: procs[p] for p in party_ids},
-                          watch={"broker": procs["broker"]} if "broker" in procs else None,
-                          timeout_s=timeout_s)
-        finally:
-            for name in (*party_ids, "broker"):
-                if name in procs:
-                    _stop(procs[name])
-    summary = orjson.loads((out / "predict.json").read_bytes())
-    return PredictResult(summary=summary, predictions=out / "predictions.csv", out=out)
+    with RunDirLock(out, run_id=run_id, command="psfl vfl predict"):  # the job's life
+        events = prepare_out(out)
+        procs: dict[str, Any] = {}
+        zygote.warm()
+        with contextlib.ExitStack() as stack:
+            sec = stack.enter_context(run_security(vfl_identities(party_ids), keys_dir=keys_dir,
+                                                   insecure=insecure, broker=broker))
+            try:
+                if broker is None:
+                    procs["broker"], broker = start_broker(out, events, security=sec,
+                                                           **run_members(run_id, party_ids))
+                common = ["--run-dir", str(run_dir), "--broker", broker, "--run-id", run_id,
+                          "--events", str(events), "--timeout-s", str(wait_s),
+                          "--id-column", id_column, *sec.client_args,
+                          *(["--data", str(data)] if data is not None else [])]
+                for party in (*party_ids[1:], "active"):
+                    extra = ["--out", str(out), "--quiet"] if party == "active" else []
+                    procs[party] = spawn_party_cli(["predict", party, *common, *extra],
+                                                   name=f"psfl-predict-{party}")
+                wait_children({p: procs[p] for p in party_ids},
+                              watch={"broker": procs["broker"]} if "broker" in procs else None,
+                              timeout_s=timeout_s)
+            finally:
+                for name in (*party_ids, "broker"):
+                    if name in procs:
+                        _stop(procs[name])
+        summary = orjson.loads((out / "predict.json").read_bytes())
+        return PredictResult(summary=summary, predictions=out / "predictions.csv", out=out)
 
 
 __all__ = ["PredictResult", "check_parts", "prepare_out", "run_predict"]

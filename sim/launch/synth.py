@@ -36,11 +36,11 @@ from typing import Any, Protocol
 from sim.launch.vfl import LaunchError, LaunchResult, OutDirError, _spawn, _stop, run_security
 from sim.launch.vfl import start_broker
 from sim.launch.vfl import wait_children
-from sim.launch.synth_deaths import PartyDeathWatch
 from sim.faults.synth_party import PartyKill, PartyKiller, StageLog, process_layout
 
 from sim.faults.synth_crash import CRASH_POINT_ENV
-from synth.checkpoint import read_json
+from pubsub.outputs import RunDirLock, write_atomic
+from synth.checkpoint import atomic_write_json, read_json
 from synth.workload import WorkloadError, mark_applied, submit_workload
 from synth.config import SynthConfig, dump_synth_config
 from synth.protocol import build_tree
@@ -166,19 +166,6 @@ def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
         return None
     label = DECLARED_LABELS.get(cfg.dataset)
     declared = {c.name: c for c in public.columns}
-    # every column the declared domain cannot take, named in one error
-    undeclared = [n for n in columns if n not in declared and n != cfg.label
-                  and not (label is not None and n == label[0])]
-    unsupported = [f"{n!r} ({declared[n].kind})" for n in columns if n in declared
-                   and not isinstance(declared[n], NumericColumn | CategoricalColumn)]
-    if undeclared or unsupported:
-        raise ConfigError("synth.data.schema_file", "; ".join(filter(None, [
-            f"not declared in the public schema: {undeclared} (declare them or drop them: "
-            "data.drop_columns)" if undeclared else "",
-            f"declared as kinds a FedForge domain does not take: {', '.join(unsupported)} "
-            "(numeric and categorical columns only: declare them as one, or drop them: "
-            "data.drop_columns; psfl synth schema drafts a schema FedForge takes)"
-            if unsupported else ""])))
     specs = []
     for name in columns:
         if label is not None and name == label[0] and name not in declared:
@@ -453,12 +440,6 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             :func:`coordinator_stages`); the party runs alone in its own process. The run
             completes with the survivors, or fails as the coordinator does when fewer
             than ``secagg.min_survivors`` remain. ``metrics["faults"]`` records each kill.
-            An unplanned death (a party process that exits non-zero or by a signal while
-            the coordinator runs, e.g. killed from outside) is a dropout of every party
-            it hosted (:mod:`sim.launch.synth_deaths`): reported on stderr, as a
-            ``sim.party_died`` event and in ``metrics["party_deaths"]``; the run goes on
-            while at least ``secagg.min_survivors`` parties remain, else it ends with
-            :class:`sim.launch.synth_deaths.TooFewSurvivors` naming the dead parties.
         pauses: faults for tests (:data:`Pause`): the process hosting that party is
             paused with SIGSTOP and resumed with SIGCONT (needs
             ``launch.parties_per_process = 1``); ``metrics["pauses"]`` says when.
@@ -509,157 +490,142 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         if point and point not in points:
             raise ValueError(f"kill_coordinator_at={kill_coordinator_at!r}: the points of "
                              f"{stage!r} are {list(points) or 'none (use the stage alone)'}")
-    events = out / "events.jsonl"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        if not reopen:
-            for stale in ("metrics.json", "synthetic.csv", "broker.addr"):
-                (out / stale).unlink(missing_ok=True)
-            for stale_dir in ("stages", "state", "workload"):  # an earlier run's
-                if (out / stale_dir).is_dir():
-                    shutil.rmtree(out / stale_dir)
-            events.write_text("")
-    except OSError as exc:
-        raise OutDirError(f"cannot use {str(out)!r} as the run directory: "
-                          f"{exc.strerror or exc}") from None
-    before: dict[str, Any] = {}
-    if reopen:
-        before = json.loads((out / "metrics.json").read_text())
-        info = before.get("data", {})
-        ckpt = read_json(out / "stages" / "checkpoint.json") or {}
-        run_id = str(ckpt.get("run_id") or run_id)
-        (out / "config.toml").write_text(dump_synth_config(cfg))
-    else:
-        if prepared is None:
-            cfg, info = prepare_data(cfg, out)
-        else:
-            info = dict(prepared)
-        (out / "config.toml").write_text(dump_synth_config(cfg))
-        if workload is not None:
-            submit_workload(out, workload)
-    run_id = run_id or uuid.uuid4().hex[:8]
-    ids = cfg.party_ids()
-    tree = build_tree(ids, cfg.secagg.fanout, cfg.secagg.root_children)
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    faults: list[dict[str, Any]] = []
-    stack = contextlib.ExitStack()
-    pausers: list[_Pauser] = []
-    stop_pauses = threading.Event()
-    (out / RUN_LOCK).write_text(str(os.getpid()))  # removed in the finally below
-    try:
-        sec = stack.enter_context(run_security(SYNTH_IDENTITIES, keys_dir=keys_dir,
-                                               insecure=insecure, broker=broker))
-        if broker is None:
-            procs["broker"], broker = start_broker(
-                out, events, security=sec, members={run_id: list(SYNTH_IDENTITIES)})
-        common = ["--config", str(out / "config.toml"), "--broker", broker,
-                  "--run-id", run_id, "--events", str(events), *sec.client_args]
-        py = [sys.executable, "-m", "synth"]
-        ru_dir = out / "rusage"
-        if rusage:
-            shutil.rmtree(ru_dir, ignore_errors=True)
-            ru_dir.mkdir()
-
-        def ru(name: str) -> list[str]:
-            return ["--rusage-out", str(ru_dir / f"{name}.json")] if rusage else []
-
-        crash_here = bool(kill_coordinator_at and "@" in kill_coordinator_at)
-        coord_py = [sys.executable, "-m", "sim.faults.synth_crash"] if crash_here else py
-        coord_argv = [*coord_py, "coordinator", *common, "--schema", str(out / "schema.json"),
-                      "--out", str(out),
-                      *(["--eval-dir", str(out / "data")]
-                        if (out / "data" / "holdout.parquet").is_file() else []),
-                      *(["--resume"] if reopen else []), *ru("coordinator")]
-        procs["coordinator"] = _spawn(
-            coord_argv, quiet=quiet,
-            env={CRASH_POINT_ENV: str(kill_coordinator_at)} if crash_here else None)
-        procs["aggregators"] = _spawn([*py, "aggregators", *common, "--ids",
-                                       ",".join(tree.aggregators), *ru("aggregators")],
-                                      quiet=quiet)
-        process_of: dict[str, str] = {}
-        for j, chunk in enumerate(process_layout(ids, cfg.launch.parties_per_process,
-                                                 [k.party for k in kills])):
-            process_of.update({p: f"parties{j}" for p in chunk})
-            argv = [*py, "parties", *common, "--ids", ",".join(chunk)]
-            if hooks is not None:
-                argv[argv.index("--broker") + 1] = hooks.party_broker(j, broker, sec.n_ports)
-            procs[f"parties{j}"] = _spawn([*argv,
-                                           "--data-dir", str(out / "data" / "parties"),
-                                           "--state-dir", str(out / "state"),
-                                           *ru(f"parties{j}")], quiet=quiet)
-        for pause in pauses or []:
-            pausers.append(_Pauser(procs[f"parties{pause[0]}"], pause, events, stop_pauses))
-            pausers[-1].start()
-        if hooks is not None:
-            hooks.started(procs, events)
-        workers = {k: v for k, v in procs.items() if k != "broker"}
-        ticks: list[Callable[[], None]] = []
-        if kill_coordinator_at is not None:
-            kill = _CoordinatorKill(events, kill_coordinator_at, kill_delay_s, restart_after_s,
-                                    [workers, procs], coord_argv, quiet, t0)
-            faults.append(kill.record)
-            ticks.append(kill)
-        if kills:
-            killer = PartyKiller(events, kills, [workers, procs], process_of, t0,
-                                 lambda ev, kv: _log_event(events, ev, kv))
-            faults.extend(killer.records)
-            ticks.append(killer)
-
-        from synth.mechanism import resolve_min_survivors
-
-        groups: dict[str, list[str]] = {}
-        for pid, name in process_of.items():
-            groups.setdefault(name, []).append(pid)
-        # after the planned faults: a process they killed is theirs to record
-        deaths = PartyDeathWatch(
-            [workers, procs], groups,
-            min_survivors=resolve_min_survivors(cfg.secagg.min_survivors, len(ids)),
-            stage_order=coordinator_stages(cfg), events=events, t0=t0,
-            log=lambda ev, kv: _log_event(events, ev, kv))
-        ticks.append(deaths)
-
-        def tick() -> None:
-            for t in ticks:
-                t()
-
+    with RunDirLock(out, run_id=run_id, command="psfl synth run"):  # the run's life
+        events = out / "events.jsonl"
         try:
-            wait_children(workers,
-                          watch={"broker": procs["broker"]} if "broker" in procs else None,
-                          timeout_s=timeout_s, tick=tick)
-        except LaunchError as exc:
-            if exc.role != "coordinator":
-                raise
-            reason = deaths.annotate(_failure_reason(events))
-            if reason is None:
-                raise
-            raise LaunchError(exc.role, exc.code, reason) from None
-    finally:
-        if hooks is not None:
-            hooks.stopped()
-        stop_pauses.set()
-        for p in pausers:
-            p.join(5.0)
-            p.resume()
-        for name in sorted(procs, key=lambda n: n == "broker"):
-            _stop(procs[name])
-        stack.close()
-        (out / RUN_LOCK).unlink(missing_ok=True)
-    metrics = json.loads((out / "metrics.json").read_text())
-    metrics["security"] = sec.describe()
-    metrics["wall_s"] = time.perf_counter() - t0
-    metrics["data"] = info
-    metrics["faults"] = faults
-    metrics["party_deaths"] = [d.to_dict() for d in deaths.deaths]
-    add_ledgers(metrics, out / "state")
-    if pausers:
-        metrics["pauses"] = [p.record for p in pausers]
-    if reopen:  # a workload update: what the first run recorded stays
-        metrics = _merge_reopened(before, metrics)
-    if rusage:
-        metrics["process_rusage"] = {f.stem: json.loads(f.read_text())
-                                     for f in sorted((out / "rusage").glob("*.json"))}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
-    return LaunchResult(metrics=metrics, out=out)
+            out.mkdir(parents=True, exist_ok=True)
+            if not reopen:
+                for stale in ("metrics.json", "synthetic.csv", "broker.addr"):
+                    (out / stale).unlink(missing_ok=True)
+                for stale_dir in ("stages", "state", "workload"):  # an earlier run's
+                    if (out / stale_dir).is_dir():
+                        shutil.rmtree(out / stale_dir)
+                events.write_text("")
+        except OSError as exc:
+            raise OutDirError(f"cannot use {str(out)!r} as the run directory: "
+                              f"{exc.strerror or exc}") from None
+        before: dict[str, Any] = {}
+        if reopen:
+            before = json.loads((out / "metrics.json").read_text())
+            info = before.get("data", {})
+            ckpt = read_json(out / "stages" / "checkpoint.json") or {}
+            run_id = str(ckpt.get("run_id") or run_id)
+            write_atomic(out / "config.toml", dump_synth_config(cfg))
+        else:
+            if prepared is None:
+                cfg, info = prepare_data(cfg, out)
+            else:
+                info = dict(prepared)
+            write_atomic(out / "config.toml", dump_synth_config(cfg))
+            if workload is not None:
+                submit_workload(out, workload)
+        run_id = run_id or uuid.uuid4().hex[:8]
+        ids = cfg.party_ids()
+        tree = build_tree(ids, cfg.secagg.fanout, cfg.secagg.root_children)
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        faults: list[dict[str, Any]] = []
+        stack = contextlib.ExitStack()
+        pausers: list[_Pauser] = []
+        stop_pauses = threading.Event()
+        (out / RUN_LOCK).write_text(str(os.getpid()))  # removed in the finally below
+        try:
+            sec = stack.enter_context(run_security(SYNTH_IDENTITIES, keys_dir=keys_dir,
+                                                   insecure=insecure, broker=broker))
+            if broker is None:
+                procs["broker"], broker = start_broker(
+                    out, events, security=sec, members={run_id: list(SYNTH_IDENTITIES)})
+            common = ["--config", str(out / "config.toml"), "--broker", broker,
+                      "--run-id", run_id, "--events", str(events), *sec.client_args]
+            py = [sys.executable, "-m", "synth"]
+            ru_dir = out / "rusage"
+            if rusage:
+                shutil.rmtree(ru_dir, ignore_errors=True)
+                ru_dir.mkdir()
+
+            def ru(name: str) -> list[str]:
+                return ["--rusage-out", str(ru_dir / f"{name}.json")] if rusage else []
+
+            crash_here = bool(kill_coordinator_at and "@" in kill_coordinator_at)
+            coord_py = [sys.executable, "-m", "sim.faults.synth_crash"] if crash_here else py
+            coord_argv = [*coord_py, "coordinator", *common, "--schema", str(out / "schema.json"),
+                          "--out", str(out),
+                          *(["--eval-dir", str(out / "data")]
+                            if (out / "data" / "holdout.parquet").is_file() else []),
+                          *(["--resume"] if reopen else []), *ru("coordinator")]
+            procs["coordinator"] = _spawn(
+                coord_argv, quiet=quiet,
+                env={CRASH_POINT_ENV: str(kill_coordinator_at)} if crash_here else None)
+            procs["aggregators"] = _spawn([*py, "aggregators", *common, "--ids",
+                                           ",".join(tree.aggregators), *ru("aggregators")],
+                                          quiet=quiet)
+            process_of: dict[str, str] = {}
+            for j, chunk in enumerate(process_layout(ids, cfg.launch.parties_per_process,
+                                                     [k.party for k in kills])):
+                process_of.update({p: f"parties{j}" for p in chunk})
+                argv = [*py, "parties", *common, "--ids", ",".join(chunk)]
+                if hooks is not None:
+                    argv[argv.index("--broker") + 1] = hooks.party_broker(j, broker, sec.n_ports)
+                procs[f"parties{j}"] = _spawn([*argv,
+                                               "--data-dir", str(out / "data" / "parties"),
+                                               "--state-dir", str(out / "state"),
+                                               *ru(f"parties{j}")], quiet=quiet)
+            for pause in pauses or []:
+                pausers.append(_Pauser(procs[f"parties{pause[0]}"], pause, events, stop_pauses))
+                pausers[-1].start()
+            if hooks is not None:
+                hooks.started(procs, events)
+            workers = {k: v for k, v in procs.items() if k != "broker"}
+            ticks: list[Callable[[], None]] = []
+            if kill_coordinator_at is not None:
+                kill = _CoordinatorKill(events, kill_coordinator_at, kill_delay_s, restart_after_s,
+                                        [workers, procs], coord_argv, quiet, t0)
+                faults.append(kill.record)
+                ticks.append(kill)
+            if kills:
+                killer = PartyKiller(events, kills, [workers, procs], process_of, t0,
+                                     lambda ev, kv: _log_event(events, ev, kv))
+                faults.extend(killer.records)
+                ticks.append(killer)
+
+            def tick() -> None:
+                for t in ticks:
+                    t()
+
+            try:
+                wait_children(workers,
+                              watch={"broker": procs["broker"]} if "broker" in procs else None,
+                              timeout_s=timeout_s, tick=tick if ticks else None)
+            except LaunchError as exc:
+                reason = _failure_reason(events) if exc.role == "coordinator" else None
+                if reason is None:
+                    raise
+                raise LaunchError(exc.role, exc.code, reason) from None
+        finally:
+            if hooks is not None:
+                hooks.stopped()
+            stop_pauses.set()
+            for p in pausers:
+                p.join(5.0)
+                p.resume()
+            for name in sorted(procs, key=lambda n: n == "broker"):
+                _stop(procs[name])
+            stack.close()
+            (out / RUN_LOCK).unlink(missing_ok=True)
+        metrics = json.loads((out / "metrics.json").read_text())
+        metrics["security"] = sec.describe()
+        metrics["wall_s"] = time.perf_counter() - t0
+        metrics["data"] = info
+        metrics["faults"] = faults
+        add_ledgers(metrics, out / "state")
+        if pausers:
+            metrics["pauses"] = [p.record for p in pausers]
+        if reopen:  # a workload update: what the first run recorded stays
+            metrics = _merge_reopened(before, metrics)
+        if rusage:
+            metrics["process_rusage"] = {f.stem: json.loads(f.read_text())
+                                         for f in sorted((out / "rusage").glob("*.json"))}
+        atomic_write_json(out / "metrics.json", metrics)
+        return LaunchResult(metrics=metrics, out=out)
 
 
 def add_ledgers(metrics: dict[str, Any], state_dir: Path) -> None:
@@ -700,8 +666,6 @@ def _merge_reopened(before: dict[str, Any], after: dict[str, Any]) -> dict[str, 
     accumulated, and the first run's wall time kept beside the reopening's."""
     out = {**{k: v for k, v in before.items() if k not in after}, **after}
     out["faults"] = list(before.get("faults", [])) + list(after.get("faults", []))
-    out["party_deaths"] = (list(before.get("party_deaths", []))
-                           + list(after.get("party_deaths", [])))
     out["workload_updates"] = (list(before.get("workload_updates", []))
                                + list(after.get("workload_updates", [])))
     out["wall_s"] = before.get("wall_s", after.get("wall_s"))

@@ -21,10 +21,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pubsub.outputs import write_atomic
 from pubsub.runner import run as run_loop
 from sim.launch.vfl import JobTimeout, LaunchResult
 from sim.launch.synth import add_ledgers
 from synth.cli import read_table
+from synth.checkpoint import atomic_write_json
 from synth.config import SynthConfig, dump_synth_config
 
 
@@ -127,7 +129,7 @@ def run_synth_in_process(cfg: SynthConfig, out: str | Path, *, prepared: Mapping
     for stale_dir in ("stages", "state", "workload"):
         if (out / stale_dir).is_dir():
             shutil.rmtree(out / stale_dir)
-    (out / "config.toml").write_text(dump_synth_config(cfg))
+    write_atomic(out / "config.toml", dump_synth_config(cfg))
     events = out / "events.jsonl"
     events.write_text("")
     run_id = run_id or uuid.uuid4().hex[:8]
@@ -139,7 +141,7 @@ def run_synth_in_process(cfg: SynthConfig, out: str | Path, *, prepared: Mapping
     metrics["data"] = dict(prepared)
     metrics["faults"] = []
     add_ledgers(metrics, out / "state")
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
+    atomic_write_json(out / "metrics.json", metrics)
     return LaunchResult(metrics=metrics, out=out)
 
 

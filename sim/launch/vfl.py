@@ -31,6 +31,7 @@ from pubsub.cli import INSECURE_WARNING
 from pubsub.config import ConfigError, to_mapping
 from pubsub.control import control_request
 from pubsub.membership import membership
+from pubsub.outputs import RunDirLock, write_atomic
 from pubsub.policy import load_policy
 from pubsub.security import BROKER_KEY_NAME, CurveClient, check_insecure_allowed
 from pubsub.security import generate_certificate
@@ -301,7 +302,7 @@ def prepare_run(cfg: VflConfig, out: Path, models: Any = None) -> Path:
                            what="the run directory")
     try:
         shutil.rmtree(out / "model", ignore_errors=True)  # saved parts of an earlier run
-        (out / "config.toml").write_text(dump_vfl_config(cfg))
+        write_atomic(out / "config.toml", dump_vfl_config(cfg))
     except OSError as exc:
         raise OutDirError(f"cannot use {str(out)!r} as the run directory: "
                           f"{exc.strerror or exc}") from None
@@ -403,55 +404,56 @@ def run_vfl(cfg: VflConfig, out: str | Path, *, broker: str | None = None,
     """
     t0 = time.perf_counter()
     out = Path(out)
-    events = prepare_run(cfg, out, models)
     run_id = run_id or uuid.uuid4().hex[:8]
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    previous = signal.getsignal(signal.SIGTERM)
+    with RunDirLock(out, run_id=run_id, command="psfl vfl run"):  # the run's life
+        events = prepare_run(cfg, out, models)
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        previous = signal.getsignal(signal.SIGTERM)
 
-    def _on_term(*_: Any) -> None:
-        raise _Terminated
+        def _on_term(*_: Any) -> None:
+            raise _Terminated
 
-    if threading_main():
-        signal.signal(signal.SIGTERM, _on_term)
-    stack = contextlib.ExitStack()
-    zygote.warm()
-    try:
-        identities = vfl_identities(cfg)
-        sec = stack.enter_context(run_security(identities, keys_dir=keys_dir,
-                                               insecure=insecure, broker=broker))
-        if broker is None:
-            procs["broker"], broker = start_broker(out, events, security=sec,
-                                                   max_subscriptions=subscriptions_needed(cfg),
-                                                   **run_members(run_id, cfg.party_ids))
-        else:
-            # fail fast, with one line, if nobody answers there
-            control_request(broker, "ping", timeout_s=cfg.timeouts.connect_timeout_s,
-                            security=sec.client("active"))
-        # Check the data here while the fork server imports what the parties need
-        # (zygote.warm above): a bad file or column is reported once, by us, before any
-        # party starts.
-        preflight(cfg)
-        common = ["--config", str(out / "config.toml"), "--broker", broker, "--run-id", run_id,
-                  "--out", str(out), "--events", str(events), *sec.client_args]
-        for role in (*cfg.party_ids[1:], "active"):
-            extra = ["--quiet"] if (quiet or role != "active") else []
-            if models is None:
-                procs[role] = spawn_party_cli([role, *common, *extra], name=f"psfl-{role}")
-            else:
-                procs[role] = _spawn_party(role, cfg, models, broker=broker, run_id=run_id,
-                                           out=out, events=events, sec=sec,
-                                           quiet=bool(extra))
-        wait_children({r: procs[r] for r in cfg.party_ids},
-                      watch={"broker": procs["broker"]} if "broker" in procs else None,
-                      timeout_s=timeout_s)
-    finally:
-        for role in (*cfg.party_ids, "broker"):
-            if role in procs:
-                _stop(procs[role])
-        stack.close()
         if threading_main():
-            signal.signal(signal.SIGTERM, previous)
-    return finish_run(cfg, out, t0, sec.describe())
+            signal.signal(signal.SIGTERM, _on_term)
+        stack = contextlib.ExitStack()
+        zygote.warm()
+        try:
+            identities = vfl_identities(cfg)
+            sec = stack.enter_context(run_security(identities, keys_dir=keys_dir,
+                                                   insecure=insecure, broker=broker))
+            if broker is None:
+                procs["broker"], broker = start_broker(out, events, security=sec,
+                                                       max_subscriptions=subscriptions_needed(cfg),
+                                                       **run_members(run_id, cfg.party_ids))
+            else:
+                # fail fast, with one line, if nobody answers there
+                control_request(broker, "ping", timeout_s=cfg.timeouts.connect_timeout_s,
+                                security=sec.client("active"))
+            # Check the data here while the fork server imports what the parties need
+            # (zygote.warm above): a bad file or column is reported once, by us, before any
+            # party starts.
+            preflight(cfg)
+            common = ["--config", str(out / "config.toml"), "--broker", broker, "--run-id", run_id,
+                      "--out", str(out), "--events", str(events), *sec.client_args]
+            for role in (*cfg.party_ids[1:], "active"):
+                extra = ["--quiet"] if (quiet or role != "active") else []
+                if models is None:
+                    procs[role] = spawn_party_cli([role, *common, *extra], name=f"psfl-{role}")
+                else:
+                    procs[role] = _spawn_party(role, cfg, models, broker=broker, run_id=run_id,
+                                               out=out, events=events, sec=sec,
+                                               quiet=bool(extra))
+            wait_children({r: procs[r] for r in cfg.party_ids},
+                          watch={"broker": procs["broker"]} if "broker" in procs else None,
+                          timeout_s=timeout_s)
+        finally:
+            for role in (*cfg.party_ids, "broker"):
+                if role in procs:
+                    _stop(procs[role])
+            stack.close()
+            if threading_main():
+                signal.signal(signal.SIGTERM, previous)
+        return finish_run(cfg, out, t0, sec.describe())
 
 
 def wait_children(procs: dict[str, subprocess.Popen[bytes]], *,

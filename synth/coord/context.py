@@ -9,7 +9,6 @@ the checkpoint store, the stage timer, the artifact writer and the crash-point o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from synth.checkpoint import atomic_write_json
 from synth.config import SynthConfig
 from synth.coord.meters import StageTimer, WireMeter
 from synth.coord.planners import Known
@@ -163,8 +163,7 @@ class RunContext:
 
     def write(self, name: str, doc: dict[str, Any]) -> None:
         """Write a stage's artifact ``OUT/stages/<name>.json``."""
-        self.stages_dir.mkdir(parents=True, exist_ok=True)
-        (self.stages_dir / f"{name}.json").write_text(json.dumps(doc, indent=1, default=str))
+        atomic_write_json(self.stages_dir / f"{name}.json", doc)  # makes the directory
 
     async def crash_point(self, point: str) -> None:
         """A named point of the run reached (``schema@collected``, ``keys@collected``,

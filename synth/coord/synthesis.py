@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from synth.checkpoint import atomic_save_npz, load_npz
+from synth.checkpoint import atomic_save_npz, atomic_write_csv, load_npz
 from synth.coord.context import RunContext
 from synth.coord.types import RoundResult
 from synth.domain import decode, marginals
@@ -130,7 +130,7 @@ class SynthesisStage:
                                                                cfg.engine.iters)
                 full = {"fit_s": full_s, "codes": fcodes, "iters": default_iters(ctx),
                         "compile_s": compile_s}
-            frame.to_csv(ctx.out / "synthetic.csv", index=False)
+            atomic_write_csv(ctx.out / "synthetic.csv", frame)
             np.save(ctx.stages_dir / "synthetic_codes.npy", codes)
             meta, arrays = model_state(model)
             atomic_save_npz(ctx.store.dir / "model.npz", **arrays)
@@ -195,7 +195,7 @@ class SynthesisStage:
             fcodes, full_s = await asyncio.to_thread(refit)
             full = {"fit_s": full_s, "codes": fcodes, "iters": default_iters(ctx),
                     "compile_s": None}
-        frame.to_csv(ctx.out / "synthetic.csv", index=False)
+        atomic_write_csv(ctx.out / "synthetic.csv", frame)
         np.save(ctx.stages_dir / "synthetic_codes.npy", codes)
         ctx.mark("synthesis")
         fit = {"engine": ctx.engine, "fit_s": fit_s, "rows": int(codes.shape[0]),

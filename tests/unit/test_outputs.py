@@ -201,9 +201,11 @@ def test_the_lock_refuses_a_second_holder_and_names_the_first(tmp_path):
             timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert r.returncode == 0, r.stdout + r.stderr
     assert LOCK_ENV not in os.environ
-    assert read_holder(out) == {}
+    assert not out.exists()  # the lock file went with its holder, and the directory it made
     with RunDirLock(out, run_id="r3"):  # free again
         assert read_holder(out)["run_id"] == "r3"
+        (out / "metrics.json").write_text("{}")
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json"]  # a run's files stay
 
 
 def test_a_dead_holders_lock_is_taken_over(tmp_path):
@@ -215,6 +217,32 @@ def test_a_dead_holders_lock_is_taken_over(tmp_path):
     assert read_holder(out)["run_id"] == "dead"  # its record stays; its flock went with it
     with RunDirLock(out, run_id="alive"):
         assert read_holder(out)["run_id"] == "alive"
+
+
+def test_a_lock_file_unlinked_by_its_leaving_holder_is_not_the_lock(tmp_path, monkeypatch):
+    """A process that opened ``.lock`` just before its holder removed it and left must
+    not hold the removed file while another holds the new one."""
+    import fcntl
+
+    out = tmp_path / "run"
+    out.mkdir()
+    real_flock = fcntl.flock
+    swapped = []
+
+    def flock_after_the_holder_left(fd, op):
+        if not swapped:  # the file this process opened is removed and a new one locked
+            swapped.append(True)
+            (out / ".lock").unlink()
+            other = os.open(out / ".lock", os.O_RDWR | os.O_CREAT)
+            real_flock(other, fcntl.LOCK_EX)
+            swapped.append(other)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_the_holder_left)
+    with pytest.raises(RunDirBusy):
+        with RunDirLock(out, run_id="late"):
+            pass
+    os.close(swapped[1])
 
 
 def test_two_descriptors_in_one_process_conflict_without_the_registry(tmp_path):
