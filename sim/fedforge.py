@@ -296,6 +296,8 @@ def write_parties(out: Path, cfg: SynthConfig, schema: Schema, frames: Sequence[
     ``data/holdout.parquet`` (evaluation only). Returns the run's data info."""
     import json
 
+    from synth.checkpoint import atomic_write_parquet
+
     d = out / "data"
     (d / "parties").mkdir(parents=True, exist_ok=True)
     for stale in ("train.parquet", "holdout.parquet"):
@@ -304,10 +306,10 @@ def write_parties(out: Path, cfg: SynthConfig, schema: Schema, frames: Sequence[
         old.unlink()
     ids = cfg.party_ids()
     for pid, f in zip(ids, frames, strict=True):
-        f.to_parquet(d / "parties" / f"{pid}.parquet", index=False)
+        atomic_write_parquet(d / "parties" / f"{pid}.parquet", f)
     if holdout is not None:
-        pooled.to_parquet(d / "train.parquet", index=False)
-        holdout[list(pooled.columns)].to_parquet(d / "holdout.parquet", index=False)
+        atomic_write_parquet(d / "train.parquet", pooled)
+        atomic_write_parquet(d / "holdout.parquet", holdout[list(pooled.columns)])
     write_atomic(out / "schema.json", json.dumps(schema.to_dict(), indent=1))
     return {"rows": {p: int(len(f)) for p, f in zip(ids, frames, strict=True)},
             "holdout_rows": 0 if holdout is None else int(len(holdout)),

@@ -69,6 +69,14 @@ def atomic_write_csv(path: str | Path, frame: Any) -> None:
         frame.to_csv(f, index=False)
 
 
+def atomic_write_parquet(path: str | Path, frame: Any) -> None:
+    """A pandas frame as Parquet (no index), atomically (a run's data split: a full disk
+    is an OutputError naming the file, never a truncated table)."""
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    atomic_write_bytes(path, buf.getvalue())
+
+
 def atomic_save_npz(path: str | Path, **arrays: np.ndarray) -> None:
     """``arrays`` as an uncompressed ``.npz``, atomically."""
     buf = io.BytesIO()

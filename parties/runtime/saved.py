@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 
 import hashlib
+import io
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,7 +38,7 @@ import orjson
 import torch
 from torch import nn
 
-from pubsub.outputs import atomic_output, write_atomic
+from pubsub.outputs import write_atomic
 
 from parties.config import VflConfig, dump_vfl_config, load_saved_config
 from parties.data import DataError
@@ -146,8 +147,9 @@ def save_party_model(run_dir: str | Path, party: Party, *, run_id: str) -> Path:
     weights = {"bottom": mods[0].state_dict()}
     if role == "active":
         weights["top"] = mods[1].state_dict()
-    with atomic_output(out / WEIGHTS_FILE) as f:
-        torch.save(weights, f)
+    buf = io.BytesIO()  # torch's zip writer turns a file's OSError into a RuntimeError
+    torch.save(weights, buf)
+    _write(out / WEIGHTS_FILE, buf.getvalue())
     if data.encoder is not None:
         encoder = {"kind": "fitted", "file": "encoders.json"}
         _write(out / "encoders.json", orjson.dumps(data.encoder.to_dict(),

@@ -40,7 +40,7 @@ from sim.faults.synth_party import PartyKill, PartyKiller, StageLog, process_lay
 
 from sim.faults.synth_crash import CRASH_POINT_ENV
 from pubsub.outputs import RunDirLock, write_atomic
-from synth.checkpoint import atomic_write_json, read_json
+from synth.checkpoint import atomic_write_json, atomic_write_parquet, read_json
 from synth.workload import WorkloadError, mark_applied, submit_workload
 from synth.config import SynthConfig, dump_synth_config
 from synth.protocol import build_tree
@@ -108,12 +108,12 @@ def prepare_data(cfg: SynthConfig, out: Path) -> tuple[SynthConfig, dict[str, An
         raise ConfigError("synth.parties", str(exc)) from None
     d = out / "data"
     (d / "parties").mkdir(parents=True, exist_ok=True)
-    train.to_parquet(d / "train.parquet", index=False)
-    holdout.to_parquet(d / "holdout.parquet", index=False)
+    atomic_write_parquet(d / "train.parquet", train)  # OutputError: a full disk, named
+    atomic_write_parquet(d / "holdout.parquet", holdout)
     ids = cfg.party_ids()
     for pid, rows in zip(ids, parts, strict=True):
-        train.iloc[rows].to_parquet(d / "parties" / f"{pid}.parquet", index=False)
-    (out / "schema.json").write_text(json.dumps(schema.to_dict(), indent=1))
+        atomic_write_parquet(d / "parties" / f"{pid}.parquet", train.iloc[rows])
+    write_atomic(out / "schema.json", json.dumps(schema.to_dict(), indent=1))
     info = {"rows": {p: int(len(r)) for p, r in zip(ids, parts, strict=True)},
             "holdout_rows": int(len(holdout)), "train_rows": int(len(train)),
             "columns": list(schema.names), "domain_sizes": list(schema.domain.sizes),
