@@ -179,6 +179,23 @@ def append_line(fd: int, line: bytes, path: str | Path = "") -> None:
                       "could be appended (the line was removed)")
 
 
+def append_to(path: str | Path, line: bytes) -> None:
+    """Append one complete line to the file at ``path`` (created if missing) with
+    :func:`append_line`: whole beside other processes' lines, or not at all.
+
+    Raises:
+        OutputError: it could not be appended (the file is as it was).
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        raise output_error(path, exc) from None
+    try:
+        append_line(fd, line, path)
+    finally:
+        os.close(fd)
+
+
 class RunDirBusy(BusError, RuntimeError):
     """Another run holds the run directory's lock.
 
@@ -346,5 +363,6 @@ class RunDirLock:
 
 
 __all__ = ["LOCK_ENV", "LOCK_FILE", "OutputError", "RunDirBusy", "RunDirLock", "append_line",
+           "append_to",
            "atomic_output", "output_error", "read_holder", "write_atomic",
            "write_json_atomic"]

@@ -61,6 +61,7 @@ from parties.config import VflConfig, dump_vfl_config
 from parties.data.preflight import preflight
 from parties.core.sysinfo import CORES_ENV
 from pubsub.config import ConfigError, to_mapping
+from pubsub.outputs import append_to
 
 from sim.cluster.cpu import CpuLimiter, machine_cores
 from parties.core import zygote
@@ -248,8 +249,7 @@ def _unix(ts: Any) -> float:
 def _emit(events: Path, event: str, **kw: Any) -> dict[str, Any]:
     rec = {"event": event, "party": "sim", "level": "info",
            "timestamp": datetime.utcnow().isoformat(timespec="microseconds") + "Z", **kw}
-    with events.open("ab") as f:  # O_APPEND: whole lines, beside the parties' writers
-        f.write(orjson.dumps(rec) + b"\n")
+    append_to(events, orjson.dumps(rec) + b"\n")  # one whole line beside the parties' own
     log.info(event, **kw)
     return rec
 

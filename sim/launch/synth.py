@@ -39,7 +39,7 @@ from sim.launch.vfl import wait_children
 from sim.faults.synth_party import PartyKill, PartyKiller, StageLog, process_layout
 
 from sim.faults.synth_crash import CRASH_POINT_ENV
-from pubsub.outputs import RunDirLock, write_atomic
+from pubsub.outputs import OutputError, RunDirLock, append_to, write_atomic
 from synth.checkpoint import atomic_write_json, atomic_write_parquet, read_json
 from synth.workload import WorkloadError, mark_applied, submit_workload
 from synth.config import SynthConfig, dump_synth_config
@@ -315,8 +315,10 @@ def _log_event(events: Path, event: str, fields: Mapping[str, Any]) -> None:
     """Append one launcher event line to the run's event log."""
     line = json.dumps({"event": event, "party": "sim", "level": "warning", **fields,
                        "timestamp": _utc_now()})
-    with open(events, "a") as f:  # O_APPEND: whole lines beside the others
-        f.write(line + "\n")
+    try:
+        append_to(events, line.encode() + b"\n")  # one whole line beside the others
+    except OutputError as exc:  # the run's own error says more; this is said, not lost
+        print(f"warning: {event} not logged: {exc}", file=sys.stderr)
 
 
 def _utc_now() -> str:

@@ -258,3 +258,13 @@ def test_two_descriptors_in_one_process_conflict_without_the_registry(tmp_path):
             os.close(fd)
     err = RunDirBusy(out, {"pid": 7, "host": "h", "run_id": "x"})
     assert "pid 7" in str(err) and "run_id x" in str(err) and err.path == str(out)
+
+
+def test_append_to_appends_whole_lines_and_names_the_file_it_cannot(tmp_path):
+    path = tmp_path / "events.jsonl"
+    outputs.append_to(path, b'{"event":"a"}\n')
+    outputs.append_to(path, b'{"event":"b"}\n')
+    assert path.read_bytes() == b'{"event":"a"}\n{"event":"b"}\n'
+    with pytest.raises(OutputError) as info:
+        outputs.append_to(tmp_path / "missing" / "events.jsonl", b"{}\n")
+    assert info.value.errno == errno.ENOENT and "missing" in info.value.path
