@@ -57,13 +57,17 @@ class OutputError(BusError, OSError):
         path: the file that could not be written.
         errno: the operating system's error number (``errno.ENOSPC``, ``errno.EROFS`` ...).
         reason: the operating system's message ("No space left on device").
+        what: what could not be done with it ("cannot write", "cannot use ... as the run
+            directory").
     """
 
-    def __init__(self, path: str | Path, errno: int | None, reason: str) -> None:
+    def __init__(self, path: str | Path, errno: int | None, reason: str, *,
+                 what: str = "cannot write {path}") -> None:
         self.path = str(path)
         self.reason = reason
+        self.what = what
         name = errno_mod.errorcode.get(errno or 0, "")
-        OSError.__init__(self, errno, f"cannot write {self.path}: {reason}"
+        OSError.__init__(self, errno, f"{what.format(path=self.path)}: {reason}"
                          + (f" ({name})" if name else ""))
         # OSError.__init__ sets errno and strerror; keep the fields named above too
         self.errno = errno
@@ -72,7 +76,11 @@ class OutputError(BusError, OSError):
         return str(self.strerror)
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable across processes
-        return (type(self), (self.path, self.errno, self.reason))
+        return (_output_error, (self.path, self.errno, self.reason, self.what))
+
+
+def _output_error(path: str, errno: int | None, reason: str, what: str) -> OutputError:
+    return OutputError(path, errno, reason, what=what)
 
 
 def output_error(path: str | Path, exc: OSError) -> OutputError:
@@ -272,7 +280,10 @@ class RunDirLock:
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise output_error(self.run_dir, exc) from None
+            reason = ("it is not a directory" if isinstance(exc, FileExistsError)
+                      else exc.strerror or str(exc))
+            raise OutputError(self.run_dir, exc.errno, reason,
+                              what="cannot use {path} as the run directory") from None
         self._key = str(self.run_dir.resolve())
         try:
             self._take(created)

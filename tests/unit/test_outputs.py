@@ -268,3 +268,17 @@ def test_append_to_appends_whole_lines_and_names_the_file_it_cannot(tmp_path):
     with pytest.raises(OutputError) as info:
         outputs.append_to(tmp_path / "missing" / "events.jsonl", b"{}\n")
     assert info.value.errno == errno.ENOENT and "missing" in info.value.path
+
+
+def test_a_file_given_as_the_run_directory_is_named_as_such(tmp_path):
+    import pickle
+
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(OutputError) as info:
+        with RunDirLock(f):
+            pass
+    err = info.value
+    assert str(err) == f"cannot use {f} as the run directory: it is not a directory (EEXIST)"
+    again = pickle.loads(pickle.dumps(err))
+    assert str(again) == str(err) and again.errno == errno.EEXIST and again.path == str(f)
