@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from pubsub.config import ConfigError, from_mapping
+from pubsub.outputs import write_atomic
 
 from sim.cluster.consortium import Consortium, When, describe, synth_table, when_stage
 from sim.cluster.scenario import LinkConfig
@@ -336,7 +337,7 @@ def run_one(cons: Consortium, cfg: Any, out: Path, *, quiet: bool = False,
         if not wu["taken_up"]:
             wu["status"] = "submitted, still pending at the end (the coordinator did not take it up)"
     m["consortium"] = summarize(cons, cfg, m, hooks, probes, read_events(out / "events.jsonl"))
-    (out / "metrics.json").write_text(json.dumps(m, indent=1, default=str))
+    write_atomic(out / "metrics.json", json.dumps(m, indent=1, default=str))
     return m
 
 
@@ -486,7 +487,7 @@ def run_consortium(cons: Consortium, table: dict[str, Any], out: str | Path, *,
     m = run_one(cons, cfg, out, quiet=quiet, insecure=insecure)
     if online is not None:
         m["consortium"]["comparison"] = compare(online, m)
-        (out / "metrics.json").write_text(json.dumps(m, indent=1, default=str))
+        write_atomic(out / "metrics.json", json.dumps(m, indent=1, default=str))
     write_report(m, out)
     return m
 

@@ -61,7 +61,7 @@ from parties.config import VflConfig, dump_vfl_config
 from parties.data.preflight import preflight
 from parties.core.sysinfo import CORES_ENV
 from pubsub.config import ConfigError, to_mapping
-from pubsub.outputs import append_to
+from pubsub.outputs import append_to, write_atomic
 
 from sim.cluster.cpu import CpuLimiter, machine_cores
 from parties.core import zygote
@@ -312,7 +312,7 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
         for stale in ("metrics.json", "broker.addr", *(f"{p}.json" for p in ids[1:]),
                       *(f"timeline-{p}.json" for p in ids)):
             (out / stale).unlink(missing_ok=True)
-        (out / "config.toml").write_text(dump_vfl_config(cfg))
+        write_atomic(out / "config.toml", dump_vfl_config(cfg))
     except OSError as exc:
         raise OutDirError(f"cannot use {str(out)!r} as the run directory: "
                           f"{exc.strerror or exc}") from None
