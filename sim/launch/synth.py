@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from sim.launch.vfl import LaunchError, LaunchResult, OutDirError, _spawn, _stop, run_security
 from sim.launch.vfl import start_broker
 from sim.launch.vfl import wait_children
+from sim.launch.synth_deaths import PartyDeathWatch
 from sim.faults.synth_party import PartyKill, PartyKiller, StageLog, process_layout
 
 from sim.faults.synth_crash import CRASH_POINT_ENV
@@ -442,6 +443,12 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             :func:`coordinator_stages`); the party runs alone in its own process. The run
             completes with the survivors, or fails as the coordinator does when fewer
             than ``secagg.min_survivors`` remain. ``metrics["faults"]`` records each kill.
+            An unplanned death (a party process that exits non-zero or by a signal while
+            the coordinator runs, e.g. killed from outside) is a dropout of every party
+            it hosted (:mod:`sim.launch.synth_deaths`): reported on stderr, as a
+            ``sim.party_died`` event and in ``metrics["party_deaths"]``; the run goes on
+            while at least ``secagg.min_survivors`` parties remain, else it ends with
+            :class:`sim.launch.synth_deaths.TooFewSurvivors` naming the dead parties.
         pauses: faults for tests (:data:`Pause`): the process hosting that party is
             paused with SIGSTOP and resumed with SIGCONT (needs
             ``launch.parties_per_process = 1``); ``metrics["pauses"]`` says when.
@@ -589,6 +596,19 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
                 faults.extend(killer.records)
                 ticks.append(killer)
 
+            from synth.mechanism import resolve_min_survivors
+
+            groups: dict[str, list[str]] = {}
+            for pid, name in process_of.items():
+                groups.setdefault(name, []).append(pid)
+            # after the planned faults: a process they killed is theirs to record
+            deaths = PartyDeathWatch(
+                [workers, procs], groups,
+                min_survivors=resolve_min_survivors(cfg.secagg.min_survivors, len(ids)),
+                stage_order=coordinator_stages(cfg), events=events, t0=t0,
+                log=lambda ev, kv: _log_event(events, ev, kv))
+            ticks.append(deaths)
+
             def tick() -> None:
                 for t in ticks:
                     t()
@@ -596,9 +616,11 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             try:
                 wait_children(workers,
                               watch={"broker": procs["broker"]} if "broker" in procs else None,
-                              timeout_s=timeout_s, tick=tick if ticks else None)
+                              timeout_s=timeout_s, tick=tick)
             except LaunchError as exc:
-                reason = _failure_reason(events) if exc.role == "coordinator" else None
+                if exc.role != "coordinator":
+                    raise
+                reason = deaths.annotate(_failure_reason(events))
                 if reason is None:
                     raise
                 raise LaunchError(exc.role, exc.code, reason) from None
@@ -618,6 +640,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         metrics["wall_s"] = time.perf_counter() - t0
         metrics["data"] = info
         metrics["faults"] = faults
+        metrics["party_deaths"] = [d.to_dict() for d in deaths.deaths]
         add_ledgers(metrics, out / "state")
         if pausers:
             metrics["pauses"] = [p.record for p in pausers]
@@ -668,6 +691,8 @@ def _merge_reopened(before: dict[str, Any], after: dict[str, Any]) -> dict[str, 
     accumulated, and the first run's wall time kept beside the reopening's."""
     out = {**{k: v for k, v in before.items() if k not in after}, **after}
     out["faults"] = list(before.get("faults", [])) + list(after.get("faults", []))
+    out["party_deaths"] = (list(before.get("party_deaths", []))
+                           + list(after.get("party_deaths", [])))
     out["workload_updates"] = (list(before.get("workload_updates", []))
                                + list(after.get("workload_updates", [])))
     out["wall_s"] = before.get("wall_s", after.get("wall_s"))
