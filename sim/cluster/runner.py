@@ -294,6 +294,16 @@ def run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
         sim.cluster.cpu.CpuLimitUnavailable: a CPU method was requested explicitly and is not
             available here.
     """
+    from pubsub.outputs import RunDirLock
+
+    # the run directory is this run's (its parties, started below, write into it)
+    with RunDirLock(out, command="psfl sim run"):
+        return _run_scenario(scn, cfg, out, quiet=quiet, insecure=insecure)
+
+
+def _run_scenario(scn: Scenario, cfg: VflConfig, out: str | Path, *,
+                  quiet: bool = False, insecure: bool = False) -> dict[str, Any]:
+    """:func:`run_scenario` under the run directory's lock."""
     t0 = time.perf_counter()
     ids = cfg.party_ids
     for f in scn.faults:

@@ -167,6 +167,19 @@ def declared_schema(cfg: SynthConfig, columns: list[str]) -> Any:
         return None
     label = DECLARED_LABELS.get(cfg.dataset)
     declared = {c.name: c for c in public.columns}
+    # every column the declared domain cannot take, named in one error
+    undeclared = [n for n in columns if n not in declared and n != cfg.label
+                  and not (label is not None and n == label[0])]
+    unsupported = [f"{n!r} ({declared[n].kind})" for n in columns if n in declared
+                   and not isinstance(declared[n], NumericColumn | CategoricalColumn)]
+    if undeclared or unsupported:
+        raise ConfigError("synth.data.schema_file", "; ".join(filter(None, [
+            f"not declared in the public schema: {undeclared} (declare them or drop them: "
+            "data.drop_columns)" if undeclared else "",
+            f"declared as kinds a FedForge domain does not take: {', '.join(unsupported)} "
+            "(numeric and categorical columns only: declare them as one, or drop them: "
+            "data.drop_columns; psfl synth schema drafts a schema FedForge takes)"
+            if unsupported else ""])))
     specs = []
     for name in columns:
         if label is not None and name == label[0] and name not in declared:

@@ -1,4 +1,4 @@
-"""A partner's messages outside the run's plan (issue 55): a copy of an embedding claiming
+"""A partner's messages outside the run's plan: a copy of an embedding claiming
 epoch 10^9 is dropped and counted at intake and costs no batch; a partner that keeps
 sending such copies ends the run (exit 4) naming it. Both parties in this process over
 the in-memory bus (:mod:`sim.launch.local`), the passive party's client publishing the
