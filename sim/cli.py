@@ -526,7 +526,8 @@ def _synth_schema(args: argparse.Namespace) -> int:
     from parties.cli import ExitCode, exit_code_for
     from parties.data import load_table
     from parties.data.schema import (DRAFT_WARNING, CategoricalColumn, NumericColumn,
-                                     PublicSchema, draft_party_schema, save_schema)
+                                     PublicSchema, draft_party_schema, dump_schema)
+    from pubsub.outputs import write_atomic
 
     out = Path(args.out)
     if out.exists() and not args.force:
@@ -567,9 +568,7 @@ def _synth_schema(args: argparse.Namespace) -> int:
     for name, why in left_out.items():
         header += "\n" + textwrap.fill(f"Left out {name!r}: {why}.", width=86)
     notes = {k: v for k, v in draft.notes.items() if k in schema.names}
-    tmp = out.with_name(out.name + ".tmp")
-    save_schema(schema, tmp, header=header, notes=notes)
-    tmp.replace(out)
+    write_atomic(out, dump_schema(schema, header=header, notes=notes))
     for name, why in left_out.items():
         print(f"left out {name!r}: {why}", file=sys.stderr)
     print(f"draft schema of {len(schema.columns)} columns: {out}\nreview it (its REVIEW "
@@ -1167,6 +1166,7 @@ def _data_bank_partner(args: argparse.Namespace) -> int:
     files, each written whole (a temporary file renamed)."""
     from parties.cli import ExitCode
     from parties.data.bank_partner import make_bank_partner
+    from pubsub.outputs import write_atomic
 
     out = Path(args.out)
     files = {"bank/bank.csv": "bank", "bank/bank-new.csv": "bank_new",
@@ -1185,9 +1185,7 @@ def _data_bank_partner(args: argparse.Namespace) -> int:
     for name, attr in files.items():
         path = out / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        getattr(t, attr).to_csv(tmp, index=False)
-        tmp.replace(path)
+        write_atomic(path, getattr(t, attr).to_csv(index=False))
     print(f"bank {len(t.bank):,} customers, partner {len(t.partner):,} ({len(t.merged):,} "
           f"shared); new customers {len(t.bank_new):,} and {len(t.partner_new):,}: {out}")
     return ExitCode.OK
@@ -1197,8 +1195,9 @@ def _data_schema_merge(args: argparse.Namespace) -> int:
     """``psfl data schema-merge A.toml B.toml ... --out S.toml``
     (:func:`parties.data.schema_merge.merge_schemas`)."""
     from parties.cli import ExitCode
-    from parties.data.schema import load_schema, save_schema
+    from parties.data.schema import dump_schema, load_schema
     from parties.data.schema_merge import merge_schemas
+    from pubsub.outputs import write_atomic
 
     out = Path(args.out)
     if out.exists() and not args.force:
@@ -1212,9 +1211,7 @@ def _data_schema_merge(args: argparse.Namespace) -> int:
     header = ("MERGED PUBLIC SCHEMA: it lists every category and range each source "
               "declared,\nso whoever receives it learns them. Merged from: "
               + ", ".join(args.schemas))
-    tmp = out.with_name(out.name + ".tmp")
-    save_schema(merged, tmp, header=header, notes=notes)
-    tmp.replace(out)
+    write_atomic(out, dump_schema(merged, header=header, notes=notes))
     print(f"merged {len(args.schemas)} schemas: {len(merged.columns)} columns, "
           f"{len(notes)} changed or not declared by every source: {out}")
     return ExitCode.OK
