@@ -86,6 +86,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                               "(see `psfl keys generate broker ...`), or --insecure for "
                               "plaintext on a loopback --bind")
         print(INSECURE_WARNING, file=sys.stderr)
+        print("warning: a plaintext broker has no identities: its runs are not isolated "
+              "from one another (any client may publish and read any run's topics)",
+              file=sys.stderr)
     broker = Broker(cfg)
     try:
         addr = broker.bind()

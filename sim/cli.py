@@ -761,6 +761,47 @@ def _synth_run_party_files_locked(args: argparse.Namespace, cfg: Any) -> int:
     return 0
 
 
+def job_membership(job: Any) -> str:
+    """The run membership (``pubsub.membership`` TOML) of a job: its runs (training
+    ``<run_id>``, its alignment, a prediction and its alignment) admit the job's parties
+    (identities named by party id, as ``psfl keys generate`` names them); with several
+    passive parties each owns its topics."""
+    ids = list(job.vfl.party_ids)
+    run = job.job.run_id
+    owned = ids[1:] if len(ids) > 2 else []
+    lines = []
+    for r in (run, f"{run}-align", f"{run}-predict", f"{run}-predict-align"):
+        lines += [f'[runs."{r}"]', f"identities = {ids!r}".replace("'", '"')]
+        if owned:
+            lines.append(f"owned = {owned!r}".replace("'", '"'))
+    return "\n".join(lines) + "\n"
+
+
+def _broker_run(args: argparse.Namespace) -> int:
+    """``psfl broker run``, with ``--job``: the job's membership (:func:`job_membership`)."""
+    import tempfile
+
+    from broker.cli import cmd_run
+
+    if not args.job:
+        return int(cmd_run(args))
+    from parties.config import load_job
+    from pubsub.config import ConfigError
+
+    if args.members:
+        raise ConfigError("--job", "makes the run membership: give --job or --members")
+
+    job = load_job(args.job)  # ConfigError: exit 2
+    with tempfile.TemporaryDirectory(prefix="psfl-members-") as d:
+        path = Path(d) / "members.toml"
+        path.write_text(job_membership(job))
+        args.members = str(path)
+        print(f"broker for job {job.job.run_id} (digest {job.digest}): runs "
+              f"{job.job.run_id}, {job.job.run_id}-align, -predict, -predict-align admit "
+              f"{', '.join(job.vfl.party_ids)} only", file=sys.stderr, flush=True)
+        return int(cmd_run(args))
+
+
 def _bench(args: argparse.Namespace) -> int:
     """Run ``bench/NAME.py`` of this checkout with the remaining arguments."""
     import subprocess
@@ -1425,6 +1466,12 @@ def build_parser() -> argparse.ArgumentParser:
     br = sub.add_parser("broker", help="the XSUB/XPUB broker")
     bsub = br.add_subparsers(dest="broker_command", required=True)
     add_broker(bsub)
+    brun = bsub.choices["run"]
+    brun.add_argument("--job", help="serve one cross-organisation job (job.toml): only its "
+                      "parties' identities may take part in its runs (training, alignment, "
+                      "prediction), every other run is refused (a run membership made from "
+                      "the job; not with --members)")
+    brun.set_defaults(func=_broker_run)
 
     from pubsub.cli import add_keys_subcommands
 

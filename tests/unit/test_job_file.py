@@ -143,3 +143,25 @@ def test_the_generated_files_are_what_the_scenario_promises() -> None:
         assert 0.03 < frame[col].isna().mean() < 0.07, col  # 5 % missing
     with pytest.raises(ValueError, match="unshared"):
         make_bank_partner(200, unshared=0.6)
+
+
+def test_a_brokers_job_membership_admits_the_jobs_parties_to_its_runs_only(
+        tmp_path: Path) -> None:
+    from pubsub.membership import load_membership
+    from sim.cli import job_membership
+
+    path = tmp_path / "m.toml"
+    path.write_text(job_membership(load_job(_job(tmp_path))))
+    m = load_membership(path)
+    for run in ("bank-partner", "bank-partner-align", "bank-partner-predict",
+                "bank-partner-predict-align"):
+        assert m.allows("passive", f"emb/{run}/3") and m.allows("active", f"grad/{run}/3")
+        assert not m.allows("mallory", f"emb/{run}/3")
+    assert not m.allows("active", "emb/another-run/3")  # a run the job does not name
+    three = _job(tmp_path, JOB.replace('organisations = ["bank", "partner"]',
+                                      'organisations = ["bank", "p1", "p2"]')
+                 + "passive_parties = 2\n", "three.toml")
+    path.write_text(job_membership(load_job(three)))
+    m = load_membership(path)
+    assert m.allows("passive2", "emb/bank-partner/passive2/3")
+    assert not m.allows("passive", "emb/bank-partner/passive2/3")  # each owns its topics
