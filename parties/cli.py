@@ -186,13 +186,7 @@ def _run_party(role: str, args: argparse.Namespace, out: Path | None, events: st
 
         torch.set_num_threads(cfg.workers.threads_for(role))
         result = run_loop(_serve(role, cfg, args), event_loop=cfg.event_loop)
-    except Exception as exc:
-        code = exit_code_for(exc)
-        if code is None:
-            raise
-        print(f"error ({role} party): {exc}", file=sys.stderr)
-        return code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a typed error: run_party's one line and exit code
         print(f"{role} party interrupted", file=sys.stderr)
         return 130
     finish_party(role, cfg, result, out, t0)  # OutputError: run_party's one line, exit 2

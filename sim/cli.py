@@ -523,7 +523,7 @@ def _synth_schema(args: argparse.Namespace) -> int:
     categorical); a date or many-level column is left out, named, with what to do."""
     import textwrap
 
-    from parties.cli import ExitCode, exit_code_for
+    from parties.cli import ExitCode
     from parties.data import load_table
     from parties.data.schema import (DRAFT_WARNING, CategoricalColumn, NumericColumn,
                                      PublicSchema, draft_party_schema, dump_schema)
@@ -534,16 +534,17 @@ def _synth_schema(args: argparse.Namespace) -> int:
         print(f"error: {str(out)!r} exists (a reviewed schema?); use --force to overwrite",
               file=sys.stderr)
         return ExitCode.BAD_INPUT
-    try:
-        frame, _ = load_table(args.dataset)
-        draft = draft_party_schema(frame, [str(c) for c in frame.columns],
-                                   min_count=args.min_count, dataset=str(args.dataset))
-    except Exception as exc:
-        code = exit_code_for(exc)
-        if code is None:
-            raise
-        print(f"error: {exc}", file=sys.stderr)
+    got: dict[str, Any] = {}
+
+    def read() -> None:
+        got["frame"], _ = load_table(args.dataset)
+        got["draft"] = draft_party_schema(got["frame"], [str(c) for c in got["frame"].columns],
+                                          min_count=args.min_count, dataset=str(args.dataset))
+
+    code = _refused(read)  # a typed error: one line, its exit code
+    if code is not None:
         return code
+    frame, draft = got["frame"], got["draft"]
     left_out = dict(draft.left_out)
     kept = []
     for col in draft.schema.columns:
