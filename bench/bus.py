@@ -1037,7 +1037,8 @@ def _start_broker(tmp: str, keys_dir: str | None = None) -> tuple[Child, str]:
     """Our broker exactly as ``psfl broker run`` starts it by default (bar the bind/ready file):
     ``--keys keys_dir`` (CURVE and the default topic policy), or ``--insecure`` without."""
     ready = Path(tmp) / "broker.addr"
-    security = ["--keys", keys_dir] if keys_dir else ["--insecure"]
+    # the bus's throughput: runs open to every key (isolation is not what is measured)
+    security = ["--keys", keys_dir, "--open-runs"] if keys_dir else ["--insecure"]
     argv = [sys.executable, "-m", "broker", "run", *security, "--bind", f"tcp://{HOST}:0",
             "--ready-file", str(ready), "--log-level", "warning",
             *[a for kv in BROKER_SETS for a in ("--set", kv)]]

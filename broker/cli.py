@@ -34,7 +34,13 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run.add_argument("--policy", help="topic permissions per role (TOML; default: the packaged "
                      "broker/default_policy.toml)")
     run.add_argument("--members", help="run membership (TOML: [runs.<id>] identities = [...]); "
-                     "only members publish in a run (default: any identity of the role)")
+                     "only a run's members publish in it and read it")
+    run.add_argument("--run", action="append", default=[], metavar="RUN=NAME,NAME",
+                     help="a run's members inline (repeatable; admits them to the run, its "
+                     "alignment and its predictions), e.g. --run r1=active,passive")
+    run.add_argument("--open-runs", action="store_true",
+                     help="with --keys and no membership: admit any key of the allow-list "
+                     "to every run (not isolated; by default such a broker refuses to start)")
     add_security_arguments(run, kind="broker")
     run.set_defaults(func=cmd_run)
     st = sub.add_parser("stats", help="print a running broker's counters as JSON")
@@ -46,9 +52,10 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def load_broker_config(path: str | None, sets: Sequence[str], bind: str | None,
                        keys: str | None = None, policy: str | None = None,
-                       members: str | None = None) -> BrokerConfig:
+                       members: str | None = None, runs: Sequence[str] = (),
+                       open_runs: bool = False) -> BrokerConfig:
     """Effective :class:`BrokerConfig` from a TOML file, ``--set`` items, ``--bind``,
-    ``--keys``, ``--policy`` and ``--members``.
+    ``--keys``, ``--policy``, ``--members``, ``--run`` and ``--open-runs``.
 
     Raises:
         ConfigError: unknown keys or bad values.
@@ -70,6 +77,10 @@ def load_broker_config(path: str | None, sets: Sequence[str], bind: str | None,
         table["policy_file"] = policy
     if members:
         table["members_file"] = members
+    if runs:
+        table["runs"] = list(runs)
+    if open_runs:
+        table["open_runs"] = True
     return from_mapping(BrokerConfig, table, section="broker")
 
 
@@ -79,7 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.keys and args.insecure:
         raise ConfigError("insecure", "give --keys DIR or --insecure, not both")
     cfg = load_broker_config(args.config, args.set, args.bind, args.keys, args.policy,
-                             args.members)
+                             args.members, getattr(args, "run", ()),
+                             getattr(args, "open_runs", False))
     if not cfg.keys_dir:
         if not args.insecure:
             raise ConfigError("keys", "transport security is on by default: give --keys DIR "
@@ -104,7 +116,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"broker listening at {addr} (CURVE; control :{addr.port + 2}, role endpoints "
               f":{addr.port + 3}..:{addr.port + broker.n_ports - 1}; roles "
               f"{', '.join(broker.policy.names) if broker.policy else ''}; "
-              f"{len(broker._certs)} allowed keys)", flush=True)
+              f"{len(broker._certs)} allowed keys; {broker.isolation})", flush=True)
+        if cfg.open_runs:
+            print("warning: --open-runs: any key of the allow-list may read and publish "
+                  "its role's topics in every run (runs not isolated)", file=sys.stderr)
     else:
         print(f"broker listening at {addr} (plaintext; publishers :{addr.port}, subscribers "
               f":{addr.port + 1}, control :{addr.port + 2})", flush=True)

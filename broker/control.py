@@ -1,5 +1,6 @@
 """The broker's control socket: ``stats`` (the counters), ``ping`` (the clients'
-keepalive) and ``hello`` (with CURVE: the caller's identity, role, ports and topic rules),
+keepalive) and ``hello`` (with CURVE: the caller's identity, role, ports, topic rules and the runs it
+is a member of),
 one JSON reply per request, whatever the request holds.
 
 Owns: :class:`ControlPlane`. May import :mod:`pubsub`.
@@ -15,6 +16,7 @@ import structlog
 import zmq
 
 from pubsub.address import BrokerAddress
+from pubsub.membership import RunMembership
 from pubsub.policy import Policy
 from pubsub.security import Certificate, publisher_id
 
@@ -33,17 +35,20 @@ class ControlPlane:
         by_name: the allow-list's certificates by identity name.
         publishers: client id -> identity, filled by ``hello`` (the forwarding loop's
             check that a message's publisher id is its sender's).
+        members: the run membership with CURVE (None: an open broker, or plaintext);
+            ``hello`` tells each identity its part (:meth:`RunMembership.view`).
     """
 
     def __init__(self, *, config: Any, stats: Any, address: BrokerAddress | None,
                  policy: Policy | None, by_name: dict[str, Certificate],
-                 publishers: dict[bytes, str]) -> None:
+                 publishers: dict[bytes, str], members: RunMembership | None = None) -> None:
         self.config = config
         self.stats = stats
         self.address = address
         self.policy = policy
         self._by_name = by_name
         self._publishers = publishers
+        self._members = members
 
     def serve(self, control: zmq.Socket, burst: int = 64) -> None:
         """Answer up to ``burst`` queued control requests. ``control`` is a ROUTER: a request is
@@ -119,7 +124,9 @@ class ControlPlane:
                 "pub_offset": 3 + 2 * i, "sub_offset": 4 + 2 * i,
                 "rules": self.policy.roles[i].as_dict(),
                 "max_subscriptions": self.config.max_subscriptions_per_identity,
-                "max_message_bytes": self.config.max_message_bytes}
+                "max_message_bytes": self.config.max_message_bytes,
+                "runs": (None if self._members is None
+                         else self._members.view(identity).as_dict())}
 
 
 __all__ = ["ControlPlane"]

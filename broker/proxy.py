@@ -33,7 +33,7 @@ from pubsub.address import BrokerAddress
 from pubsub.codec import _small_bytes, encode, parse_head
 from pubsub.errors import KeyFileError, MalformedFrame
 from pubsub.config import ConfigError
-from pubsub.membership import RunMembership, load_membership
+from pubsub.membership import RunMembership, inline_membership, load_membership
 from pubsub.policy import Policy, load_policy
 from pubsub.receiver import MAX_GAP_JUMP
 from pubsub.security import BROKER_KEY_NAME, Certificate, check_insecure_allowed
@@ -104,9 +104,16 @@ class BrokerConfig:
         policy_file: topic permissions per role (:mod:`pubsub.policy`); "" = the
             packaged ``broker/default_policy.toml``. Used with ``keys_dir`` only.
         members_file: run membership (:mod:`pubsub.membership`): which identities may
-            publish in which run; "" = none (any identity of a role may publish that
-            role's topics in any run). Used with ``keys_dir`` only. With CURVE every
+            publish in and read which run. Used with ``keys_dir`` only. With CURVE every
             message's publisher id must also be the sender's own (:mod:`broker.identity`).
+        runs: run memberships given inline, ``RUN=NAME,NAME,...``
+            (:func:`pubsub.membership.inline_membership`: each admits its names to the
+            run, its alignment and its predictions); not with ``members_file``.
+        open_runs: with CURVE and neither ``members_file`` nor ``runs``: admit any
+            identity of a role to that role's topics in every run (runs are then not
+            isolated from other keys of the allow-list; the broker says so at start).
+            False (the default): such a broker refuses to start, naming the options, so
+            a CURVE broker isolates its runs unless told otherwise.
         max_subscriptions_per_identity: with CURVE, most subscriptions one identity (key)
             may hold at once over all its connections; further ones are refused and
             counted (``capped``); 0 = no cap. A VFL party holds one per batch of an
@@ -131,6 +138,8 @@ class BrokerConfig:
     keys_dir: str = ""
     policy_file: str = ""
     members_file: str = ""
+    runs: tuple[str, ...] = ()
+    open_runs: bool = False
     max_subscriptions_per_identity: int = 65_536
     io_threads: int = 1
 
@@ -324,7 +333,7 @@ class _Authenticator(ThreadAuthenticator):
 @dataclass(frozen=True, kw_only=True)
 class Security:
     """What a CURVE broker loads before it binds: the topic policy, its own key pair, the
-    allow-list's certificates and the run membership (None without ``members_file``)."""
+    allow-list's certificates and the run membership (None with ``open_runs``)."""
 
     policy: Policy
     server_keys: tuple[bytes, bytes]
@@ -350,7 +359,7 @@ def load_security(cfg: BrokerConfig) -> Security:
             raise KeyFileError(c.path, f"role {c.role!r} is not a policy role "
                                f"({', '.join(policy.names)}); regenerate with --role")
     names = {c.name for c in certs}
-    members = load_membership(cfg.members_file) if cfg.members_file else None
+    members = _membership(cfg)
     if members is not None:
         for run, ids in members.runs.items():
             unknown = sorted(ids - names)
@@ -361,6 +370,34 @@ def load_security(cfg: BrokerConfig) -> Security:
              roles=list(policy.names), broker_key_prefix=own.public_key[:8].decode())
     return Security(policy=policy, server_keys=(own.public_key, own.secret_key),
                     certs=tuple(certs), members=members)
+
+
+def _membership(cfg: BrokerConfig) -> RunMembership | None:
+    """The run membership ``cfg`` declares (file or inline), or None with ``open_runs``.
+
+    Raises:
+        ConfigError: both a file and inline runs, an open broker with a membership, or
+            none of the three (a CURVE broker isolates its runs by default).
+    """
+    if cfg.members_file and cfg.runs:
+        raise ConfigError("members", "give the run membership as a file (--members) or "
+                          "inline (--run), not both")
+    if cfg.open_runs:
+        if cfg.members_file or cfg.runs:
+            raise ConfigError("open_runs", "an open broker admits any identity to every "
+                              "run: not with a run membership (--members, --run, --job)")
+        log.warning("broker.runs_not_isolated",
+                    detail="open_runs: any key of the allow-list may read and publish its "
+                           "role's topics in every run")
+        return None
+    if cfg.members_file:
+        return load_membership(cfg.members_file)
+    if cfg.runs:
+        return inline_membership(cfg.runs)
+    raise ConfigError("members", "a CURVE broker admits to a run only its members: give "
+                      "them with --job JOB.toml, --members FILE or --run RUN=NAME,NAME "
+                      "(or --open-runs to admit any key of the allow-list to every run, "
+                      "not isolated)")
 
 
 class Broker:
@@ -425,6 +462,16 @@ class Broker:
     def secure(self) -> bool:
         """True when CURVE and the topic policy are on (``keys_dir`` set)."""
         return bool(self.config.keys_dir)
+
+    @property
+    def isolation(self) -> str:
+        """How runs are isolated, in words (the start line says it)."""
+        if not self.secure:
+            return "runs not isolated (plaintext)"
+        if self._members is None:
+            return "open runs: not isolated"
+        n = len(self._members.runs)
+        return f"runs isolated: {n} run{'s' if n != 1 else ''} with members"
 
     @property
     def n_ports(self) -> int:
@@ -564,7 +611,7 @@ class Broker:
                                      book=self._book, members=self._members)
         plane = ControlPlane(config=cfg, stats=self.stats, address=self.address,
                              policy=self.policy, by_name=self._by_name,
-                             publishers=self._publishers)
+                             publishers=self._publishers, members=self._members)
         try:
             while not self._stop.is_set():
                 # while a message is held (block policy), poll briefly and do not read

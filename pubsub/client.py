@@ -52,6 +52,7 @@ from pubsub.keepalive import BrokerKeepalive
 from pubsub.threadsafe import ThreadsafePublisher
 from pubsub.receiver import _MAX_SEQ_KEYS, Receiver
 from pubsub.receiver import BusStats as BusStats  # re-exported: its home before receiver.py
+from pubsub.membership import subscription_run, topic_run
 from pubsub.policy import RoleRules
 from pubsub.security import CurveClient, check_insecure_allowed, publisher_id
 from pubsub.wire import recv_rest, send_envelope
@@ -62,6 +63,7 @@ from pubsub.errors import (
     ForbiddenTopic,
     ForkedClient,
     MessageTooLarge,
+    NotRunMember,
     PublishTimeout,
     PublishWouldBlock,
     TooManySubscriptions,
@@ -395,7 +397,9 @@ class Bus(Receiver, ThreadsafePublisher):
 
         Raises:
             InvalidTopic: bad topic.
-            ForbiddenTopic: with CURVE, the role may not read ``topic``.
+            ForbiddenTopic: with CURVE, the role may not read ``topic``;
+                :class:`~pubsub.errors.NotRunMember` (a ForbiddenTopic): its run does not
+                admit this identity (the broker's run membership).
             TooManySubscriptions: the broker's per-identity limit (from the hello) would
                 be exceeded.
             BusClosed: closed client.
@@ -404,6 +408,7 @@ class Bus(Receiver, ThreadsafePublisher):
         sock = self._require_sub()
         if self._rules is not None and not self._rules.may_read(topic):
             raise ForbiddenTopic(topic, self._rules.name, "subscribe")
+        self._check_member(topic, exact=True)
         if limits is not None:
             self._topic_limits[topic] = limits
         if topic not in self._exact:
@@ -411,6 +416,17 @@ class Bus(Receiver, ThreadsafePublisher):
             self._exact.add(topic)
             sock.setsockopt(zmq.SUBSCRIBE, frame)
             self._schedule_drain()
+
+    def _check_member(self, text: str, *, exact: bool) -> None:
+        """Refuse, by name, a subscription the broker's run membership would silently
+        refuse (a run this identity is not a member of; told in the hello)."""
+        runs = self.hello.runs if self.hello is not None else None
+        if runs is None or runs.may_read(self.hello.identity, text, exact):  # type: ignore[union-attr]
+            return
+        assert self.hello is not None
+        _, run = subscription_run(text, exact)
+        raise NotRunMember(text, run or "", self.hello.identity, "subscribe",
+                           tuple(sorted(runs.runs)))
 
     def _check_subscription_limit(self, topic: str) -> None:
         """Refuse, before the broker silently would, a subscription past its limit."""
@@ -433,13 +449,16 @@ class Bus(Receiver, ThreadsafePublisher):
 
         Raises:
             InvalidTopic: bad prefix.
-            ForbiddenTopic: with CURVE, the role may read no topic under ``prefix``.
+            ForbiddenTopic: with CURVE, the role may read no topic under ``prefix``;
+                :class:`~pubsub.errors.NotRunMember`: the prefix spans runs, or its run
+                does not admit this identity.
             BusClosed: closed client.
         """
         raw = validate_topic(prefix)
         sock = self._require_sub()
         if self._rules is not None and not self._rules.may_subscribe_prefix(prefix):
             raise ForbiddenTopic(prefix, self._rules.name, "subscribe")
+        self._check_member(prefix, exact=False)
         if limits is not None:
             self._prefix_limits[prefix] = limits
         if prefix not in self._prefixes:
@@ -501,7 +520,8 @@ class Bus(Receiver, ThreadsafePublisher):
         Raises:
             InvalidTopic, TypeError: bad topic, dtype or meta.
             MessageTooLarge: over ``BusConfig.max_message_bytes`` (nothing was sent).
-            ForbiddenTopic: with CURVE, the role may not publish ``topic``.
+            ForbiddenTopic: with CURVE, the role may not publish ``topic``;
+                :class:`~pubsub.errors.NotRunMember`: its run does not admit this identity.
             BusClosed: closed client.
             PublishTimeout: under the ``block`` policy, no room within ``publish_timeout_s``.
         """
@@ -549,7 +569,7 @@ class Bus(Receiver, ThreadsafePublisher):
         if self._closed or self._pub is None:
             raise BusClosed(self.client_id)
         if self._rules is not None and not self._may_publish(topic):
-            raise ForbiddenTopic(topic, self._rules.name, "publish")
+            self._refuse_publish(topic)
         pub_seq = self._pub_seq
         seq = pub_seq.get(topic, 0) + 1
         frames = encode(topic, arrays, meta, seq=seq, publisher=self.publisher_id, copy=copy)
@@ -564,15 +584,26 @@ class Bus(Receiver, ThreadsafePublisher):
         return frames, nbytes
 
     def _may_publish(self, topic: str) -> bool:
-        """The role's publish rule for ``topic`` (cached per topic, bounded)."""
+        """The role's publish rule and the run membership for ``topic`` (cached per
+        topic, bounded)."""
         ok = self._pub_ok.get(topic)
         if ok is None:
             assert self._rules is not None
-            ok = self._rules.may_publish(topic)
+            runs = self.hello.runs if self.hello is not None else None
+            ok = self._rules.may_publish(topic) and (
+                runs is None or runs.allows(self.hello.identity, topic))  # type: ignore[union-attr]
             if len(self._pub_ok) >= _MAX_SEQ_KEYS:
                 self._pub_ok.clear()
             self._pub_ok[topic] = ok
         return ok
+
+    def _refuse_publish(self, topic: str) -> None:
+        """Raise the error that names why ``topic`` may not be published."""
+        assert self._rules is not None
+        if not self._rules.may_publish(topic) or self.hello is None or self.hello.runs is None:
+            raise ForbiddenTopic(topic, self._rules.name, "publish")
+        raise NotRunMember(topic, topic_run(topic) or "", self.hello.identity, "publish",
+                           tuple(sorted(self.hello.runs.runs)))
 
     def _try_send(self, frames: list[Any]) -> bool:
         pub = self._pub

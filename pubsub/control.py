@@ -19,7 +19,9 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from pubsub.address import BrokerAddress
+from pubsub.config import ConfigError
 from pubsub.errors import AuthenticationFailed, BrokerUnreachable, BusError
+from pubsub.membership import RunMembership, membership_from_dict
 from pubsub.policy import RoleRules
 from pubsub.security import CurveClient, check_insecure_allowed, classify_handshake
 
@@ -197,6 +199,9 @@ class Hello:
             limit, or an older broker that does not say).
         max_message_bytes: the broker's bound on one message (0: an older broker that
             does not say); a single frame above it closes the sender's connection.
+        runs: with CURVE, the runs the broker admits this identity to, with their
+            members (:meth:`pubsub.membership.RunMembership.view`); None: every run (an
+            open broker, plaintext, or an older broker that does not say).
     """
 
     identity: str
@@ -206,6 +211,7 @@ class Hello:
     rules: RoleRules | None
     max_subscriptions: int = 0
     max_message_bytes: int = 0
+    runs: RunMembership | None = None
 
 
 def _monitor_events(mon: Any, events: list[tuple[int, int]]) -> None:
@@ -259,6 +265,11 @@ async def hello(ctx: zmq.Context[Any], address: BrokerAddress, security: CurveCl
         raise ControlError(f"broker at {address} refused hello: "
                            f"{reply.get('error') if isinstance(reply, dict) else reply!r}")
     rules = reply.get("rules")
+    try:
+        runs = None if reply.get("runs") is None else membership_from_dict(reply["runs"])
+    except ConfigError as exc:
+        raise ControlError(f"broker at {address} sent a malformed run membership: "
+                           f"{exc}") from None
     return Hello(
         identity=str(reply.get("identity", "")), role=str(reply.get("role", "")),
         pub_offset=int(reply["pub_offset"]), sub_offset=int(reply["sub_offset"]),
@@ -266,4 +277,5 @@ async def hello(ctx: zmq.Context[Any], address: BrokerAddress, security: CurveCl
             name=str(reply.get("role", "")), publish=tuple(rules.get("publish", ())),
             subscribe=tuple(rules.get("subscribe", ()))),
         max_subscriptions=int(reply.get("max_subscriptions") or 0),
-        max_message_bytes=int(reply.get("max_message_bytes") or 0))
+        max_message_bytes=int(reply.get("max_message_bytes") or 0),
+        runs=runs)

@@ -224,6 +224,34 @@ class ForbiddenTopic(BusError, PermissionError):
         super().__init__(f"role {role!r} may not {action} {topic!r} (broker policy)")
 
 
+class NotRunMember(ForbiddenTopic):
+    """The broker admits this client's identity to a run's topics only if it is one of
+    the run's members (its run membership, told in the hello), and it is not: of this
+    run, or (several isolated members) of this member's own topics.
+
+    Attributes:
+        topic: the topic or prefix.
+        run: the run it belongs to ("" for a prefix that spans runs).
+        identity: this client's identity.
+        runs: the runs the broker admits this identity to.
+    """
+
+    def __init__(self, topic: str, run: str, identity: str, action: str,
+                 runs: tuple[str, ...]) -> None:
+        self.topic = topic
+        self.role = ""
+        self.action = action
+        self.run = run
+        self.identity = identity
+        self.runs = runs
+        where = (f"run {run!r}" if run else "a prefix that spans runs (subscribe within one "
+                 "run: CLASS/RUN/...)")
+        mine = ", ".join(runs[:8]) + (" ..." if len(runs) > 8 else "") if runs else "none"
+        super(ForbiddenTopic, self).__init__(  # ForbiddenTopic's message is per role
+            f"identity {identity!r} may not {action} {topic!r}: {where} does not "
+            f"admit it (the broker's run membership; its runs: {mine})")
+
+
 class TooManySubscriptions(BusError, ValueError):
     """The broker lets one identity hold at most ``limit`` subscriptions (its
     ``max_subscriptions_per_identity``, told in the hello); this client would need more.

@@ -25,6 +25,16 @@ gradients. An owned member may hold a prefix subscription in the run only within
 own topics (a prefix with its own name as a whole segment after the run).
 
 Unknown keys are refused (:class:`~pubsub.config.ConfigError`).
+
+A run's *family* (:func:`run_family`) is the run and its derived exchanges, the run ids
+``<run>-align``, ``<run>-predict`` and ``<run>-predict-align`` (its ID alignment and its
+predictions); a membership given inline (:func:`parse_run_item`, ``psfl broker run
+--run r1=active,passive``) admits its names to the whole family.
+
+The broker tells each client, in its hello, the part of the membership that concerns it
+(:meth:`RunMembership.view`: the runs it is a member of, with their members), so the
+client refuses by name, before the broker would silently, a topic of a run it is not a
+member of (:class:`~pubsub.errors.NotRunMember`).
 """
 
 from __future__ import annotations
@@ -38,6 +48,15 @@ from typing import Any
 from pubsub.config import ConfigError
 from pubsub.errors import KeyFileError
 from pubsub.security import check_name
+
+
+#: the suffixes of a run's derived exchanges (its ID alignment and its predictions)
+DERIVED_SUFFIXES: tuple[str, ...] = ("-align", "-predict", "-predict-align")
+
+
+def run_family(run: str) -> tuple[str, ...]:
+    """The run and its derived exchanges' run ids (:data:`DERIVED_SUFFIXES`)."""
+    return (run, *(run + s for s in DERIVED_SUFFIXES))
 
 
 def topic_run(topic: str) -> str | None:
@@ -129,6 +148,19 @@ class RunMembership:
         first = next((seg for seg in full if seg in owned), None)
         return first == identity
 
+    def view(self, identity: str) -> RunMembership:
+        """The part of the membership that concerns ``identity``: the runs it is a member
+        of, with their members and owned members (what the broker's hello tells it)."""
+        runs = {r: ids for r, ids in self.runs.items() if identity in ids}
+        return RunMembership(runs=runs,
+                             owned={r: o for r, o in self.owned.items() if r in runs})
+
+    def as_dict(self) -> dict[str, dict[str, list[str]]]:
+        """JSON-ready: run id -> ``{"identities": [...], "owned": [...]}``
+        (:func:`membership_from_dict` reads it back)."""
+        return {r: {"identities": sorted(ids), "owned": sorted(self.owned.get(r, ()))}
+                for r, ids in sorted(self.runs.items())}
+
     def as_toml(self) -> str:
         """The TOML text :func:`load_membership` reads back."""
         lines = []
@@ -184,6 +216,62 @@ def membership(runs: Mapping[str, Iterable[str]],
         if names:
             iso[run] = frozenset(names)
     return RunMembership(runs=out, owned=iso)
+
+
+def membership_from_dict(doc: Any) -> RunMembership:
+    """Read :meth:`RunMembership.as_dict`'s form back (a broker's hello).
+
+    Raises:
+        ConfigError: not that form, or bad names.
+    """
+    if not isinstance(doc, dict):
+        raise ConfigError("members", f"expected a table of runs, got {type(doc).__name__}")
+    runs: dict[str, Iterable[str]] = {}
+    owned: dict[str, Iterable[str]] = {}
+    for run, body in doc.items():
+        if not isinstance(body, dict) or not set(body) <= {"identities", "owned"}:
+            raise ConfigError("members", f"run {run!r}: expected identities and owned")
+        runs[run] = body.get("identities", [])
+        owned[run] = body.get("owned", [])
+    return membership(runs, owned)
+
+
+def parse_run_item(item: str) -> tuple[str, list[str]]:
+    """One inline membership, ``RUN=NAME,NAME,...`` (``psfl broker run --run``): the run id
+    and its identities.
+
+    Raises:
+        ConfigError: no ``=``, an empty run id or no names.
+    """
+    run, sep, names = item.partition("=")
+    ids = [n.strip() for n in names.split(",") if n.strip()]
+    if not sep or not run.strip() or not ids:
+        raise ConfigError("run", f"{item!r}: expected RUN=NAME,NAME,... (the run's "
+                          "identities, e.g. r1=active,passive)")
+    return run.strip(), ids
+
+
+def inline_membership(items: Iterable[str], *,
+                      owned: Mapping[str, Iterable[str]] | None = None) -> RunMembership:
+    """The membership of ``--run`` items (:func:`parse_run_item`): each admits its names
+    to its run's family (:func:`run_family`). ``owned`` (run -> names; default none)
+    makes those members of the run's family own their topics (see the module docstring;
+    several passive parties of a VFL run).
+
+    Raises:
+        ConfigError: a malformed item, a run given twice, or bad names.
+    """
+    runs: dict[str, list[str]] = {}
+    iso: dict[str, list[str]] = {}
+    for item in items:
+        run, ids = parse_run_item(item)
+        for r in run_family(run):
+            if r in runs:
+                raise ConfigError("run", f"run {r!r} given twice")
+            runs[r] = ids
+            if owned and owned.get(run):
+                iso[r] = list(owned[run])
+    return membership(runs, iso)
 
 
 def load_membership(path: str | Path) -> RunMembership:

@@ -767,15 +767,11 @@ def job_membership(job: Any) -> str:
     ``<run_id>``, its alignment, a prediction and its alignment) admit the job's parties
     (identities named by party id, as ``psfl keys generate`` names them); with several
     passive parties each owns its topics."""
-    ids = list(job.vfl.party_ids)
-    run = job.job.run_id
-    owned = ids[1:] if len(ids) > 2 else []
-    lines = []
-    for r in (run, f"{run}-align", f"{run}-predict", f"{run}-predict-align"):
-        lines += [f'[runs."{r}"]', f"identities = {ids!r}".replace("'", '"')]
-        if owned:
-            lines.append(f"owned = {owned!r}".replace("'", '"'))
-    return "\n".join(lines) + "\n"
+    from pubsub.membership import inline_membership
+
+    ids, run = list(job.vfl.party_ids), job.job.run_id
+    owned = {run: ids[1:]} if len(ids) > 2 else None
+    return inline_membership([f"{run}={','.join(ids)}"], owned=owned).as_toml()
 
 
 def _broker_run(args: argparse.Namespace) -> int:
@@ -789,8 +785,9 @@ def _broker_run(args: argparse.Namespace) -> int:
     from parties.config import load_job
     from pubsub.config import ConfigError
 
-    if args.members:
-        raise ConfigError("--job", "makes the run membership: give --job or --members")
+    if args.members or args.run or args.open_runs:
+        raise ConfigError("--job", "makes the run membership: give --job, or --members, "
+                          "--run or --open-runs")
 
     job = load_job(args.job)  # ConfigError: exit 2
     with tempfile.TemporaryDirectory(prefix="psfl-members-") as d:
@@ -1471,7 +1468,7 @@ def build_parser() -> argparse.ArgumentParser:
     brun.add_argument("--job", help="serve one cross-organisation job (job.toml): only its "
                       "parties' identities may take part in its runs (training, alignment, "
                       "prediction), every other run is refused (a run membership made from "
-                      "the job; not with --members)")
+                      "the job; not with --members or --run)")
     brun.set_defaults(func=_broker_run)
 
     from pubsub.cli import add_keys_subcommands

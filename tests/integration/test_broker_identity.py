@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from pubsub import Bus, BusConfig, DeadlineExceeded
 from pubsub.address import BrokerAddress
 from pubsub.codec import encode
 from pubsub.control import request_stats
-from pubsub.errors import TooManySubscriptions
+from pubsub.errors import NotRunMember, TooManySubscriptions
 from pubsub.membership import membership
 from pubsub.security import CurveClient, generate_certificate
 
@@ -56,12 +57,19 @@ def _pub(ctx: zmq.Context[Any], keys: Path, who: str, endpoint: str) -> zmq.Sock
 
 
 @contextlib.asynccontextmanager
-async def _clients(address: str, keys: Path, *names: str) -> AsyncIterator[list[Bus]]:
-    """One connected bus client per identity in ``names``."""
+async def _clients(address: str, keys: Path, *names: str,
+                   lax: bool = False) -> AsyncIterator[list[Bus]]:
+    """One connected bus client per identity in ``names``; ``lax``: clients that ignore
+    the run membership the broker told them (as a hostile client would), so the
+    broker's own enforcement is what the test sees."""
     async with contextlib.AsyncExitStack() as stack:
-        yield [await stack.enter_async_context(
+        buses = [await stack.enter_async_context(
             Bus(address, name=n[0], config=CFG, security=CurveClient.from_dir(keys, n)))
             for n in names]
+        for bus in buses if lax else ():
+            assert bus.hello is not None and bus.hello.runs is not None
+            bus.hello = dataclasses.replace(bus.hello, runs=None)
+        yield buses
 
 
 async def _drain(bus: Bus, topic: str) -> list[Any]:
@@ -116,7 +124,7 @@ async def test_only_a_runs_members_publish_in_it(setup: tuple[BrokerProcess, Pat
     run the membership does not list (r9), not even the active party; the members'
     messages in r1 pass."""
     b, keys = setup
-    async with _clients(b.address, keys, "active", "passive", "mallory") as (a, p, m):
+    async with _clients(b.address, keys, "active", "passive", "mallory", lax=True) as (a, p, m):
         before = request_stats(b.address, security=CurveClient.from_dir(keys, "active"))
         await a.subscribe("emb/r1/7")
         await p.subscribe("grad/r9/7")
@@ -146,7 +154,7 @@ async def test_owned_members_use_only_their_own_topics(setup: tuple[BrokerProces
     its subscription to the passive party's gradients refused (``not_member_reads``); its
     own channel and the active party's traffic to each work."""
     b, keys = setup
-    async with _clients(b.address, keys, "active", "passive", "mallory") as (a, p, m):
+    async with _clients(b.address, keys, "active", "passive", "mallory", lax=True) as (a, p, m):
         before = request_stats(b.address, security=CurveClient.from_dir(keys, "active"))
         await a.subscribe("emb/r3/passive/0")
         await a.subscribe("emb/r3/mallory/0")
@@ -171,12 +179,39 @@ async def test_owned_members_use_only_their_own_topics(setup: tuple[BrokerProces
             "not_member_reads"].get("mallory", 0) == 1
 
 
+async def test_a_client_is_told_which_runs_admit_it(setup: tuple[BrokerProcess, Path]
+                                                    ) -> None:
+    """The hello tells each identity the runs it is a member of; a subscription or a
+    publish the broker would refuse raises NotRunMember at once, naming the run, the
+    identity and its runs (not silence); a member's goes through."""
+    b, keys = setup
+    async with _clients(b.address, keys, "passive", "mallory") as (p, m):
+        assert m.hello is not None and m.hello.runs is not None
+        assert sorted(m.hello.runs.runs) == ["r2", "r3"]
+        with pytest.raises(NotRunMember) as exc:
+            await m.subscribe("grad/r1/3")
+        assert (exc.value.run, exc.value.identity, exc.value.runs) == ("r1", "mallory",
+                                                                      ("r2", "r3"))
+        assert "'r1'" in str(exc.value) and "mallory" in str(exc.value)
+        with pytest.raises(NotRunMember) as exc:
+            await m.subscribe_prefix("grad/")  # spans runs
+        assert exc.value.run == ""
+        with pytest.raises(NotRunMember):
+            await m.publish("emb/r1/7", [np.zeros((1, 2), np.float32)])
+        with pytest.raises(NotRunMember):  # r3: another owned member's gradients
+            await m.subscribe("grad/r3/passive/0")
+        await m.subscribe("grad/r3/mallory/0")
+        await m.subscribe_prefix("grad/r2/")
+        await p.subscribe("grad/r1/3")
+        await p.publish("emb/r1/7", [np.zeros((1, 2), np.float32)])
+
+
 async def test_only_a_runs_members_read_it(setup: tuple[BrokerProcess, Path]) -> None:
     """mallory (passive role, not a member of r1) asks for r1's gradients, exactly and by a
     prefix that spans runs: both refused (``not_member_reads``), nothing delivered; the
     passive party (a member) gets them."""
     b, keys = setup
-    async with _clients(b.address, keys, "active", "passive", "mallory") as (a, p, m):
+    async with _clients(b.address, keys, "active", "passive", "mallory", lax=True) as (a, p, m):
         before = request_stats(b.address, security=CurveClient.from_dir(keys, "active"))
         await m.subscribe("grad/r1/3")
         await m.subscribe_prefix("grad/")
@@ -209,7 +244,7 @@ def test_subscriptions_per_identity_are_capped_and_freed_on_disconnect(
     generate_certificate(keys, "active", role="active")
     generate_certificate(keys, "passive", role="passive")
     b = BrokerProcess(tmp_path, "--set", "broker.max_subscriptions_per_identity=40",
-                      keys=keys)
+                      "--open-runs", keys=keys)
     try:
         admin = CurveClient.from_dir(keys, "active")
         ctx = zmq.Context()
@@ -267,3 +302,44 @@ def test_a_membership_naming_an_unknown_identity_stops_the_broker(
     members.write_text('[runs.r1]\nidentities = ["active", "pasive"]\n')
     with pytest.raises(RuntimeError, match="did not start"):
         BrokerProcess(tmp_path, "--members", str(members), keys=keys)
+
+
+def test_a_curve_broker_without_a_membership_refuses_to_start(tmp_path: Path) -> None:
+    """Isolation by default: ``--keys`` with no run membership (``--job``, ``--members``,
+    ``--run``) and no explicit ``--open-runs`` exits 2 before binding, naming them."""
+    import subprocess
+    import sys
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    generate_certificate(keys, "broker")
+    generate_certificate(keys, "active", role="active")
+    res = subprocess.run([sys.executable, "-m", "broker", "run", "--keys", str(keys),
+                          "--bind", "tcp://127.0.0.1:0"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2, res.stderr
+    for option in ("--job", "--members", "--run", "--open-runs"):
+        assert option in res.stderr, res.stderr
+
+
+async def test_an_inline_run_admits_its_members_to_its_family(tmp_path: Path) -> None:
+    """``--run r7=active,passive``: both members read and publish in r7 and its alignment
+    (r7-align); mallory (a valid key of the passive role) is told it is not a member."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    generate_certificate(keys, "broker")
+    for name, role in (("active", "active"), ("passive", "passive"), ("mallory", "passive")):
+        generate_certificate(keys, name, role=role)
+    b = BrokerProcess(tmp_path, "--run", "r7=active,passive", keys=keys)
+    try:
+        async with _clients(b.address, keys, "active", "passive", "mallory") as (a, p, m):
+            await p.subscribe("psi/r7-align/x")
+            await asyncio.sleep(0.3)
+            await a.publish("psi/r7-align/x", [np.ones((1, 2), np.float32)], {"i": 1})
+            assert [x.meta for x in await _drain(p, "psi/r7-align/x")] == [{"i": 1}]
+            with pytest.raises(NotRunMember) as exc:
+                await m.subscribe("psi/r7-align/x")
+            assert exc.value.runs == ()
+    finally:
+        b.stop()
+    assert b.proc.returncode == 0

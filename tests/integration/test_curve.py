@@ -56,7 +56,9 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory,
                   keys: dict[str, Path]) -> Iterator[tuple[BrokerProcess, Path]]:
     tmp = tmp_path_factory.mktemp("securebroker")
     events = tmp / "broker-events.jsonl"
-    b = BrokerProcess(tmp, "--events", str(events), "--log-level", "error", keys=keys["good"])
+    # the role policy on its own: runs open to any key (isolation: test_broker_identity)
+    b = BrokerProcess(tmp, "--events", str(events), "--log-level", "error", "--open-runs",
+                      keys=keys["good"])
     yield b, events
     b.stop()
     assert b.proc.returncode == 0

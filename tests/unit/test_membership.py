@@ -10,7 +10,16 @@ from hypothesis import strategies as st
 
 from broker.identity import NOT_MEMBER, SPOOFED, SenderCheck
 from pubsub.config import ConfigError
-from pubsub.membership import RunMembership, load_membership, membership, topic_run
+from pubsub.membership import (
+    RunMembership,
+    inline_membership,
+    load_membership,
+    membership,
+    membership_from_dict,
+    parse_run_item,
+    run_family,
+    topic_run,
+)
 from pubsub.security import publisher_id
 
 NAMES = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True)
@@ -192,3 +201,54 @@ def test_owned_identities_must_be_members_and_survive_the_file(tmp_path) -> None
     path.write_text('[runs.r]\nidentities = ["a"]\nextra = 1\n')
     with pytest.raises(ConfigError, match="identities"):
         load_membership(path)
+
+
+SEGS = st.sampled_from(["emb", "grad", "ctl", "psi", "_bus"])
+
+
+@given(st.dictionaries(RUNS, st.lists(NAMES, min_size=1, max_size=4), min_size=1, max_size=4),
+       st.data())
+def test_an_identitys_view_decides_as_the_whole_membership(
+        runs: dict[str, list[str]], data: st.DataObject) -> None:
+    """What the hello tells a client (its view) decides its own reads and publishes
+    exactly as the broker's whole membership does, for any topic and prefix, and the
+    view survives its JSON form."""
+    owned = {r: ids[1:] for r, ids in runs.items() if len(ids) > 2}
+    m = membership(runs, owned)
+    ids = sorted({i for v in runs.values() for i in v} | {"stranger"})
+    who = data.draw(st.sampled_from(ids))
+    run = data.draw(st.sampled_from(sorted(runs) + ["other"]))
+    tail = data.draw(st.lists(st.sampled_from(ids + ["7", "hb"]), max_size=3))
+    topic = "/".join([data.draw(SEGS), run, *tail])
+    view = m.view(who)
+    assert membership_from_dict(view.as_dict()) == view
+    assert view.allows(who, topic) == m.allows(who, topic)
+    for text, exact in ((topic, True), (topic + "/", False), (topic.split("/")[0] + "/", False)):
+        assert view.may_read(who, text, exact) == m.may_read(who, text, exact)
+    assert all(who in v for v in view.runs.values())
+
+
+def test_an_inline_run_admits_its_names_to_its_family() -> None:
+    m = inline_membership(["r1=active,passive", "r2 = a , b"])
+    assert run_family("r1") == ("r1", "r1-align", "r1-predict", "r1-predict-align")
+    for r in run_family("r1"):
+        assert m.runs[r] == {"active", "passive"}
+    assert m.runs["r2"] == {"a", "b"} and not m.owned
+    owned = inline_membership(["j=active,passive,passive2"],
+                              owned={"j": ["passive", "passive2"]})
+    assert owned.owned["j-align"] == {"passive", "passive2"}
+
+
+@pytest.mark.parametrize("item, what", [
+    ("r1", "RUN=NAME"), ("=a,b", "RUN=NAME"), ("r1=", "RUN=NAME"), ("r1=,", "RUN=NAME"),
+    ("r/1=a", "without '/'"), ("r1=-x", "'-x'"),
+])
+def test_a_bad_inline_run_is_refused_naming_it(item: str, what: str) -> None:
+    with pytest.raises(ConfigError, match=what):
+        inline_membership([item])
+    assert parse_run_item("r1=a,b") == ("r1", ["a", "b"])
+
+
+def test_a_run_given_twice_inline_is_refused() -> None:
+    with pytest.raises(ConfigError, match="'r1-align' given twice"):
+        inline_membership(["r1=a,b", "r1-align=a,b"])
