@@ -507,11 +507,13 @@ class TimeoutsSection:
             dropped and counted before (``parties.algorithms.intake``). Those from other
             bus clients are only dropped and counted (``rejected_by_sender``).
         handshake_timeout_s: deadline for both parties to find each other, seconds.
-        resend_interval_s: a scoring exchange (the passive party's validation or test
-            embeddings, the active party's "scored") not received after this long is
-            asked for again, every this long until ``timeouts.liveness_timeout_s``: a
-            message lost to a broker restart is published again (the same bytes, so
-            under DP the same release: nothing more is spent). Seconds; 0 = never ask.
+        resend_interval_s: a message of an exchange that happens once (the passive
+            party's validation or test embeddings and its end-of-run report, the active
+            party's "scored" and "done", a prediction's release) not received after
+            this long is asked for again, every this long until
+            ``timeouts.liveness_timeout_s``: a message lost to a broker restart is
+            published again (the same bytes, so under DP the same release: nothing more
+            is spent); "done" is acknowledged. Seconds; 0 = never ask.
         heartbeat_interval_s: heartbeat period, seconds.
         connect_timeout_s: broker handshake deadline, seconds.
     """

@@ -63,6 +63,11 @@ class Evaluation(PartyPart):
         self.overlap_meta: dict[str, Any] | None = None
         self.asked = 0  # requests this party made for a message again
         self.resent = 0  # messages this party published again on request
+        #: active: the end of the run said (``done`` published), and the passive parties
+        #: that acknowledged it
+        self.done_sent = False
+        self.done_acked: set[str] = set()
+        self._acked = asyncio.Event()
 
     # -------------------------------------------------- lost scoring messages
     # A scoring exchange happens once (a release per split), so a message lost to a
@@ -101,6 +106,15 @@ class Evaluation(PartyPart):
                 continue
             topic = str(msg.meta.get("topic", ""))[:256]
             if self.role == "active":
+                if topic == self.topics.done:  # a passive party's ack, or its request
+                    if msg.meta.get("ack") is True:
+                        self.done_acked.add(str(msg.meta.get("party", ""))[:64])
+                        if self.done_acked >= set(self.partners):
+                            self._acked.set()
+                    elif self.done_sent:
+                        bus.publish_nowait(self.topics.done, (), {"ok": True})
+                        self.resent += 1
+                    continue
                 want = msg.meta.get("point", -1)
                 if topic != self.topics.scored or not isinstance(want, int):
                     continue
@@ -116,6 +130,69 @@ class Evaluation(PartyPart):
                 bus.publish_nowait(topic, *frames)
                 self.resent += 1
                 self.log.info("vfl.scoring_resent", topic=topic, resent=self.resent)
+
+    def publish_kept(self, bus: Transport, topic: str, meta: dict[str, Any]) -> None:
+        """Passive: publish a message without arrays on ``topic`` (its end-of-run report)
+        and keep it, to publish again if the active party asks (lost to a restart)."""
+        frames = ((), meta)
+        self._keep(topic, frames)
+        bus.publish_nowait(topic, *frames)
+
+    def _keep(self, topic: str, frames: tuple[Any, ...]) -> None:
+        self._sent[topic] = frames
+        while len(self._sent) > 4:  # the last few points, the test split and the report
+            del self._sent[next(iter(self._sent))]
+
+    async def await_report(self, bus: Transport, party: str, topic: str,
+                           deadline: float) -> dict[str, Any] | None:
+        """Active: ``party``'s end-of-run report on ``topic``, asked for again every
+        ``timeouts.resend_interval_s`` until ``deadline`` (monotonic); None when it never
+        came (the caller warns: the run's own figures stand without it)."""
+        while True:
+            try:
+                rep = await bus.next(topic, self._slice(deadline))
+                return dict(rep.meta)
+            except DeadlineExceeded:
+                if time.monotonic() >= deadline:
+                    return None
+                self._ask(bus, party, topic)
+
+    async def end_run(self, bus: Transport) -> bool:
+        """Active: say the run is over (``done``) and wait until every passive party has
+        acknowledged it, saying it again every ``timeouts.resend_interval_s`` (lost to a
+        broker restart?), for at most half the liveness timeout (a passive party that is
+        gone cannot answer; its watchdog's timeout is not reached). False: some never
+        acknowledged (the caller warns; the run's figures stand)."""
+        self.done_sent = True
+        deadline = time.monotonic() + 0.5 * self.cfg.timeouts.liveness_timeout_s
+        while True:
+            bus.publish_nowait(self.topics.done, (), {"ok": True})
+            try:
+                await asyncio.wait_for(self._acked.wait(), self._slice(deadline))
+                return True
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    return False
+
+    async def await_done(self, bus: Transport) -> bool:
+        """Passive: wait for the active party's ``done`` (asking for it again every
+        ``timeouts.resend_interval_s``), then acknowledge it; at most the liveness timeout
+        plus T_ddl. False: it never came (the caller warns; this party's figures stand)."""
+        t = self.topics
+        bound = self.cfg.timeouts.liveness_timeout_s + self.cfg.timeouts.t_ddl_s
+        deadline = time.monotonic() + bound
+        while True:
+            try:
+                await bus.next(t.done, self._slice(deadline))
+                break
+            except DeadlineExceeded:
+                if time.monotonic() >= deadline:
+                    return False
+                self._ask(bus, "active", t.done)
+        bus.publish_nowait(t.resend("active"), (), {"topic": t.done, "ack": True,
+                                                     "party": self.party})
+        await asyncio.sleep(0.02)  # let the acknowledgement leave before the bus closes
+        return True
 
     def resend_counts(self, asked_before: int = 0) -> dict[str, int]:
         """``asked``: requests made (``asked_before``: those of the handshake);
@@ -152,9 +229,7 @@ class Evaluation(PartyPart):
         self.dp_acct.record(split)
         # encoded after the clip and noise (DP post-processing, parties.algorithms.wire)
         frames = encode_message([emb], {"split": split}, self.cfg.effective_wire_dtype)
-        self._sent[topic] = frames
-        while len(self._sent) > 4:  # the last few points and the test split
-            del self._sent[next(iter(self._sent))]
+        self._keep(topic, frames)
         bus.publish_nowait(topic, *frames, copy=False)
 
     def embeddings(self, x: torch.Tensor, split: str) -> np.ndarray:

@@ -130,7 +130,7 @@ import numpy as np
 import structlog
 import torch
 
-from pubsub import Bus, BusConfig, DeadlineExceeded
+from pubsub import Bus, BusConfig
 from pubsub.config import ConfigError
 from pubsub.control import request_stats
 from pubsub.errors import BusError
@@ -446,6 +446,7 @@ class Party:
                     wire=cfg.effective_wire_dtype)
                 meter = CpuMeter()
                 meter.start()
+                self.log.info("vfl.phase", phase="training")
                 self.book.t0 = time.perf_counter()
                 try:
                     async with asyncio.TaskGroup() as tg:
@@ -550,6 +551,7 @@ class Party:
                     # With overlap the passive party trains on at once (the time to
                     # target counts the scoring; the segments' clocks are not compared).
                     t_eval = time.perf_counter()
+                    self.log.info("vfl.phase", phase="validation", point=point)
                     last = epoch == cfg.epochs - 1 and s == len(segs) - 1
                     if self.role == "active":
                         value = await self.evaluation.score(bus, "val", point)
@@ -613,6 +615,7 @@ class Party:
         cfg = self.cfg
         await self._train(bus)
         t_eval = time.perf_counter()
+        self.log.info("vfl.phase", phase="test")
         await self.evaluation.publish_embeddings(bus, "test", self.topics.test)
         self.book.eval_s += time.perf_counter() - t_eval
         metrics = party_metrics(self, meter)
@@ -621,11 +624,10 @@ class Party:
             self.log.info("dp.spent", mu=metrics["dp"]["mu"], epsilon=metrics["dp"]["epsilon"],
                           delta=self.dp_plan.delta,
                           publications_max=metrics["dp"]["publications_max"])
-        bus.publish_nowait(self.topics.report, (), metrics)
+        self.log.info("vfl.phase", phase="report")
+        self.evaluation.publish_kept(bus, self.topics.report, metrics)
         # wait for the active party to finish evaluating (heartbeats keep flowing)
-        try:
-            await bus.next(self.topics.done, cfg.timeouts.liveness_timeout_s + cfg.timeouts.t_ddl_s)
-        except DeadlineExceeded:
+        if not await self.evaluation.await_done(bus):
             self.log.warning("vfl.no_done", waited_s=cfg.timeouts.liveness_timeout_s + cfg.timeouts.t_ddl_s)
         return metrics
 
@@ -653,6 +655,7 @@ class Party:
         key = f"test_{name}"
         await self._train(bus)
         t_eval = time.perf_counter()
+        self.log.info("vfl.phase", phase="test")
         value = await self.evaluation.score(bus, "test")
         self.book.eval_s += time.perf_counter() - t_eval
         metrics = party_metrics(self, meter)
@@ -666,12 +669,13 @@ class Party:
             "labels": labels_report(cfg.labels, self.label_ledger),
         })
         deadline = time.monotonic() + cfg.timeouts.liveness_timeout_s
+        self.log.info("vfl.phase", phase="report")
         for party in self.partners:
-            try:
-                rep = await bus.next(self.topics.report_of(party if self.multi else ""),
-                                     max(0.0, deadline - time.monotonic()))
-                self.partner_reports[party] = dict(rep.meta)
-            except DeadlineExceeded:
+            rep = await self.evaluation.await_report(
+                bus, party, self.topics.report_of(party if self.multi else ""), deadline)
+            if rep is not None:
+                self.partner_reports[party] = rep
+            else:
                 self.log.warning("vfl.no_report", partner=party,
                                  waited_s=cfg.timeouts.liveness_timeout_s)
         self.partner_report = self.partner_reports.get(self.partners[0])
@@ -682,8 +686,9 @@ class Party:
         except BusError as exc:
             self.log.warning("vfl.broker_stats_failed", error=str(exc))
             metrics["broker"] = None
-        bus.publish_nowait(self.topics.done, (), {"ok": True})
-        await asyncio.sleep(0.05)
+        if not await self.evaluation.end_run(bus):
+            self.log.warning("vfl.no_done_ack", missing=sorted(
+                set(self.partners) - self.evaluation.done_acked))
         return metrics
 
     # ------------------------------------------------------------------ metrics

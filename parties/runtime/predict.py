@@ -535,6 +535,7 @@ class PredictParty:
         self._connect = connect
         self.out = Path(out) if out is not None else None
         self.timeout_s = timeout_s
+        self.asked = 0  # active: requests for a passive party's embeddings again
         self.log = log.bind(party=party, run_id=run_id)
 
     def _ids(self) -> list[str] | None:
@@ -552,6 +553,16 @@ class PredictParty:
     @property
     def _done(self) -> str:
         return f"ctl/{self.run_id}/done"
+
+    def _resend(self, party: str) -> str:
+        """The active party asks ``party`` to publish its embeddings again (lost to a
+        broker restart)."""
+        return f"ctl/{self.run_id}/resend/{party}"
+
+    @property
+    def _resend_every_s(self) -> float:
+        every = float(getattr(self.part.cfg.timeouts, "resend_interval_s", 2.0))
+        return every if every > 0 else self.timeout_s
 
     async def run(self) -> dict[str, Any]:
         """Handshake, exchange, write the outputs (active); return a summary.
@@ -575,11 +586,13 @@ class PredictParty:
                                                              max_bytes=2 * emb_bytes))
             else:
                 await bus.subscribe(self._done)
+                await bus.subscribe(self._resend(self.party),
+                                    limits=BufferLimits(max_msgs=16, max_bytes=1 << 16))
             # subscribed last: a partner's hello proves the above reached its publisher
             await bus.subscribe(self._hello(self.party))
             heard = await self._handshake(bus)
             if self.role == "passive":
-                bus.accept_only(heard["active"], [self._done])
+                bus.accept_only(heard["active"], [self._done, self._resend(self.party)])
                 return await self._passive(bus)
             for p in self.partners:  # only the client each handshake came from
                 bus.accept_only(heard[p], [self._emb(p)])
@@ -625,13 +638,27 @@ class PredictParty:
                                                 self.rows.source, self._ids())
         if privatize is not None:
             emb = privatize(torch.from_numpy(emb))[1].numpy()
-        bus.publish_nowait(self._emb(self.party), [emb], {"dp": dp}, copy=False)
+        topic = self._emb(self.party)
+        bus.publish_nowait(topic, [emb], {"dp": dp}, copy=False)
         self.log.info("predict.published", rows=int(emb.shape[0]), dp=dp["enabled"])
-        try:
-            await bus.next(self._done, self.timeout_s)
-        except DeadlineExceeded:
-            self.log.warning("predict.no_done", waited_s=self.timeout_s)
-        return {"role": "passive", "party": self.party, "rows": int(emb.shape[0]), "dp": dp}
+        resent = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        while True:  # until done; the same release again if the active party asks
+            try:
+                msg = await wait_any(bus, [self._done, self._resend(self.party)],
+                                     max(0.0, deadline - loop.time()))
+            except DeadlineExceeded:
+                self.log.warning("predict.no_done", waited_s=self.timeout_s)
+                break
+            if msg.topic == self._done:
+                break
+            if msg.meta.get("topic") == topic:  # the same bytes: nothing more is charged
+                bus.publish_nowait(topic, [emb], {"dp": dp}, copy=False)
+                resent += 1
+                self.log.info("predict.resent", topic=topic, resent=resent)
+        return {"role": "passive", "party": self.party, "rows": int(emb.shape[0]), "dp": dp,
+                "resent": resent}
 
     async def _embeddings(self, bus: Transport) -> dict[str, Any]:
         """Every passive party's embeddings of the rows (its message), under one deadline,
@@ -653,9 +680,17 @@ class PredictParty:
         deadline = loop.time() + self.timeout_s
         while len(got) < len(of):
             waiting = [t for t, p in of.items() if p not in got]
+            left = max(0.0, deadline - loop.time())
             try:
-                msg = await wait_any(bus, waiting, max(0.0, deadline - loop.time()))
+                msg = await wait_any(bus, waiting, min(left, self._resend_every_s))
             except DeadlineExceeded:
+                if loop.time() < deadline:  # a slice: ask again (lost to a restart?)
+                    for t in waiting:
+                        self.asked += 1
+                        self.log.warning("predict.resend_asked", partner=of[t], topic=t,
+                                         asked=self.asked)
+                        bus.publish_nowait(self._resend(of[t]), (), {"topic": t})
+                    continue
                 missing = ", ".join(of[t] for t in waiting)
                 self.log.error("predict.partner_stalled", partner=missing,
                                waited_s=self.timeout_s)
@@ -702,7 +737,7 @@ class PredictParty:
                    f"_{name}": metric, "metric": metric,
                    "parties": list(self.part.cfg.party_ids),
                    "dp": dp_by_party[self.partners[0]], "dp_by_party": dp_by_party,
-                   "predictions": "predictions.csv"}
+                   "resends_asked": self.asked, "predictions": "predictions.csv"}
         bus.publish_nowait(self._done, (), {"ok": True})
         await asyncio.sleep(0.05)
         from parties.runtime.serve import write_json

@@ -116,10 +116,11 @@ def assemble_metrics(cfg: VflConfig, run_id: str, active: dict[str, Any],
               if present and active.get("history") else train_wall)
     first = got.get(next(iter(got))) if got else None
     extra: dict[str, Any] = {}
+    # a report lost (its party gone, or past every request for it again) is named here
+    extra["reports_missing"] = sorted(p for p, r in got.items() if r is None)
     if reports is not None:
         extra["dp_by_party"] = {p: (r or {}).get("dp") or dp_report(plan_from_config(cfg), None)
                                 for p, r in got.items()}
-        extra["reports_missing"] = sorted(p for p, r in got.items() if r is None)
         extra["link_by_party"] = {p: (r or {}).get("link") for p, r in got.items()}
     return {
         "algo": cfg.algo,

@@ -1,7 +1,8 @@
 """A scoring message lost on the way (what a broker restart does to a message published
 while it is down) is asked for again and published again: the validation and test
-embeddings (passive to active) and "scored" (active to passive), over the in-memory bus
-with the first copy of each dropped. Without asking again the same loss ends the run."""
+embeddings and the end-of-run report (passive to active), "scored" and "done" (active to
+passive), over the in-memory bus with the first copy of each dropped. Without asking
+again the same loss ends the run."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from pubsub.memory import MemoryBroker, MemoryBus
 #: the first publication on each of these topics is lost (on ctl/<run>/scored: the
 #: decision on scoring in flight, or the first scored point without it)
 LOST = (re.compile(r"^eval/[^/]+/val/0$"), re.compile(r"^eval/[^/]+/test$"),
-        re.compile(r"^ctl/[^/]+/scored$"))
+        re.compile(r"^ctl/[^/]+/scored$"), re.compile(r"^ctl/[^/]+/report$"),
+        re.compile(r"^ctl/[^/]+/done$"))
 
 
 class _LossyBus(MemoryBus):
@@ -63,13 +65,15 @@ def _cfg(**timeouts: Any) -> Any:
 
 def test_lost_scoring_messages_are_asked_for_again(tmp_path: Path) -> None:
     res = asyncio.run(_run(_cfg(resend_interval_s=0.3), tmp_path))
-    assert len(_LossyBus.lost) == 3, _LossyBus.lost  # each kind was lost once
+    assert len(_LossyBus.lost) == 5, _LossyBus.lost  # each kind was lost once
     run, passive = res["active"], res["passive"]
     assert run["metric"] is not None and len(run["history"]) >= 2, run.keys()
+    # the end-of-run report and "done" came on a second asking: nothing missing
+    assert run["reports_missing"] == [] and "passive" in run["parties"]
     active = run["parties"]["active"]
-    assert active["scoring_resends"]["asked"] >= 2  # val point 0 and the test split
-    assert passive["scoring_resends"]["resent"] >= 2
-    assert passive["scoring_resends"]["asked"] >= 1  # the lost decision on overlap
+    assert active["scoring_resends"]["asked"] >= 3  # val point 0, the test split, report
+    assert passive["scoring_resends"]["resent"] >= 3
+    assert passive["scoring_resends"]["asked"] >= 2  # the decision on overlap, done
     assert active["scoring_resends"]["resent"] >= 1
 
 
@@ -81,3 +85,40 @@ def test_without_asking_again_a_lost_message_ends_the_run(tmp_path: Path) -> Non
     # party for lost embeddings: either way the run ends, naming the passive party
     assert eg.group_contains(PartnerStalled) or eg.group_contains(PartnerLost)
     assert "passive" in str(eg.value.exceptions[0])
+
+
+def test_a_lost_prediction_release_is_asked_for_again(tmp_path: Path) -> None:
+    """A prediction's passive release lost on the way (first copy dropped) is asked for
+    again by the active party and published again (the same bytes): every row is
+    predicted."""
+    from parties.runtime.predict import PredictParty
+    from sim.launch.local import run_predict_parties, run_vfl_in_process
+
+    run_vfl_in_process(_cfg(resend_interval_s=0.3), tmp_path / "run", quiet=True)
+    lost: list[str] = []
+    pattern = re.compile(r"^eval/[^/]+/[^/]+/predict$")
+
+    class Lossy(MemoryBus):
+        def publish_nowait(self, topic: str, arrays: Any = (), meta: Any = None, *,
+                           copy: bool = True) -> int:
+            if pattern.match(topic) and topic not in lost:
+                lost.append(topic)
+                return 0
+            return super().publish_nowait(topic, arrays, meta, copy=copy)
+
+    async def main() -> dict[str, Any]:
+        async with MemoryBroker() as hub:
+            def connect(name: str = "client", *, config: Any = None) -> MemoryBus:
+                return Lossy(hub, name=name, config=config)
+
+            parties = {p: PredictParty(p, tmp_path / "run", run_id="lp", timeout_s=20.0,
+                                       out=tmp_path / "pred" if p == "active" else None,
+                                       connect=connect)
+                       for p in ("passive", "active")}
+            async with asyncio.timeout(60):
+                return await run_predict_parties(parties)
+
+    summary = asyncio.run(main())
+    assert lost == ["eval/lp/passive/predict"]
+    assert summary["rows"] > 0 and summary["resends_asked"] >= 1
+    assert summary["metric"] is not None
