@@ -509,8 +509,9 @@ class TimeoutsSection:
         handshake_timeout_s: deadline for both parties to find each other, seconds.
         resend_interval_s: a message of an exchange that happens once (the passive
             party's validation or test embeddings and its end-of-run report, the active
-            party's "scored" and "done", a prediction's release) not received after
-            this long is asked for again, every this long until
+            party's "scored" and "done", a prediction's release; a training gradient
+            once, which the active party publishes again if it sent it) not received
+            after this long is asked for again, every this long until
             ``timeouts.liveness_timeout_s``: a message lost to a broker restart is
             published again (the same bytes, so under DP the same release: nothing more
             is spent); "done" is acknowledged. Seconds; 0 = never ask.

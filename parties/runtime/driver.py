@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -58,6 +59,14 @@ if TYPE_CHECKING:  # (parties.runtime.workers pulls in torch; the driver itself 
     from parties.runtime.workers import WorkerHandle
 
 log = structlog.get_logger(__name__)
+#: bounds of the active party's kept gradients (:meth:`ActionDriver.grad_again`): the
+#: last gradient of each of this many topics, in at most this many bytes
+KEPT_GRADS = 1024
+KEPT_GRAD_BYTES = 64 << 20
+
+
+def _nbytes(frames: tuple[Any, Any]) -> int:
+    return sum(int(getattr(a, "nbytes", 0)) for a in frames[0])
 
 
 class TopicMap(Protocol):
@@ -103,8 +112,19 @@ class ActionDriver:
                  on_action: Callable[[Any], None] | None = None,
                  intake: PeerIntake | None = None,
                  specs: dict[str, TensorSpec] | None = None,
-                 wire: str = "float32") -> None:
+                 wire: str = "float32",
+                 ask_again: Callable[[str], None] | None = None,
+                 ask_after_s: float = 0.0) -> None:
         self.bus = bus
+        #: passive: asks the active party to publish a gradient again (its topic) when a
+        #: wait for it has lasted ``ask_after_s`` (lost to a broker restart?)
+        self.ask_again = ask_again if ask_after_s > 0 else None
+        self.ask_after_s = ask_after_s
+        #: active: the last gradients published, by topic (bounded), to publish again
+        #: on request: a batch is trained once, so a gradient lost would otherwise make
+        #: the passive party reassign the batch until it gives it up
+        self.sent_grads: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+        self._sent_bytes = 0
         self.wire = wire
         self.intake = intake
         self.specs = dict(specs or {})
@@ -301,11 +321,14 @@ class ActionDriver:
                 h = round(max(0.0, asyncio.get_running_loop().time() - a.held_since), 6)
                 metas = tuple({**m, "h": h} for m in metas)
             if len(topics) == 1:
-                bus.publish_nowait(topics[0], *encode_message([grads], metas[0], wire),
-                                   copy=False)
+                frames = encode_message([grads], metas[0], wire)
+                bus.publish_nowait(topics[0], *frames, copy=False)
+                self._keep_grad(topics[0], frames)
             else:
                 for topic, grad, meta in zip(topics, grads, metas, strict=True):
-                    bus.publish_nowait(topic, *encode_message([grad], meta, wire), copy=False)
+                    frames = encode_message([grad], meta, wire)
+                    bus.publish_nowait(topic, *frames, copy=False)
+                    self._keep_grad(topic, frames)
             timeline.record(COMM, a.worker, a.batch, t0, time.perf_counter())
 
         arrs = [self._check_rows(m, a.n_rows) for m in a.embs]
@@ -314,6 +337,26 @@ class ActionDriver:
         if not math.isfinite(loss):  # never train on, or report, a NaN model
             raise NonFiniteTraining(f"loss of batch {a.batch} in epoch {a.epoch}")
         return loss
+
+    def _keep_grad(self, topic: str, frames: tuple[Any, Any]) -> None:
+        """Keep the gradient last published on ``topic`` (at most
+        :data:`KEPT_GRADS` topics and :data:`KEPT_GRAD_BYTES` bytes; the oldest go)."""
+        kept = self.sent_grads
+        old = kept.pop(topic, None)
+        if old is not None:
+            self._sent_bytes -= _nbytes(old)
+        kept[topic] = frames
+        self._sent_bytes += _nbytes(frames)
+        while kept and (len(kept) > KEPT_GRADS or self._sent_bytes > KEPT_GRAD_BYTES):
+            self._sent_bytes -= _nbytes(kept.popitem(last=False)[1])
+
+    def grad_again(self, topic: str) -> bool:
+        """Active: publish again the gradient last published on ``topic``, if kept."""
+        frames = self.sent_grads.get(topic)
+        if frames is None:
+            return False
+        self.bus.publish_nowait(topic, *frames, copy=False)
+        return True
 
     async def _push(self, _: Push) -> None:
         await asyncio.gather(*(h.push() for h in self.handles))
@@ -340,14 +383,24 @@ class ActionDriver:
         p0 = time.perf_counter()
         busy0 = sum(h.compute_s for h in self.handles) if self.inline else 0.0
         stale = 0
+        # a gradient waited for this long is asked for again, once (the active party
+        # publishes it again if it was sent: lost to a broker restart)
+        ask_at = (t0 + self.ask_after_s if a.kind == GRAD and self.ask_again is not None
+                  and self.ask_after_s < a.timeout_s else math.inf)
         try:
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return Received(stale=stale)
                 try:
-                    raw = await self.bus.next(topic, remaining)
+                    raw = await self.bus.next(topic, max(0.0, min(
+                        remaining, ask_at - loop.time())) if ask_at < deadline else remaining)
                 except DeadlineExceeded:
+                    if ask_at < deadline and loop.time() >= ask_at - 1e-3:
+                        assert self.ask_again is not None
+                        self.ask_again(topic)
+                        ask_at = math.inf
+                        continue
                     return Received(stale=stale)
                 if (msg := self._admit(a.kind, raw, a.channel)) is None:
                     continue  # dropped and counted: the wait goes on to its deadline

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,8 @@ class Evaluation(PartyPart):
         #: active: the end of the run said (``done`` published), and the passive parties
         #: that acknowledged it
         self.done_sent = False
+        #: active: publishes a gradient again (the driver's kept ones), or None
+        self.grad_again: Callable[[str], bool] | None = None
         self.done_acked: set[str] = set()
         self._acked = asyncio.Event()
 
@@ -74,6 +77,17 @@ class Evaluation(PartyPart):
     # broker restart would leave the other side waiting out its deadline. The waiting
     # side asks again (ctl/<run>/resend/<party>) every timeouts.resend_interval_s; the
     # other publishes again what it last sent there.
+
+    @property
+    def scoring_wait_s(self) -> float:
+        """How long one side waits for the other's word at a scoring point: the liveness
+        timeout, plus the time the other may still spend on its last batches of the
+        epoch (each reassigned up to ``timeouts.max_reassign`` times, T_ddl each: a
+        gradient lost to a broker restart is waited for that long before the batch is
+        given up). A partner that is gone is found by the watchdog (its heartbeats)
+        within the liveness timeout either way."""
+        t = self.cfg.timeouts
+        return t.liveness_timeout_s + (t.max_reassign + 1) * t.t_ddl_s
 
     def _slice(self, deadline: float) -> float:
         """How long the next wait lasts: the rest of ``deadline``, or less when asking
@@ -88,6 +102,16 @@ class Evaluation(PartyPart):
         self.log.warning("vfl.scoring_resend_asked", partner=party, topic=topic,
                          asked=self.asked)
         bus.publish_nowait(self.topics.resend(party), (), {"topic": topic, "point": point})
+
+    def ask_gradient(self, bus: Transport) -> Callable[[str], None]:
+        """Passive: a function that asks the active party to publish the gradient on a
+        topic again (a training wait that has lasted ``timeouts.resend_interval_s``)."""
+
+        def ask(topic: str) -> None:
+            self.asked += 1
+            bus.publish_nowait(self.topics.resend("active"), (), {"topic": topic})
+
+        return ask
 
     def publish_scored(self, bus: Transport, point: int) -> None:
         """Active: validation point ``point`` is scored: the passive parties may go on."""
@@ -106,6 +130,10 @@ class Evaluation(PartyPart):
                 continue
             topic = str(msg.meta.get("topic", ""))[:256]
             if self.role == "active":
+                if topic.startswith("grad/") and self.grad_again is not None:
+                    if self.grad_again(topic):  # sent, then lost? the same bytes again
+                        self.resent += 1
+                    continue
                 if topic == self.topics.done:  # a passive party's ack, or its request
                     if msg.meta.get("ack") is True:
                         self.done_acked.add(str(msg.meta.get("party", ""))[:64])
@@ -203,9 +231,9 @@ class Evaluation(PartyPart):
         """Passive: wait until the active party has scored validation point ``point``.
 
         Raises:
-            PartnerStalled: no word within the liveness timeout plus T_ddl (seconds).
+            PartnerStalled: no word within :attr:`scoring_wait_s`.
         """
-        bound = self.cfg.timeouts.liveness_timeout_s + self.cfg.timeouts.t_ddl_s
+        bound = self.scoring_wait_s
         deadline = time.monotonic() + bound
         while True:
             try:
@@ -270,7 +298,7 @@ class Evaluation(PartyPart):
                      taken: list[float] | None = None) -> float:
         """The metric (AUC, or RMSE in the label's units) of the PS parameters on the
         ``val`` (validation point ``point``) or ``test`` split, with every passive
-        party's embeddings of it (waited for up to the liveness timeout in all).
+        party's embeddings of it (waited for up to :attr:`scoring_wait_s` in all).
         ``taken`` (a list): the ``perf_counter`` time the scored parameters were taken
         from the PS is appended (the model scored existed then; scoring it took longer)."""
         cfg, data, t = self.cfg, self.data, self.topics
@@ -278,7 +306,7 @@ class Evaluation(PartyPart):
         x, y = (self._x_val, data.y_val) if split == "val" else (self._x_test, data.y_test)
         assert y is not None
         spec = TensorSpec(width=cfg.model.embedding_dim, max_rows=len(x), rows=len(x))
-        deadline = time.monotonic() + cfg.timeouts.liveness_timeout_s
+        deadline = time.monotonic() + self.scoring_wait_s
         embs = []
         for party in self.partners:
             q = party if self.multi else ""
@@ -291,7 +319,7 @@ class Evaluation(PartyPart):
                         self._ask(bus, party, topic)
                         continue
                     raise PartnerStalled(party if self.multi else self.partner, split,
-                                         cfg.timeouts.liveness_timeout_s,
+                                         self.scoring_wait_s,
                                          "embeddings for scoring") from None
                 tag = msg.meta.get(WIRE_META)
                 if tag is not None:  # sent compressed (parties.algorithms.wire): float32 again

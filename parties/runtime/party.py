@@ -443,7 +443,11 @@ class Party:
                     record_dp=self._record_train if self.role == "passive" else None,
                     inline=self.worker_mode == "inline", logger=self.log,
                     intake=self.intake, specs={EMB: batch, GRAD: batch},
-                    wire=cfg.effective_wire_dtype)
+                    wire=cfg.effective_wire_dtype,
+                    ask_again=(self.evaluation.ask_gradient(bus) if self.role == "passive"
+                               else None),
+                    ask_after_s=cfg.timeouts.resend_interval_s)
+                self.evaluation.grad_again = self._driver.grad_again
                 meter = CpuMeter()
                 meter.start()
                 self.log.info("vfl.phase", phase="training")

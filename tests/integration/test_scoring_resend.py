@@ -1,7 +1,7 @@
 """A scoring message lost on the way (what a broker restart does to a message published
 while it is down) is asked for again and published again: the validation and test
-embeddings and the end-of-run report (passive to active), "scored" and "done" (active to
-passive), over the in-memory bus with the first copy of each dropped. Without asking
+embeddings and the end-of-run report (passive to active), "scored", "done" and a
+training gradient (active to passive), over the in-memory bus with the first copy of each dropped. Without asking
 again the same loss ends the run."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pubsub.memory import MemoryBroker, MemoryBus
 #: decision on scoring in flight, or the first scored point without it)
 LOST = (re.compile(r"^eval/[^/]+/val/0$"), re.compile(r"^eval/[^/]+/test$"),
         re.compile(r"^ctl/[^/]+/scored$"), re.compile(r"^ctl/[^/]+/report$"),
-        re.compile(r"^ctl/[^/]+/done$"))
+        re.compile(r"^ctl/[^/]+/done$"), re.compile(r"^grad/[^/]+/3$"))
 
 
 class _LossyBus(MemoryBus):
@@ -65,11 +65,14 @@ def _cfg(**timeouts: Any) -> Any:
 
 def test_lost_scoring_messages_are_asked_for_again(tmp_path: Path) -> None:
     res = asyncio.run(_run(_cfg(resend_interval_s=0.3), tmp_path))
-    assert len(_LossyBus.lost) == 5, _LossyBus.lost  # each kind was lost once
+    assert len(_LossyBus.lost) == 6, _LossyBus.lost  # each kind was lost once
     run, passive = res["active"], res["passive"]
     assert run["metric"] is not None and len(run["history"]) >= 2, run.keys()
     # the end-of-run report and "done" came on a second asking: nothing missing
     assert run["reports_missing"] == [] and "passive" in run["parties"]
+    # the lost gradient of batch 3 was asked for again and came: no batch given up
+    assert run["parties"]["passive"]["untrained_batches"] == {}
+    assert run["parties"]["active"]["untrained_batches"] == {}
     active = run["parties"]["active"]
     assert active["scoring_resends"]["asked"] >= 3  # val point 0, the test split, report
     assert passive["scoring_resends"]["resent"] >= 3
