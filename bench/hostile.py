@@ -30,28 +30,42 @@ the AUC spread; one attacked run is hit for the whole of its training (at least
 - a subscription flood (``--subscriptions`` topics from one client),
 - oversize messages (``--oversize-mb``, above the broker's 64 MiB bound).
 
-Then ``--restart-runs`` separate runs each have their broker killed (SIGKILL) and
-restarted on the same port mid-training.
+Then the cases of :mod:`hostile_cases` (``--cases`` picks some; ``--skip-attack`` runs
+only them): ``--restart-runs`` runs whose broker is killed (SIGKILL) as the run enters a
+phase and restarted on the same port 2 s later, one per phase in turn (training,
+validation, test scoring, the end-of-run report, a prediction); far-future epochs (on a
+plaintext broker, where a non-member can copy the partner's publisher id); a PSI partner's
+point off P-256 and lopsided sides (10^5 against 10 IDs; 10^6 without ``--quick``); a
+2 MB filesystem under a VFL and a FedForge run (a tmpfs in a mount namespace, root only);
+absurd settings and shapes (a 20 MB line; 1.07 GB without ``--quick``); two runs into one
+directory; a non-member key against a default CURVE broker; an external SIGKILL of a
+FedForge party process. A case this machine cannot set up is listed in
+``summary.skipped`` with the reason, never counted as held.
 
 ``summary``: ``broker_alive`` (the broker still answers ``ping`` after the campaign);
 ``victim_completed`` (both parties exit 0); ``crashes`` (non-zero exits or tracebacks of
-victim or broker processes, attacked run); ``silent_corruptions`` (a metric that is not
+victim or broker processes in the attacked run, and processes of the cases killed by a
+signal, timed out or ending with an undocumented exit code); ``tracebacks`` (processes
+that ended with an uncaught traceback); ``silent_corruptions`` (a metric that is not
 finite, a party that rejected none of the attacker's messages: they were then either
 used or never seen, or ``far_future_epochs`` copies sent and none rejected as out of
-plan); ``victim_auc_delta`` (median undisturbed minus attacked) against
+plan); ``silent_losses`` (runs, results or files of the cases lost or truncated without a
+typed error); ``victim_auc_delta`` (median undisturbed minus attacked) against
 ``auc_tolerance`` = max(0.005, 2 x the undisturbed spread); ``broker_rss_growth_mb``;
 ``broker_refused`` (the broker's own refusals during the attack: forbidden, spoofed,
 not_member, not_member_reads, capped, rejected); ``far_future_epochs`` (copies sent, the
 victim's ``rejected_out_of_plan`` and ``untrained_batches`` on each side, its
-``dropped_batches`` beside the undisturbed runs');
-``restart_runs`` / ``restart_runs_completed`` (exit 0 of both parties) with each run's
-exit codes and last stderr line.
+``dropped_batches`` beside the undisturbed runs'); ``restart_runs`` /
+``restart_runs_completed`` (the restart cases whose runs, restarted, ended 0);
+``held`` / ``not_held`` (case names); ``skipped`` (case -> reason); ``cases`` (each
+case's record).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -73,9 +87,12 @@ import zmq
 from pubsub import Bus, BusConfig
 from pubsub.address import BrokerAddress
 from pubsub.control import control_request
-from pubsub.membership import membership
+from pubsub.outputs import write_atomic
+from pubsub.membership import membership, run_family
 from pubsub.policy import load_policy
 from pubsub.security import CurveClient, generate_certificate
+
+import hostile_cases  # noqa: E402 - bench/ is on the path when run as a script
 
 PSFL = [sys.executable, "-m", "sim.cli"]
 REPO = Path(__file__).resolve().parents[1]
@@ -90,7 +107,10 @@ IDENTITIES = {"active": "active", "passive": "passive", "mallory": "passive",
 VICTIM_LR = 1e-4
 #: the epoch the ``far_future_epochs`` copies claim
 FAR_EPOCH = 10**9
-RUNS = ["victim", "plain0", "plain1", *(f"restart{k}" for k in range(16))]
+#: the runs the campaign's membership admits active and passive to (each with its
+#: alignment and prediction runs): the victim, the undisturbed runs, the restart cases
+RUNS = ["victim", "plain0", "plain1",
+        *(f"restart-{phase}" for phase in hostile_cases.RESTART_PHASES)]
 
 
 def make_keys(root: Path) -> Path:
@@ -101,7 +121,7 @@ def make_keys(root: Path) -> Path:
     for name, role in IDENTITIES.items():
         generate_certificate(keys, name, role=role)
     (root / "members.toml").write_text(
-        membership({r: ["active", "passive"] for r in RUNS}).as_toml())
+        membership({f: ["active", "passive"] for r in RUNS for f in run_family(r)}).as_toml())
     return keys
 
 
@@ -109,9 +129,13 @@ class Broker:
     """A broker process on 127.0.0.1 (restartable on the same port): CURVE with the
     campaign's keys and membership, or plaintext (``keys`` None)."""
 
-    def __init__(self, root: Path, keys: Path | None) -> None:
+    def __init__(self, root: Path, keys: Path | None,
+                 members: list[str] | None = None) -> None:
         self.root = root
         self.keys = keys
+        #: the run membership's arguments (default: the campaign's members.toml)
+        self.members = members if members is not None else [
+            "--members", str(root / "members.toml")]
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.address = ""
@@ -122,7 +146,7 @@ class Broker:
 
     def start(self) -> None:
         ready = self.root / f"broker-{time.monotonic_ns()}.addr"
-        security = (["--keys", str(self.keys), "--members", str(self.root / "members.toml")]
+        security = (["--keys", str(self.keys), *self.members]
                     if self.keys is not None else ["--insecure"])
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "broker", "run", *security, "--bind",
@@ -176,14 +200,16 @@ class Broker:
         return out
 
 
-def _launch(broker: Broker, out: Path, run_id: str, epochs: int) -> subprocess.Popen[str]:
+def _launch(broker: Broker, out: Path, run_id: str, epochs: int,
+            extra: list[str] | None = None) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     security = ["--keys", str(broker.keys)] if broker.keys is not None else ["--insecure"]
+    sets = ["seed=0", f"epochs={epochs}", "eval_every=1000", "timeouts.liveness_timeout_s=30",
+            f"lr={VICTIM_LR}", *(extra or [])]
     return subprocess.Popen(
         [*PSFL, "vfl", "run", "--dataset", "bank", "--algo", "pubsub", "--out", str(out),
          "--broker", broker.address, *security, "--run-id", run_id,
-         "--set", "seed=0", "--set", f"epochs={epochs}", "--set", "eval_every=1000",
-         "--set", "timeouts.liveness_timeout_s=30", "--set", f"lr={VICTIM_LR}"],
+         *(a for s in sets for a in ("--set", s))],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -231,6 +257,9 @@ async def _attack_bus(broker: Broker, run_id: str, stop: threading.Event,
             Bus(address, name="flooder", security=broker.sec("flooder")) as flood, \
             Bus(address, name="replayer", config=cfg,
                 security=broker.sec("replayer")) as rep:
+        for client in (bus, flood, rep):  # attackers ignore the runs the hello names
+            if client.hello is not None:
+                client.hello = dataclasses.replace(client.hello, runs=None)
         seen = [f"emb/{run_id}/{b}" for b in range(n_channels)]
         await rep.subscribe_many(seen)  # with CURVE the broker refuses a non-member these
         topics = [f"grad/{run_id}/f{i}" for i in range(subs)]  # the run's own namespace
@@ -410,32 +439,85 @@ def plain_run(root: Path, keys: Path | None, name: str, epochs: int) -> dict[str
             "dropped_batches": res["metrics"].get("dropped_batches")}
 
 
-def restart_run(root: Path, keys: Path | None, k: int, epochs: int) -> dict[str, Any]:
-    broker = Broker(root, keys)
-    out = root / f"restart-{k}"
-    victim = _launch(broker, out, f"restart{k}", epochs)
-    restarted = False
-    if _wait_event(out / "events.jsonl", "vfl.epoch_done", victim, 180):
-        time.sleep(0.5)
-        broker.kill()
-        time.sleep(1.0)
-        broker.start()  # the same port
-        restarted = True
-    res = _result(victim, out, 300)
-    broker.stop()
-    return {"restarted": restarted, "code": res["code"], "traceback": res["traceback"],
-            "last_stderr": res["last_stderr"], "test_auc": res["metrics"].get("test_auc")}
+def run_cases(root: Path, keys: Path | None, epochs: int, *, quick: bool,
+              only: set[str] | None, restart_runs: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """The restart runs (one per phase, cycling) and the cases of
+    :mod:`hostile_cases`; returns ``(cases, skipped)``."""
+    hc = hostile_cases
+    cases: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+
+    def want(name: str) -> bool:
+        return only is None or name in only or name.split("_")[0] in only
+
+    def case(name: str, fn: Any, *args: Any) -> None:
+        if not want(name):
+            return
+        t0 = time.monotonic()
+        try:
+            cases[name] = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the bench's own failure is a finding too
+            cases[name] = {"held": False, "error": f"{type(exc).__name__}: {exc}",
+                           "tracebacks": 0, "silent_losses": 0, "crashes": 0}
+        r = cases[name]
+        print(f"case {name}: {'held' if r.get('held') else 'NOT HELD'} in "
+              f"{time.monotonic() - t0:.0f} s", flush=True)
+
+    phases = list(hc.RESTART_PHASES)
+    short = max(6, epochs // 8)
+    for k in range(restart_runs):
+        phase = phases[k % len(phases)]
+        name = f"restart_{phase}" + (f"_{k // len(phases)}" if k >= len(phases) else "")
+        broker = Broker(root, keys)
+        try:
+            case(name, hc.restart_case, broker, root, phase, short, _launch)
+        finally:
+            broker.stop()
+    plain = Broker(root, None)
+    try:
+        case("far_future_epochs", hc.far_future_case, plain, root, short, _launch)
+        case("psi_off_curve", hc.psi_off_curve_case, plain, root)
+        case("psi_lopsided", hc.psi_lopsided_case, plain, root,
+             100_000 if quick else 1_000_000)
+    finally:
+        plain.stop()
+    reason = hc.namespace_skip_reason()
+    # 2 MB as the issue sets it (a short VFL run fits: its results must then be whole),
+    # and 192 KB, where the VFL run cannot fit (what the campaign's disk had free)
+    for kind, size in (("vfl", "2m"), ("vfl", "192k"), ("synth", "2m")):
+        name = f"full_disk_{kind}" + ("" if size == "2m" else f"_{size}")
+        if reason is not None and want(name):
+            skipped[name] = reason
+        elif reason is None:
+            case(name, hc.full_disk_case, kind, root, size)
+    case("absurd_settings", hc.absurd_case, root, not quick)
+    case("two_runs_one_dir", hc.two_runs_case, root)
+    if keys is None:
+        if want("non_member_default_broker"):
+            skipped["non_member_default_broker"] = "a plaintext campaign has no keys"
+    else:
+        case("non_member_default_broker", hc.non_member_case, root, keys, Broker, short,
+             _launch)
+    case("synth_party_sigkill", hc.synth_kill_case, root)
+    return cases, skipped
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="at most about 10 minutes")
+    p.add_argument("--quick", action="store_true", help="at most about 20 minutes")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--epochs", type=int, default=None, help="victim epochs")
     p.add_argument("--attack-s", type=float, default=60.0)
     p.add_argument("--subscriptions", type=int, default=10_000)
     p.add_argument("--oversize-mb", type=int, default=80)
-    p.add_argument("--restart-runs", type=int, default=5)
+    p.add_argument("--restart-runs", type=int, default=5,
+                   help="runs whose broker is killed and restarted, one per phase in turn "
+                   "(training, validation, test, report, prediction)")
+    p.add_argument("--cases", default=None,
+                   help="comma-separated cases (names or prefixes: restart, full, psi, ...) "
+                   "to run besides the attacked run; default all")
+    p.add_argument("--skip-attack", action="store_true",
+                   help="only the cases (no undisturbed or attacked runs)")
     p.add_argument("--insecure", action="store_true",
                    help="a plaintext broker (no identities; the parties' checks only)")
     args = p.parse_args()
@@ -449,6 +531,17 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="psfl-hostile-"))
     keys = None if args.insecure else make_keys(root)
     t0 = time.monotonic()
+    only = set(args.cases.split(",")) if args.cases else None
+    if args.skip_attack:
+        cases, skipped = run_cases(root, keys, epochs, quick=args.quick, only=only,
+                                   restart_runs=args.restart_runs)
+        summary = _case_summary(cases, skipped)
+        summary["wall_s"] = time.monotonic() - t0
+        print(json.dumps(summary, indent=2, default=str))
+        if args.json:
+            write_atomic(args.json, json.dumps({"summary": summary, "cases": cases},
+                                               indent=2, default=str))
+        return
     plain = [plain_run(root, keys, "plain0", epochs)]
     if args.epochs is None:
         # the campaign lasts as long as the victim trains: enough epochs for --attack-s
@@ -472,19 +565,20 @@ def main() -> None:
     print(f"attacked: test_auc {att['test_auc']}, attack {att['attack_s']:.0f} s, "
           f"counts {att['counts']}, rejected {att['rejected']}, crashes {att['crashes']}",
           flush=True)
-    restarts = [restart_run(root, keys, k, max(10, epochs // 6))
-                for k in range(args.restart_runs)]
-    for k, r in enumerate(restarts):
-        print(f"restart run {k}: exit {r['code']} ({r['last_stderr']})", flush=True)
+    cases, skipped = run_cases(root, keys, epochs, quick=args.quick, only=only,
+                               restart_runs=args.restart_runs)
     aucs = [r["test_auc"] for r in plain if r["test_auc"] is not None]
     spread = (max(aucs) - min(aucs)) if len(aucs) == 2 else float("nan")
     base = float(np.median(aucs)) if aucs else float("nan")
     delta = base - att["test_auc"] if att["test_auc"] is not None else float("nan")
+    per_case = _case_summary(cases, skipped)
     summary = {
         "broker_alive": att["broker_alive"],
         "victim_completed": att["victim"]["code"] == 0,
-        "crashes": att["crashes"],
+        "crashes": att["crashes"] + per_case["crashes"],
         "silent_corruptions": att["silent_corruptions"],
+        "tracebacks": int(att["victim"]["traceback"]) + per_case["tracebacks"],
+        "silent_losses": per_case["silent_losses"],
         "victim_auc_delta": delta,
         "auc_tolerance": max(0.005, 2 * spread),
         "attack_s": att["attack_s"],
@@ -494,15 +588,37 @@ def main() -> None:
                               "dropped_batches_undisturbed": [r["dropped_batches"]
                                                               for r in plain]},
         "transport": "plaintext" if args.insecure else "curve",
-        "restart_runs": len(restarts),
-        "restart_runs_completed": sum(r["code"] == 0 for r in restarts),
+        "restart_runs": per_case["restart_runs"],
+        "restart_runs_completed": per_case["restart_runs_completed"],
+        "held": per_case["held"],
+        "not_held": per_case["not_held"],
+        "skipped": per_case["skipped"],
+        "cases": per_case["cases"],
         "wall_s": time.monotonic() - t0,
     }
-    print(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2, default=str))
     if args.json:
-        args.json.write_text(json.dumps({"summary": summary, "undisturbed": plain,
-                                         "attacked": att, "restarts": restarts,
-                                         "epochs": epochs}, indent=2, default=str))
+        write_atomic(args.json, json.dumps({"summary": summary, "undisturbed": plain,
+                                            "attacked": att, "cases": cases,
+                                            "epochs": epochs}, indent=2, default=str))
+
+
+def _case_summary(cases: dict[str, Any], skipped: dict[str, str]) -> dict[str, Any]:
+    """The cases' part of the summary: their counters summed, what held, and each case's
+    record less its bulkier fields."""
+    restarts = {k: v for k, v in cases.items() if k.startswith("restart_")}
+    slim = {k: {f: x for f, x in v.items() if f not in ("stderr",)} for k, v in cases.items()}
+    return {
+        "crashes": sum(int(v.get("crashes", 0)) for v in cases.values()),
+        "tracebacks": sum(int(v.get("tracebacks", 0)) for v in cases.values()),
+        "silent_losses": sum(int(v.get("silent_losses", 0)) for v in cases.values()),
+        "restart_runs": len(restarts),
+        "restart_runs_completed": sum(bool(v.get("completed")) for v in restarts.values()),
+        "held": sorted(k for k, v in cases.items() if v.get("held")),
+        "not_held": sorted(k for k, v in cases.items() if not v.get("held")),
+        "skipped": skipped,
+        "cases": slim,
+    }
 
 
 if __name__ == "__main__":
