@@ -1,6 +1,7 @@
 """A partner that forges PSI points: a bus client wrapper that replaces one point of one
 published chunk (``psi/.../req/<i>`` or ``.../resp/<i>``) by an x-coordinate that is not
-on P-256, and the helpers to build such points. Used by the alignment tests."""
+on P-256, and the helpers to build such points. Used by the alignment tests and
+``bench/hostile.py``'s off-curve case."""
 
 from __future__ import annotations
 

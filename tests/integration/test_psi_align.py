@@ -190,7 +190,7 @@ async def test_a_party_process_fed_a_forged_chunk_exits_4_naming_the_sender(
         thread_broker: str, tmp_path: Path) -> None:
     # the honest party is a real `psfl vfl align --role active` process; the passive
     # party, in this process, puts a point that is not on P-256 into its request chunk 1
-    from tests.psi_forge import forging
+    from sim.faults.psi_forge import forging
 
     a, b = demo_ids(60, 0.5, seed=11)
     (tmp_path / "a.txt").write_text("".join(x + "\n" for x in a))

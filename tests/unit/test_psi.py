@@ -24,7 +24,7 @@ from parties.alignment.psi import (
 )
 from parties.runtime.exitcodes import ExitCode, exit_code_for
 
-from tests.psi_forge import off_curve_point
+from sim.faults.psi_forge import off_curve_point
 
 
 def test_chunk_plan_covers_every_row_once() -> None:

@@ -22,7 +22,7 @@ from parties.alignment.nway import align_active, align_passive
 from parties.alignment.psi import MalformedPoints
 from parties.runtime.exitcodes import ExitCode, exit_code_for
 
-from tests.psi_forge import forging
+from sim.faults.psi_forge import forging
 
 IDS_A = [f"c{i:03d}" for i in range(0, 40)]
 IDS_B = [f"c{i:03d}" for i in range(10, 60)]
