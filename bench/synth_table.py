@@ -43,7 +43,9 @@ Usage::
     python bench/synth_table.py --json synth_full.json          # + independent_k10
 
 JSON (as the issue's "Machine-readable output"): ``summary[dataset][eps][system]`` with
-``avg_tv``, ``max_tv``, ``bytes_wire``, ``bytes_naive``, ``wall_s`` (null where a system
+``avg_tv``, ``max_tv``, ``avg_tv_fixed_grid`` and ``max_tv_fixed_grid`` (the same workload on
+a fixed grid of the original values, :func:`synth.quality.fixed_grid_tv`), ``bytes_wire``,
+``bytes_naive``, ``wall_s`` (null where a system
 failed), and ``summary[dataset][eps]["tv_ratio_k10_vs_central"]`` =
 ``fedforge_k10.avg_tv / central_mst.avg_tv`` (full mode also
 ``tv_ratio_aim_k10_vs_central_aim``); ``settings``, ``status`` and ``runs`` hold
@@ -120,11 +122,28 @@ def score(real_codes: np.ndarray, syn_codes: np.ndarray, schema: Schema) -> dict
     return {"avg_tv": q["avg_tv"], "max_tv": q["max_tv"], "n_marginals": q["n_marginals"]}
 
 
+def _read_synthetic_frame(path: Path, schema: Schema) -> pd.DataFrame:
+    """``synthetic.csv`` with text columns read as text."""
+    dtypes = {c.name: str for c in schema.columns if c.dtype == "object"}
+    return pd.read_csv(path, dtype=dtypes, keep_default_na=False)
+
+
 def _read_synthetic(path: Path, schema: Schema) -> np.ndarray:
     """Encode ``synthetic.csv`` with the run's schema (text columns read as text)."""
-    dtypes = {c.name: str for c in schema.columns if c.dtype == "object"}
-    df = pd.read_csv(path, dtype=dtypes, keep_default_na=False)
-    return encode(df, schema)
+    return encode(_read_synthetic_frame(path, schema), schema)
+
+
+def score_fixed(train: pd.DataFrame, synthetic: pd.DataFrame | np.ndarray, schema: Schema,
+                seed: int = 0) -> dict[str, Any]:
+    """The fixed-grid TV (:func:`synth.quality.fixed_grid_tv`) of a system's rows, given
+    as values or as codes of ``schema`` (decoded first, values drawn within bins)."""
+    from synth.domain import decode
+    from synth.quality import fixed_grid_tv
+
+    if isinstance(synthetic, np.ndarray):
+        synthetic = decode(synthetic, schema, np.random.default_rng(seed))
+    q = fixed_grid_tv(train, synthetic, schema)
+    return {k: q[k] for k in ("avg_tv_fixed_grid", "max_tv_fixed_grid")}
 
 
 # ---------------------------------------------------------------------------- systems
@@ -157,7 +176,9 @@ def run_fedforge(dataset: str, eps: float, k: int, *, seed: int, engine: str, ou
                            "ml_auc": (m.get("ml_utility") or {}).get("auc_synthetic"),
                            "run_dir": str(out)}
     try:
-        row.update(score(real, _read_synthetic(out / "synthetic.csv", schema), schema))
+        syn_df = _read_synthetic_frame(out / "synthetic.csv", schema)
+        row.update(score(real, encode(syn_df, schema), schema))
+        row.update(score_fixed(train, syn_df, schema))
     except Exception as e:  # noqa: BLE001 - fall back to the run's own score, say so
         row.update({"avg_tv": m.get("avg_tv"), "max_tv": m.get("max_tv"),
                     "score_note": f"synthetic.csv not re-scored ({e!r}); run's own avg_tv"})
@@ -176,6 +197,7 @@ def run_central(run_dir: Path, eps: float, *, seed: int, engine: str,
     row = {"bytes_wire": 0, "bytes_naive": 0, "wall_s": out["wall_s"], "fit_s": out["fit_s"],
            "rho": out["rho"], "cliques": out["cliques"], "source_run": str(run_dir)}
     row.update(score(real, out["codes"], schema))
+    row.update(score_fixed(train, out["codes"], schema, seed))
     return row
 
 
@@ -193,6 +215,7 @@ def run_central_aim(run_dir: Path, eps: float, *, seed: int, engine: str, centra
            "rho": out["rho"], "cliques": out["cliques"], "rounds": out["rounds"],
            "engine": "mbi", "source_run": str(run_dir)}
     row.update(score(real, out["codes"], schema))
+    row.update(score_fixed(train, out["codes"], schema, seed))
     return row
 
 
@@ -211,6 +234,7 @@ def run_independent(run_dir: Path, eps: float, *, seed: int, engine: str,
     row = {"bytes_wire": 0, "bytes_naive": 0, "wall_s": out["wall_s"], "parties": out["parties"],
            "source_run": str(run_dir)}
     row.update(score(real, out["codes"], schema))
+    row.update(score_fixed(train, out["codes"], schema, seed))
     return row
 
 
@@ -234,6 +258,7 @@ def run_dp_baseline(run_dir: Path, eps: float, kind: str, *, seed: int, cap_s: f
     row: dict[str, Any] = {"bytes_wire": None, "bytes_naive": None, "wall_s": res.wall_s,
                            "parties": len(parts), "source_run": str(run_dir), **res.summary()}
     row.update(score(real, res.codes, schema))
+    row.update(score_fixed(train, res.codes, schema, seed))
     label = DECLARED_LABELS.get(dataset, ("",))[0]
     if label:
         syn = decode(res.codes, schema, np.random.default_rng(seed))
@@ -264,8 +289,8 @@ def markdown(summary: dict[str, Any], systems: tuple[str, ...]) -> str:
             return "—"
         return format(int(round(v)) if spec == "," else v, spec)
 
-    lines = ["| dataset | ε | system | avg TV | max TV | bytes wire | bytes naive | "
-             "wire / naive | wall s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| dataset | ε | system | avg TV | max TV | TV fixed grid | bytes wire | "
+             "bytes naive | wire / naive | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for ds, by_eps in summary.items():
         for e, row in by_eps.items():
             for sysname in systems:
@@ -277,14 +302,15 @@ def markdown(summary: dict[str, Any], systems: tuple[str, ...]) -> str:
                     r.get("bytes_naive"), ",")
                 rr = ratio(r.get("bytes_wire"), r.get("bytes_naive"))
                 lines.append(f"| {ds} | {e} | {sysname} | {fmt(r.get('avg_tv'), '.4f')} | "
-                             f"{fmt(r.get('max_tv'), '.4f')} | {bw} | {bn} | "
+                             f"{fmt(r.get('max_tv'), '.4f')} | "
+                             f"{fmt(r.get('avg_tv_fixed_grid'), '.4f')} | {bw} | {bn} | "
                              f"{fmt(rr, '.3f')} | {fmt(r.get('wall_s'), '.1f')} |")
             lines.append(f"| {ds} | {e} | **tv_ratio_k10_vs_central** | "
-                         f"{fmt(row.get('tv_ratio_k10_vs_central'), '.3f')} | | | | | |")
+                         f"{fmt(row.get('tv_ratio_k10_vs_central'), '.3f')} | | | | | | |")
             if "tv_ratio_aim_k10_vs_central_aim" in row:
                 lines.append(f"| {ds} | {e} | **tv_ratio_aim_k10_vs_central_aim** | "
                              f"{fmt(row.get('tv_ratio_aim_k10_vs_central_aim'), '.3f')} "
-                             "| | | | | |")
+                             "| | | | | | |")
     paper = [(ds, e, row) for ds, by_eps in summary.items() for e, row in by_eps.items()
              if "noniid" in row]
     if paper:
@@ -316,7 +342,8 @@ def _mean_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The summary row of a system over repeats: the mean of each figure over the repeats
     that produced it, and the per-repeat ``avg_tv`` values."""
     out: dict[str, Any] = {}
-    for x in ("avg_tv", "max_tv", "ml_auc", "bytes_wire", "bytes_naive", "wall_s"):
+    for x in ("avg_tv", "max_tv", "avg_tv_fixed_grid", "ml_auc", "bytes_wire",
+              "bytes_naive", "wall_s"):
         vals = [r[x] for r in rows if r.get(x) is not None]
         out[x] = float(np.mean(vals)) if vals else None
     out["avg_tv_each"] = [r.get("avg_tv") for r in rows]

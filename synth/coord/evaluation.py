@@ -1,7 +1,8 @@
 """The ``quality`` stage: the synthetic rows scored against real ones (``quality.json``).
 
 Workload TV distance (all ``workload_k``-way marginals; each marginal's own TV under
-``tv_per_marginal``) against the pooled real rows and ML utility against the real
+``tv_per_marginal``; on the run's grid, and on a fixed grid of the original values as
+``avg_tv_fixed_grid``, :func:`synth.quality.fixed_grid_tv`) against the pooled real rows and ML utility against the real
 holdout, when the evaluation data is given (simulation; a deployed coordinator never
 sees records). A finished run reopened for a workload update keeps the last full
 synthesis's ML utility (the classifiers are not trained again).
@@ -40,7 +41,7 @@ class QualityStage:
                 doc: dict[str, Any] = {"skipped": "no evaluation data (deployed coordinator)"}
                 ctx.write("quality", doc)
                 return doc
-            from synth.quality import all_k_way, ml_utility, workload_tv
+            from synth.quality import all_k_way, fixed_grid_tv, ml_utility, workload_tv
 
             ev, cfg, schema, domain = self.eval_data, ctx.cfg, ctx.schema, ctx.domain
 
@@ -55,6 +56,11 @@ class QualityStage:
                                        "workload": f"all {cfg.workload_k}-way marginals",
                                        # "a,b,c" -> that marginal's TV (psfl report's bars)
                                        "tv_per_marginal": tv["per_clique"]}
+                # the same workload on a grid of the original values that no run setting
+                # changes (numeric_bins, the domain's compression): comparable across runs
+                out.update(fixed_grid_tv(ev.train, synthetic, schema,
+                                         k=min(cfg.workload_k, len(domain)),
+                                         max_cells=cfg.data.max_cells))
                 if cfg.label and ctx.reopened:
                     # a workload update adds marginal queries; the classifiers are not
                     # trained again: the figure is the last full synthesis's

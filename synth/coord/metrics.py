@@ -44,6 +44,8 @@ def build_metrics(ctx: RunContext, *, rho_total: float, results: Mapping[str, Ro
         "epsilon": cfg.epsilon, "delta": cfg.delta, "rho": rho_total,
         "rho_spent": spent, "epsilon_spent": eps_spent,
         "avg_tv": quality.get("avg_tv"), "max_tv": quality.get("max_tv"),
+        "avg_tv_fixed_grid": quality.get("avg_tv_fixed_grid"),
+        "max_tv_fixed_grid": quality.get("max_tv_fixed_grid"),
         "avg_l1": quality.get("avg_l1"), "workload_error": quality.get("workload_error"),
         "n_workload": quality.get("n_workload"), "workload": quality.get("workload"),
         "ml_utility": quality.get("ml_utility"),

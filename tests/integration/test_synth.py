@@ -47,6 +47,8 @@ def test_synth_run_k3_secure_aggregation_end_to_end(synth_mst_run: tuple) -> Non
     # quality is reported and sane for 5 columns at epsilon 1
     assert m["avg_tv"] >= 0 and m["n_workload"] == 10
     below(m["avg_tv"], 0.26, "avg TV")  # over seeds 0.19 median, 0.207 at the worst
+    # and on the fixed grid of the original values (comparable across numeric_bins)
+    assert 0 <= m["avg_tv_fixed_grid"] <= m["max_tv_fixed_grid"] <= 1
     above(m["ml_utility"]["auc_real"], 0.6, "real rows' AUC")
     # privacy: each party spent at most its budget
     from synth.accounting import cdp_rho
