@@ -146,6 +146,29 @@ def score_fixed(train: pd.DataFrame, synthetic: pd.DataFrame | np.ndarray, schem
     return {k: q[k] for k in ("avg_tv_fixed_grid", "max_tv_fixed_grid")}
 
 
+def ml_row(run_dir: Path, schema: Schema, train: pd.DataFrame, codes: np.ndarray,
+           seed: int = 0) -> dict[str, Any]:
+    """``ml_auc`` (train on the system's rows, decoded; test on the run's real holdout)
+    for a system that returns codes, as the federated run measures its own (the run's
+    label; nothing without one)."""
+    from synth.domain import decode
+    from synth.quality import ml_utility
+
+    try:
+        label = json.loads((run_dir / "metrics.json").read_text())["config"].get("label")
+        hold = pd.read_parquet(run_dir / "data" / "holdout.parquet")
+    except (OSError, KeyError, ValueError):
+        return {}
+    if not label:
+        return {}
+    syn = decode(codes, schema, np.random.default_rng(seed))
+    try:
+        u = ml_utility(train, syn, hold, label, random_state=seed, threads=1)
+    except ValueError as exc:  # e.g. a label that is not binary
+        return {"ml_utility_skipped": str(exc)}
+    return {"ml_auc": u["auc_synthetic"], "ml_utility": u}
+
+
 # ---------------------------------------------------------------------------- systems
 def run_fedforge(dataset: str, eps: float, k: int, *, seed: int, engine: str, out: Path,
                  timeout_s: float, mechanism: str = "mst", split: str = "iid",
@@ -198,6 +221,7 @@ def run_central(run_dir: Path, eps: float, *, seed: int, engine: str,
            "rho": out["rho"], "cliques": out["cliques"], "source_run": str(run_dir)}
     row.update(score(real, out["codes"], schema))
     row.update(score_fixed(train, out["codes"], schema, seed))
+    row.update(ml_row(run_dir, schema, train, out["codes"], seed))
     return row
 
 
@@ -216,6 +240,7 @@ def run_central_aim(run_dir: Path, eps: float, *, seed: int, engine: str, centra
            "engine": "mbi", "source_run": str(run_dir)}
     row.update(score(real, out["codes"], schema))
     row.update(score_fixed(train, out["codes"], schema, seed))
+    row.update(ml_row(run_dir, schema, train, out["codes"], seed))
     return row
 
 
@@ -235,6 +260,7 @@ def run_independent(run_dir: Path, eps: float, *, seed: int, engine: str,
            "source_run": str(run_dir)}
     row.update(score(real, out["codes"], schema))
     row.update(score_fixed(train, out["codes"], schema, seed))
+    row.update(ml_row(run_dir, schema, train, out["codes"], seed))
     return row
 
 
