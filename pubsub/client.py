@@ -420,13 +420,13 @@ class Bus(Receiver, ThreadsafePublisher):
     def _check_member(self, text: str, *, exact: bool) -> None:
         """Refuse, by name, a subscription the broker's run membership would silently
         refuse (a run this identity is not a member of; told in the hello)."""
-        runs = self.hello.runs if self.hello is not None else None
-        if runs is None or runs.may_read(self.hello.identity, text, exact):  # type: ignore[union-attr]
+        hello = self.hello
+        if hello is None or hello.runs is None or hello.runs.may_read(hello.identity, text,
+                                                                       exact):
             return
-        assert self.hello is not None
         _, run = subscription_run(text, exact)
-        raise NotRunMember(text, run or "", self.hello.identity, "subscribe",
-                           tuple(sorted(runs.runs)))
+        raise NotRunMember(text, run or "", hello.identity, "subscribe",
+                           tuple(sorted(hello.runs.runs)))
 
     def _check_subscription_limit(self, topic: str) -> None:
         """Refuse, before the broker silently would, a subscription past its limit."""
@@ -589,9 +589,9 @@ class Bus(Receiver, ThreadsafePublisher):
         ok = self._pub_ok.get(topic)
         if ok is None:
             assert self._rules is not None
-            runs = self.hello.runs if self.hello is not None else None
+            hello = self.hello
             ok = self._rules.may_publish(topic) and (
-                runs is None or runs.allows(self.hello.identity, topic))  # type: ignore[union-attr]
+                hello is None or hello.runs is None or hello.runs.allows(hello.identity, topic))
             if len(self._pub_ok) >= _MAX_SEQ_KEYS:
                 self._pub_ok.clear()
             self._pub_ok[topic] = ok

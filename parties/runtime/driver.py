@@ -393,10 +393,10 @@ class ActionDriver:
                 if remaining <= 0:
                     return Received(stale=stale)
                 try:
-                    raw = await self.bus.next(topic, max(0.0, min(
-                        remaining, ask_at - loop.time())) if ask_at < deadline else remaining)
+                    raw = await self.bus.next(topic, max(0.0, min(deadline, ask_at)
+                                                         - loop.time()))
                 except DeadlineExceeded:
-                    if ask_at < deadline and loop.time() >= ask_at - 1e-3:
+                    if ask_at < deadline:  # the slice before asking has passed
                         assert self.ask_again is not None
                         self.ask_again(topic)
                         ask_at = math.inf

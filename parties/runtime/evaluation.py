@@ -96,22 +96,21 @@ class Evaluation(PartyPart):
         every = self.cfg.timeouts.resend_interval_s
         return min(every, left) if every > 0 else left
 
-    def _ask(self, bus: Transport, party: str, topic: str, point: int = -1) -> None:
-        """Ask ``party`` to publish again what it last sent on ``topic``."""
+    def _ask(self, bus: Transport, party: str, topic: str, point: int = -1, *,
+             quiet: bool = False) -> None:
+        """Ask ``party`` to publish again what it last sent on ``topic`` (``quiet``: no
+        warning line; a training gradient's wait may simply be slow)."""
         self.asked += 1
-        self.log.warning("vfl.scoring_resend_asked", partner=party, topic=topic,
-                         asked=self.asked)
+        if not quiet:
+            self.log.warning("vfl.scoring_resend_asked", partner=party, topic=topic,
+                             asked=self.asked)
         bus.publish_nowait(self.topics.resend(party), (), {"topic": topic, "point": point})
 
     def ask_gradient(self, bus: Transport) -> Callable[[str], None]:
         """Passive: a function that asks the active party to publish the gradient on a
         topic again (a training wait that has lasted ``timeouts.resend_interval_s``)."""
 
-        def ask(topic: str) -> None:
-            self.asked += 1
-            bus.publish_nowait(self.topics.resend("active"), (), {"topic": topic})
-
-        return ask
+        return lambda topic: self._ask(bus, "active", topic, quiet=True)
 
     def publish_scored(self, bus: Transport, point: int) -> None:
         """Active: validation point ``point`` is scored: the passive parties may go on."""

@@ -561,7 +561,7 @@ class PredictParty:
 
     @property
     def _resend_every_s(self) -> float:
-        every = float(getattr(self.part.cfg.timeouts, "resend_interval_s", 2.0))
+        every = self.part.cfg.timeouts.resend_interval_s
         return every if every > 0 else self.timeout_s
 
     async def run(self) -> dict[str, Any]:
