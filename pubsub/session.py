@@ -8,6 +8,9 @@ watching that they stay alive, and waiting on several topics at once.
   has heard every peer; a digest mismatch fails both sides
   (:class:`~pubsub.errors.SettingsMismatch`), a missing peer fails at the deadline
   (:class:`~pubsub.errors.RendezvousTimeout`).
+* :func:`answer_hello` / :func:`answer_hellos` -- after a rendezvous, answer a peer's
+  late hello with this side's complete one: the last hello of a rendezvous can be lost
+  (a broker restart as it ends), and the peer that missed it is still saying hello.
 * :func:`call_until` -- repeat an announcement until an answer comes (a participant
   waiting for a coordinator that answers everyone at once).
 * :func:`heartbeat` / :func:`watch` -- publish beats; fail with
@@ -18,7 +21,8 @@ Topic names are parameters: this module knows no protocol above the bus. Every w
 a deadline; the callers subscribe the topics they listen on (with bounded buffers).
 
 Hello wire format (metadata only, no arrays): ``{"from": me, "digest": digest, "seen":
-[peers heard so far], **info}``. Heartbeat: ``{"from": me, "t": unix time}``.
+[peers heard so far], **info}``, with ``"done": true`` on a side's final hello (sent
+once it has met every peer, and as its answer to a late hello). Heartbeat: ``{"from": me, "t": unix time}``.
 """
 
 from __future__ import annotations
@@ -152,11 +156,9 @@ async def rendezvous(
     heard: dict[str, dict[str, Any]] = {}
     done: set[str] = set()
 
-    def hello() -> None:
+    def hello(done: bool = False) -> None:
         meta = {**extra, "from": me, "digest": digest, "seen": sorted(heard)}
-        for topic in say:
-            with contextlib.suppress(PublishWouldBlock):  # under block: the next round
-                bus.publish_nowait(topic, (), meta)
+        _say_hello(bus, say, {**meta, "done": True} if done else meta)
 
     while True:
         hello()
@@ -191,8 +193,47 @@ async def rendezvous(
             done.add(peer)
         if len(done) == len(want):
             break
-    hello()
+    hello(done=True)
     return heard
+
+
+def _say_hello(bus: Transport, say: Sequence[str], meta: dict[str, Any]) -> None:
+    for topic in say:
+        with contextlib.suppress(PublishWouldBlock):  # under block: the next round
+            bus.publish_nowait(topic, (), meta)
+
+
+def answer_hello(bus: Transport, msg: Message, *, me: str, peers: Sequence[str],
+                 digest: str, say: Sequence[str],
+                 info: Mapping[str, Any] | None = None) -> bool:
+    """After :func:`rendezvous` returned: if ``msg`` is a hello from one of ``peers`` with
+    the same ``digest`` that is not a final one, publish this side's final hello (every
+    peer seen) on ``say`` and return True; anything else is ignored (False).
+
+    A peer still saying hello has not heard this side's final hello (it was lost, e.g.
+    to a broker restart as the handshake ended) and fails at its deadline unless
+    answered; the arguments are those the rendezvous was called with. Final hellos are
+    not answered, so two sides that both completed never echo each other.
+    """
+    meta = msg.meta
+    if meta.get("from") not in peers or meta.get("digest") != digest or meta.get("done"):
+        return False
+    _say_hello(bus, say, {**dict(info or {}), "from": me, "digest": digest,
+                          "seen": sorted(set(peers)), "done": True})
+    return True
+
+
+async def answer_hellos(bus: Transport, *, me: str, peers: Sequence[str], digest: str,
+                        say: Sequence[str], hear: Sequence[str],
+                        info: Mapping[str, Any] | None = None) -> None:
+    """:func:`answer_hello` to every message on ``hear`` (the rendezvous's topics, still
+    subscribed) until cancelled: a task beside the work that follows a rendezvous."""
+    while True:
+        try:
+            msg = await wait_any(bus, hear, 3600.0)
+        except DeadlineExceeded:
+            continue
+        answer_hello(bus, msg, me=me, peers=peers, digest=digest, say=say, info=info)
 
 
 async def call_until(
@@ -371,4 +412,4 @@ class Liveness:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-__all__ = ["Liveness", "call_until", "heartbeat", "rendezvous", "wait_any", "watch"]
+__all__ = ["Liveness", "answer_hello", "answer_hellos", "call_until", "heartbeat", "rendezvous", "wait_any", "watch"]

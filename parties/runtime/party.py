@@ -456,6 +456,7 @@ class Party:
                     async with asyncio.TaskGroup() as tg:
                         hb = tg.create_task(self.session.heartbeat(bus))
                         wd = tg.create_task(self.session.watchdog(bus))
+                        an = tg.create_task(self.session.answer_hellos(bus))
                         ab = (tg.create_task(self.session.abort_watch(bus))
                               if self.multi and self.role == "passive" else None)
                         rs = tg.create_task(self.evaluation.serve_resends(bus))
@@ -467,6 +468,7 @@ class Party:
                             self.session.asked)
                         hb.cancel()
                         wd.cancel()
+                        an.cancel()
                         rs.cancel()
                         if ab is not None:
                             ab.cancel()

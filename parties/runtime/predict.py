@@ -66,7 +66,7 @@ from pubsub.config import ConfigError
 from pubsub.errors import RendezvousTimeout, SettingsMismatch
 from pubsub.outputs import atomic_output, write_atomic
 from pubsub.security import CurveClient
-from pubsub.session import rendezvous, wait_any
+from pubsub.session import answer_hello, rendezvous, wait_any
 from pubsub.transport import Transport
 
 from parties.data import DataError
@@ -536,6 +536,8 @@ class PredictParty:
         self.out = Path(out) if out is not None else None
         self.timeout_s = timeout_s
         self.asked = 0  # active: requests for a passive party's embeddings again
+        #: this side's hello as the handshake said it (answered to a partner's late hello)
+        self._greeting: dict[str, Any] = {}
         self.log = log.bind(party=party, run_id=run_id)
 
     def _ids(self) -> list[str] | None:
@@ -609,12 +611,13 @@ class PredictParty:
         """
         mine = {**self.part.identity, "rows": self.rows.digest, "n": int(self.x.shape[0])}
         digest = _digest([str(mine[k]) for k in ("run_id", "config_digest", "rows", "n")])
+        self._greeting = {"me": self.party, "peers": list(self.partners), "digest": digest,
+                          "say": [self._hello(p) for p in self.partners],
+                          "info": {"who": mine}}
         try:
             heard = await rendezvous(
-                bus, me=self.party, peers=list(self.partners), digest=digest,
-                say=[self._hello(p) for p in self.partners], hear=[self._hello(self.party)],
-                timeout_s=self.timeout_s, interval_s=0.1, info={"who": mine},
-                mismatch_linger_s=0.5,
+                bus, **self._greeting, hear=[self._hello(self.party)],
+                timeout_s=self.timeout_s, interval_s=0.1, mismatch_linger_s=0.5,
                 on_found=lambda peer, _: self.log.info("predict.partner_found", partner=peer))
         except RendezvousTimeout as exc:
             raise HandshakeTimeout(", ".join(exc.missing), self.timeout_s,
@@ -644,15 +647,18 @@ class PredictParty:
         resent = 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
+        hear = [self._done, self._resend(self.party), self._hello(self.party)]
         while True:  # until done; the same release again if the active party asks
             try:
-                msg = await wait_any(bus, [self._done, self._resend(self.party)],
-                                     max(0.0, deadline - loop.time()))
+                msg = await wait_any(bus, hear, max(0.0, deadline - loop.time()))
             except DeadlineExceeded:
                 self.log.warning("predict.no_done", waited_s=self.timeout_s)
                 break
             if msg.topic == self._done:
                 break
+            if msg.topic == hear[2]:  # the active party missed our last hello
+                answer_hello(bus, msg, **self._greeting)
+                continue
             if msg.meta.get("topic") == topic:  # the same bytes: nothing more is charged
                 bus.publish_nowait(topic, [emb], {"dp": dp}, copy=False)
                 resent += 1
@@ -678,11 +684,15 @@ class PredictParty:
         got: dict[str, Any] = {}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
+        hello = self._hello(self.party)
         while len(got) < len(of):
             waiting = [t for t, p in of.items() if p not in got]
             left = max(0.0, deadline - loop.time())
             try:
-                msg = await wait_any(bus, waiting, min(left, self._resend_every_s))
+                msg = await wait_any(bus, [*waiting, hello], min(left, self._resend_every_s))
+                if msg.topic == hello:  # a passive party missed our last hello
+                    answer_hello(bus, msg, **self._greeting)
+                    continue
             except DeadlineExceeded:
                 if loop.time() < deadline:  # a slice: ask again (lost to a restart?)
                     for t in waiting:

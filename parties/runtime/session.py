@@ -17,7 +17,7 @@ from typing import Any
 from pubsub import DeadlineExceeded
 from pubsub.buffer import BufferLimits
 from pubsub.errors import PeerLost, RendezvousTimeout, SettingsMismatch
-from pubsub.session import heartbeat, rendezvous, watch
+from pubsub.session import answer_hello, answer_hellos, heartbeat, rendezvous, wait_any, watch
 from pubsub.transport import Transport
 
 from parties.algorithms.schedule import overlap_decision
@@ -50,6 +50,8 @@ class PartySession(PartyPart):
         #: active: the decision on scoring in flight as told (asked again if lost)
         self.overlap_meta: dict[str, Any] | None = None
         self.asked = 0  # passive: times it asked for that decision again
+        #: this side's hello as the handshake said it (answered to a partner's late hello)
+        self._greeting: dict[str, Any] = {}
 
     async def subscribe(self, bus: Transport) -> None:
         cfg, t = self.cfg, self.topics
@@ -108,13 +110,16 @@ class PartySession(PartyPart):
         rows_file = cfg.rows_file(self.party)
         mine = cfg.shared_settings(self.data.n_rows,
                                    aligned_ids_digest(rows_file) if rows_file else "")
+        self._greeting = {"me": self.party, "peers": list(self.partners),
+                          "digest": str(mine["digest"]),
+                          "say": [t.hello(p) for p in self.partners],
+                          "info": {"role": self.role, "shared": mine,
+                                   "cores": round(cores_allotted(), 4)}}
         try:
             heard = await rendezvous(
-                bus, me=self.party, peers=list(self.partners), digest=str(mine["digest"]),
-                say=[t.hello(p) for p in self.partners], hear=[t.hello(self.party)],
+                bus, **self._greeting, hear=[t.hello(self.party)],
                 timeout_s=cfg.timeouts.handshake_timeout_s, interval_s=0.1,
-                info={"role": self.role, "shared": mine,
-                      "cores": round(cores_allotted(), 4)}, mismatch_linger_s=0.5,
+                mismatch_linger_s=0.5,
                 on_found=lambda peer, _: self.log.info("vfl.partner_found", partner=peer))
         except RendezvousTimeout as exc:
             raise HandshakeTimeout(", ".join(exc.missing) if self.multi else self.partner,
@@ -150,10 +155,14 @@ class PartySession(PartyPart):
             return on, why
         deadline = time.monotonic() + cfg.timeouts.handshake_timeout_s
         every = cfg.timeouts.resend_interval_s
+        hear = [self.topics.scored, self.topics.hello(self.party)]
         while True:
             left = max(0.0, deadline - time.monotonic())
             try:
-                msg = await bus.next(self.topics.scored, min(every, left) if every else left)
+                msg = await wait_any(bus, hear, min(every, left) if every else left)
+                if msg.topic != self.topics.scored:  # the active party missed our last hello
+                    answer_hello(bus, msg, **self._greeting)
+                    continue
             except DeadlineExceeded:
                 if time.monotonic() < deadline:  # lost? ask the active party again
                     self.asked += 1
@@ -165,6 +174,11 @@ class PartySession(PartyPart):
                 raise HandshakeTimeout("active", cfg.timeouts.handshake_timeout_s, self.run_id) from None
             if "val_overlap" in msg.meta:
                 return bool(msg.meta["val_overlap"]), str(msg.meta.get("reason", ""))[:200]
+
+    async def answer_hellos(self, bus: Transport) -> None:
+        """Until cancelled: answer a partner still saying hello after the handshake
+        (:func:`pubsub.session.answer_hellos`; its last hello from us was lost)."""
+        await answer_hellos(bus, **self._greeting, hear=[self.topics.hello(self.party)])
 
     async def heartbeat(self, bus: Transport) -> None:
         await heartbeat(bus, self.topics.hb(self.party), me=self.party,

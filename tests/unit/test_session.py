@@ -8,7 +8,8 @@ import pytest
 
 from pubsub import DeadlineExceeded, MemoryBroker
 from pubsub.errors import BusClosed, PeerLost, RendezvousTimeout, SettingsMismatch
-from pubsub.session import Liveness, call_until, heartbeat, rendezvous, wait_any, watch
+from pubsub.session import (Liveness, answer_hellos, call_until, heartbeat, rendezvous,
+                            wait_any, watch)
 
 
 # ------------------------------------------------------------------ wait_any
@@ -121,6 +122,102 @@ async def test_rendezvous_of_three_on_one_topic() -> None:
 
         res = await asyncio.gather(*(side(n) for n in names))
     assert [sorted(r) for r in res] == [["b", "c"], ["a", "c"], ["a", "b"]]
+
+
+class _LosesFinalHellos:
+    """A bus on which this side hears a peer only once the peer lists it as seen, and
+    whose hellos that list a peer as seen (the final one among them) are lost while
+    ``said`` <= 10,000 -- as to a broker restart as the handshake ends. It counts the
+    hellos it publishes. Not ``lossy``: nothing is lost or held back."""
+
+    def __init__(self, bus: object, lossy: bool = True) -> None:
+        self._bus = bus
+        self.said = 0 if lossy else 10_001
+        self.lossy = lossy
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._bus, name)
+
+    def publish_nowait(self, topic: str, arrays: object, meta: dict, **kw: object) -> None:  # type: ignore[type-arg]
+        self.said += 1
+        if not meta.get("seen") or self.said > 10_000:
+            self._bus.publish_nowait(topic, arrays, meta, **kw)  # type: ignore[attr-defined]
+
+    def try_next(self, topic: str) -> object:
+        while (msg := self._bus.try_next(topic)) is not None:  # type: ignore[attr-defined]
+            if msg.meta.get("seen") or not self.lossy:
+                return msg
+        return None
+
+    async def next(self, topic: str, timeout_s: float) -> object:
+        end = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            left = max(0.0, end - asyncio.get_running_loop().time())
+            msg = await self._bus.next(topic, left)  # type: ignore[attr-defined]
+            if msg.meta.get("seen") or not self.lossy:
+                return msg
+
+
+@pytest.mark.parametrize("answering", [True, False])
+async def test_a_lost_final_hello_is_answered_after_the_rendezvous(answering: bool) -> None:
+    """Side a completes, its hellos that tell b it was heard are lost: b completes only
+    if a answers b's later hellos (answer_hellos; the control without it times out)."""
+    async with MemoryBroker() as hub:
+        async def a() -> None:
+            async with hub.connect("a") as raw:
+                await raw.subscribe("hello/a")
+                bus = _LosesFinalHellos(raw)
+                greeting = {"me": "a", "peers": ["b"], "digest": "d", "say": ["hello/b"],
+                            "info": {"role": "a"}}
+                await rendezvous(bus, **greeting, hear=["hello/a"],  # type: ignore[arg-type]
+                                 timeout_s=5.0, interval_s=0.02)
+                if answering:
+                    bus.said = 10_001  # from now on nothing is lost
+                    answer = asyncio.ensure_future(
+                        answer_hellos(bus, **greeting, hear=["hello/a"]))  # type: ignore[arg-type]
+                await asyncio.sleep(1.0)
+                if answering:
+                    answer.cancel()
+
+        async def b() -> object:
+            await asyncio.sleep(0.05)
+            async with hub.connect("b") as bus:
+                await bus.subscribe("hello/b")
+                try:
+                    return await rendezvous(bus, me="b", peers=["a"], digest="d",
+                                            say=["hello/a"], hear=["hello/b"],
+                                            timeout_s=0.6, interval_s=0.02)
+                except RendezvousTimeout as exc:
+                    return exc
+
+        _, rb = await asyncio.gather(a(), b())
+    if answering:
+        assert isinstance(rb, dict) and rb["a"]["done"] is True, rb
+    else:
+        assert isinstance(rb, RendezvousTimeout) and rb.missing == ("a",), rb
+
+
+async def test_completed_sides_do_not_echo_each_other() -> None:
+    """Both completed and answering: final hellos are not answered, so the exchange
+    stops (a few answers at most, not one per round trip)."""
+    async with MemoryBroker() as hub:
+        async def side(me: str, other: str) -> int:
+            async with hub.connect(me) as raw:
+                await raw.subscribe(f"hello/{me}")
+                bus = _LosesFinalHellos(raw, lossy=False)
+                greeting = {"me": me, "peers": [other], "digest": "d",
+                            "say": [f"hello/{other}"]}
+                await rendezvous(bus, **greeting, hear=[f"hello/{me}"],  # type: ignore[arg-type]
+                                 timeout_s=5.0, interval_s=0.02)
+                before = bus.said
+                answer = asyncio.ensure_future(
+                    answer_hellos(bus, **greeting, hear=[f"hello/{me}"]))  # type: ignore[arg-type]
+                await asyncio.sleep(0.5)
+                answer.cancel()
+                return bus.said - before
+
+        answers = await asyncio.gather(side("a", "b"), side("b", "a"))
+    assert max(answers) <= 3, answers
 
 
 # ------------------------------------------------------------------ call_until
