@@ -33,10 +33,22 @@ Usage::
     python bench/synth_wire.py --dataset bank --epsilon 10 --seeds 2
     python bench/synth_wire.py --mechanism aim --seeds 2
     python bench/synth_wire.py --bank8 --quick   # bank, 8 of its categorical columns
+    python bench/synth_wire.py --bank8 --queries 10 --quick --json /tmp/wire.json
 
 Each run's ``bytes_wire`` is also split (``metrics.json``) into ``fixed`` (schema and
 hellos, keys, seed shares: once per run) and ``rounds`` (plans, masked vectors and sums,
 unmasking and reveals), each over ``bytes_naive``.
+
+Queries in one session (``--queries Q``): the run is a consortium session whose keys are
+set up once: the mechanism's release is the first query and ``Q - 1`` workload updates
+queued before the run are the others (each ``--query-marginals`` 3-way marginals no other
+update asks for, in a fixed order; ``synth.stream.rho_frac`` = ``--stream-frac`` of ρ
+held back for them, split evenly). The session's bytes are split into ``fixed`` (schema
+and hellos, keys, the end of the run: once per session) and per query (its seed batch,
+plan, masked vectors and sums, reveals), each query beside its own naive float32 bytes;
+``summary.wire_over_naive_per_query`` = (fixed + Σ per-query bytes) / Σ per-query naive
+bytes, of the ``compressed`` variant (the default protocol), ``summary.fixed_bytes`` its
+fixed bytes.
 """
 
 from __future__ import annotations
@@ -116,14 +128,35 @@ class Tap:
         self._thread.join(timeout=5.0)
 
 
-def run_variant(cfg: Any, out: Path, broker: str, tap: Tap, timeout_s: float) -> dict[str, Any]:
-    """One federated run through ``broker``; returns its figures and the tap's counts."""
+def query_updates(columns: list[str], queries: int, per_query: int) -> list[dict[str, Any]]:
+    """``queries - 1`` workload updates, each ``per_query`` 3-way marginals of
+    ``columns`` that no other update asks for (a fixed shuffle), the stream reserve of ρ
+    split evenly among them (each takes 1 / (updates left) of what is left)."""
+    import itertools
+    import random
+
+    triples = [list(c) for c in itertools.combinations(columns, 3)]
+    random.Random(0).shuffle(triples)
+    n = queries - 1
+    if n * per_query > len(triples):
+        raise SystemExit(f"--queries {queries} x --query-marginals {per_query} needs "
+                         f"{n * per_query} distinct 3-way marginals; {len(columns)} columns "
+                         f"have {len(triples)}")
+    return [{"marginals": triples[i * per_query:(i + 1) * per_query], "rho_share": 1.0 / (n - i)}
+            for i in range(n)]
+
+
+def run_variant(cfg: Any, out: Path, broker: str, tap: Tap, timeout_s: float,
+                updates: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One federated run through ``broker`` (with ``updates`` queued: a session of
+    queries); returns its figures and the tap's counts."""
     from sim.launch.synth import run_synth
 
     tap.reset()
     # plaintext on loopback: the tap is a plain SUB socket (CURVE adds the same bytes
     # per frame to every variant; the runs' bytes are what the broker forwards)
-    res = run_synth(cfg, out, broker=broker, timeout_s=timeout_s, quiet=True, insecure=True)
+    res = run_synth(cfg, out, broker=broker, timeout_s=timeout_s, quiet=True, insecure=True,
+                    workload=updates or None)
     time.sleep(0.5)  # the last frames reach the tap
     m = res.metrics
     return {"avg_tv": m["avg_tv"], "max_tv": m["max_tv"], "bytes_wire": m["bytes_wire"],
@@ -131,6 +164,9 @@ def run_variant(cfg: Any, out: Path, broker: str, tap: Tap, timeout_s: float) ->
             "bytes_wire_fixed": m.get("bytes_wire_fixed"),
             "bytes_wire_rounds": m.get("bytes_wire_rounds"),
             "bytes_wire_by_stage": m.get("bytes_wire_by_stage"),
+            "bytes_wire_session_fixed": m.get("bytes_wire_session_fixed"),
+            "bytes_wire_by_query": m.get("bytes_wire_by_query"),
+            "wire_over_naive_per_query": m.get("wire_over_naive_per_query"),
             "wall_s": m["wall_s"], "tap_bytes": dict(tap.bytes), "tap_msgs": dict(tap.msgs),
             "tap_total": int(sum(tap.bytes.values())),
             "ring_bits_mean": {k: r["ring_bits_mean"] for k, r in m["rounds"].items()},
@@ -168,6 +204,14 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "bytes_by_kind": {k: statistics.median(r["tap_bytes"].get(k, 0) for r in ok)
                               for k in kinds},
             "runs": len(ok)}
+    main = [r for r in runs.get("compressed", []) if r.get("wire_over_naive_per_query")]
+    if main:  # the session's figures, of the default protocol
+        out["wire_over_naive_per_query"] = statistics.median(
+            r["wire_over_naive_per_query"] for r in main)
+        out["fixed_bytes"] = statistics.median(r["bytes_wire_session_fixed"] for r in main)
+        out["queries"] = len(main[0]["bytes_wire_by_query"])
+        out["per_query"] = main[0]["bytes_wire_by_query"]
+        out["bytes_by_stage"] = main[0]["bytes_wire_by_stage"]
     fine = runs.get("fine", [])
     for name, rows in runs.items():
         if name == "fine" or out.get(name) is None:
@@ -202,6 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=600.0, help="per run")
     ap.add_argument("--drop-columns", default=None,
                     help="comma-separated columns left out (default: the dataset's own)")
+    ap.add_argument("--queries", type=int, default=1,
+                    help="queries in the session: the release and QUERIES - 1 workload updates")
+    ap.add_argument("--query-marginals", type=int, default=3,
+                    help="3-way marginals per workload update (--queries)")
+    ap.add_argument("--stream-frac", type=float, default=0.5,
+                    help="with --queries > 1: the fraction of rho held back for the updates")
     ap.add_argument("--bank8", action="store_true",
                     help="bank restricted to 8 categorical columns (job, marital, education, "
                     "default, housing, loan, contact, y)")
@@ -212,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seeds, args.variants = 1, "compressed,fine"
 
     from sim.launch.vfl import _stop, start_broker
-    from synth.config import DataSection, SynthConfig
+    from synth.config import DataSection, StreamSection, SynthConfig
 
     names = [v for v in args.variants.split(",") if v]
     unknown = [v for v in names if v not in VARIANTS]
@@ -220,8 +270,19 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
     drop = (tuple(c for c in args.drop_columns.split(",") if c)
             if args.drop_columns is not None else None)
+    if args.queries < 1:
+        ap.error(f"--queries must be >= 1, got {args.queries}")
     base = SynthConfig(dataset=args.dataset, parties=args.parties, epsilon=args.epsilon,
-                       mechanism=args.mechanism, data=DataSection(drop_columns=drop))
+                       mechanism=args.mechanism, data=DataSection(drop_columns=drop),
+                       stream=StreamSection(rho_frac=args.stream_frac if args.queries > 1
+                                            else 0.0))
+    updates: list[dict[str, Any]] = []
+    if args.queries > 1:
+        from parties.data import load_table
+
+        frame, _ = load_table(base.dataset)
+        columns = [str(c) for c in frame.columns if c not in set(base.resolved_drop())]
+        updates = query_updates(columns, args.queries, args.query_marginals)
     root = args.out or Path(tempfile.mkdtemp(prefix="synth_wire_"))
     root.mkdir(parents=True, exist_ok=True)
     broker_proc, broker = start_broker(root, root / "broker_events.jsonl")
@@ -234,13 +295,15 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = replace(base, noise_seed=11 + s,
                               secagg=replace(base.secagg, **VARIANTS[name]))
                 try:
-                    row = run_variant(cfg, root / f"{name}_{s}", broker, tap, args.timeout_s)
+                    row = run_variant(cfg, root / f"{name}_{s}", broker, tap, args.timeout_s,
+                                      updates)
                 except Exception as exc:  # noqa: BLE001 - record, go on with the others
                     row = {"error": repr(exc)}
                 row["noise_seed"] = 11 + s
                 runs[name].append(row)
                 print(f"{name:13s} seed {11 + s}: " + (
                     f"TV {row['avg_tv']:.4f}  wire/naive {row['wire_vs_naive']:.3f}  "
+                    f"fixed {row['bytes_wire_session_fixed'] or 0:,} B  "
                     f"({row['bytes_wire']:,} / {row['bytes_naive']:,} B, tap "
                     f"{row['tap_total']:,} B)  {row['wall_s']:.1f} s"
                     if "error" not in row else row["error"]), flush=True)
@@ -263,6 +326,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['wire_vs_naive']:.3f} | {_fmt(r['fixed_vs_naive'])} | "
               f"{_fmt(r['rounds_vs_naive'])} | {r['saving_vs_naive']:.1%} | "
               f"{r['bytes_wire']:,.0f} | {r['bytes_naive']:,.0f} |")
+    if summary.get("wire_over_naive_per_query") is not None:
+        print(f"\nsession of {summary['queries']} quer{'y' if summary['queries'] == 1 else 'ies'}"
+              f" (compressed): wire/naive per query {summary['wire_over_naive_per_query']:.3f}"
+              f", fixed {summary['fixed_bytes']:,.0f} B once")
+        for q, r in summary["per_query"].items():
+            print(f"  {q}: wire {r['bytes_wire']:,} B, naive {r['bytes_naive']:,} B, "
+                  f"wire/naive {_fmt(r['wire_over_naive'])}")
     print("\nbytes by kind (median):")
     for name in names:
         r = summary.get(name)

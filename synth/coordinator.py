@@ -236,8 +236,8 @@ class Coordinator:
     async def _measure(self, bus: Transport, budget: BudgetSplit
                        ) -> dict[str, RoundResult]:
         """The secure-aggregation session (keys, the first seed batch for every round of
-        the mechanism), the mechanism's rounds, then any queued workload updates'
-        rounds."""
+        the mechanism and of the workload updates queued now), the mechanism's rounds,
+        then any queued workload updates' rounds."""
         ctx, cfg = self.ctx, self.cfg
         planner = planner_for(mechanism=cfg.mechanism, domain=ctx.domain,
                               shares=budget.shares, max_cells=cfg.data.max_cells,
@@ -247,7 +247,11 @@ class Coordinator:
         await ctx.wire.mark("schema")
         await self.session_stages.keys(bus)
         await ctx.wire.mark(ctx.sk("keys"))
-        await self.session_stages.seed_batch(bus, 0, list(range(planner.n_rounds)))
+        # the first batch also covers the rounds of the workload updates already queued
+        # (one each): a session of many queries shares its seeds in one batch
+        ahead = self.workload.rounds_ahead()
+        ctx.first_batch = (planner.n_rounds, ahead)
+        await self.session_stages.seed_batch(bus, 0, list(range(planner.n_rounds + ahead)))
         await ctx.wire.mark("seeds:0")
         results = await self.driver.run(bus, planner)
         await self.workload.run(bus, results)

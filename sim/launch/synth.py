@@ -427,7 +427,7 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
               kill_delay_s: float = 0.0, restart_after_s: float = 1.0,
               pauses: list[Pause] | None = None,
               kill_parties: Sequence[str] = (),
-              workload: Mapping[str, Any] | None = None,
+              workload: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
               reopen: bool = False, rusage: bool = False,
               hooks: LaunchHooks | None = None,
               prepared: Mapping[str, Any] | None = None) -> LaunchResult:
@@ -468,9 +468,11 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
         hooks: a scenario's hooks (:class:`LaunchHooks`): the address each party process
             is given (a shaping relay's), and a start/stop around the run.
 
-        workload: a workload update (:mod:`synth.workload`) queued before the job
-            starts, so the coordinator measures it after its own rounds (a full run
-            with the update; the baseline of an incremental ``add_workload``).
+        workload: a workload update (:mod:`synth.workload`), or several, queued before
+            the job starts, so the coordinator measures them after its own rounds, in
+            order, in the same secure-aggregation session (a full run with the update,
+            the baseline of an incremental ``add_workload``; several: a consortium
+            session of queries whose keys are set up once, ``metrics["bytes_wire_by_query"]``).
         reopen: start the processes again for the finished run in ``out`` (its data,
             config, run id, checkpoint and the parties' ledgers) to apply queued
             workload updates; used by :func:`add_workload`.
@@ -539,8 +541,9 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             else:
                 info = dict(prepared)
             write_atomic(out / "config.toml", dump_synth_config(cfg))
-            if workload is not None:
-                submit_workload(out, workload)
+            for update in ([workload] if isinstance(workload, Mapping) else
+                           list(workload or ())):
+                submit_workload(out, update)
         run_id = run_id or uuid.uuid4().hex[:8]
         ids = cfg.party_ids()
         tree = build_tree(ids, cfg.secagg.fanout, cfg.secagg.root_children)

@@ -78,6 +78,10 @@ class RunContext:
         self.stage_cpu_s: dict[str, float] = {}
         self.bytes_naive = 0
         self.bytes_naive_direct = 0
+        #: round name -> its naive float32 bytes (this process's rounds; the per-query split)
+        self.naive_by_round: dict[str, int] = {}
+        #: the first seed batch's rounds: the mechanism's, then those of queued updates
+        self.first_batch: tuple[int, int] = (0, 0)
         self.session = SessionPlan(
             session_id=f"{run_id}/0", party_ids=self.parties,
             threshold=cfg.secagg.threshold or None,

@@ -52,7 +52,9 @@ def build_metrics(ctx: RunContext, *, rho_total: float, results: Mapping[str, Ro
         "ml_utility_skipped": quality.get("ml_utility_skipped"),
         "bytes_wire": wire, "bytes_naive": ctx.bytes_naive,
         "bytes_naive_direct": ctx.bytes_naive_direct,
-        **ctx.wire.split(wire, restarted=restarted),
+        **(split := ctx.wire.split(wire, restarted=restarted)),
+        **query_bytes(split["bytes_wire_by_stage"], split["bytes_wire_other"],
+                      ctx.naive_by_round, ctx.updates, first_batch=ctx.first_batch),
         "wire_vs_naive": (wire / ctx.bytes_naive) if wire and ctx.bytes_naive else None,
         "bits": cfg.secagg.bits or "no cap", "ring": cfg.secagg.ring,
         "min_survivors": resolve_min_survivors(cfg.secagg.min_survivors, len(ctx.parties)),
@@ -75,6 +77,59 @@ def build_metrics(ctx: RunContext, *, rho_total: float, results: Mapping[str, Ro
         "stage_cpu_s": ctx.stage_cpu_s, **cpu_figures(ctx.stage_cpu_s),
         "rows": ctx.rows, "config": to_mapping(cfg),
     }
+
+
+def query_bytes(by_stage: Mapping[str, int] | None, other: int | None,
+                naive_by_round: Mapping[str, int],
+                updates: list[dict[str, Any]], *,
+                first_batch: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+    """The session's wire bytes by query. A query is one released workload: the
+    mechanism's (``release``: its seed batches and rounds) and each workload update
+    measured in the session (``wl<n>``: its seed batch and round). The first seed batch
+    (``seeds:0``) covers ``first_batch`` = (the mechanism's rounds, the queued updates'
+    rounds): each update measured in a round of it (``seeded_ahead``) is charged one
+    round's share of its bytes, the release the mechanism's rounds' share, fixed the
+    share of rounds no query used. ``fixed`` is what the session pays once whatever the
+    number of queries (schema and hellos, keys, the end of the run). ``wire_over_naive_per_query`` = (fixed + Σ per-query wire bytes) / Σ
+    per-query naive float32 bytes (the session's wire/naive; with Q equal queries, the
+    issue's (fixed + Σ per-query) / (Q × one query's naive)). Nones in process or after
+    a restart (as :meth:`synth.coord.meters.WireMeter.split`)."""
+    if by_stage is None or other is None:
+        return {"bytes_wire_session_fixed": None, "bytes_wire_by_query": None,
+                "queries": None, "wire_over_naive_per_query": None}
+    names = {str(u["name"]) for u in updates}
+    batch_of = {f"seeds:{u['batch']}": str(u["name"]) for u in updates if "batch" in u}
+    by_query: dict[str, dict[str, int]] = {}
+
+    def add(query: str, key: str, n: int) -> None:
+        by_query.setdefault(query, {"bytes_wire": 0, "bytes_naive": 0})[key] += int(n)
+
+    fixed = int(other)
+    mech, ahead = first_batch
+    for stage, n in by_stage.items():
+        if stage.startswith("round:"):
+            add(stage[6:] if stage[6:] in names else "release", "bytes_wire", n)
+        elif stage == "seeds:0" and ahead > 0:
+            per_round = int(n) / (mech + ahead)
+            used = [str(u["name"]) for u in updates if u.get("seeded_ahead")]
+            for q in used:
+                add(q, "bytes_wire", round(per_round))
+            add("release", "bytes_wire", round(per_round * mech))
+            fixed += int(n) - round(per_round) * len(used) - round(per_round * mech)
+        elif stage.startswith("seeds:"):
+            add(batch_of.get(stage, "release"), "bytes_wire", n)
+        else:
+            fixed += int(n)
+    for name, n in naive_by_round.items():
+        add(name if name in names else "release", "bytes_naive", n)
+    for q in by_query.values():
+        q["wire_over_naive"] = (q["bytes_wire"] / q["bytes_naive"]  # type: ignore[assignment]
+                                if q["bytes_naive"] else None)
+    naive = sum(q["bytes_naive"] for q in by_query.values())
+    wire = fixed + sum(q["bytes_wire"] for q in by_query.values())
+    return {"bytes_wire_session_fixed": fixed, "bytes_wire_by_query": by_query,
+            "queries": len(by_query),
+            "wire_over_naive_per_query": wire / naive if naive else None}
 
 
 def cpu_figures(stage_cpu_s: Mapping[str, float]) -> dict[str, Any]:

@@ -174,7 +174,9 @@ class RoundRunner:
         alive = set(survivors)
         forwards = sum(1 for a in tree.aggregators
                        if alive.intersection(tree.parties_under(a)))
-        ctx.bytes_naive += 4 * plan.vector_len * (len(survivors) + forwards)
+        naive = 4 * plan.vector_len * (len(survivors) + forwards)
+        ctx.bytes_naive += naive
+        ctx.naive_by_round[name] = naive
         ctx.bytes_naive_direct += 4 * plan.vector_len * len(survivors)
         res = RoundResult(plan=plan, values=values, sigma=sigma, survivors=survivors,
                           dropped=dropped, missing=missing,

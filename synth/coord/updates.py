@@ -2,7 +2,9 @@
 after the mechanism's rounds, and reported once the synthesis is refitted.
 
 Each update measures its marginals that no round measured yet, in a round of its own
-(stage ``workload:wl<n>``, with a seed batch of its own), with its share of the
+(stage ``workload:wl<n>``; its self-mask seeds were shared in the session's first batch
+when the update was queued before the run started (:meth:`WorkloadStage.rounds_ahead`),
+else in a seed batch of its own), with its share of the
 remaining stream reserve of ρ; its weights apply to the fit. An update is noted in the
 checkpoint before its round, so a restart measures it once. After the synthesis, each
 applied update gets a report (TV distance on its marginals before and after, refit
@@ -25,7 +27,11 @@ from synth.coord.planners import RoundRequest
 from synth.coord.rounds import RoundRunner
 from synth.coord.types import EvalData, RoundResult
 from synth.domain import encode
+from synth.protocol import round_id
 from synth.workload import WorkloadError, WorkloadUpdate, mark_applied, pending_updates
+
+#: the most update rounds the session's first seed batch covers ahead
+MAX_ROUNDS_AHEAD = 64
 
 #: ``(bus, batch, rounds)``: run a seed batch for those rounds.
 SeedBatch = Callable[[Transport, int, list[int]], Awaitable[None]]
@@ -48,6 +54,23 @@ class WorkloadStage:
         self.seeds = seeds
         self.runner = runner
         self.eval_data = eval_data
+
+    def rounds_ahead(self) -> int:
+        """Rounds the updates queued now will take (one each, at most
+        :data:`MAX_ROUNDS_AHEAD`): the session's first seed batch covers them too, so a
+        session of many queries pays one batch's per-message costs, not one per query
+        (each round still has its own fresh self-mask seed). 0 for a reopened run, whose
+        new session seeds each update's round on its own."""
+        ctx = self.ctx
+        if ctx.reopened:
+            return 0
+        try:
+            queued = pending_updates(ctx.out, ctx.schema.names)
+        except WorkloadError:
+            return 0  # refused (and reported) when the stage runs
+        done = {w["file"] for w in ctx.store.doc["workload"]}
+        return min(MAX_ROUNDS_AHEAD, sum(1 for path, up in queued
+                                         if path.name not in done and up.marginals))
 
     async def run(self, bus: Transport, results: dict[str, RoundResult]) -> None:
         """Apply queued workload updates: measure each update's marginals that no round
@@ -72,8 +95,11 @@ class WorkloadStage:
             if rec["missing"] and rec["status"] == "planned":
                 with ctx.stage(f"workload:{rec['name']}"):
                     t0 = time.perf_counter()
-                    await self.seeds(bus, rec["batch"], [rec["round"]])
-                    await ctx.wire.mark(f"seeds:{rec['batch']}")
+                    if ctx.server.seeded(round_id(rec["round"])):  # shared ahead
+                        rec["seeded_ahead"] = True
+                    else:
+                        await self.seeds(bus, rec["batch"], [rec["round"]])
+                        await ctx.wire.mark(f"seeds:{rec['batch']}")
                     results[rec["name"]] = await self.runner.round(bus, RoundRequest(
                         round=rec["round"], name=rec["name"],
                         cliques=tuple(tuple(c) for c in rec["missing"]), rho=rec["rho"]))
@@ -175,4 +201,4 @@ class WorkloadStage:
                                                           "refit_s")})
 
 
-__all__ = ["WorkloadStage"]
+__all__ = ["MAX_ROUNDS_AHEAD", "WorkloadStage"]

@@ -76,3 +76,39 @@ def test_add_workload_after_the_run_measures_only_what_is_missing(tmp_path: Path
     again = add_workload(run, {"marginals": [["x", "y", "z"]]}, timeout_s=60, quiet=True)
     assert again["status"] == "nothing to measure" and again["reopened"] is False
     assert (run / "synthetic.csv").read_bytes() == before
+
+
+@pytest.mark.timeout(600)
+def test_a_session_of_queries_shares_its_keys_and_one_seed_batch(tmp_path: Path) -> None:
+    """Workload updates queued before the run are queries of the same session: one key
+    exchange, one seed batch covering every query's rounds (each round its own seeds),
+    the bytes split into fixed and per-query figures that add up to the broker's count,
+    and every party's ledger equal to what the coordinator counted."""
+    from sim.launch.synth import run_synth
+
+    _xor_table(2000).to_csv(tmp_path / "t.csv", index=False)
+    cfg = SynthConfig(dataset=str(tmp_path / "t.csv"), parties=3, epsilon=4.0, seed=2,
+                      noise_seed=3, secagg=SecAggSection(fanout=2),
+                      engine=EngineSection(name="mbi", iters=200),
+                      stream=StreamSection(rho_frac=0.3),
+                      timeouts=TimeoutsSection(round_timeout_s=10.0, handshake_timeout_s=60.0),
+                      launch=LaunchSection(parties_per_process=3))
+    updates = [{"marginals": [["x", "y", "z"]], "rho_share": 0.5},
+               {"marginals": [["x", "z", "w"], ["y", "z", "w"]], "rho_share": 1.0}]
+    m = run_synth(cfg, tmp_path / "run", timeout_s=200, quiet=True, workload=updates).metrics
+    assert [u["name"] for u in m["workload_updates"]] == ["wl0", "wl1"]
+    assert all(u["status"] == "measured" for u in m["workload_updates"])
+    stages = m["bytes_wire_by_stage"]
+    assert [s for s in stages if s.startswith("keys")] == ["keys"]
+    assert [s for s in stages if s.startswith("seeds")] == ["seeds:0"]  # one batch
+    seeds = json.loads((tmp_path / "run" / "stages" / "seeds_0.json").read_text())
+    assert len(seeds["rounds"]) == len(set(seeds["rounds"])) == 3 + 2
+    q = m["bytes_wire_by_query"]
+    assert set(q) == {"release", "wl0", "wl1"} and m["queries"] == 3
+    assert all(v["bytes_wire"] > 0 and v["bytes_naive"] > 0 for v in q.values())
+    assert m["bytes_wire_session_fixed"] + sum(v["bytes_wire"] for v in q.values()) \
+        == m["bytes_wire"]
+    assert m["wire_over_naive_per_query"] == pytest.approx(m["bytes_wire"] / m["bytes_naive"])
+    for p, led in m["ledger"].items():
+        assert led["rho_spent"] == pytest.approx(m["rho_spent"][p], rel=1e-9)
+    assert m["stream_rho_left"] == pytest.approx(0.0, abs=1e-12)

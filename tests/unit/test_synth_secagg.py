@@ -577,3 +577,67 @@ def test_server_state_survives_a_restart_and_unmasks_the_same_sum() -> None:
     other = SecAggServer(SecAggConfig(session_id="other", party_ids=tuple(ids)))
     with pytest.raises(ProtocolError, match="session"):
         restore_server(other, state)
+
+
+def test_a_dropped_partys_revealed_secrets_are_never_reused_by_a_later_query() -> None:
+    """A consortium session: one key exchange and one seed batch serve two queries (the
+    release's round ``q1`` and a later update's round ``q2``, seeded ahead in the same
+    batch). In q1 p2 survives (its self-mask seed of q1 is reconstructed from the
+    revealed shares) and p3 drops (its partners reveal their q1 round keys with it). In q2
+    p2 is declared dropped although its masked vector arrives: with everything revealed
+    in q1 and q2 its input stays hidden (q1's seed and round keys are not q2's); p3's q2
+    round keys are new; and no round of q1 can be masked or seeded again for a later
+    query."""
+    ids = ["p0", "p1", "p2", "p3", "p4"]
+    m, n = 16, 20_000
+    cfg, clients, server, specs = _setup(ids, m, n, rounds=("q1", "q2"), fixed=True,
+                                         session="consortium")
+    rng = np.random.default_rng(3)
+    # query 1: p3 drops before masking; everyone else is counted
+    xs = {p: rng.integers(0, 2**8, n, dtype=np.uint64) for p in ids}
+    for p in ids:
+        if p != "p3":
+            server.collect_masked(specs["q1"], p, clients[p].masked(specs["q1"], xs[p]))
+    survivors, dropped = server.unmask_request("q1")
+    assert dropped == ("p3",)
+    rev1 = {p: clients[p].reveal_all("q1", survivors, dropped) for p in survivors}
+    total = server.unmask("q1", survivors, dropped, rev1)
+    np.testing.assert_array_equal(total, sum(xs[p] for p in survivors) & np.uint64(2**m - 1))
+    seed_p2_q1 = recover_secret([(s["p2"].x, s["p2"].y) for s in rev1.values() if "p2" in s],
+                                cfg.t)
+    keys_p3_q1 = {v: s["p3"].y for v, s in rev1.items() if "p3" in s}
+    assert keys_p3_q1 and all(s.kind == "pair" for r in rev1.values() for o, s in r.items()
+                              if o == "p3")
+    # query 2: p2's masked vector (of zeros) arrives, but the server declares it dropped
+    x2 = np.zeros(n, dtype=np.uint64)
+    y2 = clients["p2"].masked(specs["q2"], x2)
+    for p in ("p0", "p1", "p4"):
+        server.collect_masked(specs["q2"], p, clients[p].masked(specs["q2"], xs[p]))
+    survivors2, dropped2 = server.unmask_request("q2")
+    assert set(dropped2) == {"p2", "p3"}
+    rev2 = {p: clients[p].reveal_all("q2", survivors2, dropped2) for p in survivors2}
+    keys_p3_q2 = {v: s["p3"].y for v, s in rev2.items() if "p3" in s}
+    assert all(keys_p3_q2[v] != keys_p3_q1[v] for v in keys_p3_q2 if v in keys_p3_q1)
+    # strip p2's vector of every q2 pair mask (those revealed, and even the one with the
+    # dead p3, which nobody reveals: a stronger adversary) and of q1's self mask
+    from synth.secagg import _pair_mask, _pair_sign, _round_key, _self_mask
+    stripped = y2.copy()
+    for v in clients["p2"]._round_partners("q2"):
+        key = _round_key(clients["p2"]._shared[v], "p2", v, cfg, "q2")
+        if v in rev2:
+            assert rev2[v]["p2"].y == int.from_bytes(key, "big")
+        pm = _pair_mask(key, cfg, specs["q2"])
+        stripped = stripped - pm if _pair_sign("p2", v) > 0 else stripped + pm
+    mk = np.uint64(2**m - 1)
+    # control: the stripping is right (with q2's own seed, which nothing revealed, it
+    # gives x2 back exactly)
+    own = clients["p2"]._seeds["q2"]
+    np.testing.assert_array_equal((stripped - _self_mask(own, "p2", cfg, specs["q2"])) & mk, x2)
+    stripped = (stripped - _self_mask(seed_p2_q1, "p2", cfg, specs["q2"])) & mk
+    assert _chi2_uniform(stripped, m) < 73.6  # x2 = 0: a single bin were it unmasked
+    assert all("p2" not in got or got["p2"].kind == "pair" for got in rev2.values())
+    # no later query reuses q1: masking or seeding it again is refused
+    with pytest.raises(ProtocolError):
+        clients["p0"].masked(specs["q1"], xs["p0"])
+    with pytest.raises(ProtocolError):
+        clients["p0"].share_seeds(["q1"])
