@@ -303,7 +303,7 @@ def render_des_validate(result: dict[str, Any]) -> str:
 def render_synth_wire(result: dict[str, Any]) -> str:
     """``bench/synth_wire.py``: per variant, TV and wire bytes against naive float32
     (the bench's own printed table, medians over the noise seeds)."""
-    s = result["summary"]
+    s = {k: v for k, v in result["summary"].items() if k not in WIRE_SESSION_KEYS}
     rows = []
     for name, r in s.items():
         if not isinstance(r, dict):
@@ -322,7 +322,20 @@ def render_synth_wire(result: dict[str, Any]) -> str:
         out += ["\nBytes by message kind (median):\n\n",
                 table(["kind", *(f"`{n}`" for n, _ in kinds)],
                       [[f"`{k}`", *(d.get(k, 0) for _, d in kinds)] for k in names])]
+    whole = result["summary"]
+    if whole.get("per_query"):  # a session of queries (--queries)
+        out += [f"\nThe session ({whole['queries']} queries, `compressed`): fixed "
+                f"{whole['fixed_bytes']:,.0f} B once, wire / naive per query "
+                f"{whole['wire_over_naive_per_query']:.3f}:\n\n",
+                table(["query", "wire B", "naive B", "wire / naive"],
+                      [[f"`{q}`", r["bytes_wire"], r["bytes_naive"], r["wire_over_naive"]]
+                       for q, r in whole["per_query"].items()])]
     return "".join(out)
+
+
+#: ``bench/synth_wire.py``'s summary keys that are the session's, not a variant's
+WIRE_SESSION_KEYS = ("wire_over_naive_per_query", "fixed_bytes", "queries", "per_query",
+                     "bytes_by_stage")
 
 
 def render_synth_table(result: dict[str, Any]) -> str:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -634,6 +635,11 @@ def _synth_run(args: argparse.Namespace) -> int:
     if getattr(args, "engine", None) is not None:
         extra["engine"] = {"name": args.engine}  # [synth.engine] name
     if args.party_files:
+        if getattr(args, "queries", None):
+            from pubsub.config import ConfigError
+
+            raise ConfigError("--queries", "goes with a --dataset run (with --party-files, "
+                              "queue them with psfl synth add-workload)")
         return _synth_run_party_files(args, extra)
     for flag in ("schema", "holdout"):
         if getattr(args, flag, None):
@@ -642,6 +648,7 @@ def _synth_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{flag}", "goes with --party-files (a --dataset run splits "
                               "its own holdout and takes its schema from data.schema_file)")
     cfg = load_synth_config(args.config, args.set, extra)  # ConfigError: exit 2
+    args.updates = _read_queries(getattr(args, "queries", None), cfg)
     code = _check_tables_before_launch([cfg.dataset])
     if code is not None:
         return code
@@ -651,6 +658,33 @@ def _synth_run(args: argparse.Namespace) -> int:
     # start line and the heavy imports)
     with RunDirLock(args.out, run_id=args.run_id, command="psfl synth run"):
         return _synth_run_locked(args, cfg)
+
+
+def _read_queries(path: str | None, cfg: Any) -> list[dict[str, Any]]:
+    """``--queries FILE``: its workload updates (a JSON list of them, or one), checked
+    for shape before anything starts (their columns once the schema is known).
+
+    Raises:
+        ConfigError: the file cannot be read, is not a list of objects, or the run holds
+            no reserve of ρ for them (``stream.rho_frac = 0``).
+    """
+    from pubsub.config import ConfigError
+
+    if path is None:
+        return []
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError("--queries", f"cannot read {path!r}: {exc}") from None
+    updates = [doc] if isinstance(doc, dict) else doc
+    if not isinstance(updates, list) or not updates or not all(isinstance(u, dict)
+                                                                for u in updates):
+        raise ConfigError("--queries", f"{path!r} must hold a workload update (an object) "
+                          "or a non-empty list of them")
+    if cfg.stream.rho_frac == 0:
+        raise ConfigError("--queries", "the run holds no reserve of rho for its queries: "
+                          "set stream.rho_frac > 0 (e.g. --set stream.rho_frac=0.3)")
+    return updates
 
 
 def _synth_run_locked(args: argparse.Namespace, cfg: Any) -> int:
@@ -671,7 +705,8 @@ def _synth_run_locked(args: argparse.Namespace, cfg: Any) -> int:
                                           run_id=args.run_id, timeout_s=args.timeout_s,
                                           keys_dir=args.keys, insecure=args.insecure,
                                           kill_coordinator_at=args.kill_coordinator_at,
-                                          kill_parties=args.kill_party),
+                                          kill_parties=args.kill_party,
+                                          workload=getattr(args, "updates", None) or None),
                         what="every process", bad_input=(DomainError, ValueError))
     if code is not None:
         return code
@@ -688,6 +723,10 @@ def _synth_run_locked(args: argparse.Namespace, cfg: Any) -> int:
     if m.get("bytes_wire"):
         print(f"wire bytes {m['bytes_wire']:,} vs naive float32 {m['bytes_naive']:,} "
               f"({m['bytes_wire'] / m['bytes_naive']:.2f}x)")
+    if (m.get("queries") or 0) > 1:
+        print(f"session of {m['queries']} queries: {m['bytes_wire_session_fixed']:,} B fixed "
+              f"once, wire/naive per query {m['wire_over_naive_per_query']:.2f}x "
+              f"(metrics: bytes_wire_by_query)")
     for d in m.get("party_deaths") or []:
         how = f"signal {d['signal']}" if d.get("signal") else f"exit code {d['exit_code']}"
         print(f"dropout: party process {d['process']} ({', '.join(d['parties'])}) died "
@@ -1365,6 +1404,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="fault: kill -9 party ID (p000, p001, ...) when the coordinator "
                       "starts STAGE (e.g. p002@round:select); the run completes with the "
                       "survivors, or fails (exit 1) below secagg.min_survivors (repeatable)")
+    srun.add_argument("--queries", metavar="FILE",
+                      help="JSON: a list of workload updates (each as for add-workload) "
+                      "measured after the mechanism's rounds as queries of the run's "
+                      "secure-aggregation session (its keys and first seed batch serve "
+                      "them all); needs stream.rho_frac > 0")
     add_security_arguments(srun, kind="launcher")
     srun.set_defaults(func=_synth_run)
     ssch = ssub.add_parser("schema", help="DRAFT the public schema of a FedForge table from "

@@ -104,3 +104,26 @@ def test_drop_columns_naming_no_column_is_refused_before_the_run(tmp_path: Path)
     fed = FedForge(epsilon=1.0, label="y", config={"data": {"drop_columns": ["zz"]}})
     with pytest.raises(FedForgeError, match=r"\['zz'\]"):
         fed.fit([frame, frame])
+
+
+@pytest.mark.parametrize("doc,extra,says", [
+    ('[{"marginals": [["job", "y", "loan"]]}]', [], "stream.rho_frac"),
+    ('{"marginals": [["job", "y", "loan"]]', ["--set", "stream.rho_frac=0.3"], "cannot read"),
+    ('[]', ["--set", "stream.rho_frac=0.3"], "non-empty list"),
+    ('[{"marginals": [["job", "y", "loan"]]}]', ["--party-files", "a.csv", "b.csv"],
+     "--dataset run"),
+])
+def test_queries_refused_before_anything_starts(doc: str, extra: list[str], says: str,
+                                                tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """``psfl synth run --queries FILE``: a file that is not a list of updates, a run
+    without a reserve of rho for them, or --party-files: exit 2 naming --queries."""
+    (tmp_path / "q.json").write_text(doc)
+    args = ["synth", "run", *extra, "--queries", str(tmp_path / "q.json"),
+            "--out", str(tmp_path / "run")]
+    if "--party-files" not in extra:
+        args[2:2] = ["--dataset", "bank"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "config '--queries'" in err and says in err, err
+    assert not (tmp_path / "run").exists()
