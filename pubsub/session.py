@@ -22,7 +22,8 @@ a deadline; the callers subscribe the topics they listen on (with bounded buffer
 
 Hello wire format (metadata only, no arrays): ``{"from": me, "digest": digest, "seen":
 [peers heard so far], **info}``, with ``"done": true`` on a side's final hello (sent
-once it has met every peer, and as its answer to a late hello). Heartbeat: ``{"from": me, "t": unix time}``.
+once it has met every peer, and as its answer to a late hello). Heartbeat: ``{"from":
+me, "t": unix time}``.
 """
 
 from __future__ import annotations
@@ -412,4 +413,5 @@ class Liveness:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-__all__ = ["Liveness", "answer_hello", "answer_hellos", "call_until", "heartbeat", "rendezvous", "wait_any", "watch"]
+__all__ = ["Liveness", "answer_hello", "answer_hellos", "call_until", "heartbeat", "rendezvous",
+           "wait_any", "watch"]

@@ -90,10 +90,11 @@ def query_bytes(by_stage: Mapping[str, int] | None, other: int | None,
     rounds): each update measured in a round of it (``seeded_ahead``) is charged one
     round's share of its bytes, the release the mechanism's rounds' share, fixed the
     share of rounds no query used. ``fixed`` is what the session pays once whatever the
-    number of queries (schema and hellos, keys, the end of the run). ``wire_over_naive_per_query`` = (fixed + Σ per-query wire bytes) / Σ
-    per-query naive float32 bytes (the session's wire/naive; with Q equal queries, the
-    issue's (fixed + Σ per-query) / (Q × one query's naive)). Nones in process or after
-    a restart (as :meth:`synth.coord.meters.WireMeter.split`)."""
+    number of queries (schema and hellos, keys, the end of the run).
+    ``wire_over_naive_per_query`` = (fixed + Σ per-query wire bytes) / Σ per-query naive
+    float32 bytes: the session's wire/naive, which for Q queries of equal size is
+    (fixed + Σ per-query) / (Q × one query's naive). Nones in process or after a
+    restart (as :meth:`synth.coord.meters.WireMeter.split`)."""
     if by_stage is None or other is None:
         return {"bytes_wire_session_fixed": None, "bytes_wire_by_query": None,
                 "queries": None, "wire_over_naive_per_query": None}

@@ -138,7 +138,8 @@ class _LosesFinalHellos:
     def __getattr__(self, name: str) -> object:
         return getattr(self._bus, name)
 
-    def publish_nowait(self, topic: str, arrays: object, meta: dict, **kw: object) -> None:  # type: ignore[type-arg]
+    def publish_nowait(self, topic: str, arrays: object, meta: dict,  # type: ignore[type-arg]
+                       **kw: object) -> None:
         self.said += 1
         if not meta.get("seen") or self.said > 10_000:
             self._bus.publish_nowait(topic, arrays, meta, **kw)  # type: ignore[attr-defined]
