@@ -723,9 +723,16 @@ def _synth_run_locked(args: argparse.Namespace, cfg: Any) -> int:
     if m.get("bytes_wire"):
         print(f"wire bytes {m['bytes_wire']:,} vs naive float32 {m['bytes_naive']:,} "
               f"({m['bytes_wire'] / m['bytes_naive']:.2f}x)")
+    updates = m.get("workload_updates") or []
+    for u in updates:  # --queries: each update's outcome, never only in the log
+        why = f": {u['reason']}" if u.get("reason") else ""
+        print(f"query {u['name']}: {u['status']}{why} (marginals measured "
+              f"{len(u.get('missing') or [])}, already measured "
+              f"{len(u.get('already_measured') or [])}, rho {u.get('rho', 0.0):.3g})")
     if (m.get("queries") or 0) > 1:
-        print(f"session of {m['queries']} queries: {m['bytes_wire_session_fixed']:,} B fixed "
-              f"once, wire/naive per query {m['wire_over_naive_per_query']:.2f}x "
+        print(f"session: the release and {m['queries'] - 1} update(s) measured, "
+              f"{m['bytes_wire_session_fixed']:,} B fixed once, wire/naive "
+              f"{m['wire_over_naive_per_query']:.2f}x over the queries "
               f"(metrics: bytes_wire_by_query)")
     for d in m.get("party_deaths") or []:
         how = f"signal {d['signal']}" if d.get("signal") else f"exit code {d['exit_code']}"
@@ -733,6 +740,11 @@ def _synth_run_locked(args: argparse.Namespace, cfg: Any) -> int:
               f"({how}) at {d['at_s']:.1f} s; the run completed with the others")
     print(f"wall {m['wall_s']:.1f} s; synthetic rows: {res.out / 'synthetic.csv'}; "
           f"metrics: {res.out / 'metrics.json'}")
+    refused = [u["name"] for u in updates if u.get("status") == "refused"]
+    if refused:  # the synthesis is whole, but not every query asked for was measured
+        print(f"error: --queries: {len(refused)} update(s) refused ({', '.join(refused)}); "
+              "the synthesis is written without them", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -541,9 +541,15 @@ def run_synth(cfg: SynthConfig, out: str | Path, *, broker: str | None = None,
             else:
                 info = dict(prepared)
             write_atomic(out / "config.toml", dump_synth_config(cfg))
-            for update in ([workload] if isinstance(workload, Mapping) else
-                           list(workload or ())):
-                submit_workload(out, update)
+            updates = [workload] if isinstance(workload, Mapping) else list(workload or ())
+            for i, update in enumerate(updates):
+                try:
+                    submit_workload(out, update)
+                except WorkloadError as exc:
+                    if len(updates) == 1:
+                        raise
+                    raise WorkloadError(f"update {i + 1} of {len(updates)}: "
+                                        f"{exc.reason}") from None
         run_id = run_id or uuid.uuid4().hex[:8]
         ids = cfg.party_ids()
         tree = build_tree(ids, cfg.secagg.fanout, cfg.secagg.root_children)

@@ -80,7 +80,8 @@ class QualityStage:
                         out["ml_utility_skipped"] = str(exc)
                         ctx.log.warning("synth.ml_utility_skipped", error=str(exc))
                 else:
-                    out["ml_utility_skipped"] = "no label column (set synth.label)"
+                    out["ml_utility_skipped"] = ("no label column (set synth.label: "
+                                                 "--set label=COLUMN)")
                 return out
 
             doc = await asyncio.to_thread(score)

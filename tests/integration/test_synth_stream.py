@@ -79,30 +79,41 @@ def test_add_workload_after_the_run_measures_only_what_is_missing(tmp_path: Path
 
 
 @pytest.mark.timeout(600)
-def test_a_session_of_queries_shares_its_keys_and_one_seed_batch(tmp_path: Path) -> None:
-    """Workload updates queued before the run are queries of the same session: one key
-    exchange, one seed batch covering every query's rounds (each round its own seeds),
-    the bytes split into fixed and per-query figures that add up to the broker's count,
-    and every party's ledger equal to what the coordinator counted."""
-    from sim.launch.synth import run_synth
+def test_a_session_of_queries_shares_its_keys_and_one_seed_batch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``psfl synth run --queries FILE``: workload updates queued before the run are
+    queries of the same session: one key exchange, one seed batch covering every query's
+    rounds (each round its own seeds), the bytes split into fixed and per-query figures
+    that add up to the broker's count, every party's ledger equal to what the coordinator
+    counted; an update refused (the reserve used up) is printed and ends the run with
+    exit 1, its synthesis written."""
+    from sim import cli
 
     _xor_table(2000).to_csv(tmp_path / "t.csv", index=False)
-    cfg = SynthConfig(dataset=str(tmp_path / "t.csv"), parties=3, epsilon=4.0, seed=2,
-                      noise_seed=3, secagg=SecAggSection(fanout=2),
-                      engine=EngineSection(name="mbi", iters=200),
-                      stream=StreamSection(rho_frac=0.3),
-                      timeouts=TimeoutsSection(round_timeout_s=10.0, handshake_timeout_s=60.0),
-                      launch=LaunchSection(parties_per_process=3))
     updates = [{"marginals": [["x", "y", "z"]], "rho_share": 0.5},
-               {"marginals": [["x", "z", "w"], ["y", "z", "w"]], "rho_share": 1.0}]
-    m = run_synth(cfg, tmp_path / "run", timeout_s=200, quiet=True, workload=updates).metrics
-    assert [u["name"] for u in m["workload_updates"]] == ["wl0", "wl1"]
-    assert all(u["status"] == "measured" for u in m["workload_updates"])
+               {"marginals": [["x", "z", "w"], ["y", "z", "w"]], "rho_share": 1.0},
+               {"marginals": [["x", "y", "w"]]}]  # nothing left of the reserve
+    (tmp_path / "q.json").write_text(json.dumps(updates))
+    run = tmp_path / "run"
+    code = cli.main(["synth", "run", "--dataset", str(tmp_path / "t.csv"), "--parties", "3",
+                     "--epsilon", "4", "--out", str(run), "--queries", str(tmp_path / "q.json"),
+                     "--insecure", "--timeout-s", "200",
+                     *[a for kv in ("seed=2", "noise_seed=3", "secagg.fanout=2",
+                                    "engine.name=mbi", "engine.iters=200",
+                                    "stream.rho_frac=0.3", "timeouts.round_timeout_s=10",
+                                    "launch.parties_per_process=3") for a in ("--set", kv)]])
+    out = capsys.readouterr()
+    assert code == 1, out.err[-2000:]
+    assert "query wl0: measured" in out.out and "query wl2: refused" in out.out
+    assert "1 update(s) refused (wl2)" in out.err and "Traceback" not in out.err
+    assert (run / "synthetic.csv").exists()
+    m = json.loads((run / "metrics.json").read_text())
+    assert [u["status"] for u in m["workload_updates"]] == ["measured", "measured", "refused"]
     stages = m["bytes_wire_by_stage"]
     assert [s for s in stages if s.startswith("keys")] == ["keys"]
     assert [s for s in stages if s.startswith("seeds")] == ["seeds:0"]  # one batch
-    seeds = json.loads((tmp_path / "run" / "stages" / "seeds_0.json").read_text())
-    assert len(seeds["rounds"]) == len(set(seeds["rounds"])) == 3 + 2
+    seeds = json.loads((run / "stages" / "seeds_0.json").read_text())
+    assert len(seeds["rounds"]) == len(set(seeds["rounds"])) == 3 + 3
     q = m["bytes_wire_by_query"]
     assert set(q) == {"release", "wl0", "wl1"} and m["queries"] == 3
     assert all(v["bytes_wire"] > 0 and v["bytes_naive"] > 0 for v in q.values())
