@@ -117,10 +117,13 @@ async def rendezvous(
 ) -> dict[str, dict[str, Any]]:
     """Exchange hellos with ``peers`` until each side has heard the other.
 
-    Every round publishes this side's hello on each topic of ``say`` (``seen`` lists the
-    peers heard so far), then waits up to ``interval_s`` for a hello on ``hear`` (which
-    the caller has subscribed; a hello that finds the send queue full under the ``block``
-    policy waits for the next round). A peer is done once its hello lists ``me`` as seen. When
+    This side publishes its hello on each topic of ``say`` (``seen`` lists the peers
+    heard so far) every ``interval_s`` seconds and at once when it hears a new peer,
+    and reads hellos on ``hear`` (which the caller has subscribed; a hello that finds
+    the send queue full under the ``block`` policy waits for the next round). A hello
+    heard never triggers more than that: hellos are not echoed one for one, so peers
+    that answer hellos (:func:`answer_hellos`) cannot feed a storm that starves the
+    rendezvous. A peer is done once its hello lists ``me`` as seen. When
     all are, one final hello (all seen) goes out, so a peer that never got a complete
     hello from us completes too.
 
@@ -161,14 +164,18 @@ async def rendezvous(
         meta = {**extra, "from": me, "digest": digest, "seen": sorted(heard)}
         _say_hello(bus, say, {**meta, "done": True} if done else meta)
 
+    next_say = loop.time()  # say hello now, then every interval_s (and at news, below)
     while True:
-        hello()
-        remaining = deadline - loop.time()
+        now = loop.time()
+        if now >= next_say:
+            hello()
+            next_say = now + interval_s
+        remaining = deadline - now
         if remaining <= 0:
             missing = tuple(p for p in want if p not in done)
             raise RendezvousTimeout(missing[0], timeout_s, missing)
         try:
-            msg = await wait_any(bus, hear, min(interval_s, remaining))
+            msg = await wait_any(bus, hear, max(0.0, min(next_say - now, remaining)))
         except DeadlineExceeded:
             continue
         meta = dict(msg.meta)
@@ -186,8 +193,10 @@ async def rendezvous(
                 hello()
                 await asyncio.sleep(step)
             raise SettingsMismatch(peer, digest, meta.get("digest"), meta)
-        if peer not in heard and on_found is not None:
-            on_found(peer, meta)
+        if peer not in heard:
+            if on_found is not None:
+                on_found(peer, meta)
+            next_say = loop.time()  # news: tell the peers it was heard at once
         heard[peer] = meta
         seen = meta.get("seen")
         if isinstance(seen, list) and me in seen:

@@ -221,6 +221,41 @@ async def test_completed_sides_do_not_echo_each_other() -> None:
     assert max(answers) <= 3, answers
 
 
+async def test_answering_peers_and_a_late_joiner_do_not_make_a_hello_storm() -> None:
+    """a meets b (on time) and c (late); b, done, answers a's hellos meanwhile. A hello
+    heard must not be echoed one for one (each of a's hellos goes to two peers and
+    comes back answered: a storm that starved a real run): a says hello about every
+    interval and at news, whatever b answers."""
+    interval_s = 0.02
+    async with MemoryBroker() as hub:
+        async def a() -> tuple[int, float]:
+            async with hub.connect("a") as raw:
+                await raw.subscribe("hello/a")
+                bus = _LosesFinalHellos(raw, lossy=False)
+                loop = asyncio.get_running_loop()
+                t0, before = loop.time(), bus.said
+                await rendezvous(bus, me="a", peers=["b", "c"], digest="d",  # type: ignore[arg-type]
+                                 say=["hello/b", "hello/c"], hear=["hello/a"],
+                                 timeout_s=10.0, interval_s=interval_s)
+                return bus.said - before, loop.time() - t0
+
+        async def peer(me: str, delay_s: float) -> None:
+            await asyncio.sleep(delay_s)
+            async with hub.connect(me) as bus:
+                await bus.subscribe(f"hello/{me}")
+                greeting = {"me": me, "peers": ["a"], "digest": "d", "say": ["hello/a"]}
+                await rendezvous(bus, **greeting, hear=[f"hello/{me}"],  # type: ignore[arg-type]
+                                 timeout_s=10.0, interval_s=interval_s)
+                answer = asyncio.ensure_future(
+                    answer_hellos(bus, **greeting, hear=[f"hello/{me}"]))  # type: ignore[arg-type]
+                await asyncio.sleep(1.0)
+                answer.cancel()
+
+        (said, took_s), _, _ = await asyncio.gather(a(), peer("b", 0.0), peer("c", 0.4))
+    rounds = took_s / interval_s + 1  # periodic hellos, each to both peers ...
+    assert said <= 2 * (rounds + 3), (said, took_s)  # ... + news of b, of c, the final
+
+
 # ------------------------------------------------------------------ call_until
 async def test_call_until_repeats_and_lets_accept_act_on_others() -> None:
     async with MemoryBroker() as hub, hub.connect("p") as p, hub.connect("c") as c:
