@@ -473,9 +473,9 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
                                             timeout_s=args.timeout_s, mechanism=mech,
                                             overrides=args.fedforge_set))
                 src = runs_root / (f"{ds}_eps{ek}_k10" + (f"_r{rep}" if args.repeats > 1 else ""))
-                extra = [("central_mst", run_central, src)] if "central_mst" in systems else []
-                if not args.quick and not args.systems:
-                    extra += [("central_aim", aim, src), ("independent_k10", run_independent, src)]
+                extra = [(name, fn, src) for name, fn in (
+                    ("central_mst", run_central), ("central_aim", aim),
+                    ("independent_k10", run_independent)) if name in systems]
                 for name, fn, where in extra:
                     key = f"{ds}/{ek}/{name}{tag}"
                     if not (where / "schema.json").exists():
@@ -488,7 +488,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
             row["tv_ratio_k10_vs_central"] = ratio(
                 row.get("fedforge_k10", {}).get("avg_tv"),
                 row.get("central_mst", {}).get("avg_tv"))
-            if "central_aim" in row:
+            if "central_aim" in row and "fedforge_aim_k10" in row:
                 row["tv_ratio_aim_k10_vs_central_aim"] = ratio(
                     row["fedforge_aim_k10"]["avg_tv"], row["central_aim"]["avg_tv"])
             summary[ds][ek] = row
