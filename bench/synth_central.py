@@ -78,6 +78,23 @@ class CentralMstError(ValueError):
     """Bad input to a centralised reference (empty data, wrong shape, bad ε/δ)."""
 
 
+#: the neighbouring relations a central reference can be private under
+RELATIONS = ("replace_one", "add_remove")
+
+
+def sensitivities(relation: str) -> tuple[float, float]:
+    """(Δ₂², Δ₁) of one clique histogram and of an L1 error score under ``relation``:
+    ``replace_one`` (one record's values change: one cell −1, another +1; FedForge's
+    relation) (2, 2), ``add_remove`` (a record added or removed; private-pgm's) (1, 1).
+
+    Raises:
+        CentralMstError: an unknown relation.
+    """
+    if relation not in RELATIONS:
+        raise CentralMstError(f"relation must be one of {RELATIONS}, got {relation!r}")
+    return (2.0, 2.0) if relation == "replace_one" else (1.0, 1.0)
+
+
 # ---------------------------------------------------------------------------- pieces
 def exponential_mechanism(scores: np.ndarray, epsilon: float, sensitivity: float,
                           rng: np.random.Generator, *, monotonic: bool = False) -> int:
@@ -167,7 +184,8 @@ class _DisjointSet:
 
 def mst_select_private(codes: np.ndarray, domain: Domain, one_way: Sequence[NoisyMarginal],
                        rho_select: float, rng: np.random.Generator, *,
-                       max_cells: int = DEFAULT_MAX_CELLS) -> list[Pair]:
+                       max_cells: int = DEFAULT_MAX_CELLS,
+                       score_sensitivity: float = 1.0) -> list[Pair]:
     """MST's private tree selection (private-pgm ``select`` with no initial cliques).
 
     Args:
@@ -177,6 +195,7 @@ def mst_select_private(codes: np.ndarray, domain: Domain, one_way: Sequence[Nois
         rho_select: ρ spent on the d − 1 picks together.
         rng: seeded generator for the Gumbel draws.
         max_cells: candidate pairs above this many cells are left out.
+        score_sensitivity: Δ₁ of a score (1 under add/remove, 2 under replace-one).
 
     Returns:
         The chosen pairs, in pick order (d − 1 if the candidates connect everything).
@@ -199,7 +218,7 @@ def mst_select_private(codes: np.ndarray, domain: Domain, one_way: Sequence[Nois
         if not remaining:
             break
         w = np.array([scores[e] for e in remaining])
-        e = remaining[exponential_mechanism(w, eps, 1.0, rng)]
+        e = remaining[exponential_mechanism(w, eps, score_sensitivity, rng)]
         tree.append(e)
         ds.union(*e)
     return tree
@@ -252,7 +271,8 @@ def central_mst(codes: np.ndarray, domain: Domain, *, epsilon: float, delta: flo
                 seed: int, engine: str = "mbi", max_cells: int = DEFAULT_MAX_CELLS,
                 rows: int | None = None, workload: Sequence[Sequence[str]] | None = None,
                 engine_kw: Mapping[str, Any] | None = None,
-                compress: bool | None = None) -> dict[str, Any]:
+                compress: bool | None = None,
+                relation: str = "add_remove") -> dict[str, Any]:
     """Standard (centralised) MST on the pooled rows (see the module docstring).
 
     Args:
@@ -267,6 +287,9 @@ def central_mst(codes: np.ndarray, domain: Domain, *, epsilon: float, delta: flo
         engine_kw: keyword arguments of the engine (``make_engine(engine, **kw)``).
         compress: the reference's domain compression (default: on for ``mbi``, which is
             the only engine that supports it; see :func:`compress_supports`).
+        relation: the neighbouring relation (:func:`sensitivities`): ``add_remove`` (the
+            reference's) or ``replace_one`` (FedForge's: √2 × the noise std, scores of
+            sensitivity 2).
 
     Returns:
         ``{"codes": (rows, d) int32 on the ORIGINAL domain, "wall_s": float seconds
@@ -282,7 +305,8 @@ def central_mst(codes: np.ndarray, domain: Domain, *, epsilon: float, delta: flo
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     rho = cdp_rho(epsilon, delta)
-    sigma = math.sqrt(3.0 / (2.0 * rho))
+    d2, d1 = sensitivities(relation)
+    sigma = math.sqrt(3.0 * d2 / (2.0 * rho))
     one = _measure(arr, domain, [(a,) for a in domain.attributes], sigma, rng, max_cells)
     if compress is None:
         compress = engine == "mbi"
@@ -297,7 +321,8 @@ def central_mst(codes: np.ndarray, domain: Domain, *, epsilon: float, delta: flo
         one_c = [NoisyMarginal(clique=m.clique, values=np.bincount(
             maps[m.clique[0]], weights=m.values, minlength=cdom.sizes[i])
             if m.clique[0] in maps else m.values, sigma=m.sigma) for i, m in enumerate(one)]
-        tree = mst_select_private(ccodes, cdom, one_c, rho / 3.0, rng, max_cells=max_cells)
+        tree = mst_select_private(ccodes, cdom, one_c, rho / 3.0, rng, max_cells=max_cells,
+                                  score_sensitivity=d1)
         two = _measure(ccodes, cdom, tree, sigma, rng, max_cells) if tree else []
         t1 = time.perf_counter()
         fm = _fit_mbi_compressed(domain, cdom, maps, one, two, iters=int(kw.get("iters", DEFAULT_MBI_ITERS)))
@@ -305,7 +330,8 @@ def central_mst(codes: np.ndarray, domain: Domain, *, epsilon: float, delta: flo
         syn = uncompress_codes(np.asarray(fm.sample(n, rng), dtype=np.int32), domain, maps, rng)
         csizes = list(cdom.sizes)
     else:
-        tree = mst_select_private(arr, domain, one, rho / 3.0, rng, max_cells=max_cells)
+        tree = mst_select_private(arr, domain, one, rho / 3.0, rng, max_cells=max_cells,
+                                  score_sensitivity=d1)
         two = _measure(arr, domain, tree, sigma, rng, max_cells) if tree else []
         eng = make_engine(engine, **kw)
         t1 = time.perf_counter()
@@ -325,7 +351,8 @@ def independent_ensemble(party_codes: Sequence[np.ndarray], domain: Domain, *,
                          epsilon: float, delta: float, seed: int, engine: str = "mbi",
                          max_cells: int = DEFAULT_MAX_CELLS,
                          workload: Sequence[Sequence[str]] | None = None,
-                         engine_kw: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                         engine_kw: Mapping[str, Any] | None = None,
+                         relation: str = "add_remove") -> dict[str, Any]:
     """Each party fits its own :func:`central_mst` on its rows at the full (ε, δ); pooled.
 
     Args:
@@ -333,7 +360,7 @@ def independent_ensemble(party_codes: Sequence[np.ndarray], domain: Domain, *,
         domain: the shared domain.
         epsilon, delta: every party's (ε, δ) (parallel composition over disjoint rows).
         seed: party i uses ``seed + i``.
-        engine, max_cells, workload, engine_kw: as :func:`central_mst`.
+        engine, max_cells, workload, engine_kw, relation: as :func:`central_mst`.
 
     Returns:
         ``{"codes": (Σ n_i, d) int32 (party 0's rows first), "wall_s": summed seconds,
@@ -349,7 +376,7 @@ def independent_ensemble(party_codes: Sequence[np.ndarray], domain: Domain, *,
         try:
             outs.append(central_mst(pc, domain, epsilon=epsilon, delta=delta, seed=seed + i,
                                     engine=engine, max_cells=max_cells, workload=workload,
-                                    engine_kw=engine_kw))
+                                    engine_kw=engine_kw, relation=relation))
         except (CentralMstError, DomainError) as e:
             raise CentralMstError(f"party {i}: {e}") from e
     return {"codes": np.concatenate([o["codes"] for o in outs], axis=0),
@@ -378,7 +405,8 @@ def central_aim(codes: np.ndarray, domain: Domain, *, epsilon: float, delta: flo
                 seed: int, workload: Sequence[Sequence[str]] | None = None,
                 rounds: int | None = None, max_model_size: float = 80.0,
                 max_iters: int = 1000, rows: int | None = None,
-                max_cells: int = DEFAULT_MAX_CELLS) -> dict[str, Any]:
+                max_cells: int = DEFAULT_MAX_CELLS,
+                relation: str = "add_remove") -> dict[str, Any]:
     """Centralised AIM (McKenna et al., VLDB 2022), as private-pgm's ``mechanisms/aim.py``.
 
     ρ = ``cdp_rho(ε, δ)``; T = ``rounds`` (default 16·d); σ = sqrt(T / (2·0.9ρ)) and the
@@ -403,6 +431,8 @@ def central_aim(codes: np.ndarray, domain: Domain, *, epsilon: float, delta: flo
         max_iters: mirror-descent iterations per fit.
         rows: rows to sample (default n).
         max_cells: candidates with more cells are left out.
+        relation: as :func:`central_mst` (``replace_one``: every measurement's ρ is
+            Δ₂²/(2σ²) with Δ₂² = 2, the selection's scores have sensitivity 2 × weight).
 
     Returns:
         ``{"codes", "wall_s", "rho", "cliques" (measured, in order), "rounds" (run),
@@ -424,6 +454,7 @@ def central_aim(codes: np.ndarray, domain: Domain, *, epsilon: float, delta: flo
     rng = np.random.default_rng(seed)
     d = len(domain)
     rho = cdp_rho(epsilon, delta)
+    d2, d1 = sensitivities(relation)
     wl = workload if workload is not None else all_k_way(domain, min(3, d))
     candidates = {cl: w for cl, w in _workload_candidates(domain, wl).items()
                   if domain.size(cl) <= max_cells}
@@ -436,7 +467,7 @@ def central_aim(codes: np.ndarray, domain: Domain, *, epsilon: float, delta: flo
         raise CentralMstError(f"rounds={t_rounds} is too few for {d} attributes: the one-way "
                               f"marginals alone would take 0.9·d/T = {0.9 * d / t_rounds:.2f} "
                               f"of ρ (need T > 0.9·d)")
-    sigma = math.sqrt(t_rounds / (2.0 * 0.9 * rho))
+    sigma = math.sqrt(d2 * t_rounds / (2.0 * 0.9 * rho))
     eps = math.sqrt(8.0 * 0.1 * rho / t_rounds)
     measurements = []
     cliques: list[tuple[str, ...]] = []
@@ -445,7 +476,7 @@ def central_aim(codes: np.ndarray, domain: Domain, *, epsilon: float, delta: flo
         measurements.append(mbi.LinearMeasurement(x + rng.normal(0.0, sigma, x.size), (a,),
                                                   stddev=sigma))
         cliques.append((a,))
-    rho_used = d * 0.5 / sigma ** 2
+    rho_used = d * 0.5 * d2 / sigma ** 2
     fit_s = 0.0
 
     def fit(warm: Any) -> Any:
@@ -460,12 +491,12 @@ def central_aim(codes: np.ndarray, domain: Domain, *, epsilon: float, delta: flo
     terminate = False
     while not terminate:
         t += 1
-        if rho - rho_used < 2 * (0.5 / sigma ** 2 + eps ** 2 / 8.0):
+        if rho - rho_used < 2 * (0.5 * d2 / sigma ** 2 + eps ** 2 / 8.0):
             remaining = rho - rho_used
-            sigma = math.sqrt(1.0 / (2.0 * 0.9 * remaining))
+            sigma = math.sqrt(d2 / (2.0 * 0.9 * remaining))
             eps = math.sqrt(8.0 * 0.1 * remaining)
             terminate = True
-        rho_used += eps ** 2 / 8.0 + 0.5 / sigma ** 2
+        rho_used += eps ** 2 / 8.0 + 0.5 * d2 / sigma ** 2
         size_limit = max_model_size * rho_used / rho
         free = {frozenset(s) for c in cliques for r in range(1, len(c) + 1)
                 for s in itertools.combinations(c, r)}
@@ -478,7 +509,7 @@ def central_aim(codes: np.ndarray, domain: Domain, *, epsilon: float, delta: flo
                 xest = np.asarray(model.project(cl).transpose(cl).datavector(), dtype=np.float64)
                 bias = math.sqrt(2.0 / math.pi) * sigma * domain.size(cl)
                 errors[i] = candidates[cl] * (float(np.abs(answers[cl] - xest).sum()) - bias)
-        sens = max(abs(candidates[cl]) for cl in small)
+        sens = d1 * max(abs(candidates[cl]) for cl in small)
         cl = small[exponential_mechanism(errors, eps, sens, rng)]
         x = answers[cl]
         measurements.append(mbi.LinearMeasurement(x + rng.normal(0.0, sigma, x.size), cl,

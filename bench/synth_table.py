@@ -55,6 +55,7 @@ the details. The Markdown table is printed and written next to the JSON (``.md``
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
@@ -83,12 +84,18 @@ FULL_SYSTEMS = QUICK_SYSTEMS + ("fedforge_aim_k10", "nonprivate_k10", "central_a
                                  "independent_k10")
 
 
-def load_central_module() -> Any:
-    """``bench/synth_central.py`` as a module, by path (``bench`` is not a package)."""
+def load_central_module(relation: str | None = None) -> Any:
+    """``bench/synth_central.py`` as a module, by path (``bench`` is not a package); with
+    ``relation``, its references private under that neighbouring relation (their
+    ``relation`` argument fixed)."""
     spec = importlib.util.spec_from_file_location("synth_central", HERE / "synth_central.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    if relation is not None:
+        mod.sensitivities(relation)  # an unknown relation fails here, before any run
+        for name in ("central_mst", "central_aim", "independent_ensemble"):
+            setattr(mod, name, functools.partial(getattr(mod, name), relation=relation))
     return mod
 
 
@@ -428,7 +435,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     Every repeat uses the same rows, split and holdout (``--seed``); what changes is the
     noise: the parties' (OS entropy) and the central mechanisms' (seed + repeat).
     """
-    central = load_central_module()
+    central = load_central_module(args.central_relation)
     systems = selected_systems(args)
     runs_root = Path(args.out)
     summary: dict[str, Any] = {}
@@ -496,6 +503,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
                 paper_block(args, ds, eps, row, record, runs_root, status)
     return {"settings": {"quick": args.quick, "datasets": list(args.datasets),
                          "epsilons": [eps_key(e) for e in args.epsilons], "delta": DELTA,
+                         "central_relation": args.central_relation,
                          "parties": list(FED_K), "engine": args.engine, "seed": args.seed,
                          "repeats": args.repeats,
                          "aim": {"rounds": args.aim_rounds, "iters": args.aim_iters,
@@ -545,6 +553,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aim-rounds", type=int, default=None, help="AIM's T (default 16 d)")
     ap.add_argument("--aim-iters", type=int, default=250, help="AIM mirror-descent iterations")
     ap.add_argument("--aim-max-mb", type=float, default=10.0, help="AIM model cap, MB")
+    ap.add_argument("--central-relation", default="replace_one",
+                    choices=("replace_one", "add_remove"),
+                    help="the neighbouring relation of the central references (default "
+                    "FedForge's, replace_one: the same ε means the same promise; "
+                    "add_remove is private-pgm's, with half the noise variance)")
     ap.add_argument("--alpha", type=float, default=0.3,
                     help="Dirichlet alpha of the non-IID split (paper systems)")
     ap.add_argument("--baseline-cap-s", type=float, default=150.0,

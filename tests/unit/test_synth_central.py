@@ -117,6 +117,26 @@ def test_bad_inputs_raise_typed_errors() -> None:
         sc.independent_ensemble([], dom, epsilon=1.0, delta=1e-9, seed=0)
 
 
+def test_replace_one_references_pay_what_fedforge_pays() -> None:
+    """Under replace-one (FedForge's relation) a clique histogram has Δ₂² = 2 and an L1
+    score Δ₁ = 2: at the same ε the central MST's noise std is √2 × its add/remove std;
+    an unknown relation is refused before anything runs."""
+    pytest.importorskip("torch")
+    codes, dom = planted(n=400)
+    kw = {"engine": "neural", "engine_kw": {"rows": 40, "steps": 5}, "compress": False}
+    rep = sc.central_mst(codes, dom, epsilon=1.0, delta=1e-9, seed=0, relation="replace_one",
+                         **kw)  # type: ignore[arg-type]
+    add = sc.central_mst(codes, dom, epsilon=1.0, delta=1e-9, seed=0, relation="add_remove",
+                         **kw)  # type: ignore[arg-type]
+    assert rep["rho"] == add["rho"]  # the same ε, δ: the same ρ charged ...
+    assert rep["sigma_one_way"] == pytest.approx(np.sqrt(2.0) * add["sigma_one_way"], rel=1e-12)
+    assert rep["sigma_tree"] == pytest.approx(np.sqrt(2.0) * add["sigma_tree"], rel=1e-12)
+    assert sc.sensitivities("replace_one") == (2.0, 2.0)
+    assert sc.sensitivities("add_remove") == (1.0, 1.0)
+    with pytest.raises(sc.CentralMstError, match="bounded"):
+        sc.central_mst(codes, dom, epsilon=1.0, delta=1e-9, seed=0, relation="bounded")
+
+
 def test_workload_candidates_are_the_weighted_downward_closure() -> None:
     dom = Domain(attributes=("a", "b", "c"), sizes=(2, 2, 2))
     cands = sc._workload_candidates(dom, [("a", "b"), ("b", "c")])

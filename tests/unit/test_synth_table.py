@@ -83,7 +83,7 @@ def table_mod(monkeypatch: pytest.MonkeyPatch):
 
     central.central_mst = fast_mst
     central.central_aim = fast_aim
-    monkeypatch.setattr(mod, "load_central_module", lambda: central)
+    monkeypatch.setattr(mod, "load_central_module", lambda relation=None: central)
     return mod
 
 
