@@ -10,7 +10,9 @@ For each dataset (``adult``, ``bank``) and ε (1 and 10; δ = 1e-9):
 * ``central_mst``: the standard MST (McKenna, Sheldon & Miklau 2021, private-pgm's
   ``mechanisms/mst.py``) run centrally by ``bench/synth_central.py`` on the POOLED
   training rows the federated run wrote (``RUN_DIR/data/train.parquet``), with the
-  schema it used (``RUN_DIR/schema.json``), the same (ε, δ) and the same workload.
+  schema it used (``RUN_DIR/schema.json``), the same (ε, δ) and the same workload,
+  private under FedForge's neighbouring relation, replace-one (``--central-relation
+  add_remove``: private-pgm's, half the noise variance at the same ε).
 * full mode only: ``fedforge_aim_k10`` (the federated system with ``--mechanism aim``,
   K = 10), ``nonprivate_k10`` (the federated MST at ε = ∞, no noise: the sum is the
   pooled histogram, so this is the pooled-without-privacy upper bound), ``independent_k10`` (each of the K = 10 parties runs central MST on
