@@ -234,7 +234,8 @@ async def test_answering_peers_and_a_late_joiner_do_not_make_a_hello_storm() -> 
                 bus = _LosesFinalHellos(raw, lossy=False)
                 loop = asyncio.get_running_loop()
                 t0, before = loop.time(), bus.said
-                await rendezvous(bus, me="a", peers=["b", "c"], digest="d",  # type: ignore[arg-type]
+                await rendezvous(bus, me="a",  # type: ignore[arg-type]
+                                 peers=["b", "c"], digest="d",
                                  say=["hello/b", "hello/c"], hear=["hello/a"],
                                  timeout_s=10.0, interval_s=interval_s)
                 return bus.said - before, loop.time() - t0
